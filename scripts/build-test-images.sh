@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Build the offline test image and publish it to a local registry, so tests
+# can exercise build, run and pull without ever touching a public registry.
+#   gpuhost-test/busybox:1                  FROM scratch + static busybox
+#   127.0.0.1:5000/gpuhost-test/busybox:1   same image, in the local registry
+# Usage: build-test-images.sh [--force]   (--force rebuilds and re-pushes)
+set -euo pipefail
+
+image=gpuhost-test/busybox:1
+registry=127.0.0.1:5000
+force=0
+[ "${1:-}" = --force ] && force=1
+
+# --- image -------------------------------------------------------------------
+if [ "$force" = 0 ] && docker image inspect "$image" >/dev/null 2>&1; then
+    echo "build-test-images: $image already exists, skipping build"
+else
+    busybox=/bin/busybox
+    # FROM scratch has no libc: a dynamically linked busybox would not run.
+    if [ ! -x "$busybox" ] || ldd "$busybox" >/dev/null 2>&1; then
+        echo "build-test-images: need a static $busybox (apt-get install busybox-static)" >&2
+        exit 1
+    fi
+    ctx=$(mktemp -d)
+    trap 'rm -rf "$ctx"' EXIT
+    cp "$busybox" "$ctx/busybox"
+    cat >"$ctx/Dockerfile" <<'DOCKERFILE'
+FROM scratch
+COPY busybox /bin/busybox
+RUN ["/bin/busybox", "--install", "-s", "/bin"]
+CMD ["/bin/sh"]
+DOCKERFILE
+    echo "build-test-images: building $image"
+    # Legacy builder: BuildKit is not reliable with Debian's dockerd 20.10.
+    # Output kept for failures only (CLI 28 always warns that it is deprecated).
+    if ! out=$(DOCKER_BUILDKIT=0 docker build -q -t "$image" "$ctx" 2>&1); then
+        echo "$out" >&2
+        exit 1
+    fi
+fi
+
+# --- local registry ----------------------------------------------------------
+if curl -fsS "http://$registry/v2/" >/dev/null 2>&1; then
+    echo "build-test-images: registry already answering on $registry"
+else
+    dir=/var/lib/gpuhost-test-registry
+    mkdir -p "$dir" 2>/dev/null || dir=/tmp/gpuhost-test-registry
+    mkdir -p "$dir/data"
+    # Our own config: loopback only (the packaged one binds :5000 on every
+    # interface and wants htpasswd), no auth, deletes allowed for tests.
+    cat >"$dir/config.yml" <<CONFIG
+version: 0.1
+log:
+  level: warn
+  accesslog:
+    disabled: true
+storage:
+  filesystem:
+    rootdirectory: $dir/data
+  delete:
+    enabled: true
+http:
+  addr: $registry
+CONFIG
+    echo "build-test-images: starting docker-registry on $registry (data/log: $dir)"
+    # setsid: own session, so the registry outlives this script.
+    setsid docker-registry serve "$dir/config.yml" >>"$dir/registry.log" 2>&1 </dev/null &
+    rpid=$!
+    echo "$rpid" >"$dir/registry.pid"
+    for _ in $(seq 30); do
+        curl -fsS "http://$registry/v2/" >/dev/null 2>&1 && break
+        if ! kill -0 "$rpid" 2>/dev/null; then break; fi
+        sleep 0.5
+    done
+    if ! curl -fsS "http://$registry/v2/" >/dev/null 2>&1; then
+        echo "build-test-images: registry not answering (exited, or not up within 15 s); log tail:" >&2
+        tail -n 20 "$dir/registry.log" >&2
+        exit 1
+    fi
+fi
+
+# --- push --------------------------------------------------------------------
+remote=$registry/$image
+if [ "$force" = 0 ] && curl -fsS "http://$registry/v2/${image%:*}/tags/list" 2>/dev/null \
+        | grep -q "\"${image##*:}\""; then
+    echo "build-test-images: $remote already in registry, skipping push"
+else
+    echo "build-test-images: pushing $remote"
+    docker tag "$image" "$remote"
+    docker push -q "$remote" >/dev/null
+fi

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Install the Debian/Ubuntu packages the agent and its tests need, but only the
+# ones that are missing: running it again on a ready machine does nothing.
+set -euo pipefail
+
+export DEBIAN_FRONTEND=noninteractive
+SUDO=()
+if [ "$(id -u)" -ne 0 ]; then
+    # sudo resets the environment, so pass DEBIAN_FRONTEND through env(1).
+    if command -v sudo >/dev/null 2>&1; then SUDO=(sudo env DEBIAN_FRONTEND=noninteractive); fi
+fi
+
+pkgs=()
+need() { echo "install-system-deps: missing $2 -> will install $1"; pkgs+=("$1"); }
+
+# docker.io brings dockerd (and a docker CLI if none is present yet).
+if ! command -v dockerd >/dev/null 2>&1 || ! command -v docker >/dev/null 2>&1; then
+    need docker.io "dockerd/docker"
+fi
+# The test image is FROM scratch + a static busybox, so it must be the -static flavour.
+dpkg -s busybox-static >/dev/null 2>&1 || need busybox-static "static busybox"
+# Local registry on 127.0.0.1:5000 for pull tests (no public registry is ever contacted).
+command -v docker-registry >/dev/null 2>&1 || need docker-registry "docker-registry"
+command -v curl >/dev/null 2>&1 || need curl "curl"
+command -v gcc >/dev/null 2>&1 || need gcc "gcc"
+command -v make >/dev/null 2>&1 || need make "make"
+# Debian splits ensurepip out of python3 (python3-venv). Cheap check first
+# (0.1 s); only if it fails, confirm by really creating a venv (3 s).
+if ! python3 -c 'import ensurepip, venv; ensurepip.version()' >/dev/null 2>&1; then
+    venv_probe=$(mktemp -d)
+    python3 -m venv "$venv_probe/v" >/dev/null 2>&1 || need python3-venv "python3 -m venv"
+    rm -rf "$venv_probe"
+fi
+
+if [ ${#pkgs[@]} -eq 0 ]; then
+    echo "install-system-deps: all system packages present, nothing to do"
+    exit 0
+fi
+if [ "$(id -u)" -ne 0 ] && [ ${#SUDO[@]} -eq 0 ]; then
+    echo "install-system-deps: need root (or sudo) to install: ${pkgs[*]}" >&2
+    exit 1
+fi
+
+# Keep the packages' init scripts from starting services: a stock dockerd would
+# run without our proxy trap, and the stock registry listens on :5000 on every
+# interface. A policy-rc.d that exits 101 makes invoke-rc.d/deb-systemd-invoke skip them.
+policy=/usr/sbin/policy-rc.d
+if [ ! -e "$policy" ]; then
+    echo "install-system-deps: temporarily installing $policy to block service starts"
+    printf '#!/bin/sh\nexit 101\n' | "${SUDO[@]}" tee "$policy" >/dev/null
+    "${SUDO[@]}" chmod 755 "$policy"
+    trap '"${SUDO[@]}" rm -f "$policy"' EXIT
+fi
+
+echo "install-system-deps: apt-get update"
+"${SUDO[@]}" apt-get update -qq
+echo "install-system-deps: apt-get install ${pkgs[*]}"
+"${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${pkgs[@]}"

@@ -1,0 +1,133 @@
+"""The agent's main loop: open a session, long-poll for jobs, hand them on.
+
+A job waiting in the marketplace is answered by the open long poll at once, so
+pickup takes a round trip, not a timer period. Losing the marketplace is not an
+error state: the loop backs off and tries again, and reports wait in the outbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+
+from . import __version__, wire
+from .client import MarketplaceClient, MarketplaceRejected, MarketplaceUnavailable
+from .core.deployer import StackDeployer
+from .core.dispatcher import JobDispatcher
+from .core.containers import seed_containers, stack_id_of
+from .logs import get_logger
+from .outbox import CONTAINERS, JOB_COMPLETE, STATUS, Outbox, Report
+from .runtime.engine import EngineError
+from .schedule import Schedule
+
+log = get_logger(__name__)
+
+
+class Agent:
+    def __init__(self, client: MarketplaceClient, deployer: StackDeployer, outbox: Outbox, dispatcher: JobDispatcher,
+                 schedule: Schedule):
+        self.client = client
+        self.deployer = deployer
+        self.outbox = outbox
+        self.dispatcher = dispatcher
+        self.schedule = schedule
+        self.intervals: dict = {"jobPollWaitSeconds": 25, "containerResyncSeconds": 15}
+        self.connected = asyncio.Event()
+        self._pushed: dict[str, list] = {}
+
+    async def run(self) -> None:
+        outbox_task = asyncio.create_task(self.outbox.run(), name="outbox")
+        self.schedule.every("container_resync", self.intervals["containerResyncSeconds"], self.resync_containers)
+        self.schedule.start()
+        try:
+            await self._open_session()
+            await self._poll_forever()
+        finally:
+            self.schedule.stop()
+            outbox_task.cancel()
+            await asyncio.gather(outbox_task, return_exceptions=True)
+
+    async def _open_session(self) -> None:
+        failures = 0
+        info = {"agentVersion": __version__, "hostname": socket.gethostname(), "startedAt": wire.iso(),
+                "capabilities": list(wire.JOB_TYPES)}
+        while True:
+            try:
+                reply = await self.client.open_session(info)
+                break
+            except (MarketplaceUnavailable, MarketplaceRejected) as exc:
+                failures += 1
+                delay = _backoff(failures)
+                log.warning("session_open_failed", error=str(exc), retry_in_s=round(delay, 1))
+                await asyncio.sleep(delay)
+        self.intervals.update({k: v for k, v in (reply.get("intervals") or {}).items() if isinstance(v, (int, float))})
+        self.schedule.every("container_resync", self.intervals["containerResyncSeconds"], self.resync_containers)
+        self.connected.set()
+        log.info("session_opened", session_id=reply.get("sessionId"), env_id=reply.get("envId"),
+                 requeued_jobs=reply.get("requeuedJobs", 0))
+
+    async def _poll_forever(self) -> None:
+        failures = 0
+        while True:
+            try:
+                jobs = await self.client.poll_jobs(self.intervals["jobPollWaitSeconds"])
+            except MarketplaceUnavailable as exc:
+                failures += 1
+                self.connected.clear()
+                delay = exc.retry_after if exc.retry_after is not None else _backoff(failures)
+                log.warning("job_poll_failed", error=str(exc), retry_in_s=round(delay, 1))
+                await asyncio.sleep(delay)
+                continue
+            except MarketplaceRejected as exc:
+                failures += 1
+                self.connected.clear()
+                delay = max(10.0, _backoff(failures))
+                log.error("job_poll_rejected", error=str(exc), retry_in_s=round(delay, 1),
+                          hint="check the environment id and API key in the agent's configuration")
+                await asyncio.sleep(delay)
+                continue
+            if failures:
+                log.info("marketplace_reachable_again", after_failures=failures)
+                failures = 0
+                self.connected.set()
+            for raw in jobs:
+                self.dispatcher.submit(raw)
+
+    async def resync_containers(self) -> None:
+        """Push the container list of every stack whose containers changed since
+        the last push (a safety net until the agent follows Docker's events)."""
+        try:
+            managed = await self.deployer.engine.managed_containers()
+        except EngineError as exc:
+            log.warning("container_resync_failed", error=str(exc))
+            return
+        by_stack: dict[str, list] = {}
+        for raw in managed:
+            stack_id = stack_id_of(raw)
+            if stack_id:
+                by_stack.setdefault(stack_id, []).append(raw)
+        for stack_id, raw in by_stack.items():
+            shaped = seed_containers(raw)
+            if self._pushed.get(stack_id) != shaped:
+                self._pushed[stack_id] = shaped
+                self.outbox.put(CONTAINERS, stack_id, {"containers": shaped, "observedAt": wire.iso()})
+        for gone in set(self._pushed) - set(by_stack):
+            del self._pushed[gone]
+
+
+async def send_report(client: MarketplaceClient, report: Report) -> None:
+    """Outbox sender: one report kind, one protocol call."""
+    if report.kind == STATUS:
+        await client.put_stack_status(report.target, report.body)
+    elif report.kind == CONTAINERS:
+        await client.put_containers(report.target, report.body)
+    elif report.kind == JOB_COMPLETE:
+        await client.complete_job(report.target, report.body)
+    else:
+        raise ValueError(f"unknown report kind {report.kind!r}")
+
+
+def _backoff(failures: int, base: float = 0.5, ceiling: float = 30.0) -> float:
+    top = min(ceiling, base * 2 ** min(failures, 16))
+    return random.uniform(top / 2, top)

@@ -1,0 +1,115 @@
+"""Where the agent's settings come from, in rising priority: defaults, the
+config file (/etc/gpuhost-agent/agent.conf), environment variables, flags.
+
+The config file uses the same KEY=VALUE names as the environment, so systemd's
+EnvironmentFile= and a hand-edited file say the same thing. The API key is best
+kept in its own root-only file named by GPUHOST_API_KEY_FILE.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_CONFIG_FILE = Path("/etc/gpuhost-agent/agent.conf")
+DEFAULT_LOCAL_LISTEN = "127.0.0.1:8787"
+
+
+class ConfigError(ValueError):
+    """A setting is missing or malformed; the message says which and how to fix it."""
+
+
+@dataclass
+class AgentConfig:
+    marketplace_url: str | None
+    env_id: str | None
+    api_key: str | None
+    state_dir: Path
+    local_listen: tuple[str, int]
+    local_api_key: str | None
+    log_level: str
+    compose_command: str | None
+    settle_seconds: float
+    stop_timeout: int
+
+    @property
+    def uses_local_marketplace(self) -> bool:
+        return not self.marketplace_url
+
+
+def read_config_file(path: Path) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise ConfigError(f"{path}:{number}: expected KEY=VALUE")
+        values[key.strip()] = value.strip().strip('"').strip("'")
+    return values
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"listen address {text!r} must be HOST:PORT, e.g. {DEFAULT_LOCAL_LISTEN}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def default_state_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path("/var/lib/gpuhost-agent")
+    return Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "gpuhost-agent"
+
+
+def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> AgentConfig:
+    """Merge the sources; flags holds only what was given on the command line."""
+    environ = dict(os.environ if environ is None else environ)
+    config_path = Path(str(flags.get("config") or environ.get("GPUHOST_CONFIG") or DEFAULT_CONFIG_FILE))
+    file_values: dict[str, str] = {}
+    if config_path.exists():
+        file_values = read_config_file(config_path)
+    elif flags.get("config") or environ.get("GPUHOST_CONFIG"):
+        raise ConfigError(f"config file {config_path} does not exist")
+
+    def pick(flag: str, key: str, default=None):
+        value = flags.get(flag)
+        if value not in (None, ""):
+            return value
+        return environ.get(key) or file_values.get(key) or default
+
+    api_key = pick("api_key", "GPUHOST_API_KEY")
+    key_file = pick("api_key_file", "GPUHOST_API_KEY_FILE")
+    if not api_key and key_file:
+        try:
+            api_key = Path(str(key_file)).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read the API key file {key_file}: {exc.strerror}") from None
+    url = pick("marketplace_url", "GPUHOST_MARKETPLACE_URL")
+    env_id = pick("env_id", "GPUHOST_ENV_ID")
+    if url:
+        url = str(url).rstrip("/")
+        if not url.startswith(("http://", "https://")) or not url.endswith("/v1"):
+            raise ConfigError(f"marketplace URL {url!r} must be http(s)://HOST/.../v1")
+        missing = [name for name, value in (("GPUHOST_ENV_ID / --env-id", env_id), ("GPUHOST_API_KEY / --api-key", api_key)) if not value]
+        if missing:
+            raise ConfigError(f"with a marketplace URL the agent also needs {' and '.join(missing)}")
+    try:
+        settle = float(pick("settle_seconds", "GPUHOST_SETTLE_SECONDS", 3.0))
+        stop_timeout = int(pick("stop_timeout", "GPUHOST_STOP_TIMEOUT", 10))
+    except ValueError as exc:
+        raise ConfigError(f"bad number in the configuration: {exc}") from None
+    return AgentConfig(
+        marketplace_url=url,
+        env_id=env_id,
+        api_key=api_key,
+        state_dir=Path(str(pick("state_dir", "GPUHOST_STATE_DIR", default_state_dir()))).absolute(),
+        local_listen=parse_listen(str(pick("local_listen", "GPUHOST_LOCAL_LISTEN", DEFAULT_LOCAL_LISTEN))),
+        local_api_key=pick("local_api_key", "GPUHOST_LOCAL_API_KEY"),
+        log_level=str(pick("log_level", "GPUHOST_LOG_LEVEL", "info")),
+        compose_command=pick("compose_command", "GPUHOST_COMPOSE_COMMAND"),
+        settle_seconds=settle,
+        stop_timeout=stop_timeout,
+    )

@@ -1,0 +1,175 @@
+"""Deploy and remove one stack through Compose, reporting every step.
+
+A failed deploy never leaves half-started containers: whatever Compose created
+is taken down before ERROR is reported, so the renter can simply try again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from pathlib import Path
+
+from .. import wire
+from ..logs import SECRETS, get_logger
+from ..outbox import CONTAINERS, STATUS, Outbox
+from ..runtime.compose import ComposeError, ComposeRunner
+from ..runtime.engine import DockerEngine, EngineError
+from . import naming
+from .compose_rewrite import StackRejected, check_variables, label_services
+from .containers import failed_containers, seed_containers
+
+log = get_logger(__name__)
+
+ORIGINAL_FILE = "compose.yaml"
+AGENT_FILE = "compose.agent.json"
+COMPOSE_PROJECT_LABEL = "com.docker.compose.project"
+
+
+class StackFailed(RuntimeError):
+    """Containers started but did not keep running; the message names which and why."""
+
+
+class StackDeployer:
+    def __init__(self, compose: ComposeRunner, engine: DockerEngine, outbox: Outbox, stacks_dir: Path,
+                 *, settle_seconds: float = 3.0, stop_timeout: int = 10):
+        self.compose = compose
+        self.engine = engine
+        self.outbox = outbox
+        self.stacks_dir = stacks_dir
+        self.settle_seconds = settle_seconds
+        self.stop_timeout = stop_timeout
+        stacks_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    # ---- reports -------------------------------------------------------------
+    def report_status(self, job: wire.StackJob, status: str, error_msg: str = "") -> None:
+        body = {"status": status, "errorMsg": error_msg, "pStackName": self._project(job),
+                "pStackId": naming.provider_stack_id(job.stack_id), "jobId": job.job_id, "reportedAt": wire.iso()}
+        self.outbox.put(STATUS, job.stack_id, body)
+
+    async def push_containers(self, stack_id: str, raw: list[dict] | None = None) -> list[dict]:
+        raw = await self.engine.stack_containers(stack_id) if raw is None else raw
+        containers = seed_containers(raw)
+        self.outbox.put(CONTAINERS, stack_id, {"containers": containers, "observedAt": wire.iso()})
+        return containers
+
+    # ---- deploy --------------------------------------------------------------
+    async def deploy(self, job: wire.StackJob) -> str:
+        """Run the job's stack; returns "" on success, else the errorMsg reported."""
+        template = job.template or {}
+        variables = dict(template.get("environmentVariables") or {})
+        SECRETS.add_many(variables.values())
+        project, workdir = self._project(job), self.stacks_dir / job.stack_id
+        self.report_status(job, wire.APPLYING)
+        log.info("stack_applying", stack_id=job.stack_id, rental_id=job.rental_id, job_id=job.job_id, project=project)
+        try:
+            check_variables(variables)
+            workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            _write_private(workdir / ORIGINAL_FILE, template.get("content", ""))
+            try:
+                model = await self.compose.config(project, workdir, ORIGINAL_FILE, variables)
+            except ComposeError as exc:
+                raise StackRejected(f"invalid Compose file: {exc}") from None
+            rewritten = label_services(model, job.stack_id, job.rental_id, job.env_id)
+            _write_private(workdir / AGENT_FILE, json.dumps(rewritten, indent=1))
+            try:
+                await self.compose.up(project, workdir, AGENT_FILE)
+            except ComposeError as exc:
+                raise StackFailed(f"deploy failed: {exc}") from None
+            await self._check_running(job.stack_id)
+            self.report_status(job, wire.APPLIED)
+            await self.push_containers(job.stack_id)
+            log.info("stack_applied", stack_id=job.stack_id, job_id=job.job_id)
+            await self._settle(job.stack_id)
+            return ""
+        except (StackRejected, StackFailed, EngineError) as exc:
+            message = str(exc) if not isinstance(exc, EngineError) else f"Docker Engine error: {exc}"
+            await self._teardown(project, workdir, job.stack_id)
+            self.report_status(job, wire.ERROR, message)
+            await self._push_quietly(job.stack_id)
+            log.warning("stack_failed", stack_id=job.stack_id, job_id=job.job_id, error=message)
+            return message
+
+    async def _check_running(self, stack_id: str, raw: list[dict] | None = None) -> None:
+        raw = await self.engine.stack_containers(stack_id) if raw is None else raw
+        if not raw:
+            raise StackFailed("deploy failed: Compose reported success but no container of the stack exists")
+        for container in failed_containers(raw):
+            raise StackFailed(await self._describe_failure(container))
+
+    async def _settle(self, stack_id: str) -> None:
+        """Watch the first seconds after start: a container that dies right away
+        is a failed deploy, not a running stack."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settle_seconds
+        while loop.time() < deadline:
+            await asyncio.sleep(min(0.25, max(0.0, deadline - loop.time())))
+            await self._check_running(stack_id)
+
+    async def _describe_failure(self, container: dict) -> str:
+        labels = container.get("Labels") or {}
+        service = labels.get("com.docker.compose.service") or (container.get("Names") or ["?"])[0].lstrip("/")
+        container_id = container.get("Id", "")
+        try:
+            code = await self.engine.exit_code(container_id)
+            oom = await self.engine.oom_killed(container_id)
+            tail = await self.engine.log_tail(container_id, lines=5)
+        except EngineError:
+            code, oom, tail = None, False, ""
+        reason = "was killed for running out of memory" if oom else (
+            f"exited with code {code}" if code is not None else f"is {container.get('State', 'not running')}")
+        message = f"service {service!r} {reason} right after it started"
+        return f"{message}; its last output: {tail[-500:]}" if tail else message
+
+    async def _teardown(self, project: str, workdir: Path, stack_id: str) -> None:
+        try:
+            workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            await self.compose.down(project, workdir, stop_timeout=0)
+            for leftover in await self.engine.stack_containers(stack_id):
+                await self.engine.remove_container(leftover["Id"])
+        except (ComposeError, EngineError) as exc:
+            log.error("stack_teardown_failed", stack_id=stack_id, project=project, error=str(exc))
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    # ---- remove --------------------------------------------------------------
+    async def remove(self, job: wire.StackJob) -> str:
+        workdir = self.stacks_dir / job.stack_id
+        self.report_status(job, wire.REMOVING)
+        log.info("stack_removing", stack_id=job.stack_id, rental_id=job.rental_id, job_id=job.job_id)
+        try:
+            existing = await self.engine.stack_containers(job.stack_id)
+            projects = {c["Labels"].get(COMPOSE_PROJECT_LABEL) for c in existing if c.get("Labels")} - {None}
+            workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            for project in projects or {self._project(job)}:
+                await self.compose.down(project, workdir, stop_timeout=self.stop_timeout)
+            for leftover in await self.engine.stack_containers(job.stack_id):
+                await self.engine.remove_container(leftover["Id"])
+        except (ComposeError, EngineError) as exc:
+            message = f"remove failed: {exc}"
+            self.report_status(job, wire.ERROR, message)
+            log.error("stack_remove_failed", stack_id=job.stack_id, job_id=job.job_id, error=message)
+            return message
+        shutil.rmtree(workdir, ignore_errors=True)
+        self.outbox.put(CONTAINERS, job.stack_id, {"containers": [], "observedAt": wire.iso()})
+        self.report_status(job, wire.REMOVED)
+        log.info("stack_removed", stack_id=job.stack_id, job_id=job.job_id)
+        return ""
+
+    async def _push_quietly(self, stack_id: str) -> None:
+        try:
+            await self.push_containers(stack_id)
+        except EngineError as exc:
+            log.warning("container_list_failed", stack_id=stack_id, error=str(exc))
+
+    def _project(self, job: wire.StackJob) -> str:
+        name = job.stack_name or (job.template or {}).get("name", "")
+        return naming.project_name(name, job.stack_id)
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Owner-only: the agent's file holds the template's interpolated values."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)

@@ -1,0 +1,103 @@
+"""Turns received jobs into deploy/remove runs: at most once at a time per stack,
+in arrival order, and each job id acted on once however often it is delivered.
+
+Delivery is at-least-once, so duplicates are normal: a job already running is
+ignored, a job already finished has its completion sent again (the marketplace
+evidently missed it) without running again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+
+from .. import wire
+from ..logs import get_logger
+from ..outbox import JOB_COMPLETE, STATUS, Outbox
+from .deployer import StackDeployer
+
+log = get_logger(__name__)
+_REMEMBERED_JOBS = 4096
+
+
+class JobDispatcher:
+    def __init__(self, deployer: StackDeployer, outbox: Outbox):
+        self.deployer = deployer
+        self.outbox = outbox
+        self._running: dict[str, asyncio.Task] = {}
+        self._finished: "OrderedDict[str, dict]" = OrderedDict()
+        self._stack_locks: dict[str, asyncio.Lock] = {}
+        self.duplicates_ignored = 0
+
+    def submit(self, raw: object) -> None:
+        raw_id = raw.get("jobId") if isinstance(raw, dict) else None
+        try:
+            job = wire.StackJob.from_wire(raw)
+        except wire.InvalidBody as exc:
+            self._refuse(raw, raw_id, str(exc))
+            return
+        if job.job_id in self._running:
+            self.duplicates_ignored += 1
+            log.info("job_duplicate_ignored", job_id=job.job_id, stack_id=job.stack_id, state="running")
+            return
+        if job.job_id in self._finished:
+            self.duplicates_ignored += 1
+            log.info("job_duplicate_ignored", job_id=job.job_id, stack_id=job.stack_id, state="finished")
+            self.outbox.put(JOB_COMPLETE, job.job_id, self._finished[job.job_id])
+            return
+        task = asyncio.create_task(self._run(job), name=f"job-{job.job_id}")
+        self._running[job.job_id] = task
+        task.add_done_callback(lambda _t, job_id=job.job_id: self._running.pop(job_id, None))
+
+    async def _run(self, job: wire.StackJob) -> None:
+        lock = self._stack_locks.setdefault(job.stack_id, asyncio.Lock())
+        async with lock:
+            log.info("job_started", job_id=job.job_id, job_type=job.type, stack_id=job.stack_id, rental_id=job.rental_id)
+            try:
+                if job.type == wire.JOB_DEPLOY:
+                    error = await self.deployer.deploy(job)
+                else:
+                    error = await self.deployer.remove(job)
+            except asyncio.CancelledError:
+                log.warning("job_abandoned", job_id=job.job_id, stack_id=job.stack_id)
+                raise
+            except Exception as exc:  # a bug must not kill the agent; the renter still gets an answer
+                log.exception("job_crashed", job_id=job.job_id, stack_id=job.stack_id)
+                error = f"internal agent error: {type(exc).__name__}"
+                self.deployer.report_status(job, wire.ERROR, error)
+        if not lock.locked() and not lock._waiters:  # type: ignore[attr-defined]
+            self._stack_locks.pop(job.stack_id, None)
+        self._finish(job.job_id, error)
+        log.info("job_finished", job_id=job.job_id, stack_id=job.stack_id,
+                 outcome=wire.OUTCOME_FAILED if error else wire.OUTCOME_SUCCEEDED)
+
+    def _finish(self, job_id: str, error: str) -> None:
+        body = {"outcome": wire.OUTCOME_FAILED if error else wire.OUTCOME_SUCCEEDED, "errorMsg": error or None,
+                "finishedAt": wire.iso()}
+        self._finished[job_id] = body
+        while len(self._finished) > _REMEMBERED_JOBS:
+            self._finished.popitem(last=False)
+        self.outbox.put(JOB_COMPLETE, job_id, body)
+
+    def _refuse(self, raw: object, raw_id: object, reason: str) -> None:
+        """A job we cannot act on is answered, not dropped: the marketplace learns why."""
+        log.warning("job_refused", job_id=raw_id if isinstance(raw_id, str) else None, error=reason)
+        if not wire.is_safe_id(raw_id):
+            return
+        stack_id = raw.get("stackId") if isinstance(raw, dict) else None
+        if wire.is_safe_id(stack_id):
+            self.outbox.put(STATUS, stack_id, {"status": wire.ERROR, "errorMsg": f"job refused by the agent: {reason}",
+                                               "jobId": raw_id, "reportedAt": wire.iso()})
+        self._finish(raw_id, f"job refused by the agent: {reason}")
+
+    async def shutdown(self, timeout: float) -> None:
+        """Let running jobs finish for a while, then cancel what is left. Renters'
+        containers are never touched here; a cancelled job is redelivered."""
+        tasks = list(self._running.values())
+        if not tasks:
+            return
+        done, pending = await asyncio.wait(tasks, timeout=timeout)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=5)

@@ -1,0 +1,44 @@
+"""Names the agent derives from a stack: compose project name, pStackId, labels.
+
+All derived from ids alone, so that after an agent restart (and without any
+local state) the same stack maps to the same compose project and containers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from .. import wire
+
+_NOT_PROJECT_CHARS = re.compile(r"[^a-z0-9_-]+")
+
+
+def project_name(stack_name: str, stack_id: str) -> str:
+    """Compose project name: readable for operators, unique per stack.
+
+    Two renters may both call their stack "web"; the stack id suffix keeps them
+    apart. Compose wants lowercase letters, digits, '-' and '_', starting with a
+    letter or digit.
+    """
+    slug = _NOT_PROJECT_CHARS.sub("-", stack_name.lower()).strip("-_")[:40].strip("-_")
+    suffix = _NOT_PROJECT_CHARS.sub("", stack_id.lower())[:8] or "stack"
+    return f"{slug}-{suffix}" if slug else f"stack-{suffix}"
+
+
+def provider_stack_id(stack_id: str) -> int:
+    """pStackId: a stable positive 31-bit integer for the stack.
+
+    The seed wants an integer "provider stack identifier"; Compose projects have
+    none. A hash of the stack id is stable across restarts without any state.
+    """
+    return int.from_bytes(hashlib.sha256(stack_id.encode()).digest()[:4], "big") & 0x7FFFFFFF or 1
+
+
+def stack_labels(stack_id: str, rental_id: str, env_id: str) -> dict[str, str]:
+    return {
+        wire.LABEL_MANAGED: "true",
+        wire.LABEL_STACK: stack_id,
+        wire.LABEL_RENTAL: rental_id,
+        wire.LABEL_ENV: env_id,
+    }

@@ -1,0 +1,124 @@
+"""`gpuhost-agent run`: wire the parts together and run until told to stop.
+
+With no marketplace configured, the local marketplace is served from the same
+process and the agent talks to it over real HTTP on loopback, exactly as it
+would to the real one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .agent import Agent, send_report
+from .client import MarketplaceClient
+from .config import AgentConfig
+from .core.deployer import StackDeployer
+from .core.dispatcher import JobDispatcher
+from .logs import SECRETS, get_logger
+from .marketplace import server as local_server
+from .marketplace.state import MarketplaceState
+from .marketplace.store import Store
+from .outbox import Outbox
+from .runtime.compose import ComposeRunner, find_compose_command
+from .runtime.engine import DockerEngine
+from .schedule import Schedule
+
+log = get_logger(__name__)
+SHUTDOWN_JOB_GRACE = 20.0
+SHUTDOWN_FLUSH = 3.0
+
+
+@dataclass
+class AgentParts:
+    agent: Agent
+    client: MarketplaceClient
+    outbox: Outbox
+    dispatcher: JobDispatcher
+    engine: DockerEngine
+
+
+def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
+    SECRETS.add(api_key)
+    client = MarketplaceClient(base_url, api_key)
+    outbox = Outbox(lambda report: send_report(client, report))
+    engine = DockerEngine()
+    compose = ComposeRunner(find_compose_command(config.compose_command), config.state_dir / "docker-config")
+    deployer = StackDeployer(compose, engine, outbox, config.state_dir / "stacks",
+                             settle_seconds=config.settle_seconds, stop_timeout=config.stop_timeout)
+    dispatcher = JobDispatcher(deployer, outbox)
+    agent = Agent(client, deployer, outbox, dispatcher, Schedule())
+    return AgentParts(agent, client, outbox, dispatcher, engine)
+
+
+async def start_local_marketplace(config: AgentConfig) -> local_server.RunningMarketplace:
+    store = Store.load_or_create(config.state_dir / "local-marketplace.json", config.local_api_key)
+    SECRETS.add(store.envApiKey, store.renterApiKey)
+    host, port = config.local_listen
+    return await local_server.start(MarketplaceState(store), host, port)
+
+
+async def stop_agent(parts: AgentParts, agent_task: asyncio.Task) -> None:
+    """Finish or abandon jobs in a bounded time, flush reports, leave containers running."""
+    await parts.dispatcher.shutdown(SHUTDOWN_JOB_GRACE)
+    if not await parts.outbox.drained(SHUTDOWN_FLUSH):
+        log.warning("reports_unsent_at_shutdown", pending=parts.outbox.pending())
+    agent_task.cancel()
+    await asyncio.gather(agent_task, return_exceptions=True)
+    await parts.client.close()
+    parts.engine.close()
+
+
+async def serve(config: AgentConfig, stop: asyncio.Event) -> None:
+    config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    local = None
+    if config.uses_local_marketplace:
+        local = await start_local_marketplace(config)
+        base_url, api_key = local.base_url, local.state.store.envApiKey
+        _print_local_banner(local)
+    else:
+        base_url, api_key = str(config.marketplace_url), str(config.api_key)
+    parts = build_agent(config, base_url, api_key)
+    agent_task = asyncio.create_task(parts.agent.run(), name="agent")
+    log.info("agent_started", marketplace=base_url, state_dir=str(config.state_dir))
+    stop_task = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({agent_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+    if agent_task in done:
+        stop_task.cancel()
+        agent_task.result()  # re-raise what stopped the agent
+    log.info("agent_stopping", reason="signal")
+    await stop_agent(parts, agent_task)
+    if local is not None:
+        await local.stop()
+    log.info("agent_stopped", containers="left running")
+
+
+def _print_local_banner(local: local_server.RunningMarketplace) -> None:
+    store = local.state.store
+    print(
+        "gpuhost-agent: no marketplace configured, serving the local marketplace\n"
+        f"  base URL:        {local.base_url}\n"
+        f"  environment id:  {store.envId}\n"
+        f"  renter API key:  {store.renterApiKey}\n"
+        f"  try: curl -s -H 'X-API-Key: {store.renterApiKey}' {local.base_url}/environments",
+        file=sys.stdout, flush=True,
+    )
+
+
+def run(config: AgentConfig) -> int:
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await serve(config, stop)
+
+    asyncio.run(main())
+    return 0
+
+
+def state_path(config: AgentConfig, *parts: str) -> Path:
+    return config.state_dir.joinpath(*parts)

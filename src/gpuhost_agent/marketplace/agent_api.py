@@ -1,0 +1,80 @@
+"""The marketplace's side of the agent protocol (docs/agent-api.yaml), under /v1/agent."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from .. import wire
+from .http_errors import json_body, json_error
+from .state import MarketplaceState
+
+MAX_POLL_WAIT = 60
+
+
+def routes(state: MarketplaceState) -> list[web.RouteDef]:
+    store = state.store
+
+    async def open_session(request: web.Request) -> web.Response:
+        body = await json_body(request)
+        if not isinstance(body, dict):
+            return json_error(400, "body must be an object describing the agent")
+        session_id, requeued = state.new_session()
+        return web.json_response({"sessionId": session_id, "envId": store.envId, "serverTime": wire.iso(),
+                                  "requeuedJobs": requeued, "intervals": state.intervals})
+
+    async def poll_jobs(request: web.Request) -> web.Response:
+        try:
+            wait = min(float(request.query.get("wait", "0")), MAX_POLL_WAIT)
+            max_jobs = max(1, min(int(request.query.get("max", "16")), 100))
+        except ValueError:
+            return json_error(400, "wait must be a number of seconds and max an integer")
+        jobs = await state.wait_for_jobs(max(0.0, wait), max_jobs)
+        return web.json_response({"jobs": [store.job_payload(job) for job in jobs]})
+
+    async def complete_job(request: web.Request) -> web.Response:
+        body = await json_body(request)
+        if not isinstance(body, dict) or body.get("outcome") not in (wire.OUTCOME_SUCCEEDED, wire.OUTCOME_FAILED):
+            return json_error(400, "body must be an object with outcome 'succeeded' or 'failed'")
+        job = store.complete_job(request.match_info["jobId"], body["outcome"], body.get("errorMsg"))
+        state.changed()
+        return web.json_response({"jobId": job.jobId, "state": job.state, "outcome": job.outcome})
+
+    async def put_status(request: web.Request) -> web.Response:
+        body = await json_body(request)
+        problem = _status_problem(body)
+        if problem:
+            return json_error(400, problem)
+        accepted = store.apply_status(request.match_info["stackId"], body)
+        state.changed()
+        return web.json_response({"stackId": request.match_info["stackId"], "accepted": accepted})
+
+    async def put_containers(request: web.Request) -> web.Response:
+        body = await json_body(request)
+        if not isinstance(body, dict) or not isinstance(body.get("containers"), list) \
+                or not isinstance(body.get("observedAt"), str):
+            return json_error(400, "body must be an object with a containers array and observedAt")
+        accepted = store.apply_containers(request.match_info["stackId"], body["containers"], body["observedAt"])
+        state.changed()
+        return web.json_response({"stackId": request.match_info["stackId"], "accepted": accepted})
+
+    return [
+        web.post("/v1/agent/sessions", open_session),
+        web.get("/v1/agent/jobs", poll_jobs),
+        web.post("/v1/agent/jobs/{jobId}/complete", complete_job),
+        web.put("/v1/agent/stacks/{stackId}/status", put_status),
+        web.put("/v1/agent/stacks/{stackId}/containers", put_containers),
+    ]
+
+
+def _status_problem(body) -> str | None:
+    if not isinstance(body, dict):
+        return "body must be an object"
+    if body.get("status") not in wire.REPORTED_STATUSES:
+        return f"status must be one of {', '.join(wire.REPORTED_STATUSES)}"
+    if not isinstance(body.get("reportedAt"), str):
+        return "reportedAt (ISO 8601 date-time) is required"
+    if body["status"] == wire.ERROR and not body.get("errorMsg"):
+        return "errorMsg is required with status ERROR"
+    if not isinstance(body.get("pStackId", 0), int):
+        return "pStackId must be an integer"
+    return None

