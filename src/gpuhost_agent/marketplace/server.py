@@ -47,7 +47,6 @@ def build_app(state: MarketplaceState) -> web.Application:
     app = web.Application(middlewares=[auth_and_errors], client_max_size=2 * 1024 * 1024)
     app.add_routes(renter_api.routes(state))
     app.add_routes(agent_api.routes(state))
-    app["state"] = state
     return app
 
 

@@ -1,0 +1,135 @@
+"""Fixtures: a real local marketplace and a real agent, talking HTTP on loopback,
+deploying on the real Docker Engine that `make test` started.
+
+Images come from the local build (gpuhost-test/busybox:1) and the registry on
+127.0.0.1:5000; nothing is pulled from outside this machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import aiohttp
+import docker
+import pytest
+
+from gpuhost_agent import logs, wire
+from gpuhost_agent.config import AgentConfig
+from gpuhost_agent.daemon import build_agent, start_local_marketplace, stop_agent
+
+TEST_IMAGE = "gpuhost-test/busybox:1"
+REGISTRY_IMAGE = "127.0.0.1:5000/gpuhost-test/busybox:1"
+
+logs.configure(os.environ.get("GPUHOST_TEST_LOG_LEVEL", "warning"), json_lines=True)
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    """The real engine. Not answering is a failure, not a skip: `make test` starts it."""
+    client = docker.from_env()
+    try:
+        client.ping()
+    except Exception as exc:  # pragma: no cover - a set-up problem, reported plainly
+        pytest.fail(f"no Docker Engine answers ({exc}); run the tests with `make test`, which starts one")
+    client.images.get(TEST_IMAGE)
+    yield client
+    client.close()
+
+
+def make_config(state_dir: Path, **overrides) -> AgentConfig:
+    values = dict(marketplace_url=None, env_id=None, api_key=None, state_dir=state_dir,
+                  local_listen=("127.0.0.1", 0), local_api_key="renter-test-key", log_level="warning",
+                  compose_command=None, settle_seconds=1.0, stop_timeout=1)
+    values.update(overrides)
+    return AgentConfig(**values)
+
+
+class Renter:
+    """A renter using the marketplace's public API over HTTP."""
+
+    def __init__(self, http: aiohttp.ClientSession, base_url: str, store):
+        self.http = http
+        self.base_url = base_url
+        self.store = store
+
+    async def call(self, method: str, path: str, body=None, *, key: str | None = None, raw: bytes | None = None):
+        headers = {wire.API_KEY_HEADER: self.store.renterApiKey if key is None else key}
+        kwargs = {"data": raw, "headers": {**headers, "Content-Type": "application/json"}} if raw is not None \
+            else {"json": body, "headers": headers}
+        async with self.http.request(method, self.base_url + path, **kwargs) as response:
+            return response.status, await response.json(content_type=None)
+
+    async def rental(self, gpu_count: int = 0) -> str:
+        status, body = await self.call("POST", "/rentals", {"envId": self.store.envId, "name": "test", "gpuCount": gpu_count})
+        assert status == 201, body
+        return body["rentalId"]
+
+    async def stack(self, rental_id: str, content: str, variables: dict | None = None, name: str = "test stack") -> str:
+        template = {"name": name, "description": "test", "content": content, "environmentVariables": variables or {}}
+        status, body = await self.call("POST", f"/rentals/{rental_id}/stacks", {"template": template})
+        assert status == 201, body
+        return body
+
+    async def stacks(self, rental_id: str) -> list[dict]:
+        status, body = await self.call("GET", f"/rentals/{rental_id}/stacks")
+        assert status == 200, body
+        return body
+
+    async def containers(self, rental_id: str, stack_id: str) -> list[dict]:
+        status, body = await self.call("GET", f"/rentals/{rental_id}/stacks/{stack_id}/containers")
+        assert status == 200, body
+        return body
+
+    async def wait_stack(self, rental_id: str, stack_id: str, statuses: tuple[str, ...], timeout: float = 30) -> dict | None:
+        """The stack once its status is one of `statuses` (None: once it is gone)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        last = None
+        while loop.time() < deadline:
+            last = next((s for s in await self.stacks(rental_id) if s["stackId"] == stack_id), None)
+            if last is None and not statuses:
+                return None
+            if last is not None and last["status"] in statuses:
+                return last
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"stack {stack_id} did not reach {statuses or 'gone'} in {timeout}s; last seen: {last}")
+
+
+@pytest.fixture
+async def local_market(tmp_path, docker_client):
+    """Local marketplace + agent in this event loop; yields (renter, parts, running marketplace)."""
+    config = make_config(tmp_path / "state")
+    local = await start_local_marketplace(config)
+    parts = build_agent(config, local.base_url, local.state.store.envApiKey)
+    agent_task = asyncio.create_task(parts.agent.run())
+    await asyncio.wait_for(parts.agent.connected.wait(), 10)
+    http = aiohttp.ClientSession()
+    try:
+        yield Renter(http, local.base_url, local.state.store), parts, local
+    finally:
+        await http.close()
+        await stop_agent(parts, agent_task)
+        await local.stop()
+        remove_env_resources(docker_client, local.state.store.envId)
+
+
+def remove_env_resources(client, env_id: str) -> None:
+    """Whatever a test left behind in the engine, found by the agent's own label."""
+    for container in client.containers.list(all=True, filters={"label": f"{wire.LABEL_ENV}={env_id}"}):
+        container.remove(force=True, v=True)
+    client.networks.prune(filters={"label": "com.docker.compose.project"})
+
+
+def env_containers(client, env_id: str) -> list:
+    return client.containers.list(all=True, filters={"label": f"{wire.LABEL_ENV}={env_id}"})
+
+
+async def until(predicate, timeout: float = 10) -> None:
+    """Wait for a condition on in-process state (the store, the dispatcher)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)

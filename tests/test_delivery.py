@@ -1,0 +1,66 @@
+"""At-least-once delivery: a job handed out twice deploys once."""
+
+from __future__ import annotations
+
+from gpuhost_agent import wire
+from conftest import until, TEST_IMAGE, env_containers
+
+CONTENT = f"services:\n  app:\n    image: {TEST_IMAGE}\n    command: ['sleep', '3600']\n    stop_grace_period: 1s\n"
+
+
+async def test_job_delivered_again_after_completion_deploys_once(local_market, docker_client):
+    renter, parts, local = local_market
+    rental_id = await renter.rental()
+    stack_id = await renter.stack(rental_id, CONTENT)
+    await renter.wait_stack(rental_id, stack_id, (wire.APPLIED,))
+    job = next(j for j in renter.store.jobs.values() if j.stackId == stack_id)
+    await until(lambda: job.state == "completed")
+    before = [c.id for c in env_containers(docker_client, renter.store.envId)]
+    assert len(before) == 1
+
+    local.state.redeliver(job.jobId)
+    await until(lambda: job.deliveries == 2 and job.state == "completed")
+    assert parts.dispatcher.duplicates_ignored == 1
+    assert [c.id for c in env_containers(docker_client, renter.store.envId)] == before
+    assert (await renter.stacks(rental_id))[0]["status"] == wire.APPLIED
+
+
+async def test_job_delivered_twice_while_running_deploys_once(local_market, docker_client):
+    renter, parts, local = local_market
+    rental_id = await renter.rental()
+    stack_id = await renter.stack(rental_id, CONTENT)
+    job = next(j for j in renter.store.jobs.values() if j.stackId == stack_id)
+    await until(lambda: job.deliveries == 1)
+    local.state.redeliver(job.jobId)  # while the agent is still deploying (settle watch included)
+    await until(lambda: job.deliveries == 2)
+    await renter.wait_stack(rental_id, stack_id, (wire.APPLIED,))
+    await until(lambda: job.state == "completed")
+    assert parts.dispatcher.duplicates_ignored == 1
+    assert len(env_containers(docker_client, renter.store.envId)) == 1
+
+
+async def test_redeploy_of_same_stack_after_agent_restart_keeps_containers(local_market, docker_client):
+    """A job redone by a fresh agent (no memory of it) converges on the same containers."""
+    renter, parts, local = local_market
+    rental_id = await renter.rental()
+    stack_id = await renter.stack(rental_id, CONTENT)
+    await renter.wait_stack(rental_id, stack_id, (wire.APPLIED,))
+    job = next(j for j in renter.store.jobs.values() if j.stackId == stack_id)
+    await until(lambda: job.state == "completed")
+    before = [c.id for c in env_containers(docker_client, renter.store.envId)]
+    parts.dispatcher._finished.clear()  # what an agent restart forgets
+    local.state.redeliver(job.jobId)
+    await until(lambda: job.deliveries == 2 and job.state == "completed", timeout=15)
+    assert parts.dispatcher.duplicates_ignored == 0
+    assert [c.id for c in env_containers(docker_client, renter.store.envId)] == before
+
+
+async def test_malformed_job_is_refused_and_others_still_run(local_market, docker_client):
+    renter, parts, _local = local_market
+    parts.dispatcher.submit({"jobId": "bogus-1", "type": "stack.explode", "stackId": "s-1", "rentalId": "r",
+                             "envId": renter.store.envId})
+    parts.dispatcher.submit("not even an object")
+    rental_id = await renter.rental()
+    stack_id = await renter.stack(rental_id, CONTENT)
+    assert (await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR)))["status"] == wire.APPLIED
+

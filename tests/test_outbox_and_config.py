@@ -1,0 +1,77 @@
+"""The outbox (coalescing, order, retry) and configuration loading."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gpuhost_agent import config
+from gpuhost_agent.client import MarketplaceRejected, MarketplaceUnavailable
+from gpuhost_agent.outbox import CONTAINERS, JOB_COMPLETE, STATUS, Outbox
+
+
+async def test_outbox_coalesces_keeps_order_and_retries():
+    sent: list[tuple[str, str, dict]] = []
+    failures = {"left": 2}
+    gate = asyncio.Event()
+
+    async def send(report):
+        await gate.wait()
+        if failures["left"]:
+            failures["left"] -= 1
+            raise MarketplaceUnavailable("down", retry_after=0.01)
+        sent.append((report.kind, report.target, report.body))
+
+    outbox = Outbox(send, base_delay=0.01)
+    outbox.put(STATUS, "s1", {"status": "APPLYING"})
+    outbox.put(CONTAINERS, "s1", {"n": 1})
+    outbox.put(STATUS, "s1", {"status": "APPLIED"})  # replaces APPLYING, keeps its place
+    outbox.put(CONTAINERS, "s1", {"n": 2})
+    outbox.put(JOB_COMPLETE, "j1", {"outcome": "succeeded"})
+    runner = asyncio.create_task(outbox.run())
+    gate.set()
+    assert await outbox.drained(5)
+    runner.cancel()
+    assert sent == [(STATUS, "s1", {"status": "APPLIED"}), (CONTAINERS, "s1", {"n": 2}),
+                    (JOB_COMPLETE, "j1", {"outcome": "succeeded"})]
+
+
+async def test_outbox_drops_what_the_marketplace_rejects():
+    async def send(report):
+        raise MarketplaceRejected(404, "unknown stack")
+
+    outbox = Outbox(send)
+    outbox.put(STATUS, "gone", {"status": "APPLIED"})
+    runner = asyncio.create_task(outbox.run())
+    assert await outbox.drained(2)
+    runner.cancel()
+    assert outbox.dropped == 1 and outbox.pending() == 0
+
+
+def test_config_priority_flags_over_env_over_file(tmp_path):
+    conf = tmp_path / "agent.conf"
+    key_file = tmp_path / "key"
+    key_file.write_text("from-file-key\n")
+    conf.write_text("# comment\nGPUHOST_MARKETPLACE_URL=https://m.example/v1\nGPUHOST_ENV_ID=file-env\n"
+                    f"GPUHOST_API_KEY_FILE={key_file}\nGPUHOST_LOG_LEVEL=debug\n")
+    loaded = config.load({"config": str(conf), "env_id": "flag-env"}, environ={"GPUHOST_LOG_LEVEL": "warning"})
+    assert loaded.marketplace_url == "https://m.example/v1" and not loaded.uses_local_marketplace
+    assert loaded.env_id == "flag-env" and loaded.api_key == "from-file-key" and loaded.log_level == "warning"
+
+
+def test_config_defaults_to_local_marketplace(tmp_path):
+    loaded = config.load({"config": None, "state_dir": str(tmp_path)}, environ={"GPUHOST_CONFIG": ""})
+    assert loaded.uses_local_marketplace and loaded.local_listen == ("127.0.0.1", 8787)
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    ({"marketplace_url": "https://m.example/v1"}, "GPUHOST_ENV_ID"),
+    ({"marketplace_url": "ftp://m.example/v1", "env_id": "e", "api_key": "k"}, "must be http"),
+    ({"local_listen": "8787"}, "HOST:PORT"),
+    ({"config": "/no/such/file"}, "does not exist"),
+    ({"api_key_file": "/no/such/key", "marketplace_url": "https://m/v1", "env_id": "e"}, "cannot read"),
+])
+def test_config_errors_say_what_to_fix(flags, fragment):
+    with pytest.raises(config.ConfigError, match=fragment):
+        config.load(flags, environ={})
