@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from gpuhost_agent import wire
 from conftest import until, TEST_IMAGE, env_containers
 
@@ -64,3 +66,19 @@ async def test_malformed_job_is_refused_and_others_still_run(local_market, docke
     stack_id = await renter.stack(rental_id, CONTENT)
     assert (await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR)))["status"] == wire.APPLIED
 
+
+
+async def test_waiting_long_poll_is_woken_by_a_new_job(local_market):
+    """Pickup is not on a timer: while idle the agent keeps one poll parked in the
+    marketplace, and a new job is handed to that poll at once."""
+    renter, _parts, local = local_market
+    rental_id = await renter.rental()
+    await asyncio.sleep(0.2)
+    parked = local.state.polls_started
+    await asyncio.sleep(1.5)
+    assert local.state.polls_started == parked, "the agent polled again while idle: a timer, not a long poll"
+    stack_id = await renter.stack(rental_id, CONTENT)
+    job = next(j for j in renter.store.jobs.values() if j.stackId == stack_id)
+    await until(lambda: job.deliveries == 1, timeout=5)
+    pickup = wire.parse_iso(job.firstDeliveredAt) - wire.parse_iso(renter.store.stacks[stack_id]["createdAt"])
+    assert pickup.total_seconds() < 1.0, pickup

@@ -15,6 +15,7 @@ class MarketplaceState:
         self.store = store
         self.intervals = {**DEFAULT_INTERVALS, **(intervals or {})}
         self.session_id: str | None = None
+        self.polls_started = 0
         self._jobs_posted = asyncio.Event()
 
     def changed(self, *, jobs: bool = False) -> None:
@@ -32,6 +33,7 @@ class MarketplaceState:
 
     async def wait_for_jobs(self, wait_seconds: float, max_jobs: int) -> list[Job]:
         """Jobs as soon as there are any, else an empty list after wait_seconds."""
+        self.polls_started += 1
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_seconds
         while True:
