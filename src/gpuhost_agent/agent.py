@@ -34,6 +34,7 @@ class Agent:
         self.schedule = schedule
         self.intervals: dict = {"jobPollWaitSeconds": 25, "containerResyncSeconds": 15}
         self.connected = asyncio.Event()
+        self.env_id: str | None = None
         self._pushed: dict[str, list] = {}
 
     async def run(self) -> None:
@@ -63,6 +64,7 @@ class Agent:
                 await asyncio.sleep(delay)
         self.intervals.update({k: v for k, v in (reply.get("intervals") or {}).items() if isinstance(v, (int, float))})
         self.schedule.every("container_resync", self.intervals["containerResyncSeconds"], self.resync_containers)
+        self.env_id = reply.get("envId")
         self.connected.set()
         log.info("session_opened", session_id=reply.get("sessionId"), env_id=reply.get("envId"),
                  requeued_jobs=reply.get("requeuedJobs", 0))
@@ -97,8 +99,10 @@ class Agent:
     async def resync_containers(self) -> None:
         """Push the container list of every stack whose containers changed since
         the last push (a safety net until the agent follows Docker's events)."""
+        if not self.env_id:
+            return
         try:
-            managed = await self.deployer.engine.managed_containers()
+            managed = await self.deployer.engine.environment_containers(self.env_id)
         except EngineError as exc:
             log.warning("container_resync_failed", error=str(exc))
             return

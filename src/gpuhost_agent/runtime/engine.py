@@ -51,8 +51,11 @@ class DockerEngine:
             lambda api: api.containers(all=True, filters={"label": [f"{wire.LABEL_STACK}={stack_id}"]})
         )
 
-    async def managed_containers(self) -> list[dict]:
-        return await self._call(lambda api: api.containers(all=True, filters={"label": [f"{wire.LABEL_MANAGED}=true"]}))
+    async def environment_containers(self, env_id: str) -> list[dict]:
+        """Containers this environment's agent owns: another agent on the same
+        engine (another environment) owns its own."""
+        return await self._call(lambda api: api.containers(
+            all=True, filters={"label": [f"{wire.LABEL_MANAGED}=true", f"{wire.LABEL_ENV}={env_id}"]}))
 
     async def exit_code(self, container_id: str) -> int | None:
         state = (await self._call(lambda api: api.inspect_container(container_id))).get("State", {})

@@ -1,0 +1,29 @@
+"""The periodic container resync: reports changes Docker made behind the agent's
+back, and only for this environment's containers."""
+
+from __future__ import annotations
+
+from gpuhost_agent import wire
+from conftest import TEST_IMAGE, until
+
+CONTENT = f"services:\n  app:\n    image: {TEST_IMAGE}\n    command: ['sleep', '3600']\n    stop_grace_period: 1s\n"
+
+
+async def test_resync_reports_changes_for_this_environment_only(local_market, docker_client):
+    renter, parts, _local = local_market
+    rental_id = await renter.rental()
+    stack_id = await renter.stack(rental_id, CONTENT)
+    await renter.wait_stack(rental_id, stack_id, (wire.APPLIED,))
+    foreign = docker_client.containers.create(TEST_IMAGE, ["sleep", "3600"], labels={
+        wire.LABEL_MANAGED: "true", wire.LABEL_ENV: "another-environment", wire.LABEL_STACK: "foreign-stack"})
+    try:
+        (container,) = docker_client.containers.list(filters={"label": f"{wire.LABEL_STACK}={stack_id}"})
+        container.stop(timeout=1)
+        await parts.agent.resync_containers()
+        await until(lambda: parts.outbox.pending() == 0)
+        listed = await renter.containers(rental_id, stack_id)
+        assert [c["State"] for c in listed] == ["exited"]
+        assert parts.outbox.dropped == 0, "a foreign environment's container was reported"
+        assert "foreign-stack" not in renter.store.containers
+    finally:
+        foreign.remove(force=True)
