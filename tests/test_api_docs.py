@@ -15,7 +15,6 @@ way round) must fail here:
 from __future__ import annotations
 
 import asyncio
-import copy
 from pathlib import Path
 from typing import Any
 
