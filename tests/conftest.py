@@ -18,6 +18,9 @@ import pytest
 from gpuhost_agent import logs, wire
 from gpuhost_agent.config import AgentConfig
 from gpuhost_agent.daemon import build_agent, start_local_marketplace, stop_agent
+from gpuhost_agent.marketplace import server
+from gpuhost_agent.marketplace.state import MarketplaceState
+from gpuhost_agent.marketplace.store import Store
 
 TEST_IMAGE = "gpuhost-test/busybox:1"
 REGISTRY_IMAGE = "127.0.0.1:5000/gpuhost-test/busybox:1"
@@ -95,6 +98,16 @@ class Renter:
                 return last
             await asyncio.sleep(0.05)
         raise AssertionError(f"stack {stack_id} did not reach {statuses or 'gone'} in {timeout}s; last seen: {last}")
+
+
+@pytest.fixture
+async def market(tmp_path):
+    """The marketplace alone (no agent): these tests are about its HTTP surface."""
+    store = Store.load_or_create(tmp_path / "m.json", "renter-key")
+    running = await server.start(MarketplaceState(store), "127.0.0.1", 0)
+    async with aiohttp.ClientSession() as http:
+        yield Renter(http, running.base_url, store)
+    await running.stop()
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ way round) must fail here:
 
 from __future__ import annotations
 
+import json
 import asyncio
 from pathlib import Path
 from typing import Any
@@ -356,7 +357,8 @@ async def test_local_marketplace_answers_as_documented(agent_doc: dict, local_do
         await answer(L, await http.get("/v1/environments", headers=renter), "/environments", "get")
         env = await answer(L, await http.get(f"/v1/environments/{store.envId}", headers=renter),
                            "/environments/{envId}", "get")
-        assert env["apiKey"] == store.envApiKey
+        assert store.envApiKey not in json.dumps(env), "a renter key must not reveal the agent's key"
+        assert env["apiKey"] == store.envApiKey[:4] + "..." + store.envApiKey[-4:]
         response = await http.post("/v1/rentals", headers=renter,
                                    json={"envId": store.envId, "gpuCount": 1, "name": "r1"})
         assert response.status == 201

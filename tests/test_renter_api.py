@@ -2,26 +2,11 @@
 
 from __future__ import annotations
 
-import aiohttp
 import pytest
 
 from gpuhost_agent import wire
-from gpuhost_agent.marketplace import server
-from gpuhost_agent.marketplace.state import MarketplaceState
-from gpuhost_agent.marketplace.store import Store
-from conftest import Renter
 
 TEMPLATE = {"name": "n", "description": "d", "content": "services: {}\n", "environmentVariables": {}}
-
-
-@pytest.fixture
-async def market(tmp_path):
-    """The marketplace alone (no agent): these tests are about its HTTP surface."""
-    store = Store.load_or_create(tmp_path / "m.json", "renter-key")
-    running = await server.start(MarketplaceState(store), "127.0.0.1", 0)
-    async with aiohttp.ClientSession() as http:
-        yield Renter(http, running.base_url, store)
-    await running.stop()
 
 
 async def test_missing_or_wrong_key_is_401(market):

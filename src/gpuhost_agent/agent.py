@@ -59,7 +59,8 @@ class Agent:
                 break
             except (MarketplaceUnavailable, MarketplaceRejected) as exc:
                 failures += 1
-                delay = _backoff(failures)
+                retry_after = getattr(exc, "retry_after", None)
+                delay = retry_after if retry_after is not None else _backoff(failures)
                 log.warning("session_open_failed", error=str(exc), retry_in_s=round(delay, 1))
                 await asyncio.sleep(delay)
         self.intervals.update({k: v for k, v in (reply.get("intervals") or {}).items() if isinstance(v, (int, float))})
@@ -86,7 +87,7 @@ class Agent:
                 self.connected.clear()
                 delay = max(10.0, _backoff(failures))
                 log.error("job_poll_rejected", error=str(exc), retry_in_s=round(delay, 1),
-                          hint="check the environment id and API key in the agent's configuration")
+                          hint="the marketplace refused the poll request itself")
                 await asyncio.sleep(delay)
                 continue
             if failures:

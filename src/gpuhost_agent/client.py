@@ -20,6 +20,11 @@ class MarketplaceUnavailable(RuntimeError):
         self.retry_after = retry_after
 
 
+class MarketplaceAuthFailed(MarketplaceUnavailable):
+    """401/403: the key is wrong, expired or rotated. Retried like an outage, so
+    that no report is lost while an operator fixes the configuration."""
+
+
 class MarketplaceRejected(RuntimeError):
     def __init__(self, status: int, message: str):
         super().__init__(f"{status}: {message}")
@@ -61,6 +66,10 @@ class MarketplaceClient:
                     raise MarketplaceUnavailable(
                         f"{method} {path}: HTTP {response.status}", _retry_after(response.headers.get("Retry-After"))
                     )
+                if response.status in (401, 403):
+                    raise MarketplaceAuthFailed(
+                        f"{method} {path}: HTTP {response.status} {await _error_message(response)}"
+                        " (check the environment id and API key in the agent's configuration)")
                 if response.status >= 400:
                     raise MarketplaceRejected(response.status, await _error_message(response))
                 if response.content_type == "application/json":
@@ -71,6 +80,8 @@ class MarketplaceClient:
 
     async def open_session(self, info: dict) -> dict:
         reply = await self._request("POST", "/agent/sessions", body=info)
+        if not isinstance(reply, dict):
+            raise MarketplaceRejected(200, "POST /agent/sessions answered without a JSON object")
         self.session_id = reply.get("sessionId")
         return reply
 

@@ -50,9 +50,9 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
 
     async def put_containers(request: web.Request) -> web.Response:
         body = await json_body(request)
-        if not isinstance(body, dict) or not isinstance(body.get("containers"), list) \
-                or not isinstance(body.get("observedAt"), str):
-            return json_error(400, "body must be an object with a containers array and observedAt")
+        problem = _containers_problem(body)
+        if problem:
+            return json_error(400, problem)
         accepted = store.apply_containers(request.match_info["stackId"], body["containers"], body["observedAt"])
         state.changed()
         return web.json_response({"stackId": request.match_info["stackId"], "accepted": accepted})
@@ -66,15 +66,43 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
     ]
 
 
+def _is_datetime(value) -> bool:
+    try:
+        wire.parse_iso(value)
+        return True
+    except (TypeError, ValueError, AttributeError):
+        return False
+
+
 def _status_problem(body) -> str | None:
+    """What is wrong with a status report, if anything. Every field is checked:
+    whatever passes is shown to renters as it is."""
     if not isinstance(body, dict):
         return "body must be an object"
     if body.get("status") not in wire.REPORTED_STATUSES:
         return f"status must be one of {', '.join(wire.REPORTED_STATUSES)}"
-    if not isinstance(body.get("reportedAt"), str):
-        return "reportedAt (ISO 8601 date-time) is required"
+    if not _is_datetime(body.get("reportedAt")):
+        return "reportedAt must be an ISO 8601 date-time"
+    for key in ("errorMsg", "pStackName", "jobId"):
+        if body.get(key) is not None and not isinstance(body[key], str):
+            return f"{key} must be a string"
     if body["status"] == wire.ERROR and not body.get("errorMsg"):
         return "errorMsg is required with status ERROR"
-    if not isinstance(body.get("pStackId", 0), int):
-        return "pStackId must be an integer"
+    pstack_id = body.get("pStackId", 0)
+    if not isinstance(pstack_id, int) or isinstance(pstack_id, bool) or pstack_id < 0:
+        return "pStackId must be a non-negative integer"
+    return None
+
+
+def _containers_problem(body) -> str | None:
+    if not isinstance(body, dict) or not isinstance(body.get("containers"), list):
+        return "body must be an object with a containers array"
+    if not _is_datetime(body.get("observedAt")):
+        return "observedAt must be an ISO 8601 date-time"
+    for index, container in enumerate(body["containers"]):
+        if not isinstance(container, dict):
+            return f"containers[{index}] must be an object"
+        for key, kind in (("Name", str), ("Id", str), ("State", str), ("Created", int), ("Labels", list), ("Ports", list)):
+            if not isinstance(container.get(key), kind) or isinstance(container.get(key), bool):
+                return f"containers[{index}].{key} must be {'a string' if kind is str else 'an integer' if kind is int else 'an array'}"
     return None

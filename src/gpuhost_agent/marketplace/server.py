@@ -2,7 +2,7 @@
 
 Two keys, as on the real marketplace: renters use their user API key; the agent
 uses the environment's own key (Environment.apiKey). Neither can call the
-other's endpoints.
+other's endpoints, and renter responses never show the environment's key.
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ def build_app(state: MarketplaceState) -> web.Application:
             if exc.status >= 400:
                 return json_error(exc.status, exc.reason)
             raise
+        except Exception:  # a bug: answer in the API's error shape, keep the trace for operators
+            log.exception("marketplace_handler_failed", method=request.method, path=request.path)
+            return json_error(500, "internal error in the local marketplace")
 
     app = web.Application(middlewares=[auth_and_errors], client_max_size=2 * 1024 * 1024)
     app.add_routes(renter_api.routes(state))

@@ -21,7 +21,14 @@ def environment(store: Store) -> dict:
     return {"envId": store.envId, "name": store.envName, "createdAt": store.createdAt, "updatedAt": store.createdAt,
             "orgId": "local-org", "userId": store.userId, "pEnvId": 1, "pEdgeKey": "",
             "systemData": {}, "isCompliant": True, "failedComplianceReason": "", "initState": {},
-            "hold": {}, "listing": listing(store), "apiKey": store.envApiKey, "heartbeat": {}, "isSeed": False}
+            "hold": {}, "listing": listing(store), "apiKey": masked_key(store.envApiKey), "heartbeat": {}, "isSeed": False}
+
+
+def masked_key(key: str) -> str:
+    """The environment's key as shown to a renter key holder: enough to tell keys
+    apart, not enough to act as the agent (whose jobs carry every renter's
+    template variables). The full key is in the state file, readable by root."""
+    return f"{key[:4]}...{key[-4:]}"
 
 
 def rental(store: Store, raw: dict) -> dict:

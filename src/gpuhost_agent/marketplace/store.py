@@ -202,7 +202,7 @@ class Store:
             if status == wire.REMOVED:
                 return False
             raise NotFound(f"stack {stack_id} not found")
-        if stack["lastReportAt"] and report["reportedAt"] < stack["lastReportAt"]:
+        if stack["lastReportAt"] and wire.parse_iso(report["reportedAt"]) < wire.parse_iso(stack["lastReportAt"]):
             return False
         if stack["desired"] == "absent" and status in (wire.APPLYING, wire.APPLIED):
             return False
@@ -220,7 +220,7 @@ class Store:
         if stack_id not in self.stacks:
             raise NotFound(f"stack {stack_id} not found")
         previous = self.containers.get(stack_id)
-        if previous and observed_at < previous["observedAt"]:
+        if previous and wire.parse_iso(observed_at) < wire.parse_iso(previous["observedAt"]):
             return False
         self.containers[stack_id] = {"observedAt": observed_at, "containers": containers}
         return True
