@@ -24,6 +24,8 @@ from gpuhost_agent.marketplace.store import Store
 
 TEST_IMAGE = "gpuhost-test/busybox:1"
 REGISTRY_IMAGE = "127.0.0.1:5000/gpuhost-test/busybox:1"
+# One long-running service that stops at once on SIGTERM-less removal.
+SLEEPER = f"services:\n  app:\n    image: {TEST_IMAGE}\n    command: ['sleep', '3600']\n    stop_grace_period: 1s\n"
 
 logs.configure(os.environ.get("GPUHOST_TEST_LOG_LEVEL", "warning"), json_lines=True)
 
@@ -74,6 +76,16 @@ class Renter:
         status, body = await self.call("POST", f"/rentals/{rental_id}/stacks", {"template": template})
         assert status == 201, body
         return body
+
+    async def deployed(self, content: str = SLEEPER):
+        """A new rental with one stack, APPLIED and its deploy job completed: (rental id, stack id, job)."""
+        rental_id = await self.rental()
+        stack_id = await self.stack(rental_id, content)
+        stack = await self.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR))
+        assert stack["status"] == wire.APPLIED, stack["errorMsg"]
+        job = next(j for j in self.store.jobs.values() if j.stackId == stack_id)
+        await until(lambda: job.state == "completed")
+        return rental_id, stack_id, job
 
     async def stacks(self, rental_id: str) -> list[dict]:
         status, body = await self.call("GET", f"/rentals/{rental_id}/stacks")

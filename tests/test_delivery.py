@@ -5,18 +5,12 @@ from __future__ import annotations
 import asyncio
 
 from gpuhost_agent import wire
-from conftest import until, TEST_IMAGE, env_containers
-
-CONTENT = f"services:\n  app:\n    image: {TEST_IMAGE}\n    command: ['sleep', '3600']\n    stop_grace_period: 1s\n"
+from conftest import SLEEPER as CONTENT, env_containers, until
 
 
 async def test_job_delivered_again_after_completion_deploys_once(local_market, docker_client):
     renter, parts, local = local_market
-    rental_id = await renter.rental()
-    stack_id = await renter.stack(rental_id, CONTENT)
-    await renter.wait_stack(rental_id, stack_id, (wire.APPLIED,))
-    job = next(j for j in renter.store.jobs.values() if j.stackId == stack_id)
-    await until(lambda: job.state == "completed")
+    rental_id, _stack_id, job = await renter.deployed()
     before = [c.id for c in env_containers(docker_client, renter.store.envId)]
     assert len(before) == 1
 
@@ -44,11 +38,7 @@ async def test_job_delivered_twice_while_running_deploys_once(local_market, dock
 async def test_redeploy_of_same_stack_after_agent_restart_keeps_containers(local_market, docker_client):
     """A job redone by a fresh agent (no memory of it) converges on the same containers."""
     renter, parts, local = local_market
-    rental_id = await renter.rental()
-    stack_id = await renter.stack(rental_id, CONTENT)
-    await renter.wait_stack(rental_id, stack_id, (wire.APPLIED,))
-    job = next(j for j in renter.store.jobs.values() if j.stackId == stack_id)
-    await until(lambda: job.state == "completed")
+    _rental_id, _stack_id, job = await renter.deployed()
     before = [c.id for c in env_containers(docker_client, renter.store.envId)]
     parts.dispatcher._finished.clear()  # what an agent restart forgets
     local.state.redeliver(job.jobId)

@@ -6,7 +6,7 @@ import asyncio
 
 import aiohttp
 
-from gpuhost_agent import wire
+from gpuhost_agent import logs, wire
 from conftest import TEST_IMAGE, env_containers
 
 WEB_STACK = f"""
@@ -33,6 +33,7 @@ async def test_deploy_list_remove(local_market, docker_client):
     stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR))
     assert stack["status"] == wire.APPLIED, stack["errorMsg"]
     assert stack["errorMsg"] == ""
+    assert "hello from the stack" in logs.SECRETS, "template values are scrubbed from logs while the stack lives"
     assert stack["pStackName"].startswith("my-web-") and stack_id[:8] in stack["pStackName"]
     assert isinstance(stack["pStackId"], int) and stack["pStackId"] > 0
     seed_stack_keys = {"template", "createdAt", "updatedAt", "stackId", "envId", "stackName", "pStackName",
@@ -65,6 +66,7 @@ async def test_deploy_list_remove(local_market, docker_client):
     assert env_containers(docker_client, renter.store.envId) == []
     assert docker_client.networks.list(filters={"label": f"com.docker.compose.project={stack['pStackName']}"}) == []
     assert not (parts.agent.deployer.stacks_dir / stack_id).exists()
+    assert "hello from the stack" not in logs.SECRETS, "a removed stack's values are released"
 
 
 async def test_ending_rental_removes_its_stacks(local_market, docker_client):

@@ -155,3 +155,14 @@ def test_secrets_never_reach_a_log_line():
 def test_compose_errors_lose_agent_paths(tmp_path):
     text = f"Container x  Creating\nfailed to parse {tmp_path}/compose.yaml: yaml: line 1: bad\n"
     assert clean_error(text, tmp_path) == "failed to parse compose.yaml: yaml: line 1: bad"
+
+
+def test_secret_registry_counts_shared_values():
+    registry = logs.SecretRegistry()
+    registry.add_many(["shared-value", "only-a"])
+    registry.add_many(["shared-value", "abc"])  # "abc" is too short to scrub
+    assert "abc" not in registry and registry.scrub("x shared-value only-a") == "x *** ***"
+    registry.discard_many(["shared-value", "only-a"])
+    assert registry.scrub("shared-value only-a") == "*** only-a"
+    registry.discard_many(["shared-value"])
+    assert "shared-value" not in registry

@@ -6,14 +6,10 @@ from __future__ import annotations
 from gpuhost_agent import wire
 from conftest import TEST_IMAGE, until
 
-CONTENT = f"services:\n  app:\n    image: {TEST_IMAGE}\n    command: ['sleep', '3600']\n    stop_grace_period: 1s\n"
-
 
 async def test_resync_reports_changes_for_this_environment_only(local_market, docker_client):
     renter, parts, _local = local_market
-    rental_id = await renter.rental()
-    stack_id = await renter.stack(rental_id, CONTENT)
-    await renter.wait_stack(rental_id, stack_id, (wire.APPLIED,))
+    rental_id, stack_id, _job = await renter.deployed()
     foreign = docker_client.containers.create(TEST_IMAGE, ["sleep", "3600"], labels={
         wire.LABEL_MANAGED: "true", wire.LABEL_ENV: "another-environment", wire.LABEL_STACK: "foreign-stack"})
     try:

@@ -11,7 +11,6 @@ import asyncio
 import signal
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from .agent import Agent, send_report
 from .client import MarketplaceClient
@@ -118,7 +117,3 @@ def run(config: AgentConfig) -> int:
 
     asyncio.run(main())
     return 0
-
-
-def state_path(config: AgentConfig, *parts: str) -> Path:
-    return config.state_dir.joinpath(*parts)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+from collections import Counter
 from typing import Any, Iterable
 
 import structlog
@@ -24,25 +25,36 @@ _SECRET_KEY_HINTS = ("api_key", "apikey", "secret", "password", "token", "enviro
 
 
 class SecretRegistry:
-    """The set of secret strings known to this process (thread-safe)."""
+    """The secret strings known to this process (thread-safe).
+
+    Counted, so that a value two stacks share stays scrubbed until both are
+    gone, and a daemon that runs for months does not scan every value any
+    stack ever had on each log line.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._values: set[str] = set()
+        self._values: Counter[str] = Counter()
 
     def add(self, *values: str | None) -> None:
         with self._lock:
             for value in values:
                 if value and len(value) >= MIN_SECRET_LEN:
-                    self._values.add(value)
+                    self._values[value] += 1
 
     def add_many(self, values: Iterable[str]) -> None:
         self.add(*values)
 
-    def discard(self, *values: str | None) -> None:
+    def discard_many(self, values: Iterable[str]) -> None:
         with self._lock:
             for value in values:
-                self._values.discard(value or "")
+                if self._values.get(value, 0) > 1:
+                    self._values[value] -= 1
+                else:
+                    self._values.pop(value, None)
+
+    def __contains__(self, value: str) -> bool:
+        return value in self._values
 
     def scrub(self, text: str) -> str:
         with self._lock:

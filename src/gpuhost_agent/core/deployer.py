@@ -41,6 +41,7 @@ class StackDeployer:
         self.stacks_dir = stacks_dir
         self.settle_seconds = settle_seconds
         self.stop_timeout = stop_timeout
+        self._stack_secrets: dict[str, list[str]] = {}  # what each stack added to the log redactor
         stacks_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     # ---- reports -------------------------------------------------------------
@@ -60,6 +61,8 @@ class StackDeployer:
         """Run the job's stack; returns "" on success, else the errorMsg reported."""
         template = job.template or {}
         variables = dict(template.get("environmentVariables") or {})
+        self._forget_secrets(job.stack_id)
+        self._stack_secrets[job.stack_id] = list(variables.values())
         SECRETS.add_many(variables.values())
         project, workdir = self._project(job), self.stacks_dir / job.stack_id
         self.report_status(job, wire.APPLYING)
@@ -152,6 +155,7 @@ class StackDeployer:
             log.error("stack_remove_failed", stack_id=job.stack_id, job_id=job.job_id, error=message)
             return message
         shutil.rmtree(workdir, ignore_errors=True)
+        self._forget_secrets(job.stack_id)
         self.outbox.put(CONTAINERS, job.stack_id, {"containers": [], "observedAt": wire.iso()})
         self.report_status(job, wire.REMOVED)
         log.info("stack_removed", stack_id=job.stack_id, job_id=job.job_id)
@@ -162,6 +166,9 @@ class StackDeployer:
             await self.push_containers(stack_id)
         except EngineError as exc:
             log.warning("container_list_failed", stack_id=stack_id, error=str(exc))
+
+    def _forget_secrets(self, stack_id: str) -> None:
+        SECRETS.discard_many(self._stack_secrets.pop(stack_id, []))
 
     def _project(self, job: wire.StackJob) -> str:
         name = job.stack_name or (job.template or {}).get("name", "")

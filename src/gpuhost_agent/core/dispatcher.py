@@ -9,7 +9,7 @@ evidently missed it) without running again.
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
 from .. import wire
 from ..logs import get_logger
@@ -27,6 +27,7 @@ class JobDispatcher:
         self._running: dict[str, asyncio.Task] = {}
         self._finished: "OrderedDict[str, dict]" = OrderedDict()
         self._stack_locks: dict[str, asyncio.Lock] = {}
+        self._stack_jobs: Counter[str] = Counter()  # jobs holding or awaiting each stack's lock
         self.duplicates_ignored = 0
 
     def submit(self, raw: object) -> None:
@@ -51,25 +52,32 @@ class JobDispatcher:
 
     async def _run(self, job: wire.StackJob) -> None:
         lock = self._stack_locks.setdefault(job.stack_id, asyncio.Lock())
-        async with lock:
-            log.info("job_started", job_id=job.job_id, job_type=job.type, stack_id=job.stack_id, rental_id=job.rental_id)
-            try:
-                if job.type == wire.JOB_DEPLOY:
-                    error = await self.deployer.deploy(job)
-                else:
-                    error = await self.deployer.remove(job)
-            except asyncio.CancelledError:
-                log.warning("job_abandoned", job_id=job.job_id, stack_id=job.stack_id)
-                raise
-            except Exception as exc:  # a bug must not kill the agent; the renter still gets an answer
-                log.exception("job_crashed", job_id=job.job_id, stack_id=job.stack_id)
-                error = f"internal agent error: {type(exc).__name__}"
-                self.deployer.report_status(job, wire.ERROR, error)
-        if not lock.locked() and not lock._waiters:  # type: ignore[attr-defined]
-            self._stack_locks.pop(job.stack_id, None)
+        self._stack_jobs[job.stack_id] += 1
+        try:
+            async with lock:
+                error = await self._execute(job)
+        finally:
+            self._stack_jobs[job.stack_id] -= 1
+            if not self._stack_jobs[job.stack_id]:
+                del self._stack_jobs[job.stack_id], self._stack_locks[job.stack_id]
         self._finish(job.job_id, error)
         log.info("job_finished", job_id=job.job_id, stack_id=job.stack_id,
                  outcome=wire.OUTCOME_FAILED if error else wire.OUTCOME_SUCCEEDED)
+
+    async def _execute(self, job: wire.StackJob) -> str:
+        log.info("job_started", job_id=job.job_id, job_type=job.type, stack_id=job.stack_id, rental_id=job.rental_id)
+        try:
+            if job.type == wire.JOB_DEPLOY:
+                return await self.deployer.deploy(job)
+            return await self.deployer.remove(job)
+        except asyncio.CancelledError:
+            log.warning("job_abandoned", job_id=job.job_id, stack_id=job.stack_id)
+            raise
+        except Exception as exc:  # a bug must not kill the agent; the renter still gets an answer
+            log.exception("job_crashed", job_id=job.job_id, stack_id=job.stack_id)
+            error = f"internal agent error: {type(exc).__name__}"
+            self.deployer.report_status(job, wire.ERROR, error)
+            return error
 
     def _finish(self, job_id: str, error: str) -> None:
         body = {"outcome": wire.OUTCOME_FAILED if error else wire.OUTCOME_SUCCEEDED, "errorMsg": error or None,

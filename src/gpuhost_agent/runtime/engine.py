@@ -42,9 +42,6 @@ class DockerEngine:
 
         return await asyncio.to_thread(run)
 
-    async def version(self) -> dict:
-        return await self._call(lambda api: api.version())
-
     async def stack_containers(self, stack_id: str) -> list[dict]:
         """Docker's list entries for every container (running or not) of the stack."""
         return await self._call(
