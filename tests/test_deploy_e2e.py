@@ -21,6 +21,7 @@ services:
   worker:
     image: {TEST_IMAGE}
     command: ["sleep", "3600"]
+    volumes: ["/scratch"]
     stop_grace_period: 1s
 """
 
@@ -60,11 +61,15 @@ async def test_deploy_list_remove(local_market, docker_client):
         async with http.get(f"http://127.0.0.1:{port['PublicPort']}/") as response:
             assert (await response.text()).strip() == "hello from the stack"
 
+    worker = docker_client.containers.get(next(c["Id"] for c in containers if "-worker-" in c["Name"]))
+    (scratch,) = [m["Name"] for m in worker.attrs["Mounts"] if m["Type"] == "volume"]
+
     status, removing = await renter.call("DELETE", f"/rentals/{rental_id}/stacks/{stack_id}")
     assert status == 200 and removing["status"] == wire.REMOVING
     await renter.wait_stack(rental_id, stack_id, (), timeout=30)
     assert env_containers(docker_client, renter.store.envId) == []
     assert docker_client.networks.list(filters={"label": f"com.docker.compose.project={stack['pStackName']}"}) == []
+    assert scratch not in [v.name for v in docker_client.volumes.list()], "the anonymous volume must go too"
     assert not (parts.agent.deployer.stacks_dir / stack_id).exists()
     assert "hello from the stack" not in logs.SECRETS, "a removed stack's values are released"
 
