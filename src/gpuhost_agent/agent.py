@@ -8,11 +8,10 @@ error state: the loop backs off and tries again, and reports wait in the outbox.
 from __future__ import annotations
 
 import asyncio
-import random
 import socket
 
 from . import __version__, wire
-from .client import MarketplaceClient, MarketplaceRejected, MarketplaceUnavailable
+from .client import MarketplaceClient, MarketplaceRejected, MarketplaceUnavailable, retry_delay
 from .core.deployer import StackDeployer
 from .core.dispatcher import JobDispatcher
 from .core.containers import seed_containers, stack_id_of
@@ -59,8 +58,7 @@ class Agent:
                 break
             except (MarketplaceUnavailable, MarketplaceRejected) as exc:
                 failures += 1
-                retry_after = getattr(exc, "retry_after", None)
-                delay = retry_after if retry_after is not None else _backoff(failures)
+                delay = retry_delay(failures, exc)
                 log.warning("session_open_failed", error=str(exc), retry_in_s=round(delay, 1))
                 await asyncio.sleep(delay)
         self.intervals.update({k: v for k, v in (reply.get("intervals") or {}).items() if isinstance(v, (int, float))})
@@ -78,14 +76,14 @@ class Agent:
             except MarketplaceUnavailable as exc:
                 failures += 1
                 self.connected.clear()
-                delay = exc.retry_after if exc.retry_after is not None else _backoff(failures)
+                delay = retry_delay(failures, exc)
                 log.warning("job_poll_failed", error=str(exc), retry_in_s=round(delay, 1))
                 await asyncio.sleep(delay)
                 continue
             except MarketplaceRejected as exc:
                 failures += 1
                 self.connected.clear()
-                delay = max(10.0, _backoff(failures))
+                delay = max(10.0, retry_delay(failures))
                 log.error("job_poll_rejected", error=str(exc), retry_in_s=round(delay, 1),
                           hint="the marketplace refused the poll request itself")
                 await asyncio.sleep(delay)
@@ -131,8 +129,3 @@ async def send_report(client: MarketplaceClient, report: Report) -> None:
         await client.complete_job(report.target, report.body)
     else:
         raise ValueError(f"unknown report kind {report.kind!r}")
-
-
-def _backoff(failures: int, base: float = 0.5, ceiling: float = 30.0) -> float:
-    top = min(ceiling, base * 2 ** min(failures, 16))
-    return random.uniform(top / 2, top)

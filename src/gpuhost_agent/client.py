@@ -7,6 +7,7 @@ Retry-After) and Rejected (the marketplace said no; retrying will not help).
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import aiohttp
@@ -103,6 +104,17 @@ class MarketplaceClient:
 
     async def put_containers(self, stack_id: str, body: dict) -> None:
         await self._request("PUT", f"/agent/stacks/{stack_id}/containers", body=body)
+
+
+def retry_delay(failures: int, exc: BaseException | None = None, *, base: float = 0.5, ceiling: float = 30.0) -> float:
+    """Seconds to wait before trying the marketplace again: its Retry-After when
+    it gave one, else exponential backoff with jitter (half to full of the step),
+    so that many agents coming back after an outage do not arrive in step."""
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:
+        return retry_after
+    top = min(ceiling, base * 2 ** min(failures, 16))
+    return random.uniform(top / 2, top)
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -10,12 +10,11 @@ honours Retry-After. This queue lives in memory; durability is a later step.
 from __future__ import annotations
 
 import asyncio
-import random
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from .client import MarketplaceRejected, MarketplaceUnavailable
+from .client import MarketplaceRejected, MarketplaceUnavailable, retry_delay
 from .logs import get_logger
 
 log = get_logger(__name__)
@@ -82,7 +81,7 @@ class Outbox:
                 await self._send(entry)
             except MarketplaceUnavailable as exc:
                 failures += 1
-                delay = exc.retry_after if exc.retry_after is not None else self._backoff(failures)
+                delay = retry_delay(failures, exc, base=self._base_delay, ceiling=self._max_delay)
                 log.warning("report_deferred", kind=entry.kind, target=entry.target, error=str(exc), retry_in_s=round(delay, 2))
                 await asyncio.sleep(delay)
                 continue
@@ -94,7 +93,3 @@ class Outbox:
             failures = 0
             if self._entries.get(key) is entry and entry.version == version:
                 del self._entries[key]
-
-    def _backoff(self, failures: int) -> float:
-        ceiling = min(self._max_delay, self._base_delay * (2 ** min(failures, 16)))
-        return random.uniform(ceiling / 2, ceiling)
