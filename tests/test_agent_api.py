@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gpuhost_agent import wire
+from conftest import TEMPLATE
 
-TEMPLATE = {"name": "n", "description": "d", "content": "services: {}\n", "environmentVariables": {}}
 CONTAINER = {"Name": "c", "Id": "i", "Created": 1, "Labels": [], "Ports": [], "State": "running"}
 
 

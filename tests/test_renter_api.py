@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpuhost_agent import wire
+from conftest import TEMPLATE
 
-TEMPLATE = {"name": "n", "description": "d", "content": "services: {}\n", "environmentVariables": {}}
 
 
 async def test_missing_or_wrong_key_is_401(market):
