@@ -1,0 +1,144 @@
+"""The host's network download and upload speed, measured against the marketplace only.
+
+Why the marketplace and never a third-party speed-test service: the figure
+renters care about is how fast this host exchanges data with the marketplace's
+side of the internet, the agent must not talk to hosts nobody configured, and
+the measurement must not depend on an outside service staying up and free.
+
+Why bounded: a host may sit on a metered or slow link, so each direction sends
+at most `max_bytes` and reads or writes for at most `max_seconds`; each
+direction as a whole (connecting included) is given up after max_seconds + 15 s.
+
+Rules for the figures (Mbit/s = 10^6 bits per second, rounded to 0.1):
+- download: bytes read / seconds from the response headers' arrival to the last
+  byte read, so the time to first byte (latency, server setup) is excluded;
+- upload: the marketplace's own receivedBytes / seconds, timed where the bytes
+  arrive (its first body byte to its last); the agent's own elapsed time is used
+  only when the marketplace reports 0 s.
+Network failures never raise: the direction that failed gets None and `error`
+says why in a few words (e.g. "download: HTTP 404").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass
+
+import aiohttp
+
+from .. import wire
+
+CHUNK_BYTES = 256 * 1024
+_BLOCK = os.urandom(CHUNK_BYTES)  # incompressible, made once
+_GRACE_SECONDS = 15.0
+
+
+@dataclass(frozen=True)
+class SpeedResult:
+    download_mbps: float | None
+    upload_mbps: float | None
+    download_bytes: int
+    upload_bytes: int
+    measured_at: str
+    error: str | None = None
+
+
+class _HttpStatus(Exception):
+    def __init__(self, status: int):
+        super().__init__(f"HTTP {status}")
+        self.status = status
+
+
+def _mbps(nbytes: int, seconds: float) -> float | None:
+    if nbytes <= 0 or seconds <= 0:
+        return None
+    return round(nbytes * 8 / seconds / 1e6, 1)
+
+
+async def measure_speed(http: aiohttp.ClientSession, base_url: str, *, max_bytes: int = 25_000_000,
+                        max_seconds: float = 10.0) -> SpeedResult:
+    """Download then upload at most max_bytes each, for at most max_seconds each.
+
+    `base_url` is the marketplace API root (".../v1"); `http` carries the auth header.
+    """
+    measured_at = wire.iso()
+    base = base_url.rstrip("/")
+    limit = max_seconds + _GRACE_SECONDS
+    down_mbps, down_bytes, down_error = await _guarded("download", _download(http, base, max_bytes, max_seconds), limit)
+    up_mbps, up_bytes, up_error = await _guarded("upload", _upload(http, base, max_bytes, max_seconds), limit)
+    errors = [e for e in (down_error, up_error) if e]
+    return SpeedResult(down_mbps, up_mbps, down_bytes, up_bytes, measured_at, "; ".join(errors) or None)
+
+
+def as_wire(result: SpeedResult) -> dict:
+    return {"uploadMbps": result.upload_mbps, "downloadMbps": result.download_mbps,
+            "measuredAt": result.measured_at, "bytesDown": result.download_bytes,
+            "bytesUp": result.upload_bytes, "error": result.error}
+
+
+async def _guarded(name: str, work, limit: float) -> tuple[float | None, int, str | None]:
+    try:
+        mbps, nbytes = await asyncio.wait_for(work, limit)
+    except _HttpStatus as exc:
+        return None, 0, f"{name}: HTTP {exc.status}"
+    except asyncio.TimeoutError:
+        return None, 0, f"{name}: no answer within {limit:g} s"
+    except aiohttp.ClientConnectorError:
+        return None, 0, f"{name}: marketplace did not answer"
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, ConnectionError):
+        return None, 0, f"{name}: connection to the marketplace was lost"
+    except (aiohttp.ContentTypeError, ValueError, KeyError, TypeError):
+        return None, 0, f"{name}: marketplace answered an unexpected body"
+    except (aiohttp.ClientError, OSError) as exc:
+        return None, 0, f"{name}: {type(exc).__name__}: {exc}"[:200]
+    if mbps is None:
+        return None, nbytes, f"{name}: too few bytes to time"
+    return mbps, nbytes, None
+
+
+async def _download(http: aiohttp.ClientSession, base: str, max_bytes: int, max_seconds: float):
+    async with http.get(f"{base}/agent/speedtest/download", params={"bytes": str(max_bytes)},
+                        headers={"Accept-Encoding": "identity"}) as resp:
+        if resp.status != 200:
+            raise _HttpStatus(resp.status)
+        start = time.monotonic()
+        deadline = start + max_seconds
+        received = 0
+        while received < max_bytes:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                chunk = await asyncio.wait_for(resp.content.readany(), left)
+            except asyncio.TimeoutError:
+                break
+            if not chunk:
+                break
+            received += len(chunk)
+        elapsed = time.monotonic() - start
+        if not resp.content.at_eof():
+            resp.close()  # stopped by the time bound: drop the connection, don't drain it
+    return _mbps(received, elapsed), received
+
+
+async def _upload(http: aiohttp.ClientSession, base: str, max_bytes: int, max_seconds: float):
+    async def body():
+        sent = 0
+        deadline = time.monotonic() + max_seconds
+        while sent < max_bytes and time.monotonic() < deadline:
+            piece = _BLOCK if max_bytes - sent >= CHUNK_BYTES else _BLOCK[: max_bytes - sent]
+            sent += len(piece)
+            yield piece
+
+    start = time.monotonic()
+    async with http.post(f"{base}/agent/speedtest/upload", data=body(),
+                         headers={"Content-Type": "application/octet-stream"}) as resp:
+        if resp.status != 200:
+            raise _HttpStatus(resp.status)
+        answer = await resp.json()
+    elapsed = time.monotonic() - start
+    received = int(answer["receivedBytes"])
+    seconds = float(answer["seconds"])
+    return _mbps(received, seconds if seconds > 0 else elapsed), received
