@@ -15,6 +15,7 @@ test: setup
 
 bench: setup
 	.venv/bin/python bench/pickup_latency.py $(ARGS)
+	.venv/bin/python bench/probe_time.py
 
 # Remove leftovers of interrupted tests/runs; containers first, they pin networks and volumes.
 clean-test-docker:

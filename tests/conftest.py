@@ -8,6 +8,7 @@ Images come from the local build (gpuhost-test/busybox:1) and the registry on
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 from pathlib import Path
 
@@ -48,7 +49,8 @@ def docker_client():
 def make_config(state_dir: Path, **overrides) -> AgentConfig:
     values = dict(marketplace_url=None, env_id=None, api_key=None, state_dir=state_dir,
                   local_listen=("127.0.0.1", 0), local_api_key="renter-test-key", log_level="warning",
-                  compose_command=None, settle_seconds=1.0, stop_timeout=1)
+                  compose_command=None, settle_seconds=1.0, stop_timeout=1, speed_max_bytes=500_000,
+                  speed_max_seconds=1.0)
     values.update(overrides)
     return AgentConfig(**values)
 
@@ -154,9 +156,15 @@ def env_containers(client, env_id: str) -> list:
 
 
 async def until(predicate, timeout: float = 10) -> None:
-    """Wait for a condition on in-process state (the store, the dispatcher)."""
+    """Wait for a condition on in-process state (the store, the dispatcher), or
+    for an async predicate (a question asked over HTTP)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while not predicate():
+    while True:
+        answer = predicate()
+        if inspect.isawaitable(answer):
+            answer = await answer
+        if answer:
+            return
         assert loop.time() < deadline, "condition not reached in time"
         await asyncio.sleep(0.02)

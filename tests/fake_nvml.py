@@ -240,3 +240,26 @@ def write_config(
     path = Path(path)
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def forget_loaded_nvml() -> None:
+    """Undo an in-process load of the fake library (by NvmlProbe's library
+    path): pynvml forgets its handle and every dlopen of the file is closed, so
+    later tests in this process find no NVML, as on a machine without a GPU."""
+    import _ctypes
+    import os
+    import ctypes
+
+    import pynvml
+
+    path = str(DEFAULT_LIB_DIR / LIB_NAME)
+    pynvml.nvmlLib = None
+    pynvml._nvmlGetFunctionPointer_cache.clear()
+    pynvml._nvmlLib_refcount = 0
+    for _ in range(16):  # one dlclose per dlopen; stop when the file is gone from the map
+        if path not in Path("/proc/self/maps").read_text():
+            return
+        handle = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | ctypes.RTLD_GLOBAL)._handle
+        _ctypes.dlclose(handle)  # the RTLD_NOLOAD reference
+        _ctypes.dlclose(handle)  # one earlier reference
+    raise RuntimeError(f"{path} is still loaded")

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 
 from . import __version__, wire
 from .client import MarketplaceClient, MarketplaceRejected, MarketplaceUnavailable, retry_delay
 from .core.deployer import StackDeployer
 from .core.dispatcher import JobDispatcher
 from .core.containers import seed_containers, stack_id_of
+from .host_reporter import HostReporter
 from .logs import get_logger
-from .outbox import CONTAINERS, JOB_COMPLETE, STATUS, Outbox, Report
+from .outbox import CONTAINERS, INIT_STATE, JOB_COMPLETE, STATUS, SYSTEM_DATA, Outbox, Report
 from .runtime.engine import EngineError
 from .schedule import Schedule
 
@@ -25,8 +27,9 @@ log = get_logger(__name__)
 
 class Agent:
     def __init__(self, client: MarketplaceClient, deployer: StackDeployer, outbox: Outbox, dispatcher: JobDispatcher,
-                 schedule: Schedule):
+                 schedule: Schedule, host: HostReporter | None = None):
         self.client = client
+        self.host = host
         self.deployer = deployer
         self.outbox = outbox
         self.dispatcher = dispatcher
@@ -41,10 +44,18 @@ class Agent:
         self.schedule.every("container_resync", self.intervals["containerResyncSeconds"], self.resync_containers)
         self.schedule.start()
         try:
+            if self.host:
+                self.host.init.begin("config")
+                self.host.init.done("config")
+                self.host.init.begin("marketplace")
             await self._open_session()
+            if self.host:
+                await self.host.bring_up()
             await self._poll_forever()
         finally:
             self.schedule.stop()
+            if self.host:
+                await self.host.stop()
             outbox_task.cancel()
             await asyncio.gather(outbox_task, return_exceptions=True)
 
@@ -54,16 +65,23 @@ class Agent:
                 "capabilities": list(wire.JOB_TYPES)}
         while True:
             try:
+                sent_at = time.time()
                 reply = await self.client.open_session(info)
                 break
             except (MarketplaceUnavailable, MarketplaceRejected) as exc:
                 failures += 1
                 delay = retry_delay(failures, exc)
+                if self.host:
+                    self.host.init.failed("marketplace", str(exc))
                 log.warning("session_open_failed", error=str(exc), retry_in_s=round(delay, 1))
                 await asyncio.sleep(delay)
-        self.intervals.update({k: v for k, v in (reply.get("intervals") or {}).items() if isinstance(v, (int, float))})
+        self.intervals.update({k: v for k, v in (reply.get("intervals") or {}).items()
+                               if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0})
         self.schedule.every("container_resync", self.intervals["containerResyncSeconds"], self.resync_containers)
         self.env_id = reply.get("envId")
+        if self.host:
+            self.host.session_opened(reply, sent_at, time.time())
+            self.host.init.done("marketplace", f"session {reply.get('sessionId')}")
         self.connected.set()
         log.info("session_opened", session_id=reply.get("sessionId"), env_id=reply.get("envId"),
                  requeued_jobs=reply.get("requeuedJobs", 0))
@@ -127,5 +145,9 @@ async def send_report(client: MarketplaceClient, report: Report) -> None:
         await client.put_containers(report.target, report.body)
     elif report.kind == JOB_COMPLETE:
         await client.complete_job(report.target, report.body)
+    elif report.kind == SYSTEM_DATA:
+        await client.put_system_data(report.body)
+    elif report.kind == INIT_STATE:
+        await client.put_init_state(report.body)
     else:
         raise ValueError(f"unknown report kind {report.kind!r}")

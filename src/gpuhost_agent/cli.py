@@ -1,11 +1,12 @@
-"""Command line: `gpuhost-agent run` (the daemon) and `gpuhost-agent version`."""
+"""Command line: `gpuhost-agent run` (the daemon), `probe` and `doctor` (the machine,
+for its host), and `version`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import __version__, config as config_module, daemon, logs
+from . import __version__, config as config_module, daemon, host_check, logs
 from .runtime.compose import ComposeNotFound
 
 
@@ -23,6 +24,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--local-api-key", help="renter API key of the local marketplace (GPUHOST_LOCAL_API_KEY)")
     run.add_argument("--log-level", help="debug, info, warning or error (GPUHOST_LOG_LEVEL)")
     run.add_argument("--compose-command", help="Compose v2 command, e.g. 'docker compose' (GPUHOST_COMPOSE_COMMAND)")
+    probe = commands.add_parser("probe", help="print the systemData the agent would send (GPUs, host, listing fields)")
+    probe.add_argument("--json", action="store_true", help="machine-readable JSON instead of a table")
+    doctor = commands.add_parser("doctor", help="run the compliance checks; exit status 1 when not compliant")
+    doctor.add_argument("--json", action="store_true", help="machine-readable JSON instead of text")
+    for sub in (probe, doctor):
+        sub.add_argument("--config", help=f"KEY=VALUE config file (default {config_module.DEFAULT_CONFIG_FILE})")
+        sub.add_argument("--compose-command", help="Compose v2 command, e.g. 'docker compose'")
     commands.add_parser("version", help="print the agent's version")
     return parser
 
@@ -32,13 +40,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "version":
         print(__version__)
         return 0
-    flags = {key: value for key, value in vars(args).items() if key != "command"}
+    flags = {key: value for key, value in vars(args).items() if key not in ("command", "json")}
     try:
         config = config_module.load(flags)
-        logs.configure(config.log_level)
+        logs.configure(config.log_level if args.command == "run" else "warning")
     except (config_module.ConfigError, ValueError) as exc:
         print(f"gpuhost-agent: configuration error: {exc}", file=sys.stderr)
         return 2
+    if args.command in ("probe", "doctor"):
+        return getattr(host_check, args.command)(config, args.json)
     try:
         return daemon.run(config)
     except ComposeNotFound as exc:

@@ -105,6 +105,20 @@ class MarketplaceClient:
     async def put_containers(self, stack_id: str, body: dict) -> None:
         await self._request("PUT", f"/agent/stacks/{stack_id}/containers", body=body)
 
+    async def put_system_data(self, body: dict) -> None:
+        await self._request("PUT", "/agent/system-data", body=body)
+
+    async def put_init_state(self, body: dict) -> None:
+        await self._request("PUT", "/agent/init-state", body=body)
+
+    async def heartbeat(self, body: dict) -> dict:
+        reply = await self._request("POST", "/agent/heartbeat", body=body)
+        return reply if isinstance(reply, dict) else {}
+
+    def http(self) -> aiohttp.ClientSession:
+        """The authenticated HTTP session, for the network speed test's streams."""
+        return self._session()
+
 
 def retry_delay(failures: int, exc: BaseException | None = None, *, base: float = 0.5, ceiling: float = 30.0) -> float:
     """Seconds to wait before trying the marketplace again: its Retry-After when

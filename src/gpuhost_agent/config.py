@@ -32,6 +32,12 @@ class AgentConfig:
     compose_command: str | None
     settle_seconds: float
     stop_timeout: int
+    nvml_library: str | None = None       # full path, when libnvidia-ml.so.1 is not on the loader's path
+    location: str | None = None           # what the listing shows as location, e.g. "DE-Frankfurt"
+    gpu_check_image: str | None = None    # a local image to start with --gpus all as the GPU container check
+    toolkit_config: Path | None = None    # the NVIDIA Container Toolkit's config.toml
+    speed_max_bytes: int = 25_000_000     # per direction, for the network speed test
+    speed_max_seconds: float = 10.0
 
     @property
     def uses_local_marketplace(self) -> bool:
@@ -99,6 +105,8 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
     try:
         settle = float(pick("settle_seconds", "GPUHOST_SETTLE_SECONDS", 3.0))
         stop_timeout = int(pick("stop_timeout", "GPUHOST_STOP_TIMEOUT", 10))
+        speed_max_bytes = int(pick("speed_max_bytes", "GPUHOST_SPEEDTEST_MAX_BYTES", 25_000_000))
+        speed_max_seconds = float(pick("speed_max_seconds", "GPUHOST_SPEEDTEST_MAX_SECONDS", 10.0))
     except ValueError as exc:
         raise ConfigError(f"bad number in the configuration: {exc}") from None
     return AgentConfig(
@@ -112,4 +120,10 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         compose_command=pick("compose_command", "GPUHOST_COMPOSE_COMMAND"),
         settle_seconds=settle,
         stop_timeout=stop_timeout,
+        nvml_library=pick("nvml_library", "GPUHOST_NVML_LIBRARY"),
+        location=pick("location", "GPUHOST_LOCATION"),
+        gpu_check_image=pick("gpu_check_image", "GPUHOST_GPU_CHECK_IMAGE"),
+        toolkit_config=Path(str(toolkit)) if (toolkit := pick("toolkit_config", "GPUHOST_TOOLKIT_CONFIG")) else None,
+        speed_max_bytes=speed_max_bytes,
+        speed_max_seconds=speed_max_seconds,
     )

@@ -17,6 +17,9 @@ from .client import MarketplaceClient
 from .config import AgentConfig
 from .core.deployer import StackDeployer
 from .core.dispatcher import JobDispatcher
+from .host_reporter import HostReporter
+from .inventory.nvml_probe import NvmlProbe
+from .inventory.system_data import Prober
 from .logs import SECRETS, get_logger
 from .marketplace import server as local_server
 from .marketplace.state import MarketplaceState
@@ -38,6 +41,12 @@ class AgentParts:
     outbox: Outbox
     dispatcher: JobDispatcher
     engine: DockerEngine
+    host: HostReporter
+
+
+def build_prober(config: AgentConfig, engine: DockerEngine, compose_command: list[str] | None) -> Prober:
+    return Prober(NvmlProbe(config.nvml_library), engine, compose_command, gpu_check_image=config.gpu_check_image,
+                  toolkit_config=config.toolkit_config, location=config.location)
 
 
 def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
@@ -45,12 +54,17 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
     client = MarketplaceClient(base_url, api_key)
     outbox = Outbox(lambda report: send_report(client, report))
     engine = DockerEngine()
-    compose = ComposeRunner(find_compose_command(config.compose_command), config.state_dir / "docker-config")
+    compose = ComposeRunner(None, config.state_dir / "docker-config")
     deployer = StackDeployer(compose, engine, outbox, config.state_dir / "stacks",
                              settle_seconds=config.settle_seconds, stop_timeout=config.stop_timeout)
     dispatcher = JobDispatcher(deployer, outbox)
-    agent = Agent(client, deployer, outbox, dispatcher, Schedule())
-    return AgentParts(agent, client, outbox, dispatcher, engine)
+    schedule = Schedule()
+    host = HostReporter(client, outbox, build_prober(config, engine, None), schedule,
+                        lambda: find_compose_command(config.compose_command),
+                        speed_max_bytes=config.speed_max_bytes, speed_max_seconds=config.speed_max_seconds)
+    host.compose_found = lambda command: setattr(compose, "command", command)
+    agent = Agent(client, deployer, outbox, dispatcher, schedule, host)
+    return AgentParts(agent, client, outbox, dispatcher, engine, host)
 
 
 async def start_local_marketplace(config: AgentConfig) -> local_server.RunningMarketplace:
@@ -69,6 +83,7 @@ async def stop_agent(parts: AgentParts, agent_task: asyncio.Task) -> None:
     await asyncio.gather(agent_task, return_exceptions=True)
     await parts.client.close()
     parts.engine.close()
+    parts.host.prober.nvml.close()
 
 
 async def serve(config: AgentConfig, stop: asyncio.Event) -> None:

@@ -20,6 +20,7 @@ from .logs import get_logger
 log = get_logger(__name__)
 
 STATUS, CONTAINERS, JOB_COMPLETE = "status", "containers", "job"
+SYSTEM_DATA, INIT_STATE = "systemData", "initState"  # one per agent: target "env"
 
 
 @dataclass

@@ -57,6 +57,10 @@ def iso(moment: datetime | None = None) -> str:
     return (moment or utcnow()).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
+def iso_from_timestamp(seconds: float) -> str:
+    return iso(datetime.fromtimestamp(seconds, timezone.utc))
+
+
 def parse_iso(text: str) -> datetime:
     moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)

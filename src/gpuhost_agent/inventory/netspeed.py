@@ -13,7 +13,7 @@ Rules for the figures (Mbit/s = 10^6 bits per second, rounded to 0.1):
 - download: bytes read / seconds from the response headers' arrival to the last
   byte read, so the time to first byte (latency, server setup) is excluded;
 - upload: the marketplace's own receivedBytes / seconds, timed where the bytes
-  arrive (its first body byte to its last); the agent's own elapsed time is used
+  arrive (from the request's arrival to its last body byte); the agent's own elapsed time is used
   only when the marketplace reports 0 s.
 Network failures never raise: the direction that failed gets None and `error`
 says why in a few words (e.g. "download: HTTP 404").

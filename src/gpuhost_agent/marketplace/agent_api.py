@@ -20,7 +20,8 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
             return json_error(400, "body must be an object describing the agent")
         session_id, requeued = state.new_session()
         return web.json_response({"sessionId": session_id, "envId": store.envId, "serverTime": wire.iso(),
-                                  "requeuedJobs": requeued, "intervals": state.intervals})
+                                  "requeuedJobs": requeued, "intervals": state.intervals,
+                                  "requirements": state.requirements})
 
     async def poll_jobs(request: web.Request) -> web.Response:
         try:

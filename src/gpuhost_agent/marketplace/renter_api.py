@@ -14,12 +14,17 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
     store = state.store
 
     async def list_environments(_request: web.Request) -> web.Response:
-        return web.json_response([shapes.environment(store)])
+        return web.json_response([shapes.environment(state)])
 
     async def get_environment(request: web.Request) -> web.Response:
         if request.match_info["envId"] != store.envId:
             return json_error(404, f"environment {request.match_info['envId']} not found")
-        return web.json_response(shapes.environment(store))
+        return web.json_response(shapes.environment(state))
+
+    async def get_listing(request: web.Request) -> web.Response:
+        if request.match_info["envId"] != store.envId:
+            return json_error(404, f"environment {request.match_info['envId']} not found")
+        return web.json_response(shapes.listing(store))
 
     async def create_rental(request: web.Request) -> web.Response:
         body = await json_body(request)
@@ -96,6 +101,7 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
     return [
         web.get("/v1/environments", list_environments),
         web.get("/v1/environments/{envId}", get_environment),
+        web.get("/v1/environments/{envId}/listing", get_listing),
         web.post("/v1/rentals", create_rental),
         web.get("/v1/rentals", list_rentals),
         web.get("/v1/rentals/{rentalId}", get_rental),

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from .. import wire
 from ..logs import get_logger
-from . import agent_api, renter_api
+from . import agent_api, host_api, renter_api, speedtest_api
 from .http_errors import BadRequest, json_error
 from .state import MarketplaceState
 from .store import Conflict, NotFound
@@ -50,6 +50,8 @@ def build_app(state: MarketplaceState) -> web.Application:
     app = web.Application(middlewares=[auth_and_errors], client_max_size=2 * 1024 * 1024)
     app.add_routes(renter_api.routes(state))
     app.add_routes(agent_api.routes(state))
+    app.add_routes(host_api.routes(state))
+    app.add_routes(speedtest_api.routes())
     return app
 
 

@@ -69,17 +69,16 @@ async def upload(request: web.Request) -> web.Response:
     if request.content_length is not None and request.content_length > limit:
         return json_error(413, f"speed-test upload larger than {limit} bytes")
     received = 0
-    first = last = None
+    # From the request's arrival (headers read) to the last body byte: timing from
+    # the first chunk would count that chunk's bytes without its time.
+    started = last = time.monotonic()
     try:
         async for chunk in request.content.iter_chunked(CHUNK_BYTES):
-            now = time.monotonic()
-            if first is None:
-                first = now
-            last = now
+            last = time.monotonic()
             received += len(chunk)
             if received > limit:
                 return json_error(413, f"speed-test upload larger than {limit} bytes")
     except (*_CLIENT_GONE, HttpProcessingError, aiohttp.ClientPayloadError):
         return json_error(400, "speed-test upload ended before its body was complete")
-    seconds = (last - first) if first is not None and last is not None else 0.0
+    seconds = last - started
     return web.json_response({"receivedBytes": received, "seconds": seconds})

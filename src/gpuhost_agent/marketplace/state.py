@@ -1,21 +1,33 @@
-"""The store plus what the HTTP handlers share: saving, and waking long polls."""
+"""The store plus what the HTTP handlers share: saving, waking long polls, and
+the machine's liveness (heartbeats are kept in memory: they are news, not
+records)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
+from dataclasses import asdict
 
+from .. import wire
+from ..inventory.compliance import Requirements
 from .store import Job, Store
 
-DEFAULT_INTERVALS = {"jobPollWaitSeconds": 25, "containerResyncSeconds": 15}
+DEFAULT_INTERVALS = {"jobPollWaitSeconds": 25, "containerResyncSeconds": 15, "heartbeatSeconds": 30,
+                     "systemDataSeconds": 300, "networkSpeedSeconds": 6 * 3600}
+OFFLINE_AFTER_MISSED_BEATS = 3
 
 
 class MarketplaceState:
-    def __init__(self, store: Store, intervals: dict | None = None):
+    def __init__(self, store: Store, intervals: dict | None = None, requirements: dict | None = None):
         self.store = store
         self.intervals = {**DEFAULT_INTERVALS, **(intervals or {})}
+        self.requirements = {**asdict(Requirements()), **(requirements or {})}
         self.session_id: str | None = None
         self.polls_started = 0
+        self.heartbeat: dict | None = None  # last beat, with when and at what interval
+        self.beats_received = 0
+        self.system_data_received = 0
         self._jobs_posted = asyncio.Event()
 
     def changed(self, *, jobs: bool = False) -> None:
@@ -56,3 +68,47 @@ class MarketplaceState:
         job = self.store.jobs[job_id]
         job.state = "queued"
         self.changed(jobs=True)
+
+    # ---- the machine -----------------------------------------------------------
+    def accept_system_data(self, body: dict) -> bool:
+        previous = self.store.host.get("report") or {}
+        if previous.get("reportedAt") and wire.parse_iso(previous["reportedAt"]) > wire.parse_iso(body["reportedAt"]):
+            return False  # an older report arriving late
+        self.store.host["report"] = body
+        self.system_data_received += 1
+        self.changed()
+        return True
+
+    def accept_init_state(self, body: dict) -> bool:
+        previous = self.store.host.get("initState") or {}
+        if previous.get("updatedAt") and wire.parse_iso(previous["updatedAt"]) > wire.parse_iso(body["updatedAt"]):
+            return False
+        self.store.host["initState"] = body
+        self.changed()
+        return True
+
+    def accept_heartbeat(self, body: dict) -> dict:
+        """Record the beat; answer with the interval to use from now on, and ask
+        for systemData again when ours is missing or not the one the agent has."""
+        interval = self.intervals["heartbeatSeconds"]
+        self.heartbeat = {"body": body, "receivedAt": time.time(), "intervalSeconds": interval}
+        self.beats_received += 1
+        report = self.store.host.get("report") or {}
+        wanted = body.get("fingerprint") is not None and report.get("fingerprint") != body.get("fingerprint")
+        return {"heartbeatIntervalSeconds": interval, "systemDataWanted": wanted, "serverTime": wire.iso()}
+
+    def liveness(self, now: float | None = None) -> dict:
+        """Environment.heartbeat: online until OFFLINE_AFTER_MISSED_BEATS beats are missed."""
+        if self.heartbeat is None:
+            return {"online": False, "lastBeatAt": None, "intervalSeconds": self.intervals["heartbeatSeconds"],
+                    "missedBeats": None, "agentVersion": None, "uptimeSeconds": None, "initState": None,
+                    "host": None, "gpus": None}
+        now = time.time() if now is None else now
+        interval = self.heartbeat["intervalSeconds"]
+        missed = int((now - self.heartbeat["receivedAt"]) // interval)
+        body = self.heartbeat["body"]
+        return {"online": missed < OFFLINE_AFTER_MISSED_BEATS,
+                "lastBeatAt": wire.iso_from_timestamp(self.heartbeat["receivedAt"]),
+                "intervalSeconds": interval, "missedBeats": missed,
+                "agentVersion": body.get("agentVersion"), "uptimeSeconds": body.get("uptimeSeconds"),
+                "initState": body.get("initState"), "host": body.get("host"), "gpus": body.get("gpus")}

@@ -58,6 +58,7 @@ class Store:
     stacks: dict = field(default_factory=dict)
     containers: dict = field(default_factory=dict)
     jobs: dict = field(default_factory=dict)
+    host: dict = field(default_factory=dict)  # the agent's latest systemData report and initState
     path: Path | None = field(default=None, repr=False, compare=False)
 
     # ---- persistence -------------------------------------------------------

@@ -67,7 +67,7 @@ def find_compose_command(explicit: str | None = None) -> list[str]:
 
 
 class ComposeRunner:
-    def __init__(self, command: list[str], docker_config_dir: Path, *, up_timeout: float = 900, down_timeout: float = 120):
+    def __init__(self, command: list[str] | None, docker_config_dir: Path, *, up_timeout: float = 900, down_timeout: float = 120):
         self.command = command
         self.docker_config_dir = docker_config_dir
         self.up_timeout = up_timeout
@@ -81,6 +81,8 @@ class ComposeRunner:
         return env
 
     async def _run(self, args: list[str], *, cwd: Path, timeout: float, variables: dict[str, str] | None = None) -> str:
+        if not self.command:  # jobs wait for start-up, which finds Compose first; this is a safety net
+            raise ComposeError("Docker Compose v2 is not available on this host yet")
         process = await asyncio.create_subprocess_exec(
             *self.command, "--ansi", "never", *args,
             cwd=str(cwd), env=self._env(variables),

@@ -8,10 +8,12 @@ EngineError so the rest of the agent never imports docker's exception types.
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 import docker
 import docker.errors
+import docker.types
 import requests.exceptions
 
 from .. import wire
@@ -28,7 +30,11 @@ class DockerEngine:
 
     def _api(self) -> docker.APIClient:
         if self._client is None:
-            self._client = docker.DockerClient.from_env(timeout=int(self._timeout))
+            try:
+                self._client = docker.DockerClient.from_env(timeout=int(self._timeout))
+            except docker.errors.DockerException as exc:
+                where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+                raise EngineError(f"Docker Engine unreachable at {where} (is dockerd running?): {exc}") from exc
         return self._client.api
 
     async def _call(self, fn, *args, **kwargs) -> Any:
@@ -68,6 +74,33 @@ class DockerEngine:
 
     async def remove_container(self, container_id: str) -> None:
         await self._call(lambda api: api.remove_container(container_id, force=True, v=True))
+
+    async def info(self) -> dict:
+        """`docker info` and `docker version` together: what the host probe needs."""
+        def both(api):
+            return {**api.info(), "Version": api.version()}
+        return await self._call(both)
+
+    async def gpu_container_check(self, image: str) -> str | None:
+        """Start a container from a local image with every GPU requested, as a
+        renter's `--gpus all` would. None when it ran and exited 0, else why not.
+        The image must already be on the host: this check never pulls."""
+        def run(api):
+            api.inspect_image(image)
+            container = api.create_container(
+                image, entrypoint=["true"], command=[], labels={wire.LABEL_MANAGED: "check"},
+                host_config=api.create_host_config(device_requests=[
+                    docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]))
+            try:
+                api.start(container["Id"])
+                code = api.wait(container["Id"], timeout=60).get("StatusCode")
+                return None if code == 0 else f"GPU check container exited with status {code}"
+            finally:
+                api.remove_container(container["Id"], force=True)
+        try:
+            return await self._call(run)
+        except EngineError as exc:
+            return str(exc)
 
     def close(self) -> None:
         if self._client is not None:

@@ -1,0 +1,133 @@
+"""Everything about the machine that is not a GPU: CPU, memory, the disk that
+stacks will fill, OS, Docker Engine, Compose, the NVIDIA Container Toolkit and
+the clock.
+
+Each part is asked on its own and concurrently (the subprocesses dominate the
+probe's time); a part that cannot answer says why in its own `error` field
+rather than failing the probe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+from pathlib import Path
+
+import psutil
+
+from ..runtime.engine import DockerEngine, EngineError
+from . import clock, toolkit
+
+CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
+
+
+def cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def os_release() -> str | None:
+    try:
+        for line in Path("/etc/os-release").read_text().splitlines():
+            if line.startswith("PRETTY_NAME="):
+                return line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    return None
+
+
+def storage(path: str) -> dict:
+    """The filesystem holding `path` (Docker's data root): stacks' images,
+    layers and volumes all land there."""
+    probe_path = path
+    while probe_path and not os.path.exists(probe_path):
+        probe_path = os.path.dirname(probe_path.rstrip("/")) or "/"
+    try:
+        usage = psutil.disk_usage(probe_path or "/")
+    except OSError as exc:
+        return {"path": path, "totalBytes": None, "freeBytes": None, "error": str(exc)}
+    return {"path": path, "totalBytes": usage.total, "freeBytes": usage.free, "error": None}
+
+
+async def docker_facts(engine: DockerEngine, gpu_check_image: str | None) -> dict:
+    try:
+        info = await engine.info()
+    except EngineError as exc:
+        return {"available": False, "error": str(exc), "version": None, "rootDir": None,
+                "gpuContainers": {"ok": False, "method": "none", "detail": "Docker Engine unreachable"}}
+    runtimes = sorted((info.get("Runtimes") or {}).keys())
+    version = info.get("Version") or {}
+    facts = {"available": True, "error": None, "version": info.get("ServerVersion"),
+             "apiVersion": version.get("ApiVersion"), "rootDir": info.get("DockerRootDir"),
+             "runtimes": runtimes, "defaultRuntime": info.get("DefaultRuntime"),
+             "cdiSpecDirs": info.get("CDISpecDirs") or []}
+    facts["gpuContainers"] = await _gpu_containers(engine, facts, gpu_check_image)
+    return facts
+
+
+async def _gpu_containers(engine: DockerEngine, facts: dict, image: str | None) -> dict:
+    """Whether a renter's `--gpus` request can work. With a local check image
+    configured we start a real GPU container; without one we read the signs:
+    an nvidia runtime, an NVIDIA CDI spec, or the toolkit's hook that dockerd
+    uses for `--gpus`."""
+    if image:
+        problem = await engine.gpu_container_check(image)
+        return {"ok": problem is None, "method": "container", "image": image, "detail": problem}
+    signs = []
+    if "nvidia" in facts["runtimes"]:
+        signs.append("nvidia runtime registered")
+    for directory in facts["cdiSpecDirs"] or CDI_SPEC_DIRS:
+        if any(p.name.startswith("nvidia") for p in _listdir(directory)):
+            signs.append(f"NVIDIA CDI spec in {directory}")
+    if toolkit.find_binaries().get("nvidia-container-runtime-hook"):
+        signs.append("nvidia-container-runtime-hook installed")
+    return {"ok": bool(signs), "method": "engine-info", "detail": ", ".join(signs) or
+            "no nvidia runtime, CDI spec or nvidia-container-runtime-hook found"}
+
+
+def _listdir(directory: str) -> list[Path]:
+    try:
+        return list(Path(directory).iterdir())
+    except OSError:
+        return []
+
+
+async def compose_facts(command: list[str] | None) -> dict:
+    if not command:
+        return {"available": False, "version": None, "command": None, "error": "Docker Compose v2 not found"}
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *command, "version", "--short", stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(process.communicate(), 15)
+    except (OSError, asyncio.TimeoutError) as exc:
+        return {"available": False, "version": None, "command": " ".join(command), "error": str(exc) or "timed out"}
+    if process.returncode != 0:
+        return {"available": False, "version": None, "command": " ".join(command),
+                "error": err.decode(errors="replace").strip()[:300]}
+    return {"available": True, "version": out.decode().strip().lstrip("v"), "command": " ".join(command), "error": None}
+
+
+async def probe_host(engine: DockerEngine, compose_command: list[str] | None, *, gpu_check_image: str | None = None,
+                     toolkit_config: Path | None = None) -> dict:
+    docker, compose, nvidia_toolkit = await asyncio.gather(
+        docker_facts(engine, gpu_check_image), compose_facts(compose_command),
+        toolkit.probe_toolkit(config_path=toolkit_config))
+    memory = psutil.virtual_memory()
+    return {
+        "cpu": {"model": cpu_model(), "physicalCores": psutil.cpu_count(logical=False),
+                "logicalCores": psutil.cpu_count(logical=True)},
+        "memory": {"totalBytes": memory.total},
+        "storage": storage(docker.get("rootDir") or "/var/lib/docker"),
+        "os": {"name": os_release(), "kernel": platform.release(), "arch": platform.machine()},
+        "docker": docker,
+        "compose": compose,
+        "nvidiaContainerToolkit": nvidia_toolkit,
+        "clock": clock.kernel_clock_state(),
+    }

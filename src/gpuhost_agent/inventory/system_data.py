@@ -1,0 +1,76 @@
+"""One full probe of the machine, and the report the marketplace gets from it:
+systemData, the Listing's hardware fields and the compliance verdict.
+
+The probe's parts run concurrently (NVML in a worker thread, the host's
+subprocesses and Docker calls side by side); the network speed is measured
+elsewhere, on its own slower schedule, and only merged in here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import __version__, wire
+from ..runtime.engine import DockerEngine
+from . import compliance, listing
+from .host_probe import probe_host
+from .nvml_probe import NvmlProbe
+
+
+@dataclass
+class Prober:
+    """What a probe needs; built once per process."""
+    nvml: NvmlProbe
+    engine: DockerEngine
+    compose_command: list[str] | None = None
+    gpu_check_image: str | None = None
+    toolkit_config: Path | None = None
+    location: str | None = None
+    speed: dict | None = field(default=None)
+
+    async def system_data(self) -> dict:
+        nvml, host = await asyncio.gather(
+            asyncio.to_thread(self.nvml.inventory),
+            probe_host(self.engine, self.compose_command, gpu_check_image=self.gpu_check_image,
+                       toolkit_config=self.toolkit_config))
+        return {"probedAt": wire.iso(), "agentVersion": __version__, "hostname": socket.gethostname(),
+                "nvml": nvml, "host": host, "networkSpeed": self.speed, "location": self.location}
+
+    async def report(self, requirements: compliance.Requirements, clock_skew_seconds: float | None = None) -> dict:
+        data = await self.system_data()
+        return build_report(data, requirements, clock_skew_seconds)
+
+
+def build_report(data: dict, requirements: compliance.Requirements, clock_skew_seconds: float | None) -> dict:
+    checks = compliance.evaluate(data, requirements, clock_skew_seconds)
+    ok, reason = compliance.summary(checks)
+    report = {
+        "systemData": data,
+        "listing": listing.listing_fields(data, data.get("networkSpeed"), data.get("location")),
+        "compliance": {"isCompliant": ok, "failedComplianceReason": reason,
+                       "checks": [check.as_wire() for check in checks]},
+    }
+    report["fingerprint"] = fingerprint(report)
+    return report
+
+
+def fingerprint(report: dict) -> str:
+    """Changes when something a marketplace would show changes, not at every
+    probe: the probe time and the clock's error estimate are left out, free
+    disk counts only in whole GiB, and compliance checks count by verdict, not
+    by their wording (which quotes live figures such as free disk and skew)."""
+    data = json.loads(json.dumps(report["systemData"]))
+    data.pop("probedAt", None)
+    host = data.get("host", {})
+    host.get("clock", {}).pop("maxErrorMs", None)
+    storage = host.get("storage", {})
+    if storage.get("freeBytes") is not None:
+        storage["freeBytes"] = storage["freeBytes"] // 1024 ** 3
+    verdicts = [(check["id"], check["ok"]) for check in report["compliance"]["checks"]]
+    stable = {"systemData": data, "listing": report["listing"], "verdicts": verdicts}
+    return hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()[:16]
