@@ -128,7 +128,7 @@ class Outbox:
 
 
 class Schedule:
-    def every(self, *_args) -> None:
+    def every(self, *_args, **_kwargs) -> None:
         pass
 
 

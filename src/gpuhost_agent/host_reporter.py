@@ -63,7 +63,8 @@ class HostReporter:
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
                 self.intervals[key] = float(value)
         self._note_server_time(reply.get("serverTime"), sent_at, received_at)
-        self.schedule.every("heartbeat", max(MIN_HEARTBEAT, self.intervals["heartbeatSeconds"]), self.beat)
+        # The first beat at once: the marketplace sees the machine alive from its first session.
+        self.schedule.every("heartbeat", max(MIN_HEARTBEAT, self.intervals["heartbeatSeconds"]), self.beat, now=True)
 
     def _note_server_time(self, server_time, sent_at: float, received_at: float) -> None:
         try:
