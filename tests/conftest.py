@@ -168,3 +168,37 @@ async def until(predicate, timeout: float = 10) -> None:
             return
         assert loop.time() < deadline, "condition not reached in time"
         await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+async def gpu_agent(tmp_path, monkeypatch, docker_client):
+    """start(heartbeat_seconds=..., gpus=N, **config overrides) -> (renter, parts, local, nvml config path):
+    the local marketplace and an agent on a stand-in machine of N H100 GPUs (8 by default)."""
+    from fake_nvml import build_lib, forget_loaded_nvml, h100_sxm, write_config
+
+    nvml_config = write_config(tmp_path / "nvml.conf", h100_sxm(8))
+    monkeypatch.setenv("FAKE_NVML_CONFIG", str(nvml_config))
+    running = []
+
+    async def start(heartbeat_seconds: float = 0.5, gpus: int | None = None, **overrides):
+        if gpus is not None:
+            write_config(nvml_config, h100_sxm(gpus))
+        config = make_config(tmp_path / "state", nvml_library=str(build_lib()), location="EU-DE-Frankfurt",
+                             speed_max_bytes=2_000_000, speed_max_seconds=2.0, gpu_check_image=TEST_IMAGE,
+                             **overrides)
+        local = await start_local_marketplace(config)
+        local.state.intervals["heartbeatSeconds"] = heartbeat_seconds
+        parts = build_agent(config, local.base_url, local.state.store.envApiKey)
+        task = asyncio.create_task(parts.agent.run())
+        http = aiohttp.ClientSession()
+        running.append((parts, task, local, http))
+        return Renter(http, local.base_url, local.state.store), parts, local, nvml_config
+
+    yield start
+    for parts, task, local, http in running:
+        await http.close()
+        if not task.done():
+            await stop_agent(parts, task)
+        await local.stop()
+        remove_env_resources(docker_client, local.state.store.envId)
+    forget_loaded_nvml()

@@ -21,6 +21,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import jsonschema
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from openapi_spec_validator import OpenAPIV31SpecValidator, validate
@@ -207,6 +208,7 @@ async def test_reports_the_deployer_sends_are_documented(agent_doc: dict, tmp_pa
     outbox = Outbox()
     deployer = StackDeployer(None, None, outbox, tmp_path / "stacks")  # type: ignore[arg-type]
     job = wire.StackJob.from_wire(_raw_job(wire.JOB_DEPLOY, stackId="3f2504e0-4f89-11d3-9a0c-0305e82c3301"))
+    deployer._assigned[job.stack_id] = ["GPU-aacd9ec3-13e4-58c1-ada1-81eabee5fdaa"]  # as a deploy records it
     deployer.report_status(job, wire.APPLIED)
     deployer.report_status(job, wire.ERROR, "service 'web' exited with code 3 right after it started")
     await deployer.push_containers(job.stack_id, [DOCKER_LIST_ENTRY])
@@ -244,6 +246,25 @@ async def test_completions_and_refusals_the_dispatcher_sends_are_documented(agen
         check(agent_doc, body, complete_schema)
     for body in statuses:
         check(agent_doc, body, status_schema)
+
+
+def test_rental_end_job_the_marketplace_sends_is_documented(agent_doc: dict) -> None:
+    """Ending a rental queues its stacks' removals, then one rental.end job with no stack."""
+    store = Store.load_or_create(None)
+    rental = store.create_rental(name="r", gpu_count=2, end_date=None)
+    store.create_stack(rental["rentalId"], {"name": "web", "description": "", "content": "services: {}\n",
+                                            "environmentVariables": {}, "insecure": False,
+                                            "isBasicAuthEnabled": False, "isSSHEnabled": False})
+    store.end_rental(rental["rentalId"])
+    payloads = [store.job_payload(job) for job in store.deliverable(10)]
+    assert [p["type"] for p in payloads] == [wire.JOB_DEPLOY, wire.JOB_REMOVE, wire.JOB_RENTAL_END]
+    for payload in payloads:
+        check_named(agent_doc, payload, "Job")
+    end = payloads[-1]
+    assert (end["stackId"], end["stackName"], end["template"]) == ("", "", None)
+    assert wire.StackJob.from_wire(end).type == wire.JOB_RENTAL_END
+    with pytest.raises(jsonschema.ValidationError):  # only rental.end may name no stack
+        check_named(agent_doc, {**end, "type": wire.JOB_REMOVE}, "Job")
 
 
 # ---- what the local marketplace answers -------------------------------------------------

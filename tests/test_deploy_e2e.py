@@ -39,7 +39,7 @@ async def test_deploy_list_remove(local_market, docker_client):
     assert isinstance(stack["pStackId"], int) and stack["pStackId"] > 0
     seed_stack_keys = {"template", "createdAt", "updatedAt", "stackId", "envId", "stackName", "pStackName",
                        "pStackId", "userId", "rentalId", "tunnels", "errorMsg", "status"}
-    assert set(stack) == seed_stack_keys
+    assert set(stack) == seed_stack_keys | {"assignedGPUs"}  # the one addition: the rental's GPUs
 
     containers = await _eventually(lambda: renter.containers(rental_id, stack_id), lambda c: len(c) == 2)
     assert [c["Name"] for c in containers] == sorted(c["Name"] for c in containers)

@@ -11,38 +11,10 @@ import contextlib
 import aiohttp
 import pytest
 
-from conftest import TEST_IMAGE, Renter, make_config, until
-from fake_nvml import build_lib, forget_loaded_nvml, h100_sxm, write_config
-from gpuhost_agent.daemon import build_agent, start_local_marketplace, stop_agent
+from conftest import Renter, until
+from fake_nvml import h100_sxm, write_config
+from gpuhost_agent.daemon import stop_agent
 from gpuhost_agent.marketplace.shapes import HARDWARE_FIELDS
-
-
-@pytest.fixture
-async def gpu_agent(tmp_path, monkeypatch, docker_client):
-    """start(heartbeat_seconds=..., **config overrides) -> (renter, parts, local, nvml config path)."""
-    nvml_config = write_config(tmp_path / "nvml.conf", h100_sxm(8))
-    monkeypatch.setenv("FAKE_NVML_CONFIG", str(nvml_config))
-    running = []
-
-    async def start(heartbeat_seconds: float = 0.5, **overrides):
-        config = make_config(tmp_path / "state", nvml_library=str(build_lib()), location="EU-DE-Frankfurt",
-                             speed_max_bytes=2_000_000, speed_max_seconds=2.0, gpu_check_image=TEST_IMAGE,
-                             **overrides)
-        local = await start_local_marketplace(config)
-        local.state.intervals["heartbeatSeconds"] = heartbeat_seconds
-        parts = build_agent(config, local.base_url, local.state.store.envApiKey)
-        task = asyncio.create_task(parts.agent.run())
-        http = aiohttp.ClientSession()
-        running.append((parts, task, local, http))
-        return Renter(http, local.base_url, local.state.store), parts, local, nvml_config
-
-    yield start
-    for parts, task, local, http in running:
-        await http.close()
-        if not task.done():
-            await stop_agent(parts, task)
-        await local.stop()
-    forget_loaded_nvml()
 
 
 async def _get(renter: Renter, path: str) -> dict:

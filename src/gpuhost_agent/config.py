@@ -38,6 +38,9 @@ class AgentConfig:
     toolkit_config: Path | None = None    # the NVIDIA Container Toolkit's config.toml
     speed_max_bytes: int = 25_000_000     # per direction, for the network speed test
     speed_max_seconds: float = 10.0
+    publish_address: str | None = None   # host address renters' ports are published on (default: 0.0.0.0,
+                                          # 127.0.0.1 with the local marketplace)
+    pids_limit: int = 4096                # processes per container
 
     @property
     def uses_local_marketplace(self) -> bool:
@@ -107,6 +110,7 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         stop_timeout = int(pick("stop_timeout", "GPUHOST_STOP_TIMEOUT", 10))
         speed_max_bytes = int(pick("speed_max_bytes", "GPUHOST_SPEEDTEST_MAX_BYTES", 25_000_000))
         speed_max_seconds = float(pick("speed_max_seconds", "GPUHOST_SPEEDTEST_MAX_SECONDS", 10.0))
+        pids_limit = int(pick("pids_limit", "GPUHOST_PIDS_LIMIT", 4096))
     except ValueError as exc:
         raise ConfigError(f"bad number in the configuration: {exc}") from None
     return AgentConfig(
@@ -126,4 +130,6 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         toolkit_config=Path(str(toolkit)) if (toolkit := pick("toolkit_config", "GPUHOST_TOOLKIT_CONFIG")) else None,
         speed_max_bytes=speed_max_bytes,
         speed_max_seconds=speed_max_seconds,
+        publish_address=pick("publish_address", "GPUHOST_PUBLISH_ADDRESS"),
+        pids_limit=pids_limit,
     )

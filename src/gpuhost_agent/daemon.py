@@ -17,6 +17,8 @@ from .client import MarketplaceClient
 from .config import AgentConfig
 from .core.deployer import StackDeployer
 from .core.dispatcher import JobDispatcher
+from .core.gpu_ledger import GpuLedger
+from .core.sandbox import Sandbox
 from .host_reporter import HostReporter
 from .inventory.nvml_probe import NvmlProbe
 from .inventory.system_data import Prober
@@ -55,14 +57,17 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
     outbox = Outbox(lambda report: send_report(client, report))
     engine = DockerEngine()
     compose = ComposeRunner(None, config.state_dir / "docker-config")
-    deployer = StackDeployer(compose, engine, outbox, config.state_dir / "stacks",
-                             settle_seconds=config.settle_seconds, stop_timeout=config.stop_timeout)
-    dispatcher = JobDispatcher(deployer, outbox)
     schedule = Schedule()
     host = HostReporter(client, outbox, build_prober(config, engine, None), schedule,
                         lambda: find_compose_command(config.compose_command),
                         speed_max_bytes=config.speed_max_bytes, speed_max_seconds=config.speed_max_seconds)
     host.compose_found = lambda command: setattr(compose, "command", command)
+    publish = config.publish_address or ("127.0.0.1" if config.uses_local_marketplace else "0.0.0.0")
+    sandbox = Sandbox(GpuLedger(config.state_dir / "gpu-assignments.json"), host.machine_facts,
+                      publish_address=publish, pids_limit=config.pids_limit)
+    deployer = StackDeployer(compose, engine, outbox, config.state_dir / "stacks", sandbox=sandbox,
+                             settle_seconds=config.settle_seconds, stop_timeout=config.stop_timeout)
+    dispatcher = JobDispatcher(deployer, outbox)
     agent = Agent(client, deployer, outbox, dispatcher, schedule, host)
     return AgentParts(agent, client, outbox, dispatcher, engine, host)
 

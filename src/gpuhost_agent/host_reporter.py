@@ -117,6 +117,13 @@ class HostReporter:
         self.compose_found(command)
         return " ".join(command)
 
+    async def machine_facts(self) -> dict:
+        """The latest probe's systemData (GPUs and their health, CPUs, memory),
+        for the sandbox's GPU assignment and shares."""
+        if self.last_report is None:
+            await self.refresh()
+        return self.last_report["systemData"]
+
     # ---- periodic work -------------------------------------------------------
     async def refresh(self, force: bool = False) -> dict:
         """Probe again; send systemData if anything a marketplace shows changed."""

@@ -26,7 +26,10 @@ RENTAL_ACTIVE, RENTAL_COMPLETE = "ACTIVE", "COMPLETE"
 
 JOB_DEPLOY = "stack.deploy"
 JOB_REMOVE = "stack.remove"
-JOB_TYPES = (JOB_DEPLOY, JOB_REMOVE)
+# Sent after a rental ends (after the removal jobs of its stacks): the agent
+# removes anything of the rental still running and frees its GPUs.
+JOB_RENTAL_END = "rental.end"
+JOB_TYPES = (JOB_DEPLOY, JOB_REMOVE, JOB_RENTAL_END)
 
 OUTCOME_SUCCEEDED, OUTCOME_FAILED = "succeeded", "failed"
 
@@ -117,7 +120,7 @@ class StackJob:
             job = cls(
                 job_id=_required_str(raw, "jobId"),
                 type=str(raw.get("type")),
-                stack_id=_required_str(raw, "stackId"),
+                stack_id=_required_str(raw, "stackId") if raw.get("type") != JOB_RENTAL_END else "",
                 rental_id=_required_str(raw, "rentalId"),
                 env_id=_required_str(raw, "envId"),
                 stack_name=str(raw.get("stackName") or ""),

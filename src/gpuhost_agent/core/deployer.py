@@ -20,6 +20,7 @@ from ..runtime.engine import DockerEngine, EngineError
 from . import naming
 from .compose_rewrite import StackRejected, check_variables, label_services
 from .containers import failed_containers, seed_containers
+from .sandbox import Sandbox, refuse_raw
 
 log = get_logger(__name__)
 
@@ -34,8 +35,10 @@ class StackFailed(RuntimeError):
 
 class StackDeployer:
     def __init__(self, compose: ComposeRunner, engine: DockerEngine, outbox: Outbox, stacks_dir: Path,
-                 *, settle_seconds: float = 3.0, stop_timeout: int = 10):
+                 *, settle_seconds: float = 3.0, stop_timeout: int = 10, sandbox: Sandbox | None = None):
         self.compose = compose
+        self.sandbox = sandbox
+        self._assigned: dict[str, list[str]] = {}  # stack id -> its rental's GPUs, shown in status reports
         self.engine = engine
         self.outbox = outbox
         self.stacks_dir = stacks_dir
@@ -48,6 +51,8 @@ class StackDeployer:
     def report_status(self, job: wire.StackJob, status: str, error_msg: str = "") -> None:
         body = {"status": status, "errorMsg": error_msg, "pStackName": self._project(job),
                 "pStackId": naming.provider_stack_id(job.stack_id), "jobId": job.job_id, "reportedAt": wire.iso()}
+        if job.stack_id in self._assigned:  # known from this deploy; otherwise the marketplace keeps what it has
+            body["assignedGPUs"] = list(self._assigned[job.stack_id])
         self.outbox.put(STATUS, job.stack_id, body)
 
     async def push_containers(self, stack_id: str, raw: list[dict] | None = None) -> list[dict]:
@@ -69,13 +74,17 @@ class StackDeployer:
         log.info("stack_applying", stack_id=job.stack_id, rental_id=job.rental_id, job_id=job.job_id, project=project)
         try:
             check_variables(variables)
+            if self.sandbox is None:
+                raise StackRejected("the agent has no sandbox configured; refusing to run the stack")
+            refuse_raw(template.get("content", ""))  # before Compose reads anything the file names
             workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
             _write_private(workdir / ORIGINAL_FILE, template.get("content", ""))
             try:
                 model = await self.compose.config(project, workdir, ORIGINAL_FILE, variables)
             except ComposeError as exc:
                 raise StackRejected(f"invalid Compose file: {exc}") from None
-            rewritten = label_services(model, job.stack_id, job.rental_id, job.env_id)
+            hardened, self._assigned[job.stack_id] = await self.sandbox.apply(job, project, model)
+            rewritten = label_services(hardened, job.stack_id, job.rental_id, job.env_id)
             _write_private(workdir / AGENT_FILE, json.dumps(rewritten, indent=1))
             try:
                 await self.compose.up(project, workdir, AGENT_FILE)
@@ -158,7 +167,41 @@ class StackDeployer:
         self._forget_secrets(job.stack_id)
         self.outbox.put(CONTAINERS, job.stack_id, {"containers": [], "observedAt": wire.iso()})
         self.report_status(job, wire.REMOVED)
+        self._assigned.pop(job.stack_id, None)
         log.info("stack_removed", stack_id=job.stack_id, job_id=job.job_id)
+        return ""
+
+    # ---- rental end ------------------------------------------------------------
+    async def end_rental(self, job: wire.StackJob) -> str:
+        """After a rental's stacks were removed: take down anything of it still
+        there (a stack the marketplace had already forgotten), then free its GPUs.
+        Tried a few times: GPUs stay assigned while containers may still use them."""
+        error = ""
+        for attempt in range(3):
+            error = await self._end_rental_once(job)
+            if not error:
+                return ""
+            await asyncio.sleep(2 ** attempt)
+        return error
+
+    async def _end_rental_once(self, job: wire.StackJob) -> str:
+        try:
+            leftovers = await self.engine.rental_containers(job.rental_id)
+            projects = {c["Labels"].get(COMPOSE_PROJECT_LABEL) for c in leftovers if c.get("Labels")} - {None}
+            for project in sorted(projects):
+                workdir = self.stacks_dir / f".end-{job.rental_id}"
+                workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+                await self.compose.down(project, workdir, stop_timeout=self.stop_timeout)
+                shutil.rmtree(workdir, ignore_errors=True)
+            for container in await self.engine.rental_containers(job.rental_id):
+                await self.engine.remove_container(container["Id"])
+        except (ComposeError, EngineError) as exc:
+            message = f"rental cleanup failed: {exc}"
+            log.error("rental_end_failed", rental_id=job.rental_id, job_id=job.job_id, error=message)
+            return message  # GPUs stay assigned while its containers may still run
+        freed = self.sandbox.release(job.rental_id) if self.sandbox else []
+        log.info("rental_ended", rental_id=job.rental_id, job_id=job.job_id, leftover_stacks=len(projects),
+                 gpus_freed=len(freed))
         return ""
 
     async def _push_quietly(self, stack_id: str) -> None:

@@ -28,6 +28,7 @@ class JobDispatcher:
         self._finished: "OrderedDict[str, dict]" = OrderedDict()
         self._stack_locks: dict[str, asyncio.Lock] = {}
         self._stack_jobs: Counter[str] = Counter()  # jobs holding or awaiting each stack's lock
+        self._rental_jobs: Counter[str] = Counter()  # stack jobs of each rental not yet finished
         self.duplicates_ignored = 0
 
     def submit(self, raw: object) -> None:
@@ -46,11 +47,31 @@ class JobDispatcher:
             log.info("job_duplicate_ignored", job_id=job.job_id, stack_id=job.stack_id, state="finished")
             self.outbox.put(JOB_COMPLETE, job.job_id, self._finished[job.job_id])
             return
+        if job.type != wire.JOB_RENTAL_END:
+            self._rental_jobs[job.rental_id] += 1
         task = asyncio.create_task(self._run(job), name=f"job-{job.job_id}")
         self._running[job.job_id] = task
         task.add_done_callback(lambda _t, job_id=job.job_id: self._running.pop(job_id, None))
 
     async def _run(self, job: wire.StackJob) -> None:
+        if job.type == wire.JOB_RENTAL_END:
+            await self._run_rental_end(job)
+            return
+        try:
+            await self._run_stack_job(job)
+        finally:
+            self._rental_jobs[job.rental_id] -= 1
+            if not self._rental_jobs[job.rental_id]:
+                del self._rental_jobs[job.rental_id]
+
+    async def _run_rental_end(self, job: wire.StackJob) -> None:
+        """Only once the rental's own stack jobs (its removals) are done."""
+        while self._rental_jobs.get(job.rental_id):
+            await asyncio.sleep(0.05)
+        error = await self._execute(job)
+        self._finish(job.job_id, error)
+
+    async def _run_stack_job(self, job: wire.StackJob) -> None:
         lock = self._stack_locks.setdefault(job.stack_id, asyncio.Lock())
         self._stack_jobs[job.stack_id] += 1
         try:
@@ -69,6 +90,8 @@ class JobDispatcher:
         try:
             if job.type == wire.JOB_DEPLOY:
                 return await self.deployer.deploy(job)
+            if job.type == wire.JOB_RENTAL_END:
+                return await self.deployer.end_rental(job)
             return await self.deployer.remove(job)
         except asyncio.CancelledError:
             log.warning("job_abandoned", job_id=job.job_id, stack_id=job.stack_id)
@@ -76,7 +99,8 @@ class JobDispatcher:
         except Exception as exc:  # a bug must not kill the agent; the renter still gets an answer
             log.exception("job_crashed", job_id=job.job_id, stack_id=job.stack_id)
             error = f"internal agent error: {type(exc).__name__}"
-            self.deployer.report_status(job, wire.ERROR, error)
+            if job.stack_id:
+                self.deployer.report_status(job, wire.ERROR, error)
             return error
 
     def _finish(self, job_id: str, error: str) -> None:

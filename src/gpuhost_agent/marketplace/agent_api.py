@@ -89,6 +89,9 @@ def _status_problem(body) -> str | None:
             return f"{key} must be a string"
     if body["status"] == wire.ERROR and not body.get("errorMsg"):
         return "errorMsg is required with status ERROR"
+    gpus = body.get("assignedGPUs", [])
+    if not isinstance(gpus, list) or not all(isinstance(uuid, str) for uuid in gpus):
+        return "assignedGPUs must be an array of GPU UUIDs"
     pstack_id = body.get("pStackId", 0)
     if not isinstance(pstack_id, int) or isinstance(pstack_id, bool) or pstack_id < 0:
         return "pStackId must be a non-negative integer"

@@ -114,6 +114,8 @@ class Store:
             for stack in list(self.stacks.values()):
                 if stack["rentalId"] == rental_id:
                     self.remove_stack(rental_id, stack["stackId"])
+            job = Job(jobId=str(uuid.uuid4()), type=wire.JOB_RENTAL_END, stackId="", rentalId=rental_id)
+            self.jobs[job.jobId] = job
         return rental
 
     # ---- stacks ------------------------------------------------------------
@@ -124,7 +126,7 @@ class Store:
         now = wire.iso()
         stack = {"stackId": str(uuid.uuid4()), "envId": self.envId, "rentalId": rental_id, "userId": self.userId,
                  "stackName": template["name"], "template": template, "status": wire.APPLYING, "errorMsg": "",
-                 "pStackName": "", "pStackId": 0, "tunnels": [], "createdAt": now, "updatedAt": now,
+                 "pStackName": "", "pStackId": 0, "tunnels": [], "assignedGPUs": [], "createdAt": now, "updatedAt": now,
                  "desired": "present", "lastReportAt": "", "history": [[wire.APPLYING, now]]}
         self.stacks[stack["stackId"]] = stack
         self._enqueue(wire.JOB_DEPLOY, stack)
@@ -210,6 +212,8 @@ class Store:
         stack["lastReportAt"] = report["reportedAt"]
         stack["pStackName"] = report.get("pStackName") or stack["pStackName"]
         stack["pStackId"] = report.get("pStackId") or stack["pStackId"]
+        if isinstance(report.get("assignedGPUs"), list):
+            stack["assignedGPUs"] = list(report["assignedGPUs"])
         if status == wire.REMOVED:
             del self.stacks[stack_id]
             self.containers.pop(stack_id, None)

@@ -60,6 +60,10 @@ class DockerEngine:
         return await self._call(lambda api: api.containers(
             all=True, filters={"label": [f"{wire.LABEL_MANAGED}=true", f"{wire.LABEL_ENV}={env_id}"]}))
 
+    async def rental_containers(self, rental_id: str) -> list[dict]:
+        return await self._call(lambda api: api.containers(
+            all=True, filters={"label": [f"{wire.LABEL_MANAGED}=true", f"{wire.LABEL_RENTAL}={rental_id}"]}))
+
     async def exit_code(self, container_id: str) -> int | None:
         state = (await self._call(lambda api: api.inspect_container(container_id))).get("State", {})
         return state.get("ExitCode") if not state.get("Running") else None

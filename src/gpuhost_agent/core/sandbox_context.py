@@ -1,0 +1,48 @@
+"""What one rental may have on this machine: its GPUs, its share of CPU, memory
+and processes, where its ports are published. Input to the sandbox policy.
+
+A rental's share is in proportion to its GPUs (a 2-GPU rental on an 8-GPU
+machine gets a quarter of the CPUs and memory); a rental without GPUs gets a
+fixed small share, so that GPU-less rentals cannot crowd out the GPU ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 1024 ** 3
+GPU_LESS_CPUS = 2.0
+GPU_LESS_MEMORY = 4 * GIB
+DEFAULT_PIDS_LIMIT = 4096
+# Memory kept for the host itself (agent, dockerd, the kernel) before sharing out.
+HOST_RESERVED_MEMORY = 2 * GIB
+HOST_RESERVED_CPUS = 1.0
+
+
+@dataclass(frozen=True)
+class SandboxContext:
+    project: str                       # the stack's Compose project name
+    gpu_uuids: tuple[str, ...] = ()    # the rental's GPUs, in the order renters number them
+    cpus: float = GPU_LESS_CPUS
+    memory_bytes: int = GPU_LESS_MEMORY
+    pids_limit: int = DEFAULT_PIDS_LIMIT
+    publish_address: str = "0.0.0.0"
+
+
+@dataclass(frozen=True)
+class Machine:
+    cpus: int
+    memory_bytes: int
+    gpus: int
+
+
+def rental_share(machine: Machine, rental_gpus: int) -> tuple[float, int]:
+    """(cpus, memory bytes) a rental's containers may each use at most."""
+    usable_cpus = max(1.0, machine.cpus - HOST_RESERVED_CPUS)
+    usable_memory = max(GIB, machine.memory_bytes - HOST_RESERVED_MEMORY)
+    if rental_gpus <= 0 or machine.gpus <= 0:
+        return min(GPU_LESS_CPUS, usable_cpus), min(GPU_LESS_MEMORY, usable_memory)
+    fraction = min(1.0, rental_gpus / machine.gpus)
+    cpus = round(max(1.0, usable_cpus * fraction), 2)
+    memory = int(usable_memory * fraction) // (1024 * 1024) * (1024 * 1024)
+    return cpus, max(GIB // 2, memory)

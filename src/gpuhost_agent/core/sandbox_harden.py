@@ -1,0 +1,105 @@
+"""Write a policy-checked Compose model back explicitly hardened. Pure.
+
+Whatever the renter did not say is said by the agent, so nothing depends on
+Docker's defaults or on what the image carries: no new privileges, the
+capabilities no workload needs dropped, limits set to the rental's share, GPUs
+given by UUID to the services that asked and explicitly none to the others,
+ports published where the host decides.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from .sandbox_context import SandboxContext
+from .sandbox_policy import flat_capabilities, gpu_requests, to_bytes
+
+NO_NEW_PRIVILEGES = "no-new-privileges:true"
+# Dropped from every container. Docker's default set keeps MKNOD, NET_RAW and
+# AUDIT_WRITE (device nodes, raw sockets for spoofing on the bridge, the host's
+# audit log); the rest are not in the default set and are listed so that no
+# path can ever bring them back.
+ALWAYS_DROP = ("AUDIT_WRITE", "MKNOD", "NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_MODULE", "SYS_PTRACE",
+               "SYS_RAWIO", "SYS_TIME", "SYS_BOOT", "DAC_READ_SEARCH")  # not BPF/PERFMON: Docker 20.10 refuses those names
+NO_GPUS = "void"  # NVIDIA's value for "no GPU at all", stronger than an unset variable
+GPU_LABEL = "io.gpuhost.gpus"
+
+
+def assigned_uuids(service: dict, ctx: SandboxContext) -> list[str]:
+    """The rental's GPUs this service asked for (policy already checked the asks)."""
+    chosen: list[str] = []
+    for request in gpu_requests(service):
+        count, devices = request.get("count"), request.get("device_ids") or []
+        if devices:
+            wanted = [ctx.gpu_uuids[int(d)] if str(d).isdigit() else str(d) for d in devices]
+        elif count in (None, -1, "all"):
+            wanted = list(ctx.gpu_uuids)
+        else:
+            wanted = list(ctx.gpu_uuids[: int(count)])
+        chosen += [uuid for uuid in wanted if uuid not in chosen]
+    return [uuid for uuid in ctx.gpu_uuids if uuid in chosen]  # the rental's order
+
+
+def harden(model: dict, ctx: SandboxContext) -> dict:
+    hardened = copy.deepcopy(model)
+    for service in (hardened.get("services") or {}).values():
+        _harden_service(service, ctx)
+    return hardened
+
+
+def _harden_service(service: dict, ctx: SandboxContext) -> None:
+    service["security_opt"] = [NO_NEW_PRIVILEGES]
+    service["cap_drop"] = sorted(set(service.get("cap_drop") or []) | set(ALWAYS_DROP))
+    service.pop("cap_add", None)
+    service["privileged"] = False
+    _limits(service, ctx)
+    _gpus(service, ctx)
+    for port in service.get("ports") or []:
+        if isinstance(port, dict):
+            port["host_ip"] = ctx.publish_address
+            port.pop("published", None)  # the engine picks a free host port
+
+
+def _limits(service: dict, ctx: SandboxContext) -> None:
+    """Every container capped at the rental's share, or lower where the renter said so."""
+    deploy = service.get("deploy") or {}
+    limits = (deploy.get("resources") or {}).pop("limits", None) or {}
+    memory = min(x for x in (to_bytes(service.get("mem_limit")), to_bytes(limits.get("memory")), ctx.memory_bytes)
+                 if x is not None)
+    cpus = min(float(x) for x in (service.get("cpus"), limits.get("cpus"), ctx.cpus) if x not in (None, "", 0))
+    pids = min(int(x) for x in (service.get("pids_limit"), limits.get("pids"), ctx.pids_limit) if x not in (None, 0))
+    service["mem_limit"] = str(memory)
+    service["memswap_limit"] = str(memory)  # no swap on top of the limit
+    service["cpus"] = cpus
+    service["pids_limit"] = pids
+    shm = to_bytes(service.get("shm_size"))
+    if shm is not None:
+        service["shm_size"] = str(min(shm, memory))
+
+
+def _gpus(service: dict, ctx: SandboxContext) -> None:
+    uuids = assigned_uuids(service, ctx)
+    # What the renter asked the driver for (compute, utility, video...), GPUs always.
+    capabilities = sorted({"gpu", *(cap for request in gpu_requests(service)
+                                    for cap in flat_capabilities(request.get("capabilities") or []))})
+    service.pop("gpus", None)
+    resources = (service.setdefault("deploy", {})).setdefault("resources", {})
+    reservations = resources.setdefault("reservations", {})
+    reservations.pop("devices", None)
+    environment = service.get("environment")
+    if isinstance(environment, list):
+        environment = dict(item.split("=", 1) if "=" in item else (item, None) for item in environment)
+    environment = dict(environment or {})
+    labels = service.get("labels") or {}
+    if isinstance(labels, list):
+        labels = dict(item.split("=", 1) if "=" in item else (item, "") for item in labels)
+    if uuids:
+        reservations["devices"] = [{"driver": "nvidia", "device_ids": uuids, "capabilities": capabilities}]
+        environment["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
+    else:
+        environment["NVIDIA_VISIBLE_DEVICES"] = NO_GPUS
+    if not reservations:
+        resources.pop("reservations")
+    labels[GPU_LABEL] = ",".join(uuids)
+    service["environment"] = environment
+    service["labels"] = labels
