@@ -76,7 +76,7 @@ class Agent:
                 log.warning("session_open_failed", error=str(exc), retry_in_s=round(delay, 1))
                 await asyncio.sleep(delay)
         self.intervals.update({k: v for k, v in (reply.get("intervals") or {}).items()
-                               if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0})
+                               if wire.is_number(v) and v > 0})
         self.schedule.every("container_resync", self.intervals["containerResyncSeconds"], self.resync_containers)
         self.env_id = reply.get("envId")
         if self.host:

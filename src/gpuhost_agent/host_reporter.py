@@ -60,7 +60,7 @@ class HostReporter:
         self.requirements = Requirements.from_wire(reply.get("requirements"))
         for key in DEFAULT_INTERVALS:
             value = (reply.get("intervals") or {}).get(key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            if wire.is_number(value) and value > 0:
                 self.intervals[key] = float(value)
         self._note_server_time(reply.get("serverTime"), sent_at, received_at)
         # The first beat at once: the marketplace sees the machine alive from its first session.
@@ -169,8 +169,7 @@ class HostReporter:
             self._beat_failures = 0
         self._note_server_time(reply.get("serverTime"), sent_at, time.time())
         interval = reply.get("heartbeatIntervalSeconds")
-        if isinstance(interval, (int, float)) and not isinstance(interval, bool) and interval > 0 \
-                and interval != self.intervals["heartbeatSeconds"]:
+        if wire.is_number(interval) and interval > 0 and interval != self.intervals["heartbeatSeconds"]:
             self.intervals["heartbeatSeconds"] = float(interval)
             self.schedule.every("heartbeat", max(MIN_HEARTBEAT, float(interval)), self.beat)
             log.info("heartbeat_interval_changed", interval_s=interval)

@@ -69,6 +69,20 @@ def parse_iso(text: str) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
+def is_iso(value: Any) -> bool:
+    """Whether a received value is an ISO 8601 date-time."""
+    try:
+        parse_iso(value)
+        return True
+    except (TypeError, ValueError, AttributeError):
+        return False
+
+
+def is_number(value: Any) -> bool:
+    """A JSON number: int or float, but not a boolean (which Python counts as int)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def validate_template(template: Any) -> dict:
     """The seed's Create-stack template, checked and with defaults filled in."""
     if not isinstance(template, dict):

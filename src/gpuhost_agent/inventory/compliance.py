@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, fields
 
+from .. import wire
+
 TOOLKIT_SAFE_VERSION = "1.17.8"
 TOOLKIT_CVES = "CVE-2024-0132, CVE-2025-23359, CVE-2025-23266"
 GIB = 1024 ** 3
@@ -34,7 +36,7 @@ class Requirements:
             value = (raw or {}).get(spec.name)
             if spec.type == "str" and isinstance(value, str) and version_tuple(value):
                 values[spec.name] = value
-            elif spec.type == "float" and isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+            elif spec.type == "float" and wire.is_number(value) and value >= 0:
                 values[spec.name] = float(value)
         return cls(**values)
 

@@ -67,14 +67,6 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
     ]
 
 
-def _is_datetime(value) -> bool:
-    try:
-        wire.parse_iso(value)
-        return True
-    except (TypeError, ValueError, AttributeError):
-        return False
-
-
 def _status_problem(body) -> str | None:
     """What is wrong with a status report, if anything. Every field is checked:
     whatever passes is shown to renters as it is."""
@@ -82,7 +74,7 @@ def _status_problem(body) -> str | None:
         return "body must be an object"
     if body.get("status") not in wire.REPORTED_STATUSES:
         return f"status must be one of {', '.join(wire.REPORTED_STATUSES)}"
-    if not _is_datetime(body.get("reportedAt")):
+    if not wire.is_iso(body.get("reportedAt")):
         return "reportedAt must be an ISO 8601 date-time"
     for key in ("errorMsg", "pStackName", "jobId"):
         if body.get(key) is not None and not isinstance(body[key], str):
@@ -101,7 +93,7 @@ def _status_problem(body) -> str | None:
 def _containers_problem(body) -> str | None:
     if not isinstance(body, dict) or not isinstance(body.get("containers"), list):
         return "body must be an object with a containers array"
-    if not _is_datetime(body.get("observedAt")):
+    if not wire.is_iso(body.get("observedAt")):
         return "observedAt must be an ISO 8601 date-time"
     for index, container in enumerate(body["containers"]):
         if not isinstance(container, dict):

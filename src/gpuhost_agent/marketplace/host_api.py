@@ -22,21 +22,13 @@ INIT_STATES = ("starting", "ready", "failed")
 
 
 def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
-
-
-def _is_datetime(value) -> bool:
-    try:
-        wire.parse_iso(value)
-        return True
-    except (TypeError, ValueError, AttributeError):
-        return False
+    return wire.is_number(value) and value >= 0
 
 
 def system_data_problem(body) -> str | None:
     if not isinstance(body, dict) or not isinstance(body.get("systemData"), dict):
         return "body must be an object with a systemData object"
-    if not isinstance(body.get("fingerprint"), str) or not _is_datetime(body.get("reportedAt")):
+    if not isinstance(body.get("fingerprint"), str) or not wire.is_iso(body.get("reportedAt")):
         return "fingerprint (string) and reportedAt (date-time) are required"
     listing = body.get("listing")
     if not isinstance(listing, dict):
@@ -66,7 +58,7 @@ def system_data_problem(body) -> str | None:
 def init_state_problem(body) -> str | None:
     if not isinstance(body, dict) or body.get("state") not in INIT_STATES:
         return f"body must be an object with state one of {', '.join(INIT_STATES)}"
-    if not isinstance(body.get("phases"), list) or not _is_datetime(body.get("updatedAt")):
+    if not isinstance(body.get("phases"), list) or not wire.is_iso(body.get("updatedAt")):
         return "phases (array) and updatedAt (date-time) are required"
     if body.get("error") is not None and not isinstance(body["error"], str):
         return "error must be a string or null"
@@ -74,7 +66,7 @@ def init_state_problem(body) -> str | None:
 
 
 def heartbeat_problem(body) -> str | None:
-    if not isinstance(body, dict) or not _is_datetime(body.get("sentAt")):
+    if not isinstance(body, dict) or not wire.is_iso(body.get("sentAt")):
         return "body must be an object with sentAt (date-time)"
     host, gpus = body.get("host"), body.get("gpus")
     if not isinstance(host, dict) or not isinstance(gpus, list):
