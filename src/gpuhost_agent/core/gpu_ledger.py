@@ -10,10 +10,10 @@ one back.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from .. import wire
+from ..state_files import write_json_atomically
 from .gpu_allocation import GpuSlot, allocate
 
 _MAX_ENDED = 10_000
@@ -30,14 +30,8 @@ class GpuLedger:
             self.ended = list(raw.get("ended", []))
 
     def _save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = self.path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            json.dump({"assignments": self.assignments, "ended": self.ended, "savedAt": wire.iso()}, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, self.path)
+        write_json_atomically(self.path, {"assignments": self.assignments, "ended": self.ended,
+                                          "savedAt": wire.iso()})
 
     def has_ended(self, rental_id: str) -> bool:
         return rental_id in self.ended

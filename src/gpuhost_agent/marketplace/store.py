@@ -9,7 +9,6 @@ whole state is saved as one JSON file, written atomically, so that a restart of
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -17,6 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from .. import wire
+from ..state_files import write_json_atomically
 
 LEASE = timedelta(minutes=10)
 QUEUED, DELIVERED, COMPLETED = "queued", "delivered", "completed"
@@ -80,15 +80,7 @@ class Store:
     def save(self) -> None:
         if self.path is None:
             return
-        data = {k: v for k, v in asdict(self).items() if k != "path"}
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = self.path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, self.path)
+        write_json_atomically(self.path, {k: v for k, v in asdict(self).items() if k != "path"})
 
     # ---- rentals -----------------------------------------------------------
     def create_rental(self, *, name: str | None, gpu_count: int, end_date: str | None) -> dict:
