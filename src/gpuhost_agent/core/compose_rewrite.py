@@ -34,6 +34,15 @@ def check_variables(variables: dict[str, str]) -> None:
             raise StackRejected(f"environment variable {name!r} is reserved for the host agent; rename it")
 
 
+def as_mapping(value, missing: str | None = "") -> dict:
+    """Compose's environment and labels come as a mapping or as a list of
+    "KEY=value" items; the list form becomes a mapping (a bare KEY gets
+    `missing`)."""
+    if isinstance(value, dict):
+        return dict(value)
+    return dict(str(item).split("=", 1) if "=" in str(item) else (str(item), missing) for item in value or [])
+
+
 def label_services(model: dict, stack_id: str, rental_id: str, env_id: str) -> dict:
     """A copy of the model with the agent's labels on every service.
 
@@ -49,8 +58,5 @@ def label_services(model: dict, stack_id: str, rental_id: str, env_id: str) -> d
     for service_name, service in rewritten["services"].items():
         if not isinstance(service, dict):
             raise StackRejected(f"service {service_name!r} is not a mapping")
-        existing = service.get("labels") or {}
-        if isinstance(existing, list):
-            existing = dict(item.split("=", 1) if "=" in item else (item, "") for item in existing)
-        service["labels"] = {**existing, **labels}
+        service["labels"] = {**as_mapping(service.get("labels")), **labels}
     return rewritten

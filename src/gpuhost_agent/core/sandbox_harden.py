@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 
+from .compose_rewrite import as_mapping
 from .sandbox_context import SandboxContext
 from .sandbox_policy import flat_capabilities, gpu_requests, to_bytes
 
@@ -86,13 +87,8 @@ def _gpus(service: dict, ctx: SandboxContext) -> None:
     resources = (service.setdefault("deploy", {})).setdefault("resources", {})
     reservations = resources.setdefault("reservations", {})
     reservations.pop("devices", None)
-    environment = service.get("environment")
-    if isinstance(environment, list):
-        environment = dict(item.split("=", 1) if "=" in item else (item, None) for item in environment)
-    environment = dict(environment or {})
-    labels = service.get("labels") or {}
-    if isinstance(labels, list):
-        labels = dict(item.split("=", 1) if "=" in item else (item, "") for item in labels)
+    environment = as_mapping(service.get("environment"), missing=None)
+    labels = as_mapping(service.get("labels"))
     if uuids:
         reservations["devices"] = [{"driver": "nvidia", "device_ids": uuids, "capabilities": capabilities}]
         environment["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)

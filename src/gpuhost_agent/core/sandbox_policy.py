@@ -10,6 +10,7 @@ docs/sandbox-policy.md.
 
 from __future__ import annotations
 
+from .compose_rewrite import as_mapping
 from .sandbox_context import SandboxContext
 
 AGENT_LABEL_PREFIXES = ("io.gpuhost.", "com.docker.compose.")
@@ -145,15 +146,13 @@ def _volumes(service: dict, stack: set[str]) -> list[str]:
 
 
 def _agent_labels(labels) -> list[str]:
-    keys = labels.keys() if isinstance(labels, dict) else [str(item).split("=", 1)[0] for item in labels or []]
-    return sorted(key for key in keys if key.startswith(AGENT_LABEL_PREFIXES))
+    return sorted(key for key in as_mapping(labels) if key.startswith(AGENT_LABEL_PREFIXES))
 
 
 def _environment_and_labels(service: dict) -> list[str]:
     problems = []
-    environment = service.get("environment") or {}
-    keys = environment.keys() if isinstance(environment, dict) else [str(i).split("=", 1)[0] for i in environment]
-    reserved = sorted(key for key in keys if key.startswith(RESERVED_ENV_PREFIXES))
+    reserved = sorted(key for key in as_mapping(service.get("environment"))
+                      if key.startswith(RESERVED_ENV_PREFIXES))
     if reserved:
         problems.append(f"environment {', '.join(reserved)} is not allowed: the NVIDIA runtime takes GPUs "
                         "from these; ask for GPUs with deploy.resources.reservations.devices")
