@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Awaitable, Callable
 
 from .. import wire
 from ..logs import SECRETS, get_logger
@@ -151,13 +152,7 @@ class StackDeployer:
         self.report_status(job, wire.REMOVING)
         log.info("stack_removing", stack_id=job.stack_id, rental_id=job.rental_id, job_id=job.job_id)
         try:
-            existing = await self.engine.stack_containers(job.stack_id)
-            projects = {c["Labels"].get(COMPOSE_PROJECT_LABEL) for c in existing if c.get("Labels")} - {None}
-            workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            for project in projects or {self._project(job)}:
-                await self.compose.down(project, workdir, stop_timeout=self.stop_timeout)
-            for leftover in await self.engine.stack_containers(job.stack_id):
-                await self.engine.remove_container(leftover["Id"])
+            await self._take_down(lambda: self.engine.stack_containers(job.stack_id), workdir, {self._project(job)})
         except (ComposeError, EngineError) as exc:
             message = f"remove failed: {exc}"
             self.report_status(job, wire.ERROR, message)
@@ -185,24 +180,34 @@ class StackDeployer:
         return error
 
     async def _end_rental_once(self, job: wire.StackJob) -> str:
+        workdir = self.stacks_dir / f".end-{job.rental_id}"
         try:
-            leftovers = await self.engine.rental_containers(job.rental_id)
-            projects = {c["Labels"].get(COMPOSE_PROJECT_LABEL) for c in leftovers if c.get("Labels")} - {None}
-            for project in sorted(projects):
-                workdir = self.stacks_dir / f".end-{job.rental_id}"
-                workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
-                await self.compose.down(project, workdir, stop_timeout=self.stop_timeout)
-                shutil.rmtree(workdir, ignore_errors=True)
-            for container in await self.engine.rental_containers(job.rental_id):
-                await self.engine.remove_container(container["Id"])
+            projects = await self._take_down(lambda: self.engine.rental_containers(job.rental_id), workdir, set())
         except (ComposeError, EngineError) as exc:
             message = f"rental cleanup failed: {exc}"
             log.error("rental_end_failed", rental_id=job.rental_id, job_id=job.job_id, error=message)
             return message  # GPUs stay assigned while its containers may still run
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
         freed = self.sandbox.release(job.rental_id) if self.sandbox else []
         log.info("rental_ended", rental_id=job.rental_id, job_id=job.job_id, leftover_stacks=len(projects),
                  gpus_freed=len(freed))
         return ""
+
+    async def _take_down(self, list_containers: Callable[[], Awaitable[list[dict]]], workdir: Path,
+                         fallback: set[str]) -> set[str]:
+        """`compose down` every project the listed containers belong to (or the
+        fallback projects when none is left), then force-remove whatever is
+        still listed. Returns the projects taken down."""
+        existing = await list_containers()
+        projects = {c["Labels"].get(COMPOSE_PROJECT_LABEL) for c in existing if c.get("Labels")} - {None}
+        projects = projects or fallback
+        workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for project in sorted(projects):
+            await self.compose.down(project, workdir, stop_timeout=self.stop_timeout)
+        for leftover in await list_containers():
+            await self.engine.remove_container(leftover["Id"])
+        return projects
 
     async def _push_quietly(self, stack_id: str) -> None:
         try:
