@@ -58,3 +58,82 @@ async def test_a_report_refused_for_the_key_is_retried_not_dropped(flaky):
     assert await outbox.drained(5)
     runner.cancel()
     assert seen == ["PUT /v1/agent/stacks/s1/status"] * 2 and outbox.dropped == 0 and outbox.sent == 1
+
+
+# ---- replies the client cannot use (issue 5, item 7) -------------------------------------
+
+@pytest.fixture
+async def raw_server():
+    """Answers every request with the handler in `handlers[0]`."""
+    handlers: list = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await handlers[0](request)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield f"http://127.0.0.1:{runner.addresses[0][1]}/v1", handlers
+    await runner.cleanup()
+
+
+async def test_a_refusal_shows_the_marketplaces_message_short_and_never_its_body(raw_server):
+    base_url, handlers = raw_server
+    async with MarketplaceClient(base_url, "key", request_timeout=5) as client:
+        handlers[:] = [lambda _r: _reply(web.json_response({"message": "m" * 10_000}, status=400))]
+        with pytest.raises(MarketplaceRejected) as long_message:
+            await client.put_init_state({})
+        assert long_message.value.status == 400 and len(str(long_message.value)) < 600
+        handlers[:] = [lambda _r: _reply(web.json_response({"message": "x", "pad": "p" * 200_000}, status=422))]
+        with pytest.raises(MarketplaceRejected) as big_body:
+            await client.put_init_state({})
+        assert str(big_body.value) == "422: Unprocessable Entity", "a large error body is not read for its message"
+        handlers[:] = [lambda _r: _reply(web.Response(status=409, body=b"{not json"))]
+        with pytest.raises(MarketplaceRejected, match="409: Conflict"):
+            await client.put_init_state({})
+
+
+async def test_malformed_json_in_any_reply_is_a_rejection(raw_server):
+    base_url, handlers = raw_server
+    async with MarketplaceClient(base_url, "key", request_timeout=5) as client:
+        handlers[:] = [lambda _r: _reply(web.Response(body=b'{"sessionId": ', content_type="application/json"))]
+        with pytest.raises(MarketplaceRejected, match="malformed JSON in the reply to POST /agent/sessions"):
+            await client.open_session({})
+        with pytest.raises(MarketplaceRejected, match="malformed JSON in the reply to POST /agent/heartbeat"):
+            await client.heartbeat({})
+
+
+async def test_the_body_cap_is_the_clients_setting(raw_server):
+    base_url, handlers = raw_server
+    handlers[:] = [lambda _r: _reply(web.json_response({"jobs": [], "pad": "p" * 2000}))]
+    async with MarketplaceClient(base_url, "key", request_timeout=5, max_body_bytes=1000) as small:
+        with pytest.raises(MarketplaceRejected, match="larger than 1000 bytes"):
+            await small.poll_jobs(0)
+    async with MarketplaceClient(base_url, "key", request_timeout=5) as default:
+        assert await default.poll_jobs(0) == []
+
+
+async def test_a_reply_that_trickles_in_times_out(raw_server):
+    """The timeout covers reading the body, not only the headers."""
+    base_url, handlers = raw_server
+    done = asyncio.Event()
+
+    async def trickle(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        await response.write(b'{"jobs": [')
+        await asyncio.wait_for(done.wait(), 5)
+        return response
+
+    handlers[:] = [trickle]
+    async with MarketplaceClient(base_url, "key", request_timeout=0.3) as client:
+        with pytest.raises(MarketplaceUnavailable, match="TimeoutError"):
+            await client.open_session({})
+    done.set()
+
+
+async def _reply(response: web.StreamResponse) -> web.StreamResponse:
+    return response

@@ -39,11 +39,14 @@ LABEL_MANAGED = "io.gpuhost.managed"
 LABEL_STACK = "io.gpuhost.stack-id"
 LABEL_RENTAL = "io.gpuhost.rental-id"
 LABEL_ENV = "io.gpuhost.env-id"
+LABEL_GPUS = "io.gpuhost.rental-gpus"  # the rental's GPU UUIDs, comma-separated
 AGENT_LABELS = (LABEL_MANAGED, LABEL_STACK, LABEL_RENTAL, LABEL_ENV)
 
 _TEMPLATE_STRINGS = ("name", "description", "content")
 _TEMPLATE_FLAGS = ("insecure", "isBasicAuthEnabled", "isSSHEnabled")
 MAX_CONTENT_BYTES = 512 * 1024
+# rental.gpuCount above this is a marketplace bug, not a rental (no host has that many).
+MAX_GPU_COUNT = 1024
 # Ids become directory and label values on the host: no path separators, no dots first.
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -84,7 +87,13 @@ def is_number(value: Any) -> bool:
 
 
 def validate_template(template: Any) -> dict:
-    """The seed's Create-stack template, checked and with defaults filled in."""
+    """The seed's Create-stack template, checked and with defaults filled in.
+
+    Both the renter API and the agent decode templates here, so whatever passes
+    is safe to hand to the deployer: every string is real Unicode text (a lone
+    surrogate cannot be written to a file or passed to Compose) and no
+    variable holds a NUL (a process environment cannot carry one). Raises
+    InvalidBody and nothing else."""
     if not isinstance(template, dict):
         raise InvalidBody("template must be an object")
     for key in _TEMPLATE_STRINGS:
@@ -92,6 +101,7 @@ def validate_template(template: Any) -> dict:
             raise InvalidBody(f"template.{key} is required")
         if not isinstance(template[key], str):
             raise InvalidBody(f"template.{key} must be a string")
+        _check_text(template[key], f"template.{key}")
     if not template["name"].strip():
         raise InvalidBody("template.name must not be empty")
     if len(template["content"].encode()) > MAX_CONTENT_BYTES:
@@ -102,8 +112,7 @@ def validate_template(template: Any) -> dict:
     if not isinstance(variables, dict):
         raise InvalidBody("template.environmentVariables must be an object mapping names to strings")
     for name, value in variables.items():
-        if not isinstance(value, str):
-            raise InvalidBody(f"template.environmentVariables.{name} must be a string")
+        _check_variable(name, value)
     for flag in _TEMPLATE_FLAGS:
         if flag in template and not isinstance(template[flag], bool):
             raise InvalidBody(f"template.{flag} must be a boolean")
@@ -111,6 +120,36 @@ def validate_template(template: Any) -> dict:
     cleaned["environmentVariables"] = dict(variables)
     cleaned.update({flag: bool(template.get(flag, False)) for flag in _TEMPLATE_FLAGS})
     return cleaned
+
+
+def _check_variable(name: Any, value: Any) -> None:
+    """One template variable: a name and a value Compose can receive in its environment."""
+    if not isinstance(name, str):
+        raise InvalidBody("template.environmentVariables names must be strings")
+    label = f"template.environmentVariables.{_clip(name)}"
+    _check_text(name, f"the name of {label}")
+    if "\0" in name:
+        raise InvalidBody(f"the name of {label} must not contain a NUL character")
+    if not isinstance(value, str):
+        raise InvalidBody(f"{label} must be a string")
+    _check_text(value, label)
+    if "\0" in value:
+        raise InvalidBody(f"{label} must not contain a NUL character")
+
+
+def _check_text(value: str, label: str) -> None:
+    """JSON may carry lone surrogates (\\ud800), which no file or process can take."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidBody(f"{label} is not valid Unicode text (it holds a lone surrogate)") from None
+
+
+def _clip(text: str, limit: int = 64) -> str:
+    """A received string as it may appear in a message: short, and printable
+    as UTF-8 (the marketplace could send anything, of any length)."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 @dataclass(frozen=True)
@@ -125,37 +164,83 @@ class StackJob:
     stack_name: str
     template: dict | None
     gpu_count: int = 0
+    rental_end: str | None = None  # rental.endDate: the host ends the rental then, by its own clock
 
     @classmethod
     def from_wire(cls, raw: Any) -> "StackJob":
+        """Decode one job of GET /agent/jobs.
+
+        Raises InvalidBody and nothing else, whatever `raw` holds: the dispatcher
+        refuses and reports that job and goes on with the others of the reply.
+        What passes has the types the agent relies on (safe ids, a string stack
+        name, a checked template for a deploy, a bounded whole GPU count)."""
         if not isinstance(raw, dict):
             raise InvalidBody("job must be an object")
-        try:
-            job = cls(
-                job_id=_required_str(raw, "jobId"),
-                type=str(raw.get("type")),
-                stack_id=_required_str(raw, "stackId") if raw.get("type") != JOB_RENTAL_END else "",
-                rental_id=_required_str(raw, "rentalId"),
-                env_id=_required_str(raw, "envId"),
-                stack_name=str(raw.get("stackName") or ""),
-                template=raw.get("template"),
-                gpu_count=int((raw.get("rental") or {}).get("gpuCount", 0)),
-            )
-        except (TypeError, ValueError) as exc:
-            raise InvalidBody(f"malformed job: {exc}") from exc
-        if job.type not in JOB_TYPES:
-            raise InvalidBody(f"unknown job type {job.type!r}")
-        if job.type == JOB_DEPLOY:
-            validate_template(job.template)
-        return job
+        job_id = _required_str(raw, "jobId")
+        job_type = raw.get("type")
+        if not isinstance(job_type, str):
+            raise InvalidBody(f"unknown job type: type must be a string, one of {', '.join(JOB_TYPES)}")
+        if job_type not in JOB_TYPES:
+            raise InvalidBody(f"unknown job type {_clip(job_type)!r}")
+        return cls(
+            job_id=job_id,
+            type=job_type,
+            stack_id=_required_str(raw, "stackId") if job_type != JOB_RENTAL_END else "",
+            rental_id=_required_str(raw, "rentalId"),
+            env_id=_required_str(raw, "envId"),
+            stack_name=_optional_str(raw, "stackName"),
+            template=validate_template(raw.get("template")) if job_type == JOB_DEPLOY else None,
+            gpu_count=_gpu_count(raw.get("rental")),
+            rental_end=_rental_end(raw.get("rental")),
+        )
 
 
 def is_safe_id(value: object) -> bool:
-    return isinstance(value, str) and bool(_SAFE_ID.match(value))
+    return isinstance(value, str) and bool(_SAFE_ID.fullmatch(value))
 
 
 def _required_str(raw: dict, key: str) -> str:
-    value = raw.get(key)
-    if not isinstance(value, str) or not _SAFE_ID.match(value):
-        raise InvalidBody(f"{key} must be an id of letters, digits, '_', '.' and '-'")
+    """An id that becomes a directory name or label value on the host.
+
+    fullmatch, not match: `$` also matches before a trailing newline."""
+    if key not in raw:
+        raise InvalidBody(f"{key} is required")
+    value = raw[key]
+    if not isinstance(value, str) or not _SAFE_ID.fullmatch(value):
+        raise InvalidBody(f"{key} must be an id of letters, digits, '_', '.' and '-'"
+                          " (1 to 128 characters, starting with a letter or digit)")
     return value
+
+
+def _optional_str(raw: dict, key: str) -> str:
+    """A free-text field that may be absent or null ("" then)."""
+    value = raw.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise InvalidBody(f"{key} must be a string")
+    _check_text(value, key)
+    return value
+
+
+def _rental_end(rental: Any) -> str | None:
+    """rental.endDate, normalised; None when the rental has no end (or no rental)."""
+    end = rental.get("endDate") if isinstance(rental, dict) else None
+    if end is None:
+        return None
+    if not is_iso(end):
+        raise InvalidBody("rental.endDate must be an ISO 8601 date-time or null")
+    return iso(parse_iso(end))
+
+
+def _gpu_count(rental: Any) -> int:
+    """rental.gpuCount: how many GPUs the sandbox hands out, so a whole number
+    within reason; 0 when the job carries no rental."""
+    if rental is None:
+        return 0
+    if not isinstance(rental, dict):
+        raise InvalidBody("rental must be an object")
+    count = rental.get("gpuCount", 0)
+    if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= MAX_GPU_COUNT:
+        raise InvalidBody(f"rental.gpuCount must be a whole number from 0 to {MAX_GPU_COUNT}")
+    return count

@@ -24,6 +24,13 @@ async def json_body(request: web.Request):
     if len(raw) > MAX_BODY_BYTES:
         raise BadRequest(f"body larger than {MAX_BODY_BYTES} bytes")
     try:
-        return json.loads(raw or b"null")
+        return json.loads(raw or b"null", parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("body is nested too deeply") from None
+
+
+def _no_constant(name: str):
+    """NaN and Infinity are not JSON; taken, they would be served on as invalid JSON."""
+    raise ValueError(f"{name} is not a JSON number")
