@@ -123,8 +123,13 @@ class Outbox:
     def __init__(self) -> None:
         self.reports: list[tuple[str, str, dict]] = []
 
+    dropped = 0
+
     def put(self, kind: str, target: str, body: dict) -> None:
         self.reports.append((kind, target, body))
+
+    def pending(self) -> int:
+        return len(self.reports)
 
 
 class Schedule:

@@ -32,6 +32,9 @@ from gpuhost_agent.core import naming
 from gpuhost_agent.core.containers import to_seed_container
 from gpuhost_agent.core.deployer import StackDeployer
 from gpuhost_agent.core.dispatcher import JobDispatcher
+from gpuhost_agent.core.gpu_ledger import GpuLedger
+from gpuhost_agent.core.sandbox import Sandbox
+from gpuhost_agent.state_db import AgentDB
 from gpuhost_agent.marketplace.server import build_app
 from gpuhost_agent.marketplace.state import DEFAULT_INTERVALS, MarketplaceState
 from gpuhost_agent.marketplace.store import LEASE, Store
@@ -206,9 +209,11 @@ async def test_session_request_the_agent_sends_is_documented(agent_doc: dict) ->
 
 async def test_reports_the_deployer_sends_are_documented(agent_doc: dict, tmp_path: Path) -> None:
     outbox = Outbox()
-    deployer = StackDeployer(None, None, outbox, tmp_path / "stacks")  # type: ignore[arg-type]
+    ledger = GpuLedger(AgentDB(tmp_path / "agent.db"))
+    sandbox = Sandbox(ledger, None)  # type: ignore[arg-type]
+    deployer = StackDeployer(None, None, outbox, tmp_path / "stacks", sandbox=sandbox)  # type: ignore[arg-type]
     job = wire.StackJob.from_wire(_raw_job(wire.JOB_DEPLOY, stackId="3f2504e0-4f89-11d3-9a0c-0305e82c3301"))
-    deployer._assigned[job.stack_id] = ["GPU-aacd9ec3-13e4-58c1-ada1-81eabee5fdaa"]  # as a deploy records it
+    ledger.commit(job.rental_id, ["GPU-aacd9ec3-13e4-58c1-ada1-81eabee5fdaa"])  # as a deploy records it
     deployer.report_status(job, wire.APPLIED)
     deployer.report_status(job, wire.ERROR, "service 'web' exited with code 3 right after it started")
     await deployer.push_containers(job.stack_id, [DOCKER_LIST_ENTRY])

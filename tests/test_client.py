@@ -57,7 +57,7 @@ async def test_a_report_refused_for_the_key_is_retried_not_dropped(flaky):
     runner = asyncio.create_task(outbox.run())
     assert await outbox.drained(5)
     runner.cancel()
-    assert seen == ["PUT /v1/agent/stacks/s1/status"] * 2 and outbox.dropped == 0 and outbox.sent == 1
+    assert seen == ["PUT /v1/agent/stacks/s1/status"] * 2 and outbox.rejected == 0 and outbox.sent == 1
 
 
 # ---- replies the client cannot use (issue 5, item 7) -------------------------------------

@@ -46,7 +46,7 @@ async def test_outbox_drops_what_the_marketplace_rejects():
     runner = asyncio.create_task(outbox.run())
     assert await outbox.drained(2)
     runner.cancel()
-    assert outbox.dropped == 1 and outbox.pending() == 0
+    assert outbox.rejected == 1 and outbox.pending() == 0
 
 
 def test_config_priority_flags_over_env_over_file(tmp_path):

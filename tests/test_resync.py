@@ -19,7 +19,7 @@ async def test_resync_reports_changes_for_this_environment_only(local_market, do
         await until(lambda: parts.outbox.pending() == 0)
         listed = await renter.containers(rental_id, stack_id)
         assert [c["State"] for c in listed] == ["exited"]
-        assert parts.outbox.dropped == 0, "a foreign environment's container was reported"
+        assert parts.outbox.rejected == 0, "a foreign environment's container was reported"
         assert "foreign-stack" not in renter.store.containers
     finally:
         foreign.remove(force=True)

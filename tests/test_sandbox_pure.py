@@ -7,6 +7,7 @@ import pytest
 
 from gpuhost_agent.core.gpu_allocation import GpuSlot, NotEnoughGpus, allocate, slots_from_inventory
 from gpuhost_agent.core.gpu_ledger import GpuLedger
+from gpuhost_agent.state_db import AgentDB
 from gpuhost_agent.core.sandbox_context import GIB, Machine, SandboxContext, rental_share
 from gpuhost_agent.core.sandbox_harden import assigned_uuids, harden
 from gpuhost_agent.core.sandbox_policy import policy_violations
@@ -47,16 +48,19 @@ def test_unhealthy_gpus_from_the_probe() -> None:
 
 
 def test_ledger_survives_a_restart_and_remembers_ended_rentals(tmp_path) -> None:
-    path = tmp_path / "gpu-assignments.json"
-    ledger = GpuLedger(path)
+    path = tmp_path / "agent.db"
+    ledger = GpuLedger(AgentDB(path))
     slots = [GpuSlot(u) for u in UUIDS[:2]]
     ledger.commit("rental-a", ledger.plan(slots, "rental-a", 2))
     assert path.stat().st_mode & 0o777 == 0o600
-    again = GpuLedger(path)
+    again = GpuLedger(AgentDB(path))
     with pytest.raises(NotEnoughGpus):
         again.plan(slots, "rental-b", 1)
     assert again.release("rental-a") == UUIDS[:2]
-    assert GpuLedger(path).has_ended("rental-a") and GpuLedger(path).plan(slots, "rental-b", 1) == [UUIDS[0]]
+    after = GpuLedger(AgentDB(path))
+    assert after.has_ended("rental-a") and after.plan(slots, "rental-b", 1) == [UUIDS[0]]
+    after.adopt("rental-a", [UUIDS[1]])  # an ended rental's label is not taken back
+    assert "rental-a" not in after.assignments
 
 
 def _ctx(gpus: int = 2) -> SandboxContext:

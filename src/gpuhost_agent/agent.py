@@ -16,10 +16,13 @@ from .client import MarketplaceClient, MarketplaceRejected, MarketplaceUnavailab
 from .core.deployer import StackDeployer
 from .core.dispatcher import JobDispatcher
 from .core.containers import seed_containers, stack_id_of
+from .core.reconciler import Reconciler
+from .core.rental_clock import RentalClock
 from .host_reporter import HostReporter
 from .logs import get_logger
 from .outbox import CONTAINERS, INIT_STATE, JOB_COMPLETE, STATUS, SYSTEM_DATA, Outbox, Report
 from .runtime.engine import EngineError
+from .runtime.engine_watch import EngineWatch
 from .schedule import Schedule
 
 log = get_logger(__name__)
@@ -34,13 +37,33 @@ class Agent:
         self.outbox = outbox
         self.dispatcher = dispatcher
         self.schedule = schedule
-        self.intervals: dict = {"jobPollWaitSeconds": 25, "containerResyncSeconds": 15}
+        self.intervals: dict = {"jobPollWaitSeconds": 25, "containerResyncSeconds": 15, "reconcileSeconds": 60}
         self.connected = asyncio.Event()
         self.env_id: str | None = None
         self._pushed: dict[str, list] = {}
+        self.reconciler: Reconciler | None = None
+        self.rental_clock: RentalClock | None = None
+        self.engine_watch: EngineWatch | None = None
+
+    def attach_durability(self, reconciler: Reconciler, rental_clock: RentalClock, engine_watch: EngineWatch) -> None:
+        """Reconcile, rental ends by the host's clock, and engine restarts.
+        The environment id of the last session is remembered, so rentals end
+        on time even when the agent restarts while the marketplace is away."""
+        self.reconciler, self.rental_clock, self.engine_watch = reconciler, rental_clock, engine_watch
+        self.env_id = reconciler.db.meta("env_id")
+        engine_watch.on_back(self._engine_back)
+        # A job without an end says nothing of it (the desired state can clear one).
+        self.dispatcher.on_job = lambda job: job.rental_end and rental_clock.end_date(job.rental_id, job.rental_end)
+        for job in reconciler.db.interrupted:
+            log.warning("job_interrupted_by_restart", job_id=job["job_id"], job_type=job["type"],
+                        stack_id=job["stack_id"] or None, rental_id=job["rental_id"],
+                        hint="the marketplace hands it out again; reconcile checks its stack")
 
     async def run(self) -> None:
-        outbox_task = asyncio.create_task(self.outbox.run(), name="outbox")
+        background = [asyncio.create_task(self.outbox.run(), name="outbox")]
+        if self.rental_clock and self.engine_watch:
+            background += [asyncio.create_task(self.rental_clock.run(), name="rental-clock"),
+                           asyncio.create_task(self.engine_watch.run(), name="engine-watch")]
         self.schedule.every("container_resync", self.intervals["containerResyncSeconds"], self.resync_containers)
         self.schedule.start()
         try:
@@ -51,13 +74,28 @@ class Agent:
             await self._open_session()
             if self.host:
                 await self.host.bring_up()
+            if self.reconciler:
+                self.schedule.every("reconcile", self.intervals["reconcileSeconds"], self.reconcile, now=True)
             await self._poll_forever()
         finally:
             self.schedule.stop()
             if self.host:
                 await self.host.stop()
-            outbox_task.cancel()
-            await asyncio.gather(outbox_task, return_exceptions=True)
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+
+    async def reconcile(self) -> None:
+        try:
+            await self.reconciler.run_once()
+        except Exception:  # a bug in one run must not stop the next
+            log.exception("reconcile_failed")
+
+    async def _engine_back(self, last_up, back) -> None:
+        self.reconciler.engine_restarted(last_up, back)
+        self._pushed.clear()  # every list again: what the marketplace has may be stale
+        await self.resync_containers()
+        await self.reconcile()
 
     async def _open_session(self) -> None:
         failures = 0
@@ -78,7 +116,9 @@ class Agent:
         self.intervals.update({k: v for k, v in (reply.get("intervals") or {}).items()
                                if wire.is_number(v) and v > 0})
         self.schedule.every("container_resync", self.intervals["containerResyncSeconds"], self.resync_containers)
-        self.env_id = reply.get("envId")
+        self.env_id = reply.get("envId") if wire.is_safe_id(reply.get("envId")) else self.env_id
+        if self.reconciler and self.env_id:
+            self.reconciler.db.set_meta("env_id", self.env_id)
         if self.host:
             self.host.session_opened(reply, sent_at, time.time())
             self.host.init.done("marketplace", f"session {reply.get('sessionId')}")

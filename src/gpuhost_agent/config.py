@@ -41,6 +41,8 @@ class AgentConfig:
     publish_address: str | None = None   # host address renters' ports are published on (default: 0.0.0.0,
                                           # 127.0.0.1 with the local marketplace)
     pids_limit: int = 4096                # processes per container
+    reconcile_grace_seconds: float = 120.0  # how long a stack the marketplace does not list may stay
+    shutdown_grace_seconds: float = 20.0  # on SIGTERM, how long running jobs may take before they are abandoned
 
     @property
     def uses_local_marketplace(self) -> bool:
@@ -111,6 +113,8 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         speed_max_bytes = int(pick("speed_max_bytes", "GPUHOST_SPEEDTEST_MAX_BYTES", 25_000_000))
         speed_max_seconds = float(pick("speed_max_seconds", "GPUHOST_SPEEDTEST_MAX_SECONDS", 10.0))
         pids_limit = int(pick("pids_limit", "GPUHOST_PIDS_LIMIT", 4096))
+        grace = float(pick("reconcile_grace_seconds", "GPUHOST_RECONCILE_GRACE_SECONDS", 120.0))
+        shutdown_grace = float(pick("shutdown_grace_seconds", "GPUHOST_SHUTDOWN_GRACE_SECONDS", 20.0))
     except ValueError as exc:
         raise ConfigError(f"bad number in the configuration: {exc}") from None
     return AgentConfig(
@@ -132,4 +136,6 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         speed_max_seconds=speed_max_seconds,
         publish_address=pick("publish_address", "GPUHOST_PUBLISH_ADDRESS"),
         pids_limit=pids_limit,
+        reconcile_grace_seconds=grace,
+        shutdown_grace_seconds=shutdown_grace,
     )

@@ -18,6 +18,8 @@ from .config import AgentConfig
 from .core.deployer import StackDeployer
 from .core.dispatcher import JobDispatcher
 from .core.gpu_ledger import GpuLedger
+from .core.reconciler import Reconciler
+from .core.rental_clock import RentalClock
 from .core.sandbox import Sandbox
 from .host_reporter import HostReporter
 from .inventory.nvml_probe import NvmlProbe
@@ -29,10 +31,11 @@ from .marketplace.store import Store
 from .outbox import Outbox
 from .runtime.compose import ComposeRunner, find_compose_command
 from .runtime.engine import DockerEngine
+from .runtime.engine_watch import EngineWatch
+from .state_db import DB_FILE, AgentDB
 from .schedule import Schedule
 
 log = get_logger(__name__)
-SHUTDOWN_JOB_GRACE = 20.0
 SHUTDOWN_FLUSH = 3.0
 
 
@@ -44,6 +47,8 @@ class AgentParts:
     dispatcher: JobDispatcher
     engine: DockerEngine
     host: HostReporter
+    db: AgentDB
+    reconciler: Reconciler
 
 
 def build_prober(config: AgentConfig, engine: DockerEngine, compose_command: list[str] | None) -> Prober:
@@ -53,23 +58,33 @@ def build_prober(config: AgentConfig, engine: DockerEngine, compose_command: lis
 
 def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
     SECRETS.add(api_key)
+    db = AgentDB(config.state_dir / DB_FILE)
     client = MarketplaceClient(base_url, api_key)
-    outbox = Outbox(lambda report: send_report(client, report))
+    outbox = Outbox(lambda report: send_report(client, report), db=db)
     engine = DockerEngine()
-    compose = ComposeRunner(None, config.state_dir / "docker-config")
+    compose = ComposeRunner(None, config.state_dir / "docker-config",
+                            finder=lambda: find_compose_command(config.compose_command))
     schedule = Schedule()
     host = HostReporter(client, outbox, build_prober(config, engine, None), schedule,
                         lambda: find_compose_command(config.compose_command),
                         speed_max_bytes=config.speed_max_bytes, speed_max_seconds=config.speed_max_seconds)
     host.compose_found = lambda command: setattr(compose, "command", command)
     publish = config.publish_address or ("127.0.0.1" if config.uses_local_marketplace else "0.0.0.0")
-    sandbox = Sandbox(GpuLedger(config.state_dir / "gpu-assignments.json"), host.machine_facts,
-                      publish_address=publish, pids_limit=config.pids_limit)
-    deployer = StackDeployer(compose, engine, outbox, config.state_dir / "stacks", sandbox=sandbox,
+    ledger = GpuLedger(db)
+    ledger.import_legacy(config.state_dir / "gpu-assignments.json")
+    sandbox = Sandbox(ledger, host.machine_facts, publish_address=publish, pids_limit=config.pids_limit)
+    deployer = StackDeployer(compose, engine, outbox, config.state_dir / "stacks", sandbox=sandbox, db=db,
                              settle_seconds=config.settle_seconds, stop_timeout=config.stop_timeout)
-    dispatcher = JobDispatcher(deployer, outbox)
+    dispatcher = JobDispatcher(deployer, outbox, db)
     agent = Agent(client, deployer, outbox, dispatcher, schedule, host)
-    return AgentParts(agent, client, outbox, dispatcher, engine, host)
+    env_id = lambda: agent.env_id  # noqa: E731 - known once the session is open
+    rental_clock = RentalClock(db, dispatcher, ledger, env_id)
+    reconciler = Reconciler(client, engine, dispatcher, deployer, db, ledger, outbox, env_id,
+                            grace_seconds=config.reconcile_grace_seconds, note_end_date=rental_clock.end_date)
+    agent.attach_durability(reconciler, rental_clock, EngineWatch(engine))
+    if db.rebuilt_because and db.rebuilt_because != "no state file yet":
+        log.warning("state_rebuilding", reason=db.rebuilt_because)
+    return AgentParts(agent, client, outbox, dispatcher, engine, host, db, reconciler)
 
 
 async def start_local_marketplace(config: AgentConfig) -> local_server.RunningMarketplace:
@@ -79,9 +94,13 @@ async def start_local_marketplace(config: AgentConfig) -> local_server.RunningMa
     return await local_server.start(MarketplaceState(store), host, port)
 
 
-async def stop_agent(parts: AgentParts, agent_task: asyncio.Task) -> None:
-    """Finish or abandon jobs in a bounded time, flush reports, leave containers running."""
-    await parts.dispatcher.shutdown(SHUTDOWN_JOB_GRACE)
+async def stop_agent(parts: AgentParts, agent_task: asyncio.Task, job_grace: float = 20.0) -> None:
+    """Finish or abandon jobs in a bounded time (job_grace, then at most 5 s for
+    the abandoned ones to unwind, and SHUTDOWN_FLUSH for reports), and leave
+    renters' containers running. What is not flushed stays in the state
+    database and goes out after the next start; an abandoned job is handed out
+    again by the marketplace and converges."""
+    await parts.dispatcher.shutdown(job_grace)
     if not await parts.outbox.drained(SHUTDOWN_FLUSH):
         log.warning("reports_unsent_at_shutdown", pending=parts.outbox.pending())
     agent_task.cancel()
@@ -89,6 +108,7 @@ async def stop_agent(parts: AgentParts, agent_task: asyncio.Task) -> None:
     await parts.client.close()
     parts.engine.close()
     parts.host.prober.nvml.close()
+    parts.db.close()
 
 
 async def serve(config: AgentConfig, stop: asyncio.Event) -> None:
@@ -109,7 +129,7 @@ async def serve(config: AgentConfig, stop: asyncio.Event) -> None:
         stop_task.cancel()
         agent_task.result()  # re-raise what stopped the agent
     log.info("agent_stopping", reason="signal")
-    await stop_agent(parts, agent_task)
+    await stop_agent(parts, agent_task, config.shutdown_grace_seconds)
     if local is not None:
         await local.stop()
     log.info("agent_stopped", containers="left running")

@@ -155,7 +155,8 @@ class HostReporter:
         figures = await asyncio.to_thread(telemetry.snapshot, self.prober.nvml, storage)
         body = {"sentAt": wire.iso(), "agentVersion": __version__,
                 "uptimeSeconds": round(time.monotonic() - self._started, 1), "initState": self.init.as_wire()["state"],
-                "fingerprint": self.sent_fingerprint, **figures}
+                "fingerprint": self.sent_fingerprint, **figures,
+                "reports": {"pending": self.outbox.pending(), "dropped": self.outbox.dropped}}
         sent_at = time.time()
         try:
             reply = await self.client.heartbeat(body)

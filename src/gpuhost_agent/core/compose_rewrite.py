@@ -43,7 +43,7 @@ def as_mapping(value, missing: str | None = "") -> dict:
     return dict(str(item).split("=", 1) if "=" in str(item) else (str(item), missing) for item in value or [])
 
 
-def label_services(model: dict, stack_id: str, rental_id: str, env_id: str) -> dict:
+def label_services(model: dict, stack_id: str, rental_id: str, env_id: str, gpus: list[str] | None = None) -> dict:
     """A copy of the model with the agent's labels on every service.
 
     The project name comes from the agent (`-p`), so a `name:` in the file is
@@ -54,7 +54,7 @@ def label_services(model: dict, stack_id: str, rental_id: str, env_id: str) -> d
         raise StackRejected("the Compose file defines no services")
     rewritten = copy.deepcopy(model)
     rewritten.pop("name", None)
-    labels = stack_labels(stack_id, rental_id, env_id)
+    labels = stack_labels(stack_id, rental_id, env_id, gpus or ())
     for service_name, service in rewritten["services"].items():
         if not isinstance(service, dict):
             raise StackRejected(f"service {service_name!r} is not a mapping")

@@ -7,17 +7,19 @@ is taken down before ERROR is reported, so the renter can simply try again.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import shutil
 from pathlib import Path
 from typing import Awaitable, Callable
 
-from .. import wire
+from .. import faults, wire
 from ..logs import SECRETS, get_logger
 from ..outbox import CONTAINERS, STATUS, Outbox
 from ..runtime.compose import ComposeError, ComposeRunner
 from ..runtime.engine import DockerEngine, EngineError
+from ..state_db import AgentDB
 from . import naming
 from .compose_rewrite import StackRejected, check_variables, label_services
 from .containers import failed_containers, seed_containers
@@ -36,10 +38,11 @@ class StackFailed(RuntimeError):
 
 class StackDeployer:
     def __init__(self, compose: ComposeRunner, engine: DockerEngine, outbox: Outbox, stacks_dir: Path,
-                 *, settle_seconds: float = 3.0, stop_timeout: int = 10, sandbox: Sandbox | None = None):
+                 *, settle_seconds: float = 3.0, stop_timeout: int = 10, sandbox: Sandbox | None = None,
+                 db: AgentDB | None = None):
         self.compose = compose
         self.sandbox = sandbox
-        self._assigned: dict[str, list[str]] = {}  # stack id -> its rental's GPUs, shown in status reports
+        self.db = db
         self.engine = engine
         self.outbox = outbox
         self.stacks_dir = stacks_dir
@@ -52,8 +55,14 @@ class StackDeployer:
     def report_status(self, job: wire.StackJob, status: str, error_msg: str = "") -> None:
         body = {"status": status, "errorMsg": error_msg, "pStackName": self._project(job),
                 "pStackId": naming.provider_stack_id(job.stack_id), "jobId": job.job_id, "reportedAt": wire.iso()}
-        if job.stack_id in self._assigned:  # known from this deploy; otherwise the marketplace keeps what it has
-            body["assignedGPUs"] = list(self._assigned[job.stack_id])
+        gpus = self.sandbox.ledger.assignments.get(job.rental_id) if self.sandbox else None
+        if gpus:  # otherwise the marketplace keeps what it has
+            body["assignedGPUs"] = list(gpus)
+        if self.db is not None:  # before the report is queued: the record is never behind the marketplace
+            if status == wire.REMOVED:
+                self.db.forget_stack(job.stack_id)
+            else:
+                self.db.stack_status(job.stack_id, job.rental_id, job.env_id, body["pStackName"], status, error_msg)
         self.outbox.put(STATUS, job.stack_id, body)
 
     async def push_containers(self, stack_id: str, raw: list[dict] | None = None) -> list[dict]:
@@ -84,14 +93,16 @@ class StackDeployer:
                 model = await self.compose.config(project, workdir, ORIGINAL_FILE, variables)
             except ComposeError as exc:
                 raise StackRejected(f"invalid Compose file: {exc}") from None
-            hardened, self._assigned[job.stack_id] = await self.sandbox.apply(job, project, model)
-            rewritten = label_services(hardened, job.stack_id, job.rental_id, job.env_id)
+            hardened, gpus = await self.sandbox.apply(job, project, model)
+            rewritten = label_services(hardened, job.stack_id, job.rental_id, job.env_id, gpus)
             _write_private(workdir / AGENT_FILE, json.dumps(rewritten, indent=1))
+            faults.crash_point("deploy.before_compose_up")
             try:
                 await self.compose.up(project, workdir, AGENT_FILE)
             except ComposeError as exc:
                 raise StackFailed(f"deploy failed: {exc}") from None
             await self._check_running(job.stack_id)
+            faults.crash_point("deploy.before_applied_report")
             self.report_status(job, wire.APPLIED)
             await self.push_containers(job.stack_id)
             log.info("stack_applied", stack_id=job.stack_id, job_id=job.job_id)
@@ -151,6 +162,7 @@ class StackDeployer:
         workdir = self.stacks_dir / job.stack_id
         self.report_status(job, wire.REMOVING)
         log.info("stack_removing", stack_id=job.stack_id, rental_id=job.rental_id, job_id=job.job_id)
+        faults.crash_point("remove.before_compose_down")
         try:
             await self._take_down(lambda: self.engine.stack_containers(job.stack_id), workdir, {self._project(job)})
         except (ComposeError, EngineError) as exc:
@@ -158,11 +170,11 @@ class StackDeployer:
             self.report_status(job, wire.ERROR, message)
             log.error("stack_remove_failed", stack_id=job.stack_id, job_id=job.job_id, error=message)
             return message
+        faults.crash_point("remove.before_removed_report")
         shutil.rmtree(workdir, ignore_errors=True)
         self._forget_secrets(job.stack_id)
         self.outbox.put(CONTAINERS, job.stack_id, {"containers": [], "observedAt": wire.iso()})
         self.report_status(job, wire.REMOVED)
-        self._assigned.pop(job.stack_id, None)
         log.info("stack_removed", stack_id=job.stack_id, job_id=job.job_id)
         return ""
 
@@ -182,6 +194,7 @@ class StackDeployer:
     async def _end_rental_once(self, job: wire.StackJob) -> str:
         workdir = self.stacks_dir / f".end-{job.rental_id}"
         try:
+            stacks = await self._rental_stacks(job.rental_id)
             projects = await self._take_down(lambda: self.engine.rental_containers(job.rental_id), workdir, set())
         except (ComposeError, EngineError) as exc:
             message = f"rental cleanup failed: {exc}"
@@ -190,9 +203,24 @@ class StackDeployer:
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         freed = self.sandbox.release(job.rental_id) if self.sandbox else []
+        for stack_id, project in sorted(stacks.items()):  # the marketplace may not know they are gone
+            shutil.rmtree(self.stacks_dir / stack_id, ignore_errors=True)
+            self._forget_secrets(stack_id)
+            gone = dataclasses.replace(job, stack_id=stack_id, stack_name=project.rsplit("-", 1)[0])
+            self.outbox.put(CONTAINERS, stack_id, {"containers": [], "observedAt": wire.iso()})
+            self.report_status(gone, wire.REMOVED)
         log.info("rental_ended", rental_id=job.rental_id, job_id=job.job_id, leftover_stacks=len(projects),
                  gpus_freed=len(freed))
         return ""
+
+    async def _rental_stacks(self, rental_id: str) -> dict[str, str]:
+        """The rental's stacks still here, by Docker's labels and the record: stack id -> project."""
+        stacks = {c["Labels"][wire.LABEL_STACK]: c["Labels"].get(COMPOSE_PROJECT_LABEL, "")
+                  for c in await self.engine.rental_containers(rental_id) if (c.get("Labels") or {}).get(wire.LABEL_STACK)}
+        if self.db is not None:
+            stacks.update({stack_id: row["project"] for stack_id, row in self.db.stacks().items()
+                           if row["rental_id"] == rental_id and stack_id not in stacks})
+        return stacks
 
     async def _take_down(self, list_containers: Callable[[], Awaitable[list[dict]]], workdir: Path,
                          fallback: set[str]) -> set[str]:

@@ -3,33 +3,43 @@ in arrival order, and each job id acted on once however often it is delivered.
 
 Delivery is at-least-once, so duplicates are normal: a job already running is
 ignored, a job already finished has its completion sent again (the marketplace
-evidently missed it) without running again.
+evidently missed it) without running again. Finished jobs are remembered in the
+state database, so this holds across agent restarts too; a job that was
+running when the agent died is simply run again (deploy and remove converge).
+
+Reconcile submits its own work as internal jobs: the same per-stack order and
+locks, but no completion is sent for them (the marketplace never issued them).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import Counter, OrderedDict
+from collections import Counter
+from typing import Callable
 
 from .. import wire
 from ..logs import get_logger
 from ..outbox import JOB_COMPLETE, STATUS, Outbox
+from ..state_db import AgentDB
 from .deployer import StackDeployer
 
 log = get_logger(__name__)
-_REMEMBERED_JOBS = 4096
 
 
 class JobDispatcher:
-    def __init__(self, deployer: StackDeployer, outbox: Outbox):
+    def __init__(self, deployer: StackDeployer, outbox: Outbox, db: AgentDB | None = None):
         self.deployer = deployer
         self.outbox = outbox
+        self.db = db if db is not None else AgentDB(None)
         self._running: dict[str, asyncio.Task] = {}
-        self._finished: "OrderedDict[str, dict]" = OrderedDict()
+        self._stacks_busy: Counter[str] = Counter()  # submitted, unfinished jobs per stack
+        self._internal: set[str] = set()  # ids of running jobs that reconcile made up
         self._stack_locks: dict[str, asyncio.Lock] = {}
         self._stack_jobs: Counter[str] = Counter()  # jobs holding or awaiting each stack's lock
         self._rental_jobs: Counter[str] = Counter()  # stack jobs of each rental not yet finished
+        self._rentals_ending: Counter[str] = Counter()  # rental.end jobs not yet finished
         self.duplicates_ignored = 0
+        self.on_job: Callable[[wire.StackJob], None] = lambda job: None  # sees every decoded job first
 
     def submit(self, raw: object) -> None:
         raw_id = raw.get("jobId") if isinstance(raw, dict) else None
@@ -38,20 +48,52 @@ class JobDispatcher:
         except wire.InvalidBody as exc:
             self._refuse(raw, raw_id, str(exc))
             return
+        self.on_job(job)
         if job.job_id in self._running:
             self.duplicates_ignored += 1
             log.info("job_duplicate_ignored", job_id=job.job_id, stack_id=job.stack_id, state="running")
             return
-        if job.job_id in self._finished:
+        completion = self.db.completion(job.job_id)
+        if completion is not None:
             self.duplicates_ignored += 1
             log.info("job_duplicate_ignored", job_id=job.job_id, stack_id=job.stack_id, state="finished")
-            self.outbox.put(JOB_COMPLETE, job.job_id, self._finished[job.job_id])
+            self.outbox.put(JOB_COMPLETE, job.job_id, completion)
             return
+        self._start(job)
+
+    def submit_internal(self, job: wire.StackJob) -> None:
+        """Work that reconcile decided on, queued behind the stack's other jobs."""
+        self._internal.add(job.job_id)
+        self._start(job)
+
+    def busy_stacks(self) -> set[str]:
+        return {stack_id for stack_id, count in self._stacks_busy.items() if count}
+
+    def busy_rentals(self) -> set[str]:
+        return set(self._rental_jobs) | set(self._rentals_ending)
+
+    def _start(self, job: wire.StackJob) -> None:
         if job.type != wire.JOB_RENTAL_END:
             self._rental_jobs[job.rental_id] += 1
+        else:
+            self._rentals_ending[job.rental_id] += 1
+        self._stacks_busy[job.stack_id] += 1
+        if job.job_id not in self._internal:
+            self.db.job_started(job)
         task = asyncio.create_task(self._run(job), name=f"job-{job.job_id}")
         self._running[job.job_id] = task
-        task.add_done_callback(lambda _t, job_id=job.job_id: self._running.pop(job_id, None))
+        task.add_done_callback(lambda _t, job=job: self._done(job))
+
+    def _done(self, job: wire.StackJob) -> None:
+        self._running.pop(job.job_id, None)
+        self._internal.discard(job.job_id)
+        if job.type == wire.JOB_RENTAL_END:
+            self._rentals_ending[job.rental_id] -= 1
+            if not self._rentals_ending[job.rental_id]:
+                del self._rentals_ending[job.rental_id]
+        self._stacks_busy[job.stack_id] -= 1
+        if not self._stacks_busy[job.stack_id]:
+            del self._stacks_busy[job.stack_id]
 
     async def _run(self, job: wire.StackJob) -> None:
         if job.type == wire.JOB_RENTAL_END:
@@ -104,11 +146,11 @@ class JobDispatcher:
             return error
 
     def _finish(self, job_id: str, error: str) -> None:
+        if job_id in self._internal:
+            return
         body = {"outcome": wire.OUTCOME_FAILED if error else wire.OUTCOME_SUCCEEDED, "errorMsg": error or None,
                 "finishedAt": wire.iso()}
-        self._finished[job_id] = body
-        while len(self._finished) > _REMEMBERED_JOBS:
-            self._finished.popitem(last=False)
+        self.db.job_finished(job_id, body)
         self.outbox.put(JOB_COMPLETE, job_id, body)
 
     def _refuse(self, raw: object, raw_id: object, reason: str) -> None:
@@ -116,6 +158,8 @@ class JobDispatcher:
         log.warning("job_refused", job_id=raw_id if isinstance(raw_id, str) else None, error=reason)
         if not wire.is_safe_id(raw_id):
             return
+        if raw_id in self._running or self.db.completion(raw_id) is not None:
+            return  # a garbled copy of a job we have: its own outcome stands
         stack_id = raw.get("stackId") if isinstance(raw, dict) else None
         if wire.is_safe_id(stack_id):
             self.outbox.put(STATUS, stack_id, {"status": wire.ERROR, "errorMsg": f"job refused by the agent: {reason}",

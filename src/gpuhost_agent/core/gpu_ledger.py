@@ -1,10 +1,11 @@
-"""The GPU assignments of the rentals on this machine, kept on disk.
+"""The GPU assignments of the rentals on this machine, kept in the state database.
 
 An assignment must outlive the agent (a restart must not hand a rental's GPUs
 to someone else while its containers still use them), so every change is
-written atomically (write, fsync, rename) before it takes effect. Ended
-rentals are remembered so that a late, redelivered deploy job cannot bring
-one back.
+committed before it takes effect. Ended rentals are remembered so that a late,
+redelivered deploy job cannot bring one back. When the database had to be
+started afresh, `adopt` takes the assignments back from the containers'
+labels (wire.LABEL_GPUS).
 """
 
 from __future__ import annotations
@@ -13,28 +14,30 @@ import json
 from pathlib import Path
 
 from .. import wire
-from ..state_files import write_json_atomically
+from ..state_db import AgentDB
 from .gpu_allocation import GpuSlot, allocate
-
-_MAX_ENDED = 10_000
 
 
 class GpuLedger:
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, db: AgentDB):
+        self.db = db
         self.assignments: dict[str, list[str]] = {}
-        self.ended: list[str] = []
-        if path.exists():
-            raw = json.loads(path.read_text())
-            self.assignments = {k: list(v) for k, v in raw.get("assignments", {}).items()}
-            self.ended = list(raw.get("ended", []))
-
-    def _save(self) -> None:
-        write_json_atomically(self.path, {"assignments": self.assignments, "ended": self.ended,
-                                          "savedAt": wire.iso()})
+        self.ended: set[str] = set()
+        for rental_id, row in db.rentals().items():
+            if row["ended_at"]:
+                self.ended.add(rental_id)
+            elif row["gpus"]:
+                self.assignments[rental_id] = list(row["gpus"])
 
     def has_ended(self, rental_id: str) -> bool:
         return rental_id in self.ended
+
+    def is_over(self, rental_id: str) -> bool:
+        """Ended, or past its endDate on the host's clock (ending any moment)."""
+        if rental_id in self.ended:
+            return True
+        end = (self.db.rentals().get(rental_id) or {}).get("end_date")
+        return bool(end) and wire.parse_iso(end) <= wire.utcnow()
 
     def plan(self, slots: list[GpuSlot], rental_id: str, count: int) -> list[str]:
         """What the rental would get; nothing is recorded (see commit)."""
@@ -42,14 +45,29 @@ class GpuLedger:
 
     def commit(self, rental_id: str, uuids: list[str]) -> None:
         if self.assignments.get(rental_id) != uuids and uuids:
+            self.db.rental_gpus(rental_id, list(uuids))
             self.assignments[rental_id] = list(uuids)
-            self._save()
+
+    def adopt(self, rental_id: str, uuids: list[str]) -> None:
+        """GPUs found in use by a rental's containers and not on record."""
+        if rental_id not in self.assignments and rental_id not in self.ended and uuids:
+            self.commit(rental_id, sorted(set(uuids)))
+
+    def import_legacy(self, path: Path) -> None:
+        """Take over gpu-assignments.json from agents before the state database."""
+        if not path.exists():
+            return
+        raw = json.loads(path.read_text())
+        for rental_id, uuids in (raw.get("assignments") or {}).items():
+            self.adopt(rental_id, list(uuids))
+        for rental_id in raw.get("ended") or []:
+            if rental_id not in self.ended:
+                self.db.rental_ended(rental_id)
+                self.ended.add(rental_id)
+        path.rename(path.with_suffix(".json.imported"))
 
     def release(self, rental_id: str) -> list[str]:
         """The rental has ended: its GPUs are free again."""
-        freed = self.assignments.pop(rental_id, [])
-        if rental_id not in self.ended:
-            self.ended.append(rental_id)
-            del self.ended[:-_MAX_ENDED]
-        self._save()
-        return freed
+        self.db.rental_ended(rental_id)
+        self.ended.add(rental_id)
+        return self.assignments.pop(rental_id, [])

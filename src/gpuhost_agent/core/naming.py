@@ -35,10 +35,20 @@ def provider_stack_id(stack_id: str) -> int:
     return int.from_bytes(hashlib.sha256(stack_id.encode()).digest()[:4], "big") & 0x7FFFFFFF or 1
 
 
-def stack_labels(stack_id: str, rental_id: str, env_id: str) -> dict[str, str]:
-    return {
+def stack_labels(stack_id: str, rental_id: str, env_id: str, gpus: list[str] | tuple[str, ...] = ()) -> dict[str, str]:
+    """Docker is the record of what the agent owns. The rental's GPUs are on
+    the label too, so that a lost state file can be rebuilt from the engine
+    without handing a rental's GPUs to another one."""
+    labels = {
         wire.LABEL_MANAGED: "true",
         wire.LABEL_STACK: stack_id,
         wire.LABEL_RENTAL: rental_id,
         wire.LABEL_ENV: env_id,
     }
+    if gpus:
+        labels[wire.LABEL_GPUS] = ",".join(gpus)
+    return labels
+
+
+def gpus_of(labels: dict[str, str]) -> list[str]:
+    return [uuid for uuid in (labels.get(wire.LABEL_GPUS) or "").split(",") if uuid]

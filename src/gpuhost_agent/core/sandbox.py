@@ -42,7 +42,7 @@ class Sandbox:
 
     async def apply(self, job: wire.StackJob, project: str, model: dict) -> tuple[dict, list[str]]:
         """(the hardened model, the rental's GPUs) or StackRejected with the reasons."""
-        if self.ledger.has_ended(job.rental_id):
+        if self.ledger.is_over(job.rental_id):
             raise StackRejected("the rental has ended; its stacks cannot be deployed again")
         facts = await self.machine_facts()
         slots = slots_from_inventory(facts.get("nvml") or {})

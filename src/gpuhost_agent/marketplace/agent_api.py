@@ -29,7 +29,9 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
             max_jobs = max(1, min(int(request.query.get("max", "16")), 100))
         except ValueError:
             return json_error(400, "wait must be a number of seconds and max an integer")
-        jobs = await state.wait_for_jobs(max(0.0, wait), max_jobs)
+        transport = request.transport
+        jobs = await state.wait_for_jobs(max(0.0, wait), max_jobs, request.headers.get(wire.SESSION_HEADER),
+                                         lambda: transport is not None and not transport.is_closing())
         return web.json_response({"jobs": [store.job_payload(job) for job in jobs]})
 
     async def complete_job(request: web.Request) -> web.Response:
@@ -58,8 +60,13 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
         state.changed()
         return web.json_response({"stackId": request.match_info["stackId"], "accepted": accepted})
 
+    async def desired_state(_request: web.Request) -> web.Response:
+        state.expire_rentals()
+        return web.json_response(store.desired_state())
+
     return [
         web.post("/v1/agent/sessions", open_session),
+        web.get("/v1/agent/desired-state", desired_state),
         web.get("/v1/agent/jobs", poll_jobs),
         web.post("/v1/agent/jobs/{jobId}/complete", complete_job),
         web.put("/v1/agent/stacks/{stackId}/status", put_status),

@@ -7,6 +7,7 @@ other's endpoints, and renter responses never show the environment's key.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from dataclasses import dataclass
 
@@ -61,7 +62,12 @@ class RunningMarketplace:
     base_url: str
     state: MarketplaceState
 
+    expiry: asyncio.Task | None = None
+
     async def stop(self) -> None:
+        if self.expiry is not None:
+            self.expiry.cancel()
+            await asyncio.gather(self.expiry, return_exceptions=True)
         await self.runner.cleanup()
 
 
@@ -75,4 +81,5 @@ async def start(state: MarketplaceState, host: str = "127.0.0.1", port: int = 87
     url_host = f"[{host}]" if ":" in host else host
     base_url = f"http://{url_host}:{bound_port}/v1"
     log.info("local_marketplace_listening", base_url=base_url, env_id=state.store.envId)
-    return RunningMarketplace(runner, base_url, state)
+    expiry = asyncio.create_task(state.expire_rentals_forever(), name="rental-expiry")
+    return RunningMarketplace(runner, base_url, state, expiry)

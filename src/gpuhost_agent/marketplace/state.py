@@ -8,12 +8,13 @@ import asyncio
 import time
 import uuid
 from dataclasses import asdict
+from typing import Callable
 
 from .. import wire
 from ..inventory.compliance import Requirements
 from .store import Job, Store
 
-DEFAULT_INTERVALS = {"jobPollWaitSeconds": 25, "containerResyncSeconds": 15, "heartbeatSeconds": 30,
+DEFAULT_INTERVALS = {"jobPollWaitSeconds": 25, "containerResyncSeconds": 15, "reconcileSeconds": 60, "heartbeatSeconds": 30,
                      "systemDataSeconds": 300, "networkSpeedSeconds": 6 * 3600}
 OFFLINE_AFTER_MISSED_BEATS = 3
 
@@ -37,19 +38,39 @@ class MarketplaceState:
             self._jobs_posted.set()
             self._jobs_posted = asyncio.Event()
 
+    def expire_rentals(self) -> list[str]:
+        """Rentals past their endDate end now; their removal jobs wake the agent's poll."""
+        ended = self.store.expire_rentals()
+        if ended:
+            self.changed(jobs=True)
+        return ended
+
+    async def expire_rentals_forever(self, period: float = 1.0) -> None:
+        while True:
+            self.expire_rentals()
+            await asyncio.sleep(period)
+
     def new_session(self) -> tuple[str, int]:
         self.session_id = str(uuid.uuid4())
         requeued = self.store.requeue_unfinished()
         self.changed(jobs=bool(requeued))
         return self.session_id, requeued
 
-    async def wait_for_jobs(self, wait_seconds: float, max_jobs: int) -> list[Job]:
-        """Jobs as soon as there are any, else an empty list after wait_seconds."""
+    async def wait_for_jobs(self, wait_seconds: float, max_jobs: int, session_id: str | None = None,
+                            still_there: Callable[[], bool] = lambda: True) -> list[Job]:
+        """Jobs as soon as there are any, else an empty list after wait_seconds.
+
+        A poll whose agent is gone (its connection closed: aiohttp does not
+        cancel the handler) or whose session was superseded by a newer one
+        takes nothing: the jobs it would take would be lost until their lease
+        ran out."""
         self.polls_started += 1
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_seconds
         while True:
             event = self._jobs_posted
+            if not still_there() or (session_id and self.session_id and session_id != self.session_id):
+                return []
             jobs = self.store.deliverable(max_jobs)
             if jobs:
                 self.store.save()

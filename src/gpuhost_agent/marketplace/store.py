@@ -19,6 +19,7 @@ from .. import wire
 from ..state_files import write_json_atomically
 
 LEASE = timedelta(minutes=10)
+DESIRED_ENDED_FOR = timedelta(hours=24)  # how long an ended rental stays in the desired state
 QUEUED, DELIVERED, COMPLETED = "queued", "delivered", "completed"
 
 
@@ -109,6 +110,38 @@ class Store:
             job = Job(jobId=str(uuid.uuid4()), type=wire.JOB_RENTAL_END, stackId="", rentalId=rental_id)
             self.jobs[job.jobId] = job
         return rental
+
+    def expire_rentals(self, now=None) -> list[str]:
+        """End the ACTIVE rentals whose endDate has passed, as a real
+        marketplace's billing would; returns their ids."""
+        now = now or wire.utcnow()
+        due = [rental_id for rental_id, rental in self.rentals.items()
+               if rental["status"] == wire.RENTAL_ACTIVE and rental.get("endDate")
+               and wire.parse_iso(rental["endDate"]) <= now]
+        for rental_id in due:
+            end_date = self.rentals[rental_id]["endDate"]
+            self.end_rental(rental_id)
+            self.rentals[rental_id]["endDate"] = end_date  # it ended when it was due, not when we noticed
+        return due
+
+    def desired_state(self) -> dict:
+        """What should run on the machine (GET /agent/desired-state): every
+        stack not yet reported REMOVED, with its template, whether the
+        renter still wants it, and how many of its jobs are still open; and
+        every rental with its status and end."""
+        open_jobs: dict[str, int] = {}
+        for job in self.jobs.values():
+            if job.state != COMPLETED and job.stackId:
+                open_jobs[job.stackId] = open_jobs.get(job.stackId, 0) + 1
+        stacks = [{"stackId": stack["stackId"], "rentalId": stack["rentalId"], "stackName": stack["stackName"],
+                   "desired": stack["desired"], "status": stack["status"],
+                   "template": stack["template"] if stack["desired"] == "present" else None,
+                   "openJobs": open_jobs.get(stack["stackId"], 0)} for stack in self.stacks.values()]
+        recent = wire.utcnow() - DESIRED_ENDED_FOR
+        rentals = [{"rentalId": rental["rentalId"], "status": rental["status"], "endDate": rental.get("endDate"),
+                    "gpuCount": rental.get("gpuCount", 0)} for rental in self.rentals.values()
+                   if rental["status"] == wire.RENTAL_ACTIVE or wire.parse_iso(rental["updatedAt"]) >= recent]
+        return {"envId": self.envId, "generatedAt": wire.iso(), "stacks": stacks, "rentals": rentals}
 
     # ---- stacks ------------------------------------------------------------
     def create_stack(self, rental_id: str, template: dict) -> dict:

@@ -15,12 +15,19 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Callable
 
+from .. import faults
 from ..logs import get_logger
 
 log = get_logger(__name__)
 
 _PASSED_THROUGH = ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH")
+# Compose dies with the agent (SIGKILL when its parent goes): an agent that
+# restarts must not race a Compose it left behind on the same project; the
+# job is redone and converges instead. setpriv is in util-linux, on every
+# Debian and Ubuntu.
+_DIE_WITH_AGENT = ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
 
 
 class ComposeError(RuntimeError):
@@ -67,8 +74,10 @@ def find_compose_command(explicit: str | None = None) -> list[str]:
 
 
 class ComposeRunner:
-    def __init__(self, command: list[str] | None, docker_config_dir: Path, *, up_timeout: float = 900, down_timeout: float = 120):
+    def __init__(self, command: list[str] | None, docker_config_dir: Path, *, up_timeout: float = 900,
+                 down_timeout: float = 120, finder: Callable[[], list[str]] | None = None):
         self.command = command
+        self.finder = finder  # looks for Compose when a call comes before start-up found it
         self.docker_config_dir = docker_config_dir
         self.up_timeout = up_timeout
         self.down_timeout = down_timeout
@@ -81,13 +90,22 @@ class ComposeRunner:
         return env
 
     async def _run(self, args: list[str], *, cwd: Path, timeout: float, variables: dict[str, str] | None = None) -> str:
-        if not self.command:  # jobs wait for start-up, which finds Compose first; this is a safety net
+        if not self.command and self.finder is not None:  # e.g. a rental ending before the marketplace answers
+            try:
+                self.command = await asyncio.to_thread(self.finder)
+            except ComposeNotFound as exc:
+                raise ComposeError(str(exc)) from None
+        if not self.command:
             raise ComposeError("Docker Compose v2 is not available on this host yet")
         process = await asyncio.create_subprocess_exec(
-            *self.command, "--ansi", "never", *args,
+            *_DIE_WITH_AGENT, *self.command, "--ansi", "never", *args,
             cwd=str(cwd), env=self._env(variables),
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )
+        verb = "up" if "up" in args else "down" if "down" in args else None
+        if verb and faults.armed(f"compose.{verb}.running"):
+            await asyncio.sleep(0.5)
+            faults.crash_point(f"compose.{verb}.running")
         try:
             stdout, stderr = await asyncio.wait_for(process.communicate(), timeout)
         except asyncio.TimeoutError:

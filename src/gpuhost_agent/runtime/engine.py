@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from typing import Any
 
 import docker
@@ -24,9 +27,16 @@ class EngineError(RuntimeError):
 
 
 class DockerEngine:
+    """Every call is bounded twice: docker-py's socket timeout, and an asyncio
+    deadline a little later in case the engine accepts the connection and
+    then never answers (the worker thread is abandoned, not waited for). The
+    calls share a small pool of their own, so a hung engine cannot starve the
+    default executor the rest of the agent uses."""
+
     def __init__(self, *, timeout: float = 30):
         self._timeout = timeout
         self._client: docker.DockerClient | None = None
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="docker")
 
     def _api(self) -> docker.APIClient:
         if self._client is None:
@@ -46,7 +56,15 @@ class DockerEngine:
             except requests.exceptions.RequestException as exc:
                 raise EngineError(f"Docker Engine unreachable: {exc}") from exc
 
-        return await asyncio.to_thread(run)
+        loop = asyncio.get_running_loop()
+        try:
+            return await asyncio.wait_for(loop.run_in_executor(self._pool, run), self._timeout + 5)
+        except asyncio.TimeoutError:
+            raise EngineError(f"Docker Engine did not answer within {self._timeout + 5:.0f}s") from None
+
+    async def ping(self) -> None:
+        """EngineError unless the engine answers now."""
+        await self._call(lambda api: api.ping())
 
     async def stack_containers(self, stack_id: str) -> list[dict]:
         """Docker's list entries for every container (running or not) of the stack."""
@@ -67,6 +85,15 @@ class DockerEngine:
     async def exit_code(self, container_id: str) -> int | None:
         state = (await self._call(lambda api: api.inspect_container(container_id))).get("State", {})
         return state.get("ExitCode") if not state.get("Running") else None
+
+    async def finished_at(self, container_id: str) -> datetime | None:
+        """When the container last stopped; None if it is running or never ran."""
+        state = (await self._call(lambda api: api.inspect_container(container_id))).get("State", {})
+        text = state.get("FinishedAt") or ""
+        if state.get("Running") or not text or text.startswith("0001-"):
+            return None
+        # Docker gives nanoseconds; Python's parser takes exactly six digits at most.
+        return wire.parse_iso(re.sub(r"\.(\d+)", lambda m: "." + (m.group(1) + "000000")[:6], text))
 
     async def oom_killed(self, container_id: str) -> bool:
         state = (await self._call(lambda api: api.inspect_container(container_id))).get("State", {})
@@ -110,3 +137,4 @@ class DockerEngine:
         if self._client is not None:
             self._client.close()
             self._client = None
+        self._pool.shutdown(wait=False, cancel_futures=True)

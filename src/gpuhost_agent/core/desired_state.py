@@ -1,0 +1,102 @@
+"""The marketplace's desired state for this machine, decoded and checked.
+
+Reconcile removes what the marketplace does not list, so a reply that is
+malformed anywhere is refused whole: acting on half a list would take down
+stacks that were only missing from the broken part. A stack whose template is
+unusable is kept (it is still wanted) but cannot be redeployed from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from .. import wire
+
+PRESENT, ABSENT = "present", "absent"
+
+
+@dataclass(frozen=True)
+class DesiredStack:
+    stack_id: str
+    rental_id: str
+    stack_name: str
+    desired: str          # PRESENT or ABSENT (the renter asked for its removal)
+    status: str           # what the marketplace shows now
+    open_jobs: int        # jobs for it not yet completed: those will bring it where it should be
+    template: dict | None  # None when unusable
+
+
+@dataclass(frozen=True)
+class DesiredRental:
+    rental_id: str
+    status: str
+    end_date: datetime | None
+    gpu_count: int
+
+
+@dataclass(frozen=True)
+class DesiredState:
+    env_id: str
+    stacks: dict[str, DesiredStack]
+    rentals: dict[str, DesiredRental]
+
+
+def decode(raw: Any) -> DesiredState:
+    """DesiredState, or wire.InvalidBody naming the first problem."""
+    if not isinstance(raw, dict):
+        raise wire.InvalidBody("desired state must be an object")
+    env_id = _id(raw, "envId", "desired state")
+    stacks, rentals = raw.get("stacks"), raw.get("rentals")
+    if not isinstance(stacks, list) or not isinstance(rentals, list):
+        raise wire.InvalidBody("desired state needs stacks and rentals arrays")
+    decoded_stacks = [_stack(entry, index) for index, entry in enumerate(stacks)]
+    decoded_rentals = [_rental(entry, index) for index, entry in enumerate(rentals)]
+    for kind, ids in (("stack", [s.stack_id for s in decoded_stacks]), ("rental", [r.rental_id for r in decoded_rentals])):
+        if len(set(ids)) != len(ids):
+            raise wire.InvalidBody(f"desired state lists a {kind} twice")
+    return DesiredState(env_id, {s.stack_id: s for s in decoded_stacks}, {r.rental_id: r for r in decoded_rentals})
+
+
+def _stack(entry: Any, index: int) -> DesiredStack:
+    where = f"stacks[{index}]"
+    if not isinstance(entry, dict):
+        raise wire.InvalidBody(f"{where} must be an object")
+    desired, status, open_jobs = entry.get("desired"), entry.get("status"), entry.get("openJobs", 0)
+    if desired not in (PRESENT, ABSENT):
+        raise wire.InvalidBody(f"{where}.desired must be {PRESENT!r} or {ABSENT!r}")
+    if status not in wire.STACK_STATUSES:
+        raise wire.InvalidBody(f"{where}.status must be one of {', '.join(wire.STACK_STATUSES)}")
+    if not isinstance(open_jobs, int) or isinstance(open_jobs, bool) or open_jobs < 0:
+        raise wire.InvalidBody(f"{where}.openJobs must be a non-negative integer")
+    name = entry.get("stackName", "")
+    if not isinstance(name, str):
+        raise wire.InvalidBody(f"{where}.stackName must be a string")
+    try:
+        template = wire.validate_template(entry.get("template"))
+    except wire.InvalidBody:
+        template = None
+    return DesiredStack(_id(entry, "stackId", where), _id(entry, "rentalId", where), name, desired, status,
+                        open_jobs, template)
+
+
+def _rental(entry: Any, index: int) -> DesiredRental:
+    where = f"rentals[{index}]"
+    if not isinstance(entry, dict):
+        raise wire.InvalidBody(f"{where} must be an object")
+    status, end, gpus = entry.get("status"), entry.get("endDate"), entry.get("gpuCount", 0)
+    if status not in (wire.RENTAL_ACTIVE, wire.RENTAL_COMPLETE):
+        raise wire.InvalidBody(f"{where}.status must be {wire.RENTAL_ACTIVE} or {wire.RENTAL_COMPLETE}")
+    if end is not None and not wire.is_iso(end):
+        raise wire.InvalidBody(f"{where}.endDate must be an ISO 8601 date-time or null")
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or not 0 <= gpus <= wire.MAX_GPU_COUNT:
+        raise wire.InvalidBody(f"{where}.gpuCount must be an integer from 0 to {wire.MAX_GPU_COUNT}")
+    return DesiredRental(_id(entry, "rentalId", where), status, wire.parse_iso(end) if end else None, gpus)
+
+
+def _id(entry: dict, key: str, where: str) -> str:
+    value = entry.get(key)
+    if not wire.is_safe_id(value):
+        raise wire.InvalidBody(f"{where}.{key} must be an id of letters, digits, '_', '.' and '-'")
+    return value

@@ -1,0 +1,158 @@
+"""Reconcile: gather the picture (marketplace, Docker, own record), plan, act.
+
+Runs at start, on a schedule, after the Docker Engine comes back, and whenever
+someone asks (`kick`). The decisions are in reconcile_plan; this module only
+fetches and carries out. Its work goes through the job dispatcher as internal
+jobs, so it queues behind (and never races) the marketplace's own jobs for the
+same stack.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import Callable
+
+from .. import wire
+from ..client import MarketplaceClient, MarketplaceRejected, MarketplaceUnavailable
+from ..logs import get_logger
+from ..outbox import STATUS, Outbox
+from ..runtime.engine import DockerEngine, EngineError
+from ..state_db import AgentDB
+from . import naming
+from .deployer import COMPOSE_PROJECT_LABEL, StackDeployer
+from .desired_state import DesiredState, decode
+from .dispatcher import JobDispatcher
+from .gpu_ledger import GpuLedger
+from .reconcile_plan import DEPLOY, END_RENTAL, REMOVE, REPORT, Action, Picture, SeenStack, plan
+
+log = get_logger(__name__)
+RESTART_SLACK = timedelta(seconds=30)
+
+
+class Reconciler:
+    def __init__(self, client: MarketplaceClient, engine: DockerEngine, dispatcher: JobDispatcher,
+                 deployer: StackDeployer, db: AgentDB, ledger: GpuLedger, outbox: Outbox,
+                 env_id: Callable[[], str | None], *, grace_seconds: float = 120.0,
+                 note_end_date: Callable[[str, str | None], None] | None = None):
+        self.client, self.engine, self.dispatcher, self.deployer = client, engine, dispatcher, deployer
+        self.db, self.ledger, self.outbox, self.env_id = db, ledger, outbox, env_id
+        self.note_end_date = note_end_date or db.rental_end_date  # the rental clock's, so that it wakes
+        self.grace_seconds = grace_seconds
+        self._unlisted_since: dict[str, datetime] = {}
+        self._engine_outage: tuple[datetime, datetime] | None = None  # (last seen up, seen back)
+        self.runs = 0
+        self.last_actions: list[Action] = []
+
+    def engine_restarted(self, last_up: datetime, back: datetime) -> None:
+        """Containers the outage stopped are brought back by the next run."""
+        self._engine_outage = (last_up - RESTART_SLACK, back + timedelta(seconds=5))
+
+    async def run_once(self) -> list[Action]:
+        env_id = self.env_id()
+        if not env_id:
+            return []
+        desired = await self._desired()
+        if desired is not None and desired.env_id != env_id:
+            log.error("desired_state_refused", error=f"it is for environment {desired.env_id}, not {env_id}")
+            desired = None
+        try:
+            containers = await self.engine.environment_containers(env_id)
+            seen = _seen_stacks(containers)
+            self._adopt(seen, env_id)
+            restore = await self._stopped_by_outage(desired, seen)
+        except EngineError as exc:
+            log.warning("reconcile_skipped", error=str(exc), reason="Docker Engine unavailable")
+            return []
+        if desired is not None:
+            for rental in desired.rentals.values():
+                self.note_end_date(rental.rental_id, wire.iso(rental.end_date) if rental.end_date else None)
+        picture = Picture(desired, seen, self.db.stacks(), self.db.rentals(), self.dispatcher.busy_stacks(),
+                          self.dispatcher.busy_rentals(),
+                          {stack_id for stack_id in (desired.stacks if desired else {}) if self.outbox.has(STATUS, stack_id)},
+                          restore)
+        actions = plan(picture, wire.utcnow(), self._unlisted_since, self.grace_seconds)
+        for action in actions:
+            self._carry_out(action, desired, seen, env_id)
+        self.runs += 1
+        self.last_actions = actions
+        return actions
+
+    async def _desired(self) -> DesiredState | None:
+        try:
+            return decode(await self.client.desired_state())
+        except (MarketplaceUnavailable, MarketplaceRejected) as exc:
+            log.info("reconcile_without_marketplace", error=str(exc))
+        except wire.InvalidBody as exc:
+            log.error("desired_state_refused", error=str(exc), hint="the marketplace sent a malformed desired state")
+        return None
+
+    def _adopt(self, seen: dict[str, SeenStack], env_id: str) -> None:
+        """After a fresh state file: take GPU assignments and stacks back from the labels."""
+        records = self.db.stacks()
+        for stack_id, stack in seen.items():
+            self.ledger.adopt(stack.rental_id, list(stack.gpus))
+            if stack_id not in records:
+                status = wire.APPLIED if all(state == "running" for state in stack.states) else wire.APPLYING
+                self.db.stack_status(stack_id, stack.rental_id, env_id, stack.project, status)
+
+    async def _stopped_by_outage(self, desired: DesiredState | None, seen: dict[str, SeenStack]) -> set[str]:
+        if self._engine_outage is None or desired is None:
+            return set()
+        start, end = self._engine_outage
+        self._engine_outage = None
+        restore = set()
+        for stack_id, stack in seen.items():
+            wanted = desired.stacks.get(stack_id)
+            if wanted is None or wanted.status != wire.APPLIED or "running" in stack.states:
+                continue
+            finished = [await self.engine.finished_at(cid) for cid in await self._container_ids(stack_id)]
+            if finished and all(moment and start <= moment <= end for moment in finished):
+                restore.add(stack_id)
+        return restore
+
+    async def _container_ids(self, stack_id: str) -> list[str]:
+        return [c["Id"] for c in await self.engine.stack_containers(stack_id)]
+
+    def _carry_out(self, action: Action, desired: DesiredState | None, seen: dict[str, SeenStack], env_id: str) -> None:
+        log.info("reconcile_action", action=action.kind, stack_id=action.target if action.kind != END_RENTAL else None,
+                 rental_id=action.rental_id, why=action.why)
+        job_id = f"reconcile-{uuid.uuid4().hex[:12]}"
+        wanted = desired.stacks.get(action.target) if desired else None
+        rental = desired.rentals.get(action.rental_id) if desired else None
+        name = wanted.stack_name if wanted else ""
+        if action.kind == END_RENTAL:
+            job = wire.StackJob(job_id, wire.JOB_RENTAL_END, "", action.rental_id, env_id, "", None)
+        elif action.kind == DEPLOY:
+            job = wire.StackJob(job_id, wire.JOB_DEPLOY, action.target, action.rental_id, env_id, name,
+                                wanted.template, rental.gpu_count if rental else 0)
+        else:
+            job = wire.StackJob(job_id, wire.JOB_REMOVE if action.kind == REMOVE else "report", action.target,
+                                action.rental_id, env_id, name or _stack_name_from(seen.get(action.target)), None)
+        if action.kind == REPORT:
+            self.deployer.report_status(job, action.status, action.error_msg)
+            return
+        self.dispatcher.submit_internal(job)
+
+
+def _seen_stacks(containers: list[dict]) -> dict[str, SeenStack]:
+    grouped: dict[str, list[dict]] = {}
+    for container in containers:
+        labels = container.get("Labels") or {}
+        if labels.get(wire.LABEL_MANAGED) == "true" and labels.get(wire.LABEL_STACK) and labels.get(wire.LABEL_RENTAL):
+            grouped.setdefault(labels[wire.LABEL_STACK], []).append(container)
+    seen = {}
+    for stack_id, members in grouped.items():
+        labels = members[0]["Labels"]
+        gpus = sorted({uuid_ for member in members for uuid_ in naming.gpus_of(member["Labels"])})
+        seen[stack_id] = SeenStack(labels[wire.LABEL_RENTAL], labels.get(COMPOSE_PROJECT_LABEL, ""),
+                                   tuple(sorted(member.get("State", "") for member in members)), tuple(gpus))
+    return seen
+
+
+def _stack_name_from(seen: SeenStack | None) -> str:
+    """The project name is `<slug>-<id prefix>`; the slug stands in for a name
+    the marketplace no longer gives, so the same project is found."""
+    if seen is None or "-" not in seen.project:
+        return ""
+    return seen.project.rsplit("-", 1)[0]

@@ -1,0 +1,73 @@
+"""Ends rentals on time by the host's own clock.
+
+A rental's endDate is a promise to the host and to the next renter: its stacks
+go and its GPUs are freed when it passes, whether or not the marketplace can be
+reached at that moment. End dates come with every job (`rental.endDate`) and
+with the desired state; they are kept in the state database, so a restart
+does not forget them. The marketplace hears of the removals from the outbox
+when it is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from .. import wire
+from ..logs import get_logger
+from ..state_db import AgentDB
+from .dispatcher import JobDispatcher
+from .gpu_ledger import GpuLedger
+
+log = get_logger(__name__)
+MAX_SLEEP = 30.0  # a changed clock or a missed wake-up is caught this soon
+
+
+class RentalClock:
+    def __init__(self, db: AgentDB, dispatcher: JobDispatcher, ledger: GpuLedger, env_id):
+        self.db, self.dispatcher, self.ledger, self.env_id = db, dispatcher, ledger, env_id
+        self._changed = asyncio.Event()
+        self.ended: list[str] = []
+
+    def end_date(self, rental_id: str, end_date: str | None) -> None:
+        """Record a rental's end as a job or the desired state gives it."""
+        if end_date is not None and not wire.is_iso(end_date):
+            return
+        if self.db.rental_end_date(rental_id, wire.iso(wire.parse_iso(end_date)) if end_date else None):
+            self._changed.set()
+
+    def due(self) -> tuple[list[str], float | None]:
+        """(rentals due now, seconds until the next one is due)."""
+        now = wire.utcnow()
+        due, wait = [], None
+        for rental_id, row in self.db.rentals().items():
+            if not row["end_date"] or self.ledger.has_ended(rental_id):
+                continue
+            left = (wire.parse_iso(row["end_date"]) - now).total_seconds()
+            if left <= 0:
+                due.append(rental_id)
+            else:
+                wait = left if wait is None else min(wait, left)
+        return due, wait
+
+    async def run(self) -> None:
+        while True:
+            due, wait = self.due()
+            for rental_id in due:
+                if rental_id not in self.dispatcher.busy_rentals() and self.env_id():
+                    self._end(rental_id)
+            self._changed.clear()
+            timeout = MAX_SLEEP if wait is None else min(MAX_SLEEP, wait + 0.05)
+            if due:  # an ending still in progress: look again soon
+                timeout = min(timeout, 1.0)
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+
+    def _end(self, rental_id: str) -> None:
+        log.info("rental_end_due", rental_id=rental_id, reason="endDate passed on the host's clock")
+        self.ended.append(rental_id)
+        job = wire.StackJob(f"rental-clock-{uuid.uuid4().hex[:12]}", wire.JOB_RENTAL_END, "", rental_id,
+                            self.env_id(), "", None)
+        self.dispatcher.submit_internal(job)

@@ -1,0 +1,62 @@
+"""Notices the Docker Engine going away and coming back.
+
+The agent never restarts itself for an engine restart: it pings the engine
+every few seconds, logs the outage once, and when the engine answers again
+calls what must be redone (reconcile, re-pushing container lists, and in time
+re-attaching event and log streams). Renters' containers are the engine's
+business during the outage; the agent only reports what it finds after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from typing import Awaitable, Callable
+
+from .. import wire
+from ..logs import get_logger
+from .engine import DockerEngine, EngineError
+
+log = get_logger(__name__)
+
+OnBack = Callable[[datetime, datetime], Awaitable[None]]  # (last seen up, seen back)
+
+
+class EngineWatch:
+    def __init__(self, engine: DockerEngine, *, period: float = 2.0):
+        self.engine = engine
+        self.period = period
+        self.up: bool | None = None
+        self.last_up: datetime | None = None
+        self.outages = 0
+        self._on_back: list[OnBack] = []
+
+    def on_back(self, callback: OnBack) -> None:
+        self._on_back.append(callback)
+
+    async def run(self) -> None:
+        while True:
+            await self.check()
+            await asyncio.sleep(self.period)
+
+    async def check(self) -> None:
+        try:
+            await self.engine.ping()
+        except EngineError as exc:
+            if self.up is not False:
+                self.outages += 1
+                log.error("docker_unreachable", error=str(exc), hint="waiting for the Docker Engine to come back;"
+                          " renters' containers are not touched by the agent meanwhile")
+            self.up = False
+            return
+        now = wire.utcnow()
+        came_back = self.up is False
+        self.up = True
+        last_up, self.last_up = self.last_up, now
+        if came_back:
+            log.info("docker_back", down_since=wire.iso(last_up) if last_up else None)
+            for callback in self._on_back:
+                try:
+                    await callback(last_up or now, now)
+                except Exception:  # one failing hook must not stop the others or the watch
+                    log.exception("docker_back_hook_failed")
