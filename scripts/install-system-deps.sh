@@ -24,6 +24,8 @@ command -v docker-registry >/dev/null 2>&1 || need docker-registry "docker-regis
 command -v curl >/dev/null 2>&1 || need curl "curl"
 command -v gcc >/dev/null 2>&1 || need gcc "gcc"
 command -v make >/dev/null 2>&1 || need make "make"
+command -v systemd-analyze >/dev/null 2>&1 || need systemd "systemd-analyze (unit check)"
+command -v debootstrap >/dev/null 2>&1 || need debootstrap "debootstrap (install.sh tests' Debian 12 rootfs)"
 # Debian splits ensurepip out of python3 (python3-venv). Cheap check first
 # (0.1 s); only if it fails, confirm by really creating a venv (3 s).
 if ! python3 -c 'import ensurepip, venv; ensurepip.version()' >/dev/null 2>&1; then

@@ -12,6 +12,7 @@ import signal
 import sys
 from dataclasses import dataclass
 
+from . import sd_notify
 from .agent import Agent, send_report
 from .client import MarketplaceClient
 from .config import AgentConfig
@@ -122,17 +123,24 @@ async def serve(config: AgentConfig, stop: asyncio.Event) -> None:
         base_url, api_key = str(config.marketplace_url), str(config.api_key)
     parts = build_agent(config, base_url, api_key)
     agent_task = asyncio.create_task(parts.agent.run(), name="agent")
+    watchdog = sd_notify.Watchdog()
+    watchdog.start()
+    ready_task = asyncio.create_task(
+        sd_notify.notify_ready_when(parts.agent.connected, f"connected to {base_url}"), name="sd-ready")
     log.info("agent_started", marketplace=base_url, state_dir=str(config.state_dir))
     stop_task = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait({agent_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
     if agent_task in done:
         stop_task.cancel()
         agent_task.result()  # re-raise what stopped the agent
+    ready_task.cancel()
+    sd_notify.stopping("stopping: finishing jobs; containers keep running")
     log.info("agent_stopping", reason="signal")
     await stop_agent(parts, agent_task, config.shutdown_grace_seconds)
     if local is not None:
         await local.stop()
     log.info("agent_stopped", containers="left running")
+    await watchdog.stop()
 
 
 def _print_local_banner(local: local_server.RunningMarketplace) -> None:

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from .. import wire
 from ..logs import get_logger
-from . import agent_api, host_api, renter_api, speedtest_api
+from . import agent_api, host_api, renter_api, script_api, speedtest_api
 from .http_errors import BadRequest, json_error
 from .state import MarketplaceState
 from .store import Conflict, NotFound
@@ -32,7 +32,7 @@ def build_app(state: MarketplaceState) -> web.Application:
     async def auth_and_errors(request: web.Request, handler):
         agent_path = request.path.startswith("/v1/agent/")
         expected = state.store.envApiKey if agent_path else state.store.renterApiKey
-        if not _key_matches(request.headers.get(wire.API_KEY_HEADER), expected):
+        if request.path not in script_api.PUBLIC_PATHS and not _key_matches(request.headers.get(wire.API_KEY_HEADER), expected):
             return json_error(401, f"missing or invalid {wire.API_KEY_HEADER} header")
         try:
             return await handler(request)
@@ -53,6 +53,7 @@ def build_app(state: MarketplaceState) -> web.Application:
     app.add_routes(agent_api.routes(state))
     app.add_routes(host_api.routes(state))
     app.add_routes(speedtest_api.routes())
+    app.add_routes(script_api.routes(state))
     return app
 
 

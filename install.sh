@@ -1,0 +1,824 @@
+#!/usr/bin/env bash
+# install.sh: install, upgrade or remove gpuhost-agent, the host agent of the
+# GPU rental marketplace, on a Debian 12 / Ubuntu 22.04 / 24.04 GPU machine.
+#
+# The marketplace hands a host one line (GET /environments/{envId}/script):
+#   curl -fsSL <base>/install.sh | sudo bash -s -- --url <base_url> --env-id <envId> --api-key <key>
+# From a checkout the same works as: sudo ./install.sh --url ... --env-id ... --api-key ...
+# `install.sh --help` has every option, the files it writes and every message
+# it can stop with. Everything runs from main(), called on the last line, so
+# that bash has read the whole script before any command that reads stdin runs
+# (the script itself is stdin under `curl | bash`).
+set -euo pipefail
+
+readonly PACKAGE=gpuhost-agent
+readonly OPT_DIR=/opt/gpuhost-agent
+readonly VENV=$OPT_DIR/venv
+readonly CONF_DIR=/etc/gpuhost-agent
+readonly CONF=$CONF_DIR/agent.conf
+readonly KEY_FILE=$CONF_DIR/api-key
+readonly STATE_DIR=/var/lib/gpuhost-agent
+readonly UNIT_NAME=gpuhost-agent.service
+readonly UNIT_PATH=/etc/systemd/system/$UNIT_NAME
+readonly DROPIN_DIR=/etc/systemd/system/$UNIT_NAME.d
+readonly DROPIN=$DROPIN_DIR/10-install-restart-backoff.conf
+readonly BIN_LINK=/usr/local/bin/gpuhost-agent
+readonly DOCKER_SOCKET=/var/run/docker.sock
+readonly MIN_TOOLKIT=1.17.8
+readonly MANAGED_LABEL=io.gpuhost.managed=true
+
+# Exit statuses (documented in --help).
+readonly EXIT_FAILED=1 EXIT_USAGE=2 EXIT_MISSING=3
+
+# ---- messages: printed as "install.sh: error: <text>" (or "warning:"), listed
+# verbatim in --help, and checked word for word by tests/test_install.py. ----
+readonly MSG_NOT_ROOT="install.sh must run as root: sudo ./install.sh ... or curl -fsSL <url> | sudo bash -s -- ..."
+readonly MSG_PYTHON="python3 (3.10 or later) with its venv module is missing: apt-get install python3 python3-venv, or rerun with --install-missing"
+readonly MSG_DOCKER_MISSING="Docker Engine is not installed (no docker command): install it from https://docs.docker.com/engine/install/ or with apt-get install docker.io, or rerun with --install-missing"
+readonly MSG_DOCKER_DOWN="Docker Engine does not answer on $DOCKER_SOCKET: start it with systemctl enable --now docker.service and check with docker info"
+readonly MSG_COMPOSE_BUNDLED="Docker Compose v2 is missing and apt has no docker-compose-plugin or docker-compose-v2 package: the agent will use the Compose v2 bundled with it; to use the host's own, add Docker's apt repository (https://docs.docker.com/engine/install/) and apt-get install docker-compose-plugin"
+readonly MSG_DRIVER="NVIDIA driver not found (nvidia-smi, libnvidia-ml.so.1): install it (Ubuntu: ubuntu-drivers install; Debian: apt-get install nvidia-driver from non-free), reboot and check with nvidia-smi; on a host without GPUs rerun with --allow-no-gpu"
+readonly MSG_DRIVER_BROKEN="nvidia-smi is installed but fails, the NVIDIA driver is not loaded: reboot (or modprobe nvidia) and check with nvidia-smi; on a host without GPUs rerun with --allow-no-gpu"
+readonly MSG_TOOLKIT="NVIDIA Container Toolkit not found (nvidia-ctk): install it as https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html says (apt-get install nvidia-container-toolkit), then nvidia-ctk runtime configure --runtime=docker and systemctl restart docker; or rerun with --install-missing (needs NVIDIA's apt repository), or with --allow-no-gpu"
+readonly MSG_TOOLKIT_OLD="NVIDIA Container Toolkit is older than $MIN_TOOLKIT (CVE-2024-0132, CVE-2025-23359, CVE-2025-23266): upgrade it with apt-get install --only-upgrade nvidia-container-toolkit; until then the marketplace sees this host as not compliant"
+readonly MSG_NO_SYSTEMD="systemd is not running here (no /run/systemd/system: a container or a chroot?): the unit is installed but not started; on the booted host run systemctl enable --now $UNIT_NAME"
+readonly MSG_UNINSTALLED="Renters' containers, networks and volumes (label $MANAGED_LABEL) and the host's Docker Engine, Compose and NVIDIA software were left alone; list the containers with docker ps --filter label=$MANAGED_LABEL"
+
+usage() {
+    cat <<EOF
+Usage:
+  curl -fsSL <base>/install.sh | sudo bash -s -- --url <base_url> --env-id <envId> --api-key <key> [options]
+  sudo ./install.sh --url <base_url> --env-id <envId> --api-key <key> [options]   (from a checkout)
+  sudo ./install.sh [options]                  upgrade in place, keeping the configuration
+  sudo ./install.sh --uninstall [--purge]      remove the agent
+
+Installs gpuhost-agent into its own virtual environment, configures it for one
+marketplace environment, and runs it under systemd.
+
+Options:
+  --url URL            marketplace base URL, ending in /v1 (GPUHOST_MARKETPLACE_URL)
+  --env-id ID          this machine's environment id (GPUHOST_ENV_ID)
+  --api-key KEY        the environment's API key; stored in $KEY_FILE (0600, root only),
+                       never printed, never on the agent's command line
+  --api-key-file FILE  read the API key from FILE instead (keeps it out of ps during the install)
+  --source SPEC        what pip installs: a path (checkout, wheel) or a requirement.
+                       Default: this checkout when run from one, else "$PACKAGE" from the
+                       package index. pip honours PIP_INDEX_URL, PIP_FIND_LINKS, PIP_NO_INDEX
+                       (pass them through sudo: sudo PIP_INDEX_URL=... bash -s -- ...)
+  --version X          install version X ($PACKAGE==X; with a path --source, check it is X)
+  --install-missing    apt-get install what is missing: python3-venv, Docker Engine
+                       (docker-ce if Docker's repository is set up, else docker.io),
+                       nvidia-container-toolkit (needs NVIDIA's repository). Never the
+                       NVIDIA driver: that needs a choice of branch and a reboot.
+  --allow-no-gpu       a missing NVIDIA driver or Container Toolkit is a warning, not an
+                       error (CPU-only or test hosts; such a host cannot rent out GPUs)
+  --dry-run            check and print what would be done; change nothing
+  --uninstall          stop and remove the agent: service, unit, $OPT_DIR, $BIN_LINK;
+                       keeps $CONF_DIR and $STATE_DIR
+  --purge              with --uninstall: also remove $CONF_DIR and $STATE_DIR
+  --print-unit         print the systemd unit this script installs, and exit
+  -h, --help           this text
+
+What it checks (and stops on, exit status 3, changing nothing):
+  root; python3 >= 3.10 with venv; Docker Engine (docker CLI, daemon answering on
+  $DOCKER_SOCKET); NVIDIA driver (nvidia-smi, libnvidia-ml.so.1) and NVIDIA
+  Container Toolkit (nvidia-ctk), unless --allow-no-gpu.
+  Docker Compose v2 is the exception: when missing it is installed with apt
+  (docker-compose-plugin, or Ubuntu's docker-compose-v2); when apt has neither,
+  the agent uses the Compose v2 bundled with it.
+
+What it writes:
+  $VENV                   the agent (python3 -m venv; pip install)
+  $BIN_LINK                   link to the agent's command (status, probe, doctor)
+  $CONF                   KEY=VALUE settings (0640); lines you add are kept
+  $KEY_FILE                     the API key (0600, root only)
+  $STATE_DIR                    the agent's state (0700), kept on upgrade and uninstall
+  $UNIT_PATH   the unit (Type=notify, watchdog, Restart=always)
+  $DROPIN_DIR/  restart back-off (systemd >= 254 only)
+Then systemctl daemon-reload, enable and restart the service (when systemd is running).
+A second run upgrades in place. With --url and an API key it reports its progress to
+the marketplace as the environment's initState (never failing when it cannot).
+
+Messages (install.sh: error: ... stops the install; warning: ... does not):
+  $MSG_NOT_ROOT
+  $MSG_PYTHON
+  $MSG_DOCKER_MISSING
+  $MSG_DOCKER_DOWN
+  $MSG_COMPOSE_BUNDLED
+  $MSG_DRIVER
+  $MSG_DRIVER_BROKEN
+  $MSG_TOOLKIT
+  $MSG_TOOLKIT_OLD
+  $MSG_NO_SYSTEMD
+  $MSG_UNINSTALLED
+
+Exit status: 0 done; $EXIT_FAILED a step failed; $EXIT_USAGE bad options; $EXIT_MISSING a prerequisite is missing.
+EOF
+}
+
+# The unit, embedded so that `curl | bash` needs no other file. It must equal
+# systemd/gpuhost-agent.service in the repository (tests/test_systemd_unit.py).
+unit_text() {
+    cat <<'EOF'
+# gpuhost-agent: the host agent of the GPU rental marketplace.
+# Installed by install.sh as /etc/systemd/system/gpuhost-agent.service; settings
+# live in /etc/gpuhost-agent/agent.conf (the API key in /etc/gpuhost-agent/api-key).
+# Local changes belong in a drop-in (systemctl edit gpuhost-agent), which
+# install.sh never touches; this file is rewritten on every upgrade.
+
+[Unit]
+Description=GPU rental marketplace host agent (gpuhost-agent)
+# Docker may be absent or slow to start: the agent reports that in its
+# initState and retries, so Wants= (not Requires=), and it never stops with it.
+Wants=network-online.target docker.service
+After=network-online.target docker.service
+# Never give up restarting: a host agent that stays down loses the host money.
+StartLimitIntervalSec=0
+
+[Service]
+# READY=1 once connected to the marketplace (or serving local work);
+# WATCHDOG=1 from the event loop every WatchdogSec/2, so a hung loop is
+# restarted. While starting, the same pings extend the start timeout
+# (EXTEND_TIMEOUT_USEC), so a slow marketplace does not cause a restart loop.
+Type=notify
+NotifyAccess=main
+WatchdogSec=30s
+TimeoutStartSec=90s
+ExecStart=/opt/gpuhost-agent/venv/bin/gpuhost-agent run --config /etc/gpuhost-agent/agent.conf
+Restart=always
+RestartSec=5s
+# (install.sh adds RestartSteps=/RestartMaxDelaySec= in a drop-in on systemd >= 254.)
+# SIGTERM to the agent only: it finishes or abandons its Compose runs within
+# ~25 s and flushes its reports. Anything of ours still left after
+# TimeoutStopSec (a hung `docker compose`) is then killed with the cgroup.
+# Renters' containers are children of containerd, in Docker's cgroups, not
+# ours: stopping or restarting the agent never stops them.
+KillMode=mixed
+TimeoutStopSec=45s
+
+Environment=PYTHONUNBUFFERED=1
+StandardOutput=journal
+StandardError=journal
+SyslogIdentifier=gpuhost-agent
+
+# Hardening. The agent runs as root because the Docker socket is root's
+# equivalent anyway; what it may write is limited to its state directory
+# (Compose runs with HOME and DOCKER_CONFIG there too). Connecting to
+# /var/run/docker.sock is allowed on a read-only file system.
+NoNewPrivileges=yes
+ProtectSystem=strict
+ReadWritePaths=/var/lib/gpuhost-agent
+StateDirectory=gpuhost-agent
+StateDirectoryMode=0700
+ProtectHome=yes
+PrivateTmp=yes
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectHostname=yes
+RestrictRealtime=yes
+RestrictSUIDSGID=yes
+RestrictNamespaces=yes
+LockPersonality=yes
+RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK
+SystemCallArchitectures=native
+UMask=0077
+# Left out on purpose: PrivateDevices=, DevicePolicy=/DeviceAllow= and
+# ProtectClock= (which implies DeviceAllow=char-rtc, closing every other
+# device): NVML needs /dev/nvidia*. PrivateNetwork=/IPAddressDeny=: the agent
+# talks to the marketplace. MemoryDenyWriteExecute=: ctypes (NVML) needs it.
+# CapabilityBoundingSet=: the agent and its Docker CLI children act as root
+# on root's files; narrowing it is a later step, tested on a GPU host.
+
+[Install]
+WantedBy=multi-user.target
+EOF
+}
+
+# Exponential restart back-off; RestartSteps= exists from systemd 254 on.
+dropin_text() {
+    cat <<'EOF'
+# Written by install.sh on systemd >= 254: restart after 5 s, then slower, up to 5 min.
+[Service]
+RestartSteps=10
+RestartMaxDelaySec=5min
+EOF
+}
+
+# ---- output ------------------------------------------------------------------
+
+say() { printf 'install.sh: %s\n' "$*"; }
+warn() { printf 'install.sh: warning: %s\n' "$*" >&2; }
+err() { printf 'install.sh: error: %s\n' "$*" >&2; }
+die_usage() { err "$*"; echo "install.sh: see install.sh --help" >&2; exit "$EXIT_USAGE"; }
+
+# run CMD...: run it, or under --dry-run only say it. Never pass it a secret.
+run() {
+    if [ "$DRY_RUN" = 1 ]; then say "[dry-run] would run: $*"; else "$@"; fi
+}
+# step TEXT: announce a change (under --dry-run: one that would be made).
+step() {
+    if [ "$DRY_RUN" = 1 ]; then say "[dry-run] would: $*"; else say "$*"; fi
+}
+
+# ---- small helpers ---------------------------------------------------------
+
+have() { command -v "$1" >/dev/null 2>&1; }
+now_iso() { date -u +%Y-%m-%dT%H:%M:%S.%6NZ; }
+version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]; }
+
+json_str() {
+    local s=$1
+    s=${s//\\/\\\\}
+    s=${s//\"/\\\"}
+    s=${s//$'\n'/\\n}
+    s=${s//$'\r'/}
+    s=${s//$'\t'/ }
+    printf '"%s"' "$s"
+}
+
+# conf_get FILE KEY: the last KEY=VALUE value in FILE, quotes stripped as
+# gpuhost_agent/config.py does; empty when absent.
+conf_get() {
+    [ -r "$1" ] || return 0
+    K=$2 awk -F= '
+        { line = $0; sub(/^[ \t]+/, "", line) }
+        line ~ /^#/ { next }
+        { key = line; sub(/[ \t]*=.*/, "", key) }
+        key == ENVIRON["K"] && index(line, "=") {
+            value = substr(line, index(line, "=") + 1)
+            gsub(/^[ \t]+|[ \t]+$/, "", value)
+            gsub(/^["'\'']|["'\'']$/, "", value)
+            found = value
+        }
+        END { print found }' "$1"
+}
+
+# conf_set FILE KEY VALUE: replace KEY's line in place (first one; drop
+# repeats) or append it. Every other line (the host's own) stays as it is.
+conf_set() {
+    local tmp
+    tmp=$(mktemp "$1.XXXXXX")
+    K=$2 V=$3 awk '
+        { line = $0; sub(/^[ \t]+/, "", line); key = line; sub(/[ \t]*=.*/, "", key) }
+        line !~ /^#/ && index(line, "=") && key == ENVIRON["K"] {
+            if (!done) print ENVIRON["K"] "=" ENVIRON["V"]
+            done = 1
+            next
+        }
+        { print }
+        END { if (!done) print ENVIRON["K"] "=" ENVIRON["V"] }' "$1" >"$tmp"
+    cat "$tmp" >"$1"
+    rm -f "$tmp"
+}
+
+# apt_candidate PKG: the version apt would install, empty when none.
+apt_candidate() {
+    have apt-cache || return 0
+    apt-cache policy "$1" 2>/dev/null | awk '$1 == "Candidate:" && $2 != "(none)" { print $2; exit }'
+}
+
+APT_UPDATED=0
+apt_update_once() {
+    [ "$APT_UPDATED" = 1 ] && return 0
+    APT_UPDATED=1
+    if [ "$DRY_RUN" = 1 ]; then
+        say "[dry-run] apt package lists are not refreshed: what apt offers is judged on the current ones"
+        return 0
+    fi
+    have apt-get || return 0
+    if ! apt-get update -qq </dev/null >/dev/null 2>&1; then
+        warn "apt-get update failed; using the package lists as they are"
+    fi
+}
+
+# ---- initState reports -------------------------------------------------------
+# PUT <url>/agent/init-state with the environment's key in X-API-Key (docs/agent-api.yaml).
+# The key goes to curl in a header file (never in argv, so never in ps), the
+# body on stdin. Best effort: a short timeout, and after one failure no more tries.
+
+REPORT_OK=1
+STARTED_AT=
+
+report_init() { # report_init STATE(running|done|failed) DETAIL [ERROR]
+    local phase_state=$1 detail=$2 error=${3:-} overall finished body headers code
+    [ "$DRY_RUN" = 1 ] && return 0
+    [ -n "$URL" ] && [ -n "$API_KEY" ] && [ "$REPORT_OK" = 1 ] || return 0
+    if ! have curl; then
+        REPORT_OK=0
+        warn "curl is not installed: progress is not reported to the marketplace"
+        return 0
+    fi
+    overall=starting finished=null
+    [ "$phase_state" = failed ] && overall=failed
+    [ "$phase_state" = "done" ] && finished=$(json_str "$(now_iso)")
+    body='{"state": '$(json_str "$overall")', "phase": "install", "error": '
+    if [ -n "$error" ]; then body+=$(json_str "install: $error"); else body+=null; fi
+    body+=', "phases": [{"name": "install", "state": '$(json_str "$phase_state")
+    body+=', "startedAt": '$(json_str "$STARTED_AT")', "finishedAt": '$finished
+    body+=', "detail": '$(json_str "$detail")'}'
+    local name
+    for name in config marketplace docker compose hardware compliance; do
+        body+=', {"name": "'$name'", "state": "pending", "startedAt": null, "finishedAt": null, "detail": null}'
+    done
+    body+='], "updatedAt": '$(json_str "$(now_iso)")'}'
+    headers="$TMP/headers"
+    (umask 077 && printf 'X-API-Key: %s\nContent-Type: application/json\n' "$API_KEY" >"$headers")
+    code=$(printf '%s' "$body" | curl -sS -o /dev/null -w '%{http_code}' --connect-timeout 3 --max-time 8 \
+        -X PUT -H "@$headers" --data-binary @- "$URL/agent/init-state" 2>"$TMP/curl.err") || code=000
+    rm -f "$headers"
+    if [ "$code" != 200 ]; then
+        REPORT_OK=0
+        if [ "$code" = 000 ]; then
+            warn "cannot reach the marketplace at $URL ($(head -c 200 "$TMP/curl.err")); continuing without progress reports"
+        else
+            warn "the marketplace answered HTTP $code to the progress report (check --env-id and the API key); continuing"
+        fi
+    fi
+}
+
+# ---- arguments ---------------------------------------------------------------
+
+URL='' ENV_ID='' API_KEY='' API_KEY_FILE='' SOURCE='' VERSION=''
+INSTALL_MISSING=0 ALLOW_NO_GPU=0 DRY_RUN=0 UNINSTALL=0 PURGE=0
+NEW_KEY=0
+
+parse_args() {
+    local opt value
+    while [ $# -gt 0 ]; do
+        opt=$1
+        value=
+        case "$opt" in
+            --*=*) value=${opt#*=}; opt=${opt%%=*} ;;
+        esac
+        case "$opt" in
+            --url|--env-id|--api-key|--api-key-file|--source|--version)
+                if [ -z "$value" ]; then
+                    [ $# -ge 2 ] || die_usage "$opt needs a value"
+                    value=$2
+                    shift
+                fi
+                case "$opt" in
+                    --url) URL=$value ;;
+                    --env-id) ENV_ID=$value ;;
+                    --api-key) API_KEY=$value; NEW_KEY=1 ;;
+                    --api-key-file) API_KEY_FILE=$value ;;
+                    --source) SOURCE=$value ;;
+                    --version) VERSION=$value ;;
+                esac ;;
+            --install-missing) INSTALL_MISSING=1 ;;
+            --allow-no-gpu) ALLOW_NO_GPU=1 ;;
+            --dry-run) DRY_RUN=1 ;;
+            --uninstall) UNINSTALL=1 ;;
+            --purge) PURGE=1 ;;
+            --print-unit) unit_text; exit 0 ;;
+            -h|--help) usage; exit 0 ;;
+            *) die_usage "unknown option $opt" ;;
+        esac
+        shift
+    done
+    [ "$PURGE" = 0 ] || [ "$UNINSTALL" = 1 ] || die_usage "--purge only goes with --uninstall"
+}
+
+# The settings this run installs: flags first, then what an earlier install
+# wrote (so a plain `install.sh` upgrades in place).
+resolve_settings() {
+    if [ -n "$API_KEY_FILE" ]; then
+        [ -r "$API_KEY_FILE" ] || die_usage "cannot read the API key file $API_KEY_FILE"
+        API_KEY=$(head -n1 "$API_KEY_FILE" | tr -d '\r')
+        NEW_KEY=1
+    fi
+    [ -n "$URL" ] || URL=$(conf_get "$CONF" GPUHOST_MARKETPLACE_URL)
+    [ -n "$ENV_ID" ] || ENV_ID=$(conf_get "$CONF" GPUHOST_ENV_ID)
+    if [ -z "$API_KEY" ] && [ -r "$KEY_FILE" ]; then API_KEY=$(head -n1 "$KEY_FILE"); fi
+    URL=${URL%/}
+    if [ -z "$URL" ] || [ -z "$ENV_ID" ] || [ -z "$API_KEY" ]; then
+        die_usage "a first install needs --url, --env-id and --api-key (the marketplace's installation line for the environment has them)"
+    fi
+    [[ $URL =~ ^https?://[^[:space:]\\\"\']+/v1$ ]] || die_usage "--url must be the marketplace's base URL, http(s)://HOST/.../v1"
+    [[ $ENV_ID =~ ^[A-Za-z0-9._:-]+$ ]] || die_usage "--env-id may hold only letters, digits and . _ : -"
+    [[ $API_KEY =~ ^[[:graph:]]+$ ]] || die_usage "the API key must be one line of printable characters, no spaces"
+    [[ $API_KEY != *\\* && $API_KEY != *\"* ]] || die_usage "the API key must not contain backslashes or double quotes"
+    if [ -n "$VERSION" ]; then
+        [[ $VERSION =~ ^[0-9A-Za-z.+!-]+$ ]] || die_usage "--version must be a version such as 0.1.0"
+    fi
+    if [ -z "$SOURCE" ]; then
+        if [ -n "$VERSION" ]; then SOURCE="$PACKAGE==$VERSION"
+        elif [ -n "$CHECKOUT" ]; then SOURCE=$CHECKOUT
+        else SOURCE=$PACKAGE
+        fi
+    elif [ -n "$VERSION" ] && [[ $SOURCE =~ ^[A-Za-z0-9._-]+$ ]] && [ ! -e "$SOURCE" ]; then
+        SOURCE="$SOURCE==$VERSION"
+    fi
+}
+
+# The checkout this script runs from, if any (empty under `curl | bash`).
+find_checkout() {
+    local self=${BASH_SOURCE[0]:-} dir
+    [ -n "$self" ] && [ -f "$self" ] || return 0
+    dir=$(cd "$(dirname "$self")" && pwd)
+    if [ -f "$dir/pyproject.toml" ] && [ -d "$dir/src/gpuhost_agent" ] \
+        && grep -q "^name = \"$PACKAGE\"" "$dir/pyproject.toml"; then
+        echo "$dir"
+    fi
+}
+
+# ---- prerequisite checks --------------------------------------------------
+# Each check adds to ERRORS (stop, exit 3), WARNINGS, APT_PKGS (to install,
+# asked for with --install-missing) or COMPOSE_PKG (installed unasked).
+
+ERRORS=() WARNINGS=() APT_PKGS=() NOTES=()
+DOCKER_TO_INSTALL=0 COMPOSE_PKG=''
+
+need_gpu_piece() { # an error, or with --allow-no-gpu a warning
+    if [ "$ALLOW_NO_GPU" = 1 ]; then WARNINGS+=("$1"); else ERRORS+=("$1"); fi
+}
+
+check_os() {
+    local id='' version='' name=''
+    if [ -r /etc/os-release ]; then
+        # shellcheck disable=SC1091
+        id=$(. /etc/os-release && echo "${ID:-}")
+        # shellcheck disable=SC1091
+        version=$(. /etc/os-release && echo "${VERSION_ID:-}")
+        # shellcheck disable=SC1091
+        name=$(. /etc/os-release && echo "${PRETTY_NAME:-$id $version}")
+    fi
+    case "$id:$version" in
+        debian:12|ubuntu:22.04|ubuntu:24.04) NOTES+=("system: $name") ;;
+        *) WARNINGS+=("this script is made for Debian 12 and Ubuntu 22.04/24.04, not ${name:-an unknown system}; continuing") ;;
+    esac
+}
+
+check_python() {
+    if have python3 && python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null \
+        && python3 -c 'import ensurepip, venv; ensurepip.version()' >/dev/null 2>&1; then
+        NOTES+=("python: $(python3 --version 2>&1)")
+    elif [ "$INSTALL_MISSING" = 1 ]; then
+        APT_PKGS+=(python3 python3-venv)
+    else
+        ERRORS+=("$MSG_PYTHON")
+    fi
+}
+
+check_docker() {
+    local server
+    if ! have docker; then
+        if [ "$INSTALL_MISSING" = 1 ]; then
+            apt_update_once
+            if [ -n "$(apt_candidate docker-ce)" ]; then
+                APT_PKGS+=(docker-ce docker-ce-cli containerd.io)
+            else
+                APT_PKGS+=(docker.io)
+            fi
+            DOCKER_TO_INSTALL=1
+        else
+            ERRORS+=("$MSG_DOCKER_MISSING")
+        fi
+        return 0
+    fi
+    if server=$(timeout 30 docker version --format '{{.Server.Version}}' 2>/dev/null </dev/null) && [ -n "$server" ]; then
+        NOTES+=("Docker Engine: $server")
+    else
+        ERRORS+=("$MSG_DOCKER_DOWN")
+    fi
+}
+
+compose_version() { # the host's Compose v2 version, empty when there is none
+    local v
+    if have docker; then
+        v=$(timeout 30 docker compose version --short 2>/dev/null </dev/null || true)
+        v=${v#v}
+        if [[ $v == 2.* ]]; then echo "docker compose $v"; return 0; fi
+    fi
+    if have docker-compose; then
+        v=$(timeout 30 docker-compose version --short 2>/dev/null </dev/null || true)
+        v=${v#v}
+        if [[ $v == 2.* ]]; then echo "docker-compose $v"; return 0; fi
+    fi
+}
+
+# Compose v2 is the one prerequisite installed without being asked (issue 7):
+# Docker's docker-compose-plugin, else Ubuntu's docker-compose-v2; failing
+# both, the agent's own bundled Compose v2 does the job.
+check_compose() {
+    local found
+    found=$(compose_version)
+    if [ -n "$found" ]; then
+        NOTES+=("Compose: $found")
+        return 0
+    fi
+    apt_update_once
+    if [ -n "$(apt_candidate docker-compose-plugin)" ]; then
+        COMPOSE_PKG=docker-compose-plugin
+    elif [ -n "$(apt_candidate docker-compose-v2)" ]; then
+        COMPOSE_PKG=docker-compose-v2
+    else
+        WARNINGS+=("$MSG_COMPOSE_BUNDLED")
+    fi
+}
+
+nvml_library_present() {
+    if have ldconfig && ldconfig -p 2>/dev/null | grep -q 'libnvidia-ml\.so\.1 '; then return 0; fi
+    local dir
+    for dir in /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64 /usr/lib \
+               /usr/local/nvidia/lib64 /usr/local/lib /usr/lib/wsl/lib; do
+        [ -e "$dir/libnvidia-ml.so.1" ] && return 0
+    done
+    return 1
+}
+
+check_nvidia() {
+    local gpus version
+    if ! have nvidia-smi || ! nvml_library_present; then
+        need_gpu_piece "$MSG_DRIVER"
+    elif gpus=$(timeout 60 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null </dev/null) \
+            && [ -n "$gpus" ]; then
+        NOTES+=("NVIDIA: $(printf '%s\n' "$gpus" | wc -l) GPU(s), $(printf '%s\n' "$gpus" | head -n1)")
+    else
+        need_gpu_piece "$MSG_DRIVER_BROKEN"
+    fi
+    if have nvidia-ctk; then
+        version=$(nvidia-ctk --version 2>/dev/null </dev/null | grep -o '[0-9]\+\.[0-9]\+\.[0-9]\+' | head -n1 || true)
+        NOTES+=("NVIDIA Container Toolkit: ${version:-unknown version}")
+        if [ -n "$version" ] && ! version_ge "$version" "$MIN_TOOLKIT"; then WARNINGS+=("$MSG_TOOLKIT_OLD"); fi
+    elif [ "$INSTALL_MISSING" = 1 ] && { apt_update_once; [ -n "$(apt_candidate nvidia-container-toolkit)" ]; }; then
+        APT_PKGS+=(nvidia-container-toolkit)
+        NOTES+=("after the toolkit is installed: nvidia-ctk runtime configure --runtime=docker and systemctl restart docker (not done here: it restarts the host's containers)")
+    else
+        need_gpu_piece "$MSG_TOOLKIT"
+    fi
+}
+
+preflight() {
+    check_os
+    check_python
+    check_docker
+    check_compose
+    check_nvidia
+    local line
+    for line in "${NOTES[@]}"; do say "found $line"; done
+    for line in "${WARNINGS[@]}"; do warn "$line"; done
+    if [ "${#ERRORS[@]}" -gt 0 ]; then
+        for line in "${ERRORS[@]}"; do err "$line"; done
+        report_init failed "prerequisites missing" "${ERRORS[0]}"
+        echo "install.sh: nothing was changed; fix the above and run install.sh again" >&2
+        exit "$EXIT_MISSING"
+    fi
+}
+
+# ---- install steps -----------------------------------------------------------
+
+install_packages() {
+    if [ "${#APT_PKGS[@]}" -gt 0 ]; then
+        apt_update_once
+        step "installing with apt: ${APT_PKGS[*]}"
+        if ! run env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${APT_PKGS[@]}" </dev/null; then
+            err "apt-get install ${APT_PKGS[*]} failed (see apt's output above)"
+            report_init failed "apt-get install failed" "apt-get install ${APT_PKGS[*]} failed"
+            exit "$EXIT_FAILED"
+        fi
+        if [ "$DRY_RUN" = 0 ] && [ "$DOCKER_TO_INSTALL" = 1 ]; then
+            ERRORS=()
+            check_docker
+            if [ "${#ERRORS[@]}" -gt 0 ]; then err "${ERRORS[0]}"; exit "$EXIT_MISSING"; fi
+        fi
+    fi
+    # Compose last (it needs the Docker CLI), and never fatal: the agent has its own.
+    if [ -n "$COMPOSE_PKG" ]; then
+        step "installing Docker Compose v2 with apt: $COMPOSE_PKG"
+        if ! run env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$COMPOSE_PKG" </dev/null \
+            || { [ "$DRY_RUN" = 0 ] && [ -z "$(compose_version)" ]; }; then
+            warn "$MSG_COMPOSE_BUNDLED"
+        fi
+    fi
+}
+
+install_agent() {
+    local reuse=0 want have_version
+    if [ -x "$VENV/bin/python" ]; then
+        want=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+        have_version=$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true)
+        [ "$want" = "$have_version" ] && reuse=1
+    fi
+    if [ "$reuse" = 1 ]; then
+        step "upgrading the agent in place in $VENV"
+    else
+        if [ -e "$VENV" ]; then
+            step "recreating $VENV (its Python is not the system's python3 any more)"
+            run rm -rf "$VENV"
+        else
+            step "creating the virtual environment $VENV"
+        fi
+        run install -d -m 0755 "$OPT_DIR"
+        run python3 -m venv "$VENV"
+    fi
+    step "installing $PACKAGE from $SOURCE"
+    if ! run "$VENV/bin/python" -m pip install --upgrade --quiet --disable-pip-version-check "$SOURCE" </dev/null; then
+        err "pip could not install $SOURCE into $VENV (see pip's output above)"
+        report_init failed "pip install failed" "pip could not install $SOURCE"
+        exit "$EXIT_FAILED"
+    fi
+    [ "$DRY_RUN" = 1 ] && return 0
+    INSTALLED_VERSION=$("$VENV/bin/gpuhost-agent" version 2>/dev/null || true)
+    if [ -n "$VERSION" ] && [ "$INSTALLED_VERSION" != "$VERSION" ]; then
+        err "$SOURCE installed version ${INSTALLED_VERSION:-unknown}, not $VERSION"
+        report_init failed "wrong version installed" "$SOURCE installed version ${INSTALLED_VERSION:-unknown}, not $VERSION"
+        exit "$EXIT_FAILED"
+    fi
+    say "installed $PACKAGE ${INSTALLED_VERSION:-?}"
+}
+
+link_command() {
+    if [ -L "$BIN_LINK" ] || [ ! -e "$BIN_LINK" ]; then
+        step "linking $BIN_LINK to $VENV/bin/gpuhost-agent"
+        run install -d -m 0755 "$(dirname "$BIN_LINK")"
+        run ln -sfn "$VENV/bin/gpuhost-agent" "$BIN_LINK"
+    else
+        warn "$BIN_LINK exists and is not a link; left alone (the agent is $VENV/bin/gpuhost-agent)"
+    fi
+}
+
+write_config() {
+    step "writing $CONF_DIR: agent.conf (0640) and api-key (0600, root only; the key is not shown)"
+    [ "$DRY_RUN" = 1 ] && return 0
+    install -d -m 0750 -o root -g root "$CONF_DIR"
+    if [ "$NEW_KEY" = 1 ] || [ ! -s "$KEY_FILE" ]; then
+        local tmp
+        tmp=$(mktemp "$KEY_FILE.XXXXXX")   # mktemp makes it 0600
+        printf '%s\n' "$API_KEY" >"$tmp"   # printf is a builtin: the key is in no argv
+        chown root:root "$tmp"
+        mv -f "$tmp" "$KEY_FILE"
+    fi
+    chmod 0600 "$KEY_FILE"
+    if [ ! -f "$CONF" ]; then
+        cat >"$CONF" <<EOF
+# gpuhost-agent settings (KEY=VALUE; names as in gpuhost-agent run --help and the README).
+# install.sh keeps every line you add here; on each run it sets only
+# GPUHOST_MARKETPLACE_URL, GPUHOST_ENV_ID and GPUHOST_API_KEY_FILE (and
+# GPUHOST_STATE_DIR when absent). The API key itself is in $KEY_FILE.
+EOF
+    fi
+    conf_set "$CONF" GPUHOST_MARKETPLACE_URL "$URL"
+    conf_set "$CONF" GPUHOST_ENV_ID "$ENV_ID"
+    conf_set "$CONF" GPUHOST_API_KEY_FILE "$KEY_FILE"
+    [ -n "$(conf_get "$CONF" GPUHOST_STATE_DIR)" ] || conf_set "$CONF" GPUHOST_STATE_DIR "$STATE_DIR"
+    chown root:root "$CONF"
+    chmod 0640 "$CONF"
+}
+
+make_state_dir() {
+    if [ -d "$STATE_DIR" ]; then
+        say "keeping the state directory $STATE_DIR"
+        run chmod 0700 "$STATE_DIR"
+    else
+        step "creating the state directory $STATE_DIR (0700)"
+        run install -d -m 0700 -o root -g root "$STATE_DIR"
+    fi
+}
+
+systemd_version() {
+    have systemctl || return 0
+    systemctl --version 2>/dev/null | awk 'NR == 1 { print $2 + 0 }'
+}
+
+install_unit() {
+    local version
+    step "installing the unit $UNIT_PATH"
+    if [ "$DRY_RUN" = 0 ]; then
+        install -d -m 0755 "$(dirname "$UNIT_PATH")"
+        unit_text >"$UNIT_PATH.tmp"
+        chmod 0644 "$UNIT_PATH.tmp"
+        mv -f "$UNIT_PATH.tmp" "$UNIT_PATH"
+    fi
+    version=$(systemd_version)
+    if [ -n "$version" ] && [ "$version" -ge 254 ]; then
+        step "installing the restart back-off $DROPIN (systemd $version)"
+        if [ "$DRY_RUN" = 0 ]; then
+            install -d -m 0755 "$DROPIN_DIR"
+            dropin_text >"$DROPIN"
+            chmod 0644 "$DROPIN"
+        fi
+    elif [ -e "$DROPIN" ]; then
+        step "removing $DROPIN (systemd ${version:-absent} predates RestartSteps=)"
+        run rm -f "$DROPIN"
+    fi
+}
+
+start_service() {
+    local state i
+    if [ ! -d /run/systemd/system ]; then
+        warn "$MSG_NO_SYSTEMD"
+        if have systemctl; then
+            # Works without a running systemd: it only makes the wants link.
+            step "enabling $UNIT_NAME for the next boot"
+            run systemctl enable "$UNIT_NAME" </dev/null || warn "systemctl enable $UNIT_NAME failed"
+        fi
+        return 0
+    fi
+    step "starting $UNIT_NAME (systemctl daemon-reload, enable, restart)"
+    run systemctl daemon-reload </dev/null
+    run systemctl enable "$UNIT_NAME" </dev/null
+    # --no-block: Type=notify waits for READY, which needs the marketplace;
+    # we look at the state for a while instead of hanging on it.
+    run systemctl restart --no-block "$UNIT_NAME" </dev/null
+    [ "$DRY_RUN" = 1 ] && return 0
+    for i in $(seq 20); do
+        state=$(systemctl is-active "$UNIT_NAME" 2>/dev/null </dev/null || true)
+        [ "$state" = active ] || [ "$state" = failed ] && break
+        [ "$i" -lt 20 ] && sleep 1
+    done
+    case "$state" in
+        active) say "$UNIT_NAME is running" ;;
+        activating) say "$UNIT_NAME is starting (not yet connected to the marketplace)" ;;
+        *) warn "$UNIT_NAME is $state: see journalctl -u $UNIT_NAME" ;;
+    esac
+}
+
+do_install() {
+    resolve_settings
+    STARTED_AT=$(now_iso)
+    say "installing $PACKAGE for environment $ENV_ID of $URL (source: $SOURCE)"
+    [ "$DRY_RUN" = 1 ] && say "[dry-run] nothing will be changed"
+    report_init running "checking prerequisites"
+    preflight
+    install_packages
+    report_init running "installing the agent"
+    install_agent
+    link_command
+    write_config
+    make_state_dir
+    install_unit
+    start_service
+    report_init "done" "installed ${INSTALLED_VERSION:-$PACKAGE}; the agent takes over"
+    if [ "$DRY_RUN" = 1 ]; then
+        say "[dry-run] done; nothing was changed"
+    else
+        say "done. Check the machine: gpuhost-agent doctor; follow the agent: journalctl -u $UNIT_NAME -f"
+    fi
+}
+
+# ---- uninstall -------------------------------------------------------------------
+
+do_uninstall() {
+    local found=0
+    [ -e "$UNIT_PATH" ] || [ -e "$OPT_DIR" ] || [ -L "$BIN_LINK" ] && found=1
+    [ "$DRY_RUN" = 1 ] && say "[dry-run] nothing will be changed"
+    if [ "$found" = 1 ]; then
+        if [ -d /run/systemd/system ]; then
+            step "stopping and disabling $UNIT_NAME"
+            run systemctl disable --now "$UNIT_NAME" </dev/null || warn "systemctl disable --now $UNIT_NAME failed"
+        elif have systemctl && [ -e "$UNIT_PATH" ]; then
+            step "disabling $UNIT_NAME"
+            run systemctl disable "$UNIT_NAME" </dev/null || true
+        fi
+        if [ -e "$UNIT_PATH" ]; then step "removing $UNIT_PATH"; run rm -f "$UNIT_PATH"; fi
+        if [ -e "$DROPIN" ]; then step "removing $DROPIN"; run rm -f "$DROPIN"; fi
+        if [ -d "$DROPIN_DIR" ]; then
+            if [ "$PURGE" = 1 ]; then run rm -rf "$DROPIN_DIR"
+            elif [ "$DRY_RUN" = 0 ] && ! rmdir "$DROPIN_DIR" 2>/dev/null; then
+                say "keeping your drop-ins in $DROPIN_DIR"
+            fi
+        fi
+        [ -d /run/systemd/system ] && run systemctl daemon-reload </dev/null
+        if [ -L "$BIN_LINK" ] && [[ $(readlink "$BIN_LINK") == "$OPT_DIR"/* ]]; then
+            step "removing $BIN_LINK"
+            run rm -f "$BIN_LINK"
+        fi
+        if [ -e "$OPT_DIR" ]; then step "removing $OPT_DIR"; run rm -rf "$OPT_DIR"; fi
+    else
+        say "$PACKAGE is not installed here (no $UNIT_PATH, no $OPT_DIR)"
+    fi
+    if [ "$PURGE" = 1 ]; then
+        if [ -e "$CONF_DIR" ]; then step "removing $CONF_DIR (configuration and API key)"; run rm -rf "$CONF_DIR"; fi
+        if [ -e "$STATE_DIR" ]; then
+            step "removing $STATE_DIR (a new install will not know the stacks running now)"
+            run rm -rf "$STATE_DIR"
+        fi
+    else
+        [ -e "$CONF_DIR" ] && say "kept $CONF_DIR (configuration and API key); --purge removes it"
+        [ -e "$STATE_DIR" ] && say "kept $STATE_DIR (the agent's state); --purge removes it"
+    fi
+    say "$MSG_UNINSTALLED"
+}
+
+# ---- main ------------------------------------------------------------------------
+
+CHECKOUT='' TMP='' INSTALLED_VERSION=''
+
+main() {
+    parse_args "$@"
+    if [ "$(id -u)" -ne 0 ]; then err "$MSG_NOT_ROOT"; exit "$EXIT_MISSING"; fi
+    umask 022
+    TMP=$(mktemp -d)
+    trap 'rm -rf "$TMP"' EXIT
+    if [ "$UNINSTALL" = 1 ]; then
+        do_uninstall
+    else
+        CHECKOUT=$(find_checkout)
+        do_install
+    fi
+}
+
+main "$@"
