@@ -145,6 +145,8 @@ NotifyAccess=main
 WatchdogSec=30s
 TimeoutStartSec=90s
 ExecStart=/opt/gpuhost-agent/venv/bin/gpuhost-agent run --config /etc/gpuhost-agent/agent.conf
+# SIGHUP re-reads agent.conf (the log level takes effect at once): systemctl reload gpuhost-agent
+ExecReload=/bin/kill -HUP $MAINPID
 Restart=always
 RestartSec=5s
 # (install.sh adds RestartSteps=/RestartMaxDelaySec= in a drop-in on systemd >= 254.)

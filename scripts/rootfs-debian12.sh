@@ -18,7 +18,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 target=${1:-"$(cd "$here/.." && pwd)/tests/.rootfs/debian12"}
 suite=bookworm
-packages=python3,python3-venv,curl,ca-certificates,systemd
+# procps: /bin/kill, which the unit's ExecReload= runs (every real host has it).
+packages=python3,python3-venv,curl,ca-certificates,systemd,procps
 stamp_value="$(sha256sum "$0" | cut -d' ' -f1)"
 stamp="$target/.gpuhost-rootfs-stamp"
 

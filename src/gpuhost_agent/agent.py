@@ -39,6 +39,8 @@ class Agent:
         self.schedule = schedule
         self.intervals: dict = {"jobPollWaitSeconds": 25, "containerResyncSeconds": 15, "reconcileSeconds": 60}
         self.connected = asyncio.Event()
+        self.connected_since: str | None = None
+        self.reconnects = 0
         self.env_id: str | None = None
         self._pushed: dict[str, list] = {}
         self.reconciler: Reconciler | None = None
@@ -122,6 +124,7 @@ class Agent:
         if self.host:
             self.host.session_opened(reply, sent_at, time.time())
             self.host.init.done("marketplace", f"session {reply.get('sessionId')}")
+        self.connected_since = wire.iso()
         self.connected.set()
         log.info("session_opened", session_id=reply.get("sessionId"), env_id=reply.get("envId"),
                  requeued_jobs=reply.get("requeuedJobs", 0))
@@ -134,6 +137,7 @@ class Agent:
             except MarketplaceUnavailable as exc:
                 failures += 1
                 self.connected.clear()
+                self.connected_since = None
                 delay = retry_delay(failures, exc)
                 log.warning("job_poll_failed", error=str(exc), retry_in_s=round(delay, 1))
                 await asyncio.sleep(delay)
@@ -141,6 +145,7 @@ class Agent:
             except MarketplaceRejected as exc:
                 failures += 1
                 self.connected.clear()
+                self.connected_since = None
                 delay = max(10.0, retry_delay(failures))
                 log.error("job_poll_rejected", error=str(exc), retry_in_s=round(delay, 1),
                           hint="the marketplace refused the poll request itself")
@@ -149,6 +154,8 @@ class Agent:
             if failures:
                 log.info("marketplace_reachable_again", after_failures=failures)
                 failures = 0
+                self.reconnects += 1
+                self.connected_since = wire.iso()
                 self.connected.set()
             for raw in jobs:
                 self.dispatcher.submit(raw)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import __version__, config as config_module, daemon, host_check, logs
+from . import __version__, config as config_module, daemon, host_check, logs, status_cli
 from .runtime.compose import ComposeNotFound
 
 
@@ -31,6 +31,11 @@ def _parser() -> argparse.ArgumentParser:
     for sub in (probe, doctor):
         sub.add_argument("--config", help=f"KEY=VALUE config file (default {config_module.DEFAULT_CONFIG_FILE})")
         sub.add_argument("--compose-command", help="Compose v2 command, e.g. 'docker compose'")
+    status = commands.add_parser("status", help="is the agent running and connected: heartbeat, last error, stacks")
+    status.add_argument("--json", action="store_true", help="machine-readable JSON instead of text")
+    status.add_argument("--socket", dest="status_socket", help="the running agent's status socket (GPUHOST_STATUS_SOCKET)")
+    status.add_argument("--config", help=f"KEY=VALUE config file (default {config_module.DEFAULT_CONFIG_FILE})")
+    status.add_argument("--state-dir", help="the agent's state directory (GPUHOST_STATE_DIR)")
     commands.add_parser("version", help="print the agent's version")
     return parser
 
@@ -41,6 +46,13 @@ def main(argv: list[str] | None = None) -> int:
         print(__version__)
         return 0
     flags = {key: value for key, value in vars(args).items() if key not in ("command", "json")}
+    if args.command == "status":
+        try:  # a dummy api_key: status never needs the key, and a non-root user cannot read its file
+            config = config_module.load({**flags, "api_key": "unused-by-status"})
+        except (config_module.ConfigError, ValueError) as exc:
+            print(f"gpuhost-agent: configuration error: {exc}", file=sys.stderr)
+            return 2
+        return status_cli.run(config.status_socket, args.json)
     try:
         config = config_module.load(flags)
         logs.configure(config.log_level if args.command == "run" else "warning")
@@ -50,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("probe", "doctor"):
         return getattr(host_check, args.command)(config, args.json)
     try:
-        return daemon.run(config)
+        return daemon.run(config, reload=lambda: config_module.load(flags))
     except ComposeNotFound as exc:
         print(f"gpuhost-agent: {exc}", file=sys.stderr)
         return 3

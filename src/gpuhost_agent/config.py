@@ -43,6 +43,9 @@ class AgentConfig:
     pids_limit: int = 4096                # processes per container
     reconcile_grace_seconds: float = 120.0  # how long a stack the marketplace does not list may stay
     shutdown_grace_seconds: float = 20.0  # on SIGTERM, how long running jobs may take before they are abandoned
+    status_socket: Path | None = None              # Unix socket for `gpuhost-agent status` (default <state_dir>/agent.sock)
+    metrics: bool = False                          # GPUHOST_METRICS=on: /metrics on the status socket
+    metrics_listen: tuple[str, int] | None = None  # GPUHOST_METRICS_LISTEN=127.0.0.1:9464: also on loopback TCP
 
     @property
     def uses_local_marketplace(self) -> bool:
@@ -117,11 +120,17 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         shutdown_grace = float(pick("shutdown_grace_seconds", "GPUHOST_SHUTDOWN_GRACE_SECONDS", 20.0))
     except ValueError as exc:
         raise ConfigError(f"bad number in the configuration: {exc}") from None
+    state_dir = Path(str(pick("state_dir", "GPUHOST_STATE_DIR", default_state_dir()))).absolute()
+    status_socket = Path(str(pick("status_socket", "GPUHOST_STATUS_SOCKET", state_dir / "agent.sock"))).absolute()
+    metrics_on = str(pick("metrics", "GPUHOST_METRICS", "off")).strip().lower()
+    if metrics_on not in ("on", "off", "true", "false", "yes", "no", "1", "0"):
+        raise ConfigError(f"GPUHOST_METRICS must be on or off, not {metrics_on!r}")
+    metrics_listen = pick("metrics_listen", "GPUHOST_METRICS_LISTEN")
     return AgentConfig(
         marketplace_url=url,
         env_id=env_id,
         api_key=api_key,
-        state_dir=Path(str(pick("state_dir", "GPUHOST_STATE_DIR", default_state_dir()))).absolute(),
+        state_dir=state_dir,
         local_listen=parse_listen(str(pick("local_listen", "GPUHOST_LOCAL_LISTEN", DEFAULT_LOCAL_LISTEN))),
         local_api_key=pick("local_api_key", "GPUHOST_LOCAL_API_KEY"),
         log_level=str(pick("log_level", "GPUHOST_LOG_LEVEL", "info")),
@@ -138,4 +147,7 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         pids_limit=pids_limit,
         reconcile_grace_seconds=grace,
         shutdown_grace_seconds=shutdown_grace,
+        status_socket=status_socket,
+        metrics=metrics_on in ("on", "true", "yes", "1"),
+        metrics_listen=parse_listen(str(metrics_listen)) if metrics_listen else None,
     )

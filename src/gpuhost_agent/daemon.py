@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+from typing import Callable
 from dataclasses import dataclass
 
-from . import sd_notify
+from . import sd_notify, status_server
 from .agent import Agent, send_report
 from .client import MarketplaceClient
 from .config import AgentConfig
@@ -122,6 +123,9 @@ async def serve(config: AgentConfig, stop: asyncio.Event) -> None:
     else:
         base_url, api_key = str(config.marketplace_url), str(config.api_key)
     parts = build_agent(config, base_url, api_key)
+    status = await status_server.start(parts, config.status_socket, metrics_enabled=config.metrics,
+                                       metrics_listen=config.metrics_listen,
+                                       local_marketplace=config.uses_local_marketplace)
     agent_task = asyncio.create_task(parts.agent.run(), name="agent")
     watchdog = sd_notify.Watchdog()
     watchdog.start()
@@ -132,10 +136,12 @@ async def serve(config: AgentConfig, stop: asyncio.Event) -> None:
     done, _ = await asyncio.wait({agent_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
     if agent_task in done:
         stop_task.cancel()
+        await status.stop()
         agent_task.result()  # re-raise what stopped the agent
     ready_task.cancel()
     sd_notify.stopping("stopping: finishing jobs; containers keep running")
     log.info("agent_stopping", reason="signal")
+    await status.stop()  # before stop_agent: it closes the database /status reads
     await stop_agent(parts, agent_task, config.shutdown_grace_seconds)
     if local is not None:
         await local.stop()
@@ -155,12 +161,36 @@ def _print_local_banner(local: local_server.RunningMarketplace) -> None:
     )
 
 
-def run(config: AgentConfig) -> int:
+def run(config: AgentConfig, reload: Callable[[], AgentConfig] | None = None) -> int:
+    """Run until SIGTERM/SIGINT. SIGHUP re-reads the configuration (`reload`,
+    by default the config file and environment without the command line's
+    flags) and applies what can change at run time: the log level."""
+    from . import config as config_module, logs
+
+    reread = reload or (lambda: config_module.load({}))
+
+    def on_sighup() -> None:
+        try:
+            fresh = reread()
+            logs.set_level(fresh.log_level)
+        except (config_module.ConfigError, ValueError, OSError) as exc:
+            log.error("config_reload_failed", error=str(exc), log_level=config.log_level)
+            return
+        # Only the level changes at run time; other edits wait for a restart.
+        # (Without `reload` the flags are not re-read, so a difference may be a flag.)
+        unapplied = sorted(name for name in vars(fresh) if name != "log_level"
+                           and getattr(fresh, name) != getattr(config, name)) if reload else []
+        config.log_level = fresh.log_level
+        log.info("config_reloaded", log_level=fresh.log_level, restart_needed_for=unapplied or None)
+        log.debug("config_in_effect", **{name: str(value) for name, value in vars(config).items()
+                                         if name not in ("api_key", "local_api_key")})
+
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, on_sighup)
         await serve(config, stop)
 
     asyncio.run(main())

@@ -53,6 +53,11 @@ class HostReporter:
         self._beat_failures = 0
         self._speed_task: asyncio.Task | None = None
         self._last_resend = float("-inf")
+        self.last_beat_at: str | None = None
+
+    @property
+    def beat_failures(self) -> int:
+        return self._beat_failures
 
     # ---- session --------------------------------------------------------------
     def session_opened(self, reply: dict, sent_at: float, received_at: float) -> None:
@@ -160,6 +165,7 @@ class HostReporter:
         sent_at = time.time()
         try:
             reply = await self.client.heartbeat(body)
+            self.last_beat_at = body["sentAt"]
         except (MarketplaceUnavailable, MarketplaceRejected) as exc:
             self._beat_failures += 1
             if self._beat_failures == 1:

@@ -10,6 +10,7 @@ and every registered secret *value* is replaced wherever it appears in a string
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 from collections import Counter
@@ -95,16 +96,85 @@ def redact_processor(registry: SecretRegistry = SECRETS):
     return processor
 
 
-def configure(level: str = "info", *, json_lines: bool | None = None, stream=None) -> None:
-    """JSON lines when not on a terminal (journald, files, CI), readable lines on one."""
+# journald's SyslogLevelPrefix= (on by default) takes a leading "<N>" off a line
+# written to its stream and stores N as the entry's PRIORITY.
+SYSLOG_PRIORITY = {"debug": 7, "info": 6, "notice": 5, "warning": 4, "warn": 4, "error": 3, "exception": 3,
+                   "critical": 2, "fatal": 2}
+
+
+def stream_is_journal(stream) -> bool:
+    """True when `stream` is the journal stream systemd connected us to: systemd
+    sets $JOURNAL_STREAM to the "dev:inode" of that stream (stdout/stderr)."""
+    expected = os.environ.get("JOURNAL_STREAM", "")
+    device, sep, inode = expected.partition(":")
+    if not sep or not device.isdigit() or not inode.isdigit():
+        return False
+    try:
+        info = os.fstat(stream.fileno())
+    except (AttributeError, OSError, ValueError):  # StringIO, closed streams
+        return False
+    return (info.st_dev, info.st_ino) == (int(device), int(inode))
+
+
+def journald_priority(renderer):
+    """Wrap a renderer so each line starts with its syslog priority, "<6>{...}"."""
+    def render(logger: Any, name: str, event_dict: dict) -> str:
+        priority = SYSLOG_PRIORITY.get(str(event_dict.get("level", name)).lower(), 6)
+        return f"<{priority}>{renderer(logger, name, event_dict)}"
+
+    return render
+
+
+# ---- the last warning or error, for `status` -------------------------------------
+class LastError:
+    """A structlog processor that remembers the newest warning/error line.
+
+    Placed after the redaction processor in logs.configure, so what it keeps is
+    already scrubbed. Thread-safe; never changes the event."""
+
+    LEVELS = ("warning", "error", "critical", "exception")
+    KEYS = ("error", "hint", "stack_id", "rental_id", "job_id", "container", "phase")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.last: dict | None = None
+        self.counts: dict[str, int] = {}
+
+    def __call__(self, _logger: Any, method_name: str, event_dict: dict) -> dict:
+        level = str(event_dict.get("level") or method_name).lower()
+        if level in self.LEVELS:
+            entry = {"at": event_dict.get("timestamp"), "level": level,
+                     "event": event_dict.get("event")}
+            entry.update({key: event_dict[key] for key in self.KEYS if event_dict.get(key) is not None})
+            with self._lock:
+                self.last = entry
+                self.counts[level] = self.counts.get(level, 0) + 1
+        return event_dict
+
+    def get(self) -> dict | None:
+        with self._lock:
+            return dict(self.last) if self.last else None
+
+
+LAST_ERROR = LastError()
+
+
+def configure(level: str = "info", *, json_lines: bool | None = None, stream=None,
+              journal: bool | None = None) -> None:
+    """JSON lines when not on a terminal (journald, files, CI), readable lines on
+    one; on the journal, each line carries its priority prefix (see above)."""
     stream = stream or sys.stderr
     if json_lines is None:
         json_lines = not stream.isatty()
+    if journal is None:
+        journal = stream_is_journal(stream)
     renderer = (
         structlog.processors.JSONRenderer(sort_keys=False)
         if json_lines
         else structlog.dev.ConsoleRenderer(colors=False)
     )
+    if journal:
+        renderer = journald_priority(renderer)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -112,12 +182,28 @@ def configure(level: str = "info", *, json_lines: bool | None = None, stream=Non
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
             redact_processor(SECRETS),
+            LAST_ERROR,  # after redaction: `gpuhost-agent status` shows it
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_level_number(level)),
         logger_factory=structlog.PrintLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
     )
+
+
+def set_level(level: str) -> None:
+    """Change the level at run time (SIGHUP); the rest of the setup stays.
+    Raises ValueError for an unknown level, leaving the old one in force."""
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(_level_number(level)))
+
+
+def current_level() -> str:
+    """The name of the level now in force ("info"), for reports."""
+    wrapper = structlog.get_config()["wrapper_class"]
+    for name in ("debug", "info", "warning", "error", "critical"):
+        if wrapper is structlog.make_filtering_bound_logger(_level_number(name)):
+            return name
+    return "unknown"
 
 
 def _level_number(level: str) -> int:

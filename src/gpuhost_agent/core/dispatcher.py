@@ -14,10 +14,14 @@ locks, but no completion is sent for them (the marketplace never issued them).
 from __future__ import annotations
 
 import asyncio
+import time
+import uuid
 from collections import Counter
 from typing import Callable
 
-from .. import wire
+import structlog
+
+from .. import metrics, wire
 from ..logs import get_logger
 from ..outbox import JOB_COMPLETE, STATUS, Outbox
 from ..state_db import AgentDB
@@ -39,6 +43,8 @@ class JobDispatcher:
         self._rental_jobs: Counter[str] = Counter()  # stack jobs of each rental not yet finished
         self._rentals_ending: Counter[str] = Counter()  # rental.end jobs not yet finished
         self.duplicates_ignored = 0
+        self.outcomes: Counter[str] = Counter()  # marketplace jobs finished since start, for the metrics
+        self.deploy_durations = metrics.Histogram()
         self.on_job: Callable[[wire.StackJob], None] = lambda job: None  # sees every decoded job first
 
     def submit(self, raw: object) -> None:
@@ -69,6 +75,9 @@ class JobDispatcher:
     def busy_stacks(self) -> set[str]:
         return {stack_id for stack_id, count in self._stacks_busy.items() if count}
 
+    def running_jobs(self) -> int:
+        return len(self._running)
+
     def busy_rentals(self) -> set[str]:
         return set(self._rental_jobs) | set(self._rentals_ending)
 
@@ -96,6 +105,17 @@ class JobDispatcher:
             del self._stacks_busy[job.stack_id]
 
     async def _run(self, job: wire.StackJob) -> None:
+        # Every line logged while this job runs (deployer, Compose, sandbox)
+        # carries its ids and a request id of this run, which tells apart two
+        # runs of the same job (a redelivery after a restart); operators follow
+        # a job with `jq 'select(.request_id=="...")'` (docs/operations.md).
+        context = {"job_id": job.job_id, "rental_id": job.rental_id, "request_id": uuid.uuid4().hex[:12]}
+        if job.stack_id:
+            context["stack_id"] = job.stack_id
+        with structlog.contextvars.bound_contextvars(**context):
+            await self._run_bound(job)
+
+    async def _run_bound(self, job: wire.StackJob) -> None:
         if job.type == wire.JOB_RENTAL_END:
             await self._run_rental_end(job)
             return
@@ -118,7 +138,11 @@ class JobDispatcher:
         self._stack_jobs[job.stack_id] += 1
         try:
             async with lock:
+                started = time.monotonic()
                 error = await self._execute(job)
+                if job.type == wire.JOB_DEPLOY:
+                    self.deploy_durations.observe(time.monotonic() - started,
+                                                  outcome=wire.OUTCOME_FAILED if error else wire.OUTCOME_SUCCEEDED)
         finally:
             self._stack_jobs[job.stack_id] -= 1
             if not self._stack_jobs[job.stack_id]:
@@ -150,6 +174,7 @@ class JobDispatcher:
             return
         body = {"outcome": wire.OUTCOME_FAILED if error else wire.OUTCOME_SUCCEEDED, "errorMsg": error or None,
                 "finishedAt": wire.iso()}
+        self.outcomes[body["outcome"]] += 1
         self.db.job_finished(job_id, body)
         self.outbox.put(JOB_COMPLETE, job_id, body)
 
