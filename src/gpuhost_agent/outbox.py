@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from .client import MarketplaceRejected, MarketplaceUnavailable, retry_delay
+from .wire import REMOVED
 from .logs import get_logger
 from .state_db import AgentDB
 
@@ -81,6 +82,8 @@ class Outbox:
             entry = self._entries[key] = Report(kind, target, body, self._versions, self._seq)
         if self._db:
             self._db.outbox_put(kind, target, entry.seq, body)
+        if kind == STATUS and body.get("status") == REMOVED:
+            self._forget((CONTAINERS, target))  # superseded: the marketplace drops a removed stack's list
         if len(self._entries) > self._max_entries:
             self._drop_one()
         self._idle.clear()
@@ -98,6 +101,10 @@ class Outbox:
             self._db.set_meta("reports_dropped", str(self.dropped))
         log.warning("report_dropped", kind=victim[0], target=victim[1], dropped_total=self.dropped,
                     limit=self._max_entries, hint="the marketplace has been unreachable for long")
+
+    def _forget(self, key: tuple[str, str]) -> None:
+        if self._entries.pop(key, None) is not None and self._db:
+            self._db.outbox_delete(*key)
 
     def pending(self) -> int:
         return len(self._entries)

@@ -160,7 +160,8 @@ class StackDeployer:
     # ---- remove --------------------------------------------------------------
     async def remove(self, job: wire.StackJob) -> str:
         workdir = self.stacks_dir / job.stack_id
-        self.report_status(job, wire.REMOVING)
+        if await self._known_here(job.stack_id):
+            self.report_status(job, wire.REMOVING)  # else only REMOVED: the marketplace may have forgotten it
         log.info("stack_removing", stack_id=job.stack_id, rental_id=job.rental_id, job_id=job.job_id)
         faults.crash_point("remove.before_compose_down")
         try:
@@ -177,6 +178,14 @@ class StackDeployer:
         self.report_status(job, wire.REMOVED)
         log.info("stack_removed", stack_id=job.stack_id, job_id=job.job_id)
         return ""
+
+    async def _known_here(self, stack_id: str) -> bool:
+        try:
+            if await self.engine.stack_containers(stack_id):
+                return True
+        except EngineError:
+            return True  # cannot tell: say what we are doing
+        return (self.stacks_dir / stack_id).exists() or (self.db is not None and stack_id in self.db.stacks())
 
     # ---- rental end ------------------------------------------------------------
     async def end_rental(self, job: wire.StackJob) -> str:

@@ -37,6 +37,8 @@ class DockerEngine:
         self._timeout = timeout
         self._client: docker.DockerClient | None = None
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="docker")
+        self._streams: set = set()  # clients of long streams, closed with the engine
+        self._closed = False
 
     def _api(self) -> docker.APIClient:
         if self._client is None:
@@ -61,6 +63,31 @@ class DockerEngine:
             return await asyncio.wait_for(loop.run_in_executor(self._pool, run), self._timeout + 5)
         except asyncio.TimeoutError:
             raise EngineError(f"Docker Engine did not answer within {self._timeout + 5:.0f}s") from None
+
+    def follow_daemon_events(self, on_break) -> None:
+        """Block on the engine's event stream (daemon events only: rare) until
+        it breaks, then call on_break. The stream ends when dockerd stops, so
+        a restart is seen even when it is quicker than a ping period. Runs in
+        a thread of its own, with a client without timeout (an idle stream is
+        not a hung one)."""
+        try:
+            client = docker.APIClient(timeout=None, **docker.utils.kwargs_from_env())
+        except (EngineError, docker.errors.DockerException):
+            return
+        self._streams.add(client)
+        try:
+            for _event in client.events(filters={"type": "daemon"}, decode=True):
+                pass
+        except (docker.errors.DockerException, requests.exceptions.RequestException, OSError, ValueError):
+            pass
+        finally:
+            self._streams.discard(client)
+            client.close()
+        if not self._closed:
+            try:
+                on_break()
+            except RuntimeError:  # the event loop is gone: the agent is stopping
+                pass
 
     async def ping(self) -> None:
         """EngineError unless the engine answers now."""
@@ -138,3 +165,6 @@ class DockerEngine:
             self._client.close()
             self._client = None
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._closed = True
+        for client in list(self._streams):
+            client.close()  # ends a blocked stream read: its thread finishes

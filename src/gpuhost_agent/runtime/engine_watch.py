@@ -10,6 +10,7 @@ business during the outage; the agent only reports what it finds after.
 from __future__ import annotations
 
 import asyncio
+import threading
 from datetime import datetime
 from typing import Awaitable, Callable
 
@@ -30,14 +31,37 @@ class EngineWatch:
         self.last_up: datetime | None = None
         self.outages = 0
         self._on_back: list[OnBack] = []
+        self._following = False
+        self._events_broke = asyncio.Event()
 
     def on_back(self, callback: OnBack) -> None:
         self._on_back.append(callback)
 
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await self.check()
-            await asyncio.sleep(self.period)
+            if self.up and not self._following:
+                self._following = True
+                threading.Thread(target=self.engine.follow_daemon_events, daemon=True, name="docker-events-watch",
+                                 args=(lambda: loop.call_soon_threadsafe(self._stream_broke),)).start()
+            self._events_broke.clear()
+            if not self.up:  # down: look again soon, whatever the period
+                await asyncio.sleep(min(self.period, 1.0))
+                continue
+            try:  # up: the next ping after the period, or at once when the event stream breaks
+                await asyncio.wait_for(self._events_broke.wait(), self.period)
+            except asyncio.TimeoutError:
+                pass
+
+    def _stream_broke(self) -> None:
+        """dockerd went away (maybe only for a moment): the next answer counts as coming back."""
+        self._following = False
+        if self.up:
+            self.outages += 1
+            log.warning("docker_event_stream_lost", hint="the Docker Engine stopped or restarted")
+        self.up = False
+        self._events_broke.set()
 
     async def check(self) -> None:
         try:
