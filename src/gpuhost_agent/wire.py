@@ -86,6 +86,11 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def is_whole(value: Any, high: int | None = None) -> bool:
+    """A JSON whole number from 0 (to `high`), and not a boolean: counts and ids."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value and (high is None or value <= high)
+
+
 def validate_template(template: Any) -> dict:
     """The seed's Create-stack template, checked and with defaults filled in.
 
@@ -241,6 +246,6 @@ def _gpu_count(rental: Any) -> int:
     if not isinstance(rental, dict):
         raise InvalidBody("rental must be an object")
     count = rental.get("gpuCount", 0)
-    if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= MAX_GPU_COUNT:
+    if not is_whole(count, MAX_GPU_COUNT):
         raise InvalidBody(f"rental.gpuCount must be a whole number from 0 to {MAX_GPU_COUNT}")
     return count

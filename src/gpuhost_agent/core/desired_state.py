@@ -68,7 +68,7 @@ def _stack(entry: Any, index: int) -> DesiredStack:
         raise wire.InvalidBody(f"{where}.desired must be {PRESENT!r} or {ABSENT!r}")
     if status not in wire.STACK_STATUSES:
         raise wire.InvalidBody(f"{where}.status must be one of {', '.join(wire.STACK_STATUSES)}")
-    if not isinstance(open_jobs, int) or isinstance(open_jobs, bool) or open_jobs < 0:
+    if not wire.is_whole(open_jobs):
         raise wire.InvalidBody(f"{where}.openJobs must be a non-negative integer")
     name = entry.get("stackName", "")
     if not isinstance(name, str):
@@ -90,7 +90,7 @@ def _rental(entry: Any, index: int) -> DesiredRental:
         raise wire.InvalidBody(f"{where}.status must be {wire.RENTAL_ACTIVE} or {wire.RENTAL_COMPLETE}")
     if end is not None and not wire.is_iso(end):
         raise wire.InvalidBody(f"{where}.endDate must be an ISO 8601 date-time or null")
-    if not isinstance(gpus, int) or isinstance(gpus, bool) or not 0 <= gpus <= wire.MAX_GPU_COUNT:
+    if not wire.is_whole(gpus, wire.MAX_GPU_COUNT):
         raise wire.InvalidBody(f"{where}.gpuCount must be an integer from 0 to {wire.MAX_GPU_COUNT}")
     return DesiredRental(_id(entry, "rentalId", where), status, wire.parse_iso(end) if end else None, gpus)
 

@@ -92,7 +92,7 @@ def _status_problem(body) -> str | None:
     if not isinstance(gpus, list) or not all(isinstance(uuid, str) for uuid in gpus):
         return "assignedGPUs must be an array of GPU UUIDs"
     pstack_id = body.get("pStackId", 0)
-    if not isinstance(pstack_id, int) or isinstance(pstack_id, bool) or pstack_id < 0:
+    if not wire.is_whole(pstack_id):
         return "pStackId must be a non-negative integer"
     return None
 

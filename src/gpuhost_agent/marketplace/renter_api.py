@@ -34,7 +34,7 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
             return json_error(404 if isinstance(body.get("envId"), str) else 400,
                               f"envId must name this marketplace's environment ({store.envId})")
         gpu_count = body.get("gpuCount", 0)
-        if not isinstance(gpu_count, int) or isinstance(gpu_count, bool) or gpu_count < 0:
+        if not wire.is_whole(gpu_count):
             return json_error(400, "gpuCount must be a non-negative integer")
         name, end_date = body.get("name"), body.get("endDate")
         if name is not None and not isinstance(name, str):
