@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost_agent import metrics, status_cli, status_server, wire
+from gpuhost_agent import logs, metrics, status_cli, status_server, wire
 from gpuhost_agent.core.reconcile_plan import Action
 from gpuhost_agent.daemon import build_agent
 
@@ -326,7 +326,7 @@ async def test_other_users_cannot_open_the_socket(parts, short_dir):
 
 # ---- the last error, as `status` shows it ------------------------------------------------------
 def test_last_error_recorder_keeps_newest_warning_or_error():
-    recorder = status_server.LastError()
+    recorder = logs.LastError()
     event = {"event": "job_poll_failed", "level": "info", "timestamp": "t0"}
     assert recorder(None, "info", dict(event)) == event
     assert recorder.get() is None

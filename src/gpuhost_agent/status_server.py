@@ -18,7 +18,6 @@ import ipaddress
 import os
 import socket
 import stat
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from aiohttp import web
 
 from . import __version__, metrics, wire
-from .logs import LAST_ERROR, SECRETS, LastError, get_logger  # noqa: F401 - LastError re-exported for tests
+from .logs import LAST_ERROR, SECRETS, get_logger
 
 if TYPE_CHECKING:
     from .daemon import AgentParts
@@ -58,10 +57,6 @@ def _job_outcomes(parts: "AgentParts") -> dict[str, int]:
     return {str(k): int(v) for k, v in parts.dispatcher.outcomes.items()}
 
 
-def _running_jobs(parts: "AgentParts") -> int:
-    return parts.dispatcher.running_jobs()
-
-
 class StatusSource:
     """Reads the figures from the agent's parts; hooks that do not exist yet read as None."""
 
@@ -85,7 +80,7 @@ class StatusSource:
                     "endedAt": row.get("ended_at")}
                    for rental_id, row in sorted(parts.db.rentals().items()) if not row.get("ended_at")]
         last_actions = [{"kind": a.kind, "target": a.target, "why": a.why}
-                        for a in (getattr(parts.reconciler, "last_actions", None) or [])]
+                        for a in parts.reconciler.last_actions]
         body = {
             "running": True,
             "pid": os.getpid(),
@@ -93,21 +88,21 @@ class StatusSource:
             "since": wire.iso_from_timestamp(self.started_at),
             "uptimeSeconds": round(time.time() - self.started_at, 1),
             "connected": agent.connected.is_set(),
-            "connectedSince": getattr(agent, "connected_since", None),
-            "reconnects": getattr(agent, "reconnects", None),
+            "connectedSince": agent.connected_since,
+            "reconnects": agent.reconnects,
             "envId": agent.env_id,
             "marketplace": parts.client.base_url,
             "localMarketplace": self.local_marketplace,
-            "sessionId": getattr(parts.client, "session_id", None),
+            "sessionId": parts.client.session_id,
             "initState": host.init.as_wire(),
-            "heartbeat": {"lastAt": getattr(host, "last_beat_at", None),
-                          "failures": getattr(host, "beat_failures", getattr(host, "_beat_failures", None)),
+            "heartbeat": {"lastAt": host.last_beat_at,
+                          "failures": host.beat_failures,
                           "intervalSeconds": host.intervals.get("heartbeatSeconds"),
                           "clockSkewSeconds": host.clock_skew},
             "lastError": self.last_error(),
             "stacks": stacks,
             "rentals": rentals,
-            "jobs": {"running": _running_jobs(parts), "outcomes": _job_outcomes(parts),
+            "jobs": {"running": parts.dispatcher.running_jobs(), "outcomes": _job_outcomes(parts),
                      "duplicatesIgnored": parts.dispatcher.duplicates_ignored},
             "reports": {"pending": outbox.pending(), "sent": outbox.sent, "rejected": outbox.rejected,
                         "dropped": outbox.dropped},
@@ -130,11 +125,11 @@ class StatusSource:
             "uptime_seconds": round(time.monotonic() - self._started_monotonic, 3),
             "connected": parts.agent.connected.is_set(),
             "jobs": _job_outcomes(parts),
-            "jobs_running": _running_jobs(parts),
-            "deploy_durations": getattr(parts.dispatcher, "deploy_durations", None),
+            "jobs_running": parts.dispatcher.running_jobs(),
+            "deploy_durations": parts.dispatcher.deploy_durations,
             "reports": {"pending": parts.outbox.pending(), "sent": parts.outbox.sent,
                         "rejected": parts.outbox.rejected, "dropped": parts.outbox.dropped},
-            "reconnects": getattr(parts.agent, "reconnects", None),
+            "reconnects": parts.agent.reconnects,
             "engine_up": watch.up if watch else None,
             "engine_outages": watch.outages if watch else None,
             "reconcile_runs": parts.reconciler.runs,
@@ -209,6 +204,7 @@ class StatusServer:
         self.socket_path = Path(socket_path)
         self.metrics_listen = metrics_listen
         self._runner: web.AppRunner | None = None
+        self._metrics_runner: web.AppRunner | None = None
         self.metrics_port: int | None = None
 
     async def start(self) -> None:
@@ -240,11 +236,11 @@ class StatusServer:
         return response
 
     async def stop(self) -> None:
-        for runner in (getattr(self, "_metrics_runner", None), self._runner):
+        for runner in (self._metrics_runner, self._runner):
             if runner is not None:
                 with contextlib.suppress(Exception):
                     await runner.cleanup()
-        self._runner = None
+        self._runner = self._metrics_runner = None
         with contextlib.suppress(FileNotFoundError):
             if stat.S_ISSOCK(self.socket_path.lstat().st_mode):
                 self.socket_path.unlink()

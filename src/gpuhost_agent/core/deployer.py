@@ -174,7 +174,6 @@ class StackDeployer:
         faults.crash_point("remove.before_removed_report")
         shutil.rmtree(workdir, ignore_errors=True)
         self._forget_secrets(job.stack_id)
-        self.outbox.put(CONTAINERS, job.stack_id, {"containers": [], "observedAt": wire.iso()})
         self.report_status(job, wire.REMOVED)
         log.info("stack_removed", stack_id=job.stack_id, job_id=job.job_id)
         return ""
@@ -216,7 +215,6 @@ class StackDeployer:
             shutil.rmtree(self.stacks_dir / stack_id, ignore_errors=True)
             self._forget_secrets(stack_id)
             gone = dataclasses.replace(job, stack_id=stack_id, stack_name=project.rsplit("-", 1)[0])
-            self.outbox.put(CONTAINERS, stack_id, {"containers": [], "observedAt": wire.iso()})
             self.report_status(gone, wire.REMOVED)
         log.info("rental_ended", rental_id=job.rental_id, job_id=job.job_id, leftover_stacks=len(projects),
                  gpus_freed=len(freed))

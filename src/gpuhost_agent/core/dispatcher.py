@@ -38,8 +38,7 @@ class JobDispatcher:
         self._running: dict[str, asyncio.Task] = {}
         self._stacks_busy: Counter[str] = Counter()  # submitted, unfinished jobs per stack
         self._internal: set[str] = set()  # ids of running jobs that reconcile made up
-        self._stack_locks: dict[str, asyncio.Lock] = {}
-        self._stack_jobs: Counter[str] = Counter()  # jobs holding or awaiting each stack's lock
+        self._stack_locks: dict[str, asyncio.Lock] = {}  # while the stack has unfinished jobs
         self._rental_jobs: Counter[str] = Counter()  # stack jobs of each rental not yet finished
         self._rentals_ending: Counter[str] = Counter()  # rental.end jobs not yet finished
         self.duplicates_ignored = 0
@@ -81,11 +80,11 @@ class JobDispatcher:
     def busy_rentals(self) -> set[str]:
         return set(self._rental_jobs) | set(self._rentals_ending)
 
+    def _rental_counter(self, job: wire.StackJob) -> Counter[str]:
+        return self._rentals_ending if job.type == wire.JOB_RENTAL_END else self._rental_jobs
+
     def _start(self, job: wire.StackJob) -> None:
-        if job.type != wire.JOB_RENTAL_END:
-            self._rental_jobs[job.rental_id] += 1
-        else:
-            self._rentals_ending[job.rental_id] += 1
+        self._rental_counter(job)[job.rental_id] += 1
         self._stacks_busy[job.stack_id] += 1
         if job.job_id not in self._internal:
             self.db.job_started(job)
@@ -96,13 +95,9 @@ class JobDispatcher:
     def _done(self, job: wire.StackJob) -> None:
         self._running.pop(job.job_id, None)
         self._internal.discard(job.job_id)
-        if job.type == wire.JOB_RENTAL_END:
-            self._rentals_ending[job.rental_id] -= 1
-            if not self._rentals_ending[job.rental_id]:
-                del self._rentals_ending[job.rental_id]
-        self._stacks_busy[job.stack_id] -= 1
-        if not self._stacks_busy[job.stack_id]:
-            del self._stacks_busy[job.stack_id]
+        _decrement(self._rental_counter(job), job.rental_id)
+        if not _decrement(self._stacks_busy, job.stack_id):
+            self._stack_locks.pop(job.stack_id, None)  # no job of the stack holds or awaits it
 
     async def _run(self, job: wire.StackJob) -> None:
         # Every line logged while this job runs (deployer, Compose, sandbox)
@@ -118,13 +113,8 @@ class JobDispatcher:
     async def _run_bound(self, job: wire.StackJob) -> None:
         if job.type == wire.JOB_RENTAL_END:
             await self._run_rental_end(job)
-            return
-        try:
+        else:
             await self._run_stack_job(job)
-        finally:
-            self._rental_jobs[job.rental_id] -= 1
-            if not self._rental_jobs[job.rental_id]:
-                del self._rental_jobs[job.rental_id]
 
     async def _run_rental_end(self, job: wire.StackJob) -> None:
         """Only once the rental's own stack jobs (its removals) are done."""
@@ -134,19 +124,12 @@ class JobDispatcher:
         self._finish(job.job_id, error)
 
     async def _run_stack_job(self, job: wire.StackJob) -> None:
-        lock = self._stack_locks.setdefault(job.stack_id, asyncio.Lock())
-        self._stack_jobs[job.stack_id] += 1
-        try:
-            async with lock:
-                started = time.monotonic()
-                error = await self._execute(job)
-                if job.type == wire.JOB_DEPLOY:
-                    self.deploy_durations.observe(time.monotonic() - started,
-                                                  outcome=wire.OUTCOME_FAILED if error else wire.OUTCOME_SUCCEEDED)
-        finally:
-            self._stack_jobs[job.stack_id] -= 1
-            if not self._stack_jobs[job.stack_id]:
-                del self._stack_jobs[job.stack_id], self._stack_locks[job.stack_id]
+        async with self._stack_locks.setdefault(job.stack_id, asyncio.Lock()):
+            started = time.monotonic()
+            error = await self._execute(job)
+            if job.type == wire.JOB_DEPLOY:
+                self.deploy_durations.observe(time.monotonic() - started,
+                                              outcome=wire.OUTCOME_FAILED if error else wire.OUTCOME_SUCCEEDED)
         self._finish(job.job_id, error)
         log.info("job_finished", job_id=job.job_id, stack_id=job.stack_id,
                  outcome=wire.OUTCOME_FAILED if error else wire.OUTCOME_SUCCEEDED)
@@ -202,3 +185,12 @@ class JobDispatcher:
             task.cancel()
         if pending:
             await asyncio.wait(pending, timeout=5)
+
+
+def _decrement(counter: Counter[str], key: str) -> int:
+    """One less; a key that reaches zero is dropped. Returns what is left."""
+    counter[key] -= 1
+    if counter[key] <= 0:
+        del counter[key]
+        return 0
+    return counter[key]

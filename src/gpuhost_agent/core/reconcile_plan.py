@@ -35,6 +35,7 @@ class SeenStack:
     project: str
     states: tuple[str, ...]
     gpus: tuple[str, ...] = ()
+    container_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -106,13 +106,10 @@ class Reconciler:
             wanted = desired.stacks.get(stack_id)
             if wanted is None or wanted.status != wire.APPLIED or "running" in stack.states:
                 continue
-            finished = [await self.engine.finished_at(cid) for cid in await self._container_ids(stack_id)]
+            finished = [await self.engine.finished_at(cid) for cid in stack.container_ids]
             if finished and all(moment and start <= moment <= end for moment in finished):
                 restore.add(stack_id)
         return restore
-
-    async def _container_ids(self, stack_id: str) -> list[str]:
-        return [c["Id"] for c in await self.engine.stack_containers(stack_id)]
 
     def _carry_out(self, action: Action, desired: DesiredState | None, seen: dict[str, SeenStack], env_id: str) -> None:
         log.info("reconcile_action", action=action.kind, stack_id=action.target if action.kind != END_RENTAL else None,
@@ -146,7 +143,8 @@ def _seen_stacks(containers: list[dict]) -> dict[str, SeenStack]:
         labels = members[0]["Labels"]
         gpus = sorted({uuid_ for member in members for uuid_ in naming.gpus_of(member["Labels"])})
         seen[stack_id] = SeenStack(labels[wire.LABEL_RENTAL], labels.get(COMPOSE_PROJECT_LABEL, ""),
-                                   tuple(sorted(member.get("State", "") for member in members)), tuple(gpus))
+                                   tuple(sorted(member.get("State", "") for member in members)), tuple(gpus),
+                                   tuple(member["Id"] for member in members))
     return seen
 
 
