@@ -98,21 +98,3 @@ async def start_in_process(market: Market, state_dir: Path, **overrides):
                          api_key=market.store.envApiKey, **overrides)
     parts = build_agent(config, market.base_url, market.store.envApiKey)
     return parts, asyncio.create_task(parts.agent.run())
-
-
-def remove_env_resources_retrying(client, env_id: str, attempts: int = 5) -> None:
-    """conftest.remove_env_resources, tolerating another test's network prune
-    running on the same engine at that moment (409 "a prune operation is already running")."""
-    import time
-
-    import docker.errors
-    from conftest import remove_env_resources
-
-    for attempt in range(attempts):
-        try:
-            remove_env_resources(client, env_id)
-            return
-        except docker.errors.APIError as exc:
-            if exc.status_code != 409 or attempt == attempts - 1:
-                raise
-            time.sleep(0.5)

@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import time
 from pathlib import Path
 
 import aiohttp
 import docker
+import docker.errors
 import pytest
 
 from gpuhost_agent import logs, wire
@@ -144,11 +146,19 @@ async def local_market(tmp_path, docker_client):
         remove_env_resources(docker_client, local.state.store.envId)
 
 
-def remove_env_resources(client, env_id: str) -> None:
-    """Whatever a test left behind in the engine, found by the agent's own label."""
+def remove_env_resources(client, env_id: str, attempts: int = 5) -> None:
+    """Whatever a test left behind in the engine, found by the agent's own label.
+    The prune is retried while another prune runs on the same engine (409)."""
     for container in client.containers.list(all=True, filters={"label": f"{wire.LABEL_ENV}={env_id}"}):
         container.remove(force=True, v=True)
-    client.networks.prune(filters={"label": "com.docker.compose.project"})
+    for attempt in range(attempts):
+        try:
+            client.networks.prune(filters={"label": "com.docker.compose.project"})
+            return
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409 or attempt == attempts - 1:
+                raise
+            time.sleep(0.5)
 
 
 def env_containers(client, env_id: str) -> list:

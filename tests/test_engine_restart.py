@@ -23,8 +23,8 @@ import aiohttp
 import docker
 import pytest
 
-from agent_process import Market, remove_env_resources_retrying, start_in_process
-from conftest import TEST_IMAGE, Renter, until
+from agent_process import Market, start_in_process
+from conftest import TEST_IMAGE, Renter, until, remove_env_resources
 from gpuhost_agent import wire
 from gpuhost_agent.core.containers import seed_containers
 from gpuhost_agent.daemon import stop_agent
@@ -104,7 +104,7 @@ async def world(tmp_path, docker_client):
             await http.close()
             await stop_agent(parts, task)
             await market.stop()
-            remove_env_resources_retrying(docker_client, market.store.envId)
+            remove_env_resources(docker_client, market.store.envId)
 
 
 async def _restart_dockerd(pid: int, while_down=None) -> None:

@@ -14,8 +14,8 @@ import asyncio
 import aiohttp
 import pytest
 
-from agent_process import Market, remove_env_resources_retrying, start_in_process
-from conftest import SLEEPER, Renter, env_containers, until
+from agent_process import Market, start_in_process
+from conftest import SLEEPER, Renter, env_containers, until, remove_env_resources
 from gpuhost_agent import wire
 from gpuhost_agent.core.containers import seed_containers
 from gpuhost_agent.daemon import stop_agent
@@ -34,7 +34,7 @@ async def world(tmp_path, docker_client):
         await http.close()
         await stop_agent(parts, task)
         await market.stop()
-        remove_env_resources_retrying(docker_client, market.store.envId)
+        remove_env_resources(docker_client, market.store.envId)
 
 
 def _job(market: Market, stack_id: str, job_type: str):

@@ -14,8 +14,8 @@ from datetime import timedelta
 import aiohttp
 import pytest
 
-from agent_process import Market, remove_env_resources_retrying, start_in_process
-from conftest import SLEEPER, TEST_IMAGE, Renter, until
+from agent_process import Market, start_in_process
+from conftest import SLEEPER, TEST_IMAGE, Renter, until, remove_env_resources
 from gpuhost_agent import wire
 from gpuhost_agent.daemon import stop_agent
 from gpuhost_agent.init_state import READY
@@ -46,7 +46,7 @@ async def gpu_world(tmp_path, monkeypatch, docker_client):
         await http.close()
         await stop_agent(parts, task)
         await market.stop()
-        remove_env_resources_retrying(docker_client, market.store.envId)
+        remove_env_resources(docker_client, market.store.envId)
         forget_loaded_nvml()
 
 

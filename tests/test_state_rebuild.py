@@ -16,8 +16,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from agent_process import Market, remove_env_resources_retrying, start_in_process
-from conftest import SLEEPER, TEST_IMAGE, Renter, until
+from agent_process import Market, start_in_process
+from conftest import SLEEPER, TEST_IMAGE, Renter, until, remove_env_resources
 from gpuhost_agent import wire
 from gpuhost_agent.core.reconcile_plan import DEPLOY, REMOVE
 from gpuhost_agent.daemon import stop_agent
@@ -54,7 +54,7 @@ async def world(tmp_path, monkeypatch, docker_client):
         while running:
             await stop()
         await market.stop()
-        remove_env_resources_retrying(docker_client, market.store.envId)
+        remove_env_resources(docker_client, market.store.envId)
         forget_loaded_nvml()
 
 
