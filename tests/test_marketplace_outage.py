@@ -78,7 +78,7 @@ async def test_outage_during_deploy_removal_and_container_change(world, docker_c
 
     # Meanwhile: a renter's container stops (a container change), and both jobs run to the end.
     await asyncio.to_thread(container_a.stop, timeout=1)
-    await until(lambda: (_pending_list(parts, stack_a) or [{}])[0].get("State") == "exited", timeout=15)
+    await until(lambda: (_pending_list(parts, stack_a) or [{}])[0].get("State", "").startswith("exited ("), timeout=15)
     await until(lambda: (parts.db.stacks().get(stack_b) or {}).get("status") == wire.APPLIED
                 and stack_c not in parts.db.stacks()
                 and parts.db.completion(deploy_b.jobId) is not None
@@ -100,8 +100,9 @@ async def test_outage_during_deploy_removal_and_container_change(world, docker_c
     history_b = _statuses(market, stack_b)
     assert history_b.count(wire.APPLIED) == 1 and history_b[-1] == wire.APPLIED, history_b
     history_a = _statuses(market, stack_a)
-    # A stopped container is the renter's business, not a status change.
-    assert history_a.count(wire.APPLIED) == 1 and history_a[-1] == wire.APPLIED, history_a
+    # A stopped container does not change the status: APPLIED again, its errorMsg naming the container.
+    assert history_a.count(wire.APPLIED) == 2 and history_a[-1] == wire.APPLIED, history_a
+    assert market.store.stacks[stack_a]["errorMsg"].startswith("container app exited with code ")
     assert (deploy_b.outcome, remove_c.outcome) == (wire.OUTCOME_SUCCEEDED, wire.OUTCOME_SUCCEEDED), \
         (deploy_b.errorMsg, remove_c.errorMsg)
     assert [job.deliveries for job in (deploy_b, remove_c)] == [1, 1]
@@ -110,7 +111,7 @@ async def test_outage_during_deploy_removal_and_container_change(world, docker_c
     container_a.reload()
     assert container_a.status == "exited"  # nobody restarted the renter's stopped container
     listed_a = market.store.containers[stack_a]["containers"]
-    assert [(c["Id"], c["State"]) for c in listed_a] == [(container_a.id, "exited")]
+    assert [(c["Id"], c["State"]) for c in listed_a] == [(container_a.id, f"exited ({container_a.attrs['State']['ExitCode']})")]
     assert listed_a == _docker_view(docker_client, stack_a)
     listed_b = market.store.containers[stack_b]["containers"]
     assert [c["State"] for c in listed_b] == ["running"]

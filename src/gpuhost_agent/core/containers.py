@@ -3,16 +3,98 @@
 The seed's Container (Name, Id, Created, Labels as strings, Ports, State) is
 Docker's own list format with a few fields flattened; keeping this a pure
 function lets the shape be tested without an engine.
+
+`State` is a free string in the seed, so a container that is not running says
+why: `exited (137, OOM-killed)`, `restarting (1)`. Docker's list entry has the
+exit code only inside its Status text and no OOM flag at all, so the facts of
+an inspect (`ExitFacts`) are taken as input; without them the code comes from
+Status and the OOM flag is simply not known.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 from .. import wire
 
+SERVICE_LABEL = "com.docker.compose.service"
+WITH_REASON = ("exited", "restarting")  # the states whose exit code says something
+STOPPED = ("exited", "dead", "restarting")  # not running, and not by the agent's hand (created, paused)
+_STATUS_CODE = re.compile(r"^(?:Exited|Restarting) \((-?\d+)\)")
+MAX_NAMED = 3  # containers named in one errorMsg
 
-def to_seed_container(raw: dict[str, Any]) -> dict[str, Any]:
+
+@dataclass(frozen=True)
+class ExitFacts:
+    """What an inspect tells about a container's last exit."""
+    exit_code: int | None
+    oom_killed: bool = False
+
+
+def exit_facts(state: Mapping[str, Any]) -> ExitFacts:
+    """From the `State` object of Docker's inspect."""
+    code = state.get("ExitCode")
+    return ExitFacts(code if isinstance(code, int) else None, bool(state.get("OOMKilled")))
+
+
+def needs_facts(raw: Mapping[str, Any]) -> bool:
+    """Only a container that exited (or restarts after exiting) has facts worth an inspect."""
+    return raw.get("State") in WITH_REASON
+
+
+def status_exit_code(raw: Mapping[str, Any]) -> int | None:
+    """The code in Docker's Status text ("Exited (3) 2 seconds ago"), if any."""
+    match = _STATUS_CODE.match(raw.get("Status") or "")
+    return int(match.group(1)) if match else None
+
+
+def shaped_state(raw: Mapping[str, Any], facts: ExitFacts | None = None) -> str:
+    """"running" stays exactly that; "exited"/"restarting" get the code and OOM."""
+    state = raw.get("State", "")
+    if state not in WITH_REASON:
+        return state
+    code = facts.exit_code if facts is not None and facts.exit_code is not None else status_exit_code(raw)
+    if code is None:
+        return state
+    return f"{state} ({code}{', OOM-killed' if facts is not None and facts.oom_killed else ''})"
+
+
+def service_name(raw: Mapping[str, Any]) -> str:
+    """The Compose service the renter named, else the container's name."""
+    labels = raw.get("Labels") or {}
+    names = raw.get("Names") or []
+    return labels.get(SERVICE_LABEL) or (names[0] if names else raw.get("Name", "?")).lstrip("/")
+
+
+def stop_reason(raw: Mapping[str, Any], facts: ExitFacts | None = None) -> str | None:
+    """Why the container is not running, in words for the renter; None when it runs
+    (or waits in a state only the agent or the operator causes: created, paused)."""
+    state = raw.get("State", "")
+    if state not in STOPPED:
+        return None
+    if state == "dead":
+        return "is dead"
+    code = facts.exit_code if facts is not None and facts.exit_code is not None else status_exit_code(raw)
+    exited = "exited" if code is None else f"exited with code {code}"
+    if facts is not None and facts.oom_killed:
+        exited += " (OOM-killed)"
+    return exited if state == "exited" else f"is restarting: it {exited}"
+
+
+def stack_error(raw_list: list[Mapping[str, Any]], facts: Mapping[str, ExitFacts] | None = None) -> str:
+    """The errorMsg of an APPLIED stack: its stopped containers by service name
+    (the first few), or "" when every container runs."""
+    facts = facts or {}
+    stopped = sorted((service_name(raw), reason) for raw in raw_list
+                     if (reason := stop_reason(raw, facts.get(raw.get("Id", "")))) is not None)
+    named = "; ".join(f"container {name} {reason}" for name, reason in stopped[:MAX_NAMED])
+    more = len(stopped) - MAX_NAMED
+    return f"{named}; and {more} more stopped" if more > 0 else named
+
+
+def to_seed_container(raw: dict[str, Any], facts: ExitFacts | None = None) -> dict[str, Any]:
     names = raw.get("Names") or []
     name = (names[0] if names else raw.get("Name", "")).lstrip("/")
     labels = raw.get("Labels") or {}
@@ -22,7 +104,7 @@ def to_seed_container(raw: dict[str, Any]) -> dict[str, Any]:
         "Created": int(raw.get("Created") or 0),
         "Labels": sorted(f"{key}={value}" for key, value in labels.items()),
         "Ports": [_seed_port(port) for port in _sorted_ports(raw.get("Ports") or [])],
-        "State": raw.get("State", ""),
+        "State": shaped_state(raw, facts),
     }
 
 
@@ -39,9 +121,12 @@ def _seed_port(port: dict[str, Any]) -> dict[str, Any]:
     return shaped
 
 
-def seed_containers(raw_list: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The seed shape for a stack's containers, in a stable order (by name)."""
-    return sorted((to_seed_container(raw) for raw in raw_list), key=lambda c: c["Name"])
+def seed_containers(raw_list: list[dict[str, Any]],
+                    facts: Mapping[str, ExitFacts] | None = None) -> list[dict[str, Any]]:
+    """The seed shape for a stack's containers, in a stable order (by name);
+    `facts` by container id, for those an inspect was made for."""
+    facts = facts or {}
+    return sorted((to_seed_container(raw, facts.get(raw.get("Id", ""))) for raw in raw_list), key=lambda c: c["Name"])
 
 
 def failed_containers(raw_list: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
@@ -168,3 +169,61 @@ class DockerEngine:
         self._closed = True
         for client in list(self._streams):
             client.close()  # ends a blocked stream read: its thread finishes
+
+    async def container_state(self, container_id: str) -> dict:
+        """The `State` object of Docker's inspect (ExitCode, OOMKilled, FinishedAt...)."""
+        return (await self._call(lambda api: api.inspect_container(container_id))).get("State") or {}
+
+    def watch_container_events(self, env_id: str, on_event, on_break) -> Any:
+        """Follow the engine's container events for this environment's
+        containers on a daemon thread of its own (docker-py blocks): on_event
+        for each event, on_break once when the stream ends by itself (the
+        engine stopped or restarted: the caller opens it again). Both are
+        called from that thread. Returns a function that ends the follow
+        without on_break; closing the engine ends it too."""
+        stop = threading.Event()
+        opened: list = []
+
+        def end() -> None:
+            stop.set()
+            for stream in list(opened):
+                try:
+                    stream.close()  # ends the blocked read
+                except Exception:  # noqa: BLE001 - already closed by the other side
+                    pass
+
+        class Follow:  # what the engine closes when it is closed itself
+            close = staticmethod(end)
+
+        closer = Follow()
+
+        def follow() -> None:
+            try:
+                client = docker.APIClient(timeout=None, **docker.utils.kwargs_from_env())
+            except docker.errors.DockerException:
+                client = None
+            if client is not None:
+                self._streams.add(closer)  # closed with the engine
+                try:
+                    if not (stop.is_set() or self._closed):
+                        opened.append(client.events(decode=True, filters={
+                            "type": "container", "label": [f"{wire.LABEL_ENV}={env_id}"]}))
+                        if stop.is_set():
+                            end()
+                        for event in opened[0]:
+                            if stop.is_set():
+                                break
+                            on_event(event)
+                except Exception:  # noqa: BLE001 - any end of the stream is a break, never a dead thread
+                    pass
+                finally:
+                    self._streams.discard(closer)
+                    client.close()
+            if not (stop.is_set() or self._closed):
+                try:
+                    on_break()
+                except RuntimeError:  # the event loop is gone: the agent is stopping
+                    pass
+
+        threading.Thread(target=follow, daemon=True, name="docker-container-events").start()
+        return end

@@ -1,0 +1,60 @@
+"""Inspect facts for the containers that stopped, read once per stop.
+
+Docker's container list says a container exited, but its exit code only sits
+in the Status text and whether the kernel's OOM killer did it is not there at
+all. The inspect that tells is made once per container and exit, not on every
+list (the periodic resync lists every stack every few seconds): facts are kept
+by container id and the (state, code) the list shows, and an engine event for
+the container forgets them, so a later stop with the same code is read again.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from ..logs import get_logger
+from ..runtime.engine import DockerEngine, EngineError
+from .containers import ExitFacts, exit_facts, needs_facts, status_exit_code
+
+log = get_logger(__name__)
+MAX_KEPT = 4096
+
+
+class ContainerStates:
+    def __init__(self, engine: DockerEngine, *, max_kept: int = MAX_KEPT):
+        self.engine = engine
+        self.max_kept = max_kept
+        self.inspections = 0
+        self._facts: "OrderedDict[str, tuple[tuple, ExitFacts]]" = OrderedDict()  # id -> (what the list showed, facts)
+
+    async def facts(self, raw_list: list[dict[str, Any]]) -> dict[str, ExitFacts]:
+        """Facts by container id for the stopped containers of the list. A
+        container gone meanwhile (or an engine that does not answer) just has
+        none: its state is then shaped from the list entry alone."""
+        found: dict[str, ExitFacts] = {}
+        for raw in raw_list:
+            if not needs_facts(raw) or not raw.get("Id"):
+                continue
+            key = (raw.get("State"), status_exit_code(raw))
+            kept = self._facts.get(raw["Id"])
+            facts = kept[1] if kept is not None and kept[0] == key else None
+            if facts is None:
+                try:
+                    facts = exit_facts(await self.engine.container_state(raw["Id"]))
+                except EngineError as exc:
+                    log.debug("container_inspect_failed", container=raw["Id"][:12], error=str(exc))
+                    continue
+                self.inspections += 1
+                self._keep(raw["Id"], key, facts)
+            found[raw["Id"]] = facts
+        return found
+
+    def forget(self, container_id: str) -> None:
+        """The container changed (an engine event): read it again next time."""
+        self._facts.pop(container_id, None)
+
+    def _keep(self, container_id: str, key: tuple, facts: ExitFacts) -> None:
+        self._facts[container_id] = (key, facts)
+        while len(self._facts) > self.max_kept:
+            self._facts.popitem(last=False)
