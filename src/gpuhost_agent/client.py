@@ -161,6 +161,14 @@ class MarketplaceClient:
         reply = await self._request("POST", "/agent/heartbeat", body=body)
         return reply if isinstance(reply, dict) else {}
 
+    def auth_headers(self) -> dict[str, str]:
+        """What every agent call carries (key, and the session once open), for
+        connections made outside this client: the stream channel's WebSockets."""
+        headers = {wire.API_KEY_HEADER: self._api_key}
+        if self.session_id:
+            headers[wire.SESSION_HEADER] = self.session_id
+        return headers
+
     def http(self) -> aiohttp.ClientSession:
         """The authenticated HTTP session, for the network speed test's streams."""
         return self._session()

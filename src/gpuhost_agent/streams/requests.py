@@ -1,0 +1,161 @@
+"""What the marketplace may ask on the channel, and whom the agent serves (pure).
+
+docs/streams.md, section 2. Everything from the marketplace is checked here
+before any of it reaches the engine: ids end up in Engine API paths, and a
+marketplace bug (or a compromised one) must not open another renter's
+container. The access check trusts Docker's labels only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Union
+
+from .. import wire
+
+DEFAULT_COMMAND = ("/bin/sh",)
+DEFAULT_COLS, DEFAULT_ROWS = 80, 24
+MAX_COMMAND_ITEMS = 64
+MAX_COMMAND_CHARS = 4096
+MAX_TERMINAL_SIDE = 1000
+_STREAM_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# A container's Id or Name (Docker's names may come with their leading "/").
+_CONTAINER = re.compile(r"^/?[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+NOT_IN_STACK = "no such container in this stack"
+
+
+@dataclass(frozen=True)
+class LogsRequest:
+    stream_id: str
+    rental_id: str
+    stack_id: str
+    container_id: str
+    tail: int | None = None
+    since: int | None = None
+    timestamps: bool = False
+    follow: bool = False
+
+
+@dataclass(frozen=True)
+class TerminalRequest:
+    stream_id: str
+    rental_id: str
+    stack_id: str
+    container_id: str
+    command: tuple[str, ...] = DEFAULT_COMMAND
+    cols: int = DEFAULT_COLS
+    rows: int = DEFAULT_ROWS
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    stream_id: str
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """No stream will be opened. Without a stream id there is no one to tell."""
+    stream_id: str | None
+    status: int
+    error: str
+
+    def message(self) -> dict:
+        return {"type": "refused", "streamId": self.stream_id, "status": self.status, "error": self.error}
+
+
+Request = Union[LogsRequest, TerminalRequest, CancelRequest, Refusal]
+
+
+class _Bad(ValueError):
+    pass
+
+
+def parse_request(message: Any) -> Request:
+    if not isinstance(message, dict):
+        return Refusal(None, 400, "a channel message must be a JSON object")
+    stream_id = message.get("streamId")
+    if not (isinstance(stream_id, str) and _STREAM_ID.fullmatch(stream_id)):
+        return Refusal(None, 400, "streamId must be 1 to 64 characters of A-Z a-z 0-9 _ -")
+    kind = message.get("type")
+    try:
+        if kind == "cancel":
+            return CancelRequest(stream_id)
+        if kind == "logs":
+            return LogsRequest(stream_id, *_target(message), tail=_whole(message, "tail"),
+                               since=_whole(message, "since"), timestamps=_flag(message, "timestamps"),
+                               follow=_flag(message, "follow"))
+        if kind == "terminal":
+            return TerminalRequest(stream_id, *_target(message), command=_command(message),
+                                   cols=_side(message, "cols", DEFAULT_COLS), rows=_side(message, "rows", DEFAULT_ROWS))
+    except _Bad as exc:
+        return Refusal(stream_id, 400, str(exc))
+    return Refusal(stream_id, 400, f"unknown request type {str(kind)[:40]!r}")
+
+
+def parse_resize(message: Any) -> tuple[int, int] | None:
+    """(cols, rows) of a terminal's {"type": "resize"} message; None for anything else."""
+    if not isinstance(message, dict) or message.get("type") != "resize":
+        return None
+    cols, rows = message.get("cols"), message.get("rows")
+    if wire.is_whole(cols, MAX_TERMINAL_SIDE) and wire.is_whole(rows, MAX_TERMINAL_SIDE) and cols and rows:
+        return cols, rows
+    return None
+
+
+def check_access(labels: Any, env_id: str, request: LogsRequest | TerminalRequest) -> Refusal | None:
+    """Only the agent's own containers, of this environment, of the request's
+    rental and stack. Every mismatch reads the same: what exists elsewhere is
+    none of the asker's business."""
+    labels = labels if isinstance(labels, dict) else {}
+    if (labels.get(wire.LABEL_MANAGED) == "true" and labels.get(wire.LABEL_ENV) == env_id
+            and labels.get(wire.LABEL_RENTAL) == request.rental_id
+            and labels.get(wire.LABEL_STACK) == request.stack_id):
+        return None
+    return Refusal(request.stream_id, 404, NOT_IN_STACK)
+
+
+def _target(message: dict) -> tuple[str, str, str]:
+    for key in ("rentalId", "stackId"):
+        if not wire.is_safe_id(message.get(key)):
+            raise _Bad(f"{key} is missing or not an id")
+    container = message.get("containerId")
+    if not (isinstance(container, str) and _CONTAINER.fullmatch(container)):
+        raise _Bad("containerId is missing or not a container id or name")
+    return message["rentalId"], message["stackId"], container.lstrip("/")
+
+
+def _whole(message: dict, key: str) -> int | None:
+    value = message.get(key)
+    if value is None:
+        return None
+    if not wire.is_whole(value, 2**53):
+        raise _Bad(f"{key} must be a whole number >= 0")
+    return value
+
+
+def _flag(message: dict, key: str) -> bool:
+    value = message.get(key, False)
+    if not isinstance(value, bool):
+        raise _Bad(f"{key} must be true or false")
+    return value
+
+
+def _command(message: dict) -> tuple[str, ...]:
+    command = message.get("command")
+    if command is None:
+        return DEFAULT_COMMAND
+    if not (isinstance(command, list) and 0 < len(command) <= MAX_COMMAND_ITEMS
+            and all(isinstance(part, str) and len(part) <= MAX_COMMAND_CHARS and "\x00" not in part
+                    for part in command)):
+        raise _Bad(f"command must be 1 to {MAX_COMMAND_ITEMS} strings of at most {MAX_COMMAND_CHARS} characters")
+    return tuple(command)
+
+
+def _side(message: dict, key: str, default: int) -> int:
+    value = message.get(key)
+    if value is None:
+        return default
+    if not (wire.is_whole(value, MAX_TERMINAL_SIDE) and value >= 1):
+        raise _Bad(f"{key} must be a whole number from 1 to {MAX_TERMINAL_SIDE}")
+    return value
