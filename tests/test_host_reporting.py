@@ -6,10 +6,6 @@ Listing show what it sent; heartbeats, their interval, and going offline."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-
-import aiohttp
-import pytest
 
 from conftest import Renter, until
 from fake_nvml import h100_sxm, write_config

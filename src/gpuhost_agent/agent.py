@@ -15,15 +15,15 @@ from . import __version__, wire
 from .client import MarketplaceClient, MarketplaceRejected, MarketplaceUnavailable, retry_delay
 from .core.deployer import StackDeployer
 from .core.dispatcher import JobDispatcher
-from .core.containers import seed_containers, stack_id_of
+from .core.container_watch import ContainerWatch
 from .core.reconciler import Reconciler
 from .core.rental_clock import RentalClock
 from .host_reporter import HostReporter
 from .logs import get_logger
 from .outbox import CONTAINERS, INIT_STATE, JOB_COMPLETE, STATUS, SYSTEM_DATA, Outbox, Report
-from .runtime.engine import EngineError
 from .runtime.engine_watch import EngineWatch
 from .schedule import Schedule
+from .streams.channel import StreamChannel
 
 log = get_logger(__name__)
 
@@ -42,10 +42,12 @@ class Agent:
         self.connected_since: str | None = None
         self.reconnects = 0
         self.env_id: str | None = None
-        self._pushed: dict[str, list] = {}
+        self._pushed: dict[str, list] = {}  # the last list pushed per stack, shared with the event path
+        self.container_watch = ContainerWatch(deployer, dispatcher, self._pushed) if deployer is not None else None
         self.reconciler: Reconciler | None = None
         self.rental_clock: RentalClock | None = None
         self.engine_watch: EngineWatch | None = None
+        self.streams: StreamChannel | None = None
 
     def attach_durability(self, reconciler: Reconciler, rental_clock: RentalClock, engine_watch: EngineWatch) -> None:
         """Reconcile, rental ends by the host's clock, and engine restarts.
@@ -61,6 +63,12 @@ class Agent:
                         stack_id=job["stack_id"] or None, rental_id=job["rental_id"],
                         hint="the marketplace hands it out again; reconcile checks its stack")
 
+    def attach_streams(self, channel: StreamChannel) -> None:
+        """Logs and terminals on demand (docs/streams.md). A rental's end, from
+        the marketplace or from the host's clock, ends its streams first."""
+        self.streams = channel
+        self.dispatcher.on_rental_end = channel.end_rental
+
     async def run(self) -> None:
         background = [asyncio.create_task(self.outbox.run(), name="outbox")]
         if self.rental_clock and self.engine_watch:
@@ -68,12 +76,15 @@ class Agent:
                            asyncio.create_task(self.engine_watch.run(), name="engine-watch")]
         self.schedule.every("container_resync", self.intervals["containerResyncSeconds"], self.resync_containers)
         self.schedule.start()
+        self._follow_containers()
         try:
             if self.host:
                 self.host.init.begin("config")
                 self.host.init.done("config")
                 self.host.init.begin("marketplace")
             await self._open_session()
+            if self.streams:  # it needs the session's header; it reopens by itself from now on
+                background.append(asyncio.create_task(self.streams.run(), name="stream-channel"))
             if self.host:
                 await self.host.bring_up()
             if self.reconciler:
@@ -81,6 +92,10 @@ class Agent:
             await self._poll_forever()
         finally:
             self.schedule.stop()
+            if self.container_watch:
+                self.container_watch.stop()
+            if self.streams:
+                await self.streams.close()  # every stream ends with agent-stopping
             if self.host:
                 await self.host.stop()
             for task in background:
@@ -96,6 +111,8 @@ class Agent:
     async def _engine_back(self, last_up, back) -> None:
         self.reconciler.engine_restarted(last_up, back)
         self._pushed.clear()  # every list again: what the marketplace has may be stale
+        if self.container_watch:
+            self.container_watch.engine_back()  # the event stream broke with the engine
         await self.resync_containers()
         await self.reconcile()
 
@@ -121,6 +138,7 @@ class Agent:
         self.env_id = reply.get("envId") if wire.is_safe_id(reply.get("envId")) else self.env_id
         if self.reconciler and self.env_id:
             self.reconciler.db.set_meta("env_id", self.env_id)
+        self._follow_containers()
         if self.host:
             self.host.session_opened(reply, sent_at, time.time())
             self.host.init.done("marketplace", f"session {reply.get('sessionId')}")
@@ -160,28 +178,17 @@ class Agent:
             for raw in jobs:
                 self.dispatcher.submit(raw)
 
+    def _follow_containers(self) -> None:
+        """Follow Docker's events for this environment's containers, once its id is known."""
+        if self.container_watch and self.env_id:
+            self.container_watch.follow(self.env_id)
+
     async def resync_containers(self) -> None:
         """Push the container list of every stack whose containers changed since
-        the last push (a safety net until the agent follows Docker's events)."""
-        if not self.env_id:
-            return
-        try:
-            managed = await self.deployer.engine.environment_containers(self.env_id)
-        except EngineError as exc:
-            log.warning("container_resync_failed", error=str(exc))
-            return
-        by_stack: dict[str, list] = {}
-        for raw in managed:
-            stack_id = stack_id_of(raw)
-            if stack_id:
-                by_stack.setdefault(stack_id, []).append(raw)
-        for stack_id, raw in by_stack.items():
-            shaped = seed_containers(raw)
-            if self._pushed.get(stack_id) != shaped:
-                self._pushed[stack_id] = shaped
-                self.outbox.put(CONTAINERS, stack_id, {"containers": shaped, "observedAt": wire.iso()})
-        for gone in set(self._pushed) - set(by_stack):
-            del self._pushed[gone]
+        the last push: the safety net under the event stream (a missed event,
+        a stream re-opened late)."""
+        if self.container_watch:
+            await self.container_watch.resync(self.env_id)
 
 
 async def send_report(client: MarketplaceClient, report: Report) -> None:

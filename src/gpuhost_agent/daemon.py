@@ -35,6 +35,7 @@ from .runtime.compose import ComposeRunner, find_compose_command
 from .runtime.engine import DockerEngine
 from .runtime.engine_watch import EngineWatch
 from .state_db import DB_FILE, AgentDB
+from .streams.channel import StreamChannel
 from .schedule import Schedule
 
 log = get_logger(__name__)
@@ -84,6 +85,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
     reconciler = Reconciler(client, engine, dispatcher, deployer, db, ledger, outbox, env_id,
                             grace_seconds=config.reconcile_grace_seconds, note_end_date=rental_clock.end_date)
     agent.attach_durability(reconciler, rental_clock, EngineWatch(engine))
+    agent.attach_streams(StreamChannel(client, env_id))
     if db.rebuilt_because and db.rebuilt_because != "no state file yet":
         log.warning("state_rebuilding", reason=db.rebuilt_because)
     return AgentParts(agent, client, outbox, dispatcher, engine, host, db, reconciler)

@@ -125,6 +125,9 @@ def render(status: dict, now: datetime | None = None) -> str:
     engine_line = {True: "up", False: "DOWN", None: "not checked yet"}.get(engine.get("up"), "?")
     if engine.get("outages"):
         engine_line += f", {engine['outages']} outage(s)"
+    streams = status.get("streams") or {}
+    streams_line = ("open" if streams.get("channelConnected") else "NOT CONNECTED") + "; " + (", ".join(
+        f"{count} {kind}" for kind, count in sorted((streams.get("open") or {}).items())) or "no streams open")
     outcomes = ", ".join(f"{k} {v}" for k, v in sorted((jobs.get("outcomes") or {}).items())) or "none"
     lines = [
         f"gpuhost-agent {status.get('version', '?')}: running (pid {status.get('pid', '?')})"
@@ -135,6 +138,7 @@ def render(status: dict, now: datetime | None = None) -> str:
         f"  start-up:        {init_line}",
         f"  last heartbeat:  {beat_line}",
         f"  Docker Engine:   {engine_line}",
+        f"  stream channel:  {streams_line}",
         f"  jobs:            {jobs.get('running', 0)} running; finished: {outcomes}",
         f"  reports:         {reports.get('pending', 0)} pending, {reports.get('sent', 0)} sent,"
         f" {reports.get('rejected', 0)} rejected, {reports.get('dropped', 0)} dropped",

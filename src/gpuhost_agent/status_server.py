@@ -109,6 +109,8 @@ class StatusSource:
             "engine": {"up": watch.up if watch else None, "outages": watch.outages if watch else None,
                        "lastUp": wire.iso(watch.last_up) if watch and watch.last_up else None},
             "reconcile": {"runs": parts.reconciler.runs, "lastActions": last_actions},
+            "streams": {"channelConnected": agent.streams.connected.is_set(), "open": agent.streams.live()}
+            if agent.streams else None,
             "metricsEnabled": self.metrics_enabled,
         }
         return _scrub(body)

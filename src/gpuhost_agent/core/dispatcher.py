@@ -17,7 +17,7 @@ import asyncio
 import time
 import uuid
 from collections import Counter
-from typing import Callable
+from typing import Awaitable, Callable
 
 import structlog
 
@@ -45,6 +45,7 @@ class JobDispatcher:
         self.outcomes: Counter[str] = Counter()  # marketplace jobs finished since start, for the metrics
         self.deploy_durations = metrics.Histogram()
         self.on_job: Callable[[wire.StackJob], None] = lambda job: None  # sees every decoded job first
+        self.on_rental_end: Callable[[str], Awaitable[None]] | None = None  # before a rental's end runs
 
     def submit(self, raw: object) -> None:
         raw_id = raw.get("jobId") if isinstance(raw, dict) else None
@@ -79,6 +80,10 @@ class JobDispatcher:
 
     def busy_rentals(self) -> set[str]:
         return set(self._rental_jobs) | set(self._rentals_ending)
+
+    def ending_rentals(self) -> set[str]:
+        """Rentals whose end job runs: it stops their stacks without a job per stack."""
+        return {rental_id for rental_id, count in self._rentals_ending.items() if count}
 
     def _rental_counter(self, job: wire.StackJob) -> Counter[str]:
         return self._rentals_ending if job.type == wire.JOB_RENTAL_END else self._rental_jobs
@@ -117,7 +122,14 @@ class JobDispatcher:
             await self._run_stack_job(job)
 
     async def _run_rental_end(self, job: wire.StackJob) -> None:
-        """Only once the rental's own stack jobs (its removals) are done."""
+        """Only once the rental's own stack jobs (its removals) are done. The
+        rental's terminals and log streams end first, at once: a renter must
+        not keep a shell while the stacks are taken down."""
+        if self.on_rental_end is not None:
+            try:
+                await self.on_rental_end(job.rental_id)
+            except Exception:  # ending streams must never keep the rental from ending
+                log.exception("rental_end_hook_failed", rental_id=job.rental_id)
         while self._rental_jobs.get(job.rental_id):
             await asyncio.sleep(0.05)
         error = await self._execute(job)

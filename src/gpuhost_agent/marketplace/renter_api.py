@@ -66,8 +66,7 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
         return web.json_response("rental updated")
 
     async def end_rental(request: web.Request) -> web.Response:
-        rental = store.end_rental(request.match_info["rentalId"])
-        state.changed(jobs=True)
+        rental = state.end_rental(request.match_info["rentalId"])
         return web.json_response(shapes.rental(store, rental))
 
     async def create_stack(request: web.Request) -> web.Response:

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from .. import wire
 from ..logs import get_logger
-from . import agent_api, host_api, renter_api, script_api, speedtest_api
+from . import agent_api, channel_api, host_api, logs_api, renter_api, script_api, speedtest_api, terminal_api
 from .http_errors import BadRequest, json_error
 from .state import MarketplaceState
 from .store import Conflict, NotFound
@@ -27,12 +27,24 @@ def _key_matches(given: str | None, expected: str) -> bool:
     return given is not None and hmac.compare_digest(given.encode(), expected.encode())
 
 
+def _is_public(request: web.Request) -> bool:
+    """Paths served without an API key: install.sh (curl | bash sends no header)
+    and the terminal WebSocket (browsers cannot set one; its handler checks the
+    ticket's token). The terminal is matched by the route aiohttp resolved, not
+    by a path prefix, so no spelling of another path can pass for it."""
+    if request.path in script_api.PUBLIC_PATHS:
+        return True
+    route = request.match_info.route
+    resource = route.resource
+    return route.method == "GET" and resource is not None and resource.canonical == terminal_api.TERMINAL_ROUTE
+
+
 def build_app(state: MarketplaceState) -> web.Application:
     @web.middleware
     async def auth_and_errors(request: web.Request, handler):
         agent_path = request.path.startswith("/v1/agent/")
         expected = state.store.envApiKey if agent_path else state.store.renterApiKey
-        if request.path not in script_api.PUBLIC_PATHS and not _key_matches(request.headers.get(wire.API_KEY_HEADER), expected):
+        if not _is_public(request) and not _key_matches(request.headers.get(wire.API_KEY_HEADER), expected):
             return json_error(401, f"missing or invalid {wire.API_KEY_HEADER} header")
         try:
             return await handler(request)
@@ -51,6 +63,9 @@ def build_app(state: MarketplaceState) -> web.Application:
     app = web.Application(middlewares=[auth_and_errors], client_max_size=2 * 1024 * 1024)
     app.add_routes(renter_api.routes(state))
     app.add_routes(agent_api.routes(state))
+    app.add_routes(channel_api.routes(state))
+    app.add_routes(logs_api.routes(state))
+    app.add_routes(terminal_api.routes(state))
     app.add_routes(host_api.routes(state))
     app.add_routes(speedtest_api.routes())
     app.add_routes(script_api.routes(state))
@@ -69,11 +84,13 @@ class RunningMarketplace:
         if self.expiry is not None:
             self.expiry.cancel()
             await asyncio.gather(self.expiry, return_exceptions=True)
+        await self.state.streams.shutdown()  # open WebSockets would hold the shutdown for its whole timeout
         await self.runner.cleanup()
 
 
 async def start(state: MarketplaceState, host: str = "127.0.0.1", port: int = 8787) -> RunningMarketplace:
     """Serve on host:port (port 0 picks a free one) and return the base URL."""
+    state.streams.reopen()
     runner = web.AppRunner(build_app(state), access_log=None, shutdown_timeout=2)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

@@ -12,7 +12,9 @@ from typing import Callable
 
 from .. import wire
 from ..inventory.compliance import Requirements
+from .channel_hub import ChannelHub
 from .store import Job, Store
+from .terminal_tickets import TicketBook
 
 DEFAULT_INTERVALS = {"jobPollWaitSeconds": 25, "containerResyncSeconds": 15, "reconcileSeconds": 60, "heartbeatSeconds": 30,
                      "systemDataSeconds": 300, "networkSpeedSeconds": 6 * 3600}
@@ -30,6 +32,8 @@ class MarketplaceState:
         self.beats_received = 0
         self.system_data_received = 0
         self._jobs_posted = asyncio.Event()
+        self.streams = ChannelHub()  # the agent's channel and the live log and terminal streams
+        self.terminals = TicketBook()
 
     def changed(self, *, jobs: bool = False) -> None:
         """Persist, and if new jobs were queued wake every waiting long poll."""
@@ -43,7 +47,17 @@ class MarketplaceState:
         ended = self.store.expire_rentals()
         if ended:
             self.changed(jobs=True)
+        for rental_id in ended:
+            self.streams.end_rental(rental_id)
         return ended
+
+    def end_rental(self, rental_id: str) -> dict:
+        """End a rental now (the renter's DELETE): its stacks' removal jobs wake
+        the agent's poll, and its log streams and terminals end."""
+        rental = self.store.end_rental(rental_id)
+        self.changed(jobs=True)
+        self.streams.end_rental(rental_id)
+        return rental
 
     async def expire_rentals_forever(self, period: float = 1.0) -> None:
         while True:
@@ -52,6 +66,7 @@ class MarketplaceState:
 
     def new_session(self) -> tuple[str, int]:
         self.session_id = str(uuid.uuid4())
+        self.streams.session_changed(self.session_id)
         requeued = self.store.requeue_unfinished()
         self.changed(jobs=bool(requeued))
         return self.session_id, requeued
