@@ -16,6 +16,8 @@ test: setup
 bench: setup
 	.venv/bin/python bench/pickup_latency.py $(ARGS)
 	.venv/bin/python bench/probe_time.py
+	.venv/bin/python bench/log_throughput.py
+	.venv/bin/python bench/event_latency.py
 
 # Remove leftovers of interrupted tests/runs; containers first, they pin networks and volumes.
 clean-test-docker:

@@ -37,16 +37,10 @@ from gpuhost_agent import logs, wire
 from gpuhost_agent.config import AgentConfig
 from gpuhost_agent.daemon import build_agent, start_local_marketplace, stop_agent
 
+from pickup_latency import pct  # noqa: E402 - bench/ is on the path when run as a script
+
 IMAGE = "gpuhost-test/busybox:1"
 COMPOSE = f"services:\n  app:\n    image: {IMAGE}\n    command: ['sleep', '3600']\n    stop_grace_period: 1s\n"
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
 class EventClock:
