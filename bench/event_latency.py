@@ -128,6 +128,11 @@ async def bench(rounds: int, workdir: Path) -> tuple[list[dict], dict]:
                              "call_ms": (seen - returned) * 1000})
             print(f"  round {i + 1}/{rounds}: kill {rows[-2]['event_ms']:.1f} ms, start {rows[-1]['event_ms']:.1f} ms",
                   file=sys.stderr, flush=True)
+        # The status report that clears errorMsg follows the list through the outbox.
+        for _ in range(100):
+            if not store.stacks[stack_id]["errorMsg"]:
+                break
+            await asyncio.sleep(0.02)
         watch = parts.agent.container_watch
         counts = {"engine_events": watch.events, "list_reads": watch.flushes, "list_pushes": watch.pushes,
                   "status_reports": watch.errors_reported,
