@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 from dataclasses import dataclass
 from typing import Callable
 
 import aiohttp
 
-from ..client import MarketplaceClient
+from ..client import MarketplaceClient, retry_delay
 from ..logs import get_logger
 from ..runtime.engine import EngineError
 from ..runtime.engine_streams import ContainerGone, EngineStreams
@@ -39,13 +38,6 @@ BACKOFF_FIRST, BACKOFF_CEILING = 0.2, 10.0
 MAX_CHANNEL_MESSAGE = 256 * 1024
 MAX_STREAM_INPUT = 1024 * 1024  # a terminal's input message
 STOP_WAIT = 10.0
-
-
-def backoff(failures: int, *, first: float = BACKOFF_FIRST, ceiling: float = BACKOFF_CEILING) -> float:
-    """0.2 s doubling to 10 s, each jittered to half..full, so agents coming
-    back after a marketplace restart do not all arrive at once."""
-    top = min(ceiling, first * 2 ** min(failures, 16))
-    return random.uniform(top / 2, top)
 
 
 @dataclass(eq=False)
@@ -109,8 +101,8 @@ class StreamChannel:
                             hint="logs and terminals are unavailable until it reopens; retrying")
             failures += 1
             try:
-                await asyncio.wait_for(self._closing.wait(), backoff(failures - 1, first=self._backoff[0],
-                                                                     ceiling=self._backoff[1]))
+                await asyncio.wait_for(self._closing.wait(), retry_delay(
+                    failures - 1, base=self._backoff[0], ceiling=self._backoff[1]))
             except asyncio.TimeoutError:
                 pass
 
