@@ -241,7 +241,7 @@ json_str() {
 }
 
 # conf_get FILE KEY: the last KEY=VALUE value in FILE, quotes stripped as
-# gpuhost_agent/config.py does; empty when absent.
+# gpuhost_agent/service/config.py does; empty when absent.
 conf_get() {
     [ -r "$1" ] || return 0
     K=$2 awk -F= '

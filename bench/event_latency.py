@@ -33,9 +33,11 @@ from pathlib import Path
 import aiohttp
 import docker
 
-from gpuhost_agent import logs, wire
-from gpuhost_agent.config import AgentConfig
-from gpuhost_agent.daemon import build_agent, start_local_marketplace, stop_agent
+from gpuhost_agent.common import logs
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.service.config import AgentConfig
+from gpuhost_agent.service.daemon import stop_agent
+from gpuhost_agent.service.wiring import build_agent, start_local_marketplace
 
 from pickup_latency import pct  # noqa: E402 - bench/ is on the path when run as a script
 

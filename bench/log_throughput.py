@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from agent_process import AgentProcess, Market  # noqa: E402
 from renter_streams import STDOUT, SYSTEM, Demux, logs_path  # noqa: E402
 
-from gpuhost_agent import wire  # noqa: E402
+from gpuhost_agent.protocol import wire  # noqa: E402
 
 IMAGE = "gpuhost-test/busybox:1"
 LINE = "a line of flood output, about sixty bytes long, printed fast"

@@ -35,10 +35,12 @@ from pathlib import Path
 
 import aiohttp
 
-from gpuhost_agent import logs, wire
-from gpuhost_agent.config import AgentConfig
+from gpuhost_agent.common import logs
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.core import naming
-from gpuhost_agent.daemon import build_agent, start_local_marketplace, stop_agent
+from gpuhost_agent.service.daemon import stop_agent
+from gpuhost_agent.service.wiring import build_agent, start_local_marketplace
 from gpuhost_agent.runtime.compose import find_compose_command
 
 IMAGE = "gpuhost-test/busybox:1"

@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from fake_nvml import build_lib, h100_sxm, write_config  # noqa: E402
 
-from gpuhost_agent.inventory.compliance import Requirements  # noqa: E402
+from gpuhost_agent.protocol.requirements import Requirements  # noqa: E402
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe  # noqa: E402
 from gpuhost_agent.inventory.system_data import Prober, build_report  # noqa: E402
 from gpuhost_agent.runtime.compose import find_compose_command  # noqa: E402

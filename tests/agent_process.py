@@ -11,9 +11,9 @@ import signal
 import sys
 from pathlib import Path
 
-from gpuhost_agent.marketplace import server
-from gpuhost_agent.marketplace.state import MarketplaceState
-from gpuhost_agent.marketplace.store import Store
+from gpuhost_agent.local_marketplace import server
+from gpuhost_agent.local_marketplace.state import MarketplaceState
+from gpuhost_agent.local_marketplace.store import Store
 
 FAST_INTERVALS = {"reconcileSeconds": 2, "containerResyncSeconds": 1, "heartbeatSeconds": 1}
 
@@ -89,10 +89,10 @@ class AgentProcess:
 
 async def start_in_process(market: Market, state_dir: Path, **overrides):
     """An agent in the test's own event loop, talking to `market` over HTTP:
-    (parts, task). Stop it with `gpuhost_agent.daemon.stop_agent(parts, task)`;
+    (parts, task). Stop it with `gpuhost_agent.service.daemon.stop_agent(parts, task)`;
     a new one may then start on the same state directory."""
     from conftest import make_config
-    from gpuhost_agent.daemon import build_agent
+    from gpuhost_agent.service.wiring import build_agent
 
     config = make_config(state_dir, marketplace_url=market.base_url, env_id=market.store.envId,
                          api_key=market.store.envApiKey, **overrides)

@@ -18,12 +18,14 @@ import docker
 import docker.errors
 import pytest
 
-from gpuhost_agent import logs, wire
-from gpuhost_agent.config import AgentConfig
-from gpuhost_agent.daemon import build_agent, start_local_marketplace, stop_agent
-from gpuhost_agent.marketplace import server
-from gpuhost_agent.marketplace.state import MarketplaceState
-from gpuhost_agent.marketplace.store import Store
+from gpuhost_agent.common import logs
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.service.config import AgentConfig
+from gpuhost_agent.service.daemon import stop_agent
+from gpuhost_agent.service.wiring import build_agent, start_local_marketplace
+from gpuhost_agent.local_marketplace import server
+from gpuhost_agent.local_marketplace.state import MarketplaceState
+from gpuhost_agent.local_marketplace.store import Store
 
 TEST_IMAGE = "gpuhost-test/busybox:1"
 REGISTRY_IMAGE = "127.0.0.1:5000/gpuhost-test/busybox:1"

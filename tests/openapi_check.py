@@ -17,11 +17,11 @@ import jsonschema
 import pytest
 import yaml
 
-from gpuhost_agent import wire
+from gpuhost_agent.protocol import wire
 from gpuhost_agent.inventory import netspeed
-from gpuhost_agent.marketplace.server import build_app
-from gpuhost_agent.marketplace.state import MarketplaceState
-from gpuhost_agent.marketplace.store import Store
+from gpuhost_agent.local_marketplace.server import build_app
+from gpuhost_agent.local_marketplace.state import MarketplaceState
+from gpuhost_agent.local_marketplace.store import Store
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 AGENT_DOC = DOCS / "agent-api.yaml"

@@ -12,7 +12,7 @@ import struct
 
 import aiohttp
 
-from gpuhost_agent import wire
+from gpuhost_agent.protocol import wire
 
 STDOUT, STDERR, SYSTEM = 1, 2, 3
 

@@ -12,7 +12,7 @@ import contextlib
 import json
 import uuid
 
-from gpuhost_agent import wire
+from gpuhost_agent.protocol import wire
 from conftest import TEST_IMAGE
 from renter_streams import Demux
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuhost_agent import wire
+from gpuhost_agent.protocol import wire
 from conftest import TEMPLATE
 
 CONTAINER = {"Name": "c", "Id": "i", "Created": 1, "Labels": [], "Ports": [], "State": "running"}

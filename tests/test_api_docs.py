@@ -6,7 +6,7 @@ way round) must fail here:
 
 * both documents are valid OpenAPI 3.1;
 * their (method, path) pairs are exactly the routes the local marketplace serves;
-* enums and shapes match the names in `gpuhost_agent.wire` and the functions that
+* enums and shapes match the names in `gpuhost_agent.protocol.wire` and the functions that
   build the payloads;
 * what the agent sends and what the marketplace answers validates against the
   documented schemas, with no field the documents do not describe.
@@ -26,19 +26,19 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from openapi_spec_validator import OpenAPIV31SpecValidator, validate
 
-from gpuhost_agent import wire
-from gpuhost_agent.agent import Agent
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.core.agent import Agent
 from gpuhost_agent.core import naming
 from gpuhost_agent.core.containers import to_seed_container
 from gpuhost_agent.core.deployer import StackDeployer
 from gpuhost_agent.core.dispatcher import JobDispatcher
 from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.core.sandbox import Sandbox
-from gpuhost_agent.state_db import AgentDB
-from gpuhost_agent.marketplace.server import build_app
-from gpuhost_agent.marketplace.state import DEFAULT_INTERVALS, MarketplaceState
-from gpuhost_agent.marketplace.store import LEASE, Store
-from gpuhost_agent.outbox import CONTAINERS, JOB_COMPLETE, STATUS
+from gpuhost_agent.storage.agent_db import AgentDB
+from gpuhost_agent.local_marketplace.server import build_app
+from gpuhost_agent.local_marketplace.state import DEFAULT_INTERVALS, MarketplaceState
+from gpuhost_agent.local_marketplace.store import LEASE, Store
+from gpuhost_agent.uplink.outbox import CONTAINERS, JOB_COMPLETE, STATUS
 from openapi_check import (  # noqa: F401 - agent_doc, local_doc: fixtures, used by name
     AGENT_DOC, AGENT_PREFIX, LOCAL_DOC, Outbox, Schedule, agent_doc, answer, check, check_named,
     documented_operations, load, local_doc, request_schema, resolve, schema, served_operations)

@@ -23,17 +23,18 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpuhost_agent import host_reporter, init_state, wire
-from gpuhost_agent.host_reporter import HostReporter
-from gpuhost_agent.init_state import InitState
+from gpuhost_agent.core import host_reporter, init_state
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.core.host_reporter import HostReporter
+from gpuhost_agent.core.init_state import InitState
 from gpuhost_agent.inventory import compliance, host_probe, listing, telemetry
-from gpuhost_agent.inventory.compliance import Requirements
+from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.inventory.system_data import build_report
-from gpuhost_agent.marketplace import host_api, shapes, speedtest_api
-from gpuhost_agent.marketplace.server import build_app
-from gpuhost_agent.marketplace.state import DEFAULT_INTERVALS, OFFLINE_AFTER_MISSED_BEATS, MarketplaceState
-from gpuhost_agent.marketplace.store import Store
-from gpuhost_agent.outbox import INIT_STATE, SYSTEM_DATA
+from gpuhost_agent.local_marketplace import host_api, shapes, speedtest_api
+from gpuhost_agent.local_marketplace.server import build_app
+from gpuhost_agent.local_marketplace.state import DEFAULT_INTERVALS, OFFLINE_AFTER_MISSED_BEATS, MarketplaceState
+from gpuhost_agent.local_marketplace.store import Store
+from gpuhost_agent.uplink.outbox import INIT_STATE, SYSTEM_DATA
 from gpuhost_agent.runtime.engine import EngineError
 from openapi_check import (  # noqa: F401 - agent_doc, local_doc: fixtures, used by name
     GIB, GPU_BEATS, Outbox, Schedule, agent_doc, answer, broken_system_data, check, check_named,

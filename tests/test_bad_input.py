@@ -17,13 +17,13 @@ import json
 import pytest
 from aiohttp import web
 
-from gpuhost_agent import agent as agent_module
-from gpuhost_agent import wire
-from gpuhost_agent.agent import Agent, send_report
-from gpuhost_agent.client import MarketplaceClient, MarketplaceRejected
+from gpuhost_agent.core import agent as agent_module
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.core.agent import Agent, send_report
+from gpuhost_agent.uplink.client import MarketplaceClient, MarketplaceRejected
 from gpuhost_agent.core.dispatcher import JobDispatcher
-from gpuhost_agent.outbox import Outbox
-from gpuhost_agent.schedule import Schedule
+from gpuhost_agent.uplink.outbox import Outbox
+from gpuhost_agent.core.schedule import Schedule
 
 from conftest import until
 

@@ -7,9 +7,9 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from gpuhost_agent.agent import send_report
-from gpuhost_agent.client import MarketplaceAuthFailed, MarketplaceClient, MarketplaceRejected, MarketplaceUnavailable
-from gpuhost_agent.outbox import STATUS, Outbox
+from gpuhost_agent.core.agent import send_report
+from gpuhost_agent.uplink.client import MarketplaceAuthFailed, MarketplaceClient, MarketplaceRejected, MarketplaceUnavailable
+from gpuhost_agent.uplink.outbox import STATUS, Outbox
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ import copy
 import pytest
 
 from gpuhost_agent.inventory import compliance
-from gpuhost_agent.inventory.compliance import Requirements, evaluate, summary, version_tuple
+from gpuhost_agent.inventory.compliance import evaluate, summary
+from gpuhost_agent.protocol.requirements import Requirements, version_tuple
 from gpuhost_agent.inventory.render import doctor_lines
 
 GIB = 1024 ** 3

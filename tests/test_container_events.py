@@ -9,13 +9,13 @@ import time
 
 import docker.errors
 
-from gpuhost_agent import wire
+from gpuhost_agent.protocol import wire
 from gpuhost_agent.core.coalesce import Coalescer
 from gpuhost_agent.core.container_states import ContainerStates
 from gpuhost_agent.core.container_watch import ContainerWatch, decode_event, error_to_report, list_behind
 from gpuhost_agent.core.containers import ExitFacts, exit_facts, seed_containers, shaped_state, stack_error
-from gpuhost_agent.outbox import CONTAINERS, Outbox
-from gpuhost_agent.state_db import AgentDB
+from gpuhost_agent.uplink.outbox import CONTAINERS, Outbox
+from gpuhost_agent.storage.agent_db import AgentDB
 from conftest import TEST_IMAGE, until
 
 # Runs until signalled: SIGUSR1 makes it exit 3, SIGUSR2 makes it eat memory until the OOM killer comes.

@@ -12,7 +12,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from gpuhost_agent import wire
+from gpuhost_agent.protocol import wire
 from agent_process import AgentProcess, Market
 from conftest import TEST_IMAGE, Renter, env_containers, remove_env_resources, until
 

@@ -11,7 +11,7 @@ import sys
 import time
 import urllib.request
 
-from gpuhost_agent import wire
+from gpuhost_agent.protocol import wire
 from conftest import TEST_IMAGE, remove_env_resources
 
 SECRET = "s3cret-model-token-value"

@@ -20,11 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
-from gpuhost_agent import wire
+from gpuhost_agent.protocol import wire
 from gpuhost_agent.core.dispatcher import JobDispatcher
-from gpuhost_agent.marketplace.agent_api import _containers_problem, _status_problem
-from gpuhost_agent.marketplace.host_api import heartbeat_problem, init_state_problem, system_data_problem
-from gpuhost_agent.outbox import JOB_COMPLETE, STATUS, Outbox
+from gpuhost_agent.local_marketplace.agent_api import _containers_problem, _status_problem
+from gpuhost_agent.local_marketplace.host_api import heartbeat_problem, init_state_problem, system_data_problem
+from gpuhost_agent.uplink.outbox import JOB_COMPLETE, STATUS, Outbox
 
 # Modest example counts keep the file at a few seconds. No example database, and
 # Hypothesis's caches go to the temporary directory: the repository stays clean,

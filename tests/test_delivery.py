@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gpuhost_agent import wire
+from gpuhost_agent.protocol import wire
 from conftest import SLEEPER as CONTENT, env_containers, until
 
 

@@ -6,7 +6,8 @@ import asyncio
 
 import aiohttp
 
-from gpuhost_agent import logs, wire
+from gpuhost_agent.common import logs
+from gpuhost_agent.protocol import wire
 from conftest import TEST_IMAGE, env_containers
 
 WEB_STACK = f"""

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from gpuhost_agent import wire
+from gpuhost_agent.protocol import wire
 from conftest import until, REGISTRY_IMAGE, TEST_IMAGE, env_containers
 
 CASES = {

@@ -25,9 +25,9 @@ import pytest
 
 from agent_process import Market, start_in_process
 from conftest import TEST_IMAGE, Renter, until, remove_env_resources
-from gpuhost_agent import wire
+from gpuhost_agent.protocol import wire
 from gpuhost_agent.core.containers import seed_containers
-from gpuhost_agent.daemon import stop_agent
+from gpuhost_agent.service.daemon import stop_agent
 
 PIDFILE = Path("/run/gpuhost-dockerd.pid")
 ENSURE_DOCKERD = Path(__file__).resolve().parent.parent / "scripts" / "ensure-dockerd.sh"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import TEST_IMAGE, until
-from gpuhost_agent import wire
+from gpuhost_agent.protocol import wire
 
 GPU_STACK = f"""
 services:

@@ -9,8 +9,8 @@ import asyncio
 
 from conftest import Renter, until
 from fake_nvml import h100_sxm, write_config
-from gpuhost_agent.daemon import stop_agent
-from gpuhost_agent.marketplace.shapes import HARDWARE_FIELDS
+from gpuhost_agent.service.daemon import stop_agent
+from gpuhost_agent.local_marketplace.shapes import HARDWARE_FIELDS
 
 
 async def _get(renter: Renter, path: str) -> dict:

@@ -38,11 +38,12 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpuhost_agent import __version__, wire
-from gpuhost_agent.marketplace import script_api
-from gpuhost_agent.marketplace.server import build_app
-from gpuhost_agent.marketplace.state import MarketplaceState
-from gpuhost_agent.marketplace.store import Store
+from gpuhost_agent import __version__
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.local_marketplace import script_api
+from gpuhost_agent.local_marketplace.server import build_app
+from gpuhost_agent.local_marketplace.state import MarketplaceState
+from gpuhost_agent.local_marketplace.store import Store
 from openapi_check import AGENT_DOC, check_named, load
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ import time
 
 import aiohttp
 
-from gpuhost_agent import wire
+from gpuhost_agent.protocol import wire
 from conftest import TEST_IMAGE, env_containers, until
 from renter_streams import STDERR, STDOUT, SYSTEM, Demux, create_terminal, logs_path, read_logs, terminal_until
 

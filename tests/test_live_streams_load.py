@@ -14,7 +14,7 @@ import aiohttp
 import psutil
 import pytest
 
-from gpuhost_agent import wire
+from gpuhost_agent.protocol import wire
 from agent_process import AgentProcess, Market
 from conftest import TEST_IMAGE, remove_env_resources, until
 from renter_streams import STDOUT, SYSTEM, Demux, logs_path, read_logs

@@ -16,10 +16,10 @@ import pytest
 
 from agent_process import Market, start_in_process
 from conftest import SLEEPER, Renter, env_containers, until, remove_env_resources
-from gpuhost_agent import wire
+from gpuhost_agent.protocol import wire
 from gpuhost_agent.core.containers import seed_containers
-from gpuhost_agent.daemon import stop_agent
-from gpuhost_agent.outbox import CONTAINERS
+from gpuhost_agent.service.daemon import stop_agent
+from gpuhost_agent.uplink.outbox import CONTAINERS
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from gpuhost_agent.inventory import netspeed
 from gpuhost_agent.inventory.netspeed import SpeedResult, as_wire, measure_speed
-from gpuhost_agent.marketplace import speedtest_api
+from gpuhost_agent.local_marketplace import speedtest_api
 
 
 async def _serve(app: web.Application):

@@ -15,9 +15,10 @@ import time
 
 import pytest
 
-from gpuhost_agent import logs, wire
+from gpuhost_agent.common import logs
+from gpuhost_agent.protocol import wire
 from gpuhost_agent.core.dispatcher import JobDispatcher
-from gpuhost_agent.outbox import Outbox
+from gpuhost_agent.uplink.outbox import Outbox
 from conftest import SLEEPER, remove_env_resources, until
 
 STABLE_KEYS = ("event", "stack_id", "rental_id", "job_id", "container", "error")

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from gpuhost_agent import config
-from gpuhost_agent.client import MarketplaceRejected, MarketplaceUnavailable
-from gpuhost_agent.outbox import CONTAINERS, JOB_COMPLETE, STATUS, Outbox
+from gpuhost_agent.service import config
+from gpuhost_agent.uplink.client import MarketplaceRejected, MarketplaceUnavailable
+from gpuhost_agent.uplink.outbox import CONTAINERS, JOB_COMPLETE, STATUS, Outbox
 
 
 async def test_outbox_coalesces_keeps_order_and_retries():

@@ -15,10 +15,9 @@ import time
 
 import pytest
 
-from gpuhost_agent.client import MarketplaceRejected, MarketplaceUnavailable
-from gpuhost_agent.outbox import (CONTAINERS, DROP_ORDER, INIT_STATE, JOB_COMPLETE, STATUS, SYSTEM_DATA, Outbox,
-                                  Report)
-from gpuhost_agent.state_db import DB_FILE, AgentDB
+from gpuhost_agent.uplink.client import MarketplaceRejected, MarketplaceUnavailable
+from gpuhost_agent.uplink.outbox import CONTAINERS, DROP_ORDER, INIT_STATE, JOB_COMPLETE, STATUS, SYSTEM_DATA, Outbox, Report
+from gpuhost_agent.storage.agent_db import DB_FILE, AgentDB
 
 FAST = dict(base_delay=0.001, max_delay=0.01)
 

@@ -7,11 +7,12 @@ import json
 
 import pytest
 
-from gpuhost_agent import logs, wire
+from gpuhost_agent.common import logs
+from gpuhost_agent.protocol import wire
 from gpuhost_agent.core import naming
 from gpuhost_agent.core.compose_rewrite import StackRejected, check_variables, label_services
 from gpuhost_agent.core.containers import failed_containers, seed_containers, to_seed_container
-from gpuhost_agent.marketplace.store import Store
+from gpuhost_agent.local_marketplace.store import Store
 from gpuhost_agent.runtime.compose import clean_error
 
 

@@ -11,10 +11,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from gpuhost_agent import wire
-from gpuhost_agent.core.desired_state import (ABSENT, PRESENT, DesiredRental, DesiredStack, DesiredState, decode)
-from gpuhost_agent.core.reconcile_plan import (DEPLOY, END_RENTAL, REMOVE, REPORT, Action, Picture, SeenStack,
-                                               ended_rentals, plan)
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.core.desired_state import ABSENT, PRESENT, DesiredRental, DesiredStack, DesiredState, decode
+from gpuhost_agent.core.reconcile_plan import DEPLOY, END_RENTAL, REMOVE, REPORT, Action, Picture, SeenStack, ended_rentals, plan
 
 TEMPLATE = wire.validate_template({"name": "n", "description": "d", "content": "services: {}\n",
                                    "environmentVariables": {}})

@@ -16,9 +16,9 @@ import pytest
 
 from agent_process import Market, start_in_process
 from conftest import SLEEPER, TEST_IMAGE, Renter, until, remove_env_resources
-from gpuhost_agent import wire
-from gpuhost_agent.daemon import stop_agent
-from gpuhost_agent.init_state import READY
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.service.daemon import stop_agent
+from gpuhost_agent.core.init_state import READY
 
 END_AFTER = timedelta(seconds=9)  # room for the deploy (and the marketplace's stop) before the end
 LATE_BY_AT_MOST = 3.0

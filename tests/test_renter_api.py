@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuhost_agent import wire
+from gpuhost_agent.protocol import wire
 from conftest import TEMPLATE
 
 

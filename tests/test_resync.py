@@ -3,7 +3,7 @@ back, and only for this environment's containers."""
 
 from __future__ import annotations
 
-from gpuhost_agent import wire
+from gpuhost_agent.protocol import wire
 from conftest import TEST_IMAGE, until
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TEST_IMAGE
-from gpuhost_agent import wire
+from gpuhost_agent.protocol import wire
 from gpuhost_agent.core.compose_rewrite import StackRejected
 from gpuhost_agent.core.sandbox import refuse_raw
 from gpuhost_agent.core.sandbox_context import GIB, SandboxContext

@@ -7,7 +7,7 @@ import pytest
 
 from gpuhost_agent.core.gpu_allocation import GpuSlot, NotEnoughGpus, allocate, slots_from_inventory
 from gpuhost_agent.core.gpu_ledger import GpuLedger
-from gpuhost_agent.state_db import AgentDB
+from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.core.sandbox_context import GIB, Machine, SandboxContext, rental_share
 from gpuhost_agent.core.sandbox_harden import assigned_uuids, harden
 from gpuhost_agent.core.sandbox_policy import policy_violations

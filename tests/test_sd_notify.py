@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost_agent import sd_notify
+from gpuhost_agent.service import sd_notify
 
 
 class FakeSystemd:

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost_agent import state_db, wire
-from gpuhost_agent.state_db import DB_FILE, AgentDB
+from gpuhost_agent.storage import agent_db as state_db
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.storage.agent_db import DB_FILE, AgentDB
 
 TEMPLATE = {"name": "n", "description": "d", "content": "services: {}\n", "environmentVariables": {}}
 CORRUPT_NAME = re.compile(r"^agent\.db\.corrupt-\d{8}T\d{6}-\d{9}$")

@@ -18,10 +18,10 @@ import pytest
 
 from agent_process import Market, start_in_process
 from conftest import SLEEPER, TEST_IMAGE, Renter, until, remove_env_resources
-from gpuhost_agent import wire
+from gpuhost_agent.protocol import wire
 from gpuhost_agent.core.reconcile_plan import DEPLOY, REMOVE
-from gpuhost_agent.daemon import stop_agent
-from gpuhost_agent.state_db import DB_FILE
+from gpuhost_agent.service.daemon import stop_agent
+from gpuhost_agent.storage.agent_db import DB_FILE
 
 
 @pytest.fixture

@@ -20,9 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost_agent import logs, metrics, status_cli, status_server, wire
+from gpuhost_agent.common import logs
+from gpuhost_agent.service import metrics, status_cli, status_server
+from gpuhost_agent.protocol import wire
 from gpuhost_agent.core.reconcile_plan import Action
-from gpuhost_agent.daemon import build_agent
+from gpuhost_agent.service.wiring import build_agent
 
 from conftest import make_config
 

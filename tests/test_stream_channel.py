@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gpuhost_agent import wire
-from gpuhost_agent.client import MarketplaceClient
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.uplink.client import MarketplaceClient
 from gpuhost_agent.streams.channel import StreamChannel
 from renter_streams import STDERR, STDOUT, Demux
 from stream_sinks import Containers

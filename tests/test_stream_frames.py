@@ -7,10 +7,9 @@ import struct
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuhost_agent import wire
+from gpuhost_agent.protocol import wire
 from gpuhost_agent.streams import frames
-from gpuhost_agent.streams.requests import (CancelRequest, LogsRequest, Refusal, TerminalRequest, check_access,
-                                            parse_request, parse_resize)
+from gpuhost_agent.streams.requests import CancelRequest, LogsRequest, Refusal, TerminalRequest, check_access, parse_request, parse_resize
 from renter_streams import Demux
 
 T1 = b"2024-05-09T07:35:25.000000001Z"

@@ -14,10 +14,11 @@ import time
 import aiohttp
 import pytest
 
-from gpuhost_agent import logs, wire
-from gpuhost_agent.marketplace import channel_api, channel_hub, server, terminal_tickets
-from gpuhost_agent.marketplace.state import MarketplaceState
-from gpuhost_agent.marketplace.store import Store
+from gpuhost_agent.common import logs
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.local_marketplace import channel_api, channel_hub, server, terminal_tickets
+from gpuhost_agent.local_marketplace.state import MarketplaceState
+from gpuhost_agent.local_marketplace.store import Store
 from conftest import TEMPLATE
 from openapi_check import AGENT_DOC, LOCAL_DOC, check_named, load
 

@@ -7,9 +7,9 @@ import copy
 
 from test_compliance import good_host
 
-from gpuhost_agent.inventory.compliance import Requirements
+from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.inventory.system_data import build_report
-from gpuhost_agent.marketplace.host_api import heartbeat_problem, system_data_problem
+from gpuhost_agent.local_marketplace.host_api import heartbeat_problem, system_data_problem
 
 GIB = 1024 ** 3
 

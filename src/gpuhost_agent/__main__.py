@@ -1,3 +1,3 @@
-from .cli import main
+from gpuhost_agent.service.cli import main
 
 raise SystemExit(main())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import re
 
-from .naming import stack_labels
+from gpuhost_agent.core.naming import stack_labels
 
 # Compose reads its own settings (project name, files, profiles, the Docker host)
 # from these variables; a renter must not steer the agent's compose run.

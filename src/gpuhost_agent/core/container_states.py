@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from ..logs import get_logger
-from ..runtime.engine import DockerEngine, EngineError
-from .containers import ExitFacts, exit_facts, needs_facts, status_exit_code
+from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.core.containers import ExitFacts, exit_facts, needs_facts, status_exit_code
 
 log = get_logger(__name__)
 MAX_KEPT = 4096

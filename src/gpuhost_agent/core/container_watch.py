@@ -23,13 +23,13 @@ import asyncio
 import uuid
 from typing import Any
 
-from .. import wire
-from ..logs import get_logger
-from ..outbox import CONTAINERS
-from ..runtime.engine import EngineError
-from .coalesce import Coalescer
-from .container_states import ContainerStates
-from .containers import seed_containers, stack_error, stack_id_of
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.uplink.outbox import CONTAINERS
+from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.core.coalesce import Coalescer
+from gpuhost_agent.core.container_states import ContainerStates
+from gpuhost_agent.core.containers import seed_containers, stack_error, stack_id_of
 
 log = get_logger(__name__)
 

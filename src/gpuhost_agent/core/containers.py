@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .. import wire
+from gpuhost_agent.protocol import wire
 
 SERVICE_LABEL = "com.docker.compose.service"
 WITH_REASON = ("exited", "restarting")  # the states whose exit code says something

@@ -14,16 +14,17 @@ import shutil
 from pathlib import Path
 from typing import Awaitable, Callable
 
-from .. import faults, wire
-from ..logs import SECRETS, get_logger
-from ..outbox import CONTAINERS, STATUS, Outbox
-from ..runtime.compose import ComposeError, ComposeRunner
-from ..runtime.engine import DockerEngine, EngineError
-from ..state_db import AgentDB
-from . import naming
-from .compose_rewrite import StackRejected, check_variables, label_services
-from .containers import failed_containers, seed_containers
-from .sandbox import Sandbox, refuse_raw
+from gpuhost_agent.common import faults
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.common.logs import SECRETS, get_logger
+from gpuhost_agent.uplink.outbox import CONTAINERS, STATUS, Outbox
+from gpuhost_agent.runtime.compose import ComposeError, ComposeRunner
+from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.storage.agent_db import AgentDB
+from gpuhost_agent.core import naming
+from gpuhost_agent.core.compose_rewrite import StackRejected, check_variables, label_services
+from gpuhost_agent.core.containers import failed_containers, seed_containers
+from gpuhost_agent.core.sandbox import Sandbox, refuse_raw
 
 log = get_logger(__name__)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .. import wire
+from gpuhost_agent.protocol import wire
 
 PRESENT, ABSENT = "present", "absent"
 

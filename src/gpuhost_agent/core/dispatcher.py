@@ -21,11 +21,12 @@ from typing import Awaitable, Callable
 
 import structlog
 
-from .. import metrics, wire
-from ..logs import get_logger
-from ..outbox import JOB_COMPLETE, STATUS, Outbox
-from ..state_db import AgentDB
-from .deployer import StackDeployer
+from gpuhost_agent.service import metrics
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.uplink.outbox import JOB_COMPLETE, STATUS, Outbox
+from gpuhost_agent.storage.agent_db import AgentDB
+from gpuhost_agent.core.deployer import StackDeployer
 
 log = get_logger(__name__)
 

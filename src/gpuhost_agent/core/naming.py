@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from .. import wire
+from gpuhost_agent.protocol import wire
 
 _NOT_PROJECT_CHARS = re.compile(r"[^a-z0-9_-]+")
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from .. import wire
-from .desired_state import ABSENT, DesiredState
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.core.desired_state import ABSENT, DesiredState
 
 DEPLOY, REMOVE, END_RENTAL, REPORT = "deploy", "remove", "end_rental", "report"
 

@@ -13,18 +13,18 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Callable
 
-from .. import wire
-from ..client import MarketplaceClient, MarketplaceRejected, MarketplaceUnavailable
-from ..logs import get_logger
-from ..outbox import STATUS, Outbox
-from ..runtime.engine import DockerEngine, EngineError
-from ..state_db import AgentDB
-from . import naming
-from .deployer import COMPOSE_PROJECT_LABEL, StackDeployer
-from .desired_state import DesiredState, decode
-from .dispatcher import JobDispatcher
-from .gpu_ledger import GpuLedger
-from .reconcile_plan import DEPLOY, END_RENTAL, REMOVE, REPORT, Action, Picture, SeenStack, plan
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.uplink.client import MarketplaceClient, MarketplaceRejected, MarketplaceUnavailable
+from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.uplink.outbox import STATUS, Outbox
+from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.storage.agent_db import AgentDB
+from gpuhost_agent.core import naming
+from gpuhost_agent.core.deployer import COMPOSE_PROJECT_LABEL, StackDeployer
+from gpuhost_agent.core.desired_state import DesiredState, decode
+from gpuhost_agent.core.dispatcher import JobDispatcher
+from gpuhost_agent.core.gpu_ledger import GpuLedger
+from gpuhost_agent.core.reconcile_plan import DEPLOY, END_RENTAL, REMOVE, REPORT, Action, Picture, SeenStack, plan
 
 log = get_logger(__name__)
 RESTART_SLACK = timedelta(seconds=30)

@@ -13,11 +13,11 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from .. import wire
-from ..logs import get_logger
-from ..state_db import AgentDB
-from .dispatcher import JobDispatcher
-from .gpu_ledger import GpuLedger
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.storage.agent_db import AgentDB
+from gpuhost_agent.core.dispatcher import JobDispatcher
+from gpuhost_agent.core.gpu_ledger import GpuLedger
 
 log = get_logger(__name__)
 MAX_SLEEP = 30.0  # a changed clock or a missed wake-up is caught this soon

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import Awaitable, Callable
 
-from .. import wire
-from .compose_rewrite import StackRejected
-from .gpu_allocation import NotEnoughGpus, slots_from_inventory
-from .gpu_ledger import GpuLedger
-from .sandbox_context import DEFAULT_PIDS_LIMIT, Machine, SandboxContext, rental_share
-from .sandbox_harden import harden
-from .sandbox_policy import policy_violations
-from .sandbox_raw import raw_violations
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.core.compose_rewrite import StackRejected
+from gpuhost_agent.core.gpu_allocation import NotEnoughGpus, slots_from_inventory
+from gpuhost_agent.core.gpu_ledger import GpuLedger
+from gpuhost_agent.core.sandbox_context import DEFAULT_PIDS_LIMIT, Machine, SandboxContext, rental_share
+from gpuhost_agent.core.sandbox_harden import harden
+from gpuhost_agent.core.sandbox_policy import policy_violations
+from gpuhost_agent.core.sandbox_raw import raw_violations
 
 POLICY_PREFIX = "refused by the sandbox policy: "
 MachineFacts = Callable[[], Awaitable[dict]]  # a systemData dict: {"nvml": ..., "host": ...}

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import copy
 
-from .compose_rewrite import as_mapping
-from .sandbox_context import SandboxContext
-from .sandbox_policy import flat_capabilities, gpu_requests, to_bytes
+from gpuhost_agent.core.compose_rewrite import as_mapping
+from gpuhost_agent.core.sandbox_context import SandboxContext
+from gpuhost_agent.core.sandbox_policy import flat_capabilities, gpu_requests, to_bytes
 
 NO_NEW_PRIVILEGES = "no-new-privileges:true"
 # Dropped from every container. Docker's default set keeps MKNOD, NET_RAW and

@@ -10,8 +10,8 @@ docs/sandbox-policy.md.
 
 from __future__ import annotations
 
-from .compose_rewrite import as_mapping
-from .sandbox_context import SandboxContext
+from gpuhost_agent.core.compose_rewrite import as_mapping
+from gpuhost_agent.core.sandbox_context import SandboxContext
 
 AGENT_LABEL_PREFIXES = ("io.gpuhost.", "com.docker.compose.")
 RESERVED_ENV_PREFIXES = ("NVIDIA_",)

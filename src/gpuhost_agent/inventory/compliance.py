@@ -2,43 +2,20 @@
 reason and a fix a host can act on.
 
 The minimums belong to the marketplace (sent in the session reply as
-`requirements`); the defaults here are used until it has spoken, and by
-`gpuhost-agent doctor` when run offline.
+`requirements`, shaped in protocol/requirements.py); its defaults are used
+until it has spoken, and by `gpuhost-agent doctor` when run offline.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-from .. import wire
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol.requirements import TOOLKIT_SAFE_VERSION, Requirements, version_tuple
 
-TOOLKIT_SAFE_VERSION = "1.17.8"
 TOOLKIT_CVES = "CVE-2024-0132, CVE-2025-23359, CVE-2025-23266"
 GIB = 1024 ** 3
-
-
-@dataclass(frozen=True)
-class Requirements:
-    minDriverVersion: str = "535.0"
-    minCudaVersion: str = "12.2"
-    minContainerToolkitVersion: str = TOOLKIT_SAFE_VERSION
-    minDockerVersion: str = "24.0"
-    minComposeVersion: str = "2.20"
-    minFreeDiskGiB: float = 50.0
-    maxClockSkewSeconds: float = 5.0
-
-    @classmethod
-    def from_wire(cls, raw: dict | None) -> "Requirements":
-        """The marketplace's values where they are well formed, defaults elsewhere."""
-        values = {}
-        for spec in fields(cls):
-            value = (raw or {}).get(spec.name)
-            if spec.type == "str" and isinstance(value, str) and version_tuple(value):
-                values[spec.name] = value
-            elif spec.type == "float" and wire.is_number(value) and value >= 0:
-                values[spec.name] = float(value)
-        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -50,12 +27,6 @@ class Check:
 
     def as_wire(self) -> dict:
         return {"id": self.id, "ok": self.ok, "summary": self.summary, "remedy": self.remedy}
-
-
-def version_tuple(text: str | None) -> tuple[int, ...]:
-    """"550.54.15" -> (550, 54, 15); "v2.29.1-desktop.1" -> (2, 29, 1); junk -> ()."""
-    match = re.match(r"v?(\d+(?:\.\d+)*)", (text or "").strip())
-    return tuple(int(part) for part in match.group(1).split(".")) if match else ()
 
 
 def at_least(found: str | None, minimum: str) -> bool:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import psutil
 
-from ..runtime.engine import DockerEngine, EngineError
-from . import clock, toolkit
+from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.inventory import clock, toolkit
 
 CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 

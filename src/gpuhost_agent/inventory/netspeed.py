@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from .. import wire
+from gpuhost_agent.protocol import wire
 
 CHUNK_BYTES = 256 * 1024
 _BLOCK = os.urandom(CHUNK_BYTES)  # incompressible, made once

@@ -15,11 +15,12 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import __version__, wire
-from ..runtime.engine import DockerEngine
-from . import compliance, listing
-from .host_probe import probe_host
-from .nvml_probe import NvmlProbe
+from gpuhost_agent import __version__
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.engine import DockerEngine
+from gpuhost_agent.inventory import compliance, listing
+from gpuhost_agent.inventory.host_probe import probe_host
+from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 
 
 @dataclass

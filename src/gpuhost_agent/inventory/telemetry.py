@@ -10,7 +10,7 @@ import os
 
 import psutil
 
-from .nvml_probe import NvmlProbe
+from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 
 
 def host_load(storage_path: str | None) -> dict:

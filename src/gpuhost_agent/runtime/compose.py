@@ -17,8 +17,8 @@ import subprocess
 from pathlib import Path
 from typing import Callable
 
-from .. import faults
-from ..logs import get_logger
+from gpuhost_agent.common import faults
+from gpuhost_agent.common.logs import get_logger
 
 log = get_logger(__name__)
 

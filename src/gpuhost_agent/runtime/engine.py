@@ -20,7 +20,7 @@ import docker.errors
 import docker.types
 import requests.exceptions
 
-from .. import wire
+from gpuhost_agent.protocol import wire
 
 
 class EngineError(RuntimeError):

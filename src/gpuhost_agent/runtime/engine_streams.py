@@ -29,7 +29,7 @@ from typing import Any
 
 import aiohttp
 
-from .engine import EngineError
+from gpuhost_agent.runtime.engine import EngineError
 
 DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 CHUNK_BYTES = 64 * 1024

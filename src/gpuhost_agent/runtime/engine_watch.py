@@ -14,9 +14,9 @@ import threading
 from datetime import datetime
 from typing import Awaitable, Callable
 
-from .. import wire
-from ..logs import get_logger
-from .engine import DockerEngine, EngineError
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 
 log = get_logger(__name__)
 

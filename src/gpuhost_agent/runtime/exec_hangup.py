@@ -19,7 +19,7 @@ import asyncio
 import os
 import signal
 
-from ..logs import get_logger
+from gpuhost_agent.common.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -20,15 +20,14 @@ from typing import Callable
 
 import aiohttp
 
-from ..client import MarketplaceClient, retry_delay
-from ..logs import get_logger
-from ..runtime.engine import EngineError
-from ..runtime.engine_streams import ContainerGone, EngineStreams
-from .log_pump import LOG_STALL_SECONDS, LogPump
-from .requests import (NOT_IN_STACK, CancelRequest, LogsRequest, Refusal, TerminalRequest, check_access,
-                       parse_request)
-from .sink import END_TIMEOUT, WebSocketSink
-from .terminal import Terminal
+from gpuhost_agent.uplink.client import MarketplaceClient, retry_delay
+from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.engine_streams import ContainerGone, EngineStreams
+from gpuhost_agent.streams.log_pump import LOG_STALL_SECONDS, LogPump
+from gpuhost_agent.streams.requests import NOT_IN_STACK, CancelRequest, LogsRequest, Refusal, TerminalRequest, check_access, parse_request
+from gpuhost_agent.streams.sink import END_TIMEOUT, WebSocketSink
+from gpuhost_agent.streams.terminal import Terminal
 
 log = get_logger(__name__)
 

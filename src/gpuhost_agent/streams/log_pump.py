@@ -15,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import collections
 
-from ..logs import get_logger
-from ..runtime.engine import EngineError
-from ..runtime.engine_streams import ContainerGone, EngineStreams, EngineUnreachable
-from . import frames
-from .requests import LogsRequest
-from .sink import Sink, finish
+from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.engine_streams import ContainerGone, EngineStreams, EngineUnreachable
+from gpuhost_agent.streams import frames
+from gpuhost_agent.streams.requests import LogsRequest
+from gpuhost_agent.streams.sink import Sink, finish
 
 log = get_logger(__name__)
 

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Union
 
-from .. import wire
+from gpuhost_agent.protocol import wire
 
 DEFAULT_COMMAND = ("/bin/sh",)
 DEFAULT_COLS, DEFAULT_ROWS = 80, 24

@@ -13,12 +13,12 @@ from __future__ import annotations
 import asyncio
 import json
 
-from ..logs import get_logger
-from ..runtime.engine import EngineError
-from ..runtime.engine_streams import EngineStreams
-from ..runtime.exec_hangup import hang_up
-from .requests import TerminalRequest, parse_resize
-from .sink import Sink, finish
+from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.runtime.exec_hangup import hang_up
+from gpuhost_agent.streams.requests import TerminalRequest, parse_resize
+from gpuhost_agent.streams.sink import Sink, finish
 
 log = get_logger(__name__)
 

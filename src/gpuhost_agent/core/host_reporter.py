@@ -1,0 +1,196 @@
+"""The machine's side of the Environment: start-up phases, systemData with the
+listing fields and compliance, heartbeats, and the network speed test.
+
+Start-up waits for what stacks need (Docker, Compose) and tells the marketplace
+what it is waiting for; heartbeats begin as soon as a session is open, so a
+host stuck on a missing Docker is still seen as alive and told why it is not
+ready. systemData goes out when its fingerprint changes (or when the
+marketplace asks for it again), never at every beat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable
+
+from gpuhost_agent import __version__
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.uplink.client import MarketplaceClient, MarketplaceRejected, MarketplaceUnavailable, retry_delay
+from gpuhost_agent.core.init_state import InitState
+from gpuhost_agent.inventory import netspeed, telemetry
+from gpuhost_agent.protocol.requirements import Requirements
+from gpuhost_agent.inventory.system_data import Prober, build_report
+from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.uplink.outbox import INIT_STATE, SYSTEM_DATA, Outbox
+from gpuhost_agent.runtime.compose import ComposeNotFound
+from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.core.schedule import Schedule
+
+log = get_logger(__name__)
+DEFAULT_INTERVALS = {"heartbeatSeconds": 30.0, "systemDataSeconds": 300.0, "networkSpeedSeconds": 6 * 3600.0}
+MIN_HEARTBEAT = 0.1
+
+
+class HostReporter:
+    def __init__(self, client: MarketplaceClient, outbox: Outbox, prober: Prober, schedule: Schedule,
+                 find_compose: Callable[[], list[str]], *, env_target: str = "env",
+                 speed_max_bytes: int = 25_000_000, speed_max_seconds: float = 10.0):
+        self.client = client
+        self.outbox = outbox
+        self.prober = prober
+        self.schedule = schedule
+        self.find_compose = find_compose
+        self.target = env_target
+        self.speed_limits = (speed_max_bytes, speed_max_seconds)
+        self.requirements = Requirements()
+        self.intervals = dict(DEFAULT_INTERVALS)
+        self.clock_skew: float | None = None
+        self.last_report: dict | None = None
+        self.sent_fingerprint: str | None = None
+        self.init = InitState(lambda body: self.outbox.put(INIT_STATE, self.target, body))
+        self.compose_found: Callable[[list[str]], None] = lambda command: None
+        self._started = time.monotonic()
+        self._beat_failures = 0
+        self._speed_task: asyncio.Task | None = None
+        self._last_resend = float("-inf")
+        self.last_beat_at: str | None = None
+
+    @property
+    def beat_failures(self) -> int:
+        return self._beat_failures
+
+    # ---- session --------------------------------------------------------------
+    def session_opened(self, reply: dict, sent_at: float, received_at: float) -> None:
+        """Take the marketplace's minimums, intervals and clock from its reply."""
+        self.requirements = Requirements.from_wire(reply.get("requirements"))
+        for key in DEFAULT_INTERVALS:
+            value = (reply.get("intervals") or {}).get(key)
+            if wire.is_number(value) and value > 0:
+                self.intervals[key] = float(value)
+        self._note_server_time(reply.get("serverTime"), sent_at, received_at)
+        # The first beat at once: the marketplace sees the machine alive from its first session.
+        self.schedule.every("heartbeat", max(MIN_HEARTBEAT, self.intervals["heartbeatSeconds"]), self.beat, now=True)
+
+    def _note_server_time(self, server_time, sent_at: float, received_at: float) -> None:
+        try:
+            server = wire.parse_iso(server_time).timestamp()
+        except (TypeError, ValueError, AttributeError):
+            return
+        self.clock_skew = round((sent_at + received_at) / 2 - server, 3)
+
+    # ---- start-up ------------------------------------------------------------
+    async def bring_up(self) -> None:
+        """Docker, Compose, hardware, compliance; returns when stacks can run."""
+        await self._until_done("docker", self._docker_ready)
+        await self._until_done("compose", self._compose_ready)
+        self.init.begin("hardware")
+        report = await self.refresh(force=True)
+        gpus = report["listing"]["totalGPUs"]
+        self.init.done("hardware", f"{gpus} GPU(s), {report['listing']['totalCPUs']} CPUs")
+        self.init.begin("compliance")
+        verdict = report["compliance"]
+        self.init.done("compliance", "compliant" if verdict["isCompliant"]
+                       else f"not compliant: {verdict['failedComplianceReason']}")
+        self.init.ready()
+        self.schedule.every("system_data", self.intervals["systemDataSeconds"], self.refresh)
+        self.schedule.every("network_speed", self.intervals["networkSpeedSeconds"], self.measure_network)
+        self._speed_task = asyncio.create_task(self.measure_network(), name="network-speed")
+
+    async def _until_done(self, phase: str, attempt: Callable) -> None:
+        failures = 0
+        self.init.begin(phase)
+        while True:
+            try:
+                detail = await attempt()
+            except (EngineError, ComposeNotFound) as exc:
+                failures += 1
+                delay = retry_delay(failures, base=1.0, ceiling=30.0)
+                self.init.failed(phase, str(exc))
+                log.warning("startup_waiting", phase=phase, error=str(exc), retry_in_s=round(delay, 1))
+                await asyncio.sleep(delay)
+                continue
+            self.init.done(phase, detail)
+            return
+
+    async def _docker_ready(self) -> str:
+        info = await self.prober.engine.info()
+        return f"Docker Engine {info.get('ServerVersion')}"
+
+    async def _compose_ready(self) -> str:
+        command = self.prober.compose_command or await asyncio.to_thread(self.find_compose)
+        self.prober.compose_command = command
+        self.compose_found(command)
+        return " ".join(command)
+
+    async def machine_facts(self) -> dict:
+        """The latest probe's systemData (GPUs and their health, CPUs, memory),
+        for the sandbox's GPU assignment and shares."""
+        if self.last_report is None:
+            await self.refresh()
+        return self.last_report["systemData"]
+
+    # ---- periodic work -------------------------------------------------------
+    async def refresh(self, force: bool = False) -> dict:
+        """Probe again; send systemData if anything a marketplace shows changed."""
+        data = await self.prober.system_data()
+        report = build_report(data, self.requirements, self.clock_skew)
+        self.last_report = report
+        if force or report["fingerprint"] != self.sent_fingerprint:
+            self._send(report)
+        return report
+
+    def _send(self, report: dict) -> None:
+        self.sent_fingerprint = report["fingerprint"]
+        self.outbox.put(SYSTEM_DATA, self.target, {**report, "reportedAt": wire.iso()})
+        log.info("system_data_queued", fingerprint=report["fingerprint"], gpus=report["listing"]["totalGPUs"],
+                 compliant=report["compliance"]["isCompliant"])
+
+    async def measure_network(self) -> None:
+        max_bytes, max_seconds = self.speed_limits
+        result = await netspeed.measure_speed(self.client.http(), self.client.base_url,
+                                              max_bytes=max_bytes, max_seconds=max_seconds)
+        self.prober.speed = netspeed.as_wire(result)
+        log.info("network_speed_measured", upload_mbps=result.upload_mbps, download_mbps=result.download_mbps,
+                 error=result.error)
+        if self.init.state == "ready":
+            await self.refresh()
+
+    async def beat(self) -> None:
+        storage = ((self.last_report or {}).get("systemData") or {}).get("host", {}).get("storage", {}).get("path")
+        figures = await asyncio.to_thread(telemetry.snapshot, self.prober.nvml, storage)
+        body = {"sentAt": wire.iso(), "agentVersion": __version__,
+                "uptimeSeconds": round(time.monotonic() - self._started, 1), "initState": self.init.as_wire()["state"],
+                "fingerprint": self.sent_fingerprint, **figures,
+                "reports": {"pending": self.outbox.pending(), "dropped": self.outbox.dropped}}
+        sent_at = time.time()
+        try:
+            reply = await self.client.heartbeat(body)
+            self.last_beat_at = body["sentAt"]
+        except (MarketplaceUnavailable, MarketplaceRejected) as exc:
+            self._beat_failures += 1
+            if self._beat_failures == 1:
+                log.warning("heartbeat_failed", error=str(exc))
+            return
+        if self._beat_failures:
+            log.info("heartbeat_restored", after_failures=self._beat_failures)
+            self._beat_failures = 0
+        self._note_server_time(reply.get("serverTime"), sent_at, time.time())
+        interval = reply.get("heartbeatIntervalSeconds")
+        if wire.is_number(interval) and interval > 0 and interval != self.intervals["heartbeatSeconds"]:
+            self.intervals["heartbeatSeconds"] = float(interval)
+            self.schedule.every("heartbeat", max(MIN_HEARTBEAT, float(interval)), self.beat)
+            log.info("heartbeat_interval_changed", interval_s=interval)
+        if reply.get("systemDataWanted") and self.last_report is not None:
+            # At most once per systemData interval: a marketplace that refuses
+            # the report would otherwise ask for it again at every beat.
+            now = time.monotonic()
+            if now - self._last_resend >= self.intervals["systemDataSeconds"]:
+                self._last_resend = now
+                log.info("system_data_requested_again")
+                self._send(self.last_report)
+
+    async def stop(self) -> None:
+        if self._speed_task is not None:
+            self._speed_task.cancel()
+            await asyncio.gather(self._speed_task, return_exceptions=True)

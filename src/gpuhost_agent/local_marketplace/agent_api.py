@@ -1,0 +1,111 @@
+"""The marketplace's side of the agent protocol (docs/agent-api.yaml), under /v1/agent."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.local_marketplace.http_errors import json_body, json_error
+from gpuhost_agent.local_marketplace.state import MarketplaceState
+
+MAX_POLL_WAIT = 60
+
+
+def routes(state: MarketplaceState) -> list[web.RouteDef]:
+    store = state.store
+
+    async def open_session(request: web.Request) -> web.Response:
+        body = await json_body(request)
+        if not isinstance(body, dict):
+            return json_error(400, "body must be an object describing the agent")
+        session_id, requeued = state.new_session()
+        return web.json_response({"sessionId": session_id, "envId": store.envId, "serverTime": wire.iso(),
+                                  "requeuedJobs": requeued, "intervals": state.intervals,
+                                  "requirements": state.requirements})
+
+    async def poll_jobs(request: web.Request) -> web.Response:
+        try:
+            wait = min(float(request.query.get("wait", "0")), MAX_POLL_WAIT)
+            max_jobs = max(1, min(int(request.query.get("max", "16")), 100))
+        except ValueError:
+            return json_error(400, "wait must be a number of seconds and max an integer")
+        transport = request.transport
+        jobs = await state.wait_for_jobs(max(0.0, wait), max_jobs, request.headers.get(wire.SESSION_HEADER),
+                                         lambda: transport is not None and not transport.is_closing())
+        return web.json_response({"jobs": [store.job_payload(job) for job in jobs]})
+
+    async def complete_job(request: web.Request) -> web.Response:
+        body = await json_body(request)
+        if not isinstance(body, dict) or body.get("outcome") not in (wire.OUTCOME_SUCCEEDED, wire.OUTCOME_FAILED):
+            return json_error(400, "body must be an object with outcome 'succeeded' or 'failed'")
+        job = store.complete_job(request.match_info["jobId"], body["outcome"], body.get("errorMsg"))
+        state.changed()
+        return web.json_response({"jobId": job.jobId, "state": job.state, "outcome": job.outcome})
+
+    async def put_status(request: web.Request) -> web.Response:
+        body = await json_body(request)
+        problem = _status_problem(body)
+        if problem:
+            return json_error(400, problem)
+        accepted = store.apply_status(request.match_info["stackId"], body)
+        state.changed()
+        return web.json_response({"stackId": request.match_info["stackId"], "accepted": accepted})
+
+    async def put_containers(request: web.Request) -> web.Response:
+        body = await json_body(request)
+        problem = _containers_problem(body)
+        if problem:
+            return json_error(400, problem)
+        accepted = store.apply_containers(request.match_info["stackId"], body["containers"], body["observedAt"])
+        state.changed()
+        return web.json_response({"stackId": request.match_info["stackId"], "accepted": accepted})
+
+    async def desired_state(_request: web.Request) -> web.Response:
+        state.expire_rentals()
+        return web.json_response(store.desired_state())
+
+    return [
+        web.post("/v1/agent/sessions", open_session),
+        web.get("/v1/agent/desired-state", desired_state),
+        web.get("/v1/agent/jobs", poll_jobs),
+        web.post("/v1/agent/jobs/{jobId}/complete", complete_job),
+        web.put("/v1/agent/stacks/{stackId}/status", put_status),
+        web.put("/v1/agent/stacks/{stackId}/containers", put_containers),
+    ]
+
+
+def _status_problem(body) -> str | None:
+    """What is wrong with a status report, if anything. Every field is checked:
+    whatever passes is shown to renters as it is."""
+    if not isinstance(body, dict):
+        return "body must be an object"
+    if body.get("status") not in wire.REPORTED_STATUSES:
+        return f"status must be one of {', '.join(wire.REPORTED_STATUSES)}"
+    if not wire.is_iso(body.get("reportedAt")):
+        return "reportedAt must be an ISO 8601 date-time"
+    for key in ("errorMsg", "pStackName", "jobId"):
+        if body.get(key) is not None and not isinstance(body[key], str):
+            return f"{key} must be a string"
+    if body["status"] == wire.ERROR and not body.get("errorMsg"):
+        return "errorMsg is required with status ERROR"
+    gpus = body.get("assignedGPUs", [])
+    if not isinstance(gpus, list) or not all(isinstance(uuid, str) for uuid in gpus):
+        return "assignedGPUs must be an array of GPU UUIDs"
+    pstack_id = body.get("pStackId", 0)
+    if not wire.is_whole(pstack_id):
+        return "pStackId must be a non-negative integer"
+    return None
+
+
+def _containers_problem(body) -> str | None:
+    if not isinstance(body, dict) or not isinstance(body.get("containers"), list):
+        return "body must be an object with a containers array"
+    if not wire.is_iso(body.get("observedAt")):
+        return "observedAt must be an ISO 8601 date-time"
+    for index, container in enumerate(body["containers"]):
+        if not isinstance(container, dict):
+            return f"containers[{index}] must be an object"
+        for key, kind in (("Name", str), ("Id", str), ("State", str), ("Created", int), ("Labels", list), ("Ports", list)):
+            if not isinstance(container.get(key), kind) or isinstance(container.get(key), bool):
+                return f"containers[{index}].{key} must be {'a string' if kind is str else 'an integer' if kind is int else 'an array'}"
+    return None

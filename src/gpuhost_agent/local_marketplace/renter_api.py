@@ -1,0 +1,113 @@
+"""Renter endpoints of the seed, as far as they concern the agent, under /v1."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.local_marketplace import shapes
+from gpuhost_agent.local_marketplace.http_errors import json_body, json_error
+from gpuhost_agent.local_marketplace.state import MarketplaceState
+
+
+def routes(state: MarketplaceState) -> list[web.RouteDef]:
+    store = state.store
+
+    async def list_environments(_request: web.Request) -> web.Response:
+        return web.json_response([shapes.environment(state)])
+
+    async def get_environment(request: web.Request) -> web.Response:
+        if request.match_info["envId"] != store.envId:
+            return json_error(404, f"environment {request.match_info['envId']} not found")
+        return web.json_response(shapes.environment(state))
+
+    async def get_listing(request: web.Request) -> web.Response:
+        if request.match_info["envId"] != store.envId:
+            return json_error(404, f"environment {request.match_info['envId']} not found")
+        return web.json_response(shapes.listing(store))
+
+    async def create_rental(request: web.Request) -> web.Response:
+        body = await json_body(request)
+        if not isinstance(body, dict):
+            return json_error(400, "body must be a JSON object")
+        if body.get("envId") != store.envId:
+            return json_error(404 if isinstance(body.get("envId"), str) else 400,
+                              f"envId must name this marketplace's environment ({store.envId})")
+        gpu_count = body.get("gpuCount", 0)
+        if not wire.is_whole(gpu_count):
+            return json_error(400, "gpuCount must be a non-negative integer")
+        name, end_date = body.get("name"), body.get("endDate")
+        if name is not None and not isinstance(name, str):
+            return json_error(400, "name must be a string")
+        if end_date is not None:
+            try:
+                end_date = wire.iso(wire.parse_iso(end_date)) if isinstance(end_date, str) else None
+            except ValueError:
+                end_date = None
+            if end_date is None:
+                return json_error(400, "endDate must be an ISO 8601 date-time")
+        rental = store.create_rental(name=name, gpu_count=gpu_count, end_date=end_date)
+        state.changed()
+        return web.json_response(shapes.rental(store, rental), status=201)
+
+    async def list_rentals(_request: web.Request) -> web.Response:
+        return web.json_response([shapes.rental(store, r) for r in store.rentals.values()])
+
+    async def get_rental(request: web.Request) -> web.Response:
+        return web.json_response(shapes.rental(store, store.rental(request.match_info["rentalId"])))
+
+    async def update_rental(request: web.Request) -> web.Response:
+        rental = store.rental(request.match_info["rentalId"])
+        body = await json_body(request)
+        if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+            return json_error(400, "body must be an object with a string name")
+        rental["name"], rental["updatedAt"] = body["name"], wire.iso()
+        state.changed()
+        return web.json_response("rental updated")
+
+    async def end_rental(request: web.Request) -> web.Response:
+        rental = state.end_rental(request.match_info["rentalId"])
+        return web.json_response(shapes.rental(store, rental))
+
+    async def create_stack(request: web.Request) -> web.Response:
+        rental_id = request.match_info["rentalId"]
+        store.rental(rental_id)  # 404 before 400, as the seed lists them
+        body = await json_body(request)
+        if not isinstance(body, dict) or "template" not in body:
+            return json_error(400, "body must be an object with a template")
+        try:
+            template = wire.validate_template(body["template"])
+        except wire.InvalidBody as exc:
+            return json_error(400, str(exc))
+        stack = store.create_stack(rental_id, template)
+        state.changed(jobs=True)
+        return web.json_response(stack["stackId"], status=201)
+
+    async def list_stacks(request: web.Request) -> web.Response:
+        rental_id = request.match_info["rentalId"]
+        store.rental(rental_id)
+        return web.json_response([shapes.stack(s) for s in store.stacks.values() if s["rentalId"] == rental_id])
+
+    async def delete_stack(request: web.Request) -> web.Response:
+        stack = store.remove_stack(request.match_info["rentalId"], request.match_info["stackId"])
+        state.changed(jobs=True)
+        return web.json_response(shapes.stack(stack))
+
+    async def list_containers(request: web.Request) -> web.Response:
+        stack = store.stack(request.match_info["rentalId"], request.match_info["stackId"])
+        return web.json_response(store.containers.get(stack["stackId"], {}).get("containers", []))
+
+    return [
+        web.get("/v1/environments", list_environments),
+        web.get("/v1/environments/{envId}", get_environment),
+        web.get("/v1/environments/{envId}/listing", get_listing),
+        web.post("/v1/rentals", create_rental),
+        web.get("/v1/rentals", list_rentals),
+        web.get("/v1/rentals/{rentalId}", get_rental),
+        web.patch("/v1/rentals/{rentalId}", update_rental),
+        web.delete("/v1/rentals/{rentalId}", end_rental),
+        web.post("/v1/rentals/{rentalId}/stacks", create_stack),
+        web.get("/v1/rentals/{rentalId}/stacks", list_stacks),
+        web.delete("/v1/rentals/{rentalId}/stacks/{stackId}", delete_stack),
+        web.get("/v1/rentals/{rentalId}/stacks/{stackId}/containers", list_containers),
+    ]

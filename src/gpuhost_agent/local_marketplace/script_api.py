@@ -1,0 +1,70 @@
+"""The environment's installation line and the script it runs.
+
+`GET /v1/environments/{envId}/script` answers, as the seed does, a string:
+"an installation command line for the environment". A host pastes it on the
+GPU machine:
+
+    curl -fsSL <base>/install.sh | sudo bash -s -- --url <base> --env-id <envId> --api-key <key>
+
+It carries the environment's own API key (that is its purpose: the installer
+writes it to /etc/gpuhost-agent/api-key), so like every renter path it needs the
+user key, and whoever holds the line holds the environment's key.
+
+`GET /v1/install.sh` serves the repository's install.sh. It must be public
+(PUBLIC_PATHS: the application's auth middleware lets it through), because
+`curl | bash` sends no header; that is safe because the script holds no secret,
+the key travels in the line's arguments. The script is found in the checkout
+the agent runs from; an agent installed from a wheel has none, and says so.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from aiohttp import web
+
+from gpuhost_agent.local_marketplace.http_errors import json_error
+from gpuhost_agent.local_marketplace.state import MarketplaceState
+
+INSTALL_SCRIPT_PATH = "/v1/install.sh"
+# Paths the auth middleware must serve without an API key.
+PUBLIC_PATHS = frozenset({INSTALL_SCRIPT_PATH})
+
+
+def checkout_install_script() -> Path | None:
+    """install.sh at the root of the checkout this package runs from, if any."""
+    candidate = Path(__file__).resolve().parents[3] / "install.sh"
+    return candidate if candidate.is_file() else None
+
+
+def install_line(base_url: str, env_id: str, api_key: str) -> str:
+    """The command line a host pastes; every value shell-quoted where it needs it."""
+    quote = shlex.quote
+    return (f"curl -fsSL {quote(base_url + '/install.sh')} | sudo bash -s -- "
+            f"--url {quote(base_url)} --env-id {quote(env_id)} --api-key {quote(api_key)}")
+
+
+def routes(state: MarketplaceState, install_script: Path | None = None) -> list[web.RouteDef]:
+    """install_script: the file to serve (default: the checkout's install.sh)."""
+    script = install_script if install_script is not None else checkout_install_script()
+
+    async def get_script(request: web.Request) -> web.Response:
+        env_id = request.match_info["envId"]
+        if env_id != state.store.envId:
+            return json_error(404, f"environment {env_id} not found")
+        # The base URL the caller reached us on, so the line works from where it was asked.
+        base_url = f"{request.scheme}://{request.host}/v1"
+        return web.json_response(install_line(base_url, env_id, state.store.envApiKey))
+
+    async def get_install_script(_request: web.Request) -> web.Response:
+        if script is None or not script.is_file():
+            return json_error(404, "install.sh is not part of this installation of the agent; "
+                                   "the local marketplace serves it when the agent runs from a checkout")
+        return web.Response(body=script.read_bytes(), content_type="text/x-shellscript",
+                            headers={"Cache-Control": "no-store"})
+
+    return [
+        web.get("/v1/environments/{envId}/script", get_script),
+        web.get(INSTALL_SCRIPT_PATH, get_install_script),
+    ]

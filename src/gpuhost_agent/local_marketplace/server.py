@@ -1,0 +1,103 @@
+"""The local marketplace's aiohttp application: auth, errors and start-up.
+
+Two keys, as on the real marketplace: renters use their user API key; the agent
+uses the environment's own key (Environment.apiKey). Neither can call the
+other's endpoints, and renter responses never show the environment's key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.local_marketplace import agent_api, channel_api, host_api, logs_api, renter_api, script_api, speedtest_api, terminal_api
+from gpuhost_agent.local_marketplace.http_errors import BadRequest, json_error
+from gpuhost_agent.local_marketplace.state import MarketplaceState
+from gpuhost_agent.local_marketplace.store import Conflict, NotFound
+
+log = get_logger(__name__)
+
+
+def _key_matches(given: str | None, expected: str) -> bool:
+    return given is not None and hmac.compare_digest(given.encode(), expected.encode())
+
+
+def _is_public(request: web.Request) -> bool:
+    """Paths served without an API key: install.sh (curl | bash sends no header)
+    and the terminal WebSocket (browsers cannot set one; its handler checks the
+    ticket's token). The terminal is matched by the route aiohttp resolved, not
+    by a path prefix, so no spelling of another path can pass for it."""
+    if request.path in script_api.PUBLIC_PATHS:
+        return True
+    route = request.match_info.route
+    resource = route.resource
+    return route.method == "GET" and resource is not None and resource.canonical == terminal_api.TERMINAL_ROUTE
+
+
+def build_app(state: MarketplaceState) -> web.Application:
+    @web.middleware
+    async def auth_and_errors(request: web.Request, handler):
+        agent_path = request.path.startswith("/v1/agent/")
+        expected = state.store.envApiKey if agent_path else state.store.renterApiKey
+        if not _is_public(request) and not _key_matches(request.headers.get(wire.API_KEY_HEADER), expected):
+            return json_error(401, f"missing or invalid {wire.API_KEY_HEADER} header")
+        try:
+            return await handler(request)
+        except NotFound as exc:
+            return json_error(404, str(exc))
+        except (BadRequest, Conflict) as exc:
+            return json_error(400, str(exc))
+        except web.HTTPException as exc:
+            if exc.status >= 400:
+                return json_error(exc.status, exc.reason)
+            raise
+        except Exception:  # a bug: answer in the API's error shape, keep the trace for operators
+            log.exception("marketplace_handler_failed", method=request.method, path=request.path)
+            return json_error(500, "internal error in the local marketplace")
+
+    app = web.Application(middlewares=[auth_and_errors], client_max_size=2 * 1024 * 1024)
+    app.add_routes(renter_api.routes(state))
+    app.add_routes(agent_api.routes(state))
+    app.add_routes(channel_api.routes(state))
+    app.add_routes(logs_api.routes(state))
+    app.add_routes(terminal_api.routes(state))
+    app.add_routes(host_api.routes(state))
+    app.add_routes(speedtest_api.routes())
+    app.add_routes(script_api.routes(state))
+    return app
+
+
+@dataclass
+class RunningMarketplace:
+    runner: web.AppRunner
+    base_url: str
+    state: MarketplaceState
+
+    expiry: asyncio.Task | None = None
+
+    async def stop(self) -> None:
+        if self.expiry is not None:
+            self.expiry.cancel()
+            await asyncio.gather(self.expiry, return_exceptions=True)
+        await self.state.streams.shutdown()  # open WebSockets would hold the shutdown for its whole timeout
+        await self.runner.cleanup()
+
+
+async def start(state: MarketplaceState, host: str = "127.0.0.1", port: int = 8787) -> RunningMarketplace:
+    """Serve on host:port (port 0 picks a free one) and return the base URL."""
+    state.streams.reopen()
+    runner = web.AppRunner(build_app(state), access_log=None, shutdown_timeout=2)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound_port = runner.addresses[0][1]
+    url_host = f"[{host}]" if ":" in host else host
+    base_url = f"http://{url_host}:{bound_port}/v1"
+    log.info("local_marketplace_listening", base_url=base_url, env_id=state.store.envId)
+    expiry = asyncio.create_task(state.expire_rentals_forever(), name="rental-expiry")
+    return RunningMarketplace(runner, base_url, state, expiry)

@@ -1,0 +1,150 @@
+"""The store plus what the HTTP handlers share: saving, waking long polls, and
+the machine's liveness (heartbeats are kept in memory: they are news, not
+records)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import asdict
+from typing import Callable
+
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol.requirements import Requirements
+from gpuhost_agent.local_marketplace.channel_hub import ChannelHub
+from gpuhost_agent.local_marketplace.store import Job, Store
+from gpuhost_agent.local_marketplace.terminal_tickets import TicketBook
+
+DEFAULT_INTERVALS = {"jobPollWaitSeconds": 25, "containerResyncSeconds": 15, "reconcileSeconds": 60, "heartbeatSeconds": 30,
+                     "systemDataSeconds": 300, "networkSpeedSeconds": 6 * 3600}
+OFFLINE_AFTER_MISSED_BEATS = 3
+
+
+class MarketplaceState:
+    def __init__(self, store: Store, intervals: dict | None = None, requirements: dict | None = None):
+        self.store = store
+        self.intervals = {**DEFAULT_INTERVALS, **(intervals or {})}
+        self.requirements = {**asdict(Requirements()), **(requirements or {})}
+        self.session_id: str | None = None
+        self.polls_started = 0
+        self.heartbeat: dict | None = None  # last beat, with when and at what interval
+        self.beats_received = 0
+        self.system_data_received = 0
+        self._jobs_posted = asyncio.Event()
+        self.streams = ChannelHub()  # the agent's channel and the live log and terminal streams
+        self.terminals = TicketBook()
+
+    def changed(self, *, jobs: bool = False) -> None:
+        """Persist, and if new jobs were queued wake every waiting long poll."""
+        self.store.save()
+        if jobs:
+            self._jobs_posted.set()
+            self._jobs_posted = asyncio.Event()
+
+    def expire_rentals(self) -> list[str]:
+        """Rentals past their endDate end now; their removal jobs wake the agent's poll."""
+        ended = self.store.expire_rentals()
+        if ended:
+            self.changed(jobs=True)
+        for rental_id in ended:
+            self.streams.end_rental(rental_id)
+        return ended
+
+    def end_rental(self, rental_id: str) -> dict:
+        """End a rental now (the renter's DELETE): its stacks' removal jobs wake
+        the agent's poll, and its log streams and terminals end."""
+        rental = self.store.end_rental(rental_id)
+        self.changed(jobs=True)
+        self.streams.end_rental(rental_id)
+        return rental
+
+    async def expire_rentals_forever(self, period: float = 1.0) -> None:
+        while True:
+            self.expire_rentals()
+            await asyncio.sleep(period)
+
+    def new_session(self) -> tuple[str, int]:
+        self.session_id = str(uuid.uuid4())
+        self.streams.session_changed(self.session_id)
+        requeued = self.store.requeue_unfinished()
+        self.changed(jobs=bool(requeued))
+        return self.session_id, requeued
+
+    async def wait_for_jobs(self, wait_seconds: float, max_jobs: int, session_id: str | None = None,
+                            still_there: Callable[[], bool] = lambda: True) -> list[Job]:
+        """Jobs as soon as there are any, else an empty list after wait_seconds.
+
+        A poll whose agent is gone (its connection closed: aiohttp does not
+        cancel the handler) or whose session was superseded by a newer one
+        takes nothing: the jobs it would take would be lost until their lease
+        ran out."""
+        self.polls_started += 1
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_seconds
+        while True:
+            event = self._jobs_posted
+            if not still_there() or (session_id and self.session_id and session_id != self.session_id):
+                return []
+            jobs = self.store.deliverable(max_jobs)
+            if jobs:
+                self.store.save()
+                return jobs
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return []
+            try:
+                await asyncio.wait_for(event.wait(), remaining)
+            except asyncio.TimeoutError:
+                return []
+
+    def redeliver(self, job_id: str) -> None:
+        """Hand a job out again as a lossy network would (used by tests and by
+        operators who want an agent to redo a job)."""
+        job = self.store.jobs[job_id]
+        job.state = "queued"
+        self.changed(jobs=True)
+
+    # ---- the machine -----------------------------------------------------------
+    def accept_system_data(self, body: dict) -> bool:
+        previous = self.store.host.get("report") or {}
+        if previous.get("reportedAt") and wire.parse_iso(previous["reportedAt"]) > wire.parse_iso(body["reportedAt"]):
+            return False  # an older report arriving late
+        self.store.host["report"] = body
+        self.system_data_received += 1
+        self.changed()
+        return True
+
+    def accept_init_state(self, body: dict) -> bool:
+        previous = self.store.host.get("initState") or {}
+        if previous.get("updatedAt") and wire.parse_iso(previous["updatedAt"]) > wire.parse_iso(body["updatedAt"]):
+            return False
+        self.store.host["initState"] = body
+        self.changed()
+        return True
+
+    def accept_heartbeat(self, body: dict) -> dict:
+        """Record the beat; answer with the interval to use from now on, and ask
+        for systemData again when ours is missing or not the one the agent has."""
+        interval = self.intervals["heartbeatSeconds"]
+        self.heartbeat = {"body": body, "receivedAt": time.time(), "intervalSeconds": interval}
+        self.beats_received += 1
+        report = self.store.host.get("report") or {}
+        wanted = body.get("fingerprint") is not None and report.get("fingerprint") != body.get("fingerprint")
+        return {"heartbeatIntervalSeconds": interval, "systemDataWanted": wanted, "serverTime": wire.iso()}
+
+    def liveness(self, now: float | None = None) -> dict:
+        """Environment.heartbeat: online until OFFLINE_AFTER_MISSED_BEATS beats are missed."""
+        if self.heartbeat is None:
+            return {"online": False, "lastBeatAt": None, "intervalSeconds": self.intervals["heartbeatSeconds"],
+                    "missedBeats": None, "agentVersion": None, "uptimeSeconds": None, "initState": None,
+                    "host": None, "gpus": None}
+        now = time.time() if now is None else now
+        interval = self.heartbeat["intervalSeconds"]
+        missed = int((now - self.heartbeat["receivedAt"]) // interval)
+        body = self.heartbeat["body"]
+        return {"online": missed < OFFLINE_AFTER_MISSED_BEATS,
+                "lastBeatAt": wire.iso_from_timestamp(self.heartbeat["receivedAt"]),
+                "intervalSeconds": interval, "missedBeats": missed,
+                "agentVersion": body.get("agentVersion"), "uptimeSeconds": body.get("uptimeSeconds"),
+                "initState": body.get("initState"), "host": body.get("host"), "gpus": body.get("gpus")}

@@ -1,0 +1,47 @@
+"""The marketplace's minimums for a host it rents out: a shape of the agent
+protocol (the session reply's `requirements`), read by the agent's compliance
+checks and sent by the local marketplace.
+
+The defaults are used until the marketplace has spoken, and by
+`gpuhost-agent doctor` when run offline. A marketplace cannot lower the
+toolkit minimum below TOOLKIT_SAFE_VERSION (see inventory/compliance.py).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+
+from gpuhost_agent.protocol import wire
+
+# The NVIDIA Container Toolkit release that fixed the known container escapes.
+TOOLKIT_SAFE_VERSION = "1.17.8"
+
+
+@dataclass(frozen=True)
+class Requirements:
+    minDriverVersion: str = "535.0"
+    minCudaVersion: str = "12.2"
+    minContainerToolkitVersion: str = TOOLKIT_SAFE_VERSION
+    minDockerVersion: str = "24.0"
+    minComposeVersion: str = "2.20"
+    minFreeDiskGiB: float = 50.0
+    maxClockSkewSeconds: float = 5.0
+
+    @classmethod
+    def from_wire(cls, raw: dict | None) -> "Requirements":
+        """The marketplace's values where they are well formed, defaults elsewhere."""
+        values = {}
+        for spec in fields(cls):
+            value = (raw or {}).get(spec.name)
+            if spec.type == "str" and isinstance(value, str) and version_tuple(value):
+                values[spec.name] = value
+            elif spec.type == "float" and wire.is_number(value) and value >= 0:
+                values[spec.name] = float(value)
+        return cls(**values)
+
+
+def version_tuple(text: str | None) -> tuple[int, ...]:
+    """"550.54.15" -> (550, 54, 15); "v2.29.1-desktop.1" -> (2, 29, 1); junk -> ()."""
+    match = re.match(r"v?(\d+(?:\.\d+)*)", (text or "").strip())
+    return tuple(int(part) for part in match.group(1).split(".")) if match else ()

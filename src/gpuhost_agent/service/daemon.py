@@ -1,0 +1,121 @@
+"""`gpuhost-agent run`: start what the composition root built, run until told
+to stop, and shut down in a bounded time with renters' containers left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from typing import Callable
+
+from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.local_marketplace import server as local_server
+from gpuhost_agent.service import sd_notify, status_server
+from gpuhost_agent.service.config import AgentConfig
+from gpuhost_agent.service.wiring import AgentParts, build_agent, start_local_marketplace
+
+log = get_logger(__name__)
+SHUTDOWN_FLUSH = 3.0
+
+
+async def stop_agent(parts: AgentParts, agent_task: asyncio.Task, job_grace: float = 20.0) -> None:
+    """Finish or abandon jobs in a bounded time (job_grace, then at most 5 s for
+    the abandoned ones to unwind, and SHUTDOWN_FLUSH for reports), and leave
+    renters' containers running. What is not flushed stays in the state
+    database and goes out after the next start; an abandoned job is handed out
+    again by the marketplace and converges."""
+    await parts.dispatcher.shutdown(job_grace)
+    if not await parts.outbox.drained(SHUTDOWN_FLUSH):
+        log.warning("reports_unsent_at_shutdown", pending=parts.outbox.pending())
+    agent_task.cancel()
+    await asyncio.gather(agent_task, return_exceptions=True)
+    await parts.client.close()
+    parts.engine.close()
+    parts.host.prober.nvml.close()
+    parts.db.close()
+
+
+async def serve(config: AgentConfig, stop: asyncio.Event) -> None:
+    config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    local = None
+    if config.uses_local_marketplace:
+        local = await start_local_marketplace(config)
+        base_url, api_key = local.base_url, local.state.store.envApiKey
+        _print_local_banner(local)
+    else:
+        base_url, api_key = str(config.marketplace_url), str(config.api_key)
+    parts = build_agent(config, base_url, api_key)
+    status = await status_server.start(parts, config.status_socket, metrics_enabled=config.metrics,
+                                       metrics_listen=config.metrics_listen,
+                                       local_marketplace=config.uses_local_marketplace)
+    agent_task = asyncio.create_task(parts.agent.run(), name="agent")
+    watchdog = sd_notify.Watchdog()
+    watchdog.start()
+    ready_task = asyncio.create_task(
+        sd_notify.notify_ready_when(parts.agent.connected, f"connected to {base_url}"), name="sd-ready")
+    log.info("agent_started", marketplace=base_url, state_dir=str(config.state_dir))
+    stop_task = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({agent_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+    if agent_task in done:
+        stop_task.cancel()
+        await status.stop()
+        agent_task.result()  # re-raise what stopped the agent
+    ready_task.cancel()
+    sd_notify.stopping("stopping: finishing jobs; containers keep running")
+    log.info("agent_stopping", reason="signal")
+    await status.stop()  # before stop_agent: it closes the database /status reads
+    await stop_agent(parts, agent_task, config.shutdown_grace_seconds)
+    if local is not None:
+        await local.stop()
+    log.info("agent_stopped", containers="left running")
+    await watchdog.stop()
+
+
+def _print_local_banner(local: local_server.RunningMarketplace) -> None:
+    store = local.state.store
+    print(
+        "gpuhost-agent: no marketplace configured, serving the local marketplace\n"
+        f"  base URL:        {local.base_url}\n"
+        f"  environment id:  {store.envId}\n"
+        f"  renter API key:  {store.renterApiKey}\n"
+        f"  try: curl -s -H 'X-API-Key: {store.renterApiKey}' {local.base_url}/environments",
+        file=sys.stdout, flush=True,
+    )
+
+
+def run(config: AgentConfig, reload: Callable[[], AgentConfig] | None = None) -> int:
+    """Run until SIGTERM/SIGINT. SIGHUP re-reads the configuration (`reload`,
+    by default the config file and environment without the command line's
+    flags) and applies what can change at run time: the log level."""
+    from gpuhost_agent.service import config as config_module
+    from gpuhost_agent.common import logs
+
+    reread = reload or (lambda: config_module.load({}))
+
+    def on_sighup() -> None:
+        try:
+            fresh = reread()
+            logs.set_level(fresh.log_level)
+        except (config_module.ConfigError, ValueError, OSError) as exc:
+            log.error("config_reload_failed", error=str(exc), log_level=config.log_level)
+            return
+        # Only the level changes at run time; other edits wait for a restart.
+        # (Without `reload` the flags are not re-read, so a difference may be a flag.)
+        unapplied = sorted(name for name in vars(fresh) if name != "log_level"
+                           and getattr(fresh, name) != getattr(config, name)) if reload else []
+        config.log_level = fresh.log_level
+        log.info("config_reloaded", log_level=fresh.log_level, restart_needed_for=unapplied or None)
+        log.debug("config_in_effect", **{name: str(value) for name, value in vars(config).items()
+                                         if name not in ("api_key", "local_api_key")})
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, on_sighup)
+        await serve(config, stop)
+
+    asyncio.run(main())
+    return 0

@@ -1,0 +1,55 @@
+"""`gpuhost-agent probe` and `gpuhost-agent doctor`: the agent's own view of the
+machine, for a host at a terminal, with no marketplace needed.
+
+Both run exactly the probe the daemon runs. The network speed is left out
+(it is measured against the marketplace, by the running agent); doctor uses
+the default minimums, which the marketplace may raise when the agent runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from gpuhost_agent.service.config import AgentConfig
+from gpuhost_agent.service.wiring import build_prober
+from gpuhost_agent.inventory import render
+from gpuhost_agent.protocol.requirements import Requirements
+from gpuhost_agent.inventory.system_data import build_report
+from gpuhost_agent.runtime.compose import ComposeNotFound, find_compose_command
+from gpuhost_agent.runtime.engine import DockerEngine
+
+
+async def _report(config: AgentConfig) -> dict:
+    try:
+        compose = await asyncio.to_thread(find_compose_command, config.compose_command)
+    except ComposeNotFound:
+        compose = None
+    engine = DockerEngine(timeout=10)
+    prober = build_prober(config, engine, compose)
+    try:
+        data = await prober.system_data()
+    finally:
+        engine.close()
+        prober.nvml.close()
+    return build_report(data, Requirements(), None)
+
+
+def probe(config: AgentConfig, as_json: bool) -> int:
+    report = asyncio.run(_report(config))
+    if as_json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        print(render.probe_table(report))
+    return 0
+
+
+def doctor(config: AgentConfig, as_json: bool) -> int:
+    """Exit status 1 when the host is not compliant, so scripts can gate on it."""
+    report = asyncio.run(_report(config))
+    compliance = report["compliance"]
+    if as_json:
+        print(json.dumps(compliance, indent=2))
+    else:
+        print(render.doctor_lines(compliance["checks"]))
+    return 0 if compliance["isCompliant"] else 1

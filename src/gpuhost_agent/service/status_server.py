@@ -1,0 +1,261 @@
+"""The running agent's local status endpoint, on a Unix socket only root can open.
+
+`GET /status` answers what `gpuhost-agent status` shows (JSON); `GET /metrics`
+answers Prometheus text when metrics are enabled (404 otherwise), on the same
+socket and, when configured, on a loopback TCP address as well.
+
+The socket is created with mode 0600 (a restrictive umask around its creation,
+then chmod) in a directory created 0700 when missing. Everything it answers is
+read from the agent's parts as they are; nothing here changes the agent.
+Strings pass through the secret scrubber, like log lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import os
+import socket
+import stat
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from aiohttp import web
+
+from gpuhost_agent import __version__
+from gpuhost_agent.service import metrics
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.common.logs import LAST_ERROR, SECRETS, get_logger
+
+if TYPE_CHECKING:
+    from gpuhost_agent.service.wiring import AgentParts
+
+log = get_logger(__name__)
+SOCKET_NAME = "agent.sock"
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with the terminating NUL
+
+
+class StatusSocketError(OSError):
+    """The status socket cannot be set up; the message says why."""
+
+
+
+
+# ---- what /status and /metrics answer ------------------------------------------------
+def _scrub(value: Any) -> Any:
+    if isinstance(value, str):
+        return SECRETS.scrub(value)
+    if isinstance(value, dict):
+        return {key: _scrub(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_scrub(item) for item in value]
+    return value
+
+
+def _job_outcomes(parts: "AgentParts") -> dict[str, int]:
+    """Marketplace jobs finished since the agent started, by outcome."""
+    return {str(k): int(v) for k, v in parts.dispatcher.outcomes.items()}
+
+
+class StatusSource:
+    """Reads the figures from the agent's parts; hooks that do not exist yet read as None."""
+
+    def __init__(self, parts: "AgentParts", *, started_at: float | None = None, metrics_enabled: bool = False,
+                 local_marketplace: bool = False, last_error: Callable[[], dict | None] = LAST_ERROR.get):
+        self.parts = parts
+        self.started_at = time.time() if started_at is None else started_at
+        self._started_monotonic = time.monotonic() - (time.time() - self.started_at)
+        self.metrics_enabled = metrics_enabled
+        self.local_marketplace = local_marketplace
+        self.last_error = last_error
+
+    def status(self) -> dict:
+        parts = self.parts
+        agent, host, outbox = parts.agent, parts.host, parts.outbox
+        watch = agent.engine_watch
+        stacks = [{"stackId": stack_id, "status": row.get("status"), "errorMsg": row.get("error_msg") or None,
+                   "project": row.get("project"), "rentalId": row.get("rental_id"), "updatedAt": row.get("updated_at")}
+                  for stack_id, row in sorted(parts.db.stacks().items())]
+        rentals = [{"rentalId": rental_id, "endDate": row.get("end_date"), "gpus": row.get("gpus") or [],
+                    "endedAt": row.get("ended_at")}
+                   for rental_id, row in sorted(parts.db.rentals().items()) if not row.get("ended_at")]
+        last_actions = [{"kind": a.kind, "target": a.target, "why": a.why}
+                        for a in parts.reconciler.last_actions]
+        body = {
+            "running": True,
+            "pid": os.getpid(),
+            "version": __version__,
+            "since": wire.iso_from_timestamp(self.started_at),
+            "uptimeSeconds": round(time.time() - self.started_at, 1),
+            "connected": agent.connected.is_set(),
+            "connectedSince": agent.connected_since,
+            "reconnects": agent.reconnects,
+            "envId": agent.env_id,
+            "marketplace": parts.client.base_url,
+            "localMarketplace": self.local_marketplace,
+            "sessionId": parts.client.session_id,
+            "initState": host.init.as_wire(),
+            "heartbeat": {"lastAt": host.last_beat_at,
+                          "failures": host.beat_failures,
+                          "intervalSeconds": host.intervals.get("heartbeatSeconds"),
+                          "clockSkewSeconds": host.clock_skew},
+            "lastError": self.last_error(),
+            "stacks": stacks,
+            "rentals": rentals,
+            "jobs": {"running": parts.dispatcher.running_jobs(), "outcomes": _job_outcomes(parts),
+                     "duplicatesIgnored": parts.dispatcher.duplicates_ignored},
+            "reports": {"pending": outbox.pending(), "sent": outbox.sent, "rejected": outbox.rejected,
+                        "dropped": outbox.dropped},
+            "engine": {"up": watch.up if watch else None, "outages": watch.outages if watch else None,
+                       "lastUp": wire.iso(watch.last_up) if watch and watch.last_up else None},
+            "reconcile": {"runs": parts.reconciler.runs, "lastActions": last_actions},
+            "streams": {"channelConnected": agent.streams.connected.is_set(), "open": agent.streams.live()}
+            if agent.streams else None,
+            "metricsEnabled": self.metrics_enabled,
+        }
+        return _scrub(body)
+
+    async def metric_figures(self) -> dict:
+        parts = self.parts
+        watch = parts.agent.engine_watch
+        try:
+            gpus = await asyncio.to_thread(parts.host.prober.nvml.telemetry)
+        except Exception:  # NVML trouble must not break the scrape
+            log.exception("metrics_gpu_telemetry_failed")
+            gpus = []
+        return {
+            "uptime_seconds": round(time.monotonic() - self._started_monotonic, 3),
+            "connected": parts.agent.connected.is_set(),
+            "jobs": _job_outcomes(parts),
+            "jobs_running": parts.dispatcher.running_jobs(),
+            "deploy_durations": parts.dispatcher.deploy_durations,
+            "reports": {"pending": parts.outbox.pending(), "sent": parts.outbox.sent,
+                        "rejected": parts.outbox.rejected, "dropped": parts.outbox.dropped},
+            "reconnects": parts.agent.reconnects,
+            "engine_up": watch.up if watch else None,
+            "engine_outages": watch.outages if watch else None,
+            "reconcile_runs": parts.reconciler.runs,
+            "gpus": gpus,
+        }
+
+    async def metrics_text(self) -> str:
+        return metrics.render(metrics.collect(await self.metric_figures()))
+
+
+def _app(source: StatusSource) -> web.Application:
+    async def status(_request: web.Request) -> web.Response:
+        return web.json_response(source.status())
+
+    async def metrics_endpoint(_request: web.Request) -> web.Response:
+        if not source.metrics_enabled:
+            raise web.HTTPNotFound(text="metrics are off (set GPUHOST_METRICS=on)\n")
+        response = web.Response(body=(await source.metrics_text()).encode())
+        response.headers["Content-Type"] = metrics.CONTENT_TYPE
+        return response
+
+    app = web.Application()
+    app.router.add_get("/status", status)
+    app.router.add_get("/metrics", metrics_endpoint)
+    return app
+
+
+# ---- the socket -----------------------------------------------------------------------
+def _prepare_socket_path(path: Path) -> None:
+    if len(os.fsencode(str(path))) > MAX_SOCKET_PATH:
+        raise StatusSocketError(f"status socket path {path} is longer than {MAX_SOCKET_PATH} bytes;"
+                                " set GPUHOST_STATUS_SOCKET to a shorter path")
+    parent = path.parent
+    if not parent.exists():
+        parent.mkdir(parents=True, mode=0o700)
+        parent.chmod(0o700)  # mkdir's mode is cut by the umask; make it exact
+    elif parent.stat().st_mode & 0o077:
+        log.warning("status_socket_dir_open", path=str(parent), mode=oct(stat.S_IMODE(parent.stat().st_mode)),
+                    hint="the socket itself is 0600; a directory only root can enter (0700) is safer")
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise StatusSocketError(f"{path} exists and is not a socket; not removing it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(str(path))
+    except OSError:
+        path.unlink(missing_ok=True)  # stale: left by an agent that died
+        log.info("status_socket_stale_removed", path=str(path))
+        return
+    finally:
+        probe.close()
+    raise StatusSocketError(f"another gpuhost-agent answers on {path}; is one already running?")
+
+
+def _check_loopback(listen: tuple[str, int]) -> None:
+    host = listen[0]
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise StatusSocketError(f"metrics listen address {host} is not a loopback address (use 127.0.0.1 or ::1)")
+
+
+class StatusServer:
+    def __init__(self, source: StatusSource, socket_path: Path, metrics_listen: tuple[str, int] | None = None):
+        self.source = source
+        self.socket_path = Path(socket_path)
+        self.metrics_listen = metrics_listen
+        self._runner: web.AppRunner | None = None
+        self._metrics_runner: web.AppRunner | None = None
+        self.metrics_port: int | None = None
+
+    async def start(self) -> None:
+        _prepare_socket_path(self.socket_path)
+        self._runner = web.AppRunner(_app(self.source), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        old_umask = os.umask(0o177)  # the socket is born 0600: no window where others could connect
+        try:
+            await web.UnixSite(self._runner, str(self.socket_path)).start()
+        finally:
+            os.umask(old_umask)
+        os.chmod(self.socket_path, 0o600)
+        if self.metrics_listen is not None and self.source.metrics_enabled:
+            _check_loopback(self.metrics_listen)
+            metrics_app = web.Application()
+            metrics_app.router.add_get("/metrics", self._metrics_handler)
+            self._metrics_runner = web.AppRunner(metrics_app, access_log=None, handle_signals=False)
+            await self._metrics_runner.setup()
+            site = web.TCPSite(self._metrics_runner, *self.metrics_listen)
+            await site.start()
+            sockets = getattr(site._server, "sockets", None) or []
+            self.metrics_port = sockets[0].getsockname()[1] if sockets else self.metrics_listen[1]
+        log.info("status_socket_listening", path=str(self.socket_path), metrics=self.source.metrics_enabled,
+                 metrics_listen=f"{self.metrics_listen[0]}:{self.metrics_port}" if self.metrics_port else None)
+
+    async def _metrics_handler(self, _request: web.Request) -> web.Response:
+        response = web.Response(body=(await self.source.metrics_text()).encode())
+        response.headers["Content-Type"] = metrics.CONTENT_TYPE
+        return response
+
+    async def stop(self) -> None:
+        for runner in (self._metrics_runner, self._runner):
+            if runner is not None:
+                with contextlib.suppress(Exception):
+                    await runner.cleanup()
+        self._runner = self._metrics_runner = None
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(self.socket_path.lstat().st_mode):
+                self.socket_path.unlink()
+
+
+async def start(parts: "AgentParts", socket_path: Path, *, metrics_enabled: bool = False,
+                metrics_listen: tuple[str, int] | None = None, local_marketplace: bool = False,
+                started_at: float | None = None) -> StatusServer:
+    """Start the endpoint for a built agent; `await server.stop()` at shutdown."""
+    source = StatusSource(parts, started_at=started_at, metrics_enabled=metrics_enabled,
+                          local_marketplace=local_marketplace)
+    server = StatusServer(source, socket_path, metrics_listen)
+    await server.start()
+    return server

@@ -1,0 +1,257 @@
+"""The agent's side of the agent protocol (docs/agent-api.yaml), over aiohttp.
+
+Every request has an explicit timeout. Errors are sorted into two kinds the
+callers act on differently: Unavailable (try again later, maybe after
+Retry-After) and Rejected (the marketplace said no; retrying will not help).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from typing import Any
+
+import aiohttp
+
+from gpuhost_agent.protocol import wire
+
+
+class MarketplaceUnavailable(RuntimeError):
+    def __init__(self, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class MarketplaceAuthFailed(MarketplaceUnavailable):
+    """401/403: the key is wrong, expired or rotated. Retried like an outage, so
+    that no report is lost while an operator fixes the configuration."""
+
+
+class MarketplaceRejected(RuntimeError):
+    def __init__(self, status: int, message: str):
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+# The largest reply the agent reads into memory. One job always fits (its Compose
+# file is at most wire.MAX_CONTENT_BYTES, a few MiB even fully escaped); a list of
+# many large ones may not, and poll_jobs then asks for one job at a time.
+MAX_BODY_BYTES = 8 * 1024 * 1024
+# Error replies are only read for their message.
+_MAX_ERROR_BODY_BYTES = 64 * 1024
+_MAX_ERROR_MESSAGE_CHARS = 500
+# After a job list over the cap, poll for one job at a time for longer than the
+# marketplace's delivery lease (600 s): the jobs of the lost reply are redelivered
+# within it, and must not come back as the same oversized batch.
+_SINGLE_JOB_SECONDS = 900.0
+
+
+class _ReplyTooLarge(MarketplaceRejected):
+    """A reply over the client's size cap; the body was not read past the cap."""
+
+
+class MarketplaceClient:
+    def __init__(self, base_url: str, api_key: str, *, request_timeout: float = 15,
+                 max_body_bytes: int = MAX_BODY_BYTES):
+        self.base_url = base_url.rstrip("/")
+        self._api_key = api_key
+        self._request_timeout = request_timeout
+        self._max_body_bytes = max_body_bytes
+        self._single_jobs_until = 0.0  # monotonic time; see _SINGLE_JOB_SECONDS
+        self._http: aiohttp.ClientSession | None = None
+        self.session_id: str | None = None
+
+    async def __aenter__(self) -> "MarketplaceClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(headers={wire.API_KEY_HEADER: self._api_key})
+        return self._http
+
+    async def _request(self, method: str, path: str, *, body: Any = None, params: dict | None = None, timeout: float | None = None) -> Any:
+        """One call. Returns the decoded JSON (or the text of a non-JSON reply);
+        raises only MarketplaceUnavailable or MarketplaceRejected, also for a
+        reply the agent cannot read (malformed JSON, larger than the cap), so
+        that no bad reply can kill the loop that made the call."""
+        headers = {wire.SESSION_HEADER: self.session_id} if self.session_id else {}
+        try:
+            async with self._session().request(
+                method, f"{self.base_url}{path}", json=body, params=params, headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout or self._request_timeout),
+            ) as response:
+                if response.status == 429 or response.status >= 500:
+                    raise MarketplaceUnavailable(
+                        f"{method} {path}: HTTP {response.status}", _retry_after(response.headers.get("Retry-After"))
+                    )
+                if response.status in (401, 403):
+                    raise MarketplaceAuthFailed(
+                        f"{method} {path}: HTTP {response.status} {await _error_message(response)}"
+                        " (check the environment id and API key in the agent's configuration)")
+                if response.status >= 400:
+                    raise MarketplaceRejected(response.status, await _error_message(response))
+                raw = await _read_capped(response, self._max_body_bytes, f"{method} {path}")
+                if response.content_type == "application/json":
+                    return _decode_json(raw, response.status, f"{method} {path}")
+                return raw.decode("utf-8", "replace")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise MarketplaceUnavailable(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+
+    async def open_session(self, info: dict) -> dict:
+        reply = await self._request("POST", "/agent/sessions", body=info)
+        if not isinstance(reply, dict):
+            raise MarketplaceRejected(200, "POST /agent/sessions answered without a JSON object")
+        self.session_id = reply.get("sessionId")
+        return reply
+
+    async def poll_jobs(self, wait_seconds: float, max_jobs: int = 16) -> list:
+        """The raw jobs of one long poll. Only the reply's shape is checked here;
+        each job is decoded (and a bad one refused and reported) by the
+        dispatcher, so one bad job does not cost the others."""
+        if time.monotonic() < self._single_jobs_until:
+            max_jobs = 1
+        try:
+            reply = await self._request(
+                "GET", "/agent/jobs", params={"wait": str(int(wait_seconds)), "max": str(max_jobs)},
+                timeout=wait_seconds + self._request_timeout,
+            )
+        except _ReplyTooLarge:
+            # Many large templates at once can pass the cap, one job alone cannot:
+            # ask for one at a time until the lost reply's jobs have come back.
+            self._single_jobs_until = time.monotonic() + _SINGLE_JOB_SECONDS
+            raise
+        if not isinstance(reply, dict):
+            raise MarketplaceRejected(200, "GET /agent/jobs answered without a JSON object")
+        jobs = reply.get("jobs")
+        if not isinstance(jobs, list):
+            raise MarketplaceRejected(200, "GET /agent/jobs answered without a jobs array")
+        return jobs
+
+    async def complete_job(self, job_id: str, body: dict) -> None:
+        await self._request("POST", f"/agent/jobs/{job_id}/complete", body=body)
+
+    async def put_stack_status(self, stack_id: str, body: dict) -> None:
+        await self._request("PUT", f"/agent/stacks/{stack_id}/status", body=body)
+
+    async def put_containers(self, stack_id: str, body: dict) -> None:
+        await self._request("PUT", f"/agent/stacks/{stack_id}/containers", body=body)
+
+    async def put_system_data(self, body: dict) -> None:
+        await self._request("PUT", "/agent/system-data", body=body)
+
+    async def put_init_state(self, body: dict) -> None:
+        await self._request("PUT", "/agent/init-state", body=body)
+
+    async def desired_state(self) -> Any:
+        """What the marketplace wants on this machine: every stack with its
+        template, every rental with its end (docs/agent-api.yaml). Decoded by
+        core.desired_state, which refuses what does not have the shape."""
+        return await self._request("GET", "/agent/desired-state")
+
+    async def heartbeat(self, body: dict) -> dict:
+        reply = await self._request("POST", "/agent/heartbeat", body=body)
+        return reply if isinstance(reply, dict) else {}
+
+    def auth_headers(self) -> dict[str, str]:
+        """What every agent call carries (key, and the session once open), for
+        connections made outside this client: the stream channel's WebSockets."""
+        headers = {wire.API_KEY_HEADER: self._api_key}
+        if self.session_id:
+            headers[wire.SESSION_HEADER] = self.session_id
+        return headers
+
+    def http(self) -> aiohttp.ClientSession:
+        """The authenticated HTTP session, for the network speed test's streams."""
+        return self._session()
+
+
+MAX_RETRY_AFTER = 600.0
+
+
+def retry_delay(failures: int, exc: BaseException | None = None, *, base: float = 0.5, ceiling: float = 30.0) -> float:
+    """Seconds to wait before trying the marketplace again: its Retry-After when
+    it gave one, else exponential backoff with jitter (half to full of the step),
+    so that many agents coming back after an outage do not arrive in step."""
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:  # honoured, but a marketplace cannot park the agent for a day
+        return min(retry_after, MAX_RETRY_AFTER)
+    top = min(ceiling, base * 2 ** min(failures, 16))
+    return random.uniform(top / 2, top)
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+async def _error_message(response: aiohttp.ClientResponse) -> str:
+    """The marketplace's message for a refusal, short: only {"message": ...} of
+    a small JSON body is shown, never the body itself."""
+    try:
+        raw = await _read_capped(response, _MAX_ERROR_BODY_BYTES, "error reply")
+        body = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError, MarketplaceRejected):
+        body = None
+    if isinstance(body, dict) and "message" in body:
+        message = body["message"] if isinstance(body["message"], str) else json.dumps(body["message"])[:200]
+        return message if len(message) <= _MAX_ERROR_MESSAGE_CHARS else message[:_MAX_ERROR_MESSAGE_CHARS] + "..."
+    return response.reason or "request refused"
+
+
+async def _read_capped(response: aiohttp.ClientResponse, cap: int, what: str) -> bytes:
+    """The reply's body, read up to `cap` bytes and no further: a marketplace
+    that sends more (by its Content-Length or by what actually arrives, after
+    decompression) is refused instead of filling the agent's memory."""
+    if response.content_length is not None and response.content_length > cap:
+        raise _ReplyTooLarge(response.status, f"the reply to {what} is larger than {cap} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = await response.content.read(cap + 1 - size)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > cap:
+            raise _ReplyTooLarge(response.status, f"the reply to {what} is larger than {cap} bytes")
+
+
+def _decode_json(raw: bytes, status: int, what: str) -> Any:
+    """Strict JSON (no NaN or Infinity, no lone bytes outside UTF-8). The
+    message never quotes the body: it may be large, and may hold anything."""
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise MarketplaceRejected(status, f"malformed JSON in the reply to {what} ({_json_problem(exc)})") from None
+
+
+class _NotJSON(ValueError):
+    """NaN, Infinity and -Infinity: Python's json reads them, JSON has none."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NotJSON(f"{name} is not a JSON number")
+
+
+def _json_problem(exc: BaseException) -> str:
+    """Where or how the JSON broke, without quoting any of it."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at character {exc.pos}"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 at byte {exc.start}"
+    if isinstance(exc, _NotJSON):
+        return str(exc)
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return "a value Python cannot read, such as an integer of thousands of digits"
