@@ -104,7 +104,7 @@ async def bench(rounds: int, workdir: Path) -> tuple[list[dict], dict]:
     rows: list[dict] = []
     clock = None
     try:
-        await asyncio.wait_for(parts.agent.connected.wait(), 30)
+        await asyncio.wait_for(parts.session.connected.wait(), 30)
         async with aiohttp.ClientSession(local.base_url + "/", headers={wire.API_KEY_HEADER: store.renterApiKey}) as http:
             async with http.post("rentals", json={"envId": store.envId, "name": "bench", "gpuCount": 0}) as resp:
                 rental_id = (await resp.json())["rentalId"]

@@ -115,7 +115,7 @@ async def bench(n: int, compose: list[str], workdir: Path, projects: set[str]) -
     raw_file.write_text(COMPOSE)
     results: list[dict] = []
     try:
-        await asyncio.wait_for(parts.agent.connected.wait(), 30)
+        await asyncio.wait_for(parts.session.connected.wait(), 30)
         async with aiohttp.ClientSession(local.base_url + "/", headers={wire.API_KEY_HEADER: store.renterApiKey}) as http:
             async with http.post("rentals", json={"envId": store.envId, "name": "bench", "gpuCount": 0}) as resp:
                 resp.raise_for_status()

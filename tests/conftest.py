@@ -137,7 +137,7 @@ async def local_market(tmp_path, docker_client):
     local = await start_local_marketplace(config)
     parts = build_agent(config, local.base_url, local.state.store.envApiKey)
     agent_task = asyncio.create_task(parts.agent.run())
-    await asyncio.wait_for(parts.agent.connected.wait(), 10)
+    await asyncio.wait_for(parts.session.connected.wait(), 10)
     http = aiohttp.ClientSession()
     try:
         yield Renter(http, local.base_url, local.state.store), parts, local

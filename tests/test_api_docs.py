@@ -27,11 +27,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from openapi_spec_validator import OpenAPIV31SpecValidator, validate
 
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.core.agent import Agent
 from gpuhost_agent.core import naming
 from gpuhost_agent.core.containers import to_seed_container
 from gpuhost_agent.core.deployer import StackDeployer
-from gpuhost_agent.core.dispatcher import JobDispatcher
+from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.core.sandbox import Sandbox
 from gpuhost_agent.storage.agent_db import AgentDB
@@ -39,6 +38,7 @@ from gpuhost_agent.local_marketplace.server import build_app
 from gpuhost_agent.local_marketplace.state import DEFAULT_INTERVALS, MarketplaceState
 from gpuhost_agent.local_marketplace.store import LEASE, Store
 from gpuhost_agent.uplink.outbox import CONTAINERS, JOB_COMPLETE, STATUS
+from wiring_fakes import agent_for, dispatcher_for
 from openapi_check import (  # noqa: F401 - agent_doc, local_doc: fixtures, used by name
     AGENT_DOC, AGENT_PREFIX, LOCAL_DOC, Outbox, Schedule, agent_doc, answer, check, check_named,
     documented_operations, load, local_doc, request_schema, resolve, schema, served_operations)
@@ -201,7 +201,7 @@ def _raw_job(job_type: str, **overrides) -> dict:
 
 async def test_session_request_the_agent_sends_is_documented(agent_doc: dict) -> None:
     client = _SessionClient()
-    agent = Agent(client, None, None, None, Schedule())  # type: ignore[arg-type]
+    agent = agent_for(client)
     await agent._open_session()
     body_schema = request_schema(agent_doc, "/agent/sessions", "post")
     check(agent_doc, client.info, body_schema)
@@ -212,11 +212,13 @@ async def test_reports_the_deployer_sends_are_documented(agent_doc: dict, tmp_pa
     outbox = Outbox()
     ledger = GpuLedger(AgentDB(tmp_path / "agent.db"))
     sandbox = Sandbox(ledger, None)  # type: ignore[arg-type]
-    deployer = StackDeployer(None, None, outbox, tmp_path / "stacks", sandbox=sandbox)  # type: ignore[arg-type]
+    reporter = StatusReporter(outbox, ledger.db, ledger)  # type: ignore[arg-type]
+    deployer = StackDeployer(None, None, reporter, sandbox, ledger.db, tmp_path / "stacks")  # type: ignore[arg-type]
     job = wire.StackJob.from_wire(_raw_job(wire.JOB_DEPLOY, stackId="3f2504e0-4f89-11d3-9a0c-0305e82c3301"))
     ledger.commit(job.rental_id, ["GPU-aacd9ec3-13e4-58c1-ada1-81eabee5fdaa"])  # as a deploy records it
-    deployer.report_status(job, wire.APPLIED)
-    deployer.report_status(job, wire.ERROR, "service 'web' exited with code 3 right after it started")
+    reporter.status(StackRef.of_job(job), wire.APPLIED, job_id=job.job_id)
+    reporter.status(StackRef.of_job(job), wire.ERROR, "service 'web' exited with code 3 right after it started",
+                    job_id=job.job_id)
     await deployer.push_containers(job.stack_id, [DOCKER_LIST_ENTRY])
     status_schema = request_schema(agent_doc, "/agent/stacks/{stackId}/status", "put")
     containers_schema = request_schema(agent_doc, "/agent/stacks/{stackId}/containers", "put")
@@ -232,7 +234,7 @@ async def test_reports_the_deployer_sends_are_documented(agent_doc: dict, tmp_pa
 
 async def test_completions_and_refusals_the_dispatcher_sends_are_documented(agent_doc: dict) -> None:
     outbox, deployer = Outbox(), _Deployer()
-    dispatcher = JobDispatcher(deployer, outbox)  # type: ignore[arg-type]
+    dispatcher = dispatcher_for(deployer, outbox)
     dispatcher.submit(_raw_job(wire.JOB_REMOVE))
     await asyncio.wait_for(deployer.done.wait(), 5)
     await asyncio.sleep(0)

@@ -23,11 +23,12 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpuhost_agent.core import host_reporter, init_state
+from gpuhost_agent.core import init_state
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.core.host_reporter import HostReporter
 from gpuhost_agent.core.init_state import InitState
 from gpuhost_agent.inventory import compliance, host_probe, listing, telemetry
+from gpuhost_agent.protocol import intervals as wire_intervals
 from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.inventory.system_data import build_report
 from gpuhost_agent.local_marketplace import host_api, shapes, speedtest_api
@@ -83,11 +84,12 @@ def _reporter(state: MarketplaceState, data: dict) -> tuple[HostReporter, Outbox
     """A HostReporter after its session: requirements, intervals and clock from the local marketplace."""
     outbox, client = Outbox(), _MachineClient(state)
     reporter = HostReporter(client, outbox, _Prober(data), Schedule(),  # type: ignore[arg-type]
-                            lambda: ["docker", "compose"])
+                            lambda: ["docker", "compose"], lambda _command: None)
     reply = {"sessionId": "s", "envId": state.store.envId, "serverTime": wire.iso(), "requeuedJobs": 0,
              "intervals": state.intervals, "requirements": state.requirements}
     now = time.time()
-    reporter.session_opened(json.loads(json.dumps(reply)), now, now)
+    wired = json.loads(json.dumps(reply))
+    reporter.session_opened(wired, wire_intervals.from_reply(wired["intervals"]), now, now)
     return reporter, outbox, client
 
 
@@ -105,10 +107,11 @@ def test_machine_enums_units_and_defaults_match_the_code(agent_doc: dict, local_
         assert requirements["properties"][spec.name]["type"] == {"str": "string", "float": "number"}[spec.type]
     assert "requirements" in schema(agent_doc, "Session")["required"]
     assert MarketplaceState(Store.load_or_create(None)).requirements == dataclasses.asdict(Requirements())
-    # the agent's own interval defaults are the marketplace's
+    # one table of interval defaults, the agent's and the marketplace's, as documented
     intervals = schema(agent_doc, "Intervals")["properties"]
-    for key, value in host_reporter.DEFAULT_INTERVALS.items():
-        assert intervals[key]["default"] == value == DEFAULT_INTERVALS[key]
+    assert wire_intervals.from_reply(None) == {key: float(value) for key, value in DEFAULT_INTERVALS.items()}
+    for key, value in DEFAULT_INTERVALS.items():
+        assert intervals[key]["default"] == value
 
     # initState and heartbeat enums
     for doc in (agent_doc, local_doc):

@@ -19,11 +19,10 @@ from aiohttp import web
 
 from gpuhost_agent.core import agent as agent_module
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.core.agent import Agent, send_report
 from gpuhost_agent.uplink.client import MarketplaceClient, MarketplaceRejected
-from gpuhost_agent.core.dispatcher import JobDispatcher
 from gpuhost_agent.uplink.outbox import Outbox
-from gpuhost_agent.core.schedule import Schedule
+from gpuhost_agent.storage.agent_db import AgentDB
+from wiring_fakes import agent_for, dispatcher_for
 
 from conftest import until
 
@@ -223,10 +222,10 @@ async def polling(broken, monkeypatch):
     market, client = broken
     fast = _FastAsyncio()
     monkeypatch.setattr(agent_module, "asyncio", fast)
-    outbox = Outbox(lambda report: send_report(client, report), base_delay=0.01)
+    outbox = Outbox(client.send_report, AgentDB(None), base_delay=0.01)
     deployer = _Deployer()
-    dispatcher = JobDispatcher(deployer, outbox)  # type: ignore[arg-type]
-    agent = Agent(client, None, outbox, dispatcher, Schedule())  # type: ignore[arg-type]
+    dispatcher = dispatcher_for(deployer, outbox)
+    agent = agent_for(client, outbox=outbox, dispatcher=dispatcher)
     agent.intervals["jobPollWaitSeconds"] = 0
     outbox_task = asyncio.create_task(outbox.run())
     loop_task = asyncio.create_task(agent._poll_forever())

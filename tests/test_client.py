@@ -7,9 +7,9 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from gpuhost_agent.core.agent import send_report
 from gpuhost_agent.uplink.client import MarketplaceAuthFailed, MarketplaceClient, MarketplaceRejected, MarketplaceUnavailable
 from gpuhost_agent.uplink.outbox import STATUS, Outbox
+from gpuhost_agent.storage.agent_db import AgentDB
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ async def test_errors_are_sorted_for_the_caller(flaky):
 async def test_a_report_refused_for_the_key_is_retried_not_dropped(flaky):
     client, script, seen = flaky
     script["/v1/agent/stacks/s1/status"] = [(401, {"message": "key rotated"}, {}), (200, {"accepted": True}, {})]
-    outbox = Outbox(lambda report: send_report(client, report), base_delay=0.01)
+    outbox = Outbox(client.send_report, AgentDB(None), base_delay=0.01)
     outbox.put(STATUS, "s1", {"status": "APPLIED"})
     runner = asyncio.create_task(outbox.run())
     assert await outbox.drained(5)

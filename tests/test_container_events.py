@@ -14,7 +14,8 @@ from gpuhost_agent.core.coalesce import Coalescer
 from gpuhost_agent.core.container_states import ContainerStates
 from gpuhost_agent.core.container_watch import ContainerWatch, decode_event, error_to_report, list_behind
 from gpuhost_agent.core.containers import ExitFacts, exit_facts, seed_containers, shaped_state, stack_error
-from gpuhost_agent.uplink.outbox import CONTAINERS, Outbox
+from gpuhost_agent.uplink.outbox import CONTAINERS
+from gpuhost_agent.core.status_reporter import StackRef
 from gpuhost_agent.storage.agent_db import AgentDB
 from conftest import TEST_IMAGE, until
 
@@ -130,16 +131,19 @@ class _Dispatcher:
         return set()
 
 
-class _Deployer:
-    def __init__(self, engine):
-        self.engine, self.outbox, self.db, self.reports = engine, Outbox(self._never), AgentDB(None), []
+class _Reporter:
+    """Records what the watch reports, as StatusReporter would send it."""
 
-    async def _never(self, report):
-        raise AssertionError("not sent in this test")
+    def __init__(self, db: AgentDB):
+        self.db, self.reports, self.puts = db, [], []
 
-    def report_status(self, job, status, error_msg=""):
-        self.reports.append((job.stack_id, status, error_msg))
-        self.db.stack_status(job.stack_id, job.rental_id, job.env_id, "p-s1", status, error_msg)
+    def status(self, stack: StackRef, status: str, error_msg: str = "", *, job_id: str) -> None:
+        assert job_id.startswith("container-")
+        self.reports.append((stack.stack_id, status, error_msg))
+        self.db.stack_status(stack.stack_id, stack.rental_id, stack.env_id, stack.project, status, error_msg)
+
+    def containers(self, stack_id: str, containers: list[dict]) -> None:
+        self.puts.append((CONTAINERS, {"containers": containers}))
 
 
 def _event(action: str, stack_id: str = "s1", env_id: str = "env") -> dict:
@@ -149,13 +153,12 @@ def _event(action: str, stack_id: str = "s1", env_id: str = "env") -> dict:
 
 async def test_a_burst_of_1000_events_gives_a_handful_of_pushes():
     engine = _Engine([_raw("running", "Up")])
-    deployer = _Deployer(engine)
-    deployer.db.stack_status("s1", "r1", "env", "p-s1", wire.APPLIED)
-    watch = ContainerWatch(deployer, _Dispatcher(), {}, window=0.02)
+    db = AgentDB(None)
+    reporter = _Reporter(db)
+    db.stack_status("s1", "r1", "env", "p-s1", wire.APPLIED)
+    watch = ContainerWatch(engine, reporter, db, _Dispatcher(), window=0.02)  # type: ignore[arg-type]
     watch._env_id = "env"  # as follow() would set it, without a stream
-    puts = []
-    original = deployer.outbox.put
-    deployer.outbox.put = lambda kind, target, body: (puts.append((kind, body)), original(kind, target, body))
+    puts = reporter.puts
     for i in range(1000):
         watch._on_event(watch._generation, _event("die" if i % 2 else "start"))
         watch._on_event(watch._generation, _event("die", env_id="another-env"))  # not ours
@@ -168,19 +171,19 @@ async def test_a_burst_of_1000_events_gives_a_handful_of_pushes():
     assert 1 <= engine.lists <= 5, engine.lists
     containers = [body["containers"] for kind, body in puts if kind == CONTAINERS]
     assert 1 <= len(containers) <= 3 and containers[-1][0]["State"] == "exited (137, OOM-killed)"
-    assert deployer.reports[-1] == ("s1", wire.APPLIED, "container web exited with code 137 (OOM-killed)")
+    assert reporter.reports[-1] == ("s1", wire.APPLIED, "container web exited with code 137 (OOM-killed)")
     assert engine.inspects <= engine.lists  # an event about the container forgets what was read
 
     # A job under way: nothing pushed or reported until it is over.
     _Dispatcher.busy = {"s1"}
     try:
-        engine.raw, before = [_raw("running", "Up")], len(deployer.reports)
+        engine.raw, before = [_raw("running", "Up")], len(reporter.reports)
         watch._on_event(watch._generation, _event("start"))
         await asyncio.sleep(0.2)
-        assert len(deployer.reports) == before and watch._windows.pending() == {"s1"}
+        assert len(reporter.reports) == before and watch._windows.pending() == {"s1"}
     finally:
         _Dispatcher.busy = set()
-    await until(lambda: deployer.reports[-1] == ("s1", wire.APPLIED, ""), timeout=3)
+    await until(lambda: reporter.reports[-1] == ("s1", wire.APPLIED, ""), timeout=3)
     assert puts[-1][1]["containers"][0]["State"] == "running"
 
 

@@ -21,10 +21,11 @@ from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.core.dispatcher import JobDispatcher
 from gpuhost_agent.local_marketplace.agent_api import _containers_problem, _status_problem
 from gpuhost_agent.local_marketplace.host_api import heartbeat_problem, init_state_problem, system_data_problem
 from gpuhost_agent.uplink.outbox import JOB_COMPLETE, STATUS, Outbox
+from gpuhost_agent.storage.agent_db import AgentDB
+from wiring_fakes import dispatcher_for
 
 # Modest example counts keep the file at a few seconds. No example database, and
 # Hypothesis's caches go to the temporary directory: the repository stays clean,
@@ -376,8 +377,8 @@ async def _dispatch(raws: list) -> tuple[_Deployer, dict, list]:
     async def send(report):
         sent.append((report.kind, report.target, report.body))
 
-    outbox, deployer = Outbox(send, base_delay=0.01), _Deployer()
-    dispatcher = JobDispatcher(deployer, outbox)  # type: ignore[arg-type]
+    outbox, deployer = Outbox(send, AgentDB(None), base_delay=0.01), _Deployer()
+    dispatcher = dispatcher_for(deployer, outbox)
     runner = asyncio.create_task(outbox.run())
     try:
         for raw in raws:

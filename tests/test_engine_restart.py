@@ -93,7 +93,7 @@ async def world(tmp_path, docker_client):
     parts.agent.engine_watch.period = 0.5
     http = aiohttp.ClientSession()
     try:
-        await asyncio.wait_for(parts.agent.connected.wait(), 10)
+        await asyncio.wait_for(parts.session.connected.wait(), 10)
         yield Renter(http, market.base_url, market.store), market, parts, task, pid
     finally:
         try:

@@ -62,7 +62,7 @@ async def _deploy(renter, rental_id: str, content: str) -> tuple[str, dict]:
 
 async def test_two_rentals_get_disjoint_gpus_and_a_third_waits(gpu_agent, docker_client) -> None:
     renter, parts, local, _ = await gpu_agent(gpus=4)
-    await parts.agent.connected.wait()
+    await parts.session.connected.wait()
     machine = [gpu["uuid"] for gpu in (await parts.host.machine_facts())["nvml"]["gpus"]]
     assert len(machine) == 4
 

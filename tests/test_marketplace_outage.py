@@ -59,7 +59,7 @@ def _pending_list(parts, stack_id: str) -> list[dict] | None:
 
 async def test_outage_during_deploy_removal_and_container_change(world, docker_client):
     renter, market, parts = world
-    await asyncio.wait_for(parts.agent.connected.wait(), 10)
+    await asyncio.wait_for(parts.session.connected.wait(), 10)
     (_rental_a, stack_a, _), (rental_c, stack_c, _) = await asyncio.gather(renter.deployed(), renter.deployed())
     [container_a] = [c for c in env_containers(docker_client, market.store.envId)
                      if c.labels[wire.LABEL_STACK] == stack_a]
@@ -136,7 +136,7 @@ async def test_outage_while_a_stack_is_deployed_and_removed_at_once(world, docke
     (one job at a time per stack), so every report of the stack, the removal's
     included, is still in the outbox when the marketplace comes back."""
     renter, market, parts = world
-    await asyncio.wait_for(parts.agent.connected.wait(), 10)
+    await asyncio.wait_for(parts.session.connected.wait(), 10)
     rental_id = await renter.rental()
     stack_id = await renter.stack(rental_id, SLEEPER)
     status, body = await renter.call("DELETE", f"/rentals/{rental_id}/stacks/{stack_id}")

@@ -17,8 +17,9 @@ import pytest
 
 from gpuhost_agent.common import logs
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.core.dispatcher import JobDispatcher
 from gpuhost_agent.uplink.outbox import Outbox
+from gpuhost_agent.storage.agent_db import AgentDB
+from wiring_fakes import dispatcher_for
 from conftest import SLEEPER, remove_env_resources, until
 
 STABLE_KEYS = ("event", "stack_id", "rental_id", "job_id", "container", "error")
@@ -148,8 +149,8 @@ def _job(job_id: str, stack_id: str, job_type: str = wire.JOB_DEPLOY) -> dict:
 
 
 async def test_every_line_of_a_job_carries_its_ids_and_one_request_id(log_stream):
-    outbox = Outbox(lambda report: asyncio.sleep(0))
-    dispatcher = JobDispatcher(LoggingDeployer(), outbox)
+    outbox = Outbox(lambda report: asyncio.sleep(0), AgentDB(None))
+    dispatcher = dispatcher_for(LoggingDeployer(), outbox)
     dispatcher.submit(_job("job-a", "stack-a"))
     dispatcher.submit(_job("job-b", "stack-b"))
     await until(lambda: not dispatcher._running)

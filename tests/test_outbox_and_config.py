@@ -9,6 +9,7 @@ import pytest
 from gpuhost_agent.service import config
 from gpuhost_agent.uplink.client import MarketplaceRejected, MarketplaceUnavailable
 from gpuhost_agent.uplink.outbox import CONTAINERS, JOB_COMPLETE, STATUS, Outbox
+from gpuhost_agent.storage.agent_db import AgentDB
 
 
 async def test_outbox_coalesces_keeps_order_and_retries():
@@ -23,7 +24,7 @@ async def test_outbox_coalesces_keeps_order_and_retries():
             raise MarketplaceUnavailable("down", retry_after=0.01)
         sent.append((report.kind, report.target, report.body))
 
-    outbox = Outbox(send, base_delay=0.01)
+    outbox = Outbox(send, AgentDB(None), base_delay=0.01)
     outbox.put(STATUS, "s1", {"status": "APPLYING"})
     outbox.put(CONTAINERS, "s1", {"n": 1})
     outbox.put(STATUS, "s1", {"status": "APPLIED"})  # replaces APPLYING, keeps its place
@@ -41,7 +42,7 @@ async def test_outbox_drops_what_the_marketplace_rejects():
     async def send(report):
         raise MarketplaceRejected(404, "unknown stack")
 
-    outbox = Outbox(send)
+    outbox = Outbox(send, AgentDB(None))
     outbox.put(STATUS, "gone", {"status": "APPLIED"})
     runner = asyncio.create_task(outbox.run())
     assert await outbox.drained(2)

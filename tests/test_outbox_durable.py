@@ -344,8 +344,8 @@ async def test_a_full_queue_after_restart_keeps_dropping_the_oldest_restored_fir
         db.close()
 
 
-async def test_without_a_database_the_bound_and_counters_still_work():
-    outbox = Outbox(never_called, max_entries=2, **FAST)
+async def test_in_memory_database_the_bound_and_counters_still_work():
+    outbox = Outbox(never_called, AgentDB(None), max_entries=2, **FAST)
     assert outbox.dropped == 0 and outbox.pending() == 0
     assert await outbox.drained(0.01)
     outbox.put(JOB_COMPLETE, "j1", {})

@@ -185,7 +185,7 @@ def test_real_agent_process_notifies_systemd(tmp_path: Path) -> None:
     READY=1 once connected, WATCHDOG=1 every WATCHDOG_USEC/2, STOPPING=1 on SIGTERM.
 
     NEEDS THE daemon.py WIRING of sd_notify (Watchdog started in serve(),
-    READY when parts.agent.connected is set, STOPPING on the way out); it fails
+    READY when parts.session.connected is set, STOPPING on the way out); it fails
     until that is in.
     """
     notify_path = tmp_path / "notify.sock"

@@ -154,7 +154,7 @@ async def parts(tmp_path):
     yield built
     await built.client.close()
     built.engine.close()
-    built.host.prober.nvml.close()
+    built.nvml.close()
     built.db.close()
 
 
@@ -165,7 +165,7 @@ def _seed(parts) -> None:
     db.rental_end_date("rent-1", "2030-01-01T00:00:00Z")
     for job_id, error in (("job-1", ""), ("job-2", "x"), ("job-3", "")):  # as the dispatcher finishes jobs
         parts.dispatcher._finish(job_id, error)
-    parts.agent.env_id = "env-1"
+    parts.session.env_id = "env-1"
     parts.reconciler.runs = 2
     parts.reconciler.last_actions = [Action("report", "stk-2", "rent-1", "container exited")]
 
@@ -200,7 +200,7 @@ async def test_status_over_the_socket(parts, short_dir):
         code, body = await _get(sock, "/metrics")
         assert code == 404 and b"GPUHOST_METRICS" in body
 
-        parts.agent.connected.set()
+        parts.session.connected.set()
         out = io.StringIO()
         code = await asyncio.to_thread(status_cli.run, sock, False, out=out)
         text = out.getvalue()
@@ -219,7 +219,7 @@ async def test_metrics_over_the_socket(parts, short_dir):
     _seed(parts)
     parts.dispatcher.deploy_durations = metrics.Histogram()  # what the proposed dispatcher hook keeps
     parts.dispatcher.deploy_durations.observe(42.0, outcome="succeeded")
-    parts.agent.reconnects = 1
+    parts.session.reconnects = 1
     sock = short_dir / "agent.sock"
     server = await status_server.start(parts, sock, metrics_enabled=True, metrics_listen=("127.0.0.1", 0))
     try:

@@ -14,6 +14,8 @@ from aiohttp import web
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.uplink.client import MarketplaceClient
 from gpuhost_agent.streams.channel import StreamChannel
+from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.uplink.session import SessionState
 from renter_streams import STDERR, STDOUT, Demux
 from stream_sinks import Containers
 
@@ -147,7 +149,8 @@ async def world(docker_client):
     made = Containers(docker_client)
     client = MarketplaceClient(market.base_url, KEY)
     client.session_id = "session-1"
-    channel = StreamChannel(client, made.env_id, backoff_first=0.05, backoff_ceiling=0.5)
+    channel = StreamChannel(client, SessionState(made.env_id), EngineStreams(), backoff_first=0.05,
+                            backoff_ceiling=0.5)
     task = asyncio.create_task(channel.run())
     try:
         await asyncio.wait_for(market.channel_opened.wait(), 10)
@@ -233,7 +236,7 @@ async def test_stream_limit_and_duplicate_ids(docker_client):
     made = Containers(docker_client)
     client = MarketplaceClient(market.base_url, KEY)
     client.session_id = "session-1"
-    channel = StreamChannel(client, made.env_id, max_streams=1)
+    channel = StreamChannel(client, SessionState(made.env_id), EngineStreams(), max_streams=1)
     task = asyncio.create_task(channel.run())
     try:
         await asyncio.wait_for(market.channel_opened.wait(), 10)

@@ -25,11 +25,13 @@ from typing import Any
 
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.uplink.outbox import CONTAINERS
-from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.core.coalesce import Coalescer
 from gpuhost_agent.core.container_states import ContainerStates
 from gpuhost_agent.core.containers import seed_containers, stack_error, stack_id_of
+from gpuhost_agent.core.dispatcher import JobDispatcher
+from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
 
 log = get_logger(__name__)
 
@@ -67,9 +69,10 @@ def decode_event(event: dict) -> tuple[str, str, dict]:
 
 
 class ContainerWatch:
-    def __init__(self, deployer, dispatcher, pushed: dict[str, list], *, window: float = COALESCE):
-        self.deployer, self.dispatcher, self.pushed, self.window = deployer, dispatcher, pushed, window
-        self.engine, self.outbox, self.db = deployer.engine, deployer.outbox, deployer.db
+    def __init__(self, engine: DockerEngine, reporter: StatusReporter, db: AgentDB, dispatcher: JobDispatcher, *,
+                 window: float = COALESCE):
+        self.engine, self.reporter, self.db, self.dispatcher, self.window = engine, reporter, db, dispatcher, window
+        self.pushed: dict[str, list] = {}  # the last list pushed per stack, shared by events and the resync
         self.states = ContainerStates(self.engine)
         self.events = self.flushes = self.pushes = self.errors_reported = 0  # for tests and the benchmark
         self._windows = Coalescer()
@@ -95,7 +98,10 @@ class ContainerWatch:
         self._open()
 
     def engine_back(self) -> None:
-        """The engine answers again: re-open now rather than at the next backoff step."""
+        """The engine answers again: every list is pushed again (what the
+        marketplace has may be stale), and the stream re-opens now rather than
+        at the next backoff step."""
+        self.pushed.clear()
         if self._env_id and self._end_stream is None and not self._stopped:
             self._failures = 0
             self._open()
@@ -249,7 +255,7 @@ class ContainerWatch:
             self._seen_at.pop(stack_id, None)
         elif self.pushed.get(stack_id) != shaped:
             self.pushed[stack_id], self._seen_at[stack_id] = shaped, seen_at
-            self.outbox.put(CONTAINERS, stack_id, {"containers": shaped, "observedAt": wire.iso()})
+            self.reporter.containers(stack_id, shaped)
             self.pushes += 1
         self._report_error(stack_id, stack_error(raw, facts), may_set_error)
         return True
@@ -261,14 +267,12 @@ class ContainerWatch:
         return bool(rentals & self.dispatcher.ending_rentals())
 
     def _report_error(self, stack_id: str, error: str, may_set: bool) -> None:
-        record = self.db.stacks().get(stack_id) if self.db is not None else None
+        record = self.db.stacks().get(stack_id)
         error_msg = error_to_report(record, error, may_set=may_set)
         if error_msg is None:
             return
-        project = record["project"]
-        job = wire.StackJob(f"container-{uuid.uuid4().hex[:12]}", "report", stack_id, record["rental_id"],
-                            record["env_id"], project.rsplit("-", 1)[0] if "-" in project else "", None)
-        self.deployer.report_status(job, wire.APPLIED, error_msg)  # also records it in the stacks table
+        stack = StackRef(stack_id, record["rental_id"], record["env_id"], record["project"])
+        self.reporter.status(stack, wire.APPLIED, error_msg, job_id=f"container-{uuid.uuid4().hex[:12]}")
         self.errors_reported += 1
         log.info("stack_container_stopped" if error_msg else "stack_containers_running", stack_id=stack_id,
                  rental_id=record["rental_id"], error=error_msg or None)

@@ -7,7 +7,6 @@ is taken down before ERROR is reported, so the renter can simply try again.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import shutil
@@ -17,7 +16,6 @@ from typing import Awaitable, Callable
 from gpuhost_agent.common import faults
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.common.logs import SECRETS, get_logger
-from gpuhost_agent.uplink.outbox import CONTAINERS, STATUS, Outbox
 from gpuhost_agent.runtime.compose import ComposeError, ComposeRunner
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 from gpuhost_agent.storage.agent_db import AgentDB
@@ -25,6 +23,7 @@ from gpuhost_agent.core import naming
 from gpuhost_agent.core.compose_rewrite import StackRejected, check_variables, label_services
 from gpuhost_agent.core.containers import failed_containers, seed_containers
 from gpuhost_agent.core.sandbox import Sandbox, refuse_raw
+from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
 
 log = get_logger(__name__)
 
@@ -38,14 +37,13 @@ class StackFailed(RuntimeError):
 
 
 class StackDeployer:
-    def __init__(self, compose: ComposeRunner, engine: DockerEngine, outbox: Outbox, stacks_dir: Path,
-                 *, settle_seconds: float = 3.0, stop_timeout: int = 10, sandbox: Sandbox | None = None,
-                 db: AgentDB | None = None):
+    def __init__(self, compose: ComposeRunner, engine: DockerEngine, reporter: StatusReporter, sandbox: Sandbox,
+                 db: AgentDB, stacks_dir: Path, *, settle_seconds: float = 3.0, stop_timeout: int = 10):
         self.compose = compose
+        self.engine = engine
+        self.reporter = reporter
         self.sandbox = sandbox
         self.db = db
-        self.engine = engine
-        self.outbox = outbox
         self.stacks_dir = stacks_dir
         self.settle_seconds = settle_seconds
         self.stop_timeout = stop_timeout
@@ -53,23 +51,13 @@ class StackDeployer:
         stacks_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     # ---- reports -------------------------------------------------------------
-    def report_status(self, job: wire.StackJob, status: str, error_msg: str = "") -> None:
-        body = {"status": status, "errorMsg": error_msg, "pStackName": self._project(job),
-                "pStackId": naming.provider_stack_id(job.stack_id), "jobId": job.job_id, "reportedAt": wire.iso()}
-        gpus = self.sandbox.ledger.assignments.get(job.rental_id) if self.sandbox else None
-        if gpus:  # otherwise the marketplace keeps what it has
-            body["assignedGPUs"] = list(gpus)
-        if self.db is not None:  # before the report is queued: the record is never behind the marketplace
-            if status == wire.REMOVED:
-                self.db.forget_stack(job.stack_id)
-            else:
-                self.db.stack_status(job.stack_id, job.rental_id, job.env_id, body["pStackName"], status, error_msg)
-        self.outbox.put(STATUS, job.stack_id, body)
+    def _report(self, job: wire.StackJob, status: str, error_msg: str = "") -> None:
+        self.reporter.status(StackRef.of_job(job), status, error_msg, job_id=job.job_id)
 
     async def push_containers(self, stack_id: str, raw: list[dict] | None = None) -> list[dict]:
         raw = await self.engine.stack_containers(stack_id) if raw is None else raw
         containers = seed_containers(raw)
-        self.outbox.put(CONTAINERS, stack_id, {"containers": containers, "observedAt": wire.iso()})
+        self.reporter.containers(stack_id, containers)
         return containers
 
     # ---- deploy --------------------------------------------------------------
@@ -80,13 +68,11 @@ class StackDeployer:
         self._forget_secrets(job.stack_id)
         self._stack_secrets[job.stack_id] = list(variables.values())
         SECRETS.add_many(variables.values())
-        project, workdir = self._project(job), self.stacks_dir / job.stack_id
-        self.report_status(job, wire.APPLYING)
+        project, workdir = StackRef.of_job(job).project, self.stacks_dir / job.stack_id
+        self._report(job, wire.APPLYING)
         log.info("stack_applying", stack_id=job.stack_id, rental_id=job.rental_id, job_id=job.job_id, project=project)
         try:
             check_variables(variables)
-            if self.sandbox is None:
-                raise StackRejected("the agent has no sandbox configured; refusing to run the stack")
             refuse_raw(template.get("content", ""))  # before Compose reads anything the file names
             workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
             _write_private(workdir / ORIGINAL_FILE, template.get("content", ""))
@@ -104,7 +90,7 @@ class StackDeployer:
                 raise StackFailed(f"deploy failed: {exc}") from None
             await self._check_running(job.stack_id)
             faults.crash_point("deploy.before_applied_report")
-            self.report_status(job, wire.APPLIED)
+            self._report(job, wire.APPLIED)
             await self.push_containers(job.stack_id)
             log.info("stack_applied", stack_id=job.stack_id, job_id=job.job_id)
             await self._settle(job.stack_id)
@@ -112,7 +98,7 @@ class StackDeployer:
         except (StackRejected, StackFailed, EngineError) as exc:
             message = str(exc) if not isinstance(exc, EngineError) else f"Docker Engine error: {exc}"
             await self._teardown(project, workdir, job.stack_id)
-            self.report_status(job, wire.ERROR, message)
+            self._report(job, wire.ERROR, message)
             await self._push_quietly(job.stack_id)
             log.warning("stack_failed", stack_id=job.stack_id, job_id=job.job_id, error=message)
             return message
@@ -162,20 +148,20 @@ class StackDeployer:
     async def remove(self, job: wire.StackJob) -> str:
         workdir = self.stacks_dir / job.stack_id
         if await self._known_here(job.stack_id):
-            self.report_status(job, wire.REMOVING)  # else only REMOVED: the marketplace may have forgotten it
+            self._report(job, wire.REMOVING)  # else only REMOVED: the marketplace may have forgotten it
         log.info("stack_removing", stack_id=job.stack_id, rental_id=job.rental_id, job_id=job.job_id)
         faults.crash_point("remove.before_compose_down")
         try:
-            await self._take_down(lambda: self.engine.stack_containers(job.stack_id), workdir, {self._project(job)})
+            await self._take_down(lambda: self.engine.stack_containers(job.stack_id), workdir, {StackRef.of_job(job).project})
         except (ComposeError, EngineError) as exc:
             message = f"remove failed: {exc}"
-            self.report_status(job, wire.ERROR, message)
+            self._report(job, wire.ERROR, message)
             log.error("stack_remove_failed", stack_id=job.stack_id, job_id=job.job_id, error=message)
             return message
         faults.crash_point("remove.before_removed_report")
         shutil.rmtree(workdir, ignore_errors=True)
         self._forget_secrets(job.stack_id)
-        self.report_status(job, wire.REMOVED)
+        self._report(job, wire.REMOVED)
         log.info("stack_removed", stack_id=job.stack_id, job_id=job.job_id)
         return ""
 
@@ -185,7 +171,7 @@ class StackDeployer:
                 return True
         except EngineError:
             return True  # cannot tell: say what we are doing
-        return (self.stacks_dir / stack_id).exists() or (self.db is not None and stack_id in self.db.stacks())
+        return (self.stacks_dir / stack_id).exists() or stack_id in self.db.stacks()
 
     # ---- rental end ------------------------------------------------------------
     async def end_rental(self, job: wire.StackJob) -> str:
@@ -211,12 +197,12 @@ class StackDeployer:
             return message  # GPUs stay assigned while its containers may still run
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-        freed = self.sandbox.release(job.rental_id) if self.sandbox else []
+        freed = self.sandbox.release(job.rental_id)
         for stack_id, project in sorted(stacks.items()):  # the marketplace may not know they are gone
             shutil.rmtree(self.stacks_dir / stack_id, ignore_errors=True)
             self._forget_secrets(stack_id)
-            gone = dataclasses.replace(job, stack_id=stack_id, stack_name=project.rsplit("-", 1)[0])
-            self.report_status(gone, wire.REMOVED)
+            gone = StackRef(stack_id, job.rental_id, job.env_id, project or naming.project_name("", stack_id))
+            self.reporter.status(gone, wire.REMOVED, job_id=job.job_id)
         log.info("rental_ended", rental_id=job.rental_id, job_id=job.job_id, leftover_stacks=len(projects),
                  gpus_freed=len(freed))
         return ""
@@ -225,8 +211,7 @@ class StackDeployer:
         """The rental's stacks still here, by Docker's labels and the record: stack id -> project."""
         stacks = {c["Labels"][wire.LABEL_STACK]: c["Labels"].get(COMPOSE_PROJECT_LABEL, "")
                   for c in await self.engine.rental_containers(rental_id) if (c.get("Labels") or {}).get(wire.LABEL_STACK)}
-        if self.db is not None:
-            stacks.update({stack_id: row["project"] for stack_id, row in self.db.stacks().items()
+        stacks.update({stack_id: row["project"] for stack_id, row in self.db.stacks().items()
                            if row["rental_id"] == rental_id and stack_id not in stacks})
         return stacks
 
@@ -253,10 +238,6 @@ class StackDeployer:
 
     def _forget_secrets(self, stack_id: str) -> None:
         SECRETS.discard_many(self._stack_secrets.pop(stack_id, []))
-
-    def _project(self, job: wire.StackJob) -> str:
-        name = job.stack_name or (job.template or {}).get("name", "")
-        return naming.project_name(name, job.stack_id)
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -24,18 +24,26 @@ import structlog
 from gpuhost_agent.service import metrics
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.uplink.outbox import JOB_COMPLETE, STATUS, Outbox
+from gpuhost_agent.uplink.outbox import JOB_COMPLETE, Outbox
 from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.core.deployer import StackDeployer
+from gpuhost_agent.core.rental_end_dates import RentalEndDates
+from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
 
 log = get_logger(__name__)
 
 
 class JobDispatcher:
-    def __init__(self, deployer: StackDeployer, outbox: Outbox, db: AgentDB | None = None):
+    def __init__(self, deployer: StackDeployer, reporter: StatusReporter, outbox: Outbox, db: AgentDB,
+                 end_dates: RentalEndDates, on_rental_end: Callable[[str], Awaitable[None]]):
+        """`on_rental_end` runs before a rental's end job (the stream channel
+        ends the rental's terminals and log streams there)."""
         self.deployer = deployer
+        self.reporter = reporter
         self.outbox = outbox
-        self.db = db if db is not None else AgentDB(None)
+        self.db = db
+        self.end_dates = end_dates
+        self.on_rental_end = on_rental_end
         self._running: dict[str, asyncio.Task] = {}
         self._stacks_busy: Counter[str] = Counter()  # submitted, unfinished jobs per stack
         self._internal: set[str] = set()  # ids of running jobs that reconcile made up
@@ -45,8 +53,6 @@ class JobDispatcher:
         self.duplicates_ignored = 0
         self.outcomes: Counter[str] = Counter()  # marketplace jobs finished since start, for the metrics
         self.deploy_durations = metrics.Histogram()
-        self.on_job: Callable[[wire.StackJob], None] = lambda job: None  # sees every decoded job first
-        self.on_rental_end: Callable[[str], Awaitable[None]] | None = None  # before a rental's end runs
 
     def submit(self, raw: object) -> None:
         raw_id = raw.get("jobId") if isinstance(raw, dict) else None
@@ -55,7 +61,8 @@ class JobDispatcher:
         except wire.InvalidBody as exc:
             self._refuse(raw, raw_id, str(exc))
             return
-        self.on_job(job)
+        if job.rental_end:  # a job without an end says nothing of it (the desired state can clear one)
+            self.end_dates.note(job.rental_id, job.rental_end)
         if job.job_id in self._running:
             self.duplicates_ignored += 1
             log.info("job_duplicate_ignored", job_id=job.job_id, stack_id=job.stack_id, state="running")
@@ -85,6 +92,11 @@ class JobDispatcher:
     def ending_rentals(self) -> set[str]:
         """Rentals whose end job runs: it stops their stacks without a job per stack."""
         return {rental_id for rental_id, count in self._rentals_ending.items() if count}
+
+    def stats(self) -> dict:
+        """Marketplace jobs finished since the agent started, by outcome, and those running now."""
+        return {"running": self.running_jobs(), "outcomes": {str(k): int(v) for k, v in self.outcomes.items()},
+                "duplicatesIgnored": self.duplicates_ignored}
 
     def _rental_counter(self, job: wire.StackJob) -> Counter[str]:
         return self._rentals_ending if job.type == wire.JOB_RENTAL_END else self._rental_jobs
@@ -126,11 +138,10 @@ class JobDispatcher:
         """Only once the rental's own stack jobs (its removals) are done. The
         rental's terminals and log streams end first, at once: a renter must
         not keep a shell while the stacks are taken down."""
-        if self.on_rental_end is not None:
-            try:
-                await self.on_rental_end(job.rental_id)
-            except Exception:  # ending streams must never keep the rental from ending
-                log.exception("rental_end_hook_failed", rental_id=job.rental_id)
+        try:
+            await self.on_rental_end(job.rental_id)
+        except Exception:  # ending streams must never keep the rental from ending
+            log.exception("rental_end_hook_failed", rental_id=job.rental_id)
         while self._rental_jobs.get(job.rental_id):
             await asyncio.sleep(0.05)
         error = await self._execute(job)
@@ -162,7 +173,7 @@ class JobDispatcher:
             log.exception("job_crashed", job_id=job.job_id, stack_id=job.stack_id)
             error = f"internal agent error: {type(exc).__name__}"
             if job.stack_id:
-                self.deployer.report_status(job, wire.ERROR, error)
+                self.reporter.status(StackRef.of_job(job), wire.ERROR, error, job_id=job.job_id)
             return error
 
     def _finish(self, job_id: str, error: str) -> None:
@@ -183,8 +194,7 @@ class JobDispatcher:
             return  # a garbled copy of a job we have: its own outcome stands
         stack_id = raw.get("stackId") if isinstance(raw, dict) else None
         if wire.is_safe_id(stack_id):
-            self.outbox.put(STATUS, stack_id, {"status": wire.ERROR, "errorMsg": f"job refused by the agent: {reason}",
-                                               "jobId": raw_id, "reportedAt": wire.iso()})
+            self.reporter.refusal(stack_id, f"job refused by the agent: {reason}", job_id=raw_id)
         self._finish(raw_id, f"job refused by the agent: {reason}")
 
     async def shutdown(self, timeout: float) -> None:

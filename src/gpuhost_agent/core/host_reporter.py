@@ -19,6 +19,7 @@ from gpuhost_agent.protocol import wire
 from gpuhost_agent.uplink.client import MarketplaceClient, MarketplaceRejected, MarketplaceUnavailable, retry_delay
 from gpuhost_agent.core.init_state import InitState
 from gpuhost_agent.inventory import netspeed, telemetry
+from gpuhost_agent.protocol import intervals as wire_intervals
 from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.inventory.system_data import Prober, build_report
 from gpuhost_agent.common.logs import get_logger
@@ -28,14 +29,15 @@ from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.core.schedule import Schedule
 
 log = get_logger(__name__)
-DEFAULT_INTERVALS = {"heartbeatSeconds": 30.0, "systemDataSeconds": 300.0, "networkSpeedSeconds": 6 * 3600.0}
 MIN_HEARTBEAT = 0.1
 
 
 class HostReporter:
     def __init__(self, client: MarketplaceClient, outbox: Outbox, prober: Prober, schedule: Schedule,
-                 find_compose: Callable[[], list[str]], *, env_target: str = "env",
-                 speed_max_bytes: int = 25_000_000, speed_max_seconds: float = 10.0):
+                 find_compose: Callable[[], list[str]], compose_found: Callable[[list[str]], None], *,
+                 env_target: str = "env", speed_max_bytes: int = 25_000_000, speed_max_seconds: float = 10.0):
+        """`compose_found` hears the Compose command start-up settled on (the
+        deployer's Compose runner uses it from then on)."""
         self.client = client
         self.outbox = outbox
         self.prober = prober
@@ -44,12 +46,12 @@ class HostReporter:
         self.target = env_target
         self.speed_limits = (speed_max_bytes, speed_max_seconds)
         self.requirements = Requirements()
-        self.intervals = dict(DEFAULT_INTERVALS)
+        self.intervals = wire_intervals.from_reply(None)
         self.clock_skew: float | None = None
         self.last_report: dict | None = None
         self.sent_fingerprint: str | None = None
         self.init = InitState(lambda body: self.outbox.put(INIT_STATE, self.target, body))
-        self.compose_found: Callable[[list[str]], None] = lambda command: None
+        self.compose_found = compose_found
         self._started = time.monotonic()
         self._beat_failures = 0
         self._speed_task: asyncio.Task | None = None
@@ -60,14 +62,18 @@ class HostReporter:
     def beat_failures(self) -> int:
         return self._beat_failures
 
+    def stats(self) -> dict:
+        return {"initState": self.init.as_wire(),
+                "heartbeat": {"lastAt": self.last_beat_at, "failures": self._beat_failures,
+                              "intervalSeconds": self.intervals.get("heartbeatSeconds"),
+                              "clockSkewSeconds": self.clock_skew}}
+
     # ---- session --------------------------------------------------------------
-    def session_opened(self, reply: dict, sent_at: float, received_at: float) -> None:
-        """Take the marketplace's minimums, intervals and clock from its reply."""
+    def session_opened(self, reply: dict, intervals: dict[str, float], sent_at: float, received_at: float) -> None:
+        """Take the marketplace's minimums, intervals (read from the reply once,
+        by the session) and clock from its reply."""
         self.requirements = Requirements.from_wire(reply.get("requirements"))
-        for key in DEFAULT_INTERVALS:
-            value = (reply.get("intervals") or {}).get(key)
-            if wire.is_number(value) and value > 0:
-                self.intervals[key] = float(value)
+        self.intervals = dict(intervals)
         self._note_server_time(reply.get("serverTime"), sent_at, received_at)
         # The first beat at once: the marketplace sees the machine alive from its first session.
         self.schedule.every("heartbeat", max(MIN_HEARTBEAT, self.intervals["heartbeatSeconds"]), self.beat, now=True)

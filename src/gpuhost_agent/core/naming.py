@@ -26,6 +26,13 @@ def project_name(stack_name: str, stack_id: str) -> str:
     return f"{slug}-{suffix}" if slug else f"stack-{suffix}"
 
 
+def stack_name_of(project: str) -> str:
+    """The inverse of project_name for a project found on Docker's labels: the
+    slug stands in for a name the marketplace no longer gives, so that
+    project_name(stack_name_of(p), stack_id) finds the same project."""
+    return project.rsplit("-", 1)[0] if "-" in project else ""
+
+
 def provider_stack_id(stack_id: str) -> int:
     """pStackId: a stable positive 31-bit integer for the stack.
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta
-from typing import Callable
 
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.uplink.client import MarketplaceClient, MarketplaceRejected, MarketplaceUnavailable
@@ -20,11 +19,14 @@ from gpuhost_agent.uplink.outbox import STATUS, Outbox
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.core import naming
-from gpuhost_agent.core.deployer import COMPOSE_PROJECT_LABEL, StackDeployer
+from gpuhost_agent.core.deployer import COMPOSE_PROJECT_LABEL
 from gpuhost_agent.core.desired_state import DesiredState, decode
 from gpuhost_agent.core.dispatcher import JobDispatcher
 from gpuhost_agent.core.gpu_ledger import GpuLedger
-from gpuhost_agent.core.reconcile_plan import DEPLOY, END_RENTAL, REMOVE, REPORT, Action, Picture, SeenStack, plan
+from gpuhost_agent.core.rental_end_dates import RentalEndDates
+from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
+from gpuhost_agent.uplink.session import SessionState
+from gpuhost_agent.core.reconcile_plan import DEPLOY, END_RENTAL, REPORT, Action, Picture, SeenStack, plan
 
 log = get_logger(__name__)
 RESTART_SLACK = timedelta(seconds=30)
@@ -32,24 +34,27 @@ RESTART_SLACK = timedelta(seconds=30)
 
 class Reconciler:
     def __init__(self, client: MarketplaceClient, engine: DockerEngine, dispatcher: JobDispatcher,
-                 deployer: StackDeployer, db: AgentDB, ledger: GpuLedger, outbox: Outbox,
-                 env_id: Callable[[], str | None], *, grace_seconds: float = 120.0,
-                 note_end_date: Callable[[str, str | None], None] | None = None):
-        self.client, self.engine, self.dispatcher, self.deployer = client, engine, dispatcher, deployer
-        self.db, self.ledger, self.outbox, self.env_id = db, ledger, outbox, env_id
-        self.note_end_date = note_end_date or db.rental_end_date  # the rental clock's, so that it wakes
+                 reporter: StatusReporter, db: AgentDB, ledger: GpuLedger, outbox: Outbox, session: SessionState,
+                 end_dates: RentalEndDates, *, grace_seconds: float = 120.0):
+        self.client, self.engine, self.dispatcher, self.reporter = client, engine, dispatcher, reporter
+        self.db, self.ledger, self.outbox, self.session = db, ledger, outbox, session
+        self.end_dates = end_dates  # the rental clock's, so that it wakes
         self.grace_seconds = grace_seconds
         self._unlisted_since: dict[str, datetime] = {}
         self._engine_outage: tuple[datetime, datetime] | None = None  # (last seen up, seen back)
         self.runs = 0
         self.last_actions: list[Action] = []
 
+    def stats(self) -> dict:
+        return {"runs": self.runs,
+                "lastActions": [{"kind": a.kind, "target": a.target, "why": a.why} for a in self.last_actions]}
+
     def engine_restarted(self, last_up: datetime, back: datetime) -> None:
         """Containers the outage stopped are brought back by the next run."""
         self._engine_outage = (last_up - RESTART_SLACK, back + timedelta(seconds=5))
 
     async def run_once(self) -> list[Action]:
-        env_id = self.env_id()
+        env_id = self.session.env_id
         if not env_id:
             return []
         desired = await self._desired()
@@ -66,7 +71,7 @@ class Reconciler:
             return []
         if desired is not None:
             for rental in desired.rentals.values():
-                self.note_end_date(rental.rental_id, wire.iso(rental.end_date) if rental.end_date else None)
+                self.end_dates.note(rental.rental_id, wire.iso(rental.end_date) if rental.end_date else None)
         picture = Picture(desired, seen, self.db.stacks(), self.db.rentals(), self.dispatcher.busy_stacks(),
                           self.dispatcher.busy_rentals(),
                           {stack_id for stack_id in (desired.stacks if desired else {}) if self.outbox.has(STATUS, stack_id)},
@@ -124,11 +129,13 @@ class Reconciler:
             job = wire.StackJob(job_id, wire.JOB_DEPLOY, action.target, action.rental_id, env_id, name,
                                 wanted.template, rental.gpu_count if rental else 0)
         else:
-            job = wire.StackJob(job_id, wire.JOB_REMOVE if action.kind == REMOVE else "report", action.target,
-                                action.rental_id, env_id, name or _stack_name_from(seen.get(action.target)), None)
-        if action.kind == REPORT:
-            self.deployer.report_status(job, action.status, action.error_msg)
-            return
+            seen_stack = seen.get(action.target)
+            name = name or (naming.stack_name_of(seen_stack.project) if seen_stack else "")
+            if action.kind == REPORT:
+                stack = StackRef(action.target, action.rental_id, env_id, naming.project_name(name, action.target))
+                self.reporter.status(stack, action.status, action.error_msg, job_id=job_id)
+                return
+            job = wire.StackJob(job_id, wire.JOB_REMOVE, action.target, action.rental_id, env_id, name, None)
         self.dispatcher.submit_internal(job)
 
 
@@ -146,11 +153,3 @@ def _seen_stacks(containers: list[dict]) -> dict[str, SeenStack]:
                                    tuple(sorted(member.get("State", "") for member in members)), tuple(gpus),
                                    tuple(member["Id"] for member in members))
     return seen
-
-
-def _stack_name_from(seen: SeenStack | None) -> str:
-    """The project name is `<slug>-<id prefix>`; the slug stands in for a name
-    the marketplace no longer gives, so the same project is found."""
-    if seen is None or "-" not in seen.project:
-        return ""
-    return seen.project.rsplit("-", 1)[0]

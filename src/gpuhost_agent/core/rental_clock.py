@@ -15,26 +15,21 @@ import uuid
 
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.storage.agent_db import AgentDB
+from gpuhost_agent.uplink.session import SessionState
 from gpuhost_agent.core.dispatcher import JobDispatcher
 from gpuhost_agent.core.gpu_ledger import GpuLedger
+from gpuhost_agent.core.rental_end_dates import RentalEndDates
 
 log = get_logger(__name__)
 MAX_SLEEP = 30.0  # a changed clock or a missed wake-up is caught this soon
 
 
 class RentalClock:
-    def __init__(self, db: AgentDB, dispatcher: JobDispatcher, ledger: GpuLedger, env_id):
-        self.db, self.dispatcher, self.ledger, self.env_id = db, dispatcher, ledger, env_id
-        self._changed = asyncio.Event()
+    def __init__(self, end_dates: RentalEndDates, dispatcher: JobDispatcher, ledger: GpuLedger,
+                 session: SessionState):
+        self.end_dates, self.dispatcher, self.ledger, self.session = end_dates, dispatcher, ledger, session
+        self.db = end_dates.db
         self.ended: list[str] = []
-
-    def end_date(self, rental_id: str, end_date: str | None) -> None:
-        """Record a rental's end as a job or the desired state gives it."""
-        if end_date is not None and not wire.is_iso(end_date):
-            return
-        if self.db.rental_end_date(rental_id, wire.iso(wire.parse_iso(end_date)) if end_date else None):
-            self._changed.set()
 
     def due(self) -> tuple[list[str], float | None]:
         """(rentals due now, seconds until the next one is due)."""
@@ -54,14 +49,14 @@ class RentalClock:
         while True:
             due, wait = self.due()
             for rental_id in due:
-                if rental_id not in self.dispatcher.busy_rentals() and self.env_id():
+                if rental_id not in self.dispatcher.busy_rentals() and self.session.env_id:
                     self._end(rental_id)
-            self._changed.clear()
+            self.end_dates.changed.clear()
             timeout = MAX_SLEEP if wait is None else min(MAX_SLEEP, wait + 0.05)
             if due:  # an ending still in progress: look again soon
                 timeout = min(timeout, 1.0)
             try:
-                await asyncio.wait_for(self._changed.wait(), timeout)
+                await asyncio.wait_for(self.end_dates.changed.wait(), timeout)
             except asyncio.TimeoutError:
                 pass
 
@@ -69,5 +64,5 @@ class RentalClock:
         log.info("rental_end_due", rental_id=rental_id, reason="endDate passed on the host's clock")
         self.ended.append(rental_id)
         job = wire.StackJob(f"rental-clock-{uuid.uuid4().hex[:12]}", wire.JOB_RENTAL_END, "", rental_id,
-                            self.env_id(), "", None)
+                            self.session.env_id, "", None)
         self.dispatcher.submit_internal(job)

@@ -8,10 +8,8 @@ until it has spoken, and by `gpuhost-agent doctor` when run offline.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.protocol.requirements import TOOLKIT_SAFE_VERSION, Requirements, version_tuple
 
 TOOLKIT_CVES = "CVE-2024-0132, CVE-2025-23359, CVE-2025-23266"

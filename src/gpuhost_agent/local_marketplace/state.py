@@ -11,13 +11,12 @@ from dataclasses import asdict
 from typing import Callable
 
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol.intervals import DEFAULT_INTERVALS
 from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.local_marketplace.channel_hub import ChannelHub
 from gpuhost_agent.local_marketplace.store import Job, Store
 from gpuhost_agent.local_marketplace.terminal_tickets import TicketBook
 
-DEFAULT_INTERVALS = {"jobPollWaitSeconds": 25, "containerResyncSeconds": 15, "reconcileSeconds": 60, "heartbeatSeconds": 30,
-                     "systemDataSeconds": 300, "networkSpeedSeconds": 6 * 3600}
 OFFLINE_AFTER_MISSED_BEATS = 3
 
 

@@ -83,6 +83,10 @@ class ComposeRunner:
         self.down_timeout = down_timeout
         docker_config_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
 
+    def use(self, command: list[str]) -> None:
+        """The Compose command start-up found (core/host_reporter.py): used from now on."""
+        self.command = command
+
     def _env(self, variables: dict[str, str] | None = None) -> dict[str, str]:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.docker_config_dir), "DOCKER_CONFIG": str(self.docker_config_dir)}
         env.update({key: os.environ[key] for key in _PASSED_THROUGH if key in os.environ})

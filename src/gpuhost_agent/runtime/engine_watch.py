@@ -24,18 +24,20 @@ OnBack = Callable[[datetime, datetime], Awaitable[None]]  # (last seen up, seen 
 
 
 class EngineWatch:
-    def __init__(self, engine: DockerEngine, *, period: float = 2.0):
+    def __init__(self, engine: DockerEngine, on_back: OnBack, *, period: float = 2.0):
+        """`on_back` is what must be redone when the engine answers again
+        (core/engine_recovery.py)."""
         self.engine = engine
+        self.on_back = on_back
         self.period = period
         self.up: bool | None = None
         self.last_up: datetime | None = None
         self.outages = 0
-        self._on_back: list[OnBack] = []
         self._following = False
         self._events_broke = asyncio.Event()
 
-    def on_back(self, callback: OnBack) -> None:
-        self._on_back.append(callback)
+    def stats(self) -> dict:
+        return {"up": self.up, "outages": self.outages, "lastUp": wire.iso(self.last_up) if self.last_up else None}
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -79,8 +81,7 @@ class EngineWatch:
         last_up, self.last_up = self.last_up, now
         if came_back:
             log.info("docker_back", down_since=wire.iso(last_up) if last_up else None)
-            for callback in self._on_back:
-                try:
-                    await callback(last_up or now, now)
-                except Exception:  # one failing hook must not stop the others or the watch
-                    log.exception("docker_back_hook_failed")
+            try:
+                await self.on_back(last_up or now, now)
+            except Exception:  # a failing recovery must not stop the watch
+                log.exception("docker_back_hook_failed")

@@ -32,7 +32,7 @@ async def stop_agent(parts: AgentParts, agent_task: asyncio.Task, job_grace: flo
     await asyncio.gather(agent_task, return_exceptions=True)
     await parts.client.close()
     parts.engine.close()
-    parts.host.prober.nvml.close()
+    parts.nvml.close()
     parts.db.close()
 
 
@@ -53,7 +53,7 @@ async def serve(config: AgentConfig, stop: asyncio.Event) -> None:
     watchdog = sd_notify.Watchdog()
     watchdog.start()
     ready_task = asyncio.create_task(
-        sd_notify.notify_ready_when(parts.agent.connected, f"connected to {base_url}"), name="sd-ready")
+        sd_notify.notify_ready_when(parts.session.connected, f"connected to {base_url}"), name="sd-ready")
     log.info("agent_started", marketplace=base_url, state_dir=str(config.state_dir))
     stop_task = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait({agent_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)

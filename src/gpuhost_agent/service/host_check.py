@@ -18,6 +18,7 @@ from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.inventory.system_data import build_report
 from gpuhost_agent.runtime.compose import ComposeNotFound, find_compose_command
 from gpuhost_agent.runtime.engine import DockerEngine
+from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 
 
 async def _report(config: AgentConfig) -> dict:
@@ -25,13 +26,13 @@ async def _report(config: AgentConfig) -> dict:
         compose = await asyncio.to_thread(find_compose_command, config.compose_command)
     except ComposeNotFound:
         compose = None
-    engine = DockerEngine(timeout=10)
-    prober = build_prober(config, engine, compose)
+    engine, nvml = DockerEngine(timeout=10), NvmlProbe(config.nvml_library)
+    prober = build_prober(config, engine, nvml, compose)
     try:
         data = await prober.system_data()
     finally:
         engine.close()
-        prober.nvml.close()
+        nvml.close()
     return build_report(data, Requirements(), None)
 
 

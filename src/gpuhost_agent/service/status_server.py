@@ -54,13 +54,9 @@ def _scrub(value: Any) -> Any:
     return value
 
 
-def _job_outcomes(parts: "AgentParts") -> dict[str, int]:
-    """Marketplace jobs finished since the agent started, by outcome."""
-    return {str(k): int(v) for k, v in parts.dispatcher.outcomes.items()}
-
-
 class StatusSource:
-    """Reads the figures from the agent's parts; hooks that do not exist yet read as None."""
+    """Asks each part of a running agent for its own `stats()` and puts the
+    answers together; nothing here reaches inside a part."""
 
     def __init__(self, parts: "AgentParts", *, started_at: float | None = None, metrics_enabled: bool = False,
                  local_marketplace: bool = False, last_error: Callable[[], dict | None] = LAST_ERROR.get):
@@ -73,70 +69,54 @@ class StatusSource:
 
     def status(self) -> dict:
         parts = self.parts
-        agent, host, outbox = parts.agent, parts.host, parts.outbox
-        watch = agent.engine_watch
+        session, host = parts.session.stats(), parts.host.stats()
         stacks = [{"stackId": stack_id, "status": row.get("status"), "errorMsg": row.get("error_msg") or None,
                    "project": row.get("project"), "rentalId": row.get("rental_id"), "updatedAt": row.get("updated_at")}
                   for stack_id, row in sorted(parts.db.stacks().items())]
         rentals = [{"rentalId": rental_id, "endDate": row.get("end_date"), "gpus": row.get("gpus") or [],
                     "endedAt": row.get("ended_at")}
                    for rental_id, row in sorted(parts.db.rentals().items()) if not row.get("ended_at")]
-        last_actions = [{"kind": a.kind, "target": a.target, "why": a.why}
-                        for a in parts.reconciler.last_actions]
         body = {
             "running": True,
             "pid": os.getpid(),
             "version": __version__,
             "since": wire.iso_from_timestamp(self.started_at),
             "uptimeSeconds": round(time.time() - self.started_at, 1),
-            "connected": agent.connected.is_set(),
-            "connectedSince": agent.connected_since,
-            "reconnects": agent.reconnects,
-            "envId": agent.env_id,
-            "marketplace": parts.client.base_url,
+            **session,
+            **parts.client.stats(),
             "localMarketplace": self.local_marketplace,
-            "sessionId": parts.client.session_id,
-            "initState": host.init.as_wire(),
-            "heartbeat": {"lastAt": host.last_beat_at,
-                          "failures": host.beat_failures,
-                          "intervalSeconds": host.intervals.get("heartbeatSeconds"),
-                          "clockSkewSeconds": host.clock_skew},
+            **host,
             "lastError": self.last_error(),
             "stacks": stacks,
             "rentals": rentals,
-            "jobs": {"running": parts.dispatcher.running_jobs(), "outcomes": _job_outcomes(parts),
-                     "duplicatesIgnored": parts.dispatcher.duplicates_ignored},
-            "reports": {"pending": outbox.pending(), "sent": outbox.sent, "rejected": outbox.rejected,
-                        "dropped": outbox.dropped},
-            "engine": {"up": watch.up if watch else None, "outages": watch.outages if watch else None,
-                       "lastUp": wire.iso(watch.last_up) if watch and watch.last_up else None},
-            "reconcile": {"runs": parts.reconciler.runs, "lastActions": last_actions},
-            "streams": {"channelConnected": agent.streams.connected.is_set(), "open": agent.streams.live()}
-            if agent.streams else None,
+            "jobs": parts.dispatcher.stats(),
+            "reports": parts.outbox.stats(),
+            "engine": parts.engine_watch.stats(),
+            "reconcile": parts.reconciler.stats(),
+            "streams": parts.streams.stats(),
             "metricsEnabled": self.metrics_enabled,
         }
         return _scrub(body)
 
     async def metric_figures(self) -> dict:
         parts = self.parts
-        watch = parts.agent.engine_watch
         try:
-            gpus = await asyncio.to_thread(parts.host.prober.nvml.telemetry)
+            gpus = await asyncio.to_thread(parts.nvml.telemetry)
         except Exception:  # NVML trouble must not break the scrape
             log.exception("metrics_gpu_telemetry_failed")
             gpus = []
+        session, dispatcher, engine = parts.session.stats(), parts.dispatcher.stats(), parts.engine_watch.stats()
         return {
             "uptime_seconds": round(time.monotonic() - self._started_monotonic, 3),
-            "connected": parts.agent.connected.is_set(),
-            "jobs": _job_outcomes(parts),
-            "jobs_running": parts.dispatcher.running_jobs(),
+            "connected": session["connected"],
+            "jobs": dispatcher["outcomes"],
+            "jobs_running": dispatcher["running"],
             "deploy_durations": parts.dispatcher.deploy_durations,
-            "reports": {"pending": parts.outbox.pending(), "sent": parts.outbox.sent,
-                        "rejected": parts.outbox.rejected, "dropped": parts.outbox.dropped},
-            "reconnects": parts.agent.reconnects,
-            "engine_up": watch.up if watch else None,
-            "engine_outages": watch.outages if watch else None,
-            "reconcile_runs": parts.reconciler.runs,
+            "reports": parts.outbox.stats(),
+            "reconnects": session["reconnects"],
+            "engine_up": engine["up"],
+            "engine_outages": engine["outages"],
+            "reconcile_runs": parts.reconciler.stats()["runs"],
             "gpus": gpus,
         }
 

@@ -8,87 +8,102 @@ real one.
 
 from __future__ import annotations
 
-import asyncio
-import signal
-import sys
-from typing import Callable
 from dataclasses import dataclass
+from functools import partial
 
-from gpuhost_agent.service import sd_notify, status_server
-from gpuhost_agent.core.agent import Agent, send_report
-from gpuhost_agent.uplink.client import MarketplaceClient
-from gpuhost_agent.service.config import AgentConfig
+from gpuhost_agent.common.logs import SECRETS, get_logger
+from gpuhost_agent.core.agent import Agent
+from gpuhost_agent.core.container_watch import ContainerWatch
 from gpuhost_agent.core.deployer import StackDeployer
 from gpuhost_agent.core.dispatcher import JobDispatcher
+from gpuhost_agent.core.engine_recovery import EngineRecovery
 from gpuhost_agent.core.gpu_ledger import GpuLedger
+from gpuhost_agent.core.host_reporter import HostReporter
 from gpuhost_agent.core.reconciler import Reconciler
 from gpuhost_agent.core.rental_clock import RentalClock
+from gpuhost_agent.core.rental_end_dates import RentalEndDates
 from gpuhost_agent.core.sandbox import Sandbox
-from gpuhost_agent.core.host_reporter import HostReporter
+from gpuhost_agent.core.schedule import Schedule
+from gpuhost_agent.core.status_reporter import StatusReporter
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 from gpuhost_agent.inventory.system_data import Prober
-from gpuhost_agent.common.logs import SECRETS, get_logger
 from gpuhost_agent.local_marketplace import server as local_server
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.store import Store
-from gpuhost_agent.uplink.outbox import Outbox
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
 from gpuhost_agent.runtime.engine import DockerEngine
+from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.runtime.engine_watch import EngineWatch
+from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.storage.agent_db import DB_FILE, AgentDB
 from gpuhost_agent.streams.channel import StreamChannel
-from gpuhost_agent.core.schedule import Schedule
+from gpuhost_agent.uplink.client import MarketplaceClient
+from gpuhost_agent.uplink.outbox import Outbox
+from gpuhost_agent.uplink.session import SessionState
 
 log = get_logger(__name__)
 
 
 @dataclass
 class AgentParts:
+    """What the daemon starts and stops, and what the status socket asks for figures."""
+
     agent: Agent
+    session: SessionState
     client: MarketplaceClient
     outbox: Outbox
     dispatcher: JobDispatcher
     engine: DockerEngine
+    nvml: NvmlProbe
     host: HostReporter
     db: AgentDB
     reconciler: Reconciler
+    engine_watch: EngineWatch
+    streams: StreamChannel
 
 
-def build_prober(config: AgentConfig, engine: DockerEngine, compose_command: list[str] | None) -> Prober:
-    return Prober(NvmlProbe(config.nvml_library), engine, compose_command, gpu_check_image=config.gpu_check_image,
+def build_prober(config: AgentConfig, engine: DockerEngine, nvml: NvmlProbe, compose_command: list[str] | None) -> Prober:
+    return Prober(nvml, engine, compose_command, gpu_check_image=config.gpu_check_image,
                   toolkit_config=config.toolkit_config, location=config.location)
 
 
 def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
+    """Every object of a running agent, each given its collaborators here and
+    nowhere else. The order follows the dependencies: nothing is attached
+    after it was built."""
     SECRETS.add(api_key)
     db = AgentDB(config.state_dir / DB_FILE)
+    if db.rebuilt_because and db.rebuilt_because != "no state file yet":
+        log.warning("state_rebuilding", reason=db.rebuilt_because)
+    session = SessionState(env_id=db.meta("env_id"))  # rentals end on time even before the first session
     client = MarketplaceClient(base_url, api_key)
-    outbox = Outbox(lambda report: send_report(client, report), db=db)
+    outbox = Outbox(client.send_report, db)
     engine = DockerEngine()
-    compose = ComposeRunner(None, config.state_dir / "docker-config",
-                            finder=lambda: find_compose_command(config.compose_command))
+    nvml = NvmlProbe(config.nvml_library)
+    find_compose = partial(find_compose_command, config.compose_command)
+    compose = ComposeRunner(None, config.state_dir / "docker-config", finder=find_compose)
     schedule = Schedule()
-    host = HostReporter(client, outbox, build_prober(config, engine, None), schedule,
-                        lambda: find_compose_command(config.compose_command),
+    host = HostReporter(client, outbox, build_prober(config, engine, nvml, None), schedule, find_compose, compose.use,
                         speed_max_bytes=config.speed_max_bytes, speed_max_seconds=config.speed_max_seconds)
-    host.compose_found = lambda command: setattr(compose, "command", command)
     publish = config.publish_address or ("127.0.0.1" if config.uses_local_marketplace else "0.0.0.0")
     ledger = GpuLedger(db)
     ledger.import_legacy(config.state_dir / "gpu-assignments.json")
+    reporter = StatusReporter(outbox, db, ledger)
     sandbox = Sandbox(ledger, host.machine_facts, publish_address=publish, pids_limit=config.pids_limit)
-    deployer = StackDeployer(compose, engine, outbox, config.state_dir / "stacks", sandbox=sandbox, db=db,
+    deployer = StackDeployer(compose, engine, reporter, sandbox, db, config.state_dir / "stacks",
                              settle_seconds=config.settle_seconds, stop_timeout=config.stop_timeout)
-    dispatcher = JobDispatcher(deployer, outbox, db)
-    agent = Agent(client, deployer, outbox, dispatcher, schedule, host)
-    env_id = lambda: agent.env_id  # noqa: E731 - known once the session is open
-    rental_clock = RentalClock(db, dispatcher, ledger, env_id)
-    reconciler = Reconciler(client, engine, dispatcher, deployer, db, ledger, outbox, env_id,
-                            grace_seconds=config.reconcile_grace_seconds, note_end_date=rental_clock.end_date)
-    agent.attach_durability(reconciler, rental_clock, EngineWatch(engine))
-    agent.attach_streams(StreamChannel(client, env_id))
-    if db.rebuilt_because and db.rebuilt_because != "no state file yet":
-        log.warning("state_rebuilding", reason=db.rebuilt_because)
-    return AgentParts(agent, client, outbox, dispatcher, engine, host, db, reconciler)
+    streams = StreamChannel(client, session, EngineStreams())
+    end_dates = RentalEndDates(db)
+    dispatcher = JobDispatcher(deployer, reporter, outbox, db, end_dates, streams.end_rental)
+    rental_clock = RentalClock(end_dates, dispatcher, ledger, session)
+    reconciler = Reconciler(client, engine, dispatcher, reporter, db, ledger, outbox, session, end_dates,
+                            grace_seconds=config.reconcile_grace_seconds)
+    container_watch = ContainerWatch(engine, reporter, db, dispatcher)
+    engine_watch = EngineWatch(engine, EngineRecovery(reconciler, container_watch, session).engine_back)
+    agent = Agent(client, session, db, dispatcher, outbox, schedule, host, reconciler, rental_clock, engine_watch,
+                  container_watch, streams)
+    return AgentParts(agent, session, client, outbox, dispatcher, engine, nvml, host, db, reconciler, engine_watch,
+                      streams)
 
 
 async def start_local_marketplace(config: AgentConfig) -> local_server.RunningMarketplace:

@@ -16,11 +16,11 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import Callable
 
 import aiohttp
 
 from gpuhost_agent.uplink.client import MarketplaceClient, retry_delay
+from gpuhost_agent.uplink.session import SessionState
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import ContainerGone, EngineStreams
@@ -48,14 +48,13 @@ class _Stream:
 
 
 class StreamChannel:
-    def __init__(self, client: MarketplaceClient, env_id: str | Callable[[], str], *,
-                 engine: EngineStreams | None = None, max_streams: int = MAX_STREAMS,
+    def __init__(self, client: MarketplaceClient, session: SessionState, engine: EngineStreams, *,
+                 max_streams: int = MAX_STREAMS,
                  heartbeat: float = HEARTBEAT_SECONDS, log_stall_seconds: float = LOG_STALL_SECONDS,
                  backoff_first: float = BACKOFF_FIRST, backoff_ceiling: float = BACKOFF_CEILING):
         self._client = client
-        self._env_id = env_id if callable(env_id) else (lambda: env_id)
-        self._engine = engine or EngineStreams()
-        self._own_engine = engine is None
+        self._session = session
+        self._engine = engine  # the channel's alone: close() closes it
         self._max_streams = max_streams
         self._heartbeat = heartbeat
         self._stall = log_stall_seconds
@@ -117,8 +116,7 @@ class StreamChannel:
             await self._ws.close()
         if self._http is not None:
             await self._http.close()
-        if self._own_engine:
-            await self._engine.close()
+        await self._engine.close()
 
     def live(self) -> dict[str, int]:
         """Open streams by kind, for status reports."""
@@ -127,6 +125,9 @@ class StreamChannel:
             kind = "logs" if isinstance(stream.request, LogsRequest) else "terminal"
             counts[kind] = counts.get(kind, 0) + 1
         return counts
+
+    def stats(self) -> dict:
+        return {"channelConnected": self.connected.is_set(), "open": self.live()}
 
     # ---- requests ------------------------------------------------------------------
     def _dispatch(self, text: str) -> None:
@@ -174,7 +175,7 @@ class StreamChannel:
                 return self._refuse(Refusal(request.stream_id, 404, NOT_IN_STACK))
             except EngineError as exc:
                 return self._refuse(Refusal(request.stream_id, 503, f"Docker Engine: {exc}"[:500]))
-            refusal = check_access((info.get("Config") or {}).get("Labels"), self._env_id(), request)
+            refusal = check_access((info.get("Config") or {}).get("Labels"), self._session.env_id, request)
             if refusal is not None:
                 return self._refuse(refusal)
             ws = await self._session().ws_connect(

@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.uplink.reports import CONTAINERS, INIT_STATE, JOB_COMPLETE, STATUS, SYSTEM_DATA, Report
 
 
 class MarketplaceUnavailable(RuntimeError):
@@ -160,6 +161,24 @@ class MarketplaceClient:
     async def heartbeat(self, body: dict) -> dict:
         reply = await self._request("POST", "/agent/heartbeat", body=body)
         return reply if isinstance(reply, dict) else {}
+
+    def stats(self) -> dict:
+        return {"marketplace": self.base_url, "sessionId": self.session_id}
+
+    async def send_report(self, report: Report) -> None:
+        """The outbox's sender: one report kind, one protocol call."""
+        if report.kind == STATUS:
+            await self.put_stack_status(report.target, report.body)
+        elif report.kind == CONTAINERS:
+            await self.put_containers(report.target, report.body)
+        elif report.kind == JOB_COMPLETE:
+            await self.complete_job(report.target, report.body)
+        elif report.kind == SYSTEM_DATA:
+            await self.put_system_data(report.body)
+        elif report.kind == INIT_STATE:
+            await self.put_init_state(report.body)
+        else:
+            raise ValueError(f"unknown report kind {report.kind!r}")
 
     def auth_headers(self) -> dict[str, str]:
         """What every agent call carries (key, and the session once open), for

@@ -6,7 +6,7 @@ stack's status still goes out before the completion of the job that set it).
 While the marketplace is away, sending backs off exponentially with jitter and
 honours Retry-After.
 
-With a state database every report is written there before `put` returns and
+Every report is written to the state database before `put` returns and
 deleted only once the marketplace acknowledged it, so a crash or a restart
 loses nothing. The queue is bounded: past `max_entries` the oldest report of
 the least valuable kind is dropped (container lists and host reports first:
@@ -18,37 +18,25 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from gpuhost_agent.uplink.client import MarketplaceRejected, MarketplaceUnavailable, retry_delay
 from gpuhost_agent.protocol.wire import REMOVED
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.storage.agent_db import AgentDB
+from gpuhost_agent.uplink.reports import (  # noqa: F401 - the kinds are named where reports are queued
+    CONTAINERS, DROP_ORDER, INIT_STATE, JOB_COMPLETE, STATUS, SYSTEM_DATA, Report)
 
 log = get_logger(__name__)
 
-STATUS, CONTAINERS, JOB_COMPLETE = "status", "containers", "job"
-SYSTEM_DATA, INIT_STATE = "systemData", "initState"  # one per agent: target "env"
-# Dropped first to last when the queue is full.
-DROP_ORDER = (CONTAINERS, SYSTEM_DATA, INIT_STATE, STATUS, JOB_COMPLETE)
 DEFAULT_MAX_ENTRIES = 5000
-
-
-@dataclass
-class Report:
-    kind: str
-    target: str  # stack id, or job id for JOB_COMPLETE
-    body: dict
-    version: int = 0
-    seq: int = 0  # position in the queue, kept when the body is replaced
 
 
 Sender = Callable[[Report], Awaitable[None]]
 
 
 class Outbox:
-    def __init__(self, send: Sender, *, db: AgentDB | None = None, max_entries: int = DEFAULT_MAX_ENTRIES,
+    def __init__(self, send: Sender, db: AgentDB, *, max_entries: int = DEFAULT_MAX_ENTRIES,
                  base_delay: float = 0.2, max_delay: float = 30.0):
         self._send = send
         self._db = db
@@ -62,14 +50,17 @@ class Outbox:
         self._max_delay = max_delay
         self.sent = 0
         self.rejected = 0  # refused by the marketplace (4xx): sending again would not help
-        self.dropped = int(db.meta("reports_dropped", "0")) if db else 0  # lost to the size bound
+        self.dropped = int(db.meta("reports_dropped", "0"))  # lost to the size bound
         self._seq = 0
-        for kind, target, seq, body in db.outbox_entries() if db else []:
+        for kind, target, seq, body in db.outbox_entries():
             self._entries[(kind, target)] = Report(kind, target, body, 0, seq)
             self._seq = max(self._seq, seq)
         if self._entries:
             self._idle.clear()
             log.info("reports_restored", pending=len(self._entries))
+
+    def stats(self) -> dict[str, int]:
+        return {"pending": self.pending(), "sent": self.sent, "rejected": self.rejected, "dropped": self.dropped}
 
     def put(self, kind: str, target: str, body: dict) -> None:
         self._versions += 1
@@ -80,8 +71,7 @@ class Outbox:
         else:
             self._seq += 1
             entry = self._entries[key] = Report(kind, target, body, self._versions, self._seq)
-        if self._db:
-            self._db.outbox_put(kind, target, entry.seq, body)
+        self._db.outbox_put(kind, target, entry.seq, body)
         if kind == STATUS and body.get("status") == REMOVED:
             self._forget((CONTAINERS, target))  # superseded: the marketplace drops a removed stack's list
         if len(self._entries) > self._max_entries:
@@ -96,14 +86,13 @@ class Outbox:
                 break
         del self._entries[victim]
         self.dropped += 1
-        if self._db:
-            self._db.outbox_delete(*victim)
-            self._db.set_meta("reports_dropped", str(self.dropped))
+        self._db.outbox_delete(*victim)
+        self._db.set_meta("reports_dropped", str(self.dropped))
         log.warning("report_dropped", kind=victim[0], target=victim[1], dropped_total=self.dropped,
                     limit=self._max_entries, hint="the marketplace has been unreachable for long")
 
     def _forget(self, key: tuple[str, str]) -> None:
-        if self._entries.pop(key, None) is not None and self._db:
+        if self._entries.pop(key, None) is not None:
             self._db.outbox_delete(*key)
 
     def pending(self) -> int:
@@ -145,5 +134,4 @@ class Outbox:
             failures = 0
             if self._entries.get(key) is entry and entry.version == version:
                 del self._entries[key]
-                if self._db:
-                    self._db.outbox_delete(*key)
+                self._db.outbox_delete(*key)
