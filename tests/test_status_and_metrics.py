@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpuhost_agent.common import logs
 from gpuhost_agent.service import metrics, status_cli, status_server
@@ -28,42 +29,17 @@ from gpuhost_agent.service.wiring import build_agent
 
 from conftest import make_config
 
-# ---- a tiny Prometheus text-format parser (no prometheus_client here) ---------------------
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$')
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"\s*(,|$)')
-
-
-def _unescape(text: str) -> str:
-    return re.sub(r'\\(.)', lambda m: {"n": "\n", "\\": "\\", '"': '"'}[m.group(1)], text)
-
-
 def parse_prometheus(text: str) -> tuple[dict[str, str], list[tuple[str, dict, float]]]:
-    """(types by family, samples); raises AssertionError on anything malformed."""
+    """(types by family, samples), read by prometheus_client's own parser: what
+    a Prometheus server would make of the text."""
     assert text.endswith("\n")
     types: dict[str, str] = {}
     samples: list[tuple[str, dict, float]] = []
-    for line in text.splitlines():
-        if line.startswith("# TYPE "):
-            _, _, name, kind = line.split(" ", 3)
-            assert kind in ("counter", "gauge", "histogram", "summary", "untyped")
-            assert name not in types, f"family {name} declared twice"
-            types[name] = kind
-            continue
-        if line.startswith("# HELP ") or not line:
-            continue
-        match = _SAMPLE.match(line)
-        assert match, f"malformed sample line {line!r}"
-        name, _, label_text, value = match.groups()
-        labels: dict[str, str] = {}
-        position = 0
-        while label_text and position < len(label_text):
-            label = _LABEL.match(label_text, position)
-            assert label, f"malformed labels in {line!r}"
-            labels[label.group(1)] = _unescape(label.group(2))
-            position = label.end()
-        family = re.sub(r"_(bucket|sum|count)$", "", name) if name not in types else name
-        assert family in types, f"sample {name} without # TYPE"
-        samples.append((name, labels, float(value)))
+    for family in text_string_to_metric_families(text):
+        name = f"{family.name}_total" if family.type == "counter" else family.name
+        assert name not in types, f"family {name} declared twice"
+        types[name] = family.type
+        samples += [(sample.name, sample.labels, sample.value) for sample in family.samples]
     return types, samples
 
 
@@ -73,45 +49,30 @@ def _value(samples, name, **labels) -> float:
     return found[0]
 
 
-# ---- metrics.py (pure) ---------------------------------------------------------------------
+# ---- metrics.py -----------------------------------------------------------------------------
 def test_label_values_are_escaped_and_parse_back():
-    nasty = 'a "quoted" back\\slash\nnewline'
-    family = metrics.MetricFamily("gpuhost_test", "gauge", "help with \\ and\nnewline").add(1.5, name=nasty)
-    text = metrics.render([family])
-    assert 'name="a \\"quoted\\" back\\\\slash\\nnewline"' in text
-    assert "# HELP gpuhost_test help with \\\\ and\\nnewline" in text
-    types, samples = parse_prometheus(text)
-    assert types == {"gpuhost_test": "gauge"}
-    assert samples == [("gpuhost_test", {"name": nasty}, 1.5)]
-
-
-def test_values_and_names():
-    assert [metrics.format_value(v) for v in (3, 2.0, 0.25, True, float("inf"), float("nan"))] == \
-        ["3", "2", "0.25", "1", "+Inf", "NaN"]
-    with pytest.raises(ValueError):
-        metrics.render([metrics.MetricFamily("bad-name", "gauge", "x").add(1)])
-    with pytest.raises(ValueError):
-        metrics.render([metrics.MetricFamily("ok", "gauge", "x").add(1, **{"__reserved": "x"})])
-    assert metrics.MetricFamily("m", "gauge", "x").add(None).samples == []  # unread figures are left out
+    nasty = 'GPU-"quoted"\\back\nline'
+    types, samples = parse_prometheus(metrics.render({"gpus": [{"index": 0, "uuid": nasty, "powerW": 1.5}]}).decode())
+    assert types["gpuhost_gpu_power_watts"] == "gauge"
+    assert _value(samples, "gpuhost_gpu_power_watts", uuid=nasty, index=0) == 1.5
 
 
 def test_histogram_is_cumulative_per_label_set():
-    histogram = metrics.Histogram(buckets=(1, 10))
+    histogram = metrics.deploy_histogram()
     for seconds, outcome in ((0.5, "succeeded"), (5, "succeeded"), (50, "succeeded"), (2, "failed")):
-        histogram.observe(seconds, outcome=outcome)
-    types, samples = parse_prometheus(metrics.render([histogram.family("gpuhost_deploy_duration_seconds", "d")]))
-    assert types == {"gpuhost_deploy_duration_seconds": "histogram"}
+        histogram.labels(outcome=outcome).observe(seconds)
+    types, samples = parse_prometheus(metrics.render({"deploy_durations": histogram}).decode())
+    assert types["gpuhost_deploy_duration_seconds"] == "histogram"
     bucket = "gpuhost_deploy_duration_seconds_bucket"
-    assert [_value(samples, bucket, outcome="succeeded", le=le) for le in ("1", "10", "+Inf")] == [1, 2, 3]
-    assert [_value(samples, bucket, outcome="failed", le=le) for le in ("1", "10", "+Inf")] == [0, 1, 1]
+    assert [_value(samples, bucket, outcome="succeeded", le=le) for le in ("1.0", "10.0", "+Inf")] == [1, 2, 3]
+    assert [_value(samples, bucket, outcome="failed", le=le) for le in ("1.0", "10.0", "+Inf")] == [0, 1, 1]
     assert _value(samples, "gpuhost_deploy_duration_seconds_sum", outcome="succeeded") == 55.5
     assert _value(samples, "gpuhost_deploy_duration_seconds_count", outcome="failed") == 1
-    assert histogram.count == 4
 
 
 def test_collect_from_figures():
-    histogram = metrics.Histogram()
-    histogram.observe(12.0, outcome="succeeded")
+    histogram = metrics.deploy_histogram()
+    histogram.labels(outcome="succeeded").observe(12.0)
     figures = {"uptime_seconds": 5.0, "connected": True, "jobs": {"succeeded": 4, "failed": 1}, "jobs_running": 0,
                "deploy_durations": histogram, "reports": {"pending": 2, "sent": 9, "rejected": 0, "dropped": 1},
                "reconnects": 3, "engine_up": False, "engine_outages": 2, "reconcile_runs": 7,
@@ -120,7 +81,7 @@ def test_collect_from_figures():
                         {"index": 1, "uuid": "GPU-def", "utilizationPercent": None, "memoryUsedBytes": 0,
                          "temperatureC": None, "powerW": None},
                         {"index": 2, "error": "handle: not supported"}]}
-    types, samples = parse_prometheus(metrics.render(metrics.collect(figures)))
+    types, samples = parse_prometheus(metrics.render(figures).decode())
     assert types["gpuhost_jobs_total"] == "counter" and types["gpuhost_deploy_duration_seconds"] == "histogram"
     assert _value(samples, "gpuhost_jobs_total", outcome="succeeded") == 4
     assert _value(samples, "gpuhost_jobs_total", outcome="failed") == 1
@@ -135,7 +96,7 @@ def test_collect_from_figures():
     assert not [s for s in samples if s[0] == "gpuhost_gpu_temperature_celsius" and s[1]["index"] == "1"]
     assert not [s for s in samples if s[1].get("index") == "2"]
     # figures not counted yet (no hook) are left out, the families still declared
-    _, bare = parse_prometheus(metrics.render(metrics.collect({"reports": {"pending": 0}})))
+    _, bare = parse_prometheus(metrics.render({"reports": {"pending": 0}}).decode())
     assert not [s for s in bare if s[0] == "gpuhost_marketplace_reconnects_total"]
 
 
@@ -217,8 +178,7 @@ async def test_status_over_the_socket(parts, short_dir):
 
 async def test_metrics_over_the_socket(parts, short_dir):
     _seed(parts)
-    parts.dispatcher.deploy_durations = metrics.Histogram()  # what the proposed dispatcher hook keeps
-    parts.dispatcher.deploy_durations.observe(42.0, outcome="succeeded")
+    parts.dispatcher.deploy_durations.labels(outcome="succeeded").observe(42.0)
     parts.session.reconnects = 1
     sock = short_dir / "agent.sock"
     server = await status_server.start(parts, sock, metrics_enabled=True, metrics_listen=("127.0.0.1", 0))
@@ -307,9 +267,9 @@ async def test_other_users_cannot_open_the_socket(parts, short_dir):
     sock = short_dir / "agent.sock"
     server = await status_server.start(parts, sock)
     try:
-        code = ("import sys; from gpuhost_agent import status_cli; "
+        code = ("import sys; from gpuhost_agent.service import status_cli; "
                 f"sys.exit(status_cli.run({str(sock)!r}))")
-        src = str(Path(status_cli.__file__).parents[1])
+        src = str(Path(status_cli.__file__).parents[2])
         python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable  # the client needs only the stdlib
         try:
             result = await asyncio.to_thread(

@@ -16,6 +16,7 @@ from gpuhost_agent.core.init_state import InitState
 from gpuhost_agent.core.rental_end_dates import RentalEndDates
 from gpuhost_agent.core.schedule import Schedule
 from gpuhost_agent.core.status_reporter import StatusReporter
+from gpuhost_agent.service import metrics
 from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.uplink.session import SessionState
 
@@ -28,7 +29,7 @@ def dispatcher_for(deployer: Any, outbox: Any, db: AgentDB | None = None) -> Job
     """A real dispatcher (and status reporter) around a stand-in deployer and outbox."""
     db = db if db is not None else AgentDB(None)
     reporter = StatusReporter(outbox, db, GpuLedger(db))
-    return JobDispatcher(deployer, reporter, outbox, db, RentalEndDates(db), _no_streams)
+    return JobDispatcher(deployer, reporter, outbox, db, RentalEndDates(db), _no_streams, metrics.deploy_histogram())
 
 
 class HostStandIn:

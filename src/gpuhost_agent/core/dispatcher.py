@@ -20,8 +20,8 @@ from collections import Counter
 from typing import Awaitable, Callable
 
 import structlog
+from prometheus_client import Histogram
 
-from gpuhost_agent.service import metrics
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.uplink.outbox import JOB_COMPLETE, Outbox
@@ -35,9 +35,11 @@ log = get_logger(__name__)
 
 class JobDispatcher:
     def __init__(self, deployer: StackDeployer, reporter: StatusReporter, outbox: Outbox, db: AgentDB,
-                 end_dates: RentalEndDates, on_rental_end: Callable[[str], Awaitable[None]]):
+                 end_dates: RentalEndDates, on_rental_end: Callable[[str], Awaitable[None]],
+                 deploy_durations: Histogram):
         """`on_rental_end` runs before a rental's end job (the stream channel
-        ends the rental's terminals and log streams there)."""
+        ends the rental's terminals and log streams there); `deploy_durations`
+        is observed at the end of every deploy, by outcome (service/metrics.py)."""
         self.deployer = deployer
         self.reporter = reporter
         self.outbox = outbox
@@ -52,7 +54,7 @@ class JobDispatcher:
         self._rentals_ending: Counter[str] = Counter()  # rental.end jobs not yet finished
         self.duplicates_ignored = 0
         self.outcomes: Counter[str] = Counter()  # marketplace jobs finished since start, for the metrics
-        self.deploy_durations = metrics.Histogram()
+        self.deploy_durations = deploy_durations
 
     def submit(self, raw: object) -> None:
         raw_id = raw.get("jobId") if isinstance(raw, dict) else None
@@ -152,8 +154,8 @@ class JobDispatcher:
             started = time.monotonic()
             error = await self._execute(job)
             if job.type == wire.JOB_DEPLOY:
-                self.deploy_durations.observe(time.monotonic() - started,
-                                              outcome=wire.OUTCOME_FAILED if error else wire.OUTCOME_SUCCEEDED)
+                outcome = wire.OUTCOME_FAILED if error else wire.OUTCOME_SUCCEEDED
+                self.deploy_durations.labels(outcome=outcome).observe(time.monotonic() - started)
         self._finish(job.job_id, error)
         log.info("job_finished", job_id=job.job_id, stack_id=job.stack_id,
                  outcome=wire.OUTCOME_FAILED if error else wire.OUTCOME_SUCCEEDED)

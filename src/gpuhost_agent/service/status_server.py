@@ -120,24 +120,22 @@ class StatusSource:
             "gpus": gpus,
         }
 
-    async def metrics_text(self) -> str:
-        return metrics.render(metrics.collect(await self.metric_figures()))
+    async def metrics_response(self, _request: web.Request) -> web.Response:
+        """/metrics, on the socket and on loopback TCP alike."""
+        if not self.metrics_enabled:
+            raise web.HTTPNotFound(text="metrics are off (set GPUHOST_METRICS=on)\n")
+        response = web.Response(body=metrics.render(await self.metric_figures()))
+        response.headers["Content-Type"] = metrics.CONTENT_TYPE
+        return response
 
 
 def _app(source: StatusSource) -> web.Application:
     async def status(_request: web.Request) -> web.Response:
         return web.json_response(source.status())
 
-    async def metrics_endpoint(_request: web.Request) -> web.Response:
-        if not source.metrics_enabled:
-            raise web.HTTPNotFound(text="metrics are off (set GPUHOST_METRICS=on)\n")
-        response = web.Response(body=(await source.metrics_text()).encode())
-        response.headers["Content-Type"] = metrics.CONTENT_TYPE
-        return response
-
     app = web.Application()
     app.router.add_get("/status", status)
-    app.router.add_get("/metrics", metrics_endpoint)
+    app.router.add_get("/metrics", source.metrics_response)
     return app
 
 
@@ -204,7 +202,7 @@ class StatusServer:
         if self.metrics_listen is not None and self.source.metrics_enabled:
             _check_loopback(self.metrics_listen)
             metrics_app = web.Application()
-            metrics_app.router.add_get("/metrics", self._metrics_handler)
+            metrics_app.router.add_get("/metrics", self.source.metrics_response)
             self._metrics_runner = web.AppRunner(metrics_app, access_log=None, handle_signals=False)
             await self._metrics_runner.setup()
             site = web.TCPSite(self._metrics_runner, *self.metrics_listen)
@@ -213,11 +211,6 @@ class StatusServer:
             self.metrics_port = sockets[0].getsockname()[1] if sockets else self.metrics_listen[1]
         log.info("status_socket_listening", path=str(self.socket_path), metrics=self.source.metrics_enabled,
                  metrics_listen=f"{self.metrics_listen[0]}:{self.metrics_port}" if self.metrics_port else None)
-
-    async def _metrics_handler(self, _request: web.Request) -> web.Response:
-        response = web.Response(body=(await self.source.metrics_text()).encode())
-        response.headers["Content-Type"] = metrics.CONTENT_TYPE
-        return response
 
     async def stop(self) -> None:
         for runner in (self._metrics_runner, self._runner):

@@ -34,6 +34,7 @@ from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
 from gpuhost_agent.runtime.engine import DockerEngine
 from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.runtime.engine_watch import EngineWatch
+from gpuhost_agent.service import metrics
 from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.storage.agent_db import DB_FILE, AgentDB
 from gpuhost_agent.streams.channel import StreamChannel
@@ -94,7 +95,8 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
                              settle_seconds=config.settle_seconds, stop_timeout=config.stop_timeout)
     streams = StreamChannel(client, session, EngineStreams())
     end_dates = RentalEndDates(db)
-    dispatcher = JobDispatcher(deployer, reporter, outbox, db, end_dates, streams.end_rental)
+    dispatcher = JobDispatcher(deployer, reporter, outbox, db, end_dates, streams.end_rental,
+                               metrics.deploy_histogram())
     rental_clock = RentalClock(end_dates, dispatcher, ledger, session)
     reconciler = Reconciler(client, engine, dispatcher, reporter, db, ledger, outbox, session, end_dates,
                             grace_seconds=config.reconcile_grace_seconds)
