@@ -71,7 +71,7 @@ async def test_deploy_list_remove(local_market, docker_client):
     assert env_containers(docker_client, renter.store.envId) == []
     assert docker_client.networks.list(filters={"label": f"com.docker.compose.project={stack['pStackName']}"}) == []
     assert scratch not in [v.name for v in docker_client.volumes.list()], "the anonymous volume must go too"
-    assert not (parts.agent.deployer.stacks_dir / stack_id).exists()
+    assert not (parts.deployer.stacks_dir / stack_id).exists()
     assert "hello from the stack" not in logs.SECRETS, "a removed stack's values are released"
 
 

@@ -45,7 +45,7 @@ async def test_failed_deploy_reports_error_and_cleans_up(local_market, docker_cl
     elapsed = asyncio.get_running_loop().time() - started
     for fragment in expected:
         assert fragment.lower() in stack["errorMsg"].lower(), stack["errorMsg"]
-    assert str(parts.agent.deployer.stacks_dir) not in stack["errorMsg"], "agent paths must not reach renters"
+    assert str(parts.deployer.stacks_dir) not in stack["errorMsg"], "agent paths must not reach renters"
     assert elapsed < 15, f"ERROR took {elapsed:.1f}s"
     assert env_containers(docker_client, renter.store.envId) == []
     assert await renter.containers(rental_id, stack_id) == []

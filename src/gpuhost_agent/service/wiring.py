@@ -54,6 +54,7 @@ class AgentParts:
     client: MarketplaceClient
     outbox: Outbox
     dispatcher: JobDispatcher
+    deployer: StackDeployer
     engine: DockerEngine
     nvml: NvmlProbe
     host: HostReporter
@@ -104,8 +105,8 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
     engine_watch = EngineWatch(engine, EngineRecovery(reconciler, container_watch, session).engine_back)
     agent = Agent(client, session, db, dispatcher, outbox, schedule, host, reconciler, rental_clock, engine_watch,
                   container_watch, streams)
-    return AgentParts(agent, session, client, outbox, dispatcher, engine, nvml, host, db, reconciler, engine_watch,
-                      streams)
+    return AgentParts(agent, session, client, outbox, dispatcher, deployer, engine, nvml, host, db, reconciler,
+                      engine_watch, streams)
 
 
 async def start_local_marketplace(config: AgentConfig) -> local_server.RunningMarketplace:
