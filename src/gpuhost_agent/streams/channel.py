@@ -53,7 +53,7 @@ class StreamChannel:
                  heartbeat: float = HEARTBEAT_SECONDS, log_stall_seconds: float = LOG_STALL_SECONDS,
                  backoff_first: float = BACKOFF_FIRST, backoff_ceiling: float = BACKOFF_CEILING):
         self._client = client
-        self._session = session
+        self._agent_session = session
         self._engine = engine  # the channel's alone: close() closes it
         self._max_streams = max_streams
         self._heartbeat = heartbeat
@@ -175,7 +175,7 @@ class StreamChannel:
                 return self._refuse(Refusal(request.stream_id, 404, NOT_IN_STACK))
             except EngineError as exc:
                 return self._refuse(Refusal(request.stream_id, 503, f"Docker Engine: {exc}"[:500]))
-            refusal = check_access((info.get("Config") or {}).get("Labels"), self._session.env_id, request)
+            refusal = check_access((info.get("Config") or {}).get("Labels"), self._agent_session.env_id, request)
             if refusal is not None:
                 return self._refuse(refusal)
             ws = await self._session().ws_connect(
