@@ -7,6 +7,8 @@ implementation and no YAML trick survives to this point.
 
 from __future__ import annotations
 
+from typing import Iterable
+
 import copy
 import re
 
@@ -34,13 +36,17 @@ def check_variables(variables: dict[str, str]) -> None:
             raise StackRejected(f"environment variable {name!r} is reserved for the host agent; rename it")
 
 
-def as_mapping(value, missing: str | None = "") -> dict:
+def as_mapping(value: dict | Iterable[object] | None, missing: str | None = "") -> dict:
     """Compose's environment and labels come as a mapping or as a list of
     "KEY=value" items; the list form becomes a mapping (a bare KEY gets
     `missing`)."""
     if isinstance(value, dict):
         return dict(value)
-    return dict(str(item).split("=", 1) if "=" in str(item) else (str(item), missing) for item in value or [])
+    pairs: list[tuple[str, str | None]] = []
+    for item in value or []:
+        key, sep, rest = str(item).partition("=")
+        pairs.append((key, rest) if sep else (key, missing))
+    return dict(pairs)
 
 
 def label_services(model: dict, stack_id: str, rental_id: str, env_id: str, gpus: list[str] | None = None) -> dict:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any
+from typing import Any, Coroutine
 
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.common.logs import get_logger
@@ -123,8 +123,11 @@ class ContainerWatch:
             self._reopen = None
         self._generation += 1
         generation, self._opened_at = self._generation, loop.time()
+        env_id = self._env_id
+        if env_id is None:
+            return  # nothing to follow before the environment is known
         self._end_stream = self.engine.watch_container_events(
-            self._env_id, lambda event: loop.call_soon_threadsafe(self._on_event, generation, event),
+            env_id, lambda event: loop.call_soon_threadsafe(self._on_event, generation, event),
             lambda: loop.call_soon_threadsafe(self._broke, generation))
         log.debug("container_events_following", env_id=self._env_id, attempt=self._failures + 1)
         if self._failures <= 1:  # catch up on what happened while nothing followed (once per outage)
@@ -184,7 +187,7 @@ class ContainerWatch:
         self._windows.begin(stack_id)
         self._spawn(self._flush(stack_id))
 
-    def _spawn(self, coroutine) -> None:
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -234,8 +237,8 @@ class ContainerWatch:
         for raw in managed:
             if stack_id := stack_id_of(raw):
                 by_stack.setdefault(stack_id, []).append(raw)
-        for stack_id, raw in by_stack.items():
-            await self.push(stack_id, raw, seen_at, may_set_error=False)
+        for stack_id, stack_raw in by_stack.items():
+            await self.push(stack_id, stack_raw, seen_at, may_set_error=False)
         for gone in set(self.pushed) - set(by_stack):
             self.pushed.pop(gone, None)
 
@@ -269,7 +272,7 @@ class ContainerWatch:
     def _report_error(self, stack_id: str, error: str, may_set: bool) -> None:
         record = self.db.stacks().get(stack_id)
         error_msg = error_to_report(record, error, may_set=may_set)
-        if error_msg is None:
+        if error_msg is None or record is None:
             return
         stack = StackRef(stack_id, record["rental_id"], record["env_id"], record["project"])
         self.reporter.status(stack, wire.APPLIED, error_msg, job_id=f"container-{uuid.uuid4().hex[:12]}")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from gpuhost_agent.protocol import wire
 
@@ -83,7 +83,7 @@ def stop_reason(raw: Mapping[str, Any], facts: ExitFacts | None = None) -> str |
     return exited if state == "exited" else f"is restarting: it {exited}"
 
 
-def stack_error(raw_list: list[Mapping[str, Any]], facts: Mapping[str, ExitFacts] | None = None) -> str:
+def stack_error(raw_list: Sequence[Mapping[str, Any]], facts: Mapping[str, ExitFacts] | None = None) -> str:
     """The errorMsg of an APPLIED stack: its stopped containers by service name
     (the first few), or "" when every container runs."""
     facts = facts or {}

@@ -97,6 +97,6 @@ def _rental(entry: Any, index: int) -> DesiredRental:
 
 def _id(entry: dict, key: str, where: str) -> str:
     value = entry.get(key)
-    if not wire.is_safe_id(value):
+    if not isinstance(value, str) or not wire.is_safe_id(value):
         raise wire.InvalidBody(f"{where}.{key} must be an id of letters, digits, '_', '.' and '-'")
     return value

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from functools import partial
 from collections import Counter
 from typing import Awaitable, Callable
 
@@ -110,7 +111,10 @@ class JobDispatcher:
             self.db.job_started(job)
         task = asyncio.create_task(self._run(job), name=f"job-{job.job_id}")
         self._running[job.job_id] = task
-        task.add_done_callback(lambda _t, job=job: self._done(job))
+        task.add_done_callback(partial(self._job_task_done, job))
+
+    def _job_task_done(self, job: wire.StackJob, _task: asyncio.Task) -> None:
+        self._done(job)
 
     def _done(self, job: wire.StackJob) -> None:
         self._running.pop(job.job_id, None)
@@ -181,9 +185,9 @@ class JobDispatcher:
     def _finish(self, job_id: str, error: str) -> None:
         if job_id in self._internal:
             return
-        body = {"outcome": wire.OUTCOME_FAILED if error else wire.OUTCOME_SUCCEEDED, "errorMsg": error or None,
-                "finishedAt": wire.iso()}
-        self.outcomes[body["outcome"]] += 1
+        outcome = wire.OUTCOME_FAILED if error else wire.OUTCOME_SUCCEEDED
+        body = {"outcome": outcome, "errorMsg": error or None, "finishedAt": wire.iso()}
+        self.outcomes[outcome] += 1
         self.db.job_finished(job_id, body)
         self.outbox.put(JOB_COMPLETE, job_id, body)
 

@@ -37,7 +37,7 @@ class GpuLedger:
         if rental_id in self.ended:
             return True
         end = (self.db.rentals().get(rental_id) or {}).get("end_date")
-        return bool(end) and wire.parse_iso(end) <= wire.utcnow()
+        return isinstance(end, str) and bool(end) and wire.parse_iso(end) <= wire.utcnow()
 
     def plan(self, slots: list[GpuSlot], rental_id: str, count: int) -> list[str]:
         """What the rental would get; nothing is recorded (see commit)."""

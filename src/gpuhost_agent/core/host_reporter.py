@@ -78,10 +78,12 @@ class HostReporter:
         # The first beat at once: the marketplace sees the machine alive from its first session.
         self.schedule.every("heartbeat", max(MIN_HEARTBEAT, self.intervals["heartbeatSeconds"]), self.beat, now=True)
 
-    def _note_server_time(self, server_time, sent_at: float, received_at: float) -> None:
+    def _note_server_time(self, server_time: object, sent_at: float, received_at: float) -> None:
+        if not isinstance(server_time, str):
+            return
         try:
             server = wire.parse_iso(server_time).timestamp()
-        except (TypeError, ValueError, AttributeError):
+        except ValueError:
             return
         self.clock_skew = round((sent_at + received_at) / 2 - server, 3)
 
@@ -124,7 +126,9 @@ class HostReporter:
         return f"Docker Engine {info.get('ServerVersion')}"
 
     async def _compose_ready(self) -> str:
-        command = self.prober.compose_command or await asyncio.to_thread(self.find_compose)
+        command = self.prober.compose_command
+        if command is None:
+            command = await asyncio.to_thread(self.find_compose)
         self.prober.compose_command = command
         self.compose_found(command)
         return " ".join(command)
@@ -132,9 +136,8 @@ class HostReporter:
     async def machine_facts(self) -> dict:
         """The latest probe's systemData (GPUs and their health, CPUs, memory),
         for the sandbox's GPU assignment and shares."""
-        if self.last_report is None:
-            await self.refresh()
-        return self.last_report["systemData"]
+        report = self.last_report if self.last_report is not None else await self.refresh()
+        return report["systemData"]
 
     # ---- periodic work -------------------------------------------------------
     async def refresh(self, force: bool = False) -> dict:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.core.desired_state import ABSENT, DesiredState
+from gpuhost_agent.core.desired_state import ABSENT, DesiredStack, DesiredState
 
 DEPLOY, REMOVE, END_RENTAL, REPORT = "deploy", "remove", "end_rental", "report"
 
@@ -93,7 +93,7 @@ def plan(picture: Picture, now: datetime, unlisted_since: dict[str, datetime], g
     return actions
 
 
-def _stack_action(picture: Picture, stack_id: str, wanted) -> Action | None:
+def _stack_action(picture: Picture, stack_id: str, wanted: DesiredStack) -> Action | None:
     seen = picture.seen.get(stack_id)
     rental_id = wanted.rental_id
     if wanted.desired == ABSENT:
@@ -118,7 +118,7 @@ def _stack_action(picture: Picture, stack_id: str, wanted) -> Action | None:
     return None
 
 
-def _deploy(wanted, why: str) -> Action | None:
+def _deploy(wanted: DesiredStack, why: str) -> Action | None:
     if wanted.template is None:
         return None  # nothing to deploy it from; its job path reports the problem
     return Action(DEPLOY, wanted.stack_id, wanted.rental_id, why)
@@ -129,6 +129,8 @@ def _unlisted(picture: Picture, ended: set[str], now: datetime, unlisted_since: 
     """Stacks running here and rentals holding GPUs here that the marketplace
     does not list: removed once they stay unlisted for the grace period."""
     desired = picture.desired
+    if desired is None:
+        return []  # without the marketplace's list, nothing is unlisted
     candidates = {f"stack:{stack_id}": (REMOVE, stack_id, seen.rental_id)
                   for stack_id, seen in picture.seen.items()
                   if stack_id not in desired.stacks and seen.rental_id not in ended

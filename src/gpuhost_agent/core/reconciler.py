@@ -126,6 +126,8 @@ class Reconciler:
         if action.kind == END_RENTAL:
             job = wire.StackJob(job_id, wire.JOB_RENTAL_END, "", action.rental_id, env_id, "", None)
         elif action.kind == DEPLOY:
+            if wanted is None:
+                return  # the plan deploys only stacks the desired state lists
             job = wire.StackJob(job_id, wire.JOB_DEPLOY, action.target, action.rental_id, env_id, name,
                                 wanted.template, rental.gpu_count if rental else 0)
         else:

@@ -49,8 +49,9 @@ class RentalClock:
         while True:
             due, wait = self.due()
             for rental_id in due:
-                if rental_id not in self.dispatcher.busy_rentals() and self.session.env_id:
-                    self._end(rental_id)
+                env_id = self.session.env_id
+                if rental_id not in self.dispatcher.busy_rentals() and env_id:
+                    self._end(rental_id, env_id)
             self.end_dates.changed.clear()
             timeout = MAX_SLEEP if wait is None else min(MAX_SLEEP, wait + 0.05)
             if due:  # an ending still in progress: look again soon
@@ -60,9 +61,9 @@ class RentalClock:
             except asyncio.TimeoutError:
                 pass
 
-    def _end(self, rental_id: str) -> None:
+    def _end(self, rental_id: str, env_id: str) -> None:
         log.info("rental_end_due", rental_id=rental_id, reason="endDate passed on the host's clock")
         self.ended.append(rental_id)
         job = wire.StackJob(f"rental-clock-{uuid.uuid4().hex[:12]}", wire.JOB_RENTAL_END, "", rental_id,
-                            self.session.env_id, "", None)
+                            env_id, "", None)
         self.dispatcher.submit_internal(job)

@@ -10,6 +10,8 @@ docs/sandbox-policy.md.
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpuhost_agent.core.compose_rewrite import as_mapping
 from gpuhost_agent.core.sandbox_context import SandboxContext
 
@@ -117,7 +119,7 @@ def _service(service: dict, stack: set[str], ctx: SandboxContext) -> list[str]:
     return problems
 
 
-def _namespace(key: str, value, stack: set[str]) -> str | None:
+def _namespace(key: str, value: object, stack: set[str]) -> str | None:
     if value in (None, ""):
         return None
     text = str(value)
@@ -145,7 +147,7 @@ def _volumes(service: dict, stack: set[str]) -> list[str]:
     return problems
 
 
-def _agent_labels(labels) -> list[str]:
+def _agent_labels(labels: dict | list | None) -> list[str]:
     return sorted(key for key in as_mapping(labels) if key.startswith(AGENT_LABEL_PREFIXES))
 
 
@@ -161,7 +163,7 @@ def _environment_and_labels(service: dict) -> list[str]:
     return problems
 
 
-def to_bytes(value) -> int | None:
+def to_bytes(value: Any) -> int | None:
     """Compose gives sizes as byte counts, as numbers or numeric strings."""
     if value in (None, ""):
         return None
@@ -199,7 +201,7 @@ def _resources(service: dict, ctx: SandboxContext) -> list[str]:
 NVIDIA_CAPABILITIES = {"gpu", "compute", "utility", "graphics", "video", "display"}
 
 
-def flat_capabilities(items) -> list[str]:
+def flat_capabilities(items: list) -> list[str]:
     """Compose writes capabilities as a list, or (in older files) a list of lists."""
     return [str(x) for item in items for x in (item if isinstance(item, list) else [item])]
 

@@ -11,6 +11,8 @@ parser and Compose's cannot be made to see two different files.
 
 from __future__ import annotations
 
+from typing import Any
+
 import yaml
 
 # Compose's own tags for merging; anything else could mean something to one
@@ -34,11 +36,12 @@ def _mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) 
     return loader.construct_mapping(node, deep=deep)
 
 
-def _compose_tag(loader: _StrictLoader, _suffix: str, node: yaml.Node):
+def _compose_tag(loader: _StrictLoader, _suffix: str, node: yaml.Node) -> Any:
     if isinstance(node, yaml.MappingNode):
         return _mapping(loader, node)
     if isinstance(node, yaml.SequenceNode):
         return loader.construct_sequence(node)
+    assert isinstance(node, yaml.ScalarNode)  # the only other kind of YAML node
     return loader.construct_scalar(node)
 
 
@@ -47,7 +50,7 @@ for _tag in COMPOSE_TAGS:
     _StrictLoader.add_multi_constructor(_tag, _compose_tag)
 
 
-def parse(text: str):
+def parse(text: str) -> Any:
     """The document, or ValueError naming the line (duplicate keys, unknown tags, bad YAML)."""
     try:
         return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
@@ -90,5 +93,5 @@ def raw_violations(text: str) -> list[str]:
     return problems
 
 
-def _items(section) -> list[tuple]:
+def _items(section: object) -> list[tuple]:
     return list(section.items()) if isinstance(section, dict) else []

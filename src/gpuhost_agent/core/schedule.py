@@ -21,7 +21,7 @@ class Schedule:
         self._scheduler = AsyncIOScheduler(timezone="UTC")
         self.intervals: dict[str, float] = {}
 
-    def every(self, name: str, seconds: float, work: Callable[[], Awaitable[None]], *, now: bool = False) -> None:
+    def every(self, name: str, seconds: float, work: Callable[[], Awaitable[object]], *, now: bool = False) -> None:
         """Run `work` every `seconds`; with now=True the first run is at once
         rather than one period from now."""
         if self.intervals.get(name) == seconds:

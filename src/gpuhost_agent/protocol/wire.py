@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeGuard
 
 API_KEY_HEADER = "X-API-Key"
 SESSION_HEADER = "X-Agent-Session"
@@ -81,7 +81,7 @@ def is_iso(value: Any) -> bool:
         return False
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: object) -> TypeGuard[int | float]:
     """A JSON number: int or float, but not a boolean (which Python counts as int)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -200,7 +200,7 @@ class StackJob:
         )
 
 
-def is_safe_id(value: object) -> bool:
+def is_safe_id(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and bool(_SAFE_ID.fullmatch(value))
 
 

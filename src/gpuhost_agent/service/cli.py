@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         except (config_module.ConfigError, ValueError) as exc:
             print(f"gpuhost-agent: configuration error: {exc}", file=sys.stderr)
             return 2
-        return status_cli.run(config.status_socket, args.json)
+        return status_cli.run(config.socket_path, args.json)
     try:
         config = config_module.load(flags)
         logs.configure(config.log_level if args.command == "run" else "warning")

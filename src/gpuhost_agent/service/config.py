@@ -8,6 +8,8 @@ kept in its own root-only file named by GPUHOST_API_KEY_FILE.
 
 from __future__ import annotations
 
+from typing import Any
+
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +48,11 @@ class AgentConfig:
     status_socket: Path | None = None              # Unix socket for `gpuhost-agent status` (default <state_dir>/agent.sock)
     metrics: bool = False                          # GPUHOST_METRICS=on: /metrics on the status socket
     metrics_listen: tuple[str, int] | None = None  # GPUHOST_METRICS_LISTEN=127.0.0.1:9464: also on loopback TCP
+
+    @property
+    def socket_path(self) -> Path:
+        """The status socket: as configured, else in the state directory."""
+        return self.status_socket or self.state_dir / "agent.sock"
 
     @property
     def uses_local_marketplace(self) -> bool:
@@ -88,7 +95,7 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
     elif flags.get("config") or environ.get("GPUHOST_CONFIG"):
         raise ConfigError(f"config file {config_path} does not exist")
 
-    def pick(flag: str, key: str, default=None):
+    def pick(flag: str, key: str, default: Any = None) -> Any:
         value = flags.get(flag)
         if value not in (None, ""):
             return value

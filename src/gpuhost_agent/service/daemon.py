@@ -46,7 +46,7 @@ async def serve(config: AgentConfig, stop: asyncio.Event) -> None:
     else:
         base_url, api_key = str(config.marketplace_url), str(config.api_key)
     parts = build_agent(config, base_url, api_key)
-    status = await status_server.start(parts, config.status_socket, metrics_enabled=config.metrics,
+    status = await status_server.start(parts, config.socket_path, metrics_enabled=config.metrics,
                                        metrics_listen=config.metrics_listen,
                                        local_marketplace=config.uses_local_marketplace)
     agent_task = asyncio.create_task(parts.agent.run(), name="agent")

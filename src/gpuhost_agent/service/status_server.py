@@ -199,18 +199,19 @@ class StatusServer:
         finally:
             os.umask(old_umask)
         os.chmod(self.socket_path, 0o600)
-        if self.metrics_listen is not None and self.source.metrics_enabled:
-            _check_loopback(self.metrics_listen)
+        listen = self.metrics_listen
+        if listen is not None and self.source.metrics_enabled:
+            _check_loopback(listen)
             metrics_app = web.Application()
             metrics_app.router.add_get("/metrics", self.source.metrics_response)
             self._metrics_runner = web.AppRunner(metrics_app, access_log=None, handle_signals=False)
             await self._metrics_runner.setup()
-            site = web.TCPSite(self._metrics_runner, *self.metrics_listen)
+            site = web.TCPSite(self._metrics_runner, *listen)
             await site.start()
             sockets = getattr(site._server, "sockets", None) or []
-            self.metrics_port = sockets[0].getsockname()[1] if sockets else self.metrics_listen[1]
+            self.metrics_port = sockets[0].getsockname()[1] if sockets else listen[1]
         log.info("status_socket_listening", path=str(self.socket_path), metrics=self.source.metrics_enabled,
-                 metrics_listen=f"{self.metrics_listen[0]}:{self.metrics_port}" if self.metrics_port else None)
+                 metrics_listen=f"{listen[0]}:{self.metrics_port}" if listen and self.metrics_port else None)
 
     async def stop(self) -> None:
         for runner in (self._metrics_runner, self._runner):

@@ -66,7 +66,7 @@ class MarketplaceClient:
     async def __aenter__(self) -> "MarketplaceClient":
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def close(self) -> None:

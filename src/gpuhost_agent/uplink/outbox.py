@@ -50,7 +50,7 @@ class Outbox:
         self._max_delay = max_delay
         self.sent = 0
         self.rejected = 0  # refused by the marketplace (4xx): sending again would not help
-        self.dropped = int(db.meta("reports_dropped", "0"))  # lost to the size bound
+        self.dropped = int(db.meta("reports_dropped") or "0")  # lost to the size bound
         self._seq = 0
         for kind, target, seq, body in db.outbox_entries():
             self._entries[(kind, target)] = Report(kind, target, body, 0, seq)
@@ -84,6 +84,8 @@ class Outbox:
             victim = next((key for key in self._entries if key[0] == kind), None)
             if victim is not None:
                 break
+        else:
+            return  # every queued kind is in DROP_ORDER: not reached
         del self._entries[victim]
         self.dropped += 1
         self._db.outbox_delete(*victim)
