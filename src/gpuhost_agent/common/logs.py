@@ -18,6 +18,8 @@ from typing import Any, Iterable
 
 import structlog
 
+from gpuhost_agent.common import library_logs
+
 MASK = "***"
 # Values shorter than this are too common to scrub without mangling every line
 # ("1", "true", "web"); they are also too short to be credentials.
@@ -162,7 +164,9 @@ LAST_ERROR = LastError()
 def configure(level: str = "info", *, json_lines: bool | None = None, stream=None,
               journal: bool | None = None) -> None:
     """JSON lines when not on a terminal (journald, files, CI), readable lines on
-    one; on the journal, each line carries its priority prefix (see above)."""
+    one; on the journal, each line carries its priority prefix (see above).
+    Other libraries' standard-library records take the same path (library_logs)."""
+    number = _level_number(level)
     stream = stream or sys.stderr
     if json_lines is None:
         json_lines = not stream.isatty()
@@ -175,26 +179,30 @@ def configure(level: str = "info", *, json_lines: bool | None = None, stream=Non
     )
     if journal:
         renderer = journald_priority(renderer)
+    shared = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.format_exc_info,  # a traceback becomes a string the redactor scrubs
+        redact_processor(SECRETS),
+        LAST_ERROR,  # after redaction: `gpuhost-agent status` shows it
+    ]
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            redact_processor(SECRETS),
-            LAST_ERROR,  # after redaction: `gpuhost-agent status` shows it
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(_level_number(level)),
+        processors=[*shared, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(number),
         logger_factory=structlog.PrintLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
     )
+    library_logs.route_root_logger(stream, [structlog.stdlib.add_logger_name, *shared], renderer, number)
 
 
 def set_level(level: str) -> None:
-    """Change the level at run time (SIGHUP); the rest of the setup stays.
-    Raises ValueError for an unknown level, leaving the old one in force."""
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(_level_number(level)))
+    """Change the level at run time (SIGHUP), the agent's and the libraries';
+    the rest of the setup stays. Raises ValueError for an unknown level,
+    leaving the old one in force."""
+    number = _level_number(level)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(number))
+    library_logs.set_levels(number)
 
 
 def current_level() -> str:

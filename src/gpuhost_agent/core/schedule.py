@@ -2,6 +2,8 @@
 
 Each job has a name; calling `every` again with the same name reschedules it,
 which is how an interval from the marketplace's session reply takes effect.
+Every job runs inside one guard (`guarded`), so a failing run is logged the
+same way for all of them and never costs the job its next run.
 """
 
 from __future__ import annotations
@@ -15,21 +17,40 @@ from gpuhost_agent.common.logs import get_logger
 
 log = get_logger(__name__)
 
+Work = Callable[[], Awaitable[object]]  # what a run returns is not used
+
+
+def guarded(name: str, work: Work) -> Work:
+    """`work`, with an exception from a run logged once as periodic_work_failed
+    (traceback included) instead of raised.  APScheduler would keep the job
+    too, but in its own words; one event, the same for every job and carrying
+    its name, is what an operator searches for, and call sites need no
+    catch-all of their own.  CancelledError is a BaseException, not an
+    Exception: it still propagates, so a shutdown cancels the run."""
+    async def run() -> None:
+        try:
+            await work()
+        except Exception:
+            log.exception("periodic_work_failed", name=name)
+
+    return run
+
 
 class Schedule:
     def __init__(self) -> None:
         self._scheduler = AsyncIOScheduler(timezone="UTC")
         self.intervals: dict[str, float] = {}
 
-    def every(self, name: str, seconds: float, work: Callable[[], Awaitable[object]], *, now: bool = False) -> None:
+    def every(self, name: str, seconds: float, work: Work, *, now: bool = False) -> None:
         """Run `work` every `seconds`; with now=True the first run is at once
         rather than one period from now."""
         if self.intervals.get(name) == seconds:
             return
         self.intervals[name] = seconds
         first = {"next_run_time": datetime.now(timezone.utc)} if now else {}
-        self._scheduler.add_job(work, "interval", seconds=seconds, id=name, replace_existing=True,
-                                max_instances=1, coalesce=True, misfire_grace_time=max(1, int(seconds)), **first)
+        self._scheduler.add_job(guarded(name, work), "interval", seconds=seconds, id=name, name=name,
+                                replace_existing=True, max_instances=1, coalesce=True,
+                                misfire_grace_time=max(1, int(seconds)), **first)
         log.debug("periodic_work_scheduled", name=name, interval_s=seconds)
 
     def start(self) -> None:

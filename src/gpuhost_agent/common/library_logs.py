@@ -1,0 +1,95 @@
+"""Other libraries' standard-library logging, written by the agent's own pipeline.
+
+APScheduler, aiohttp, asyncio, the Docker SDK and urllib3 log through the
+standard `logging` module.  Left alone, their records reach stderr as plain text
+through logging's last-resort handler: outside the JSON lines an operator's
+tools parse, without a journald priority, and past the secret scrubber (an
+exception text can hold an interpolated API key).  One handler on the root
+logger sends every such record through the same structlog processors as the
+agent's own events (see logs.configure), so a library's line differs from the
+agent's only by its `logger` field.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, Callable, Iterable
+
+import structlog
+
+# Libraries that log routine work at INFO.  APScheduler writes "Running job" and
+# "executed successfully" on every run of every periodic job (the heartbeat
+# alone would double the journal); aiohttp.access writes a line per HTTP request
+# (our servers pass access_log=None, this guards one that forgets).  Below
+# this floor they are heard only when the operator asks for debug: their
+# warnings and errors (a missed run, a failing handler) always come through.
+QUIET_LIBRARIES = {"apscheduler": logging.WARNING, "aiohttp.access": logging.WARNING}
+
+
+def set_levels(number: int) -> None:
+    """The agent's level for every library (on the root logger), raised to the
+    floor of a noisy one unless the agent runs at debug."""
+    logging.getLogger().setLevel(number)
+    for name, floor in QUIET_LIBRARIES.items():
+        logging.getLogger(name).setLevel(number if number <= logging.DEBUG else max(number, floor))
+
+
+class LineHandler(logging.Handler):
+    """Writes each formatted record as one line through a structlog PrintLogger
+    on the same stream: structlog keeps one lock per file, so a library's line
+    and one of the agent's, written from two threads, never interleave."""
+
+    def __init__(self, stream) -> None:
+        super().__init__()
+        self.stream = stream
+        self._printer = structlog.PrintLogger(file=stream)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            try:
+                line = self.format(record)
+            except (TypeError, ValueError):  # arguments that do not fit the message's %-format
+                line = self.format(logging.makeLogRecord(
+                    {**record.__dict__, "msg": f"{record.msg} (unformattable arguments dropped)", "args": ()}))
+            self._printer.msg(line)
+        except RecursionError:
+            raise
+        except Exception:  # a log call must never break its caller
+            self.handleError(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        """logging.Handler.handleError would print the record's message and
+        arguments, unscrubbed; say only which logger lost a line, and why."""
+        if not logging.raiseExceptions:
+            return
+        reason = type(sys.exc_info()[1]).__name__
+        try:
+            print(f"gpuhost-agent: a log line from {record.name} could not be written ({reason})",
+                  file=sys.stderr, flush=True)
+        except Exception:  # stderr closed as well: nowhere left to say it
+            pass
+
+
+_installed: LineHandler | None = None
+
+
+def route_root_logger(stream, pre_chain: Iterable[Callable[..., Any]], renderer: Callable[..., Any],
+                      number: int) -> LineHandler:
+    """Put one LineHandler on the root logger (replacing the one an earlier
+    call put there, and no one else's): `pre_chain` gives a record the agent's
+    fields and scrubbing, `renderer` makes the line, exactly as for the agent."""
+    global _installed
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=list(pre_chain),
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+    )
+    handler = LineHandler(stream)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    if _installed is not None:
+        root.removeHandler(_installed)
+    root.addHandler(handler)
+    _installed = handler
+    set_levels(number)
+    return handler
