@@ -307,9 +307,9 @@ async def test_other_users_cannot_open_the_socket(parts, short_dir):
     sock = short_dir / "agent.sock"
     server = await status_server.start(parts, sock)
     try:
-        code = ("import sys; from gpuhost_agent import status_cli; "
+        code = ("import sys; from gpuhost_agent.service import status_cli; "
                 f"sys.exit(status_cli.run({str(sock)!r}))")
-        src = str(Path(status_cli.__file__).parents[1])
+        src = str(Path(status_cli.__file__).parents[2])
         python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable  # the client needs only the stdlib
         try:
             result = await asyncio.to_thread(
