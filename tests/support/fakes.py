@@ -15,16 +15,46 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
+import time
 from typing import Awaitable, Callable, ClassVar
 
+from gpuhost_agent.core.deployer import StackDeployer
+from gpuhost_agent.core.dispatcher import JobDispatcher
 from gpuhost_agent.core.schedule import Schedule
+from gpuhost_agent.inventory.nvml_probe import NvmlProbe
+from gpuhost_agent.inventory.system_data import Prober
+from gpuhost_agent.local_marketplace.state import MarketplaceState
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.streams.sink import Sink
-from gpuhost_agent.uplink.outbox import Outbox
+from gpuhost_agent.uplink.client import MarketplaceClient
+from gpuhost_agent.uplink.outbox import Outbox, Report
+from support.machine_samples import GPU_BEATS
 from support.renter_streams import Demux
 
 
-# ---- the uplink ------------------------------------------------------------------------
+# ---- the marketplace side of reports: Outbox's `send` -------------------------------
+
+class Recorder:
+    """An outbox's `send` (uplink.outbox.Sender): a marketplace that acknowledges
+    everything and remembers what came, in order."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[str, str, dict]] = []
+        self.times: list[float] = []
+
+    async def __call__(self, report: Report) -> None:
+        self.times.append(time.monotonic())
+        self.got.append((report.kind, report.target, report.body))
+
+
+async def never_called(report: Report) -> None:  # pragma: no cover - reaching it fails the test
+    """An outbox's `send` for tests in which nothing may be sent."""
+    raise AssertionError(f"nothing should be sent: {report}")
+
 
 class FakeOutbox:
     """Stands in for Outbox: keeps every report put, in order, and never sends."""
@@ -60,6 +90,149 @@ class FakeSchedule:
 
     def stop(self) -> None:
         pass
+
+
+class FakeDeployer:
+    """Stands in for StackDeployer, the Docker side of a job: every job it is
+    given ends at once, a deploy or a rental's end with success, a removal with
+    `remove_error` ("" is success). It records the jobs it ran (`ran`), the
+    statuses reported (`reports`, also written to `db` when there is one) and
+    sets `removed` on a removal. ContainerWatch reads its engine, outbox and db."""
+
+    stands_in_for: ClassVar[type] = StackDeployer
+    test_side: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, engine: FakeEngine | None = None, *, outbox: Outbox | None = None, db: AgentDB | None = None,
+                 remove_error: str = "") -> None:
+        self.engine, self.outbox, self.db = engine, outbox, db
+        self.remove_error = remove_error
+        self.ran: list[str] = []
+        self.reports: list[tuple[str, str, str]] = []
+        self.removed = asyncio.Event()
+
+    async def deploy(self, job: wire.StackJob) -> str:
+        self.ran.append(job.job_id)
+        return ""
+
+    async def remove(self, job: wire.StackJob) -> str:
+        self.ran.append(job.job_id)
+        self.removed.set()
+        return self.remove_error
+
+    async def end_rental(self, job: wire.StackJob) -> str:
+        self.ran.append(job.job_id)
+        return ""
+
+    def report_status(self, job: wire.StackJob, status: str, error_msg: str = "") -> None:
+        self.reports.append((job.stack_id, status, error_msg))
+        if self.db is not None:
+            self.db.stack_status(job.stack_id, job.rental_id, job.env_id, f"p-{job.stack_id}", status, error_msg)
+
+
+class FakeDispatcher:
+    """Stands in for JobDispatcher as ContainerWatch asks it: the stacks with a job
+    under way (`busy`) and the rentals being ended (`ending`)."""
+
+    stands_in_for: ClassVar[type] = JobDispatcher
+    test_side: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self) -> None:
+        self.busy: set[str] = set()
+        self.ending: set[str] = set()
+
+    def busy_stacks(self) -> set[str]:
+        return self.busy
+
+    def ending_rentals(self) -> set[str]:
+        return self.ending
+
+
+class FakeEngine:
+    """Stands in for DockerEngine. `info` answers the given facts, or fails like
+    an absent daemon when there are none; a stack's containers are `raw` (the
+    calls counted in `lists`), every container's state is an OOM kill with exit
+    code 137 (the calls counted in `inspects`); the GPU check fails as on a
+    machine without a GPU."""
+
+    stands_in_for: ClassVar[type] = DockerEngine
+    test_side: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, raw: list[dict] | None = None, *, info: dict | None = None) -> None:
+        self.raw = raw if raw is not None else []
+        self._info = info
+        self.lists, self.inspects = 0, 0
+
+    async def info(self) -> dict:
+        if self._info is None:
+            raise EngineError("Cannot connect to the Docker daemon at unix:///var/run/docker.sock")
+        return self._info
+
+    async def gpu_container_check(self, image: str) -> str | None:
+        return "container exited with code 1: no CUDA-capable device is detected"
+
+    async def stack_containers(self, stack_id: str) -> list[dict]:
+        self.lists += 1
+        await asyncio.sleep(0.005)
+        return [dict(r) for r in self.raw]
+
+    async def container_state(self, container_id: str) -> dict:
+        self.inspects += 1
+        return {"ExitCode": 137, "OOMKilled": True}
+
+
+class FakeClient:
+    """Stands in for MarketplaceClient. open_session keeps what the agent sent
+    (`info`) and opens session "s"; heartbeat hands the beat to a local
+    marketplace's state as its HTTP handler does (`beats`, `replies`)."""
+
+    stands_in_for: ClassVar[type] = MarketplaceClient
+    test_side: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, state: MarketplaceState | None = None) -> None:
+        self.state = state
+        self.info: dict | None = None
+        self.beats: list[dict] = []
+        self.replies: list[dict] = []
+
+    async def open_session(self, info: dict) -> dict:
+        self.info = info
+        return {"sessionId": "s", "envId": "env-1", "requeuedJobs": 0, "intervals": {}}
+
+    async def heartbeat(self, body: dict) -> dict:
+        assert self.state is not None, "FakeClient(state) answers heartbeats"
+        body = json.loads(json.dumps(body))
+        self.beats.append(body)
+        self.replies.append(self.state.accept_heartbeat(body))
+        return self.replies[-1]
+
+
+class FakeNvml:
+    """Stands in for NvmlProbe: fixed GPU figures."""
+
+    stands_in_for: ClassVar[type] = NvmlProbe
+    test_side: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, beats: list[dict]) -> None:
+        self.beats = beats
+
+    def telemetry(self) -> list[dict]:
+        return copy.deepcopy(self.beats)
+
+
+class FakeProber:
+    """Stands in for inventory.system_data.Prober: a fixed probe, fixed GPU figures."""
+
+    stands_in_for: ClassVar[type] = Prober
+    test_side: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, data: dict, beats: list[dict] = GPU_BEATS) -> None:
+        self.data = data
+        self.nvml = FakeNvml(beats)
+        self.speed: dict | None = None
+        self.compose_command: list[str] | None = ["docker", "compose"]
+
+    async def system_data(self) -> dict:
+        return copy.deepcopy(self.data)
 
 
 # ---- streams -----------------------------------------------------------------------------
@@ -134,4 +307,5 @@ class MemorySink:
 
 
 # Every fake above, for tests/unit/test_fakes.py.
-FAKES: tuple[type, ...] = (FakeOutbox, FakeSchedule, MemorySink)
+FAKES: tuple[type, ...] = (FakeOutbox, FakeSchedule, FakeDeployer, FakeDispatcher, FakeEngine, FakeClient, FakeNvml,
+                           FakeProber, MemorySink)

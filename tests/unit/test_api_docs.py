@@ -39,7 +39,7 @@ from gpuhost_agent.local_marketplace.server import build_app
 from gpuhost_agent.local_marketplace.state import DEFAULT_INTERVALS, MarketplaceState
 from gpuhost_agent.local_marketplace.store import LEASE, Store
 from gpuhost_agent.uplink.outbox import CONTAINERS, JOB_COMPLETE, STATUS
-from support.fakes import FakeOutbox, FakeSchedule
+from support.fakes import FakeClient, FakeDeployer, FakeOutbox, FakeSchedule
 from support.openapi_check import (
     AGENT_DOC, AGENT_PREFIX, LOCAL_DOC, answer, check, check_named, documented_operations, load, request_schema,
     resolve, schema, served_operations)
@@ -161,32 +161,6 @@ def test_container_schema_is_what_to_seed_container_produces(agent_doc: dict, lo
 
 # ---- what the agent sends --------------------------------------------------------------
 
-class _SessionClient:
-    def __init__(self) -> None:
-        self.info: dict | None = None
-
-    async def open_session(self, info: dict) -> dict:
-        self.info = info
-        return {"sessionId": "s", "envId": "env-1", "requeuedJobs": 0, "intervals": {}}
-
-
-class _Deployer:
-    """Stands in for StackDeployer in the dispatcher: deploy succeeds, remove fails."""
-
-    def __init__(self) -> None:
-        self.done = asyncio.Event()
-
-    async def deploy(self, _job) -> str:
-        return ""
-
-    async def remove(self, _job) -> str:
-        self.done.set()
-        return "remove failed: boom"
-
-    def report_status(self, *_args) -> None:
-        pass
-
-
 def _raw_job(job_type: str, **overrides) -> dict:
     job = {"jobId": "job-1", "type": job_type, "stackId": "stack-1", "rentalId": "rental-1", "envId": "env-1",
            "stackName": "web", "template": None, "rental": {"rentalId": "rental-1", "gpuCount": 1,
@@ -201,7 +175,7 @@ def _raw_job(job_type: str, **overrides) -> dict:
 
 
 async def test_session_request_the_agent_sends_is_documented(agent_doc: dict) -> None:
-    client = _SessionClient()
+    client = FakeClient()
     agent = Agent(client, None, None, None, FakeSchedule())  # type: ignore[arg-type]
     await agent._open_session()
     body_schema = request_schema(agent_doc, "/agent/sessions", "post")
@@ -232,10 +206,10 @@ async def test_reports_the_deployer_sends_are_documented(agent_doc: dict, tmp_pa
 
 
 async def test_completions_and_refusals_the_dispatcher_sends_are_documented(agent_doc: dict) -> None:
-    outbox, deployer = FakeOutbox(), _Deployer()
+    outbox, deployer = FakeOutbox(), FakeDeployer(remove_error="remove failed: boom")
     dispatcher = JobDispatcher(deployer, outbox)  # type: ignore[arg-type]
     dispatcher.submit(_raw_job(wire.JOB_REMOVE))
-    await asyncio.wait_for(deployer.done.wait(), 5)
+    await asyncio.wait_for(deployer.removed.wait(), 5)
     await asyncio.sleep(0)
     dispatcher.submit(_raw_job("gpu.reset", jobId="job-2"))  # a type this agent does not know
     complete_schema = request_schema(agent_doc, "/agent/jobs/{jobId}/complete", "post")

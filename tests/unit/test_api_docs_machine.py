@@ -10,7 +10,6 @@ documented schemas, with no field the documents do not describe.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import inspect
 import json
@@ -35,54 +34,17 @@ from gpuhost_agent.local_marketplace.server import build_app
 from gpuhost_agent.local_marketplace.state import DEFAULT_INTERVALS, OFFLINE_AFTER_MISSED_BEATS, MarketplaceState
 from gpuhost_agent.local_marketplace.store import Store
 from gpuhost_agent.uplink.outbox import INIT_STATE, SYSTEM_DATA
-from gpuhost_agent.runtime.engine import EngineError
-from support.fakes import FakeOutbox, FakeSchedule
+from support.fakes import FakeClient, FakeEngine, FakeOutbox, FakeProber, FakeSchedule
 from support.machine_samples import GIB, GPU_BEATS, broken_system_data, healthy_system_data
 from support.openapi_check import answer, check, check_named, properties, request_schema, response_schema, schema
 
 
 # ---- the machine: systemData, initState, heartbeat, speed test -----------------------
 
-class _Nvml:
-    def __init__(self, beats: list[dict]) -> None:
-        self.beats = beats
-
-    def telemetry(self) -> list[dict]:
-        return copy.deepcopy(self.beats)
-
-
-class _Prober:
-    """Stands in for inventory.system_data.Prober: a fixed probe, fixed GPU figures."""
-
-    def __init__(self, data: dict, beats: list[dict] = GPU_BEATS) -> None:
-        self.data = data
-        self.nvml = _Nvml(beats)
-        self.speed: dict | None = None
-        self.compose_command: list[str] | None = ["docker", "compose"]
-
-    async def system_data(self) -> dict:
-        return copy.deepcopy(self.data)
-
-
-class _MachineClient:
-    """Hands the agent's heartbeats to a local marketplace's state, as its HTTP handler does."""
-
-    def __init__(self, state: MarketplaceState) -> None:
-        self.state = state
-        self.beats: list[dict] = []
-        self.replies: list[dict] = []
-
-    async def heartbeat(self, body: dict) -> dict:
-        body = json.loads(json.dumps(body))
-        self.beats.append(body)
-        self.replies.append(self.state.accept_heartbeat(body))
-        return self.replies[-1]
-
-
-def _reporter(state: MarketplaceState, data: dict) -> tuple[HostReporter, FakeOutbox, _MachineClient]:
+def _reporter(state: MarketplaceState, data: dict) -> tuple[HostReporter, FakeOutbox, FakeClient]:
     """A HostReporter after its session: requirements, intervals and clock from the local marketplace."""
-    outbox, client = FakeOutbox(), _MachineClient(state)
-    reporter = HostReporter(client, outbox, _Prober(data), FakeSchedule(),  # type: ignore[arg-type]
+    outbox, client = FakeOutbox(), FakeClient(state)
+    reporter = HostReporter(client, outbox, FakeProber(data), FakeSchedule(),  # type: ignore[arg-type]
                             lambda: ["docker", "compose"])
     reply = {"sessionId": "s", "envId": state.store.envId, "serverTime": wire.iso(), "requeuedJobs": 0,
              "intervals": state.intervals, "requirements": state.requirements}
@@ -390,21 +352,6 @@ def _probe_fake_nvml(tmp_path: Path, gpus: list, **config) -> dict:
     return json.loads(done.stdout)
 
 
-class _Engine:
-    """Docker Engine stand-in: `info` answers the given facts, or fails like an absent daemon."""
-
-    def __init__(self, info: dict | None) -> None:
-        self._info = info
-
-    async def info(self) -> dict:
-        if self._info is None:
-            raise EngineError("Cannot connect to the Docker daemon at unix:///var/run/docker.sock")
-        return self._info
-
-    async def gpu_container_check(self, _image: str) -> str | None:
-        return "container exited with code 1: no CUDA-capable device is detected"
-
-
 async def test_what_the_real_probes_report_is_documented(agent_doc: dict, tmp_path: Path) -> None:
     """NvmlProbe against the stand-in NVML library (an HGX board with a lost GPU and a GPU
     short of two fields, GeForce cards, no driver) and probe_host on this machine."""
@@ -426,9 +373,9 @@ async def test_what_the_real_probes_report_is_documented(agent_doc: dict, tmp_pa
                    "Runtimes": {"runc": {}, "nvidia": {}}, "DefaultRuntime": "runc", "CDISpecDirs": []}
     compose = [sys.executable, "-c", "print('v2.29.1')"]
     hosts = [
-        await host_probe.probe_host(_Engine(docker_info), compose, toolkit_config=tmp_path / "config.toml"),
-        await host_probe.probe_host(_Engine(docker_info), None, gpu_check_image="local/cuda-check:1"),
-        await host_probe.probe_host(_Engine(None), None),
+        await host_probe.probe_host(FakeEngine(info=docker_info), compose, toolkit_config=tmp_path / "config.toml"),
+        await host_probe.probe_host(FakeEngine(info=docker_info), None, gpu_check_image="local/cuda-check:1"),
+        await host_probe.probe_host(FakeEngine(info=None), None),
     ]
     assert hosts[0]["compose"]["version"] == "2.29.1" and hosts[2]["docker"]["available"] is False
 

@@ -25,6 +25,7 @@ from gpuhost_agent.core.dispatcher import JobDispatcher
 from gpuhost_agent.uplink.outbox import Outbox
 from gpuhost_agent.core.schedule import Schedule
 
+from support.fakes import FakeDeployer
 from support.waiting import until
 
 CAP = 64 * 1024  # the client's body cap in these tests
@@ -185,22 +186,6 @@ async def test_a_reply_that_is_not_json_at_all_is_rejected(broken):
 
 # ---- the agent's poll loop ----------------------------------------------------------------
 
-class _Deployer:
-    """The Docker side: every job it is given succeeds at once."""
-
-    def __init__(self):
-        self.ran: list[str] = []
-
-    async def deploy(self, job_: wire.StackJob) -> str:
-        self.ran.append(job_.job_id)
-        return ""
-
-    remove = end_rental = deploy
-
-    def report_status(self, *_args) -> None:
-        pass
-
-
 class _FastAsyncio:
     """The agent module's view of asyncio, with its back-off sleeps recorded and
     cut short (a refused poll waits at least 10 s)."""
@@ -224,7 +209,7 @@ async def polling(broken, monkeypatch):
     fast = _FastAsyncio()
     monkeypatch.setattr(agent_module, "asyncio", fast)
     outbox = Outbox(lambda report: send_report(client, report), base_delay=0.01)
-    deployer = _Deployer()
+    deployer = FakeDeployer()
     dispatcher = JobDispatcher(deployer, outbox)  # type: ignore[arg-type]
     agent = Agent(client, None, outbox, dispatcher, Schedule())  # type: ignore[arg-type]
     agent.intervals["jobPollWaitSeconds"] = 0

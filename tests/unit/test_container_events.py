@@ -14,6 +14,7 @@ from gpuhost_agent.core.container_watch import ContainerWatch, decode_event, err
 from gpuhost_agent.core.containers import ExitFacts, exit_facts, seed_containers, shaped_state, stack_error
 from gpuhost_agent.uplink.outbox import CONTAINERS, Outbox
 from gpuhost_agent.storage.agent_db import AgentDB
+from support.fakes import FakeDeployer, FakeDispatcher, FakeEngine, never_called
 from support.waiting import until
 
 
@@ -94,52 +95,17 @@ def test_decode_event():
 
 # --- the watcher on a stand-in engine -----------------------------------------------
 
-class _Engine:
-    def __init__(self, raw: list[dict]):
-        self.raw, self.lists, self.inspects = raw, 0, 0
-
-    async def stack_containers(self, stack_id):
-        self.lists += 1
-        await asyncio.sleep(0.005)
-        return [dict(r) for r in self.raw]
-
-    async def container_state(self, container_id):
-        self.inspects += 1
-        return {"ExitCode": 137, "OOMKilled": True}
-
-
-class _Dispatcher:
-    busy: set = set()
-
-    def busy_stacks(self):
-        return self.busy
-
-    def ending_rentals(self):
-        return set()
-
-
-class _Deployer:
-    def __init__(self, engine):
-        self.engine, self.outbox, self.db, self.reports = engine, Outbox(self._never), AgentDB(None), []
-
-    async def _never(self, report):
-        raise AssertionError("not sent in this test")
-
-    def report_status(self, job, status, error_msg=""):
-        self.reports.append((job.stack_id, status, error_msg))
-        self.db.stack_status(job.stack_id, job.rental_id, job.env_id, "p-s1", status, error_msg)
-
-
 def _event(action: str, stack_id: str = "s1", env_id: str = "env") -> dict:
     return {"Type": "container", "Action": action, "id": "c1",
             "Actor": {"ID": "c1", "Attributes": {wire.LABEL_ENV: env_id, wire.LABEL_STACK: stack_id, "name": "p-web-1"}}}
 
 
 async def test_a_burst_of_1000_events_gives_a_handful_of_pushes():
-    engine = _Engine([_raw("running", "Up")])
-    deployer = _Deployer(engine)
+    engine = FakeEngine([_raw("running", "Up")])
+    deployer = FakeDeployer(engine, outbox=Outbox(never_called), db=AgentDB(None))
     deployer.db.stack_status("s1", "r1", "env", "p-s1", wire.APPLIED)
-    watch = ContainerWatch(deployer, _Dispatcher(), {}, window=0.02)
+    dispatcher = FakeDispatcher()
+    watch = ContainerWatch(deployer, dispatcher, {}, window=0.02)
     watch._env_id = "env"  # as follow() would set it, without a stream
     puts = []
     original = deployer.outbox.put
@@ -160,20 +126,20 @@ async def test_a_burst_of_1000_events_gives_a_handful_of_pushes():
     assert engine.inspects <= engine.lists  # an event about the container forgets what was read
 
     # A job under way: nothing pushed or reported until it is over.
-    _Dispatcher.busy = {"s1"}
+    dispatcher.busy = {"s1"}
     try:
         engine.raw, before = [_raw("running", "Up")], len(deployer.reports)
         watch._on_event(watch._generation, _event("start"))
         await asyncio.sleep(0.2)
         assert len(deployer.reports) == before and watch._windows.pending() == {"s1"}
     finally:
-        _Dispatcher.busy = set()
+        dispatcher.busy = set()
     await until(lambda: deployer.reports[-1] == ("s1", wire.APPLIED, ""), timeout=3)
     assert puts[-1][1]["containers"][0]["State"] == "running"
 
 
 async def test_exit_facts_are_read_once_per_exit():
-    engine = _Engine([])
+    engine = FakeEngine([])
     states = ContainerStates(engine)
     exited = _raw("exited", "Exited (137) 1 second ago")
     assert await states.facts([exited, _raw("running")]) == {"c1": ExitFacts(137, True)}

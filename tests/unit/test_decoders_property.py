@@ -25,6 +25,7 @@ from gpuhost_agent.core.dispatcher import JobDispatcher
 from gpuhost_agent.local_marketplace.agent_api import _containers_problem, _status_problem
 from gpuhost_agent.local_marketplace.host_api import heartbeat_problem, init_state_problem, system_data_problem
 from gpuhost_agent.uplink.outbox import JOB_COMPLETE, STATUS, Outbox
+from support.fakes import FakeDeployer, Recorder
 
 # Modest example counts keep the file at a few seconds. No example database, and
 # Hypothesis's caches go to the temporary directory: the repository stays clean,
@@ -352,31 +353,11 @@ def test_report_decoders_take_their_valid_bodies():
 
 # ---- the dispatcher: whatever arrives is run or refused, and the reply's other jobs run ----
 
-class _Deployer:
-    """Stands in for the Docker side: every job it is given succeeds at once."""
-
-    def __init__(self):
-        self.ran: list[str] = []
-
-    async def deploy(self, job):
-        self.ran.append(job.job_id)
-        return ""
-
-    remove = end_rental = deploy
-
-    def report_status(self, *_args) -> None:
-        pass
-
-
-async def _dispatch(raws: list) -> tuple[_Deployer, dict, list]:
+async def _dispatch(raws: list) -> tuple[FakeDeployer, dict, list]:
     """Submit one poll's jobs; returns the deployer, the completions by job id
     and the stack statuses the marketplace would have received."""
-    sent = []
-
-    async def send(report):
-        sent.append((report.kind, report.target, report.body))
-
-    outbox, deployer = Outbox(send, base_delay=0.01), _Deployer()
+    sent = Recorder()
+    outbox, deployer = Outbox(sent, base_delay=0.01), FakeDeployer()
     dispatcher = JobDispatcher(deployer, outbox)  # type: ignore[arg-type]
     runner = asyncio.create_task(outbox.run())
     try:
@@ -387,8 +368,8 @@ async def _dispatch(raws: list) -> tuple[_Deployer, dict, list]:
     finally:
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
-    completions = {target: body for kind, target, body in sent if kind == JOB_COMPLETE}
-    statuses = [(target, body) for kind, target, body in sent if kind == STATUS]
+    completions = {target: body for kind, target, body in sent.got if kind == JOB_COMPLETE}
+    statuses = [(target, body) for kind, target, body in sent.got if kind == STATUS]
     return deployer, completions, statuses
 
 

@@ -18,6 +18,7 @@ import pytest
 from gpuhost_agent.uplink.client import MarketplaceRejected, MarketplaceUnavailable
 from gpuhost_agent.uplink.outbox import CONTAINERS, DROP_ORDER, INIT_STATE, JOB_COMPLETE, STATUS, SYSTEM_DATA, Outbox, Report
 from gpuhost_agent.storage.agent_db import DB_FILE, AgentDB
+from support.fakes import Recorder, never_called
 
 FAST = dict(base_delay=0.001, max_delay=0.01)
 
@@ -25,22 +26,6 @@ FAST = dict(base_delay=0.001, max_delay=0.01)
 @pytest.fixture
 def db_path(tmp_path):
     return tmp_path / DB_FILE
-
-
-class Recorder:
-    """A marketplace that acknowledges everything and remembers what came, in order."""
-
-    def __init__(self):
-        self.got: list[tuple[str, str, dict]] = []
-        self.times: list[float] = []
-
-    async def __call__(self, report: Report) -> None:
-        self.times.append(time.monotonic())
-        self.got.append((report.kind, report.target, report.body))
-
-
-async def never_called(report: Report) -> None:  # pragma: no cover - reaching it fails the test
-    raise AssertionError(f"nothing should be sent: {report}")
 
 
 @contextlib.asynccontextmanager
