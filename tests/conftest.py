@@ -7,16 +7,23 @@ tests/integration/ runs against the real engine that `make test` starts.
 
 from __future__ import annotations
 
+import inspect
 import io
 import os
+import traceback
+import types
+from pathlib import Path
 
 import aiohttp
 import pytest
+from blockbuster import BlockingError, blockbuster_ctx
 
+import gpuhost_agent
 from gpuhost_agent.common import logs
 from gpuhost_agent.local_marketplace import server
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.store import Store
+from gpuhost_agent.storage.agent_db import AgentDB
 from support.openapi_check import AGENT_DOC, LOCAL_DOC, load
 from support.renter import Renter
 
@@ -52,3 +59,68 @@ def log_stream():
         yield stream
     finally:
         logs.configure("warning", json_lines=True)
+
+
+# Blocking calls accepted on the event loop, on purpose. Each entry: a file
+# ending, its functions under which the call is let through, the blocking calls
+# let through (None: any), and why.
+_RMTREE = {"os.scandir", "os.stat", "os.path.samestat", "os.path.islink", "os.unlink", "os.rmdir"}
+ACCEPTED_BLOCKING = [
+    ("gpuhost_agent/storage/agent_db.py", set(vars(AgentDB)), None,
+     "the state database: small SQLite transactions committed before the report or completion they record is"
+     " queued, so the record is never behind the marketplace (an order a thread hop would give up)"),
+    ("gpuhost_agent/core/deployer.py", {"_teardown", "remove", "_end_rental_once"}, _RMTREE,
+     "shutil.rmtree of a stack's working directory (two small files), in line with the ERROR/REMOVED report"
+     " that follows it, so that no cancellation can fall between the two"),
+    ("gpuhost_agent/service/wiring.py", {"build_agent"}, None,
+     "the composition root, once at start-up before anything is served: opens the database, creates the state"
+     " directories, imports the legacy GPU file"),
+    ("gpuhost_agent/core/deployer.py", {"__init__"}, None, "creates the stacks directory, once at start-up"),
+    ("gpuhost_agent/runtime/compose.py", {"__init__"}, None, "creates Compose's config directory, once at start-up"),
+    ("gpuhost_agent/core/gpu_ledger.py", {"import_legacy"}, None, "reads the pre-database GPU file, once at start-up"),
+    ("gpuhost_agent/service/status_server.py", {"_prepare_socket_path", "stop"}, None,
+     "the status socket's directory and a stale socket's removal, at start and stop only"),
+    ("gpuhost_agent/local_marketplace/store.py", {"save", "load_or_create"}, None,
+     "the local marketplace (a development stand-in for the real one) keeps its state in one small JSON file,"
+     " written whole after each change before the answer goes out"),
+    ("gpuhost_agent/local_marketplace/script_api.py", {"checkout_install_script"}, None,
+     "looks for the checkout's install.sh once, when the local marketplace's app is built"),
+    ("tests/unit/test_sd_notify.py", {"test_a_blocked_event_loop_stops_the_pings"}, {"time.sleep"},
+     "blocks the loop on purpose: a hung loop must stop the watchdog's pings"),
+]
+
+# The code whose blocking calls fail a test: the agent and the local marketplace,
+# and the tests themselves (test modules, fixtures and tests/support helpers).
+_TESTS = types.ModuleType("tests")
+_TESTS.__path__ = [str(Path(__file__).resolve().parent) + os.sep]
+
+
+@pytest.fixture(autouse=True)
+def blockbuster(request, monkeypatch):
+    """Fails an async test, or its async fixtures, when their code (or the agent's
+    code they run) makes a blocking call on the event loop: file I/O, os.stat,
+    SQLite, time.sleep, a blocking socket (blockbuster patches these in the loop's
+    thread only; work handed to asyncio.to_thread is not checked). Fix it with
+    asyncio.sleep / asyncio.to_thread, or add it to ACCEPTED_BLOCKING with why.
+
+    The call raises BlockingError where it is made; one raised in a task of the
+    agent that catches and logs its errors is still reported, at teardown."""
+    if not inspect.iscoroutinefunction(request.function):
+        yield None
+        return
+    raised: list[str] = []
+    created = BlockingError.__init__
+
+    def remember(error: BlockingError, func: str) -> None:
+        created(error, func)
+        raised.append(f"Blocking call to {func}\n" + "".join(traceback.format_stack(limit=14)[:-1]))
+
+    monkeypatch.setattr(BlockingError, "__init__", remember)
+    with blockbuster_ctx([gpuhost_agent, _TESTS]) as bb:
+        for path, functions, calls, _why in ACCEPTED_BLOCKING:
+            for name, function in bb.functions.items():
+                if calls is None or name in calls:
+                    function.can_block_in(path, functions)
+        yield bb
+    if raised:
+        pytest.fail(f"{len(raised)} blocking call(s) on the event loop; the first:\n{raised[0]}", pytrace=False)

@@ -60,21 +60,22 @@ async def local_market(tmp_path, docker_client):
         await http.close()
         await stop_agent(parts, agent_task)
         await local.stop()
-        remove_env_resources(docker_client, local.state.store.envId)
+        await asyncio.to_thread(remove_env_resources, docker_client, local.state.store.envId)
 
 
 @pytest.fixture
 async def gpu_agent(tmp_path, monkeypatch, docker_client):
     """start(heartbeat_seconds=..., gpus=N, **config overrides) -> (renter, parts, local, nvml config path):
     the local marketplace and an agent on a stand-in machine of N H100 GPUs (8 by default)."""
-    nvml_config = write_config(tmp_path / "nvml.conf", h100_sxm(8))
+    nvml_config = await asyncio.to_thread(write_config, tmp_path / "nvml.conf", h100_sxm(8))
     monkeypatch.setenv("FAKE_NVML_CONFIG", str(nvml_config))
     running = []
 
     async def start(heartbeat_seconds: float = 0.5, gpus: int | None = None, **overrides):
         if gpus is not None:
-            write_config(nvml_config, h100_sxm(gpus))
-        config = make_config(tmp_path / "state", nvml_library=str(build_lib()), location="EU-DE-Frankfurt",
+            await asyncio.to_thread(write_config, nvml_config, h100_sxm(gpus))
+        nvml_library = str(await asyncio.to_thread(build_lib))
+        config = make_config(tmp_path / "state", nvml_library=nvml_library, location="EU-DE-Frankfurt",
                              speed_max_bytes=2_000_000, speed_max_seconds=2.0, gpu_check_image=TEST_IMAGE,
                              **overrides)
         local = await start_local_marketplace(config)
@@ -91,5 +92,5 @@ async def gpu_agent(tmp_path, monkeypatch, docker_client):
         if not task.done():
             await stop_agent(parts, task)
         await local.stop()
-        remove_env_resources(docker_client, local.state.store.envId)
-    forget_loaded_nvml()
+        await asyncio.to_thread(remove_env_resources, docker_client, local.state.store.envId)
+    await asyncio.to_thread(forget_loaded_nvml)

@@ -60,7 +60,7 @@ async def test_a_killed_container_is_listed_within_a_second(local_market, docker
     renter, parts, _local = local_market
     rental_id, stack_id, _job = await renter.deployed()
     await until(lambda: _states(renter.store, stack_id) == ["running"])
-    container = _the_container(docker_client, stack_id)
+    container = await asyncio.to_thread(_the_container, docker_client, stack_id)
     lists, statuses = _record_reports(renter.store, stack_id)
 
     started = time.monotonic()
@@ -92,7 +92,7 @@ async def test_a_killed_container_is_listed_within_a_second(local_market, docker
 async def test_an_exit_code_and_an_oom_kill_say_why(local_market, docker_client):
     renter, parts, _local = local_market
     rental_id, stack_id, _job = await renter.deployed(ON_DEMAND)
-    container = _the_container(docker_client, stack_id)
+    container = await asyncio.to_thread(_the_container, docker_client, stack_id)
 
     await asyncio.to_thread(container.kill, "SIGUSR1")
     await until(lambda: _states(renter.store, stack_id) == ["exited (3)"], timeout=5)
@@ -114,7 +114,7 @@ async def test_a_burst_of_events_is_coalesced(local_market, docker_client):
     rental_id, stack_id, _job = await renter.deployed()
     await until(lambda: _states(renter.store, stack_id) == ["running"])
     await until(lambda: parts.outbox.pending() == 0)
-    container = _the_container(docker_client, stack_id)
+    container = await asyncio.to_thread(_the_container, docker_client, stack_id)
     lists, _statuses = _record_reports(renter.store, stack_id)
     watch = parts.agent.container_watch
     events_before, flushes_before = watch.events, watch.flushes

@@ -29,7 +29,7 @@ STACK = (f"services:\n"
 async def world(tmp_path, docker_client):
     market = Market(tmp_path / "market.json")
     await market.start()
-    agent = AgentProcess(tmp_path, market)
+    agent = await asyncio.to_thread(AgentProcess, tmp_path, market)
     http = aiohttp.ClientSession()
     try:
         yield Renter(http, market.base_url, market.store), market, agent
@@ -37,7 +37,7 @@ async def world(tmp_path, docker_client):
         await http.close()
         await agent.stop()
         await market.stop()
-        remove_env_resources(docker_client, market.store.envId)
+        await asyncio.to_thread(remove_env_resources, docker_client, market.store.envId)
 
 
 def _container_names(docker_client, env_id: str) -> list[str]:
@@ -50,12 +50,14 @@ async def _assert_applied_once(renter: Renter, market: Market, docker_client, re
     jobs = [job for job in market.store.jobs.values() if job.stackId == stack_id]
     await until(lambda: all(job.state == "completed" for job in jobs), timeout=30)
     assert [job.outcome for job in jobs] == [wire.OUTCOME_SUCCEEDED]
-    containers = env_containers(docker_client, market.store.envId)
+    containers = await asyncio.to_thread(env_containers, docker_client, market.store.envId)
     services = sorted(c.labels["com.docker.compose.service"] for c in containers)
     assert services == ["app", "side"], f"not exactly one set of containers: {services}"
     assert all(c.status == "running" for c in containers)
-    await until(lambda: sorted(c["Name"] for c in market.store.containers.get(stack_id, {}).get("containers", []))
-                == _container_names(docker_client, market.store.envId), timeout=15)
+    async def listed_as_docker_has_them() -> bool:
+        return sorted(c["Name"] for c in market.store.containers.get(stack_id, {}).get("containers", [])) \
+            == await asyncio.to_thread(_container_names, docker_client, market.store.envId)
+    await until(listed_as_docker_has_them, timeout=15)
 
 
 @pytest.mark.parametrize("point", ["deploy.before_compose_up", "compose.up.running", "deploy.before_applied_report"])
@@ -64,8 +66,8 @@ async def test_kill_during_deploy_then_restart_converges(world, docker_client, p
     await agent.start(crash_at=point)
     rental_id = await renter.rental()
     stack_id = await renter.stack(rental_id, STACK)
-    assert await agent.wait_exit() == -9, agent.logs()[-3000:]
-    assert f"crash point {point} reached" in agent.logs()
+    assert await agent.wait_exit() == -9, (await asyncio.to_thread(agent.logs))[-3000:]
+    assert f"crash point {point} reached" in await asyncio.to_thread(agent.logs)
     assert market.store.stacks[stack_id]["status"] == wire.APPLYING  # the marketplace never heard the end
 
     await agent.start()
@@ -84,12 +86,12 @@ async def test_kill_during_removal_then_restart_converges(world, docker_client, 
 
     status, _ = await renter.call("DELETE", f"/rentals/{rental_id}/stacks/{stack_id}")
     assert status in (200, 202, 204)
-    assert await agent.wait_exit() == -9, agent.logs()[-3000:]
+    assert await agent.wait_exit() == -9, (await asyncio.to_thread(agent.logs))[-3000:]
     assert stack_id in market.store.stacks  # REMOVED never reached the marketplace
 
     await agent.start()
     await renter.wait_stack(rental_id, stack_id, (), timeout=60)  # gone from the renter's list
-    assert env_containers(docker_client, market.store.envId) == []
+    assert await asyncio.to_thread(env_containers, docker_client, market.store.envId) == []
     await until(lambda: all(job.state == "completed" for job in market.store.jobs.values()), timeout=30)
     assert {job.outcome for job in market.store.jobs.values()} == {wire.OUTCOME_SUCCEEDED}
 
@@ -99,19 +101,23 @@ async def test_sigterm_mid_deploy_stops_in_bounded_time_and_the_next_start_conve
     is abandoned after the configured grace, the process exits 0 in bounded
     time, the containers keep running, and the next start finishes the job."""
     renter, market, agent = world
-    agent.config.write_text(agent.config.read_text() + "GPUHOST_SETTLE_SECONDS=60\nGPUHOST_SHUTDOWN_GRACE_SECONDS=1\n")
+    await asyncio.to_thread(lambda: agent.config.write_text(
+        agent.config.read_text() + "GPUHOST_SETTLE_SECONDS=60\nGPUHOST_SHUTDOWN_GRACE_SECONDS=1\n"))
     await agent.start()
     rental_id = await renter.rental()
     stack_id = await renter.stack(rental_id, STACK)
-    await until(lambda: len(env_containers(docker_client, market.store.envId)) == 2
-                and all(c.status == "running" for c in env_containers(docker_client, market.store.envId)), timeout=30)
+    await until(lambda: asyncio.to_thread(
+        lambda: len(env_containers(docker_client, market.store.envId)) == 2
+        and all(c.status == "running" for c in env_containers(docker_client, market.store.envId))), timeout=30)
     loop = asyncio.get_running_loop()
     started = loop.time()
     assert await agent.stop() == 0
     assert loop.time() - started < 12  # grace 1 s + 5 s unwinding + 3 s flush, at most
-    assert "job_abandoned" in agent.logs()
-    assert all(c.status == "running" for c in env_containers(docker_client, market.store.envId))
+    assert "job_abandoned" in await asyncio.to_thread(agent.logs)
+    assert all(c.status == "running"
+               for c in await asyncio.to_thread(env_containers, docker_client, market.store.envId))
 
-    agent.config.write_text(agent.config.read_text().replace("GPUHOST_SETTLE_SECONDS=60\n", ""))
+    await asyncio.to_thread(lambda: agent.config.write_text(
+        agent.config.read_text().replace("GPUHOST_SETTLE_SECONDS=60\n", "")))
     await agent.start()
     await _assert_applied_once(renter, market, docker_client, rental_id, stack_id)

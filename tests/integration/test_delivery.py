@@ -13,13 +13,13 @@ from support.waiting import until
 async def test_job_delivered_again_after_completion_deploys_once(local_market, docker_client):
     renter, parts, local = local_market
     rental_id, _stack_id, job = await renter.deployed()
-    before = [c.id for c in env_containers(docker_client, renter.store.envId)]
+    before = [c.id for c in await asyncio.to_thread(env_containers, docker_client, renter.store.envId)]
     assert len(before) == 1
 
     local.state.redeliver(job.jobId)
     await until(lambda: job.deliveries == 2 and job.state == "completed")
     assert parts.dispatcher.duplicates_ignored == 1
-    assert [c.id for c in env_containers(docker_client, renter.store.envId)] == before
+    assert [c.id for c in await asyncio.to_thread(env_containers, docker_client, renter.store.envId)] == before
     assert (await renter.stacks(rental_id))[0]["status"] == wire.APPLIED
 
 
@@ -34,19 +34,19 @@ async def test_job_delivered_twice_while_running_deploys_once(local_market, dock
     await renter.wait_stack(rental_id, stack_id, (wire.APPLIED,))
     await until(lambda: job.state == "completed")
     assert parts.dispatcher.duplicates_ignored == 1
-    assert len(env_containers(docker_client, renter.store.envId)) == 1
+    assert len(await asyncio.to_thread(env_containers, docker_client, renter.store.envId)) == 1
 
 
 async def test_redeploy_of_same_stack_after_agent_restart_keeps_containers(local_market, docker_client):
     """A job redone by a fresh agent (no memory of it) converges on the same containers."""
     renter, parts, local = local_market
     _rental_id, _stack_id, job = await renter.deployed()
-    before = [c.id for c in env_containers(docker_client, renter.store.envId)]
+    before = [c.id for c in await asyncio.to_thread(env_containers, docker_client, renter.store.envId)]
     parts.db._write("DELETE FROM jobs")  # what an agent that lost its state file forgets
     local.state.redeliver(job.jobId)
     await until(lambda: job.deliveries == 2 and job.state == "completed", timeout=15)
     assert parts.dispatcher.duplicates_ignored == 0
-    assert [c.id for c in env_containers(docker_client, renter.store.envId)] == before
+    assert [c.id for c in await asyncio.to_thread(env_containers, docker_client, renter.store.envId)] == before
 
 
 async def test_malformed_job_is_refused_and_others_still_run(local_market, docker_client):

@@ -63,16 +63,19 @@ async def test_deploy_list_remove(local_market, docker_client):
         async with http.get(f"http://127.0.0.1:{port['PublicPort']}/") as response:
             assert (await response.text()).strip() == "hello from the stack"
 
-    worker = docker_client.containers.get(next(c["Id"] for c in containers if "-worker-" in c["Name"]))
+    worker = await asyncio.to_thread(docker_client.containers.get,
+                                     next(c["Id"] for c in containers if "-worker-" in c["Name"]))
     (scratch,) = [m["Name"] for m in worker.attrs["Mounts"] if m["Type"] == "volume"]
 
     status, removing = await renter.call("DELETE", f"/rentals/{rental_id}/stacks/{stack_id}")
     assert status == 200 and removing["status"] == wire.REMOVING
     await renter.wait_stack(rental_id, stack_id, (), timeout=30)
-    assert env_containers(docker_client, renter.store.envId) == []
-    assert docker_client.networks.list(filters={"label": f"com.docker.compose.project={stack['pStackName']}"}) == []
-    assert scratch not in [v.name for v in docker_client.volumes.list()], "the anonymous volume must go too"
-    assert not (parts.agent.deployer.stacks_dir / stack_id).exists()
+    assert await asyncio.to_thread(env_containers, docker_client, renter.store.envId) == []
+    assert await asyncio.to_thread(docker_client.networks.list,
+                                   filters={"label": f"com.docker.compose.project={stack['pStackName']}"}) == []
+    assert scratch not in [v.name for v in await asyncio.to_thread(docker_client.volumes.list)], \
+        "the anonymous volume must go too"
+    assert not await asyncio.to_thread((parts.agent.deployer.stacks_dir / stack_id).exists)
     assert "hello from the stack" not in logs.SECRETS, "a removed stack's values are released"
 
 
@@ -83,13 +86,13 @@ async def test_ending_rental_removes_its_stacks(local_market, docker_client):
     first, second = await renter.stack(rental_id, content, name="a"), await renter.stack(rental_id, content, name="b")
     for stack_id in (first, second):
         assert (await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR)))["status"] == wire.APPLIED
-    assert len(env_containers(docker_client, renter.store.envId)) == 2
+    assert len(await asyncio.to_thread(env_containers, docker_client, renter.store.envId)) == 2
 
     status, rental = await renter.call("DELETE", f"/rentals/{rental_id}")
     assert status == 200 and rental["status"] == wire.RENTAL_COMPLETE
     for stack_id in (first, second):
         await renter.wait_stack(rental_id, stack_id, (), timeout=30)
-    assert env_containers(docker_client, renter.store.envId) == []
+    assert await asyncio.to_thread(env_containers, docker_client, renter.store.envId) == []
     status, body = await renter.call("POST", f"/rentals/{rental_id}/stacks",
                                      {"template": {"name": "x", "description": "", "content": content, "environmentVariables": {}}})
     assert status == 400 and "ended" in body["message"]
@@ -99,13 +102,14 @@ async def test_pull_from_local_registry(local_market, docker_client):
     """Missing images are pulled as part of the deploy (from the loopback registry)."""
     renter, _parts, _local = local_market
     image = "127.0.0.1:5000/gpuhost-test/busybox:1"
-    if any(image in i.tags for i in docker_client.images.list()):
-        docker_client.images.remove(image)  # untag only: the local test image keeps its own name
+    if any(image in i.tags for i in await asyncio.to_thread(docker_client.images.list)):
+        # untag only: the local test image keeps its own name
+        await asyncio.to_thread(docker_client.images.remove, image)
     rental_id = await renter.rental()
     stack_id = await renter.stack(rental_id, f"services:\n  app:\n    image: {image}\n    command: ['sleep', '3600']\n")
     stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR))
     assert stack["status"] == wire.APPLIED, stack["errorMsg"]
-    assert docker_client.images.get(image)
+    assert await asyncio.to_thread(docker_client.images.get, image)
 
 
 async def _eventually(fetch, done, timeout: float = 10):

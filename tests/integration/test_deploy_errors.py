@@ -49,7 +49,7 @@ async def test_failed_deploy_reports_error_and_cleans_up(local_market, docker_cl
         assert fragment.lower() in stack["errorMsg"].lower(), stack["errorMsg"]
     assert str(parts.agent.deployer.stacks_dir) not in stack["errorMsg"], "agent paths must not reach renters"
     assert elapsed < 15, f"ERROR took {elapsed:.1f}s"
-    assert env_containers(docker_client, renter.store.envId) == []
+    assert await asyncio.to_thread(env_containers, docker_client, renter.store.envId) == []
     assert await renter.containers(rental_id, stack_id) == []
     job = next(j for j in renter.store.jobs.values() if j.stackId == stack_id)
     await until(lambda: job.state == "completed")

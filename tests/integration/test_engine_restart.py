@@ -86,7 +86,7 @@ def _docker_view(docker_client, stack_id: str) -> list[dict]:
 async def world(tmp_path, docker_client):
     """(renter, market, parts, agent task, our dockerd's pid) with the engine watch pinging every 0.5 s;
     dockerd is made to answer again at the end whatever happened."""
-    pid = _our_dockerd()
+    pid = await asyncio.to_thread(_our_dockerd)
     if pid is None:
         pytest.skip(f"the Docker Engine was not started by scripts/ensure-dockerd.sh ({PIDFILE} missing or its"
                     " process gone): an engine we did not start is not ours to restart")
@@ -107,23 +107,23 @@ async def world(tmp_path, docker_client):
             await http.close()
             await stop_agent(parts, task)
             await market.stop()
-            remove_env_resources(docker_client, market.store.envId)
+            await asyncio.to_thread(remove_env_resources, docker_client, market.store.envId)
 
 
 async def _restart_dockerd(pid: int, while_down=None) -> None:
     """SIGTERM our dockerd, wait for it to exit, await `while_down` (if any), start it again."""
     os.kill(pid, signal.SIGTERM)
-    await until(lambda: not _alive(pid), timeout=30)
+    await until(lambda: asyncio.to_thread(lambda: not _alive(pid)), timeout=30)
     if while_down is not None:
         await while_down()
     started = await asyncio.to_thread(_ensure_dockerd)
     assert started.returncode == 0, started.stdout + started.stderr
-    assert _our_dockerd() not in (None, pid)
+    assert await asyncio.to_thread(_our_dockerd) not in (None, pid)
 
 
 async def _deployed_and_listed(renter: Renter, market: Market, docker_client) -> tuple[str, str, dict]:
     rental_id, stack_id, _job = await renter.deployed(TRAPPER)
-    [before] = _docker_view(docker_client, stack_id)
+    [before] = await asyncio.to_thread(_docker_view, docker_client, stack_id)
     assert before["State"] == "running"
     await until(lambda: market.store.containers.get(stack_id, {}).get("containers") == [before], timeout=10)
     return rental_id, stack_id, before
@@ -137,9 +137,9 @@ async def _running_again(docker_client, stack_id: str, timeout: float) -> dict:
     try:
         await until(running, timeout=timeout)
     except AssertionError:
-        seen = [(c["Name"], c["State"]) for c in _docker_view(docker_client, stack_id)]
+        seen = [(c["Name"], c["State"]) for c in await asyncio.to_thread(_docker_view, docker_client, stack_id)]
         raise AssertionError(f"the stack's containers {timeout:.0f}s after the restart: {seen}") from None
-    [after] = _docker_view(docker_client, stack_id)
+    [after] = await asyncio.to_thread(_docker_view, docker_client, stack_id)
     return after
 
 
@@ -159,7 +159,7 @@ async def test_engine_restart_reconciled_without_agent_restart(world, docker_cli
     await until(lambda: market.store.containers.get(stack_id, {}).get("containers") == [after], timeout=15)
     listed = market.store.containers[stack_id]["containers"]
     assert [(c["Id"], c["State"]) for c in listed] == [(after["Id"], "running")]
-    assert len(_docker_view(docker_client, stack_id)) == 1
+    assert len(await asyncio.to_thread(_docker_view, docker_client, stack_id)) == 1
     stack = next(s for s in await renter.stacks(rental_id) if s["stackId"] == stack_id)
     assert stack["status"] == wire.APPLIED, stack
     assert not task.done()

@@ -6,6 +6,8 @@ cannot reach another's."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from support.stacks import TEST_IMAGE
@@ -72,19 +74,19 @@ async def test_two_rentals_get_disjoint_gpus_and_a_third_waits(gpu_agent, docker
     stack_b, b = await _deploy(renter, rental_b, GPU_STACK)
     assert a["status"] == wire.APPLIED and b["status"] == wire.APPLIED, (a["errorMsg"], b["errorMsg"])
 
-    seen_a = _env_of(docker_client, stack_a, "train")["NVIDIA_VISIBLE_DEVICES"].split(",")
-    seen_b = _env_of(docker_client, stack_b, "train")["NVIDIA_VISIBLE_DEVICES"].split(",")
+    seen_a = (await asyncio.to_thread(_env_of, docker_client, stack_a, "train"))["NVIDIA_VISIBLE_DEVICES"].split(",")
+    seen_b = (await asyncio.to_thread(_env_of, docker_client, stack_b, "train"))["NVIDIA_VISIBLE_DEVICES"].split(",")
     assert len(seen_a) == 2 and len(seen_b) == 2 and not set(seen_a) & set(seen_b)
     assert set(seen_a) | set(seen_b) == set(machine)
     # count: all means all of the rental's GPUs, not the machine's; services that did not ask get none.
-    assert _env_of(docker_client, stack_a, "sidecar")["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert (await asyncio.to_thread(_env_of, docker_client, stack_a, "sidecar"))["NVIDIA_VISIBLE_DEVICES"] == "void"
     # The assignment is in the stack's data on the marketplace.
     assert sorted(a["assignedGPUs"]) == sorted(seen_a) and sorted(b["assignedGPUs"]) == sorted(seen_b)
 
     # A second stack of rental A shares A's GPUs.
     stack_a2, a2 = await _deploy(renter, rental_a, ONE_GPU_STACK)
     assert a2["status"] == wire.APPLIED, a2["errorMsg"]
-    assert _env_of(docker_client, stack_a2, "infer")["NVIDIA_VISIBLE_DEVICES"] in seen_a
+    assert (await asyncio.to_thread(_env_of, docker_client, stack_a2, "infer"))["NVIDIA_VISIBLE_DEVICES"] in seen_a
 
     # No GPU is left for a third rental until one of the first two ends.
     rental_c = await renter.rental(gpu_count=1)
@@ -98,10 +100,11 @@ async def test_two_rentals_get_disjoint_gpus_and_a_third_waits(gpu_agent, docker
     end_jobs = [job for job in local.state.store.jobs.values() if job.type == wire.JOB_RENTAL_END]
     assert [job.rentalId for job in end_jobs] == [rental_a]
     await until(lambda: end_jobs[0].outcome == wire.OUTCOME_SUCCEEDED, 30)
-    assert not docker_client.containers.list(all=True, filters={"label": f"{wire.LABEL_RENTAL}={rental_a}"})
+    assert not await asyncio.to_thread(docker_client.containers.list, all=True,
+                                       filters={"label": f"{wire.LABEL_RENTAL}={rental_a}"})
     stack_c, c = await _deploy(renter, rental_c, ONE_GPU_STACK)
     assert c["status"] == wire.APPLIED, c["errorMsg"]
-    assert _env_of(docker_client, stack_c, "infer")["NVIDIA_VISIBLE_DEVICES"] in seen_a
+    assert (await asyncio.to_thread(_env_of, docker_client, stack_c, "infer"))["NVIDIA_VISIBLE_DEVICES"] in seen_a
 
 
 @pytest.mark.parametrize("trick", [
@@ -115,7 +118,8 @@ async def test_asking_for_more_gpus_than_rented_is_refused(gpu_agent, docker_cli
     content = f"services:\n  greedy:\n    image: {TEST_IMAGE}\n    command: ['sleep', '3600']\n{trick}"
     stack_id, stack = await _deploy(renter, rental, content)
     assert stack["status"] == wire.ERROR and "greedy" in stack["errorMsg"], stack["errorMsg"]
-    assert not docker_client.containers.list(all=True, filters={"label": f"{wire.LABEL_STACK}={stack_id}"})
+    assert not await asyncio.to_thread(docker_client.containers.list, all=True,
+                                       filters={"label": f"{wire.LABEL_STACK}={stack_id}"})
 
 
 async def test_rentals_cannot_reach_each_other(gpu_agent, docker_client) -> None:
@@ -130,9 +134,9 @@ async def test_rentals_cannot_reach_each_other(gpu_agent, docker_client) -> None
                                                                    f"com.docker.compose.service={service}"]})
         return found
 
-    web_a = container(stack_a, "web")
+    web_a = await asyncio.to_thread(container, stack_a, "web")
     address_a = next(iter(web_a.attrs["NetworkSettings"]["Networks"].values()))["IPAddress"]
-    client_a, client_b = container(stack_a, "client"), container(stack_b, "client")
+    client_a, client_b = [await asyncio.to_thread(container, stack, "client") for stack in (stack_a, stack_b)]
 
     def fetch(client, address: str) -> tuple[int, str]:
         """An HTTP GET with nc (the static busybox's wget crashes on this image)."""
@@ -146,13 +150,13 @@ async def test_rentals_cannot_reach_each_other(gpu_agent, docker_client) -> None
         return answers[-1] if result.exit_code == 0 and len(answers) > 1 else None
 
     # Inside rental A, by name and by address: the control that shows the probe works.
-    assert resolve(client_a, "web") == address_a
-    code, output = fetch(client_a, address_a)
+    assert await asyncio.to_thread(resolve, client_a, "web") == address_a
+    code, output = await asyncio.to_thread(fetch, client_a, address_a)
     assert code == 0 and "secret" in output
     # From rental B: A's address leads nowhere, and A's names are not known.
-    code, output = fetch(client_b, address_a)
+    code, output = await asyncio.to_thread(fetch, client_b, address_a)
     assert code != 0 and "secret" not in output
-    assert resolve(client_b, web_a.name) is None
-    web_b = container(stack_b, "web")
+    assert await asyncio.to_thread(resolve, client_b, web_a.name) is None
+    web_b = await asyncio.to_thread(container, stack_b, "web")
     address_b = next(iter(web_b.attrs["NetworkSettings"]["Networks"].values()))["IPAddress"]
-    assert resolve(client_b, "web") == address_b != address_a  # B's "web" is its own service
+    assert await asyncio.to_thread(resolve, client_b, "web") == address_b != address_a  # B's "web" is its own service

@@ -3,6 +3,7 @@ detection and an unreachable engine: tests/unit/test_host_probe.py.)"""
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 from gpuhost_agent.inventory.host_probe import probe_host
@@ -17,7 +18,7 @@ async def test_probe_of_this_host_against_the_real_engine(docker_client) -> None
         host = await probe_host(engine, find_compose_command(), gpu_check_image=TEST_IMAGE)
     finally:
         engine.close()
-    info = docker_client.info()
+    info = await asyncio.to_thread(docker_client.info)
     assert host["docker"]["available"] and host["docker"]["version"] == info["ServerVersion"]
     assert host["storage"]["path"] == info["DockerRootDir"] and host["storage"]["freeBytes"] > 0
     assert host["compose"]["available"] and host["compose"]["version"].startswith("2.")
@@ -25,7 +26,8 @@ async def test_probe_of_this_host_against_the_real_engine(docker_client) -> None
     assert host["memory"]["totalBytes"] > 0 and host["os"]["kernel"] == os.uname().release
     # A real container with every GPU requested, through the stand-in NVIDIA hook of the test dockerd.
     assert host["docker"]["gpuContainers"] == {"ok": True, "method": "container", "image": TEST_IMAGE, "detail": None}
-    assert not docker_client.containers.list(all=True, filters={"label": "io.gpuhost.managed=check"})
+    assert not await asyncio.to_thread(docker_client.containers.list, all=True,
+                                       filters={"label": "io.gpuhost.managed=check"})
 
 
 async def test_gpu_check_with_an_image_that_is_not_on_the_host(docker_client) -> None:

@@ -129,7 +129,7 @@ async def test_system_data_is_resent_on_change_not_on_every_probe(gpu_agent) -> 
 
     gpus = h100_sxm(8)
     gpus[7].ecc_uncorrected = 2
-    write_config(nvml_config, gpus)
+    await asyncio.to_thread(write_config, nvml_config, gpus)
     parts.host.prober.nvml.close()  # NVML re-reads its state on the next init, as after a driver reload
     await parts.host.refresh()
     await until(lambda: local.state.system_data_received == sent + 1, 5)

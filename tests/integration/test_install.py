@@ -532,28 +532,28 @@ async def test_the_marketplace_line_installs_the_agent_and_reports_init_state(sc
         assert line == (f"curl -fsSL {base}/install.sh | sudo bash -s -- --url {base} "
                         f"--env-id {store.envId} --api-key {store.envApiKey}")
 
-        add(scenario, "sudo", "curl")
+        await asyncio.to_thread(add, scenario, "sudo", "curl")
         failed = await _run_async(scenario, line)  # no Docker, no NVIDIA here yet
         assert failed.code == 3, failed.both
         init = store.host["initState"]
-        check_named(load(AGENT_DOC), init, "InitState")  # the documented shape, no field more
+        check_named(await asyncio.to_thread(load, AGENT_DOC), init, "InitState")  # the documented shape, no field more
         assert init["state"] == "failed" and init["error"].startswith("install: Docker Engine is not installed")
         assert [p["name"] for p in init["phases"]][:2] == ["install", "config"]
 
-        add(scenario, "docker", "compose", "nvidia", "toolkit")
+        await asyncio.to_thread(add, scenario, "docker", "compose", "nvidia", "toolkit")
         done = await _run_async(scenario, line)
         assert done.code == 0, done.both
         assert "source: gpuhost-agent)" in done.out  # from stdin: no checkout, so the package by name
         init = store.host["initState"]
-        check_named(load(AGENT_DOC), init, "InitState")
+        check_named(await asyncio.to_thread(load, AGENT_DOC), init, "InitState")
         install_phase = init["phases"][0]
         assert (init["state"], init["error"], install_phase["name"], install_phase["state"]) == \
                ("starting", None, "install", "done")
         assert wire.is_iso(install_phase["finishedAt"]) and wire.is_iso(init["updatedAt"])
-        assert scenario.read("/etc/gpuhost-agent/api-key") == store.envApiKey + "\n"
-        conf = conf_values(scenario.read("/etc/gpuhost-agent/agent.conf"))
+        assert await asyncio.to_thread(scenario.read, "/etc/gpuhost-agent/api-key") == store.envApiKey + "\n"
+        conf = conf_values(await asyncio.to_thread(scenario.read, "/etc/gpuhost-agent/agent.conf"))
         assert (conf["GPUHOST_MARKETPLACE_URL"], conf["GPUHOST_ENV_ID"]) == (base, store.envId)
-        curls = [call for call in scenario.calls() if call.startswith("curl ")]
+        curls = [call for call in await asyncio.to_thread(scenario.calls) if call.startswith("curl ")]
         assert any("/agent/init-state" in call for call in curls)
         assert not [call for call in curls if store.envApiKey in call], "the key was on curl's command line"
         assert store.envApiKey not in done.both and store.envApiKey not in failed.both

@@ -56,7 +56,7 @@ async def test_logs_tail_since_timestamps_exact(local_market, docker_client):
     renter, _parts, _local = local_market
     rental_id, stack_id, container = await _deployed(renter, PRINTER)
     cid = container["Id"]
-    await until(lambda: "after-pause" in docker_client.api.logs(cid).decode(), timeout=15)
+    await until(lambda: asyncio.to_thread(lambda: "after-pause" in docker_client.api.logs(cid).decode()), timeout=15)
     path = logs_path(rental_id, stack_id, cid)
     key = renter.store.renterApiKey
 
@@ -68,11 +68,12 @@ async def test_logs_tail_since_timestamps_exact(local_market, docker_client):
 
     status, demux, _ = await read_logs(renter.http, renter.base_url, key, path, tail=5)
     assert status == 200
-    assert (demux.lines(STDOUT), demux.lines(STDERR)) == _docker_lines(cid, "--tail", "5")
+    assert (demux.lines(STDOUT), demux.lines(STDERR)) == await asyncio.to_thread(_docker_lines, cid, "--tail", "5")
     assert len(demux.lines(STDOUT) + demux.lines(STDERR)) == 5
 
     status, demux, _ = await read_logs(renter.http, renter.base_url, key, path, timestamps=True, tail=20)
-    assert (demux.lines(STDOUT), demux.lines(STDERR)) == _docker_lines(cid, "--tail", "20", "--timestamps")
+    assert (demux.lines(STDOUT), demux.lines(STDERR)) == \
+        await asyncio.to_thread(_docker_lines, cid, "--tail", "20", "--timestamps")
     stamp = demux.lines(STDOUT)[-1].split(" ", 1)[0]
     assert stamp.endswith("Z") and "T" in stamp
 
@@ -105,8 +106,8 @@ async def test_follow_streams_new_lines_and_ends_on_removal(local_market, docker
                                headers={wire.API_KEY_HEADER: renter.store.renterApiKey}) as response:
         assert response.status == 200
         for i in range(3):
-            docker_client.api.exec_start(docker_client.api.exec_create(
-                cid, ["sh", "-c", f"echo late-{i} > /proc/1/fd/1; echo late-err-{i} > /proc/1/fd/2"]))
+            await asyncio.to_thread(lambda: docker_client.api.exec_start(docker_client.api.exec_create(
+                cid, ["sh", "-c", f"echo late-{i} > /proc/1/fd/1; echo late-err-{i} > /proc/1/fd/2"])))
         deadline = time.monotonic() + 10
         while len(demux.lines(STDOUT)) < 3 or len(demux.lines(STDERR)) < 3:
             assert time.monotonic() < deadline, demux.frames
@@ -114,7 +115,7 @@ async def test_follow_streams_new_lines_and_ends_on_removal(local_market, docker
         assert demux.lines(STDOUT) == ["late-0", "late-1", "late-2"]
         assert demux.lines(STDERR) == ["late-err-0", "late-err-1", "late-err-2"]
 
-        docker_client.api.remove_container(cid, force=True)
+        await asyncio.to_thread(docker_client.api.remove_container, cid, force=True)
         rest = await asyncio.wait_for(response.content.read(), 10)  # the response ends: EOF
         demux.feed(rest)
     assert demux.leftover == 0
@@ -177,4 +178,4 @@ async def test_rental_end_ends_its_terminals(local_market, docker_client):
             message = await ws.receive(timeout=max(0.1, deadline - time.monotonic()))
             if message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.CLOSING):
                 break
-    await until(lambda: not env_containers(docker_client, renter.store.envId), timeout=20)
+    await until(lambda: asyncio.to_thread(lambda: not env_containers(docker_client, renter.store.envId)), timeout=20)

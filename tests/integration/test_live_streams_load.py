@@ -1,7 +1,7 @@
 """The agent as a real process under log floods, and its channel across a
 marketplace restart.
 
-The agent runs as `gpuhost-agent run` (tests/agent_process.py) so its resident
+The agent runs as `gpuhost-agent run` (tests/support/agent_process.py) so its resident
 memory can be measured on its own, apart from the marketplace and the test.
 """
 
@@ -43,7 +43,7 @@ services:
 async def world(tmp_path, docker_client):
     market = Market(tmp_path / "market.json")
     await market.start()
-    agent = AgentProcess(tmp_path, market)
+    agent = await asyncio.to_thread(AgentProcess, tmp_path, market)
     await agent.start()
     http = aiohttp.ClientSession()
     try:
@@ -52,7 +52,7 @@ async def world(tmp_path, docker_client):
         await http.close()
         await agent.stop()
         await market.stop()
-        remove_env_resources(docker_client, market.store.envId)
+        await asyncio.to_thread(remove_env_resources, docker_client, market.store.envId)
 
 
 async def _renter(http, market, method, path, body=None):
@@ -77,7 +77,7 @@ async def test_log_flood_keeps_agent_memory_bounded_and_marks_drops(world):
     market, agent, http = world
     rental_id, stack_id, container = await _deploy(http, market, FLOOD)
     process = psutil.Process(agent.process.pid)
-    baseline = process.memory_info().rss
+    baseline = (await asyncio.to_thread(process.memory_info)).rss
     url = market.base_url + logs_path(rental_id, stack_id, container["Id"])
     headers = {wire.API_KEY_HEADER: market.store.renterApiKey}
     peak = baseline
@@ -86,7 +86,7 @@ async def test_log_flood_keeps_agent_memory_bounded_and_marks_drops(world):
     async def sample_rss():
         nonlocal peak
         while True:
-            peak = max(peak, process.memory_info().rss)
+            peak = max(peak, (await asyncio.to_thread(process.memory_info)).rss)
             await asyncio.sleep(0.1)
 
     async def follow(demux: Demux, stall: float, until: float):

@@ -29,7 +29,7 @@ async def boxes(docker_client):
         yield made, engine
     finally:
         await engine.close()
-        made.remove_all()
+        await asyncio.to_thread(made.remove_all)
 
 
 def request(made: Containers, container, **options) -> LogsRequest:
@@ -43,7 +43,7 @@ async def finished(container, timeout: float = 30):
 
 async def test_exact_lines_streams_apart_timestamps_off(boxes):
     made, engine = boxes
-    box = await finished(made.run(NUMBERED))
+    box = await finished(await asyncio.to_thread(made.run, NUMBERED))
     sink = MemorySink()
     assert await LogPump(engine, request(made, box), sink).run() == "done"
     assert sink.lines(STDOUT) == [f"out-{i}" for i in range(1, 501)]
@@ -54,16 +54,17 @@ async def test_exact_lines_streams_apart_timestamps_off(boxes):
 
 async def test_tail_since_and_timestamps_as_docker_gives_them(boxes, docker_client):
     made, engine = boxes
-    box = await finished(made.run(NUMBERED + "; sleep 2; echo late"))
+    box = await finished(await asyncio.to_thread(made.run, NUMBERED + "; sleep 2; echo late"))
 
     sink = MemorySink()
     await LogPump(engine, request(made, box, tail=3), sink).run()
-    expected = docker_client.api.logs(box.id, tail=3).decode().splitlines()
+    expected = (await asyncio.to_thread(docker_client.api.logs, box.id, tail=3)).decode().splitlines()
     assert sorted(sink.lines(STDOUT) + sink.lines(STDERR)) == sorted(expected) and len(expected) == 3
 
     sink = MemorySink()
     await LogPump(engine, request(made, box, tail=4, timestamps=True), sink).run()
-    stamped = docker_client.api.logs(box.id, tail=4, stdout=True, stderr=False, timestamps=True).decode().splitlines()
+    stamped = (await asyncio.to_thread(docker_client.api.logs, box.id, tail=4, stdout=True, stderr=False,
+                                       timestamps=True)).decode().splitlines()
     assert sink.lines(STDOUT) == stamped and stamped[-1].endswith("Z late")
 
     late = stamped[-1].split(" ", 1)[0]
@@ -75,7 +76,8 @@ async def test_tail_since_and_timestamps_as_docker_gives_them(boxes, docker_clie
 
 async def test_tty_container_as_stdout_frames(boxes):
     made, engine = boxes
-    box = await finished(made.run("echo first; echo second >&2; printf 'no newline'", tty=True))
+    box = await finished(await asyncio.to_thread(made.run, "echo first; echo second >&2; printf 'no newline'",
+                                                 tty=True))
     sink = MemorySink()
     await LogPump(engine, request(made, box), sink).run()
     assert sink.demux.frames == [(STDOUT, b"first\r\n"), (STDOUT, b"second\r\n"), (STDOUT, b"no newline")]
@@ -87,24 +89,25 @@ async def test_tty_container_as_stdout_frames(boxes):
 
 async def test_follow_gets_later_lines_then_ends_on_removal(boxes, docker_client):
     made, engine = boxes
-    box = made.run("echo before; sleep 3600")
-    while b"before" not in box.logs():
+    box = await asyncio.to_thread(made.run, "echo before; sleep 3600")
+    while b"before" not in await asyncio.to_thread(box.logs):
         await asyncio.sleep(0.05)
     sink = MemorySink()
     pump = asyncio.create_task(LogPump(engine, request(made, box, follow=True, tail=0), sink).run())
     await asyncio.sleep(0.5)
     for i in range(3):
-        docker_client.api.exec_start(docker_client.api.exec_create(box.id, ["sh", "-c", f"echo later-{i} > /proc/1/fd/1"]))
+        await asyncio.to_thread(lambda: docker_client.api.exec_start(
+            docker_client.api.exec_create(box.id, ["sh", "-c", f"echo later-{i} > /proc/1/fd/1"])))
     await sink.until(lambda: len(sink.lines(STDOUT)) == 3)
     assert sink.lines(STDOUT) == ["later-0", "later-1", "later-2"]
-    box.remove(force=True)
+    await asyncio.to_thread(box.remove, force=True)
     assert await asyncio.wait_for(pump, 15) == "container-removed"
     assert sink.texts[-1] == {"type": "end", "reason": "container-removed"}
 
 
 async def test_follow_resumes_after_restart_without_duplicates(boxes):
     made, engine = boxes
-    box = made.run("echo line-a; echo line-b >&2; sleep 1; exit 3")
+    box = await asyncio.to_thread(made.run, "echo line-a; echo line-b >&2; sleep 1; exit 3")
     sink = MemorySink()
     pump = LogPump(engine, request(made, box, follow=True), sink, poll_seconds=0.1)
     task = asyncio.create_task(pump.run())
@@ -126,7 +129,7 @@ async def test_follow_resumes_after_restart_without_duplicates(boxes):
 async def test_stalled_reader_gets_counted_drops_and_continuous_numbers(boxes):
     made, engine = boxes
     total = 300_000
-    box = await finished(made.run(f"seq 1 {total}"), timeout=60)
+    box = await finished(await asyncio.to_thread(made.run, f"seq 1 {total}"), timeout=60)
     sink = MemorySink()
     sink.gate.clear()  # the reader stops reading
     pump = LogPump(engine, request(made, box), sink, buffer_bytes=64 * 1024, stall_seconds=0.3)
@@ -155,7 +158,7 @@ async def test_stalled_reader_gets_counted_drops_and_continuous_numbers(boxes):
 
 async def test_short_stall_loses_nothing_and_peer_close_ends(boxes):
     made, engine = boxes
-    box = await finished(made.run("seq 1 50000"))
+    box = await finished(await asyncio.to_thread(made.run, "seq 1 50000"))
     sink = MemorySink()
     sink.gate.clear()
     task = asyncio.create_task(LogPump(engine, request(made, box), sink, buffer_bytes=64 * 1024,
@@ -174,7 +177,7 @@ async def test_short_stall_loses_nothing_and_peer_close_ends(boxes):
     assert sink.lines(STDOUT) == [str(i) for i in range(1, 50001)]
     assert sink.messages < 100, "frames that waited are sent in runs, not one message each"
 
-    follower = made.run("sleep 3600")
+    follower = await asyncio.to_thread(made.run, "sleep 3600")
     sink = MemorySink()
     task = asyncio.create_task(LogPump(engine, request(made, follower, follow=True), sink).run())
     await asyncio.sleep(0.3)

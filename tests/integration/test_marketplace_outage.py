@@ -37,7 +37,7 @@ async def world(tmp_path, docker_client):
         await http.close()
         await stop_agent(parts, task)
         await market.stop()
-        remove_env_resources(docker_client, market.store.envId)
+        await asyncio.to_thread(remove_env_resources, docker_client, market.store.envId)
 
 
 def _job(market: Market, stack_id: str, job_type: str):
@@ -64,7 +64,7 @@ async def test_outage_during_deploy_removal_and_container_change(world, docker_c
     renter, market, parts = world
     await asyncio.wait_for(parts.agent.connected.wait(), 10)
     (_rental_a, stack_a, _), (rental_c, stack_c, _) = await asyncio.gather(renter.deployed(), renter.deployed())
-    [container_a] = [c for c in env_containers(docker_client, market.store.envId)
+    [container_a] = [c for c in await asyncio.to_thread(env_containers, docker_client, market.store.envId)
                      if c.labels[wire.LABEL_STACK] == stack_a]
 
     # B's deploy and C's removal are delivered; then the marketplace goes away.
@@ -86,7 +86,8 @@ async def test_outage_during_deploy_removal_and_container_change(world, docker_c
                 and stack_c not in parts.db.stacks()
                 and parts.db.completion(deploy_b.jobId) is not None
                 and parts.db.completion(remove_c.jobId) is not None, timeout=20)
-    assert [c.labels[wire.LABEL_STACK] for c in env_containers(docker_client, market.store.envId)
+    assert [c.labels[wire.LABEL_STACK] for c in await asyncio.to_thread(env_containers, docker_client,
+                                                                         market.store.envId)
             if c.labels[wire.LABEL_STACK] != stack_a] == [stack_b]
     assert parts.outbox.pending() > 0
     # The marketplace heard none of it.
@@ -111,18 +112,20 @@ async def test_outage_during_deploy_removal_and_container_change(world, docker_c
     assert [job.deliveries for job in (deploy_b, remove_c)] == [1, 1]
 
     # The latest container lists, equal to what Docker shows; the removed stack has none.
-    container_a.reload()
+    await asyncio.to_thread(container_a.reload)
     assert container_a.status == "exited"  # nobody restarted the renter's stopped container
     listed_a = market.store.containers[stack_a]["containers"]
     assert [(c["Id"], c["State"]) for c in listed_a] == [(container_a.id, f"exited ({container_a.attrs['State']['ExitCode']})")]
-    assert listed_a == _docker_view(docker_client, stack_a)
+    assert listed_a == await asyncio.to_thread(_docker_view, docker_client, stack_a)
     listed_b = market.store.containers[stack_b]["containers"]
     assert [c["State"] for c in listed_b] == ["running"]
-    assert listed_b == _docker_view(docker_client, stack_b)
-    assert stack_c not in market.store.containers and _docker_view(docker_client, stack_c) == []
+    assert listed_b == await asyncio.to_thread(_docker_view, docker_client, stack_b)
+    assert stack_c not in market.store.containers \
+        and await asyncio.to_thread(_docker_view, docker_client, stack_c) == []
 
     # Exactly one set of containers, nothing refused.
-    assert sorted(c.labels[wire.LABEL_STACK] for c in env_containers(docker_client, market.store.envId)) \
+    assert sorted(c.labels[wire.LABEL_STACK]
+                  for c in await asyncio.to_thread(env_containers, docker_client, market.store.envId)) \
         == sorted([stack_a, stack_b])
     assert parts.outbox.pending() == 0
     assert parts.outbox.rejected == 0
@@ -150,7 +153,7 @@ async def test_outage_while_a_stack_is_deployed_and_removed_at_once(world, docke
 
     await until(lambda: parts.db.completion(deploy.jobId) is not None
                 and parts.db.completion(remove.jobId) is not None, timeout=20)
-    assert env_containers(docker_client, market.store.envId) == []
+    assert await asyncio.to_thread(env_containers, docker_client, market.store.envId) == []
     assert parts.outbox.pending() > 0
     assert stack_id in market.store.stacks and remove.state != "completed"
 
@@ -160,6 +163,6 @@ async def test_outage_while_a_stack_is_deployed_and_removed_at_once(world, docke
     assert (deploy.outcome, remove.outcome) == (wire.OUTCOME_SUCCEEDED, wire.OUTCOME_SUCCEEDED), \
         (deploy.errorMsg, remove.errorMsg)
     assert stack_id not in market.store.containers
-    assert env_containers(docker_client, market.store.envId) == []
+    assert await asyncio.to_thread(env_containers, docker_client, market.store.envId) == []
     if parts.outbox.rejected:
         raise ReportsRejected(f"{parts.outbox.rejected} report(s) refused by the marketplace after its return")

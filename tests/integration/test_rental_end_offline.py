@@ -36,10 +36,12 @@ async def gpu_world(tmp_path, monkeypatch, docker_client):
     """A `Market` and an in-process agent on a stand-in machine of 2 H100 GPUs."""
     from support.fake_nvml import build_lib, forget_loaded_nvml, h100_sxm, write_config
 
-    monkeypatch.setenv("FAKE_NVML_CONFIG", str(write_config(tmp_path / "nvml.conf", h100_sxm(2))))
+    nvml_config = await asyncio.to_thread(write_config, tmp_path / "nvml.conf", h100_sxm(2))
+    monkeypatch.setenv("FAKE_NVML_CONFIG", str(nvml_config))
     market = Market(tmp_path / "market.json")
     await market.start()
-    parts, task = await start_in_process(market, tmp_path / "state", nvml_library=str(build_lib()),
+    nvml_library = str(await asyncio.to_thread(build_lib))
+    parts, task = await start_in_process(market, tmp_path / "state", nvml_library=nvml_library,
                                          location="EU-DE-Frankfurt", gpu_check_image=TEST_IMAGE,
                                          reconcile_grace_seconds=4)
     http = aiohttp.ClientSession()
@@ -49,8 +51,8 @@ async def gpu_world(tmp_path, monkeypatch, docker_client):
         await http.close()
         await stop_agent(parts, task)
         await market.stop()
-        remove_env_resources(docker_client, market.store.envId)
-        forget_loaded_nvml()
+        await asyncio.to_thread(remove_env_resources, docker_client, market.store.envId)
+        await asyncio.to_thread(forget_loaded_nvml)
 
 
 def _rental_containers(docker_client, rental_id: str) -> list[tuple[str, str]]:
@@ -139,7 +141,7 @@ async def test_rental_end_while_marketplace_down(gpu_world, docker_client):
     assert "rental has ended" in (late_deploy.errorMsg or ""), late_deploy.errorMsg
     await until(lambda: market.store.stacks[late_stack["stackId"]]["status"] == wire.ERROR, timeout=10)
     assert "rental has ended" in market.store.stacks[late_stack["stackId"]]["errorMsg"]
-    assert _rental_containers(docker_client, rental_id) == []
+    assert await asyncio.to_thread(_rental_containers, docker_client, rental_id) == []
     assert rental_id not in ledger.assignments
     assert parts.outbox.rejected == rejected_on_return  # the refusal itself is heard
     if rejected_on_return:

@@ -10,6 +10,7 @@ another rental.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -33,13 +34,15 @@ async def world(tmp_path, monkeypatch, docker_client):
     2 H100 GPUs, always on the same state directory; the last one is stopped at the end."""
     from support.fake_nvml import build_lib, forget_loaded_nvml, h100_sxm, write_config
 
-    monkeypatch.setenv("FAKE_NVML_CONFIG", str(write_config(tmp_path / "nvml.conf", h100_sxm(2))))
+    nvml_config = await asyncio.to_thread(write_config, tmp_path / "nvml.conf", h100_sxm(2))
+    monkeypatch.setenv("FAKE_NVML_CONFIG", str(nvml_config))
     market = Market(tmp_path / "market.json")
     await market.start()
     running = []
 
     async def start():
-        parts, task = await start_in_process(market, tmp_path / "state", nvml_library=str(build_lib()),
+        nvml_library = str(await asyncio.to_thread(build_lib))
+        parts, task = await start_in_process(market, tmp_path / "state", nvml_library=nvml_library,
                                              location="EU-DE-Frankfurt", gpu_check_image=TEST_IMAGE,
                                              reconcile_grace_seconds=4)
         running.append((parts, task))
@@ -57,8 +60,8 @@ async def world(tmp_path, monkeypatch, docker_client):
         while running:
             await stop()
         await market.stop()
-        remove_env_resources(docker_client, market.store.envId)
-        forget_loaded_nvml()
+        await asyncio.to_thread(remove_env_resources, docker_client, market.store.envId)
+        await asyncio.to_thread(forget_loaded_nvml)
 
 
 def _container_ids(docker_client, stack_id: str) -> list[str]:
@@ -83,24 +86,25 @@ async def test_state_file_rebuilt_without_duplicates(world, docker_client, tmp_p
     await until(lambda: deploy_1.state == "completed", timeout=10)
     gpus_1 = parts.reconciler.ledger.assignments[rental_1]
     assert len(gpus_1) == 1 and first["assignedGPUs"] == gpus_1
-    ids = _container_ids(docker_client, stack_1)
+    ids = await asyncio.to_thread(_container_ids, docker_client, stack_1)
     assert len(ids) == 1
     await stop()
 
     db_file = tmp_path / "state" / DB_FILE
-    assert db_file.exists()
+    assert await asyncio.to_thread(db_file.exists)
     if damage == "deleted":
         for suffix in ("", "-wal", "-shm"):
-            Path(f"{db_file}{suffix}").unlink(missing_ok=True)
+            await asyncio.to_thread(Path(f"{db_file}{suffix}").unlink, missing_ok=True)
     else:
-        size = max(db_file.stat().st_size, 8192)
-        db_file.write_bytes(b"not a database\x00" + os.urandom(size))
+        size = max((await asyncio.to_thread(db_file.stat)).st_size, 8192)
+        await asyncio.to_thread(db_file.write_bytes, b"not a database\x00" + os.urandom(size))
 
     parts = await start()
     assert parts.db.rebuilt_because, "the new agent did not notice it started afresh"
     if damage == "corrupted":
         assert "unreadable" in parts.db.rebuilt_because, parts.db.rebuilt_because
-        assert list(db_file.parent.glob(f"{DB_FILE}.corrupt-*")), "the corrupt file was not kept aside"
+        assert await asyncio.to_thread(lambda: list(db_file.parent.glob(f"{DB_FILE}.corrupt-*"))), \
+            "the corrupt file was not kept aside"
     assert parts.reconciler.ledger.assignments == {}  # nothing on record yet
 
     await until(lambda: parts.reconciler.runs >= 1, timeout=20)
@@ -108,9 +112,9 @@ async def test_state_file_rebuilt_without_duplicates(world, docker_client, tmp_p
     assert (parts.db.stacks().get(stack_1) or {}).get("status") == wire.APPLIED
     await until(lambda: parts.reconciler.runs >= 2, timeout=10)  # and a second run changes nothing either
     assert not [a for a in parts.reconciler.last_actions if a.kind in (DEPLOY, REMOVE)], parts.reconciler.last_actions
-    assert _container_ids(docker_client, stack_1) == ids  # no duplicate, no redeploy
-    assert all(c.status == "running" for c in docker_client.containers.list(
-        all=True, filters={"label": f"{wire.LABEL_STACK}={stack_1}"}))
+    assert await asyncio.to_thread(_container_ids, docker_client, stack_1) == ids  # no duplicate, no redeploy
+    assert all(c.status == "running" for c in await asyncio.to_thread(
+        docker_client.containers.list, all=True, filters={"label": f"{wire.LABEL_STACK}={stack_1}"}))
     history = [status for status, _at in market.store.stacks[stack_1]["history"]]
     assert history.count(wire.APPLIED) == 1 and history[-1] == wire.APPLIED, history
     assert [job.jobId for job in market.store.jobs.values() if job.stackId == stack_1] == [deploy_1.jobId]
@@ -123,6 +127,6 @@ async def test_state_file_rebuilt_without_duplicates(world, docker_client, tmp_p
     assert len(second["assignedGPUs"]) == 1 and not set(second["assignedGPUs"]) & set(now_1["assignedGPUs"]), \
         (second["assignedGPUs"], now_1["assignedGPUs"])
     assert parts.reconciler.ledger.assignments == {rental_1: gpus_1, rental_2: second["assignedGPUs"]}
-    assert _container_ids(docker_client, stack_1) == ids
-    assert len(_container_ids(docker_client, stack_2)) == 1
+    assert await asyncio.to_thread(_container_ids, docker_client, stack_1) == ids
+    assert len(await asyncio.to_thread(_container_ids, docker_client, stack_2)) == 1
     assert parts.outbox.rejected == 0

@@ -157,7 +157,7 @@ async def world(docker_client):
         await asyncio.wait_for(task, 10)
         await client.close()
         await market.stop()
-        made.remove_all()
+        await asyncio.to_thread(made.remove_all)
 
 
 def target(made: Containers, container, stream_id: str, kind: str = "logs", **fields) -> dict:
@@ -168,7 +168,7 @@ def target(made: Containers, container, stream_id: str, kind: str = "logs", **fi
 async def test_logs_on_a_stream_of_their_own(world):
     market, _channel, made = world
     assert market.headers[0][wire.API_KEY_HEADER] == KEY and market.headers[0][wire.SESSION_HEADER] == "session-1"
-    box = made.run("echo out-1; echo err-1 >&2; echo out-2")
+    box = await asyncio.to_thread(made.run, "echo out-1; echo err-1 >&2; echo out-2")
     await asyncio.to_thread(box.wait)
     await market.ask(target(made, box, "logs-1", tail=None, timestamps=False))
     demux, texts = await market.collect("logs-1")
@@ -178,7 +178,7 @@ async def test_logs_on_a_stream_of_their_own(world):
 
 async def test_refusals(world, docker_client):
     market, _channel, made = world
-    other_stack = made.run("sleep 3600", stack_id="another-stack")
+    other_stack = await asyncio.to_thread(made.run, "sleep 3600", stack_id="another-stack")
     await market.ask(target(made, other_stack, "r-1"))
     await market.ask(target(made, other_stack, "r-2", tail=-1))
     await market.ask({**target(made, other_stack, "r-3"), "containerId": "no-such-container"})
@@ -197,8 +197,8 @@ async def test_refusals(world, docker_client):
 
 async def test_terminal_and_slow_log_stream_side_by_side_then_rental_end(world):
     market, channel, made = world
-    flood = made.run("while true; do echo a line of output that nobody is reading; done")
-    box = made.run("sleep 3600")
+    flood = await asyncio.to_thread(made.run, "while true; do echo a line of output that nobody is reading; done")
+    box = await asyncio.to_thread(made.run, "sleep 3600")
     market.stalled.add("slow")  # this log stream's reader stops reading
     await market.ask(target(made, flood, "slow", follow=True))
     await asyncio.wait_for(market.stream_opened.wait(), 10)
@@ -237,7 +237,7 @@ async def test_stream_limit_and_duplicate_ids(docker_client):
     task = asyncio.create_task(channel.run())
     try:
         await asyncio.wait_for(market.channel_opened.wait(), 10)
-        box = made.run("sleep 3600")
+        box = await asyncio.to_thread(made.run, "sleep 3600")
         await market.ask(target(made, box, "one", kind="terminal"))
         await _wait_stream_ws(market, "one")
         await market.ask(target(made, box, "one", kind="terminal"))
@@ -251,13 +251,13 @@ async def test_stream_limit_and_duplicate_ids(docker_client):
         await asyncio.wait_for(task, 10)
         await client.close()
         await market.stop()
-        made.remove_all()
+        await asyncio.to_thread(made.remove_all)
     assert not task.exception()
 
 
 async def test_reconnects_after_the_marketplace_restarts(world):
     market, channel, made = world
-    box = made.run("echo still-served; sleep 3600")
+    box = await asyncio.to_thread(made.run, "echo still-served; sleep 3600")
     market.channel_opened.clear()
     await market.stop()
     await asyncio.sleep(0.5)
@@ -272,7 +272,7 @@ async def test_reconnects_after_the_marketplace_restarts(world):
 
 async def test_close_ends_streams_with_agent_stopping(world):
     market, channel, made = world
-    box = made.run("sleep 3600")
+    box = await asyncio.to_thread(made.run, "sleep 3600")
     await market.ask(target(made, box, "f", follow=True))
     await _wait_queue(market.streams, "f")
     await channel.close()
@@ -282,7 +282,7 @@ async def test_close_ends_streams_with_agent_stopping(world):
 
 async def test_cancel_drops_a_pending_stream(world):
     market, channel, made = world
-    box = made.run("echo never-sent; sleep 3600")
+    box = await asyncio.to_thread(made.run, "echo never-sent; sleep 3600")
     market.hold["p"] = asyncio.Event()
     await market.ask(target(made, box, "p", follow=True))
     await asyncio.wait_for(market.holding.wait(), 10)  # the agent is connecting the stream

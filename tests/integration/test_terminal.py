@@ -19,10 +19,10 @@ async def box(docker_client):
     made = Containers(docker_client)
     engine = EngineStreams()
     try:
-        yield made, engine, made.run("sleep 3600")
+        yield made, engine, await asyncio.to_thread(made.run, "sleep 3600")
     finally:
         await engine.close()
-        made.remove_all()
+        await asyncio.to_thread(made.remove_all)
 
 
 def open_terminal(made, engine, container, **options) -> tuple[Terminal, MemorySink, asyncio.Task]:
@@ -64,7 +64,7 @@ async def test_stop_and_peer_close_end_the_shell_too(box):
     terminal, sink, task = open_terminal(made, engine, container)
     sink.type(b"echo ready\n")
     await sink.until(lambda: "ready" in sink.output())
-    assert shells(container) == 1
+    assert await asyncio.to_thread(shells, container) == 1
     terminal.stop("rental-ended")
     assert await asyncio.wait_for(task, 10) == "rental-ended"
     assert sink.texts == [{"type": "end", "reason": "rental-ended"}]
@@ -75,7 +75,7 @@ async def test_stop_and_peer_close_end_the_shell_too(box):
     sink.peer_closes()
     assert await asyncio.wait_for(task, 10) == "closed"
     assert sink.texts == []
-    assert shells(container) == 0, "a closed terminal leaves no shell behind"
+    assert await asyncio.to_thread(shells, container) == 0, "a closed terminal leaves no shell behind"
 
 
 async def test_two_terminals_at_once(box):

@@ -66,7 +66,7 @@ class AgentProcess:
         if crash_at:
             env["GPUHOST_CRASH_AT"] = crash_at
         self.runs += 1
-        log = open(self.tmp / f"agent-{self.runs}.log", "wb")
+        log = await asyncio.to_thread(open, self.tmp / f"agent-{self.runs}.log", "wb")
         self.process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gpuhost_agent", "run", stdout=log, stderr=log, env=env)
 

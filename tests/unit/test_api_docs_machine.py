@@ -10,6 +10,7 @@ documented schemas, with no field the documents do not describe.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import json
@@ -361,9 +362,9 @@ async def test_what_the_real_probes_report_is_documented(agent_doc: dict, tmp_pa
                                      "nvmlDeviceGetPowerManagementLimit": "NOT_SUPPORTED"})
     lost = fake_nvml.FakeGpu(fail={"nvmlDeviceGetHandleByIndex": "GPU_IS_LOST"})
     machines = [
-        _probe_fake_nvml(tmp_path, [*fake_nvml.h100_sxm(2), flawed, lost]),
-        _probe_fake_nvml(tmp_path, fake_nvml.rtx4090(2)),
-        _probe_fake_nvml(tmp_path, [], fail={"nvmlInitWithFlags": "DRIVER_NOT_LOADED"}),
+        await asyncio.to_thread(_probe_fake_nvml, tmp_path, [*fake_nvml.h100_sxm(2), flawed, lost]),
+        await asyncio.to_thread(_probe_fake_nvml, tmp_path, fake_nvml.rtx4090(2)),
+        await asyncio.to_thread(_probe_fake_nvml, tmp_path, [], fail={"nvmlInitWithFlags": "DRIVER_NOT_LOADED"}),
     ]
     assert machines[0]["inventory"]["gpus"][2]["unsupported"] == {"pcie.genMax": "Not Supported",
                                                                   "powerLimitW": "Not Supported"}
@@ -385,5 +386,6 @@ async def test_what_the_real_probes_report_is_documented(agent_doc: dict, tmp_pa
         data = {**healthy_system_data(), "nvml": machine["inventory"], "host": host}
         check(agent_doc, {**build_report(data, Requirements(), 1.5), "reportedAt": wire.iso()}, body_schema)
         check(agent_doc, {"sentAt": wire.iso(), "agentVersion": "0.1.0", "uptimeSeconds": 3.0, "initState": "ready",
-                          "fingerprint": None, "gpus": machine["telemetry"], "host": telemetry.host_load("/")},
+                          "fingerprint": None, "gpus": machine["telemetry"],
+                          "host": await asyncio.to_thread(telemetry.host_load, "/")},
               beat_schema)

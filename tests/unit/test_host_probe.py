@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -22,18 +23,19 @@ def _tool(directory: Path, name: str, output: str) -> None:
 
 
 async def test_toolkit_version_from_nvidia_ctk(tmp_path) -> None:
-    _tool(tmp_path, "nvidia-ctk", "NVIDIA Container Toolkit CLI version 1.17.8\ncommit: 5bc0315")
-    _tool(tmp_path, "nvidia-container-cli", "cli-version: 1.16.2\nlib-version: 1.16.2")
+    await asyncio.to_thread(_tool, tmp_path, "nvidia-ctk",
+                            "NVIDIA Container Toolkit CLI version 1.17.8\ncommit: 5bc0315")
+    await asyncio.to_thread(_tool, tmp_path, "nvidia-container-cli", "cli-version: 1.16.2\nlib-version: 1.16.2")
     config = tmp_path / "config.toml"
-    config.write_text("[nvidia-container-cli]\nldconfig = '@/sbin/ldconfig'\n"
-                      "accept-nvidia-visible-devices-envvar-when-unprivileged = false # as advised\n")
+    await asyncio.to_thread(config.write_text, "[nvidia-container-cli]\nldconfig = '@/sbin/ldconfig'\n"
+                            "accept-nvidia-visible-devices-envvar-when-unprivileged = false # as advised\n")
     found = await toolkit.probe_toolkit(search_path=str(tmp_path), config_path=config)
     assert found == {"installed": True, "version": "1.17.8", "binaries": ["nvidia-container-cli", "nvidia-ctk"],
                      "configPath": str(config), "configFound": True, "acceptsEnvvarFromUnprivileged": False}
 
 
 async def test_toolkit_version_from_the_cli_when_ctk_is_missing(tmp_path) -> None:
-    _tool(tmp_path, "nvidia-container-cli", "cli-version: 1.16.2\nlib-version: 1.16.2")
+    await asyncio.to_thread(_tool, tmp_path, "nvidia-container-cli", "cli-version: 1.16.2\nlib-version: 1.16.2")
     found = await toolkit.probe_toolkit(search_path=str(tmp_path), config_path=tmp_path / "absent.toml")
     assert found["version"] == "1.16.2"
     # No config file: the toolkit's default applies, which accepts the variable.
@@ -45,7 +47,7 @@ async def test_hook_without_a_version_and_no_toolkit(tmp_path) -> None:
                                         config_path=tmp_path / "none.toml")
     assert found["installed"] and found["binaries"] == ["nvidia-container-runtime-hook"] and found["version"] is None
     empty = tmp_path / "empty"
-    empty.mkdir()
+    await asyncio.to_thread(empty.mkdir)
     assert (await toolkit.probe_toolkit(search_path=str(empty)))["installed"] is False
 
 

@@ -5,6 +5,7 @@ serve it. (install.sh on a fresh Debian 12 chroot: tests/integration/test_instal
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shlex
 import shutil
@@ -56,7 +57,7 @@ def test_unknown_options_are_usage_errors() -> None:
 async def test_script_route_answers_the_installation_line(tmp_path: Path) -> None:
     store = Store.load_or_create(None)
     fake_script = tmp_path / "install.sh"
-    fake_script.write_text("#!/bin/sh\necho hi\n")
+    await asyncio.to_thread(fake_script.write_text, "#!/bin/sh\necho hi\n")
     app = web.Application()
     app.add_routes(script_api.routes(MarketplaceState(store), install_script=fake_script))
     async with TestClient(TestServer(app)) as http:
@@ -70,7 +71,7 @@ async def test_script_route_answers_the_installation_line(tmp_path: Path) -> Non
         assert missing.status == 404 and (await missing.json())["status"] == 404
         script = await http.get("/v1/install.sh")
         assert script.status == 200 and script.content_type == "text/x-shellscript"
-        assert await script.text() == fake_script.read_text()
+        assert await script.text() == await asyncio.to_thread(fake_script.read_text)
 
 
 async def test_without_a_checkout_install_sh_is_not_served(tmp_path: Path) -> None:
@@ -102,6 +103,6 @@ async def test_in_the_app_the_line_needs_the_user_key_and_install_sh_needs_none(
         assert (await http.get(path, headers={wire.API_KEY_HEADER: store.renterApiKey})).status == 200
         script = await http.get("/v1/install.sh")
         assert script.status == 200
-        assert await script.text() == INSTALL_SH.read_text()
+        assert await script.text() == await asyncio.to_thread(INSTALL_SH.read_text)
         # Only that exact path is public.
         assert (await http.get("/v1/install.sh/x")).status == 401

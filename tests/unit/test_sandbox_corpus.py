@@ -9,6 +9,7 @@ on the real engine: tests/integration/test_sandbox_corpus_engine.py.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -42,13 +43,13 @@ def compose(tmp_path_factory) -> ComposeRunner:
 
 async def _decide(compose: ComposeRunner, path: Path, workdir: Path) -> tuple[list[str], dict | None]:
     """The refusals the agent would give (raw check, Compose's own errors, the policy)."""
-    text = path.read_text()
+    text = await asyncio.to_thread(path.read_text)
     try:
         refuse_raw(text)
     except StackRejected as exc:
         return [str(exc)], None
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "compose.yaml").write_text(text)
+    await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
+    await asyncio.to_thread((workdir / "compose.yaml").write_text, text)
     try:
         model = await compose.config("corpus", workdir, "compose.yaml", {})
     except ComposeError as exc:

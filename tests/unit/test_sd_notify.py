@@ -177,7 +177,7 @@ async def test_notify_ready_when_waits_for_the_event(systemd: FakeSystemd) -> No
     assert systemd.texts() == []
     connected.set()
     await asyncio.wait_for(task, 2)
-    assert systemd.wait_for(lambda text: text == "READY=1\nSTATUS=connected")
+    assert await asyncio.to_thread(systemd.wait_for, lambda text: text == "READY=1\nSTATUS=connected")
 
 
 def test_real_agent_process_notifies_systemd(tmp_path: Path) -> None:

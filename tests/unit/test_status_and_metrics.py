@@ -179,9 +179,9 @@ async def test_status_over_the_socket(parts, short_dir):
     sock = short_dir / "run" / "agent.sock"
     server = await status_server.start(parts, sock, local_marketplace=False)
     try:
-        assert stat.S_ISSOCK(sock.lstat().st_mode)
-        assert stat.S_IMODE(sock.lstat().st_mode) == 0o600
-        assert stat.S_IMODE(sock.parent.stat().st_mode) == 0o700
+        assert stat.S_ISSOCK((await asyncio.to_thread(sock.lstat)).st_mode)
+        assert stat.S_IMODE((await asyncio.to_thread(sock.lstat)).st_mode) == 0o600
+        assert stat.S_IMODE((await asyncio.to_thread(sock.parent.stat)).st_mode) == 0o700
         status = await asyncio.to_thread(status_cli.fetch_status, sock)
         assert status["running"] is True and status["pid"] == os.getpid()
         assert status["connected"] is False
@@ -212,7 +212,7 @@ async def test_status_over_the_socket(parts, short_dir):
         assert json.loads(out.getvalue())["connected"] is True
     finally:
         await server.stop()
-    assert not sock.exists()
+    assert not await asyncio.to_thread(sock.exists)
 
 
 async def test_metrics_over_the_socket(parts, short_dir):
@@ -262,10 +262,10 @@ async def test_stale_socket_is_replaced_live_one_and_files_are_not(parts, short_
             await status_server.start(parts, sock)
     finally:
         await server.stop()
-    sock.write_text("not a socket")
+    await asyncio.to_thread(sock.write_text, "not a socket")
     with pytest.raises(status_server.StatusSocketError, match="not a socket"):
         await status_server.start(parts, sock)
-    assert sock.read_text() == "not a socket"
+    assert await asyncio.to_thread(sock.read_text) == "not a socket"
 
 
 def test_socket_path_too_long(short_dir):
@@ -310,7 +310,8 @@ async def test_other_users_cannot_open_the_socket(parts, short_dir):
         code = ("import sys; from gpuhost_agent.service import status_cli; "
                 f"sys.exit(status_cli.run({str(sock)!r}))")
         src = str(Path(status_cli.__file__).parents[2])
-        python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable  # the client needs only the stdlib
+        # the client needs only the stdlib
+        python = await asyncio.to_thread(shutil.which, "python3", path="/usr/bin:/bin") or sys.executable
         try:
             result = await asyncio.to_thread(
                 subprocess.run, [python, "-c", code], capture_output=True, text=True, timeout=30,
