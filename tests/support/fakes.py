@@ -235,6 +235,28 @@ class FakeProber:
         return copy.deepcopy(self.data)
 
 
+# ---- time --------------------------------------------------------------------------------
+
+class FastAsyncio:
+    """Stands in for the asyncio module as one agent module sees it
+    (monkeypatch.setattr(agent_module, "asyncio", FastAsyncio())): its back-off
+    sleeps are recorded in `delays` and cut short; everything else is asyncio's."""
+
+    stands_in_for: ClassVar[object] = asyncio
+    test_side: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    def __getattr__(self, name: str):
+        return getattr(asyncio, name)
+
+    async def sleep(self, delay: float, result=None):
+        self.delays.append(delay)
+        await asyncio.sleep(min(delay, 0.01))
+        return result
+
+
 # ---- streams -----------------------------------------------------------------------------
 
 class MemorySink:
@@ -308,4 +330,4 @@ class MemorySink:
 
 # Every fake above, for tests/unit/test_fakes.py.
 FAKES: tuple[type, ...] = (FakeOutbox, FakeSchedule, FakeDeployer, FakeDispatcher, FakeEngine, FakeClient, FakeNvml,
-                           FakeProber, MemorySink)
+                           FakeProber, MemorySink, FastAsyncio)

@@ -25,7 +25,7 @@ from gpuhost_agent.core.dispatcher import JobDispatcher
 from gpuhost_agent.uplink.outbox import Outbox
 from gpuhost_agent.core.schedule import Schedule
 
-from support.fakes import FakeDeployer
+from support.fakes import FakeDeployer, FastAsyncio
 from support.waiting import until
 
 CAP = 64 * 1024  # the client's body cap in these tests
@@ -186,27 +186,12 @@ async def test_a_reply_that_is_not_json_at_all_is_rejected(broken):
 
 # ---- the agent's poll loop ----------------------------------------------------------------
 
-class _FastAsyncio:
-    """The agent module's view of asyncio, with its back-off sleeps recorded and
-    cut short (a refused poll waits at least 10 s)."""
-
-    def __init__(self):
-        self.delays: list[float] = []
-
-    def __getattr__(self, name):
-        return getattr(asyncio, name)
-
-    async def sleep(self, delay, *args):
-        self.delays.append(delay)
-        await asyncio.sleep(min(delay, 0.01))
-
-
 @pytest.fixture
 async def polling(broken, monkeypatch):
     """The agent's real poll loop, dispatcher and outbox against the broken
     marketplace: yields (marketplace, deployer, fast asyncio, the loop's task)."""
     market, client = broken
-    fast = _FastAsyncio()
+    fast = FastAsyncio()  # a refused poll waits at least 10 s
     monkeypatch.setattr(agent_module, "asyncio", fast)
     outbox = Outbox(lambda report: send_report(client, report), base_delay=0.01)
     deployer = FakeDeployer()
