@@ -8,8 +8,11 @@ import pytest
 from aiohttp import web
 
 from gpuhost_agent.core.agent import send_report
-from gpuhost_agent.uplink.client import MarketplaceAuthFailed, MarketplaceClient, MarketplaceRejected, MarketplaceUnavailable
+from gpuhost_agent.uplink import outbox as outbox_module
+from gpuhost_agent.uplink.client import (
+    MAX_RETRY_AFTER, MarketplaceAuthFailed, MarketplaceClient, MarketplaceRejected, MarketplaceUnavailable, retry_delay)
 from gpuhost_agent.uplink.outbox import STATUS, Outbox
+from support.fakes import FastAsyncio
 
 
 @pytest.fixture
@@ -58,6 +61,42 @@ async def test_a_report_refused_for_the_key_is_retried_not_dropped(flaky):
     assert await outbox.drained(5)
     runner.cancel()
     assert seen == ["PUT /v1/agent/stacks/s1/status"] * 2 and outbox.rejected == 0 and outbox.sent == 1
+
+
+# ---- Retry-After has a cap ------------------------------------------------------------------
+
+@pytest.mark.parametrize("retry_after, waited", [
+    (0.2, 0.2), (599.0, 599.0), (MAX_RETRY_AFTER, MAX_RETRY_AFTER),  # honoured as given
+    (600.5, MAX_RETRY_AFTER), (86400.0, MAX_RETRY_AFTER), (1e12, MAX_RETRY_AFTER), (float("inf"), MAX_RETRY_AFTER),
+])
+def test_retry_after_is_honoured_up_to_the_cap(retry_after, waited):
+    """A marketplace cannot park the agent for a day: whatever its Retry-After,
+    the agent waits at most MAX_RETRY_AFTER (10 minutes) before trying again."""
+    assert MAX_RETRY_AFTER == 600.0
+    for failures in (1, 5, 30):
+        assert retry_delay(failures, MarketplaceUnavailable("busy", retry_after=retry_after)) == waited
+
+
+@pytest.mark.parametrize("header", ["86400", "1e12", "Fri, 31 Dec 9999 23:59:59 GMT"],
+                         ids=["a-day", "huge-number", "far-http-date"])
+async def test_a_marketplace_asking_for_a_day_is_tried_again_within_the_cap(flaky, monkeypatch, header):
+    """The real client against a real server answering 503 with a huge
+    Retry-After, and the real outbox retrying: its one wait is at most the cap.
+    (An HTTP date is not read as Retry-After: the back-off applies, below the cap too.)"""
+    client, script, seen = flaky
+    script["/v1/agent/stacks/s1/status"] = [(503, {"message": "maintenance"}, {"Retry-After": header}),
+                                            (200, {"accepted": True}, {})]
+    sleeps = FastAsyncio()
+    monkeypatch.setattr(outbox_module, "asyncio", sleeps)
+    outbox = Outbox(lambda report: send_report(client, report), base_delay=0.01, max_delay=30.0)
+    outbox.put(STATUS, "s1", {"status": "APPLIED"})
+    runner = asyncio.create_task(outbox.run())
+    assert await outbox.drained(5)
+    runner.cancel()
+    assert seen == ["PUT /v1/agent/stacks/s1/status"] * 2 and outbox.sent == 1
+    assert len(sleeps.delays) == 1 and 0 < sleeps.delays[0] <= MAX_RETRY_AFTER, sleeps.delays
+    if header != "Fri, 31 Dec 9999 23:59:59 GMT":
+        assert sleeps.delays == [MAX_RETRY_AFTER]  # the cap, not the outbox's back-off ceiling (30 s)
 
 
 # ---- replies the client cannot use (issue 5, item 7) -------------------------------------

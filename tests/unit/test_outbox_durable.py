@@ -17,6 +17,7 @@ import pytest
 
 from gpuhost_agent.uplink.client import MarketplaceRejected, MarketplaceUnavailable
 from gpuhost_agent.uplink.outbox import CONTAINERS, DROP_ORDER, INIT_STATE, JOB_COMPLETE, STATUS, SYSTEM_DATA, Outbox, Report
+from gpuhost_agent.protocol.wire import REMOVED
 from gpuhost_agent.storage.agent_db import DB_FILE, AgentDB
 from support.fakes import Recorder, never_called
 
@@ -339,6 +340,36 @@ async def test_without_a_database_the_bound_and_counters_still_work():
     assert outbox.dropped == 1 and not outbox.has(CONTAINERS, "s1")
     assert outbox.has(JOB_COMPLETE, "j1") and outbox.has(JOB_COMPLETE, "j2")
     assert not await outbox.drained(0.02)
+
+
+# ---- a removed stack -----------------------------------------------------------
+
+@pytest.mark.parametrize("durable", [False, True], ids=["in-memory", "on-disk"])
+async def test_a_removed_status_supersedes_the_stacks_unsent_container_list(db_path, durable):
+    """The marketplace drops a removed stack's container list: a list still
+    queued when REMOVED is put is never sent (nor kept on disk), while the
+    REMOVED status is; other stacks' lists and other statuses are left alone."""
+    db = AgentDB(db_path) if durable else None
+    try:
+        sent = Recorder()
+        outbox = Outbox(sent, db=db, **FAST)  # not running yet: everything stays queued
+        outbox.put(CONTAINERS, "s1", {"containers": [{"Name": "p-app-1"}]})
+        outbox.put(CONTAINERS, "s2", {"containers": [{"Name": "q-app-1"}]})
+        outbox.put(STATUS, "s2", {"status": "APPLIED"})  # not a removal: s2's list stays
+        outbox.put(STATUS, "s1", {"status": REMOVED})
+        assert not outbox.has(CONTAINERS, "s1") and outbox.has(STATUS, "s1")
+        assert outbox.has(CONTAINERS, "s2") and outbox.pending() == 3
+        if db is not None:
+            assert keys(db) == [(CONTAINERS, "s2"), (STATUS, "s2"), (STATUS, "s1")]
+
+        async with running(outbox):
+            assert await outbox.drained(5)
+        assert sent.got == [(CONTAINERS, "s2", {"containers": [{"Name": "q-app-1"}]}),
+                            (STATUS, "s2", {"status": "APPLIED"}), (STATUS, "s1", {"status": REMOVED})]
+        assert (CONTAINERS, "s1") not in [(kind, target) for kind, target, _ in sent.got]
+    finally:
+        if db is not None:
+            db.close()
 
 
 # ---- has / pending / drained ---------------------------------------------------
