@@ -1,4 +1,4 @@
-.PHONY: setup run test bench clean-test-docker
+.PHONY: setup run test test-fast bench clean-test-docker
 
 # Label the agent puts on every container/network/volume it creates.
 MANAGED_LABEL := io.gpuhost.managed=true
@@ -10,8 +10,15 @@ setup:
 run: setup
 	.venv/bin/gpuhost-agent run $(ARGS)
 
+# Everything, unit and integration tests against the real engine (what CI runs).
 test: setup
 	.venv/bin/python -m pytest -q tests $(PYTEST_ARGS)
+
+# tests/unit alone: no Docker Engine, under a minute. Needs .venv: `make setup` once
+# (and again after pyproject.toml changes).
+test-fast:
+	@test -x .venv/bin/python || { echo "test-fast: no .venv yet; run 'make setup' once" >&2; exit 2; }
+	.venv/bin/python -m pytest -q tests/unit $(PYTEST_ARGS)
 
 bench: setup
 	.venv/bin/python bench/pickup_latency.py $(ARGS)

@@ -31,7 +31,7 @@ readonly MANAGED_LABEL=io.gpuhost.managed=true
 readonly EXIT_FAILED=1 EXIT_USAGE=2 EXIT_MISSING=3
 
 # ---- messages: printed as "install.sh: error: <text>" (or "warning:"), listed
-# verbatim in --help, and checked word for word by tests/test_install.py. ----
+# verbatim in --help, and checked word for word by tests/*/test_install*.py. ----
 readonly MSG_NOT_ROOT="install.sh must run as root: sudo ./install.sh ... or curl -fsSL <url> | sudo bash -s -- ..."
 readonly MSG_PYTHON="python3 (3.10 or later) with its venv module is missing: apt-get install python3 python3-venv, or rerun with --install-missing"
 readonly MSG_DOCKER_MISSING="Docker Engine is not installed (no docker command): install it from https://docs.docker.com/engine/install/ or with apt-get install docker.io, or rerun with --install-missing"
@@ -117,7 +117,7 @@ EOF
 }
 
 # The unit, embedded so that `curl | bash` needs no other file. It must equal
-# systemd/gpuhost-agent.service in the repository (tests/test_systemd_unit.py).
+# systemd/gpuhost-agent.service in the repository (tests/unit/test_systemd_unit.py).
 unit_text() {
     cat <<'EOF'
 # gpuhost-agent: the host agent of the GPU rental marketplace.

@@ -33,8 +33,8 @@ import docker
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from agent_process import AgentProcess, Market  # noqa: E402
-from renter_streams import STDOUT, SYSTEM, Demux, logs_path  # noqa: E402
+from support.agent_process import AgentProcess, Market  # noqa: E402
+from support.renter_streams import STDOUT, SYSTEM, Demux, logs_path  # noqa: E402
 
 from gpuhost_agent.protocol import wire  # noqa: E402
 

@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from fake_nvml import build_lib, h100_sxm, write_config  # noqa: E402
+from support.fake_nvml import build_lib, h100_sxm, write_config  # noqa: E402
 
 from gpuhost_agent.protocol.requirements import Requirements  # noqa: E402
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe  # noqa: E402

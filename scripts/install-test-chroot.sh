@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run one command as root inside a throw-away copy of the Debian 12 test rootfs
-# (scripts/rootfs-debian12.sh), for tests/test_install.py and by hand:
+# (scripts/rootfs-debian12.sh), for tests/integration/test_install.py and by hand:
 #
 #   bash scripts/install-test-chroot.sh ROOTFS SCENARIO_DIR [--bind SRC:DEST]... \
 #        [--env NAME=VALUE]... -- COMMAND [ARG...]

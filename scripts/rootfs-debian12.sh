@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build a minimal Debian 12 root file system for the install.sh tests, once,
-# and cache it: tests/test_install.py runs install.sh in it as a chroot, so
+# and cache it: tests/integration/test_install.py runs install.sh in it as a chroot, so
 # the installer meets a fresh Debian 12 (python3, python3-venv, curl, systemd
 # installed but not running; no Docker, no NVIDIA) without touching this
 # machine. systemd is there for `systemctl enable` offline and for

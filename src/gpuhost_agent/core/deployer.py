@@ -74,15 +74,15 @@ class StackDeployer:
         try:
             check_variables(variables)
             refuse_raw(template.get("content", ""))  # before Compose reads anything the file names
-            workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            _write_private(workdir / ORIGINAL_FILE, template.get("content", ""))
+            await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True, mode=0o700)
+            await asyncio.to_thread(_write_private, workdir / ORIGINAL_FILE, template.get("content", ""))
             try:
                 model = await self.compose.config(project, workdir, ORIGINAL_FILE, variables)
             except ComposeError as exc:
                 raise StackRejected(f"invalid Compose file: {exc}") from None
             hardened, gpus = await self.sandbox.apply(job, project, model)
             rewritten = label_services(hardened, job.stack_id, job.rental_id, job.env_id, gpus)
-            _write_private(workdir / AGENT_FILE, json.dumps(rewritten, indent=1))
+            await asyncio.to_thread(_write_private, workdir / AGENT_FILE, json.dumps(rewritten, indent=1))
             faults.crash_point("deploy.before_compose_up")
             try:
                 await self.compose.up(project, workdir, AGENT_FILE)
@@ -136,7 +136,7 @@ class StackDeployer:
 
     async def _teardown(self, project: str, workdir: Path, stack_id: str) -> None:
         try:
-            workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True, mode=0o700)
             await self.compose.down(project, workdir, stop_timeout=0)
             for leftover in await self.engine.stack_containers(stack_id):
                 await self.engine.remove_container(leftover["Id"])
@@ -171,7 +171,7 @@ class StackDeployer:
                 return True
         except EngineError:
             return True  # cannot tell: say what we are doing
-        return (self.stacks_dir / stack_id).exists() or stack_id in self.db.stacks()
+        return await asyncio.to_thread((self.stacks_dir / stack_id).exists) or stack_id in self.db.stacks()
 
     # ---- rental end ------------------------------------------------------------
     async def end_rental(self, job: wire.StackJob) -> str:
@@ -223,7 +223,7 @@ class StackDeployer:
         existing = await list_containers()
         projects = {c["Labels"].get(COMPOSE_PROJECT_LABEL) for c in existing if c.get("Labels")} - {None}
         projects = projects or fallback
-        workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True, mode=0o700)
         for project in sorted(projects):
             await self.compose.down(project, workdir, stop_timeout=self.stop_timeout)
         for leftover in await list_containers():

@@ -83,9 +83,9 @@ async def _gpu_containers(engine: DockerEngine, facts: dict, image: str | None) 
     if "nvidia" in facts["runtimes"]:
         signs.append("nvidia runtime registered")
     for directory in facts["cdiSpecDirs"] or CDI_SPEC_DIRS:
-        if any(p.name.startswith("nvidia") for p in _listdir(directory)):
+        if any(p.name.startswith("nvidia") for p in await asyncio.to_thread(_listdir, directory)):
             signs.append(f"NVIDIA CDI spec in {directory}")
-    if toolkit.find_binaries().get("nvidia-container-runtime-hook"):
+    if (await asyncio.to_thread(toolkit.find_binaries)).get("nvidia-container-runtime-hook"):
         signs.append("nvidia-container-runtime-hook installed")
     return {"ok": bool(signs), "method": "engine-info", "detail": ", ".join(signs) or
             "no nvidia runtime, CDI spec or nvidia-container-runtime-hook found"}
@@ -119,6 +119,12 @@ async def probe_host(engine: DockerEngine, compose_command: list[str] | None, *,
     docker, compose, nvidia_toolkit = await asyncio.gather(
         docker_facts(engine, gpu_check_image), compose_facts(compose_command),
         toolkit.probe_toolkit(config_path=toolkit_config))
+    # /proc, /sys, /etc/os-release, statvfs and adjtimex (whose libc lookup runs
+    # ldconfig): blocking reads, made in a thread.
+    return await asyncio.to_thread(_this_machine, docker, compose, nvidia_toolkit)
+
+
+def _this_machine(docker: dict, compose: dict, nvidia_toolkit: dict) -> dict:
     memory = psutil.virtual_memory()
     return {
         "cpu": {"model": cpu_model(), "physicalCores": psutil.cpu_count(logical=False),

@@ -67,7 +67,7 @@ async def _version_of(binary: str, timeout: float = 5) -> str | None:
 
 
 async def probe_toolkit(search_path: str | None = None, config_path: Path | None = None) -> dict:
-    binaries = find_binaries(search_path)
+    binaries = await asyncio.to_thread(find_binaries, search_path)
     version = None
     for name in BINARIES:
         if name in binaries:
@@ -76,7 +76,7 @@ async def probe_toolkit(search_path: str | None = None, config_path: Path | None
                 break
     config_path = config_path or DEFAULT_CONFIG
     try:
-        config_text: str | None = config_path.read_text()
+        config_text: str | None = await asyncio.to_thread(config_path.read_text)
     except OSError:
         config_text = None
     setting = unprivileged_envvar_setting(config_text)

@@ -19,6 +19,7 @@ the agent runs from; an agent installed from a wheel has none, and says so.
 
 from __future__ import annotations
 
+import asyncio
 import shlex
 from pathlib import Path
 
@@ -58,10 +59,10 @@ def routes(state: MarketplaceState, install_script: Path | None = None) -> list[
         return web.json_response(install_line(base_url, env_id, state.store.envApiKey))
 
     async def get_install_script(_request: web.Request) -> web.Response:
-        if script is None or not script.is_file():
+        if script is None or not await asyncio.to_thread(script.is_file):
             return json_error(404, "install.sh is not part of this installation of the agent; "
                                    "the local marketplace serves it when the agent runs from a checkout")
-        return web.Response(body=script.read_bytes(), content_type="text/x-shellscript",
+        return web.Response(body=await asyncio.to_thread(script.read_bytes), content_type="text/x-shellscript",
                             headers={"Cache-Control": "no-store"})
 
     return [

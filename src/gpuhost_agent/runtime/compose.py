@@ -121,7 +121,7 @@ class ComposeRunner:
             await process.wait()
             raise
         if process.returncode != 0:
-            raise ComposeError(clean_error(stderr.decode(errors="replace"), cwd))
+            raise ComposeError(await asyncio.to_thread(clean_error, stderr.decode(errors="replace"), cwd))
         return stdout.decode(errors="replace")
 
     async def config(self, project: str, workdir: Path, compose_file: str, variables: dict[str, str]) -> dict:

@@ -1,0 +1,96 @@
+"""Fixtures that need the real Docker Engine (`make test` starts it), and the
+`docker` marker on every test in this directory.
+
+Images come from the local build (gpuhost-test/busybox:1) and the registry on
+127.0.0.1:5000; nothing is pulled from outside this machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import aiohttp
+import docker
+import pytest
+
+from gpuhost_agent.service.daemon import stop_agent
+from gpuhost_agent.service.wiring import build_agent, start_local_marketplace
+from support.agent_config import make_config
+from support.engine import remove_env_resources
+from support.fake_nvml import build_lib, forget_loaded_nvml, h100_sxm, write_config
+from support.renter import Renter
+from support.stacks import TEST_IMAGE
+
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test under tests/integration/ needs the engine: `-m "not docker"` leaves them out."""
+    for item in items:
+        if HERE in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.docker)
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    """The real engine. Not answering is a failure, not a skip: `make test` starts it."""
+    client = docker.from_env()
+    try:
+        client.ping()
+    except Exception as exc:  # pragma: no cover - a set-up problem, reported plainly
+        pytest.fail(f"no Docker Engine answers ({exc}); run the tests with `make test`, which starts one")
+    client.images.get(TEST_IMAGE)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+async def local_market(tmp_path, docker_client):
+    """Local marketplace + agent in this event loop; yields (renter, parts, running marketplace)."""
+    config = make_config(tmp_path / "state")
+    local = await start_local_marketplace(config)
+    parts = build_agent(config, local.base_url, local.state.store.envApiKey)
+    agent_task = asyncio.create_task(parts.agent.run())
+    await asyncio.wait_for(parts.session.connected.wait(), 10)
+    http = aiohttp.ClientSession()
+    try:
+        yield Renter(http, local.base_url, local.state.store), parts, local
+    finally:
+        await http.close()
+        await stop_agent(parts, agent_task)
+        await local.stop()
+        await asyncio.to_thread(remove_env_resources, docker_client, local.state.store.envId)
+
+
+@pytest.fixture
+async def gpu_agent(tmp_path, monkeypatch, docker_client):
+    """start(heartbeat_seconds=..., gpus=N, **config overrides) -> (renter, parts, local, nvml config path):
+    the local marketplace and an agent on a stand-in machine of N H100 GPUs (8 by default)."""
+    nvml_config = await asyncio.to_thread(write_config, tmp_path / "nvml.conf", h100_sxm(8))
+    monkeypatch.setenv("FAKE_NVML_CONFIG", str(nvml_config))
+    running = []
+
+    async def start(heartbeat_seconds: float = 0.5, gpus: int | None = None, **overrides):
+        if gpus is not None:
+            await asyncio.to_thread(write_config, nvml_config, h100_sxm(gpus))
+        nvml_library = str(await asyncio.to_thread(build_lib))
+        config = make_config(tmp_path / "state", nvml_library=nvml_library, location="EU-DE-Frankfurt",
+                             speed_max_bytes=2_000_000, speed_max_seconds=2.0, gpu_check_image=TEST_IMAGE,
+                             **overrides)
+        local = await start_local_marketplace(config)
+        local.state.intervals["heartbeatSeconds"] = heartbeat_seconds
+        parts = build_agent(config, local.base_url, local.state.store.envApiKey)
+        task = asyncio.create_task(parts.agent.run())
+        http = aiohttp.ClientSession()
+        running.append((parts, task, local, http))
+        return Renter(http, local.base_url, local.state.store), parts, local, nvml_config
+
+    yield start
+    for parts, task, local, http in running:
+        await http.close()
+        if not task.done():
+            await stop_agent(parts, task)
+        await local.stop()
+        await asyncio.to_thread(remove_env_resources, docker_client, local.state.store.envId)
+    await asyncio.to_thread(forget_loaded_nvml)

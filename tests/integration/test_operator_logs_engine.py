@@ -1,0 +1,132 @@
+"""Logs for operators, from a real agent on the real engine: the level changed at
+run time (SIGHUP), and no secret in a full deploy's output. (journald priorities
+and a request id across a job's lines: tests/unit/test_operator_logs.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gpuhost_agent.protocol import wire
+from support.engine import remove_env_resources
+from support.stacks import SLEEPER
+from support.waiting import until
+
+
+def _lines(stream) -> list[dict]:
+    return [json.loads(line) for line in stream.getvalue().splitlines() if line.strip()]
+
+
+# --- nothing secret in a full deploy ------------------------------------------
+
+SECRET_VALUE = "s3cret-value-XYZ"
+
+
+@pytest.fixture
+def log_audit(log_stream):
+    """Checked after local_market's teardown too (requested before it, so torn
+    down after it): the agent's stop is part of the output searched."""
+    secrets: list[str] = []
+    yield log_stream, secrets
+    output = log_stream.getvalue()
+    lines = output.splitlines()
+    assert lines and all(isinstance(json.loads(line).get("event"), str) for line in lines)
+    for secret in secrets:
+        assert secret not in output
+
+
+@pytest.mark.docker
+async def test_a_full_deploy_logs_no_secret(log_audit, local_market):
+    stream, secrets = log_audit
+    renter, parts, local = local_market
+    secrets += [local.state.store.envApiKey, local.state.store.renterApiKey, SECRET_VALUE, "another-secret-42"]
+    rental_id = await renter.rental()
+    variables = {"TOKEN": SECRET_VALUE, "OTHER": "another-secret-42"}
+    content = SLEEPER + "    environment:\n      TOKEN: ${TOKEN}\n      OTHER: ${OTHER}\n"
+    stack_id = await renter.stack(rental_id, content, variables)
+    assert (await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR)))["status"] == wire.APPLIED
+    await until(lambda: not parts.dispatcher._running, 30)
+    # a failing deploy whose Compose error may echo the values
+    bad_id = await renter.stack(rental_id, "services:\n  app:\n    image: ${TOKEN}/${OTHER}:x\n", variables)
+    assert (await renter.wait_stack(rental_id, bad_id, (wire.APPLIED, wire.ERROR)))["status"] == wire.ERROR
+    await until(lambda: not parts.dispatcher._running, 30)
+
+    output = stream.getvalue()
+    lines = _lines(stream)
+    events = {line["event"] for line in lines}
+    assert {"job_started", "stack_applying", "stack_applied", "stack_failed", "job_finished"} <= events, events
+    assert all(isinstance(line.get("event"), str) for line in lines)
+    job_lines = [line for line in lines if line.get("stack_id") == stack_id and "job_id" in line]
+    assert len({line.get("request_id") for line in job_lines}) == 1
+    for secret in secrets:
+        assert secret not in output
+
+
+# --- SIGHUP reloads the configuration ----------------------------------------
+
+def _wait_for(path, predicate, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if predicate(lines):
+            return lines
+        time.sleep(0.1)
+    raise AssertionError(f"not seen in time: {path.read_text()[-3000:]}")
+
+
+def test_sighup_reloads_the_log_level(tmp_path, docker_client):
+    conf = tmp_path / "agent.conf"
+    conf.write_text("GPUHOST_LOG_LEVEL=info\nGPUHOST_SETTLE_SECONDS=0.5\n")
+    env = {**os.environ, "GPUHOST_LOCAL_API_KEY": "sighup-test-key", "GPUHOST_CONFIG": str(conf)}
+    env.pop("GPUHOST_LOG_LEVEL", None)
+    env.pop("JOURNAL_STREAM", None)
+    stderr = tmp_path / "stderr"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpuhost_agent", "run", "--state-dir", str(tmp_path / "state"),
+         "--local-listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE, stderr=open(stderr, "w"), text=True, env=env,
+    )
+    env_id = None
+    try:
+        banner = "".join(process.stdout.readline() for _ in range(4))
+        env_id = re.search(r"environment id:\s+(\S+)", banner).group(1)
+        _wait_for(stderr, lambda lines: any(line["event"] == "session_opened" for line in lines))
+        before = [json.loads(line) for line in stderr.read_text().splitlines()]
+        assert before and all(line["level"] != "debug" for line in before)
+
+        conf.write_text("GPUHOST_LOG_LEVEL=debug\nGPUHOST_SETTLE_SECONDS=0.5\n")
+        process.send_signal(signal.SIGHUP)
+        lines = _wait_for(stderr, lambda lines: any(line["event"] == "config_in_effect" for line in lines))
+        reloaded = next(i for i, line in enumerate(lines) if line["event"] == "config_reloaded")
+        assert lines[reloaded]["log_level"] == "debug" and lines[reloaded]["level"] == "info"
+        assert any(line["level"] == "debug" for line in lines[reloaded + 1:])
+
+        conf.write_text("GPUHOST_LOG_LEVEL=loud\n")
+        process.send_signal(signal.SIGHUP)
+        lines = _wait_for(stderr, lambda lines: any(line["event"] == "config_reload_failed" for line in lines))
+        failed = next(line for line in lines if line["event"] == "config_reload_failed")
+        assert "loud" in failed["error"] and failed["level"] == "error" and failed["log_level"] == "debug"
+
+        conf.write_text("GPUHOST_LOG_LEVEL=warning\n")
+        process.send_signal(signal.SIGHUP)
+        time.sleep(1)
+        assert process.poll() is None, "SIGHUP does not stop the agent"
+        before_stop = len(stderr.read_text().splitlines())  # start-up work may still log until the reload
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+        lines = [json.loads(line) for line in stderr.read_text().splitlines()]
+        assert all(line["level"] in ("warning", "error", "critical") for line in lines[before_stop:]), \
+            "at warning, the info lines of the shutdown are filtered"
+        assert "sighup-test-key" not in stderr.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+        if env_id:
+            remove_env_resources(docker_client, env_id)

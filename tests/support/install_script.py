@@ -1,0 +1,25 @@
+"""install.sh and the messages it documents in its --help."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+INSTALL_SH = Path(__file__).resolve().parents[2] / "install.sh"
+
+
+def help_text() -> str:
+    return subprocess.run(["bash", str(INSTALL_SH), "--help"], capture_output=True, text=True, check=True).stdout
+
+
+def documented_messages() -> list[str]:
+    """The lines of --help's "Messages" section."""
+    section = help_text().split("\nMessages", 1)[1].split("\n\n", 1)[0]
+    return [line.strip() for line in section.splitlines()[1:] if line.strip()]
+
+
+def msg(prefix: str) -> str:
+    """The documented message that starts with prefix (exactly one)."""
+    found = [line for line in documented_messages() if line.startswith(prefix)]
+    assert len(found) == 1, (prefix, found)
+    return found[0]

@@ -1,0 +1,72 @@
+"""A renter using the marketplace's public API over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from gpuhost_agent.protocol import wire
+from support.stacks import SLEEPER
+from support.waiting import until
+
+
+class Renter:
+    """A renter using the marketplace's public API over HTTP."""
+
+    def __init__(self, http: aiohttp.ClientSession, base_url: str, store):
+        self.http = http
+        self.base_url = base_url
+        self.store = store
+
+    async def call(self, method: str, path: str, body=None, *, key: str | None = None, raw: bytes | None = None):
+        headers = {wire.API_KEY_HEADER: self.store.renterApiKey if key is None else key}
+        kwargs = {"data": raw, "headers": {**headers, "Content-Type": "application/json"}} if raw is not None \
+            else {"json": body, "headers": headers}
+        async with self.http.request(method, self.base_url + path, **kwargs) as response:
+            return response.status, await response.json(content_type=None)
+
+    async def rental(self, gpu_count: int = 0) -> str:
+        status, body = await self.call("POST", "/rentals", {"envId": self.store.envId, "name": "test", "gpuCount": gpu_count})
+        assert status == 201, body
+        return body["rentalId"]
+
+    async def stack(self, rental_id: str, content: str, variables: dict | None = None, name: str = "test stack") -> str:
+        template = {"name": name, "description": "test", "content": content, "environmentVariables": variables or {}}
+        status, body = await self.call("POST", f"/rentals/{rental_id}/stacks", {"template": template})
+        assert status == 201, body
+        return body
+
+    async def deployed(self, content: str = SLEEPER):
+        """A new rental with one stack, APPLIED and its deploy job completed: (rental id, stack id, job)."""
+        rental_id = await self.rental()
+        stack_id = await self.stack(rental_id, content)
+        stack = await self.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR))
+        assert stack["status"] == wire.APPLIED, stack["errorMsg"]
+        job = next(j for j in self.store.jobs.values() if j.stackId == stack_id)
+        await until(lambda: job.state == "completed")
+        return rental_id, stack_id, job
+
+    async def stacks(self, rental_id: str) -> list[dict]:
+        status, body = await self.call("GET", f"/rentals/{rental_id}/stacks")
+        assert status == 200, body
+        return body
+
+    async def containers(self, rental_id: str, stack_id: str) -> list[dict]:
+        status, body = await self.call("GET", f"/rentals/{rental_id}/stacks/{stack_id}/containers")
+        assert status == 200, body
+        return body
+
+    async def wait_stack(self, rental_id: str, stack_id: str, statuses: tuple[str, ...], timeout: float = 30) -> dict | None:
+        """The stack once its status is one of `statuses` (None: once it is gone)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        last = None
+        while loop.time() < deadline:
+            last = next((s for s in await self.stacks(rental_id) if s["stackId"] == stack_id), None)
+            if last is None and not statuses:
+                return None
+            if last is not None and last["status"] in statuses:
+                return last
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"stack {stack_id} did not reach {statuses or 'gone'} in {timeout}s; last seen: {last}")

@@ -1,0 +1,38 @@
+"""Builders for tests that run one part of the agent with stand-ins around it.
+
+The composition root (service/wiring.py) takes every collaborator through
+constructors; these builders do the same with in-memory or fake ones
+(support/fakes.py), so a test names only the collaborator it is about.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuhost_agent.core.agent import Agent
+from gpuhost_agent.core.dispatcher import JobDispatcher
+from gpuhost_agent.core.gpu_ledger import GpuLedger
+from gpuhost_agent.core.rental_end_dates import RentalEndDates
+from gpuhost_agent.core.status_reporter import StatusReporter
+from gpuhost_agent.service import metrics
+from gpuhost_agent.storage.agent_db import AgentDB
+from gpuhost_agent.uplink.session import SessionState
+from support.fakes import FakeContainerWatch, FakeHostReporter, FakeSchedule
+
+
+async def _no_streams(_rental_id: str) -> None:
+    """No stream channel: nothing to end when a rental ends."""
+
+
+def dispatcher_for(deployer: Any, outbox: Any, db: AgentDB | None = None) -> JobDispatcher:
+    """A real dispatcher (and status reporter) around a stand-in deployer and outbox."""
+    db = db if db is not None else AgentDB(None)
+    reporter = StatusReporter(outbox, db, GpuLedger(db))
+    return JobDispatcher(deployer, reporter, outbox, db, RentalEndDates(db), _no_streams, metrics.deploy_histogram())
+
+
+def agent_for(client: Any, *, outbox: Any = None, dispatcher: JobDispatcher | None = None) -> Agent:
+    """A real Agent for its session and poll loop alone (`_open_session`,
+    `_poll_forever`): the parts those never reach are None."""
+    return Agent(client, SessionState(), AgentDB(None), dispatcher, outbox, FakeSchedule(),  # type: ignore[arg-type]
+                 FakeHostReporter(), None, None, None, FakeContainerWatch(), None)  # type: ignore[arg-type]

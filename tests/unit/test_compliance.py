@@ -1,0 +1,121 @@
+"""Each compliance check failing and passing, with a reason a host can act on.
+Pure: the checks are a function of a probe and the marketplace's minimums."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from gpuhost_agent.inventory import compliance
+from gpuhost_agent.inventory.compliance import evaluate, summary
+from gpuhost_agent.protocol.requirements import Requirements, version_tuple
+from gpuhost_agent.inventory.render import doctor_lines
+from support.machine_samples import good_host
+
+GIB = 1024 ** 3
+
+
+def _set(path: str, value):
+    def mutate(data: dict) -> None:
+        *parents, last = path.split(".")
+        node = data
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        node[last] = value
+    return mutate
+
+
+# (check id that must fail, how the probe is broken, words the reason must contain, words the fix must contain)
+FAILURES = [
+    ("nvidia-gpu", _set("nvml.available", False), "no NVIDIA GPU", "install the NVIDIA driver"),
+    ("nvidia-gpu", _set("nvml.gpus", []), "NVML lists no GPU", "nvidia-smi"),
+    ("driver-version", _set("nvml.driverVersion", "470.239.06"), "older than the required 535.0", "535.0 or newer"),
+    ("cuda-version", _set("nvml.cudaDriverVersion", "11.4"), "the marketplace needs 12.2", "CUDA 12.2"),
+    ("gpu-models", _set("nvml.gpus.1.name", "NVIDIA A100-SXM4-80GB"), "mixed models", "one model"),
+    ("gpu-memory-errors", _set("nvml.gpus.1.eccUncorrectedErrors", 3), "GPU 1", "nvidia-smi -r"),
+    ("container-toolkit", _set("host.nvidiaContainerToolkit.installed", False), "not installed",
+     "install nvidia-container-toolkit"),
+    ("container-toolkit", _set("host.nvidiaContainerToolkit.version", "1.16.2"), "CVE-2025-23266", "1.17.8"),
+    ("container-toolkit", _set("host.nvidiaContainerToolkit.version", None), "version unknown", "1.17.8"),
+    ("toolkit-visible-devices", _set("host.nvidiaContainerToolkit.acceptsEnvvarFromUnprivileged", True),
+     "NVIDIA_VISIBLE_DEVICES", "accept-nvidia-visible-devices-envvar-when-unprivileged = false"),
+    ("docker", _set("host.docker.available", False), "unreachable", "Docker Engine 24.0"),
+    ("docker", _set("host.docker.version", "20.10.24+dfsg1"), "older than 24.0", "24.0 or newer"),
+    ("compose", _set("host.compose.available", False), "Compose", "docker-compose-plugin"),
+    ("compose", _set("host.compose.version", "2.12.2"), "2.20 or newer", "docker-compose-plugin"),
+    ("gpu-containers", _set("host.docker.gpuContainers", {"ok": False, "method": "engine-info",
+                                                          "detail": "no nvidia runtime"}), "no nvidia runtime",
+     "nvidia-ctk runtime configure"),
+    ("disk-space", _set("host.storage.freeBytes", 12 * GIB), "only 12.0 GiB free", "docker system prune"),
+    ("disk-space", _set("host.storage.freeBytes", None), "unknown", "docker system prune"),
+    ("clock-sync", _set("host.clock.synchronized", False), "not synchronised", "timedatectl set-ntp true"),
+    ("clock-sync", _set("host.clock.synchronized", None), "cannot tell", "timedatectl"),
+]
+
+
+def test_a_good_host_passes_every_check() -> None:
+    checks = evaluate(good_host(), Requirements(), clock_skew_seconds=0.4)
+    assert [check.id for check in checks if not check.ok] == []
+    assert {check.id for check in checks} == {row[0] for row in FAILURES} | {"clock-skew"}
+    assert summary(checks) == (True, "")
+    assert all(check.remedy == "" for check in checks)
+
+
+@pytest.mark.parametrize("check_id, breakage, reason_words, remedy_words", FAILURES,
+                         ids=[f"{row[0]}-{index}" for index, row in enumerate(FAILURES)])
+def test_each_check_fails_alone_with_an_actionable_reason(check_id, breakage, reason_words, remedy_words) -> None:
+    data = copy.deepcopy(good_host())
+    breakage(data)
+    checks = evaluate(data, Requirements())
+    failed = [check for check in checks if not check.ok]
+    assert [check.id for check in failed] == [check_id]
+    assert reason_words in failed[0].summary and remedy_words in failed[0].remedy
+    ok, reason = summary(checks)
+    assert ok is False and failed[0].summary in reason
+
+
+def test_clock_skew_against_the_marketplace() -> None:
+    checks = {c.id: c for c in evaluate(good_host(), Requirements(maxClockSkewSeconds=2), clock_skew_seconds=-7.5)}
+    assert not checks["clock-skew"].ok and "-7.5 s off" in checks["clock-skew"].summary
+    assert "clock-skew" not in {c.id for c in evaluate(good_host(), Requirements())}  # not measured: not judged
+
+
+def test_marketplace_minimums_replace_the_defaults() -> None:
+    strict = Requirements.from_wire({"minDriverVersion": "560.0", "minFreeDiskGiB": 1000, "minCudaVersion": "12.6"})
+    failed = {c.id for c in evaluate(good_host(), strict) if not c.ok}
+    assert failed == {"driver-version", "cuda-version", "disk-space"}
+
+
+def test_malformed_minimums_fall_back_to_defaults() -> None:
+    parsed = Requirements.from_wire({"minDriverVersion": "soon", "minFreeDiskGiB": -5, "maxClockSkewSeconds": True,
+                                     "minDockerVersion": 25, "unknown": "x"})
+    assert parsed == Requirements()
+    assert Requirements.from_wire(None) == Requirements()
+
+
+def test_a_marketplace_cannot_lower_the_toolkit_below_the_cve_fix() -> None:
+    data = good_host()
+    data["host"]["nvidiaContainerToolkit"]["version"] = "1.16.1"
+    lax = Requirements.from_wire({"minContainerToolkitVersion": "1.14.0"})
+    check = next(c for c in evaluate(data, lax) if c.id == "container-toolkit")
+    assert not check.ok and compliance.TOOLKIT_SAFE_VERSION in check.remedy
+
+
+def test_versions_compare_as_numbers() -> None:
+    assert version_tuple("550.54.15") == (550, 54, 15)
+    assert version_tuple("v2.29.1-desktop.1") == (2, 29, 1)
+    assert version_tuple("20.10.24+dfsg1") == (20, 10, 24)
+    assert version_tuple("garbage") == ()
+    assert compliance.at_least("1.17.10", "1.17.8") and not compliance.at_least("1.9.0", "1.17.8")
+    assert not compliance.at_least(None, "1.0")
+
+
+def test_doctor_text_shows_pass_fail_and_the_fix() -> None:
+    data = good_host()
+    data["host"]["clock"]["synchronized"] = False
+    text = doctor_lines([check.as_wire() for check in evaluate(data, Requirements())])
+    assert "[PASS] docker" in text and "[FAIL] clock-sync" in text
+    assert "fix: enable time synchronisation" in text and text.endswith("NOT compliant: 1 check(s) failed")
+    good = doctor_lines([check.as_wire() for check in evaluate(good_host(), Requirements())])
+    assert "FAIL" not in good and good.endswith("compliant: this host can be listed")

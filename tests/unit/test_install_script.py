@@ -1,0 +1,108 @@
+"""install.sh without a chroot: its --help documents every message it can print,
+its options, shellcheck; the marketplace's installation line and the routes that
+serve it. (install.sh on a fresh Debian 12 chroot: tests/integration/test_install.py.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.local_marketplace import script_api
+from gpuhost_agent.local_marketplace.server import build_app
+from gpuhost_agent.local_marketplace.state import MarketplaceState
+from gpuhost_agent.local_marketplace.store import Store
+from support.install_script import INSTALL_SH, documented_messages
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_help_lists_every_message_the_script_can_print() -> None:
+    script = INSTALL_SH.read_text()
+    names = sorted(set(re.findall(r"\$(MSG_[A-Z_]+)", script)))
+    defined = re.findall(r"^readonly (MSG_[A-Z_]+)=", script, flags=re.M)
+    assert sorted(defined) == names, "every MSG_ used is defined, every one defined is used"
+    assert len(documented_messages()) == len(defined), "--help lists each message once"
+    for line in documented_messages():
+        assert "$" not in line and "\\" not in line
+
+
+def test_scripts_are_shellcheck_clean() -> None:
+    if not shutil.which("shellcheck"):
+        pytest.skip("shellcheck is not installed (optional: apt-get install shellcheck)")
+    scripts = [INSTALL_SH, *sorted((ROOT / "scripts").glob("install-test-*.sh")),
+               *sorted((ROOT / "scripts").glob("rootfs-*.sh"))]
+    result = subprocess.run(["shellcheck", *map(str, scripts)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+def test_unknown_options_are_usage_errors() -> None:
+    for args in (["--frobnicate"], ["--url"], ["--purge"]):
+        result = subprocess.run(["bash", str(INSTALL_SH), *args], capture_output=True, text=True)
+        assert result.returncode == 2, (args, result.stderr)
+        assert "install.sh: error:" in result.stderr
+
+
+# ---- the script routes on their own ------------------------------------------------------------
+
+async def test_script_route_answers_the_installation_line(tmp_path: Path) -> None:
+    store = Store.load_or_create(None)
+    fake_script = tmp_path / "install.sh"
+    await asyncio.to_thread(fake_script.write_text, "#!/bin/sh\necho hi\n")
+    app = web.Application()
+    app.add_routes(script_api.routes(MarketplaceState(store), install_script=fake_script))
+    async with TestClient(TestServer(app)) as http:
+        response = await http.get(f"/v1/environments/{store.envId}/script")
+        assert response.status == 200
+        line = await response.json()
+        base = f"http://{response.url.host}:{response.url.port}/v1"
+        assert shlex.split(line) == ["curl", "-fsSL", f"{base}/install.sh", "|", "sudo", "bash", "-s", "--",
+                                     "--url", base, "--env-id", store.envId, "--api-key", store.envApiKey]
+        missing = await http.get("/v1/environments/nope/script")
+        assert missing.status == 404 and (await missing.json())["status"] == 404
+        script = await http.get("/v1/install.sh")
+        assert script.status == 200 and script.content_type == "text/x-shellscript"
+        assert await script.text() == await asyncio.to_thread(fake_script.read_text)
+
+
+async def test_without_a_checkout_install_sh_is_not_served(tmp_path: Path) -> None:
+    app = web.Application()
+    app.add_routes(script_api.routes(MarketplaceState(Store.load_or_create(None)),
+                                     install_script=tmp_path / "absent.sh"))
+    async with TestClient(TestServer(app)) as http:
+        response = await http.get("/v1/install.sh")
+        assert response.status == 404
+        assert "checkout" in (await response.json())["message"]
+
+
+def test_the_checkout_install_script_is_found() -> None:
+    assert script_api.checkout_install_script() == INSTALL_SH
+
+
+def test_install_line_quotes_what_needs_quoting() -> None:
+    line = script_api.install_line("http://h:1/v1", "env 1", "k'ey")
+    assert shlex.split(line)[-4:] == ["--env-id", "env 1", "--api-key", "k'ey"]
+
+
+async def test_in_the_app_the_line_needs_the_user_key_and_install_sh_needs_none() -> None:
+    """NEEDS script_api wired into server.build_app (routes + the public-path exception)."""
+    store = Store.load_or_create(None)
+    async with TestClient(TestServer(build_app(MarketplaceState(store)))) as http:
+        path = f"/v1/environments/{store.envId}/script"
+        assert (await http.get(path)).status == 401
+        assert (await http.get(path, headers={wire.API_KEY_HEADER: store.envApiKey})).status == 401
+        assert (await http.get(path, headers={wire.API_KEY_HEADER: store.renterApiKey})).status == 200
+        script = await http.get("/v1/install.sh")
+        assert script.status == 200
+        assert await script.text() == await asyncio.to_thread(INSTALL_SH.read_text)
+        # Only that exact path is public.
+        assert (await http.get("/v1/install.sh/x")).status == 401
