@@ -15,7 +15,7 @@ from support.stacks import TEST_IMAGE
 async def test_probe_of_this_host_against_the_real_engine(docker_client) -> None:
     engine = DockerEngine()
     try:
-        host = await probe_host(engine, find_compose_command(), gpu_check_image=TEST_IMAGE)
+        host = await probe_host(engine, await asyncio.to_thread(find_compose_command), gpu_check_image=TEST_IMAGE)
     finally:
         engine.close()
     info = await asyncio.to_thread(docker_client.info)

@@ -404,7 +404,7 @@ def test_install_upgrade_and_uninstall_on_a_booted_host(scenario: Scenario) -> N
     assert scenario.run("gpuhost-agent", "version").out.strip() == __version__
     # The agent's own config loader reads what was written, key file included.
     loaded = scenario.run("/opt/gpuhost-agent/venv/bin/python", "-c",
-                          "from gpuhost_agent import config; c = config.load({});"
+                          "from gpuhost_agent.service import config; c = config.load({});"
                           "print(c.marketplace_url, c.env_id, c.api_key == open('/etc/gpuhost-agent/api-key')"
                           ".read().strip(), c.state_dir)")
     assert loaded.out.split() == [URL, ENV_ID, "True", "/var/lib/gpuhost-agent"], loaded.both

@@ -76,7 +76,7 @@ async def _deploy(http, market, content: str) -> tuple[str, str, dict]:
 async def test_log_flood_keeps_agent_memory_bounded_and_marks_drops(world):
     market, agent, http = world
     rental_id, stack_id, container = await _deploy(http, market, FLOOD)
-    process = psutil.Process(agent.process.pid)
+    process = await asyncio.to_thread(psutil.Process, agent.process.pid)
     baseline = (await asyncio.to_thread(process.memory_info)).rss
     url = market.base_url + logs_path(rental_id, stack_id, container["Id"])
     headers = {wire.API_KEY_HEADER: market.store.renterApiKey}

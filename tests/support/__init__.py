@@ -14,4 +14,5 @@ Imported as `support.<module>` (pyproject.toml puts tests/ on pytest's pythonpat
     renter_streams  a renter's side of the log and terminal endpoints
     machine_samples probes of a machine, shaped as the agent builds them
     install_script  install.sh's documented messages
+    sandbox_corpus  the hostile and legitimate Compose files of tests/sandbox_corpus/
 """
