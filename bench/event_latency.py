@@ -32,14 +32,13 @@ from pathlib import Path
 
 import aiohttp
 import docker
+from pickup_latency import pct  # noqa: E402 - bench/ is on the path when run as a script
 
 from gpuhost_agent.common import logs
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.service.daemon import stop_agent
 from gpuhost_agent.service.wiring import build_agent, start_local_marketplace
-
-from pickup_latency import pct  # noqa: E402 - bench/ is on the path when run as a script
 
 IMAGE = "gpuhost-test/busybox:1"
 COMPOSE = f"services:\n  app:\n    image: {IMAGE}\n    command: ['sleep', '3600']\n    stop_grace_period: 1s\n"
@@ -85,9 +84,18 @@ async def wait_for(store_times: list, stack_id: str, predicate, after: float, ti
 
 async def bench(rounds: int, workdir: Path) -> tuple[list[dict], dict]:
     client = docker.from_env()
-    config = AgentConfig(marketplace_url=None, env_id=None, api_key=None, state_dir=workdir / "state",
-                         local_listen=("127.0.0.1", 0), local_api_key=None, log_level="warning",
-                         compose_command=None, settle_seconds=1.0, stop_timeout=1)
+    config = AgentConfig(
+        marketplace_url=None,
+        env_id=None,
+        api_key=None,
+        state_dir=workdir / "state",
+        local_listen=("127.0.0.1", 0),
+        local_api_key=None,
+        log_level="warning",
+        compose_command=None,
+        settle_seconds=1.0,
+        stop_timeout=1,
+    )
     config.state_dir.mkdir(mode=0o700)
     local = await start_local_marketplace(config)
     store = local.state.store
@@ -105,41 +113,57 @@ async def bench(rounds: int, workdir: Path) -> tuple[list[dict], dict]:
     clock = None
     try:
         await asyncio.wait_for(parts.session.connected.wait(), 30)
-        async with aiohttp.ClientSession(local.base_url + "/", headers={wire.API_KEY_HEADER: store.renterApiKey}) as http:
+        async with aiohttp.ClientSession(
+            local.base_url + "/", headers={wire.API_KEY_HEADER: store.renterApiKey}
+        ) as http:
             async with http.post("rentals", json={"envId": store.envId, "name": "bench", "gpuCount": 0}) as resp:
                 rental_id = (await resp.json())["rentalId"]
             template = {"name": "events", "description": "event bench", "content": COMPOSE, "environmentVariables": {}}
             async with http.post(f"rentals/{rental_id}/stacks", json={"template": template}) as resp:
                 stack_id = await resp.json()
         deadline = time.monotonic() + 60
-        while store.stacks[stack_id]["status"] not in (wire.APPLIED, wire.ERROR) and time.monotonic() < deadline:
+        while store.stacks[stack_id]["status"] not in (wire.APPLIED, wire.ERROR) and time.monotonic() < deadline:  # noqa: ASYNC110 - polls the store, which signals nothing
             await asyncio.sleep(0.02)
         assert store.stacks[stack_id]["status"] == wire.APPLIED, store.stacks[stack_id]
         await asyncio.sleep(1.5)  # past the deploy's settle watch: the stack's job is over
         (container,) = client.containers.list(all=True, filters={"label": f"{wire.LABEL_STACK}={stack_id}"})
         clock = EventClock(client, container.id)
         for i in range(rounds):
-            for action, call, done in (("die", container.kill, lambda s: s and s[0].startswith("exited")),
-                                       ("start", container.start, lambda s: s == ["running"])):
+            for action, call, done in (
+                ("die", container.kill, lambda s: s and s[0].startswith("exited")),
+                ("start", container.start, lambda s: s == ["running"]),
+            ):
                 called = time.time()
                 await asyncio.to_thread(call)
                 returned = time.time()
                 seen = await wait_for(taken, stack_id, done, called)
                 event_at = await asyncio.to_thread(clock.nth, action, i)
-                rows.append({"change": "kill" if action == "die" else "start", "event_ms": (seen - event_at) * 1000,
-                             "call_ms": (seen - returned) * 1000})
-            print(f"  round {i + 1}/{rounds}: kill {rows[-2]['event_ms']:.1f} ms, start {rows[-1]['event_ms']:.1f} ms",
-                  file=sys.stderr, flush=True)
+                rows.append(
+                    {
+                        "change": "kill" if action == "die" else "start",
+                        "event_ms": (seen - event_at) * 1000,
+                        "call_ms": (seen - returned) * 1000,
+                    }
+                )
+            print(
+                f"  round {i + 1}/{rounds}: kill {rows[-2]['event_ms']:.1f} ms, start {rows[-1]['event_ms']:.1f} ms",
+                file=sys.stderr,
+                flush=True,
+            )
         # The status report that clears errorMsg follows the list through the outbox.
         for _ in range(100):
             if not store.stacks[stack_id]["errorMsg"]:
                 break
             await asyncio.sleep(0.02)
         watch = parts.agent.container_watch
-        counts = {"engine_events": watch.events, "list_reads": watch.flushes, "list_pushes": watch.pushes,
-                  "status_reports": watch.errors_reported,
-                  "puts_taken": sum(1 for _at, target, _s in taken if target == stack_id),
-                  "errorMsg_at_end": store.stacks[stack_id]["errorMsg"]}
+        counts = {
+            "engine_events": watch.events,
+            "list_reads": watch.flushes,
+            "list_pushes": watch.pushes,
+            "status_reports": watch.errors_reported,
+            "puts_taken": sum(1 for _at, target, _s in taken if target == stack_id),
+            "errorMsg_at_end": store.stacks[stack_id]["errorMsg"],
+        }
     finally:
         if clock is not None:
             clock.close()
@@ -153,13 +177,21 @@ async def bench(rounds: int, workdir: Path) -> tuple[list[dict], dict]:
 
 
 def report(rows: list[dict], counts: dict, command: str) -> str:
-    lines = [f"command: {command}", "",
-             f"{'metric (ms)':<44}{'n':>4}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}{'min':>9}"]
+    lines = [
+        f"command: {command}",
+        "",
+        f"{'metric (ms)':<44}{'n':>4}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}{'min':>9}",
+    ]
     for change in ("kill", "start"):
-        for key, label in (("event_ms", "engine event -> marketplace list"), ("call_ms", "call returned -> marketplace list")):
+        for key, label in (
+            ("event_ms", "engine event -> marketplace list"),
+            ("call_ms", "call returned -> marketplace list"),
+        ):
             values = [r[key] for r in rows if r["change"] == change]
-            lines.append(f"{change + ': ' + label:<44}{len(values):>4}{statistics.median(values):>9.1f}"
-                         f"{pct(values, 0.9):>9.1f}{pct(values, 0.99):>9.1f}{max(values):>9.1f}{min(values):>9.1f}")
+            lines.append(
+                f"{change + ': ' + label:<44}{len(values):>4}{statistics.median(values):>9.1f}"
+                f"{pct(values, 0.9):>9.1f}{pct(values, 0.99):>9.1f}{max(values):>9.1f}{min(values):>9.1f}"
+            )
     lines += ["", "counts: " + ", ".join(f"{key}={value!r}" for key, value in counts.items())]
     return "\n".join(lines)
 

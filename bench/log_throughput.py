@@ -70,8 +70,9 @@ class Count:
 
 
 async def docker_logs_follow(container_id: str, count: Count) -> None:
-    proc = await asyncio.create_subprocess_exec("docker", "logs", "-f", container_id,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+    proc = await asyncio.create_subprocess_exec(
+        "docker", "logs", "-f", container_id, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+    )
     while chunk := await proc.stdout.read(1 << 20):
         count.add(chunk, chunk.count(b"\n"))
     await proc.wait()
@@ -104,12 +105,19 @@ async def one_run(tmp: Path, seconds: float) -> dict:
         async with aiohttp.ClientSession() as http:
             key = market.store.renterApiKey
             headers = {wire.API_KEY_HEADER: key}
-            async with http.post(market.base_url + "/rentals", headers=headers,
-                                 json={"envId": market.store.envId, "name": "bench"}) as response:
+            async with http.post(
+                market.base_url + "/rentals", headers=headers, json={"envId": market.store.envId, "name": "bench"}
+            ) as response:
                 rental_id = (await response.json())["rentalId"]
-            template = {"name": "flood", "description": "bench", "content": compose(seconds), "environmentVariables": {}}
-            async with http.post(f"{market.base_url}/rentals/{rental_id}/stacks", headers=headers,
-                                 json={"template": template}) as response:
+            template = {
+                "name": "flood",
+                "description": "bench",
+                "content": compose(seconds),
+                "environmentVariables": {},
+            }
+            async with http.post(
+                f"{market.base_url}/rentals/{rental_id}/stacks", headers=headers, json={"template": template}
+            ) as response:
                 stack_id = await response.json()
             deadline = time.monotonic() + 60
             while not market.store.containers.get(stack_id, {}).get("containers"):
@@ -120,8 +128,9 @@ async def one_run(tmp: Path, seconds: float) -> dict:
             cpu_before = psutil.Process(agent.process.pid).cpu_times()
             ours, theirs = Count(), Count()
             url = market.base_url + logs_path(rental_id, stack_id, container["Id"])
-            notes, _ = await asyncio.gather(marketplace_follow(http, url, key, ours),
-                                            docker_logs_follow(container["Id"], theirs))
+            notes, _ = await asyncio.gather(
+                marketplace_follow(http, url, key, ours), docker_logs_follow(container["Id"], theirs)
+            )
             cpu_after = psutil.Process(agent.process.pid).cpu_times()
     finally:
         await agent.stop()
@@ -131,10 +140,17 @@ async def one_run(tmp: Path, seconds: float) -> dict:
         client.close()
     ours_lps, ours_mbs = ours.rate()
     docker_lps, docker_mbs = theirs.rate()
-    return {"docker_lines": theirs.lines, "docker_lps": docker_lps, "docker_mbs": docker_mbs,
-            "ours_lines": ours.lines, "ours_lps": ours_lps, "ours_mbs": ours_mbs, "ratio": ours_lps / docker_lps,
-            "dropped_notes": sum("dropped" in note for note in notes),
-            "agent_cpu_s": (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)}
+    return {
+        "docker_lines": theirs.lines,
+        "docker_lps": docker_lps,
+        "docker_mbs": docker_mbs,
+        "ours_lines": ours.lines,
+        "ours_lps": ours_lps,
+        "ours_mbs": ours_mbs,
+        "ratio": ours_lps / docker_lps,
+        "dropped_notes": sum("dropped" in note for note in notes),
+        "agent_cpu_s": (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system),
+    }
 
 
 async def main() -> None:
@@ -143,18 +159,24 @@ async def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     rows = []
-    for run in range(args.runs):
+    for _run in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="gpuhost-logbench-") as tmp:
             rows.append(await one_run(Path(tmp), args.seconds))
-    print(f"\nlog throughput, container printing {len(LINE) + 1}-byte lines for {args.seconds:g} s;"
-          f" {platform.node()}, {psutil.cpu_count()} CPUs, Python {platform.python_version()}")
+    print(
+        f"\nlog throughput, container printing {len(LINE) + 1}-byte lines for {args.seconds:g} s;"
+        f" {platform.node()}, {psutil.cpu_count()} CPUs, Python {platform.python_version()}"
+    )
     print(f"{'run':>3} | {'docker logs -f':>26} | {'renter via marketplace':>26} | {'ratio':>5} | drops | agent CPU")
-    print(f"{'':>3} | {'lines':>9} {'lines/s':>9} {'MB/s':>6} | {'lines':>9} {'lines/s':>9} {'MB/s':>6} |"
-          f" {'':>5} | {'':>5} | {'s':>9}")
+    print(
+        f"{'':>3} | {'lines':>9} {'lines/s':>9} {'MB/s':>6} | {'lines':>9} {'lines/s':>9} {'MB/s':>6} |"
+        f" {'':>5} | {'':>5} | {'s':>9}"
+    )
     for i, row in enumerate(rows, 1):
-        print(f"{i:>3} | {row['docker_lines']:>9} {row['docker_lps']:>9.0f} {row['docker_mbs']:>6.1f} |"
-              f" {row['ours_lines']:>9} {row['ours_lps']:>9.0f} {row['ours_mbs']:>6.1f} | {row['ratio']:>5.2f} |"
-              f" {row['dropped_notes']:>5} | {row['agent_cpu_s']:>9.1f}")
+        print(
+            f"{i:>3} | {row['docker_lines']:>9} {row['docker_lps']:>9.0f} {row['docker_mbs']:>6.1f} |"
+            f" {row['ours_lines']:>9} {row['ours_lps']:>9.0f} {row['ours_mbs']:>6.1f} | {row['ratio']:>5.2f} |"
+            f" {row['dropped_notes']:>5} | {row['agent_cpu_s']:>9.1f}"
+        )
     ratios = [row["ratio"] for row in rows]
     print(f"median ratio {statistics.median(ratios):.2f} (target >= 0.5)")
 

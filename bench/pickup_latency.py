@@ -36,12 +36,12 @@ from pathlib import Path
 import aiohttp
 
 from gpuhost_agent.common import logs
-from gpuhost_agent.protocol import wire
-from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.core import naming
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.compose import find_compose_command
+from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.service.daemon import stop_agent
 from gpuhost_agent.service.wiring import build_agent, start_local_marketplace
-from gpuhost_agent.runtime.compose import find_compose_command
 
 IMAGE = "gpuhost-test/busybox:1"
 # init: true makes `sleep` (PID 1 otherwise) die on SIGTERM, so removal is quick.
@@ -78,8 +78,9 @@ async def wait_until(predicate, timeout: float, what: str) -> None:
 async def compose_run(compose: list[str], *args: str) -> float:
     """Wall-clock seconds of one Compose call; raises if it fails."""
     started = time.perf_counter()
-    proc = await asyncio.create_subprocess_exec(*compose, *args, stdin=subprocess.DEVNULL,
-                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        *compose, *args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     _, err = await proc.communicate()
     elapsed = time.perf_counter() - started
     if proc.returncode:
@@ -97,14 +98,27 @@ def measure_stack(store, stack_id: str) -> dict:
     reported = next((t for s, t in agent if s == wire.APPLYING), None)
     applied = next((t for s, t in agent if s == wire.APPLIED), None)
     created = stack["createdAt"]
-    return {"stackId": stack_id, "pickup_delivered_ms": ms_between(created, job.firstDeliveredAt),
-            "pickup_reported_ms": ms_between(created, reported), "create_to_applied_ms": ms_between(created, applied)}
+    return {
+        "stackId": stack_id,
+        "pickup_delivered_ms": ms_between(created, job.firstDeliveredAt),
+        "pickup_reported_ms": ms_between(created, reported),
+        "create_to_applied_ms": ms_between(created, applied),
+    }
 
 
 async def bench(n: int, compose: list[str], workdir: Path, projects: set[str]) -> list[dict]:
-    config = AgentConfig(marketplace_url=None, env_id=None, api_key=None, state_dir=workdir / "state",
-                         local_listen=("127.0.0.1", 0), local_api_key=None, log_level="warning",
-                         compose_command=None, settle_seconds=3.0, stop_timeout=10)
+    config = AgentConfig(
+        marketplace_url=None,
+        env_id=None,
+        api_key=None,
+        state_dir=workdir / "state",
+        local_listen=("127.0.0.1", 0),
+        local_api_key=None,
+        log_level="warning",
+        compose_command=None,
+        settle_seconds=3.0,
+        stop_timeout=10,
+    )
     config.state_dir.mkdir(mode=0o700)
     local = await start_local_marketplace(config)
     store = local.state.store
@@ -116,35 +130,51 @@ async def bench(n: int, compose: list[str], workdir: Path, projects: set[str]) -
     results: list[dict] = []
     try:
         await asyncio.wait_for(parts.session.connected.wait(), 30)
-        async with aiohttp.ClientSession(local.base_url + "/", headers={wire.API_KEY_HEADER: store.renterApiKey}) as http:
+        async with aiohttp.ClientSession(
+            local.base_url + "/", headers={wire.API_KEY_HEADER: store.renterApiKey}
+        ) as http:
             async with http.post("rentals", json={"envId": store.envId, "name": "bench", "gpuCount": 0}) as resp:
                 resp.raise_for_status()
                 rental_id = (await resp.json())["rentalId"]
             for i in range(n):
-                template = {"name": f"bench-{i}", "description": "pickup bench", "content": COMPOSE,
-                            "environmentVariables": {}}
+                template = {
+                    "name": f"bench-{i}",
+                    "description": "pickup bench",
+                    "content": COMPOSE,
+                    "environmentVariables": {},
+                }
                 async with http.post(f"rentals/{rental_id}/stacks", json={"template": template}) as resp:
                     resp.raise_for_status()
                     stack_id = await resp.json()
                 projects.add(naming.project_name(template["name"], stack_id))
-                await wait_until(lambda: store.stacks[stack_id]["status"] in (wire.APPLIED, wire.ERROR), 120,
-                                 f"stack {i} to be applied")
+                await wait_until(
+                    lambda stack_id=stack_id: store.stacks[stack_id]["status"] in (wire.APPLIED, wire.ERROR),
+                    120,
+                    f"stack {i} to be applied",
+                )
                 if store.stacks[stack_id]["status"] == wire.ERROR:
                     raise RuntimeError(f"stack {i} failed: {store.stacks[stack_id]['errorMsg']}")
                 row = measure_stack(store, stack_id)
                 async with http.delete(f"rentals/{rental_id}/stacks/{stack_id}") as resp:
                     resp.raise_for_status()
-                await wait_until(lambda: stack_id not in store.stacks
-                                 and all(j.state == "completed" for j in store.jobs.values()), 120,
-                                 f"stack {i} to be removed")
+                await wait_until(
+                    lambda stack_id=stack_id: (
+                        stack_id not in store.stacks and all(j.state == "completed" for j in store.jobs.values())
+                    ),
+                    120,
+                    f"stack {i} to be removed",
+                )
                 raw = f"bench-raw-{i}"
                 projects.add(raw)
                 row["raw_up_ms"] = 1000 * await compose_run(compose, "-p", raw, "-f", str(raw_file), "up", "-d")
                 await compose_run(compose, "-p", raw, "down", "-t", "0")
                 results.append(row)
-                print(f"  stack {i + 1}/{n}: pickup {row['pickup_delivered_ms']:.1f} ms, "
-                      f"applied {row['create_to_applied_ms']:.0f} ms, raw up {row['raw_up_ms']:.0f} ms",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"  stack {i + 1}/{n}: pickup {row['pickup_delivered_ms']:.1f} ms, "
+                    f"applied {row['create_to_applied_ms']:.0f} ms, raw up {row['raw_up_ms']:.0f} ms",
+                    file=sys.stderr,
+                    flush=True,
+                )
     finally:
         await stop_agent(parts, agent_task)
         await local.stop()
@@ -154,16 +184,24 @@ async def bench(n: int, compose: list[str], workdir: Path, projects: set[str]) -
 def cleanup(compose: list[str], projects: set[str]) -> list[str]:
     """Take down whatever of our projects is left (after Ctrl-C or an error);
     "env:ID" entries stand for any project whose containers carry our env id."""
+
     def listed(*cmd: str, label: str = PROJECT_LABEL) -> set[str]:
-        out = subprocess.run(["docker", *cmd, "--filter", f"label={label}", "--format",
-                              f'{{{{.Label "{PROJECT_LABEL}"}}}}'], capture_output=True, text=True).stdout
+        out = subprocess.run(
+            ["docker", *cmd, "--filter", f"label={label}", "--format", f'{{{{.Label "{PROJECT_LABEL}"}}}}'],
+            capture_output=True,
+            text=True,
+        ).stdout
         return set(out.split())
+
     for env in [p[4:] for p in projects if p.startswith("env:")]:
         projects |= listed("ps", "-a", label=f"{wire.LABEL_ENV}={env}")
     left = (listed("ps", "-a") | listed("network", "ls")) & projects
     for project in sorted(left):
-        subprocess.run([*compose, "-p", project, "down", "-t", "0", "--volumes", "--remove-orphans"],
-                       capture_output=True, timeout=120)
+        subprocess.run(
+            [*compose, "-p", project, "down", "-t", "0", "--volumes", "--remove-orphans"],
+            capture_output=True,
+            timeout=120,
+        )
     return sorted(left)
 
 
@@ -172,9 +210,18 @@ def summarize(rows: list[dict]) -> dict:
         values = [r[key] for r in rows if r[key] is not None]
         if not values:
             return {"n": 0}
-        return {"n": len(values), "p50": statistics.median(values), "p90": pct(values, 0.90),
-                "p99": pct(values, 0.99), "max": max(values), "min": min(values)}
-    summary = {key: stats(key) for key in ("pickup_delivered_ms", "pickup_reported_ms", "create_to_applied_ms", "raw_up_ms")}
+        return {
+            "n": len(values),
+            "p50": statistics.median(values),
+            "p90": pct(values, 0.90),
+            "p99": pct(values, 0.99),
+            "max": max(values),
+            "min": min(values),
+        }
+
+    summary = {
+        key: stats(key) for key in ("pickup_delivered_ms", "pickup_reported_ms", "create_to_applied_ms", "raw_up_ms")
+    }
     summary["ratio_of_medians"] = summary["create_to_applied_ms"]["p50"] / summary["raw_up_ms"]["p50"]
     return summary
 
@@ -182,20 +229,31 @@ def summarize(rows: list[dict]) -> dict:
 def machine(compose: list[str]) -> dict:
     def out(*cmd: str) -> str:
         return subprocess.run(cmd, capture_output=True, text=True).stdout.strip()
-    return {"nproc": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version(),
-            "docker_server": out("docker", "version", "--format", "{{.Server.Version}}"),
-            "compose": out(*compose, "version", "--short"), "compose_command": " ".join(compose)}
+
+    return {
+        "nproc": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "docker_server": out("docker", "version", "--format", "{{.Server.Version}}"),
+        "compose": out(*compose, "version", "--short"),
+        "compose_command": " ".join(compose),
+    }
 
 
 def report(summary: dict, info: dict, command: str) -> str:
-    names = {"pickup_delivered_ms": "pickup: created -> job delivered to agent",
-             "pickup_reported_ms": "pickup: created -> agent's APPLYING received",
-             "create_to_applied_ms": "agent: created -> APPLIED received",
-             "raw_up_ms": "raw `compose up -d` (subprocess wall)"}
-    lines = [f"command: {command}",
-             f"machine: nproc={info['nproc']} kernel={info['kernel']} python={info['python']} "
-             f"docker server={info['docker_server']} compose={info['compose']} ({info['compose_command']})",
-             "", f"{'metric (ms)':<46}{'n':>4}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}"]
+    names = {
+        "pickup_delivered_ms": "pickup: created -> job delivered to agent",
+        "pickup_reported_ms": "pickup: created -> agent's APPLYING received",
+        "create_to_applied_ms": "agent: created -> APPLIED received",
+        "raw_up_ms": "raw `compose up -d` (subprocess wall)",
+    }
+    lines = [
+        f"command: {command}",
+        f"machine: nproc={info['nproc']} kernel={info['kernel']} python={info['python']} "
+        f"docker server={info['docker_server']} compose={info['compose']} ({info['compose_command']})",
+        "",
+        f"{'metric (ms)':<46}{'n':>4}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}",
+    ]
     for key, label in names.items():
         s = summary[key]
         if not s["n"]:
@@ -203,8 +261,11 @@ def report(summary: dict, info: dict, command: str) -> str:
             continue
         lines.append(f"{label:<46}{s['n']:>4}{s['p50']:>9.1f}{s['p90']:>9.1f}{s['p99']:>9.1f}{s['max']:>9.1f}")
     pick, ratio = summary["pickup_delivered_ms"]["p50"], summary["ratio_of_medians"]
-    lines += ["", f"pickup p50 (delivered) {pick:.1f} ms  target < 50 ms  {'MET' if pick < 50 else 'NOT MET'}",
-              f"create->APPLIED / raw up, ratio of medians {ratio:.2f}  target < 1.2  {'MET' if ratio < 1.2 else 'NOT MET'}"]
+    lines += [
+        "",
+        f"pickup p50 (delivered) {pick:.1f} ms  target < 50 ms  {'MET' if pick < 50 else 'NOT MET'}",
+        f"create->APPLIED / raw up, ratio of medians {ratio:.2f}  target < 1.2  {'MET' if ratio < 1.2 else 'NOT MET'}",
+    ]
     return "\n".join(lines)
 
 
@@ -233,7 +294,9 @@ def main() -> int:
     summary = summarize(rows)
     print(report(summary, info, command))
     if args.json:
-        args.json.write_text(json.dumps({"command": command, "machine": info, "summary": summary, "rows": rows}, indent=1))
+        args.json.write_text(
+            json.dumps({"command": command, "machine": info, "summary": summary, "rows": rows}, indent=1)
+        )
     return 0
 
 

@@ -33,9 +33,9 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from support.fake_nvml import build_lib, h100_sxm, write_config  # noqa: E402
 
-from gpuhost_agent.protocol.requirements import Requirements  # noqa: E402
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe  # noqa: E402
 from gpuhost_agent.inventory.system_data import Prober, build_report  # noqa: E402
+from gpuhost_agent.protocol.requirements import Requirements  # noqa: E402
 from gpuhost_agent.runtime.compose import find_compose_command  # noqa: E402
 from gpuhost_agent.runtime.engine import DockerEngine  # noqa: E402
 
@@ -87,8 +87,10 @@ async def main() -> None:
         ("peak RSS of this process", f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f} MiB"),
         ("target", "< 200 ms"),
     ]
-    print(f"full probe, {args.gpus}-GPU stand-in machine, network test excluded "
-          f"({platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} CPUs)")
+    print(
+        f"full probe, {args.gpus}-GPU stand-in machine, network test excluded "
+        f"({platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} CPUs)"
+    )
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"  {name:<{width}}  {value}")

@@ -17,6 +17,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 from blockbuster import BlockingError, blockbuster_ctx
+from support.openapi_check import AGENT_DOC, LOCAL_DOC, load
+from support.renter import Renter
 
 import gpuhost_agent
 from gpuhost_agent.common import logs
@@ -24,8 +26,6 @@ from gpuhost_agent.local_marketplace import server
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.store import Store
 from gpuhost_agent.storage.agent_db import AgentDB
-from support.openapi_check import AGENT_DOC, LOCAL_DOC, load
-from support.renter import Renter
 
 logs.configure(os.environ.get("GPUHOST_TEST_LOG_LEVEL", "warning"), json_lines=True)
 
@@ -66,31 +66,63 @@ def log_stream():
 # let through (None: any), and why.
 _RMTREE = {"os.scandir", "os.stat", "os.path.samestat", "os.path.islink", "os.unlink", "os.rmdir"}
 ACCEPTED_BLOCKING = [
-    ("gpuhost_agent/storage/agent_db.py", set(vars(AgentDB)), None,
-     "the state database: small SQLite transactions committed before the report or completion they record is"
-     " queued, so the record is never behind the marketplace (an order a thread hop would give up)"),
-    ("gpuhost_agent/core/deployer.py", {"_teardown", "remove", "_end_rental_once"}, _RMTREE,
-     "shutil.rmtree of a stack's working directory (two small files), in line with the ERROR/REMOVED report"
-     " that follows it, so that no cancellation can fall between the two"),
-    ("gpuhost_agent/service/wiring.py", {"build_agent"}, None,
-     "the composition root, once at start-up before anything is served: opens the database, creates the state"
-     " directories, imports the legacy GPU file"),
+    (
+        "gpuhost_agent/storage/agent_db.py",
+        set(vars(AgentDB)),
+        None,
+        "the state database: small SQLite transactions committed before the report or completion they record is"
+        " queued, so the record is never behind the marketplace (an order a thread hop would give up)",
+    ),
+    (
+        "gpuhost_agent/core/deployer.py",
+        {"_teardown", "remove", "_end_rental_once"},
+        _RMTREE,
+        "shutil.rmtree of a stack's working directory (two small files), in line with the ERROR/REMOVED report"
+        " that follows it, so that no cancellation can fall between the two",
+    ),
+    (
+        "gpuhost_agent/service/wiring.py",
+        {"build_agent"},
+        None,
+        "the composition root, once at start-up before anything is served: opens the database, creates the state"
+        " directories, imports the legacy GPU file",
+    ),
     ("gpuhost_agent/core/deployer.py", {"__init__"}, None, "creates the stacks directory, once at start-up"),
     ("gpuhost_agent/runtime/compose.py", {"__init__"}, None, "creates Compose's config directory, once at start-up"),
     ("gpuhost_agent/core/gpu_ledger.py", {"import_legacy"}, None, "reads the pre-database GPU file, once at start-up"),
-    ("gpuhost_agent/service/status_server.py", {"_prepare_socket_path", "stop"}, None,
-     "the status socket's directory and a stale socket's removal, at start and stop only"),
-    ("gpuhost_agent/local_marketplace/store.py", {"save", "load_or_create"}, None,
-     "the local marketplace (a development stand-in for the real one) keeps its state in one small JSON file,"
-     " written whole after each change before the answer goes out"),
-    ("gpuhost_agent/local_marketplace/script_api.py", {"checkout_install_script"}, None,
-     "looks for the checkout's install.sh once, when the local marketplace's app is built"),
-    ("logging/__init__.py", {"emit", "flush"}, None,
-     "a log line is written whole, synchronously, by the handler that takes it (the agent's own lines go the"
-     " same way through structlog); since libraries' records reach the root logger, pytest's own file handler"
-     " writes them too"),
-    ("tests/unit/test_sd_notify.py", {"test_a_blocked_event_loop_stops_the_pings"}, {"time.sleep"},
-     "blocks the loop on purpose: a hung loop must stop the watchdog's pings"),
+    (
+        "gpuhost_agent/service/status_server.py",
+        {"_prepare_socket_path", "stop"},
+        None,
+        "the status socket's directory and a stale socket's removal, at start and stop only",
+    ),
+    (
+        "gpuhost_agent/local_marketplace/store.py",
+        {"save", "load_or_create"},
+        None,
+        "the local marketplace (a development stand-in for the real one) keeps its state in one small JSON file,"
+        " written whole after each change before the answer goes out",
+    ),
+    (
+        "gpuhost_agent/local_marketplace/script_api.py",
+        {"checkout_install_script"},
+        None,
+        "looks for the checkout's install.sh once, when the local marketplace's app is built",
+    ),
+    (
+        "logging/__init__.py",
+        {"emit", "flush"},
+        None,
+        "a log line is written whole, synchronously, by the handler that takes it (the agent's own lines go the"
+        " same way through structlog); since libraries' records reach the root logger, pytest's own file handler"
+        " writes them too",
+    ),
+    (
+        "tests/unit/test_sd_notify.py",
+        {"test_a_blocked_event_loop_stops_the_pings"},
+        {"time.sleep"},
+        "blocks the loop on purpose: a hung loop must stop the watchdog's pings",
+    ),
 ]
 
 # The code whose blocking calls fail a test: the agent and the local marketplace,

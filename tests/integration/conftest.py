@@ -13,14 +13,14 @@ from pathlib import Path
 import aiohttp
 import docker
 import pytest
-
-from gpuhost_agent.service.daemon import stop_agent
-from gpuhost_agent.service.wiring import build_agent, start_local_marketplace
 from support.agent_config import make_config
 from support.engine import remove_env_resources
 from support.fake_nvml import build_lib, forget_loaded_nvml, h100_sxm, write_config
 from support.renter import Renter
 from support.stacks import TEST_IMAGE
+
+from gpuhost_agent.service.daemon import stop_agent
+from gpuhost_agent.service.wiring import build_agent, start_local_marketplace
 
 HERE = Path(__file__).resolve().parent
 
@@ -75,9 +75,15 @@ async def gpu_agent(tmp_path, monkeypatch, docker_client):
         if gpus is not None:
             await asyncio.to_thread(write_config, nvml_config, h100_sxm(gpus))
         nvml_library = str(await asyncio.to_thread(build_lib))
-        config = make_config(tmp_path / "state", nvml_library=nvml_library, location="EU-DE-Frankfurt",
-                             speed_max_bytes=2_000_000, speed_max_seconds=2.0, gpu_check_image=TEST_IMAGE,
-                             **overrides)
+        config = make_config(
+            tmp_path / "state",
+            nvml_library=nvml_library,
+            location="EU-DE-Frankfurt",
+            speed_max_bytes=2_000_000,
+            speed_max_seconds=2.0,
+            gpu_check_image=TEST_IMAGE,
+            **overrides,
+        )
         local = await start_local_marketplace(config)
         local.state.intervals["heartbeatSeconds"] = heartbeat_seconds
         parts = build_agent(config, local.base_url, local.state.store.envApiKey)

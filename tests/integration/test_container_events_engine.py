@@ -10,10 +10,10 @@ import asyncio
 import time
 
 import docker.errors
-
-from gpuhost_agent.protocol import wire
 from support.stacks import TEST_IMAGE
 from support.waiting import until
+
+from gpuhost_agent.protocol import wire
 
 # Runs until signalled: SIGUSR1 makes it exit 3, SIGUSR2 makes it eat memory until the OOM killer comes.
 ON_DEMAND = f"""
@@ -27,6 +27,7 @@ services:
 
 
 # --- end to end, on the real engine -------------------------------------------------
+
 
 def _record_reports(store, stack_id: str) -> tuple[list, list]:
     """Every container list and status report the marketplace takes for the stack."""
@@ -104,8 +105,7 @@ async def test_an_exit_code_and_an_oom_kill_say_why(local_market, docker_client)
     await until(lambda: renter.store.stacks[stack_id]["errorMsg"] == "", timeout=5)
     await asyncio.to_thread(container.kill, "SIGUSR2")
     await until(lambda: _states(renter.store, stack_id) == ["exited (137, OOM-killed)"], timeout=5)
-    await until(lambda: renter.store.stacks[stack_id]["errorMsg"]
-                == "container app exited with code 137 (OOM-killed)")
+    await until(lambda: renter.store.stacks[stack_id]["errorMsg"] == "container app exited with code 137 (OOM-killed)")
     assert renter.store.stacks[stack_id]["status"] == wire.APPLIED
 
 
@@ -144,8 +144,14 @@ async def test_a_burst_of_events_is_coalesced(local_market, docker_client):
     started = time.monotonic()
     await asyncio.to_thread(burst)
     lasted = time.monotonic() - started
-    await until(lambda: _states(renter.store, stack_id) == ["running"] and parts.outbox.pending() == 0
-                and not watch._windows.pending(), timeout=5)
+    await until(
+        lambda: (
+            _states(renter.store, stack_id) == ["running"]
+            and parts.outbox.pending() == 0
+            and not watch._windows.pending()
+        ),
+        timeout=5,
+    )
     events, flushes = watch.events - events_before, watch.flushes - flushes_before
     assert events >= 300
     # At most one read of the stack per window (plus the time the read takes), however many events.

@@ -11,18 +11,20 @@ import asyncio
 
 import aiohttp
 import pytest
-
-from gpuhost_agent.protocol import wire
 from support.agent_process import AgentProcess, Market
 from support.engine import env_containers, remove_env_resources
 from support.renter import Renter
 from support.stacks import TEST_IMAGE
 from support.waiting import until
 
+from gpuhost_agent.protocol import wire
+
 # Two services: a crash "while Compose runs" can leave one created and not the other.
-STACK = (f"services:\n"
-         f"  app:\n    image: {TEST_IMAGE}\n    command: ['sleep', '3600']\n    stop_grace_period: 1s\n"
-         f"  side:\n    image: {TEST_IMAGE}\n    command: ['sleep', '3600']\n    stop_grace_period: 1s\n")
+STACK = (
+    f"services:\n"
+    f"  app:\n    image: {TEST_IMAGE}\n    command: ['sleep', '3600']\n    stop_grace_period: 1s\n"
+    f"  side:\n    image: {TEST_IMAGE}\n    command: ['sleep', '3600']\n    stop_grace_period: 1s\n"
+)
 
 
 @pytest.fixture
@@ -54,9 +56,12 @@ async def _assert_applied_once(renter: Renter, market: Market, docker_client, re
     services = sorted(c.labels["com.docker.compose.service"] for c in containers)
     assert services == ["app", "side"], f"not exactly one set of containers: {services}"
     assert all(c.status == "running" for c in containers)
+
     async def listed_as_docker_has_them() -> bool:
-        return sorted(c["Name"] for c in market.store.containers.get(stack_id, {}).get("containers", [])) \
-            == await asyncio.to_thread(_container_names, docker_client, market.store.envId)
+        return sorted(
+            c["Name"] for c in market.store.containers.get(stack_id, {}).get("containers", [])
+        ) == await asyncio.to_thread(_container_names, docker_client, market.store.envId)
+
     await until(listed_as_docker_has_them, timeout=15)
 
 
@@ -76,7 +81,9 @@ async def test_kill_during_deploy_then_restart_converges(world, docker_client, p
     assert history.count(wire.APPLIED) == 1, history
 
 
-@pytest.mark.parametrize("point", ["remove.before_compose_down", "compose.down.running", "remove.before_removed_report"])
+@pytest.mark.parametrize(
+    "point", ["remove.before_compose_down", "compose.down.running", "remove.before_removed_report"]
+)
 async def test_kill_during_removal_then_restart_converges(world, docker_client, point):
     renter, market, agent = world
     await agent.start(crash_at=point)
@@ -101,23 +108,34 @@ async def test_sigterm_mid_deploy_stops_in_bounded_time_and_the_next_start_conve
     is abandoned after the configured grace, the process exits 0 in bounded
     time, the containers keep running, and the next start finishes the job."""
     renter, market, agent = world
-    await asyncio.to_thread(lambda: agent.config.write_text(
-        agent.config.read_text() + "GPUHOST_SETTLE_SECONDS=60\nGPUHOST_SHUTDOWN_GRACE_SECONDS=1\n"))
+    await asyncio.to_thread(
+        lambda: agent.config.write_text(
+            agent.config.read_text() + "GPUHOST_SETTLE_SECONDS=60\nGPUHOST_SHUTDOWN_GRACE_SECONDS=1\n"
+        )
+    )
     await agent.start()
     rental_id = await renter.rental()
     stack_id = await renter.stack(rental_id, STACK)
-    await until(lambda: asyncio.to_thread(
-        lambda: len(env_containers(docker_client, market.store.envId)) == 2
-        and all(c.status == "running" for c in env_containers(docker_client, market.store.envId))), timeout=30)
+    await until(
+        lambda: asyncio.to_thread(
+            lambda: (
+                len(env_containers(docker_client, market.store.envId)) == 2
+                and all(c.status == "running" for c in env_containers(docker_client, market.store.envId))
+            )
+        ),
+        timeout=30,
+    )
     loop = asyncio.get_running_loop()
     started = loop.time()
     assert await agent.stop() == 0
     assert loop.time() - started < 12  # grace 1 s + 5 s unwinding + 3 s flush, at most
     assert "job_abandoned" in await asyncio.to_thread(agent.logs)
-    assert all(c.status == "running"
-               for c in await asyncio.to_thread(env_containers, docker_client, market.store.envId))
+    assert all(
+        c.status == "running" for c in await asyncio.to_thread(env_containers, docker_client, market.store.envId)
+    )
 
-    await asyncio.to_thread(lambda: agent.config.write_text(
-        agent.config.read_text().replace("GPUHOST_SETTLE_SECONDS=60\n", "")))
+    await asyncio.to_thread(
+        lambda: agent.config.write_text(agent.config.read_text().replace("GPUHOST_SETTLE_SECONDS=60\n", ""))
+    )
     await agent.start()
     await _assert_applied_once(renter, market, docker_client, rental_id, stack_id)

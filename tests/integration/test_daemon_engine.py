@@ -12,16 +12,21 @@ import sys
 import time
 import urllib.request
 
-from gpuhost_agent.protocol import wire
 from support.engine import remove_env_resources
 from support.stacks import TEST_IMAGE
+
+from gpuhost_agent.protocol import wire
 
 SECRET = "s3cret-model-token-value"
 
 
 def _call(base: str, key: str, method: str, path: str, body=None):
-    request = urllib.request.Request(base + path, method=method, data=None if body is None else json.dumps(body).encode(),
-                                     headers={wire.API_KEY_HEADER: key, "Content-Type": "application/json"})
+    request = urllib.request.Request(
+        base + path,
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={wire.API_KEY_HEADER: key, "Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.loads(response.read())
 
@@ -30,8 +35,20 @@ def test_daemon_runs_local_marketplace_and_stops_cleanly(tmp_path, docker_client
     env = {**os.environ, "GPUHOST_LOCAL_API_KEY": "daemon-test-key", "GPUHOST_CONFIG": str(tmp_path / "none.conf")}
     (tmp_path / "none.conf").write_text("GPUHOST_SETTLE_SECONDS=0.5\n")
     process = subprocess.Popen(
-        [sys.executable, "-m", "gpuhost_agent", "run", "--state-dir", str(tmp_path / "state"), "--local-listen", "127.0.0.1:0"],
-        stdout=subprocess.PIPE, stderr=open(tmp_path / "stderr", "w"), text=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "gpuhost_agent",
+            "run",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--local-listen",
+            "127.0.0.1:0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=open(tmp_path / "stderr", "w"),
+        text=True,
+        env=env,
     )
     env_id = None
     try:
@@ -41,9 +58,13 @@ def test_daemon_runs_local_marketplace_and_stops_cleanly(tmp_path, docker_client
         assert "renter API key:  daemon-test-key" in banner
         key = "daemon-test-key"
         rental = _call(base, key, "POST", "/rentals", {"envId": env_id})
-        template = {"name": "daemon", "description": "", "environmentVariables": {"TOKEN": SECRET},
-                    "content": f"services:\n  app:\n    image: {TEST_IMAGE}\n    command: ['sleep', '3600']\n"
-                               "    environment:\n      TOKEN: ${TOKEN}\n"}
+        template = {
+            "name": "daemon",
+            "description": "",
+            "environmentVariables": {"TOKEN": SECRET},
+            "content": f"services:\n  app:\n    image: {TEST_IMAGE}\n    command: ['sleep', '3600']\n"
+            "    environment:\n      TOKEN: ${TOKEN}\n",
+        }
         stack_id = _call(base, key, "POST", f"/rentals/{rental['rentalId']}/stacks", {"template": template})
         deadline = time.monotonic() + 30
         while (status := _call(base, key, "GET", f"/rentals/{rental['rentalId']}/stacks")[0]["status"]) != wire.APPLIED:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-from gpuhost_agent.protocol import wire
 from support.engine import env_containers
 from support.stacks import SLEEPER as CONTENT
 from support.waiting import until
+
+from gpuhost_agent.protocol import wire
 
 
 async def test_job_delivered_again_after_completion_deploys_once(local_market, docker_client):
@@ -51,13 +52,13 @@ async def test_redeploy_of_same_stack_after_agent_restart_keeps_containers(local
 
 async def test_malformed_job_is_refused_and_others_still_run(local_market, docker_client):
     renter, parts, _local = local_market
-    parts.dispatcher.submit({"jobId": "bogus-1", "type": "stack.explode", "stackId": "s-1", "rentalId": "r",
-                             "envId": renter.store.envId})
+    parts.dispatcher.submit(
+        {"jobId": "bogus-1", "type": "stack.explode", "stackId": "s-1", "rentalId": "r", "envId": renter.store.envId}
+    )
     parts.dispatcher.submit("not even an object")
     rental_id = await renter.rental()
     stack_id = await renter.stack(rental_id, CONTENT)
     assert (await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR)))["status"] == wire.APPLIED
-
 
 
 async def test_waiting_long_poll_is_woken_by_a_new_job(local_market):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+from support.engine import env_containers
+from support.stacks import TEST_IMAGE
 
 from gpuhost_agent.common import logs
 from gpuhost_agent.protocol import wire
-from support.engine import env_containers
-from support.stacks import TEST_IMAGE
 
 WEB_STACK = f"""
 services:
@@ -39,8 +39,21 @@ async def test_deploy_list_remove(local_market, docker_client):
     assert "hello from the stack" in logs.SECRETS, "template values are scrubbed from logs while the stack lives"
     assert stack["pStackName"].startswith("my-web-") and stack_id[:8] in stack["pStackName"]
     assert isinstance(stack["pStackId"], int) and stack["pStackId"] > 0
-    seed_stack_keys = {"template", "createdAt", "updatedAt", "stackId", "envId", "stackName", "pStackName",
-                       "pStackId", "userId", "rentalId", "tunnels", "errorMsg", "status"}
+    seed_stack_keys = {
+        "template",
+        "createdAt",
+        "updatedAt",
+        "stackId",
+        "envId",
+        "stackName",
+        "pStackName",
+        "pStackId",
+        "userId",
+        "rentalId",
+        "tunnels",
+        "errorMsg",
+        "status",
+    }
     assert set(stack) == seed_stack_keys | {"assignedGPUs"}  # the one addition: the rental's GPUs
 
     containers = await _eventually(lambda: renter.containers(rental_id, stack_id), lambda c: len(c) == 2)
@@ -63,18 +76,24 @@ async def test_deploy_list_remove(local_market, docker_client):
         async with http.get(f"http://127.0.0.1:{port['PublicPort']}/") as response:
             assert (await response.text()).strip() == "hello from the stack"
 
-    worker = await asyncio.to_thread(docker_client.containers.get,
-                                     next(c["Id"] for c in containers if "-worker-" in c["Name"]))
+    worker = await asyncio.to_thread(
+        docker_client.containers.get, next(c["Id"] for c in containers if "-worker-" in c["Name"])
+    )
     (scratch,) = [m["Name"] for m in worker.attrs["Mounts"] if m["Type"] == "volume"]
 
     status, removing = await renter.call("DELETE", f"/rentals/{rental_id}/stacks/{stack_id}")
     assert status == 200 and removing["status"] == wire.REMOVING
     await renter.wait_stack(rental_id, stack_id, (), timeout=30)
     assert await asyncio.to_thread(env_containers, docker_client, renter.store.envId) == []
-    assert await asyncio.to_thread(docker_client.networks.list,
-                                   filters={"label": f"com.docker.compose.project={stack['pStackName']}"}) == []
-    assert scratch not in [v.name for v in await asyncio.to_thread(docker_client.volumes.list)], \
+    assert (
+        await asyncio.to_thread(
+            docker_client.networks.list, filters={"label": f"com.docker.compose.project={stack['pStackName']}"}
+        )
+        == []
+    )
+    assert scratch not in [v.name for v in await asyncio.to_thread(docker_client.volumes.list)], (
         "the anonymous volume must go too"
+    )
     assert not await asyncio.to_thread((parts.deployer.stacks_dir / stack_id).exists)
     assert "hello from the stack" not in logs.SECRETS, "a removed stack's values are released"
 
@@ -93,8 +112,11 @@ async def test_ending_rental_removes_its_stacks(local_market, docker_client):
     for stack_id in (first, second):
         await renter.wait_stack(rental_id, stack_id, (), timeout=30)
     assert await asyncio.to_thread(env_containers, docker_client, renter.store.envId) == []
-    status, body = await renter.call("POST", f"/rentals/{rental_id}/stacks",
-                                     {"template": {"name": "x", "description": "", "content": content, "environmentVariables": {}}})
+    status, body = await renter.call(
+        "POST",
+        f"/rentals/{rental_id}/stacks",
+        {"template": {"name": "x", "description": "", "content": content, "environmentVariables": {}}},
+    )
     assert status == 400 and "ended" in body["message"]
 
 

@@ -6,32 +6,53 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
-from gpuhost_agent.protocol import wire
 from support.engine import env_containers
 from support.stacks import REGISTRY_IMAGE, TEST_IMAGE
 from support.waiting import until
+
+from gpuhost_agent.protocol import wire
 
 CASES = {
     "invalid_yaml": ("services:\n  web: [unclosed\n", {}, ["invalid Compose file", "yaml"]),
     "not_compose": ("services:\n  web:\n    imagee: foo\n", {}, ["invalid Compose file", "imagee"]),
     "no_services": ("volumes:\n  data: {}\n", {}, ["no services"]),
-    "missing_variable": (f"services:\n  web:\n    image: {TEST_IMAGE}\n    environment:\n      T: ${{TOKEN:?TOKEN must be set}}\n",
-                         {}, ["invalid Compose file", "TOKEN must be set"]),
+    "missing_variable": (
+        f"services:\n  web:\n    image: {TEST_IMAGE}\n    environment:\n      T: ${{TOKEN:?TOKEN must be set}}\n",
+        {},
+        ["invalid Compose file", "TOKEN must be set"],
+    ),
     # A public name can only be reached through the proxy trap, which refuses at once.
-    "unpullable_public": ("services:\n  web:\n    image: registry.gpuhost-test.invalid/nothing/here:1\n", {},
-                          ["deploy failed", "registry.gpuhost-test.invalid"]),
-    "missing_tag_local_registry": (f"services:\n  web:\n    image: {REGISTRY_IMAGE.rsplit(':', 1)[0]}:no-such-tag\n", {},
-                                   ["deploy failed", "no-such-tag"]),
-    "command_not_found": (f"services:\n  web:\n    image: {TEST_IMAGE}\n    command: ['/no/such/binary']\n", {},
-                          ["deploy failed", "/no/such/binary"]),
-    "exits_at_once": (f"services:\n  ok:\n    image: {TEST_IMAGE}\n    command: ['sleep', '3600']\n"
-                      f"  bad:\n    image: {TEST_IMAGE}\n    command: ['sh', '-c', 'echo cannot open model file >&2; exit 3']\n",
-                      {}, ["service 'bad'", "exited with code 3", "cannot open model file"]),
-    "dies_after_a_moment": (f"services:\n  late:\n    image: {TEST_IMAGE}\n    command: ['sh', '-c', 'sleep 0.4; exit 7']\n",
-                            {}, ["service 'late'", "exited with code 7"]),
-    "reserved_variable": (f"services:\n  web:\n    image: {TEST_IMAGE}\n", {"COMPOSE_FILE": "/etc/passwd"},
-                          ["COMPOSE_FILE", "reserved"]),
+    "unpullable_public": (
+        "services:\n  web:\n    image: registry.gpuhost-test.invalid/nothing/here:1\n",
+        {},
+        ["deploy failed", "registry.gpuhost-test.invalid"],
+    ),
+    "missing_tag_local_registry": (
+        f"services:\n  web:\n    image: {REGISTRY_IMAGE.rsplit(':', 1)[0]}:no-such-tag\n",
+        {},
+        ["deploy failed", "no-such-tag"],
+    ),
+    "command_not_found": (
+        f"services:\n  web:\n    image: {TEST_IMAGE}\n    command: ['/no/such/binary']\n",
+        {},
+        ["deploy failed", "/no/such/binary"],
+    ),
+    "exits_at_once": (
+        f"services:\n  ok:\n    image: {TEST_IMAGE}\n    command: ['sleep', '3600']\n"
+        f"  bad:\n    image: {TEST_IMAGE}\n    command: ['sh', '-c', 'echo cannot open model file >&2; exit 3']\n",
+        {},
+        ["service 'bad'", "exited with code 3", "cannot open model file"],
+    ),
+    "dies_after_a_moment": (
+        f"services:\n  late:\n    image: {TEST_IMAGE}\n    command: ['sh', '-c', 'sleep 0.4; exit 7']\n",
+        {},
+        ["service 'late'", "exited with code 7"],
+    ),
+    "reserved_variable": (
+        f"services:\n  web:\n    image: {TEST_IMAGE}\n",
+        {"COMPOSE_FILE": "/etc/passwd"},
+        ["COMPOSE_FILE", "reserved"],
+    ),
 }
 
 
@@ -64,4 +85,3 @@ async def test_error_stack_can_be_removed(local_market):
     status, _ = await renter.call("DELETE", f"/rentals/{rental_id}/stacks/{stack_id}")
     assert status == 200
     await renter.wait_stack(rental_id, stack_id, ())
-

@@ -22,22 +22,24 @@ from pathlib import Path
 import aiohttp
 import docker
 import pytest
-
 from support.agent_process import Market, start_in_process
 from support.engine import remove_env_resources
 from support.renter import Renter
 from support.stacks import TEST_IMAGE
 from support.waiting import until
-from gpuhost_agent.protocol import wire
+
 from gpuhost_agent.core.containers import seed_containers
+from gpuhost_agent.protocol import wire
 from gpuhost_agent.service.daemon import stop_agent
 
 PIDFILE = Path("/run/gpuhost-dockerd.pid")
 ENSURE_DOCKERD = Path(__file__).resolve().parents[2] / "scripts" / "ensure-dockerd.sh"
 # Stops at once on SIGTERM, so dockerd's shutdown does not wait for it.
-TRAPPER = (f"services:\n  app:\n    image: {TEST_IMAGE}\n"
-           f"    command: ['sh', '-c', 'trap \"exit 0\" TERM; while true; do sleep 1; done']\n"
-           f"    stop_grace_period: 1s\n")
+TRAPPER = (
+    f"services:\n  app:\n    image: {TEST_IMAGE}\n"
+    f"    command: ['sh', '-c', 'trap \"exit 0\" TERM; while true; do sleep 1; done']\n"
+    f"    stop_grace_period: 1s\n"
+)
 
 
 def _alive(pid: int) -> bool:
@@ -78,8 +80,9 @@ def _docker_answers() -> bool:
 
 
 def _docker_view(docker_client, stack_id: str) -> list[dict]:
-    return seed_containers(docker_client.api.containers(
-        all=True, filters={"label": [f"{wire.LABEL_STACK}={stack_id}"]}))
+    return seed_containers(
+        docker_client.api.containers(all=True, filters={"label": [f"{wire.LABEL_STACK}={stack_id}"]})
+    )
 
 
 @pytest.fixture
@@ -88,8 +91,10 @@ async def world(tmp_path, docker_client):
     dockerd is made to answer again at the end whatever happened."""
     pid = await asyncio.to_thread(_our_dockerd)
     if pid is None:
-        pytest.skip(f"the Docker Engine was not started by scripts/ensure-dockerd.sh ({PIDFILE} missing or its"
-                    " process gone): an engine we did not start is not ours to restart")
+        pytest.skip(
+            f"the Docker Engine was not started by scripts/ensure-dockerd.sh ({PIDFILE} missing or its"
+            " process gone): an engine we did not start is not ours to restart"
+        )
     market = Market(tmp_path / "market.json")
     await market.start()
     parts, task = await start_in_process(market, tmp_path / "state", reconcile_grace_seconds=4)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from support.stacks import TEST_IMAGE
 from support.waiting import until
+
 from gpuhost_agent.protocol import wire
 
 GPU_STACK = f"""
@@ -51,8 +51,9 @@ services:
 
 
 def _env_of(docker_client, stack_id: str, service: str) -> dict:
-    [container] = docker_client.containers.list(filters={"label": [f"{wire.LABEL_STACK}={stack_id}",
-                                                                   f"com.docker.compose.service={service}"]})
+    [container] = docker_client.containers.list(
+        filters={"label": [f"{wire.LABEL_STACK}={stack_id}", f"com.docker.compose.service={service}"]}
+    )
     output = container.exec_run(["env"]).output.decode()
     return dict(line.split("=", 1) for line in output.splitlines() if "=" in line)
 
@@ -100,26 +101,31 @@ async def test_two_rentals_get_disjoint_gpus_and_a_third_waits(gpu_agent, docker
     end_jobs = [job for job in local.state.store.jobs.values() if job.type == wire.JOB_RENTAL_END]
     assert [job.rentalId for job in end_jobs] == [rental_a]
     await until(lambda: end_jobs[0].outcome == wire.OUTCOME_SUCCEEDED, 30)
-    assert not await asyncio.to_thread(docker_client.containers.list, all=True,
-                                       filters={"label": f"{wire.LABEL_RENTAL}={rental_a}"})
+    assert not await asyncio.to_thread(
+        docker_client.containers.list, all=True, filters={"label": f"{wire.LABEL_RENTAL}={rental_a}"}
+    )
     stack_c, c = await _deploy(renter, rental_c, ONE_GPU_STACK)
     assert c["status"] == wire.APPLIED, c["errorMsg"]
     assert (await asyncio.to_thread(_env_of, docker_client, stack_c, "infer"))["NVIDIA_VISIBLE_DEVICES"] in seen_a
 
 
-@pytest.mark.parametrize("trick", [
-    "    environment: {NVIDIA_VISIBLE_DEVICES: all}\n",
-    "    environment: [NVIDIA_VISIBLE_DEVICES=all]\n",
-    "    deploy: {resources: {reservations: {devices: [{driver: nvidia, count: 3, capabilities: [gpu]}]}}}\n",
-])
+@pytest.mark.parametrize(
+    "trick",
+    [
+        "    environment: {NVIDIA_VISIBLE_DEVICES: all}\n",
+        "    environment: [NVIDIA_VISIBLE_DEVICES=all]\n",
+        "    deploy: {resources: {reservations: {devices: [{driver: nvidia, count: 3, capabilities: [gpu]}]}}}\n",
+    ],
+)
 async def test_asking_for_more_gpus_than_rented_is_refused(gpu_agent, docker_client, trick) -> None:
     renter, parts, _local, _ = await gpu_agent(gpus=4)
     rental = await renter.rental(gpu_count=2)
     content = f"services:\n  greedy:\n    image: {TEST_IMAGE}\n    command: ['sleep', '3600']\n{trick}"
     stack_id, stack = await _deploy(renter, rental, content)
     assert stack["status"] == wire.ERROR and "greedy" in stack["errorMsg"], stack["errorMsg"]
-    assert not await asyncio.to_thread(docker_client.containers.list, all=True,
-                                       filters={"label": f"{wire.LABEL_STACK}={stack_id}"})
+    assert not await asyncio.to_thread(
+        docker_client.containers.list, all=True, filters={"label": f"{wire.LABEL_STACK}={stack_id}"}
+    )
 
 
 async def test_rentals_cannot_reach_each_other(gpu_agent, docker_client) -> None:
@@ -130,8 +136,9 @@ async def test_rentals_cannot_reach_each_other(gpu_agent, docker_client) -> None
     assert a["status"] == b["status"] == wire.APPLIED, (a["errorMsg"], b["errorMsg"])
 
     def container(stack_id: str, service: str):
-        [found] = docker_client.containers.list(filters={"label": [f"{wire.LABEL_STACK}={stack_id}",
-                                                                   f"com.docker.compose.service={service}"]})
+        [found] = docker_client.containers.list(
+            filters={"label": [f"{wire.LABEL_STACK}={stack_id}", f"com.docker.compose.service={service}"]}
+        )
         return found
 
     web_a = await asyncio.to_thread(container, stack_a, "web")

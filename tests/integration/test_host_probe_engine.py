@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import os
 
+from support.stacks import TEST_IMAGE
+
 from gpuhost_agent.inventory.host_probe import probe_host
 from gpuhost_agent.runtime.compose import find_compose_command
 from gpuhost_agent.runtime.engine import DockerEngine
-from support.stacks import TEST_IMAGE
 
 
 async def test_probe_of_this_host_against_the_real_engine(docker_client) -> None:
@@ -26,8 +27,9 @@ async def test_probe_of_this_host_against_the_real_engine(docker_client) -> None
     assert host["memory"]["totalBytes"] > 0 and host["os"]["kernel"] == os.uname().release
     # A real container with every GPU requested, through the stand-in NVIDIA hook of the test dockerd.
     assert host["docker"]["gpuContainers"] == {"ok": True, "method": "container", "image": TEST_IMAGE, "detail": None}
-    assert not await asyncio.to_thread(docker_client.containers.list, all=True,
-                                       filters={"label": "io.gpuhost.managed=check"})
+    assert not await asyncio.to_thread(
+        docker_client.containers.list, all=True, filters={"label": "io.gpuhost.managed=check"}
+    )
 
 
 async def test_gpu_check_with_an_image_that_is_not_on_the_host(docker_client) -> None:
@@ -38,5 +40,9 @@ async def test_gpu_check_with_an_image_that_is_not_on_the_host(docker_client) ->
         engine.close()
     check = host["docker"]["gpuContainers"]
     assert check["ok"] is False and "not/here" in check["detail"]
-    assert host["compose"] == {"available": False, "version": None, "command": None,
-                               "error": "Docker Compose v2 not found"}
+    assert host["compose"] == {
+        "available": False,
+        "version": None,
+        "command": None,
+        "error": "Docker Compose v2 not found",
+    }

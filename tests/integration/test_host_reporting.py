@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import asyncio
 
+from support.fake_nvml import h100_sxm, write_config
 from support.renter import Renter
 from support.waiting import until
-from support.fake_nvml import h100_sxm, write_config
-from gpuhost_agent.service.daemon import stop_agent
+
 from gpuhost_agent.local_marketplace.shapes import HARDWARE_FIELDS
+from gpuhost_agent.service.daemon import stop_agent
 
 
 async def _get(renter: Renter, path: str) -> dict:
@@ -28,6 +29,7 @@ async def _ready(renter: Renter, timeout: float = 20) -> dict:
     async def ready():
         env = await _env(renter)
         return env["initState"].get("state") == "ready" and env["listing"]["networkDownloadSpeed"] is not None
+
     await until(ready, timeout)
     return await _env(renter)
 
@@ -41,7 +43,11 @@ async def test_listing_shows_every_hardware_field_from_the_probe(gpu_agent) -> N
     assert missing == []
     assert listing["totalGPUs"] == 8 and listing["availableGPUs"] == 8
     assert (listing["gpuName"], listing["gpuVRAM"], listing["gpuBandwidth"]) == ("NVIDIA H100 80GB HBM3", 80, 3352.3)
-    assert (listing["gpuInterconnect"], listing["gpuCUDA"], listing["location"]) == ("NVLink", "12.4", "EU-DE-Frankfurt")
+    assert (listing["gpuInterconnect"], listing["gpuCUDA"], listing["location"]) == (
+        "NVLink",
+        "12.4",
+        "EU-DE-Frankfurt",
+    )
     assert listing["networkUploadSpeed"] > 0 and listing["networkDownloadSpeed"] > 0
     speed = env["systemData"]["networkSpeed"]
     assert speed["error"] is None and 0 < speed["bytesDown"] <= 2_000_000 and 0 < speed["bytesUp"] <= 2_000_000
@@ -49,8 +55,15 @@ async def test_listing_shows_every_hardware_field_from_the_probe(gpu_agent) -> N
     gpus = env["systemData"]["nvml"]["gpus"]
     assert len(gpus) == 8 and gpus[3]["pcie"]["genMax"] == 5 and gpus[3]["powerLimitW"] == 700.0
     checks = {check["id"]: check for check in env["systemData"]["complianceChecks"]}
-    for passing in ("nvidia-gpu", "driver-version", "cuda-version", "gpu-models", "gpu-memory-errors",
-                    "gpu-containers", "compose"):
+    for passing in (
+        "nvidia-gpu",
+        "driver-version",
+        "cuda-version",
+        "gpu-models",
+        "gpu-memory-errors",
+        "gpu-containers",
+        "compose",
+    ):
         assert checks[passing]["ok"], checks[passing]
     failed = [check["summary"] for check in checks.values() if not check["ok"]]
     assert env["isCompliant"] is (not failed)
@@ -65,8 +78,13 @@ async def test_init_state_walks_every_phase_to_ready(gpu_agent) -> None:
     init = (await _ready(renter))["initState"]
     assert init["state"] == "ready" and init["error"] is None
     assert [(p["name"], p["state"]) for p in init["phases"]] == [
-        ("config", "done"), ("marketplace", "done"), ("docker", "done"), ("compose", "done"),
-        ("hardware", "done"), ("compliance", "done")]
+        ("config", "done"),
+        ("marketplace", "done"),
+        ("docker", "done"),
+        ("compose", "done"),
+        ("hardware", "done"),
+        ("compliance", "done"),
+    ]
     assert all(p["startedAt"] and p["finishedAt"] for p in init["phases"][1:])
     assert init["phases"][4]["detail"].startswith("8 GPU(s)")
 
@@ -78,12 +96,15 @@ async def test_startup_blocked_by_docker_is_reported_and_resumes(gpu_agent, monk
     async def stuck():
         init = (await _env(renter))["initState"]
         return init.get("state") == "failed" and init.get("phase") == "docker"
+
     await until(stuck, 10)
     env = await _env(renter)
     assert "Docker Engine unreachable" in env["initState"]["error"]
     assert "stopped-docker.sock" in env["initState"]["error"]
+
     async def beat_says_failed():  # alive while stuck, and seen so (the first beat may predate the failure)
         return local.state.beats_received > 0 and (await _env(renter))["heartbeat"]["initState"] == "failed"
+
     await until(beat_says_failed, 5)
 
     monkeypatch.delenv("DOCKER_HOST")  # the host starts Docker
@@ -112,6 +133,7 @@ async def test_heartbeat_interval_set_by_the_marketplace_and_offline_detection(g
 
     async def offline():
         return (await _env(renter))["heartbeat"]["online"] is False
+
     await until(offline, 5)
     heartbeat = (await _env(renter))["heartbeat"]
     assert heartbeat["missedBeats"] >= 3 and heartbeat["lastBeatAt"]
@@ -146,6 +168,7 @@ async def test_marketplace_that_lost_system_data_gets_it_again(gpu_agent) -> Non
 
     async def restored():
         return bool((await _env(renter))["systemData"])
+
     await until(restored, 5)
     assert (await _get(renter, f"/environments/{renter.store.envId}/listing"))["totalGPUs"] == 8
 

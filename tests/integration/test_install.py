@@ -34,14 +34,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
+from support.install_script import msg
+from support.openapi_check import AGENT_DOC, check_named, load
 
 from gpuhost_agent import __version__
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.local_marketplace.server import build_app
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.store import Store
-from support.install_script import msg
-from support.openapi_check import AGENT_DOC, check_named, load
+from gpuhost_agent.protocol import wire
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL_SH = ROOT / "install.sh"
@@ -50,7 +50,7 @@ ROOTFS = ROOT / "tests" / ".rootfs" / "debian12"
 WHEELS = ROOT / "tests" / ".rootfs" / "wheels"
 CHROOT = ROOT / "scripts" / "install-test-chroot.sh"
 CHECKOUT_IN_ROOT = "/root/gpuhost-agent"
-URL = "http://127.0.0.1:9/v1"   # the discard port: reports fail fast, as with an unreachable marketplace
+URL = "http://127.0.0.1:9/v1"  # the discard port: reports fail fast, as with an unreachable marketplace
 ENV_ID = "env-0f3c"
 KEY = "envkey_S3cr3t_d0_n0t_print_9b7e"
 
@@ -59,12 +59,14 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="install.sh tests need
 
 # ---- the chroot scenarios -----------------------------------------------------------
 
+
 @pytest.fixture(scope="session")
 def rootfs() -> Path:
     if os.geteuid() != 0:
         pytest.skip("needs root")
-    built = subprocess.run(["bash", str(ROOT / "scripts" / "rootfs-debian12.sh"), str(ROOTFS)],
-                           capture_output=True, text=True, timeout=900)
+    built = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "rootfs-debian12.sh"), str(ROOTFS)], capture_output=True, text=True, timeout=900
+    )
     assert built.returncode == 0, f"building the Debian 12 rootfs failed:\n{built.stdout}\n{built.stderr}"
     return ROOTFS
 
@@ -75,8 +77,12 @@ def agent_wheels(tmp_path_factory) -> Path:
     if os.geteuid() != 0:
         pytest.skip("needs root")
     out = tmp_path_factory.mktemp("agent-wheel")
-    built = subprocess.run(["bash", str(ROOT / "scripts" / "rootfs-wheelhouse.sh"), "--agent-wheel", str(out)],
-                           capture_output=True, text=True, timeout=900)
+    built = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "rootfs-wheelhouse.sh"), "--agent-wheel", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert built.returncode == 0, f"building the wheelhouse failed:\n{built.stdout}\n{built.stderr}"
     assert list(out.glob("gpuhost_agent-*.whl"))
     return out
@@ -161,15 +167,20 @@ class Scenario:
     def __init__(self, rootfs: Path, path: Path, wheels: Path):
         self.rootfs, self.path, self.wheels = rootfs, path, wheels
 
-    def run(self, *command: str, env: dict[str, str] | None = None, binds: dict[str, Path] | None = None,
-            input: str | None = None, timeout: float = 600) -> Run:
+    def run(
+        self,
+        *command: str,
+        env: dict[str, str] | None = None,
+        binds: dict[str, Path] | None = None,
+        input: str | None = None,
+        timeout: float = 600,
+    ) -> Run:
         args = ["bash", str(CHROOT), str(self.rootfs), str(self.path)]
         for dest, src in {"/wheels": WHEELS, "/agent-wheels": self.wheels, **(binds or {})}.items():
             args += ["--bind", f"{src}:{dest}"]
         for key, value in {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "/wheels /agent-wheels", **(env or {})}.items():
             args += ["--env", f"{key}={value}"]
-        result = subprocess.run([*args, "--", *command], capture_output=True, text=True, input=input,
-                                timeout=timeout)
+        result = subprocess.run([*args, "--", *command], capture_output=True, text=True, input=input, timeout=timeout)
         return Run(result.returncode, result.stdout, result.stderr)
 
     def sh(self, script: str, **kwargs) -> Run:
@@ -182,15 +193,17 @@ class Scenario:
 
     def files(self, *paths: str) -> dict[str, dict | None]:
         """mode, owner, kind (and link target) of each path, None when missing."""
-        code = ("import json, os, stat, sys\n"
-                "out = {}\n"
-                "for p in sys.argv[1:]:\n"
-                "    try: st = os.lstat(p)\n"
-                "    except FileNotFoundError: out[p] = None; continue\n"
-                "    kind = 'link' if stat.S_ISLNK(st.st_mode) else 'dir' if stat.S_ISDIR(st.st_mode) else 'file'\n"
-                "    out[p] = {'mode': oct(st.st_mode & 0o7777), 'uid': st.st_uid, 'gid': st.st_gid, 'kind': kind,\n"
-                "              'target': os.readlink(p) if kind == 'link' else None}\n"
-                "print(json.dumps(out))\n")
+        code = (
+            "import json, os, stat, sys\n"
+            "out = {}\n"
+            "for p in sys.argv[1:]:\n"
+            "    try: st = os.lstat(p)\n"
+            "    except FileNotFoundError: out[p] = None; continue\n"
+            "    kind = 'link' if stat.S_ISLNK(st.st_mode) else 'dir' if stat.S_ISDIR(st.st_mode) else 'file'\n"
+            "    out[p] = {'mode': oct(st.st_mode & 0o7777), 'uid': st.st_uid, 'gid': st.st_gid, 'kind': kind,\n"
+            "              'target': os.readlink(p) if kind == 'link' else None}\n"
+            "print(json.dumps(out))\n"
+        )
         return json.loads(self.run("python3", "-c", code, *paths).out)
 
     def read(self, path: str) -> str | None:
@@ -203,8 +216,25 @@ class Scenario:
     def tree(self) -> set[str]:
         """Every path with its mode, size and mtime, for "nothing changed" checks
         (/var/log left out: the stand-ins log their calls there)."""
-        listing = self.run("find", "/", "-xdev", "(", "-path", "/proc", "-o", "-path", "/tmp", "-o", "-path",
-                           "/var/log", ")", "-prune", "-o", "-printf", "%p %m %s %T@\n").out
+        listing = self.run(
+            "find",
+            "/",
+            "-xdev",
+            "(",
+            "-path",
+            "/proc",
+            "-o",
+            "-path",
+            "/tmp",
+            "-o",
+            "-path",
+            "/var/log",
+            ")",
+            "-prune",
+            "-o",
+            "-printf",
+            "%p %m %s %T@\n",
+        ).out
         return set(listing.splitlines())
 
 
@@ -216,8 +246,14 @@ def scenario(rootfs, agent_wheels, tmp_path):
     for name, text in {"apt-get": FAKE_APT_GET, "apt-cache": FAKE_APT_CACHE}.items():
         (stage / "sbin").mkdir(parents=True, exist_ok=True)
         (stage / "sbin" / name).write_text(text)
-    for name, text in {"docker": FAKE_DOCKER, "nvidia-smi": FAKE_NVIDIA_SMI, "nvidia-ctk": FAKE_NVIDIA_CTK,
-                       "systemctl": FAKE_SYSTEMCTL, "sudo": FAKE_SUDO, "curl": FAKE_CURL}.items():
+    for name, text in {
+        "docker": FAKE_DOCKER,
+        "nvidia-smi": FAKE_NVIDIA_SMI,
+        "nvidia-ctk": FAKE_NVIDIA_CTK,
+        "systemctl": FAKE_SYSTEMCTL,
+        "sudo": FAKE_SUDO,
+        "curl": FAKE_CURL,
+    }.items():
         (stage / "fakes").mkdir(exist_ok=True)
         (stage / "fakes" / name).write_text(text)
     made.sh(
@@ -227,7 +263,8 @@ def scenario(rootfs, agent_wheels, tmp_path):
         f"mkdir -p {CHECKOUT_IN_ROOT}\n"
         f"tar -C /checkout --exclude=__pycache__ --exclude='*.egg-info' -cf - pyproject.toml README.md src "
         f"install.sh systemd | tar -C {CHECKOUT_IN_ROOT} -xf -\n",
-        binds={"/stage": stage, "/checkout": ROOT})
+        binds={"/stage": stage, "/checkout": ROOT},
+    )
     yield made
     # An installed scenario holds a venv of ~150 MB: do not leave it to pytest's tmp retention.
     subprocess.run(["rm", "-rf", "--one-file-system", str(made.path)], check=False)
@@ -240,8 +277,10 @@ def add(scenario: Scenario, *names: str) -> None:
         if name == "compose":
             lines.append("touch /etc/fake/compose")
         elif name == "nvidia":
-            lines += ["install -m 0755 /usr/local/share/fake/nvidia-smi /usr/local/bin/",
-                      "touch /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"]
+            lines += [
+                "install -m 0755 /usr/local/share/fake/nvidia-smi /usr/local/bin/",
+                "touch /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+            ]
         elif name == "toolkit":
             lines.append("install -m 0755 /usr/local/share/fake/nvidia-ctk /usr/local/bin/")
         elif name == "systemd":
@@ -252,12 +291,18 @@ def add(scenario: Scenario, *names: str) -> None:
 
 
 def assert_not_installed(scenario: Scenario) -> None:
-    found = scenario.files("/opt/gpuhost-agent", "/etc/gpuhost-agent", "/var/lib/gpuhost-agent",
-                           "/etc/systemd/system/gpuhost-agent.service", "/usr/local/bin/gpuhost-agent")
+    found = scenario.files(
+        "/opt/gpuhost-agent",
+        "/etc/gpuhost-agent",
+        "/var/lib/gpuhost-agent",
+        "/etc/systemd/system/gpuhost-agent.service",
+        "/usr/local/bin/gpuhost-agent",
+    )
     assert all(value is None for value in found.values()), found
 
 
 # ---- missing prerequisites ------------------------------------------------------------
+
 
 @needs_root
 def test_a_bare_debian_stops_with_what_is_missing_and_changes_nothing(scenario: Scenario) -> None:
@@ -278,10 +323,18 @@ def test_each_missing_piece_has_its_documented_message(scenario: Scenario) -> No
     cases = [
         ("touch /etc/fake/docker-down", "error", "Docker Engine does not answer", "rm /etc/fake/docker-down"),
         ("touch /etc/fake/nvidia-broken", "error", "nvidia-smi is installed but fails", "rm /etc/fake/nvidia-broken"),
-        ("rm /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "error", "NVIDIA driver not found",
-         "touch /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"),
-        ("rm /usr/local/bin/nvidia-ctk", "error", "NVIDIA Container Toolkit not found",
-         "install -m 0755 /usr/local/share/fake/nvidia-ctk /usr/local/bin/"),
+        (
+            "rm /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+            "error",
+            "NVIDIA driver not found",
+            "touch /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+        ),
+        (
+            "rm /usr/local/bin/nvidia-ctk",
+            "error",
+            "NVIDIA Container Toolkit not found",
+            "install -m 0755 /usr/local/share/fake/nvidia-ctk /usr/local/bin/",
+        ),
         ("dpkg -r python3-venv python3.11-venv >/dev/null", "error", "python3 (3.10 or later)", "true"),
     ]
     for break_it, level, prefix, repair in cases:
@@ -297,8 +350,19 @@ def test_each_missing_piece_has_its_documented_message(scenario: Scenario) -> No
 @needs_root
 def test_without_root_it_says_how_to_run_it(scenario: Scenario) -> None:
     scenario.sh(f"install -m 0755 {CHECKOUT_IN_ROOT}/install.sh /usr/local/share/install.sh")  # /root is 0700
-    result = scenario.run("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                          "/usr/local/share/install.sh", "--url", URL, "--env-id", ENV_ID, "--api-key", KEY)
+    result = scenario.run(
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "/usr/local/share/install.sh",
+        "--url",
+        URL,
+        "--env-id",
+        ENV_ID,
+        "--api-key",
+        KEY,
+    )
     assert result.code == 3
     assert f"install.sh: error: {msg('install.sh must run as root')}\n" in result.err
 
@@ -323,8 +387,11 @@ def test_allow_no_gpu_makes_the_gpu_pieces_warnings_and_old_toolkits_are_flagged
 @needs_root
 def test_a_first_install_needs_url_env_id_and_key(scenario: Scenario) -> None:
     add(scenario, "docker", "compose", "nvidia", "toolkit")
-    for args in ((), ("--url", URL, "--env-id", ENV_ID), ("--url", "http://m.example/api", "--env-id", ENV_ID,
-                                                         "--api-key", KEY)):
+    for args in (
+        (),
+        ("--url", URL, "--env-id", ENV_ID),
+        ("--url", "http://m.example/api", "--env-id", ENV_ID, "--api-key", KEY),
+    ):
         result = scenario.install(*args)
         assert result.code == 2, (args, result.both)
         assert KEY not in result.both
@@ -338,18 +405,26 @@ def test_install_missing_asks_apt_and_dry_run_only_says_so(scenario: Scenario) -
     before = scenario.tree()
     result = scenario.install("--url", URL, "--env-id", ENV_ID, "--api-key", KEY, "--install-missing", "--dry-run")
     assert result.code == 0, result.both
-    assert "would run: env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends " \
-           "docker.io nvidia-container-toolkit" in result.out
+    assert (
+        "would run: env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "
+        "docker.io nvidia-container-toolkit" in result.out
+    )
     assert not [call for call in scenario.calls() if call.startswith("apt-get install")]
     assert scenario.tree() == before
 
 
 # ---- install, upgrade, uninstall -----------------------------------------------------------
 
-INSTALLED = ("/opt/gpuhost-agent/venv/bin/gpuhost-agent", "/usr/local/bin/gpuhost-agent", "/etc/gpuhost-agent",
-             "/etc/gpuhost-agent/agent.conf", "/etc/gpuhost-agent/api-key", "/var/lib/gpuhost-agent",
-             "/etc/systemd/system/gpuhost-agent.service",
-             "/etc/systemd/system/gpuhost-agent.service.d/10-install-restart-backoff.conf")
+INSTALLED = (
+    "/opt/gpuhost-agent/venv/bin/gpuhost-agent",
+    "/usr/local/bin/gpuhost-agent",
+    "/etc/gpuhost-agent",
+    "/etc/gpuhost-agent/agent.conf",
+    "/etc/gpuhost-agent/api-key",
+    "/var/lib/gpuhost-agent",
+    "/etc/systemd/system/gpuhost-agent.service",
+    "/etc/systemd/system/gpuhost-agent.service.d/10-install-restart-backoff.conf",
+)
 
 
 def conf_values(text: str) -> dict[str, str]:
@@ -360,22 +435,28 @@ def conf_values(text: str) -> dict[str, str]:
 def test_install_upgrade_and_uninstall_on_a_booted_host(scenario: Scenario) -> None:
     add(scenario, "docker", "nvidia", "toolkit", "systemd")
     # Compose is missing; apt has Docker's plugin, and "installing" it makes `docker compose` work.
-    scenario.sh("echo docker-compose-plugin >/etc/fake/apt-candidates\n"
-                "printf '#!/bin/sh\\ntouch /etc/fake/compose\\n' >/etc/fake/apt-hooks/docker-compose-plugin\n"
-                "chmod +x /etc/fake/apt-hooks/docker-compose-plugin")
+    scenario.sh(
+        "echo docker-compose-plugin >/etc/fake/apt-candidates\n"
+        "printf '#!/bin/sh\\ntouch /etc/fake/compose\\n' >/etc/fake/apt-hooks/docker-compose-plugin\n"
+        "chmod +x /etc/fake/apt-hooks/docker-compose-plugin"
+    )
     args = ("--url", URL, "--env-id", ENV_ID, "--api-key", KEY)
 
     # --dry-run: says what it would do, changes nothing, shows no key.
     before = scenario.tree()
     dry = scenario.install(*args, "--dry-run")
     assert dry.code == 0, dry.both
-    for expected in ("would run: python3 -m venv /opt/gpuhost-agent/venv",
-                     f"would run: /opt/gpuhost-agent/venv/bin/python -m pip install --upgrade --quiet "
-                     f"--disable-pip-version-check {CHECKOUT_IN_ROOT}",
-                     "would: writing /etc/gpuhost-agent", "would: installing the unit",
-                     "would run: env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "
-                     "docker-compose-plugin",
-                     "would run: systemctl restart --no-block gpuhost-agent.service", "nothing was changed"):
+    for expected in (
+        "would run: python3 -m venv /opt/gpuhost-agent/venv",
+        f"would run: /opt/gpuhost-agent/venv/bin/python -m pip install --upgrade --quiet "
+        f"--disable-pip-version-check {CHECKOUT_IN_ROOT}",
+        "would: writing /etc/gpuhost-agent",
+        "would: installing the unit",
+        "would run: env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "
+        "docker-compose-plugin",
+        "would run: systemctl restart --no-block gpuhost-agent.service",
+        "nothing was changed",
+    ):
         assert expected in dry.out, (expected, dry.out)
     assert KEY not in dry.both
     assert scenario.tree() == before
@@ -397,34 +478,46 @@ def test_install_upgrade_and_uninstall_on_a_booted_host(scenario: Scenario) -> N
     assert files["/usr/local/bin/gpuhost-agent"]["target"] == "/opt/gpuhost-agent/venv/bin/gpuhost-agent"
     assert scenario.read("/etc/gpuhost-agent/api-key") == KEY + "\n"
     conf = conf_values(scenario.read("/etc/gpuhost-agent/agent.conf"))
-    assert conf == {"GPUHOST_MARKETPLACE_URL": URL, "GPUHOST_ENV_ID": ENV_ID,
-                    "GPUHOST_API_KEY_FILE": "/etc/gpuhost-agent/api-key", "GPUHOST_STATE_DIR": "/var/lib/gpuhost-agent"}
+    assert conf == {
+        "GPUHOST_MARKETPLACE_URL": URL,
+        "GPUHOST_ENV_ID": ENV_ID,
+        "GPUHOST_API_KEY_FILE": "/etc/gpuhost-agent/api-key",
+        "GPUHOST_STATE_DIR": "/var/lib/gpuhost-agent",
+    }
     assert scenario.read("/etc/systemd/system/gpuhost-agent.service") == UNIT.read_text()
     assert "RestartSteps=" in scenario.read(INSTALLED[-1])  # the stand-in says systemd 255
     assert scenario.run("gpuhost-agent", "version").out.strip() == __version__
     # The agent's own config loader reads what was written, key file included.
-    loaded = scenario.run("/opt/gpuhost-agent/venv/bin/python", "-c",
-                          "from gpuhost_agent.service import config; c = config.load({});"
-                          "print(c.marketplace_url, c.env_id, c.api_key == open('/etc/gpuhost-agent/api-key')"
-                          ".read().strip(), c.state_dir)")
+    loaded = scenario.run(
+        "/opt/gpuhost-agent/venv/bin/python",
+        "-c",
+        "from gpuhost_agent.service import config; c = config.load({});"
+        "print(c.marketplace_url, c.env_id, c.api_key == open('/etc/gpuhost-agent/api-key')"
+        ".read().strip(), c.state_dir)",
+    )
     assert loaded.out.split() == [URL, ENV_ID, "True", "/var/lib/gpuhost-agent"], loaded.both
     # The key is in its file and nowhere else on disk.
     holders = scenario.run("grep", "-rlF", KEY, "/etc", "/opt", "/var", "/root", "/usr/local").out.split()
     assert holders == ["/etc/gpuhost-agent/api-key"], holders
     calls = scenario.calls()
     assert "apt-get install -y -qq --no-install-recommends docker-compose-plugin" in calls
-    for call in ("systemctl daemon-reload", "systemctl enable gpuhost-agent.service",
-                 "systemctl restart --no-block gpuhost-agent.service"):
+    for call in (
+        "systemctl daemon-reload",
+        "systemctl enable gpuhost-agent.service",
+        "systemctl restart --no-block gpuhost-agent.service",
+    ):
         assert call in calls, (call, calls)
     assert "gpuhost-agent.service is running" in first.out
 
     # Second install, no arguments: upgrades in place, keeps state and the host's lines.
-    scenario.sh("echo 'GPUHOST_LOCATION=DE-Frankfurt' >>/etc/gpuhost-agent/agent.conf\n"
-                "echo '# mine' >>/etc/gpuhost-agent/agent.conf\n"
-                "echo stacks >/var/lib/gpuhost-agent/keep.json\n"
-                "touch /opt/gpuhost-agent/venv/marker\n"
-                "chmod 0644 /etc/gpuhost-agent/api-key\n"
-                ": >/var/log/fake-calls.log")
+    scenario.sh(
+        "echo 'GPUHOST_LOCATION=DE-Frankfurt' >>/etc/gpuhost-agent/agent.conf\n"
+        "echo '# mine' >>/etc/gpuhost-agent/agent.conf\n"
+        "echo stacks >/var/lib/gpuhost-agent/keep.json\n"
+        "touch /opt/gpuhost-agent/venv/marker\n"
+        "chmod 0644 /etc/gpuhost-agent/api-key\n"
+        ": >/var/log/fake-calls.log"
+    )
     second = scenario.install()
     assert second.code == 0, second.both
     assert "upgrading the agent in place" in second.out
@@ -454,11 +547,18 @@ def test_install_upgrade_and_uninstall_on_a_booted_host(scenario: Scenario) -> N
     assert removed.code == 0, removed.both
     assert f"install.sh: {msg('Renters')}\n" in removed.out
     files = scenario.files(*INSTALLED, "/opt/gpuhost-agent")
-    gone = ("/opt/gpuhost-agent", "/opt/gpuhost-agent/venv/bin/gpuhost-agent", "/usr/local/bin/gpuhost-agent",
-            "/etc/systemd/system/gpuhost-agent.service", INSTALLED[-1])
+    gone = (
+        "/opt/gpuhost-agent",
+        "/opt/gpuhost-agent/venv/bin/gpuhost-agent",
+        "/usr/local/bin/gpuhost-agent",
+        "/etc/systemd/system/gpuhost-agent.service",
+        INSTALLED[-1],
+    )
     assert all(files[path] is None for path in gone), files
-    assert all(files[path] is not None for path in ("/etc/gpuhost-agent/agent.conf", "/etc/gpuhost-agent/api-key",
-                                                    "/var/lib/gpuhost-agent")), files
+    assert all(
+        files[path] is not None
+        for path in ("/etc/gpuhost-agent/agent.conf", "/etc/gpuhost-agent/api-key", "/var/lib/gpuhost-agent")
+    ), files
     calls = scenario.calls()
     assert "systemctl disable --now gpuhost-agent.service" in calls and "systemctl daemon-reload" in calls
     assert not [call for call in calls if call.startswith("docker")], "uninstall must not touch Docker"
@@ -475,9 +575,11 @@ def test_install_upgrade_and_uninstall_on_a_booted_host(scenario: Scenario) -> N
 def test_pinned_install_on_a_gpu_less_chroot_and_the_unit_verifies_as_installed(scenario: Scenario) -> None:
     add(scenario, "docker")
     # Compose is missing and apt fails to install it: not fatal, the agent bundles one.
-    scenario.sh("echo docker-compose-plugin >/etc/fake/apt-candidates\n"
-                "printf '#!/bin/sh\\nexit 1\\n' >/etc/fake/apt-hooks/docker-compose-plugin\n"
-                "chmod +x /etc/fake/apt-hooks/docker-compose-plugin")
+    scenario.sh(
+        "echo docker-compose-plugin >/etc/fake/apt-candidates\n"
+        "printf '#!/bin/sh\\nexit 1\\n' >/etc/fake/apt-hooks/docker-compose-plugin\n"
+        "chmod +x /etc/fake/apt-hooks/docker-compose-plugin"
+    )
     args = ("--url", URL, "--env-id", ENV_ID, "--api-key", KEY, "--allow-no-gpu")
 
     missing = scenario.install(*args, "--version", "9.9.9")
@@ -502,6 +604,7 @@ def test_pinned_install_on_a_gpu_less_chroot_and_the_unit_verifies_as_installed(
 
 # ---- the marketplace's line ----------------------------------------------------------------
 
+
 async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
     runner = web.AppRunner(app)
     await runner.setup()
@@ -525,12 +628,15 @@ async def test_the_marketplace_line_installs_the_agent_and_reports_init_state(sc
     runner, base = await _serve(build_app(state))
     try:
         async with aiohttp.ClientSession() as http:
-            async with http.get(f"{base}/environments/{store.envId}/script",
-                                headers={wire.API_KEY_HEADER: store.renterApiKey}) as response:
+            async with http.get(
+                f"{base}/environments/{store.envId}/script", headers={wire.API_KEY_HEADER: store.renterApiKey}
+            ) as response:
                 assert response.status == 200
                 line = await response.json()
-        assert line == (f"curl -fsSL {base}/install.sh | sudo bash -s -- --url {base} "
-                        f"--env-id {store.envId} --api-key {store.envApiKey}")
+        assert line == (
+            f"curl -fsSL {base}/install.sh | sudo bash -s -- --url {base} "
+            f"--env-id {store.envId} --api-key {store.envApiKey}"
+        )
 
         await asyncio.to_thread(add, scenario, "sudo", "curl")
         failed = await _run_async(scenario, line)  # no Docker, no NVIDIA here yet
@@ -547,8 +653,12 @@ async def test_the_marketplace_line_installs_the_agent_and_reports_init_state(sc
         init = store.host["initState"]
         check_named(await asyncio.to_thread(load, AGENT_DOC), init, "InitState")
         install_phase = init["phases"][0]
-        assert (init["state"], init["error"], install_phase["name"], install_phase["state"]) == \
-               ("starting", None, "install", "done")
+        assert (init["state"], init["error"], install_phase["name"], install_phase["state"]) == (
+            "starting",
+            None,
+            "install",
+            "done",
+        )
         assert wire.is_iso(install_phase["finishedAt"]) and wire.is_iso(init["updatedAt"])
         assert await asyncio.to_thread(scenario.read, "/etc/gpuhost-agent/api-key") == store.envApiKey + "\n"
         conf = conf_values(await asyncio.to_thread(scenario.read, "/etc/gpuhost-agent/agent.conf"))

@@ -15,12 +15,12 @@ import subprocess
 import time
 
 import aiohttp
-
-from gpuhost_agent.protocol import wire
 from support.engine import env_containers
+from support.renter_streams import STDERR, STDOUT, SYSTEM, Demux, create_terminal, logs_path, read_logs, terminal_until
 from support.stacks import TEST_IMAGE
 from support.waiting import until
-from support.renter_streams import STDERR, STDOUT, SYSTEM, Demux, create_terminal, logs_path, read_logs, terminal_until
+
+from gpuhost_agent.protocol import wire
 
 PRINTER = f"""
 services:
@@ -72,8 +72,9 @@ async def test_logs_tail_since_timestamps_exact(local_market, docker_client):
     assert len(demux.lines(STDOUT) + demux.lines(STDERR)) == 5
 
     status, demux, _ = await read_logs(renter.http, renter.base_url, key, path, timestamps=True, tail=20)
-    assert (demux.lines(STDOUT), demux.lines(STDERR)) == \
-        await asyncio.to_thread(_docker_lines, cid, "--tail", "20", "--timestamps")
+    assert (demux.lines(STDOUT), demux.lines(STDERR)) == await asyncio.to_thread(
+        _docker_lines, cid, "--tail", "20", "--timestamps"
+    )
     stamp = demux.lines(STDOUT)[-1].split(" ", 1)[0]
     assert stamp.endswith("Z") and "T" in stamp
 
@@ -86,8 +87,9 @@ async def test_logs_tail_since_timestamps_exact(local_market, docker_client):
     assert (demux.lines(STDOUT), demux.lines(STDERR)) == (["after-pause"], [])
 
     # By name as well as by id; never a container of another stack.
-    status, demux, _ = await read_logs(renter.http, renter.base_url, key, logs_path(rental_id, stack_id, container["Name"]),
-                                       tail=1)
+    status, demux, _ = await read_logs(
+        renter.http, renter.base_url, key, logs_path(rental_id, stack_id, container["Name"]), tail=1
+    )
     assert status == 200 and demux.lines(STDOUT) == ["after-pause"]
     other_rental, other_stack, _other = await _deployed(renter, SHELL)
     status, _, _ = await read_logs(renter.http, renter.base_url, key, logs_path(other_rental, other_stack, cid))
@@ -102,12 +104,18 @@ async def test_follow_streams_new_lines_and_ends_on_removal(local_market, docker
     cid = container["Id"]
     url = renter.base_url + logs_path(rental_id, stack_id, cid)
     demux = Demux()
-    async with renter.http.get(url, params={"follow": "true"},
-                               headers={wire.API_KEY_HEADER: renter.store.renterApiKey}) as response:
+    async with renter.http.get(
+        url, params={"follow": "true"}, headers={wire.API_KEY_HEADER: renter.store.renterApiKey}
+    ) as response:
         assert response.status == 200
         for i in range(3):
-            await asyncio.to_thread(lambda: docker_client.api.exec_start(docker_client.api.exec_create(
-                cid, ["sh", "-c", f"echo late-{i} > /proc/1/fd/1; echo late-err-{i} > /proc/1/fd/2"])))
+            await asyncio.to_thread(
+                lambda i=i: docker_client.api.exec_start(
+                    docker_client.api.exec_create(
+                        cid, ["sh", "-c", f"echo late-{i} > /proc/1/fd/1; echo late-err-{i} > /proc/1/fd/2"]
+                    )
+                )
+            )
         deadline = time.monotonic() + 10
         while len(demux.lines(STDOUT)) < 3 or len(demux.lines(STDERR)) < 3:
             assert time.monotonic() < deadline, demux.frames
@@ -126,8 +134,9 @@ async def test_terminal_commands_resize_exit_and_two_at_once(local_market):
     rental_id, stack_id, container = await _deployed(renter, SHELL)
     key = renter.store.renterApiKey
 
-    status, body = await create_terminal(renter.http, renter.base_url, key, rental_id, stack_id, container["Id"],
-                                         cols=80, rows=24)
+    status, body = await create_terminal(
+        renter.http, renter.base_url, key, rental_id, stack_id, container["Id"], cols=80, rows=24
+    )
     assert status == 201, body
     assert set(body) >= {"terminalId", "url", "expiresAt"} and body["url"].startswith("ws://127.0.0.1:")
     status2, body2 = await create_terminal(renter.http, renter.base_url, key, rental_id, stack_id, container["Name"])
@@ -146,10 +155,13 @@ async def test_terminal_commands_resize_exit_and_two_at_once(local_market):
 
         await second.send_bytes(b"exit 3\n")
         seen = await terminal_until(second, '"exitCode"')
-        end = json.loads(seen[seen.index("<text ") + 6:seen.rindex(">")])
+        end = json.loads(seen[seen.index("<text ") + 6 : seen.rindex(">")])
         assert end == {"type": "end", "reason": "exited", "exitCode": 3}
-        assert (await second.receive(timeout=5)).type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED,
-                                                          aiohttp.WSMsgType.CLOSING)
+        assert (await second.receive(timeout=5)).type in (
+            aiohttp.WSMsgType.CLOSE,
+            aiohttp.WSMsgType.CLOSED,
+            aiohttp.WSMsgType.CLOSING,
+        )
 
         await first.send_bytes(b"echo still-here\n")
         assert "still-here" in await terminal_until(first, "still-here")
@@ -165,8 +177,9 @@ async def test_terminal_commands_resize_exit_and_two_at_once(local_market):
 async def test_rental_end_ends_its_terminals(local_market, docker_client):
     renter, _parts, _local = local_market
     rental_id, stack_id, container = await _deployed(renter, SHELL)
-    status, body = await create_terminal(renter.http, renter.base_url, renter.store.renterApiKey, rental_id,
-                                         stack_id, container["Id"])
+    status, body = await create_terminal(
+        renter.http, renter.base_url, renter.store.renterApiKey, rental_id, stack_id, container["Id"]
+    )
     assert status == 201
     async with renter.http.ws_connect(body["url"]) as ws:
         await ws.send_bytes(b"echo ready\n")

@@ -13,13 +13,13 @@ import time
 import aiohttp
 import psutil
 import pytest
-
-from gpuhost_agent.protocol import wire
 from support.agent_process import AgentProcess, Market
 from support.engine import remove_env_resources
+from support.renter_streams import STDOUT, SYSTEM, Demux, logs_path, read_logs
 from support.stacks import TEST_IMAGE
 from support.waiting import until
-from support.renter_streams import STDOUT, SYSTEM, Demux, logs_path, read_logs
+
+from gpuhost_agent.protocol import wire
 
 FLOOD_SECONDS = 10
 STALL_SECONDS = 15
@@ -56,8 +56,9 @@ async def world(tmp_path, docker_client):
 
 
 async def _renter(http, market, method, path, body=None):
-    async with http.request(method, market.base_url + path, json=body,
-                            headers={wire.API_KEY_HEADER: market.store.renterApiKey}) as response:
+    async with http.request(
+        method, market.base_url + path, json=body, headers={wire.API_KEY_HEADER: market.store.renterApiKey}
+    ) as response:
         return response.status, await response.json(content_type=None)
 
 
@@ -65,7 +66,9 @@ async def _deploy(http, market, content: str) -> tuple[str, str, dict]:
     status, rental = await _renter(http, market, "POST", "/rentals", {"envId": market.store.envId, "name": "load"})
     assert status == 201, rental
     template = {"name": "load", "description": "load", "content": content, "environmentVariables": {}}
-    status, stack_id = await _renter(http, market, "POST", f"/rentals/{rental['rentalId']}/stacks", {"template": template})
+    status, stack_id = await _renter(
+        http, market, "POST", f"/rentals/{rental['rentalId']}/stacks", {"template": template}
+    )
     assert status == 201, stack_id
     await until(lambda: market.store.stacks[stack_id]["status"] == wire.APPLIED, timeout=60)
     await until(lambda: market.store.containers.get(stack_id, {}).get("containers"), timeout=10)
@@ -111,13 +114,16 @@ async def test_log_flood_keeps_agent_memory_bounded_and_marks_drops(world):
     started = time.monotonic()
     sampler = asyncio.create_task(sample_rss())
     try:
-        await asyncio.gather(follow(fast, 0, started + FLOOD_SECONDS + 2),
-                             follow(stalled, STALL_SECONDS, started + STALL_SECONDS + 4))
+        await asyncio.gather(
+            follow(fast, 0, started + FLOOD_SECONDS + 2), follow(stalled, STALL_SECONDS, started + STALL_SECONDS + 4)
+        )
     finally:
         sampler.cancel()
     growth_mb = (peak - baseline) / 2**20
-    print(f"agent RSS: baseline {baseline / 2**20:.1f} MiB, peak {peak / 2**20:.1f} MiB (+{growth_mb:.1f});"
-          f" fast reader {len(fast.frames)} frames, stalled reader {len(stalled.frames)} frames")
+    print(
+        f"agent RSS: baseline {baseline / 2**20:.1f} MiB, peak {peak / 2**20:.1f} MiB (+{growth_mb:.1f});"
+        f" fast reader {len(fast.frames)} frames, stalled reader {len(stalled.frames)} frames"
+    )
     assert growth_mb < 64, f"agent memory grew by {growth_mb:.1f} MiB under a log flood"
     assert len(fast.frames) > 100_000, "the fast reader got the flood"
     markers = [payload.decode() for kind, payload in stalled.frames if kind == SYSTEM]

@@ -10,13 +10,13 @@ import asyncio
 import time
 
 import pytest
+from support.engine import Containers
+from support.fakes import MemorySink
+from support.renter_streams import STDERR, STDOUT, SYSTEM
 
 from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.streams.log_pump import LogPump
 from gpuhost_agent.streams.requests import LogsRequest
-from support.renter_streams import STDERR, STDOUT, SYSTEM
-from support.engine import Containers
-from support.fakes import MemorySink
 
 NUMBERED = "i=1; while [ $i -le 500 ]; do echo out-$i; echo err-$i >&2; i=$((i+1)); done"
 
@@ -63,8 +63,11 @@ async def test_tail_since_and_timestamps_as_docker_gives_them(boxes, docker_clie
 
     sink = MemorySink()
     await LogPump(engine, request(made, box, tail=4, timestamps=True), sink).run()
-    stamped = (await asyncio.to_thread(docker_client.api.logs, box.id, tail=4, stdout=True, stderr=False,
-                                       timestamps=True)).decode().splitlines()
+    stamped = (
+        (await asyncio.to_thread(docker_client.api.logs, box.id, tail=4, stdout=True, stderr=False, timestamps=True))
+        .decode()
+        .splitlines()
+    )
     assert sink.lines(STDOUT) == stamped and stamped[-1].endswith("Z late")
 
     late = stamped[-1].split(" ", 1)[0]
@@ -76,8 +79,9 @@ async def test_tail_since_and_timestamps_as_docker_gives_them(boxes, docker_clie
 
 async def test_tty_container_as_stdout_frames(boxes):
     made, engine = boxes
-    box = await finished(await asyncio.to_thread(made.run, "echo first; echo second >&2; printf 'no newline'",
-                                                 tty=True))
+    box = await finished(
+        await asyncio.to_thread(made.run, "echo first; echo second >&2; printf 'no newline'", tty=True)
+    )
     sink = MemorySink()
     await LogPump(engine, request(made, box), sink).run()
     assert sink.demux.frames == [(STDOUT, b"first\r\n"), (STDOUT, b"second\r\n"), (STDOUT, b"no newline")]
@@ -90,14 +94,17 @@ async def test_tty_container_as_stdout_frames(boxes):
 async def test_follow_gets_later_lines_then_ends_on_removal(boxes, docker_client):
     made, engine = boxes
     box = await asyncio.to_thread(made.run, "echo before; sleep 3600")
-    while b"before" not in await asyncio.to_thread(box.logs):
+    while b"before" not in await asyncio.to_thread(box.logs):  # noqa: ASYNC110 - polls the engine
         await asyncio.sleep(0.05)
     sink = MemorySink()
     pump = asyncio.create_task(LogPump(engine, request(made, box, follow=True, tail=0), sink).run())
     await asyncio.sleep(0.5)
     for i in range(3):
-        await asyncio.to_thread(lambda: docker_client.api.exec_start(
-            docker_client.api.exec_create(box.id, ["sh", "-c", f"echo later-{i} > /proc/1/fd/1"])))
+        await asyncio.to_thread(
+            lambda i=i: docker_client.api.exec_start(
+                docker_client.api.exec_create(box.id, ["sh", "-c", f"echo later-{i} > /proc/1/fd/1"])
+            )
+        )
     await sink.until(lambda: len(sink.lines(STDOUT)) == 3)
     assert sink.lines(STDOUT) == ["later-0", "later-1", "later-2"]
     await asyncio.to_thread(box.remove, force=True)
@@ -120,7 +127,7 @@ async def test_follow_resumes_after_restart_without_duplicates(boxes):
     assert [k for k in kinds if k[0] == SYSTEM] == [(SYSTEM, exited)] * 2
     first_exit = kinds.index((SYSTEM, exited))
     assert sorted(kinds[:first_exit]) == [(STDOUT, "line-a\n"), (STDERR, "line-b\n")]
-    assert sorted(kinds[first_exit + 1:-1]) == [(STDOUT, "line-a\n"), (STDERR, "line-b\n")]
+    assert sorted(kinds[first_exit + 1 : -1]) == [(STDOUT, "line-a\n"), (STDERR, "line-b\n")]
     pump.stop("rental-ended")
     assert await asyncio.wait_for(task, 10) == "rental-ended"
     assert sink.texts == [{"type": "end", "reason": "rental-ended"}]
@@ -161,8 +168,7 @@ async def test_short_stall_loses_nothing_and_peer_close_ends(boxes):
     box = await finished(await asyncio.to_thread(made.run, "seq 1 50000"))
     sink = MemorySink()
     sink.gate.clear()
-    task = asyncio.create_task(LogPump(engine, request(made, box), sink, buffer_bytes=64 * 1024,
-                                       stall_seconds=5).run())
+    task = asyncio.create_task(LogPump(engine, request(made, box), sink, buffer_bytes=64 * 1024, stall_seconds=5).run())
     await asyncio.sleep(0.5)
     sink.gate.set()
     assert await asyncio.wait_for(task, 30) == "done"

@@ -13,11 +13,11 @@ import sys
 import time
 
 import pytest
-
-from gpuhost_agent.protocol import wire
 from support.engine import remove_env_resources
 from support.stacks import SLEEPER
 from support.waiting import until
+
+from gpuhost_agent.protocol import wire
 
 
 def _lines(stream) -> list[dict]:
@@ -71,6 +71,7 @@ async def test_a_full_deploy_logs_no_secret(log_audit, local_market):
 
 # --- SIGHUP reloads the configuration ----------------------------------------
 
+
 def _wait_for(path, predicate, timeout=30.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -89,9 +90,20 @@ def test_sighup_reloads_the_log_level(tmp_path, docker_client):
     env.pop("JOURNAL_STREAM", None)
     stderr = tmp_path / "stderr"
     process = subprocess.Popen(
-        [sys.executable, "-m", "gpuhost_agent", "run", "--state-dir", str(tmp_path / "state"),
-         "--local-listen", "127.0.0.1:0"],
-        stdout=subprocess.PIPE, stderr=open(stderr, "w"), text=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "gpuhost_agent",
+            "run",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--local-listen",
+            "127.0.0.1:0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=open(stderr, "w"),
+        text=True,
+        env=env,
     )
     env_id = None
     try:
@@ -106,7 +118,7 @@ def test_sighup_reloads_the_log_level(tmp_path, docker_client):
         lines = _wait_for(stderr, lambda lines: any(line["event"] == "config_in_effect" for line in lines))
         reloaded = next(i for i, line in enumerate(lines) if line["event"] == "config_reloaded")
         assert lines[reloaded]["log_level"] == "debug" and lines[reloaded]["level"] == "info"
-        assert any(line["level"] == "debug" for line in lines[reloaded + 1:])
+        assert any(line["level"] == "debug" for line in lines[reloaded + 1 :])
 
         conf.write_text("GPUHOST_LOG_LEVEL=loud\n")
         process.send_signal(signal.SIGHUP)
@@ -122,8 +134,9 @@ def test_sighup_reloads_the_log_level(tmp_path, docker_client):
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
         lines = [json.loads(line) for line in stderr.read_text().splitlines()]
-        assert all(line["level"] in ("warning", "error", "critical") for line in lines[before_stop:]), \
+        assert all(line["level"] in ("warning", "error", "critical") for line in lines[before_stop:]), (
             "at warning, the info lines of the shutdown are filtered"
+        )
         assert "sighup-test-key" not in stderr.read_text()
     finally:
         if process.poll() is None:

@@ -13,15 +13,15 @@ from datetime import timedelta
 
 import aiohttp
 import pytest
-
 from support.agent_process import Market, start_in_process
 from support.engine import remove_env_resources
 from support.renter import Renter
 from support.stacks import SLEEPER, TEST_IMAGE
 from support.waiting import until
+
+from gpuhost_agent.core.init_state import READY
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.service.daemon import stop_agent
-from gpuhost_agent.core.init_state import READY
 
 END_AFTER = timedelta(seconds=9)  # room for the deploy (and the marketplace's stop) before the end
 LATE_BY_AT_MOST = 3.0
@@ -41,9 +41,14 @@ async def gpu_world(tmp_path, monkeypatch, docker_client):
     market = Market(tmp_path / "market.json")
     await market.start()
     nvml_library = str(await asyncio.to_thread(build_lib))
-    parts, task = await start_in_process(market, tmp_path / "state", nvml_library=nvml_library,
-                                         location="EU-DE-Frankfurt", gpu_check_image=TEST_IMAGE,
-                                         reconcile_grace_seconds=4)
+    parts, task = await start_in_process(
+        market,
+        tmp_path / "state",
+        nvml_library=nvml_library,
+        location="EU-DE-Frankfurt",
+        gpu_check_image=TEST_IMAGE,
+        reconcile_grace_seconds=4,
+    )
     http = aiohttp.ClientSession()
     try:
         yield Renter(http, market.base_url, market.store), market, parts
@@ -56,8 +61,10 @@ async def gpu_world(tmp_path, monkeypatch, docker_client):
 
 
 def _rental_containers(docker_client, rental_id: str) -> list[tuple[str, str]]:
-    return [(c["Id"], c["State"]) for c in
-            docker_client.api.containers(all=True, filters={"label": [f"{wire.LABEL_RENTAL}={rental_id}"]})]
+    return [
+        (c["Id"], c["State"])
+        for c in docker_client.api.containers(all=True, filters={"label": [f"{wire.LABEL_RENTAL}={rental_id}"]})
+    ]
 
 
 async def _watch_until_gone(docker_client, rental_id: str, timeout: float) -> tuple[list, object]:
@@ -81,8 +88,9 @@ async def test_rental_end_while_marketplace_down(gpu_world, docker_client):
     await until(lambda: parts.host.init.state == READY, timeout=20)
 
     end = wire.utcnow() + END_AFTER
-    status, body = await renter.call("POST", "/rentals", {"envId": market.store.envId, "name": "ends soon",
-                                                          "gpuCount": 1, "endDate": wire.iso(end)})
+    status, body = await renter.call(
+        "POST", "/rentals", {"envId": market.store.envId, "name": "ends soon", "gpuCount": 1, "endDate": wire.iso(end)}
+    )
     assert status == 201, body
     rental_id = body["rentalId"]
     end = wire.parse_iso(market.store.rentals[rental_id]["endDate"])
@@ -98,11 +106,13 @@ async def test_rental_end_while_marketplace_down(gpu_world, docker_client):
     assert wire.utcnow() < end - timedelta(seconds=1), "too slow: the end came before the marketplace was stopped"
     assert market.store.rentals[rental_id]["status"] == wire.RENTAL_ACTIVE
 
-    samples, gone_at = await _watch_until_gone(docker_client, rental_id,
-                                               timeout=(end - wire.utcnow()).total_seconds() + 10)
+    samples, gone_at = await _watch_until_gone(
+        docker_client, rental_id, timeout=(end - wire.utcnow()).total_seconds() + 10
+    )
     before_end = [seen for moment, seen in samples if moment < end]
-    assert before_end and all(seen and all(state == "running" for _id, state in seen) for seen in before_end), \
+    assert before_end and all(seen and all(state == "running" for _id, state in seen) for seen in before_end), (
         "the rental's containers were touched before its end"
+    )
     late = (gone_at - end).total_seconds()
     print(f"containers gone {late:.2f}s after the end")
     assert 0 <= late <= LATE_BY_AT_MOST, f"containers gone {late:.2f}s after the end"
@@ -120,8 +130,10 @@ async def test_rental_end_while_marketplace_down(gpu_world, docker_client):
     market.state.changed(jobs=True)
     status, rental = await renter.call("GET", f"/rentals/{rental_id}")
     assert status == 200 and rental["status"] == wire.RENTAL_COMPLETE, rental
-    await until(lambda: all(job.state == "completed" for job in market.store.jobs.values())
-                and parts.outbox.pending() == 0, timeout=30)
+    await until(
+        lambda: all(job.state == "completed" for job in market.store.jobs.values()) and parts.outbox.pending() == 0,
+        timeout=30,
+    )
     outcomes = {(job.type, job.outcome, job.errorMsg) for job in market.store.jobs.values()}
     assert {outcome for _type, outcome, _msg in outcomes} == {wire.OUTCOME_SUCCEEDED}, outcomes
     assert stack_id not in market.store.containers
@@ -131,8 +143,9 @@ async def test_rental_end_while_marketplace_down(gpu_world, docker_client):
     # clock is behind, say) is refused, and nothing runs.
     record = market.store.rentals[rental_id]
     record["status"] = wire.RENTAL_ACTIVE  # let the store queue it as a renter's request just before the end
-    late_stack = market.store.create_stack(rental_id, {"name": "late", "description": "too late",
-                                                       "content": SLEEPER, "environmentVariables": {}})
+    late_stack = market.store.create_stack(
+        rental_id, {"name": "late", "description": "too late", "content": SLEEPER, "environmentVariables": {}}
+    )
     record["status"] = wire.RENTAL_COMPLETE
     market.state.changed(jobs=True)
     [late_deploy] = [job for job in market.store.jobs.values() if job.stackId == late_stack["stackId"]]

@@ -5,19 +5,25 @@ from __future__ import annotations
 
 import asyncio
 
-from gpuhost_agent.protocol import wire
 from support.stacks import TEST_IMAGE
 from support.waiting import until
+
+from gpuhost_agent.protocol import wire
 
 
 async def test_resync_reports_changes_for_this_environment_only(local_market, docker_client):
     renter, parts, _local = local_market
     rental_id, stack_id, _job = await renter.deployed()
-    foreign = await asyncio.to_thread(docker_client.containers.create, TEST_IMAGE, ["sleep", "3600"], labels={
-        wire.LABEL_MANAGED: "true", wire.LABEL_ENV: "another-environment", wire.LABEL_STACK: "foreign-stack"})
+    foreign = await asyncio.to_thread(
+        docker_client.containers.create,
+        TEST_IMAGE,
+        ["sleep", "3600"],
+        labels={wire.LABEL_MANAGED: "true", wire.LABEL_ENV: "another-environment", wire.LABEL_STACK: "foreign-stack"},
+    )
     try:
-        (container,) = await asyncio.to_thread(docker_client.containers.list,
-                                               filters={"label": f"{wire.LABEL_STACK}={stack_id}"})
+        (container,) = await asyncio.to_thread(
+            docker_client.containers.list, filters={"label": f"{wire.LABEL_STACK}={stack_id}"}
+        )
         parts.agent.container_watch.stop()  # the resync alone: as when an event was missed
         await asyncio.to_thread(container.stop, timeout=1)
         await asyncio.to_thread(container.reload)

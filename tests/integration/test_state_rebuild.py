@@ -16,14 +16,14 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-
 from support.agent_process import Market, start_in_process
 from support.engine import remove_env_resources
 from support.renter import Renter
 from support.stacks import SLEEPER, TEST_IMAGE
 from support.waiting import until
-from gpuhost_agent.protocol import wire
+
 from gpuhost_agent.core.reconcile_plan import DEPLOY, REMOVE
+from gpuhost_agent.protocol import wire
 from gpuhost_agent.service.daemon import stop_agent
 from gpuhost_agent.storage.agent_db import DB_FILE
 
@@ -42,9 +42,14 @@ async def world(tmp_path, monkeypatch, docker_client):
 
     async def start():
         nvml_library = str(await asyncio.to_thread(build_lib))
-        parts, task = await start_in_process(market, tmp_path / "state", nvml_library=nvml_library,
-                                             location="EU-DE-Frankfurt", gpu_check_image=TEST_IMAGE,
-                                             reconcile_grace_seconds=4)
+        parts, task = await start_in_process(
+            market,
+            tmp_path / "state",
+            nvml_library=nvml_library,
+            location="EU-DE-Frankfurt",
+            gpu_check_image=TEST_IMAGE,
+            reconcile_grace_seconds=4,
+        )
         running.append((parts, task))
         return parts
 
@@ -65,8 +70,9 @@ async def world(tmp_path, monkeypatch, docker_client):
 
 
 def _container_ids(docker_client, stack_id: str) -> list[str]:
-    return sorted(c["Id"] for c in docker_client.api.containers(
-        all=True, filters={"label": [f"{wire.LABEL_STACK}={stack_id}"]}))
+    return sorted(
+        c["Id"] for c in docker_client.api.containers(all=True, filters={"label": [f"{wire.LABEL_STACK}={stack_id}"]})
+    )
 
 
 async def _deploy(renter: Renter, rental_id: str) -> tuple[str, dict]:
@@ -103,8 +109,9 @@ async def test_state_file_rebuilt_without_duplicates(world, docker_client, tmp_p
     assert parts.db.rebuilt_because, "the new agent did not notice it started afresh"
     if damage == "corrupted":
         assert "unreadable" in parts.db.rebuilt_because, parts.db.rebuilt_because
-        assert await asyncio.to_thread(lambda: list(db_file.parent.glob(f"{DB_FILE}.corrupt-*"))), \
+        assert await asyncio.to_thread(lambda: list(db_file.parent.glob(f"{DB_FILE}.corrupt-*"))), (
             "the corrupt file was not kept aside"
+        )
     assert parts.reconciler.ledger.assignments == {}  # nothing on record yet
 
     await until(lambda: parts.reconciler.runs >= 1, timeout=20)
@@ -113,8 +120,12 @@ async def test_state_file_rebuilt_without_duplicates(world, docker_client, tmp_p
     await until(lambda: parts.reconciler.runs >= 2, timeout=10)  # and a second run changes nothing either
     assert not [a for a in parts.reconciler.last_actions if a.kind in (DEPLOY, REMOVE)], parts.reconciler.last_actions
     assert await asyncio.to_thread(_container_ids, docker_client, stack_1) == ids  # no duplicate, no redeploy
-    assert all(c.status == "running" for c in await asyncio.to_thread(
-        docker_client.containers.list, all=True, filters={"label": f"{wire.LABEL_STACK}={stack_1}"}))
+    assert all(
+        c.status == "running"
+        for c in await asyncio.to_thread(
+            docker_client.containers.list, all=True, filters={"label": f"{wire.LABEL_STACK}={stack_1}"}
+        )
+    )
     history = [status for status, _at in market.store.stacks[stack_1]["history"]]
     assert history.count(wire.APPLIED) == 1 and history[-1] == wire.APPLIED, history
     assert [job.jobId for job in market.store.jobs.values() if job.stackId == stack_1] == [deploy_1.jobId]
@@ -124,8 +135,10 @@ async def test_state_file_rebuilt_without_duplicates(world, docker_client, tmp_p
     stack_2, second = await _deploy(renter, rental_2)
     [now_1] = [s for s in await renter.stacks(rental_1) if s["stackId"] == stack_1]
     assert now_1["assignedGPUs"] == gpus_1
-    assert len(second["assignedGPUs"]) == 1 and not set(second["assignedGPUs"]) & set(now_1["assignedGPUs"]), \
-        (second["assignedGPUs"], now_1["assignedGPUs"])
+    assert len(second["assignedGPUs"]) == 1 and not set(second["assignedGPUs"]) & set(now_1["assignedGPUs"]), (
+        second["assignedGPUs"],
+        now_1["assignedGPUs"],
+    )
     assert parts.reconciler.ledger.assignments == {rental_1: gpus_1, rental_2: second["assignedGPUs"]}
     assert await asyncio.to_thread(_container_ids, docker_client, stack_1) == ids
     assert len(await asyncio.to_thread(_container_ids, docker_client, stack_2)) == 1

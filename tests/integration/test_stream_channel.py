@@ -10,14 +10,14 @@ import socket
 import aiohttp
 import pytest
 from aiohttp import web
+from support.engine import Containers
+from support.renter_streams import STDERR, STDOUT, Demux
 
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.uplink.client import MarketplaceClient
-from gpuhost_agent.streams.channel import StreamChannel
 from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.streams.channel import StreamChannel
+from gpuhost_agent.uplink.client import MarketplaceClient
 from gpuhost_agent.uplink.session import SessionState
-from support.renter_streams import STDERR, STDOUT, Demux
-from support.engine import Containers
 
 KEY = "env-key-secret"
 
@@ -149,8 +149,7 @@ async def world(docker_client):
     made = Containers(docker_client)
     client = MarketplaceClient(market.base_url, KEY)
     client.session_id = "session-1"
-    channel = StreamChannel(client, SessionState(made.env_id), EngineStreams(), backoff_first=0.05,
-                            backoff_ceiling=0.5)
+    channel = StreamChannel(client, SessionState(made.env_id), EngineStreams(), backoff_first=0.05, backoff_ceiling=0.5)
     task = asyncio.create_task(channel.run())
     try:
         await asyncio.wait_for(market.channel_opened.wait(), 10)
@@ -164,8 +163,14 @@ async def world(docker_client):
 
 
 def target(made: Containers, container, stream_id: str, kind: str = "logs", **fields) -> dict:
-    return {"type": kind, "streamId": stream_id, "rentalId": made.rental_id, "stackId": made.stack_id,
-            "containerId": container.id, **fields}
+    return {
+        "type": kind,
+        "streamId": stream_id,
+        "rentalId": made.rental_id,
+        "stackId": made.stack_id,
+        "containerId": container.id,
+        **fields,
+    }
 
 
 async def test_logs_on_a_stream_of_their_own(world):
@@ -191,8 +196,12 @@ async def test_refusals(world, docker_client):
     for _ in range(4):
         answer = await asyncio.wait_for(market.from_agent.get(), 10)
         answers[answer["streamId"]] = answer
-    assert answers["r-1"] == {"type": "refused", "streamId": "r-1", "status": 404,
-                              "error": "no such container in this stack"}
+    assert answers["r-1"] == {
+        "type": "refused",
+        "streamId": "r-1",
+        "status": 404,
+        "error": "no such container in this stack",
+    }
     assert answers["r-2"]["status"] == 400 and answers["r-4"]["status"] == 400
     assert answers["r-3"]["status"] == 404
     assert market.streams == {} and market.from_agent.empty()
@@ -207,7 +216,7 @@ async def test_terminal_and_slow_log_stream_side_by_side_then_rental_end(world):
     await asyncio.wait_for(market.stream_opened.wait(), 10)
     await asyncio.sleep(1.0)
     await market.ask(target(made, box, "term", kind="terminal", cols=90, rows=20))
-    ws = (await _wait_stream_ws(market, "term"))
+    ws = await _wait_stream_ws(market, "term")
     await ws.send_bytes(b"stty size; echo hi-$((4*4))\n")
     seen = await market.output_until("term", "hi-16")
     assert "20 90" in seen

@@ -6,12 +6,12 @@ import asyncio
 import json
 
 import pytest
+from support.engine import Containers
+from support.fakes import MemorySink
 
 from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.streams.requests import TerminalRequest
 from gpuhost_agent.streams.terminal import Terminal
-from support.engine import Containers
-from support.fakes import MemorySink
 
 
 @pytest.fixture

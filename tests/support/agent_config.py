@@ -8,9 +8,19 @@ from gpuhost_agent.service.config import AgentConfig
 
 
 def make_config(state_dir: Path, **overrides) -> AgentConfig:
-    values = dict(marketplace_url=None, env_id=None, api_key=None, state_dir=state_dir,
-                  local_listen=("127.0.0.1", 0), local_api_key="renter-test-key", log_level="warning",
-                  compose_command=None, settle_seconds=1.0, stop_timeout=1, speed_max_bytes=500_000,
-                  speed_max_seconds=1.0)
+    values = dict(
+        marketplace_url=None,
+        env_id=None,
+        api_key=None,
+        state_dir=state_dir,
+        local_listen=("127.0.0.1", 0),
+        local_api_key="renter-test-key",
+        log_level="warning",
+        compose_command=None,
+        settle_seconds=1.0,
+        stop_timeout=1,
+        speed_max_bytes=500_000,
+        speed_max_seconds=1.0,
+    )
     values.update(overrides)
     return AgentConfig(**values)

@@ -51,11 +51,19 @@ class AgentProcess:
         key_file.write_text(market.store.envApiKey)
         key_file.chmod(0o600)
         self.config = tmp / "agent.conf"
-        lines = {"GPUHOST_MARKETPLACE_URL": market.base_url, "GPUHOST_ENV_ID": market.store.envId,
-                 "GPUHOST_API_KEY_FILE": str(key_file), "GPUHOST_STATE_DIR": str(self.state_dir),
-                 "GPUHOST_SETTLE_SECONDS": "0.5", "GPUHOST_STOP_TIMEOUT": "1",
-                 "GPUHOST_SPEEDTEST_MAX_BYTES": "200000", "GPUHOST_SPEEDTEST_MAX_SECONDS": "1",
-                 "GPUHOST_RECONCILE_GRACE_SECONDS": "4", "GPUHOST_LOG_LEVEL": "info", **settings}
+        lines = {
+            "GPUHOST_MARKETPLACE_URL": market.base_url,
+            "GPUHOST_ENV_ID": market.store.envId,
+            "GPUHOST_API_KEY_FILE": str(key_file),
+            "GPUHOST_STATE_DIR": str(self.state_dir),
+            "GPUHOST_SETTLE_SECONDS": "0.5",
+            "GPUHOST_STOP_TIMEOUT": "1",
+            "GPUHOST_SPEEDTEST_MAX_BYTES": "200000",
+            "GPUHOST_SPEEDTEST_MAX_SECONDS": "1",
+            "GPUHOST_RECONCILE_GRACE_SECONDS": "4",
+            "GPUHOST_LOG_LEVEL": "info",
+            **settings,
+        }
         self.config.write_text("".join(f"{key}={value}\n" for key, value in lines.items()))
         self.process: asyncio.subprocess.Process | None = None
         self.runs = 0
@@ -68,7 +76,8 @@ class AgentProcess:
         self.runs += 1
         log = await asyncio.to_thread(open, self.tmp / f"agent-{self.runs}.log", "wb")
         self.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gpuhost_agent", "run", stdout=log, stderr=log, env=env)
+            sys.executable, "-m", "gpuhost_agent", "run", stdout=log, stderr=log, env=env
+        )
 
     async def wait_exit(self, timeout: float = 60) -> int:
         return await asyncio.wait_for(self.process.wait(), timeout)
@@ -93,7 +102,12 @@ async def start_in_process(market: Market, state_dir: Path, **overrides):
     """An agent in the test's own event loop, talking to `market` over HTTP:
     (parts, task). Stop it with `gpuhost_agent.service.daemon.stop_agent(parts, task)`;
     a new one may then start on the same state directory."""
-    config = make_config(state_dir, marketplace_url=market.base_url, env_id=market.store.envId,
-                         api_key=market.store.envApiKey, **overrides)
+    config = make_config(
+        state_dir,
+        marketplace_url=market.base_url,
+        env_id=market.store.envId,
+        api_key=market.store.envApiKey,
+        **overrides,
+    )
     parts = build_agent(config, market.base_url, market.store.envApiKey)
     return parts, asyncio.create_task(parts.agent.run())

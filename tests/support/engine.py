@@ -36,8 +36,12 @@ def remove_env_resources(client, env_id: str, attempts: int = 5) -> None:
 
 
 def labels(env_id: str, rental_id: str, stack_id: str) -> dict:
-    return {wire.LABEL_MANAGED: "true", wire.LABEL_ENV: env_id, wire.LABEL_RENTAL: rental_id,
-            wire.LABEL_STACK: stack_id}
+    return {
+        wire.LABEL_MANAGED: "true",
+        wire.LABEL_ENV: env_id,
+        wire.LABEL_RENTAL: rental_id,
+        wire.LABEL_STACK: stack_id,
+    }
 
 
 class Containers:
@@ -52,8 +56,13 @@ class Containers:
 
     def run(self, script: str, *, tty: bool = False, stack_id: str | None = None, **kwargs):
         container = self.client.containers.run(
-            TEST_IMAGE, ["sh", "-c", script], detach=True, tty=tty,
-            labels=labels(self.env_id, self.rental_id, stack_id or self.stack_id), **kwargs)
+            TEST_IMAGE,
+            ["sh", "-c", script],
+            detach=True,
+            tty=tty,
+            labels=labels(self.env_id, self.rental_id, stack_id or self.stack_id),
+            **kwargs,
+        )
         self.made.append(container)
         return container
 

@@ -247,8 +247,8 @@ def forget_loaded_nvml() -> None:
     path): pynvml forgets its handle and every dlopen of the file is closed, so
     later tests in this process find no NVML, as on a machine without a GPU."""
     import _ctypes
-    import os
     import ctypes
+    import os
 
     import pynvml
 

@@ -18,7 +18,8 @@ import contextlib
 import copy
 import json
 import time
-from typing import Awaitable, Callable, ClassVar
+from collections.abc import Awaitable, Callable
+from typing import ClassVar
 
 from gpuhost_agent.core.container_watch import ContainerWatch
 from gpuhost_agent.core.deployer import StackDeployer
@@ -39,8 +40,8 @@ from gpuhost_agent.uplink.outbox import Outbox, Report
 from support.machine_samples import GPU_BEATS
 from support.renter_streams import Demux
 
-
 # ---- the marketplace side of reports: Outbox's `send` -------------------------------
+
 
 class Recorder:
     """An outbox's `send` (uplink.outbox.Sender): a marketplace that acknowledges
@@ -79,6 +80,7 @@ class FakeOutbox:
 
 
 # ---- the agent's parts -----------------------------------------------------------------
+
 
 class FakeSchedule:
     """Stands in for Schedule: periodic work is never run."""
@@ -290,6 +292,7 @@ class FakeProber:
 
 # ---- time --------------------------------------------------------------------------------
 
+
 class FastAsyncio:
     """Stands in for the asyncio module as one agent module sees it
     (monkeypatch.setattr(agent_module, "asyncio", FastAsyncio())): its back-off
@@ -311,6 +314,7 @@ class FastAsyncio:
 
 
 # ---- streams -----------------------------------------------------------------------------
+
 
 class MemorySink:
     """Stands in for a stream's WebSocket (streams.sink.Sink), in memory.
@@ -382,6 +386,18 @@ class MemorySink:
 
 
 # Every fake above, for tests/unit/test_fakes.py.
-FAKES: tuple[type, ...] = (FakeOutbox, FakeSchedule, FakeDeployer, FakeReporter, FakeHostReporter,
-                           FakeContainerWatch, FakeDispatcher, FakeEngine, FakeClient, FakeNvml, FakeProber, MemorySink,
-                           FastAsyncio)
+FAKES: tuple[type, ...] = (
+    FakeOutbox,
+    FakeSchedule,
+    FakeDeployer,
+    FakeReporter,
+    FakeHostReporter,
+    FakeContainerWatch,
+    FakeDispatcher,
+    FakeEngine,
+    FakeClient,
+    FakeNvml,
+    FakeProber,
+    MemorySink,
+    FastAsyncio,
+)

@@ -12,18 +12,29 @@ from __future__ import annotations
 from gpuhost_agent.inventory import netspeed
 from gpuhost_agent.protocol import wire
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def _h100(index: int) -> dict:
     """One GPU as inventory/nvml_probe.py reports it (an H100 SXM, every field read)."""
-    return {"index": index, "uuid": f"GPU-aacd9ec3-13e4-58c1-ada1-81eabee5fd{index:02x}",
-            "name": "NVIDIA H100 80GB HBM3", "pciBusId": f"00000000:{0x18 + 0x12 * index:02X}:00.0",
-            "memoryTotalBytes": 81559 * 1024 ** 2, "memoryBusWidthBits": 5120, "maxMemoryClockMHz": 2619,
-            "memoryBandwidthGBps": 3352.3, "pcie": {"genCurrent": 5, "genMax": 5, "widthCurrent": 16, "widthMax": 16},
-            "nvlinkLinksUp": 18, "computeCapability": "9.0", "migMode": {"current": False, "pending": False},
-            "eccMode": {"current": True, "pending": True}, "eccUncorrectedErrors": 0, "powerLimitW": 700.0,
-            "unsupported": {}}
+    return {
+        "index": index,
+        "uuid": f"GPU-aacd9ec3-13e4-58c1-ada1-81eabee5fd{index:02x}",
+        "name": "NVIDIA H100 80GB HBM3",
+        "pciBusId": f"00000000:{0x18 + 0x12 * index:02X}:00.0",
+        "memoryTotalBytes": 81559 * 1024**2,
+        "memoryBusWidthBits": 5120,
+        "maxMemoryClockMHz": 2619,
+        "memoryBandwidthGBps": 3352.3,
+        "pcie": {"genCurrent": 5, "genMax": 5, "widthCurrent": 16, "widthMax": 16},
+        "nvlinkLinksUp": 18,
+        "computeCapability": "9.0",
+        "migMode": {"current": False, "pending": False},
+        "eccMode": {"current": True, "pending": True},
+        "eccUncorrectedErrors": 0,
+        "powerLimitW": 700.0,
+        "unsupported": {},
+    }
 
 
 def healthy_system_data() -> dict:
@@ -32,31 +43,60 @@ def healthy_system_data() -> dict:
     GPU 2 fell off the bus."""
     partial = _h100(1)
     partial["pcie"]["genMax"] = partial["powerLimitW"] = partial["migMode"] = None
-    partial["unsupported"] = {"pcie.genMax": "Not Supported", "powerLimitW": "Not Supported",
-                              "migMode": "Function Not Found"}
-    speed = netspeed.SpeedResult(download_mbps=936.8, upload_mbps=941.2, download_bytes=25_000_000,
-                                 upload_bytes=25_000_000, measured_at=wire.iso())
+    partial["unsupported"] = {
+        "pcie.genMax": "Not Supported",
+        "powerLimitW": "Not Supported",
+        "migMode": "Function Not Found",
+    }
+    speed = netspeed.SpeedResult(
+        download_mbps=936.8,
+        upload_mbps=941.2,
+        download_bytes=25_000_000,
+        upload_bytes=25_000_000,
+        measured_at=wire.iso(),
+    )
     return {
-        "probedAt": wire.iso(), "agentVersion": "0.1.0", "hostname": "gpu-host-7",
-        "nvml": {"available": True, "error": None, "driverVersion": "550.54.15", "cudaDriverVersion": "12.4",
-                 "gpus": [_h100(0), partial,
-                          {"index": 2, "error": "GPU is lost", "unsupported": {"handle": "GPU is lost"}}],
-                 "unsupported": {}},
+        "probedAt": wire.iso(),
+        "agentVersion": "0.1.0",
+        "hostname": "gpu-host-7",
+        "nvml": {
+            "available": True,
+            "error": None,
+            "driverVersion": "550.54.15",
+            "cudaDriverVersion": "12.4",
+            "gpus": [_h100(0), partial, {"index": 2, "error": "GPU is lost", "unsupported": {"handle": "GPU is lost"}}],
+            "unsupported": {},
+        },
         "host": {
             "cpu": {"model": "Intel(R) Xeon(R) Platinum 8480+", "physicalCores": 112, "logicalCores": 224},
             "memory": {"totalBytes": 2164236267520},
-            "storage": {"path": "/var/lib/docker", "totalBytes": 3840755982336, "freeBytes": 3500000000000,
-                        "error": None},
+            "storage": {
+                "path": "/var/lib/docker",
+                "totalBytes": 3840755982336,
+                "freeBytes": 3500000000000,
+                "error": None,
+            },
             "os": {"name": "Ubuntu 22.04.4 LTS", "kernel": "5.15.0-105-generic", "arch": "x86_64"},
-            "docker": {"available": True, "error": None, "version": "27.3.1", "apiVersion": "1.47",
-                       "rootDir": "/var/lib/docker", "runtimes": ["nvidia", "runc"], "defaultRuntime": "runc",
-                       "cdiSpecDirs": ["/etc/cdi", "/var/run/cdi"],
-                       "gpuContainers": {"ok": True, "method": "engine-info", "detail": "nvidia runtime registered"}},
+            "docker": {
+                "available": True,
+                "error": None,
+                "version": "27.3.1",
+                "apiVersion": "1.47",
+                "rootDir": "/var/lib/docker",
+                "runtimes": ["nvidia", "runc"],
+                "defaultRuntime": "runc",
+                "cdiSpecDirs": ["/etc/cdi", "/var/run/cdi"],
+                "gpuContainers": {"ok": True, "method": "engine-info", "detail": "nvidia runtime registered"},
+            },
             "compose": {"available": True, "version": "2.29.1", "command": "docker compose", "error": None},
-            "nvidiaContainerToolkit": {"installed": True, "version": "1.17.8",
-                                       "binaries": ["nvidia-container-runtime-hook", "nvidia-ctk"],
-                                       "configPath": "/etc/nvidia-container-runtime/config.toml",
-                                       "configFound": True, "acceptsEnvvarFromUnprivileged": False},
+            "nvidiaContainerToolkit": {
+                "installed": True,
+                "version": "1.17.8",
+                "binaries": ["nvidia-container-runtime-hook", "nvidia-ctk"],
+                "configPath": "/etc/nvidia-container-runtime/config.toml",
+                "configFound": True,
+                "acceptsEnvvarFromUnprivileged": False,
+            },
             "clock": {"synchronized": True, "maxErrorMs": 12.5, "source": "adjtimex"},
         },
         "networkSpeed": netspeed.as_wire(speed),
@@ -67,22 +107,42 @@ def healthy_system_data() -> dict:
 def broken_system_data() -> dict:
     """systemData of a machine with no driver, no Docker, no Compose, no toolkit."""
     return {
-        "probedAt": wire.iso(), "agentVersion": "0.1.0", "hostname": "new-host",
-        "nvml": {"available": False, "error": "NVIDIA driver not loaded (the kernel module is not running)",
-                 "driverVersion": None, "cudaDriverVersion": None, "gpus": []},
+        "probedAt": wire.iso(),
+        "agentVersion": "0.1.0",
+        "hostname": "new-host",
+        "nvml": {
+            "available": False,
+            "error": "NVIDIA driver not loaded (the kernel module is not running)",
+            "driverVersion": None,
+            "cudaDriverVersion": None,
+            "gpus": [],
+        },
         "host": {
             "cpu": {"model": None, "physicalCores": None, "logicalCores": 8},
             "memory": {"totalBytes": 33546305536},
-            "storage": {"path": "/var/lib/docker", "totalBytes": None, "freeBytes": None,
-                        "error": "[Errno 13] Permission denied: '/var/lib/docker'"},
+            "storage": {
+                "path": "/var/lib/docker",
+                "totalBytes": None,
+                "freeBytes": None,
+                "error": "[Errno 13] Permission denied: '/var/lib/docker'",
+            },
             "os": {"name": None, "kernel": "6.8.0-31-generic", "arch": "x86_64"},
-            "docker": {"available": False, "error": "Cannot connect to the Docker daemon", "version": None,
-                       "rootDir": None,
-                       "gpuContainers": {"ok": False, "method": "none", "detail": "Docker Engine unreachable"}},
+            "docker": {
+                "available": False,
+                "error": "Cannot connect to the Docker daemon",
+                "version": None,
+                "rootDir": None,
+                "gpuContainers": {"ok": False, "method": "none", "detail": "Docker Engine unreachable"},
+            },
             "compose": {"available": False, "version": None, "command": None, "error": "Docker Compose v2 not found"},
-            "nvidiaContainerToolkit": {"installed": False, "version": None, "binaries": [],
-                                       "configPath": "/etc/nvidia-container-runtime/config.toml",
-                                       "configFound": False, "acceptsEnvvarFromUnprivileged": True},
+            "nvidiaContainerToolkit": {
+                "installed": False,
+                "version": None,
+                "binaries": [],
+                "configPath": "/etc/nvidia-container-runtime/config.toml",
+                "configFound": False,
+                "acceptsEnvvarFromUnprivileged": True,
+            },
             "clock": {"synchronized": None, "maxErrorMs": None, "source": "unavailable"},
         },
         "networkSpeed": None,
@@ -92,31 +152,64 @@ def broken_system_data() -> dict:
 
 # Heartbeat GPU figures as NvmlProbe.telemetry() reports them (GPU 2 fell off the bus).
 GPU_BEATS = [
-    {"index": 0, "uuid": "GPU-aacd9ec3-13e4-58c1-ada1-81eabee5fd00", "utilizationPercent": 97,
-     "memoryUsedBytes": 71 * GIB, "temperatureC": 64, "powerW": 612.4},
-    {"index": 1, "uuid": "GPU-aacd9ec3-13e4-58c1-ada1-81eabee5fd01", "utilizationPercent": None,
-     "memoryUsedBytes": 0, "temperatureC": 31, "powerW": None},
+    {
+        "index": 0,
+        "uuid": "GPU-aacd9ec3-13e4-58c1-ada1-81eabee5fd00",
+        "utilizationPercent": 97,
+        "memoryUsedBytes": 71 * GIB,
+        "temperatureC": 64,
+        "powerW": 612.4,
+    },
+    {
+        "index": 1,
+        "uuid": "GPU-aacd9ec3-13e4-58c1-ada1-81eabee5fd01",
+        "utilizationPercent": None,
+        "memoryUsedBytes": 0,
+        "temperatureC": 31,
+        "powerW": None,
+    },
     {"index": 2, "error": "GPU is lost"},
 ]
 
 
 def _gpu(index: int, name: str = "NVIDIA H100 80GB HBM3") -> dict:
-    return {"index": index, "name": name, "uuid": f"GPU-{index}", "eccUncorrectedErrors": 0, "nvlinkLinksUp": 18,
-            "memoryTotalBytes": 80 * GIB, "memoryBandwidthGBps": 3352.3, "unsupported": {}}
+    return {
+        "index": index,
+        "name": name,
+        "uuid": f"GPU-{index}",
+        "eccUncorrectedErrors": 0,
+        "nvlinkLinksUp": 18,
+        "memoryTotalBytes": 80 * GIB,
+        "memoryBandwidthGBps": 3352.3,
+        "unsupported": {},
+    }
 
 
 def good_host() -> dict:
     """A probe of a host that passes every check."""
     return {
-        "nvml": {"available": True, "error": None, "driverVersion": "550.54.15", "cudaDriverVersion": "12.4",
-                 "gpus": [_gpu(0), _gpu(1)]},
+        "nvml": {
+            "available": True,
+            "error": None,
+            "driverVersion": "550.54.15",
+            "cudaDriverVersion": "12.4",
+            "gpus": [_gpu(0), _gpu(1)],
+        },
         "host": {
-            "docker": {"available": True, "error": None, "version": "27.3.1",
-                       "gpuContainers": {"ok": True, "method": "container", "detail": None}},
+            "docker": {
+                "available": True,
+                "error": None,
+                "version": "27.3.1",
+                "gpuContainers": {"ok": True, "method": "container", "detail": None},
+            },
             "compose": {"available": True, "version": "2.29.7", "error": None},
-            "nvidiaContainerToolkit": {"installed": True, "version": "1.17.8", "binaries": ["nvidia-ctk"],
-                                       "configPath": "/etc/nvidia-container-runtime/config.toml",
-                                       "acceptsEnvvarFromUnprivileged": False},
+            "nvidiaContainerToolkit": {
+                "installed": True,
+                "version": "1.17.8",
+                "binaries": ["nvidia-ctk"],
+                "configPath": "/etc/nvidia-container-runtime/config.toml",
+                "acceptsEnvvarFromUnprivileged": False,
+            },
             "storage": {"path": "/var/lib/docker", "totalBytes": 2000 * GIB, "freeBytes": 800 * GIB},
             "clock": {"synchronized": True, "maxErrorMs": 3.2, "source": "adjtimex"},
         },

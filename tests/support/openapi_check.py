@@ -30,14 +30,19 @@ AGENT_PREFIX = "/v1/agent/"
 
 # ---- helpers ----------------------------------------------------------------------
 
+
 def load(path: Path) -> dict:
     return yaml.safe_load(path.read_text())
 
 
 def documented_operations(doc: dict) -> set[tuple[str, str]]:
     """(METHOD, /v1-prefixed path) for every operation in the document."""
-    return {(method.upper(), "/v1" + path)
-            for path, item in doc["paths"].items() for method in item if method in HTTP_METHODS}
+    return {
+        (method.upper(), "/v1" + path)
+        for path, item in doc["paths"].items()
+        for method in item
+        if method in HTTP_METHODS
+    }
 
 
 async def served_operations() -> set[tuple[str, str]]:
@@ -66,8 +71,11 @@ def _strict(node: Any) -> Any:
 
 def check(doc: dict, instance: Any, target: dict) -> None:
     """Validate instance against a schema of doc (refs resolved within doc), strictly."""
-    root = {"$schema": "https://json-schema.org/draft/2020-12/schema", "allOf": [_strict(target)],
-            "components": _strict(doc["components"])}
+    root = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "allOf": [_strict(target)],
+        "components": _strict(doc["components"]),
+    }
     jsonschema.Draft202012Validator(root).validate(instance)
 
 

@@ -21,13 +21,18 @@ class Renter:
 
     async def call(self, method: str, path: str, body=None, *, key: str | None = None, raw: bytes | None = None):
         headers = {wire.API_KEY_HEADER: self.store.renterApiKey if key is None else key}
-        kwargs = {"data": raw, "headers": {**headers, "Content-Type": "application/json"}} if raw is not None \
+        kwargs = (
+            {"data": raw, "headers": {**headers, "Content-Type": "application/json"}}
+            if raw is not None
             else {"json": body, "headers": headers}
+        )
         async with self.http.request(method, self.base_url + path, **kwargs) as response:
             return response.status, await response.json(content_type=None)
 
     async def rental(self, gpu_count: int = 0) -> str:
-        status, body = await self.call("POST", "/rentals", {"envId": self.store.envId, "name": "test", "gpuCount": gpu_count})
+        status, body = await self.call(
+            "POST", "/rentals", {"envId": self.store.envId, "name": "test", "gpuCount": gpu_count}
+        )
         assert status == 201, body
         return body["rentalId"]
 
@@ -57,7 +62,9 @@ class Renter:
         assert status == 200, body
         return body
 
-    async def wait_stack(self, rental_id: str, stack_id: str, statuses: tuple[str, ...], timeout: float = 30) -> dict | None:
+    async def wait_stack(
+        self, rental_id: str, stack_id: str, statuses: tuple[str, ...], timeout: float = 30
+    ) -> dict | None:
         """The stack once its status is one of `statuses` (None: once it is gone)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout

@@ -31,8 +31,8 @@ class Demux:
             stream, size = self._pending[0], struct.unpack(">I", self._pending[4:8])[0]
             if len(self._pending) < 8 + size:
                 break
-            out.append((stream, self._pending[8:8 + size]))
-            self._pending = self._pending[8 + size:]
+            out.append((stream, self._pending[8 : 8 + size]))
+            self._pending = self._pending[8 + size :]
         self.frames += out
         return out
 
@@ -62,8 +62,9 @@ async def read_logs(http: aiohttp.ClientSession, base_url: str, key: str, path: 
         return response.status, demux, response.headers.get("Content-Type", "")
 
 
-async def create_terminal(http: aiohttp.ClientSession, base_url: str, key: str, rental_id: str, stack_id: str,
-                          container: str, **body) -> tuple[int, dict]:
+async def create_terminal(
+    http: aiohttp.ClientSession, base_url: str, key: str, rental_id: str, stack_id: str, container: str, **body
+) -> tuple[int, dict]:
     path = f"/rentals/{rental_id}/stacks/{stack_id}/containers/{container}/terminal"
     async with http.post(base_url + path, json=body or None, headers={wire.API_KEY_HEADER: key}) as response:
         return response.status, await response.json(content_type=None)

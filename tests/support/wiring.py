@@ -34,5 +34,17 @@ def dispatcher_for(deployer: Any, outbox: Any, db: AgentDB | None = None) -> Job
 def agent_for(client: Any, *, outbox: Any = None, dispatcher: JobDispatcher | None = None) -> Agent:
     """A real Agent for its session and poll loop alone (`_open_session`,
     `_poll_forever`): the parts those never reach are None."""
-    return Agent(client, SessionState(), AgentDB(None), dispatcher, outbox, FakeSchedule(),  # type: ignore[arg-type]
-                 FakeHostReporter(), None, None, None, FakeContainerWatch(), None)  # type: ignore[arg-type]
+    return Agent(
+        client,
+        SessionState(),
+        AgentDB(None),
+        dispatcher,
+        outbox,
+        FakeSchedule(),  # type: ignore[arg-type]
+        FakeHostReporter(),
+        None,
+        None,
+        None,
+        FakeContainerWatch(),
+        None,
+    )  # type: ignore[arg-type]

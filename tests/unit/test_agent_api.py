@@ -4,9 +4,9 @@ judges staleness by instants, not by how a timestamp is written."""
 from __future__ import annotations
 
 import pytest
+from support.stacks import TEMPLATE
 
 from gpuhost_agent.protocol import wire
-from support.stacks import TEMPLATE
 
 CONTAINER = {"Name": "c", "Id": "i", "Created": 1, "Labels": [], "Ports": [], "State": "running"}
 
@@ -17,15 +17,18 @@ async def _stack(market) -> str:
     return stack_id
 
 
-@pytest.mark.parametrize("report, fragment", [
-    ({"status": "APPLIED", "reportedAt": "zzz"}, "reportedAt"),
-    ({"status": "APPLIED"}, "reportedAt"),
-    ({"status": "DONE", "reportedAt": "2026-01-01T00:00:00Z"}, "status"),
-    ({"status": "ERROR", "reportedAt": "2026-01-01T00:00:00Z"}, "errorMsg"),
-    ({"status": "ERROR", "errorMsg": 7, "reportedAt": "2026-01-01T00:00:00Z"}, "errorMsg"),
-    ({"status": "APPLIED", "pStackName": 5, "reportedAt": "2026-01-01T00:00:00Z"}, "pStackName"),
-    ({"status": "APPLIED", "pStackId": True, "reportedAt": "2026-01-01T00:00:00Z"}, "pStackId"),
-])
+@pytest.mark.parametrize(
+    "report, fragment",
+    [
+        ({"status": "APPLIED", "reportedAt": "zzz"}, "reportedAt"),
+        ({"status": "APPLIED"}, "reportedAt"),
+        ({"status": "DONE", "reportedAt": "2026-01-01T00:00:00Z"}, "status"),
+        ({"status": "ERROR", "reportedAt": "2026-01-01T00:00:00Z"}, "errorMsg"),
+        ({"status": "ERROR", "errorMsg": 7, "reportedAt": "2026-01-01T00:00:00Z"}, "errorMsg"),
+        ({"status": "APPLIED", "pStackName": 5, "reportedAt": "2026-01-01T00:00:00Z"}, "pStackName"),
+        ({"status": "APPLIED", "pStackId": True, "reportedAt": "2026-01-01T00:00:00Z"}, "pStackId"),
+    ],
+)
 async def test_malformed_status_reports_are_refused(market, report, fragment):
     stack_id = await _stack(market)
     status, body = await market.call("PUT", f"/agent/stacks/{stack_id}/status", report, key=market.store.envApiKey)
@@ -33,13 +36,22 @@ async def test_malformed_status_reports_are_refused(market, report, fragment):
     assert market.store.stacks[stack_id]["status"] == wire.APPLYING
 
 
-@pytest.mark.parametrize("containers, fragment", [
-    ([1], "containers[0]"), ([{**CONTAINER, "Created": "1"}], "Created"), ([{**CONTAINER, "Labels": {}}], "Labels"),
-])
+@pytest.mark.parametrize(
+    "containers, fragment",
+    [
+        ([1], "containers[0]"),
+        ([{**CONTAINER, "Created": "1"}], "Created"),
+        ([{**CONTAINER, "Labels": {}}], "Labels"),
+    ],
+)
 async def test_malformed_container_lists_are_refused(market, containers, fragment):
     stack_id = await _stack(market)
-    status, body = await market.call("PUT", f"/agent/stacks/{stack_id}/containers",
-                                     {"containers": containers, "observedAt": wire.iso()}, key=market.store.envApiKey)
+    status, body = await market.call(
+        "PUT",
+        f"/agent/stacks/{stack_id}/containers",
+        {"containers": containers, "observedAt": wire.iso()},
+        key=market.store.envApiKey,
+    )
     assert status == 400 and fragment in body["message"]
 
 
@@ -48,7 +60,9 @@ async def test_staleness_compares_instants(market):
     key = market.store.envApiKey
 
     async def report(status, at):
-        code, body = await market.call("PUT", f"/agent/stacks/{stack_id}/status", {"status": status, "reportedAt": at}, key=key)
+        code, body = await market.call(
+            "PUT", f"/agent/stacks/{stack_id}/status", {"status": status, "reportedAt": at}, key=key
+        )
         assert code == 200
         return body["accepted"]
 

@@ -25,25 +25,35 @@ import jsonschema
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from openapi_spec_validator import OpenAPIV31SpecValidator, validate
+from support.fakes import FakeClient, FakeDeployer, FakeOutbox
+from support.openapi_check import (
+    AGENT_DOC,
+    AGENT_PREFIX,
+    LOCAL_DOC,
+    answer,
+    check,
+    check_named,
+    documented_operations,
+    load,
+    request_schema,
+    resolve,
+    schema,
+    served_operations,
+)
+from support.wiring import agent_for, dispatcher_for
 
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.core import naming
 from gpuhost_agent.core.containers import to_seed_container
 from gpuhost_agent.core.deployer import StackDeployer
 from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.core.sandbox import Sandbox
 from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
-from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.local_marketplace.server import build_app
 from gpuhost_agent.local_marketplace.state import DEFAULT_INTERVALS, MarketplaceState
 from gpuhost_agent.local_marketplace.store import LEASE, Store
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.uplink.outbox import CONTAINERS, JOB_COMPLETE, STATUS
-from support.fakes import FakeClient, FakeDeployer, FakeOutbox
-from support.openapi_check import (
-    AGENT_DOC, AGENT_PREFIX, LOCAL_DOC, answer, check, check_named, documented_operations, load, request_schema,
-    resolve, schema, served_operations)
-from support.wiring import agent_for, dispatcher_for
-
 
 # A `docker ps`-style list entry (docker-py's containers.list(...).attrs) with one
 # published port (listed for IPv4 and IPv6, as Docker does) and one unpublished.
@@ -72,6 +82,7 @@ DOCKER_LIST_ENTRY = {
 
 # ---- 1. valid OpenAPI 3.1 -----------------------------------------------------------
 
+
 @pytest.mark.parametrize("path", [AGENT_DOC, LOCAL_DOC], ids=lambda p: p.name)
 def test_documents_are_valid_openapi_3_1(path: Path) -> None:
     doc = load(path)
@@ -84,18 +95,23 @@ def test_documents_are_valid_openapi_3_1(path: Path) -> None:
 
 # ---- 2./3. paths == routes ------------------------------------------------------------
 
+
 async def test_agent_doc_paths_are_the_agent_routes(agent_doc: dict) -> None:
     served = {op for op in await served_operations() if op[1].startswith(AGENT_PREFIX)}
     documented = documented_operations(agent_doc)
     assert documented == served, (
-        f"documented but not served: {sorted(documented - served)}; served but not documented: {sorted(served - documented)}")
+        f"documented but not served: {sorted(documented - served)};"
+        f" served but not documented: {sorted(served - documented)}"
+    )
 
 
 async def test_local_doc_paths_are_the_renter_routes(local_doc: dict) -> None:
     served = {op for op in await served_operations() if not op[1].startswith(AGENT_PREFIX)}
     documented = documented_operations(local_doc)
     assert documented == served, (
-        f"documented but not served: {sorted(documented - served)}; served but not documented: {sorted(served - documented)}")
+        f"documented but not served: {sorted(documented - served)};"
+        f" served but not documented: {sorted(served - documented)}"
+    )
 
 
 async def test_planned_agent_endpoints_are_neither_served_nor_listed_as_paths(agent_doc: dict) -> None:
@@ -113,11 +129,14 @@ async def test_planned_agent_endpoints_are_neither_served_nor_listed_as_paths(ag
 
 # ---- 4. enums --------------------------------------------------------------------------
 
+
 def test_status_and_job_type_enums_match_wire(agent_doc: dict, local_doc: dict) -> None:
     assert schema(agent_doc, "ReportedStatus")["enum"] == list(wire.REPORTED_STATUSES)
     assert schema(agent_doc, "JobType")["enum"] == list(wire.JOB_TYPES)
-    assert schema(agent_doc, "JobCompletion")["properties"]["outcome"]["enum"] == [wire.OUTCOME_SUCCEEDED,
-                                                                                   wire.OUTCOME_FAILED]
+    assert schema(agent_doc, "JobCompletion")["properties"]["outcome"]["enum"] == [
+        wire.OUTCOME_SUCCEEDED,
+        wire.OUTCOME_FAILED,
+    ]
     assert schema(local_doc, "Stack")["properties"]["status"]["enum"] == list(wire.STACK_STATUSES)
     rental_statuses = [wire.RENTAL_ACTIVE, wire.RENTAL_COMPLETE]
     assert schema(local_doc, "Rental")["properties"]["status"]["enum"] == rental_statuses
@@ -145,6 +164,7 @@ def test_headers_labels_and_intervals_match_the_code(agent_doc: dict, local_doc:
 
 # ---- 5. Container shape ----------------------------------------------------------------
 
+
 def test_container_schema_is_what_to_seed_container_produces(agent_doc: dict, local_doc: dict) -> None:
     shaped = to_seed_container(DOCKER_LIST_ENTRY)
     published = [port for port in shaped["Ports"] if "PublicPort" in port]
@@ -161,15 +181,30 @@ def test_container_schema_is_what_to_seed_container_produces(agent_doc: dict, lo
 
 # ---- what the agent sends --------------------------------------------------------------
 
+
 def _raw_job(job_type: str, **overrides) -> dict:
-    job = {"jobId": "job-1", "type": job_type, "stackId": "stack-1", "rentalId": "rental-1", "envId": "env-1",
-           "stackName": "web", "template": None, "rental": {"rentalId": "rental-1", "gpuCount": 1,
-                                                             "endDate": None, "status": "ACTIVE"},
-           "deliveries": 1, "createdAt": wire.iso()}
+    job = {
+        "jobId": "job-1",
+        "type": job_type,
+        "stackId": "stack-1",
+        "rentalId": "rental-1",
+        "envId": "env-1",
+        "stackName": "web",
+        "template": None,
+        "rental": {"rentalId": "rental-1", "gpuCount": 1, "endDate": None, "status": "ACTIVE"},
+        "deliveries": 1,
+        "createdAt": wire.iso(),
+    }
     if job_type == wire.JOB_DEPLOY:
-        job["template"] = {"name": "web", "description": "", "content": "services: {}\n",
-                           "environmentVariables": {}, "insecure": False, "isBasicAuthEnabled": False,
-                           "isSSHEnabled": False}
+        job["template"] = {
+            "name": "web",
+            "description": "",
+            "content": "services: {}\n",
+            "environmentVariables": {},
+            "insecure": False,
+            "isBasicAuthEnabled": False,
+            "isSSHEnabled": False,
+        }
     job.update(overrides)
     return job
 
@@ -192,8 +227,9 @@ async def test_reports_the_deployer_sends_are_documented(agent_doc: dict, tmp_pa
     job = wire.StackJob.from_wire(_raw_job(wire.JOB_DEPLOY, stackId="3f2504e0-4f89-11d3-9a0c-0305e82c3301"))
     ledger.commit(job.rental_id, ["GPU-aacd9ec3-13e4-58c1-ada1-81eabee5fdaa"])  # as a deploy records it
     reporter.status(StackRef.of_job(job), wire.APPLIED, job_id=job.job_id)
-    reporter.status(StackRef.of_job(job), wire.ERROR, "service 'web' exited with code 3 right after it started",
-                    job_id=job.job_id)
+    reporter.status(
+        StackRef.of_job(job), wire.ERROR, "service 'web' exited with code 3 right after it started", job_id=job.job_id
+    )
     await deployer.push_containers(job.stack_id, [DOCKER_LIST_ENTRY])
     status_schema = request_schema(agent_doc, "/agent/stacks/{stackId}/status", "put")
     containers_schema = request_schema(agent_doc, "/agent/stacks/{stackId}/containers", "put")
@@ -235,9 +271,18 @@ def test_rental_end_job_the_marketplace_sends_is_documented(agent_doc: dict) -> 
     """Ending a rental queues its stacks' removals, then one rental.end job with no stack."""
     store = Store.load_or_create(None)
     rental = store.create_rental(name="r", gpu_count=2, end_date=None)
-    store.create_stack(rental["rentalId"], {"name": "web", "description": "", "content": "services: {}\n",
-                                            "environmentVariables": {}, "insecure": False,
-                                            "isBasicAuthEnabled": False, "isSSHEnabled": False})
+    store.create_stack(
+        rental["rentalId"],
+        {
+            "name": "web",
+            "description": "",
+            "content": "services: {}\n",
+            "environmentVariables": {},
+            "insecure": False,
+            "isBasicAuthEnabled": False,
+            "isSSHEnabled": False,
+        },
+    )
     store.end_rental(rental["rentalId"])
     payloads = [store.job_payload(job) for job in store.deliverable(10)]
     assert [p["type"] for p in payloads] == [wire.JOB_DEPLOY, wire.JOB_REMOVE, wire.JOB_RENTAL_END]
@@ -252,6 +297,7 @@ def test_rental_end_job_the_marketplace_sends_is_documented(agent_doc: dict) -> 
 
 # ---- what the local marketplace answers -------------------------------------------------
 
+
 async def test_local_marketplace_answers_as_documented(agent_doc: dict, local_doc: dict) -> None:
     store = Store.load_or_create(None)
     app = build_app(MarketplaceState(store))
@@ -261,84 +307,132 @@ async def test_local_marketplace_answers_as_documented(agent_doc: dict, local_do
     async with TestClient(TestServer(app)) as http:
         # renter: environment, rental, stack
         await answer(L, await http.get("/v1/environments", headers=renter), "/environments", "get")
-        env = await answer(L, await http.get(f"/v1/environments/{store.envId}", headers=renter),
-                           "/environments/{envId}", "get")
+        env = await answer(
+            L, await http.get(f"/v1/environments/{store.envId}", headers=renter), "/environments/{envId}", "get"
+        )
         assert store.envApiKey not in json.dumps(env), "a renter key must not reveal the agent's key"
         assert env["apiKey"] == store.envApiKey[:4] + "..." + store.envApiKey[-4:]
-        response = await http.post("/v1/rentals", headers=renter,
-                                   json={"envId": store.envId, "gpuCount": 1, "name": "r1"})
+        response = await http.post(
+            "/v1/rentals", headers=renter, json={"envId": store.envId, "gpuCount": 1, "name": "r1"}
+        )
         assert response.status == 201
         rental = await answer(L, response, "/rentals", "post")
         rental_id = rental["rentalId"]
         r_path = "/rentals/{rentalId}"
         await answer(L, await http.get(f"/v1/rentals/{rental_id}", headers=renter), r_path, "get")
         await answer(L, await http.get("/v1/rentals", headers=renter), "/rentals", "get")
-        patched = await answer(L, await http.patch(f"/v1/rentals/{rental_id}", headers=renter, json={"name": "r2"}),
-                               r_path, "patch")
+        patched = await answer(
+            L, await http.patch(f"/v1/rentals/{rental_id}", headers=renter, json={"name": "r2"}), r_path, "patch"
+        )
         assert patched == "rental updated"
-        template = {"name": "My Web App!", "description": "demo", "content": "services:\n  web:\n    image: x\n",
-                    "environmentVariables": {"GREETING": "hi"}}
+        template = {
+            "name": "My Web App!",
+            "description": "demo",
+            "content": "services:\n  web:\n    image: x\n",
+            "environmentVariables": {"GREETING": "hi"},
+        }
         check(L, {"template": template}, request_schema(L, "/rentals/{rentalId}/stacks", "post"))
         response = await http.post(f"/v1/rentals/{rental_id}/stacks", headers=renter, json={"template": template})
         assert response.status == 201
         stack_id = await answer(L, response, "/rentals/{rentalId}/stacks", "post")
-        stacks = await answer(L, await http.get(f"/v1/rentals/{rental_id}/stacks", headers=renter),
-                              "/rentals/{rentalId}/stacks", "get")
+        stacks = await answer(
+            L, await http.get(f"/v1/rentals/{rental_id}/stacks", headers=renter), "/rentals/{rentalId}/stacks", "get"
+        )
         assert [s["status"] for s in stacks] == [wire.APPLYING]
 
         # agent: session, job, reports, completion
-        session = await answer(A, await http.post("/v1/agent/sessions", headers=agent,
-                                                  json={"agentVersion": "t", "hostname": "h",
-                                                        "startedAt": wire.iso(), "capabilities": list(wire.JOB_TYPES)}),
-                               "/agent/sessions", "post")
+        session = await answer(
+            A,
+            await http.post(
+                "/v1/agent/sessions",
+                headers=agent,
+                json={
+                    "agentVersion": "t",
+                    "hostname": "h",
+                    "startedAt": wire.iso(),
+                    "capabilities": list(wire.JOB_TYPES),
+                },
+            ),
+            "/agent/sessions",
+            "post",
+        )
         agent = {**agent, wire.SESSION_HEADER: session["sessionId"]}
-        jobs = await answer(A, await http.get("/v1/agent/jobs", headers=agent, params={"wait": "0", "max": "5"}),
-                            "/agent/jobs", "get")
+        jobs = await answer(
+            A, await http.get("/v1/agent/jobs", headers=agent, params={"wait": "0", "max": "5"}), "/agent/jobs", "get"
+        )
         (job,) = jobs["jobs"]
         assert (job["type"], job["stackId"], job["deliveries"]) == (wire.JOB_DEPLOY, stack_id, 1)
         st_path, co_path = "/agent/stacks/{stackId}/status", "/agent/stacks/{stackId}/containers"
-        report = {"status": wire.APPLIED, "errorMsg": "", "pStackName": naming.project_name(template["name"], stack_id),
-                  "pStackId": naming.provider_stack_id(stack_id), "jobId": job["jobId"], "reportedAt": wire.iso()}
-        reply = await answer(A, await http.put(f"/v1/agent/stacks/{stack_id}/status", headers=agent, json=report),
-                             st_path, "put")
+        report = {
+            "status": wire.APPLIED,
+            "errorMsg": "",
+            "pStackName": naming.project_name(template["name"], stack_id),
+            "pStackId": naming.provider_stack_id(stack_id),
+            "jobId": job["jobId"],
+            "reportedAt": wire.iso(),
+        }
+        reply = await answer(
+            A, await http.put(f"/v1/agent/stacks/{stack_id}/status", headers=agent, json=report), st_path, "put"
+        )
         assert reply == {"stackId": stack_id, "accepted": True}
         stale = {**report, "status": wire.APPLYING, "reportedAt": "2000-01-01T00:00:00.000000Z"}
-        reply = await answer(A, await http.put(f"/v1/agent/stacks/{stack_id}/status", headers=agent, json=stale),
-                             st_path, "put")
+        reply = await answer(
+            A, await http.put(f"/v1/agent/stacks/{stack_id}/status", headers=agent, json=stale), st_path, "put"
+        )
         assert reply["accepted"] is False
         containers = {"containers": [to_seed_container(DOCKER_LIST_ENTRY)], "observedAt": wire.iso()}
-        reply = await answer(A, await http.put(f"/v1/agent/stacks/{stack_id}/containers", headers=agent,
-                                               json=containers), co_path, "put")
+        reply = await answer(
+            A, await http.put(f"/v1/agent/stacks/{stack_id}/containers", headers=agent, json=containers), co_path, "put"
+        )
         assert reply["accepted"] is True
-        listed = await answer(L, await http.get(f"/v1/rentals/{rental_id}/stacks/{stack_id}/containers",
-                                                headers=renter), "/rentals/{rentalId}/stacks/{stackId}/containers", "get")
+        listed = await answer(
+            L,
+            await http.get(f"/v1/rentals/{rental_id}/stacks/{stack_id}/containers", headers=renter),
+            "/rentals/{rentalId}/stacks/{stackId}/containers",
+            "get",
+        )
         assert listed == containers["containers"]
         c_path = "/agent/jobs/{jobId}/complete"
         done = {"outcome": wire.OUTCOME_SUCCEEDED, "errorMsg": None, "finishedAt": wire.iso()}
         for _ in range(2):  # idempotent
-            reply = await answer(A, await http.post(f"/v1/agent/jobs/{job['jobId']}/complete", headers=agent,
-                                                    json=done), c_path, "post")
+            reply = await answer(
+                A, await http.post(f"/v1/agent/jobs/{job['jobId']}/complete", headers=agent, json=done), c_path, "post"
+            )
             assert reply["state"] == "completed"
 
         # removal: the remove job carries no template; REMOVED drops the stack
-        removing = await answer(L, await http.delete(f"/v1/rentals/{rental_id}/stacks/{stack_id}", headers=renter),
-                                "/rentals/{rentalId}/stacks/{stackId}", "delete")
+        removing = await answer(
+            L,
+            await http.delete(f"/v1/rentals/{rental_id}/stacks/{stack_id}", headers=renter),
+            "/rentals/{rentalId}/stacks/{stackId}",
+            "delete",
+        )
         assert removing["status"] == wire.REMOVING
-        jobs = await answer(A, await http.get("/v1/agent/jobs", headers=agent, params={"wait": "0"}),
-                            "/agent/jobs", "get")
+        jobs = await answer(
+            A, await http.get("/v1/agent/jobs", headers=agent, params={"wait": "0"}), "/agent/jobs", "get"
+        )
         (job,) = jobs["jobs"]
         assert (job["type"], job["template"]) == (wire.JOB_REMOVE, None)
         contradicting = {**report, "status": wire.APPLIED, "reportedAt": wire.iso()}
-        reply = await answer(A, await http.put(f"/v1/agent/stacks/{stack_id}/status", headers=agent,
-                                               json=contradicting), st_path, "put")
+        reply = await answer(
+            A, await http.put(f"/v1/agent/stacks/{stack_id}/status", headers=agent, json=contradicting), st_path, "put"
+        )
         assert reply["accepted"] is False
         removed = {**report, "status": wire.REMOVED, "reportedAt": wire.iso()}
         for accepted in (True, False):  # REMOVED for a stack already dropped: 200, accepted false
-            reply = await answer(A, await http.put(f"/v1/agent/stacks/{stack_id}/status", headers=agent,
-                                                   json=removed), st_path, "put")
+            reply = await answer(
+                A, await http.put(f"/v1/agent/stacks/{stack_id}/status", headers=agent, json=removed), st_path, "put"
+            )
             assert reply["accepted"] is accepted
-        assert await answer(L, await http.get(f"/v1/rentals/{rental_id}/stacks", headers=renter),
-                            "/rentals/{rentalId}/stacks", "get") == []
+        assert (
+            await answer(
+                L,
+                await http.get(f"/v1/rentals/{rental_id}/stacks", headers=renter),
+                "/rentals/{rentalId}/stacks",
+                "get",
+            )
+            == []
+        )
         ended = await answer(L, await http.delete(f"/v1/rentals/{rental_id}", headers=renter), r_path, "delete")
         assert ended["status"] == wire.RENTAL_COMPLETE
 
@@ -346,22 +440,51 @@ async def test_local_marketplace_answers_as_documented(agent_doc: dict, local_do
         errors = [
             (A, "/agent/jobs", "get", await http.get("/v1/agent/jobs", headers=renter), 401),
             (A, "/agent/jobs", "get", await http.get("/v1/agent/jobs", headers=agent, params={"wait": "x"}), 400),
-            (A, st_path, "put", await http.put(f"/v1/agent/stacks/{stack_id}/status", headers=agent,
-                                                json={**report, "status": wire.APPLYING}), 404),
-            (A, st_path, "put", await http.put("/v1/agent/stacks/nope/status", headers=agent,
-                                                json={**report, "status": wire.ERROR, "errorMsg": ""}), 400),
-            (A, co_path, "put", await http.put(f"/v1/agent/stacks/{stack_id}/containers", headers=agent,
-                                                json=containers), 404),
+            (
+                A,
+                st_path,
+                "put",
+                await http.put(
+                    f"/v1/agent/stacks/{stack_id}/status", headers=agent, json={**report, "status": wire.APPLYING}
+                ),
+                404,
+            ),
+            (
+                A,
+                st_path,
+                "put",
+                await http.put(
+                    "/v1/agent/stacks/nope/status", headers=agent, json={**report, "status": wire.ERROR, "errorMsg": ""}
+                ),
+                400,
+            ),
+            (
+                A,
+                co_path,
+                "put",
+                await http.put(f"/v1/agent/stacks/{stack_id}/containers", headers=agent, json=containers),
+                404,
+            ),
             (A, c_path, "post", await http.post("/v1/agent/jobs/nope/complete", headers=agent, json=done), 404),
             (A, "/agent/sessions", "post", await http.post("/v1/agent/sessions", headers=agent, data=b"{"), 400),
             (L, "/environments", "get", await http.get("/v1/environments", headers=agent), 401),
             (L, "/environments/{envId}", "get", await http.get("/v1/environments/nope", headers=renter), 404),
             (L, "/rentals", "post", await http.post("/v1/rentals", headers=renter, json={"envId": "nope"}), 404),
             (L, "/rentals", "post", await http.post("/v1/rentals", headers=renter, json={"envId": 1}), 400),
-            (L, "/rentals/{rentalId}/stacks", "post",
-             await http.post(f"/v1/rentals/{rental_id}/stacks", headers=renter, json={"template": template}), 400),
-            (L, "/rentals/{rentalId}/stacks", "post",
-             await http.post("/v1/rentals/nope/stacks", headers=renter, json={"template": template}), 404),
+            (
+                L,
+                "/rentals/{rentalId}/stacks",
+                "post",
+                await http.post(f"/v1/rentals/{rental_id}/stacks", headers=renter, json={"template": template}),
+                400,
+            ),
+            (
+                L,
+                "/rentals/{rentalId}/stacks",
+                "post",
+                await http.post("/v1/rentals/nope/stacks", headers=renter, json={"template": template}),
+                404,
+            ),
         ]
         for doc, path, method, response, status in errors:
             assert response.status == status, (method, path, await response.text())

@@ -22,34 +22,46 @@ from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from support.fakes import FakeClient, FakeEngine, FakeOutbox, FakeProber, FakeSchedule
+from support.machine_samples import GIB, GPU_BEATS, broken_system_data, healthy_system_data
+from support.openapi_check import answer, check, check_named, properties, request_schema, response_schema, schema
 
 from gpuhost_agent.core import init_state
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.core.host_reporter import HostReporter
 from gpuhost_agent.core.init_state import InitState
 from gpuhost_agent.inventory import compliance, host_probe, listing, telemetry
-from gpuhost_agent.protocol import intervals as wire_intervals
-from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.inventory.system_data import build_report
 from gpuhost_agent.local_marketplace import host_api, shapes, speedtest_api
 from gpuhost_agent.local_marketplace.server import build_app
 from gpuhost_agent.local_marketplace.state import DEFAULT_INTERVALS, OFFLINE_AFTER_MISSED_BEATS, MarketplaceState
 from gpuhost_agent.local_marketplace.store import Store
+from gpuhost_agent.protocol import intervals as wire_intervals
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.uplink.outbox import INIT_STATE, SYSTEM_DATA
-from support.fakes import FakeClient, FakeEngine, FakeOutbox, FakeProber, FakeSchedule
-from support.machine_samples import GIB, GPU_BEATS, broken_system_data, healthy_system_data
-from support.openapi_check import answer, check, check_named, properties, request_schema, response_schema, schema
-
 
 # ---- the machine: systemData, initState, heartbeat, speed test -----------------------
+
 
 def _reporter(state: MarketplaceState, data: dict) -> tuple[HostReporter, FakeOutbox, FakeClient]:
     """A HostReporter after its session: requirements, intervals and clock from the local marketplace."""
     outbox, client = FakeOutbox(), FakeClient(state)
-    reporter = HostReporter(client, outbox, FakeProber(data), FakeSchedule(),  # type: ignore[arg-type]
-                            lambda: ["docker", "compose"], lambda _command: None)
-    reply = {"sessionId": "s", "envId": state.store.envId, "serverTime": wire.iso(), "requeuedJobs": 0,
-             "intervals": state.intervals, "requirements": state.requirements}
+    reporter = HostReporter(
+        client,
+        outbox,
+        FakeProber(data),
+        FakeSchedule(),  # type: ignore[arg-type]
+        lambda: ["docker", "compose"],
+        lambda _command: None,
+    )
+    reply = {
+        "sessionId": "s",
+        "envId": state.store.envId,
+        "serverTime": wire.iso(),
+        "requeuedJobs": 0,
+        "intervals": state.intervals,
+        "requirements": state.requirements,
+    }
     now = time.time()
     wired = json.loads(json.dumps(reply))
     reporter.session_opened(wired, wire_intervals.from_reply(wired["intervals"]), now, now)
@@ -108,11 +120,20 @@ def test_machine_enums_units_and_defaults_match_the_code(agent_doc: dict, local_
         assert f"`{field}`" in agent_doc["info"]["description"], f"units of {field} in 'The machine'"
 
     # shapes that both documents describe are described identically
-    for name in ("ComplianceCheck", "InitState", "InitPhase", "HeartbeatHost", "HeartbeatGpu",
-                 "HeartbeatGpuUnreadable"):
+    for name in (
+        "ComplianceCheck",
+        "InitState",
+        "InitPhase",
+        "HeartbeatHost",
+        "HeartbeatGpu",
+        "HeartbeatGpuUnreadable",
+    ):
         assert schema(agent_doc, name) == schema(local_doc, name), name
     assert properties(local_doc, "EnvironmentSystemData") == properties(agent_doc, "SystemData") | {
-        "complianceChecks", "fingerprint", "reportedAt"}
+        "complianceChecks",
+        "fingerprint",
+        "reportedAt",
+    }
 
     # liveness and the speed test's bounds
     assert agent_doc["paths"]["/agent/heartbeat"]["post"]["x-offline-after-missed-beats"] == OFFLINE_AFTER_MISSED_BEATS
@@ -158,10 +179,19 @@ async def test_system_data_and_init_state_the_agent_sends_are_documented(agent_d
     # the units of the listing fields, on this machine: two readable H100 of 81559 MiB, GPU 1 without a
     # power limit, GPU 2 lost
     assert sent["listing"] == {
-        "totalGPUs": 2, "gpuName": "NVIDIA H100 80GB HBM3", "gpuVRAM": 80, "gpuBandwidth": 3352.3,
-        "gpuInterconnect": "NVLink", "gpuCUDA": "12.4", "totalCPUs": 224,
-        "totalRAM": round(2164236267520 / GIB, 1), "totalStorage": 3577, "networkUploadSpeed": 941.2,
-        "networkDownloadSpeed": 936.8, "location": "DE-Frankfurt"}
+        "totalGPUs": 2,
+        "gpuName": "NVIDIA H100 80GB HBM3",
+        "gpuVRAM": 80,
+        "gpuBandwidth": 3352.3,
+        "gpuInterconnect": "NVLink",
+        "gpuCUDA": "12.4",
+        "totalCPUs": 224,
+        "totalRAM": round(2164236267520 / GIB, 1),
+        "totalStorage": 3577,
+        "networkUploadSpeed": 941.2,
+        "networkDownloadSpeed": 936.8,
+        "location": "DE-Frankfurt",
+    }
     assert sent["fingerprint"] == report["fingerprint"]
     assert host_api.system_data_problem(sent) is None
 
@@ -225,9 +255,17 @@ def test_environment_and_listing_the_marketplace_shows_are_documented(local_doc:
     check_named(local_doc, env, "Environment")
     assert (env["systemData"], env["initState"], env["isCompliant"]) == ({}, {}, False)
     assert env["failedComplianceReason"] == shapes.NOT_REPORTED
-    assert env["heartbeat"] == {"online": False, "lastBeatAt": None, "missedBeats": None,
-                                "intervalSeconds": DEFAULT_INTERVALS["heartbeatSeconds"], "agentVersion": None,
-                                "uptimeSeconds": None, "initState": None, "host": None, "gpus": None}
+    assert env["heartbeat"] == {
+        "online": False,
+        "lastBeatAt": None,
+        "missedBeats": None,
+        "intervalSeconds": DEFAULT_INTERVALS["heartbeatSeconds"],
+        "agentVersion": None,
+        "uptimeSeconds": None,
+        "initState": None,
+        "host": None,
+        "gpus": None,
+    }
     check_named(local_doc, shapes.listing(store), "Listing")
 
     # after a report, a start-up state and a beat, with one GPU rented out
@@ -237,11 +275,23 @@ def test_environment_and_listing_the_marketplace_shows_are_documented(local_doc:
     init.done("config")
     init.begin("marketplace")
     assert state.accept_init_state(init.as_wire())
-    beat = {"sentAt": wire.iso(), "agentVersion": "0.1.0", "uptimeSeconds": 12.5, "initState": "starting",
-            "fingerprint": report["fingerprint"], "host": {"load1": 0.5, "load5": 0.4, "load15": 0.3,
-                                                           "cpuPercent": 3.5, "memoryUsedBytes": 8 * GIB,
-                                                           "memoryTotalBytes": 2015 * GIB, "diskFreeBytes": None},
-            "gpus": GPU_BEATS}
+    beat = {
+        "sentAt": wire.iso(),
+        "agentVersion": "0.1.0",
+        "uptimeSeconds": 12.5,
+        "initState": "starting",
+        "fingerprint": report["fingerprint"],
+        "host": {
+            "load1": 0.5,
+            "load5": 0.4,
+            "load15": 0.3,
+            "cpuPercent": 3.5,
+            "memoryUsedBytes": 8 * GIB,
+            "memoryTotalBytes": 2015 * GIB,
+            "diskFreeBytes": None,
+        },
+        "gpus": GPU_BEATS,
+    }
     assert state.accept_heartbeat(beat)["systemDataWanted"] is False
     rental = store.create_rental(name="r", gpu_count=1, end_date=None)
     env = json.loads(json.dumps(shapes.environment(state)))
@@ -284,23 +334,44 @@ async def test_machine_endpoints_answer_as_documented(agent_doc: dict, local_doc
         assert reply["accepted"] is False
         reply = await answer(A, await http.put("/v1/agent/init-state", headers=agent, json=init), is_path, "put")
         assert reply == {"accepted": True}
-        beat = {"sentAt": wire.iso(), "agentVersion": "0.1.0", "uptimeSeconds": 1.0, "initState": "starting",
-                "fingerprint": report["fingerprint"], "host": {"load1": 0.1, "load5": 0.1, "load15": 0.1,
-                                                               "cpuPercent": 0.0, "memoryUsedBytes": GIB,
-                                                               "memoryTotalBytes": 8 * GIB, "diskFreeBytes": GIB},
-                "gpus": GPU_BEATS}
+        beat = {
+            "sentAt": wire.iso(),
+            "agentVersion": "0.1.0",
+            "uptimeSeconds": 1.0,
+            "initState": "starting",
+            "fingerprint": report["fingerprint"],
+            "host": {
+                "load1": 0.1,
+                "load5": 0.1,
+                "load15": 0.1,
+                "cpuPercent": 0.0,
+                "memoryUsedBytes": GIB,
+                "memoryTotalBytes": 8 * GIB,
+                "diskFreeBytes": GIB,
+            },
+            "gpus": GPU_BEATS,
+        }
         check(A, beat, request_schema(A, hb_path, "post"))
         reply = await answer(A, await http.post("/v1/agent/heartbeat", headers=agent, json=beat), hb_path, "post")
         assert reply["systemDataWanted"] is False
-        reply = await answer(A, await http.post("/v1/agent/heartbeat", headers=agent,
-                                                json={**beat, "fingerprint": "0123456789abcdef"}), hb_path, "post")
+        reply = await answer(
+            A,
+            await http.post("/v1/agent/heartbeat", headers=agent, json={**beat, "fingerprint": "0123456789abcdef"}),
+            hb_path,
+            "post",
+        )
         assert reply["systemDataWanted"] is True
 
-        env = await answer(L, await http.get(f"/v1/environments/{store.envId}", headers=renter),
-                           "/environments/{envId}", "get")
+        env = await answer(
+            L, await http.get(f"/v1/environments/{store.envId}", headers=renter), "/environments/{envId}", "get"
+        )
         assert env["systemData"]["fingerprint"] == report["fingerprint"] and env["heartbeat"]["online"] is True
-        listed = await answer(L, await http.get(f"/v1/environments/{store.envId}/listing", headers=renter),
-                              "/environments/{envId}/listing", "get")
+        listed = await answer(
+            L,
+            await http.get(f"/v1/environments/{store.envId}/listing", headers=renter),
+            "/environments/{envId}/listing",
+            "get",
+        )
         assert listed == env["listing"] and listed["gpuVRAM"] == 80
 
         # the speed test: bounded bytes down, bytes up timed on the marketplace's side
@@ -309,27 +380,61 @@ async def test_machine_endpoints_answer_as_documented(agent_doc: dict, local_doc
         assert response.headers["Cache-Control"] == "no-store"
         assert len(await response.read()) == 300_000
         up_path = "/agent/speedtest/upload"
-        reply = await answer(A, await http.post("/v1/agent/speedtest/upload", headers=agent, data=b"x" * 600_000),
-                             up_path, "post")
+        reply = await answer(
+            A, await http.post("/v1/agent/speedtest/upload", headers=agent, data=b"x" * 600_000), up_path, "post"
+        )
         assert reply["receivedBytes"] == 600_000 and reply["seconds"] >= 0
 
         errors = [
-            (A, sd_path, "put", await http.put("/v1/agent/system-data", headers=agent,
-                                               json={**report, "listing": {**report["listing"], "gpuVRAM": "80 GB"}}),
-             400),
+            (
+                A,
+                sd_path,
+                "put",
+                await http.put(
+                    "/v1/agent/system-data",
+                    headers=agent,
+                    json={**report, "listing": {**report["listing"], "gpuVRAM": "80 GB"}},
+                ),
+                400,
+            ),
             (A, sd_path, "put", await http.put("/v1/agent/system-data", headers=renter, json=report), 401),
-            (A, is_path, "put", await http.put("/v1/agent/init-state", headers=agent, json={**init, "state": "up"}),
-             400),
+            (
+                A,
+                is_path,
+                "put",
+                await http.put("/v1/agent/init-state", headers=agent, json={**init, "state": "up"}),
+                400,
+            ),
             (A, hb_path, "post", await http.post("/v1/agent/heartbeat", headers=agent, json={"sentAt": "now"}), 400),
             (A, hb_path, "post", await http.post("/v1/agent/heartbeat", headers=renter, json=beat), 401),
-            (A, "/agent/speedtest/download", "get",
-             await http.get("/v1/agent/speedtest/download", headers=agent, params={"bytes": "0"}), 400),
-            (A, "/agent/speedtest/download", "get",
-             await http.get("/v1/agent/speedtest/download", headers=agent, params={"bytes": "lots"}), 400),
-            (L, "/environments/{envId}/listing", "get",
-             await http.get("/v1/environments/nope/listing", headers=renter), 404),
-            (L, "/environments/{envId}/listing", "get",
-             await http.get(f"/v1/environments/{store.envId}/listing", headers=agent), 401),
+            (
+                A,
+                "/agent/speedtest/download",
+                "get",
+                await http.get("/v1/agent/speedtest/download", headers=agent, params={"bytes": "0"}),
+                400,
+            ),
+            (
+                A,
+                "/agent/speedtest/download",
+                "get",
+                await http.get("/v1/agent/speedtest/download", headers=agent, params={"bytes": "lots"}),
+                400,
+            ),
+            (
+                L,
+                "/environments/{envId}/listing",
+                "get",
+                await http.get("/v1/environments/nope/listing", headers=renter),
+                404,
+            ),
+            (
+                L,
+                "/environments/{envId}/listing",
+                "get",
+                await http.get(f"/v1/environments/{store.envId}/listing", headers=agent),
+                401,
+            ),
         ]
         for doc, path, method, response, status in errors:
             assert response.status == status, (method, path, await response.text())
@@ -339,8 +444,10 @@ async def test_machine_endpoints_answer_as_documented(agent_doc: dict, local_doc
 
 # ---- the real probes -----------------------------------------------------------------
 
-NVML_PROBE = ("import json; from gpuhost_agent.inventory.nvml_probe import NvmlProbe; probe = NvmlProbe(); "
-              "print(json.dumps({'inventory': probe.inventory(), 'telemetry': probe.telemetry()}))")
+NVML_PROBE = (
+    "import json; from gpuhost_agent.inventory.nvml_probe import NvmlProbe; probe = NvmlProbe(); "
+    "print(json.dumps({'inventory': probe.inventory(), 'telemetry': probe.telemetry()}))"
+)
 
 
 def _probe_fake_nvml(tmp_path: Path, gpus: list, **config) -> dict:
@@ -350,8 +457,9 @@ def _probe_fake_nvml(tmp_path: Path, gpus: list, **config) -> dict:
         env = fake_nvml.subprocess_env(fake_nvml.write_config(tmp_path / "nvml.conf", gpus, **config))
     except RuntimeError as exc:  # pragma: no cover - no C compiler here
         pytest.skip(f"the stand-in NVML library cannot be built: {exc}")
-    done = subprocess.run([sys.executable, "-c", NVML_PROBE], env={**os.environ, **env},
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", NVML_PROBE], env={**os.environ, **env}, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -361,20 +469,32 @@ async def test_what_the_real_probes_report_is_documented(agent_doc: dict, tmp_pa
     short of two fields, GeForce cards, no driver) and probe_host on this machine."""
     fake_nvml = pytest.importorskip("support.fake_nvml")  # tests/support/fake_nvml.py: the stand-in library's helper
 
-    flawed = fake_nvml.FakeGpu(fail={"nvmlDeviceGetMaxPcieLinkGeneration": "NOT_SUPPORTED",
-                                     "nvmlDeviceGetPowerManagementLimit": "NOT_SUPPORTED"})
+    flawed = fake_nvml.FakeGpu(
+        fail={
+            "nvmlDeviceGetMaxPcieLinkGeneration": "NOT_SUPPORTED",
+            "nvmlDeviceGetPowerManagementLimit": "NOT_SUPPORTED",
+        }
+    )
     lost = fake_nvml.FakeGpu(fail={"nvmlDeviceGetHandleByIndex": "GPU_IS_LOST"})
     machines = [
         await asyncio.to_thread(_probe_fake_nvml, tmp_path, [*fake_nvml.h100_sxm(2), flawed, lost]),
         await asyncio.to_thread(_probe_fake_nvml, tmp_path, fake_nvml.rtx4090(2)),
         await asyncio.to_thread(_probe_fake_nvml, tmp_path, [], fail={"nvmlInitWithFlags": "DRIVER_NOT_LOADED"}),
     ]
-    assert machines[0]["inventory"]["gpus"][2]["unsupported"] == {"pcie.genMax": "Not Supported",
-                                                                  "powerLimitW": "Not Supported"}
+    assert machines[0]["inventory"]["gpus"][2]["unsupported"] == {
+        "pcie.genMax": "Not Supported",
+        "powerLimitW": "Not Supported",
+    }
     assert "error" in machines[0]["inventory"]["gpus"][3] and machines[2]["inventory"]["available"] is False
 
-    docker_info = {"ServerVersion": "27.3.1", "Version": {"ApiVersion": "1.47"}, "DockerRootDir": str(tmp_path),
-                   "Runtimes": {"runc": {}, "nvidia": {}}, "DefaultRuntime": "runc", "CDISpecDirs": []}
+    docker_info = {
+        "ServerVersion": "27.3.1",
+        "Version": {"ApiVersion": "1.47"},
+        "DockerRootDir": str(tmp_path),
+        "Runtimes": {"runc": {}, "nvidia": {}},
+        "DefaultRuntime": "runc",
+        "CDISpecDirs": [],
+    }
     compose = [sys.executable, "-c", "print('v2.29.1')"]
     hosts = [
         await host_probe.probe_host(FakeEngine(info=docker_info), compose, toolkit_config=tmp_path / "config.toml"),
@@ -385,10 +505,19 @@ async def test_what_the_real_probes_report_is_documented(agent_doc: dict, tmp_pa
 
     body_schema = request_schema(agent_doc, "/agent/system-data", "put")
     beat_schema = request_schema(agent_doc, "/agent/heartbeat", "post")
-    for machine, host in zip(machines, hosts):
+    for machine, host in zip(machines, hosts, strict=True):
         data = {**healthy_system_data(), "nvml": machine["inventory"], "host": host}
         check(agent_doc, {**build_report(data, Requirements(), 1.5), "reportedAt": wire.iso()}, body_schema)
-        check(agent_doc, {"sentAt": wire.iso(), "agentVersion": "0.1.0", "uptimeSeconds": 3.0, "initState": "ready",
-                          "fingerprint": None, "gpus": machine["telemetry"],
-                          "host": await asyncio.to_thread(telemetry.host_load, "/")},
-              beat_schema)
+        check(
+            agent_doc,
+            {
+                "sentAt": wire.iso(),
+                "agentVersion": "0.1.0",
+                "uptimeSeconds": 3.0,
+                "initState": "ready",
+                "fingerprint": None,
+                "gpus": machine["telemetry"],
+                "host": await asyncio.to_thread(telemetry.host_load, "/"),
+            },
+            beat_schema,
+        )

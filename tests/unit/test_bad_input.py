@@ -16,16 +16,15 @@ import json
 
 import pytest
 from aiohttp import web
+from support.fakes import FakeDeployer, FastAsyncio
+from support.waiting import until
+from support.wiring import agent_for, dispatcher_for
 
 from gpuhost_agent.core import agent as agent_module
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.uplink.client import MarketplaceClient, MarketplaceRejected
 from gpuhost_agent.uplink.outbox import Outbox
-
-from support.fakes import FakeDeployer, FastAsyncio
-from support.waiting import until
-from gpuhost_agent.storage.agent_db import AgentDB
-from support.wiring import agent_for, dispatcher_for
 
 CAP = 64 * 1024  # the client's body cap in these tests
 SECRET_IN_BODY = "body-content-that-must-not-be-echoed"
@@ -33,19 +32,29 @@ TEMPLATE = {"name": "web", "description": "", "content": "services: {}\n", "envi
 
 
 def job(job_id: str, job_type: str = wire.JOB_DEPLOY, **overrides) -> dict:
-    raw = {"jobId": job_id, "type": job_type, "stackId": f"stack-{job_id}", "rentalId": "rental-1", "envId": "env-1",
-           "stackName": "web", "template": TEMPLATE if job_type == wire.JOB_DEPLOY else None,
-           "rental": {"rentalId": "rental-1", "gpuCount": 0, "endDate": None, "status": "ACTIVE"},
-           "deliveries": 1, "createdAt": wire.iso()}
+    raw = {
+        "jobId": job_id,
+        "type": job_type,
+        "stackId": f"stack-{job_id}",
+        "rentalId": "rental-1",
+        "envId": "env-1",
+        "stackName": "web",
+        "template": TEMPLATE if job_type == wire.JOB_DEPLOY else None,
+        "rental": {"rentalId": "rental-1", "gpuCount": 0, "endDate": None, "status": "ACTIVE"},
+        "deliveries": 1,
+        "createdAt": wire.iso(),
+    }
     raw.update(overrides)
     return raw
 
 
 # ---- replies of a broken marketplace ------------------------------------------------------
 
+
 def raw_reply(body: bytes, content_type: str = "application/json"):
     async def reply(_request: web.Request) -> web.StreamResponse:
         return web.Response(body=body, content_type=content_type)
+
     return reply
 
 
@@ -56,6 +65,7 @@ def json_reply(value):
 def endless_reply():
     """A JSON reply without Content-Length that never ends: only a client that
     stops reading at its cap gets past it."""
+
     async def reply(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         response.enable_chunked_encoding()
@@ -68,6 +78,7 @@ def endless_reply():
         except (ConnectionResetError, RuntimeError):
             pass  # the client hung up, as it should
         return response
+
     return reply
 
 
@@ -116,8 +127,9 @@ async def broken():
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    client = MarketplaceClient(f"http://127.0.0.1:{runner.addresses[0][1]}/v1", "env-key", request_timeout=5,
-                               max_body_bytes=CAP)
+    client = MarketplaceClient(
+        f"http://127.0.0.1:{runner.addresses[0][1]}/v1", "env-key", request_timeout=5, max_body_bytes=CAP
+    )
     yield market, client
     await client.close()
     await runner.cleanup()
@@ -134,13 +146,18 @@ async def rejected(client: MarketplaceClient) -> MarketplaceRejected:
 
 # ---- the client ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("body", [
-    b'{"jobs": [{"jobId": "' + SECRET_IN_BODY.encode() + b'"',         # cut off
-    b'{"jobs": [], "note": "\xff\xfe ' + SECRET_IN_BODY.encode() + b'"}',  # not UTF-8
-    b'{"jobs": [{"rental": {"gpuCount": NaN}}], "x": "' + SECRET_IN_BODY.encode() + b'"}',  # not JSON's numbers
-    b'{"jobs": [' + b"[" * 20_000 + b"]" * 20_000 + b"]}",           # nested past the parser's depth
-    b'{"jobs": [], "n": ' + b"9" * 5000 + b"}",                        # an integer Python will not parse
-], ids=["truncated", "not-utf8", "nan", "too-deep", "huge-integer"])
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"jobs": [{"jobId": "' + SECRET_IN_BODY.encode() + b'"',  # cut off
+        b'{"jobs": [], "note": "\xff\xfe ' + SECRET_IN_BODY.encode() + b'"}',  # not UTF-8
+        b'{"jobs": [{"rental": {"gpuCount": NaN}}], "x": "' + SECRET_IN_BODY.encode() + b'"}',  # not JSON's numbers
+        b'{"jobs": [' + b"[" * 20_000 + b"]" * 20_000 + b"]}",  # nested past the parser's depth
+        b'{"jobs": [], "n": ' + b"9" * 5000 + b"}",  # an integer Python will not parse
+    ],
+    ids=["truncated", "not-utf8", "nan", "too-deep", "huge-integer"],
+)
 async def test_malformed_json_is_a_rejection_not_a_value_error(broken, body):
     market, client = broken
     market.replies.append(raw_reply(body))
@@ -167,8 +184,9 @@ async def test_an_endless_reply_is_cut_off_at_the_cap(broken):
     assert [poll["max"] for poll in market.polls] == ["16", "1"]
 
 
-@pytest.mark.parametrize("reply", [{"jobs": "x"}, {"jobs": {"0": {}}}, {"jobs": None}, {}, {"no": "jobs"}, [],
-                                   "jobs", None, 3])
+@pytest.mark.parametrize(
+    "reply", [{"jobs": "x"}, {"jobs": {"0": {}}}, {"jobs": None}, {}, {"no": "jobs"}, [], "jobs", None, 3]
+)
 async def test_a_reply_that_is_not_a_job_list_is_rejected(broken, reply):
     market, client = broken
     market.replies.append(json_reply(reply))
@@ -184,6 +202,7 @@ async def test_a_reply_that_is_not_json_at_all_is_rejected(broken):
 
 
 # ---- the agent's poll loop ----------------------------------------------------------------
+
 
 @pytest.fixture
 async def polling(broken, monkeypatch):
@@ -220,16 +239,22 @@ async def test_the_poll_loop_survives_bad_replies_and_serves_the_good_jobs(polli
         "bad-gpus-bool": (job("bad-gpus-bool", rental={"gpuCount": True}), "rental.gpuCount"),
         "bad-rental": (job("bad-rental", rental="rental-1"), "rental must be an object"),
         "bad-name": (job("bad-name", stackName={"x": 1}), "stackName must be a string"),
-        "bad-vars": (job("bad-vars", template={**TEMPLATE, "environmentVariables": {"A": ["1"]}}),
-                     "template.environmentVariables.A must be a string"),
+        "bad-vars": (
+            job("bad-vars", template={**TEMPLATE, "environmentVariables": {"A": ["1"]}}),
+            "template.environmentVariables.A must be a string",
+        ),
         "bad-stack": (job("bad-stack", stackId="../../etc"), "stackId must be an id"),
     }
     market.replies += [
         raw_reply(b'{"jobs": [{"jobId": '),  # malformed JSON
-        endless_reply(),                      # over the cap
-        json_reply({"jobs": "x"}),            # not a job list
-        json_reply({"jobs": [raw for raw, _reason in bad_jobs.values()]
-                   + ["not a job", None, 7, job("../escape"), job("good-1")]}),
+        endless_reply(),  # over the cap
+        json_reply({"jobs": "x"}),  # not a job list
+        json_reply(
+            {
+                "jobs": [raw for raw, _reason in bad_jobs.values()]
+                + ["not a job", None, 7, job("../escape"), job("good-1")]
+            }
+        ),
     ]
     await until(lambda: "good-1" in market.completions and len(market.completions) >= len(bad_jobs) + 1)
     assert not loop_task.done(), "the poll loop must survive every bad reply"

@@ -6,13 +6,19 @@ import asyncio
 
 import pytest
 from aiohttp import web
+from support.fakes import FastAsyncio
 
+from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.uplink import outbox as outbox_module
 from gpuhost_agent.uplink.client import (
-    MAX_RETRY_AFTER, MarketplaceAuthFailed, MarketplaceClient, MarketplaceRejected, MarketplaceUnavailable, retry_delay)
+    MAX_RETRY_AFTER,
+    MarketplaceAuthFailed,
+    MarketplaceClient,
+    MarketplaceRejected,
+    MarketplaceUnavailable,
+    retry_delay,
+)
 from gpuhost_agent.uplink.outbox import STATUS, Outbox
-from support.fakes import FastAsyncio
-from gpuhost_agent.storage.agent_db import AgentDB
 
 
 @pytest.fixture
@@ -40,8 +46,12 @@ async def flaky():
 
 async def test_errors_are_sorted_for_the_caller(flaky):
     client, script, _ = flaky
-    script["/v1/agent/sessions"] = [(503, {"message": "busy"}, {"Retry-After": "0.2"}), (401, {"message": "bad key"}, {}),
-                                    (200, ["not", "an", "object"], {}), (200, {"sessionId": "s1"}, {})]
+    script["/v1/agent/sessions"] = [
+        (503, {"message": "busy"}, {"Retry-After": "0.2"}),
+        (401, {"message": "bad key"}, {}),
+        (200, ["not", "an", "object"], {}),
+        (200, {"sessionId": "s1"}, {}),
+    ]
     with pytest.raises(MarketplaceUnavailable) as busy:
         await client.open_session({})
     assert busy.value.retry_after == 0.2
@@ -65,10 +75,19 @@ async def test_a_report_refused_for_the_key_is_retried_not_dropped(flaky):
 
 # ---- Retry-After has a cap ------------------------------------------------------------------
 
-@pytest.mark.parametrize("retry_after, waited", [
-    (0.2, 0.2), (599.0, 599.0), (MAX_RETRY_AFTER, MAX_RETRY_AFTER),  # honoured as given
-    (600.5, MAX_RETRY_AFTER), (86400.0, MAX_RETRY_AFTER), (1e12, MAX_RETRY_AFTER), (float("inf"), MAX_RETRY_AFTER),
-])
+
+@pytest.mark.parametrize(
+    "retry_after, waited",
+    [
+        (0.2, 0.2),
+        (599.0, 599.0),
+        (MAX_RETRY_AFTER, MAX_RETRY_AFTER),  # honoured as given
+        (600.5, MAX_RETRY_AFTER),
+        (86400.0, MAX_RETRY_AFTER),
+        (1e12, MAX_RETRY_AFTER),
+        (float("inf"), MAX_RETRY_AFTER),
+    ],
+)
 def test_retry_after_is_honoured_up_to_the_cap(retry_after, waited):
     """A marketplace cannot park the agent for a day: whatever its Retry-After,
     the agent waits at most MAX_RETRY_AFTER (10 minutes) before trying again."""
@@ -77,15 +96,18 @@ def test_retry_after_is_honoured_up_to_the_cap(retry_after, waited):
         assert retry_delay(failures, MarketplaceUnavailable("busy", retry_after=retry_after)) == waited
 
 
-@pytest.mark.parametrize("header", ["86400", "1e12", "Fri, 31 Dec 9999 23:59:59 GMT"],
-                         ids=["a-day", "huge-number", "far-http-date"])
+@pytest.mark.parametrize(
+    "header", ["86400", "1e12", "Fri, 31 Dec 9999 23:59:59 GMT"], ids=["a-day", "huge-number", "far-http-date"]
+)
 async def test_a_marketplace_asking_for_a_day_is_tried_again_within_the_cap(flaky, monkeypatch, header):
     """The real client against a real server answering 503 with a huge
     Retry-After, and the real outbox retrying: its one wait is at most the cap.
     (An HTTP date is not read as Retry-After: the back-off applies, below the cap too.)"""
     client, script, seen = flaky
-    script["/v1/agent/stacks/s1/status"] = [(503, {"message": "maintenance"}, {"Retry-After": header}),
-                                            (200, {"accepted": True}, {})]
+    script["/v1/agent/stacks/s1/status"] = [
+        (503, {"message": "maintenance"}, {"Retry-After": header}),
+        (200, {"accepted": True}, {}),
+    ]
     sleeps = FastAsyncio()
     monkeypatch.setattr(outbox_module, "asyncio", sleeps)
     outbox = Outbox(client.send_report, AgentDB(None), base_delay=0.01, max_delay=30.0)
@@ -100,6 +122,7 @@ async def test_a_marketplace_asking_for_a_day_is_tried_again_within_the_cap(flak
 
 
 # ---- replies the client cannot use (issue 5, item 7) -------------------------------------
+
 
 @pytest.fixture
 async def raw_server():

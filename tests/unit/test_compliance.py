@@ -6,14 +6,14 @@ from __future__ import annotations
 import copy
 
 import pytest
+from support.machine_samples import good_host
 
 from gpuhost_agent.inventory import compliance
 from gpuhost_agent.inventory.compliance import evaluate, summary
-from gpuhost_agent.protocol.requirements import Requirements, version_tuple
 from gpuhost_agent.inventory.render import doctor_lines
-from support.machine_samples import good_host
+from gpuhost_agent.protocol.requirements import Requirements, version_tuple
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def _set(path: str, value):
@@ -23,6 +23,7 @@ def _set(path: str, value):
         for key in parents:
             node = node[int(key)] if isinstance(node, list) else node[key]
         node[last] = value
+
     return mutate
 
 
@@ -34,19 +35,30 @@ FAILURES = [
     ("cuda-version", _set("nvml.cudaDriverVersion", "11.4"), "the marketplace needs 12.2", "CUDA 12.2"),
     ("gpu-models", _set("nvml.gpus.1.name", "NVIDIA A100-SXM4-80GB"), "mixed models", "one model"),
     ("gpu-memory-errors", _set("nvml.gpus.1.eccUncorrectedErrors", 3), "GPU 1", "nvidia-smi -r"),
-    ("container-toolkit", _set("host.nvidiaContainerToolkit.installed", False), "not installed",
-     "install nvidia-container-toolkit"),
+    (
+        "container-toolkit",
+        _set("host.nvidiaContainerToolkit.installed", False),
+        "not installed",
+        "install nvidia-container-toolkit",
+    ),
     ("container-toolkit", _set("host.nvidiaContainerToolkit.version", "1.16.2"), "CVE-2025-23266", "1.17.8"),
     ("container-toolkit", _set("host.nvidiaContainerToolkit.version", None), "version unknown", "1.17.8"),
-    ("toolkit-visible-devices", _set("host.nvidiaContainerToolkit.acceptsEnvvarFromUnprivileged", True),
-     "NVIDIA_VISIBLE_DEVICES", "accept-nvidia-visible-devices-envvar-when-unprivileged = false"),
+    (
+        "toolkit-visible-devices",
+        _set("host.nvidiaContainerToolkit.acceptsEnvvarFromUnprivileged", True),
+        "NVIDIA_VISIBLE_DEVICES",
+        "accept-nvidia-visible-devices-envvar-when-unprivileged = false",
+    ),
     ("docker", _set("host.docker.available", False), "unreachable", "Docker Engine 24.0"),
     ("docker", _set("host.docker.version", "20.10.24+dfsg1"), "older than 24.0", "24.0 or newer"),
     ("compose", _set("host.compose.available", False), "Compose", "docker-compose-plugin"),
     ("compose", _set("host.compose.version", "2.12.2"), "2.20 or newer", "docker-compose-plugin"),
-    ("gpu-containers", _set("host.docker.gpuContainers", {"ok": False, "method": "engine-info",
-                                                          "detail": "no nvidia runtime"}), "no nvidia runtime",
-     "nvidia-ctk runtime configure"),
+    (
+        "gpu-containers",
+        _set("host.docker.gpuContainers", {"ok": False, "method": "engine-info", "detail": "no nvidia runtime"}),
+        "no nvidia runtime",
+        "nvidia-ctk runtime configure",
+    ),
     ("disk-space", _set("host.storage.freeBytes", 12 * GIB), "only 12.0 GiB free", "docker system prune"),
     ("disk-space", _set("host.storage.freeBytes", None), "unknown", "docker system prune"),
     ("clock-sync", _set("host.clock.synchronized", False), "not synchronised", "timedatectl set-ntp true"),
@@ -62,8 +74,11 @@ def test_a_good_host_passes_every_check() -> None:
     assert all(check.remedy == "" for check in checks)
 
 
-@pytest.mark.parametrize("check_id, breakage, reason_words, remedy_words", FAILURES,
-                         ids=[f"{row[0]}-{index}" for index, row in enumerate(FAILURES)])
+@pytest.mark.parametrize(
+    "check_id, breakage, reason_words, remedy_words",
+    FAILURES,
+    ids=[f"{row[0]}-{index}" for index, row in enumerate(FAILURES)],
+)
 def test_each_check_fails_alone_with_an_actionable_reason(check_id, breakage, reason_words, remedy_words) -> None:
     data = copy.deepcopy(good_host())
     breakage(data)
@@ -88,8 +103,15 @@ def test_marketplace_minimums_replace_the_defaults() -> None:
 
 
 def test_malformed_minimums_fall_back_to_defaults() -> None:
-    parsed = Requirements.from_wire({"minDriverVersion": "soon", "minFreeDiskGiB": -5, "maxClockSkewSeconds": True,
-                                     "minDockerVersion": 25, "unknown": "x"})
+    parsed = Requirements.from_wire(
+        {
+            "minDriverVersion": "soon",
+            "minFreeDiskGiB": -5,
+            "maxClockSkewSeconds": True,
+            "minDockerVersion": 25,
+            "unknown": "x",
+        }
+    )
     assert parsed == Requirements()
     assert Requirements.from_wire(None) == Requirements()
 

@@ -7,22 +7,31 @@ from __future__ import annotations
 
 import asyncio
 
-from gpuhost_agent.protocol import wire
+from support.fakes import FakeDispatcher, FakeEngine, FakeReporter
+from support.waiting import until
+
 from gpuhost_agent.core.coalesce import Coalescer
 from gpuhost_agent.core.container_states import ContainerStates
 from gpuhost_agent.core.container_watch import ContainerWatch, decode_event, error_to_report, list_behind
 from gpuhost_agent.core.containers import ExitFacts, exit_facts, seed_containers, shaped_state, stack_error
+from gpuhost_agent.protocol import wire
 from gpuhost_agent.storage.agent_db import AgentDB
-from support.fakes import FakeDispatcher, FakeEngine, FakeReporter
-from support.waiting import until
 
 
 def _raw(state: str, status: str = "", *, service: str = "web", cid: str = "c1") -> dict:
-    return {"Id": cid, "Names": [f"/p-{service}-1"], "State": state, "Status": status, "Created": 1,
-            "Labels": {"com.docker.compose.service": service}, "Ports": []}
+    return {
+        "Id": cid,
+        "Names": [f"/p-{service}-1"],
+        "State": state,
+        "Status": status,
+        "Created": 1,
+        "Labels": {"com.docker.compose.service": service},
+        "Ports": [],
+    }
 
 
 # --- pure: shaping ----------------------------------------------------------------
+
 
 def test_running_stays_running_and_stopped_says_why():
     assert shaped_state(_raw("running", "Up 3 seconds")) == "running"
@@ -34,21 +43,25 @@ def test_running_stays_running_and_stopped_says_why():
     for state in ("dead", "created", "paused", "removing"):
         assert shaped_state(_raw(state, "whatever (5)")) == state
     assert exit_facts({"ExitCode": 137, "OOMKilled": True, "Running": False}) == ExitFacts(137, True)
-    assert [c["State"] for c in seed_containers([_raw("exited", "Exited (9) now", cid="x")], {"x": ExitFacts(9, True)})] \
-        == ["exited (9, OOM-killed)"]
+    assert [
+        c["State"] for c in seed_containers([_raw("exited", "Exited (9) now", cid="x")], {"x": ExitFacts(9, True)})
+    ] == ["exited (9, OOM-killed)"]
 
 
 def test_stack_error_names_stopped_services():
     assert stack_error([_raw("running"), _raw("paused", service="db"), _raw("created", service="c")]) == ""
     oom = _raw("exited", "Exited (137) now", cid="a")
     assert stack_error([oom], {"a": ExitFacts(137, True)}) == "container web exited with code 137 (OOM-killed)"
-    assert stack_error([_raw("dead", service="db"), _raw("restarting", "Restarting (1) now", service="api")]) \
+    assert (
+        stack_error([_raw("dead", service="db"), _raw("restarting", "Restarting (1) now", service="api")])
         == "container api is restarting: it exited with code 1; container db is dead"
+    )
     many = [_raw("exited", "Exited (1) now", service=f"s{i}", cid=str(i)) for i in range(5)]
     assert stack_error(many).endswith("; and 2 more stopped") and stack_error(many).count("container ") == 3
 
 
 # --- pure: decisions ----------------------------------------------------------------
+
 
 def test_coalescer_gives_one_flush_per_window():
     windows = Coalescer()
@@ -59,7 +72,7 @@ def test_coalescer_gives_one_flush_per_window():
     assert windows.event("s") is True
     windows.begin("s")
     assert windows.event("s") is False  # during the flush: remembered...
-    assert windows.end("s") is True     # ...and one more window follows
+    assert windows.end("s") is True  # ...and one more window follows
     windows.begin("s")
     assert windows.end("s", again=True) is True  # asked to look again (a busy stack)
     assert windows.event("other") is True and windows.pending() == {"s", "other"}
@@ -86,17 +99,26 @@ def test_a_death_the_list_does_not_show_yet_is_looked_at_again():
 
 
 def test_decode_event():
-    event = {"Type": "container", "Action": "health_status: unhealthy", "id": "abc",
-             "Actor": {"ID": "abc", "Attributes": {"name": "p-web-1", wire.LABEL_STACK: "s1"}}}
+    event = {
+        "Type": "container",
+        "Action": "health_status: unhealthy",
+        "id": "abc",
+        "Actor": {"ID": "abc", "Attributes": {"name": "p-web-1", wire.LABEL_STACK: "s1"}},
+    }
     assert decode_event(event) == ("health_status", "abc", {"name": "p-web-1", wire.LABEL_STACK: "s1"})
     assert decode_event({"status": "die", "id": "x"}) == ("die", "x", {})
 
 
 # --- the watcher on a stand-in engine -----------------------------------------------
 
+
 def _event(action: str, stack_id: str = "s1", env_id: str = "env") -> dict:
-    return {"Type": "container", "Action": action, "id": "c1",
-            "Actor": {"ID": "c1", "Attributes": {wire.LABEL_ENV: env_id, wire.LABEL_STACK: stack_id, "name": "p-web-1"}}}
+    return {
+        "Type": "container",
+        "Action": action,
+        "id": "c1",
+        "Actor": {"ID": "c1", "Attributes": {wire.LABEL_ENV: env_id, wire.LABEL_STACK: stack_id, "name": "p-web-1"}},
+    }
 
 
 async def test_a_burst_of_1000_events_gives_a_handful_of_pushes():

@@ -19,36 +19,86 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
+from support.fakes import FakeDeployer, Recorder
+from support.wiring import dispatcher_for
 
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.local_marketplace.agent_api import _containers_problem, _status_problem
 from gpuhost_agent.local_marketplace.host_api import heartbeat_problem, init_state_problem, system_data_problem
-from gpuhost_agent.uplink.outbox import JOB_COMPLETE, STATUS, Outbox
-from support.fakes import FakeDeployer, Recorder
+from gpuhost_agent.protocol import wire
 from gpuhost_agent.storage.agent_db import AgentDB
-from support.wiring import dispatcher_for
+from gpuhost_agent.uplink.outbox import JOB_COMPLETE, STATUS, Outbox
 
 # Modest example counts keep the file at a few seconds. No example database, and
 # Hypothesis's caches go to the temporary directory: the repository stays clean,
 # and a run does not depend on earlier ones.
 if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
     set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "gpuhost-agent-hypothesis")
-FAST = settings(max_examples=200, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+FAST = settings(
+    max_examples=200,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 SLOWER = settings(FAST, max_examples=100)
 
 # The ids the agent turns into directory names and labels (docs/agent-api.yaml HostSafeId).
 SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 MAX_MESSAGE = 300  # a refusal is read by operators and renters: short, never the input itself
 
-JOB_KEYS = ("jobId", "type", "stackId", "rentalId", "envId", "stackName", "template", "rental", "deliveries",
-            "createdAt")
-TEMPLATE_KEYS = ("name", "description", "content", "environmentVariables", "insecure", "isBasicAuthEnabled",
-                 "isSSHEnabled")
-REPORT_KEYS = ("status", "reportedAt", "errorMsg", "pStackName", "pStackId", "jobId", "assignedGPUs",
-               "containers", "observedAt", "Name", "Id", "State", "Created", "Labels", "Ports", "systemData",
-               "fingerprint", "listing", "compliance", "checks", "isCompliant", "failedComplianceReason",
-               "totalGPUs", "state", "phases", "updatedAt", "error", "sentAt", "host", "gpus", "uuid")
+JOB_KEYS = (
+    "jobId",
+    "type",
+    "stackId",
+    "rentalId",
+    "envId",
+    "stackName",
+    "template",
+    "rental",
+    "deliveries",
+    "createdAt",
+)
+TEMPLATE_KEYS = (
+    "name",
+    "description",
+    "content",
+    "environmentVariables",
+    "insecure",
+    "isBasicAuthEnabled",
+    "isSSHEnabled",
+)
+REPORT_KEYS = (
+    "status",
+    "reportedAt",
+    "errorMsg",
+    "pStackName",
+    "pStackId",
+    "jobId",
+    "assignedGPUs",
+    "containers",
+    "observedAt",
+    "Name",
+    "Id",
+    "State",
+    "Created",
+    "Labels",
+    "Ports",
+    "systemData",
+    "fingerprint",
+    "listing",
+    "compliance",
+    "checks",
+    "isCompliant",
+    "failedComplianceReason",
+    "totalGPUs",
+    "state",
+    "phases",
+    "updatedAt",
+    "error",
+    "sentAt",
+    "host",
+    "gpus",
+    "uuid",
+)
 
 # ---- strategies -------------------------------------------------------------------------
 
@@ -56,26 +106,49 @@ ids = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,20}", fullmatch=True)
 # Near misses of an id: separators, a leading dot, a trailing newline, too long, not text.
 bad_ids = st.one_of(
     st.sampled_from(["", "../x", "a/b", ".hidden", "-x", "_x", "j1\n", "a b", "x" * 129, "é", "j\x00"]),
-    st.integers(), st.none(), st.booleans(), st.lists(ids, max_size=2))
-dates = st.sampled_from(["2026-01-01T00:00:00.000000Z", "2026-05-04T10:11:12+02:00", "2026-05-04", "yesterday",
-                         "", "9999-12-31T23:59:59Z", "0001-01-01T00:00:00-23:59"])
+    st.integers(),
+    st.none(),
+    st.booleans(),
+    st.lists(ids, max_size=2),
+)
+dates = st.sampled_from(
+    [
+        "2026-01-01T00:00:00.000000Z",
+        "2026-05-04T10:11:12+02:00",
+        "2026-05-04",
+        "yesterday",
+        "",
+        "9999-12-31T23:59:59Z",
+        "0001-01-01T00:00:00-23:59",
+    ]
+)
 texts = st.one_of(st.text(max_size=30), st.sampled_from(["\ud800", "a\x00b", "stack.deploy", "APPLIED", "x" * 300]))
-scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.integers(min_value=-2, max_value=2048),
-                    st.floats(), texts, dates, ids)
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.integers(min_value=-2, max_value=2048), st.floats(), texts, dates, ids
+)
 keys = st.one_of(st.sampled_from(JOB_KEYS + TEMPLATE_KEYS + REPORT_KEYS + ("gpuCount",)), st.text(max_size=8))
 json_values = st.recursive(
-    scalars, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(keys, inner, max_size=6)),
-    max_leaves=25)
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(keys, inner, max_size=6)),
+    max_leaves=25,
+)
 
 
 @st.composite
 def templates(draw) -> dict:
-    variables = draw(st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,8}", fullmatch=True),
-                                     st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
-                                             max_size=12), max_size=3))
-    template = {"name": draw(st.from_regex(r"[A-Za-z][A-Za-z0-9 ]{0,15}", fullmatch=True)),
-                "description": draw(st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)),
-                "content": "services:\n  web:\n    image: x\n", "environmentVariables": variables}
+    variables = draw(
+        st.dictionaries(
+            st.from_regex(r"[A-Z_][A-Z0-9_]{0,8}", fullmatch=True),
+            st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12),
+            max_size=3,
+        )
+    )
+    template = {
+        "name": draw(st.from_regex(r"[A-Za-z][A-Za-z0-9 ]{0,15}", fullmatch=True)),
+        "description": draw(st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)),
+        "content": "services:\n  web:\n    image: x\n",
+        "environmentVariables": variables,
+    }
     for flag in ("insecure", "isBasicAuthEnabled", "isSSHEnabled"):
         if draw(st.booleans()):
             template[flag] = draw(st.booleans())
@@ -86,13 +159,25 @@ def templates(draw) -> dict:
 def valid_jobs(draw, types: tuple[str, ...] = wire.JOB_TYPES) -> dict:
     job_type = draw(st.sampled_from(types))
     rental_id = draw(ids)
-    job = {"jobId": draw(ids), "type": job_type, "stackId": "" if job_type == wire.JOB_RENTAL_END else draw(ids),
-           "rentalId": rental_id, "envId": draw(ids),
-           "stackName": "" if job_type == wire.JOB_RENTAL_END else draw(st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)),
-           "template": draw(templates()) if job_type == wire.JOB_DEPLOY else None,
-           "rental": {"rentalId": rental_id, "gpuCount": draw(st.integers(0, wire.MAX_GPU_COUNT)), "endDate": None,
-                      "status": wire.RENTAL_ACTIVE},
-           "deliveries": 1, "createdAt": wire.iso()}
+    job = {
+        "jobId": draw(ids),
+        "type": job_type,
+        "stackId": "" if job_type == wire.JOB_RENTAL_END else draw(ids),
+        "rentalId": rental_id,
+        "envId": draw(ids),
+        "stackName": ""
+        if job_type == wire.JOB_RENTAL_END
+        else draw(st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)),
+        "template": draw(templates()) if job_type == wire.JOB_DEPLOY else None,
+        "rental": {
+            "rentalId": rental_id,
+            "gpuCount": draw(st.integers(0, wire.MAX_GPU_COUNT)),
+            "endDate": None,
+            "status": wire.RENTAL_ACTIVE,
+        },
+        "deliveries": 1,
+        "createdAt": wire.iso(),
+    }
     return job
 
 
@@ -103,9 +188,14 @@ def mutated_jobs(draw) -> dict:
     job = copy.deepcopy(draw(valid_jobs()))
     for _ in range(draw(st.integers(1, 3))):
         where = draw(st.sampled_from(("job", "job", "template", "variables", "rental")))
-        target = {"job": job, "template": job.get("template"), "rental": job.get("rental"),
-                  "variables": (job.get("template") or {}).get("environmentVariables")
-                  if isinstance(job.get("template"), dict) else None}[where]
+        target = {
+            "job": job,
+            "template": job.get("template"),
+            "rental": job.get("rental"),
+            "variables": (job.get("template") or {}).get("environmentVariables")
+            if isinstance(job.get("template"), dict)
+            else None,
+        }[where]
         if not isinstance(target, dict):
             continue
         key = draw(st.one_of(st.sampled_from(sorted(target) or ["x"]), keys))
@@ -170,6 +260,7 @@ def _assert_usable_template(template) -> None:
 
 # ---- the agent's job decoder --------------------------------------------------------------
 
+
 @FAST
 @given(json_values)
 def test_job_decoder_takes_anything(raw):
@@ -196,15 +287,31 @@ def test_job_decoder_accepts_every_valid_job(raw):
     job = wire.StackJob.from_wire(raw)
     _assert_usable(job)
     assert (job.job_id, job.type, job.stack_id, job.rental_id, job.env_id, job.stack_name, job.gpu_count) == (
-        raw["jobId"], raw["type"], raw["stackId"], raw["rentalId"], raw["envId"], raw["stackName"],
-        raw["rental"]["gpuCount"])
+        raw["jobId"],
+        raw["type"],
+        raw["stackId"],
+        raw["rentalId"],
+        raw["envId"],
+        raw["stackName"],
+        raw["rental"]["gpuCount"],
+    )
     if job.type == wire.JOB_DEPLOY:
         assert job.template == wire.validate_template(raw["template"])
 
 
 @FAST
-@given(valid_jobs(), st.one_of(st.text(max_size=5), st.floats(), st.booleans(), st.none(), st.lists(st.integers()),
-                               st.integers(max_value=-1), st.integers(min_value=wire.MAX_GPU_COUNT + 1)))
+@given(
+    valid_jobs(),
+    st.one_of(
+        st.text(max_size=5),
+        st.floats(),
+        st.booleans(),
+        st.none(),
+        st.lists(st.integers()),
+        st.integers(max_value=-1),
+        st.integers(min_value=wire.MAX_GPU_COUNT + 1),
+    ),
+)
 def test_a_gpu_count_that_is_not_a_sane_whole_number_is_refused(raw, count):
     raw["rental"]["gpuCount"] = count
     try:
@@ -230,8 +337,10 @@ def test_an_unsafe_id_is_refused(raw, bad, key):
 
 
 @FAST
-@given(valid_jobs((wire.JOB_DEPLOY,)),
-       st.one_of(st.text(max_size=10), st.lists(scalars, max_size=3), st.none(), st.integers(), st.booleans()))
+@given(
+    valid_jobs((wire.JOB_DEPLOY,)),
+    st.one_of(st.text(max_size=10), st.lists(scalars, max_size=3), st.none(), st.integers(), st.booleans()),
+)
 def test_a_deploy_whose_template_is_not_an_object_is_refused(raw, template):
     raw["template"] = template
     try:
@@ -244,9 +353,15 @@ def test_a_deploy_whose_template_is_not_an_object_is_refused(raw, template):
 
 # ---- the template decoder (agent and renter API) ------------------------------------------
 
+
 @FAST
-@given(st.one_of(json_values, templates(),
-                 st.builds(lambda t, k, v: {**t, k: v}, templates(), st.sampled_from(TEMPLATE_KEYS), json_values)))
+@given(
+    st.one_of(
+        json_values,
+        templates(),
+        st.builds(lambda t, k, v: {**t, k: v}, templates(), st.sampled_from(TEMPLATE_KEYS), json_values),
+    )
+)
 def test_template_decoder_takes_anything(raw):
     try:
         cleaned = wire.validate_template(raw)
@@ -273,36 +388,64 @@ def test_every_variable_value_is_usable_text(template, name, value):
 
 # ---- the local marketplace's report decoders ----------------------------------------------
 
+
 def _valid_status() -> dict:
-    return {"status": wire.ERROR, "errorMsg": "boom", "pStackName": "web-1234abcd", "pStackId": 7,
-            "jobId": "job-1", "assignedGPUs": ["GPU-1"], "reportedAt": wire.iso()}
+    return {
+        "status": wire.ERROR,
+        "errorMsg": "boom",
+        "pStackName": "web-1234abcd",
+        "pStackId": 7,
+        "jobId": "job-1",
+        "assignedGPUs": ["GPU-1"],
+        "reportedAt": wire.iso(),
+    }
 
 
 def _valid_containers() -> dict:
-    return {"observedAt": wire.iso(), "containers": [
-        {"Name": "/web", "Id": "abc", "State": "running", "Created": 1, "Labels": ["a=b"], "Ports": []}]}
+    return {
+        "observedAt": wire.iso(),
+        "containers": [{"Name": "/web", "Id": "abc", "State": "running", "Created": 1, "Labels": ["a=b"], "Ports": []}],
+    }
 
 
 def _valid_system_data() -> dict:
-    return {"systemData": {"gpus": []}, "fingerprint": "f", "reportedAt": wire.iso(),
-            "listing": {"totalGPUs": 0, "gpuName": None, "totalRAM": 1.5},
-            "compliance": {"isCompliant": False, "failedComplianceReason": "no GPU",
-                           "checks": [{"id": "nvidia-gpu", "ok": False, "summary": "no GPU", "remedy": "add one"}]}}
+    return {
+        "systemData": {"gpus": []},
+        "fingerprint": "f",
+        "reportedAt": wire.iso(),
+        "listing": {"totalGPUs": 0, "gpuName": None, "totalRAM": 1.5},
+        "compliance": {
+            "isCompliant": False,
+            "failedComplianceReason": "no GPU",
+            "checks": [{"id": "nvidia-gpu", "ok": False, "summary": "no GPU", "remedy": "add one"}],
+        },
+    }
 
 
 def _valid_init_state() -> dict:
-    return {"state": "starting", "phases": [{"name": "config", "state": "done"}], "error": None,
-            "updatedAt": wire.iso()}
+    return {
+        "state": "starting",
+        "phases": [{"name": "config", "state": "done"}],
+        "error": None,
+        "updatedAt": wire.iso(),
+    }
 
 
 def _valid_heartbeat() -> dict:
-    return {"sentAt": wire.iso(), "host": {"load1": 0.5, "memoryUsedBytes": 1},
-            "gpus": [{"uuid": "GPU-1", "utilization": 3, "error": None}]}
+    return {
+        "sentAt": wire.iso(),
+        "host": {"load1": 0.5, "memoryUsedBytes": 1},
+        "gpus": [{"uuid": "GPU-1", "utilization": 3, "error": None}],
+    }
 
 
-REPORT_DECODERS = [(_status_problem, _valid_status), (_containers_problem, _valid_containers),
-                   (system_data_problem, _valid_system_data), (init_state_problem, _valid_init_state),
-                   (heartbeat_problem, _valid_heartbeat)]
+REPORT_DECODERS = [
+    (_status_problem, _valid_status),
+    (_containers_problem, _valid_containers),
+    (system_data_problem, _valid_system_data),
+    (init_state_problem, _valid_init_state),
+    (heartbeat_problem, _valid_heartbeat),
+]
 
 
 @st.composite
@@ -354,6 +497,7 @@ def test_report_decoders_take_their_valid_bodies():
 
 # ---- the dispatcher: whatever arrives is run or refused, and the reply's other jobs run ----
 
+
 async def _dispatch(raws: list) -> tuple[FakeDeployer, dict, list]:
     """Submit one poll's jobs; returns the deployer, the completions by job id
     and the stack statuses the marketplace would have received."""
@@ -375,8 +519,16 @@ async def _dispatch(raws: list) -> tuple[FakeDeployer, dict, list]:
 
 
 def _good_remove(job_id: str) -> dict:
-    return {"jobId": job_id, "type": wire.JOB_REMOVE, "stackId": "good-stack", "rentalId": "r1", "envId": "e1",
-            "stackName": "web", "template": None, "rental": {"gpuCount": 0}}
+    return {
+        "jobId": job_id,
+        "type": wire.JOB_REMOVE,
+        "stackId": "good-stack",
+        "rentalId": "r1",
+        "envId": "e1",
+        "stackName": "web",
+        "template": None,
+        "rental": {"gpuCount": 0},
+    }
 
 
 @SLOWER
@@ -401,22 +553,29 @@ def test_dispatcher_refuses_and_reports_bad_jobs_and_runs_the_others(raw):
         stack_id = raw.get("stackId")
         if isinstance(stack_id, str) and SAFE_ID.fullmatch(stack_id):
             assert (stack_id, wire.ERROR, completion["errorMsg"]) in [
-                (target, body["status"], body["errorMsg"]) for target, body in statuses]
+                (target, body["status"], body["errorMsg"]) for target, body in statuses
+            ]
     assert deployer.ran == [good_id]
 
 
 def test_dispatcher_refuses_each_kind_of_bad_job_with_a_reason():
     """The cases issue 5 names, one by one, in one poll's reply with a good job."""
     good = _good_remove("job-good")
-    deploy = {**good, "type": wire.JOB_DEPLOY, "stackId": "s-deploy",
-              "template": {"name": "n", "description": "", "content": "services: {}\n", "environmentVariables": {}}}
+    deploy = {
+        **good,
+        "type": wire.JOB_DEPLOY,
+        "stackId": "s-deploy",
+        "template": {"name": "n", "description": "", "content": "services: {}\n", "environmentVariables": {}},
+    }
     cases = {
         "job-type": ({**good, "type": "gpu.reset"}, "unknown job type 'gpu.reset'"),
         "job-template-str": ({**deploy, "template": "services: {}"}, "template must be an object"),
         "job-template-list": ({**deploy, "template": []}, "template must be an object"),
         "job-template-null": ({**deploy, "template": None}, "template must be an object"),
-        "job-vars": ({**deploy, "template": {**deploy["template"], "environmentVariables": {"A": 1}}},
-                     "template.environmentVariables.A must be a string"),
+        "job-vars": (
+            {**deploy, "template": {**deploy["template"], "environmentVariables": {"A": 1}}},
+            "template.environmentVariables.A must be a string",
+        ),
         "job-gpus-str": ({**deploy, "rental": {"gpuCount": "abc"}}, "rental.gpuCount must be a whole number"),
         "job-gpus-huge": ({**deploy, "rental": {"gpuCount": 10**30}}, "rental.gpuCount must be a whole number"),
         "job-gpus-neg": ({**deploy, "rental": {"gpuCount": -1}}, "rental.gpuCount must be a whole number"),

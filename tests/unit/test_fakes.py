@@ -7,22 +7,26 @@ from __future__ import annotations
 import inspect
 
 import pytest
-
 from support.fakes import FAKES
 
 
 def _public_methods(cls: type) -> dict[str, object]:
-    return {name: member for name, member in inspect.getmembers(cls, callable)
-            if not name.startswith("_") and not inspect.isclass(member)}
+    return {
+        name: member
+        for name, member in inspect.getmembers(cls, callable)
+        if not name.startswith("_") and not inspect.isclass(member)
+    }
 
 
 def _shape(function, *, drop_self: bool = False) -> tuple:
     """Parameter names, kinds and which have defaults (annotations are the fakes'
     documentation; the values of defaults may differ), and whether it is async.
     drop_self: a fake's method standing in for a module's function."""
-    parameters = list(inspect.signature(function).parameters.values())[1 if drop_self else 0:]
-    return (inspect.iscoroutinefunction(function),
-            [(p.name, p.kind, p.default is inspect.Parameter.empty) for p in parameters])
+    parameters = list(inspect.signature(function).parameters.values())[1 if drop_self else 0 :]
+    return (
+        inspect.iscoroutinefunction(function),
+        [(p.name, p.kind, p.default is inspect.Parameter.empty) for p in parameters],
+    )
 
 
 def _mismatches(fake: type) -> list[str]:
@@ -36,8 +40,10 @@ def _mismatches(fake: type) -> list[str]:
         elif name not in real_methods:
             found.append(f"{real.__name__} has no method {name} ({fake.__name__} is out of date?)")
         elif _shape(method, drop_self=inspect.ismodule(real)) != _shape(real_methods[name]):
-            found.append(f"{fake.__name__}.{name}{inspect.signature(method)} is not "
-                         f"{real.__name__}.{name}{inspect.signature(real_methods[name])}")
+            found.append(
+                f"{fake.__name__}.{name}{inspect.signature(method)} is not "
+                f"{real.__name__}.{name}{inspect.signature(real_methods[name])}"
+            )
     return found
 
 

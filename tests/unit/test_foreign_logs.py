@@ -16,9 +16,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from support.waiting import until
 
 from gpuhost_agent.common import library_logs, logs
-from support.waiting import until
 
 SECRET = "lib-secret-7f3a9c"
 
@@ -77,6 +77,7 @@ async def test_an_aiohttp_handler_error_is_one_scrubbed_json_line(agent_logs):
 async def test_an_apscheduler_job_error_is_one_scrubbed_json_line(agent_logs):
     """The secret is in the job's name, which APScheduler passes as a %s
     argument, and in the exception's text."""
+
     async def sync_job():
         raise ValueError(f"marketplace answered 401 for {SECRET}")
 
@@ -104,7 +105,10 @@ def test_a_secret_in_a_message_its_arguments_or_a_bad_format_is_masked(agent_log
     handler.handle(library.makeRecord("some.library", logging.ERROR, __file__, 0, "cannot format %d", (SECRET,), None))
     lines = _from(agent_logs, "some.library")
     assert [line["event"] for line in lines] == [
-        "connecting with ***", "retrying with *** after 3 s", "cannot format %d (unformattable arguments dropped)"]
+        "connecting with ***",
+        "retrying with *** after 3 s",
+        "cannot format %d (unformattable arguments dropped)",
+    ]
     assert [line["level"] for line in lines] == ["warning", "warning", "error"]
 
 

@@ -23,15 +23,25 @@ def _tool(directory: Path, name: str, output: str) -> None:
 
 
 async def test_toolkit_version_from_nvidia_ctk(tmp_path) -> None:
-    await asyncio.to_thread(_tool, tmp_path, "nvidia-ctk",
-                            "NVIDIA Container Toolkit CLI version 1.17.8\ncommit: 5bc0315")
+    await asyncio.to_thread(
+        _tool, tmp_path, "nvidia-ctk", "NVIDIA Container Toolkit CLI version 1.17.8\ncommit: 5bc0315"
+    )
     await asyncio.to_thread(_tool, tmp_path, "nvidia-container-cli", "cli-version: 1.16.2\nlib-version: 1.16.2")
     config = tmp_path / "config.toml"
-    await asyncio.to_thread(config.write_text, "[nvidia-container-cli]\nldconfig = '@/sbin/ldconfig'\n"
-                            "accept-nvidia-visible-devices-envvar-when-unprivileged = false # as advised\n")
+    await asyncio.to_thread(
+        config.write_text,
+        "[nvidia-container-cli]\nldconfig = '@/sbin/ldconfig'\n"
+        "accept-nvidia-visible-devices-envvar-when-unprivileged = false # as advised\n",
+    )
     found = await toolkit.probe_toolkit(search_path=str(tmp_path), config_path=config)
-    assert found == {"installed": True, "version": "1.17.8", "binaries": ["nvidia-container-cli", "nvidia-ctk"],
-                     "configPath": str(config), "configFound": True, "acceptsEnvvarFromUnprivileged": False}
+    assert found == {
+        "installed": True,
+        "version": "1.17.8",
+        "binaries": ["nvidia-container-cli", "nvidia-ctk"],
+        "configPath": str(config),
+        "configFound": True,
+        "acceptsEnvvarFromUnprivileged": False,
+    }
 
 
 async def test_toolkit_version_from_the_cli_when_ctk_is_missing(tmp_path) -> None:
@@ -43,20 +53,24 @@ async def test_toolkit_version_from_the_cli_when_ctk_is_missing(tmp_path) -> Non
 
 
 async def test_hook_without_a_version_and_no_toolkit(tmp_path) -> None:
-    found = await toolkit.probe_toolkit(search_path=str(REPO / "scripts" / "fake-nvidia"),
-                                        config_path=tmp_path / "none.toml")
+    found = await toolkit.probe_toolkit(
+        search_path=str(REPO / "scripts" / "fake-nvidia"), config_path=tmp_path / "none.toml"
+    )
     assert found["installed"] and found["binaries"] == ["nvidia-container-runtime-hook"] and found["version"] is None
     empty = tmp_path / "empty"
     await asyncio.to_thread(empty.mkdir)
     assert (await toolkit.probe_toolkit(search_path=str(empty)))["installed"] is False
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("accept-nvidia-visible-devices-envvar-when-unprivileged = true\n", True),
-    ("accept-nvidia-visible-devices-envvar-when-unprivileged=false\n", False),
-    ("#accept-nvidia-visible-devices-envvar-when-unprivileged = false\n", None),
-    ("disable-require = false\n", None),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("accept-nvidia-visible-devices-envvar-when-unprivileged = true\n", True),
+        ("accept-nvidia-visible-devices-envvar-when-unprivileged=false\n", False),
+        ("#accept-nvidia-visible-devices-envvar-when-unprivileged = false\n", None),
+        ("disable-require = false\n", None),
+    ],
+)
 def test_unprivileged_setting_parsing(text, expected) -> None:
     assert toolkit.unprivileged_envvar_setting(text) is expected
 

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from support.install_script import INSTALL_SH, documented_messages
 
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.local_marketplace import script_api
 from gpuhost_agent.local_marketplace.server import build_app
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.store import Store
-from support.install_script import INSTALL_SH, documented_messages
+from gpuhost_agent.protocol import wire
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,8 +39,11 @@ def test_help_lists_every_message_the_script_can_print() -> None:
 def test_scripts_are_shellcheck_clean() -> None:
     if not shutil.which("shellcheck"):
         pytest.skip("shellcheck is not installed (optional: apt-get install shellcheck)")
-    scripts = [INSTALL_SH, *sorted((ROOT / "scripts").glob("install-test-*.sh")),
-               *sorted((ROOT / "scripts").glob("rootfs-*.sh"))]
+    scripts = [
+        INSTALL_SH,
+        *sorted((ROOT / "scripts").glob("install-test-*.sh")),
+        *sorted((ROOT / "scripts").glob("rootfs-*.sh")),
+    ]
     result = subprocess.run(["shellcheck", *map(str, scripts)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
 
@@ -54,6 +57,7 @@ def test_unknown_options_are_usage_errors() -> None:
 
 # ---- the script routes on their own ------------------------------------------------------------
 
+
 async def test_script_route_answers_the_installation_line(tmp_path: Path) -> None:
     store = Store.load_or_create(None)
     fake_script = tmp_path / "install.sh"
@@ -65,8 +69,22 @@ async def test_script_route_answers_the_installation_line(tmp_path: Path) -> Non
         assert response.status == 200
         line = await response.json()
         base = f"http://{response.url.host}:{response.url.port}/v1"
-        assert shlex.split(line) == ["curl", "-fsSL", f"{base}/install.sh", "|", "sudo", "bash", "-s", "--",
-                                     "--url", base, "--env-id", store.envId, "--api-key", store.envApiKey]
+        assert shlex.split(line) == [
+            "curl",
+            "-fsSL",
+            f"{base}/install.sh",
+            "|",
+            "sudo",
+            "bash",
+            "-s",
+            "--",
+            "--url",
+            base,
+            "--env-id",
+            store.envId,
+            "--api-key",
+            store.envApiKey,
+        ]
         missing = await http.get("/v1/environments/nope/script")
         assert missing.status == 404 and (await missing.json())["status"] == 404
         script = await http.get("/v1/install.sh")
@@ -76,8 +94,9 @@ async def test_script_route_answers_the_installation_line(tmp_path: Path) -> Non
 
 async def test_without_a_checkout_install_sh_is_not_served(tmp_path: Path) -> None:
     app = web.Application()
-    app.add_routes(script_api.routes(MarketplaceState(Store.load_or_create(None)),
-                                     install_script=tmp_path / "absent.sh"))
+    app.add_routes(
+        script_api.routes(MarketplaceState(Store.load_or_create(None)), install_script=tmp_path / "absent.sh")
+    )
     async with TestClient(TestServer(app)) as http:
         response = await http.get("/v1/install.sh")
         assert response.status == 404

@@ -60,9 +60,14 @@ async def test_both_directions_give_a_speed(served, http):
     assert result.download_bytes == 5_000_000 and result.upload_bytes == 5_000_000
     assert result.measured_at.endswith("Z")
     wire_shape = as_wire(result)
-    assert wire_shape == {"uploadMbps": result.upload_mbps, "downloadMbps": result.download_mbps,
-                          "measuredAt": result.measured_at, "bytesDown": 5_000_000, "bytesUp": 5_000_000,
-                          "error": None}
+    assert wire_shape == {
+        "uploadMbps": result.upload_mbps,
+        "downloadMbps": result.download_mbps,
+        "measuredAt": result.measured_at,
+        "bytesDown": 5_000_000,
+        "bytesUp": 5_000_000,
+        "error": None,
+    }
 
 
 async def test_max_bytes_bounds_both_directions(served, http):
@@ -94,8 +99,9 @@ async def test_max_seconds_bounds_a_slow_link(served, http):
         return web.json_response({"receivedBytes": received, "seconds": time.monotonic() - start})
 
     app = web.Application()
-    app.add_routes([web.get("/v1/agent/speedtest/download", slow_download),
-                    web.post("/v1/agent/speedtest/upload", slow_upload)])
+    app.add_routes(
+        [web.get("/v1/agent/speedtest/download", slow_download), web.post("/v1/agent/speedtest/upload", slow_upload)]
+    )
     base = await served(app)
     started = time.monotonic()
     result = await measure_speed(http, base, max_bytes=150_000_000, max_seconds=1.0)

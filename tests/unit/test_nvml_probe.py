@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-
 from support.fake_nvml import FakeGpu, build_lib, forget_loaded_nvml, h100_sxm, rtx4090, subprocess_env, write_config
+
 from gpuhost_agent.inventory.listing import listing_fields
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 
@@ -37,8 +37,7 @@ def nvml(tmp_path, monkeypatch):
 
 
 def _listing(inventory: dict) -> dict:
-    host = {"cpu": {"logicalCores": 8}, "memory": {"totalBytes": 64 * 1024 ** 3},
-            "storage": {"totalBytes": 2 * 1024 ** 4}}
+    host = {"cpu": {"logicalCores": 8}, "memory": {"totalBytes": 64 * 1024**3}, "storage": {"totalBytes": 2 * 1024**4}}
     return listing_fields({"nvml": inventory, "host": host}, {"uploadMbps": 900.5, "downloadMbps": 940.1}, "DE-Berlin")
 
 
@@ -48,7 +47,7 @@ def test_consumer_card_reports_what_it_has_and_names_what_it_lacks(nvml) -> None
     assert inventory["cudaDriverVersion"] == "12.4"
     [gpu] = inventory["gpus"]
     assert gpu["name"] == "NVIDIA GeForce RTX 4090" and gpu["uuid"].startswith("GPU-")
-    assert gpu["memoryTotalBytes"] == 24564 * 1024 ** 2
+    assert gpu["memoryTotalBytes"] == 24564 * 1024**2
     assert gpu["memoryBandwidthGBps"] == 1008.1
     assert gpu["pcie"] == {"genCurrent": 4, "genMax": 4, "widthCurrent": 16, "widthMax": 16}
     assert gpu["computeCapability"] == "8.9"
@@ -71,9 +70,19 @@ def test_eight_gpu_nvlink_machine(nvml) -> None:
     assert gpus[0]["eccMode"] == {"current": True, "pending": True} and gpus[0]["eccUncorrectedErrors"] == 0
     assert gpus[0]["powerLimitW"] == 700.0
     assert _listing(inventory) == {
-        "totalGPUs": 8, "gpuName": "NVIDIA H100 80GB HBM3", "gpuVRAM": 80, "gpuBandwidth": 3352.3,
-        "gpuInterconnect": "NVLink", "gpuCUDA": "12.4", "totalCPUs": 8, "totalRAM": 64.0, "totalStorage": 2048,
-        "networkUploadSpeed": 900.5, "networkDownloadSpeed": 940.1, "location": "DE-Berlin"}
+        "totalGPUs": 8,
+        "gpuName": "NVIDIA H100 80GB HBM3",
+        "gpuVRAM": 80,
+        "gpuBandwidth": 3352.3,
+        "gpuInterconnect": "NVLink",
+        "gpuCUDA": "12.4",
+        "totalCPUs": 8,
+        "totalRAM": 64.0,
+        "totalStorage": 2048,
+        "networkUploadSpeed": 900.5,
+        "networkDownloadSpeed": 940.1,
+        "location": "DE-Berlin",
+    }
 
 
 def test_nvlink_down_means_pcie(nvml) -> None:
@@ -98,8 +107,13 @@ def test_mixed_models_listed_under_the_most_common(nvml) -> None:
 
 
 def test_older_driver_without_a_function_loses_only_that_field(nvml) -> None:
-    probe = nvml(h100_sxm(2), fail={"nvmlDeviceGetMemoryBusWidth": "FUNCTION_NOT_FOUND",
-                                     "nvmlSystemGetCudaDriverVersion": "FUNCTION_NOT_FOUND"})
+    probe = nvml(
+        h100_sxm(2),
+        fail={
+            "nvmlDeviceGetMemoryBusWidth": "FUNCTION_NOT_FOUND",
+            "nvmlSystemGetCudaDriverVersion": "FUNCTION_NOT_FOUND",
+        },
+    )
     inventory = probe.inventory()
     assert inventory["cudaDriverVersion"] is None and "cudaDriverVersion" in inventory["unsupported"]
     gpu = inventory["gpus"][0]
@@ -122,24 +136,37 @@ def test_driver_not_loaded_is_reported_as_such(nvml, monkeypatch) -> None:
     probe = nvml(h100_sxm(1))
     monkeypatch.delenv("FAKE_NVML_CONFIG")  # the fake then answers as a machine whose kernel module is not loaded
     inventory = probe.inventory()
-    assert inventory == {"available": False, "error": "NVIDIA driver not loaded (the kernel module is not running)",
-                         "driverVersion": None, "cudaDriverVersion": None, "gpus": []}
+    assert inventory == {
+        "available": False,
+        "error": "NVIDIA driver not loaded (the kernel module is not running)",
+        "driverVersion": None,
+        "cudaDriverVersion": None,
+        "gpus": [],
+    }
     assert probe.telemetry() == []
 
 
 def test_telemetry_reads_live_figures(nvml) -> None:
     gpus = h100_sxm(2)
-    gpus[1] = FakeGpu(**{**gpus[1].__dict__, "util_gpu": 87, "memory_used": 40 * 1024 ** 3,
-                         "temperature": 71, "power_usage": 612_345})
+    gpus[1] = FakeGpu(
+        **{**gpus[1].__dict__, "util_gpu": 87, "memory_used": 40 * 1024**3, "temperature": 71, "power_usage": 612_345}
+    )
     beats = nvml(gpus).telemetry()
-    assert beats[1] == {"index": 1, "uuid": gpus[1].uuid, "utilizationPercent": 87,
-                        "memoryUsedBytes": 40 * 1024 ** 3, "temperatureC": 71, "powerW": 612.3}
+    assert beats[1] == {
+        "index": 1,
+        "uuid": gpus[1].uuid,
+        "utilizationPercent": 87,
+        "memoryUsedBytes": 40 * 1024**3,
+        "temperatureC": 71,
+        "powerW": 612.3,
+    }
     assert beats[0]["utilizationPercent"] == 0
 
 
 def _cli_probe(env: dict) -> dict:
-    done = subprocess.run([sys.executable, "-m", "gpuhost_agent", "probe", "--json"], env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuhost_agent", "probe", "--json"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 

@@ -11,14 +11,14 @@ import os
 import re
 
 import pytest
+from support.stacks import SLEEPER
+from support.waiting import until
+from support.wiring import dispatcher_for
 
 from gpuhost_agent.common import logs
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.uplink.outbox import Outbox
-from support.stacks import SLEEPER
-from support.waiting import until
 from gpuhost_agent.storage.agent_db import AgentDB
-from support.wiring import dispatcher_for
+from gpuhost_agent.uplink.outbox import Outbox
 
 STABLE_KEYS = ("event", "stack_id", "rental_id", "job_id", "container", "error")
 
@@ -28,6 +28,7 @@ def _lines(stream: io.StringIO) -> list[dict]:
 
 
 # --- journald priority -------------------------------------------------------
+
 
 def _log_into(path, monkeypatch, journal_stream: str | None):
     if journal_stream is None:
@@ -63,8 +64,14 @@ def test_lines_on_the_journal_carry_the_syslog_priority(tmp_path, monkeypatch):
         match = re.fullmatch(r"<(\d)>(\{.*\})", line)
         assert match, line
         priorities.append((json.loads(match.group(2))["event"], int(match.group(1))))
-    assert priorities == [("a_debug", 7), ("an_info", 6), ("a_warning", 4), ("an_error", 3),
-                          ("an_exception", 3), ("a_critical", 2)]
+    assert priorities == [
+        ("a_debug", 7),
+        ("an_info", 6),
+        ("a_warning", 4),
+        ("an_error", 3),
+        ("an_exception", 3),
+        ("a_critical", 2),
+    ]
     assert json.loads(lines[0][3:])["job_id"] == "j1"
 
 
@@ -72,7 +79,13 @@ def test_lines_on_the_journal_carry_the_syslog_priority(tmp_path, monkeypatch):
 def test_lines_elsewhere_are_plain_json(tmp_path, monkeypatch, journal_stream):
     lines = _log_into(tmp_path / "file", monkeypatch, journal_stream)
     assert [json.loads(line)["event"] for line in lines] == [
-        "a_debug", "an_info", "a_warning", "an_error", "an_exception", "a_critical"]
+        "a_debug",
+        "an_info",
+        "a_warning",
+        "an_error",
+        "an_exception",
+        "a_critical",
+    ]
     assert json.loads(lines[2])["level"] == "warning" and json.loads(lines[2])["error"] == "disk full"
 
 
@@ -104,6 +117,7 @@ def test_set_level_at_run_time(log_stream):
 
 # --- a request id across a job's lines ---------------------------------------
 
+
 class LoggingDeployer:
     """Logs from the job's task, from a task it starts and from a thread, as the
     real deployer and Compose runner do."""
@@ -127,9 +141,15 @@ class LoggingDeployer:
 
 
 def _job(job_id: str, stack_id: str, job_type: str = wire.JOB_DEPLOY) -> dict:
-    return {"jobId": job_id, "type": job_type, "stackId": stack_id, "rentalId": "rental-1", "envId": "env-1",
-            "stackName": "s", "template": {"name": "s", "description": "", "content": SLEEPER,
-                                           "environmentVariables": {}}}
+    return {
+        "jobId": job_id,
+        "type": job_type,
+        "stackId": stack_id,
+        "rentalId": "rental-1",
+        "envId": "env-1",
+        "stackName": "s",
+        "template": {"name": "s", "description": "", "content": SLEEPER, "environmentVariables": {}},
+    }
 
 
 async def test_every_line_of_a_job_carries_its_ids_and_one_request_id(log_stream):

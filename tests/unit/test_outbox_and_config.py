@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from gpuhost_agent.service import config
+from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.uplink.client import MarketplaceRejected, MarketplaceUnavailable
 from gpuhost_agent.uplink.outbox import CONTAINERS, JOB_COMPLETE, STATUS, Outbox
-from gpuhost_agent.storage.agent_db import AgentDB
 
 
 async def test_outbox_coalesces_keeps_order_and_retries():
@@ -34,8 +34,11 @@ async def test_outbox_coalesces_keeps_order_and_retries():
     gate.set()
     assert await outbox.drained(5)
     runner.cancel()
-    assert sent == [(STATUS, "s1", {"status": "APPLIED"}), (CONTAINERS, "s1", {"n": 2}),
-                    (JOB_COMPLETE, "j1", {"outcome": "succeeded"})]
+    assert sent == [
+        (STATUS, "s1", {"status": "APPLIED"}),
+        (CONTAINERS, "s1", {"n": 2}),
+        (JOB_COMPLETE, "j1", {"outcome": "succeeded"}),
+    ]
 
 
 async def test_outbox_drops_what_the_marketplace_rejects():
@@ -54,8 +57,10 @@ def test_config_priority_flags_over_env_over_file(tmp_path):
     conf = tmp_path / "agent.conf"
     key_file = tmp_path / "key"
     key_file.write_text("from-file-key\n")
-    conf.write_text("# comment\nGPUHOST_MARKETPLACE_URL=https://m.example/v1\nGPUHOST_ENV_ID=file-env\n"
-                    f"GPUHOST_API_KEY_FILE={key_file}\nGPUHOST_LOG_LEVEL=debug\n")
+    conf.write_text(
+        "# comment\nGPUHOST_MARKETPLACE_URL=https://m.example/v1\nGPUHOST_ENV_ID=file-env\n"
+        f"GPUHOST_API_KEY_FILE={key_file}\nGPUHOST_LOG_LEVEL=debug\n"
+    )
     loaded = config.load({"config": str(conf), "env_id": "flag-env"}, environ={"GPUHOST_LOG_LEVEL": "warning"})
     assert loaded.marketplace_url == "https://m.example/v1" and not loaded.uses_local_marketplace
     assert loaded.env_id == "flag-env" and loaded.api_key == "from-file-key" and loaded.log_level == "warning"
@@ -66,13 +71,16 @@ def test_config_defaults_to_local_marketplace(tmp_path):
     assert loaded.uses_local_marketplace and loaded.local_listen == ("127.0.0.1", 8787)
 
 
-@pytest.mark.parametrize("flags, fragment", [
-    ({"marketplace_url": "https://m.example/v1"}, "GPUHOST_ENV_ID"),
-    ({"marketplace_url": "ftp://m.example/v1", "env_id": "e", "api_key": "k"}, "must be http"),
-    ({"local_listen": "8787"}, "HOST:PORT"),
-    ({"config": "/no/such/file"}, "does not exist"),
-    ({"api_key_file": "/no/such/key", "marketplace_url": "https://m/v1", "env_id": "e"}, "cannot read"),
-])
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        ({"marketplace_url": "https://m.example/v1"}, "GPUHOST_ENV_ID"),
+        ({"marketplace_url": "ftp://m.example/v1", "env_id": "e", "api_key": "k"}, "must be http"),
+        ({"local_listen": "8787"}, "HOST:PORT"),
+        ({"config": "/no/such/file"}, "does not exist"),
+        ({"api_key_file": "/no/such/key", "marketplace_url": "https://m/v1", "env_id": "e"}, "cannot read"),
+    ],
+)
 def test_config_errors_say_what_to_fix(flags, fragment):
     with pytest.raises(config.ConfigError, match=fragment):
         config.load(flags, environ={})

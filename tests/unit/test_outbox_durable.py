@@ -14,12 +14,21 @@ import contextlib
 import time
 
 import pytest
+from support.fakes import Recorder, never_called
 
-from gpuhost_agent.uplink.client import MarketplaceRejected, MarketplaceUnavailable
-from gpuhost_agent.uplink.outbox import CONTAINERS, DROP_ORDER, INIT_STATE, JOB_COMPLETE, STATUS, SYSTEM_DATA, Outbox, Report
 from gpuhost_agent.protocol.wire import REMOVED
 from gpuhost_agent.storage.agent_db import DB_FILE, AgentDB
-from support.fakes import Recorder, never_called
+from gpuhost_agent.uplink.client import MarketplaceRejected, MarketplaceUnavailable
+from gpuhost_agent.uplink.outbox import (
+    CONTAINERS,
+    DROP_ORDER,
+    INIT_STATE,
+    JOB_COMPLETE,
+    STATUS,
+    SYSTEM_DATA,
+    Outbox,
+    Report,
+)
 
 FAST = dict(base_delay=0.001, max_delay=0.01)
 
@@ -46,6 +55,7 @@ def keys(db: AgentDB) -> list[tuple[str, str]]:
 
 # ---- crash and restart -----------------------------------------------------------
 
+
 async def test_reports_put_before_a_crash_are_sent_after_restart_in_order(db_path):
     db = AgentDB(db_path)
     before = Outbox(never_called, db=db, **FAST)
@@ -67,9 +77,13 @@ async def test_reports_put_before_a_crash_are_sent_after_restart_in_order(db_pat
         assert not await after.drained(0.05)  # restored reports are owed
         async with running(after):
             assert await after.drained(2)
-        assert sent.got == [(STATUS, "s1", {"status": "APPLYING"}), (CONTAINERS, "s1", {"n": 1}),
-                            (JOB_COMPLETE, "j1", {"outcome": "succeeded"}), (STATUS, "s2", {"status": "APPLIED"}),
-                            (SYSTEM_DATA, "env", {"cpu": 1})]
+        assert sent.got == [
+            (STATUS, "s1", {"status": "APPLYING"}),
+            (CONTAINERS, "s1", {"n": 1}),
+            (JOB_COMPLETE, "j1", {"outcome": "succeeded"}),
+            (STATUS, "s2", {"status": "APPLIED"}),
+            (SYSTEM_DATA, "env", {"cpu": 1}),
+        ]
         assert after.sent == 5 and after.pending() == 0
     finally:
         db.close()
@@ -108,8 +122,12 @@ async def test_a_replaced_report_keeps_its_position_and_only_the_newest_body_is_
         assert outbox.pending() == 4
         async with running(outbox):
             assert await outbox.drained(2)
-        assert sent.got == [(STATUS, "s1", {"status": "APPLIED"}), (CONTAINERS, "s1", {"n": 2}),
-                            (JOB_COMPLETE, "j1", {"outcome": "succeeded"}), (STATUS, "s9", {"status": "APPLYING"})]
+        assert sent.got == [
+            (STATUS, "s1", {"status": "APPLIED"}),
+            (CONTAINERS, "s1", {"n": 2}),
+            (JOB_COMPLETE, "j1", {"outcome": "succeeded"}),
+            (STATUS, "s9", {"status": "APPLYING"}),
+        ]
     finally:
         db.close()
 
@@ -162,6 +180,7 @@ async def test_acknowledged_reports_are_deleted_from_the_database(db_path):
 
 
 # ---- retries -------------------------------------------------------------------
+
 
 async def test_unavailable_report_stays_on_disk_and_is_retried_after_retry_after(db_path):
     db = AgentDB(db_path)
@@ -255,6 +274,7 @@ async def test_a_rejected_report_is_dropped_counted_and_the_queue_goes_on(db_pat
 
 # ---- the size bound ------------------------------------------------------------
 
+
 def test_drop_order_puts_container_lists_first_and_job_completions_last():
     assert DROP_ORDER == (CONTAINERS, SYSTEM_DATA, INIT_STATE, STATUS, JOB_COMPLETE)
 
@@ -273,11 +293,11 @@ async def test_bound_drops_by_kind_then_age_and_the_count_survives_a_reopen(db_p
     assert outbox.pending() == 5 and outbox.dropped == 0
 
     steps = [
-        ((CONTAINERS, "c2"), (CONTAINERS, "c1")),   # containers first, the oldest of them
-        ((STATUS, "s2"), (CONTAINERS, "c2")),       # then the newer container list
+        ((CONTAINERS, "c2"), (CONTAINERS, "c1")),  # containers first, the oldest of them
+        ((STATUS, "s2"), (CONTAINERS, "c2")),  # then the newer container list
         ((JOB_COMPLETE, "j2"), (SYSTEM_DATA, "env")),
         ((JOB_COMPLETE, "j3"), (INIT_STATE, "env")),
-        ((JOB_COMPLETE, "j4"), (STATUS, "s1")),      # statuses, oldest first
+        ((JOB_COMPLETE, "j4"), (STATUS, "s1")),  # statuses, oldest first
         ((JOB_COMPLETE, "j5"), (STATUS, "s2")),
         ((JOB_COMPLETE, "j6"), (JOB_COMPLETE, "j1")),  # job completions last, oldest first
     ]
@@ -344,6 +364,7 @@ async def test_in_memory_database_the_bound_and_counters_still_work():
 
 # ---- a removed stack -----------------------------------------------------------
 
+
 @pytest.mark.parametrize("durable", [False, True], ids=["in-memory", "on-disk"])
 async def test_a_removed_status_supersedes_the_stacks_unsent_container_list(db_path, durable):
     """The marketplace drops a removed stack's container list: a list still
@@ -363,14 +384,18 @@ async def test_a_removed_status_supersedes_the_stacks_unsent_container_list(db_p
 
         async with running(outbox):
             assert await outbox.drained(5)
-        assert sent.got == [(CONTAINERS, "s2", {"containers": [{"Name": "q-app-1"}]}),
-                            (STATUS, "s2", {"status": "APPLIED"}), (STATUS, "s1", {"status": REMOVED})]
+        assert sent.got == [
+            (CONTAINERS, "s2", {"containers": [{"Name": "q-app-1"}]}),
+            (STATUS, "s2", {"status": "APPLIED"}),
+            (STATUS, "s1", {"status": REMOVED}),
+        ]
         assert (CONTAINERS, "s1") not in [(kind, target) for kind, target, _ in sent.got]
     finally:
         db.close()
 
 
 # ---- has / pending / drained ---------------------------------------------------
+
 
 async def test_has_pending_and_drained_follow_the_queue(db_path):
     db = AgentDB(db_path)
@@ -399,7 +424,10 @@ async def test_has_pending_and_drained_follow_the_queue(db_path):
             outbox.put(JOB_COMPLETE, "j1", {})  # the running outbox wakes up for new reports
             assert outbox.has(JOB_COMPLETE, "j1")
             assert await outbox.drained(2)
-        assert [(kind, target) for kind, target, _ in sent.got] == \
-            [(STATUS, "s1"), (CONTAINERS, "s1"), (JOB_COMPLETE, "j1")]
+        assert [(kind, target) for kind, target, _ in sent.got] == [
+            (STATUS, "s1"),
+            (CONTAINERS, "s1"),
+            (JOB_COMPLETE, "j1"),
+        ]
     finally:
         db.close()

@@ -8,11 +8,11 @@ import json
 import pytest
 
 from gpuhost_agent.common import logs
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.core import naming
 from gpuhost_agent.core.compose_rewrite import StackRejected, check_variables, label_services
 from gpuhost_agent.core.containers import failed_containers, seed_containers, to_seed_container
 from gpuhost_agent.local_marketplace.store import Store
+from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.compose import clean_error
 
 
@@ -22,7 +22,10 @@ def test_project_name_is_compose_safe_unique_and_stable():
     assert naming.project_name("My GPU Stack!", "3F2B9C1D-aaaa") == a
     assert naming.project_name("web", "11111111-x") != naming.project_name("web", "22222222-x")
     assert naming.project_name("!!!", "abc") == "stack-abc"
-    assert naming.project_name("x" * 200, "abcdef12").endswith("-abcdef12") and len(naming.project_name("x" * 200, "a")) < 64
+    assert (
+        naming.project_name("x" * 200, "abcdef12").endswith("-abcdef12")
+        and len(naming.project_name("x" * 200, "a")) < 64
+    )
 
 
 def test_provider_stack_id_is_stable_positive_int():
@@ -32,16 +35,35 @@ def test_provider_stack_id_is_stable_positive_int():
 
 
 def test_seed_container_shape():
-    raw = {"Id": "abc", "Names": ["/p-web-1"], "Created": 1700000000, "State": "running", "Status": "Up 1s",
-           "Labels": {"b": "2", "a": "1"},
-           "Ports": [{"PrivatePort": 80, "Type": "tcp"}, {"IP": "0.0.0.0", "PrivatePort": 8080, "PublicPort": 32768, "Type": "tcp"}]}
+    raw = {
+        "Id": "abc",
+        "Names": ["/p-web-1"],
+        "Created": 1700000000,
+        "State": "running",
+        "Status": "Up 1s",
+        "Labels": {"b": "2", "a": "1"},
+        "Ports": [
+            {"PrivatePort": 80, "Type": "tcp"},
+            {"IP": "0.0.0.0", "PrivatePort": 8080, "PublicPort": 32768, "Type": "tcp"},
+        ],
+    }
     shaped = to_seed_container(raw)
-    assert shaped == {"Name": "p-web-1", "Id": "abc", "Created": 1700000000, "Labels": ["a=1", "b=2"],
-                      "Ports": [{"PrivatePort": 80, "Type": "tcp"},
-                                {"PrivatePort": 8080, "Type": "tcp", "IP": "0.0.0.0", "PublicPort": 32768}],
-                      "State": "running"}
+    assert shaped == {
+        "Name": "p-web-1",
+        "Id": "abc",
+        "Created": 1700000000,
+        "Labels": ["a=1", "b=2"],
+        "Ports": [
+            {"PrivatePort": 80, "Type": "tcp"},
+            {"PrivatePort": 8080, "Type": "tcp", "IP": "0.0.0.0", "PublicPort": 32768},
+        ],
+        "State": "running",
+    }
     assert [c["Name"] for c in seed_containers([{**raw, "Names": ["/z"]}, {**raw, "Names": ["/a"]}])] == ["a", "z"]
-    assert failed_containers([{"State": "running"}, {"State": "exited"}, {"State": "dead"}]) == [{"State": "exited"}, {"State": "dead"}]
+    assert failed_containers([{"State": "running"}, {"State": "exited"}, {"State": "dead"}]) == [
+        {"State": "exited"},
+        {"State": "dead"},
+    ]
 
 
 @pytest.mark.parametrize("name", ["COMPOSE_PROJECT_NAME", "COMPOSE_FILE", "DOCKER_HOST", "PATH", "HOME", "BUILDKIT_X"])
@@ -57,12 +79,22 @@ def test_invalid_variable_names_are_refused(name):
 
 
 def test_label_services_adds_agent_labels_and_drops_project_name():
-    model = {"name": "theirs", "services": {"a": {"image": "x", "labels": {"keep": "1", wire.LABEL_STACK: "forged"}},
-                                            "b": {"image": "y", "labels": ["k=v", "flag"]}}}
+    model = {
+        "name": "theirs",
+        "services": {
+            "a": {"image": "x", "labels": {"keep": "1", wire.LABEL_STACK: "forged"}},
+            "b": {"image": "y", "labels": ["k=v", "flag"]},
+        },
+    }
     out = label_services(model, "s1", "r1", "e1")
     assert "name" not in out and model["name"] == "theirs", "input must not be mutated"
-    assert out["services"]["a"]["labels"] == {"keep": "1", wire.LABEL_MANAGED: "true", wire.LABEL_STACK: "s1",
-                                              wire.LABEL_RENTAL: "r1", wire.LABEL_ENV: "e1"}
+    assert out["services"]["a"]["labels"] == {
+        "keep": "1",
+        wire.LABEL_MANAGED: "true",
+        wire.LABEL_STACK: "s1",
+        wire.LABEL_RENTAL: "r1",
+        wire.LABEL_ENV: "e1",
+    }
     assert out["services"]["b"]["labels"]["k"] == "v" and out["services"]["b"]["labels"]["flag"] == ""
     with pytest.raises(StackRejected, match="no services"):
         label_services({"services": {}}, "s", "r", "e")
@@ -77,11 +109,18 @@ def test_validate_template_fills_defaults_and_rejects_wrong_types():
         wire.validate_template({**t, "content": "x" * (wire.MAX_CONTENT_BYTES + 1)})
 
 
-@pytest.mark.parametrize("bad", [{"stackId": "../../etc"}, {"jobId": "a/b"}, {"type": "stack.explode"},
-                                 {"template": None}, {"rentalId": ""}])
+@pytest.mark.parametrize(
+    "bad", [{"stackId": "../../etc"}, {"jobId": "a/b"}, {"type": "stack.explode"}, {"template": None}, {"rentalId": ""}]
+)
 def test_stack_job_refuses_malformed_jobs(bad):
-    good = {"jobId": "j1", "type": wire.JOB_DEPLOY, "stackId": "s1", "rentalId": "r1", "envId": "e1",
-            "template": {"name": "n", "description": "", "content": "c", "environmentVariables": {}}}
+    good = {
+        "jobId": "j1",
+        "type": wire.JOB_DEPLOY,
+        "stackId": "s1",
+        "rentalId": "r1",
+        "envId": "e1",
+        "template": {"name": "n", "description": "", "content": "c", "environmentVariables": {}},
+    }
     assert wire.StackJob.from_wire(good).stack_id == "s1"
     with pytest.raises(wire.InvalidBody):
         wire.StackJob.from_wire({**good, **bad})
@@ -90,7 +129,9 @@ def test_stack_job_refuses_malformed_jobs(bad):
 def _store_with_stack():
     store = Store.load_or_create(None)
     rental = store.create_rental(name=None, gpu_count=0, end_date=None)
-    stack = store.create_stack(rental["rentalId"], {"name": "n", "description": "", "content": "", "environmentVariables": {}})
+    stack = store.create_stack(
+        rental["rentalId"], {"name": "n", "description": "", "content": "", "environmentVariables": {}}
+    )
     return store, rental, stack
 
 
@@ -143,8 +184,13 @@ def test_secrets_never_reach_a_log_line():
     logs.configure("info", json_lines=True, stream=stream)
     logs.SECRETS.add("hunter2-secret-value")
     log = logs.get_logger("t")
-    log.info("deploy", error="compose said: invalid value hunter2-secret-value here", api_key="k-123456",
-             environmentVariables={"A": "x"}, nested={"token": "abc12345", "fine": "ok"})
+    log.info(
+        "deploy",
+        error="compose said: invalid value hunter2-secret-value here",
+        api_key="k-123456",
+        environmentVariables={"A": "x"},
+        nested={"token": "abc12345", "fine": "ok"},
+    )
     line = json.loads(stream.getvalue())
     assert "hunter2-secret-value" not in stream.getvalue()
     assert line["error"] == "compose said: invalid value *** here"

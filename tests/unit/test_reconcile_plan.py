@@ -11,12 +11,23 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.core.desired_state import ABSENT, PRESENT, DesiredRental, DesiredStack, DesiredState, decode
-from gpuhost_agent.core.reconcile_plan import DEPLOY, END_RENTAL, REMOVE, REPORT, Action, Picture, SeenStack, ended_rentals, plan
+from gpuhost_agent.core.reconcile_plan import (
+    DEPLOY,
+    END_RENTAL,
+    REMOVE,
+    REPORT,
+    Action,
+    Picture,
+    SeenStack,
+    ended_rentals,
+    plan,
+)
+from gpuhost_agent.protocol import wire
 
-TEMPLATE = wire.validate_template({"name": "n", "description": "d", "content": "services: {}\n",
-                                   "environmentVariables": {}})
+TEMPLATE = wire.validate_template(
+    {"name": "n", "description": "d", "content": "services: {}\n", "environmentVariables": {}}
+)
 GRACE = 60.0
 NOW = wire.utcnow()
 PAST = NOW - timedelta(hours=1)
@@ -25,8 +36,10 @@ FUTURE = NOW + timedelta(hours=1)
 
 # ---- builders ------------------------------------------------------------------
 
-def stack(stack_id="s1", rental_id="r1", *, desired=PRESENT, status=wire.APPLYING, open_jobs=0,
-          template=TEMPLATE, name="web") -> DesiredStack:
+
+def stack(
+    stack_id="s1", rental_id="r1", *, desired=PRESENT, status=wire.APPLYING, open_jobs=0, template=TEMPLATE, name="web"
+) -> DesiredStack:
     return DesiredStack(stack_id, rental_id, name, desired, status, open_jobs, template)
 
 
@@ -49,8 +62,11 @@ def record(status=wire.APPLIED, error_msg="", rental_id="r1") -> dict:
 
 
 def rental_row(end_date=None, gpus=("GPU-1",), ended_at=None) -> dict:
-    return {"end_date": wire.iso(end_date) if end_date else None, "gpus": list(gpus),
-            "ended_at": wire.iso(ended_at) if ended_at else None}
+    return {
+        "end_date": wire.iso(end_date) if end_date else None,
+        "gpus": list(gpus),
+        "ended_at": wire.iso(ended_at) if ended_at else None,
+    }
 
 
 def picture(want, *, seen_=None, record_=None, rentals_=None, **extra) -> Picture:
@@ -66,6 +82,7 @@ def kinds(actions) -> list[tuple[str, str]]:
 
 
 # ---- desired present -----------------------------------------------------------
+
 
 @pytest.mark.parametrize("status", [wire.APPLYING, wire.APPLIED])
 def test_wanted_stack_without_containers_is_deployed(status):
@@ -83,8 +100,9 @@ def test_failed_stack_is_not_redeployed():
 
 
 def test_a_failure_the_marketplace_did_not_hear_is_reported():
-    pic = picture(desired(stack(status=wire.APPLYING), rental()),
-                  record_={"s1": record(wire.ERROR, "compose exited with 1")})
+    pic = picture(
+        desired(stack(status=wire.APPLYING), rental()), record_={"s1": record(wire.ERROR, "compose exited with 1")}
+    )
     actions = run(pic)
     assert len(actions) == 1
     action = actions[0]
@@ -98,11 +116,14 @@ def test_wanted_stack_with_a_record_other_than_error_is_deployed_not_reported():
         assert kinds(run(pic)) == [(DEPLOY, "s1")]
 
 
-@pytest.mark.parametrize("extra", [
-    pytest.param({"open_jobs": 1}, id="open-job"),
-    pytest.param({"busy_stacks": {"s1"}}, id="busy-stack"),
-    pytest.param({"reports_pending": {"s1"}}, id="status-report-pending"),
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        pytest.param({"open_jobs": 1}, id="open-job"),
+        pytest.param({"busy_stacks": {"s1"}}, id="busy-stack"),
+        pytest.param({"reports_pending": {"s1"}}, id="status-report-pending"),
+    ],
+)
 def test_work_in_flight_means_nothing_is_done(extra):
     extra = dict(extra)
     open_jobs = extra.pop("open_jobs", 0)
@@ -112,15 +133,21 @@ def test_work_in_flight_means_nothing_is_done(extra):
     assert run(pic) == []
 
 
-@pytest.mark.parametrize("extra", [
-    pytest.param({"open_jobs": 2}, id="open-job"),
-    pytest.param({"busy_stacks": {"s1"}}, id="busy-stack"),
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        pytest.param({"open_jobs": 2}, id="open-job"),
+        pytest.param({"busy_stacks": {"s1"}}, id="busy-stack"),
+    ],
+)
 def test_work_in_flight_also_holds_back_a_removal(extra):
     extra = dict(extra)
     open_jobs = extra.pop("open_jobs", 0)
-    pic = picture(desired(stack(desired=ABSENT, status=wire.REMOVING, open_jobs=open_jobs), rental()),
-                  seen_={"s1": seen("r1")}, **extra)
+    pic = picture(
+        desired(stack(desired=ABSENT, status=wire.REMOVING, open_jobs=open_jobs), rental()),
+        seen_={"s1": seen("r1")},
+        **extra,
+    )
     assert run(pic) == []
 
 
@@ -130,16 +157,21 @@ def test_work_in_flight_on_one_stack_does_not_hold_back_another():
 
 
 def test_an_error_report_pending_is_not_reported_again():
-    pic = picture(desired(stack(status=wire.APPLYING), rental()), record_={"s1": record(wire.ERROR, "x")},
-                  reports_pending={"s1"})
+    pic = picture(
+        desired(stack(status=wire.APPLYING), rental()), record_={"s1": record(wire.ERROR, "x")}, reports_pending={"s1"}
+    )
     assert run(pic) == []
 
 
 # ---- desired absent ------------------------------------------------------------
 
+
 def test_removed_stack_with_containers_is_removed():
-    pic = picture(desired(stack(desired=ABSENT, status=wire.REMOVING), rental()), seen_={"s1": seen("r1")},
-                  record_={"s1": record()})
+    pic = picture(
+        desired(stack(desired=ABSENT, status=wire.REMOVING), rental()),
+        seen_={"s1": seen("r1")},
+        record_={"s1": record()},
+    )
     actions = run(pic)
     assert [(a.kind, a.target, a.rental_id) for a in actions] == [(REMOVE, "s1", "r1")]
 
@@ -153,30 +185,39 @@ def test_removed_stack_without_containers_is_reported_removed():
 
 # ---- what Docker shows ---------------------------------------------------------
 
+
 @pytest.mark.parametrize("status", [wire.APPLYING, wire.APPLIED])
 def test_half_applied_stack_is_deployed_again(status):
-    pic = picture(desired(stack(status=status), rental()), seen_={"s1": seen("r1", "running", "created")},
-                  record_={"s1": record(wire.APPLIED)})
+    pic = picture(
+        desired(stack(status=status), rental()),
+        seen_={"s1": seen("r1", "running", "created")},
+        record_={"s1": record(wire.APPLIED)},
+    )
     assert kinds(run(pic)) == [(DEPLOY, "s1")]
 
 
 def test_applied_but_unheard_is_reported_applied():
-    pic = picture(desired(stack(status=wire.APPLYING), rental()), seen_={"s1": seen("r1", "running", "running")},
-                  record_={"s1": record(wire.APPLIED)})
+    pic = picture(
+        desired(stack(status=wire.APPLYING), rental()),
+        seen_={"s1": seen("r1", "running", "running")},
+        record_={"s1": record(wire.APPLIED)},
+    )
     actions = run(pic)
     assert len(actions) == 1
     assert (actions[0].kind, actions[0].target, actions[0].status) == (REPORT, "s1", wire.APPLIED)
 
 
-@pytest.mark.parametrize("recorded, states", [
-    (wire.APPLYING, ("running",)),           # the deploy never finished here
-    (None, ("running",)),                    # no record at all (a rebuilt state file)
-    (wire.APPLIED, ("running", "exited")),   # applied, but not everything runs
-])
+@pytest.mark.parametrize(
+    "recorded, states",
+    [
+        (wire.APPLYING, ("running",)),  # the deploy never finished here
+        (None, ("running",)),  # no record at all (a rebuilt state file)
+        (wire.APPLIED, ("running", "exited")),  # applied, but not everything runs
+    ],
+)
 def test_applying_without_a_finished_deploy_is_deployed(recorded, states):
     record_ = {"s1": record(recorded)} if recorded else {}
-    pic = picture(desired(stack(status=wire.APPLYING), rental()), seen_={"s1": seen("r1", *states)},
-                  record_=record_)
+    pic = picture(desired(stack(status=wire.APPLYING), rental()), seen_={"s1": seen("r1", *states)}, record_=record_)
     assert kinds(run(pic)) == [(DEPLOY, "s1")]
 
 
@@ -190,11 +231,18 @@ def test_stopped_by_an_engine_restart_is_deployed_again():
 
 
 def test_steady_state_plans_nothing():
-    want = desired(stack("s1", status=wire.APPLIED), stack("s2", "r2", status=wire.APPLIED), rental("r1"),
-                   rental("r2", end_date=FUTURE))
-    pic = picture(want, seen_={"s1": seen("r1"), "s2": seen("r2")},
-                  record_={"s1": record(), "s2": record(rental_id="r2")},
-                  rentals_={"r1": rental_row(), "r2": rental_row(FUTURE)})
+    want = desired(
+        stack("s1", status=wire.APPLIED),
+        stack("s2", "r2", status=wire.APPLIED),
+        rental("r1"),
+        rental("r2", end_date=FUTURE),
+    )
+    pic = picture(
+        want,
+        seen_={"s1": seen("r1"), "s2": seen("r2")},
+        record_={"s1": record(), "s2": record(rental_id="r2")},
+        rentals_={"r1": rental_row(), "r2": rental_row(FUTURE)},
+    )
     unlisted: dict = {}
     assert run(pic, unlisted=unlisted) == []
     assert run(pic, NOW + timedelta(seconds=10 * GRACE), unlisted) == []
@@ -213,12 +261,15 @@ def test_no_deploy_without_a_usable_template(setup):
 
 
 def test_actions_come_in_stack_order():
-    pic = picture(desired(stack("s3"), stack("s1"), stack("s2", desired=ABSENT, status=wire.REMOVING), rental()),
-                  seen_={"s2": seen("r1")})
+    pic = picture(
+        desired(stack("s3"), stack("s1"), stack("s2", desired=ABSENT, status=wire.REMOVING), rental()),
+        seen_={"s2": seen("r1")},
+    )
     assert kinds(run(pic)) == [(DEPLOY, "s1"), (REMOVE, "s2"), (DEPLOY, "s3")]
 
 
 # ---- unlisted stacks and rentals -------------------------------------------------
+
 
 def test_unlisted_stack_is_removed_only_after_the_grace_period():
     want = desired(rental("r1"))
@@ -237,8 +288,11 @@ def test_a_stack_listed_again_is_forgotten_and_its_grace_starts_over():
     unlisted_pic = picture(desired(), seen_={"s9": seen("r9")}, record_={"s9": record(rental_id="r9")})
     assert run(unlisted_pic, NOW, unlisted) == []
     assert "stack:s9" in unlisted
-    listed = picture(desired(stack("s9", "r9", status=wire.APPLIED), rental("r9")), seen_={"s9": seen("r9")},
-                     record_={"s9": record(rental_id="r9")})
+    listed = picture(
+        desired(stack("s9", "r9", status=wire.APPLIED), rental("r9")),
+        seen_={"s9": seen("r9")},
+        record_={"s9": record(rental_id="r9")},
+    )
     later = NOW + timedelta(seconds=GRACE / 2)
     assert run(listed, later, unlisted) == []
     assert unlisted == {}
@@ -273,8 +327,7 @@ def test_listed_or_released_rentals_are_not_ended_as_unlisted(case):
         items.append(rental("r9"))
     if case == "stack-of-it-listed":
         items.append(stack("s9", "r9", status=wire.ERROR))
-    pic = picture(desired(*items), rentals_={"r9": row},
-                  busy_rentals={"r9"} if case == "busy" else set())
+    pic = picture(desired(*items), rentals_={"r9": row}, busy_rentals={"r9"} if case == "busy" else set())
     unlisted: dict = {}
     assert run(pic, NOW, unlisted) == []
     assert run(pic, NOW + timedelta(seconds=10 * GRACE), unlisted) == []
@@ -282,10 +335,17 @@ def test_listed_or_released_rentals_are_not_ended_as_unlisted(case):
 
 # ---- ended rentals -------------------------------------------------------------
 
+
 def test_ended_rentals_by_every_rule():
-    pic = picture(desired(rental("done", status=wire.RENTAL_COMPLETE), rental("expired", end_date=PAST),
-                          rental("active", end_date=FUTURE), rental("open")),
-                  rentals_={"clock": rental_row(PAST), "later": rental_row(FUTURE), "none": rental_row(None)})
+    pic = picture(
+        desired(
+            rental("done", status=wire.RENTAL_COMPLETE),
+            rental("expired", end_date=PAST),
+            rental("active", end_date=FUTURE),
+            rental("open"),
+        ),
+        rentals_={"clock": rental_row(PAST), "later": rental_row(FUTURE), "none": rental_row(None)},
+    )
     assert ended_rentals(pic, NOW) == {"done", "expired", "clock"}
     # the host's clock is enough without the marketplace
     assert ended_rentals(picture(None, rentals_=pic.rentals), NOW) == {"clock"}
@@ -296,8 +356,11 @@ def test_ended_rentals_by_every_rule():
 @pytest.mark.parametrize("how", ["complete", "desired-end-date", "record-end-date", "record-end-date-no-desired"])
 @pytest.mark.parametrize("holds", ["containers", "gpus"])
 def test_ended_rental_with_something_left_is_ended(how, holds):
-    items = [rental("r1", status=wire.RENTAL_COMPLETE) if how == "complete" else
-             rental("r1", end_date=PAST if how == "desired-end-date" else None)]
+    items = [
+        rental("r1", status=wire.RENTAL_COMPLETE)
+        if how == "complete"
+        else rental("r1", end_date=PAST if how == "desired-end-date" else None)
+    ]
     row = rental_row(PAST if how.startswith("record") else None, gpus=["GPU-1"] if holds == "gpus" else [])
     want = None if how == "record-end-date-no-desired" else desired(*items)
     seen_ = {"s1": seen("r1")} if holds == "containers" else {}
@@ -327,10 +390,12 @@ def test_rental_before_its_end_date_is_not_ended():
 
 
 def test_without_desired_state_only_rentals_are_ended():
-    pic = picture(None,
-                  seen_={"s1": seen("r1"), "s9": seen("r9", "created"), "s8": seen("r8")},
-                  record_={"s1": record(), "s9": record(wire.ERROR, "x", "r9")},
-                  rentals_={"r1": rental_row(PAST), "r7": rental_row(None, gpus=["GPU-7"])})
+    pic = picture(
+        None,
+        seen_={"s1": seen("r1"), "s9": seen("r9", "created"), "s8": seen("r8")},
+        record_={"s1": record(), "s9": record(wire.ERROR, "x", "r9")},
+        rentals_={"r1": rental_row(PAST), "r7": rental_row(None, gpus=["GPU-7"])},
+    )
     unlisted = {"stack:s8": NOW - timedelta(days=1)}
     before = dict(unlisted)
     for now in (NOW, NOW + timedelta(seconds=10 * GRACE)):
@@ -341,27 +406,40 @@ def test_without_desired_state_only_rentals_are_ended():
 
 
 def test_stacks_of_an_ended_rental_get_no_stack_actions():
-    want = desired(rental("r1", status=wire.RENTAL_COMPLETE),
-                   stack("s1", "r1", status=wire.APPLYING),                         # would be deployed
-                   stack("s2", "r1", desired=ABSENT, status=wire.REMOVING),         # would be removed
-                   stack("s3", "r1", desired=ABSENT, status=wire.REMOVING),         # would be reported
-                   stack("s4", "r1", status=wire.APPLYING))                         # would be reported applied
-    pic = picture(want, seen_={"s2": seen("r1"), "s4": seen("r1"), "s5": seen("r1")},  # s5 unlisted
-                  record_={"s4": record(wire.APPLIED)}, rentals_={"r1": rental_row(None)})
+    want = desired(
+        rental("r1", status=wire.RENTAL_COMPLETE),
+        stack("s1", "r1", status=wire.APPLYING),  # would be deployed
+        stack("s2", "r1", desired=ABSENT, status=wire.REMOVING),  # would be removed
+        stack("s3", "r1", desired=ABSENT, status=wire.REMOVING),  # would be reported
+        stack("s4", "r1", status=wire.APPLYING),
+    )  # would be reported applied
+    pic = picture(
+        want,
+        seen_={"s2": seen("r1"), "s4": seen("r1"), "s5": seen("r1")},  # s5 unlisted
+        record_={"s4": record(wire.APPLIED)},
+        rentals_={"r1": rental_row(None)},
+    )
     unlisted: dict = {}
     assert kinds(run(pic, NOW, unlisted)) == [(END_RENTAL, "r1")]
     assert kinds(run(pic, NOW + timedelta(seconds=10 * GRACE), unlisted)) == [(END_RENTAL, "r1")]
     # the same stacks of an active rental do get them (so the above is not vacuous)
     active = copy.deepcopy(pic)
     active.desired = DesiredState("env1", want.stacks, {"r1": rental("r1")})
-    assert sorted(kinds(run(active, NOW + timedelta(seconds=10 * GRACE), {"stack:s5": NOW}))) == \
-        [(DEPLOY, "s1"), (REMOVE, "s2"), (REMOVE, "s5"), (REPORT, "s3"), (REPORT, "s4")]
+    assert sorted(kinds(run(active, NOW + timedelta(seconds=10 * GRACE), {"stack:s5": NOW}))) == [
+        (DEPLOY, "s1"),
+        (REMOVE, "s2"),
+        (REMOVE, "s5"),
+        (REPORT, "s3"),
+        (REPORT, "s4"),
+    ]
 
 
 def test_ended_rentals_come_first_and_one_action_per_rental():
-    pic = picture(desired(stack("a1", "r3"), rental("r2", status=wire.RENTAL_COMPLETE), rental("r3")),
-                  seen_={"x1": seen("r2"), "x2": seen("r2"), "y": seen("r1")},
-                  rentals_={"r1": rental_row(PAST, gpus=["GPU-1"]), "r2": rental_row(None, gpus=["GPU-2"])})
+    pic = picture(
+        desired(stack("a1", "r3"), rental("r2", status=wire.RENTAL_COMPLETE), rental("r3")),
+        seen_={"x1": seen("r2"), "x2": seen("r2"), "y": seen("r1")},
+        rentals_={"r1": rental_row(PAST, gpus=["GPU-1"]), "r2": rental_row(None, gpus=["GPU-2"])},
+    )
     assert kinds(run(pic)) == [(END_RENTAL, "r1"), (END_RENTAL, "r2"), (DEPLOY, "a1")]
 
 
@@ -374,8 +452,15 @@ def valid_body() -> dict:
     return {
         "envId": "env-1",
         "stacks": [
-            {"stackId": "s1", "rentalId": "r1", "stackName": "web", "desired": "present", "status": "APPLIED",
-             "openJobs": 2, "template": copy.deepcopy(RAW_TEMPLATE)},
+            {
+                "stackId": "s1",
+                "rentalId": "r1",
+                "stackName": "web",
+                "desired": "present",
+                "status": "APPLIED",
+                "openJobs": 2,
+                "template": copy.deepcopy(RAW_TEMPLATE),
+            },
             {"stackId": "s2", "rentalId": "r1", "desired": "absent", "status": "REMOVING"},
         ],
         "rentals": [
@@ -412,6 +497,7 @@ def _set(path, value):
             target = target[key]
         target[path[-1]] = value
         return body
+
     return mutate
 
 
@@ -422,6 +508,7 @@ def _delete(path):
             target = target[key]
         del target[path[-1]]
         return body
+
     return mutate
 
 
@@ -488,8 +575,9 @@ def test_decode_refuses_a_reply_malformed_anywhere(mutate):
 
 def test_decode_refuses_the_whole_reply_for_one_bad_entry_at_the_end():
     body = valid_body()
-    body["stacks"].append({"stackId": "s3", "rentalId": "r1", "desired": "present", "status": "APPLIED",
-                           "openJobs": -5})
+    body["stacks"].append(
+        {"stackId": "s3", "rentalId": "r1", "desired": "present", "status": "APPLIED", "openJobs": -5}
+    )
     with pytest.raises(wire.InvalidBody, match=r"stacks\[2\]\.openJobs"):
         decode(body)
     body = valid_body()
@@ -526,14 +614,17 @@ def test_decode_accepts_the_largest_gpu_count():
     assert decode(body).rentals["r1"].gpu_count == wire.MAX_GPU_COUNT
 
 
-@pytest.mark.parametrize("template", [
-    pytest.param("services: {}", id="a-string"),
-    pytest.param(["x"], id="a-list"),
-    pytest.param({"name": "n"}, id="missing-fields"),
-    pytest.param({**RAW_TEMPLATE, "name": "  "}, id="empty-name"),
-    pytest.param({**RAW_TEMPLATE, "environmentVariables": {"A": 1}}, id="non-string-variable"),
-    pytest.param({**RAW_TEMPLATE, "insecure": "yes"}, id="non-bool-flag"),
-])
+@pytest.mark.parametrize(
+    "template",
+    [
+        pytest.param("services: {}", id="a-string"),
+        pytest.param(["x"], id="a-list"),
+        pytest.param({"name": "n"}, id="missing-fields"),
+        pytest.param({**RAW_TEMPLATE, "name": "  "}, id="empty-name"),
+        pytest.param({**RAW_TEMPLATE, "environmentVariables": {"A": 1}}, id="non-string-variable"),
+        pytest.param({**RAW_TEMPLATE, "insecure": "yes"}, id="non-bool-flag"),
+    ],
+)
 def test_an_unusable_template_is_dropped_without_refusing_the_reply(template):
     body = valid_body()
     body["stacks"][0]["template"] = template

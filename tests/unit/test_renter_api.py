@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-from gpuhost_agent.protocol import wire
 from support.stacks import TEMPLATE
 
+from gpuhost_agent.protocol import wire
 
 
 async def test_missing_or_wrong_key_is_401(market):
@@ -21,9 +20,25 @@ async def test_environment_shape(market):
     status, envs = await market.call("GET", "/environments")
     assert status == 200 and len(envs) == 1
     env = envs[0]
-    assert {"name", "createdAt", "updatedAt", "orgId", "userId", "envId", "pEnvId", "pEdgeKey", "systemData",
-            "isCompliant", "failedComplianceReason", "initState", "hold", "listing", "apiKey", "heartbeat",
-            "isSeed"} == set(env)
+    assert {
+        "name",
+        "createdAt",
+        "updatedAt",
+        "orgId",
+        "userId",
+        "envId",
+        "pEnvId",
+        "pEdgeKey",
+        "systemData",
+        "isCompliant",
+        "failedComplianceReason",
+        "initState",
+        "hold",
+        "listing",
+        "apiKey",
+        "heartbeat",
+        "isSeed",
+    } == set(env)
     status, one = await market.call("GET", f"/environments/{env['envId']}")
     assert status == 200 and one["envId"] == env["envId"]
     status, body = await market.call("GET", "/environments/nope")
@@ -31,11 +46,24 @@ async def test_environment_shape(market):
 
 
 async def test_rental_lifecycle(market):
-    status, rental = await market.call("POST", "/rentals", {"envId": market.store.envId, "name": "r1", "gpuCount": 2,
-                                                            "endDate": "2030-01-01T00:00:00Z"})
+    status, rental = await market.call(
+        "POST",
+        "/rentals",
+        {"envId": market.store.envId, "name": "r1", "gpuCount": 2, "endDate": "2030-01-01T00:00:00Z"},
+    )
     assert status == 201
-    assert {"rentalId", "listing", "userId", "startDate", "endDate", "name", "status", "createdAt", "updatedAt",
-            "isSeed"} == set(rental)
+    assert {
+        "rentalId",
+        "listing",
+        "userId",
+        "startDate",
+        "endDate",
+        "name",
+        "status",
+        "createdAt",
+        "updatedAt",
+        "isSeed",
+    } == set(rental)
     assert rental["status"] == wire.RENTAL_ACTIVE and rental["listing"]["selectedGPUs"] == 2
     rid = rental["rentalId"]
     assert (await market.call("PATCH", f"/rentals/{rid}", {"name": "renamed"}))[0] == 200
@@ -47,14 +75,17 @@ async def test_rental_lifecycle(market):
     assert status == 200 and ended["status"] == wire.RENTAL_COMPLETE
 
 
-@pytest.mark.parametrize("body, fragment", [
-    ({}, "envId"),
-    ({"envId": "x"}, "envId"),
-    ("not an object", "object"),
-    ({"envId": "ENV", "gpuCount": -1}, "gpuCount"),
-    ({"envId": "ENV", "gpuCount": "2"}, "gpuCount"),
-    ({"envId": "ENV", "endDate": "tomorrow"}, "endDate"),
-])
+@pytest.mark.parametrize(
+    "body, fragment",
+    [
+        ({}, "envId"),
+        ({"envId": "x"}, "envId"),
+        ("not an object", "object"),
+        ({"envId": "ENV", "gpuCount": -1}, "gpuCount"),
+        ({"envId": "ENV", "gpuCount": "2"}, "gpuCount"),
+        ({"envId": "ENV", "endDate": "tomorrow"}, "endDate"),
+    ],
+)
 async def test_create_rental_rejects_bad_bodies(market, body, fragment):
     if isinstance(body, dict) and body.get("envId") == "ENV":
         body["envId"] = market.store.envId
@@ -91,8 +122,12 @@ async def test_create_stack_errors(market):
 async def test_unknown_stack_and_container_paths_are_404(market):
     status, rental = await market.call("POST", "/rentals", {"envId": market.store.envId})
     rid = rental["rentalId"]
-    for method, path in [("GET", "/rentals/nope"), ("GET", "/rentals/nope/stacks"),
-                         ("DELETE", f"/rentals/{rid}/stacks/nope"),
-                         ("GET", f"/rentals/{rid}/stacks/nope/containers"), ("GET", "/no/such/path")]:
+    for method, path in [
+        ("GET", "/rentals/nope"),
+        ("GET", "/rentals/nope/stacks"),
+        ("DELETE", f"/rentals/{rid}/stacks/nope"),
+        ("GET", f"/rentals/{rid}/stacks/nope/containers"),
+        ("GET", "/no/such/path"),
+    ]:
         status, body = await market.call(method, path)
         assert status == 404 and body["message"], (method, path)

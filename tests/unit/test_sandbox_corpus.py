@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from support.sandbox_corpus import CORPUS, HOSTILE, LEGIT, header
+
 from gpuhost_agent.core.compose_rewrite import StackRejected
 from gpuhost_agent.core.sandbox import refuse_raw
 from gpuhost_agent.core.sandbox_context import GIB, SandboxContext
@@ -72,8 +72,11 @@ async def test_hostile_file_is_refused_naming_service_and_key(compose, path, tmp
 async def test_legitimate_file_passes_and_is_hardened(compose, path, tmp_path) -> None:
     problems, hardened = await _decide(compose, path, tmp_path)
     assert problems == [], problems
-    wanted = json.loads(header(path).get("expect-gpus", "{}").replace("{", '{"').replace(": ", '": ')) \
-        if header(path).get("expect-gpus") else {}
+    wanted = (
+        json.loads(header(path).get("expect-gpus", "{}").replace("{", '{"').replace(": ", '": '))
+        if header(path).get("expect-gpus")
+        else {}
+    )
     for name, service in hardened["services"].items():
         assert service["security_opt"] == ["no-new-privileges:true"] and "NET_RAW" in service["cap_drop"]
         assert int(service["mem_limit"]) <= 8 * GIB and service["cpus"] <= 4.0 and service["pids_limit"] <= 4096

@@ -7,10 +7,10 @@ import pytest
 
 from gpuhost_agent.core.gpu_allocation import GpuSlot, NotEnoughGpus, allocate, slots_from_inventory
 from gpuhost_agent.core.gpu_ledger import GpuLedger
-from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.core.sandbox_context import GIB, Machine, SandboxContext, rental_share
 from gpuhost_agent.core.sandbox_harden import assigned_uuids, harden
 from gpuhost_agent.core.sandbox_policy import policy_violations
+from gpuhost_agent.storage.agent_db import AgentDB
 
 UUIDS = [f"GPU-{i}" for i in range(8)]
 
@@ -31,19 +31,26 @@ def test_allocation_keeps_skips_and_never_shares() -> None:
     assert allocate(slots, assignments, "rental-a", 1) == [UUIDS[0], UUIDS[2]]  # kept for the rental's life
     assignments["rental-b"] = allocate(slots, assignments, "rental-b", 1)
     assert assignments["rental-b"] == [UUIDS[3]]
-    with pytest.raises(NotEnoughGpus, match=r"needs 1 GPU\(s\) but only 0 of the machine's 4 GPU\(s\) are free, "
-                                            r"1 out of service"):
+    with pytest.raises(
+        NotEnoughGpus,
+        match=r"needs 1 GPU\(s\) but only 0 of the machine's 4 GPU\(s\) are free, "
+        r"1 out of service",
+    ):
         allocate(slots, assignments, "rental-c", 1)
     assert allocate(slots, assignments, "rental-d", 0) == []
 
 
 def test_unhealthy_gpus_from_the_probe() -> None:
-    slots = slots_from_inventory({"gpus": [
-        {"index": 0, "uuid": "GPU-0", "eccUncorrectedErrors": 0},
-        {"index": 1, "uuid": "GPU-1", "eccUncorrectedErrors": 2},
-        {"index": 2, "uuid": "GPU-2", "error": "GPU is lost"},
-        {"index": 3, "error": "Unknown Error"},  # no UUID: cannot be handed out by UUID at all
-    ]})
+    slots = slots_from_inventory(
+        {
+            "gpus": [
+                {"index": 0, "uuid": "GPU-0", "eccUncorrectedErrors": 0},
+                {"index": 1, "uuid": "GPU-1", "eccUncorrectedErrors": 2},
+                {"index": 2, "uuid": "GPU-2", "error": "GPU is lost"},
+                {"index": 3, "error": "Unknown Error"},  # no UUID: cannot be handed out by UUID at all
+            ]
+        }
+    )
     assert [(s.uuid, s.healthy) for s in slots] == [("GPU-0", True), ("GPU-1", False), ("GPU-2", False)]
 
 
@@ -64,8 +71,14 @@ def test_ledger_survives_a_restart_and_remembers_ended_rentals(tmp_path) -> None
 
 
 def _ctx(gpus: int = 2) -> SandboxContext:
-    return SandboxContext(project="p", gpu_uuids=tuple(UUIDS[:gpus]), cpus=4.0, memory_bytes=8 * GIB,
-                          pids_limit=1000, publish_address="10.0.0.5")
+    return SandboxContext(
+        project="p",
+        gpu_uuids=tuple(UUIDS[:gpus]),
+        cpus=4.0,
+        memory_bytes=8 * GIB,
+        pids_limit=1000,
+        publish_address="10.0.0.5",
+    )
 
 
 def test_gpu_asks_resolve_to_the_rentals_uuids() -> None:
@@ -78,20 +91,34 @@ def test_gpu_asks_resolve_to_the_rentals_uuids() -> None:
 
 
 def test_hardening_writes_everything_explicitly() -> None:
-    model = {"services": {
-        "gpu": {"image": "x", "gpus": [{"count": -1}], "mem_limit": "1073741824", "shm_size": str(64 * GIB),
-                "ports": [{"target": 8080, "published": "18080", "host_ip": "0.0.0.0", "protocol": "tcp"}]},
-        "plain": {"image": "x", "cap_drop": ["CHOWN"], "environment": ["A=1"], "labels": ["team=ml"],
-                  "deploy": {"resources": {"limits": {"cpus": 0.5, "pids": 50}}}},
-    }}
+    model = {
+        "services": {
+            "gpu": {
+                "image": "x",
+                "gpus": [{"count": -1}],
+                "mem_limit": "1073741824",
+                "shm_size": str(64 * GIB),
+                "ports": [{"target": 8080, "published": "18080", "host_ip": "0.0.0.0", "protocol": "tcp"}],
+            },
+            "plain": {
+                "image": "x",
+                "cap_drop": ["CHOWN"],
+                "environment": ["A=1"],
+                "labels": ["team=ml"],
+                "deploy": {"resources": {"limits": {"cpus": 0.5, "pids": 50}}},
+            },
+        }
+    }
     ctx = _ctx(2)
-    assert policy_violations(model, ctx) == ["service \"gpu\": shm_size 68719476736 is beyond the rental's share "
-                                             "of 8.0 GiB"]
+    assert policy_violations(model, ctx) == [
+        'service "gpu": shm_size 68719476736 is beyond the rental\'s share of 8.0 GiB'
+    ]
     model["services"]["gpu"]["shm_size"] = str(GIB)
     hardened = harden(model, ctx)
     gpu, plain = hardened["services"]["gpu"], hardened["services"]["plain"]
     assert gpu["deploy"]["resources"]["reservations"]["devices"] == [
-        {"driver": "nvidia", "device_ids": UUIDS[:2], "capabilities": ["gpu"]}]
+        {"driver": "nvidia", "device_ids": UUIDS[:2], "capabilities": ["gpu"]}
+    ]
     assert "gpus" not in gpu and gpu["environment"]["NVIDIA_VISIBLE_DEVICES"] == "GPU-0,GPU-1"
     assert gpu["labels"]["io.gpuhost.gpus"] == "GPU-0,GPU-1"
     assert (gpu["mem_limit"], gpu["memswap_limit"], gpu["cpus"], gpu["pids_limit"]) == (str(GIB), str(GIB), 4.0, 1000)
@@ -101,25 +128,30 @@ def test_hardening_writes_everything_explicitly() -> None:
     assert (plain["cpus"], plain["pids_limit"], plain["mem_limit"]) == (0.5, 50, str(8 * GIB))
     assert "limits" not in plain["deploy"]["resources"]
     assert {"CHOWN", "MKNOD", "NET_RAW", "SYS_ADMIN"} <= set(plain["cap_drop"])
-    assert all(s["security_opt"] == ["no-new-privileges:true"] and s["privileged"] is False
-               for s in hardened["services"].values())
+    assert all(
+        s["security_opt"] == ["no-new-privileges:true"] and s["privileged"] is False
+        for s in hardened["services"].values()
+    )
     assert model["services"]["plain"]["environment"] == ["A=1"]  # the input is left alone
 
 
-@pytest.mark.parametrize("service, allowed", [
-    ({"network_mode": "service:db"}, True),
-    ({"network_mode": "none"}, True),
-    ({"network_mode": "service:elsewhere"}, False),
-    ({"ipc": "shareable"}, True),
-    ({"pid": "service:db"}, True),
-    ({"security_opt": ["no-new-privileges:true"]}, True),
-    ({"volumes": [{"type": "tmpfs", "target": "/t"}]}, True),
-    ({"volumes": [{"type": "npipe", "source": "x", "target": "/t"}]}, False),
-    ({"ulimits": {"rtprio": 99}}, False),
-    ({"ulimits": {"nofile": {"soft": 1024, "hard": 65536}}}, True),
-    ({"oom_score_adj": 500}, True),
-    ({"volumes_from": ["db:ro"]}, True),
-])
+@pytest.mark.parametrize(
+    "service, allowed",
+    [
+        ({"network_mode": "service:db"}, True),
+        ({"network_mode": "none"}, True),
+        ({"network_mode": "service:elsewhere"}, False),
+        ({"ipc": "shareable"}, True),
+        ({"pid": "service:db"}, True),
+        ({"security_opt": ["no-new-privileges:true"]}, True),
+        ({"volumes": [{"type": "tmpfs", "target": "/t"}]}, True),
+        ({"volumes": [{"type": "npipe", "source": "x", "target": "/t"}]}, False),
+        ({"ulimits": {"rtprio": 99}}, False),
+        ({"ulimits": {"nofile": {"soft": 1024, "hard": 65536}}}, True),
+        ({"oom_score_adj": 500}, True),
+        ({"volumes_from": ["db:ro"]}, True),
+    ],
+)
 def test_policy_edges(service, allowed) -> None:
     model = {"services": {"app": {"image": "x", **service}, "db": {"image": "x"}}}
     assert (policy_violations(model, _ctx()) == []) is allowed

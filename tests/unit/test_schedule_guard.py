@@ -9,10 +9,10 @@ import io
 import json
 
 import pytest
+from support.waiting import until
 
 from gpuhost_agent.common import logs
 from gpuhost_agent.core.schedule import Schedule, guarded
-from support.waiting import until
 
 
 @pytest.fixture
@@ -51,8 +51,9 @@ async def test_a_failing_run_is_logged_once_and_the_job_runs_again(log_stream):
     assert len(failures) == 1, lines
     assert failures[0]["name"] == "flaky" and failures[0]["level"] == "error"
     assert "RuntimeError: first run fails" in failures[0]["exception"]
-    assert not [line for line in lines if line.get("logger", "").startswith("apscheduler")], \
+    assert not [line for line in lines if line.get("logger", "").startswith("apscheduler")], (
         "APScheduler never sees the exception, so it logs nothing of its own"
+    )
 
 
 async def test_a_cancellation_propagates_and_is_not_a_failure(log_stream):

@@ -38,7 +38,7 @@ class FakeSystemd:
         while not self._stop.is_set():
             try:
                 data = self.sock.recv(4096)
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
             self.messages.append((time.monotonic(), data.decode()))
 
@@ -90,8 +90,12 @@ def test_messages_reach_a_path_socket(systemd: FakeSystemd) -> None:
     assert sd_notify.watchdog_ping()
     assert sd_notify.stopping()
     assert systemd.wait_for(lambda text: text == "STOPPING=1")
-    assert systemd.texts() == ["READY=1\nSTATUS=connected to http://m/v1", "STATUS=3 stacks",
-                               "WATCHDOG=1", "STOPPING=1"]
+    assert systemd.texts() == [
+        "READY=1\nSTATUS=connected to http://m/v1",
+        "STATUS=3 stacks",
+        "WATCHDOG=1",
+        "STOPPING=1",
+    ]
     assert sd_notify.is_ready()
 
 
@@ -127,8 +131,9 @@ def test_watchdog_interval_is_half_of_watchdog_usec_for_this_process_only(monkey
         assert sd_notify.watchdog_interval() is None
 
 
-async def test_watchdog_pings_from_the_loop_and_extends_the_start_until_ready(systemd: FakeSystemd,
-                                                                              monkeypatch) -> None:
+async def test_watchdog_pings_from_the_loop_and_extends_the_start_until_ready(
+    systemd: FakeSystemd, monkeypatch
+) -> None:
     monkeypatch.setenv("WATCHDOG_USEC", "100000")  # pings every 50 ms
     watchdog = sd_notify.Watchdog()
     assert watchdog.interval == 0.05
@@ -138,8 +143,8 @@ async def test_watchdog_pings_from_the_loop_and_extends_the_start_until_ready(sy
     await asyncio.sleep(0.18)
     await watchdog.stop()
     texts = systemd.texts()
-    before = texts[:texts.index("READY=1")]
-    after = texts[texts.index("READY=1") + 1:]
+    before = texts[: texts.index("READY=1")]
+    after = texts[texts.index("READY=1") + 1 :]
     assert len(before) >= 2 and all(t == "WATCHDOG=1\nEXTEND_TIMEOUT_USEC=100000" for t in before), texts
     assert len(after) >= 2 and all(t == "WATCHDOG=1" for t in after), texts
 
@@ -150,7 +155,7 @@ async def test_a_blocked_event_loop_stops_the_pings(systemd: FakeSystemd) -> Non
     watchdog.start()
     await asyncio.sleep(0.1)
     blocked_from = time.monotonic()
-    time.sleep(0.5)  # the loop is stuck
+    time.sleep(0.5)  # noqa: ASYNC251 - the loop is stuck, on purpose
     blocked_until = time.monotonic()
     await asyncio.sleep(0.1)
     await watchdog.stop()
@@ -194,13 +199,27 @@ def test_real_agent_process_notifies_systemd(tmp_path: Path) -> None:
     env.update(NOTIFY_SOCKET=str(notify_path), WATCHDOG_USEC="1000000", GPUHOST_CONFIG=str(tmp_path / "none.conf"))
     (tmp_path / "none.conf").write_text("# empty: no marketplace, the local one\n")
     process = subprocess.Popen(
-        [sys.executable, "-m", "gpuhost_agent", "run", "--state-dir", str(tmp_path / "state"),
-         "--local-listen", "127.0.0.1:0", "--log-level", "warning"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        [
+            sys.executable,
+            "-m",
+            "gpuhost_agent",
+            "run",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--local-listen",
+            "127.0.0.1:0",
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         ready = fake.wait_for(lambda text: text.startswith("READY=1"), timeout=30)
         pings_after_ready = fake.wait_for(
-            lambda text: text == "WATCHDOG=1" and "READY=1" in "".join(fake.texts()), timeout=5)
+            lambda text: text == "WATCHDOG=1" and "READY=1" in "".join(fake.texts()), timeout=5
+        )
         process.send_signal(signal.SIGTERM)
         code = process.wait(timeout=60)
         stopping = fake.wait_for(lambda text: text.startswith("STOPPING=1"), timeout=2)

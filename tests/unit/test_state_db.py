@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost_agent.storage import agent_db as state_db
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.storage import agent_db as state_db
 from gpuhost_agent.storage.agent_db import DB_FILE, AgentDB
 
 TEMPLATE = {"name": "n", "description": "d", "content": "services: {}\n", "environmentVariables": {}}
@@ -22,8 +22,7 @@ CORRUPT_NAME = re.compile(r"^agent\.db\.corrupt-\d{8}T\d{6}-\d{9}$")
 
 
 def job(job_id: str, stack_id: str = "s1", rental_id: str = "r1") -> wire.StackJob:
-    return wire.StackJob(job_id, wire.JOB_DEPLOY, stack_id, rental_id, "env1", "web",
-                         wire.validate_template(TEMPLATE))
+    return wire.StackJob(job_id, wire.JOB_DEPLOY, stack_id, rental_id, "env1", "web", wire.validate_template(TEMPLATE))
 
 
 @pytest.fixture
@@ -46,6 +45,7 @@ def job_state(db: AgentDB, job_id: str) -> str | None:
 
 
 # ---- the file itself -----------------------------------------------------------
+
 
 def test_state_file_is_private_even_with_a_permissive_umask(db_path):
     old = os.umask(0)
@@ -120,6 +120,7 @@ def test_two_in_memory_databases_are_separate():
 
 # ---- corrupt files -------------------------------------------------------------
 
+
 def test_garbage_file_is_kept_aside_and_a_new_one_started(db_path):
     db_path.parent.mkdir(parents=True)
     garbage = b"this is not an SQLite database at all \x00\xff" * 100
@@ -173,6 +174,7 @@ def test_truncated_sqlite_file_is_kept_aside_and_a_new_one_started(db_path):
 
 
 # ---- jobs ----------------------------------------------------------------------
+
 
 def test_unfinished_job_is_reported_interrupted_once_after_reopen(db_path):
     db = AgentDB(db_path)
@@ -249,6 +251,7 @@ def test_only_the_newest_completions_are_remembered(db_path, monkeypatch):
 
 # ---- stacks --------------------------------------------------------------------
 
+
 def test_stacks_are_recorded_updated_and_forgotten(db_path):
     db = AgentDB(db_path)
     assert db.stacks() == {}
@@ -260,8 +263,13 @@ def test_stacks_are_recorded_updated_and_forgotten(db_path):
         stacks = db.stacks()
         assert set(stacks) == {"s1", "s2"}
         s1 = stacks["s1"]
-        assert (s1["rental_id"], s1["env_id"], s1["project"], s1["status"], s1["error_msg"]) == \
-            ("r1", "env1", "p1b", wire.ERROR, "compose failed")
+        assert (s1["rental_id"], s1["env_id"], s1["project"], s1["status"], s1["error_msg"]) == (
+            "r1",
+            "env1",
+            "p1b",
+            wire.ERROR,
+            "compose failed",
+        )
         assert wire.is_iso(s1["updated_at"])
         assert stacks["s2"]["status"] == wire.APPLIED and stacks["s2"]["error_msg"] == ""
         db.stack_status("s1", "r1", "env1", "p1b", wire.APPLIED)  # error cleared
@@ -275,6 +283,7 @@ def test_stacks_are_recorded_updated_and_forgotten(db_path):
 
 
 # ---- rentals -------------------------------------------------------------------
+
 
 def test_rental_end_date_reports_only_changes(db_path):
     db = AgentDB(db_path)
@@ -300,8 +309,12 @@ def test_rental_gpus_and_end(db_path):
     db = reopen(db)
     try:
         rentals = db.rentals()
-        assert rentals["r1"] == {"rental_id": "r1", "end_date": "2030-01-01T00:00:00Z",
-                                 "gpus": ["GPU-1", "GPU-2"], "ended_at": None}
+        assert rentals["r1"] == {
+            "rental_id": "r1",
+            "end_date": "2030-01-01T00:00:00Z",
+            "gpus": ["GPU-1", "GPU-2"],
+            "ended_at": None,
+        }
         assert rentals["r2"]["gpus"] == ["GPU-3"] and rentals["r2"]["end_date"] is None
         # a new end date keeps the GPUs
         assert db.rental_end_date("r1", "2030-06-01T00:00:00Z") is True
@@ -320,6 +333,7 @@ def test_rental_gpus_and_end(db_path):
 
 # ---- outbox rows and meta --------------------------------------------------------
 
+
 def test_outbox_rows_keep_their_seq_when_replaced(db_path):
     db = AgentDB(db_path)
     db.outbox_put("status", "s1", 1, {"status": "APPLYING"})
@@ -328,14 +342,18 @@ def test_outbox_rows_keep_their_seq_when_replaced(db_path):
     db.outbox_put("status", "s1", 7, {"status": "APPLIED"})  # replaces, keeps seq 1
     db = reopen(db)
     try:
-        assert db.outbox_entries() == [("status", "s1", 1, {"status": "APPLIED"}),
-                                       ("containers", "s1", 2, {"n": 1}),
-                                       ("job", "j1", 3, {"outcome": "succeeded"})]
+        assert db.outbox_entries() == [
+            ("status", "s1", 1, {"status": "APPLIED"}),
+            ("containers", "s1", 2, {"n": 1}),
+            ("job", "j1", 3, {"outcome": "succeeded"}),
+        ]
         db.outbox_delete("containers", "s1")
         db.outbox_delete("containers", "nothing")  # no error
         db = reopen(db)
-        assert [(kind, target, seq) for kind, target, seq, _ in db.outbox_entries()] == \
-            [("status", "s1", 1), ("job", "j1", 3)]
+        assert [(kind, target, seq) for kind, target, seq, _ in db.outbox_entries()] == [
+            ("status", "s1", 1),
+            ("job", "j1", 3),
+        ]
     finally:
         db.close()
 

@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.agent_config import make_config
 
 from gpuhost_agent.common import logs
-from gpuhost_agent.service import metrics, status_cli, status_server
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.core.reconcile_plan import Action
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.service import metrics, status_cli, status_server
 from gpuhost_agent.service.wiring import build_agent
 
-from support.agent_config import make_config
 
 def parse_prometheus(text: str) -> tuple[dict[str, str], list[tuple[str, dict, float]]]:
     """(types by family, samples), read by prometheus_client's own parser: what
@@ -44,7 +44,7 @@ def parse_prometheus(text: str) -> tuple[dict[str, str], list[tuple[str, dict, f
 
 
 def _value(samples, name, **labels) -> float:
-    found = [v for n, l, v in samples if n == name and all(l.get(k) == str(x) for k, x in labels.items())]
+    found = [v for n, got, v in samples if n == name and all(got.get(k) == str(x) for k, x in labels.items())]
     assert len(found) == 1, (name, labels, found)
     return found[0]
 
@@ -73,14 +73,37 @@ def test_histogram_is_cumulative_per_label_set():
 def test_collect_from_figures():
     histogram = metrics.deploy_histogram()
     histogram.labels(outcome="succeeded").observe(12.0)
-    figures = {"uptime_seconds": 5.0, "connected": True, "jobs": {"succeeded": 4, "failed": 1}, "jobs_running": 0,
-               "deploy_durations": histogram, "reports": {"pending": 2, "sent": 9, "rejected": 0, "dropped": 1},
-               "reconnects": 3, "engine_up": False, "engine_outages": 2, "reconcile_runs": 7,
-               "gpus": [{"index": 0, "uuid": "GPU-abc", "utilizationPercent": 87, "memoryUsedBytes": 1024,
-                         "temperatureC": 61, "powerW": 250.5},
-                        {"index": 1, "uuid": "GPU-def", "utilizationPercent": None, "memoryUsedBytes": 0,
-                         "temperatureC": None, "powerW": None},
-                        {"index": 2, "error": "handle: not supported"}]}
+    figures = {
+        "uptime_seconds": 5.0,
+        "connected": True,
+        "jobs": {"succeeded": 4, "failed": 1},
+        "jobs_running": 0,
+        "deploy_durations": histogram,
+        "reports": {"pending": 2, "sent": 9, "rejected": 0, "dropped": 1},
+        "reconnects": 3,
+        "engine_up": False,
+        "engine_outages": 2,
+        "reconcile_runs": 7,
+        "gpus": [
+            {
+                "index": 0,
+                "uuid": "GPU-abc",
+                "utilizationPercent": 87,
+                "memoryUsedBytes": 1024,
+                "temperatureC": 61,
+                "powerW": 250.5,
+            },
+            {
+                "index": 1,
+                "uuid": "GPU-def",
+                "utilizationPercent": None,
+                "memoryUsedBytes": 0,
+                "temperatureC": None,
+                "powerW": None,
+            },
+            {"index": 2, "error": "handle: not supported"},
+        ],
+    }
     types, samples = parse_prometheus(metrics.render(figures).decode())
     assert types["gpuhost_jobs_total"] == "counter" and types["gpuhost_deploy_duration_seconds"] == "histogram"
     assert _value(samples, "gpuhost_jobs_total", outcome="succeeded") == 4
@@ -154,8 +177,10 @@ async def test_status_over_the_socket(parts, short_dir):
         assert status["rentals"][0]["rentalId"] == "rent-1"
         assert status["jobs"]["outcomes"] == {"succeeded": 2, "failed": 1}
         assert status["reports"]["pending"] == parts.outbox.pending()
-        assert status["reconcile"] == {"runs": 2, "lastActions": [{"kind": "report", "target": "stk-2",
-                                                                   "why": "container exited"}]}
+        assert status["reconcile"] == {
+            "runs": 2,
+            "lastActions": [{"kind": "report", "target": "stk-2", "why": "container exited"}],
+        }
         assert set(status["heartbeat"]) >= {"lastAt", "failures", "intervalSeconds"}
         assert status["metricsEnabled"] is False
         code, body = await _get(sock, "/metrics")
@@ -203,8 +228,9 @@ async def test_metrics_over_the_socket(parts, short_dir):
 
 
 async def test_metrics_listen_must_be_loopback(parts, short_dir):
-    server = status_server.StatusServer(status_server.StatusSource(parts, metrics_enabled=True),
-                                        short_dir / "agent.sock", ("0.0.0.0", 0))
+    server = status_server.StatusServer(
+        status_server.StatusSource(parts, metrics_enabled=True), short_dir / "agent.sock", ("0.0.0.0", 0)
+    )
     with pytest.raises(status_server.StatusSocketError, match="loopback"):
         await server.start()
     await server.stop()
@@ -251,6 +277,7 @@ def test_not_running(short_dir):
 def test_permission_denied_says_root(monkeypatch, short_dir):
     def refuse(self):
         raise PermissionError(13, "Permission denied")
+
     monkeypatch.setattr(status_cli._UnixConnection, "connect", refuse)
     err = io.StringIO()
     assert status_cli.run(short_dir / "agent.sock", err=err) == status_cli.EXIT_DENIED == 4
@@ -267,16 +294,23 @@ async def test_other_users_cannot_open_the_socket(parts, short_dir):
     sock = short_dir / "agent.sock"
     server = await status_server.start(parts, sock)
     try:
-        code = ("import sys; from gpuhost_agent.service import status_cli; "
-                f"sys.exit(status_cli.run({str(sock)!r}))")
+        code = f"import sys; from gpuhost_agent.service import status_cli; sys.exit(status_cli.run({str(sock)!r}))"
         src = str(Path(status_cli.__file__).parents[2])
         # the client needs only the stdlib
         python = await asyncio.to_thread(shutil.which, "python3", path="/usr/bin:/bin") or sys.executable
         try:
             result = await asyncio.to_thread(
-                subprocess.run, [python, "-c", code], capture_output=True, text=True, timeout=30,
-                user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[], cwd="/",
-                env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"})
+                subprocess.run,
+                [python, "-c", code],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                user=nobody.pw_uid,
+                group=nobody.pw_gid,
+                extra_groups=[],
+                cwd="/",
+                env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"},
+            )
         except PermissionError as exc:
             pytest.skip(f"no Python that user nobody may run here: {exc}")
         if "ModuleNotFoundError" in result.stderr or "Permission denied: '" in result.stderr:
@@ -293,21 +327,53 @@ def test_last_error_recorder_keeps_newest_warning_or_error():
     event = {"event": "job_poll_failed", "level": "info", "timestamp": "t0"}
     assert recorder(None, "info", dict(event)) == event
     assert recorder.get() is None
-    recorder(None, "warning", {"event": "heartbeat_failed", "level": "warning", "timestamp": "t1",
-                               "error": "refused", "other": "ignored"})
-    recorder(None, "error", {"event": "docker_unreachable", "level": "error", "timestamp": "t2",
-                             "error": "no socket", "hint": "start docker", "stack_id": "stk-1"})
-    assert recorder.get() == {"at": "t2", "level": "error", "event": "docker_unreachable", "error": "no socket",
-                              "hint": "start docker", "stack_id": "stk-1"}
+    recorder(
+        None,
+        "warning",
+        {"event": "heartbeat_failed", "level": "warning", "timestamp": "t1", "error": "refused", "other": "ignored"},
+    )
+    recorder(
+        None,
+        "error",
+        {
+            "event": "docker_unreachable",
+            "level": "error",
+            "timestamp": "t2",
+            "error": "no socket",
+            "hint": "start docker",
+            "stack_id": "stk-1",
+        },
+    )
+    assert recorder.get() == {
+        "at": "t2",
+        "level": "error",
+        "event": "docker_unreachable",
+        "error": "no socket",
+        "hint": "start docker",
+        "stack_id": "stk-1",
+    }
     assert recorder.counts == {"warning": 1, "error": 1}
 
 
 def test_render_shows_last_error_and_no_stacks():
-    text = status_cli.render({"version": "0.1.0", "pid": 1, "since": wire.iso(), "connected": False,
-                              "initState": {"state": "failed", "phase": "docker", "error": "docker: down"},
-                              "lastError": {"at": "t", "level": "error", "event": "docker_unreachable",
-                                            "error": "no socket", "hint": "start docker"},
-                              "heartbeat": {"lastAt": None, "failures": 3}, "stacks": []})
+    text = status_cli.render(
+        {
+            "version": "0.1.0",
+            "pid": 1,
+            "since": wire.iso(),
+            "connected": False,
+            "initState": {"state": "failed", "phase": "docker", "error": "docker: down"},
+            "lastError": {
+                "at": "t",
+                "level": "error",
+                "event": "docker_unreachable",
+                "error": "no socket",
+                "hint": "start docker",
+            },
+            "heartbeat": {"lastAt": None, "failures": 3},
+            "stacks": [],
+        }
+    )
     assert "connected:       NO" in text
     assert "failed (phase docker): docker: down" in text
     assert "docker_unreachable: no socket" in text and "hint: start docker" in text
@@ -324,6 +390,7 @@ def test_non_root_is_told_the_system_socket_is_roots(monkeypatch, short_dir):
         if self == locked / "agent.sock":
             raise PermissionError(13, "Permission denied")
         return real_lstat(self)
+
     monkeypatch.setattr(Path, "lstat", lstat)
     monkeypatch.setattr(status_cli.os, "geteuid", lambda: 1000)
     monkeypatch.setattr(status_cli, "SYSTEM_SOCKET", locked / "agent.sock")

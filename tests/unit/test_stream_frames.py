@@ -6,11 +6,19 @@ import struct
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.renter_streams import Demux
 
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.streams import frames
-from gpuhost_agent.streams.requests import CancelRequest, LogsRequest, Refusal, TerminalRequest, check_access, parse_request, parse_resize
-from support.renter_streams import Demux
+from gpuhost_agent.streams.requests import (
+    CancelRequest,
+    LogsRequest,
+    Refusal,
+    TerminalRequest,
+    check_access,
+    parse_request,
+    parse_resize,
+)
 
 T1 = b"2024-05-09T07:35:25.000000001Z"
 T2 = b"2024-05-09T07:35:25.000000002Z"
@@ -49,8 +57,11 @@ STREAM = engine_frame(1, T1, b"one\n") + engine_frame(2, T2, b"two words\n") + e
 def test_frames_survive_any_chunking(cuts, keep):
     demux = run(frames.FrameParser(keep), STREAM, cuts)
     prefix = (lambda t: t.decode() + " ") if keep else (lambda t: "")
-    assert demux.frames == [(1, (prefix(T1) + "one\n").encode()), (2, (prefix(T2) + "two words\n").encode()),
-                            (1, (prefix(T3) + "three\n").encode())]
+    assert demux.frames == [
+        (1, (prefix(T1) + "one\n").encode()),
+        (2, (prefix(T2) + "two words\n").encode()),
+        (1, (prefix(T3) + "three\n").encode()),
+    ]
 
 
 def test_last_timestamp_and_resume_skip_what_was_sent():
@@ -93,9 +104,11 @@ def test_engine_error_frame_and_garbage_are_refused():
 
 def test_agent_messages_and_timestamps():
     assert Demux().feed(frames.dropped_frame(3, 120)) == [
-        (3, b"gpuhost: 3 log lines (120 bytes) dropped: the reader fell behind\n")]
+        (3, b"gpuhost: 3 log lines (120 bytes) dropped: the reader fell behind\n")
+    ]
     assert Demux().feed(frames.exited_frame(137)) == [
-        (3, b"gpuhost: container exited with code 137; following on when it starts again\n")]
+        (3, b"gpuhost: container exited with code 137; following on when it starts again\n")
+    ]
     assert frames.timestamp_key(b"2024-05-09T09:35:26.5+02:00") == T3
     assert frames.timestamp_seconds(b"2024-05-09T07:35:25Z") == (1715240125, 0)
 
@@ -106,21 +119,35 @@ BASE = {"streamId": "s-1", "rentalId": "r1", "stackId": "k1", "containerId": "c1
 
 def test_logs_and_terminal_requests_with_defaults():
     assert parse_request({"type": "logs", **BASE}) == LogsRequest("s-1", "r1", "k1", "c1")
-    assert parse_request({"type": "logs", **BASE, "tail": 0, "since": 5, "timestamps": True, "follow": True}) == \
-        LogsRequest("s-1", "r1", "k1", "c1", 0, 5, True, True)
-    assert parse_request({"type": "terminal", **BASE, "containerId": "/web-1"}) == \
-        TerminalRequest("s-1", "r1", "k1", "web-1", ("/bin/sh",), 80, 24)
-    assert parse_request({"type": "terminal", **BASE, "command": ["bash", "-l"], "cols": 1000, "rows": 1}).command == \
-        ("bash", "-l")
+    assert parse_request(
+        {"type": "logs", **BASE, "tail": 0, "since": 5, "timestamps": True, "follow": True}
+    ) == LogsRequest("s-1", "r1", "k1", "c1", 0, 5, True, True)
+    assert parse_request({"type": "terminal", **BASE, "containerId": "/web-1"}) == TerminalRequest(
+        "s-1", "r1", "k1", "web-1", ("/bin/sh",), 80, 24
+    )
+    assert parse_request({"type": "terminal", **BASE, "command": ["bash", "-l"], "cols": 1000, "rows": 1}).command == (
+        "bash",
+        "-l",
+    )
     assert parse_request({"type": "cancel", "streamId": "x"}) == CancelRequest("x")
 
 
 def test_bad_requests_are_refused_with_400_or_ignored():
-    bad = [{"tail": -1}, {"tail": True}, {"since": "yesterday"}, {"follow": "yes"}, {"containerId": "../etc"},
-           {"rentalId": ""}, {"type": "terminal", "cols": 0}, {"type": "terminal", "rows": 1001},
-           {"type": "terminal", "command": []}, {"type": "terminal", "command": ["x"] * 65},
-           {"type": "terminal", "command": ["x" * 4097]}, {"type": "terminal", "command": "sh"},
-           {"type": "launch"}]
+    bad = [
+        {"tail": -1},
+        {"tail": True},
+        {"since": "yesterday"},
+        {"follow": "yes"},
+        {"containerId": "../etc"},
+        {"rentalId": ""},
+        {"type": "terminal", "cols": 0},
+        {"type": "terminal", "rows": 1001},
+        {"type": "terminal", "command": []},
+        {"type": "terminal", "command": ["x"] * 65},
+        {"type": "terminal", "command": ["x" * 4097]},
+        {"type": "terminal", "command": "sh"},
+        {"type": "launch"},
+    ]
     for change in bad:
         refusal = parse_request({"type": "logs", **BASE, **change})
         assert isinstance(refusal, Refusal) and refusal.status == 400 and refusal.stream_id == "s-1", change
@@ -137,8 +164,12 @@ def test_access_needs_every_label():
     request = parse_request({"type": "logs", **BASE})
     good = {wire.LABEL_MANAGED: "true", wire.LABEL_ENV: "e", wire.LABEL_RENTAL: "r1", wire.LABEL_STACK: "k1"}
     assert check_access(good, "e", request) is None
-    for key, value in [(wire.LABEL_MANAGED, "check"), (wire.LABEL_ENV, "other"), (wire.LABEL_RENTAL, "r2"),
-                       (wire.LABEL_STACK, "k2")]:
+    for key, value in [
+        (wire.LABEL_MANAGED, "check"),
+        (wire.LABEL_ENV, "other"),
+        (wire.LABEL_RENTAL, "r2"),
+        (wire.LABEL_STACK, "k2"),
+    ]:
         refusal = check_access({**good, key: value}, "e", request)
         assert (refusal.status, refusal.error) == (404, "no such container in this stack")
     assert check_access(None, "e", request).status == 404
@@ -146,8 +177,14 @@ def test_access_needs_every_label():
 
 def test_resize_messages():
     assert parse_resize({"type": "resize", "cols": 120, "rows": 40}) == (120, 40)
-    for bad in ({"type": "resize", "cols": 0, "rows": 4}, {"type": "resize", "cols": 5}, {"type": "x"}, [],
-                {"type": "resize", "cols": 1001, "rows": 4}, {"type": "resize", "cols": True, "rows": 4}):
+    for bad in (
+        {"type": "resize", "cols": 0, "rows": 4},
+        {"type": "resize", "cols": 5},
+        {"type": "x"},
+        [],
+        {"type": "resize", "cols": 1001, "rows": 4},
+        {"type": "resize", "cols": True, "rows": 4},
+    ):
         assert parse_resize(bad) is None
 
 

@@ -13,14 +13,14 @@ import time
 
 import aiohttp
 import pytest
+from support.openapi_check import AGENT_DOC, LOCAL_DOC, check_named, load
+from support.stacks import TEMPLATE
 
 from gpuhost_agent.common import logs
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.local_marketplace import channel_api, channel_hub, server, terminal_tickets
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.store import Store
-from support.stacks import TEMPLATE
-from support.openapi_check import AGENT_DOC, LOCAL_DOC, check_named, load
+from gpuhost_agent.protocol import wire
 
 CONTAINER_ID = "4c01db0b339c4a4e0b5e9d0b1f4e8c6f0a7b9d2e3f4a5b6c7d8e9f0a1b2c3d4e"
 AGENT_DOC_LOADED = load(AGENT_DOC)
@@ -53,16 +53,19 @@ class World:
         assert status == 201
         status, stack_id = await self.call("POST", f"/rentals/{rental['rentalId']}/stacks", {"template": TEMPLATE})
         assert status == 201
-        status, _ = await self.call("PUT", f"/agent/stacks/{stack_id}/containers",
-                                    {"containers": [container(name, container_id)], "observedAt": wire.iso()},
-                                    self.agent_key)
+        status, _ = await self.call(
+            "PUT",
+            f"/agent/stacks/{stack_id}/containers",
+            {"containers": [container(name, container_id)], "observedAt": wire.iso()},
+            self.agent_key,
+        )
         assert status == 200
         return rental["rentalId"], stack_id
 
     def logs_url(self, rental_id: str, stack_id: str, container_ref: str = CONTAINER_ID) -> str:
         return f"{self.base}/rentals/{rental_id}/stacks/{stack_id}/containers/{container_ref}/logs"
 
-    async def agent(self, session: str | None = None) -> "ScriptedAgent":
+    async def agent(self, session: str | None = None) -> ScriptedAgent:
         agent = ScriptedAgent(self)
         await agent.connect(session)
         return agent
@@ -77,8 +80,9 @@ class ScriptedAgent:
         return {**self.world.agent_key, **({wire.SESSION_HEADER: session} if session else {})}
 
     async def connect(self, session: str | None = None) -> None:
-        self.channel = await self.world.http.ws_connect(self.world.base + "/agent/channel",
-                                                        headers=self.headers(session))
+        self.channel = await self.world.http.ws_connect(
+            self.world.base + "/agent/channel", headers=self.headers(session)
+        )
         self.world.sockets.append(self.channel)
         await until(lambda: self.world.state.streams.connected)
 
@@ -92,8 +96,9 @@ class ScriptedAgent:
             await self.channel.receive(seconds)
 
     async def open_stream(self, stream_id: str, heartbeat: float | None = None) -> aiohttp.ClientWebSocketResponse:
-        stream = await self.world.http.ws_connect(f"{self.world.base}/agent/streams/{stream_id}",
-                                                  headers=self.headers(), heartbeat=heartbeat)
+        stream = await self.world.http.ws_connect(
+            f"{self.world.base}/agent/streams/{stream_id}", headers=self.headers(), heartbeat=heartbeat
+        )
         self.world.sockets.append(stream)
         return stream
 
@@ -126,17 +131,27 @@ async def handshake_status(coroutine) -> int:
 
 # ---- logs ---------------------------------------------------------------------------
 
+
 async def test_logs_are_relayed_byte_exact(world):
     rental_id, stack_id = await world.stack_with_container()
     agent = await world.agent()
     params = {"tail": "10", "since": "2024-01-01T00:00:00Z", "timestamps": "true"}
-    renter = asyncio.create_task(world.http.get(world.logs_url(rental_id, stack_id, "web-1"), headers=world.renter,
-                                                params=params))
+    renter = asyncio.create_task(
+        world.http.get(world.logs_url(rental_id, stack_id, "web-1"), headers=world.renter, params=params)
+    )
     request = await agent.request()
     check_named(AGENT_DOC_LOADED, request, "ChannelLogsRequest")
-    assert request == {"type": "logs", "streamId": request["streamId"], "rentalId": rental_id, "stackId": stack_id,
-                       "containerId": CONTAINER_ID, "tail": 10, "since": 1704067200, "timestamps": True,
-                       "follow": False}
+    assert request == {
+        "type": "logs",
+        "streamId": request["streamId"],
+        "rentalId": rental_id,
+        "stackId": stack_id,
+        "containerId": CONTAINER_ID,
+        "tail": 10,
+        "since": 1704067200,
+        "timestamps": True,
+        "follow": False,
+    }
     stream = await agent.open_stream(request["streamId"])
     chunks = [frame(1, b"hello\n") + frame(2, b"oops\n"), frame(1, bytes(range(256)) * 300)]
     for chunk in chunks:
@@ -153,8 +168,9 @@ async def test_logs_are_relayed_byte_exact(world):
 async def test_follow_streams_as_frames_come_and_says_why_it_ended(world):
     rental_id, stack_id = await world.stack_with_container()
     agent = await world.agent()
-    renter = asyncio.create_task(world.http.get(world.logs_url(rental_id, stack_id), headers=world.renter,
-                                                params={"follow": "1", "tail": "all"}))
+    renter = asyncio.create_task(
+        world.http.get(world.logs_url(rental_id, stack_id), headers=world.renter, params={"follow": "1", "tail": "all"})
+    )
     request = await agent.request()
     assert request["follow"] is True and "tail" not in request and "since" not in request
     stream = await agent.open_stream(request["streamId"])
@@ -171,8 +187,12 @@ async def test_a_container_of_another_stack_or_rental_is_404(world):
     rental_a, stack_a = await world.stack_with_container("a-web-1", "a" * 64)
     rental_b, stack_b = await world.stack_with_container("b-web-1", "b" * 64)
     agent = await world.agent()
-    for url in (world.logs_url(rental_a, stack_a, "b" * 64), world.logs_url(rental_a, stack_a, "b-web-1"),
-                world.logs_url(rental_a, stack_b, "b" * 64), world.logs_url(rental_a, stack_a, "nope")):
+    for url in (
+        world.logs_url(rental_a, stack_a, "b" * 64),
+        world.logs_url(rental_a, stack_a, "b-web-1"),
+        world.logs_url(rental_a, stack_b, "b" * 64),
+        world.logs_url(rental_a, stack_a, "nope"),
+    ):
         async with world.http.get(url, headers=world.renter) as response:
             assert response.status == 404, url
     status, _ = await world.call("POST", f"/rentals/{rental_b}/stacks/{stack_a}/containers/{'a' * 64}/terminal")
@@ -180,10 +200,17 @@ async def test_a_container_of_another_stack_or_rental_is_404(world):
     await agent.nothing_asked()
 
 
-@pytest.mark.parametrize("params, fragment", [
-    ({"tail": "-1"}, "tail"), ({"tail": "ten"}, "tail"), ({"since": "yesterday"}, "since"),
-    ({"since": "1.5"}, "since"), ({"follow": "maybe"}, "follow"), ({"timestamps": "2"}, "timestamps"),
-])
+@pytest.mark.parametrize(
+    "params, fragment",
+    [
+        ({"tail": "-1"}, "tail"),
+        ({"tail": "ten"}, "tail"),
+        ({"since": "yesterday"}, "since"),
+        ({"since": "1.5"}, "since"),
+        ({"follow": "maybe"}, "follow"),
+        ({"timestamps": "2"}, "timestamps"),
+    ],
+)
 async def test_bad_query_is_400(world, params, fragment):
     rental_id, stack_id = await world.stack_with_container()
     async with world.http.get(world.logs_url(rental_id, stack_id), headers=world.renter, params=params) as response:
@@ -230,8 +257,9 @@ async def test_a_refusal_answers_with_its_status(world, refusal, status):
 async def test_renter_leaving_closes_the_agent_stream(world):
     rental_id, stack_id = await world.stack_with_container()
     agent = await world.agent()
-    renter = asyncio.create_task(world.http.get(world.logs_url(rental_id, stack_id), headers=world.renter,
-                                                params={"follow": "true"}))
+    renter = asyncio.create_task(
+        world.http.get(world.logs_url(rental_id, stack_id), headers=world.renter, params={"follow": "true"})
+    )
     stream = await agent.open_stream((await agent.request())["streamId"])
     response = await renter
     await stream.send_bytes(frame(1, b"x\n"))
@@ -242,13 +270,15 @@ async def test_renter_leaving_closes_the_agent_stream(world):
     await until(lambda: not world.state.streams.live)
 
 
-async def stalled_flood(world: World, agent: ScriptedAgent, rental_id: str, stack_id: str,
-                        heartbeat: float | None = None):
+async def stalled_flood(
+    world: World, agent: ScriptedAgent, rental_id: str, stack_id: str, heartbeat: float | None = None
+):
     """A follow stream whose renter reads nothing while the agent sends as fast as
     it can, once the agent's sends have made no progress for a second:
     (renter response, agent stream, bytes sent, stop event, sender task)."""
-    renter = asyncio.create_task(world.http.get(world.logs_url(rental_id, stack_id), headers=world.renter,
-                                                params={"follow": "true"}))
+    renter = asyncio.create_task(
+        world.http.get(world.logs_url(rental_id, stack_id), headers=world.renter, params={"follow": "true"})
+    )
     stream = await agent.open_stream((await agent.request())["streamId"], heartbeat=heartbeat)
     response = await renter
     chunk = frame(1, b"y" * (256 * 1024 - 8))
@@ -280,8 +310,9 @@ async def test_a_renter_that_does_not_read_stalls_the_agent(world):
     behind the data the marketplace leaves unread, so only the marketplace's
     own pings keep the stream open through the stall."""
     rental_id, stack_id = await world.stack_with_container()
-    response, _stream, sent, stop, sender = await stalled_flood(world, await world.agent(), rental_id, stack_id,
-                                                                heartbeat=0.6)
+    response, _stream, sent, stop, sender = await stalled_flood(
+        world, await world.agent(), rental_id, stack_id, heartbeat=0.6
+    )
     assert sent[0] < 96 * 1024 * 1024, f"{sent[0]} bytes went out before the sends blocked (socket buffers only)"
     stop.set()
     received = len(await asyncio.wait_for(response.read(), 30))
@@ -306,9 +337,11 @@ async def test_a_renter_that_does_not_read_does_not_hold_the_agent_stream_past_a
 
 # ---- terminals ---------------------------------------------------------------------
 
+
 async def create_terminal(world: World, rental_id: str, stack_id: str, body=None, ref: str = "web-1") -> dict:
-    status, created = await world.call("POST", f"/rentals/{rental_id}/stacks/{stack_id}/containers/{ref}/terminal",
-                                       body)
+    status, created = await world.call(
+        "POST", f"/rentals/{rental_id}/stacks/{stack_id}/containers/{ref}/terminal", body
+    )
     assert status == 201, created
     return created
 
@@ -316,8 +349,9 @@ async def create_terminal(world: World, rental_id: str, stack_id: str, body=None
 async def test_terminal_relays_both_ways(world):
     rental_id, stack_id = await world.stack_with_container()
     agent = await world.agent()
-    created = await create_terminal(world, rental_id, stack_id, {"command": ["/bin/bash", "-l"], "cols": 100,
-                                                                 "rows": 30})
+    created = await create_terminal(
+        world, rental_id, stack_id, {"command": ["/bin/bash", "-l"], "cols": 100, "rows": 30}
+    )
     assert set(created) == {"terminalId", "url", "expiresAt"}
     host = world.base.removeprefix("http://").removesuffix("/v1")
     assert created["url"].startswith(f"ws://{host}/v1/terminals/{created['terminalId']}?token=")
@@ -326,9 +360,16 @@ async def test_terminal_relays_both_ways(world):
     renter = asyncio.create_task(world.http.ws_connect(created["url"]))  # no API key
     request = await agent.request()
     check_named(AGENT_DOC_LOADED, request, "ChannelTerminalRequest")
-    assert request == {"type": "terminal", "streamId": request["streamId"], "rentalId": rental_id,
-                       "stackId": stack_id, "containerId": CONTAINER_ID, "command": ["/bin/bash", "-l"],
-                       "cols": 100, "rows": 30}
+    assert request == {
+        "type": "terminal",
+        "streamId": request["streamId"],
+        "rentalId": rental_id,
+        "stackId": stack_id,
+        "containerId": CONTAINER_ID,
+        "command": ["/bin/bash", "-l"],
+        "cols": 100,
+        "rows": 30,
+    }
     stream = await agent.open_stream(request["streamId"])
     terminal = await renter
     await terminal.send_bytes(b"ls\n")
@@ -356,15 +397,24 @@ async def test_terminal_defaults_and_bad_bodies(world):
     renter = asyncio.create_task(world.http.ws_connect(created["url"]))
     request = await agent.request()
     assert (request["command"], request["cols"], request["rows"]) == (["/bin/sh"], 80, 24)
-    await agent.channel.send_json({"type": "refused", "streamId": request["streamId"], "status": 409,
-                                   "error": "container is not running"})
+    await agent.channel.send_json(
+        {"type": "refused", "streamId": request["streamId"], "status": 409, "error": "container is not running"}
+    )
     terminal = await renter
     end = json.loads((await terminal.receive(5)).data)
     assert end["type"] == "end" and end["reason"] == "error" and end["status"] == 409
     assert "container is not running" in end["error"]
     path = f"/rentals/{rental_id}/stacks/{stack_id}/containers/web-1/terminal"
-    for body in ({"command": []}, {"command": "sh"}, {"command": ["sh", 1]}, {"command": ["x"] * 65},
-                 {"cols": 0}, {"rows": 1001}, {"cols": True}, [1]):
+    for body in (
+        {"command": []},
+        {"command": "sh"},
+        {"command": ["sh", 1]},
+        {"command": ["x"] * 65},
+        {"cols": 0},
+        {"rows": 1001},
+        {"cols": True},
+        [1],
+    ):
         status, error = await world.call("POST", path, body)
         assert status == 400, body
 
@@ -405,16 +455,19 @@ async def test_only_the_terminal_route_is_public(world):
         assert response.status in (401, 405)
     assert await handshake_status(world.http.ws_connect(world.base + "/agent/channel", headers=world.renter)) == 401
     assert await handshake_status(world.http.ws_connect(world.base + "/agent/streams/abc", headers=world.renter)) == 401
-    assert await handshake_status(world.http.ws_connect(world.base + "/agent/streams/abc",
-                                                        headers=world.agent_key)) == 404
+    assert (
+        await handshake_status(world.http.ws_connect(world.base + "/agent/streams/abc", headers=world.agent_key)) == 404
+    )
 
 
 # ---- rentals, channels, sessions -------------------------------------------------------
 
+
 async def open_both(world: World, agent: ScriptedAgent, rental_id: str, stack_id: str):
     """A follow log stream and a terminal, both relaying: (logs response, terminal, agent streams)."""
-    renter_logs = asyncio.create_task(world.http.get(world.logs_url(rental_id, stack_id), headers=world.renter,
-                                                     params={"follow": "true"}))
+    renter_logs = asyncio.create_task(
+        world.http.get(world.logs_url(rental_id, stack_id), headers=world.renter, params={"follow": "true"})
+    )
     log_stream = await agent.open_stream((await agent.request())["streamId"])
     response = await renter_logs
     created = await create_terminal(world, rental_id, stack_id)
@@ -429,8 +482,11 @@ async def test_ending_a_rental_ends_its_streams(world, how):
     other_rental, other_stack = await world.stack_with_container("other-1", "f" * 64)
     agent = await world.agent()
     response, terminal, agent_streams = await open_both(world, agent, rental_id, stack_id)
-    other = asyncio.create_task(world.http.get(world.logs_url(other_rental, other_stack, "f" * 64),
-                                               headers=world.renter, params={"follow": "true"}))
+    other = asyncio.create_task(
+        world.http.get(
+            world.logs_url(other_rental, other_stack, "f" * 64), headers=world.renter, params={"follow": "true"}
+        )
+    )
     other_stream = await agent.open_stream((await agent.request())["streamId"])
     other_response = await other
     if how == "renter ends it":

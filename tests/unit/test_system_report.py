@@ -7,20 +7,22 @@ import copy
 
 from support.machine_samples import good_host
 
-from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.inventory.system_data import build_report
 from gpuhost_agent.local_marketplace.host_api import heartbeat_problem, system_data_problem
+from gpuhost_agent.protocol.requirements import Requirements
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def _data() -> dict:
     data = good_host()
-    data.update(probedAt="2026-11-21T10:00:00.000000Z", agentVersion="0.1.0", hostname="gpu-1",
-                networkSpeed=None, location=None)
-    data["host"].update(cpu={"model": "EPYC", "physicalCores": 64, "logicalCores": 128},
-                        memory={"totalBytes": 512 * GIB})
-    data["host"]["storage"]["freeBytes"] = 800 * GIB + 100 * 1024 ** 2
+    data.update(
+        probedAt="2026-11-21T10:00:00.000000Z", agentVersion="0.1.0", hostname="gpu-1", networkSpeed=None, location=None
+    )
+    data["host"].update(
+        cpu={"model": "EPYC", "physicalCores": 64, "logicalCores": 128}, memory={"totalBytes": 512 * GIB}
+    )
+    data["host"]["storage"]["freeBytes"] = 800 * GIB + 100 * 1024**2
     return data
 
 
@@ -29,7 +31,7 @@ def test_fingerprint_ignores_live_figures() -> None:
     later = _data()
     later["probedAt"] = "2026-11-21T10:05:00.000000Z"
     later["host"]["clock"]["maxErrorMs"] = 99.0
-    later["host"]["storage"]["freeBytes"] += 300 * 1024 ** 2  # same whole GiB
+    later["host"]["storage"]["freeBytes"] += 300 * 1024**2  # same whole GiB
     again = build_report(later, Requirements(), clock_skew_seconds=0.3)  # the wording quotes the skew
     assert again["compliance"]["checks"] != base["compliance"]["checks"]
     assert again["fingerprint"] == base["fingerprint"]
@@ -37,10 +39,12 @@ def test_fingerprint_ignores_live_figures() -> None:
 
 def test_fingerprint_moves_when_something_shown_changes() -> None:
     base = build_report(_data(), Requirements(), None)["fingerprint"]
-    for change in (lambda d: d["nvml"]["gpus"].pop(),
-                   lambda d: d["host"]["storage"].update(freeBytes=10 * GIB),
-                   lambda d: d.update(location="DE-Berlin"),
-                   lambda d: d["nvml"].update(driverVersion="560.28.03")):
+    for change in (
+        lambda d: d["nvml"]["gpus"].pop(),
+        lambda d: d["host"]["storage"].update(freeBytes=10 * GIB),
+        lambda d: d.update(location="DE-Berlin"),
+        lambda d: d["nvml"].update(driverVersion="560.28.03"),
+    ):
         data = copy.deepcopy(_data())
         change(data)
         assert build_report(data, Requirements(), None)["fingerprint"] != base
@@ -61,10 +65,17 @@ def test_marketplace_checks_the_fields_renters_see() -> None:
 
 
 def test_heartbeat_figures_must_be_numbers() -> None:
-    beat = {"sentAt": "2026-11-21T10:00:00Z", "host": {"load1": 0.5, "diskFreeBytes": None},
-            "gpus": [{"index": 0, "uuid": "GPU-1", "temperatureC": 40, "powerW": None}]}
+    beat = {
+        "sentAt": "2026-11-21T10:00:00Z",
+        "host": {"load1": 0.5, "diskFreeBytes": None},
+        "gpus": [{"index": 0, "uuid": "GPU-1", "temperatureC": 40, "powerW": None}],
+    }
     assert heartbeat_problem(beat) is None
-    assert heartbeat_problem({**beat, "host": {"load1": "<script>"}}) == "host.load1 must be a non-negative number or null"
-    assert heartbeat_problem({**beat, "gpus": [{"index": 0, "temperatureC": "hot"}]}) == \
-        "gpus[0].temperatureC must be a non-negative number or null"
+    assert (
+        heartbeat_problem({**beat, "host": {"load1": "<script>"}}) == "host.load1 must be a non-negative number or null"
+    )
+    assert (
+        heartbeat_problem({**beat, "gpus": [{"index": 0, "temperatureC": "hot"}]})
+        == "gpus[0].temperatureC must be a non-negative number or null"
+    )
     assert heartbeat_problem({**beat, "gpus": ["GPU-1"]}) == "gpus[0] must be an object"

@@ -100,14 +100,30 @@ def test_logs_go_to_the_journal(unit: dict) -> None:
 
 def test_hardening_that_still_reaches_docker_and_nvml(unit: dict) -> None:
     service = dict(unit["Service"])
-    for key, want in (("NoNewPrivileges", "yes"), ("ProtectSystem", "strict"), ("ProtectHome", "yes"),
-                      ("PrivateTmp", "yes"), ("ReadWritePaths", "/var/lib/gpuhost-agent"),
-                      ("StateDirectory", "gpuhost-agent"), ("StateDirectoryMode", "0700")):
+    for key, want in (
+        ("NoNewPrivileges", "yes"),
+        ("ProtectSystem", "strict"),
+        ("ProtectHome", "yes"),
+        ("PrivateTmp", "yes"),
+        ("ReadWritePaths", "/var/lib/gpuhost-agent"),
+        ("StateDirectory", "gpuhost-agent"),
+        ("StateDirectoryMode", "0700"),
+    ):
         assert service.get(key) == want, key
     # These would take /dev/nvidia* away from NVML (ProtectClock implies DeviceAllow=char-rtc,
     # and any DeviceAllow= closes every other device) or the network from the agent.
-    for key in ("PrivateDevices", "DevicePolicy", "DeviceAllow", "ProtectClock", "PrivateNetwork",
-                "IPAddressDeny", "MemoryDenyWriteExecute", "User", "DynamicUser", "InaccessiblePaths"):
+    for key in (
+        "PrivateDevices",
+        "DevicePolicy",
+        "DeviceAllow",
+        "ProtectClock",
+        "PrivateNetwork",
+        "IPAddressDeny",
+        "MemoryDenyWriteExecute",
+        "User",
+        "DynamicUser",
+        "InaccessiblePaths",
+    ):
         assert key not in service, f"{key}= must not be set (see the unit's comments)"
     families = service["RestrictAddressFamilies"].split()
     assert {"AF_UNIX", "AF_INET", "AF_INET6"} <= set(families)
@@ -116,19 +132,23 @@ def test_hardening_that_still_reaches_docker_and_nvml(unit: dict) -> None:
 def test_install_sh_embeds_exactly_this_unit() -> None:
     printed = subprocess.run(["bash", str(INSTALL_SH), "--print-unit"], capture_output=True, text=True, check=True)
     assert printed.stdout == UNIT.read_text(), (
-        "install.sh's unit_text() and systemd/gpuhost-agent.service differ: change both together")
+        "install.sh's unit_text() and systemd/gpuhost-agent.service differ: change both together"
+    )
 
 
 def _systemd_analyze() -> str:
     found = shutil.which("systemd-analyze")
     if not found:
-        pytest.skip("systemd-analyze is not installed (the systemd package; scripts/install-system-deps.sh installs it)")
+        pytest.skip(
+            "systemd-analyze is not installed (the systemd package; scripts/install-system-deps.sh installs it)"
+        )
     return found
 
 
 def _verify(analyze: str, unit_dir: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([analyze, "verify", str(unit_dir / "gpuhost-agent.service")],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [analyze, "verify", str(unit_dir / "gpuhost-agent.service")], capture_output=True, text=True, timeout=60
+    )
 
 
 def _copy_with_runnable_exec_start(tmp_path: Path, text: str) -> Path:
@@ -139,7 +159,8 @@ def _copy_with_runnable_exec_start(tmp_path: Path, text: str) -> Path:
     unit_dir = tmp_path / "units"
     unit_dir.mkdir()
     (unit_dir / "gpuhost-agent.service").write_text(
-        text.replace("ExecStart=/opt/gpuhost-agent/venv/bin/gpuhost-agent ", f"ExecStart={binary} "))
+        text.replace("ExecStart=/opt/gpuhost-agent/venv/bin/gpuhost-agent ", f"ExecStart={binary} ")
+    )
     return unit_dir
 
 
@@ -165,8 +186,11 @@ def test_restart_back_off_drop_in_only_where_systemd_knows_it(tmp_path: Path) ->
     script = INSTALL_SH.read_text()
     assert '"$version" -ge 254' in script and "RestartSteps=" in script
     analyze = _systemd_analyze()
-    version = int(re.search(r"systemd (\d+)", subprocess.run(
-        [analyze, "--version"], capture_output=True, text=True).stdout).group(1))
+    version = int(
+        re.search(
+            r"systemd (\d+)", subprocess.run([analyze, "--version"], capture_output=True, text=True).stdout
+        ).group(1)
+    )
     if version < 254:
         pytest.skip(f"systemd {version} here predates RestartSteps= (254); the drop-in is not installed on it")
     unit_dir = _copy_with_runnable_exec_start(tmp_path, UNIT.read_text())

@@ -14,8 +14,8 @@ import signal
 import sys
 
 POINTS = (
-    "deploy.before_compose_up",    # the stack is checked and written, Compose not started
-    "compose.up.running",          # `compose up` has been running for a moment
+    "deploy.before_compose_up",  # the stack is checked and written, Compose not started
+    "compose.up.running",  # `compose up` has been running for a moment
     "deploy.before_applied_report",  # containers run, APPLIED not yet queued
     "remove.before_compose_down",
     "compose.down.running",

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import structlog
 
@@ -50,8 +51,11 @@ class LineHandler(logging.Handler):
             try:
                 line = self.format(record)
             except (TypeError, ValueError):  # arguments that do not fit the message's %-format
-                line = self.format(logging.makeLogRecord(
-                    {**record.__dict__, "msg": f"{record.msg} (unformattable arguments dropped)", "args": ()}))
+                line = self.format(
+                    logging.makeLogRecord(
+                        {**record.__dict__, "msg": f"{record.msg} (unformattable arguments dropped)", "args": ()}
+                    )
+                )
             self._printer.msg(line)
         except RecursionError:
             raise
@@ -65,8 +69,11 @@ class LineHandler(logging.Handler):
             return
         reason = type(sys.exc_info()[1]).__name__
         try:
-            print(f"gpuhost-agent: a log line from {record.name} could not be written ({reason})",
-                  file=sys.stderr, flush=True)
+            print(
+                f"gpuhost-agent: a log line from {record.name} could not be written ({reason})",
+                file=sys.stderr,
+                flush=True,
+            )
         except Exception:  # stderr closed as well: nowhere left to say it
             pass
 
@@ -74,8 +81,9 @@ class LineHandler(logging.Handler):
 _installed: LineHandler | None = None
 
 
-def route_root_logger(stream, pre_chain: Iterable[Callable[..., Any]], renderer: Callable[..., Any],
-                      number: int) -> LineHandler:
+def route_root_logger(
+    stream, pre_chain: Iterable[Callable[..., Any]], renderer: Callable[..., Any], number: int
+) -> LineHandler:
     """Put one LineHandler on the root logger (replacing the one an earlier
     call put there, and no one else's): `pre_chain` gives a record the agent's
     fields and scrubbing, `renderer` makes the line, exactly as for the agent."""

@@ -14,7 +14,8 @@ import os
 import sys
 import threading
 from collections import Counter
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import structlog
 
@@ -91,8 +92,7 @@ def _scrub_value(value: Any, registry: SecretRegistry) -> Any:
 def redact_processor(registry: SecretRegistry = SECRETS):
     def processor(_logger: Any, _name: str, event_dict: dict) -> dict:
         return {
-            key: (MASK if _is_secret_key(key) else _scrub_value(value, registry))
-            for key, value in event_dict.items()
+            key: (MASK if _is_secret_key(key) else _scrub_value(value, registry)) for key, value in event_dict.items()
         }
 
     return processor
@@ -100,8 +100,17 @@ def redact_processor(registry: SecretRegistry = SECRETS):
 
 # journald's SyslogLevelPrefix= (on by default) takes a leading "<N>" off a line
 # written to its stream and stores N as the entry's PRIORITY.
-SYSLOG_PRIORITY = {"debug": 7, "info": 6, "notice": 5, "warning": 4, "warn": 4, "error": 3, "exception": 3,
-                   "critical": 2, "fatal": 2}
+SYSLOG_PRIORITY = {
+    "debug": 7,
+    "info": 6,
+    "notice": 5,
+    "warning": 4,
+    "warn": 4,
+    "error": 3,
+    "exception": 3,
+    "critical": 2,
+    "fatal": 2,
+}
 
 
 def stream_is_journal(stream) -> bool:
@@ -120,6 +129,7 @@ def stream_is_journal(stream) -> bool:
 
 def journald_priority(renderer):
     """Wrap a renderer so each line starts with its syslog priority, "<6>{...}"."""
+
     def render(logger: Any, name: str, event_dict: dict) -> str:
         priority = SYSLOG_PRIORITY.get(str(event_dict.get("level", name)).lower(), 6)
         return f"<{priority}>{renderer(logger, name, event_dict)}"
@@ -145,8 +155,7 @@ class LastError:
     def __call__(self, _logger: Any, method_name: str, event_dict: dict) -> dict:
         level = str(event_dict.get("level") or method_name).lower()
         if level in self.LEVELS:
-            entry = {"at": event_dict.get("timestamp"), "level": level,
-                     "event": event_dict.get("event")}
+            entry = {"at": event_dict.get("timestamp"), "level": level, "event": event_dict.get("event")}
             entry.update({key: event_dict[key] for key in self.KEYS if event_dict.get(key) is not None})
             with self._lock:
                 self.last = entry
@@ -161,8 +170,7 @@ class LastError:
 LAST_ERROR = LastError()
 
 
-def configure(level: str = "info", *, json_lines: bool | None = None, stream=None,
-              journal: bool | None = None) -> None:
+def configure(level: str = "info", *, json_lines: bool | None = None, stream=None, journal: bool | None = None) -> None:
     """JSON lines when not on a terminal (journald, files, CI), readable lines on
     one; on the journal, each line carries its priority prefix (see above).
     Other libraries' standard-library records take the same path (library_logs)."""

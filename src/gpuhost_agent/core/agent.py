@@ -36,10 +36,21 @@ log = get_logger(__name__)
 
 
 class Agent:
-    def __init__(self, client: MarketplaceClient, session: SessionState, db: AgentDB, dispatcher: JobDispatcher,
-                 outbox: Outbox, schedule: Schedule, host: HostReporter, reconciler: Reconciler,
-                 rental_clock: RentalClock, engine_watch: EngineWatch, container_watch: ContainerWatch,
-                 streams: StreamChannel):
+    def __init__(
+        self,
+        client: MarketplaceClient,
+        session: SessionState,
+        db: AgentDB,
+        dispatcher: JobDispatcher,
+        outbox: Outbox,
+        schedule: Schedule,
+        host: HostReporter,
+        reconciler: Reconciler,
+        rental_clock: RentalClock,
+        engine_watch: EngineWatch,
+        container_watch: ContainerWatch,
+        streams: StreamChannel,
+    ):
         self.client = client
         self.session = session
         self.db = db
@@ -54,14 +65,21 @@ class Agent:
         self.streams = streams
         self.intervals = wire_intervals.from_reply(None)
         for job in db.interrupted:
-            log.warning("job_interrupted_by_restart", job_id=job["job_id"], job_type=job["type"],
-                        stack_id=job["stack_id"] or None, rental_id=job["rental_id"],
-                        hint="the marketplace hands it out again; reconcile checks its stack")
+            log.warning(
+                "job_interrupted_by_restart",
+                job_id=job["job_id"],
+                job_type=job["type"],
+                stack_id=job["stack_id"] or None,
+                rental_id=job["rental_id"],
+                hint="the marketplace hands it out again; reconcile checks its stack",
+            )
 
     async def run(self) -> None:
-        background = [asyncio.create_task(self.outbox.run(), name="outbox"),
-                      asyncio.create_task(self.rental_clock.run(), name="rental-clock"),
-                      asyncio.create_task(self.engine_watch.run(), name="engine-watch")]
+        background = [
+            asyncio.create_task(self.outbox.run(), name="outbox"),
+            asyncio.create_task(self.rental_clock.run(), name="rental-clock"),
+            asyncio.create_task(self.engine_watch.run(), name="engine-watch"),
+        ]
         self.schedule.every("container_resync", self.intervals["containerResyncSeconds"], self.resync_containers)
         self.schedule.start()
         self._follow_containers()
@@ -86,8 +104,12 @@ class Agent:
 
     async def _open_session(self) -> None:
         failures = 0
-        info = {"agentVersion": __version__, "hostname": socket.gethostname(), "startedAt": wire.iso(),
-                "capabilities": list(wire.JOB_TYPES)}
+        info = {
+            "agentVersion": __version__,
+            "hostname": socket.gethostname(),
+            "startedAt": wire.iso(),
+            "capabilities": list(wire.JOB_TYPES),
+        }
         while True:
             try:
                 sent_at = time.time()
@@ -108,8 +130,12 @@ class Agent:
         self.host.session_opened(reply, self.intervals, sent_at, time.time())
         self.host.init.done("marketplace", f"session {reply.get('sessionId')}")
         self.session.opened(env_id)
-        log.info("session_opened", session_id=reply.get("sessionId"), env_id=reply.get("envId"),
-                 requeued_jobs=reply.get("requeuedJobs", 0))
+        log.info(
+            "session_opened",
+            session_id=reply.get("sessionId"),
+            env_id=reply.get("envId"),
+            requeued_jobs=reply.get("requeuedJobs", 0),
+        )
 
     async def _poll_forever(self) -> None:
         failures = 0
@@ -127,8 +153,12 @@ class Agent:
                 failures += 1
                 self.session.lost()
                 delay = max(10.0, retry_delay(failures))
-                log.error("job_poll_rejected", error=str(exc), retry_in_s=round(delay, 1),
-                          hint="the marketplace refused the poll request itself")
+                log.error(
+                    "job_poll_rejected",
+                    error=str(exc),
+                    retry_in_s=round(delay, 1),
+                    hint="the marketplace refused the poll request itself",
+                )
                 await asyncio.sleep(delay)
                 continue
             if failures:

@@ -7,16 +7,23 @@ implementation and no YAML trick survives to this point.
 
 from __future__ import annotations
 
-from typing import Iterable
-
 import copy
 import re
+from collections.abc import Iterable
 
 from gpuhost_agent.core.naming import stack_labels
 
 # Compose reads its own settings (project name, files, profiles, the Docker host)
 # from these variables; a renter must not steer the agent's compose run.
-_RESERVED_EXACT = {"PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY"}
+_RESERVED_EXACT = {
+    "PATH",
+    "HOME",
+    "DOCKER_HOST",
+    "DOCKER_CONFIG",
+    "DOCKER_CONTEXT",
+    "DOCKER_CERT_PATH",
+    "DOCKER_TLS_VERIFY",
+}
 _RESERVED_PREFIXES = ("COMPOSE_", "DOCKER_", "BUILDKIT_")
 _VARIABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

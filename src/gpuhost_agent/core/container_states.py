@@ -14,8 +14,8 @@ from collections import OrderedDict
 from typing import Any
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 from gpuhost_agent.core.containers import ExitFacts, exit_facts, needs_facts, status_exit_code
+from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 
 log = get_logger(__name__)
 MAX_KEPT = 4096
@@ -26,7 +26,7 @@ class ContainerStates:
         self.engine = engine
         self.max_kept = max_kept
         self.inspections = 0
-        self._facts: "OrderedDict[str, tuple[tuple, ExitFacts]]" = OrderedDict()  # id -> (what the list showed, facts)
+        self._facts: OrderedDict[str, tuple[tuple, ExitFacts]] = OrderedDict()  # id -> (what the list showed, facts)
 
     async def facts(self, raw_list: list[dict[str, Any]]) -> dict[str, ExitFacts]:
         """Facts by container id for the stopped containers of the list. A

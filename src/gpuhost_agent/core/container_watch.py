@@ -21,26 +21,28 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any, Coroutine
+from collections.abc import Coroutine
+from typing import Any
 
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.runtime.engine import DockerEngine, EngineError
-from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.core.coalesce import Coalescer
 from gpuhost_agent.core.container_states import ContainerStates
 from gpuhost_agent.core.containers import seed_containers, stack_error, stack_id_of
 from gpuhost_agent.core.dispatcher import JobDispatcher
 from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.storage.agent_db import AgentDB
 
 log = get_logger(__name__)
 
-COALESCE = 0.05       # seconds from a stack's first event to reading its list
-BUSY_RECHECK = 0.5    # a stack with a job under way is looked at again this often
+COALESCE = 0.05  # seconds from a stack's first event to reading its list
+BUSY_RECHECK = 0.5  # a stack with a job under way is looked at again this often
 REOPEN_FIRST, REOPEN_MAX = 0.5, 5.0  # the stream re-opened after a break, backing off
-WATCHED = frozenset({"create", "start", "restart", "stop", "die", "kill", "oom", "pause", "unpause", "destroy",
-                     "health_status"})
-MAX_BEHIND = 40       # windows to wait for the list to show a death the events told (then the resync's turn)
+WATCHED = frozenset(
+    {"create", "start", "restart", "stop", "die", "kill", "oom", "pause", "unpause", "destroy", "health_status"}
+)
+MAX_BEHIND = 40  # windows to wait for the list to show a death the events told (then the resync's turn)
 
 
 def error_to_report(record: dict | None, error: str, *, may_set: bool = True) -> str | None:
@@ -69,8 +71,15 @@ def decode_event(event: dict) -> tuple[str, str, dict]:
 
 
 class ContainerWatch:
-    def __init__(self, engine: DockerEngine, reporter: StatusReporter, db: AgentDB, dispatcher: JobDispatcher, *,
-                 window: float = COALESCE):
+    def __init__(
+        self,
+        engine: DockerEngine,
+        reporter: StatusReporter,
+        db: AgentDB,
+        dispatcher: JobDispatcher,
+        *,
+        window: float = COALESCE,
+    ):
         self.engine, self.reporter, self.db, self.dispatcher, self.window = engine, reporter, db, dispatcher, window
         self.pushed: dict[str, list] = {}  # the last list pushed per stack, shared by events and the resync
         self.states = ContainerStates(self.engine)
@@ -127,8 +136,10 @@ class ContainerWatch:
         if env_id is None:
             return  # nothing to follow before the environment is known
         self._end_stream = self.engine.watch_container_events(
-            env_id, lambda event: loop.call_soon_threadsafe(self._on_event, generation, event),
-            lambda: loop.call_soon_threadsafe(self._broke, generation))
+            env_id,
+            lambda event: loop.call_soon_threadsafe(self._on_event, generation, event),
+            lambda: loop.call_soon_threadsafe(self._broke, generation),
+        )
         log.debug("container_events_following", env_id=self._env_id, attempt=self._failures + 1)
         if self._failures <= 1:  # catch up on what happened while nothing followed (once per outage)
             self._spawn(self.resync(self._env_id))
@@ -149,7 +160,7 @@ class ContainerWatch:
         self._end_stream = None
         if loop.time() - self._opened_at > REOPEN_MAX:
             self._failures = 0  # it ran for a while: this is a new outage
-        delay = min(REOPEN_MAX, REOPEN_FIRST * 2 ** self._failures)
+        delay = min(REOPEN_MAX, REOPEN_FIRST * 2**self._failures)
         if not self._failures:
             log.info("container_events_lost", retry_in_s=delay, hint="the Docker Engine stopped or restarted")
         self._failures += 1
@@ -174,8 +185,13 @@ class ContainerWatch:
             self._died.setdefault(stack_id, set()).add(container_id)
         elif stack_id and action in ("start", "restart", "destroy"):
             self._died.get(stack_id, set()).discard(container_id)
-        log.debug("container_event", container=attributes.get("name"), action=action, stack_id=stack_id,
-                  exit_code=attributes.get("exitCode"))
+        log.debug(
+            "container_event",
+            container=attributes.get("name"),
+            action=action,
+            stack_id=stack_id,
+            exit_code=attributes.get("exitCode"),
+        )
         if stack_id and self._windows.event(stack_id):
             self._schedule(stack_id, self.window)
 
@@ -277,5 +293,9 @@ class ContainerWatch:
         stack = StackRef(stack_id, record["rental_id"], record["env_id"], record["project"])
         self.reporter.status(stack, wire.APPLIED, error_msg, job_id=f"container-{uuid.uuid4().hex[:12]}")
         self.errors_reported += 1
-        log.info("stack_container_stopped" if error_msg else "stack_containers_running", stack_id=stack_id,
-                 rental_id=record["rental_id"], error=error_msg or None)
+        log.info(
+            "stack_container_stopped" if error_msg else "stack_containers_running",
+            stack_id=stack_id,
+            rental_id=record["rental_id"],
+            error=error_msg or None,
+        )

@@ -14,8 +14,9 @@ Status and the OOM flag is simply not known.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from gpuhost_agent.protocol import wire
 
@@ -29,6 +30,7 @@ MAX_NAMED = 3  # containers named in one errorMsg
 @dataclass(frozen=True)
 class ExitFacts:
     """What an inspect tells about a container's last exit."""
+
     exit_code: int | None
     oom_killed: bool = False
 
@@ -51,7 +53,7 @@ def status_exit_code(raw: Mapping[str, Any]) -> int | None:
 
 
 def shaped_state(raw: Mapping[str, Any], facts: ExitFacts | None = None) -> str:
-    """"running" stays exactly that; "exited"/"restarting" get the code and OOM."""
+    """ "running" stays exactly that; "exited"/"restarting" get the code and OOM."""
     state = raw.get("State", "")
     if state not in WITH_REASON:
         return state
@@ -87,8 +89,11 @@ def stack_error(raw_list: Sequence[Mapping[str, Any]], facts: Mapping[str, ExitF
     """The errorMsg of an APPLIED stack: its stopped containers by service name
     (the first few), or "" when every container runs."""
     facts = facts or {}
-    stopped = sorted((service_name(raw), reason) for raw in raw_list
-                     if (reason := stop_reason(raw, facts.get(raw.get("Id", "")))) is not None)
+    stopped = sorted(
+        (service_name(raw), reason)
+        for raw in raw_list
+        if (reason := stop_reason(raw, facts.get(raw.get("Id", "")))) is not None
+    )
     named = "; ".join(f"container {name} {reason}" for name, reason in stopped[:MAX_NAMED])
     more = len(stopped) - MAX_NAMED
     return f"{named}; and {more} more stopped" if more > 0 else named
@@ -109,7 +114,9 @@ def to_seed_container(raw: dict[str, Any], facts: ExitFacts | None = None) -> di
 
 
 def _sorted_ports(ports: list[dict]) -> list[dict]:
-    return sorted(ports, key=lambda p: (p.get("PrivatePort", 0), p.get("Type", ""), p.get("IP", ""), p.get("PublicPort", 0)))
+    return sorted(
+        ports, key=lambda p: (p.get("PrivatePort", 0), p.get("Type", ""), p.get("IP", ""), p.get("PublicPort", 0))
+    )
 
 
 def _seed_port(port: dict[str, Any]) -> dict[str, Any]:
@@ -121,8 +128,9 @@ def _seed_port(port: dict[str, Any]) -> dict[str, Any]:
     return shaped
 
 
-def seed_containers(raw_list: list[dict[str, Any]],
-                    facts: Mapping[str, ExitFacts] | None = None) -> list[dict[str, Any]]:
+def seed_containers(
+    raw_list: list[dict[str, Any]], facts: Mapping[str, ExitFacts] | None = None
+) -> list[dict[str, Any]]:
     """The seed shape for a stack's containers, in a stable order (by name);
     `facts` by container id, for those an inspect was made for."""
     facts = facts or {}

@@ -10,20 +10,20 @@ import asyncio
 import json
 import os
 import shutil
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Awaitable, Callable
 
 from gpuhost_agent.common import faults
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.common.logs import SECRETS, get_logger
-from gpuhost_agent.runtime.compose import ComposeError, ComposeRunner
-from gpuhost_agent.runtime.engine import DockerEngine, EngineError
-from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.core import naming
 from gpuhost_agent.core.compose_rewrite import StackRejected, check_variables, label_services
 from gpuhost_agent.core.containers import failed_containers, seed_containers
 from gpuhost_agent.core.sandbox import Sandbox, refuse_raw
 from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.compose import ComposeError, ComposeRunner
+from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.storage.agent_db import AgentDB
 
 log = get_logger(__name__)
 
@@ -37,8 +37,18 @@ class StackFailed(RuntimeError):
 
 
 class StackDeployer:
-    def __init__(self, compose: ComposeRunner, engine: DockerEngine, reporter: StatusReporter, sandbox: Sandbox,
-                 db: AgentDB, stacks_dir: Path, *, settle_seconds: float = 3.0, stop_timeout: int = 10):
+    def __init__(
+        self,
+        compose: ComposeRunner,
+        engine: DockerEngine,
+        reporter: StatusReporter,
+        sandbox: Sandbox,
+        db: AgentDB,
+        stacks_dir: Path,
+        *,
+        settle_seconds: float = 3.0,
+        stop_timeout: int = 10,
+    ):
         self.compose = compose
         self.engine = engine
         self.reporter = reporter
@@ -129,8 +139,11 @@ class StackDeployer:
             tail = await self.engine.log_tail(container_id, lines=5)
         except EngineError:
             code, oom, tail = None, False, ""
-        reason = "was killed for running out of memory" if oom else (
-            f"exited with code {code}" if code is not None else f"is {container.get('State', 'not running')}")
+        reason = (
+            "was killed for running out of memory"
+            if oom
+            else (f"exited with code {code}" if code is not None else f"is {container.get('State', 'not running')}")
+        )
         message = f"service {service!r} {reason} right after it started"
         return f"{message}; its last output: {tail[-500:]}" if tail else message
 
@@ -152,7 +165,9 @@ class StackDeployer:
         log.info("stack_removing", stack_id=job.stack_id, rental_id=job.rental_id, job_id=job.job_id)
         faults.crash_point("remove.before_compose_down")
         try:
-            await self._take_down(lambda: self.engine.stack_containers(job.stack_id), workdir, {StackRef.of_job(job).project})
+            await self._take_down(
+                lambda: self.engine.stack_containers(job.stack_id), workdir, {StackRef.of_job(job).project}
+            )
         except (ComposeError, EngineError) as exc:
             message = f"remove failed: {exc}"
             self._report(job, wire.ERROR, message)
@@ -183,7 +198,7 @@ class StackDeployer:
             error = await self._end_rental_once(job)
             if not error:
                 return ""
-            await asyncio.sleep(2 ** attempt)
+            await asyncio.sleep(2**attempt)
         return error
 
     async def _end_rental_once(self, job: wire.StackJob) -> str:
@@ -203,20 +218,34 @@ class StackDeployer:
             self._forget_secrets(stack_id)
             gone = StackRef(stack_id, job.rental_id, job.env_id, project or naming.project_name("", stack_id))
             self.reporter.status(gone, wire.REMOVED, job_id=job.job_id)
-        log.info("rental_ended", rental_id=job.rental_id, job_id=job.job_id, leftover_stacks=len(projects),
-                 gpus_freed=len(freed))
+        log.info(
+            "rental_ended",
+            rental_id=job.rental_id,
+            job_id=job.job_id,
+            leftover_stacks=len(projects),
+            gpus_freed=len(freed),
+        )
         return ""
 
     async def _rental_stacks(self, rental_id: str) -> dict[str, str]:
         """The rental's stacks still here, by Docker's labels and the record: stack id -> project."""
-        stacks = {c["Labels"][wire.LABEL_STACK]: c["Labels"].get(COMPOSE_PROJECT_LABEL, "")
-                  for c in await self.engine.rental_containers(rental_id) if (c.get("Labels") or {}).get(wire.LABEL_STACK)}
-        stacks.update({stack_id: row["project"] for stack_id, row in self.db.stacks().items()
-                           if row["rental_id"] == rental_id and stack_id not in stacks})
+        stacks = {
+            c["Labels"][wire.LABEL_STACK]: c["Labels"].get(COMPOSE_PROJECT_LABEL, "")
+            for c in await self.engine.rental_containers(rental_id)
+            if (c.get("Labels") or {}).get(wire.LABEL_STACK)
+        }
+        stacks.update(
+            {
+                stack_id: row["project"]
+                for stack_id, row in self.db.stacks().items()
+                if row["rental_id"] == rental_id and stack_id not in stacks
+            }
+        )
         return stacks
 
-    async def _take_down(self, list_containers: Callable[[], Awaitable[list[dict]]], workdir: Path,
-                         fallback: set[str]) -> set[str]:
+    async def _take_down(
+        self, list_containers: Callable[[], Awaitable[list[dict]]], workdir: Path, fallback: set[str]
+    ) -> set[str]:
         """`compose down` every project the listed containers belong to (or the
         fallback projects when none is left), then force-remove whatever is
         still listed. Returns the projects taken down."""

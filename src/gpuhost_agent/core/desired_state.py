@@ -22,9 +22,9 @@ class DesiredStack:
     stack_id: str
     rental_id: str
     stack_name: str
-    desired: str          # PRESENT or ABSENT (the renter asked for its removal)
-    status: str           # what the marketplace shows now
-    open_jobs: int        # jobs for it not yet completed: those will bring it where it should be
+    desired: str  # PRESENT or ABSENT (the renter asked for its removal)
+    status: str  # what the marketplace shows now
+    open_jobs: int  # jobs for it not yet completed: those will bring it where it should be
     template: dict | None  # None when unusable
 
 
@@ -53,7 +53,10 @@ def decode(raw: Any) -> DesiredState:
         raise wire.InvalidBody("desired state needs stacks and rentals arrays")
     decoded_stacks = [_stack(entry, index) for index, entry in enumerate(stacks)]
     decoded_rentals = [_rental(entry, index) for index, entry in enumerate(rentals)]
-    for kind, ids in (("stack", [s.stack_id for s in decoded_stacks]), ("rental", [r.rental_id for r in decoded_rentals])):
+    for kind, ids in (
+        ("stack", [s.stack_id for s in decoded_stacks]),
+        ("rental", [r.rental_id for r in decoded_rentals]),
+    ):
         if len(set(ids)) != len(ids):
             raise wire.InvalidBody(f"desired state lists a {kind} twice")
     return DesiredState(env_id, {s.stack_id: s for s in decoded_stacks}, {r.rental_id: r for r in decoded_rentals})
@@ -77,8 +80,9 @@ def _stack(entry: Any, index: int) -> DesiredStack:
         template = wire.validate_template(entry.get("template"))
     except wire.InvalidBody:
         template = None
-    return DesiredStack(_id(entry, "stackId", where), _id(entry, "rentalId", where), name, desired, status,
-                        open_jobs, template)
+    return DesiredStack(
+        _id(entry, "stackId", where), _id(entry, "rentalId", where), name, desired, status, open_jobs, template
+    )
 
 
 def _rental(entry: Any, index: int) -> DesiredRental:

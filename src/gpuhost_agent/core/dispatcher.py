@@ -16,28 +16,35 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from functools import partial
 from collections import Counter
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from functools import partial
 
 import structlog
 from prometheus_client import Histogram
 
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.uplink.outbox import JOB_COMPLETE, Outbox
-from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.core.deployer import StackDeployer
 from gpuhost_agent.core.rental_end_dates import RentalEndDates
 from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.storage.agent_db import AgentDB
+from gpuhost_agent.uplink.outbox import JOB_COMPLETE, Outbox
 
 log = get_logger(__name__)
 
 
 class JobDispatcher:
-    def __init__(self, deployer: StackDeployer, reporter: StatusReporter, outbox: Outbox, db: AgentDB,
-                 end_dates: RentalEndDates, on_rental_end: Callable[[str], Awaitable[None]],
-                 deploy_durations: Histogram):
+    def __init__(
+        self,
+        deployer: StackDeployer,
+        reporter: StatusReporter,
+        outbox: Outbox,
+        db: AgentDB,
+        end_dates: RentalEndDates,
+        on_rental_end: Callable[[str], Awaitable[None]],
+        deploy_durations: Histogram,
+    ):
         """`on_rental_end` runs before a rental's end job (the stream channel
         ends the rental's terminals and log streams there); `deploy_durations`
         is observed at the end of every deploy, by outcome (service/metrics.py)."""
@@ -98,8 +105,11 @@ class JobDispatcher:
 
     def stats(self) -> dict:
         """Marketplace jobs finished since the agent started, by outcome, and those running now."""
-        return {"running": self.running_jobs(), "outcomes": {str(k): int(v) for k, v in self.outcomes.items()},
-                "duplicatesIgnored": self.duplicates_ignored}
+        return {
+            "running": self.running_jobs(),
+            "outcomes": {str(k): int(v) for k, v in self.outcomes.items()},
+            "duplicatesIgnored": self.duplicates_ignored,
+        }
 
     def _rental_counter(self, job: wire.StackJob) -> Counter[str]:
         return self._rentals_ending if job.type == wire.JOB_RENTAL_END else self._rental_jobs
@@ -148,7 +158,7 @@ class JobDispatcher:
             await self.on_rental_end(job.rental_id)
         except Exception:  # ending streams must never keep the rental from ending
             log.exception("rental_end_hook_failed", rental_id=job.rental_id)
-        while self._rental_jobs.get(job.rental_id):
+        while self._rental_jobs.get(job.rental_id):  # noqa: ASYNC110 - a short poll; the counter signals nothing
             await asyncio.sleep(0.05)
         error = await self._execute(job)
         self._finish(job.job_id, error)
@@ -161,8 +171,12 @@ class JobDispatcher:
                 outcome = wire.OUTCOME_FAILED if error else wire.OUTCOME_SUCCEEDED
                 self.deploy_durations.labels(outcome=outcome).observe(time.monotonic() - started)
         self._finish(job.job_id, error)
-        log.info("job_finished", job_id=job.job_id, stack_id=job.stack_id,
-                 outcome=wire.OUTCOME_FAILED if error else wire.OUTCOME_SUCCEEDED)
+        log.info(
+            "job_finished",
+            job_id=job.job_id,
+            stack_id=job.stack_id,
+            outcome=wire.OUTCOME_FAILED if error else wire.OUTCOME_SUCCEEDED,
+        )
 
     async def _execute(self, job: wire.StackJob) -> str:
         log.info("job_started", job_id=job.job_id, job_type=job.type, stack_id=job.stack_id, rental_id=job.rental_id)

@@ -52,6 +52,7 @@ def allocate(slots: list[GpuSlot], assignments: dict[str, list[str]], rental_id:
         detail = f"{len(free)} of the machine's {len(slots)} GPU(s) are free"
         if unhealthy:
             detail += f", {unhealthy} out of service"
-        raise NotEnoughGpus(f"the rental needs {count} GPU(s) but only {detail}; "
-                            "try again when another rental has ended")
+        raise NotEnoughGpus(
+            f"the rental needs {count} GPU(s) but only {detail}; try again when another rental has ended"
+        )
     return free[:count]

@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from gpuhost_agent.core.gpu_allocation import GpuSlot, allocate
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.storage.agent_db import AgentDB
-from gpuhost_agent.core.gpu_allocation import GpuSlot, allocate
 
 
 class GpuLedger:

@@ -12,30 +12,40 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from gpuhost_agent import __version__
-from gpuhost_agent.protocol import wire
-from gpuhost_agent.uplink.client import MarketplaceClient, MarketplaceRejected, MarketplaceUnavailable, retry_delay
-from gpuhost_agent.core.init_state import InitState
-from gpuhost_agent.inventory import netspeed, telemetry
-from gpuhost_agent.protocol import intervals as wire_intervals
-from gpuhost_agent.protocol.requirements import Requirements
-from gpuhost_agent.inventory.system_data import Prober, build_report
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.uplink.outbox import INIT_STATE, SYSTEM_DATA, Outbox
+from gpuhost_agent.core.init_state import InitState
+from gpuhost_agent.core.schedule import Schedule
+from gpuhost_agent.inventory import netspeed, telemetry
+from gpuhost_agent.inventory.system_data import Prober, build_report
+from gpuhost_agent.protocol import intervals as wire_intervals
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.runtime.compose import ComposeNotFound
 from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.core.schedule import Schedule
+from gpuhost_agent.uplink.client import MarketplaceClient, MarketplaceRejected, MarketplaceUnavailable, retry_delay
+from gpuhost_agent.uplink.outbox import INIT_STATE, SYSTEM_DATA, Outbox
 
 log = get_logger(__name__)
 MIN_HEARTBEAT = 0.1
 
 
 class HostReporter:
-    def __init__(self, client: MarketplaceClient, outbox: Outbox, prober: Prober, schedule: Schedule,
-                 find_compose: Callable[[], list[str]], compose_found: Callable[[list[str]], None], *,
-                 env_target: str = "env", speed_max_bytes: int = 25_000_000, speed_max_seconds: float = 10.0):
+    def __init__(
+        self,
+        client: MarketplaceClient,
+        outbox: Outbox,
+        prober: Prober,
+        schedule: Schedule,
+        find_compose: Callable[[], list[str]],
+        compose_found: Callable[[list[str]], None],
+        *,
+        env_target: str = "env",
+        speed_max_bytes: int = 25_000_000,
+        speed_max_seconds: float = 10.0,
+    ):
         """`compose_found` hears the Compose command start-up settled on (the
         deployer's Compose runner uses it from then on)."""
         self.client = client
@@ -63,10 +73,15 @@ class HostReporter:
         return self._beat_failures
 
     def stats(self) -> dict:
-        return {"initState": self.init.as_wire(),
-                "heartbeat": {"lastAt": self.last_beat_at, "failures": self._beat_failures,
-                              "intervalSeconds": self.intervals.get("heartbeatSeconds"),
-                              "clockSkewSeconds": self.clock_skew}}
+        return {
+            "initState": self.init.as_wire(),
+            "heartbeat": {
+                "lastAt": self.last_beat_at,
+                "failures": self._beat_failures,
+                "intervalSeconds": self.intervals.get("heartbeatSeconds"),
+                "clockSkewSeconds": self.clock_skew,
+            },
+        }
 
     # ---- session --------------------------------------------------------------
     def session_opened(self, reply: dict, intervals: dict[str, float], sent_at: float, received_at: float) -> None:
@@ -98,8 +113,10 @@ class HostReporter:
         self.init.done("hardware", f"{gpus} GPU(s), {report['listing']['totalCPUs']} CPUs")
         self.init.begin("compliance")
         verdict = report["compliance"]
-        self.init.done("compliance", "compliant" if verdict["isCompliant"]
-                       else f"not compliant: {verdict['failedComplianceReason']}")
+        self.init.done(
+            "compliance",
+            "compliant" if verdict["isCompliant"] else f"not compliant: {verdict['failedComplianceReason']}",
+        )
         self.init.ready()
         self.schedule.every("system_data", self.intervals["systemDataSeconds"], self.refresh)
         self.schedule.every("network_speed", self.intervals["networkSpeedSeconds"], self.measure_network)
@@ -152,26 +169,40 @@ class HostReporter:
     def _send(self, report: dict) -> None:
         self.sent_fingerprint = report["fingerprint"]
         self.outbox.put(SYSTEM_DATA, self.target, {**report, "reportedAt": wire.iso()})
-        log.info("system_data_queued", fingerprint=report["fingerprint"], gpus=report["listing"]["totalGPUs"],
-                 compliant=report["compliance"]["isCompliant"])
+        log.info(
+            "system_data_queued",
+            fingerprint=report["fingerprint"],
+            gpus=report["listing"]["totalGPUs"],
+            compliant=report["compliance"]["isCompliant"],
+        )
 
     async def measure_network(self) -> None:
         max_bytes, max_seconds = self.speed_limits
-        result = await netspeed.measure_speed(self.client.http(), self.client.base_url,
-                                              max_bytes=max_bytes, max_seconds=max_seconds)
+        result = await netspeed.measure_speed(
+            self.client.http(), self.client.base_url, max_bytes=max_bytes, max_seconds=max_seconds
+        )
         self.prober.speed = netspeed.as_wire(result)
-        log.info("network_speed_measured", upload_mbps=result.upload_mbps, download_mbps=result.download_mbps,
-                 error=result.error)
+        log.info(
+            "network_speed_measured",
+            upload_mbps=result.upload_mbps,
+            download_mbps=result.download_mbps,
+            error=result.error,
+        )
         if self.init.state == "ready":
             await self.refresh()
 
     async def beat(self) -> None:
         storage = ((self.last_report or {}).get("systemData") or {}).get("host", {}).get("storage", {}).get("path")
         figures = await asyncio.to_thread(telemetry.snapshot, self.prober.nvml, storage)
-        body = {"sentAt": wire.iso(), "agentVersion": __version__,
-                "uptimeSeconds": round(time.monotonic() - self._started, 1), "initState": self.init.as_wire()["state"],
-                "fingerprint": self.sent_fingerprint, **figures,
-                "reports": {"pending": self.outbox.pending(), "dropped": self.outbox.dropped}}
+        body = {
+            "sentAt": wire.iso(),
+            "agentVersion": __version__,
+            "uptimeSeconds": round(time.monotonic() - self._started, 1),
+            "initState": self.init.as_wire()["state"],
+            "fingerprint": self.sent_fingerprint,
+            **figures,
+            "reports": {"pending": self.outbox.pending(), "dropped": self.outbox.dropped},
+        }
         sent_at = time.time()
         try:
             reply = await self.client.heartbeat(body)

@@ -8,7 +8,7 @@ by itself once the host fixes the cause.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from gpuhost_agent.protocol import wire
 
@@ -20,8 +20,10 @@ STARTING, READY = "starting", "ready"
 class InitState:
     def __init__(self, on_change: Callable[[dict], None] | None = None):
         self._on_change = on_change or (lambda body: None)
-        self.phases = {name: {"name": name, "state": PENDING, "startedAt": None, "finishedAt": None,
-                              "detail": None} for name in PHASES}
+        self.phases = {
+            name: {"name": name, "state": PENDING, "startedAt": None, "finishedAt": None, "detail": None}
+            for name in PHASES
+        }
         self.state = STARTING
         self.current: str | None = None
         self.error: str | None = None
@@ -56,9 +58,13 @@ class InitState:
 
     def as_wire(self) -> dict:
         failed = any(entry["state"] == FAILED for entry in self.phases.values())
-        return {"state": "failed" if failed and self.state != READY else self.state, "phase": self.current,
-                "error": self.error, "phases": [dict(entry) for entry in self.phases.values()],
-                "updatedAt": wire.iso()}
+        return {
+            "state": "failed" if failed and self.state != READY else self.state,
+            "phase": self.current,
+            "error": self.error,
+            "phases": [dict(entry) for entry in self.phases.values()],
+            "updatedAt": wire.iso(),
+        }
 
     def _emit(self) -> None:
         self._on_change(self.as_wire())

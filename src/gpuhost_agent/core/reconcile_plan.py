@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.core.desired_state import ABSENT, DesiredStack, DesiredState
+from gpuhost_agent.protocol import wire
 
 DEPLOY, REMOVE, END_RENTAL, REPORT = "deploy", "remove", "end_rental", "report"
 
@@ -31,6 +31,7 @@ DEPLOY, REMOVE, END_RENTAL, REPORT = "deploy", "remove", "end_rental", "report"
 @dataclass(frozen=True)
 class SeenStack:
     """A stack as Docker shows it: its containers' states, from their labels."""
+
     rental_id: str
     project: str
     states: tuple[str, ...]
@@ -41,33 +42,39 @@ class SeenStack:
 @dataclass(frozen=True)
 class Action:
     kind: str
-    target: str            # stack id, or rental id for END_RENTAL
+    target: str  # stack id, or rental id for END_RENTAL
     rental_id: str
     why: str
-    status: str = ""       # for REPORT
+    status: str = ""  # for REPORT
     error_msg: str = ""
 
 
 @dataclass
 class Picture:
-    desired: DesiredState | None      # None: the marketplace could not be asked
+    desired: DesiredState | None  # None: the marketplace could not be asked
     seen: dict[str, SeenStack]
-    record: dict[str, dict]           # the agent's stacks table
-    rentals: dict[str, dict]          # the agent's rentals table (end_date, gpus, ended_at)
+    record: dict[str, dict]  # the agent's stacks table
+    rentals: dict[str, dict]  # the agent's rentals table (end_date, gpus, ended_at)
     busy_stacks: set[str] = field(default_factory=set)
     busy_rentals: set[str] = field(default_factory=set)
     reports_pending: set[str] = field(default_factory=set)  # stacks with a status report in the outbox
-    restore: set[str] = field(default_factory=set)          # stacks stopped by an engine restart
+    restore: set[str] = field(default_factory=set)  # stacks stopped by an engine restart
 
 
 def ended_rentals(picture: Picture, now: datetime) -> set[str]:
     """Rentals past their end, by the marketplace's word or by their endDate
     on the host's clock (which needs no marketplace at all)."""
-    ended = {rental_id for rental_id, row in picture.rentals.items()
-             if row.get("end_date") and wire.parse_iso(row["end_date"]) <= now}
+    ended = {
+        rental_id
+        for rental_id, row in picture.rentals.items()
+        if row.get("end_date") and wire.parse_iso(row["end_date"]) <= now
+    }
     if picture.desired is not None:
-        ended |= {rental.rental_id for rental in picture.desired.rentals.values()
-                  if rental.status == wire.RENTAL_COMPLETE or (rental.end_date and rental.end_date <= now)}
+        ended |= {
+            rental.rental_id
+            for rental in picture.desired.rentals.values()
+            if rental.status == wire.RENTAL_COMPLETE or (rental.end_date and rental.end_date <= now)
+        }
     return ended
 
 
@@ -124,22 +131,31 @@ def _deploy(wanted: DesiredStack, why: str) -> Action | None:
     return Action(DEPLOY, wanted.stack_id, wanted.rental_id, why)
 
 
-def _unlisted(picture: Picture, ended: set[str], now: datetime, unlisted_since: dict[str, datetime],
-              grace_seconds: float) -> list[Action]:
+def _unlisted(
+    picture: Picture, ended: set[str], now: datetime, unlisted_since: dict[str, datetime], grace_seconds: float
+) -> list[Action]:
     """Stacks running here and rentals holding GPUs here that the marketplace
     does not list: removed once they stay unlisted for the grace period."""
     desired = picture.desired
     if desired is None:
         return []  # without the marketplace's list, nothing is unlisted
-    candidates = {f"stack:{stack_id}": (REMOVE, stack_id, seen.rental_id)
-                  for stack_id, seen in picture.seen.items()
-                  if stack_id not in desired.stacks and seen.rental_id not in ended
-                  and stack_id not in picture.busy_stacks}
+    candidates = {
+        f"stack:{stack_id}": (REMOVE, stack_id, seen.rental_id)
+        for stack_id, seen in picture.seen.items()
+        if stack_id not in desired.stacks and seen.rental_id not in ended and stack_id not in picture.busy_stacks
+    }
     desired_rentals = {stack.rental_id for stack in desired.stacks.values()} | set(desired.rentals)
-    candidates.update({f"rental:{rental_id}": (END_RENTAL, rental_id, rental_id)
-                       for rental_id, row in picture.rentals.items()
-                       if row.get("gpus") and not row.get("ended_at") and rental_id not in desired_rentals
-                       and rental_id not in ended and rental_id not in picture.busy_rentals})
+    candidates.update(
+        {
+            f"rental:{rental_id}": (END_RENTAL, rental_id, rental_id)
+            for rental_id, row in picture.rentals.items()
+            if row.get("gpus")
+            and not row.get("ended_at")
+            and rental_id not in desired_rentals
+            and rental_id not in ended
+            and rental_id not in picture.busy_rentals
+        }
+    )
     for key in set(unlisted_since) - set(candidates):
         del unlisted_since[key]
     actions = []

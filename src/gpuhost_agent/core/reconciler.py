@@ -12,30 +12,41 @@ from __future__ import annotations
 import uuid
 from datetime import datetime, timedelta
 
-from gpuhost_agent.protocol import wire
-from gpuhost_agent.uplink.client import MarketplaceClient, MarketplaceRejected, MarketplaceUnavailable
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.uplink.outbox import STATUS, Outbox
-from gpuhost_agent.runtime.engine import DockerEngine, EngineError
-from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.core import naming
 from gpuhost_agent.core.deployer import COMPOSE_PROJECT_LABEL
 from gpuhost_agent.core.desired_state import DesiredState, decode
 from gpuhost_agent.core.dispatcher import JobDispatcher
 from gpuhost_agent.core.gpu_ledger import GpuLedger
+from gpuhost_agent.core.reconcile_plan import DEPLOY, END_RENTAL, REPORT, Action, Picture, SeenStack, plan
 from gpuhost_agent.core.rental_end_dates import RentalEndDates
 from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.storage.agent_db import AgentDB
+from gpuhost_agent.uplink.client import MarketplaceClient, MarketplaceRejected, MarketplaceUnavailable
+from gpuhost_agent.uplink.outbox import STATUS, Outbox
 from gpuhost_agent.uplink.session import SessionState
-from gpuhost_agent.core.reconcile_plan import DEPLOY, END_RENTAL, REPORT, Action, Picture, SeenStack, plan
 
 log = get_logger(__name__)
 RESTART_SLACK = timedelta(seconds=30)
 
 
 class Reconciler:
-    def __init__(self, client: MarketplaceClient, engine: DockerEngine, dispatcher: JobDispatcher,
-                 reporter: StatusReporter, db: AgentDB, ledger: GpuLedger, outbox: Outbox, session: SessionState,
-                 end_dates: RentalEndDates, *, grace_seconds: float = 120.0):
+    def __init__(
+        self,
+        client: MarketplaceClient,
+        engine: DockerEngine,
+        dispatcher: JobDispatcher,
+        reporter: StatusReporter,
+        db: AgentDB,
+        ledger: GpuLedger,
+        outbox: Outbox,
+        session: SessionState,
+        end_dates: RentalEndDates,
+        *,
+        grace_seconds: float = 120.0,
+    ):
         self.client, self.engine, self.dispatcher, self.reporter = client, engine, dispatcher, reporter
         self.db, self.ledger, self.outbox, self.session = db, ledger, outbox, session
         self.end_dates = end_dates  # the rental clock's, so that it wakes
@@ -46,8 +57,10 @@ class Reconciler:
         self.last_actions: list[Action] = []
 
     def stats(self) -> dict:
-        return {"runs": self.runs,
-                "lastActions": [{"kind": a.kind, "target": a.target, "why": a.why} for a in self.last_actions]}
+        return {
+            "runs": self.runs,
+            "lastActions": [{"kind": a.kind, "target": a.target, "why": a.why} for a in self.last_actions],
+        }
 
     def engine_restarted(self, last_up: datetime, back: datetime) -> None:
         """Containers the outage stopped are brought back by the next run."""
@@ -72,10 +85,16 @@ class Reconciler:
         if desired is not None:
             for rental in desired.rentals.values():
                 self.end_dates.note(rental.rental_id, wire.iso(rental.end_date) if rental.end_date else None)
-        picture = Picture(desired, seen, self.db.stacks(), self.db.rentals(), self.dispatcher.busy_stacks(),
-                          self.dispatcher.busy_rentals(),
-                          {stack_id for stack_id in (desired.stacks if desired else {}) if self.outbox.has(STATUS, stack_id)},
-                          restore)
+        picture = Picture(
+            desired,
+            seen,
+            self.db.stacks(),
+            self.db.rentals(),
+            self.dispatcher.busy_stacks(),
+            self.dispatcher.busy_rentals(),
+            {stack_id for stack_id in (desired.stacks if desired else {}) if self.outbox.has(STATUS, stack_id)},
+            restore,
+        )
         actions = plan(picture, wire.utcnow(), self._unlisted_since, self.grace_seconds)
         for action in actions:
             self._carry_out(action, desired, seen, env_id)
@@ -117,8 +136,13 @@ class Reconciler:
         return restore
 
     def _carry_out(self, action: Action, desired: DesiredState | None, seen: dict[str, SeenStack], env_id: str) -> None:
-        log.info("reconcile_action", action=action.kind, stack_id=action.target if action.kind != END_RENTAL else None,
-                 rental_id=action.rental_id, why=action.why)
+        log.info(
+            "reconcile_action",
+            action=action.kind,
+            stack_id=action.target if action.kind != END_RENTAL else None,
+            rental_id=action.rental_id,
+            why=action.why,
+        )
         job_id = f"reconcile-{uuid.uuid4().hex[:12]}"
         wanted = desired.stacks.get(action.target) if desired else None
         rental = desired.rentals.get(action.rental_id) if desired else None
@@ -128,8 +152,16 @@ class Reconciler:
         elif action.kind == DEPLOY:
             if wanted is None:
                 return  # the plan deploys only stacks the desired state lists
-            job = wire.StackJob(job_id, wire.JOB_DEPLOY, action.target, action.rental_id, env_id, name,
-                                wanted.template, rental.gpu_count if rental else 0)
+            job = wire.StackJob(
+                job_id,
+                wire.JOB_DEPLOY,
+                action.target,
+                action.rental_id,
+                env_id,
+                name,
+                wanted.template,
+                rental.gpu_count if rental else 0,
+            )
         else:
             seen_stack = seen.get(action.target)
             name = name or (naming.stack_name_of(seen_stack.project) if seen_stack else "")
@@ -151,7 +183,11 @@ def _seen_stacks(containers: list[dict]) -> dict[str, SeenStack]:
     for stack_id, members in grouped.items():
         labels = members[0]["Labels"]
         gpus = sorted({uuid_ for member in members for uuid_ in naming.gpus_of(member["Labels"])})
-        seen[stack_id] = SeenStack(labels[wire.LABEL_RENTAL], labels.get(COMPOSE_PROJECT_LABEL, ""),
-                                   tuple(sorted(member.get("State", "") for member in members)), tuple(gpus),
-                                   tuple(member["Id"] for member in members))
+        seen[stack_id] = SeenStack(
+            labels[wire.LABEL_RENTAL],
+            labels.get(COMPOSE_PROJECT_LABEL, ""),
+            tuple(sorted(member.get("State", "") for member in members)),
+            tuple(gpus),
+            tuple(member["Id"] for member in members),
+        )
     return seen

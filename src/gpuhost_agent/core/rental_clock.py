@@ -13,20 +13,19 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.uplink.session import SessionState
 from gpuhost_agent.core.dispatcher import JobDispatcher
 from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.core.rental_end_dates import RentalEndDates
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.uplink.session import SessionState
 
 log = get_logger(__name__)
 MAX_SLEEP = 30.0  # a changed clock or a missed wake-up is caught this soon
 
 
 class RentalClock:
-    def __init__(self, end_dates: RentalEndDates, dispatcher: JobDispatcher, ledger: GpuLedger,
-                 session: SessionState):
+    def __init__(self, end_dates: RentalEndDates, dispatcher: JobDispatcher, ledger: GpuLedger, session: SessionState):
         self.end_dates, self.dispatcher, self.ledger, self.session = end_dates, dispatcher, ledger, session
         self.db = end_dates.db
         self.ended: list[str] = []
@@ -64,6 +63,7 @@ class RentalClock:
     def _end(self, rental_id: str, env_id: str) -> None:
         log.info("rental_end_due", rental_id=rental_id, reason="endDate passed on the host's clock")
         self.ended.append(rental_id)
-        job = wire.StackJob(f"rental-clock-{uuid.uuid4().hex[:12]}", wire.JOB_RENTAL_END, "", rental_id,
-                            env_id, "", None)
+        job = wire.StackJob(
+            f"rental-clock-{uuid.uuid4().hex[:12]}", wire.JOB_RENTAL_END, "", rental_id, env_id, "", None
+        )
         self.dispatcher.submit_internal(job)

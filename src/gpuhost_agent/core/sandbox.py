@@ -8,9 +8,8 @@ GPU.
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.core.compose_rewrite import StackRejected
 from gpuhost_agent.core.gpu_allocation import NotEnoughGpus, slots_from_inventory
 from gpuhost_agent.core.gpu_ledger import GpuLedger
@@ -18,6 +17,7 @@ from gpuhost_agent.core.sandbox_context import DEFAULT_PIDS_LIMIT, Machine, Sand
 from gpuhost_agent.core.sandbox_harden import harden
 from gpuhost_agent.core.sandbox_policy import policy_violations
 from gpuhost_agent.core.sandbox_raw import raw_violations
+from gpuhost_agent.protocol import wire
 
 POLICY_PREFIX = "refused by the sandbox policy: "
 MachineFacts = Callable[[], Awaitable[dict]]  # a systemData dict: {"nvml": ..., "host": ...}
@@ -33,8 +33,14 @@ def refuse_raw(content: str) -> None:
 
 
 class Sandbox:
-    def __init__(self, ledger: GpuLedger, machine_facts: MachineFacts, *, publish_address: str = "0.0.0.0",
-                 pids_limit: int = DEFAULT_PIDS_LIMIT):
+    def __init__(
+        self,
+        ledger: GpuLedger,
+        machine_facts: MachineFacts,
+        *,
+        publish_address: str = "0.0.0.0",
+        pids_limit: int = DEFAULT_PIDS_LIMIT,
+    ):
         self.ledger = ledger
         self.machine_facts = machine_facts
         self.publish_address = publish_address
@@ -47,16 +53,25 @@ class Sandbox:
         facts = await self.machine_facts()
         slots = slots_from_inventory(facts.get("nvml") or {})
         host = facts.get("host") or {}
-        machine = Machine(cpus=int((host.get("cpu") or {}).get("logicalCores") or 1),
-                          memory_bytes=int((host.get("memory") or {}).get("totalBytes") or 0), gpus=len(slots))
+        machine = Machine(
+            cpus=int((host.get("cpu") or {}).get("logicalCores") or 1),
+            memory_bytes=int((host.get("memory") or {}).get("totalBytes") or 0),
+            gpus=len(slots),
+        )
         # From here to commit: no await, so the decision is atomic.
         try:
             uuids = self.ledger.plan(slots, job.rental_id, job.gpu_count)
         except NotEnoughGpus as exc:
             raise StackRejected(str(exc)) from None
         cpus, memory = rental_share(machine, len(uuids))
-        ctx = SandboxContext(project=project, gpu_uuids=tuple(uuids), cpus=cpus, memory_bytes=memory,
-                             pids_limit=self.pids_limit, publish_address=self.publish_address)
+        ctx = SandboxContext(
+            project=project,
+            gpu_uuids=tuple(uuids),
+            cpus=cpus,
+            memory_bytes=memory,
+            pids_limit=self.pids_limit,
+            publish_address=self.publish_address,
+        )
         problems = policy_violations(model, ctx)
         if problems:
             raise StackRejected(POLICY_PREFIX + "; ".join(problems))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GIB = 1024 ** 3
+GIB = 1024**3
 GPU_LESS_CPUS = 2.0
 GPU_LESS_MEMORY = 4 * GIB
 DEFAULT_PIDS_LIMIT = 4096
@@ -21,8 +21,8 @@ HOST_RESERVED_CPUS = 1.0
 
 @dataclass(frozen=True)
 class SandboxContext:
-    project: str                       # the stack's Compose project name
-    gpu_uuids: tuple[str, ...] = ()    # the rental's GPUs, in the order renters number them
+    project: str  # the stack's Compose project name
+    gpu_uuids: tuple[str, ...] = ()  # the rental's GPUs, in the order renters number them
     cpus: float = GPU_LESS_CPUS
     memory_bytes: int = GPU_LESS_MEMORY
     pids_limit: int = DEFAULT_PIDS_LIMIT

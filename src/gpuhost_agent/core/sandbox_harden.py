@@ -20,8 +20,19 @@ NO_NEW_PRIVILEGES = "no-new-privileges:true"
 # AUDIT_WRITE (device nodes, raw sockets for spoofing on the bridge, the host's
 # audit log); the rest are not in the default set and are listed so that no
 # path can ever bring them back.
-ALWAYS_DROP = ("AUDIT_WRITE", "MKNOD", "NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_MODULE", "SYS_PTRACE",
-               "SYS_RAWIO", "SYS_TIME", "SYS_BOOT", "DAC_READ_SEARCH")  # not BPF/PERFMON: Docker 20.10 refuses those names
+ALWAYS_DROP = (
+    "AUDIT_WRITE",
+    "MKNOD",
+    "NET_ADMIN",
+    "NET_RAW",
+    "SYS_ADMIN",
+    "SYS_MODULE",
+    "SYS_PTRACE",
+    "SYS_RAWIO",
+    "SYS_TIME",
+    "SYS_BOOT",
+    "DAC_READ_SEARCH",
+)  # not BPF/PERFMON: Docker 20.10 refuses those names
 NO_GPUS = "void"  # NVIDIA's value for "no GPU at all", stronger than an unset variable
 GPU_LABEL = "io.gpuhost.gpus"
 
@@ -65,8 +76,11 @@ def _limits(service: dict, ctx: SandboxContext) -> None:
     """Every container capped at the rental's share, or lower where the renter said so."""
     deploy = service.get("deploy") or {}
     limits = (deploy.get("resources") or {}).pop("limits", None) or {}
-    memory = min(x for x in (to_bytes(service.get("mem_limit")), to_bytes(limits.get("memory")), ctx.memory_bytes)
-                 if x is not None)
+    memory = min(
+        x
+        for x in (to_bytes(service.get("mem_limit")), to_bytes(limits.get("memory")), ctx.memory_bytes)
+        if x is not None
+    )
     cpus = min(float(x) for x in (service.get("cpus"), limits.get("cpus"), ctx.cpus) if x not in (None, "", 0))
     pids = min(int(x) for x in (service.get("pids_limit"), limits.get("pids"), ctx.pids_limit) if x not in (None, 0))
     service["mem_limit"] = str(memory)
@@ -81,8 +95,12 @@ def _limits(service: dict, ctx: SandboxContext) -> None:
 def _gpus(service: dict, ctx: SandboxContext) -> None:
     uuids = assigned_uuids(service, ctx)
     # What the renter asked the driver for (compute, utility, video...), GPUs always.
-    capabilities = sorted({"gpu", *(cap for request in gpu_requests(service)
-                                    for cap in flat_capabilities(request.get("capabilities") or []))})
+    capabilities = sorted(
+        {
+            "gpu",
+            *(cap for request in gpu_requests(service) for cap in flat_capabilities(request.get("capabilities") or [])),
+        }
+    )
     service.pop("gpus", None)
     resources = (service.setdefault("deploy", {})).setdefault("resources", {})
     reservations = resources.setdefault("reservations", {})

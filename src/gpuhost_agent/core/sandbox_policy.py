@@ -153,11 +153,12 @@ def _agent_labels(labels: dict | list | None) -> list[str]:
 
 def _environment_and_labels(service: dict) -> list[str]:
     problems = []
-    reserved = sorted(key for key in as_mapping(service.get("environment"))
-                      if key.startswith(RESERVED_ENV_PREFIXES))
+    reserved = sorted(key for key in as_mapping(service.get("environment")) if key.startswith(RESERVED_ENV_PREFIXES))
     if reserved:
-        problems.append(f"environment {', '.join(reserved)} is not allowed: the NVIDIA runtime takes GPUs "
-                        "from these; ask for GPUs with deploy.resources.reservations.devices")
+        problems.append(
+            f"environment {', '.join(reserved)} is not allowed: the NVIDIA runtime takes GPUs "
+            "from these; ask for GPUs with deploy.resources.reservations.devices"
+        )
     if _agent_labels(service.get("labels")):
         problems.append(f"labels {', '.join(_agent_labels(service.get('labels')))} are the agent's own")
     return problems
@@ -176,9 +177,13 @@ def to_bytes(value: Any) -> int | None:
 def _resources(service: dict, ctx: SandboxContext) -> list[str]:
     problems = []
     limits = ((service.get("deploy") or {}).get("resources") or {}).get("limits") or {}
-    memory_share = f"the rental's share of {ctx.memory_bytes / 1024 ** 3:.1f} GiB"
-    for key, value in (("mem_limit", service.get("mem_limit")), ("deploy.resources.limits.memory", limits.get("memory")),
-                       ("shm_size", service.get("shm_size")), ("memswap_limit", service.get("memswap_limit"))):
+    memory_share = f"the rental's share of {ctx.memory_bytes / 1024**3:.1f} GiB"
+    for key, value in (
+        ("mem_limit", service.get("mem_limit")),
+        ("deploy.resources.limits.memory", limits.get("memory")),
+        ("shm_size", service.get("shm_size")),
+        ("memswap_limit", service.get("memswap_limit")),
+    ):
         size = to_bytes(value)
         if value not in (None, "") and (size is None or size < 0 or size > ctx.memory_bytes):
             problems.append(f"{key} {value} is beyond {memory_share}")
@@ -213,8 +218,9 @@ def gpu_requests(service: dict, *, spelled: bool = False) -> list:
     """The service's GPU asks, in both of Compose's spellings (with spelled=True,
     as (key, request) pairs, for messages that name the key the renter wrote)."""
     reservations = ((service.get("deploy") or {}).get("resources") or {}).get("reservations") or {}
-    pairs = [(RESERVATIONS_KEY, r) for r in reservations.get("devices") or []] + \
-            [("gpus", r) for r in service.get("gpus") or []]
+    pairs = [(RESERVATIONS_KEY, r) for r in reservations.get("devices") or []] + [
+        ("gpus", r) for r in service.get("gpus") or []
+    ]
     return pairs if spelled else [request for _, request in pairs]
 
 
@@ -234,9 +240,12 @@ def _gpu_requests(service: dict, ctx: SandboxContext) -> list[str]:
             problems.append(f"{key}: count {count} is more than the rental's {len(ctx.gpu_uuids)} GPU(s)")
         for device in request.get("device_ids") or []:
             if device not in ctx.gpu_uuids and not (str(device).isdigit() and int(device) < len(ctx.gpu_uuids)):
-                problems.append(f"{key}: device {device!r} is not one of the rental's GPUs "
-                                f"(use 0 to {len(ctx.gpu_uuids) - 1}, or count)" if ctx.gpu_uuids else
-                                f"{key}: device {device!r} is not one of the rental's GPUs (it has none)")
+                problems.append(
+                    f"{key}: device {device!r} is not one of the rental's GPUs "
+                    f"(use 0 to {len(ctx.gpu_uuids) - 1}, or count)"
+                    if ctx.gpu_uuids
+                    else f"{key}: device {device!r} is not one of the rental's GPUs (it has none)"
+                )
     if requests and not ctx.gpu_uuids and not problems:
         problems.append(f"{requests[0][0]}: the rental has no GPUs; rent GPUs to run services that ask for them")
     return problems

@@ -31,7 +31,8 @@ def _mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) 
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}: the file must say each thing once", key_node.start_mark)
+                None, None, f"duplicate key {key!r}: the file must say each thing once", key_node.start_mark
+            )
         seen.add(key)
     return loader.construct_mapping(node, deep=deep)
 
@@ -74,20 +75,26 @@ def raw_violations(text: str) -> list[str]:
         for name, spec in _items(document.get(section)):
             for key in ("file", "environment"):
                 if isinstance(spec, dict) and key in spec:
-                    problems.append(f'{section} "{name}": {key} is not allowed (it reads the host\'s '
-                                    f'{"files" if key == "file" else "environment"}); use content: instead')
+                    problems.append(
+                        f'{section} "{name}": {key} is not allowed (it reads the host\'s '
+                        f"{'files' if key == 'file' else 'environment'}); use content: instead"
+                    )
     for name, service in _items(document.get("services")):
         if not isinstance(service, dict):
             continue
         extends = service.get("extends")
         if isinstance(extends, dict) and "file" in extends:
-            problems.append(f'service "{name}": extends.file is not allowed (it reads another file of the host); '
-                            "extend a service of this file instead")
+            problems.append(
+                f'service "{name}": extends.file is not allowed (it reads another file of the host); '
+                "extend a service of this file instead"
+            )
         elif isinstance(extends, str) and "/" in extends:
             problems.append(f'service "{name}": extends must name a service of this file')
-        for key, why in (("env_file", "it reads a file of the host into the environment; use environment: instead"),
-                         ("label_file", "it reads a file of the host"),
-                         ("build", "images are pulled, not built on the host")):
+        for key, why in (
+            ("env_file", "it reads a file of the host into the environment; use environment: instead"),
+            ("label_file", "it reads a file of the host"),
+            ("build", "images are pulled, not built on the host"),
+        ):
             if key in service:
                 problems.append(f'service "{name}": {key} is not allowed ({why})')
     return problems

@@ -8,8 +8,8 @@ same way for all of them and never costs the job its next run.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
-from typing import Awaitable, Callable
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
@@ -27,6 +27,7 @@ def guarded(name: str, work: Work) -> Work:
     its name, is what an operator searches for, and call sites need no
     catch-all of their own.  CancelledError is a BaseException, not an
     Exception: it still propagates, so a shutdown cancels the run."""
+
     async def run() -> None:
         try:
             await work()
@@ -48,9 +49,18 @@ class Schedule:
             return
         self.intervals[name] = seconds
         first = {"next_run_time": datetime.now(timezone.utc)} if now else {}
-        self._scheduler.add_job(guarded(name, work), "interval", seconds=seconds, id=name, name=name,
-                                replace_existing=True, max_instances=1, coalesce=True,
-                                misfire_grace_time=max(1, int(seconds)), **first)
+        self._scheduler.add_job(
+            guarded(name, work),
+            "interval",
+            seconds=seconds,
+            id=name,
+            name=name,
+            replace_existing=True,
+            max_instances=1,
+            coalesce=True,
+            misfire_grace_time=max(1, int(seconds)),
+            **first,
+        )
         log.debug("periodic_work_scheduled", name=name, interval_s=seconds)
 
     def start(self) -> None:

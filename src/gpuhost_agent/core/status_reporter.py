@@ -29,7 +29,7 @@ class StackRef:
     project: str  # the Compose project: pStackName
 
     @classmethod
-    def of_job(cls, job: wire.StackJob) -> "StackRef":
+    def of_job(cls, job: wire.StackJob) -> StackRef:
         name = job.stack_name or (job.template or {}).get("name", "")
         return cls(job.stack_id, job.rental_id, job.env_id, naming.project_name(name, job.stack_id))
 
@@ -42,8 +42,14 @@ class StatusReporter:
         """`job_id` names the work the report belongs to: a marketplace job, or
         the agent's own (`reconcile-…`, `rental-clock-…`, `container-…`;
         docs/agent-api.yaml, StackStatusReport)."""
-        body = {"status": status, "errorMsg": error_msg, "pStackName": stack.project,
-                "pStackId": naming.provider_stack_id(stack.stack_id), "jobId": job_id, "reportedAt": wire.iso()}
+        body = {
+            "status": status,
+            "errorMsg": error_msg,
+            "pStackName": stack.project,
+            "pStackId": naming.provider_stack_id(stack.stack_id),
+            "jobId": job_id,
+            "reportedAt": wire.iso(),
+        }
         gpus = self.ledger.assignments.get(stack.rental_id)
         if gpus:  # otherwise the marketplace keeps what it has
             body["assignedGPUs"] = list(gpus)
@@ -56,8 +62,9 @@ class StatusReporter:
     def refusal(self, stack_id: str, error_msg: str, *, job_id: str) -> None:
         """ERROR for a job the agent could not even decode: nothing else of the
         stack is known, and its record is left as it is."""
-        self.outbox.put(STATUS, stack_id, {"status": wire.ERROR, "errorMsg": error_msg, "jobId": job_id,
-                                           "reportedAt": wire.iso()})
+        self.outbox.put(
+            STATUS, stack_id, {"status": wire.ERROR, "errorMsg": error_msg, "jobId": job_id, "reportedAt": wire.iso()}
+        )
 
     def containers(self, stack_id: str, containers: list[dict]) -> None:
         """The stack's containers in the seed's shape (core/containers.py)."""

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import psutil
 
-from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 from gpuhost_agent.inventory import clock, toolkit
+from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 
 CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 
@@ -59,14 +59,25 @@ async def docker_facts(engine: DockerEngine, gpu_check_image: str | None) -> dic
     try:
         info = await engine.info()
     except EngineError as exc:
-        return {"available": False, "error": str(exc), "version": None, "rootDir": None,
-                "gpuContainers": {"ok": False, "method": "none", "detail": "Docker Engine unreachable"}}
+        return {
+            "available": False,
+            "error": str(exc),
+            "version": None,
+            "rootDir": None,
+            "gpuContainers": {"ok": False, "method": "none", "detail": "Docker Engine unreachable"},
+        }
     runtimes = sorted((info.get("Runtimes") or {}).keys())
     version = info.get("Version") or {}
-    facts = {"available": True, "error": None, "version": info.get("ServerVersion"),
-             "apiVersion": version.get("ApiVersion"), "rootDir": info.get("DockerRootDir"),
-             "runtimes": runtimes, "defaultRuntime": info.get("DefaultRuntime"),
-             "cdiSpecDirs": info.get("CDISpecDirs") or []}
+    facts = {
+        "available": True,
+        "error": None,
+        "version": info.get("ServerVersion"),
+        "apiVersion": version.get("ApiVersion"),
+        "rootDir": info.get("DockerRootDir"),
+        "runtimes": runtimes,
+        "defaultRuntime": info.get("DefaultRuntime"),
+        "cdiSpecDirs": info.get("CDISpecDirs") or [],
+    }
     facts["gpuContainers"] = await _gpu_containers(engine, facts, gpu_check_image)
     return facts
 
@@ -87,8 +98,11 @@ async def _gpu_containers(engine: DockerEngine, facts: dict, image: str | None) 
             signs.append(f"NVIDIA CDI spec in {directory}")
     if (await asyncio.to_thread(toolkit.find_binaries)).get("nvidia-container-runtime-hook"):
         signs.append("nvidia-container-runtime-hook installed")
-    return {"ok": bool(signs), "method": "engine-info", "detail": ", ".join(signs) or
-            "no nvidia runtime, CDI spec or nvidia-container-runtime-hook found"}
+    return {
+        "ok": bool(signs),
+        "method": "engine-info",
+        "detail": ", ".join(signs) or "no nvidia runtime, CDI spec or nvidia-container-runtime-hook found",
+    }
 
 
 def _listdir(directory: str) -> list[Path]:
@@ -103,22 +117,38 @@ async def compose_facts(command: list[str] | None) -> dict:
         return {"available": False, "version": None, "command": None, "error": "Docker Compose v2 not found"}
     try:
         process = await asyncio.create_subprocess_exec(
-            *command, "version", "--short", stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            *command,
+            "version",
+            "--short",
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         out, err = await asyncio.wait_for(process.communicate(), 15)
     except (OSError, asyncio.TimeoutError) as exc:
         return {"available": False, "version": None, "command": " ".join(command), "error": str(exc) or "timed out"}
     if process.returncode != 0:
-        return {"available": False, "version": None, "command": " ".join(command),
-                "error": err.decode(errors="replace").strip()[:300]}
+        return {
+            "available": False,
+            "version": None,
+            "command": " ".join(command),
+            "error": err.decode(errors="replace").strip()[:300],
+        }
     return {"available": True, "version": out.decode().strip().lstrip("v"), "command": " ".join(command), "error": None}
 
 
-async def probe_host(engine: DockerEngine, compose_command: list[str] | None, *, gpu_check_image: str | None = None,
-                     toolkit_config: Path | None = None) -> dict:
+async def probe_host(
+    engine: DockerEngine,
+    compose_command: list[str] | None,
+    *,
+    gpu_check_image: str | None = None,
+    toolkit_config: Path | None = None,
+) -> dict:
     docker, compose, nvidia_toolkit = await asyncio.gather(
-        docker_facts(engine, gpu_check_image), compose_facts(compose_command),
-        toolkit.probe_toolkit(config_path=toolkit_config))
+        docker_facts(engine, gpu_check_image),
+        compose_facts(compose_command),
+        toolkit.probe_toolkit(config_path=toolkit_config),
+    )
     # /proc, /sys, /etc/os-release, statvfs and adjtimex (whose libc lookup runs
     # ldconfig): blocking reads, made in a thread.
     return await asyncio.to_thread(_this_machine, docker, compose, nvidia_toolkit)
@@ -127,8 +157,11 @@ async def probe_host(engine: DockerEngine, compose_command: list[str] | None, *,
 def _this_machine(docker: dict, compose: dict, nvidia_toolkit: dict) -> dict:
     memory = psutil.virtual_memory()
     return {
-        "cpu": {"model": cpu_model(), "physicalCores": psutil.cpu_count(logical=False),
-                "logicalCores": psutil.cpu_count(logical=True)},
+        "cpu": {
+            "model": cpu_model(),
+            "physicalCores": psutil.cpu_count(logical=False),
+            "logicalCores": psutil.cpu_count(logical=True),
+        },
         "memory": {"totalBytes": memory.total},
         "storage": storage(docker.get("rootDir") or "/var/lib/docker"),
         "os": {"name": os_release(), "kernel": platform.release(), "arch": platform.machine()},

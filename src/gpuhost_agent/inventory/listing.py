@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def _gib(value: int | None, digits: int = 0) -> float | int | None:

@@ -57,8 +57,9 @@ def _mbps(nbytes: int, seconds: float) -> float | None:
     return round(nbytes * 8 / seconds / 1e6, 1)
 
 
-async def measure_speed(http: aiohttp.ClientSession, base_url: str, *, max_bytes: int = 25_000_000,
-                        max_seconds: float = 10.0) -> SpeedResult:
+async def measure_speed(
+    http: aiohttp.ClientSession, base_url: str, *, max_bytes: int = 25_000_000, max_seconds: float = 10.0
+) -> SpeedResult:
     """Download then upload at most max_bytes each, for at most max_seconds each.
 
     `base_url` is the marketplace API root (".../v1"); `http` carries the auth header.
@@ -73,9 +74,14 @@ async def measure_speed(http: aiohttp.ClientSession, base_url: str, *, max_bytes
 
 
 def as_wire(result: SpeedResult) -> dict:
-    return {"uploadMbps": result.upload_mbps, "downloadMbps": result.download_mbps,
-            "measuredAt": result.measured_at, "bytesDown": result.download_bytes,
-            "bytesUp": result.upload_bytes, "error": result.error}
+    return {
+        "uploadMbps": result.upload_mbps,
+        "downloadMbps": result.download_mbps,
+        "measuredAt": result.measured_at,
+        "bytesDown": result.download_bytes,
+        "bytesUp": result.upload_bytes,
+        "error": result.error,
+    }
 
 
 async def _guarded(name: str, work, limit: float) -> tuple[float | None, int, str | None]:
@@ -99,8 +105,9 @@ async def _guarded(name: str, work, limit: float) -> tuple[float | None, int, st
 
 
 async def _download(http: aiohttp.ClientSession, base: str, max_bytes: int, max_seconds: float):
-    async with http.get(f"{base}/agent/speedtest/download", params={"bytes": str(max_bytes)},
-                        headers={"Accept-Encoding": "identity"}) as resp:
+    async with http.get(
+        f"{base}/agent/speedtest/download", params={"bytes": str(max_bytes)}, headers={"Accept-Encoding": "identity"}
+    ) as resp:
         if resp.status != 200:
             raise _HttpStatus(resp.status)
         start = time.monotonic()
@@ -133,8 +140,9 @@ async def _upload(http: aiohttp.ClientSession, base: str, max_bytes: int, max_se
             yield piece
 
     start = time.monotonic()
-    async with http.post(f"{base}/agent/speedtest/upload", data=body(),
-                         headers={"Content-Type": "application/octet-stream"}) as resp:
+    async with http.post(
+        f"{base}/agent/speedtest/upload", data=body(), headers={"Content-Type": "application/octet-stream"}
+    ) as resp:
         if resp.status != 200:
             raise _HttpStatus(resp.status)
         answer = await resp.json()

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pynvml
 
@@ -114,17 +115,26 @@ class NvmlProbe:
         """Driver facts and every GPU, for systemData."""
         with self._lock:
             if not self._ensure_open():
-                return {"available": False, "error": self._open_error, "driverVersion": None,
-                        "cudaDriverVersion": None, "gpus": []}
+                return {
+                    "available": False,
+                    "error": self._open_error,
+                    "driverVersion": None,
+                    "cudaDriverVersion": None,
+                    "gpus": [],
+                }
             system = FieldReader()
             driver = system.read("driverVersion", pynvml.nvmlSystemGetDriverVersion)
             cuda = system.read("cudaDriverVersion", pynvml.nvmlSystemGetCudaDriverVersion)
             count = system.read("deviceCount", pynvml.nvmlDeviceGetCount)
             gpus = [self._gpu(index) for index in range(count or 0)]
-            return {"available": True, "error": system.unsupported.get("deviceCount"),
-                    "driverVersion": _text(driver) if driver is not None else None,
-                    "cudaDriverVersion": cuda_version_text(cuda), "gpus": gpus,
-                    "unsupported": system.unsupported}
+            return {
+                "available": True,
+                "error": system.unsupported.get("deviceCount"),
+                "driverVersion": _text(driver) if driver is not None else None,
+                "cudaDriverVersion": cuda_version_text(cuda),
+                "gpus": gpus,
+                "unsupported": system.unsupported,
+            }
 
     def _gpu(self, index: int) -> dict:
         fields = FieldReader()
@@ -141,8 +151,13 @@ class NvmlProbe:
         cc = read("computeCapability", pynvml.nvmlDeviceGetCudaComputeCapability, handle)
         mig = read("migMode", pynvml.nvmlDeviceGetMigMode, handle)
         ecc = read("eccMode", pynvml.nvmlDeviceGetEccMode, handle)
-        ecc_errors = read("eccUncorrectedErrors", pynvml.nvmlDeviceGetTotalEccErrors, handle,
-                          pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC)
+        ecc_errors = read(
+            "eccUncorrectedErrors",
+            pynvml.nvmlDeviceGetTotalEccErrors,
+            handle,
+            pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            pynvml.NVML_VOLATILE_ECC,
+        )
         power_limit = read("powerLimitW", pynvml.nvmlDeviceGetPowerManagementLimit, handle)
         return {
             "index": index,
@@ -199,16 +214,19 @@ class NvmlProbe:
                     continue
                 util = fields.read("utilization", pynvml.nvmlDeviceGetUtilizationRates, handle)
                 memory = fields.read("memory", pynvml.nvmlDeviceGetMemoryInfo, handle)
-                temperature = fields.read("temperature", pynvml.nvmlDeviceGetTemperature, handle,
-                                          pynvml.NVML_TEMPERATURE_GPU)
+                temperature = fields.read(
+                    "temperature", pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU
+                )
                 power = fields.read("power", pynvml.nvmlDeviceGetPowerUsage, handle)
                 uuid = fields.read("uuid", pynvml.nvmlDeviceGetUUID, handle)
-                beats.append({
-                    "index": index,
-                    "uuid": _text(uuid) if uuid is not None else None,
-                    "utilizationPercent": util.gpu if util is not None else None,
-                    "memoryUsedBytes": int(memory.used) if memory is not None else None,
-                    "temperatureC": temperature,
-                    "powerW": round(power / 1000, 1) if power is not None else None,
-                })
+                beats.append(
+                    {
+                        "index": index,
+                        "uuid": _text(uuid) if uuid is not None else None,
+                        "utilizationPercent": util.gpu if util is not None else None,
+                        "memoryUsedBytes": int(memory.used) if memory is not None else None,
+                        "temperatureC": temperature,
+                        "powerW": round(power / 1000, 1) if power is not None else None,
+                    }
+                )
             return beats

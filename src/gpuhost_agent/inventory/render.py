@@ -3,7 +3,7 @@ every unknown shown as such rather than left out."""
 
 from __future__ import annotations
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def _show(value, unit: str = "") -> str:
@@ -21,21 +21,42 @@ def probe_table(report: dict) -> str:
     nvml, host = data["nvml"], data["host"]
     docker, compose, kit = host["docker"], host["compose"], host["nvidiaContainerToolkit"]
     rows = [
-        ("Host", f"{data['hostname']} ({_show(host['os']['name'])}, kernel {host['os']['kernel']}, {host['os']['arch']})"),
-        ("CPU", f"{_show(host['cpu']['model'])}: {host['cpu']['physicalCores']} cores, "
-                f"{host['cpu']['logicalCores']} logical CPUs"),
+        (
+            "Host",
+            f"{data['hostname']} ({_show(host['os']['name'])}, kernel {host['os']['kernel']}, {host['os']['arch']})",
+        ),
+        (
+            "CPU",
+            f"{_show(host['cpu']['model'])}: {host['cpu']['physicalCores']} cores, "
+            f"{host['cpu']['logicalCores']} logical CPUs",
+        ),
         ("Memory", _gib(host["memory"]["totalBytes"])),
-        ("Storage", f"{_gib(host['storage']['totalBytes'])} total, {_gib(host['storage']['freeBytes'])} free "
-                    f"on {host['storage']['path']} (Docker's data root)"),
+        (
+            "Storage",
+            f"{_gib(host['storage']['totalBytes'])} total, {_gib(host['storage']['freeBytes'])} free "
+            f"on {host['storage']['path']} (Docker's data root)",
+        ),
         ("Docker Engine", _show(docker.get("version")) if docker["available"] else f"unavailable: {docker['error']}"),
-        ("Docker Compose", _show(compose.get("version")) if compose["available"] else f"unavailable: {compose['error']}"),
-        ("Container Toolkit", f"{_show(kit['version'])} ({', '.join(kit['binaries'])})" if kit["installed"]
-                              else "not installed"),
-        ("GPU containers", f"{'yes' if docker['gpuContainers'].get('ok') else 'no'}: "
-                           f"{_show(docker['gpuContainers'].get('detail'))} ({docker['gpuContainers'].get('method')})"),
+        (
+            "Docker Compose",
+            _show(compose.get("version")) if compose["available"] else f"unavailable: {compose['error']}",
+        ),
+        (
+            "Container Toolkit",
+            f"{_show(kit['version'])} ({', '.join(kit['binaries'])})" if kit["installed"] else "not installed",
+        ),
+        (
+            "GPU containers",
+            f"{'yes' if docker['gpuContainers'].get('ok') else 'no'}: "
+            f"{_show(docker['gpuContainers'].get('detail'))} ({docker['gpuContainers'].get('method')})",
+        ),
         ("Clock", {True: "synchronised", False: "NOT synchronised", None: "unknown"}[host["clock"]["synchronized"]]),
-        ("NVIDIA driver", f"{_show(nvml['driverVersion'])}, CUDA {_show(nvml['cudaDriverVersion'])}"
-                          if nvml["available"] else f"unavailable: {nvml['error']}"),
+        (
+            "NVIDIA driver",
+            f"{_show(nvml['driverVersion'])}, CUDA {_show(nvml['cudaDriverVersion'])}"
+            if nvml["available"]
+            else f"unavailable: {nvml['error']}",
+        ),
     ]
     lines = [f"{name:<18} {value}" for name, value in rows]
     for gpu in nvml["gpus"]:
@@ -43,8 +64,14 @@ def probe_table(report: dict) -> str:
         lines.extend(_gpu_lines(gpu))
     lines.append("")
     lines.append("Listing fields")
-    units = {"gpuVRAM": "GiB", "gpuBandwidth": "GB/s", "totalRAM": "GiB", "totalStorage": "GiB",
-             "networkUploadSpeed": "Mbit/s", "networkDownloadSpeed": "Mbit/s"}
+    units = {
+        "gpuVRAM": "GiB",
+        "gpuBandwidth": "GB/s",
+        "totalRAM": "GiB",
+        "totalStorage": "GiB",
+        "networkUploadSpeed": "Mbit/s",
+        "networkDownloadSpeed": "Mbit/s",
+    }
     for key, value in listing.items():
         lines.append(f"  {key:<21} {_show(value, units.get(key, ''))}")
     return "\n".join(lines)
@@ -65,7 +92,9 @@ def _gpu_lines(gpu: dict) -> list[str]:
         f"uncorrected errors {_show(gpu['eccUncorrectedErrors'])}; power limit {_show(gpu['powerLimitW'], 'W')}",
     ]
     if gpu["unsupported"]:
-        lines.append("  not reported by NVML: " + ", ".join(f"{k} ({v})" for k, v in sorted(gpu["unsupported"].items())))
+        lines.append(
+            "  not reported by NVML: " + ", ".join(f"{k} ({v})" for k, v in sorted(gpu["unsupported"].items()))
+        )
     return lines
 
 
@@ -81,6 +110,5 @@ def doctor_lines(checks: list[dict]) -> str:
             lines.append(f"       {'':<24} fix: {check['remedy']}")
     failed = sum(1 for check in checks if not check["ok"])
     lines.append("")
-    lines.append("compliant: this host can be listed" if not failed
-                 else f"NOT compliant: {failed} check(s) failed")
+    lines.append("compliant: this host can be listed" if not failed else f"NOT compliant: {failed} check(s) failed")
     return "\n".join(lines)

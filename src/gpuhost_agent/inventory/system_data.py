@@ -16,16 +16,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuhost_agent import __version__
-from gpuhost_agent.protocol import wire
-from gpuhost_agent.runtime.engine import DockerEngine
 from gpuhost_agent.inventory import compliance, listing
 from gpuhost_agent.inventory.host_probe import probe_host
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.engine import DockerEngine
 
 
 @dataclass
 class Prober:
     """What a probe needs; built once per process."""
+
     nvml: NvmlProbe
     engine: DockerEngine
     compose_command: list[str] | None = None
@@ -37,10 +38,22 @@ class Prober:
     async def system_data(self) -> dict:
         nvml, host = await asyncio.gather(
             asyncio.to_thread(self.nvml.inventory),
-            probe_host(self.engine, self.compose_command, gpu_check_image=self.gpu_check_image,
-                       toolkit_config=self.toolkit_config))
-        return {"probedAt": wire.iso(), "agentVersion": __version__, "hostname": socket.gethostname(),
-                "nvml": nvml, "host": host, "networkSpeed": self.speed, "location": self.location}
+            probe_host(
+                self.engine,
+                self.compose_command,
+                gpu_check_image=self.gpu_check_image,
+                toolkit_config=self.toolkit_config,
+            ),
+        )
+        return {
+            "probedAt": wire.iso(),
+            "agentVersion": __version__,
+            "hostname": socket.gethostname(),
+            "nvml": nvml,
+            "host": host,
+            "networkSpeed": self.speed,
+            "location": self.location,
+        }
 
     async def report(self, requirements: compliance.Requirements, clock_skew_seconds: float | None = None) -> dict:
         data = await self.system_data()
@@ -53,8 +66,11 @@ def build_report(data: dict, requirements: compliance.Requirements, clock_skew_s
     report = {
         "systemData": data,
         "listing": listing.listing_fields(data, data.get("networkSpeed"), data.get("location")),
-        "compliance": {"isCompliant": ok, "failedComplianceReason": reason,
-                       "checks": [check.as_wire() for check in checks]},
+        "compliance": {
+            "isCompliant": ok,
+            "failedComplianceReason": reason,
+            "checks": [check.as_wire() for check in checks],
+        },
     }
     report["fingerprint"] = fingerprint(report)
     return report
@@ -71,7 +87,7 @@ def fingerprint(report: dict) -> str:
     host.get("clock", {}).pop("maxErrorMs", None)
     storage = host.get("storage", {})
     if storage.get("freeBytes") is not None:
-        storage["freeBytes"] = storage["freeBytes"] // 1024 ** 3
+        storage["freeBytes"] = storage["freeBytes"] // 1024**3
     verdicts = [(check["id"], check["ok"]) for check in report["compliance"]["checks"]]
     stable = {"systemData": data, "listing": report["listing"], "verdicts": verdicts}
     return hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()[:16]

@@ -16,9 +16,15 @@ from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 def host_load(storage_path: str | None) -> dict:
     load1, load5, load15 = os.getloadavg()
     memory = psutil.virtual_memory()
-    figures = {"load1": round(load1, 2), "load5": round(load5, 2), "load15": round(load15, 2),
-               "cpuPercent": psutil.cpu_percent(interval=None), "memoryUsedBytes": memory.total - memory.available,
-               "memoryTotalBytes": memory.total, "diskFreeBytes": None}
+    figures = {
+        "load1": round(load1, 2),
+        "load5": round(load5, 2),
+        "load15": round(load15, 2),
+        "cpuPercent": psutil.cpu_percent(interval=None),
+        "memoryUsedBytes": memory.total - memory.available,
+        "memoryTotalBytes": memory.total,
+        "diskFreeBytes": None,
+    }
     if storage_path:
         try:
             figures["diskFreeBytes"] = psutil.disk_usage(storage_path).free

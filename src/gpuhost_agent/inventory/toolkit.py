@@ -18,8 +18,13 @@ from pathlib import Path
 DEFAULT_CONFIG = Path("/etc/nvidia-container-runtime/config.toml")
 UNPRIVILEGED_KEY = "accept-nvidia-visible-devices-envvar-when-unprivileged"
 # In the order we ask them for a version: nvidia-ctk is the toolkit's own CLI.
-BINARIES = ("nvidia-ctk", "nvidia-container-cli", "nvidia-container-runtime", "nvidia-container-runtime-hook",
-            "nvidia-container-toolkit")
+BINARIES = (
+    "nvidia-ctk",
+    "nvidia-container-cli",
+    "nvidia-container-runtime",
+    "nvidia-container-runtime-hook",
+    "nvidia-container-toolkit",
+)
 _VERSION = re.compile(r"version[:\s]+v?(\d+\.\d+\.\d+)", re.IGNORECASE)
 
 
@@ -53,8 +58,12 @@ def unprivileged_envvar_setting(config_text: str | None) -> bool | None:
 async def _version_of(binary: str, timeout: float = 5) -> str | None:
     try:
         process = await asyncio.create_subprocess_exec(
-            binary, "--version", stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            binary,
+            "--version",
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
     except OSError:
         return None
     try:

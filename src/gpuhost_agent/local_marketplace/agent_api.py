@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.local_marketplace.http_errors import json_body, json_error
 from gpuhost_agent.local_marketplace.state import MarketplaceState
+from gpuhost_agent.protocol import wire
 
 MAX_POLL_WAIT = 60
 
@@ -19,9 +19,16 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
         if not isinstance(body, dict):
             return json_error(400, "body must be an object describing the agent")
         session_id, requeued = state.new_session()
-        return web.json_response({"sessionId": session_id, "envId": store.envId, "serverTime": wire.iso(),
-                                  "requeuedJobs": requeued, "intervals": state.intervals,
-                                  "requirements": state.requirements})
+        return web.json_response(
+            {
+                "sessionId": session_id,
+                "envId": store.envId,
+                "serverTime": wire.iso(),
+                "requeuedJobs": requeued,
+                "intervals": state.intervals,
+                "requirements": state.requirements,
+            }
+        )
 
     async def poll_jobs(request: web.Request) -> web.Response:
         try:
@@ -30,8 +37,12 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
         except ValueError:
             return json_error(400, "wait must be a number of seconds and max an integer")
         transport = request.transport
-        jobs = await state.wait_for_jobs(max(0.0, wait), max_jobs, request.headers.get(wire.SESSION_HEADER),
-                                         lambda: transport is not None and not transport.is_closing())
+        jobs = await state.wait_for_jobs(
+            max(0.0, wait),
+            max_jobs,
+            request.headers.get(wire.SESSION_HEADER),
+            lambda: transport is not None and not transport.is_closing(),
+        )
         return web.json_response({"jobs": [store.job_payload(job) for job in jobs]})
 
     async def complete_job(request: web.Request) -> web.Response:
@@ -105,7 +116,15 @@ def _containers_problem(body) -> str | None:
     for index, container in enumerate(body["containers"]):
         if not isinstance(container, dict):
             return f"containers[{index}] must be an object"
-        for key, kind in (("Name", str), ("Id", str), ("State", str), ("Created", int), ("Labels", list), ("Ports", list)):
+        for key, kind in (
+            ("Name", str),
+            ("Id", str),
+            ("State", str),
+            ("Created", int),
+            ("Labels", list),
+            ("Ports", list),
+        ):
             if not isinstance(container.get(key), kind) or isinstance(container.get(key), bool):
-                return f"containers[{index}].{key} must be {'a string' if kind is str else 'an integer' if kind is int else 'an array'}"
+                wanted = "a string" if kind is str else "an integer" if kind is int else "an array"
+                return f"containers[{index}].{key} must be {wanted}"
     return None

@@ -15,10 +15,10 @@ import re
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.local_marketplace.channel_hub import close_quietly
 from gpuhost_agent.local_marketplace.http_errors import json_error
 from gpuhost_agent.local_marketplace.state import MarketplaceState
+from gpuhost_agent.protocol import wire
 
 CHANNEL_HEARTBEAT = 15.0  # seconds between the marketplace's pings on the channel
 CHANNEL_MAX_MESSAGE = 64 * 1024  # the agent sends only short JSON refusals
@@ -56,8 +56,9 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
             return json_error(400, "this path is a WebSocket: send an Upgrade request")
         waiting = hub.claim(stream_id) if STREAM_ID.fullmatch(stream_id) else None
         if waiting is None:
-            return json_error(404, f"no stream {stream_id[:64]} is waiting "
-                                   "(unknown, already opened, cancelled or timed out)")
+            return json_error(
+                404, f"no stream {stream_id[:64]} is waiting (unknown, already opened, cancelled or timed out)"
+            )
         await ws.prepare(request)
         if waiting.opened.done():  # the request gave up while the socket was being upgraded
             await close_quietly(ws, WSCloseCode.GOING_AWAY, b"stream no longer wanted")

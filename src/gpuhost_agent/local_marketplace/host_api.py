@@ -11,12 +11,20 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.local_marketplace.http_errors import json_body, json_error
 from gpuhost_agent.local_marketplace.state import MarketplaceState
+from gpuhost_agent.protocol import wire
 
-LISTING_NUMBERS = ("totalGPUs", "gpuVRAM", "gpuBandwidth", "totalCPUs", "totalRAM", "totalStorage",
-                   "networkUploadSpeed", "networkDownloadSpeed")
+LISTING_NUMBERS = (
+    "totalGPUs",
+    "gpuVRAM",
+    "gpuBandwidth",
+    "totalCPUs",
+    "totalRAM",
+    "totalStorage",
+    "networkUploadSpeed",
+    "networkDownloadSpeed",
+)
 LISTING_STRINGS = ("gpuName", "gpuInterconnect", "gpuCUDA", "location")
 INIT_STATES = ("starting", "ready", "failed")
 
@@ -42,13 +50,21 @@ def system_data_problem(body) -> str | None:
     if not isinstance(listing.get("totalGPUs"), int):
         return "listing.totalGPUs must be an integer"
     compliance = body.get("compliance")
-    if not isinstance(compliance, dict) or not isinstance(compliance.get("isCompliant"), bool) \
-            or not isinstance(compliance.get("failedComplianceReason"), str):
+    if (
+        not isinstance(compliance, dict)
+        or not isinstance(compliance.get("isCompliant"), bool)
+        or not isinstance(compliance.get("failedComplianceReason"), str)
+    ):
         return "compliance must be an object with isCompliant (boolean) and failedComplianceReason (string)"
     checks = compliance.get("checks")
     if not isinstance(checks, list) or not all(
-            isinstance(c, dict) and isinstance(c.get("id"), str) and isinstance(c.get("ok"), bool)
-            and isinstance(c.get("summary"), str) and isinstance(c.get("remedy", ""), str) for c in checks):
+        isinstance(c, dict)
+        and isinstance(c.get("id"), str)
+        and isinstance(c.get("ok"), bool)
+        and isinstance(c.get("summary"), str)
+        and isinstance(c.get("remedy", ""), str)
+        for c in checks
+    ):
         return "compliance.checks must be an array of {id, ok, summary, remedy}"
     if not compliance["isCompliant"] and not compliance["failedComplianceReason"]:
         return "failedComplianceReason is required when isCompliant is false"

@@ -16,12 +16,12 @@ import struct
 
 from aiohttp import WSMsgType, web
 
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.local_marketplace.channel_hub import CLOSE_TIMEOUT, Stream, StreamRefused
 from gpuhost_agent.local_marketplace.http_errors import BadRequest, json_error
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.stream_targets import find_container, first_done, rental_active, renter_gone
+from gpuhost_agent.protocol import wire
 
 log = get_logger(__name__)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.local_marketplace import shapes
 from gpuhost_agent.local_marketplace.http_errors import json_body, json_error
 from gpuhost_agent.local_marketplace.state import MarketplaceState
+from gpuhost_agent.protocol import wire
 
 
 def routes(state: MarketplaceState) -> list[web.RouteDef]:
@@ -31,8 +31,10 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
         if not isinstance(body, dict):
             return json_error(400, "body must be a JSON object")
         if body.get("envId") != store.envId:
-            return json_error(404 if isinstance(body.get("envId"), str) else 400,
-                              f"envId must name this marketplace's environment ({store.envId})")
+            return json_error(
+                404 if isinstance(body.get("envId"), str) else 400,
+                f"envId must name this marketplace's environment ({store.envId})",
+            )
         gpu_count = body.get("gpuCount", 0)
         if not wire.is_whole(gpu_count):
             return json_error(400, "gpuCount must be a non-negative integer")

@@ -42,8 +42,10 @@ def checkout_install_script() -> Path | None:
 def install_line(base_url: str, env_id: str, api_key: str) -> str:
     """The command line a host pastes; every value shell-quoted where it needs it."""
     quote = shlex.quote
-    return (f"curl -fsSL {quote(base_url + '/install.sh')} | sudo bash -s -- "
-            f"--url {quote(base_url)} --env-id {quote(env_id)} --api-key {quote(api_key)}")
+    return (
+        f"curl -fsSL {quote(base_url + '/install.sh')} | sudo bash -s -- "
+        f"--url {quote(base_url)} --env-id {quote(env_id)} --api-key {quote(api_key)}"
+    )
 
 
 def routes(state: MarketplaceState, install_script: Path | None = None) -> list[web.RouteDef]:
@@ -60,10 +62,16 @@ def routes(state: MarketplaceState, install_script: Path | None = None) -> list[
 
     async def get_install_script(_request: web.Request) -> web.Response:
         if script is None or not await asyncio.to_thread(script.is_file):
-            return json_error(404, "install.sh is not part of this installation of the agent; "
-                                   "the local marketplace serves it when the agent runs from a checkout")
-        return web.Response(body=await asyncio.to_thread(script.read_bytes), content_type="text/x-shellscript",
-                            headers={"Cache-Control": "no-store"})
+            return json_error(
+                404,
+                "install.sh is not part of this installation of the agent; "
+                "the local marketplace serves it when the agent runs from a checkout",
+            )
+        return web.Response(
+            body=await asyncio.to_thread(script.read_bytes),
+            content_type="text/x-shellscript",
+            headers={"Cache-Control": "no-store"},
+        )
 
     return [
         web.get("/v1/environments/{envId}/script", get_script),

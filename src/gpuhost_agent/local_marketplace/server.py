@@ -13,12 +13,21 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.local_marketplace import agent_api, channel_api, host_api, logs_api, renter_api, script_api, speedtest_api, terminal_api
+from gpuhost_agent.local_marketplace import (
+    agent_api,
+    channel_api,
+    host_api,
+    logs_api,
+    renter_api,
+    script_api,
+    speedtest_api,
+    terminal_api,
+)
 from gpuhost_agent.local_marketplace.http_errors import BadRequest, json_error
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.store import Conflict, NotFound
+from gpuhost_agent.protocol import wire
 
 log = get_logger(__name__)
 

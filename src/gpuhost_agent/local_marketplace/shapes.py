@@ -6,8 +6,20 @@ from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.store import Store
 
 _INTERNAL_STACK_KEYS = ("desired", "lastReportAt", "history")
-HARDWARE_FIELDS = ("totalGPUs", "gpuName", "gpuVRAM", "gpuBandwidth", "gpuInterconnect", "gpuCUDA", "totalCPUs",
-                   "totalRAM", "totalStorage", "networkUploadSpeed", "networkDownloadSpeed", "location")
+HARDWARE_FIELDS = (
+    "totalGPUs",
+    "gpuName",
+    "gpuVRAM",
+    "gpuBandwidth",
+    "gpuInterconnect",
+    "gpuCUDA",
+    "totalCPUs",
+    "totalRAM",
+    "totalStorage",
+    "networkUploadSpeed",
+    "networkDownloadSpeed",
+    "location",
+)
 NOT_REPORTED = "the agent has not reported this machine yet"
 
 
@@ -18,11 +30,18 @@ def listing(store: Store, selected_gpus: int | None = None) -> dict:
     hardware = report.get("listing") or {}
     active = [r for r in store.rentals.values() if r["status"] == "ACTIVE"]
     total = hardware.get("totalGPUs") or 0
-    shaped = {"envId": store.envId, **{key: hardware.get(key) for key in HARDWARE_FIELDS}, "totalGPUs": total,
-              "availableGPUs": max(0, total - sum(r.get("gpuCount", 0) for r in active)), "isListed": False,
-              "availabilityWindows": {}, "pricing": {}, "type": {},
-              "activeRentalIds": {"rentalIds": [r["rentalId"] for r in active]},
-              "updatedAt": report.get("reportedAt") or store.createdAt}
+    shaped = {
+        "envId": store.envId,
+        **{key: hardware.get(key) for key in HARDWARE_FIELDS},
+        "totalGPUs": total,
+        "availableGPUs": max(0, total - sum(r.get("gpuCount", 0) for r in active)),
+        "isListed": False,
+        "availabilityWindows": {},
+        "pricing": {},
+        "type": {},
+        "activeRentalIds": {"rentalIds": [r["rentalId"] for r in active]},
+        "updatedAt": report.get("reportedAt") or store.createdAt,
+    }
     if selected_gpus is not None:
         shaped["selectedGPUs"] = selected_gpus
     return shaped
@@ -31,16 +50,40 @@ def listing(store: Store, selected_gpus: int | None = None) -> dict:
 def environment(state: MarketplaceState) -> dict:
     store = state.store
     report = store.host.get("report") or {}
-    compliance = report.get("compliance") or {"isCompliant": False, "failedComplianceReason": NOT_REPORTED, "checks": []}
-    system_data = {**report["systemData"], "complianceChecks": compliance["checks"],
-                   "fingerprint": report["fingerprint"], "reportedAt": report["reportedAt"]} if report else {}
-    return {"envId": store.envId, "name": store.envName, "createdAt": store.createdAt,
-            "updatedAt": report.get("reportedAt") or store.createdAt,
-            "orgId": "local-org", "userId": store.userId, "pEnvId": 1, "pEdgeKey": "",
-            "systemData": system_data, "isCompliant": compliance["isCompliant"],
-            "failedComplianceReason": compliance["failedComplianceReason"],
-            "initState": store.host.get("initState") or {}, "hold": {}, "listing": listing(store),
-            "apiKey": masked_key(store.envApiKey), "heartbeat": state.liveness(), "isSeed": False}
+    compliance = report.get("compliance") or {
+        "isCompliant": False,
+        "failedComplianceReason": NOT_REPORTED,
+        "checks": [],
+    }
+    system_data = (
+        {
+            **report["systemData"],
+            "complianceChecks": compliance["checks"],
+            "fingerprint": report["fingerprint"],
+            "reportedAt": report["reportedAt"],
+        }
+        if report
+        else {}
+    )
+    return {
+        "envId": store.envId,
+        "name": store.envName,
+        "createdAt": store.createdAt,
+        "updatedAt": report.get("reportedAt") or store.createdAt,
+        "orgId": "local-org",
+        "userId": store.userId,
+        "pEnvId": 1,
+        "pEdgeKey": "",
+        "systemData": system_data,
+        "isCompliant": compliance["isCompliant"],
+        "failedComplianceReason": compliance["failedComplianceReason"],
+        "initState": store.host.get("initState") or {},
+        "hold": {},
+        "listing": listing(store),
+        "apiKey": masked_key(store.envApiKey),
+        "heartbeat": state.liveness(),
+        "isSeed": False,
+    }
 
 
 def masked_key(key: str) -> str:
@@ -51,8 +94,10 @@ def masked_key(key: str) -> str:
 
 
 def rental(store: Store, raw: dict) -> dict:
-    shaped = {key: raw[key] for key in ("rentalId", "userId", "startDate", "endDate", "name", "status",
-                                        "createdAt", "updatedAt", "isSeed")}
+    shaped = {
+        key: raw[key]
+        for key in ("rentalId", "userId", "startDate", "endDate", "name", "status", "createdAt", "updatedAt", "isSeed")
+    }
     shaped["listing"] = listing(store, selected_gpus=raw.get("gpuCount", 0))
     return shaped
 

@@ -47,8 +47,7 @@ async def download(request: web.Request) -> web.StreamResponse:
     if wanted <= 0:
         return json_error(400, f"bytes must be a positive integer, got {wanted}")
     total = min(wanted, MAX_DOWNLOAD_BYTES)
-    response = web.StreamResponse(headers={"Content-Type": "application/octet-stream",
-                                           "Cache-Control": "no-store"})
+    response = web.StreamResponse(headers={"Content-Type": "application/octet-stream", "Cache-Control": "no-store"})
     response.content_length = total
     try:
         await response.prepare(request)

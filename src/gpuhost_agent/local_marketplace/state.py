@@ -7,15 +7,15 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import Callable
 
-from gpuhost_agent.protocol import wire
-from gpuhost_agent.protocol.intervals import DEFAULT_INTERVALS
-from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.local_marketplace.channel_hub import ChannelHub
 from gpuhost_agent.local_marketplace.store import Job, Store
 from gpuhost_agent.local_marketplace.terminal_tickets import TicketBook
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol.intervals import DEFAULT_INTERVALS
+from gpuhost_agent.protocol.requirements import Requirements
 
 OFFLINE_AFTER_MISSED_BEATS = 3
 
@@ -70,8 +70,13 @@ class MarketplaceState:
         self.changed(jobs=bool(requeued))
         return self.session_id, requeued
 
-    async def wait_for_jobs(self, wait_seconds: float, max_jobs: int, session_id: str | None = None,
-                            still_there: Callable[[], bool] = lambda: True) -> list[Job]:
+    async def wait_for_jobs(
+        self,
+        wait_seconds: float,
+        max_jobs: int,
+        session_id: str | None = None,
+        still_there: Callable[[], bool] = lambda: True,
+    ) -> list[Job]:
         """Jobs as soon as there are any, else an empty list after wait_seconds.
 
         A poll whose agent is gone (its connection closed: aiohttp does not
@@ -135,15 +140,29 @@ class MarketplaceState:
     def liveness(self, now: float | None = None) -> dict:
         """Environment.heartbeat: online until OFFLINE_AFTER_MISSED_BEATS beats are missed."""
         if self.heartbeat is None:
-            return {"online": False, "lastBeatAt": None, "intervalSeconds": self.intervals["heartbeatSeconds"],
-                    "missedBeats": None, "agentVersion": None, "uptimeSeconds": None, "initState": None,
-                    "host": None, "gpus": None}
+            return {
+                "online": False,
+                "lastBeatAt": None,
+                "intervalSeconds": self.intervals["heartbeatSeconds"],
+                "missedBeats": None,
+                "agentVersion": None,
+                "uptimeSeconds": None,
+                "initState": None,
+                "host": None,
+                "gpus": None,
+            }
         now = time.time() if now is None else now
         interval = self.heartbeat["intervalSeconds"]
         missed = int((now - self.heartbeat["receivedAt"]) // interval)
         body = self.heartbeat["body"]
-        return {"online": missed < OFFLINE_AFTER_MISSED_BEATS,
-                "lastBeatAt": wire.iso_from_timestamp(self.heartbeat["receivedAt"]),
-                "intervalSeconds": interval, "missedBeats": missed,
-                "agentVersion": body.get("agentVersion"), "uptimeSeconds": body.get("uptimeSeconds"),
-                "initState": body.get("initState"), "host": body.get("host"), "gpus": body.get("gpus")}
+        return {
+            "online": missed < OFFLINE_AFTER_MISSED_BEATS,
+            "lastBeatAt": wire.iso_from_timestamp(self.heartbeat["receivedAt"]),
+            "intervalSeconds": interval,
+            "missedBeats": missed,
+            "agentVersion": body.get("agentVersion"),
+            "uptimeSeconds": body.get("uptimeSeconds"),
+            "initState": body.get("initState"),
+            "host": body.get("host"),
+            "gpus": body.get("gpus"),
+        }

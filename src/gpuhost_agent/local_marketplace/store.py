@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.common.json_files import write_json_atomically
+from gpuhost_agent.protocol import wire
 
 LEASE = timedelta(minutes=10)
 DESIRED_ENDED_FOR = timedelta(hours=24)  # how long an ended rental stays in the desired state
@@ -64,14 +64,17 @@ class Store:
 
     # ---- persistence -------------------------------------------------------
     @classmethod
-    def load_or_create(cls, path: Path | None, renter_api_key: str | None = None) -> "Store":
+    def load_or_create(cls, path: Path | None, renter_api_key: str | None = None) -> Store:
         if path is not None and path.exists():
             raw = json.loads(path.read_text())
             raw["jobs"] = {k: Job(**v) for k, v in raw.get("jobs", {}).items()}
             store = cls(**raw)
         else:
-            store = cls(envId=str(uuid.uuid4()), envApiKey="env_" + secrets.token_urlsafe(24),
-                        renterApiKey="rk_" + secrets.token_urlsafe(24))
+            store = cls(
+                envId=str(uuid.uuid4()),
+                envApiKey="env_" + secrets.token_urlsafe(24),
+                renterApiKey="rk_" + secrets.token_urlsafe(24),
+            )
         if renter_api_key:
             store.renterApiKey = renter_api_key
         store.path = path
@@ -86,9 +89,18 @@ class Store:
     # ---- rentals -----------------------------------------------------------
     def create_rental(self, *, name: str | None, gpu_count: int, end_date: str | None) -> dict:
         now = wire.iso()
-        rental = {"rentalId": str(uuid.uuid4()), "userId": self.userId, "name": name or "rental",
-                  "status": wire.RENTAL_ACTIVE, "startDate": now, "endDate": end_date, "gpuCount": gpu_count,
-                  "createdAt": now, "updatedAt": now, "isSeed": False}
+        rental = {
+            "rentalId": str(uuid.uuid4()),
+            "userId": self.userId,
+            "name": name or "rental",
+            "status": wire.RENTAL_ACTIVE,
+            "startDate": now,
+            "endDate": end_date,
+            "gpuCount": gpu_count,
+            "createdAt": now,
+            "updatedAt": now,
+            "isSeed": False,
+        }
         self.rentals[rental["rentalId"]] = rental
         return rental
 
@@ -115,9 +127,13 @@ class Store:
         """End the ACTIVE rentals whose endDate has passed, as a real
         marketplace's billing would; returns their ids."""
         now = now or wire.utcnow()
-        due = [rental_id for rental_id, rental in self.rentals.items()
-               if rental["status"] == wire.RENTAL_ACTIVE and rental.get("endDate")
-               and wire.parse_iso(rental["endDate"]) <= now]
+        due = [
+            rental_id
+            for rental_id, rental in self.rentals.items()
+            if rental["status"] == wire.RENTAL_ACTIVE
+            and rental.get("endDate")
+            and wire.parse_iso(rental["endDate"]) <= now
+        ]
         for rental_id in due:
             end_date = self.rentals[rental_id]["endDate"]
             self.end_rental(rental_id)
@@ -133,14 +149,29 @@ class Store:
         for job in self.jobs.values():
             if job.state != COMPLETED and job.stackId:
                 open_jobs[job.stackId] = open_jobs.get(job.stackId, 0) + 1
-        stacks = [{"stackId": stack["stackId"], "rentalId": stack["rentalId"], "stackName": stack["stackName"],
-                   "desired": stack["desired"], "status": stack["status"],
-                   "template": stack["template"] if stack["desired"] == "present" else None,
-                   "openJobs": open_jobs.get(stack["stackId"], 0)} for stack in self.stacks.values()]
+        stacks = [
+            {
+                "stackId": stack["stackId"],
+                "rentalId": stack["rentalId"],
+                "stackName": stack["stackName"],
+                "desired": stack["desired"],
+                "status": stack["status"],
+                "template": stack["template"] if stack["desired"] == "present" else None,
+                "openJobs": open_jobs.get(stack["stackId"], 0),
+            }
+            for stack in self.stacks.values()
+        ]
         recent = wire.utcnow() - DESIRED_ENDED_FOR
-        rentals = [{"rentalId": rental["rentalId"], "status": rental["status"], "endDate": rental.get("endDate"),
-                    "gpuCount": rental.get("gpuCount", 0)} for rental in self.rentals.values()
-                   if rental["status"] == wire.RENTAL_ACTIVE or wire.parse_iso(rental["updatedAt"]) >= recent]
+        rentals = [
+            {
+                "rentalId": rental["rentalId"],
+                "status": rental["status"],
+                "endDate": rental.get("endDate"),
+                "gpuCount": rental.get("gpuCount", 0),
+            }
+            for rental in self.rentals.values()
+            if rental["status"] == wire.RENTAL_ACTIVE or wire.parse_iso(rental["updatedAt"]) >= recent
+        ]
         return {"envId": self.envId, "generatedAt": wire.iso(), "stacks": stacks, "rentals": rentals}
 
     # ---- stacks ------------------------------------------------------------
@@ -149,10 +180,25 @@ class Store:
         if rental["status"] != wire.RENTAL_ACTIVE:
             raise Conflict(f"rental {rental_id} has ended; no new stacks can be created in it")
         now = wire.iso()
-        stack = {"stackId": str(uuid.uuid4()), "envId": self.envId, "rentalId": rental_id, "userId": self.userId,
-                 "stackName": template["name"], "template": template, "status": wire.APPLYING, "errorMsg": "",
-                 "pStackName": "", "pStackId": 0, "tunnels": [], "assignedGPUs": [], "createdAt": now, "updatedAt": now,
-                 "desired": "present", "lastReportAt": "", "history": [[wire.APPLYING, now]]}
+        stack = {
+            "stackId": str(uuid.uuid4()),
+            "envId": self.envId,
+            "rentalId": rental_id,
+            "userId": self.userId,
+            "stackName": template["name"],
+            "template": template,
+            "status": wire.APPLYING,
+            "errorMsg": "",
+            "pStackName": "",
+            "pStackId": 0,
+            "tunnels": [],
+            "assignedGPUs": [],
+            "createdAt": now,
+            "updatedAt": now,
+            "desired": "present",
+            "lastReportAt": "",
+            "history": [[wire.APPLYING, now]],
+        }
         self.stacks[stack["stackId"]] = stack
         self._enqueue(wire.JOB_DEPLOY, stack)
         return stack
@@ -187,8 +233,11 @@ class Store:
         """Jobs to hand out now, marked delivered; a delivered job whose lease ran
         out (an agent that vanished mid-job) is handed out again."""
         now = wire.utcnow()
-        ready = [job for job in self.jobs.values()
-                 if job.state == QUEUED or (job.state == DELIVERED and wire.parse_iso(job.deliveredAt) + LEASE < now)]
+        ready = [
+            job
+            for job in self.jobs.values()
+            if job.state == QUEUED or (job.state == DELIVERED and wire.parse_iso(job.deliveredAt) + LEASE < now)
+        ]
         for job in ready[:max_jobs]:
             job.state, job.deliveredAt, job.deliveries = DELIVERED, wire.iso(now), job.deliveries + 1
             job.firstDeliveredAt = job.firstDeliveredAt or job.deliveredAt
@@ -204,12 +253,23 @@ class Store:
     def job_payload(self, job: Job) -> dict:
         stack = self.stacks.get(job.stackId, {})
         rental = self.rentals.get(job.rentalId, {})
-        return {"jobId": job.jobId, "type": job.type, "stackId": job.stackId, "rentalId": job.rentalId,
-                "envId": self.envId, "stackName": stack.get("stackName", ""),
-                "template": stack.get("template") if job.type == wire.JOB_DEPLOY else None,
-                "rental": {"rentalId": job.rentalId, "gpuCount": rental.get("gpuCount", 0),
-                           "endDate": rental.get("endDate"), "status": rental.get("status")},
-                "deliveries": job.deliveries, "createdAt": job.createdAt}
+        return {
+            "jobId": job.jobId,
+            "type": job.type,
+            "stackId": job.stackId,
+            "rentalId": job.rentalId,
+            "envId": self.envId,
+            "stackName": stack.get("stackName", ""),
+            "template": stack.get("template") if job.type == wire.JOB_DEPLOY else None,
+            "rental": {
+                "rentalId": job.rentalId,
+                "gpuCount": rental.get("gpuCount", 0),
+                "endDate": rental.get("endDate"),
+                "status": rental.get("status"),
+            },
+            "deliveries": job.deliveries,
+            "createdAt": job.createdAt,
+        }
 
     def complete_job(self, job_id: str, outcome: str, error_msg: str | None) -> Job:
         job = self.jobs.get(job_id)

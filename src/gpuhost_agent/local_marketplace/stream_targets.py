@@ -12,8 +12,8 @@ import asyncio
 
 from aiohttp import web
 
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.local_marketplace.store import Conflict, NotFound, Store
+from gpuhost_agent.protocol import wire
 
 DISCONNECT_POLL_SECONDS = 0.2
 

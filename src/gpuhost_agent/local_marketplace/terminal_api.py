@@ -43,8 +43,9 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
         scheme = "wss" if request.secure else "ws"
         url = f"{scheme}://{request.host}/v1/terminals/{ticket.terminal_id}?token={ticket.token}"
         log.info("terminal_ticket_issued", terminal_id=ticket.terminal_id, rental_id=rental_id, stack_id=stack_id)
-        return web.json_response({"terminalId": ticket.terminal_id, "url": url, "expiresAt": ticket.expires_at},
-                                 status=201)
+        return web.json_response(
+            {"terminalId": ticket.terminal_id, "url": url, "expiresAt": ticket.expires_at}, status=201
+        )
 
     async def open_terminal(request: web.Request) -> web.StreamResponse:
         renter = web.WebSocketResponse(heartbeat=RENTER_HEARTBEAT, max_msg_size=RENTER_MAX_MESSAGE, timeout=5.0)
@@ -60,12 +61,15 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
         await renter.prepare(request)
         log.info("terminal_opening", terminal_id=ticket.terminal_id, rental_id=ticket.rental_id)
         try:
-            stream = await hub.open("terminal", ticket.rental_id, {"stackId": ticket.stack_id,
-                                                                   "containerId": ticket.container_id,
-                                                                   **ticket.options})
+            stream = await hub.open(
+                "terminal",
+                ticket.rental_id,
+                {"stackId": ticket.stack_id, "containerId": ticket.container_id, **ticket.options},
+            )
         except StreamRefused as refused:
-            await _end_renter(renter, {"type": "end", "reason": "error", "status": refused.status,
-                                       "error": refused.message})
+            await _end_renter(
+                renter, {"type": "end", "reason": "error", "status": refused.status, "error": refused.message}
+            )
             return renter
         end = None
         try:
@@ -88,8 +92,12 @@ def resize_message(text: str) -> dict | None:
         message = json.loads(text)
     except ValueError:
         return None
-    if (isinstance(message, dict) and message.get("type") == "resize"
-            and is_dimension(message.get("cols")) and is_dimension(message.get("rows"))):
+    if (
+        isinstance(message, dict)
+        and message.get("type") == "resize"
+        and is_dimension(message.get("cols"))
+        and is_dimension(message.get("rows"))
+    ):
         return {"type": "resize", "cols": message["cols"], "rows": message["rows"]}
     return None
 

@@ -16,9 +16,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.common.logs import SECRETS
 from gpuhost_agent.local_marketplace.http_errors import BadRequest
+from gpuhost_agent.protocol import wire
 
 TICKET_SECONDS = 60.0
 DEFAULT_COMMAND = ["/bin/sh"]
@@ -57,8 +57,12 @@ def terminal_options(body) -> dict:
     if not isinstance(body, dict):
         raise BadRequest("body must be a JSON object (or empty)")
     command = body.get("command", DEFAULT_COMMAND)
-    if (not isinstance(command, list) or not command or len(command) > MAX_COMMAND_ITEMS
-            or not all(isinstance(item, str) for item in command)):
+    if (
+        not isinstance(command, list)
+        or not command
+        or len(command) > MAX_COMMAND_ITEMS
+        or not all(isinstance(item, str) for item in command)
+    ):
         raise BadRequest(f"command must be a non-empty array of at most {MAX_COMMAND_ITEMS} strings")
     for item in command:
         if "\0" in item or len(item) > MAX_ARGUMENT_CHARS:
@@ -83,10 +87,16 @@ class TicketBook:
 
     def issue(self, rental_id: str, stack_id: str, container_id: str, options: dict) -> Ticket:
         self._expire()
-        ticket = Ticket(terminal_id=str(uuid.uuid4()), token=secrets.token_urlsafe(32), rental_id=rental_id,
-                        stack_id=stack_id, container_id=container_id, options=options,
-                        expires=time.monotonic() + self.ttl,
-                        expires_at=wire.iso_from_timestamp(time.time() + self.ttl))
+        ticket = Ticket(
+            terminal_id=str(uuid.uuid4()),
+            token=secrets.token_urlsafe(32),
+            rental_id=rental_id,
+            stack_id=stack_id,
+            container_id=container_id,
+            options=options,
+            expires=time.monotonic() + self.ttl,
+            expires_at=wire.iso_from_timestamp(time.time() + self.ttl),
+        )
         SECRETS.add(ticket.token)
         self._tickets[ticket.terminal_id] = ticket
         return ticket

@@ -29,7 +29,7 @@ class Requirements:
     maxClockSkewSeconds: float = 5.0
 
     @classmethod
-    def from_wire(cls, raw: dict | None) -> "Requirements":
+    def from_wire(cls, raw: dict | None) -> Requirements:
         """The marketplace's values where they are well formed, defaults elsewhere."""
         values = {}
         for spec in fields(cls):
@@ -42,6 +42,6 @@ class Requirements:
 
 
 def version_tuple(text: str | None) -> tuple[int, ...]:
-    """"550.54.15" -> (550, 54, 15); "v2.29.1-desktop.1" -> (2, 29, 1); junk -> ()."""
+    """ "550.54.15" -> (550, 54, 15); "v2.29.1-desktop.1" -> (2, 29, 1); junk -> ()."""
     match = re.match(r"v?(\d+(?:\.\d+)*)", (text or "").strip())
     return tuple(int(part) for part in match.group(1).split(".")) if match else ()

@@ -172,7 +172,7 @@ class StackJob:
     rental_end: str | None = None  # rental.endDate: the host ends the rental then, by its own clock
 
     @classmethod
-    def from_wire(cls, raw: Any) -> "StackJob":
+    def from_wire(cls, raw: Any) -> StackJob:
         """Decode one job of GET /agent/jobs.
 
         Raises InvalidBody and nothing else, whatever `raw` holds: the dispatcher
@@ -212,8 +212,10 @@ def _required_str(raw: dict, key: str) -> str:
         raise InvalidBody(f"{key} is required")
     value = raw[key]
     if not isinstance(value, str) or not _SAFE_ID.fullmatch(value):
-        raise InvalidBody(f"{key} must be an id of letters, digits, '_', '.' and '-'"
-                          " (1 to 128 characters, starting with a letter or digit)")
+        raise InvalidBody(
+            f"{key} must be an id of letters, digits, '_', '.' and '-'"
+            " (1 to 128 characters, starting with a letter or digit)"
+        )
     return value
 
 

@@ -14,8 +14,8 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from gpuhost_agent.common import faults
 from gpuhost_agent.common.logs import get_logger
@@ -74,8 +74,15 @@ def find_compose_command(explicit: str | None = None) -> list[str]:
 
 
 class ComposeRunner:
-    def __init__(self, command: list[str] | None, docker_config_dir: Path, *, up_timeout: float = 900,
-                 down_timeout: float = 120, finder: Callable[[], list[str]] | None = None):
+    def __init__(
+        self,
+        command: list[str] | None,
+        docker_config_dir: Path,
+        *,
+        up_timeout: float = 900,
+        down_timeout: float = 120,
+        finder: Callable[[], list[str]] | None = None,
+    ):
         self.command = command
         self.finder = finder  # looks for Compose when a call comes before start-up found it
         self.docker_config_dir = docker_config_dir
@@ -88,7 +95,11 @@ class ComposeRunner:
         self.command = command
 
     def _env(self, variables: dict[str, str] | None = None) -> dict[str, str]:
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.docker_config_dir), "DOCKER_CONFIG": str(self.docker_config_dir)}
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(self.docker_config_dir),
+            "DOCKER_CONFIG": str(self.docker_config_dir),
+        }
         env.update({key: os.environ[key] for key in _PASSED_THROUGH if key in os.environ})
         env.update(variables or {})
         return env
@@ -102,9 +113,16 @@ class ComposeRunner:
         if not self.command:
             raise ComposeError("Docker Compose v2 is not available on this host yet")
         process = await asyncio.create_subprocess_exec(
-            *_DIE_WITH_AGENT, *self.command, "--ansi", "never", *args,
-            cwd=str(cwd), env=self._env(variables),
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            *_DIE_WITH_AGENT,
+            *self.command,
+            "--ansi",
+            "never",
+            *args,
+            cwd=str(cwd),
+            env=self._env(variables),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         verb = "up" if "up" in args else "down" if "down" in args else None
         if verb and faults.armed(f"compose.{verb}.running"):
@@ -115,7 +133,9 @@ class ComposeRunner:
         except asyncio.TimeoutError:
             process.kill()
             await process.wait()
-            raise ComposeError(f"docker compose {args[0] if args else ''} did not finish within {timeout:.0f}s") from None
+            raise ComposeError(
+                f"docker compose {args[0] if args else ''} did not finish within {timeout:.0f}s"
+            ) from None
         except asyncio.CancelledError:
             process.kill()
             await process.wait()
@@ -128,21 +148,47 @@ class ComposeRunner:
         """Compose's normalised model of the file, interpolated with the template's variables."""
         output = await self._run(
             ["-p", project, "-f", compose_file, "config", "--format", "json"],
-            cwd=workdir, timeout=60, variables=variables,
+            cwd=workdir,
+            timeout=60,
+            variables=variables,
         )
         return json.loads(output)
 
     async def up(self, project: str, workdir: Path, compose_file: str) -> None:
         await self._run(
-            ["--progress", "quiet", "-p", project, "-f", compose_file, "up", "--detach", "--pull", "missing", "--remove-orphans"],
-            cwd=workdir, timeout=self.up_timeout,
+            [
+                "--progress",
+                "quiet",
+                "-p",
+                project,
+                "-f",
+                compose_file,
+                "up",
+                "--detach",
+                "--pull",
+                "missing",
+                "--remove-orphans",
+            ],
+            cwd=workdir,
+            timeout=self.up_timeout,
         )
 
     async def down(self, project: str, workdir: Path, *, stop_timeout: int = 10) -> None:
         """Containers, networks and anonymous volumes of the project, found by its labels."""
         await self._run(
-            ["--progress", "quiet", "-p", project, "down", "--volumes", "--remove-orphans", "--timeout", str(stop_timeout)],
-            cwd=workdir, timeout=self.down_timeout,
+            [
+                "--progress",
+                "quiet",
+                "-p",
+                project,
+                "down",
+                "--volumes",
+                "--remove-orphans",
+                "--timeout",
+                str(stop_timeout),
+            ],
+            cwd=workdir,
+            timeout=self.down_timeout,
         )
 
 

@@ -103,12 +103,18 @@ class DockerEngine:
     async def environment_containers(self, env_id: str) -> list[dict]:
         """Containers this environment's agent owns: another agent on the same
         engine (another environment) owns its own."""
-        return await self._call(lambda api: api.containers(
-            all=True, filters={"label": [f"{wire.LABEL_MANAGED}=true", f"{wire.LABEL_ENV}={env_id}"]}))
+        return await self._call(
+            lambda api: api.containers(
+                all=True, filters={"label": [f"{wire.LABEL_MANAGED}=true", f"{wire.LABEL_ENV}={env_id}"]}
+            )
+        )
 
     async def rental_containers(self, rental_id: str) -> list[dict]:
-        return await self._call(lambda api: api.containers(
-            all=True, filters={"label": [f"{wire.LABEL_MANAGED}=true", f"{wire.LABEL_RENTAL}={rental_id}"]}))
+        return await self._call(
+            lambda api: api.containers(
+                all=True, filters={"label": [f"{wire.LABEL_MANAGED}=true", f"{wire.LABEL_RENTAL}={rental_id}"]}
+            )
+        )
 
     async def exit_code(self, container_id: str) -> int | None:
         state = (await self._call(lambda api: api.inspect_container(container_id))).get("State", {})
@@ -136,26 +142,35 @@ class DockerEngine:
 
     async def info(self) -> dict:
         """`docker info` and `docker version` together: what the host probe needs."""
+
         def both(api):
             return {**api.info(), "Version": api.version()}
+
         return await self._call(both)
 
     async def gpu_container_check(self, image: str) -> str | None:
         """Start a container from a local image with every GPU requested, as a
         renter's `--gpus all` would. None when it ran and exited 0, else why not.
         The image must already be on the host: this check never pulls."""
+
         def run(api):
             api.inspect_image(image)
             container = api.create_container(
-                image, entrypoint=["true"], command=[], labels={wire.LABEL_MANAGED: "check"},
-                host_config=api.create_host_config(device_requests=[
-                    docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]))
+                image,
+                entrypoint=["true"],
+                command=[],
+                labels={wire.LABEL_MANAGED: "check"},
+                host_config=api.create_host_config(
+                    device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+                ),
+            )
             try:
                 api.start(container["Id"])
                 code = api.wait(container["Id"], timeout=60).get("StatusCode")
                 return None if code == 0 else f"GPU check container exited with status {code}"
             finally:
                 api.remove_container(container["Id"], force=True)
+
         try:
             return await self._call(run)
         except EngineError as exc:
@@ -206,8 +221,11 @@ class DockerEngine:
                 self._streams.add(closer)  # closed with the engine
                 try:
                     if not (stop.is_set() or self._closed):
-                        opened.append(client.events(decode=True, filters={
-                            "type": "container", "label": [f"{wire.LABEL_ENV}={env_id}"]}))
+                        opened.append(
+                            client.events(
+                                decode=True, filters={"type": "container", "label": [f"{wire.LABEL_ENV}={env_id}"]}
+                            )
+                        )
                         if stop.is_set():
                             end()
                         for event in opened[0]:

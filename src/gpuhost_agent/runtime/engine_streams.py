@@ -48,6 +48,7 @@ class EngineUnreachable(EngineError):
 @dataclass(frozen=True)
 class Endpoint:
     """Where the engine listens, from DOCKER_HOST."""
+
     unix_path: str | None = None
     host: str = "docker"
     port: int = 80
@@ -62,15 +63,17 @@ def parse_docker_host(value: str | None, tls: bool = False) -> Endpoint:
     are refused by name rather than tried and failed obscurely."""
     value = value or DEFAULT_DOCKER_HOST
     if value.startswith("unix://"):
-        path = value[len("unix://"):]
+        path = value[len("unix://") :]
         if not path.startswith("/"):
             raise EngineError(f"DOCKER_HOST={value!r}: a unix:// address needs an absolute socket path")
         return Endpoint(unix_path=path)
     if value.startswith("tcp://"):
         if tls:
-            raise EngineError(f"DOCKER_HOST={value!r} with DOCKER_TLS_VERIFY: log and terminal streams"
-                              " support only unix:// and plain tcp:// engines")
-        parts = urllib.parse.urlsplit("http://" + value[len("tcp://"):])
+            raise EngineError(
+                f"DOCKER_HOST={value!r} with DOCKER_TLS_VERIFY: log and terminal streams"
+                " support only unix:// and plain tcp:// engines"
+            )
+        parts = urllib.parse.urlsplit("http://" + value[len("tcp://") :])
         try:
             port = parts.port or 2375
         except ValueError:
@@ -116,12 +119,17 @@ class EngineStreams:
 
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None or self._http.closed:
-            self._endpoint = parse_docker_host(self._docker_host or os.environ.get("DOCKER_HOST"),
-                                               tls=bool(os.environ.get("DOCKER_TLS_VERIFY")))
-            connector = (aiohttp.UnixConnector(path=self._endpoint.unix_path, limit=0)
-                         if self._endpoint.unix_path else aiohttp.TCPConnector(limit=0))
-            self._http = aiohttp.ClientSession(base_url=self._endpoint.base_url, connector=connector,
-                                               auto_decompress=False)
+            self._endpoint = parse_docker_host(
+                self._docker_host or os.environ.get("DOCKER_HOST"), tls=bool(os.environ.get("DOCKER_TLS_VERIFY"))
+            )
+            connector = (
+                aiohttp.UnixConnector(path=self._endpoint.unix_path, limit=0)
+                if self._endpoint.unix_path
+                else aiohttp.TCPConnector(limit=0)
+            )
+            self._http = aiohttp.ClientSession(
+                base_url=self._endpoint.base_url, connector=connector, auto_decompress=False
+            )
         return self._http
 
     async def close(self) -> None:
@@ -132,8 +140,9 @@ class EngineStreams:
     async def _call(self, method: str, path: str, *, body: Any = None, params: dict | None = None) -> Any:
         """One short request; the decoded JSON reply (None when it has none)."""
         try:
-            async with self._session().request(method, path, json=body, params=params,
-                                               timeout=aiohttp.ClientTimeout(total=self._timeout)) as response:
+            async with self._session().request(
+                method, path, json=body, params=params, timeout=aiohttp.ClientTimeout(total=self._timeout)
+            ) as response:
                 if response.status >= 400:
                     raise await _error(response)
                 raw = await response.read()
@@ -150,18 +159,26 @@ class EngineStreams:
             raise EngineError("Docker Engine answered a container inspect without an object")
         return reply
 
-    async def open_logs(self, container_id: str, *, follow: bool, tail: int | None, since: str | None,
-                        chunk_bytes: int = CHUNK_BYTES) -> LogReader:
+    async def open_logs(
+        self, container_id: str, *, follow: bool, tail: int | None, since: str | None, chunk_bytes: int = CHUNK_BYTES
+    ) -> LogReader:
         """Both streams, always with timestamps (the pump needs them to resume).
         No overall timeout: a follow may idle for days."""
-        params = {"stdout": "1", "stderr": "1", "timestamps": "1", "follow": "1" if follow else "0",
-                  "tail": "all" if tail is None else str(tail)}
+        params = {
+            "stdout": "1",
+            "stderr": "1",
+            "timestamps": "1",
+            "follow": "1" if follow else "0",
+            "tail": "all" if tail is None else str(tail),
+        }
         if since is not None:
             params["since"] = since
         try:
             response = await self._session().get(
-                f"/containers/{_checked_id(container_id)}/logs", params=params,
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._timeout))
+                f"/containers/{_checked_id(container_id)}/logs",
+                params=params,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._timeout),
+            )
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             raise EngineUnreachable(f"Docker Engine unreachable: {type(exc).__name__}: {exc}") from exc
         if response.status >= 400:
@@ -172,8 +189,14 @@ class EngineStreams:
         return LogReader(response, chunk_bytes)
 
     async def exec_create(self, container_id: str, command: list[str], env: dict[str, str]) -> str:
-        body = {"AttachStdin": True, "AttachStdout": True, "AttachStderr": True, "Tty": True,
-                "Cmd": list(command), "Env": [f"{k}={v}" for k, v in env.items()]}
+        body = {
+            "AttachStdin": True,
+            "AttachStdout": True,
+            "AttachStderr": True,
+            "Tty": True,
+            "Cmd": list(command),
+            "Env": [f"{k}={v}" for k, v in env.items()],
+        }
         reply = await self._call("POST", f"/containers/{_checked_id(container_id)}/exec", body=body)
         if not isinstance(reply, dict) or not isinstance(reply.get("Id"), str):
             raise EngineError("Docker Engine created an exec without an Id")
@@ -189,15 +212,17 @@ class EngineStreams:
         writer = None
         try:
             if endpoint.unix_path:
-                reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(endpoint.unix_path),
-                                                        self._timeout)
+                reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(endpoint.unix_path), self._timeout)
             else:
-                reader, writer = await asyncio.wait_for(asyncio.open_connection(endpoint.host, endpoint.port),
-                                                        self._timeout)
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(endpoint.host, endpoint.port), self._timeout
+                )
             body = json.dumps({"Detach": False, "Tty": True}).encode()
-            writer.write(f"POST {path} HTTP/1.1\r\nHost: docker\r\nContent-Type: application/json\r\n"
-                         f"Connection: Upgrade\r\nUpgrade: tcp\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-                         + body)
+            writer.write(
+                f"POST {path} HTTP/1.1\r\nHost: docker\r\nContent-Type: application/json\r\n"
+                f"Connection: Upgrade\r\nUpgrade: tcp\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self._timeout)
             status_line = head.split(b"\r\n", 1)[0].decode("latin-1")
             status = int(status_line.split(" ", 2)[1])
@@ -207,8 +232,14 @@ class EngineStreams:
             detail = await asyncio.wait_for(reader.read(min(int(length.group(1)), 4096) if length else 4096), 5)
             message = _message(detail) or status_line
             raise (ContainerGone if status == 404 else EngineError)(f"Docker Engine: {message}")
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
-                ValueError, IndexError) as exc:
+        except (
+            OSError,
+            asyncio.TimeoutError,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            ValueError,
+            IndexError,
+        ) as exc:
             if writer is not None:
                 writer.close()
             raise EngineUnreachable(f"Docker Engine: exec start failed: {type(exc).__name__}: {exc}") from exc

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Awaitable, Callable
 
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 
 log = get_logger(__name__)
@@ -45,8 +45,12 @@ class EngineWatch:
             await self.check()
             if self.up and not self._following:
                 self._following = True
-                threading.Thread(target=self.engine.follow_daemon_events, daemon=True, name="docker-events-watch",
-                                 args=(lambda: loop.call_soon_threadsafe(self._stream_broke),)).start()
+                threading.Thread(
+                    target=self.engine.follow_daemon_events,
+                    daemon=True,
+                    name="docker-events-watch",
+                    args=(lambda: loop.call_soon_threadsafe(self._stream_broke),),
+                ).start()
             self._events_broke.clear()
             if not self.up:  # down: look again soon, whatever the period
                 await asyncio.sleep(min(self.period, 1.0))
@@ -71,8 +75,12 @@ class EngineWatch:
         except EngineError as exc:
             if self.up is not False:
                 self.outages += 1
-                log.error("docker_unreachable", error=str(exc), hint="waiting for the Docker Engine to come back;"
-                          " renters' containers are not touched by the agent meanwhile")
+                log.error(
+                    "docker_unreachable",
+                    error=str(exc),
+                    hint="waiting for the Docker Engine to come back;"
+                    " renters' containers are not touched by the agent meanwhile",
+                )
             self.up = False
             return
         now = wire.utcnow()

@@ -7,9 +7,10 @@ import argparse
 import sys
 
 from gpuhost_agent import __version__
-from gpuhost_agent.service import config as config_module, daemon, host_check, status_cli
 from gpuhost_agent.common import logs
 from gpuhost_agent.runtime.compose import ComposeNotFound
+from gpuhost_agent.service import config as config_module
+from gpuhost_agent.service import daemon, host_check, status_cli
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,7 +36,9 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--compose-command", help="Compose v2 command, e.g. 'docker compose'")
     status = commands.add_parser("status", help="is the agent running and connected: heartbeat, last error, stacks")
     status.add_argument("--json", action="store_true", help="machine-readable JSON instead of text")
-    status.add_argument("--socket", dest="status_socket", help="the running agent's status socket (GPUHOST_STATUS_SOCKET)")
+    status.add_argument(
+        "--socket", dest="status_socket", help="the running agent's status socket (GPUHOST_STATUS_SOCKET)"
+    )
     status.add_argument("--config", help=f"KEY=VALUE config file (default {config_module.DEFAULT_CONFIG_FILE})")
     status.add_argument("--state-dir", help="the agent's state directory (GPUHOST_STATE_DIR)")
     commands.add_parser("version", help="print the agent's version")

@@ -8,11 +8,10 @@ kept in its own root-only file named by GPUHOST_API_KEY_FILE.
 
 from __future__ import annotations
 
-from typing import Any
-
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 DEFAULT_CONFIG_FILE = Path("/etc/gpuhost-agent/agent.conf")
 DEFAULT_LOCAL_LISTEN = "127.0.0.1:8787"
@@ -34,19 +33,19 @@ class AgentConfig:
     compose_command: str | None
     settle_seconds: float
     stop_timeout: int
-    nvml_library: str | None = None       # full path, when libnvidia-ml.so.1 is not on the loader's path
-    location: str | None = None           # what the listing shows as location, e.g. "DE-Frankfurt"
-    gpu_check_image: str | None = None    # a local image to start with --gpus all as the GPU container check
-    toolkit_config: Path | None = None    # the NVIDIA Container Toolkit's config.toml
-    speed_max_bytes: int = 25_000_000     # per direction, for the network speed test
+    nvml_library: str | None = None  # full path, when libnvidia-ml.so.1 is not on the loader's path
+    location: str | None = None  # what the listing shows as location, e.g. "DE-Frankfurt"
+    gpu_check_image: str | None = None  # a local image to start with --gpus all as the GPU container check
+    toolkit_config: Path | None = None  # the NVIDIA Container Toolkit's config.toml
+    speed_max_bytes: int = 25_000_000  # per direction, for the network speed test
     speed_max_seconds: float = 10.0
-    publish_address: str | None = None   # host address renters' ports are published on (default: 0.0.0.0,
-                                          # 127.0.0.1 with the local marketplace)
-    pids_limit: int = 4096                # processes per container
+    publish_address: str | None = None  # host address renters' ports are published on (default: 0.0.0.0,
+    # 127.0.0.1 with the local marketplace)
+    pids_limit: int = 4096  # processes per container
     reconcile_grace_seconds: float = 120.0  # how long a stack the marketplace does not list may stay
     shutdown_grace_seconds: float = 20.0  # on SIGTERM, how long running jobs may take before they are abandoned
-    status_socket: Path | None = None              # Unix socket for `gpuhost-agent status` (default <state_dir>/agent.sock)
-    metrics: bool = False                          # GPUHOST_METRICS=on: /metrics on the status socket
+    status_socket: Path | None = None  # Unix socket for `gpuhost-agent status` (default <state_dir>/agent.sock)
+    metrics: bool = False  # GPUHOST_METRICS=on: /metrics on the status socket
     metrics_listen: tuple[str, int] | None = None  # GPUHOST_METRICS_LISTEN=127.0.0.1:9464: also on loopback TCP
 
     @property
@@ -114,7 +113,11 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         url = str(url).rstrip("/")
         if not url.startswith(("http://", "https://")) or not url.endswith("/v1"):
             raise ConfigError(f"marketplace URL {url!r} must be http(s)://HOST/.../v1")
-        missing = [name for name, value in (("GPUHOST_ENV_ID / --env-id", env_id), ("GPUHOST_API_KEY / --api-key", api_key)) if not value]
+        missing = [
+            name
+            for name, value in (("GPUHOST_ENV_ID / --env-id", env_id), ("GPUHOST_API_KEY / --api-key", api_key))
+            if not value
+        ]
         if missing:
             raise ConfigError(f"with a marketplace URL the agent also needs {' and '.join(missing)}")
     try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.local_marketplace import server as local_server
@@ -46,14 +46,19 @@ async def serve(config: AgentConfig, stop: asyncio.Event) -> None:
     else:
         base_url, api_key = str(config.marketplace_url), str(config.api_key)
     parts = build_agent(config, base_url, api_key)
-    status = await status_server.start(parts, config.socket_path, metrics_enabled=config.metrics,
-                                       metrics_listen=config.metrics_listen,
-                                       local_marketplace=config.uses_local_marketplace)
+    status = await status_server.start(
+        parts,
+        config.socket_path,
+        metrics_enabled=config.metrics,
+        metrics_listen=config.metrics_listen,
+        local_marketplace=config.uses_local_marketplace,
+    )
     agent_task = asyncio.create_task(parts.agent.run(), name="agent")
     watchdog = sd_notify.Watchdog()
     watchdog.start()
     ready_task = asyncio.create_task(
-        sd_notify.notify_ready_when(parts.session.connected, f"connected to {base_url}"), name="sd-ready")
+        sd_notify.notify_ready_when(parts.session.connected, f"connected to {base_url}"), name="sd-ready"
+    )
     log.info("agent_started", marketplace=base_url, state_dir=str(config.state_dir))
     stop_task = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait({agent_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
@@ -80,7 +85,8 @@ def _print_local_banner(local: local_server.RunningMarketplace) -> None:
         f"  environment id:  {store.envId}\n"
         f"  renter API key:  {store.renterApiKey}\n"
         f"  try: curl -s -H 'X-API-Key: {store.renterApiKey}' {local.base_url}/environments",
-        file=sys.stdout, flush=True,
+        file=sys.stdout,
+        flush=True,
     )
 
 
@@ -88,8 +94,8 @@ def run(config: AgentConfig, reload: Callable[[], AgentConfig] | None = None) ->
     """Run until SIGTERM/SIGINT. SIGHUP re-reads the configuration (`reload`,
     by default the config file and environment without the command line's
     flags) and applies what can change at run time: the log level."""
-    from gpuhost_agent.service import config as config_module
     from gpuhost_agent.common import logs
+    from gpuhost_agent.service import config as config_module
 
     reread = reload or (lambda: config_module.load({}))
 
@@ -102,12 +108,19 @@ def run(config: AgentConfig, reload: Callable[[], AgentConfig] | None = None) ->
             return
         # Only the level changes at run time; other edits wait for a restart.
         # (Without `reload` the flags are not re-read, so a difference may be a flag.)
-        unapplied = sorted(name for name in vars(fresh) if name != "log_level"
-                           and getattr(fresh, name) != getattr(config, name)) if reload else []
+        unapplied = (
+            sorted(
+                name for name in vars(fresh) if name != "log_level" and getattr(fresh, name) != getattr(config, name)
+            )
+            if reload
+            else []
+        )
         config.log_level = fresh.log_level
         log.info("config_reloaded", log_level=fresh.log_level, restart_needed_for=unapplied or None)
-        log.debug("config_in_effect", **{name: str(value) for name, value in vars(config).items()
-                                         if name not in ("api_key", "local_api_key")})
+        log.debug(
+            "config_in_effect",
+            **{name: str(value) for name, value in vars(config).items() if name not in ("api_key", "local_api_key")},
+        )
 
     async def main() -> None:
         stop = asyncio.Event()

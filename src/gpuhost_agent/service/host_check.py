@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 
-from gpuhost_agent.service.config import AgentConfig
-from gpuhost_agent.service.wiring import build_prober
 from gpuhost_agent.inventory import render
-from gpuhost_agent.protocol.requirements import Requirements
+from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 from gpuhost_agent.inventory.system_data import build_report
+from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.runtime.compose import ComposeNotFound, find_compose_command
 from gpuhost_agent.runtime.engine import DockerEngine
-from gpuhost_agent.inventory.nvml_probe import NvmlProbe
+from gpuhost_agent.service.config import AgentConfig
+from gpuhost_agent.service.wiring import build_prober
 
 
 async def _report(config: AgentConfig) -> dict:

@@ -15,7 +15,8 @@ reads; what stays ours is which figures there are and what they mean.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -35,8 +36,13 @@ GPU_FIGURES = (
 def deploy_histogram() -> Histogram:
     """Time from a deploy job's start to its outcome, by outcome; built by the
     composition root and handed to the dispatcher."""
-    return Histogram("gpuhost_deploy_duration_seconds", "Time from a deploy job's start to its outcome.",
-                     ["outcome"], buckets=DEPLOY_BUCKETS, registry=None)
+    return Histogram(
+        "gpuhost_deploy_duration_seconds",
+        "Time from a deploy job's start to its outcome.",
+        ["outcome"],
+        buckets=DEPLOY_BUCKETS,
+        registry=None,
+    )
 
 
 def _gauge(name: str, help_text: str, value: float | bool | None) -> GaugeMetricFamily:
@@ -67,8 +73,11 @@ class FiguresCollector(Collector):
         figures = self.figures
         yield _gauge("gpuhost_agent_up", "1 while the agent process runs.", 1)
         yield _gauge("gpuhost_agent_uptime_seconds", "Seconds since the agent started.", figures.get("uptime_seconds"))
-        yield _gauge("gpuhost_marketplace_connected", "1 while the agent has a working marketplace session.",
-                     bool(figures.get("connected")))
+        yield _gauge(
+            "gpuhost_marketplace_connected",
+            "1 while the agent has a working marketplace session.",
+            bool(figures.get("connected")),
+        )
         jobs = CounterMetricFamily("gpuhost_jobs", "Marketplace jobs finished, by outcome.", labels=["outcome"])
         for outcome, count in sorted((figures.get("jobs") or {}).items()):
             jobs.add_metric([outcome], count)
@@ -78,18 +87,26 @@ class FiguresCollector(Collector):
         if isinstance(durations, Histogram):
             yield from durations.collect()
         reports = figures.get("reports") or {}
-        yield _gauge("gpuhost_reports_pending", "Reports waiting for the marketplace to acknowledge them.",
-                     reports.get("pending"))
+        yield _gauge(
+            "gpuhost_reports_pending",
+            "Reports waiting for the marketplace to acknowledge them.",
+            reports.get("pending"),
+        )
         yield _counter("gpuhost_reports_sent", "Reports the marketplace acknowledged.", reports.get("sent"))
         yield _counter("gpuhost_reports_rejected", "Reports the marketplace refused (4xx).", reports.get("rejected"))
         yield _counter("gpuhost_reports_dropped", "Reports dropped because the queue was full.", reports.get("dropped"))
-        yield _counter("gpuhost_marketplace_reconnects",
-                       "Times the marketplace became reachable again after being lost.", figures.get("reconnects"))
+        yield _counter(
+            "gpuhost_marketplace_reconnects",
+            "Times the marketplace became reachable again after being lost.",
+            figures.get("reconnects"),
+        )
         engine_up = figures.get("engine_up")
-        yield _gauge("gpuhost_engine_up", "1 while the Docker Engine answers.",
-                     None if engine_up is None else bool(engine_up))
-        yield _counter("gpuhost_engine_outages", "Times the Docker Engine stopped answering.",
-                       figures.get("engine_outages"))
+        yield _gauge(
+            "gpuhost_engine_up", "1 while the Docker Engine answers.", None if engine_up is None else bool(engine_up)
+        )
+        yield _counter(
+            "gpuhost_engine_outages", "Times the Docker Engine stopped answering.", figures.get("engine_outages")
+        )
         yield _counter("gpuhost_reconcile_runs", "Reconcile passes completed.", figures.get("reconcile_runs"))
         for name, help_text, key in GPU_FIGURES:
             family = GaugeMetricFamily(name, help_text, labels=["uuid", "index"])

@@ -53,11 +53,14 @@ def fetch(socket_path: Path | str, path: str = "/status", timeout: float = 10.0)
         response = connection.getresponse()
         return response.status, response.read()
     except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
-        raise StatusUnavailable(f"gpuhost-agent is not running (no status socket at {socket_path})",
-                                EXIT_NOT_RUNNING) from None
+        raise StatusUnavailable(
+            f"gpuhost-agent is not running (no status socket at {socket_path})", EXIT_NOT_RUNNING
+        ) from None
     except PermissionError:
-        raise StatusUnavailable(f"permission denied on {socket_path}: the status socket is root's;"
-                                " run `sudo gpuhost-agent status`", EXIT_DENIED) from None
+        raise StatusUnavailable(
+            f"permission denied on {socket_path}: the status socket is root's; run `sudo gpuhost-agent status`",
+            EXIT_DENIED,
+        ) from None
     except (OSError, http.client.HTTPException) as exc:
         raise StatusUnavailable(f"cannot read the agent's status from {socket_path}: {exc}", EXIT_ERROR) from None
     finally:
@@ -95,8 +98,8 @@ def _ago(iso: str | None, now: datetime | None = None) -> str:
 
 
 def _table(rows: list[list[str]], header: list[str]) -> list[str]:
-    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
-    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=True)]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()  # noqa: E731
     return [line(header), line(["-" * w for w in widths]), *(line(row) for row in rows)]
 
 
@@ -126,8 +129,14 @@ def render(status: dict, now: datetime | None = None) -> str:
     if engine.get("outages"):
         engine_line += f", {engine['outages']} outage(s)"
     streams = status.get("streams") or {}
-    streams_line = ("open" if streams.get("channelConnected") else "NOT CONNECTED") + "; " + (", ".join(
-        f"{count} {kind}" for kind, count in sorted((streams.get("open") or {}).items())) or "no streams open")
+    streams_line = (
+        ("open" if streams.get("channelConnected") else "NOT CONNECTED")
+        + "; "
+        + (
+            ", ".join(f"{count} {kind}" for kind, count in sorted((streams.get("open") or {}).items()))
+            or "no streams open"
+        )
+    )
     outcomes = ", ".join(f"{k} {v}" for k, v in sorted((jobs.get("outcomes") or {}).items())) or "none"
     lines = [
         f"gpuhost-agent {status.get('version', '?')}: running (pid {status.get('pid', '?')})"
@@ -147,8 +156,11 @@ def render(status: dict, now: datetime | None = None) -> str:
     if error:
         detail = error.get("error") or ""
         extra = " ".join(f"{k}={error[k]}" for k in ("stack_id", "job_id", "rental_id") if error.get(k))
-        lines.append(f"  last error:      {error.get('at', '?')} {error.get('level', '')} {error.get('event', '')}"
-                     + (f": {detail}" if detail else "") + (f" [{extra}]" if extra else ""))
+        lines.append(
+            f"  last error:      {error.get('at', '?')} {error.get('level', '')} {error.get('event', '')}"
+            + (f": {detail}" if detail else "")
+            + (f" [{extra}]" if extra else "")
+        )
         if error.get("hint"):
             lines.append(f"                   hint: {error['hint']}")
     else:
@@ -157,8 +169,16 @@ def render(status: dict, now: datetime | None = None) -> str:
     lines.append("")
     if stacks:
         lines.append(f"stacks ({len(stacks)}):")
-        rows = [[s.get("stackId", ""), s.get("status", ""), s.get("rentalId", ""), s.get("updatedAt", ""),
-                 (s.get("errorMsg") or "")[:80]] for s in stacks]
+        rows = [
+            [
+                s.get("stackId", ""),
+                s.get("status", ""),
+                s.get("rentalId", ""),
+                s.get("updatedAt", ""),
+                (s.get("errorMsg") or "")[:80],
+            ]
+            for s in stacks
+        ]
         lines += ["  " + row for row in _table(rows, ["STACK", "STATE", "RENTAL", "UPDATED", "ERROR"])]
     else:
         lines.append("stacks: none")
@@ -185,8 +205,11 @@ def run(socket_path: Path | str, as_json: bool = False, *, out: TextIO | None = 
         status = fetch_status(socket_path)
     except StatusUnavailable as exc:
         if exc.exit_code == EXIT_NOT_RUNNING and _system_socket_is_roots(Path(socket_path)):
-            exc = StatusUnavailable(f"no status socket at {socket_path}, and the system agent's socket"
-                                    f" {SYSTEM_SOCKET} is root's: run `sudo gpuhost-agent status`", EXIT_DENIED)
+            exc = StatusUnavailable(
+                f"no status socket at {socket_path}, and the system agent's socket"
+                f" {SYSTEM_SOCKET} is root's: run `sudo gpuhost-agent status`",
+                EXIT_DENIED,
+            )
         print(f"gpuhost-agent: {exc}" if exc.exit_code != EXIT_NOT_RUNNING else str(exc), file=err)
         return exc.exit_code
     if as_json:

@@ -19,15 +19,16 @@ import os
 import socket
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from gpuhost_agent import __version__
-from gpuhost_agent.service import metrics
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.common.logs import LAST_ERROR, SECRETS, get_logger
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.service import metrics
 
 if TYPE_CHECKING:
     from gpuhost_agent.service.wiring import AgentParts
@@ -39,8 +40,6 @@ MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with the terminating NUL
 
 class StatusSocketError(OSError):
     """The status socket cannot be set up; the message says why."""
-
-
 
 
 # ---- what /status and /metrics answer ------------------------------------------------
@@ -58,8 +57,15 @@ class StatusSource:
     """Asks each part of a running agent for its own `stats()` and puts the
     answers together; nothing here reaches inside a part."""
 
-    def __init__(self, parts: "AgentParts", *, started_at: float | None = None, metrics_enabled: bool = False,
-                 local_marketplace: bool = False, last_error: Callable[[], dict | None] = LAST_ERROR.get):
+    def __init__(
+        self,
+        parts: AgentParts,
+        *,
+        started_at: float | None = None,
+        metrics_enabled: bool = False,
+        local_marketplace: bool = False,
+        last_error: Callable[[], dict | None] = LAST_ERROR.get,
+    ):
         self.parts = parts
         self.started_at = time.time() if started_at is None else started_at
         self._started_monotonic = time.monotonic() - (time.time() - self.started_at)
@@ -70,12 +76,27 @@ class StatusSource:
     def status(self) -> dict:
         parts = self.parts
         session, host = parts.session.stats(), parts.host.stats()
-        stacks = [{"stackId": stack_id, "status": row.get("status"), "errorMsg": row.get("error_msg") or None,
-                   "project": row.get("project"), "rentalId": row.get("rental_id"), "updatedAt": row.get("updated_at")}
-                  for stack_id, row in sorted(parts.db.stacks().items())]
-        rentals = [{"rentalId": rental_id, "endDate": row.get("end_date"), "gpus": row.get("gpus") or [],
-                    "endedAt": row.get("ended_at")}
-                   for rental_id, row in sorted(parts.db.rentals().items()) if not row.get("ended_at")]
+        stacks = [
+            {
+                "stackId": stack_id,
+                "status": row.get("status"),
+                "errorMsg": row.get("error_msg") or None,
+                "project": row.get("project"),
+                "rentalId": row.get("rental_id"),
+                "updatedAt": row.get("updated_at"),
+            }
+            for stack_id, row in sorted(parts.db.stacks().items())
+        ]
+        rentals = [
+            {
+                "rentalId": rental_id,
+                "endDate": row.get("end_date"),
+                "gpus": row.get("gpus") or [],
+                "endedAt": row.get("ended_at"),
+            }
+            for rental_id, row in sorted(parts.db.rentals().items())
+            if not row.get("ended_at")
+        ]
         body = {
             "running": True,
             "pid": os.getpid(),
@@ -142,15 +163,21 @@ def _app(source: StatusSource) -> web.Application:
 # ---- the socket -----------------------------------------------------------------------
 def _prepare_socket_path(path: Path) -> None:
     if len(os.fsencode(str(path))) > MAX_SOCKET_PATH:
-        raise StatusSocketError(f"status socket path {path} is longer than {MAX_SOCKET_PATH} bytes;"
-                                " set GPUHOST_STATUS_SOCKET to a shorter path")
+        raise StatusSocketError(
+            f"status socket path {path} is longer than {MAX_SOCKET_PATH} bytes;"
+            " set GPUHOST_STATUS_SOCKET to a shorter path"
+        )
     parent = path.parent
     if not parent.exists():
         parent.mkdir(parents=True, mode=0o700)
         parent.chmod(0o700)  # mkdir's mode is cut by the umask; make it exact
     elif parent.stat().st_mode & 0o077:
-        log.warning("status_socket_dir_open", path=str(parent), mode=oct(stat.S_IMODE(parent.stat().st_mode)),
-                    hint="the socket itself is 0600; a directory only root can enter (0700) is safer")
+        log.warning(
+            "status_socket_dir_open",
+            path=str(parent),
+            mode=oct(stat.S_IMODE(parent.stat().st_mode)),
+            hint="the socket itself is 0600; a directory only root can enter (0700) is safer",
+        )
     try:
         mode = path.lstat().st_mode
     except FileNotFoundError:
@@ -210,8 +237,12 @@ class StatusServer:
             await site.start()
             sockets = getattr(site._server, "sockets", None) or []
             self.metrics_port = sockets[0].getsockname()[1] if sockets else listen[1]
-        log.info("status_socket_listening", path=str(self.socket_path), metrics=self.source.metrics_enabled,
-                 metrics_listen=f"{listen[0]}:{self.metrics_port}" if listen and self.metrics_port else None)
+        log.info(
+            "status_socket_listening",
+            path=str(self.socket_path),
+            metrics=self.source.metrics_enabled,
+            metrics_listen=f"{listen[0]}:{self.metrics_port}" if listen and self.metrics_port else None,
+        )
 
     async def stop(self) -> None:
         for runner in (self._metrics_runner, self._runner):
@@ -224,12 +255,19 @@ class StatusServer:
                 self.socket_path.unlink()
 
 
-async def start(parts: "AgentParts", socket_path: Path, *, metrics_enabled: bool = False,
-                metrics_listen: tuple[str, int] | None = None, local_marketplace: bool = False,
-                started_at: float | None = None) -> StatusServer:
+async def start(
+    parts: AgentParts,
+    socket_path: Path,
+    *,
+    metrics_enabled: bool = False,
+    metrics_listen: tuple[str, int] | None = None,
+    local_marketplace: bool = False,
+    started_at: float | None = None,
+) -> StatusServer:
     """Start the endpoint for a built agent; `await server.stop()` at shutdown."""
-    source = StatusSource(parts, started_at=started_at, metrics_enabled=metrics_enabled,
-                          local_marketplace=local_marketplace)
+    source = StatusSource(
+        parts, started_at=started_at, metrics_enabled=metrics_enabled, local_marketplace=local_marketplace
+    )
     server = StatusServer(source, socket_path, metrics_listen)
     await server.start()
     return server

@@ -64,9 +64,17 @@ class AgentParts:
     streams: StreamChannel
 
 
-def build_prober(config: AgentConfig, engine: DockerEngine, nvml: NvmlProbe, compose_command: list[str] | None) -> Prober:
-    return Prober(nvml, engine, compose_command, gpu_check_image=config.gpu_check_image,
-                  toolkit_config=config.toolkit_config, location=config.location)
+def build_prober(
+    config: AgentConfig, engine: DockerEngine, nvml: NvmlProbe, compose_command: list[str] | None
+) -> Prober:
+    return Prober(
+        nvml,
+        engine,
+        compose_command,
+        gpu_check_image=config.gpu_check_image,
+        toolkit_config=config.toolkit_config,
+        location=config.location,
+    )
 
 
 def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
@@ -85,28 +93,68 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
     find_compose = partial(find_compose_command, config.compose_command)
     compose = ComposeRunner(None, config.state_dir / "docker-config", finder=find_compose)
     schedule = Schedule()
-    host = HostReporter(client, outbox, build_prober(config, engine, nvml, None), schedule, find_compose, compose.use,
-                        speed_max_bytes=config.speed_max_bytes, speed_max_seconds=config.speed_max_seconds)
+    host = HostReporter(
+        client,
+        outbox,
+        build_prober(config, engine, nvml, None),
+        schedule,
+        find_compose,
+        compose.use,
+        speed_max_bytes=config.speed_max_bytes,
+        speed_max_seconds=config.speed_max_seconds,
+    )
     publish = config.publish_address or ("127.0.0.1" if config.uses_local_marketplace else "0.0.0.0")
     ledger = GpuLedger(db)
     ledger.import_legacy(config.state_dir / "gpu-assignments.json")
     reporter = StatusReporter(outbox, db, ledger)
     sandbox = Sandbox(ledger, host.machine_facts, publish_address=publish, pids_limit=config.pids_limit)
-    deployer = StackDeployer(compose, engine, reporter, sandbox, db, config.state_dir / "stacks",
-                             settle_seconds=config.settle_seconds, stop_timeout=config.stop_timeout)
+    deployer = StackDeployer(
+        compose,
+        engine,
+        reporter,
+        sandbox,
+        db,
+        config.state_dir / "stacks",
+        settle_seconds=config.settle_seconds,
+        stop_timeout=config.stop_timeout,
+    )
     streams = StreamChannel(client, session, EngineStreams())
     end_dates = RentalEndDates(db)
-    dispatcher = JobDispatcher(deployer, reporter, outbox, db, end_dates, streams.end_rental,
-                               metrics.deploy_histogram())
+    dispatcher = JobDispatcher(
+        deployer, reporter, outbox, db, end_dates, streams.end_rental, metrics.deploy_histogram()
+    )
     rental_clock = RentalClock(end_dates, dispatcher, ledger, session)
-    reconciler = Reconciler(client, engine, dispatcher, reporter, db, ledger, outbox, session, end_dates,
-                            grace_seconds=config.reconcile_grace_seconds)
+    reconciler = Reconciler(
+        client,
+        engine,
+        dispatcher,
+        reporter,
+        db,
+        ledger,
+        outbox,
+        session,
+        end_dates,
+        grace_seconds=config.reconcile_grace_seconds,
+    )
     container_watch = ContainerWatch(engine, reporter, db, dispatcher)
     engine_watch = EngineWatch(engine, EngineRecovery(reconciler, container_watch, session).engine_back)
-    agent = Agent(client, session, db, dispatcher, outbox, schedule, host, reconciler, rental_clock, engine_watch,
-                  container_watch, streams)
-    return AgentParts(agent, session, client, outbox, dispatcher, deployer, engine, nvml, host, db, reconciler,
-                      engine_watch, streams)
+    agent = Agent(
+        client,
+        session,
+        db,
+        dispatcher,
+        outbox,
+        schedule,
+        host,
+        reconciler,
+        rental_clock,
+        engine_watch,
+        container_watch,
+        streams,
+    )
+    return AgentParts(
+        agent, session, client, outbox, dispatcher, deployer, engine, nvml, host, db, reconciler, engine_watch, streams
+    )
 
 
 async def start_local_marketplace(config: AgentConfig) -> local_server.RunningMarketplace:

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.protocol import wire
 
 log = get_logger(__name__)
 
@@ -89,8 +89,12 @@ class AgentDB:
             if part.exists():
                 part.rename(f"{self.path}.corrupt-{stamp}{suffix}")
         self.rebuilt_because = f"state file was unreadable ({why}); kept as {self.path.name}.corrupt-{stamp}"
-        log.warning("state_file_rebuilt", path=str(self.path), error=why,
-                    hint="rebuilding from Docker's labels and the marketplace")
+        log.warning(
+            "state_file_rebuilt",
+            path=str(self.path),
+            error=why,
+            hint="rebuilding from Docker's labels and the marketplace",
+        )
 
     def close(self) -> None:
         self._conn.close()
@@ -101,7 +105,7 @@ class AgentDB:
     def _rows(self, sql: str, *args: Any) -> list[sqlite3.Row]:
         cursor = self._conn.execute(sql, args)
         names = [column[0] for column in cursor.description]
-        return [dict(zip(names, row)) for row in cursor.fetchall()]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
     # ---- jobs ----------------------------------------------------------------
     def _mark_interrupted(self) -> list[dict]:
@@ -112,18 +116,31 @@ class AgentDB:
         return rows
 
     def job_started(self, job: wire.StackJob) -> None:
-        self._write("INSERT INTO jobs (job_id, type, stack_id, rental_id, state, received_at) VALUES (?,?,?,?,?,?)"
-                    " ON CONFLICT(job_id) DO UPDATE SET state = excluded.state",
-                    job.job_id, job.type, job.stack_id, job.rental_id, JOB_RUNNING, wire.iso())
+        self._write(
+            "INSERT INTO jobs (job_id, type, stack_id, rental_id, state, received_at) VALUES (?,?,?,?,?,?)"
+            " ON CONFLICT(job_id) DO UPDATE SET state = excluded.state",
+            job.job_id,
+            job.type,
+            job.stack_id,
+            job.rental_id,
+            JOB_RUNNING,
+            wire.iso(),
+        )
 
     def job_finished(self, job_id: str, completion: dict) -> None:
         """Kept (the newest REMEMBERED_JOBS) so that a redelivered job gets its
         completion again instead of a second run."""
         seq = self._next("job_seq")
-        self._write("INSERT INTO jobs (job_id, type, stack_id, rental_id, state, received_at, completion, finished_seq)"
-                    " VALUES (?, '', '', '', ?, ?, ?, ?) ON CONFLICT(job_id) DO UPDATE SET state = excluded.state,"
-                    " completion = excluded.completion, finished_seq = excluded.finished_seq",
-                    job_id, JOB_FINISHED, wire.iso(), json.dumps(completion), seq)
+        self._write(
+            "INSERT INTO jobs (job_id, type, stack_id, rental_id, state, received_at, completion, finished_seq)"
+            " VALUES (?, '', '', '', ?, ?, ?, ?) ON CONFLICT(job_id) DO UPDATE SET state = excluded.state,"
+            " completion = excluded.completion, finished_seq = excluded.finished_seq",
+            job_id,
+            JOB_FINISHED,
+            wire.iso(),
+            json.dumps(completion),
+            seq,
+        )
         self._write("DELETE FROM jobs WHERE state = ? AND finished_seq <= ?", JOB_FINISHED, seq - REMEMBERED_JOBS)
 
     def completion(self, job_id: str) -> dict | None:
@@ -131,11 +148,21 @@ class AgentDB:
         return json.loads(rows[0]["completion"]) if rows else None
 
     # ---- stacks ----------------------------------------------------------------
-    def stack_status(self, stack_id: str, rental_id: str, env_id: str, project: str, status: str,
-                     error_msg: str = "") -> None:
-        self._write("INSERT INTO stacks VALUES (?,?,?,?,?,?,?) ON CONFLICT(stack_id) DO UPDATE SET"
-                    " status = excluded.status, error_msg = excluded.error_msg, updated_at = excluded.updated_at,"
-                    " project = excluded.project", stack_id, rental_id, env_id, project, status, error_msg, wire.iso())
+    def stack_status(
+        self, stack_id: str, rental_id: str, env_id: str, project: str, status: str, error_msg: str = ""
+    ) -> None:
+        self._write(
+            "INSERT INTO stacks VALUES (?,?,?,?,?,?,?) ON CONFLICT(stack_id) DO UPDATE SET"
+            " status = excluded.status, error_msg = excluded.error_msg, updated_at = excluded.updated_at,"
+            " project = excluded.project",
+            stack_id,
+            rental_id,
+            env_id,
+            project,
+            status,
+            error_msg,
+            wire.iso(),
+        )
 
     def forget_stack(self, stack_id: str) -> None:
         self._write("DELETE FROM stacks WHERE stack_id = ?", stack_id)
@@ -149,18 +176,29 @@ class AgentDB:
         rows = self._rows("SELECT end_date FROM rentals WHERE rental_id = ?", rental_id)
         if rows and rows[0]["end_date"] == end_date:
             return False
-        self._write("INSERT INTO rentals (rental_id, end_date) VALUES (?, ?)"
-                    " ON CONFLICT(rental_id) DO UPDATE SET end_date = excluded.end_date", rental_id, end_date)
+        self._write(
+            "INSERT INTO rentals (rental_id, end_date) VALUES (?, ?)"
+            " ON CONFLICT(rental_id) DO UPDATE SET end_date = excluded.end_date",
+            rental_id,
+            end_date,
+        )
         return True
 
     def rental_gpus(self, rental_id: str, uuids: list[str]) -> None:
-        self._write("INSERT INTO rentals (rental_id, gpus) VALUES (?, ?)"
-                    " ON CONFLICT(rental_id) DO UPDATE SET gpus = excluded.gpus", rental_id, json.dumps(uuids))
+        self._write(
+            "INSERT INTO rentals (rental_id, gpus) VALUES (?, ?)"
+            " ON CONFLICT(rental_id) DO UPDATE SET gpus = excluded.gpus",
+            rental_id,
+            json.dumps(uuids),
+        )
 
     def rental_ended(self, rental_id: str) -> None:
-        self._write("INSERT INTO rentals (rental_id, gpus, ended_at) VALUES (?, '[]', ?)"
-                    " ON CONFLICT(rental_id) DO UPDATE SET gpus = '[]', ended_at = excluded.ended_at",
-                    rental_id, wire.iso())
+        self._write(
+            "INSERT INTO rentals (rental_id, gpus, ended_at) VALUES (?, '[]', ?)"
+            " ON CONFLICT(rental_id) DO UPDATE SET gpus = '[]', ended_at = excluded.ended_at",
+            rental_id,
+            wire.iso(),
+        )
 
     def rentals(self) -> dict[str, dict]:
         rows = self._rows("SELECT * FROM rentals")
@@ -170,8 +208,13 @@ class AgentDB:
     def outbox_put(self, kind: str, target: str, seq: int, body: dict) -> None:
         """A newer report of the same kind for the same target replaces the old
         one but keeps its place (seq) in the queue."""
-        self._write("INSERT INTO outbox VALUES (?,?,?,?) ON CONFLICT(kind, target) DO UPDATE SET body = excluded.body",
-                    kind, target, seq, json.dumps(body))
+        self._write(
+            "INSERT INTO outbox VALUES (?,?,?,?) ON CONFLICT(kind, target) DO UPDATE SET body = excluded.body",
+            kind,
+            target,
+            seq,
+            json.dumps(body),
+        )
 
     def outbox_delete(self, kind: str, target: str) -> None:
         self._write("DELETE FROM outbox WHERE kind = ? AND target = ?", kind, target)

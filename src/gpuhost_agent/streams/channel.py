@@ -19,15 +19,23 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from gpuhost_agent.uplink.client import MarketplaceClient, retry_delay
-from gpuhost_agent.uplink.session import SessionState
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import ContainerGone, EngineStreams
 from gpuhost_agent.streams.log_pump import LOG_STALL_SECONDS, LogPump
-from gpuhost_agent.streams.requests import NOT_IN_STACK, CancelRequest, LogsRequest, Refusal, TerminalRequest, check_access, parse_request
+from gpuhost_agent.streams.requests import (
+    NOT_IN_STACK,
+    CancelRequest,
+    LogsRequest,
+    Refusal,
+    TerminalRequest,
+    check_access,
+    parse_request,
+)
 from gpuhost_agent.streams.sink import END_TIMEOUT, WebSocketSink
 from gpuhost_agent.streams.terminal import Terminal
+from gpuhost_agent.uplink.client import MarketplaceClient, retry_delay
+from gpuhost_agent.uplink.session import SessionState
 
 log = get_logger(__name__)
 
@@ -48,10 +56,18 @@ class _Stream:
 
 
 class StreamChannel:
-    def __init__(self, client: MarketplaceClient, session: SessionState, engine: EngineStreams, *,
-                 max_streams: int = MAX_STREAMS,
-                 heartbeat: float = HEARTBEAT_SECONDS, log_stall_seconds: float = LOG_STALL_SECONDS,
-                 backoff_first: float = BACKOFF_FIRST, backoff_ceiling: float = BACKOFF_CEILING):
+    def __init__(
+        self,
+        client: MarketplaceClient,
+        session: SessionState,
+        engine: EngineStreams,
+        *,
+        max_streams: int = MAX_STREAMS,
+        heartbeat: float = HEARTBEAT_SECONDS,
+        log_stall_seconds: float = LOG_STALL_SECONDS,
+        backoff_first: float = BACKOFF_FIRST,
+        backoff_ceiling: float = BACKOFF_CEILING,
+    ):
         self._client = client
         self._agent_session = session
         self._engine = engine  # the channel's alone: close() closes it
@@ -74,8 +90,11 @@ class StreamChannel:
         while not self._closing.is_set():
             try:
                 async with self._session().ws_connect(
-                        self._url("/agent/channel"), headers=self._client.auth_headers(),
-                        heartbeat=self._heartbeat, max_msg_size=MAX_CHANNEL_MESSAGE) as ws:
+                    self._url("/agent/channel"),
+                    headers=self._client.auth_headers(),
+                    heartbeat=self._heartbeat,
+                    max_msg_size=MAX_CHANNEL_MESSAGE,
+                ) as ws:
                     self._ws = ws
                     self.connected.set()
                     failures = 0
@@ -95,12 +114,16 @@ class StreamChannel:
                 break
             if down_since is None:
                 down_since = _now()
-                log.warning("stream_channel_down", error=problem,
-                            hint="logs and terminals are unavailable until it reopens; retrying")
+                log.warning(
+                    "stream_channel_down",
+                    error=problem,
+                    hint="logs and terminals are unavailable until it reopens; retrying",
+                )
             failures += 1
             try:
-                await asyncio.wait_for(self._closing.wait(), retry_delay(
-                    failures - 1, base=self._backoff[0], ceiling=self._backoff[1]))
+                await asyncio.wait_for(
+                    self._closing.wait(), retry_delay(failures - 1, base=self._backoff[0], ceiling=self._backoff[1])
+                )
             except asyncio.TimeoutError:
                 pass
 
@@ -179,9 +202,12 @@ class StreamChannel:
             if refusal is not None:
                 return self._refuse(refusal)
             ws = await self._session().ws_connect(
-                self._url(f"/agent/streams/{request.stream_id}"), headers=self._client.auth_headers(),
-                heartbeat=self._heartbeat, max_msg_size=MAX_STREAM_INPUT,
-                timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=END_TIMEOUT))
+                self._url(f"/agent/streams/{request.stream_id}"),
+                headers=self._client.auth_headers(),
+                heartbeat=self._heartbeat,
+                max_msg_size=MAX_STREAM_INPUT,
+                timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=END_TIMEOUT),
+            )
             sink = WebSocketSink(ws)
             if isinstance(request, LogsRequest):
                 stream.runner = LogPump(self._engine, request, sink, info=info, stall_seconds=self._stall)
@@ -210,8 +236,13 @@ class StreamChannel:
                 stream.runner.stop(reason)
             elif stream.task is not None:
                 stream.task.cancel()
-                self._refuse(Refusal(stream.request.stream_id, 404 if reason == "rental-ended" else 503,
-                                     "the rental ended" if reason == "rental-ended" else "the agent is stopping"))
+                self._refuse(
+                    Refusal(
+                        stream.request.stream_id,
+                        404 if reason == "rental-ended" else 503,
+                        "the rental ended" if reason == "rental-ended" else "the agent is stopping",
+                    )
+                )
         tasks = [s.task for s in streams if s.task is not None]
         if tasks:
             done, pending = await asyncio.wait(tasks, timeout=STOP_WAIT)
@@ -223,8 +254,10 @@ class StreamChannel:
         """A session of its own: no connection limit (one connection per
         stream), and no overall timeout (a stream may last for days)."""
         if self._http is None or self._http.closed:
-            self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                               timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=20))
+            self._http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=20),
+            )
         return self._http
 
     def _url(self, path: str) -> str:

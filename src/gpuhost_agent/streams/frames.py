@@ -157,12 +157,12 @@ class FrameParser(_Parser):
             word, length = unpack(data, pos)
             end = pos + HEADER_BYTES + length
             if word != _STDOUT_WORD and word != _STDERR_WORD or length > MAX_FRAME:
-                self._bad_frame(word, length, data[pos + HEADER_BYTES:end])
+                self._bad_frame(word, length, data[pos + HEADER_BYTES : end])
             if end > size:
                 break
             if self._skip_through is not None:
                 space = find(b" ", pos + HEADER_BYTES, pos + HEADER_BYTES + _TIMESTAMP_SEARCH)
-                if space > 0 and self._stale(data[pos + HEADER_BYTES:space]):
+                if space > 0 and self._stale(data[pos + HEADER_BYTES : space]):
                     pos = start = end
                     continue
             if out is not None:
@@ -171,7 +171,7 @@ class FrameParser(_Parser):
                     out.append(data[pos:end])
                 else:
                     out.append(pack(word, end - space - 1))
-                    out.append(data[space + 1:end])
+                    out.append(data[space + 1 : end])
             last = pos
             frames += 1
             pos = end
@@ -184,7 +184,7 @@ class FrameParser(_Parser):
             return None
         space = find(b" ", last + HEADER_BYTES, last + HEADER_BYTES + _TIMESTAMP_SEARCH)
         if space > 0:
-            self.last_timestamp = data[last + HEADER_BYTES:space]
+            self.last_timestamp = data[last + HEADER_BYTES : space]
         body = data[start:pos] if out is None else b"".join(out)
         return Batch(body, frames, len(body) - HEADER_BYTES * frames)
 
@@ -241,7 +241,7 @@ class RawParser(_Parser):
                     continue
                 last = stamp
                 if not self.keep_timestamps:
-                    line = line[space + 1:]
+                    line = line[space + 1 :]
             payload = line + b"\n" if ends_with_newline or index < len(lines) - 1 else line
             out.append(pack(_STDOUT_WORD, len(payload)))
             out.append(payload)

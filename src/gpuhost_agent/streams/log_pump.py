@@ -31,9 +31,18 @@ POLL_SECONDS = 0.5
 
 
 class LogPump:
-    def __init__(self, engine: EngineStreams, request: LogsRequest, sink: Sink, *, info: dict | None = None,
-                 buffer_bytes: int = LOG_BUFFER_BYTES, stall_seconds: float = LOG_STALL_SECONDS,
-                 poll_seconds: float = POLL_SECONDS, message_bytes: int = MESSAGE_BYTES):
+    def __init__(
+        self,
+        engine: EngineStreams,
+        request: LogsRequest,
+        sink: Sink,
+        *,
+        info: dict | None = None,
+        buffer_bytes: int = LOG_BUFFER_BYTES,
+        stall_seconds: float = LOG_STALL_SECONDS,
+        poll_seconds: float = POLL_SECONDS,
+        message_bytes: int = MESSAGE_BYTES,
+    ):
         self._engine = engine
         self._request = request
         self._sink = sink

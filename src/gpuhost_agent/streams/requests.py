@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from gpuhost_agent.protocol import wire
 
@@ -56,6 +56,7 @@ class CancelRequest:
 @dataclass(frozen=True)
 class Refusal:
     """No stream will be opened. Without a stream id there is no one to tell."""
+
     stream_id: str | None
     status: int
     error: str
@@ -64,7 +65,7 @@ class Refusal:
         return {"type": "refused", "streamId": self.stream_id, "status": self.status, "error": self.error}
 
 
-Request = Union[LogsRequest, TerminalRequest, CancelRequest, Refusal]
+Request = LogsRequest | TerminalRequest | CancelRequest | Refusal
 
 
 class _Bad(ValueError):
@@ -82,12 +83,22 @@ def parse_request(message: Any) -> Request:
         if kind == "cancel":
             return CancelRequest(stream_id)
         if kind == "logs":
-            return LogsRequest(stream_id, *_target(message), tail=_whole(message, "tail"),
-                               since=_whole(message, "since"), timestamps=_flag(message, "timestamps"),
-                               follow=_flag(message, "follow"))
+            return LogsRequest(
+                stream_id,
+                *_target(message),
+                tail=_whole(message, "tail"),
+                since=_whole(message, "since"),
+                timestamps=_flag(message, "timestamps"),
+                follow=_flag(message, "follow"),
+            )
         if kind == "terminal":
-            return TerminalRequest(stream_id, *_target(message), command=_command(message),
-                                   cols=_side(message, "cols", DEFAULT_COLS), rows=_side(message, "rows", DEFAULT_ROWS))
+            return TerminalRequest(
+                stream_id,
+                *_target(message),
+                command=_command(message),
+                cols=_side(message, "cols", DEFAULT_COLS),
+                rows=_side(message, "rows", DEFAULT_ROWS),
+            )
     except _Bad as exc:
         return Refusal(stream_id, 400, str(exc))
     return Refusal(stream_id, 400, f"unknown request type {str(kind)[:40]!r}")
@@ -108,9 +119,12 @@ def check_access(labels: Any, env_id: str, request: LogsRequest | TerminalReques
     rental and stack. Every mismatch reads the same: what exists elsewhere is
     none of the asker's business."""
     labels = labels if isinstance(labels, dict) else {}
-    if (labels.get(wire.LABEL_MANAGED) == "true" and labels.get(wire.LABEL_ENV) == env_id
-            and labels.get(wire.LABEL_RENTAL) == request.rental_id
-            and labels.get(wire.LABEL_STACK) == request.stack_id):
+    if (
+        labels.get(wire.LABEL_MANAGED) == "true"
+        and labels.get(wire.LABEL_ENV) == env_id
+        and labels.get(wire.LABEL_RENTAL) == request.rental_id
+        and labels.get(wire.LABEL_STACK) == request.stack_id
+    ):
         return None
     return Refusal(request.stream_id, 404, NOT_IN_STACK)
 
@@ -145,9 +159,11 @@ def _command(message: dict) -> tuple[str, ...]:
     command = message.get("command")
     if command is None:
         return DEFAULT_COMMAND
-    if not (isinstance(command, list) and 0 < len(command) <= MAX_COMMAND_ITEMS
-            and all(isinstance(part, str) and len(part) <= MAX_COMMAND_CHARS and "\x00" not in part
-                    for part in command)):
+    if not (
+        isinstance(command, list)
+        and 0 < len(command) <= MAX_COMMAND_ITEMS
+        and all(isinstance(part, str) and len(part) <= MAX_COMMAND_CHARS and "\x00" not in part for part in command)
+    ):
         raise _Bad(f"command must be 1 to {MAX_COMMAND_ITEMS} strings of at most {MAX_COMMAND_CHARS} characters")
     return tuple(command)
 

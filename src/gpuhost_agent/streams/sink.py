@@ -14,7 +14,6 @@ from typing import Protocol
 
 import aiohttp
 
-
 END_TIMEOUT = 3.0  # for the last message and the close, to a peer that may have stopped reading
 
 

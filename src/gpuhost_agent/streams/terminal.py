@@ -28,8 +28,15 @@ TERM = "xterm"
 
 
 class Terminal:
-    def __init__(self, engine: EngineStreams, request: TerminalRequest, sink: Sink, *,
-                 container_id: str | None = None, exit_code_wait: float = EXIT_CODE_WAIT):
+    def __init__(
+        self,
+        engine: EngineStreams,
+        request: TerminalRequest,
+        sink: Sink,
+        *,
+        container_id: str | None = None,
+        exit_code_wait: float = EXIT_CODE_WAIT,
+    ):
         self._engine = engine
         self._request = request
         self._sink = sink

@@ -53,8 +53,9 @@ class _ReplyTooLarge(MarketplaceRejected):
 
 
 class MarketplaceClient:
-    def __init__(self, base_url: str, api_key: str, *, request_timeout: float = 15,
-                 max_body_bytes: int = MAX_BODY_BYTES):
+    def __init__(
+        self, base_url: str, api_key: str, *, request_timeout: float = 15, max_body_bytes: int = MAX_BODY_BYTES
+    ):
         self.base_url = base_url.rstrip("/")
         self._api_key = api_key
         self._request_timeout = request_timeout
@@ -63,7 +64,7 @@ class MarketplaceClient:
         self._http: aiohttp.ClientSession | None = None
         self.session_id: str | None = None
 
-    async def __aenter__(self) -> "MarketplaceClient":
+    async def __aenter__(self) -> MarketplaceClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -79,7 +80,9 @@ class MarketplaceClient:
             self._http = aiohttp.ClientSession(headers={wire.API_KEY_HEADER: self._api_key})
         return self._http
 
-    async def _request(self, method: str, path: str, *, body: Any = None, params: dict | None = None, timeout: float | None = None) -> Any:
+    async def _request(
+        self, method: str, path: str, *, body: Any = None, params: dict | None = None, timeout: float | None = None
+    ) -> Any:
         """One call. Returns the decoded JSON (or the text of a non-JSON reply);
         raises only MarketplaceUnavailable or MarketplaceRejected, also for a
         reply the agent cannot read (malformed JSON, larger than the cap), so
@@ -87,7 +90,11 @@ class MarketplaceClient:
         headers = {wire.SESSION_HEADER: self.session_id} if self.session_id else {}
         try:
             async with self._session().request(
-                method, f"{self.base_url}{path}", json=body, params=params, headers=headers,
+                method,
+                f"{self.base_url}{path}",
+                json=body,
+                params=params,
+                headers=headers,
                 timeout=aiohttp.ClientTimeout(total=timeout or self._request_timeout),
             ) as response:
                 if response.status == 429 or response.status >= 500:
@@ -97,7 +104,8 @@ class MarketplaceClient:
                 if response.status in (401, 403):
                     raise MarketplaceAuthFailed(
                         f"{method} {path}: HTTP {response.status} {await _error_message(response)}"
-                        " (check the environment id and API key in the agent's configuration)")
+                        " (check the environment id and API key in the agent's configuration)"
+                    )
                 if response.status >= 400:
                     raise MarketplaceRejected(response.status, await _error_message(response))
                 raw = await _read_capped(response, self._max_body_bytes, f"{method} {path}")
@@ -122,7 +130,9 @@ class MarketplaceClient:
             max_jobs = 1
         try:
             reply = await self._request(
-                "GET", "/agent/jobs", params={"wait": str(int(wait_seconds)), "max": str(max_jobs)},
+                "GET",
+                "/agent/jobs",
+                params={"wait": str(int(wait_seconds)), "max": str(max_jobs)},
                 timeout=wait_seconds + self._request_timeout,
             )
         except _ReplyTooLarge:

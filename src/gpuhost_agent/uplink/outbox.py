@@ -18,14 +18,21 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
-from gpuhost_agent.uplink.client import MarketplaceRejected, MarketplaceUnavailable, retry_delay
-from gpuhost_agent.protocol.wire import REMOVED
 from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.protocol.wire import REMOVED
 from gpuhost_agent.storage.agent_db import AgentDB
+from gpuhost_agent.uplink.client import MarketplaceRejected, MarketplaceUnavailable, retry_delay
 from gpuhost_agent.uplink.reports import (  # noqa: F401 - the kinds are named where reports are queued
-    CONTAINERS, DROP_ORDER, INIT_STATE, JOB_COMPLETE, STATUS, SYSTEM_DATA, Report)
+    CONTAINERS,
+    DROP_ORDER,
+    INIT_STATE,
+    JOB_COMPLETE,
+    STATUS,
+    SYSTEM_DATA,
+    Report,
+)
 
 log = get_logger(__name__)
 
@@ -36,12 +43,19 @@ Sender = Callable[[Report], Awaitable[None]]
 
 
 class Outbox:
-    def __init__(self, send: Sender, db: AgentDB, *, max_entries: int = DEFAULT_MAX_ENTRIES,
-                 base_delay: float = 0.2, max_delay: float = 30.0):
+    def __init__(
+        self,
+        send: Sender,
+        db: AgentDB,
+        *,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        base_delay: float = 0.2,
+        max_delay: float = 30.0,
+    ):
         self._send = send
         self._db = db
         self._max_entries = max_entries
-        self._entries: "OrderedDict[tuple[str, str], Report]" = OrderedDict()
+        self._entries: OrderedDict[tuple[str, str], Report] = OrderedDict()
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -90,8 +104,14 @@ class Outbox:
         self.dropped += 1
         self._db.outbox_delete(*victim)
         self._db.set_meta("reports_dropped", str(self.dropped))
-        log.warning("report_dropped", kind=victim[0], target=victim[1], dropped_total=self.dropped,
-                    limit=self._max_entries, hint="the marketplace has been unreachable for long")
+        log.warning(
+            "report_dropped",
+            kind=victim[0],
+            target=victim[1],
+            dropped_total=self.dropped,
+            limit=self._max_entries,
+            hint="the marketplace has been unreachable for long",
+        )
 
     def _forget(self, key: tuple[str, str]) -> None:
         if self._entries.pop(key, None) is not None:
@@ -125,7 +145,9 @@ class Outbox:
             except MarketplaceUnavailable as exc:
                 failures += 1
                 delay = retry_delay(failures, exc, base=self._base_delay, ceiling=self._max_delay)
-                log.warning("report_deferred", kind=entry.kind, target=entry.target, error=str(exc), retry_in_s=round(delay, 2))
+                log.warning(
+                    "report_deferred", kind=entry.kind, target=entry.target, error=str(exc), retry_in_s=round(delay, 2)
+                )
                 await asyncio.sleep(delay)
                 continue
             except MarketplaceRejected as exc:

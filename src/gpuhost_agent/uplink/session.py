@@ -44,5 +44,9 @@ class SessionState:
         self.connected.set()
 
     def stats(self) -> dict:
-        return {"connected": self.connected.is_set(), "connectedSince": self.connected_since,
-                "reconnects": self.reconnects, "envId": self.env_id}
+        return {
+            "connected": self.connected.is_set(),
+            "connectedSince": self.connected_since,
+            "reconnects": self.reconnects,
+            "envId": self.env_id,
+        }
