@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 
-def write_json_atomically(path: Path, data) -> None:
+def write_json_atomically(path: Path, data: Any) -> None:
     """Owner-only (0600) in an owner-only directory: state files hold keys and
     assignments that are nobody else's business."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

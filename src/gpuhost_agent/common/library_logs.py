@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TextIO
 
 import structlog
 
@@ -41,7 +41,7 @@ class LineHandler(logging.Handler):
     on the same stream: structlog keeps one lock per file, so a library's line
     and one of the agent's, written from two threads, never interleave."""
 
-    def __init__(self, stream) -> None:
+    def __init__(self, stream: TextIO) -> None:
         super().__init__()
         self.stream = stream
         self._printer = structlog.PrintLogger(file=stream)
@@ -82,7 +82,7 @@ _installed: LineHandler | None = None
 
 
 def route_root_logger(
-    stream, pre_chain: Iterable[Callable[..., Any]], renderer: Callable[..., Any], number: int
+    stream: TextIO, pre_chain: Iterable[Callable[..., Any]], renderer: Callable[..., Any], number: int
 ) -> LineHandler:
     """Put one LineHandler on the root logger (replacing the one an earlier
     call put there, and no one else's): `pre_chain` gives a record the agent's

@@ -14,8 +14,8 @@ import os
 import sys
 import threading
 from collections import Counter
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TextIO
 
 import structlog
 
@@ -89,7 +89,7 @@ def _scrub_value(value: Any, registry: SecretRegistry) -> Any:
     return value
 
 
-def redact_processor(registry: SecretRegistry = SECRETS):
+def redact_processor(registry: SecretRegistry = SECRETS) -> Callable[..., Any]:
     def processor(_logger: Any, _name: str, event_dict: dict) -> dict:
         return {
             key: (MASK if _is_secret_key(key) else _scrub_value(value, registry)) for key, value in event_dict.items()
@@ -113,7 +113,7 @@ SYSLOG_PRIORITY = {
 }
 
 
-def stream_is_journal(stream) -> bool:
+def stream_is_journal(stream: TextIO) -> bool:
     """True when `stream` is the journal stream systemd connected us to: systemd
     sets $JOURNAL_STREAM to the "dev:inode" of that stream (stdout/stderr)."""
     expected = os.environ.get("JOURNAL_STREAM", "")
@@ -127,7 +127,7 @@ def stream_is_journal(stream) -> bool:
     return (info.st_dev, info.st_ino) == (int(device), int(inode))
 
 
-def journald_priority(renderer):
+def journald_priority(renderer: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap a renderer so each line starts with its syslog priority, "<6>{...}"."""
 
     def render(logger: Any, name: str, event_dict: dict) -> str:
@@ -170,7 +170,9 @@ class LastError:
 LAST_ERROR = LastError()
 
 
-def configure(level: str = "info", *, json_lines: bool | None = None, stream=None, journal: bool | None = None) -> None:
+def configure(
+    level: str = "info", *, json_lines: bool | None = None, stream: TextIO | None = None, journal: bool | None = None
+) -> None:
     """JSON lines when not on a terminal (journald, files, CI), readable lines on
     one; on the journal, each line carries its priority prefix (see above).
     Other libraries' standard-library records take the same path (library_logs)."""
@@ -180,14 +182,14 @@ def configure(level: str = "info", *, json_lines: bool | None = None, stream=Non
         json_lines = not stream.isatty()
     if journal is None:
         journal = stream_is_journal(stream)
-    renderer = (
+    renderer: Callable[..., Any] = (
         structlog.processors.JSONRenderer(sort_keys=False)
         if json_lines
         else structlog.dev.ConsoleRenderer(colors=False)
     )
     if journal:
         renderer = journald_priority(renderer)
-    shared = [
+    shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -229,5 +231,5 @@ def _level_number(level: str) -> int:
     return number
 
 
-def get_logger(name: str):
+def get_logger(name: str) -> Any:
     return structlog.get_logger(name)

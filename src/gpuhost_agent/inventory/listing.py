@@ -17,6 +17,7 @@ A field the probe could not measure is null, never a guess.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 GIB = 1024**3
 
@@ -41,7 +42,7 @@ def interconnect(gpus: list[dict]) -> str | None:
     return "PCIe"
 
 
-def _smallest(gpus: list[dict], key: str):
+def _smallest(gpus: list[dict], key: str) -> Any:
     """The figure a renter can count on for any GPU of the machine."""
     values = [gpu[key] for gpu in gpus if gpu.get(key) is not None]
     return min(values) if len(values) == len(gpus) and values else None

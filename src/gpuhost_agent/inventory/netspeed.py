@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 
 import aiohttp
@@ -84,7 +85,9 @@ def as_wire(result: SpeedResult) -> dict:
     }
 
 
-async def _guarded(name: str, work, limit: float) -> tuple[float | None, int, str | None]:
+async def _guarded(
+    name: str, work: Awaitable[tuple[float | None, int]], limit: float
+) -> tuple[float | None, int, str | None]:
     try:
         mbps, nbytes = await asyncio.wait_for(work, limit)
     except _HttpStatus as exc:
@@ -104,7 +107,9 @@ async def _guarded(name: str, work, limit: float) -> tuple[float | None, int, st
     return mbps, nbytes, None
 
 
-async def _download(http: aiohttp.ClientSession, base: str, max_bytes: int, max_seconds: float):
+async def _download(
+    http: aiohttp.ClientSession, base: str, max_bytes: int, max_seconds: float
+) -> tuple[float | None, int]:
     async with http.get(
         f"{base}/agent/speedtest/download", params={"bytes": str(max_bytes)}, headers={"Accept-Encoding": "identity"}
     ) as resp:
@@ -130,8 +135,10 @@ async def _download(http: aiohttp.ClientSession, base: str, max_bytes: int, max_
     return _mbps(received, elapsed), received
 
 
-async def _upload(http: aiohttp.ClientSession, base: str, max_bytes: int, max_seconds: float):
-    async def body():
+async def _upload(
+    http: aiohttp.ClientSession, base: str, max_bytes: int, max_seconds: float
+) -> tuple[float | None, int]:
+    async def body() -> AsyncIterator[bytes]:
         sent = 0
         deadline = time.monotonic() + max_seconds
         while sent < max_bytes and time.monotonic() < deadline:

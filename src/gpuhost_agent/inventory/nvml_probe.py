@@ -60,7 +60,7 @@ class FieldReader:
     def __init__(self) -> None:
         self.unsupported: dict[str, str] = {}
 
-    def read(self, name: str, fn: Callable, *args) -> Any:
+    def read(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
         try:
             return fn(*args)
         except pynvml.NVMLError as exc:
@@ -184,7 +184,7 @@ class NvmlProbe:
         }
 
     @staticmethod
-    def _nvlinks_up(handle, fields: FieldReader) -> int | None:
+    def _nvlinks_up(handle: Any, fields: FieldReader) -> int | None:
         """Active NVLink links; None when the GPU has no NVLink support at all."""
         up = 0
         for link in range(NVLINK_MAX_LINKS):

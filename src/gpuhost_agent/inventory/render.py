@@ -6,13 +6,13 @@ from __future__ import annotations
 GIB = 1024**3
 
 
-def _show(value, unit: str = "") -> str:
+def _show(value: object, unit: str = "") -> str:
     if value is None or value == "":
         return "unknown"
     return f"{value}{(' ' + unit) if unit else ''}"
 
 
-def _gib(value) -> str:
+def _gib(value: float | None) -> str:
     return "unknown" if value is None else f"{value / GIB:.1f} GiB"
 
 

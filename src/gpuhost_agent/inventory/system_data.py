@@ -14,6 +14,7 @@ import json
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpuhost_agent import __version__
 from gpuhost_agent.inventory import compliance, listing
@@ -63,7 +64,7 @@ class Prober:
 def build_report(data: dict, requirements: compliance.Requirements, clock_skew_seconds: float | None) -> dict:
     checks = compliance.evaluate(data, requirements, clock_skew_seconds)
     ok, reason = compliance.summary(checks)
-    report = {
+    report: dict[str, Any] = {
         "systemData": data,
         "listing": listing.listing_fields(data, data.get("networkSpeed"), data.get("location")),
         "compliance": {

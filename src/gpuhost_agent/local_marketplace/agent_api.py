@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 
 from gpuhost_agent.local_marketplace.http_errors import json_body, json_error
@@ -85,7 +87,7 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
     ]
 
 
-def _status_problem(body) -> str | None:
+def _status_problem(body: Any) -> str | None:
     """What is wrong with a status report, if anything. Every field is checked:
     whatever passes is shown to renters as it is."""
     if not isinstance(body, dict):
@@ -108,7 +110,7 @@ def _status_problem(body) -> str | None:
     return None
 
 
-def _containers_problem(body) -> str | None:
+def _containers_problem(body: Any) -> str | None:
     if not isinstance(body, dict) or not isinstance(body.get("containers"), list):
         return "body must be an object with a containers array"
     if not wire.is_iso(body.get("observedAt")):

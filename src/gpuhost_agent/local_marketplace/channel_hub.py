@@ -114,13 +114,15 @@ class ChannelHub:
             return
         if not isinstance(message, dict) or message.get("type") != "refused":
             return
-        stream = self.pending.pop(message.get("streamId"), None) if isinstance(message.get("streamId"), str) else None
+        stream_id = message.get("streamId")
+        stream = self.pending.pop(stream_id, None) if isinstance(stream_id, str) else None
         if stream is None or stream.opened.done():
             return
         status = message.get("status")
         if not isinstance(status, int) or isinstance(status, bool) or status not in REFUSAL_STATUSES:
             status = 502
-        error = message.get("error") if isinstance(message.get("error"), str) else "no reason given"
+        given = message.get("error")
+        error = given if isinstance(given, str) else "no reason given"
         stream.opened.set_exception(StreamRefused(status, f"the agent refused: {error[:1000]}"))
 
     async def _send(self, message: dict) -> bool:

@@ -9,6 +9,8 @@ agent's free-form inventory (env key holders only), bounded by the body size.
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 
 from gpuhost_agent.local_marketplace.http_errors import json_body, json_error
@@ -29,11 +31,11 @@ LISTING_STRINGS = ("gpuName", "gpuInterconnect", "gpuCUDA", "location")
 INIT_STATES = ("starting", "ready", "failed")
 
 
-def _number(value) -> bool:
+def _number(value: object) -> bool:
     return wire.is_number(value) and value >= 0
 
 
-def system_data_problem(body) -> str | None:
+def system_data_problem(body: Any) -> str | None:
     if not isinstance(body, dict) or not isinstance(body.get("systemData"), dict):
         return "body must be an object with a systemData object"
     if not isinstance(body.get("fingerprint"), str) or not wire.is_iso(body.get("reportedAt")):
@@ -71,7 +73,7 @@ def system_data_problem(body) -> str | None:
     return None
 
 
-def init_state_problem(body) -> str | None:
+def init_state_problem(body: Any) -> str | None:
     if not isinstance(body, dict) or body.get("state") not in INIT_STATES:
         return f"body must be an object with state one of {', '.join(INIT_STATES)}"
     if not isinstance(body.get("phases"), list) or not wire.is_iso(body.get("updatedAt")):
@@ -81,7 +83,7 @@ def init_state_problem(body) -> str | None:
     return None
 
 
-def heartbeat_problem(body) -> str | None:
+def heartbeat_problem(body: Any) -> str | None:
     if not isinstance(body, dict) or not wire.is_iso(body.get("sentAt")):
         return "body must be an object with sentAt (date-time)"
     host, gpus = body.get("host"), body.get("gpus")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from aiohttp import web
 
@@ -13,11 +14,11 @@ class BadRequest(Exception):
     pass
 
 
-def json_error(status: int, message: str, **extra) -> web.Response:
+def json_error(status: int, message: str, **extra: Any) -> web.Response:
     return web.json_response({"status": status, "message": message, **extra}, status=status)
 
 
-async def json_body(request: web.Request):
+async def json_body(request: web.Request) -> Any:
     if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
         raise BadRequest(f"body larger than {MAX_BODY_BYTES} bytes")
     raw = await request.read()
@@ -31,6 +32,6 @@ async def json_body(request: web.Request):
         raise BadRequest("body is nested too deeply") from None
 
 
-def _no_constant(name: str):
+def _no_constant(name: str) -> Any:
     """NaN and Infinity are not JSON; taken, they would be served on as invalid JSON."""
     raise ValueError(f"{name} is not a JSON number")

@@ -13,6 +13,7 @@ import asyncio
 import json
 import re
 import struct
+from collections.abc import Mapping
 
 from aiohttp import WSMsgType, web
 
@@ -40,7 +41,7 @@ def notice(text: str) -> bytes:
     return frame(AGENT_STREAM, f"gpuhost: {text}".encode())
 
 
-def logs_request(query) -> dict:
+def logs_request(query: Mapping[str, str]) -> dict:
     """The channel message's options from the query; BadRequest (400) names the bad one.
     tail: whole number or "all"; since: Unix seconds or an ISO 8601 date-time;
     timestamps, follow: true/false/1/0."""
@@ -120,6 +121,8 @@ async def _relay(request: web.Request, response: web.StreamResponse, stream: Str
     marketplace ends the stream. Returns the last frame to write (the reason the
     stream ended, b"" for none), or None when the renter is gone."""
     agent = stream.agent_ws
+    if agent is None:
+        raise RuntimeError("relay before the agent's stream socket opened")
 
     async def pump() -> bytes:
         while True:

@@ -12,6 +12,7 @@ import hmac
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.local_marketplace import (
@@ -50,7 +51,7 @@ def _is_public(request: web.Request) -> bool:
 
 def build_app(state: MarketplaceState) -> web.Application:
     @web.middleware
-    async def auth_and_errors(request: web.Request, handler):
+    async def auth_and_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         agent_path = request.path.startswith("/v1/agent/")
         expected = state.store.envApiKey if agent_path else state.store.renterApiKey
         if not _is_public(request) and not _key_matches(request.headers.get(wire.API_KEY_HEADER), expected):

@@ -12,7 +12,7 @@ import json
 import secrets
 import uuid
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from gpuhost_agent.common.json_files import write_json_atomically
@@ -123,7 +123,7 @@ class Store:
             self.jobs[job.jobId] = job
         return rental
 
-    def expire_rentals(self, now=None) -> list[str]:
+    def expire_rentals(self, now: datetime | None = None) -> list[str]:
         """End the ACTIVE rentals whose endDate has passed, as a real
         marketplace's billing would; returns their ids."""
         now = now or wire.utcnow()

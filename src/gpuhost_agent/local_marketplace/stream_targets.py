@@ -9,6 +9,8 @@ against its labels (docs/streams.md, section 2), whatever the marketplace believ
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
+from typing import Any
 
 from aiohttp import web
 
@@ -48,7 +50,7 @@ async def renter_gone(request: web.Request) -> None:
         await asyncio.sleep(DISCONNECT_POLL_SECONDS)
 
 
-async def first_done(*awaitables) -> asyncio.Task:
+async def first_done(*awaitables: Awaitable[Any]) -> asyncio.Task:
     """Run the awaitables as tasks; return the first to finish, the others cancelled."""
     tasks = [asyncio.ensure_future(item) for item in awaitables]
     try:

@@ -116,6 +116,8 @@ def end_message(text: str) -> dict | None:
 async def _relay(renter: web.WebSocketResponse, stream: Stream) -> dict | None:
     """Relay until one side ends; the `end` to tell the renter, None when the renter is gone."""
     agent = stream.agent_ws
+    if agent is None:
+        raise RuntimeError("relay before the agent's stream socket opened")
 
     async def keystrokes() -> None:  # renter -> agent
         async for message in renter:

@@ -15,6 +15,7 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpuhost_agent.common.logs import SECRETS
 from gpuhost_agent.local_marketplace.http_errors import BadRequest
@@ -46,11 +47,11 @@ class Ticket:
     expires_at: str = field(default="")
 
 
-def is_dimension(value) -> bool:
+def is_dimension(value: object) -> bool:
     return wire.is_whole(value) and 1 <= value <= MAX_DIMENSION
 
 
-def terminal_options(body) -> dict:
+def terminal_options(body: Any) -> dict:
     """command, cols and rows from the optional body, defaults filled in; BadRequest (400) says what is wrong."""
     if body is None:
         body = {}

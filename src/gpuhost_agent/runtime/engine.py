@@ -11,6 +11,7 @@ import asyncio
 import os
 import re
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
@@ -50,8 +51,8 @@ class DockerEngine:
                 raise EngineError(f"Docker Engine unreachable at {where} (is dockerd running?): {exc}") from exc
         return self._client.api
 
-    async def _call(self, fn, *args, **kwargs) -> Any:
-        def run():
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        def run() -> Any:
             try:
                 return fn(self._api(), *args, **kwargs)
             except docker.errors.DockerException as exc:
@@ -65,7 +66,7 @@ class DockerEngine:
         except asyncio.TimeoutError:
             raise EngineError(f"Docker Engine did not answer within {self._timeout + 5:.0f}s") from None
 
-    def follow_daemon_events(self, on_break) -> None:
+    def follow_daemon_events(self, on_break: Callable[[], object]) -> None:
         """Block on the engine's event stream (daemon events only: rare) until
         it breaks, then call on_break. The stream ends when dockerd stops, so
         a restart is seen even when it is quicker than a ping period. Runs in
@@ -143,7 +144,7 @@ class DockerEngine:
     async def info(self) -> dict:
         """`docker info` and `docker version` together: what the host probe needs."""
 
-        def both(api):
+        def both(api: Any) -> dict:
             return {**api.info(), "Version": api.version()}
 
         return await self._call(both)
@@ -153,7 +154,7 @@ class DockerEngine:
         renter's `--gpus all` would. None when it ran and exited 0, else why not.
         The image must already be on the host: this check never pulls."""
 
-        def run(api):
+        def run(api: Any) -> str | None:
             api.inspect_image(image)
             container = api.create_container(
                 image,
@@ -189,7 +190,9 @@ class DockerEngine:
         """The `State` object of Docker's inspect (ExitCode, OOMKilled, FinishedAt...)."""
         return (await self._call(lambda api: api.inspect_container(container_id))).get("State") or {}
 
-    def watch_container_events(self, env_id: str, on_event, on_break) -> Any:
+    def watch_container_events(
+        self, env_id: str, on_event: Callable[[dict], object], on_break: Callable[[], object]
+    ) -> Any:
         """Follow the engine's container events for this environment's
         containers on a daemon thread of its own (docker-py blocks): on_event
         for each event, on_break once when the stream ends by itself (the

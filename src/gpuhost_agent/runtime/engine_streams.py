@@ -212,13 +212,14 @@ class EngineStreams:
         writer = None
         try:
             if endpoint.unix_path:
-                reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(endpoint.unix_path), self._timeout)
+                reader, opened = await asyncio.wait_for(asyncio.open_unix_connection(endpoint.unix_path), self._timeout)
             else:
-                reader, writer = await asyncio.wait_for(
+                reader, opened = await asyncio.wait_for(
                     asyncio.open_connection(endpoint.host, endpoint.port), self._timeout
                 )
+            writer = opened  # closed below unless handed to the caller
             body = json.dumps({"Detach": False, "Tty": True}).encode()
-            writer.write(
+            opened.write(
                 f"POST {path} HTTP/1.1\r\nHost: docker\r\nContent-Type: application/json\r\n"
                 f"Connection: Upgrade\r\nUpgrade: tcp\r\nContent-Length: {len(body)}\r\n\r\n".encode()
                 + body
@@ -227,7 +228,7 @@ class EngineStreams:
             status_line = head.split(b"\r\n", 1)[0].decode("latin-1")
             status = int(status_line.split(" ", 2)[1])
             if status in (101, 200):
-                return reader, writer
+                return reader, opened
             length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
             detail = await asyncio.wait_for(reader.read(min(int(length.group(1)), 4096) if length else 4096), 5)
             message = _message(detail) or status_line

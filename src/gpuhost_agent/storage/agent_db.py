@@ -58,19 +58,19 @@ class AgentDB:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         existed = path.exists()
         try:
-            self._conn = self._open()
+            self._conn = self._open(path)
         except sqlite3.DatabaseError as exc:
-            self._move_aside(str(exc))
-            self._conn = self._open()
+            self._move_aside(path, str(exc))
+            self._conn = self._open(path)
         if not existed and self.rebuilt_because is None:
             self.rebuilt_because = "no state file yet"
         self.interrupted = self._mark_interrupted()
 
-    def _open(self) -> sqlite3.Connection:
-        os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))  # never readable by others, not even briefly
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+    def _open(self, path: Path) -> sqlite3.Connection:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))  # never readable by others, not even briefly
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         try:
-            self.path.chmod(0o600)
+            path.chmod(0o600)
             problem = conn.execute("PRAGMA quick_check").fetchone()[0]
             if problem != "ok":
                 raise sqlite3.DatabaseError(f"integrity check: {problem}")
@@ -82,16 +82,16 @@ class AgentDB:
             raise
         return conn
 
-    def _move_aside(self, why: str) -> None:
+    def _move_aside(self, path: Path, why: str) -> None:
         stamp = time.strftime("%Y%m%dT%H%M%S") + f"-{time.time_ns() % 1_000_000_000:09d}"
         for suffix in ("", "-wal", "-shm"):
-            part = Path(f"{self.path}{suffix}")
+            part = Path(f"{path}{suffix}")
             if part.exists():
-                part.rename(f"{self.path}.corrupt-{stamp}{suffix}")
-        self.rebuilt_because = f"state file was unreadable ({why}); kept as {self.path.name}.corrupt-{stamp}"
+                part.rename(f"{path}.corrupt-{stamp}{suffix}")
+        self.rebuilt_because = f"state file was unreadable ({why}); kept as {path.name}.corrupt-{stamp}"
         log.warning(
             "state_file_rebuilt",
-            path=str(self.path),
+            path=str(path),
             error=why,
             hint="rebuilding from Docker's labels and the marketplace",
         )
@@ -102,7 +102,7 @@ class AgentDB:
     def _write(self, sql: str, *args: Any) -> None:
         self._conn.execute(sql, args)
 
-    def _rows(self, sql: str, *args: Any) -> list[sqlite3.Row]:
+    def _rows(self, sql: str, *args: Any) -> list[dict[str, Any]]:
         cursor = self._conn.execute(sql, args)
         names = [column[0] for column in cursor.description]
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
@@ -232,6 +232,6 @@ class AgentDB:
         self._write("INSERT INTO meta VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value", key, value)
 
     def _next(self, counter: str) -> int:
-        value = int(self.meta(counter, "0")) + 1
+        value = int(self.meta(counter) or "0") + 1
         self.set_meta(counter, str(value))
         return value

@@ -76,7 +76,7 @@ class StreamChannel:
         self._stall = log_stall_seconds
         self._backoff = (backoff_first, backoff_ceiling)
         self._streams: dict[str, _Stream] = {}
-        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._ws: aiohttp.ClientWebSocketResponse[bool] | None = None
         self._http: aiohttp.ClientSession | None = None
         self._closing = asyncio.Event()
         self._sending: set[asyncio.Task] = set()  # refusals on their way
@@ -198,7 +198,9 @@ class StreamChannel:
                 return self._refuse(Refusal(request.stream_id, 404, NOT_IN_STACK))
             except EngineError as exc:
                 return self._refuse(Refusal(request.stream_id, 503, f"Docker Engine: {exc}"[:500]))
-            refusal = check_access((info.get("Config") or {}).get("Labels"), self._agent_session.env_id, request)
+            # no environment yet: no container is this agent's ("" matches no label)
+            env_id = self._agent_session.env_id or ""
+            refusal = check_access((info.get("Config") or {}).get("Labels"), env_id, request)
             if refusal is not None:
                 return self._refuse(refusal)
             ws = await self._session().ws_connect(
@@ -264,7 +266,7 @@ class StreamChannel:
         return f"{self._client.base_url}{path}"
 
 
-async def _send_quietly(ws: aiohttp.ClientWebSocketResponse, message: dict) -> None:
+async def _send_quietly(ws: aiohttp.ClientWebSocketResponse[bool], message: dict) -> None:
     try:
         await ws.send_str(json.dumps(message))
     except (ConnectionError, aiohttp.ClientError, RuntimeError):

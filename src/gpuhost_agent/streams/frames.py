@@ -120,8 +120,11 @@ class _Parser:
 
     def _stale(self, stamp: bytes) -> bool:
         """Whether a line was already handed out; ends the skip at the first new one."""
+        skip_through = self._skip_through
+        if skip_through is None:
+            return False
         try:
-            if timestamp_key(stamp) <= self._skip_through:
+            if timestamp_key(stamp) <= skip_through:
                 return True
         except ValueError:
             pass

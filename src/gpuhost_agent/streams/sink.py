@@ -36,7 +36,7 @@ _ENDED = (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.
 
 
 class WebSocketSink:
-    def __init__(self, ws: aiohttp.ClientWebSocketResponse):
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse[bool]):
         self._ws = ws
 
     async def send_bytes(self, data: bytes) -> None:

@@ -113,6 +113,8 @@ class Terminal:
                     await self._resize(*size)
 
     async def _resize(self, cols: int, rows: int) -> None:
+        if self.exec_id is None:
+            return  # not started yet
         try:
             await self._engine.exec_resize(self.exec_id, rows=rows, cols=cols)
         except EngineError as exc:  # the exec may have ended meanwhile
@@ -120,6 +122,8 @@ class Terminal:
 
     async def _hang_up(self) -> None:
         """The session ended with its command still running: end the command."""
+        if self.exec_id is None:
+            return  # never started: nothing to hang up
         try:
             state = await self._engine.exec_inspect(self.exec_id)
             if state.get("Running"):
@@ -129,11 +133,14 @@ class Terminal:
             pass  # the container is gone, or the engine: nothing left to hang up
 
     async def _exit_code(self) -> int | None:
+        if self.exec_id is None:
+            return None
+        exec_id = self.exec_id
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._exit_code_wait
         while True:
             try:
-                state = await self._engine.exec_inspect(self.exec_id)
+                state = await self._engine.exec_inspect(exec_id)
             except EngineError:
                 return None
             if not state.get("Running") or loop.time() > deadline:
