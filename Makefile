@@ -1,4 +1,4 @@
-.PHONY: setup run test test-fast bench clean-test-docker
+.PHONY: setup run check test test-fast bench clean-test-docker
 
 # Label the agent puts on every container/network/volume it creates.
 MANAGED_LABEL := io.gpuhost.managed=true
@@ -10,8 +10,17 @@ setup:
 run: setup
 	.venv/bin/gpuhost-agent run $(ARGS)
 
-# Everything, unit and integration tests against the real engine (what CI runs).
-test: setup
+# The tools that keep the code's shape: style and format (ruff), types (mypy on
+# src/), and the layers' import contracts (import-linter, pyproject.toml).
+check:
+	@test -x .venv/bin/python || { echo "check: no .venv yet; run 'make setup' once" >&2; exit 2; }
+	.venv/bin/ruff check src tests bench
+	.venv/bin/ruff format --check src tests bench
+	.venv/bin/mypy
+	.venv/bin/lint-imports
+
+# Everything: the checks, then unit and integration tests against the real engine (what CI runs).
+test: setup check
 	.venv/bin/python -m pytest -q tests $(PYTEST_ARGS)
 
 # tests/unit alone: no Docker Engine, under a minute. Needs .venv: `make setup` once
