@@ -26,7 +26,7 @@ from gpuhost_agent.common import logs
 from gpuhost_agent.core.reconcile_plan import Action
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.service import metrics, status_cli, status_server
-from gpuhost_agent.service.wiring import build_agent
+from gpuhost_agent.service.wiring import build_agent, start_status_server
 
 
 def parse_prometheus(text: str) -> tuple[dict[str, str], list[tuple[str, dict, float]]]:
@@ -161,7 +161,7 @@ async def _get(path: Path, url: str = "/status"):
 async def test_status_over_the_socket(parts, short_dir):
     _seed(parts)
     sock = short_dir / "run" / "agent.sock"
-    server = await status_server.start(parts, sock, local_marketplace=False)
+    server = await start_status_server(parts, sock, local_marketplace=False)
     try:
         assert stat.S_ISSOCK((await asyncio.to_thread(sock.lstat)).st_mode)
         assert stat.S_IMODE((await asyncio.to_thread(sock.lstat)).st_mode) == 0o600
@@ -206,7 +206,7 @@ async def test_metrics_over_the_socket(parts, short_dir):
     parts.dispatcher.deploy_durations.labels(outcome="succeeded").observe(42.0)
     parts.session.reconnects = 1
     sock = short_dir / "agent.sock"
-    server = await status_server.start(parts, sock, metrics_enabled=True, metrics_listen=("127.0.0.1", 0))
+    server = await start_status_server(parts, sock, metrics_enabled=True, metrics_listen=("127.0.0.1", 0))
     try:
         code, body = await _get(sock, "/metrics")
         assert code == 200
@@ -241,16 +241,16 @@ async def test_stale_socket_is_replaced_live_one_and_files_are_not(parts, short_
     stale = socket.socket(socket.AF_UNIX)
     stale.bind(str(sock))
     stale.close()  # a socket file nobody listens on: what a killed agent leaves
-    server = await status_server.start(parts, sock)
+    server = await start_status_server(parts, sock)
     try:
         assert (await asyncio.to_thread(status_cli.fetch_status, sock))["running"] is True
         with pytest.raises(status_server.StatusSocketError, match="already running"):
-            await status_server.start(parts, sock)
+            await start_status_server(parts, sock)
     finally:
         await server.stop()
     await asyncio.to_thread(sock.write_text, "not a socket")
     with pytest.raises(status_server.StatusSocketError, match="not a socket"):
-        await status_server.start(parts, sock)
+        await start_status_server(parts, sock)
     assert await asyncio.to_thread(sock.read_text) == "not a socket"
 
 
@@ -292,7 +292,7 @@ async def test_other_users_cannot_open_the_socket(parts, short_dir):
         pytest.skip("no user nobody")
     short_dir.chmod(0o755)  # let nobody reach the socket's own directory: the socket's 0600 must hold alone
     sock = short_dir / "agent.sock"
-    server = await status_server.start(parts, sock)
+    server = await start_status_server(parts, sock)
     try:
         code = f"import sys; from gpuhost_agent.service import status_cli; sys.exit(status_cli.run({str(sock)!r}))"
         src = str(Path(status_cli.__file__).parents[2])

@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.local_marketplace import server as local_server
-from gpuhost_agent.service import sd_notify, status_server
+from gpuhost_agent.service import sd_notify
 from gpuhost_agent.service.config import AgentConfig
-from gpuhost_agent.service.wiring import AgentParts, build_agent, start_local_marketplace
+from gpuhost_agent.service.wiring import AgentParts, build_agent, start_local_marketplace, start_status_server
 
 log = get_logger(__name__)
 SHUTDOWN_FLUSH = 3.0
@@ -46,7 +46,7 @@ async def serve(config: AgentConfig, stop: asyncio.Event) -> None:
     else:
         base_url, api_key = str(config.marketplace_url), str(config.api_key)
     parts = build_agent(config, base_url, api_key)
-    status = await status_server.start(
+    status = await start_status_server(
         parts,
         config.socket_path,
         metrics_enabled=config.metrics,

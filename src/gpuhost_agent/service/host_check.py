@@ -12,13 +12,11 @@ import asyncio
 import json
 
 from gpuhost_agent.inventory import render
-from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 from gpuhost_agent.inventory.system_data import build_report
 from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.runtime.compose import ComposeNotFound, find_compose_command
-from gpuhost_agent.runtime.engine import DockerEngine
 from gpuhost_agent.service.config import AgentConfig
-from gpuhost_agent.service.wiring import build_prober
+from gpuhost_agent.service.wiring import build_probe
 
 
 async def _report(config: AgentConfig) -> dict:
@@ -26,13 +24,11 @@ async def _report(config: AgentConfig) -> dict:
         compose = await asyncio.to_thread(find_compose_command, config.compose_command)
     except ComposeNotFound:
         compose = None
-    engine, nvml = DockerEngine(timeout=10), NvmlProbe(config.nvml_library)
-    prober = build_prober(config, engine, nvml, compose)
+    probe = build_probe(config, compose)
     try:
-        data = await prober.system_data()
+        data = await probe.prober.system_data()
     finally:
-        engine.close()
-        nvml.close()
+        probe.close()
     return build_report(data, Requirements(), None)
 
 

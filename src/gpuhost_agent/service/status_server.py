@@ -253,21 +253,3 @@ class StatusServer:
         with contextlib.suppress(FileNotFoundError):
             if stat.S_ISSOCK(self.socket_path.lstat().st_mode):
                 self.socket_path.unlink()
-
-
-async def start(
-    parts: AgentParts,
-    socket_path: Path,
-    *,
-    metrics_enabled: bool = False,
-    metrics_listen: tuple[str, int] | None = None,
-    local_marketplace: bool = False,
-    started_at: float | None = None,
-) -> StatusServer:
-    """Start the endpoint for a built agent; `await server.stop()` at shutdown."""
-    source = StatusSource(
-        parts, started_at=started_at, metrics_enabled=metrics_enabled, local_marketplace=local_marketplace
-    )
-    server = StatusServer(source, socket_path, metrics_listen)
-    await server.start()
-    return server

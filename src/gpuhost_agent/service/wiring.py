@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 from gpuhost_agent.common.logs import SECRETS, get_logger
 from gpuhost_agent.core.agent import Agent
@@ -36,6 +37,7 @@ from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.runtime.engine_watch import EngineWatch
 from gpuhost_agent.service import metrics
 from gpuhost_agent.service.config import AgentConfig
+from gpuhost_agent.service.status_server import StatusServer, StatusSource
 from gpuhost_agent.storage.agent_db import DB_FILE, AgentDB
 from gpuhost_agent.streams.channel import StreamChannel
 from gpuhost_agent.uplink.client import MarketplaceClient
@@ -62,6 +64,24 @@ class AgentParts:
     reconciler: Reconciler
     engine_watch: EngineWatch
     streams: StreamChannel
+
+
+@dataclass
+class ProbeParts:
+    """What `gpuhost-agent probe` and `doctor` run: the daemon's own probe."""
+
+    engine: DockerEngine
+    nvml: NvmlProbe
+    prober: Prober
+
+    def close(self) -> None:
+        self.engine.close()
+        self.nvml.close()
+
+
+def build_probe(config: AgentConfig, compose_command: list[str] | None) -> ProbeParts:
+    engine, nvml = DockerEngine(timeout=10), NvmlProbe(config.nvml_library)
+    return ProbeParts(engine, nvml, build_prober(config, engine, nvml, compose_command))
 
 
 def build_prober(
@@ -162,3 +182,21 @@ async def start_local_marketplace(config: AgentConfig) -> local_server.RunningMa
     SECRETS.add(store.envApiKey, store.renterApiKey)
     host, port = config.local_listen
     return await local_server.start(MarketplaceState(store), host, port)
+
+
+async def start_status_server(
+    parts: AgentParts,
+    socket_path: Path,
+    *,
+    metrics_enabled: bool = False,
+    metrics_listen: tuple[str, int] | None = None,
+    local_marketplace: bool = False,
+    started_at: float | None = None,
+) -> StatusServer:
+    """The status socket (and /metrics) of a built agent; `await server.stop()` at shutdown."""
+    source = StatusSource(
+        parts, started_at=started_at, metrics_enabled=metrics_enabled, local_marketplace=local_marketplace
+    )
+    server = StatusServer(source, socket_path, metrics_listen)
+    await server.start()
+    return server
