@@ -24,6 +24,7 @@ from gpuhost_agent.local_marketplace import (
     script_api,
     speedtest_api,
     terminal_api,
+    users_api,
 )
 from gpuhost_agent.local_marketplace.http_errors import BadRequest, json_error
 from gpuhost_agent.local_marketplace.state import MarketplaceState
@@ -79,6 +80,7 @@ def build_app(state: MarketplaceState) -> web.Application:
     app.add_routes(host_api.routes(state))
     app.add_routes(speedtest_api.routes())
     app.add_routes(script_api.routes(state))
+    app.add_routes(users_api.routes(state))
     return app
 
 

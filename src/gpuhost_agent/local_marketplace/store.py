@@ -60,6 +60,7 @@ class Store:
     containers: dict = field(default_factory=dict)
     jobs: dict = field(default_factory=dict)
     host: dict = field(default_factory=dict)  # the agent's latest systemData report and initState
+    sshKeys: list = field(default_factory=list)  # the user's SSH keys (local_marketplace/ssh_keys.py)
     path: Path | None = field(default=None, repr=False, compare=False)
 
     # ---- persistence -------------------------------------------------------

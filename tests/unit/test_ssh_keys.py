@@ -1,0 +1,103 @@
+"""The user's SSH keys on the local marketplace: keys made by OpenSSH's own
+ssh-keygen, as a renter makes them, registered, listed on the user, refused
+with a reason when they are not public keys, and deleted; over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from pathlib import Path
+
+import pytest
+from support.openapi_check import answer, check_named
+
+from gpuhost_agent.local_marketplace.store import Store
+
+
+def _keygen(directory: Path, kind: str, comment: str) -> tuple[str, str]:
+    """(public key line, private key text) from ssh-keygen."""
+    path = directory / f"id_{kind}_{comment}"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", comment, "-f", str(path)],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return path.with_suffix(".pub").read_text().strip(), path.read_text()
+
+
+@pytest.fixture
+async def keys(tmp_path: Path) -> dict[str, tuple[str, str]]:
+    made = {}
+    for kind, comment in (("ed25519", "me@laptop"), ("rsa", "ci"), ("ecdsa", "spare")):
+        made[kind] = await asyncio.to_thread(_keygen, tmp_path, kind, comment)
+    return made
+
+
+async def test_keys_from_ssh_keygen_are_registered_listed_and_deleted(market, keys, local_doc) -> None:
+    ed25519, rsa = keys["ed25519"][0], keys["rsa"][0]
+    async with market.http.post(
+        market.base_url + "/users/ssh-key",
+        json={"publicKey": ed25519},
+        headers={"X-API-Key": market.store.renterApiKey},
+    ) as response:
+        assert response.status == 200
+        first = await answer(local_doc, response, "/users/ssh-key", "post")
+    assert first["name"] == "me@laptop"  # the key's comment
+    assert first["publicKey"].split()[:2] == ed25519.split()[:2]
+    status, second = await market.call("POST", "/users/ssh-key", {"publicKey": rsa, "name": "work"})
+    assert status == 200 and second["name"] == "work" and second["publicKey"].endswith(" work")
+
+    status, me = await market.call("GET", "/users/me")
+    assert status == 200
+    check_named(local_doc, me, "User")
+    assert [key["name"] for key in me["sshKeys"]] == ["me@laptop", "work"]
+
+    status, _ = await market.call("DELETE", "/users/ssh-key/me@laptop")
+    assert status == 204
+    status, body = await market.call("DELETE", "/users/ssh-key/me@laptop")
+    assert status == 404 and "me@laptop" in body["message"]
+    status, me = await market.call("GET", "/users/me")
+    assert [key["name"] for key in me["sshKeys"]] == ["work"]
+
+
+async def test_what_is_not_a_public_key_is_refused_with_why(market, keys) -> None:
+    public, private = keys["ed25519"]
+    kind, blob, _comment = public.split()
+    cases = {
+        "a private key": ({"publicKey": private}, "private key"),
+        "garbage": ({"publicKey": "not a key at all"}, "not a usable SSH public key"),
+        "a cut-off key": ({"publicKey": f"{kind} {blob[:30]}"}, "not a usable SSH public key"),
+        "a type that does not match the blob": ({"publicKey": f"ssh-rsa {blob}"}, "not a usable SSH public key"),
+        "two keys": ({"publicKey": public + "\n" + keys["rsa"][0]}, "one line"),
+        "no key": ({"name": "x"}, "publicKey must be"),
+        "a name that is not a string": ({"publicKey": public, "name": 7}, "name must be"),
+        "an empty name": ({"publicKey": public, "name": "  "}, "name must be"),
+        "not an object": (["ssh-ed25519"], "JSON object"),
+    }
+    for case, (body, reason) in cases.items():
+        status, answered = await market.call("POST", "/users/ssh-key", body)
+        assert status == 400, case
+        assert reason in answered["message"], (case, answered)
+    status, me = await market.call("GET", "/users/me")
+    assert me["sshKeys"] == []
+
+
+async def test_the_same_key_or_name_twice_is_a_conflict(market, keys) -> None:
+    public = keys["ed25519"][0]
+    kind, blob, _comment = public.split()
+    status, _ = await market.call("POST", "/users/ssh-key", {"publicKey": public})
+    assert status == 200
+    status, body = await market.call("POST", "/users/ssh-key", {"publicKey": f"{kind} {blob} other-comment"})
+    assert status == 409 and "registered already" in body["message"]
+    status, body = await market.call("POST", "/users/ssh-key", {"publicKey": keys["rsa"][0], "name": "me@laptop"})
+    assert status == 409 and "named" in body["message"]
+
+
+async def test_keys_need_the_renter_key_and_survive_a_restart(market, keys, tmp_path) -> None:
+    status, _ = await market.call("POST", "/users/ssh-key", {"publicKey": keys["ecdsa"][0]}, key="wrong")
+    assert status == 401
+    status, _ = await market.call("POST", "/users/ssh-key", {"publicKey": keys["ecdsa"][0]})
+    assert status == 200
+    reloaded = await asyncio.to_thread(Store.load_or_create, tmp_path / "m.json")
+    assert [key["name"] for key in reloaded.sshKeys] == ["spare"]
