@@ -88,16 +88,32 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
     async def list_stacks(request: web.Request) -> web.Response:
         rental_id = request.match_info["rentalId"]
         store.rental(rental_id)
-        return web.json_response([shapes.stack(s) for s in store.stacks.values() if s["rentalId"] == rental_id])
+        return web.json_response(
+            [
+                shapes.stack(s, state.tunnels.for_stack(s["stackId"]))
+                for s in store.stacks.values()
+                if s["rentalId"] == rental_id
+            ]
+        )
 
     async def delete_stack(request: web.Request) -> web.Response:
         stack = store.remove_stack(request.match_info["rentalId"], request.match_info["stackId"])
         state.changed(jobs=True)
-        return web.json_response(shapes.stack(stack))
+        return web.json_response(shapes.stack(stack, state.tunnels.for_stack(stack["stackId"])))
 
     async def list_containers(request: web.Request) -> web.Response:
         stack = store.stack(request.match_info["rentalId"], request.match_info["stackId"])
         return web.json_response(store.containers.get(stack["stackId"], {}).get("containers", []))
+
+    async def container_tunnels(request: web.Request) -> web.Response:
+        """The seed's "Get container tunnel information"."""
+        stack = store.stack(request.match_info["rentalId"], request.match_info["stackId"])
+        container_id = request.match_info["containerId"]
+        containers = store.containers.get(stack["stackId"], {}).get("containers", [])
+        if not any(container_id in (c.get("Id"), c.get("Id", "")[:12], c.get("Name")) for c in containers):
+            return json_error(404, f"container {container_id} not found in stack {stack['stackId']}")
+        full = next(c["Id"] for c in containers if container_id in (c.get("Id"), c.get("Id", "")[:12], c.get("Name")))
+        return web.json_response(state.tunnels.for_container(stack["stackId"], full))
 
     return [
         web.get("/v1/environments", list_environments),
@@ -112,4 +128,5 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
         web.get("/v1/rentals/{rentalId}/stacks", list_stacks),
         web.delete("/v1/rentals/{rentalId}/stacks/{stackId}", delete_stack),
         web.get("/v1/rentals/{rentalId}/stacks/{stackId}/containers", list_containers),
+        web.get("/v1/rentals/{rentalId}/stacks/{stackId}/containers/{containerId}/tunnels", container_tunnels),
     ]

@@ -91,11 +91,13 @@ class RunningMarketplace:
     state: MarketplaceState
 
     expiry: asyncio.Task | None = None
+    tunnels: asyncio.Task | None = None
 
     async def stop(self) -> None:
-        if self.expiry is not None:
-            self.expiry.cancel()
-            await asyncio.gather(self.expiry, return_exceptions=True)
+        for task in (self.expiry, self.tunnels):
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*(t for t in (self.expiry, self.tunnels) if t is not None), return_exceptions=True)
         await self.state.streams.shutdown()  # open WebSockets would hold the shutdown for its whole timeout
         await self.runner.cleanup()
 
@@ -112,4 +114,5 @@ async def start(state: MarketplaceState, host: str = "127.0.0.1", port: int = 87
     base_url = f"http://{url_host}:{bound_port}/v1"
     log.info("local_marketplace_listening", base_url=base_url, env_id=state.store.envId)
     expiry = asyncio.create_task(state.expire_rentals_forever(), name="rental-expiry")
-    return RunningMarketplace(runner, base_url, state, expiry)
+    tunnels = asyncio.create_task(state.tunnels.run(), name="tunnels")
+    return RunningMarketplace(runner, base_url, state, expiry, tunnels)

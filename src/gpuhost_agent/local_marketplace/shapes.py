@@ -102,5 +102,6 @@ def rental(store: Store, raw: dict) -> dict:
     return shaped
 
 
-def stack(raw: dict) -> dict:
-    return {key: value for key, value in raw.items() if key not in _INTERNAL_STACK_KEYS}
+def stack(raw: dict, tunnels: list[dict]) -> dict:
+    """The seed's Stack, with its tunnels as they are now (tunnels.py)."""
+    return {**{key: value for key, value in raw.items() if key not in _INTERNAL_STACK_KEYS}, "tunnels": tunnels}

@@ -13,6 +13,7 @@ from dataclasses import asdict
 from gpuhost_agent.local_marketplace.channel_hub import ChannelHub
 from gpuhost_agent.local_marketplace.store import Job, Store
 from gpuhost_agent.local_marketplace.terminal_tickets import TicketBook
+from gpuhost_agent.local_marketplace.tunnels import TunnelBook
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.protocol.intervals import DEFAULT_INTERVALS
 from gpuhost_agent.protocol.requirements import Requirements
@@ -33,6 +34,7 @@ class MarketplaceState:
         self._jobs_posted = asyncio.Event()
         self.streams = ChannelHub()  # the agent's channel and the live log and terminal streams
         self.terminals = TicketBook()
+        self.tunnels = TunnelBook(store, self.streams)  # the stacks' tunnels (tunnels.py)
 
     def changed(self, *, jobs: bool = False) -> None:
         """Persist, and if new jobs were queued wake every waiting long poll."""

@@ -28,12 +28,15 @@ from gpuhost_agent.streams.requests import (
     CancelRequest,
     LogsRequest,
     Refusal,
+    StreamRequest,
     TerminalRequest,
+    TunnelRequest,
     check_access,
     parse_request,
 )
 from gpuhost_agent.streams.sink import END_TIMEOUT, WebSocketSink
 from gpuhost_agent.streams.terminal import Terminal
+from gpuhost_agent.streams.tunnel import TunnelRelay, connect
 from gpuhost_agent.uplink.client import MarketplaceClient, retry_delay
 from gpuhost_agent.uplink.session import SessionState
 
@@ -49,9 +52,9 @@ STOP_WAIT = 10.0
 
 @dataclass(eq=False)
 class _Stream:
-    request: LogsRequest | TerminalRequest
+    request: StreamRequest
     task: asyncio.Task | None = None
-    runner: LogPump | Terminal | None = None  # None while pending (checking, connecting)
+    runner: LogPump | Terminal | TunnelRelay | None = None  # None while pending (checking, connecting)
     ended: str | None = None  # why it was ended from outside
 
 
@@ -145,7 +148,7 @@ class StreamChannel:
         """Open streams by kind, for status reports."""
         counts: dict[str, int] = {}
         for stream in self._streams.values():
-            kind = "logs" if isinstance(stream.request, LogsRequest) else "terminal"
+            kind = _kind(stream.request)
             counts[kind] = counts.get(kind, 0) + 1
         return counts
 
@@ -190,7 +193,7 @@ class StreamChannel:
 
     async def _serve(self, stream: _Stream) -> None:
         request = stream.request
-        kind = "logs" if isinstance(request, LogsRequest) else "terminal"
+        kind = _kind(request)
         try:
             try:
                 info = await self._engine.inspect(request.container_id)
@@ -203,6 +206,9 @@ class StreamChannel:
             refusal = check_access((info.get("Config") or {}).get("Labels"), env_id, request)
             if refusal is not None:
                 return self._refuse(refusal)
+            service = await connect(info, request) if isinstance(request, TunnelRequest) else None
+            if isinstance(service, Refusal):
+                return self._refuse(service)
             ws = await self._session().ws_connect(
                 self._url(f"/agent/streams/{request.stream_id}"),
                 headers=self._client.auth_headers(),
@@ -213,8 +219,11 @@ class StreamChannel:
             sink = WebSocketSink(ws)
             if isinstance(request, LogsRequest):
                 stream.runner = LogPump(self._engine, request, sink, info=info, stall_seconds=self._stall)
-            else:
+            elif isinstance(request, TerminalRequest):
                 stream.runner = Terminal(self._engine, request, sink, container_id=info.get("Id"))
+            else:
+                assert service is not None  # connected above, for a tunnel
+                stream.runner = TunnelRelay(sink, *service)
             if stream.ended:
                 stream.runner.stop(stream.ended)
             log.info("stream_opened", stream_id=request.stream_id, kind=kind, rental_id=request.rental_id)
@@ -281,3 +290,9 @@ def _describe(exc: BaseException) -> str:
 
 def _now() -> float:
     return asyncio.get_running_loop().time()
+
+
+def _kind(request: StreamRequest) -> str:
+    if isinstance(request, LogsRequest):
+        return "logs"
+    return "terminal" if isinstance(request, TerminalRequest) else "tunnel"

@@ -49,6 +49,17 @@ class TerminalRequest:
 
 
 @dataclass(frozen=True)
+class TunnelRequest:
+    """A byte stream to one TCP port the container declares (streams/tunnel.py)."""
+
+    stream_id: str
+    rental_id: str
+    stack_id: str
+    container_id: str
+    port: int
+
+
+@dataclass(frozen=True)
 class CancelRequest:
     stream_id: str
 
@@ -65,7 +76,8 @@ class Refusal:
         return {"type": "refused", "streamId": self.stream_id, "status": self.status, "error": self.error}
 
 
-Request = LogsRequest | TerminalRequest | CancelRequest | Refusal
+Request = LogsRequest | TerminalRequest | TunnelRequest | CancelRequest | Refusal
+StreamRequest = LogsRequest | TerminalRequest | TunnelRequest  # what opens a stream
 
 
 class _Bad(ValueError):
@@ -99,6 +111,8 @@ def parse_request(message: Any) -> Request:
                 cols=_side(message, "cols", DEFAULT_COLS),
                 rows=_side(message, "rows", DEFAULT_ROWS),
             )
+        if kind == "tunnel":
+            return TunnelRequest(stream_id, *_target(message), port=_port(message))
     except _Bad as exc:
         return Refusal(stream_id, 400, str(exc))
     return Refusal(stream_id, 400, f"unknown request type {str(kind)[:40]!r}")
@@ -114,7 +128,7 @@ def parse_resize(message: Any) -> tuple[int, int] | None:
     return None
 
 
-def check_access(labels: Any, env_id: str, request: LogsRequest | TerminalRequest) -> Refusal | None:
+def check_access(labels: Any, env_id: str, request: StreamRequest) -> Refusal | None:
     """Only the agent's own containers, of this environment, of the request's
     rental and stack. Every mismatch reads the same: what exists elsewhere is
     none of the asker's business."""
@@ -137,6 +151,13 @@ def _target(message: dict) -> tuple[str, str, str]:
     if not (isinstance(container, str) and _CONTAINER.fullmatch(container)):
         raise _Bad("containerId is missing or not a container id or name")
     return message["rentalId"], message["stackId"], container.lstrip("/")
+
+
+def _port(message: dict) -> int:
+    port = message.get("port")
+    if not (wire.is_whole(port, 65535) and port >= 1):
+        raise _Bad("port must be a TCP port, 1 to 65535")
+    return port
 
 
 def _whole(message: dict, key: str) -> int | None:

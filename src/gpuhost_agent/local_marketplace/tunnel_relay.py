@@ -1,0 +1,107 @@
+"""One client connection of a tunnel: relayed to the agent's stream, byte for
+byte, both ways (docs/streams.md, "tunnel").
+
+A byte relay rather than an HTTP proxy: request and response bodies stream as
+they come, server-sent events and WebSocket upgrades pass untouched, and no
+request has a time limit, because nothing here reads HTTP. The one exception
+is an HTTP tunnel whose agent could not connect: the client then gets an HTTP
+answer from us (503 with Retry-After while the service is not listening yet,
+502 with the reason otherwise), never a bare reset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from html import escape
+
+from aiohttp import WSMsgType, web
+
+CHUNK = 64 * 1024
+EOF_MESSAGE = json.dumps({"type": "eof"})
+REQUEST_HEAD_LIMIT = 64 * 1024
+REQUEST_HEAD_WAIT = 5.0
+RETRY_AFTER_SECONDS = 2
+
+
+async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, agent: web.WebSocketResponse) -> None:
+    """Until the agent closes the stream, or both sides shut down sending."""
+    up = asyncio.create_task(_client_to_agent(reader, agent))
+    down = asyncio.create_task(_agent_to_client(agent, writer))
+    try:
+        done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
+        if down in done or (up in done and up.exception() is not None):
+            return  # the agent ended the stream, or the client went away
+        await down  # the client half-closed: the service may still answer
+    finally:
+        for task in (up, down):
+            task.cancel()
+        await asyncio.gather(up, down, return_exceptions=True)
+
+
+async def _client_to_agent(reader: asyncio.StreamReader, agent: web.WebSocketResponse) -> None:
+    while chunk := await reader.read(CHUNK):
+        await agent.send_bytes(chunk)  # waits while the agent's side is full: the backpressure
+    await agent.send_str(EOF_MESSAGE)
+
+
+async def _agent_to_client(agent: web.WebSocketResponse, writer: asyncio.StreamWriter) -> None:
+    while True:
+        message = await agent.receive()
+        if message.type is WSMsgType.BINARY:
+            writer.write(message.data)
+            await writer.drain()
+        elif message.type is WSMsgType.TEXT:
+            if message.data == EOF_MESSAGE or _is_eof(message.data):
+                if writer.can_write_eof():
+                    writer.write_eof()
+            elif _is_end(message.data):
+                return
+        else:  # closing, closed or an error: the stream is over
+            return
+
+
+async def answer_unavailable(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, status: int, reason: str, *, starting: bool
+) -> None:
+    """An HTTP answer of our own for a client of an HTTP tunnel that cannot be
+    connected. The request head is read first: closing a socket with unread
+    data resets it, and the client might lose the answer."""
+    with contextlib.suppress(asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+        await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_HEAD_WAIT)
+    if starting:
+        code, title = 503, "Service Unavailable"
+        text = "The service is starting: it does not accept connections yet. This page retries by itself."
+        extra = f"Retry-After: {RETRY_AFTER_SECONDS}\r\n"
+        refresh = f'<meta http-equiv="refresh" content="{RETRY_AFTER_SECONDS}">'
+    else:
+        code, title, extra, refresh = 502, "Bad Gateway", "", ""
+        text = f"The tunnel could not reach the service: {reason} (status {status})."
+    body = (
+        f"<!doctype html><html><head><title>{code} {title}</title>{refresh}</head>"
+        f"<body><h1>{title}</h1><p>{escape(text)}</p></body></html>\n"
+    ).encode()
+    writer.write(
+        f"HTTP/1.1 {code} {title}\r\nContent-Type: text/html; charset=utf-8\r\n{extra}"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+        + body
+    )
+    with contextlib.suppress(ConnectionError, OSError):
+        await writer.drain()
+
+
+def _is_eof(text: str) -> bool:
+    return _message_type(text) == "eof"
+
+
+def _is_end(text: str) -> bool:
+    return _message_type(text) == "end"
+
+
+def _message_type(text: str) -> object:
+    try:
+        message = json.loads(text)
+    except ValueError:
+        return None
+    return message.get("type") if isinstance(message, dict) else None

@@ -1,0 +1,147 @@
+"""Tunnels: a TCP connection to one port of a rental's container, relayed as a
+byte stream over the stream's WebSocket (docs/streams.md, "tunnel").
+
+The agent dials out to the marketplace, so a renter reaches a service on a host
+behind NAT without a port opened on the host. What the agent connects to is
+decided here, from the engine's own record of the container, never from the
+request: only a TCP port the container declares (Config.ExposedPorts, which
+Compose fills from `ports:` and `expose:`), only on the container's own
+addresses on its networks. The host, 127.0.0.1 and other containers are out
+of reach whatever the marketplace asks.
+
+Bytes are relayed as they come, both ways, with backpressure: the next read
+from one side waits until the other side took the last chunk. A text message
+`{"type": "eof"}` is a half-close in either direction (the client or the
+service shut down its sending side); the WebSocket's close ends everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.streams.requests import Refusal, TunnelRequest
+from gpuhost_agent.streams.sink import Sink, SinkClosed, finish
+
+log = get_logger(__name__)
+
+CHUNK = 64 * 1024  # per read: at most this much is held per direction
+CONNECT_TIMEOUT = 5.0
+EOF_MESSAGE = {"type": "eof"}
+NOT_LISTENING = "the service is not listening on this port yet"
+
+
+def declared_ports(info: dict) -> set[int]:
+    """The TCP ports the container declares (from `docker inspect`)."""
+    ports = set()
+    for key in (info.get("Config") or {}).get("ExposedPorts") or {}:
+        number, _, protocol = str(key).partition("/")
+        if protocol in ("", "tcp") and number.isdigit():
+            ports.add(int(number))
+    return ports
+
+
+def container_addresses(info: dict) -> list[str]:
+    """The container's own IP addresses, one per network it is on."""
+    networks = (info.get("NetworkSettings") or {}).get("Networks") or {}
+    return [net["IPAddress"] for net in networks.values() if isinstance(net, dict) and net.get("IPAddress")]
+
+
+async def connect(
+    info: dict, request: TunnelRequest, timeout: float = CONNECT_TIMEOUT
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | Refusal:
+    """Open the service's connection, or say why not (before any stream opens)."""
+    if request.port not in declared_ports(info):
+        return Refusal(request.stream_id, 403, f"port {request.port} is not a TCP port this container declares")
+    addresses = container_addresses(info)
+    if not addresses or not (info.get("State") or {}).get("Running"):
+        return Refusal(request.stream_id, 503, "the container is not running")
+    problem = NOT_LISTENING
+    for address in addresses:
+        try:
+            return await asyncio.wait_for(asyncio.open_connection(address, request.port), timeout)
+        except ConnectionRefusedError:
+            continue
+        except (OSError, asyncio.TimeoutError) as exc:
+            problem = f"cannot reach the service: {type(exc).__name__}"
+    return Refusal(request.stream_id, 503, problem)
+
+
+class TunnelRelay:
+    """One open tunnel: the service's connection and the stream's sink."""
+
+    def __init__(self, sink: Sink, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self._sink, self._reader, self._writer = sink, reader, writer
+        self._ended: str | None = None
+        self._stop = asyncio.Event()
+        self.bytes_up = self.bytes_down = 0  # marketplace -> service, service -> marketplace
+
+    def stop(self, reason: str) -> None:
+        self._ended = self._ended or reason
+        self._stop.set()
+
+    async def run(self) -> str:
+        up = asyncio.create_task(self._up())
+        down = asyncio.create_task(self._down())
+        stop = asyncio.create_task(self._stop.wait())
+        try:
+            # Over when the marketplace closes, or when both sides have shut down
+            # sending (each direction saw its EOF), or when stopped from outside.
+            pending: set[asyncio.Task[Any]] = {up, down, stop}
+            while pending:
+                _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if stop.done() or (up.done() and up.result() == "closed"):
+                    break
+                if (down.done() and down.result() == "failed") or (up.done() and down.done()):
+                    break
+        finally:
+            for task in (up, down, stop):
+                task.cancel()
+            await asyncio.gather(up, down, stop, return_exceptions=True)
+            self._writer.close()
+            with contextlib.suppress(OSError, ConnectionError):
+                await asyncio.wait_for(self._writer.wait_closed(), 2)
+        end = {"type": "end", "reason": self._ended} if self._ended else None
+        return await finish(self._sink, end)
+
+    async def _up(self) -> str:
+        """Marketplace -> service. "closed" when the marketplace closed the
+        stream, "eof" when it half-closed (the service is told the same)."""
+        try:
+            while True:
+                data = await self._sink.receive()
+                if data is None:
+                    return "closed"
+                if isinstance(data, bytes):
+                    self.bytes_up += len(data)
+                    self._writer.write(data)
+                    await self._writer.drain()
+                elif _is_eof(data):
+                    if self._writer.can_write_eof():
+                        self._writer.write_eof()
+                    return "eof"
+        except (ConnectionError, OSError):  # the service went away: the stream ends
+            return "closed"
+
+    async def _down(self) -> str:
+        """Service -> marketplace, until the service shuts down sending ("eof").
+        "failed" when either side broke: the stream is closed without an end
+        message, which the marketplace passes on as a closed connection."""
+        try:
+            while chunk := await self._reader.read(CHUNK):
+                self.bytes_down += len(chunk)
+                await self._sink.send_bytes(chunk)
+            await self._sink.send_json(EOF_MESSAGE)
+        except (SinkClosed, ConnectionError, OSError):
+            return "failed"
+        return "eof"
+
+
+def _is_eof(text: str) -> bool:
+    try:
+        return json.loads(text) == EOF_MESSAGE
+    except ValueError:
+        return False

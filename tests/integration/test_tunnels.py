@@ -1,0 +1,170 @@
+"""Tunnels end to end: the local marketplace's loopback listeners, the agent's
+channel and the real engine, driven by real clients (curl, a TCP socket).
+
+The services run in the offline busybox image: httpd for HTTP, a shell loop
+that starts httpd late for the 503-then-200 case, and nc for a TCP echo.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+
+import pytest
+from support.openapi_check import check_named
+from support.stacks import TEST_IMAGE
+from support.waiting import until
+
+from gpuhost_agent.protocol import wire
+
+WEB_AND_ECHO = f"""
+services:
+  web:
+    image: {TEST_IMAGE}
+    command: ["sh", "-c", "mkdir -p /www && echo hello through the tunnel > /www/index.html && exec httpd -f -p 8080 -h /www"]
+    expose: ["8080"]
+    stop_grace_period: 1s
+  echo:
+    image: {TEST_IMAGE}
+    command: ["sh", "-c", "while true; do nc -l -p 9000 -e cat; done"]
+    expose: ["9000", "9001"]
+    stop_grace_period: 1s
+  late:
+    image: {TEST_IMAGE}
+    command: ["sh", "-c", "mkdir -p /www && echo finally up > /www/index.html && until [ -f /go ]; do sleep 0.1; done && exec httpd -f -p 8000 -h /www"]
+    expose: ["8000"]
+    stop_grace_period: 1s
+"""
+
+
+def _curl(url: str) -> tuple[int, str, str]:
+    """(status, body, headers) as a renter's curl sees them."""
+    done = subprocess.run(
+        ["curl", "-sS", "--max-time", "10", "-D", "-", url], capture_output=True, text=True, timeout=20, check=True
+    )
+    head, _, body = done.stdout.replace("\r\n", "\n").partition("\n\n")  # busybox httpd ends lines with \n
+    return int(head.split()[1]), body, head
+
+
+async def _echo(port: int, payload: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(payload)
+    await writer.drain()
+    writer.write_eof()  # half-close: the echo answers, then the service closes
+    received = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    return received
+
+
+async def _tunnels(renter, rental_id: str, stack_id: str, count: int) -> list[dict]:
+    found: list[dict] = []
+
+    async def enough() -> bool:
+        nonlocal found
+        stack = next(s for s in await renter.stacks(rental_id) if s["stackId"] == stack_id)
+        found = stack["tunnels"]
+        return len(found) == count
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 20
+    while not await enough():
+        assert loop.time() < deadline, found
+        await asyncio.sleep(0.1)
+    return found
+
+
+async def test_http_tcp_late_service_restart_and_tunnel_info(local_market, docker_client, local_doc):
+    renter, _parts, _local = local_market
+    rental_id = await renter.rental()
+    stack_id = await renter.stack(rental_id, WEB_AND_ECHO, name="tunnels")
+    stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
+    assert stack["status"] == wire.APPLIED, stack["errorMsg"]
+    tunnels = {(t["service"], t["containerPort"]): t for t in await _tunnels(renter, rental_id, stack_id, 4)}
+    for tunnel in tunnels.values():
+        check_named(local_doc, tunnel, "Tunnel")
+    web, echo = tunnels[("web", 8080)], tunnels[("echo", 9000)]
+    assert web["protocol"] == "http" and web["url"] == f"http://127.0.0.1:{web['port']}/" and web["auth"] is None
+    assert echo["protocol"] == "tcp" and echo["url"] is None and echo["host"] == "127.0.0.1"
+
+    # HTTP through the tunnel, with a real curl
+    status, body, _ = await asyncio.to_thread(_curl, web["url"])
+    assert (status, body.strip()) == (200, "hello through the tunnel")
+
+    # A raw TCP echo
+    payload = b"bytes both ways\n" * 1000
+    assert await _echo(echo["port"], payload) == payload
+
+    # A declared port nobody listens on: a TCP client is closed, nothing else
+    assert await _echo(tunnels[("echo", 9001)]["port"], b"x") == b""
+
+    # A service that starts late: 503 with Retry-After and a page, then 200
+    late = tunnels[("late", 8000)]
+    status, body, head = await asyncio.to_thread(_curl, late["url"])
+    assert status == 503 and "retry-after: 2" in head.lower() and "starting" in body
+    late_container = await asyncio.to_thread(docker_client.containers.get, late["containerId"])
+    await asyncio.to_thread(late_container.exec_run, ["touch", "/go"])
+    for _ in range(40):
+        status, body, _ = await asyncio.to_thread(_curl, late["url"])
+        if status == 200:
+            break
+        await asyncio.sleep(0.25)
+    assert (status, body.strip()) == (200, "finally up")
+
+    # The container tunnel endpoint, as documented
+    status, listed = await renter.call(
+        "GET", f"/rentals/{rental_id}/stacks/{stack_id}/containers/{web['containerId']}/tunnels"
+    )
+    assert status == 200 and [t["tunnelId"] for t in listed] == [web["tunnelId"]]
+    assert listed[0]["status"] == "ready"  # a connection reached the service
+    status, _ = await renter.call("GET", f"/rentals/{rental_id}/stacks/{stack_id}/containers/nope/tunnels")
+    assert status == 404
+
+    # A restart gives the container a new address; the tunnel still reaches it
+    container = await asyncio.to_thread(docker_client.containers.get, web["containerId"])
+    await asyncio.to_thread(container.restart, timeout=1)
+    for _ in range(40):
+        try:
+            status, body, _ = await asyncio.to_thread(_curl, web["url"])
+        except subprocess.CalledProcessError:
+            status = 0
+        if status == 200:
+            break
+        await asyncio.sleep(0.25)
+    assert (status, body.strip()) == (200, "hello through the tunnel")
+
+    # Removing the stack closes its listeners
+    status, _ = await renter.call("DELETE", f"/rentals/{rental_id}/stacks/{stack_id}")
+    assert status == 200
+    await renter.wait_stack(rental_id, stack_id, (), timeout=30)
+    await until(lambda: not _local_listens(echo["port"]), timeout=10)
+
+
+def _local_listens(port: int) -> bool:
+    import socket
+
+    with socket.socket() as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.parametrize("port", [22, 8080])
+async def test_the_agent_refuses_what_the_container_does_not_declare(local_market, port):
+    """Asked directly on the channel for a port the container does not declare
+    (22) or for another rental's container (8080 of a stack in rental B, asked
+    as rental A), the agent refuses: no connection is made."""
+    renter, _parts, local = local_market
+    rental_a, rental_b = await renter.rental(), await renter.rental()
+    stack_b = await renter.stack(rental_b, WEB_AND_ECHO, name="b")
+    stack = await renter.wait_stack(rental_b, stack_b, (wire.APPLIED, wire.ERROR), timeout=60)
+    assert stack["status"] == wire.APPLIED, stack["errorMsg"]
+    tunnels = await _tunnels(renter, rental_b, stack_b, 4)
+    web = next(t for t in tunnels if t["containerPort"] == 8080)
+    from gpuhost_agent.local_marketplace.channel_hub import StreamRefused
+
+    asking_rental = rental_b if port == 22 else rental_a
+    with pytest.raises(StreamRefused) as refused:
+        await local.state.streams.open(
+            "tunnel", asking_rental, {"stackId": stack_b, "containerId": web["containerId"], "port": port}
+        )
+    assert refused.value.status in (403, 404)
+    assert ("not a TCP port this container declares" if port == 22 else "no such container") in refused.value.message

@@ -1,0 +1,158 @@
+"""Tunnels without an engine: the request, what the agent may connect to, the
+relay's byte and half-close handling against a real TCP server on loopback,
+which tunnels the marketplace wants, and the page a client gets meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from support.fakes import MemorySink
+
+from gpuhost_agent.local_marketplace import tunnel_relay
+from gpuhost_agent.local_marketplace.store import Store
+from gpuhost_agent.local_marketplace.tunnels import wanted
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.streams.requests import Refusal, TunnelRequest, parse_request
+from gpuhost_agent.streams.tunnel import NOT_LISTENING, TunnelRelay, connect, container_addresses, declared_ports
+
+TARGET = {"rentalId": "r1", "stackId": "s1", "containerId": "c" * 64}
+
+
+def _request(port: int) -> TunnelRequest:
+    return TunnelRequest("t1", "r1", "s1", "c" * 64, port)
+
+
+def _info(ports: list[str], addresses: list[str], running: bool = True) -> dict:
+    return {
+        "Config": {"ExposedPorts": {port: {} for port in ports}},
+        "State": {"Running": running},
+        "NetworkSettings": {"Networks": {f"n{i}": {"IPAddress": a} for i, a in enumerate(addresses)}},
+    }
+
+
+def test_a_tunnel_request_names_one_tcp_port() -> None:
+    assert parse_request({"type": "tunnel", "streamId": "t1", **TARGET, "port": 8080}) == _request(8080)
+    for port in (0, 65536, "8080", True, None, 8080.5):
+        refused = parse_request({"type": "tunnel", "streamId": "t1", **TARGET, "port": port})
+        assert isinstance(refused, Refusal) and refused.status == 400 and "port" in refused.error
+
+
+def test_only_declared_tcp_ports_and_the_containers_own_addresses() -> None:
+    info = _info(["8080/tcp", "53/udp", "9000"], ["172.18.0.5", ""])
+    assert declared_ports(info) == {8080, 9000}
+    assert container_addresses(info) == ["172.18.0.5"]
+    assert declared_ports({}) == set() and container_addresses({}) == []
+
+
+async def test_connect_refuses_before_any_stream_opens() -> None:
+    refused = await connect(_info(["8080/tcp"], ["127.0.0.1"]), _request(22))
+    assert isinstance(refused, Refusal) and refused.status == 403
+    refused = await connect(_info(["8080/tcp"], ["127.0.0.1"], running=False), _request(8080))
+    assert isinstance(refused, Refusal) and refused.status == 503 and "not running" in refused.error
+    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
+    refused = await connect(_info([f"{port}/tcp"], ["127.0.0.1"]), _request(port))
+    assert isinstance(refused, Refusal) and refused.status == 503 and refused.error == NOT_LISTENING
+
+
+async def _echo_server() -> tuple[asyncio.base_events.Server, int]:
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(1024):
+            writer.write(data.upper())
+            await writer.drain()
+        writer.write(b"BYE")  # after the client's half-close: the answer still comes
+        writer.close()
+
+    server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def test_the_relay_carries_bytes_both_ways_and_half_closes() -> None:
+    server, port = await _echo_server()
+    try:
+        service = await connect(_info([f"{port}/tcp"], ["127.0.0.1"]), _request(port))
+        assert not isinstance(service, Refusal)
+        sink = MemorySink()
+        relay = TunnelRelay(sink, *service)
+        running = asyncio.create_task(relay.run())
+        sink.type(b"hello ")
+        sink.type(b"tunnel")
+        await sink.until(lambda: sink.binary == b"HELLO TUNNEL")
+        sink.type(json.dumps({"type": "eof"}))  # the client is done sending
+        reason = await asyncio.wait_for(running, 5)
+        assert bytes(sink.binary) == b"HELLO TUNNELBYE"
+        assert {"type": "eof"} in sink.texts and reason == "closed" and sink.closed.is_set()
+        assert (relay.bytes_up, relay.bytes_down) == (12, 15)
+    finally:
+        server.close()
+
+
+async def test_a_stopped_tunnel_says_why() -> None:
+    server, port = await _echo_server()
+    try:
+        service = await connect(_info([f"{port}/tcp"], ["127.0.0.1"]), _request(port))
+        assert not isinstance(service, Refusal)
+        sink = MemorySink()
+        relay = TunnelRelay(sink, *service)
+        running = asyncio.create_task(relay.run())
+        await asyncio.sleep(0.05)
+        relay.stop("rental-ended")
+        assert await asyncio.wait_for(running, 5) == "rental-ended"
+        assert sink.texts[-1] == {"type": "end", "reason": "rental-ended"}
+    finally:
+        server.close()
+
+
+def test_the_marketplace_wants_a_tunnel_per_declared_port_of_running_applied_stacks() -> None:
+    store = Store.load_or_create(None)
+    rental = store.create_rental(name="r", gpu_count=0, end_date=None)
+    template = {"name": "n", "description": "d", "content": "services: {}\n", "environmentVariables": {}}
+    stack = store.create_stack(rental["rentalId"], template)
+    running = {
+        "Id": "a" * 64,
+        "Name": "p-web-1",
+        "State": "running",
+        "Labels": ["com.docker.compose.service=web"],
+        "Ports": [
+            {"PrivatePort": 8080, "Type": "tcp"},
+            {"PrivatePort": 9000, "Type": "tcp"},
+            {"PrivatePort": 53, "Type": "udp"},
+        ],
+    }
+    stopped = {**running, "Id": "b" * 64, "State": "exited (1)"}
+    store.containers[stack["stackId"]] = {"observedAt": wire.iso(), "containers": [running, stopped]}
+    assert wanted(store) == {}  # not APPLIED yet
+    stack["status"] = wire.APPLIED
+    found = {(key.container_id[:1], key.port): value for key, value in wanted(store).items()}
+    assert found == {("a", 8080): ("web", "http"), ("a", 9000): ("web", "tcp")}
+    store.end_rental(rental["rentalId"])
+    assert wanted(store) == {}
+
+
+@pytest.mark.parametrize("starting", [True, False])
+async def test_an_http_client_gets_a_page_not_a_reset(starting: bool) -> None:
+    answered = asyncio.get_running_loop().create_future()
+
+    async def tunnel(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await tunnel_relay.answer_unavailable(reader, writer, 503 if starting else 404, "why", starting=starting)
+        writer.close()
+        answered.set_result(True)
+
+    server = await asyncio.start_server(tunnel, "127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        response = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+    finally:
+        server.close()
+    head, _, body = response.partition(b"\r\n\r\n")
+    if starting:
+        assert head.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 2" in head and b"starting" in body
+    else:
+        assert head.startswith(b"HTTP/1.1 502 ") and b"why" in body and b"Retry-After" not in head
+    assert await answered
