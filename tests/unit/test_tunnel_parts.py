@@ -156,3 +156,12 @@ async def test_an_http_client_gets_a_page_not_a_reset(starting: bool) -> None:
     else:
         assert head.startswith(b"HTTP/1.1 502 ") and b"why" in body and b"Retry-After" not in head
     assert await answered
+
+
+def test_only_a_service_that_does_not_listen_yet_is_starting() -> None:
+    assert tunnel_relay.is_not_listening(503, f"the agent refused: {NOT_LISTENING}")
+    assert not tunnel_relay.is_not_listening(503, "the agent refused: too many open streams (64)")
+    assert not tunnel_relay.is_not_listening(503, "the agent is not connected to the marketplace")
+    assert not tunnel_relay.is_not_listening(
+        403, "the agent refused: port 22 is not a TCP port this container declares"
+    )

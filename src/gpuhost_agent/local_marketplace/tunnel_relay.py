@@ -18,6 +18,8 @@ from html import escape
 
 from aiohttp import WSMsgType, web
 
+from gpuhost_agent.protocol import wire
+
 CHUNK = 64 * 1024
 EOF_MESSAGE = json.dumps({"type": "eof"})
 REQUEST_HEAD_LIMIT = 64 * 1024
@@ -89,6 +91,13 @@ async def answer_unavailable(
     )
     with contextlib.suppress(ConnectionError, OSError):
         await writer.drain()
+
+
+def is_not_listening(status: int, message: str) -> bool:
+    """The agent's refusal when the service does not accept connections yet
+    (streams/tunnel.py), told apart from other 503s (agent not connected, too
+    many streams) that are no reason to tell a client the service is starting."""
+    return status == 503 and wire.TUNNEL_NOT_LISTENING in message
 
 
 def _is_eof(text: str) -> bool:

@@ -32,7 +32,6 @@ log = get_logger(__name__)
 # Jupyter, TensorBoard, Gradio, ComfyUI, Streamlit, Vite, dev servers and plain web.
 HTTP_PORTS = frozenset({80, 3000, 5000, 5173, 6006, 7860, 8000, 8080, 8081, 8188, 8501, 8888})
 SERVICE_LABEL = "com.docker.compose.service"
-NOT_LISTENING_STATUS = 503
 SYNC_PERIOD = 0.5  # seconds between looks at the container lists
 
 
@@ -168,7 +167,7 @@ class TunnelBook:
                     {"stackId": key.stack_id, "containerId": key.container_id, "port": key.port},
                 )
             except StreamRefused as refused:
-                starting = refused.status == NOT_LISTENING_STATUS
+                starting = tunnel_relay.is_not_listening(refused.status, refused.message)
                 tunnel.status, tunnel.error = ("starting", None) if starting else ("error", refused.message)
                 if tunnel.protocol == "http":
                     await tunnel_relay.answer_unavailable(

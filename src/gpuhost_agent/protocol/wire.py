@@ -13,6 +13,9 @@ from datetime import datetime, timezone
 from typing import Any, TypeGuard
 
 API_KEY_HEADER = "X-API-Key"
+# The agent's refusal of a tunnel whose service does not accept connections yet
+# (503): the marketplace tells an HTTP client the service is starting.
+TUNNEL_NOT_LISTENING = "the service is not listening on this port yet"
 SESSION_HEADER = "X-Agent-Session"
 
 # Stack.status in the seed, plus REMOVED which exists only in the agent protocol:

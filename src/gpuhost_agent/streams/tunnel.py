@@ -23,6 +23,7 @@ import json
 from typing import Any
 
 from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.protocol import wire
 from gpuhost_agent.streams.requests import Refusal, TunnelRequest
 from gpuhost_agent.streams.sink import Sink, SinkClosed, finish
 
@@ -31,7 +32,7 @@ log = get_logger(__name__)
 CHUNK = 64 * 1024  # per read: at most this much is held per direction
 CONNECT_TIMEOUT = 5.0
 EOF_MESSAGE = {"type": "eof"}
-NOT_LISTENING = "the service is not listening on this port yet"
+NOT_LISTENING = wire.TUNNEL_NOT_LISTENING
 
 
 def declared_ports(info: dict) -> set[int]:
