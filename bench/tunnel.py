@@ -1,0 +1,155 @@
+"""What does a tunnel cost, against the same service reached directly?
+
+Deploys one stack through the local marketplace (in this process, wired as
+`gpuhost-agent run` wires it, over HTTP on loopback): busybox httpd serving a
+file of --mb MiB and a tiny page, on a port published on 127.0.0.1 (the direct
+path) and reached through its tunnel (client -> marketplace listener -> stream
+WebSocket -> agent -> container). In the same run, alternating:
+
+- throughput: one download of the big file with curl, direct and tunnel, --runs
+  times each (MB/s; the ratio is tunnel / direct, goal >= 0.8);
+- connection + request latency: --requests sequential GETs of the tiny page
+  with curl (busybox httpd closes every connection, so each request is a new
+  connection: through a tunnel, a new stream through the agent's channel);
+  p50 and p99 for both paths and the difference.
+
+    .venv/bin/python bench/tunnel.py [--mb 200] [--runs 3] [--requests 200]
+
+Not measured here yet (issue 14): terminal echo during a bulk transfer, 1000
+held connections, SSH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+from pickup_latency import pct  # noqa: E402 - bench/ is on the path when run as a script
+
+from gpuhost_agent.common import logs
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.service.config import AgentConfig
+from gpuhost_agent.service.daemon import stop_agent
+from gpuhost_agent.service.wiring import build_agent, start_local_marketplace
+
+IMAGE = "gpuhost-test/busybox:1"
+
+
+def compose(mb: int) -> str:
+    start = (
+        f"mkdir -p /www && dd if=/dev/zero of=/www/big bs=1M count={mb} 2>/dev/null"
+        " && echo ok > /www/small && exec httpd -f -p 8080 -h /www"
+    )
+    return (
+        f"services:\n  web:\n    image: {IMAGE}\n    command: ['sh', '-c', '{start}']\n"
+        f"    ports: ['127.0.0.1::8080']\n    stop_grace_period: 1s\n"
+    )
+
+
+def curl_seconds(url: str, what: str) -> float:
+    """Wall time of one curl (`what`: %{time_total} or %{speed_download})."""
+    done = subprocess.run(
+        ["curl", "-sS", "-o", "/dev/null", "--max-time", "300", "-w", what, url],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=320,
+    )
+    return float(done.stdout)
+
+
+async def deploy(http: aiohttp.ClientSession, store, mb: int) -> tuple[str, str]:
+    """(direct URL, tunnel URL) of the stack's web service, once both answer."""
+    async with http.post("rentals", json={"envId": store.envId, "name": "bench", "gpuCount": 0}) as resp:
+        rental_id = (await resp.json())["rentalId"]
+    template = {"name": "tunnel-bench", "description": "bench", "content": compose(mb), "environmentVariables": {}}
+    async with http.post(f"rentals/{rental_id}/stacks", json={"template": template}) as resp:
+        stack_id = await resp.json()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        async with http.get(f"rentals/{rental_id}/stacks") as resp:
+            stack = next(s for s in await resp.json() if s["stackId"] == stack_id)
+        containers = (store.containers.get(stack_id) or {}).get("containers") or []
+        ports = [p for c in containers for p in c.get("Ports", []) if p.get("PublicPort")]
+        if stack["status"] == wire.APPLIED and stack["tunnels"] and ports:
+            direct = f"http://127.0.0.1:{ports[0]['PublicPort']}/"
+            tunnel = stack["tunnels"][0]["url"]
+            if await asyncio.to_thread(_answers, direct) and await asyncio.to_thread(_answers, tunnel):
+                return direct, tunnel
+        await asyncio.sleep(0.2)
+    raise TimeoutError("the stack and its tunnel did not come up")
+
+
+def _answers(url: str) -> bool:
+    try:
+        return curl_seconds(url + "small", "%{http_code}") == 200
+    except subprocess.CalledProcessError:
+        return False
+
+
+async def bench(args: argparse.Namespace, workdir: Path) -> None:
+    config = AgentConfig(
+        marketplace_url=None,
+        env_id=None,
+        api_key=None,
+        state_dir=workdir / "state",
+        local_listen=("127.0.0.1", 0),
+        local_api_key=None,
+        log_level="warning",
+        compose_command=None,
+        settle_seconds=1.0,
+        stop_timeout=1,
+    )
+    config.state_dir.mkdir(mode=0o700)
+    local = await start_local_marketplace(config)
+    store = local.state.store
+    parts = build_agent(config, local.base_url, store.envApiKey)
+    agent_task = asyncio.create_task(parts.agent.run(), name="agent")
+    try:
+        await asyncio.wait_for(parts.session.connected.wait(), 30)
+        headers = {wire.API_KEY_HEADER: store.renterApiKey}
+        async with aiohttp.ClientSession(local.base_url + "/", headers=headers) as http:
+            direct, tunnel = await deploy(http, store, args.mb)
+        speeds: dict[str, list[float]] = {"direct": [], "tunnel": []}
+        for _ in range(args.runs):
+            for name, url in (("direct", direct), ("tunnel", tunnel)):
+                speeds[name].append(await asyncio.to_thread(curl_seconds, url + "big", "%{speed_download}") / 1e6)
+        times: dict[str, list[float]] = {"direct": [], "tunnel": []}
+        for _ in range(args.requests):
+            for name, url in (("direct", direct), ("tunnel", tunnel)):
+                times[name].append(await asyncio.to_thread(curl_seconds, url + "small", "%{time_total}") * 1000)
+    finally:
+        await stop_agent(parts, agent_task)
+        await local.stop()
+    direct_mbs, tunnel_mbs = statistics.median(speeds["direct"]), statistics.median(speeds["tunnel"])
+    print(f"\ntunnel vs direct, {args.mb} MiB download x{args.runs}, {args.requests} requests (new connection each)")
+    print(f"{'path':8} {'MB/s (median)':>14} {'req p50 ms':>11} {'req p99 ms':>11}")
+    for name, mbs in (("direct", direct_mbs), ("tunnel", tunnel_mbs)):
+        print(f"{name:8} {mbs:14.1f} {pct(times[name], 0.5):11.2f} {pct(times[name], 0.99):11.2f}")
+    print(f"throughput ratio tunnel/direct: {tunnel_mbs / direct_mbs:.2f} (goal >= 0.8)")
+    added_p50 = pct(times["tunnel"], 0.5) - pct(times["direct"], 0.5)
+    added_p99 = pct(times["tunnel"], 0.99) - pct(times["direct"], 0.99)
+    print(f"added per new connection: p50 {added_p50:.2f} ms, p99 {added_p99:.2f} ms")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mb", type=int, default=200)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=200)
+    args = parser.parse_args()
+    logs.configure("warning")
+    with tempfile.TemporaryDirectory(prefix="gpuhost-tunnelbench-") as tmp:
+        asyncio.run(bench(args, Path(tmp)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
