@@ -8,6 +8,7 @@ that starts httpd late for the 503-then-200 case, and nc for a TCP echo.
 from __future__ import annotations
 
 import asyncio
+import base64
 import subprocess
 
 import pytest
@@ -168,3 +169,95 @@ async def test_the_agent_refuses_what_the_container_does_not_declare(local_marke
         )
     assert refused.value.status in (403, 404)
     assert ("not a TCP port this container declares" if port == 22 else "no such container") in refused.value.message
+
+
+AUTHED = f"""
+services:
+  web:
+    image: {TEST_IMAGE}
+    command: ["sh", "-c", "mkdir -p /www && echo behind a password > /www/index.html && exec httpd -f -p 8080 -h /www"]
+    expose: ["8080"]
+    stop_grace_period: 1s
+  mirror:
+    image: {TEST_IMAGE}
+    command: ["sh", "-c", "while true; do nc -l -p 8000 -e cat; done"]
+    expose: ["8000"]
+    stop_grace_period: 1s
+"""
+
+
+async def _stack_with_flags(renter, rental_id: str, content: str, **flags: bool) -> str:
+    template = {"name": "auth", "description": "d", "content": content, "environmentVariables": {}, **flags}
+    status, body = await renter.call("POST", f"/rentals/{rental_id}/stacks", {"template": template})
+    assert status == 201, body
+    return body
+
+
+async def _mirror(port: int, head: bytes) -> bytes:
+    """What the service received: the mirror sends the request back."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(head)
+    await writer.drain()
+    received = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    writer.close()
+    return received
+
+
+@pytest.mark.parametrize("basic_auth", [True, False])
+async def test_basic_auth_at_the_marketplace(local_market, local_doc, basic_auth):
+    renter, _parts, _local = local_market
+    rental_id = await renter.rental()
+    stack_id = await _stack_with_flags(renter, rental_id, AUTHED, isBasicAuthEnabled=basic_auth)
+    stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
+    assert stack["status"] == wire.APPLIED, stack["errorMsg"]
+    tunnels = {t["service"]: t for t in await _tunnels(renter, rental_id, stack_id, 2)}
+    web, mirror = tunnels["web"], tunnels["mirror"]
+    for tunnel in tunnels.values():
+        check_named(local_doc, tunnel, "Tunnel")
+    service_auth = b"Authorization: Bearer the-services-own\r\n"
+    if not basic_auth:
+        assert web["auth"] is None
+        status, body, _ = await asyncio.to_thread(_curl, web["url"])
+        assert (status, body.strip()) == (200, "behind a password")
+        seen = await _mirror(mirror["port"], b"GET / HTTP/1.1\r\nHost: x\r\n" + service_auth + b"\r\n")
+        assert service_auth in seen, "without basic auth the service's own Authorization passes untouched"
+        return
+
+    auth = web["auth"]
+    assert auth["type"] == "basic" and auth["username"] == "renter" and auth["password"]
+    assert auth["password"] not in str(_local.state.store.stacks[stack_id]), "stored hashed only"
+    status, _, head = await asyncio.to_thread(_curl, web["url"])
+    assert status == 401 and "www-authenticate: basic" in head.lower()
+    status, _, _ = await asyncio.to_thread(_curl, web["url"].replace("http://", "http://renter:wrong@"))
+    assert status == 401
+    with_password = web["url"].replace("http://", f"http://renter:{auth['password']}@")
+    status, body, _ = await asyncio.to_thread(_curl, with_password)
+    assert (status, body.strip()) == (200, "behind a password")
+
+    # the link signs a browser in: a cookie, then requests with it go through
+    status, _, head = await asyncio.to_thread(_curl, auth["link"])
+    assert status == 302 and "set-cookie: gpuhost_tunnel=" in head.lower()
+    cookie = next(
+        line.split(":", 1)[1].split(";")[0].strip()
+        for line in head.splitlines()
+        if line.lower().startswith("set-cookie")
+    )
+    done = await asyncio.to_thread(
+        subprocess.run,
+        ["curl", "-sS", "--max-time", "10", "-b", cookie, web["url"]],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert done.stdout.strip() == "behind a password"
+
+    # what reaches the service: none of ours, its other cookies, Connection: close
+    mirror_password = mirror["auth"]["password"]
+    ours = base64.b64encode(f"renter:{mirror_password}".encode())
+    seen = await _mirror(
+        mirror["port"],
+        b"GET / HTTP/1.1\r\nHost: x\r\nAuthorization: Basic "
+        + ours
+        + b"\r\nCookie: theme=dark\r\nConnection: keep-alive\r\n\r\n",
+    )
+    assert b"Authorization" not in seen and b"Cookie: theme=dark" in seen and b"Connection: close" in seen

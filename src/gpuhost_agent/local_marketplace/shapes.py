@@ -5,7 +5,7 @@ from __future__ import annotations
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.store import Store
 
-_INTERNAL_STACK_KEYS = ("desired", "lastReportAt", "history")
+_INTERNAL_STACK_KEYS = ("desired", "lastReportAt", "history", "basicAuth")
 HARDWARE_FIELDS = (
     "totalGPUs",
     "gpuName",

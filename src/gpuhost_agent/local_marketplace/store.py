@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from gpuhost_agent.common.json_files import write_json_atomically
+from gpuhost_agent.local_marketplace import tunnel_auth
 from gpuhost_agent.protocol import wire
 
 LEASE = timedelta(minutes=10)
@@ -61,6 +62,7 @@ class Store:
     jobs: dict = field(default_factory=dict)
     host: dict = field(default_factory=dict)  # the agent's latest systemData report and initState
     sshKeys: list = field(default_factory=list)  # the user's SSH keys (local_marketplace/ssh_keys.py)
+    tunnelSecret: str = field(default_factory=lambda: secrets.token_urlsafe(32))  # tunnel_auth.py derives from it
     path: Path | None = field(default=None, repr=False, compare=False)
 
     # ---- persistence -------------------------------------------------------
@@ -200,6 +202,9 @@ class Store:
             "lastReportAt": "",
             "history": [[wire.APPLYING, now]],
         }
+        if template.get("isBasicAuthEnabled"):
+            plain = tunnel_auth.password(self.tunnelSecret, stack["stackId"])
+            stack["basicAuth"] = {"username": tunnel_auth.USERNAME, "passwordHash": tunnel_auth.hash_password(plain)}
         self.stacks[stack["stackId"]] = stack
         self._enqueue(wire.JOB_DEPLOY, stack)
         return stack

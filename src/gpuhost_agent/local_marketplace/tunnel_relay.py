@@ -64,26 +64,58 @@ async def _agent_to_client(agent: web.WebSocketResponse, writer: asyncio.StreamW
             return
 
 
+async def read_head(reader: asyncio.StreamReader) -> bytes | None:
+    """A request's head (through the blank line), or None: too slow, too long, cut off."""
+    try:
+        return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_HEAD_WAIT)
+    except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+        return None
+
+
 async def answer_unavailable(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, status: int, reason: str, *, starting: bool
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    status: int,
+    reason: str,
+    *,
+    starting: bool,
+    head_read: bool = False,
 ) -> None:
     """An HTTP answer of our own for a client of an HTTP tunnel that cannot be
-    connected. The request head is read first: closing a socket with unread
-    data resets it, and the client might lose the answer."""
-    with contextlib.suppress(asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-        await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_HEAD_WAIT)
+    connected. The request head is read first (unless it was already):
+    closing a socket with unread data resets it, and the client might lose
+    the answer."""
+    if not head_read:
+        await read_head(reader)
     if starting:
-        code, title = 503, "Service Unavailable"
         text = "The service is starting: it does not accept connections yet. This page retries by itself."
-        extra = f"Retry-After: {RETRY_AFTER_SECONDS}\r\n"
-        refresh = f'<meta http-equiv="refresh" content="{RETRY_AFTER_SECONDS}">'
+        await write_answer(writer, 503, [("Retry-After", str(RETRY_AFTER_SECONDS))], text, refresh=True)
     else:
-        code, title, extra, refresh = 502, "Bad Gateway", "", ""
         text = f"The tunnel could not reach the service: {reason} (status {status})."
+        await write_answer(writer, 502, [], text)
+
+
+TITLES = {
+    302: "Found",
+    400: "Bad Request",
+    401: "Unauthorized",
+    429: "Too Many Requests",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+}
+
+
+async def write_answer(
+    writer: asyncio.StreamWriter, code: int, headers: list[tuple[str, str]], text: str, *, refresh: bool = False
+) -> None:
+    """A whole HTTP/1.1 response of ours (a small HTML page), then the connection closes."""
+    title = TITLES.get(code, "Error")
+    meta = f'<meta http-equiv="refresh" content="{RETRY_AFTER_SECONDS}">' if refresh else ""
     body = (
-        f"<!doctype html><html><head><title>{code} {title}</title>{refresh}</head>"
+        f"<!doctype html><html><head><title>{code} {title}</title>{meta}</head>"
         f"<body><h1>{title}</h1><p>{escape(text)}</p></body></html>\n"
     ).encode()
+    extra = "".join(f"{key}: {value}\r\n" for key, value in headers)
     writer.write(
         f"HTTP/1.1 {code} {title}\r\nContent-Type: text/html; charset=utf-8\r\n{extra}"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()

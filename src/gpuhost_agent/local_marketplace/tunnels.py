@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.local_marketplace import tunnel_relay
+from gpuhost_agent.local_marketplace import tunnel_auth, tunnel_relay
 from gpuhost_agent.local_marketplace.channel_hub import ChannelHub, StreamRefused
 from gpuhost_agent.local_marketplace.store import Store
 from gpuhost_agent.protocol import wire
@@ -53,6 +53,8 @@ class Tunnel:
     status: str = "starting"
     error: str | None = None
     connections: set[asyncio.Task] = field(default_factory=set)
+    gate: tunnel_auth.Gate | None = None  # basic auth, for an http tunnel of a stack that asks for it
+    auth: dict | None = None  # what the renter's tunnel info shows of it
 
     @property
     def tunnel_id(self) -> str:
@@ -70,7 +72,7 @@ class Tunnel:
             "url": f"http://127.0.0.1:{self.listen_port}/" if http else None,
             "host": "127.0.0.1",
             "port": self.listen_port,
-            "auth": None,
+            "auth": self.auth,
             "status": self.status,
             "error": self.error,
         }
@@ -128,6 +130,7 @@ class TunnelBook:
                     partial(self._serve, tunnel), self.host, 0, limit=tunnel_relay.CHUNK
                 )
                 tunnel.listen_port = tunnel.server.sockets[0].getsockname()[1]
+                self._arm(tunnel)
                 self.tunnels[key] = tunnel
                 log.info(
                     "tunnel_opened",
@@ -137,6 +140,21 @@ class TunnelBook:
                     protocol=protocol,
                     listen_port=tunnel.listen_port,
                 )
+
+    def _arm(self, tunnel: Tunnel) -> None:
+        """Basic auth for an http tunnel of a stack created with isBasicAuthEnabled."""
+        credentials = (self.store.stacks.get(tunnel.key.stack_id) or {}).get("basicAuth")
+        if tunnel.protocol != "http" or not credentials:
+            return
+        secret = self.store.tunnelSecret
+        link = tunnel_auth.link_token(secret, tunnel.tunnel_id)
+        tunnel.gate = tunnel_auth.Gate(credentials["passwordHash"], link, f"tunnel {tunnel.tunnel_id}")
+        tunnel.auth = {
+            "type": "basic",
+            "username": credentials["username"],
+            "password": tunnel_auth.password(secret, tunnel.key.stack_id),
+            "link": f"http://127.0.0.1:{tunnel.listen_port}/?{tunnel_auth.TOKEN_PARAM}={link}",
+        }
 
     async def close_all(self) -> None:
         tunnels, self.tunnels = list(self.tunnels.values()), {}
@@ -160,6 +178,18 @@ class TunnelBook:
             tunnel.connections.add(task)
             task.add_done_callback(tunnel.connections.discard)
         try:
+            first = b""  # the first request's head, once the gate let it through
+            if tunnel.gate is not None:
+                head = tunnel_auth.parse_head(await tunnel_relay.read_head(reader) or b"")
+                if head is None:
+                    await tunnel_relay.write_answer(writer, 400, [], "not an HTTP request")
+                    return
+                peer = writer.get_extra_info("peername")
+                decision = tunnel.gate.decide(head, str(peer[0]) if peer else "?")
+                if decision.forward is None:
+                    await tunnel_relay.write_answer(writer, decision.status, decision.headers, decision.text)
+                    return
+                first = decision.forward.render()
             try:
                 stream = await self.hub.open(
                     "tunnel",
@@ -171,12 +201,14 @@ class TunnelBook:
                 tunnel.status, tunnel.error = ("starting", None) if starting else ("error", refused.message)
                 if tunnel.protocol == "http":
                     await tunnel_relay.answer_unavailable(
-                        reader, writer, refused.status, refused.message, starting=starting
+                        reader, writer, refused.status, refused.message, starting=starting, head_read=bool(first)
                     )
                 return
             tunnel.status, tunnel.error = "ready", None
             try:
                 assert stream.agent_ws is not None  # set when the agent's stream socket opened
+                if first:
+                    await stream.agent_ws.send_bytes(first)
                 relay = asyncio.ensure_future(tunnel_relay.relay(reader, writer, stream.agent_ws))
                 ended = asyncio.ensure_future(stream.ended.wait())
                 await asyncio.wait({relay, ended}, return_when=asyncio.FIRST_COMPLETED)
