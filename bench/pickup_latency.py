@@ -106,7 +106,9 @@ def measure_stack(store, stack_id: str) -> dict:
     }
 
 
-async def bench(n: int, compose: list[str], workdir: Path, projects: set[str]) -> list[dict]:
+def local_config(workdir: Path, *, settle_seconds: float, stop_timeout: int) -> AgentConfig:
+    """An agent with the local marketplace on a free loopback port, its state in
+    workdir (created here), as `gpuhost-agent run` with no marketplace URL."""
     config = AgentConfig(
         marketplace_url=None,
         env_id=None,
@@ -116,10 +118,15 @@ async def bench(n: int, compose: list[str], workdir: Path, projects: set[str]) -
         local_api_key=None,
         log_level="warning",
         compose_command=None,
-        settle_seconds=3.0,
-        stop_timeout=10,
+        settle_seconds=settle_seconds,
+        stop_timeout=stop_timeout,
     )
     config.state_dir.mkdir(mode=0o700)
+    return config
+
+
+async def bench(n: int, compose: list[str], workdir: Path, projects: set[str]) -> list[dict]:
+    config = local_config(workdir, settle_seconds=3.0, stop_timeout=10)
     local = await start_local_marketplace(config)
     store = local.state.store
     projects.add(f"env:{store.envId}")

@@ -31,11 +31,10 @@ import time
 from pathlib import Path
 
 import aiohttp
-from pickup_latency import pct  # noqa: E402 - bench/ is on the path when run as a script
+from pickup_latency import local_config, pct  # noqa: E402 - bench/ is on the path when run as a script
 
 from gpuhost_agent.common import logs
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.service.daemon import stop_agent
 from gpuhost_agent.service.wiring import build_agent, start_local_marketplace
 
@@ -95,19 +94,7 @@ def _answers(url: str) -> bool:
 
 
 async def bench(args: argparse.Namespace, workdir: Path) -> None:
-    config = AgentConfig(
-        marketplace_url=None,
-        env_id=None,
-        api_key=None,
-        state_dir=workdir / "state",
-        local_listen=("127.0.0.1", 0),
-        local_api_key=None,
-        log_level="warning",
-        compose_command=None,
-        settle_seconds=1.0,
-        stop_timeout=1,
-    )
-    config.state_dir.mkdir(mode=0o700)
+    config = local_config(workdir, settle_seconds=1.0, stop_timeout=1)
     local = await start_local_marketplace(config)
     store = local.state.store
     parts = build_agent(config, local.base_url, store.envApiKey)
