@@ -175,6 +175,17 @@ def test_access_needs_every_label():
     assert check_access(None, "e", request).status == 404
 
 
+def test_no_access_while_the_environment_is_unknown():
+    """Before a session names the environment, no container passes for this
+    environment's: not one without an env label (None == None), not one with
+    an empty one."""
+    request = parse_request({"type": "logs", **BASE})
+    unlabelled = {wire.LABEL_MANAGED: "true", wire.LABEL_RENTAL: "r1", wire.LABEL_STACK: "k1"}
+    assert check_access(unlabelled, None, request).status == 404
+    assert check_access({**unlabelled, wire.LABEL_ENV: ""}, "", request).status == 404
+    assert check_access({**unlabelled, wire.LABEL_ENV: "e"}, None, request).status == 404
+
+
 def test_resize_messages():
     assert parse_resize({"type": "resize", "cols": 120, "rows": 40}) == (120, 40)
     for bad in (

@@ -7,6 +7,7 @@ from aiohttp import web
 from gpuhost_agent.local_marketplace import shapes
 from gpuhost_agent.local_marketplace.http_errors import json_body, json_error
 from gpuhost_agent.local_marketplace.state import MarketplaceState
+from gpuhost_agent.local_marketplace.stream_targets import find_container
 from gpuhost_agent.protocol import wire
 
 
@@ -107,13 +108,9 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
 
     async def container_tunnels(request: web.Request) -> web.Response:
         """The seed's "Get container tunnel information"."""
-        stack = store.stack(request.match_info["rentalId"], request.match_info["stackId"])
-        container_id = request.match_info["containerId"]
-        containers = store.containers.get(stack["stackId"], {}).get("containers", [])
-        if not any(container_id in (c.get("Id"), c.get("Id", "")[:12], c.get("Name")) for c in containers):
-            return json_error(404, f"container {container_id} not found in stack {stack['stackId']}")
-        full = next(c["Id"] for c in containers if container_id in (c.get("Id"), c.get("Id", "")[:12], c.get("Name")))
-        return web.json_response(state.tunnels.for_container(stack["stackId"], full))
+        rental_id, stack_id = request.match_info["rentalId"], request.match_info["stackId"]
+        container_id = find_container(store, rental_id, stack_id, request.match_info["containerId"])
+        return web.json_response(state.tunnels.for_container(stack_id, container_id))
 
     return [
         web.get("/v1/environments", list_environments),

@@ -108,7 +108,7 @@ class TunnelBook:
         return [
             t.as_wire()
             for t in self.tunnels.values()
-            if t.key.stack_id == stack_id and container_id in (t.key.container_id, t.key.container_id[:12])
+            if t.key.stack_id == stack_id and t.key.container_id == container_id
         ]
 
     async def run(self, period: float = SYNC_PERIOD) -> None:

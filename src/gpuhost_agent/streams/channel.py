@@ -201,9 +201,7 @@ class StreamChannel:
                 return self._refuse(Refusal(request.stream_id, 404, NOT_IN_STACK))
             except EngineError as exc:
                 return self._refuse(Refusal(request.stream_id, 503, f"Docker Engine: {exc}"[:500]))
-            # no environment yet: no container is this agent's ("" matches no label)
-            env_id = self._agent_session.env_id or ""
-            refusal = check_access((info.get("Config") or {}).get("Labels"), env_id, request)
+            refusal = check_access((info.get("Config") or {}).get("Labels"), self._agent_session.env_id, request)
             if refusal is not None:
                 return self._refuse(refusal)
             service = await connect(info, request) if isinstance(request, TunnelRequest) else None

@@ -128,13 +128,14 @@ def parse_resize(message: Any) -> tuple[int, int] | None:
     return None
 
 
-def check_access(labels: Any, env_id: str, request: StreamRequest) -> Refusal | None:
+def check_access(labels: Any, env_id: str | None, request: StreamRequest) -> Refusal | None:
     """Only the agent's own containers, of this environment, of the request's
     rental and stack. Every mismatch reads the same: what exists elsewhere is
     none of the asker's business."""
     labels = labels if isinstance(labels, dict) else {}
     if (
-        labels.get(wire.LABEL_MANAGED) == "true"
+        env_id  # before a session names the environment, no container is this agent's
+        and labels.get(wire.LABEL_MANAGED) == "true"
         and labels.get(wire.LABEL_ENV) == env_id
         and labels.get(wire.LABEL_RENTAL) == request.rental_id
         and labels.get(wire.LABEL_STACK) == request.stack_id
