@@ -12,12 +12,10 @@ import pytest
 from aiohttp import web
 from support.engine import Containers
 from support.renter_streams import STDERR, STDOUT, Demux
+from support.wiring import stream_channel
 
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.runtime.engine_streams import EngineStreams
-from gpuhost_agent.streams.channel import StreamChannel
 from gpuhost_agent.uplink.client import MarketplaceClient
-from gpuhost_agent.uplink.session import SessionState
 
 KEY = "env-key-secret"
 
@@ -143,13 +141,13 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-async def world(docker_client):
+async def world(docker_client, tmp_path):
     market = FakeMarket()
     await market.start()
     made = Containers(docker_client)
     client = MarketplaceClient(market.base_url, KEY)
     client.session_id = "session-1"
-    channel = StreamChannel(client, SessionState(made.env_id), EngineStreams(), backoff_first=0.05, backoff_ceiling=0.5)
+    channel = stream_channel(client, made.env_id, tmp_path, backoff_first=0.05, backoff_ceiling=0.5)
     task = asyncio.create_task(channel.run())
     try:
         await asyncio.wait_for(market.channel_opened.wait(), 10)
@@ -239,13 +237,13 @@ async def _wait_stream_ws(market: FakeMarket, stream_id: str):
     return market.stream_ws[stream_id]
 
 
-async def test_stream_limit_and_duplicate_ids(docker_client):
+async def test_stream_limit_and_duplicate_ids(docker_client, tmp_path):
     market = FakeMarket()
     await market.start()
     made = Containers(docker_client)
     client = MarketplaceClient(market.base_url, KEY)
     client.session_id = "session-1"
-    channel = StreamChannel(client, SessionState(made.env_id), EngineStreams(), max_streams=1)
+    channel = stream_channel(client, made.env_id, tmp_path, max_streams=1)
     task = asyncio.create_task(channel.run())
     try:
         await asyncio.wait_for(market.channel_opened.wait(), 10)

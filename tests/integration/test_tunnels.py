@@ -186,13 +186,6 @@ services:
 """
 
 
-async def _stack_with_flags(renter, rental_id: str, content: str, **flags: bool) -> str:
-    template = {"name": "auth", "description": "d", "content": content, "environmentVariables": {}, **flags}
-    status, body = await renter.call("POST", f"/rentals/{rental_id}/stacks", {"template": template})
-    assert status == 201, body
-    return body
-
-
 async def _mirror(port: int, head: bytes) -> bytes:
     """What the service received: the mirror sends the request back."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -207,7 +200,7 @@ async def _mirror(port: int, head: bytes) -> bytes:
 async def test_basic_auth_at_the_marketplace(local_market, local_doc, basic_auth):
     renter, _parts, _local = local_market
     rental_id = await renter.rental()
-    stack_id = await _stack_with_flags(renter, rental_id, AUTHED, isBasicAuthEnabled=basic_auth)
+    stack_id = await renter.stack(rental_id, AUTHED, name="auth", isBasicAuthEnabled=basic_auth)
     stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
     assert stack["status"] == wire.APPLIED, stack["errorMsg"]
     tunnels = {t["service"]: t for t in await _tunnels(renter, rental_id, stack_id, 2)}

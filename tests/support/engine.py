@@ -16,15 +16,24 @@ from gpuhost_agent.protocol import wire
 from support.stacks import TEST_IMAGE
 
 
-def env_containers(client, env_id: str) -> list:
-    return client.containers.list(all=True, filters={"label": f"{wire.LABEL_ENV}={env_id}"})
+def env_containers(client, env_id: str, attempts: int = 5) -> list:
+    """The environment's containers. docker-py inspects each one it lists, so a
+    container the agent removes in between (404) means: list again."""
+    for attempt in range(attempts):
+        try:
+            return client.containers.list(all=True, filters={"label": f"{wire.LABEL_ENV}={env_id}"})
+        except docker.errors.NotFound:
+            if attempt == attempts - 1:
+                raise
+    return []
 
 
 def remove_env_resources(client, env_id: str, attempts: int = 5) -> None:
     """Whatever a test left behind in the engine, found by the agent's own label.
     The prune is retried while another prune runs on the same engine (409)."""
-    for container in client.containers.list(all=True, filters={"label": f"{wire.LABEL_ENV}={env_id}"}):
-        container.remove(force=True, v=True)
+    for container in env_containers(client, env_id):
+        with contextlib.suppress(docker.errors.NotFound):
+            container.remove(force=True, v=True)
     for attempt in range(attempts):
         try:
             client.networks.prune(filters={"label": "com.docker.compose.project"})

@@ -34,6 +34,7 @@ from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 from gpuhost_agent.storage.agent_db import AgentDB
+from gpuhost_agent.streams.channel import StreamChannel
 from gpuhost_agent.streams.sink import Sink
 from gpuhost_agent.uplink.client import MarketplaceClient
 from gpuhost_agent.uplink.outbox import Outbox, Report
@@ -182,6 +183,17 @@ class FakeContainerWatch:
 
     def follow(self, env_id: str) -> None:
         self.followed.append(env_id)
+
+
+class FakeStreamChannel:
+    """Stands in for StreamChannel in opening a session: what it adds to the
+    session's info (the SSH host key), a fixed stand-in line here."""
+
+    stands_in_for: ClassVar[type] = StreamChannel
+    test_side: ClassVar[tuple[str, ...]] = ()
+
+    def session_info(self) -> dict:
+        return {"sshHostKey": "ssh-ed25519 AAAA-stand-in", "sshHostKeyFingerprint": "SHA256:stand-in"}
 
 
 class FakeDispatcher:
@@ -393,6 +405,7 @@ FAKES: tuple[type, ...] = (
     FakeReporter,
     FakeHostReporter,
     FakeContainerWatch,
+    FakeStreamChannel,
     FakeDispatcher,
     FakeEngine,
     FakeClient,

@@ -36,8 +36,17 @@ class Renter:
         assert status == 201, body
         return body["rentalId"]
 
-    async def stack(self, rental_id: str, content: str, variables: dict | None = None, name: str = "test stack") -> str:
-        template = {"name": name, "description": "test", "content": content, "environmentVariables": variables or {}}
+    async def stack(
+        self, rental_id: str, content: str, variables: dict | None = None, name: str = "test stack", **flags: bool
+    ) -> str:
+        """A new stack's id; `flags` are the template's (isSSHEnabled=True...)."""
+        template = {
+            "name": name,
+            "description": "test",
+            "content": content,
+            "environmentVariables": variables or {},
+            **flags,
+        }
         status, body = await self.call("POST", f"/rentals/{rental_id}/stacks", {"template": template})
         assert status == 201, body
         return body

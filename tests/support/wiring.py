@@ -7,6 +7,7 @@ constructors; these builders do the same with in-memory or fake ones
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from gpuhost_agent.core.agent import Agent
@@ -14,10 +15,15 @@ from gpuhost_agent.core.dispatcher import JobDispatcher
 from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.core.rental_end_dates import RentalEndDates
 from gpuhost_agent.core.status_reporter import StatusReporter
+from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.service import metrics
 from gpuhost_agent.storage.agent_db import AgentDB
+from gpuhost_agent.streams import ssh_host_key
+from gpuhost_agent.streams.channel import StreamChannel
+from gpuhost_agent.streams.ssh_access import RentalKeys
+from gpuhost_agent.streams.ssh_server import SshServices
 from gpuhost_agent.uplink.session import SessionState
-from support.fakes import FakeContainerWatch, FakeHostReporter, FakeSchedule
+from support.fakes import FakeContainerWatch, FakeHostReporter, FakeSchedule, FakeStreamChannel
 
 
 async def _no_streams(_rental_id: str) -> None:
@@ -46,5 +52,12 @@ def agent_for(client: Any, *, outbox: Any = None, dispatcher: JobDispatcher | No
         None,
         None,
         FakeContainerWatch(),
-        None,
+        FakeStreamChannel(),  # type: ignore[arg-type]
     )  # type: ignore[arg-type]
+
+
+def stream_channel(client: Any, env_id: str, state_dir: Path, **options: Any) -> StreamChannel:
+    """A real StreamChannel on the real engine, its SSH host key in `state_dir`."""
+    engine = EngineStreams()
+    ssh = SshServices(engine, RentalKeys(client.rental_ssh_keys), ssh_host_key.load_or_create(state_dir))
+    return StreamChannel(client, SessionState(env_id), engine, ssh, **options)

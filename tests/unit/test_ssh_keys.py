@@ -101,3 +101,37 @@ async def test_keys_need_the_renter_key_and_survive_a_restart(market, keys, tmp_
     assert status == 200
     reloaded = await asyncio.to_thread(Store.load_or_create, tmp_path / "m.json")
     assert [key["name"] for key in reloaded.sshKeys] == ["spare"]
+
+
+async def test_the_agent_reads_a_rentals_login_keys_while_it_is_active(market, keys, agent_doc) -> None:
+    env_key = market.store.envApiKey
+    status, _ = await market.call("POST", "/users/ssh-key", {"publicKey": keys["ed25519"][0]})
+    assert status == 200
+    _, rental = await market.call("POST", "/rentals", {"envId": market.store.envId})
+    path = f"/agent/rentals/{rental['rentalId']}/ssh-keys"
+    status, body = await market.call("GET", path, key=env_key)
+    assert status == 200 and [k.split()[:2] for k in body["keys"]] == [keys["ed25519"][0].split()[:2]]
+    check_named(agent_doc, body, "RentalSshKeys")
+    status, _ = await market.call("GET", path)  # the renter's key is not the agent's
+    assert status == 401
+    status, _ = await market.call("GET", "/agent/rentals/nope/ssh-keys", key=env_key)
+    assert status == 404
+    status, _ = await market.call("DELETE", f"/rentals/{rental['rentalId']}")
+    assert status == 200
+    status, body = await market.call("GET", path, key=env_key)
+    assert (status, body["keys"]) == (200, [])  # an ended rental has no way in
+
+
+async def test_the_host_key_of_the_session_is_kept_with_its_own_fingerprint(market, keys, tmp_path) -> None:
+    public = keys["ecdsa"][0]
+    body = {"sshHostKey": public, "sshHostKeyFingerprint": "SHA256:whatever-the-agent-says"}
+    status, _ = await market.call("POST", "/agent/sessions", body, key=market.store.envApiKey)
+    assert status == 200
+    await asyncio.to_thread((tmp_path / "host.pub").write_text, public + "\n")
+    listed = await asyncio.to_thread(
+        subprocess.run, ["ssh-keygen", "-l", "-f", str(tmp_path / "host.pub")], capture_output=True, text=True
+    )
+    kept = market.store.host["sshHostKey"]
+    assert kept == {"hostKey": " ".join(public.split()[:2]), "hostKeyFingerprint": listed.stdout.split()[1]}
+    status, _ = await market.call("POST", "/agent/sessions", {"sshHostKey": "not a key"}, key=market.store.envApiKey)
+    assert status == 200 and market.store.host["sshHostKey"] is None

@@ -109,6 +109,7 @@ class Agent:
             "hostname": socket.gethostname(),
             "startedAt": wire.iso(),
             "capabilities": list(wire.JOB_TYPES),
+            **self.streams.session_info(),
         }
         while True:
             try:

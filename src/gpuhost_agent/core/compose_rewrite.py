@@ -56,7 +56,9 @@ def as_mapping(value: dict | Iterable[object] | None, missing: str | None = "") 
     return dict(pairs)
 
 
-def label_services(model: dict, stack_id: str, rental_id: str, env_id: str, gpus: list[str] | None = None) -> dict:
+def label_services(
+    model: dict, stack_id: str, rental_id: str, env_id: str, gpus: list[str] | None = None, *, ssh: bool = False
+) -> dict:
     """A copy of the model with the agent's labels on every service.
 
     The project name comes from the agent (`-p`), so a `name:` in the file is
@@ -67,7 +69,7 @@ def label_services(model: dict, stack_id: str, rental_id: str, env_id: str, gpus
         raise StackRejected("the Compose file defines no services")
     rewritten = copy.deepcopy(model)
     rewritten.pop("name", None)
-    labels = stack_labels(stack_id, rental_id, env_id, gpus or ())
+    labels = stack_labels(stack_id, rental_id, env_id, gpus or (), ssh=ssh)
     for service_name, service in rewritten["services"].items():
         if not isinstance(service, dict):
             raise StackRejected(f"service {service_name!r} is not a mapping")

@@ -91,7 +91,9 @@ class StackDeployer:
             except ComposeError as exc:
                 raise StackRejected(f"invalid Compose file: {exc}") from None
             hardened, gpus = await self.sandbox.apply(job, project, model)
-            rewritten = label_services(hardened, job.stack_id, job.rental_id, job.env_id, gpus)
+            rewritten = label_services(
+                hardened, job.stack_id, job.rental_id, job.env_id, gpus, ssh=template.get("isSSHEnabled") is True
+            )
             await asyncio.to_thread(_write_private, workdir / AGENT_FILE, json.dumps(rewritten, indent=1))
             faults.crash_point("deploy.before_compose_up")
             try:

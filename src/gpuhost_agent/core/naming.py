@@ -42,10 +42,13 @@ def provider_stack_id(stack_id: str) -> int:
     return int.from_bytes(hashlib.sha256(stack_id.encode()).digest()[:4], "big") & 0x7FFFFFFF or 1
 
 
-def stack_labels(stack_id: str, rental_id: str, env_id: str, gpus: list[str] | tuple[str, ...] = ()) -> dict[str, str]:
+def stack_labels(
+    stack_id: str, rental_id: str, env_id: str, gpus: list[str] | tuple[str, ...] = (), *, ssh: bool = False
+) -> dict[str, str]:
     """Docker is the record of what the agent owns. The rental's GPUs are on
     the label too, so that a lost state file can be rebuilt from the engine
-    without handing a rental's GPUs to another one."""
+    without handing a rental's GPUs to another one; so is whether the
+    template allows SSH, which the agent's SSH server checks at each login."""
     labels = {
         wire.LABEL_MANAGED: "true",
         wire.LABEL_STACK: stack_id,
@@ -54,6 +57,8 @@ def stack_labels(stack_id: str, rental_id: str, env_id: str, gpus: list[str] | t
     }
     if gpus:
         labels[wire.LABEL_GPUS] = ",".join(gpus)
+    if ssh:
+        labels[wire.LABEL_SSH] = "true"
     return labels
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gpuhost_agent.local_marketplace import ssh_keys
 from gpuhost_agent.local_marketplace.http_errors import json_body, json_error
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.protocol import wire
@@ -21,6 +22,8 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
         if not isinstance(body, dict):
             return json_error(400, "body must be an object describing the agent")
         session_id, requeued = state.new_session()
+        store.host["sshHostKey"] = ssh_keys.host_key(body.get("sshHostKey"))
+        state.changed()
         return web.json_response(
             {
                 "sessionId": session_id,
@@ -73,6 +76,16 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
         state.changed()
         return web.json_response({"stackId": request.match_info["stackId"], "accepted": accepted})
 
+    async def rental_ssh_keys(request: web.Request) -> web.Response:
+        """The keys that may log in to the rental's containers now: its
+        renter's, while the rental is active; none once it ended."""
+        rental_id = request.match_info["rentalId"]
+        rental = store.rentals.get(rental_id)
+        if rental is None:
+            return json_error(404, f"rental {rental_id[:128]} not found")
+        active = rental["status"] == wire.RENTAL_ACTIVE
+        return web.json_response({"rentalId": rental_id, "keys": ssh_keys.login_keys(store.sshKeys) if active else []})
+
     async def desired_state(_request: web.Request) -> web.Response:
         state.expire_rentals()
         return web.json_response(store.desired_state())
@@ -80,6 +93,7 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
     return [
         web.post("/v1/agent/sessions", open_session),
         web.get("/v1/agent/desired-state", desired_state),
+        web.get("/v1/agent/rentals/{rentalId}/ssh-keys", rental_ssh_keys),
         web.get("/v1/agent/jobs", poll_jobs),
         web.post("/v1/agent/jobs/{jobId}/complete", complete_job),
         web.put("/v1/agent/stacks/{stackId}/status", put_status),

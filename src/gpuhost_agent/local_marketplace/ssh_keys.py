@@ -68,6 +68,26 @@ def new_key(body: Any, existing: list[dict]) -> dict:
     return {"name": name, "publicKey": f"{stored[0]} {stored[1]} {name}", "createdAt": wire.iso()}
 
 
+def host_key(text: object) -> dict | None:
+    """The agent's SSH host key as tunnel info shows it ({hostKey,
+    hostKeyFingerprint}), from the public line the agent's session sent; the
+    fingerprint is computed here, not taken from the agent. None when the
+    line is not a public key."""
+    if not isinstance(text, str) or len(text) > MAX_KEY_TEXT or "\n" in text:
+        return None
+    try:
+        key = asyncssh.import_public_key(text.strip())
+    except (asyncssh.KeyImportError, ValueError):
+        return None
+    line = " ".join(key.export_public_key("openssh").decode().split()[:2])
+    return {"hostKey": line, "hostKeyFingerprint": key.get_fingerprint("sha256")}
+
+
+def login_keys(keys: list[dict]) -> list[str]:
+    """The public lines the agent checks a login against."""
+    return [key["publicKey"] for key in keys]
+
+
 def user(store_user_id: str, keys: list[dict]) -> dict:
     """The seed's User, for the local marketplace's one user."""
     return {

@@ -11,6 +11,12 @@ restarts keeps its tunnel: the agent looks its address up for each connection.
 Which tunnels are `http`: the ports web services use by convention (below).
 An `http` tunnel is the same byte relay; it differs only in its `url` and in
 the answer a client gets while the service is not listening yet.
+
+A stack whose template has isSSHEnabled gets one more listener, its SSH
+endpoint: each connection is an `ssh` stream, which the agent's own SSH
+server terminates (the login name picks the container), so only ciphertext
+passes here. Tunnel info lists it once per container, with the login name
+and the agent's host key (ssh_entry).
 """
 
 from __future__ import annotations
@@ -33,6 +39,9 @@ log = get_logger(__name__)
 HTTP_PORTS = frozenset({80, 3000, 5000, 5173, 6006, 7860, 8000, 8080, 8081, 8188, 8501, 8888})
 SERVICE_LABEL = "com.docker.compose.service"
 SYNC_PERIOD = 0.5  # seconds between looks at the container lists
+SSH = "ssh"
+SSH_KEY_CONTAINER, SSH_KEY_PORT = "", 0  # a stack's SSH endpoint is keyed on the stack alone
+STACK_PREFIX = 8  # the login name is <service>.<first 8 characters of the stack id>
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,47 @@ class Tunnel:
         }
 
 
+def ssh_entry(tunnel: Tunnel, container: dict, host_key: dict | None) -> dict:
+    """The SSH endpoint as one container's tunnel info shows it."""
+    service = _service(container)
+    user = f"{service}.{tunnel.key.stack_id[:STACK_PREFIX]}"
+    port = tunnel.listen_port
+    return {
+        "tunnelId": hashlib.sha256(f"{tunnel.key.stack_id}/{container['Id']}/ssh".encode()).hexdigest()[:16],
+        "service": service,
+        "containerId": container["Id"],
+        "containerPort": None,
+        "protocol": SSH,
+        "url": None,
+        "host": "127.0.0.1",
+        "port": port,
+        "auth": None,
+        "status": tunnel.status,
+        "error": tunnel.error,
+        "ssh": {
+            "host": "127.0.0.1",
+            "port": port,
+            "user": user,
+            "hostKeyFingerprint": (host_key or {}).get("hostKeyFingerprint"),
+            "hostKey": (host_key or {}).get("hostKey"),
+            "command": f"ssh -p {port} {user}@127.0.0.1",
+        },
+    }
+
+
+def _service(container: dict) -> str:
+    labels = dict(str(label).partition("=")[::2] for label in container.get("Labels") or [])
+    return labels.get(SERVICE_LABEL) or container.get("Name", "")
+
+
+def _running(store: Store, stack_id: str) -> list[dict]:
+    return [
+        c
+        for c in (store.containers.get(stack_id) or {}).get("containers") or []
+        if c.get("State") == "running" and c.get("Id")
+    ]
+
+
 def wanted(store: Store) -> dict[TunnelKey, tuple[str, str]]:
     """(service, protocol) of every tunnel there should be now."""
     tunnels: dict[TunnelKey, tuple[str, str]] = {}
@@ -85,11 +135,11 @@ def wanted(store: Store) -> dict[TunnelKey, tuple[str, str]]:
         rental = store.rentals.get(stack["rentalId"]) or {}
         if stack.get("status") != wire.APPLIED or rental.get("status") != "ACTIVE":
             continue
-        for container in (store.containers.get(stack_id) or {}).get("containers") or []:
-            if container.get("State") != "running" or not container.get("Id"):
-                continue
-            labels = dict(str(label).partition("=")[::2] for label in container.get("Labels") or [])
-            service = labels.get(SERVICE_LABEL) or container.get("Name", "")
+        running = _running(store, stack_id)
+        if running and (stack.get("template") or {}).get("isSSHEnabled") is True:
+            tunnels[TunnelKey(stack["rentalId"], stack_id, SSH_KEY_CONTAINER, SSH_KEY_PORT)] = ("", SSH)
+        for container in running:
+            service = _service(container)
             for port in {p["PrivatePort"] for p in container.get("Ports") or [] if p.get("Type", "tcp") == "tcp"}:
                 key = TunnelKey(stack["rentalId"], stack_id, container["Id"], int(port))
                 tunnels[key] = (service, "http" if port in HTTP_PORTS else "tcp")
@@ -102,14 +152,28 @@ class TunnelBook:
         self.tunnels: dict[TunnelKey, Tunnel] = {}
 
     def for_stack(self, stack_id: str) -> list[dict]:
-        return [t.as_wire() for k, t in sorted(self.tunnels.items(), key=_order) if k.stack_id == stack_id]
+        return [entry for _, entry in sorted(self._entries(stack_id), key=lambda pair: pair[0])]
 
     def for_container(self, stack_id: str, container_id: str) -> list[dict]:
         return [
-            t.as_wire()
-            for t in self.tunnels.values()
-            if t.key.stack_id == stack_id and t.key.container_id == container_id
+            entry
+            for _, entry in sorted(self._entries(stack_id), key=lambda pair: pair[0])
+            if entry["containerId"] == container_id
         ]
+
+    def _entries(self, stack_id: str) -> list[tuple[tuple[str, int], dict]]:
+        """(order, tunnel info) of the stack's tunnels; its SSH endpoint once per running container."""
+        entries = []
+        for key, tunnel in self.tunnels.items():
+            if key.stack_id != stack_id:
+                continue
+            if tunnel.protocol != SSH:
+                entries.append(((key.container_id, key.port), tunnel.as_wire()))
+                continue
+            host_key = self.store.host.get("sshHostKey")
+            for container in _running(self.store, stack_id):
+                entries.append(((container["Id"], -1), ssh_entry(tunnel, container, host_key)))
+        return entries
 
     async def run(self, period: float = SYNC_PERIOD) -> None:
         try:
@@ -190,13 +254,15 @@ class TunnelBook:
                     await tunnel_relay.write_answer(writer, decision.status, decision.headers, decision.text)
                     return
                 first = decision.forward.render()
+            fields: dict[str, str | int]
+            if tunnel.protocol == SSH:
+                kind, fields = SSH, {"stackId": key.stack_id}
+            else:
+                kind, fields = "tunnel", {"stackId": key.stack_id, "containerId": key.container_id, "port": key.port}
             try:
-                stream = await self.hub.open(
-                    "tunnel",
-                    key.rental_id,
-                    {"stackId": key.stack_id, "containerId": key.container_id, "port": key.port},
-                )
+                stream = await self.hub.open(kind, key.rental_id, fields)
             except StreamRefused as refused:
+                log.info("tunnel_refused", tunnel_id=tunnel.tunnel_id, status=refused.status, error=refused.message)
                 starting = tunnel_relay.is_not_listening(refused.status, refused.message)
                 tunnel.status, tunnel.error = ("starting", None) if starting else ("error", refused.message)
                 if tunnel.protocol == "http":
@@ -221,7 +287,3 @@ class TunnelBook:
             writer.close()
             with contextlib.suppress(ConnectionError, OSError):
                 await writer.wait_closed()
-
-
-def _order(item: tuple[TunnelKey, Tunnel]) -> tuple[str, int]:
-    return item[0].container_id, item[0].port

@@ -43,6 +43,9 @@ LABEL_STACK = "io.gpuhost.stack-id"
 LABEL_RENTAL = "io.gpuhost.rental-id"
 LABEL_ENV = "io.gpuhost.env-id"
 LABEL_GPUS = "io.gpuhost.rental-gpus"  # the rental's GPU UUIDs, comma-separated
+# On the containers of a stack whose template has isSSHEnabled: the agent's SSH
+# server opens only containers that carry it (streams/ssh_access.py).
+LABEL_SSH = "io.gpuhost.ssh"
 AGENT_LABELS = (LABEL_MANAGED, LABEL_STACK, LABEL_RENTAL, LABEL_ENV)
 
 _TEMPLATE_STRINGS = ("name", "description", "content")

@@ -188,12 +188,21 @@ class EngineStreams:
                 response.close()
         return LogReader(response, chunk_bytes)
 
-    async def exec_create(self, container_id: str, command: list[str], env: dict[str, str]) -> str:
+    async def containers(self, labels: dict[str, str]) -> list[dict]:
+        """`docker ps -a` of the containers carrying every one of `labels`."""
+        filters = json.dumps({"label": [f"{key}={value}" for key, value in labels.items()]})
+        reply = await self._call("GET", "/containers/json", params={"all": "1", "filters": filters})
+        return [item for item in reply if isinstance(item, dict)] if isinstance(reply, list) else []
+
+    async def exec_create(self, container_id: str, command: list[str], env: dict[str, str], *, tty: bool = True) -> str:
+        """An exec in the container's own user and working directory. Without a
+        TTY its output comes in Docker's multiplexed frames (stdout and stderr
+        apart), and closing the connection's sending side closes its stdin."""
         body = {
             "AttachStdin": True,
             "AttachStdout": True,
             "AttachStderr": True,
-            "Tty": True,
+            "Tty": tty,
             "Cmd": list(command),
             "Env": [f"{k}={v}" for k, v in env.items()],
         }
@@ -202,9 +211,9 @@ class EngineStreams:
             raise EngineError("Docker Engine created an exec without an Id")
         return reply["Id"]
 
-    async def exec_start(self, exec_id: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def exec_start(self, exec_id: str, *, tty: bool = True) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """Start the exec and take over its connection: what follows the
-        response head is the TTY, both ways."""
+        response head is the TTY (or the frames), both ways."""
         path = f"/exec/{_checked_id(exec_id)}/start"
         self._session()  # reads DOCKER_HOST
         endpoint = self._endpoint
@@ -218,7 +227,7 @@ class EngineStreams:
                     asyncio.open_connection(endpoint.host, endpoint.port), self._timeout
                 )
             writer = opened  # closed below unless handed to the caller
-            body = json.dumps({"Detach": False, "Tty": True}).encode()
+            body = json.dumps({"Detach": False, "Tty": tty}).encode()
             opened.write(
                 f"POST {path} HTTP/1.1\r\nHost: docker\r\nContent-Type: application/json\r\n"
                 f"Connection: Upgrade\r\nUpgrade: tcp\r\nContent-Length: {len(body)}\r\n\r\n".encode()
@@ -255,6 +264,21 @@ class EngineStreams:
     async def exec_inspect(self, exec_id: str) -> dict:
         reply = await self._call("GET", f"/exec/{_checked_id(exec_id)}/json")
         return reply if isinstance(reply, dict) else {}
+
+    async def exec_exit_code(self, exec_id: str, wait: float) -> int | None:
+        """The exec's exit code once its output ended: the engine records it a
+        moment after the stream closes, so it is polled for up to `wait` s."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while True:
+            try:
+                state = await self.exec_inspect(exec_id)
+            except EngineError:
+                return None
+            if not state.get("Running") or loop.time() > deadline:
+                code = state.get("ExitCode")
+                return code if isinstance(code, int) and not state.get("Running") else None
+            await asyncio.sleep(0.05)
 
 
 def _message(raw: bytes) -> str:

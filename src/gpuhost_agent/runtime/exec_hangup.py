@@ -20,6 +20,8 @@ import os
 import signal
 
 from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.engine_streams import EngineStreams
 
 log = get_logger(__name__)
 
@@ -57,10 +59,19 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _session(exec_pid: int, container_pid: int) -> list[int]:
-    """The processes of the exec's session, when it is safe to signal them."""
+def _container_namespace(exec_pid: int, container_pid: int) -> int | None:
+    """The exec's pid namespace when it is the container's and not the agent's
+    (only then is the exec's pid safe to signal), else None."""
     namespace = _pid_namespace(exec_pid)
     if namespace is None or namespace != _pid_namespace(container_pid) or namespace == _pid_namespace("self"):
+        return None
+    return namespace
+
+
+def _session(exec_pid: int, container_pid: int) -> list[int]:
+    """The processes of the exec's session, when it is safe to signal them."""
+    namespace = _container_namespace(exec_pid, container_pid)
+    if namespace is None:
         return []
     return [pid for pid in _session_members(exec_pid) if _pid_namespace(pid) == namespace]
 
@@ -77,6 +88,16 @@ def _signal(pids: list[int], signum: int) -> list[int]:
     return alive
 
 
+def signal_exec(exec_pid: object, container_pid: object, signum: int) -> bool:
+    """Send `signum` to an exec's own process (an SSH client's signal request),
+    under the same namespace rule as hang_up. Whether it was sent."""
+    if not (isinstance(exec_pid, int) and isinstance(container_pid, int) and exec_pid > 1 and container_pid > 1):
+        return False
+    if _container_namespace(exec_pid, container_pid) is None:
+        return False
+    return bool(_signal([exec_pid], signum))
+
+
 async def hang_up(exec_pid: object, container_pid: object, *, kill_after: float = KILL_AFTER) -> None:
     """SIGHUP the exec's session, SIGKILL what is left of it after `kill_after`."""
     if not (isinstance(exec_pid, int) and isinstance(container_pid, int) and exec_pid > 1 and container_pid > 1):
@@ -90,3 +111,14 @@ async def hang_up(exec_pid: object, container_pid: object, *, kill_after: float 
         alive = [pid for pid in alive if _running(pid)]
     if alive:  # a pid reused within kill_after is not a real risk: pids wrap far slower
         log.debug("terminal_session_killed", processes=len(_signal(alive, signal.SIGKILL)))
+
+
+async def hang_up_exec(engine: EngineStreams, exec_id: str, container_id: str) -> None:
+    """A session ended with its command still running: end the command."""
+    try:
+        state = await engine.exec_inspect(exec_id)
+        if state.get("Running"):
+            container = await engine.inspect(container_id)
+            await hang_up(state.get("Pid"), (container.get("State") or {}).get("Pid"))
+    except EngineError:
+        pass  # the container is gone, or the engine: nothing left to hang up

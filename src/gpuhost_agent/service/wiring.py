@@ -39,7 +39,10 @@ from gpuhost_agent.service import metrics
 from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.service.status_server import StatusServer, StatusSource
 from gpuhost_agent.storage.agent_db import DB_FILE, AgentDB
+from gpuhost_agent.streams import ssh_host_key
 from gpuhost_agent.streams.channel import StreamChannel
+from gpuhost_agent.streams.ssh_access import RentalKeys
+from gpuhost_agent.streams.ssh_server import SshServices
 from gpuhost_agent.uplink.client import MarketplaceClient
 from gpuhost_agent.uplink.outbox import Outbox
 from gpuhost_agent.uplink.session import SessionState
@@ -138,7 +141,9 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         settle_seconds=config.settle_seconds,
         stop_timeout=config.stop_timeout,
     )
-    streams = StreamChannel(client, session, EngineStreams())
+    stream_engine = EngineStreams()
+    ssh = SshServices(stream_engine, RentalKeys(client.rental_ssh_keys), ssh_host_key.load_or_create(config.state_dir))
+    streams = StreamChannel(client, session, stream_engine, ssh)
     end_dates = RentalEndDates(db)
     dispatcher = JobDispatcher(
         deployer, reporter, outbox, db, end_dates, streams.end_rental, metrics.deploy_histogram()

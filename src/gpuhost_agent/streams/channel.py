@@ -20,14 +20,17 @@ from dataclasses import dataclass
 import aiohttp
 
 from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import ContainerGone, EngineStreams
 from gpuhost_agent.streams.log_pump import LOG_STALL_SECONDS, LogPump
 from gpuhost_agent.streams.requests import (
     NOT_IN_STACK,
     CancelRequest,
+    ContainerRequest,
     LogsRequest,
     Refusal,
+    SshRequest,
     StreamRequest,
     TerminalRequest,
     TunnelRequest,
@@ -35,6 +38,9 @@ from gpuhost_agent.streams.requests import (
     parse_request,
 )
 from gpuhost_agent.streams.sink import END_TIMEOUT, WebSocketSink
+from gpuhost_agent.streams.ssh_access import pick_any
+from gpuhost_agent.streams.ssh_connection import SshConnection
+from gpuhost_agent.streams.ssh_server import SshServices
 from gpuhost_agent.streams.terminal import Terminal
 from gpuhost_agent.streams.tunnel import TunnelRelay, connect
 from gpuhost_agent.uplink.client import MarketplaceClient, retry_delay
@@ -54,7 +60,7 @@ STOP_WAIT = 10.0
 class _Stream:
     request: StreamRequest
     task: asyncio.Task | None = None
-    runner: LogPump | Terminal | TunnelRelay | None = None  # None while pending (checking, connecting)
+    runner: LogPump | Terminal | TunnelRelay | SshConnection | None = None  # None while pending
     ended: str | None = None  # why it was ended from outside
 
 
@@ -64,6 +70,7 @@ class StreamChannel:
         client: MarketplaceClient,
         session: SessionState,
         engine: EngineStreams,
+        ssh: SshServices,
         *,
         max_streams: int = MAX_STREAMS,
         heartbeat: float = HEARTBEAT_SECONDS,
@@ -74,6 +81,7 @@ class StreamChannel:
         self._client = client
         self._agent_session = session
         self._engine = engine  # the channel's alone: close() closes it
+        self._ssh = ssh
         self._max_streams = max_streams
         self._heartbeat = heartbeat
         self._stall = log_stall_seconds
@@ -152,6 +160,12 @@ class StreamChannel:
             counts[kind] = counts.get(kind, 0) + 1
         return counts
 
+    def session_info(self) -> dict:
+        """What the agent's session tells the marketplace of its streams: the
+        SSH host key, which renters pin and tunnel info shows."""
+        host_key = self._ssh.host_key
+        return {"sshHostKey": host_key.public_line, "sshHostKeyFingerprint": host_key.fingerprint}
+
     def stats(self) -> dict:
         return {"channelConnected": self.connected.is_set(), "open": self.live()}
 
@@ -195,18 +209,16 @@ class StreamChannel:
         request = stream.request
         kind = _kind(request)
         try:
-            try:
-                info = await self._engine.inspect(request.container_id)
-            except ContainerGone:
-                return self._refuse(Refusal(request.stream_id, 404, NOT_IN_STACK))
-            except EngineError as exc:
-                return self._refuse(Refusal(request.stream_id, 503, f"Docker Engine: {exc}"[:500]))
-            refusal = check_access((info.get("Config") or {}).get("Labels"), self._agent_session.env_id, request)
+            info: dict = {}
+            if isinstance(request, SshRequest):
+                refusal = await self._check_ssh(request)
+            else:
+                refusal, info = await self._check_container(request)
+            service = await connect(info, request) if refusal is None and isinstance(request, TunnelRequest) else None
+            if isinstance(service, Refusal):
+                refusal, service = service, None
             if refusal is not None:
                 return self._refuse(refusal)
-            service = await connect(info, request) if isinstance(request, TunnelRequest) else None
-            if isinstance(service, Refusal):
-                return self._refuse(service)
             ws = await self._session().ws_connect(
                 self._url(f"/agent/streams/{request.stream_id}"),
                 headers=self._client.auth_headers(),
@@ -219,6 +231,8 @@ class StreamChannel:
                 stream.runner = LogPump(self._engine, request, sink, info=info, stall_seconds=self._stall)
             elif isinstance(request, TerminalRequest):
                 stream.runner = Terminal(self._engine, request, sink, container_id=info.get("Id"))
+            elif isinstance(request, SshRequest):
+                stream.runner = SshConnection(self._ssh, request, sink, self._agent_session.env_id)
             else:
                 assert service is not None  # connected above, for a tunnel
                 stream.runner = TunnelRelay(sink, *service)
@@ -237,6 +251,27 @@ class StreamChannel:
             log.error("stream_failed", stream_id=request.stream_id, kind=kind, error=f"{type(exc).__name__}: {exc}")
         finally:
             self._streams.pop(request.stream_id, None)
+
+    async def _check_container(self, request: ContainerRequest) -> tuple[Refusal | None, dict]:
+        """The container's inspect, or why the request is refused."""
+        try:
+            info = await self._engine.inspect(request.container_id)
+        except ContainerGone:
+            return Refusal(request.stream_id, 404, NOT_IN_STACK), {}
+        except EngineError as exc:
+            return Refusal(request.stream_id, 503, f"Docker Engine: {exc}"[:500]), {}
+        return check_access((info.get("Config") or {}).get("Labels"), self._agent_session.env_id, request), info
+
+    async def _check_ssh(self, request: SshRequest) -> Refusal | None:
+        """A stack of this rental with a running container open to SSH; which
+        one is the login's choice."""
+        try:
+            containers = await self._engine.containers({wire.LABEL_STACK: request.stack_id})
+        except EngineError as exc:
+            return Refusal(request.stream_id, 503, f"Docker Engine: {exc}"[:500])
+        if pick_any(containers, self._agent_session.env_id, request.rental_id, request.stack_id) is None:
+            return Refusal(request.stream_id, 404, "no running container of this stack is open to SSH")
+        return None
 
     async def _end(self, streams: list[_Stream], reason: str) -> None:
         for stream in streams:
@@ -293,4 +328,6 @@ def _now() -> float:
 def _kind(request: StreamRequest) -> str:
     if isinstance(request, LogsRequest):
         return "logs"
+    if isinstance(request, SshRequest):
+        return "ssh"
     return "terminal" if isinstance(request, TerminalRequest) else "tunnel"

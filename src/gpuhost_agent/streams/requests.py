@@ -60,6 +60,16 @@ class TunnelRequest:
 
 
 @dataclass(frozen=True)
+class SshRequest:
+    """One renter's SSH connection to the stack's SSH endpoint (streams/ssh_server.py).
+    No container: the login name picks it, after the handshake."""
+
+    stream_id: str
+    rental_id: str
+    stack_id: str
+
+
+@dataclass(frozen=True)
 class CancelRequest:
     stream_id: str
 
@@ -76,8 +86,9 @@ class Refusal:
         return {"type": "refused", "streamId": self.stream_id, "status": self.status, "error": self.error}
 
 
-Request = LogsRequest | TerminalRequest | TunnelRequest | CancelRequest | Refusal
-StreamRequest = LogsRequest | TerminalRequest | TunnelRequest  # what opens a stream
+Request = LogsRequest | TerminalRequest | TunnelRequest | SshRequest | CancelRequest | Refusal
+StreamRequest = LogsRequest | TerminalRequest | TunnelRequest | SshRequest  # what opens a stream
+ContainerRequest = LogsRequest | TerminalRequest | TunnelRequest  # those that name their container
 
 
 class _Bad(ValueError):
@@ -113,6 +124,8 @@ def parse_request(message: Any) -> Request:
             )
         if kind == "tunnel":
             return TunnelRequest(stream_id, *_target(message), port=_port(message))
+        if kind == "ssh":
+            return SshRequest(stream_id, *_stack(message))
     except _Bad as exc:
         return Refusal(stream_id, 400, str(exc))
     return Refusal(stream_id, 400, f"unknown request type {str(kind)[:40]!r}")
@@ -144,14 +157,19 @@ def check_access(labels: Any, env_id: str | None, request: StreamRequest) -> Ref
     return Refusal(request.stream_id, 404, NOT_IN_STACK)
 
 
-def _target(message: dict) -> tuple[str, str, str]:
+def _stack(message: dict) -> tuple[str, str]:
     for key in ("rentalId", "stackId"):
         if not wire.is_safe_id(message.get(key)):
             raise _Bad(f"{key} is missing or not an id")
+    return message["rentalId"], message["stackId"]
+
+
+def _target(message: dict) -> tuple[str, str, str]:
+    rental_id, stack_id = _stack(message)
     container = message.get("containerId")
     if not (isinstance(container, str) and _CONTAINER.fullmatch(container)):
         raise _Bad("containerId is missing or not a container id or name")
-    return message["rentalId"], message["stackId"], container.lstrip("/")
+    return rental_id, stack_id, container.lstrip("/")
 
 
 def _port(message: dict) -> int:

@@ -16,7 +16,7 @@ import json
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import EngineStreams
-from gpuhost_agent.runtime.exec_hangup import hang_up
+from gpuhost_agent.runtime.exec_hangup import hang_up_exec
 from gpuhost_agent.streams.requests import TerminalRequest, parse_resize
 from gpuhost_agent.streams.sink import Sink, finish
 
@@ -121,29 +121,10 @@ class Terminal:
             log.debug("terminal_resize_failed", error=str(exc))
 
     async def _hang_up(self) -> None:
-        """The session ended with its command still running: end the command."""
-        if self.exec_id is None:
-            return  # never started: nothing to hang up
-        try:
-            state = await self._engine.exec_inspect(self.exec_id)
-            if state.get("Running"):
-                container = await self._engine.inspect(self._container)
-                await hang_up(state.get("Pid"), (container.get("State") or {}).get("Pid"))
-        except EngineError:
-            pass  # the container is gone, or the engine: nothing left to hang up
+        if self.exec_id is not None:  # never started: nothing to hang up
+            await hang_up_exec(self._engine, self.exec_id, self._container)
 
     async def _exit_code(self) -> int | None:
         if self.exec_id is None:
             return None
-        exec_id = self.exec_id
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._exit_code_wait
-        while True:
-            try:
-                state = await self._engine.exec_inspect(exec_id)
-            except EngineError:
-                return None
-            if not state.get("Running") or loop.time() > deadline:
-                code = state.get("ExitCode")
-                return code if isinstance(code, int) and not state.get("Running") else None
-            await asyncio.sleep(0.05)
+        return await self._engine.exec_exit_code(self.exec_id, self._exit_code_wait)

@@ -168,6 +168,15 @@ class MarketplaceClient:
         core.desired_state, which refuses what does not have the shape."""
         return await self._request("GET", "/agent/desired-state")
 
+    async def rental_ssh_keys(self, rental_id: str) -> list[str]:
+        """The OpenSSH public keys that may log in to the rental's containers
+        now (its renter's User.sshKeys); an ended rental has none."""
+        reply = await self._request("GET", f"/agent/rentals/{rental_id}/ssh-keys", timeout=10)
+        keys = reply.get("keys") if isinstance(reply, dict) else None
+        if not isinstance(keys, list):
+            raise MarketplaceRejected(200, "GET /agent/rentals/{id}/ssh-keys answered without a keys array")
+        return [key for key in keys if isinstance(key, str)]
+
     async def heartbeat(self, body: dict) -> dict:
         reply = await self._request("POST", "/agent/heartbeat", body=body)
         return reply if isinstance(reply, dict) else {}

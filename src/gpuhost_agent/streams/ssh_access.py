@@ -1,0 +1,116 @@
+"""Who may log in over SSH, and to which container (docs/streams.md, "ssh").
+
+The login name picks the container: `<service>.<first 8 characters of the
+stack id>`, e.g. `web.3f2a9c1d`. The prefix says which stack the renter meant,
+so a name copied from another stack's tunnel info fails plainly instead of
+opening a namesake service. The container must carry the agent's labels for
+this environment, rental and stack, and the SSH label the agent set because
+the stack's template has isSSHEnabled: the marketplace's request alone opens
+nothing.
+
+Keys: those the marketplace lists for the rental at login time (its renter's
+User.sshKeys), cached for a few seconds per rental, so a key the renter adds
+works on a running stack within seconds and a login storm is one request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from gpuhost_agent.protocol import wire
+
+STACK_PREFIX = 8
+SERVICE_LABEL = "com.docker.compose.service"
+NUMBER_LABEL = "com.docker.compose.container-number"
+KEYS_FRESH_SECONDS = 10.0  # a cached list is used as it is
+KEYS_RECHECK_SECONDS = 2.0  # an unknown key asks again once the list is this old
+MAX_CACHED_RENTALS = 1024
+
+
+def login_name(service: str, stack_id: str) -> str:
+    return f"{service}.{stack_id[:STACK_PREFIX]}"
+
+
+def parse_login(name: str, stack_id: str) -> str | None:
+    """The service a login name asks for in this stack, or None."""
+    service, dot, prefix = name.rpartition(".")
+    if not dot or not service or prefix != stack_id[:STACK_PREFIX]:
+        return None
+    return service
+
+
+def pick_any(containers: list[dict], env_id: str | None, rental_id: str, stack_id: str) -> dict | None:
+    """Any running container of the stack that SSH may open (is there an endpoint at all?)."""
+    services = {(c.get("Labels") or {}).get(SERVICE_LABEL, "") for c in containers}
+    for service in sorted(services):
+        found = pick_container(containers, service, env_id, rental_id, stack_id)
+        if found is not None:
+            return found
+    return None
+
+
+def pick_container(
+    containers: list[dict], service: str, env_id: str | None, rental_id: str, stack_id: str
+) -> dict | None:
+    """The running container of `service` (its first replica) that SSH may
+    open, from `docker ps` entries; None when there is none."""
+    if not env_id:
+        return None
+    wanted = {
+        wire.LABEL_MANAGED: "true",
+        wire.LABEL_ENV: env_id,
+        wire.LABEL_RENTAL: rental_id,
+        wire.LABEL_STACK: stack_id,
+        wire.LABEL_SSH: "true",
+        SERVICE_LABEL: service,
+    }
+    found = [
+        c
+        for c in containers
+        if c.get("State") == "running" and all((c.get("Labels") or {}).get(k) == v for k, v in wanted.items())
+    ]
+    found.sort(key=lambda c: int(n) if (n := (c.get("Labels") or {}).get(NUMBER_LABEL, "")).isdigit() else 1 << 30)
+    return found[0] if found else None
+
+
+def key_blob(line: str) -> str:
+    """The part of an OpenSSH key line that is the key: type and base64 blob."""
+    return " ".join(line.split()[:2])
+
+
+class RentalKeys:
+    """The marketplace's keys per rental, briefly cached."""
+
+    def __init__(self, fetch: Callable[[str], Awaitable[list[str]]], clock: Callable[[], float] = time.monotonic):
+        self._fetch = fetch
+        self._clock = clock
+        self._cache: dict[str, tuple[float, frozenset[str]]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def allows(self, rental_id: str, key_line: str) -> bool:
+        """Whether the key may log in to the rental now. Marketplace errors
+        propagate: the login is refused with that reason."""
+        blob = key_blob(key_line)
+        cached = self._cache.get(rental_id)
+        age = self._clock() - cached[0] if cached else None
+        if cached and (age is not None and age < KEYS_FRESH_SECONDS) and blob in cached[1]:
+            return True
+        if cached and age is not None and age < KEYS_RECHECK_SECONDS:
+            return blob in cached[1]
+        lock = self._locks.setdefault(rental_id, asyncio.Lock())
+        async with lock:  # one request per rental however many logins come at once
+            cached = self._cache.get(rental_id)
+            if not cached or self._clock() - cached[0] >= KEYS_RECHECK_SECONDS:
+                keys = frozenset(key_blob(line) for line in await self._fetch(rental_id))
+                self._remember(rental_id, keys)
+                cached = self._cache[rental_id]
+        return blob in cached[1]
+
+    def _remember(self, rental_id: str, keys: frozenset[str]) -> None:
+        if len(self._cache) >= MAX_CACHED_RENTALS:
+            oldest = min(self._cache, key=lambda rental: self._cache[rental][0])
+            self._cache.pop(oldest)
+            self._locks.pop(oldest, None)
+        self._cache[rental_id] = (self._clock(), keys)

@@ -1,0 +1,127 @@
+"""One `ssh` stream: an SSH server on one end of a socket pair, the stream on the other.
+
+streams/ssh_server.py decides who logs in and where `-L` goes; this runs the
+connection: asyncssh's server on its end of the pair (handshake, login, then
+until either side closes), TunnelRelay between the other end and the stream,
+sessions as Docker execs and SFTP/SCP through the container's file helper.
+The channel stops it like any stream (rental end, agent stop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import asyncssh
+
+from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.runtime.container_files import ContainerFiles, FilesUnavailable
+from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.streams.requests import SshRequest
+from gpuhost_agent.streams.sink import Sink
+from gpuhost_agent.streams.ssh_files import ContainerSFTP
+from gpuhost_agent.streams.ssh_server import Login, SshServices
+from gpuhost_agent.streams.ssh_session import ExecSession
+from gpuhost_agent.streams.tunnel import CHUNK, TunnelRelay
+
+log = get_logger(__name__)
+
+LOGIN_TIMEOUT = 30.0
+KEEPALIVE_SECONDS = 30.0
+
+
+class SshConnection:
+    def __init__(self, services: SshServices, request: SshRequest, sink: Sink, env_id: str | None):
+        self._services = services
+        self._request = request
+        self._sink = sink
+        self._login = Login(services, request, env_id)
+        self._relay: TunnelRelay | None = None
+        self._conn: asyncssh.SSHServerConnection | None = None
+        self._stopped: str | None = None
+
+    def stop(self, reason: str) -> None:
+        self._stopped = self._stopped or reason
+        if self._relay is not None:
+            self._relay.stop(reason)
+        if self._conn is not None:
+            self._conn.close()
+
+    async def run(self) -> str:
+        ours, theirs = socket.socketpair()
+        reader, writer = await asyncio.open_connection(sock=ours, limit=CHUNK)
+        self._relay = TunnelRelay(self._sink, reader, writer)
+        if self._stopped:
+            self._relay.stop(self._stopped)
+        relay = asyncio.create_task(self._relay.run())
+        server = asyncio.create_task(self._serve(theirs))
+        try:
+            return await relay
+        finally:
+            if self._conn is not None:
+                self._conn.close()
+            server.cancel()
+            await asyncio.gather(server, return_exceptions=True)
+
+    async def _serve(self, sock: socket.socket) -> None:
+        request = self._request
+        try:
+            conn = await asyncssh.run_server(
+                sock,
+                server_factory=lambda: self._login,
+                server_host_keys=[self._services.host_key.key],
+                process_factory=self._session,
+                sftp_factory=self._sftp,
+                allow_scp=True,
+                encoding=None,
+                agent_forwarding=False,
+                x11_forwarding=False,
+                login_timeout=LOGIN_TIMEOUT,
+                keepalive_interval=KEEPALIVE_SECONDS,
+            )
+        except (asyncssh.Error, OSError, asyncio.TimeoutError) as exc:
+            log.info("ssh_connection_ended", stream_id=request.stream_id, reason=f"{type(exc).__name__}: {exc}"[:300])
+            sock.close()
+            return
+        self._conn = conn
+        container = self._login.container or {}
+        log.info(
+            "ssh_login",
+            stream_id=request.stream_id,
+            rental_id=request.rental_id,
+            stack_id=request.stack_id,
+            user=conn.get_extra_info("username"),
+            container_id=str(container.get("Id", ""))[:12],
+        )
+        if self._stopped:
+            conn.close()
+        await conn.wait_closed()
+
+    async def _inspect(self) -> dict:
+        container = self._login.container
+        assert container is not None  # sessions open only after a login chose one
+        return await self._services.engine.inspect(container["Id"])
+
+    async def _session(self, process: asyncssh.SSHServerProcess) -> None:
+        try:
+            info = await self._inspect()
+        except EngineError as exc:
+            process.stderr.write(f"the container is not available: {exc}\r\n".encode())
+            process.exit(255)
+            return
+        kind = "shell" if process.command is None else "command"
+        log.info(
+            "ssh_session", stream_id=self._request.stream_id, kind=kind, tty=process.get_terminal_type() is not None
+        )
+        await ExecSession(self._services.engine, info["Id"], (info.get("State") or {}).get("Pid")).run(process)
+
+    async def _sftp(self, chan: asyncssh.SSHServerChannel) -> ContainerSFTP:
+        try:
+            info = await self._inspect()
+            state, config = info.get("State") or {}, info.get("Config") or {}
+            files = await ContainerFiles.start(int(state.get("Pid") or 0), str(config.get("User") or ""))
+        except (EngineError, FilesUnavailable, ValueError) as exc:
+            log.warning("ssh_files_unavailable", stream_id=self._request.stream_id, error=str(exc)[:300])
+            raise
+        log.info("ssh_session", stream_id=self._request.stream_id, kind="files")
+        return ContainerSFTP(chan, files)

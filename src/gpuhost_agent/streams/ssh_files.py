@@ -1,0 +1,148 @@
+"""SFTP (and SCP, which asyncssh serves through the same object) into a container.
+
+asyncssh speaks the protocol; every file operation goes to a helper confined
+to the container (runtime/container_files.py), so the image needs no SSH tools
+and no path, symlink or `..` can name a host file. Paths come from the client
+as bytes and go to the helper as they are (decoded with surrogateescape, so
+names that are not UTF-8 survive the JSON).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import asyncssh
+
+from gpuhost_agent.runtime.container_files import ContainerFiles
+from gpuhost_agent.runtime.files_ops import MAX_DATA
+
+
+def _path(path: bytes) -> str:
+    return os.fsdecode(path)
+
+
+def _stat(values: Any) -> os.stat_result:
+    """The helper's [mode, ino, dev, nlink, uid, gid, size, atime_ns, mtime_ns,
+    ctime_ns] as the stat_result asyncssh reads (seconds and nanoseconds)."""
+    head = [int(v) for v in values[:7]]
+    times = dict(zip(("atime", "mtime", "ctime"), (int(v) for v in values[7:10]), strict=True))
+    extra = {f"st_{name}": ns / 1e9 for name, ns in times.items()}
+    extra.update({f"st_{name}_ns": ns for name, ns in times.items()})
+    return os.stat_result((*head, *(ns // 1_000_000_000 for ns in times.values())), extra)
+
+
+def _attrs(attrs: asyncssh.SFTPAttrs) -> dict:
+    return {
+        "size": attrs.size,
+        "uid": attrs.uid,
+        "gid": attrs.gid,
+        "mode": attrs.permissions,
+        "atime": attrs.atime,
+        "mtime": attrs.mtime,
+    }
+
+
+class ContainerSFTP(asyncssh.SFTPServer):
+    """One SFTP session's view of one container. The open-file objects asyncssh
+    keeps are the helper's handles (small integers)."""
+
+    def __init__(self, chan: asyncssh.SSHServerChannel, files: ContainerFiles):
+        super().__init__(chan)
+        self._files = files
+
+    async def _call(self, op: str, *args: Any) -> Any:
+        result, _ = await self._files.call(op, *args)
+        return result
+
+    async def realpath(self, path: bytes) -> bytes:
+        text = _path(path) or "."
+        if not text.startswith("/"):
+            text = f"{self._files.home.rstrip('/')}/{text}"
+        return os.fsencode(await self._call("realpath", text))
+
+    async def stat(self, path: bytes) -> os.stat_result:
+        return _stat(await self._call("stat", _path(path)))
+
+    async def lstat(self, path: bytes) -> os.stat_result:
+        return _stat(await self._call("lstat", _path(path)))
+
+    async def fstat(self, file_obj: object) -> os.stat_result:
+        return _stat(await self._call("fstat", file_obj))
+
+    async def open(self, path: bytes, pflags: int, attrs: asyncssh.SFTPAttrs) -> object:
+        flags = 0
+        if pflags & asyncssh.FXF_READ and pflags & asyncssh.FXF_WRITE:
+            flags = os.O_RDWR
+        elif pflags & asyncssh.FXF_WRITE:
+            flags = os.O_WRONLY
+        for sftp_flag, os_flag in (
+            (asyncssh.FXF_APPEND, os.O_APPEND),
+            (asyncssh.FXF_CREAT, os.O_CREAT),
+            (asyncssh.FXF_TRUNC, os.O_TRUNC),
+            (asyncssh.FXF_EXCL, os.O_EXCL),
+        ):
+            if pflags & sftp_flag:
+                flags |= os_flag
+        mode = attrs.permissions if attrs.permissions is not None else 0o644
+        return await self._call("open", _path(path), flags, mode)
+
+    async def read(self, file_obj: object, offset: int, size: int) -> bytes:
+        _, data = await self._files.call("read", file_obj, offset, min(size, MAX_DATA))
+        return data
+
+    async def write(self, file_obj: object, offset: int, data: bytes) -> int:
+        written = 0
+        while written < len(data):  # a client may send more than the helper takes at once
+            piece = data[written : written + MAX_DATA]
+            count, _ = await self._files.call("write", file_obj, offset + written, data=piece)
+            written += int(count)
+        return written
+
+    async def close(self, file_obj: object) -> None:
+        await self._call("close", file_obj)
+
+    async def listdir(self, path: bytes) -> list[asyncssh.SFTPName]:
+        entries = [[".", await self._call("stat", _path(path))]]
+        entries += await self._call("listdir", _path(path))
+        return [
+            asyncssh.SFTPName(os.fsencode(name), attrs=asyncssh.SFTPAttrs.from_local(_stat(values)))
+            for name, values in entries
+        ]
+
+    async def mkdir(self, path: bytes, attrs: asyncssh.SFTPAttrs) -> None:
+        await self._call("mkdir", _path(path), attrs.permissions if attrs.permissions is not None else 0o755)
+
+    async def rmdir(self, path: bytes) -> None:
+        await self._call("rmdir", _path(path))
+
+    async def remove(self, path: bytes) -> None:
+        await self._call("remove", _path(path))
+
+    async def rename(self, oldpath: bytes, newpath: bytes) -> None:
+        await self._call("rename", _path(oldpath), _path(newpath))
+
+    async def posix_rename(self, oldpath: bytes, newpath: bytes) -> None:
+        await self._call("rename", _path(oldpath), _path(newpath))
+
+    async def readlink(self, path: bytes) -> bytes:
+        return os.fsencode(await self._call("readlink", _path(path)))
+
+    async def symlink(self, oldpath: bytes, newpath: bytes) -> None:
+        await self._call("symlink", _path(oldpath), _path(newpath))
+
+    async def setstat(self, path: bytes, attrs: asyncssh.SFTPAttrs) -> None:
+        await self._call("setstat", _path(path), _attrs(attrs))
+
+    async def fsetstat(self, file_obj: object, attrs: asyncssh.SFTPAttrs) -> None:
+        await self._call("fsetstat", file_obj, _attrs(attrs))
+
+    async def statvfs(self, path: bytes) -> asyncssh.SFTPVFSAttrs:
+        return asyncssh.SFTPVFSAttrs.from_local(os.statvfs_result(await self._call("statvfs", _path(path))))
+
+    async def exit(self) -> None:
+        """The session ends: the helper goes, and the channel gets exit status
+        0 as from OpenSSH's sftp-server (asyncssh would close it without one,
+        which OpenSSH's scp reports as a failed copy)."""
+        await self._files.close()
+        self.channel.exit(0)

@@ -1,0 +1,164 @@
+"""SSH into a rental's containers, terminated in the agent (docs/streams.md, "ssh").
+
+An `ssh` stream carries one renter's TCP connection to the stack's SSH
+endpoint, byte for byte: the marketplace relays ciphertext and never holds a
+key that could read it. The agent runs asyncssh on one end of a socket pair
+and relays the other end to the stream (streams/tunnel.TunnelRelay), so the
+SSH connection gets the same backpressure and half-close as any tunnel.
+
+What a connection may do: log in with a key the marketplace lists for the
+rental, to the container the login name picks (streams/ssh_access.py); run
+sessions there (streams/ssh_session.py); move files with SFTP or SCP
+(streams/ssh_files.py); `ssh -L` to a TCP port that a container of the same
+stack declares, on that container's own addresses (the tunnel rule). No
+password or keyboard-interactive login, no agent or X11 forwarding, no
+remote forwarding, no Unix socket forwarding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import asyncssh
+from asyncssh.stream import SSHTCPStreamSession
+
+from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.streams.requests import Refusal, SshRequest, TunnelRequest
+from gpuhost_agent.streams.ssh_access import SERVICE_LABEL, RentalKeys, parse_login, pick_container
+from gpuhost_agent.streams.ssh_host_key import HostKey
+from gpuhost_agent.streams.tunnel import connect
+from gpuhost_agent.uplink.client import MarketplaceRejected, MarketplaceUnavailable
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class SshServices:
+    """What every SSH connection of the agent shares."""
+
+    engine: EngineStreams
+    keys: RentalKeys
+    host_key: HostKey
+
+
+class Login(asyncssh.SSHServer):
+    """asyncssh's per-connection callbacks: who logs in, where -L may go."""
+
+    def __init__(self, services: SshServices, request: SshRequest, env_id: str | None):
+        self._services, self._request, self._env_id = services, request, env_id
+        self.container: dict | None = None  # the `docker ps` entry the login picked
+
+    def begin_auth(self, username: str) -> bool:
+        return True
+
+    def password_auth_supported(self) -> bool:
+        return False
+
+    def public_key_auth_supported(self) -> bool:
+        return True
+
+    async def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+        request = self._request
+        service = parse_login(username, request.stack_id)
+        if service is None:
+            return self._refuse(username, "the login name is not <service>.<stack id prefix> of this stack")
+        try:
+            containers = await self._services.engine.containers({wire.LABEL_STACK: request.stack_id})
+            container = pick_container(containers, service, self._env_id, request.rental_id, request.stack_id)
+            if container is None:
+                return self._refuse(username, f"no running container of service {service!r} open to SSH")
+            if not await self._services.keys.allows(request.rental_id, key.export_public_key("openssh").decode()):
+                return self._refuse(username, "the key is not one of the renter's SSH keys")
+        except (EngineError, MarketplaceUnavailable, MarketplaceRejected) as exc:
+            return self._refuse(username, f"cannot check the login now: {exc}"[:300])
+        self.container = container
+        return True
+
+    def _refuse(self, username: str, reason: str) -> bool:
+        log.info("ssh_login_refused", stream_id=self._request.stream_id, user=username[:80], reason=reason)
+        return False
+
+    def connection_requested(  # asyncssh takes a coroutine here, and awaits it
+        self, dest_host: str, dest_port: int, orig_host: str, orig_port: int
+    ) -> Coroutine[Any, Any, SSHTCPStreamSession]:
+        return self._forward(dest_host, dest_port)
+
+    async def _forward(self, dest_host: str, dest_port: int) -> SSHTCPStreamSession:
+        """`ssh -L`: a container of this stack, by service name, container name
+        or address, on a port it declares; anything else is refused."""
+        request = self._request
+        try:
+            containers = await self._services.engine.containers({wire.LABEL_STACK: request.stack_id})
+            target = _named(containers, dest_host)
+            info = await self._services.engine.inspect(target["Id"]) if target else None
+        except EngineError as exc:
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, f"Docker Engine: {exc}"[:200]) from None
+        if info is None or not _same_stack(info, self._env_id, request):
+            log.info("ssh_forward_refused", stream_id=request.stream_id, target=dest_host[:80], port=dest_port)
+            raise asyncssh.ChannelOpenError(
+                asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, f"{dest_host[:80]} is not a container of this stack"
+            )
+        tunnel = TunnelRequest(request.stream_id, request.rental_id, request.stack_id, info["Id"], dest_port)
+        service = await connect(info, tunnel)
+        if isinstance(service, Refusal):
+            log.info("ssh_forward_refused", stream_id=request.stream_id, target=dest_host[:80], port=dest_port)
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, service.error)
+        return _forward_session(*service)
+
+
+def _named(containers: list[dict], name: str) -> dict | None:
+    for container in containers:
+        labels = container.get("Labels") or {}
+        names = {n.lstrip("/") for n in container.get("Names") or []}
+        networks = ((container.get("NetworkSettings") or {}).get("Networks") or {}).values()
+        addresses = {n.get("IPAddress") for n in networks if isinstance(n, dict)}
+        if name in names or name in addresses or name == labels.get(SERVICE_LABEL):
+            return container
+        if len(name) >= 12 and str(container.get("Id", "")).startswith(name):
+            return container
+    return None
+
+
+def _same_stack(info: dict, env_id: str | None, request: SshRequest) -> bool:
+    labels = (info.get("Config") or {}).get("Labels") or {}
+    return (
+        bool(env_id)
+        and labels.get("io.gpuhost.env-id") == env_id
+        and (
+            labels.get("io.gpuhost.rental-id"),
+            labels.get("io.gpuhost.stack-id"),
+        )
+        == (request.rental_id, request.stack_id)
+    )
+
+
+def _forward_session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> SSHTCPStreamSession:
+    """One `-L` connection: the SSH channel and the service's socket, copied
+    both ways with drain (flow control on each side) and half-close."""
+
+    async def pipe(channel_reader: asyncssh.SSHReader, channel_writer: asyncssh.SSHWriter) -> None:
+        try:
+            await asyncio.gather(_copy(channel_reader, writer), _copy(reader, channel_writer))
+        except (ConnectionError, OSError, asyncssh.Error):
+            pass
+        finally:
+            writer.close()
+            channel_writer.close()
+
+    return SSHTCPStreamSession(pipe)
+
+
+async def _copy(
+    source: asyncio.StreamReader | asyncssh.SSHReader, sink: asyncio.StreamWriter | asyncssh.SSHWriter
+) -> None:
+    while data := await source.read(64 * 1024):
+        sink.write(data)
+        await sink.drain()
+    if sink.can_write_eof():
+        sink.write_eof()
