@@ -11,12 +11,16 @@ WebSocket -> agent -> container). In the same run, alternating:
 - connection + request latency: --requests sequential GETs of the tiny page
   with curl (busybox httpd closes every connection, so each request is a new
   connection: through a tunnel, a new stream through the agent's channel);
-  p50 and p99 for both paths and the difference.
+  p50 and p99 for both paths and the difference;
+- SSH (the stack has isSSHEnabled): `ssh host true` against `docker exec
+  <container> true`, --ssh-runs times each (the whole client run: handshake,
+  key check against the marketplace, exec), and the big file copied out with
+  `scp` against `docker cp`, --runs times each.
 
-    .venv/bin/python bench/tunnel.py [--mb 200] [--runs 3] [--requests 200]
+    .venv/bin/python bench/tunnel.py [--mb 200] [--runs 3] [--requests 200] [--ssh-runs 20]
 
 Not measured here yet (issue 14): terminal echo during a bulk transfer, 1000
-held connections, SSH.
+held connections.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ import time
 from pathlib import Path
 
 import aiohttp
-from pickup_latency import local_config, pct  # noqa: E402 - bench/ is on the path when run as a script
+import ssh_bench  # noqa: E402 - bench/ is on the path when run as a script
+from pickup_latency import local_config, pct  # noqa: E402
 
 from gpuhost_agent.common import logs
 from gpuhost_agent.protocol import wire
@@ -64,11 +69,17 @@ def curl_seconds(url: str, what: str) -> float:
     return float(done.stdout)
 
 
-async def deploy(http: aiohttp.ClientSession, store, mb: int) -> tuple[str, str]:
-    """(direct URL, tunnel URL) of the stack's web service, once both answer."""
+async def deploy(http: aiohttp.ClientSession, store, mb: int) -> tuple[str, str, str]:
+    """(direct URL, tunnel URL, stack id) of the stack's web service, once both answer."""
     async with http.post("rentals", json={"envId": store.envId, "name": "bench", "gpuCount": 0}) as resp:
         rental_id = (await resp.json())["rentalId"]
-    template = {"name": "tunnel-bench", "description": "bench", "content": compose(mb), "environmentVariables": {}}
+    template = {
+        "name": "tunnel-bench",
+        "description": "bench",
+        "content": compose(mb),
+        "environmentVariables": {},
+        "isSSHEnabled": True,
+    }
     async with http.post(f"rentals/{rental_id}/stacks", json={"template": template}) as resp:
         stack_id = await resp.json()
     deadline = time.monotonic() + 120
@@ -77,11 +88,12 @@ async def deploy(http: aiohttp.ClientSession, store, mb: int) -> tuple[str, str]
             stack = next(s for s in await resp.json() if s["stackId"] == stack_id)
         containers = (store.containers.get(stack_id) or {}).get("containers") or []
         ports = [p for c in containers for p in c.get("Ports", []) if p.get("PublicPort")]
-        if stack["status"] == wire.APPLIED and stack["tunnels"] and ports:
+        web = [t for t in stack["tunnels"] if t["protocol"] == "http"]
+        if stack["status"] == wire.APPLIED and web and ports:
             direct = f"http://127.0.0.1:{ports[0]['PublicPort']}/"
-            tunnel = stack["tunnels"][0]["url"]
+            tunnel = web[0]["url"]
             if await asyncio.to_thread(_answers, direct) and await asyncio.to_thread(_answers, tunnel):
-                return direct, tunnel
+                return direct, tunnel, stack_id
         await asyncio.sleep(0.2)
     raise TimeoutError("the stack and its tunnel did not come up")
 
@@ -103,7 +115,11 @@ async def bench(args: argparse.Namespace, workdir: Path) -> None:
         await asyncio.wait_for(parts.session.connected.wait(), 30)
         headers = {wire.API_KEY_HEADER: store.renterApiKey}
         async with aiohttp.ClientSession(local.base_url + "/", headers=headers) as http:
-            direct, tunnel = await deploy(http, store, args.mb)
+            key = await asyncio.to_thread(ssh_bench.make_key, workdir)
+            async with http.post("users/ssh-key", json={"publicKey": key[1]}) as resp:
+                resp.raise_for_status()
+            direct, tunnel, stack_id = await deploy(http, store, args.mb)
+            ssh = await ssh_bench.endpoint(http, store, stack_id, workdir, key[0])
         speeds: dict[str, list[float]] = {"direct": [], "tunnel": []}
         for _ in range(args.runs):
             for name, url in (("direct", direct), ("tunnel", tunnel)):
@@ -112,6 +128,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> None:
         for _ in range(args.requests):
             for name, url in (("direct", direct), ("tunnel", tunnel)):
                 times[name].append(await asyncio.to_thread(curl_seconds, url + "small", "%{time_total}") * 1000)
+        ssh_rows = await asyncio.to_thread(ssh_bench.measure, ssh, args.ssh_runs, args.runs, workdir)
     finally:
         await stop_agent(parts, agent_task)
         await local.stop()
@@ -124,6 +141,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> None:
     added_p50 = pct(times["tunnel"], 0.5) - pct(times["direct"], 0.5)
     added_p99 = pct(times["tunnel"], 0.99) - pct(times["direct"], 0.99)
     print(f"added per new connection: p50 {added_p50:.2f} ms, p99 {added_p99:.2f} ms")
+    ssh_bench.report(ssh_rows, args.mb)
 
 
 def main() -> int:
@@ -131,6 +149,7 @@ def main() -> int:
     parser.add_argument("--mb", type=int, default=200)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--ssh-runs", type=int, default=20)
     args = parser.parse_args()
     logs.configure("warning")
     with tempfile.TemporaryDirectory(prefix="gpuhost-tunnelbench-") as tmp:

@@ -147,7 +147,7 @@ async def world(docker_client, tmp_path):
     made = Containers(docker_client)
     client = MarketplaceClient(market.base_url, KEY)
     client.session_id = "session-1"
-    channel = stream_channel(client, made.env_id, tmp_path, backoff_first=0.05, backoff_ceiling=0.5)
+    channel = await stream_channel(client, made.env_id, tmp_path, backoff_first=0.05, backoff_ceiling=0.5)
     task = asyncio.create_task(channel.run())
     try:
         await asyncio.wait_for(market.channel_opened.wait(), 10)
@@ -243,7 +243,7 @@ async def test_stream_limit_and_duplicate_ids(docker_client, tmp_path):
     made = Containers(docker_client)
     client = MarketplaceClient(market.base_url, KEY)
     client.session_id = "session-1"
-    channel = stream_channel(client, made.env_id, tmp_path, max_streams=1)
+    channel = await stream_channel(client, made.env_id, tmp_path, max_streams=1)
     task = asyncio.create_task(channel.run())
     try:
         await asyncio.wait_for(market.channel_opened.wait(), 10)

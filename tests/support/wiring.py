@@ -7,6 +7,7 @@ constructors; these builders do the same with in-memory or fake ones
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +57,10 @@ def agent_for(client: Any, *, outbox: Any = None, dispatcher: JobDispatcher | No
     )  # type: ignore[arg-type]
 
 
-def stream_channel(client: Any, env_id: str, state_dir: Path, **options: Any) -> StreamChannel:
-    """A real StreamChannel on the real engine, its SSH host key in `state_dir`."""
+async def stream_channel(client: Any, env_id: str, state_dir: Path, **options: Any) -> StreamChannel:
+    """A real StreamChannel on the real engine, its SSH host key in `state_dir`
+    (made in a thread: the tests run on the event loop, the agent's start-up not)."""
     engine = EngineStreams()
-    ssh = SshServices(engine, RentalKeys(client.rental_ssh_keys), ssh_host_key.load_or_create(state_dir))
+    host_key = await asyncio.to_thread(ssh_host_key.load_or_create, state_dir)
+    ssh = SshServices(engine, RentalKeys(client.rental_ssh_keys), host_key)
     return StreamChannel(client, SessionState(env_id), engine, ssh, **options)
