@@ -237,17 +237,22 @@ async def _wait_stream_ws(market: FakeMarket, stream_id: str):
     return market.stream_ws[stream_id]
 
 
-async def test_stream_limit_and_duplicate_ids(docker_client, tmp_path):
+async def test_stream_limits_and_duplicate_ids(docker_client, tmp_path):
+    """At most max_streams open, at most max_streams_per_rental of them for one
+    rental (another rental still gets one), and a streamId only once."""
     market = FakeMarket()
     await market.start()
-    made = Containers(docker_client)
+    made, other, third = Containers(docker_client), Containers(docker_client), Containers(docker_client)
+    other.env_id = third.env_id = made.env_id
     client = MarketplaceClient(market.base_url, KEY)
     client.session_id = "session-1"
-    channel = await stream_channel(client, made.env_id, tmp_path, max_streams=1)
+    channel = await stream_channel(client, made.env_id, tmp_path, max_streams=2, max_streams_per_rental=1)
     task = asyncio.create_task(channel.run())
     try:
         await asyncio.wait_for(market.channel_opened.wait(), 10)
         box = await asyncio.to_thread(made.run, "sleep 3600")
+        other_box = await asyncio.to_thread(other.run, "sleep 3600")
+        third_box = await asyncio.to_thread(third.run, "sleep 3600")
         await market.ask(target(made, box, "one", kind="terminal"))
         await _wait_stream_ws(market, "one")
         await market.ask(target(made, box, "one", kind="terminal"))
@@ -255,13 +260,19 @@ async def test_stream_limit_and_duplicate_ids(docker_client, tmp_path):
         first = await asyncio.wait_for(market.from_agent.get(), 10)
         second = await asyncio.wait_for(market.from_agent.get(), 10)
         assert (first["streamId"], first["status"]) == ("one", 409)
-        assert (second["streamId"], second["status"]) == ("two", 503)
+        assert (second["streamId"], second["status"]) == ("two", 503) and "this rental" in second["error"]
+        await market.ask(target(other, other_box, "three", kind="terminal"))  # another renter is not starved
+        await _wait_stream_ws(market, "three")
+        await market.ask(target(third, third_box, "four"))
+        fourth = await asyncio.wait_for(market.from_agent.get(), 10)
+        assert (fourth["streamId"], fourth["status"]) == ("four", 503) and "too many" in fourth["error"]
     finally:
         await channel.close()
         await asyncio.wait_for(task, 10)
         await client.close()
         await market.stop()
-        await asyncio.to_thread(made.remove_all)
+        for containers in (made, other, third):
+            await asyncio.to_thread(containers.remove_all)
     assert not task.exception()
 
 

@@ -50,6 +50,10 @@ log = get_logger(__name__)
 
 HEARTBEAT_SECONDS = 15.0
 MAX_STREAMS = 64
+# One rental may hold at most this many of them (logs, terminals, tunnel and SSH
+# connections together), so that one renter's many connections cannot leave
+# another renter without a terminal.
+MAX_STREAMS_PER_RENTAL = 32
 BACKOFF_FIRST, BACKOFF_CEILING = 0.2, 10.0
 MAX_CHANNEL_MESSAGE = 256 * 1024
 MAX_STREAM_INPUT = 1024 * 1024  # a terminal's input message
@@ -73,6 +77,7 @@ class StreamChannel:
         ssh: SshServices,
         *,
         max_streams: int = MAX_STREAMS,
+        max_streams_per_rental: int = MAX_STREAMS_PER_RENTAL,
         heartbeat: float = HEARTBEAT_SECONDS,
         log_stall_seconds: float = LOG_STALL_SECONDS,
         backoff_first: float = BACKOFF_FIRST,
@@ -83,6 +88,7 @@ class StreamChannel:
         self._engine = engine  # the channel's alone: close() closes it
         self._ssh = ssh
         self._max_streams = max_streams
+        self._max_per_rental = max_streams_per_rental
         self._heartbeat = heartbeat
         self._stall = log_stall_seconds
         self._backoff = (backoff_first, backoff_ceiling)
@@ -191,6 +197,15 @@ class StreamChannel:
             return self._refuse(Refusal(request.stream_id, 409, "a stream with this streamId is open"))
         if len(self._streams) >= self._max_streams:
             return self._refuse(Refusal(request.stream_id, 503, f"too many open streams ({self._max_streams})"))
+        if sum(1 for s in self._streams.values() if s.request.rental_id == request.rental_id) >= self._max_per_rental:
+            return self._refuse(
+                Refusal(
+                    request.stream_id,
+                    503,
+                    f"this rental has {self._max_per_rental} open streams (logs, terminals, tunnel and SSH"
+                    " connections), the most one rental may hold; close one and try again",
+                )
+            )
         if self._closing.is_set():
             return self._refuse(Refusal(request.stream_id, 503, "the agent is stopping"))
         stream = _Stream(request)
