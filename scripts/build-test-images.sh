@@ -3,6 +3,9 @@
 # can exercise build, run and pull without ever touching a public registry.
 #   gpuhost-test/busybox:1                  FROM scratch + static busybox
 #   127.0.0.1:5000/gpuhost-test/busybox:1   same image, in the local registry
+#   gpuhost-test/tls:1                      busybox + this machine's openssl and its
+#                                           libraries: a real TLS origin (s_server) with
+#                                           a self-signed certificate made at start
 # Usage: build-test-images.sh [--force]   (--force rebuilds and re-pushes)
 set -euo pipefail
 
@@ -37,6 +40,35 @@ DOCKERFILE
         echo "$out" >&2
         exit 1
     fi
+fi
+
+# --- TLS origin image ----------------------------------------------------------
+tls_image=gpuhost-test/tls:1
+if [ "$force" = 0 ] && docker image inspect "$tls_image" >/dev/null 2>&1; then
+    echo "build-test-images: $tls_image already exists, skipping build"
+else
+    openssl_bin=$(command -v openssl || true)
+    if [ -z "$openssl_bin" ]; then
+        echo "build-test-images: need openssl (apt-get install openssl)" >&2
+        exit 1
+    fi
+    tls_ctx=$(mktemp -d)
+    mkdir -p "$tls_ctx/root/usr/bin" "$tls_ctx/root/usr/lib/ssl"
+    cp -L "$openssl_bin" "$tls_ctx/root/usr/bin/openssl"
+    # The binary and the libraries it loads, at the same paths (ldd's list).
+    for lib in $(ldd "$openssl_bin" | grep -o '/[^ ]*'); do
+        mkdir -p "$tls_ctx/root$(dirname "$lib")"
+        cp -L "$lib" "$tls_ctx/root$lib"
+    done
+    cp -L /usr/lib/ssl/openssl.cnf "$tls_ctx/root/usr/lib/ssl/openssl.cnf"
+    printf 'FROM %s\nCOPY root/ /\n' "$image" >"$tls_ctx/Dockerfile"
+    echo "build-test-images: building $tls_image"
+    if ! out=$(DOCKER_BUILDKIT=0 docker build -q -t "$tls_image" "$tls_ctx" 2>&1); then
+        echo "$out" >&2
+        rm -rf "$tls_ctx"
+        exit 1
+    fi
+    rm -rf "$tls_ctx"
 fi
 
 # --- local registry ----------------------------------------------------------

@@ -22,8 +22,11 @@ dpkg -s busybox-static >/dev/null 2>&1 || need busybox-static "static busybox"
 # Local registry on 127.0.0.1:5000 for pull tests (no public registry is ever contacted).
 command -v docker-registry >/dev/null 2>&1 || need docker-registry "docker-registry"
 command -v curl >/dev/null 2>&1 || need curl "curl"
-# OpenSSH's own tools make the SSH keys the tests register, as a renter would.
-command -v ssh-keygen >/dev/null 2>&1 || need openssh-client "ssh-keygen"
+# OpenSSH's own tools make the SSH keys the tests register, and ssh, scp and
+# sftp log in with them, as a renter would (one package).
+command -v ssh-keygen >/dev/null 2>&1 && command -v sftp >/dev/null 2>&1 || need openssh-client "ssh/scp/sftp"
+# The TLS origin test image carries this machine's openssl (s_server).
+command -v openssl >/dev/null 2>&1 || need openssl "openssl"
 command -v gcc >/dev/null 2>&1 || need gcc "gcc"
 command -v make >/dev/null 2>&1 || need make "make"
 command -v systemd-analyze >/dev/null 2>&1 || need systemd "systemd-analyze (unit check)"

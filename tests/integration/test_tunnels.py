@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 from support.openapi_check import check_named
-from support.stacks import TEST_IMAGE
+from support.stacks import TEST_IMAGE, TLS_IMAGE
 from support.waiting import until
 
 from gpuhost_agent.protocol import wire
@@ -254,3 +254,45 @@ async def test_basic_auth_at_the_marketplace(local_market, local_doc, basic_auth
         + b"\r\nCookie: theme=dark\r\nConnection: keep-alive\r\n\r\n",
     )
     assert b"Authorization" not in seen and b"Cookie: theme=dark" in seen and b"Connection: close" in seen
+
+
+# A service that makes its own self-signed certificate at start and speaks only HTTPS.
+HTTPS_ORIGIN = f"""
+services:
+  secure:
+    image: {TLS_IMAGE}
+    command: ["sh", "-c", "mkdir -p /tmp && cd /tmp && openssl req -x509 -newkey rsa:2048 -nodes -keyout k.pem -out c.pem -subj /CN=origin -days 2 2>/dev/null && exec openssl s_server -quiet -accept 8080 -cert c.pem -key k.pem -www"]
+    expose: ["8080"]
+    stop_grace_period: 1s
+"""
+
+
+@pytest.mark.parametrize("insecure", [True, False])
+async def test_an_https_origin_with_a_self_signed_certificate(local_market, insecure):
+    """`insecure`: the agent speaks TLS to the service without verifying it, and
+    the renter's curl gets the page over the plain tunnel. Without it the
+    tunnel speaks plain HTTP to a TLS port, and the renter gets no page."""
+    renter, _parts, _local = local_market
+    rental_id = await renter.rental()
+    stack_id = await renter.stack(rental_id, HTTPS_ORIGIN, name="https", insecure=insecure)
+    stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
+    assert stack["status"] == wire.APPLIED, stack["errorMsg"]
+    (tunnel,) = await _tunnels(renter, rental_id, stack_id, 1)
+    status, body = 503, ""
+    for _ in range(40):  # 503 "starting" while openssl makes its key
+        done = await asyncio.to_thread(
+            subprocess.run,
+            ["curl", "-sS", "--max-time", "5", "-w", "\n%{http_code}", tunnel["url"]],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+        body, _, code = done.stdout.rpartition("\n")
+        status = int(code or 0)
+        if status != 503:
+            break
+        await asyncio.sleep(0.25)
+    if insecure:
+        assert status == 200 and "s_server" in body, (status, body[:300])
+    else:
+        assert status != 200 and "s_server" not in body, (status, body[:300])

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 TEST_IMAGE = "gpuhost-test/busybox:1"
 REGISTRY_IMAGE = "127.0.0.1:5000/gpuhost-test/busybox:1"
+# busybox plus openssl: a real HTTPS origin (scripts/build-test-images.sh).
+TLS_IMAGE = "gpuhost-test/tls:1"
 # The smallest valid Create-stack template, for tests of the HTTP surface alone.
 TEMPLATE = {"name": "n", "description": "d", "content": "services: {}\n", "environmentVariables": {}}
 # One long-running service that stops at once on SIGTERM-less removal.

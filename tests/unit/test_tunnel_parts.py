@@ -37,6 +37,10 @@ def test_a_tunnel_request_names_one_tcp_port() -> None:
     for port in (0, 65536, "8080", True, None, 8080.5):
         refused = parse_request({"type": "tunnel", "streamId": "t1", **TARGET, "port": port})
         assert isinstance(refused, Refusal) and refused.status == 400 and "port" in refused.error
+    tls = parse_request({"type": "tunnel", "streamId": "t1", **TARGET, "port": 8080, "tls": True})
+    assert isinstance(tls, TunnelRequest) and tls.tls  # an insecure stack: TLS to the service
+    refused = parse_request({"type": "tunnel", "streamId": "t1", **TARGET, "port": 8080, "tls": "yes"})
+    assert isinstance(refused, Refusal) and refused.status == 400 and "tls" in refused.error
 
 
 def test_only_declared_tcp_ports_and_the_containers_own_addresses() -> None:

@@ -205,6 +205,9 @@ class TunnelBook:
                     listen_port=tunnel.listen_port,
                 )
 
+    def _insecure(self, stack_id: str) -> bool:
+        return ((self.store.stacks.get(stack_id) or {}).get("template") or {}).get("insecure") is True
+
     def _arm(self, tunnel: Tunnel) -> None:
         """Basic auth for an http tunnel of a stack created with isBasicAuthEnabled."""
         credentials = (self.store.stacks.get(tunnel.key.stack_id) or {}).get("basicAuth")
@@ -259,6 +262,8 @@ class TunnelBook:
                 kind, fields = SSH, {"stackId": key.stack_id}
             else:
                 kind, fields = "tunnel", {"stackId": key.stack_id, "containerId": key.container_id, "port": key.port}
+                if tunnel.protocol == "http" and self._insecure(key.stack_id):
+                    fields["tls"] = True  # HTTPS to a self-signed service
             try:
                 stream = await self.hub.open(kind, key.rental_id, fields)
             except StreamRefused as refused:

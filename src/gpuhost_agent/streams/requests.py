@@ -57,6 +57,7 @@ class TunnelRequest:
     stack_id: str
     container_id: str
     port: int
+    tls: bool = False  # the stack is `insecure`: TLS to the service, its certificate unverified
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ def parse_request(message: Any) -> Request:
                 rows=_side(message, "rows", DEFAULT_ROWS),
             )
         if kind == "tunnel":
-            return TunnelRequest(stream_id, *_target(message), port=_port(message))
+            return TunnelRequest(stream_id, *_target(message), port=_port(message), tls=_flag(message, "tls"))
         if kind == "ssh":
             return SshRequest(stream_id, *_stack(message))
     except _Bad as exc:

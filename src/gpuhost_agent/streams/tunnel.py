@@ -9,6 +9,14 @@ Compose fills from `ports:` and `expose:`), only on the container's own
 addresses on its networks. The host, 127.0.0.1 and other containers are out
 of reach whatever the marketplace asks.
 
+A stack whose template is `insecure` has services that speak HTTPS with a
+certificate nobody can verify (self-signed, made at start). For such a stack
+the marketplace asks with `tls`, and the agent speaks TLS to the service
+without verifying it: the renter's side of the tunnel stays plain HTTP (on a
+real marketplace, its own HTTPS front). Verification would buy nothing here:
+the agent connects only to the container's own address on a port it
+declares, which no one else can answer for.
+
 Bytes are relayed as they come, both ways, with backpressure: the next read
 from one side waits until the other side took the last chunk. A text message
 `{"type": "eof"}` is a half-close in either direction (the client or the
@@ -20,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 from typing import Any
 
 from gpuhost_agent.common.logs import get_logger
@@ -61,14 +70,26 @@ async def connect(
     if not addresses or not (info.get("State") or {}).get("Running"):
         return Refusal(request.stream_id, 503, "the container is not running")
     problem = NOT_LISTENING
+    tls = _unverified_tls() if request.tls else None
     for address in addresses:
         try:
-            return await asyncio.wait_for(asyncio.open_connection(address, request.port), timeout)
+            return await asyncio.wait_for(
+                asyncio.open_connection(address, request.port, ssl=tls, server_hostname="" if tls else None), timeout
+            )
         except ConnectionRefusedError:
             continue
+        except ssl.SSLError as exc:
+            problem = f"the service did not complete a TLS handshake (the stack is insecure: HTTPS expected): {exc}"
         except (OSError, asyncio.TimeoutError) as exc:
             problem = f"cannot reach the service: {type(exc).__name__}"
     return Refusal(request.stream_id, 503, problem)
+
+
+def _unverified_tls() -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
 
 
 class TunnelRelay:
