@@ -91,7 +91,10 @@ class Files:
     def remove(self, path: str) -> None:
         os.unlink(path)
 
-    def rename(self, old: str, new: str) -> None:
+    def rename(self, old: str, new: str, replace: bool = False) -> None:
+        """SFTP's rename keeps an existing target (EEXIST); posix-rename replaces it."""
+        if not replace and os.path.lexists(new):
+            raise OSError(errno.EEXIST, "the target exists")
         os.rename(old, new)
 
     def readlink(self, path: str) -> str:

@@ -123,7 +123,7 @@ class ContainerSFTP(asyncssh.SFTPServer):
         await self._call("rename", _path(oldpath), _path(newpath))
 
     async def posix_rename(self, oldpath: bytes, newpath: bytes) -> None:
-        await self._call("rename", _path(oldpath), _path(newpath))
+        await self._call("rename", _path(oldpath), _path(newpath), True)
 
     async def readlink(self, path: bytes) -> bytes:
         return os.fsencode(await self._call("readlink", _path(path)))
