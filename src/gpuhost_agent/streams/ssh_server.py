@@ -29,7 +29,7 @@ from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import EngineStreams
-from gpuhost_agent.streams.requests import Refusal, SshRequest, TunnelRequest
+from gpuhost_agent.streams.requests import Refusal, SshRequest, TunnelRequest, check_access
 from gpuhost_agent.streams.ssh_access import SERVICE_LABEL, RentalKeys, parse_login, pick_container
 from gpuhost_agent.streams.ssh_host_key import HostKey
 from gpuhost_agent.streams.tunnel import connect
@@ -99,12 +99,13 @@ class Login(asyncssh.SSHServer):
             info = await self._services.engine.inspect(target["Id"]) if target else None
         except EngineError as exc:
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, f"Docker Engine: {exc}"[:200]) from None
-        if info is None or not _same_stack(info, self._env_id, request):
+        tunnel = TunnelRequest(request.stream_id, request.rental_id, request.stack_id, str(dest_host), dest_port)
+        labels = (info or {}).get("Config", {}).get("Labels")
+        if info is None or check_access(labels, self._env_id, tunnel) is not None:  # the tunnel rule
             log.info("ssh_forward_refused", stream_id=request.stream_id, target=dest_host[:80], port=dest_port)
             raise asyncssh.ChannelOpenError(
                 asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, f"{dest_host[:80]} is not a container of this stack"
             )
-        tunnel = TunnelRequest(request.stream_id, request.rental_id, request.stack_id, info["Id"], dest_port)
         service = await connect(info, tunnel)
         if isinstance(service, Refusal):
             log.info("ssh_forward_refused", stream_id=request.stream_id, target=dest_host[:80], port=dest_port)
@@ -123,19 +124,6 @@ def _named(containers: list[dict], name: str) -> dict | None:
         if len(name) >= 12 and str(container.get("Id", "")).startswith(name):
             return container
     return None
-
-
-def _same_stack(info: dict, env_id: str | None, request: SshRequest) -> bool:
-    labels = (info.get("Config") or {}).get("Labels") or {}
-    return (
-        bool(env_id)
-        and labels.get("io.gpuhost.env-id") == env_id
-        and (
-            labels.get("io.gpuhost.rental-id"),
-            labels.get("io.gpuhost.stack-id"),
-        )
-        == (request.rental_id, request.stack_id)
-    )
 
 
 def _forward_session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> SSHTCPStreamSession:
