@@ -17,8 +17,9 @@ import uuid
 from support.openapi_check import check_named
 from support.ssh_clients import Endpoint, PtySsh, fingerprint, free_port, make_key
 from support.stacks import TEST_IMAGE
+from support.waiting import until
 
-from gpuhost_agent.local_marketplace.channel_hub import StreamRefused
+from gpuhost_agent.local_marketplace.channel_hub import StreamRefused, close_quietly
 from gpuhost_agent.protocol import wire
 
 STACK = f"""
@@ -179,3 +180,36 @@ async def test_ssh_only_where_the_template_asks(local_market, tmp_path):
             raise AssertionError("the agent opened an ssh stream it should refuse")
         except StreamRefused as refused:
             assert refused.status == 404, refused.message
+
+
+async def test_the_channel_drops_and_comes_back(local_market, tmp_path):
+    """An open SSH session lives on its own stream and outlasts the channel; new
+    SSH logins and tunnel requests work again once the agent reopened it."""
+    renter, parts, local = local_market
+    key = tmp_path / "renter"
+    await _add_key(renter, await asyncio.to_thread(make_key, key))
+    rental_id, stack_id = await _deploy(renter, STACK, isSSHEnabled=True)
+    info = next(t for t in await _ssh_tunnels(renter, rental_id, stack_id, 2) if t["service"] == "shell")["ssh"]
+    end = await asyncio.to_thread(Endpoint, info["host"], info["port"], info["hostKey"], tmp_path)
+    stack = next(s for s in await renter.stacks(rental_id) if s["stackId"] == stack_id)
+    web = next(t for t in stack["tunnels"] if t["protocol"] == "http")
+
+    terminal = await asyncio.to_thread(PtySsh, end, key, info["user"], 24, 80)
+    await asyncio.to_thread(terminal.type, "echo before-$((6*7))\n")
+    await asyncio.to_thread(terminal.until, b"before-42")
+
+    hub = local.state.streams
+    await close_quietly(hub.channel)  # what a network blip does to the channel
+    await until(lambda: not parts.streams.connected.is_set())
+    await asyncio.to_thread(terminal.type, "echo during-$((6*7))\n")
+    await asyncio.to_thread(terminal.until, b"during-42")  # the session's own stream is untouched
+
+    await asyncio.wait_for(parts.streams.connected.wait(), 15)
+    done = await asyncio.to_thread(end.ssh, key, info["user"], "echo again")
+    assert done.stdout == b"again\n", done
+    curl = await asyncio.to_thread(
+        subprocess.run, ["curl", "-sS", "--max-time", "10", web["url"]], capture_output=True, timeout=20
+    )
+    assert curl.stdout == b"hello over ssh -L\n", curl
+    await asyncio.to_thread(terminal.type, "exit\n")
+    assert await asyncio.to_thread(terminal.close) == 0
