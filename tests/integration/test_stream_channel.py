@@ -15,6 +15,7 @@ from support.renter_streams import STDERR, STDOUT, Demux
 from support.wiring import stream_channel
 
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.streams.limits import StreamLimits
 from gpuhost_agent.uplink.client import MarketplaceClient
 
 KEY = "env-key-secret"
@@ -238,15 +239,16 @@ async def _wait_stream_ws(market: FakeMarket, stream_id: str):
 
 
 async def test_stream_limits_and_duplicate_ids(docker_client, tmp_path):
-    """At most max_streams open, at most max_streams_per_rental of them for one
-    rental (another rental still gets one), and a streamId only once."""
+    """At most `streams` log streams and terminals open, at most
+    `streams_per_rental` of them for one rental (another rental still gets
+    one), and a streamId only once (streams/limits.py has the rest)."""
     market = FakeMarket()
     await market.start()
     made, other, third = Containers(docker_client), Containers(docker_client), Containers(docker_client)
     other.env_id = third.env_id = made.env_id
     client = MarketplaceClient(market.base_url, KEY)
     client.session_id = "session-1"
-    channel = await stream_channel(client, made.env_id, tmp_path, max_streams=2, max_streams_per_rental=1)
+    channel = await stream_channel(client, made.env_id, tmp_path, limits=StreamLimits(streams=2, streams_per_rental=1))
     task = asyncio.create_task(channel.run())
     try:
         await asyncio.wait_for(market.channel_opened.wait(), 10)

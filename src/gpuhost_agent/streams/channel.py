@@ -23,6 +23,8 @@ from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import ContainerGone, EngineStreams
+from gpuhost_agent.streams import limits
+from gpuhost_agent.streams.limits import StreamLimits
 from gpuhost_agent.streams.log_pump import LOG_STALL_SECONDS, LogPump
 from gpuhost_agent.streams.requests import (
     NOT_IN_STACK,
@@ -49,11 +51,6 @@ from gpuhost_agent.uplink.session import SessionState
 log = get_logger(__name__)
 
 HEARTBEAT_SECONDS = 15.0
-MAX_STREAMS = 64
-# One rental may hold at most this many of them (logs, terminals, tunnel and SSH
-# connections together), so that one renter's many connections cannot leave
-# another renter without a terminal.
-MAX_STREAMS_PER_RENTAL = 32
 BACKOFF_FIRST, BACKOFF_CEILING = 0.2, 10.0
 MAX_CHANNEL_MESSAGE = 256 * 1024
 MAX_STREAM_INPUT = 1024 * 1024  # a terminal's input message
@@ -76,8 +73,7 @@ class StreamChannel:
         engine: EngineStreams,
         ssh: SshServices,
         *,
-        max_streams: int = MAX_STREAMS,
-        max_streams_per_rental: int = MAX_STREAMS_PER_RENTAL,
+        limits: StreamLimits = StreamLimits(),  # noqa: B008 - frozen, shared safely
         heartbeat: float = HEARTBEAT_SECONDS,
         log_stall_seconds: float = LOG_STALL_SECONDS,
         backoff_first: float = BACKOFF_FIRST,
@@ -87,8 +83,7 @@ class StreamChannel:
         self._agent_session = session
         self._engine = engine  # the channel's alone: close() closes it
         self._ssh = ssh
-        self._max_streams = max_streams
-        self._max_per_rental = max_streams_per_rental
+        self._limits = limits
         self._heartbeat = heartbeat
         self._stall = log_stall_seconds
         self._backoff = (backoff_first, backoff_ceiling)
@@ -195,17 +190,9 @@ class StreamChannel:
             return
         if request.stream_id in self._streams:
             return self._refuse(Refusal(request.stream_id, 409, "a stream with this streamId is open"))
-        if len(self._streams) >= self._max_streams:
-            return self._refuse(Refusal(request.stream_id, 503, f"too many open streams ({self._max_streams})"))
-        if sum(1 for s in self._streams.values() if s.request.rental_id == request.rental_id) >= self._max_per_rental:
-            return self._refuse(
-                Refusal(
-                    request.stream_id,
-                    503,
-                    f"this rental has {self._max_per_rental} open streams (logs, terminals, tunnel and SSH"
-                    " connections), the most one rental may hold; close one and try again",
-                )
-            )
+        over = limits.refusal(request, (s.request for s in self._streams.values()), self._limits)
+        if over is not None:
+            return self._refuse(over)
         if self._closing.is_set():
             return self._refuse(Refusal(request.stream_id, 503, "the agent is stopping"))
         stream = _Stream(request)
