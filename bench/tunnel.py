@@ -12,15 +12,18 @@ WebSocket -> agent -> container). In the same run, alternating:
   with curl (busybox httpd closes every connection, so each request is a new
   connection: through a tunnel, a new stream through the agent's channel);
   p50 and p99 for both paths and the difference;
+- held connections: --hold clients connected through the tunnel at once, each
+  with half a request sent, and new requests' latency while they are held
+  (bench/held_connections.py);
 - SSH (the stack has isSSHEnabled): `ssh host true` against `docker exec
   <container> true`, --ssh-runs times each (the whole client run: handshake,
   key check against the marketplace, exec), and the big file copied out with
   `scp` against `docker cp`, --runs times each.
 
-    .venv/bin/python bench/tunnel.py [--mb 200] [--runs 3] [--requests 200] [--ssh-runs 20]
+    .venv/bin/python bench/tunnel.py [--mb 200] [--runs 3] [--requests 200] [--ssh-runs 20] [--hold 1000]
 
-Not measured here yet (issue 14): terminal echo during a bulk transfer, 1000
-held connections.
+Not measured here yet (issue 14): terminal echo during a bulk transfer,
+requests on 50 keep-alive connections (busybox httpd closes each one).
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ import time
 from pathlib import Path
 
 import aiohttp
-import ssh_bench  # noqa: E402 - bench/ is on the path when run as a script
+import held_connections  # noqa: E402 - bench/ is on the path when run as a script
+import ssh_bench  # noqa: E402
 from pickup_latency import local_config, pct  # noqa: E402
 
 from gpuhost_agent.common import logs
@@ -129,6 +133,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> None:
             for name, url in (("direct", direct), ("tunnel", tunnel)):
                 times[name].append(await asyncio.to_thread(curl_seconds, url + "small", "%{time_total}") * 1000)
         ssh_rows = await asyncio.to_thread(ssh_bench.measure, ssh, args.ssh_runs, args.runs, workdir)
+        held_row = await held_rows(tunnel, args)
     finally:
         await stop_agent(parts, agent_task)
         await local.stop()
@@ -142,6 +147,31 @@ async def bench(args: argparse.Namespace, workdir: Path) -> None:
     added_p99 = pct(times["tunnel"], 0.99) - pct(times["direct"], 0.99)
     print(f"added per new connection: p50 {added_p50:.2f} ms, p99 {added_p99:.2f} ms")
     ssh_bench.report(ssh_rows, args.mb)
+    count, opened, held, rss_before, rss_held, before, during, answered = held_row
+    print(f"\n{count} connections held through one tunnel: opened in {opened:.1f} s, {held} still held after the 5 s")
+    print(f"head timeout; resident memory {rss_before:.0f} -> {rss_held:.0f} MiB (marketplace and agent, one process)")
+    print(f"new request while held: p50 {pct(during, 0.5):.2f} ms, p99 {pct(during, 0.99):.2f} ms;", end=" ")
+    print(f"{answered} of 20 answered 200")
+    print(f"(before: p50 {pct(before, 0.5):.2f} ms, p99 {pct(before, 0.99):.2f} ms)")
+
+
+async def held_rows(tunnel: str, args: argparse.Namespace) -> tuple:
+    """The held-connections row: (count, seconds to open, held, RSS before, RSS held, latencies before,
+    during, how many of 20 new requests got 200 while held)."""
+    held_connections.enough_descriptors(args.hold)
+    host, port = tunnel.split("//")[1].rstrip("/").split(":")
+    small = tunnel + "small"
+    before = [await asyncio.to_thread(curl_seconds, small, "%{time_total}") * 1000 for _ in range(20)]
+    assert await asyncio.to_thread(_answers, tunnel)
+    rss_before = held_connections.rss_mib()
+    pairs, opened, held = await held_connections.hold(host, int(port), args.hold)
+    try:
+        rss_held = held_connections.rss_mib()
+        during = [await asyncio.to_thread(curl_seconds, small, "%{time_total}") * 1000 for _ in range(20)]
+        answered = sum([await asyncio.to_thread(_answers, tunnel) for _ in range(20)])
+    finally:
+        await held_connections.release(pairs)
+    return args.hold, opened, held, rss_before, rss_held, before, during, answered
 
 
 def main() -> int:
@@ -150,6 +180,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--ssh-runs", type=int, default=20)
+    parser.add_argument("--hold", type=int, default=1000)
     args = parser.parse_args()
     logs.configure("warning")
     with tempfile.TemporaryDirectory(prefix="gpuhost-tunnelbench-") as tmp:
