@@ -157,6 +157,10 @@ RestartSec=5s
 # ours: stopping or restarting the agent never stops them.
 KillMode=mixed
 TimeoutStopSec=45s
+# Each tunnel or SSH connection is two sockets in the agent, and it holds up
+# to 2048 of them (streams/limits.py): systemd's default soft limit of 1024
+# descriptors would refuse connections long before that.
+LimitNOFILE=65536
 
 Environment=PYTHONUNBUFFERED=1
 StandardOutput=journal
@@ -169,7 +173,10 @@ SyslogIdentifier=gpuhost-agent
 # /var/run/docker.sock is allowed on a read-only file system.
 NoNewPrivileges=yes
 ProtectSystem=strict
-ReadWritePaths=/var/lib/gpuhost-agent
+# /sys/fs/cgroup: SSH file transfers run a helper that joins the container's
+# cgroups (runtime/files_jail.py), so the container's device rules and limits
+# bind it too; the rest of /sys stays read-only (ProtectKernelTunables=).
+ReadWritePaths=/var/lib/gpuhost-agent /sys/fs/cgroup
 StateDirectory=gpuhost-agent
 StateDirectoryMode=0700
 ProtectHome=yes
@@ -177,11 +184,13 @@ PrivateTmp=yes
 ProtectKernelTunables=yes
 ProtectKernelModules=yes
 ProtectKernelLogs=yes
-ProtectControlGroups=yes
+ProtectControlGroups=no
 ProtectHostname=yes
 RestrictRealtime=yes
 RestrictSUIDSGID=yes
-RestrictNamespaces=yes
+# mnt only: that helper enters the container's mount namespace (setns with
+# CLONE_NEWNS), so paths and symlinks resolve in the container's root.
+RestrictNamespaces=mnt
 LockPersonality=yes
 RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK
 SystemCallArchitectures=native

@@ -105,9 +105,16 @@ def test_hardening_that_still_reaches_docker_and_nvml(unit: dict) -> None:
         ("ProtectSystem", "strict"),
         ("ProtectHome", "yes"),
         ("PrivateTmp", "yes"),
-        ("ReadWritePaths", "/var/lib/gpuhost-agent"),
+        ("ReadWritePaths", "/var/lib/gpuhost-agent /sys/fs/cgroup"),
         ("StateDirectory", "gpuhost-agent"),
         ("StateDirectoryMode", "0700"),
+        # What SSH file transfers need (runtime/files_jail.py): the container's
+        # mount namespace, and its cgroups, with the rest of /sys read-only.
+        ("RestrictNamespaces", "mnt"),
+        ("ProtectControlGroups", "no"),
+        ("ProtectKernelTunables", "yes"),
+        # Two sockets per tunnel or SSH connection, up to 2048 of them.
+        ("LimitNOFILE", "65536"),
     ):
         assert service.get(key) == want, key
     # These would take /dev/nvidia* away from NVML (ProtectClock implies DeviceAllow=char-rtc,
