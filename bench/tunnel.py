@@ -21,9 +21,14 @@ WebSocket -> agent -> container). In the same run, alternating:
   `scp` against `docker cp`, --runs times each.
 
     .venv/bin/python bench/tunnel.py [--mb 200] [--runs 3] [--requests 200] [--ssh-runs 20] [--hold 1000]
+                                     [--echoes 200]
 
-Not measured here yet (issue 14): terminal echo during a bulk transfer,
-requests on 50 keep-alive connections (busybox httpd closes each one).
+- terminal echo: a keystroke's round trip in a terminal (`cat` on a TTY),
+  --echoes times idle and again while curl downloads the big file through the
+  tunnel in a loop (bench/terminal_echo.py; goal p99 < 50 ms during it).
+
+Not measured here yet (issue 14): requests on 50 keep-alive connections
+(busybox httpd closes each one).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from pathlib import Path
 import aiohttp
 import held_connections  # noqa: E402 - bench/ is on the path when run as a script
 import ssh_bench  # noqa: E402
+import terminal_echo  # noqa: E402
 from pickup_latency import local_config, pct  # noqa: E402
 
 from gpuhost_agent.common import logs
@@ -134,6 +140,10 @@ async def bench(args: argparse.Namespace, workdir: Path) -> None:
                 times[name].append(await asyncio.to_thread(curl_seconds, url + "small", "%{time_total}") * 1000)
         ssh_rows = await asyncio.to_thread(ssh_bench.measure, ssh, args.ssh_runs, args.runs, workdir)
         held_row = await held_rows(tunnel, args)
+        async with aiohttp.ClientSession(local.base_url + "/", headers=headers) as http:
+            echo_row = await terminal_echo.measure(
+                http, store, store.stacks[stack_id]["rentalId"], stack_id, tunnel + "big", args.echoes
+            )
     finally:
         await stop_agent(parts, agent_task)
         await local.stop()
@@ -147,6 +157,10 @@ async def bench(args: argparse.Namespace, workdir: Path) -> None:
     added_p99 = pct(times["tunnel"], 0.99) - pct(times["direct"], 0.99)
     print(f"added per new connection: p50 {added_p50:.2f} ms, p99 {added_p99:.2f} ms")
     ssh_bench.report(ssh_rows, args.mb)
+    idle, busy, downloads = echo_row
+    print(f"\nterminal echo, {args.echoes} keystrokes: idle p50 {pct(idle, 0.5):.2f} ms, p99 {pct(idle, 0.99):.2f} ms;")
+    print(f"during a {args.mb} MiB download loop through the tunnel ({downloads} done):", end=" ")
+    print(f"p50 {pct(busy, 0.5):.2f} ms, p99 {pct(busy, 0.99):.2f} ms (goal p99 < 50 ms)")
     count, opened, held, rss_before, rss_held, before, during, answered = held_row
     print(f"\n{count} connections held through one tunnel: opened in {opened:.1f} s, {held} still held after the 5 s")
     print(f"head timeout; resident memory {rss_before:.0f} -> {rss_held:.0f} MiB (marketplace and agent, one process)")
@@ -181,6 +195,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--ssh-runs", type=int, default=20)
     parser.add_argument("--hold", type=int, default=1000)
+    parser.add_argument("--echoes", type=int, default=200)
     args = parser.parse_args()
     logs.configure("warning")
     with tempfile.TemporaryDirectory(prefix="gpuhost-tunnelbench-") as tmp:
