@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import subprocess
+from pathlib import Path
 
+import aiohttp
 import pytest
 from support.openapi_check import check_named
 from support.stacks import TEST_IMAGE, TLS_IMAGE
@@ -296,3 +299,42 @@ async def test_an_https_origin_with_a_self_signed_certificate(local_market, inse
         assert status == 200 and "s_server" in body, (status, body[:300])
     else:
         assert status != 200 and "s_server" not in body, (status, body[:300])
+
+
+# The echo server's script travels in the stack itself (Compose's `$$` is a `$`).
+WS_ECHO = f"""
+services:
+  ws:
+    image: {TEST_IMAGE}
+    environment:
+      WS_ECHO: {json.dumps((Path(__file__).parent.parent / "support" / "ws_echo.sh").read_text().replace("$", "$$"))}
+    command: ["sh", "-c", "printf '%s' \\"$$WS_ECHO\\" > /ws.sh && exec nc -ll -p 8080 -e sh /ws.sh"]
+    expose: ["8080"]
+    stop_grace_period: 1s
+"""
+
+
+async def test_a_websocket_through_an_http_tunnel(local_market):
+    """The upgrade and the frames pass the byte relay both ways, with a real
+    WebSocket client that checks the handshake and the framing."""
+    renter, _parts, _local = local_market
+    rental_id = await renter.rental()
+    stack_id = await renter.stack(rental_id, WS_ECHO, name="ws")
+    stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
+    assert stack["status"] == wire.APPLIED, stack["errorMsg"]
+    (tunnel,) = await _tunnels(renter, rental_id, stack_id, 1)
+    assert tunnel["protocol"] == "http"
+    url = tunnel["url"].replace("http://", "ws://")
+    async with aiohttp.ClientSession() as http:
+        for _ in range(40):  # 503 while nc is not listening yet
+            try:
+                ws = await http.ws_connect(url, timeout=aiohttp.ClientWSTimeout(ws_close=5))
+                break
+            except aiohttp.WSServerHandshakeError as exc:
+                assert exc.status == 503, exc
+                await asyncio.sleep(0.25)
+        async with ws:
+            for text in ("hello", "through the tunnel", "x" * 125):
+                await ws.send_str(text)
+                message = await ws.receive(timeout=10)
+                assert (message.type, message.data) == (aiohttp.WSMsgType.TEXT, text)
