@@ -41,7 +41,6 @@ SERVICE_LABEL = "com.docker.compose.service"
 SYNC_PERIOD = 0.5  # seconds between looks at the container lists
 SSH = "ssh"
 SSH_KEY_CONTAINER, SSH_KEY_PORT = "", 0  # a stack's SSH endpoint is keyed on the stack alone
-STACK_PREFIX = 8  # the login name is <service>.<first 8 characters of the stack id>
 
 
 @dataclass(frozen=True)
@@ -90,7 +89,7 @@ class Tunnel:
 def ssh_entry(tunnel: Tunnel, container: dict, host_key: dict | None) -> dict:
     """The SSH endpoint as one container's tunnel info shows it."""
     service = _service(container)
-    user = f"{service}.{tunnel.key.stack_id[:STACK_PREFIX]}"
+    user = wire.ssh_login_name(service, tunnel.key.stack_id)
     port = tunnel.listen_port
     return {
         "tunnelId": hashlib.sha256(f"{tunnel.key.stack_id}/{container['Id']}/ssh".encode()).hexdigest()[:16],

@@ -46,6 +46,16 @@ LABEL_GPUS = "io.gpuhost.rental-gpus"  # the rental's GPU UUIDs, comma-separated
 # On the containers of a stack whose template has isSSHEnabled: the agent's SSH
 # server opens only containers that carry it (streams/ssh_access.py).
 LABEL_SSH = "io.gpuhost.ssh"
+# The SSH login name that picks a container: `<service>.<first 8 characters of
+# the stack id>`. The agent's SSH server parses it, the marketplace's tunnel
+# info shows it: one rule for both.
+SSH_STACK_PREFIX = 8
+
+
+def ssh_login_name(service: str, stack_id: str) -> str:
+    return f"{service}.{stack_id[:SSH_STACK_PREFIX]}"
+
+
 AGENT_LABELS = (LABEL_MANAGED, LABEL_STACK, LABEL_RENTAL, LABEL_ENV)
 
 _TEMPLATE_STRINGS = ("name", "description", "content")

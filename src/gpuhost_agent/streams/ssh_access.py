@@ -21,7 +21,6 @@ from collections.abc import Awaitable, Callable
 
 from gpuhost_agent.protocol import wire
 
-STACK_PREFIX = 8
 SERVICE_LABEL = "com.docker.compose.service"
 NUMBER_LABEL = "com.docker.compose.container-number"
 KEYS_FRESH_SECONDS = 10.0  # a cached list is used as it is
@@ -29,14 +28,10 @@ KEYS_RECHECK_SECONDS = 2.0  # an unknown key asks again once the list is this ol
 MAX_CACHED_RENTALS = 1024
 
 
-def login_name(service: str, stack_id: str) -> str:
-    return f"{service}.{stack_id[:STACK_PREFIX]}"
-
-
 def parse_login(name: str, stack_id: str) -> str | None:
-    """The service a login name asks for in this stack, or None."""
+    """The service a login name (wire.ssh_login_name) asks for in this stack, or None."""
     service, dot, prefix = name.rpartition(".")
-    if not dot or not service or prefix != stack_id[:STACK_PREFIX]:
+    if not dot or not service or prefix != stack_id[: wire.SSH_STACK_PREFIX]:
         return None
     return service
 
