@@ -59,6 +59,13 @@ def _running(pid: int) -> bool:
         return False
 
 
+def _real_pids(exec_pid: object, container_pid: object) -> tuple[int, int] | None:
+    """Both as pids, when the engine reported real ones (not missing, not 0 or 1)."""
+    if isinstance(exec_pid, int) and isinstance(container_pid, int) and exec_pid > 1 and container_pid > 1:
+        return exec_pid, container_pid
+    return None
+
+
 def _container_namespace(exec_pid: int, container_pid: int) -> int | None:
     """The exec's pid namespace when it is the container's and not the agent's
     (only then is the exec's pid safe to signal), else None."""
@@ -91,18 +98,18 @@ def _signal(pids: list[int], signum: int) -> list[int]:
 def signal_exec(exec_pid: object, container_pid: object, signum: int) -> bool:
     """Send `signum` to an exec's own process (an SSH client's signal request),
     under the same namespace rule as hang_up. Whether it was sent."""
-    if not (isinstance(exec_pid, int) and isinstance(container_pid, int) and exec_pid > 1 and container_pid > 1):
+    pids = _real_pids(exec_pid, container_pid)
+    if pids is None or _container_namespace(*pids) is None:
         return False
-    if _container_namespace(exec_pid, container_pid) is None:
-        return False
-    return bool(_signal([exec_pid], signum))
+    return bool(_signal([pids[0]], signum))
 
 
 async def hang_up(exec_pid: object, container_pid: object, *, kill_after: float = KILL_AFTER) -> None:
     """SIGHUP the exec's session, SIGKILL what is left of it after `kill_after`."""
-    if not (isinstance(exec_pid, int) and isinstance(container_pid, int) and exec_pid > 1 and container_pid > 1):
+    pids = _real_pids(exec_pid, container_pid)
+    if pids is None:
         return
-    members = await asyncio.to_thread(_session, exec_pid, container_pid)
+    members = await asyncio.to_thread(_session, *pids)
     alive = _signal(members, signal.SIGHUP)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + kill_after

@@ -36,35 +36,42 @@ def parse_login(name: str, stack_id: str) -> str | None:
     return service
 
 
-def pick_any(containers: list[dict], env_id: str | None, rental_id: str, stack_id: str) -> dict | None:
-    """Any running container of the stack that SSH may open (is there an endpoint at all?)."""
-    services = {(c.get("Labels") or {}).get(SERVICE_LABEL, "") for c in containers}
-    for service in sorted(services):
-        found = pick_container(containers, service, env_id, rental_id, stack_id)
-        if found is not None:
-            return found
-    return None
-
-
-def pick_container(
-    containers: list[dict], service: str, env_id: str | None, rental_id: str, stack_id: str
-) -> dict | None:
-    """The running container of `service` (its first replica) that SSH may
-    open, from `docker ps` entries; None when there is none."""
+def _open_to_ssh(containers: list[dict], env_id: str | None, rental_id: str, stack_id: str) -> list[dict]:
+    """The running containers of the stack, with the agent's labels for this
+    environment and rental and the SSH label, from `docker ps` entries."""
     if not env_id:
-        return None
+        return []
     wanted = {
         wire.LABEL_MANAGED: "true",
         wire.LABEL_ENV: env_id,
         wire.LABEL_RENTAL: rental_id,
         wire.LABEL_STACK: stack_id,
         wire.LABEL_SSH: "true",
-        SERVICE_LABEL: service,
     }
-    found = [
+    return [
         c
         for c in containers
         if c.get("State") == "running" and all((c.get("Labels") or {}).get(k) == v for k, v in wanted.items())
+    ]
+
+
+def pick_any(containers: list[dict], env_id: str | None, rental_id: str, stack_id: str) -> dict | None:
+    """Any running container of the stack that a login name can reach (is there an endpoint at all?)."""
+    reachable = (
+        c for c in _open_to_ssh(containers, env_id, rental_id, stack_id) if (c.get("Labels") or {}).get(SERVICE_LABEL)
+    )
+    return next(reachable, None)
+
+
+def pick_container(
+    containers: list[dict], service: str, env_id: str | None, rental_id: str, stack_id: str
+) -> dict | None:
+    """The running container of `service` (its first replica) that SSH may
+    open; None when there is none."""
+    found = [
+        c
+        for c in _open_to_ssh(containers, env_id, rental_id, stack_id)
+        if (c.get("Labels") or {}).get(SERVICE_LABEL) == service
     ]
     found.sort(key=lambda c: int(n) if (n := (c.get("Labels") or {}).get(NUMBER_LABEL, "")).isdigit() else 1 << 30)
     return found[0] if found else None

@@ -17,6 +17,7 @@ from pathlib import Path
 import asyncssh
 
 from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.streams.ssh_access import key_blob
 
 log = get_logger(__name__)
 
@@ -29,14 +30,12 @@ class HostKey:
 
     @property
     def public_line(self) -> str:
-        return self.key.export_public_key("openssh").decode().split()[0] + " " + self._blob()
+        """Type and base64 blob, without the comment."""
+        return key_blob(self.key.export_public_key("openssh").decode())
 
     @property
     def fingerprint(self) -> str:
         return self.key.get_fingerprint("sha256")
-
-    def _blob(self) -> str:
-        return self.key.export_public_key("openssh").decode().split()[1]
 
 
 def load_or_create(state_dir: Path) -> HostKey:

@@ -27,6 +27,7 @@ from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.runtime.exec_hangup import hang_up_exec, signal_exec
+from gpuhost_agent.streams.frames import STDERR
 
 log = get_logger(__name__)
 
@@ -108,8 +109,9 @@ class ExecSession:
             while True:
                 kind, length = _FRAME.unpack(await reader.readexactly(_FRAME.size))
                 data = await reader.readexactly(length)
-                (process.stderr if kind == 2 else process.stdout).write(data)
-                await (process.stderr if kind == 2 else process.stdout).drain()
+                out = process.stderr if kind == STDERR else process.stdout
+                out.write(data)
+                await out.drain()
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             return
 
