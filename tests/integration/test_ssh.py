@@ -36,16 +36,9 @@ services:
 """
 
 
-async def _ssh_tunnels(renter, rental_id: str, stack_id: str, count: int) -> list[dict]:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 30
-    while True:
-        stack = next(s for s in await renter.stacks(rental_id) if s["stackId"] == stack_id)
-        found = [t for t in stack["tunnels"] if t["protocol"] == "ssh" and t["ssh"]["hostKey"]]
-        if len(found) == count:
-            return found
-        assert loop.time() < deadline, stack["tunnels"]
-        await asyncio.sleep(0.1)
+def _ssh(tunnel: dict) -> bool:
+    """An SSH entry, once the agent's host key is known to the marketplace."""
+    return tunnel["protocol"] == "ssh" and bool(tunnel["ssh"]["hostKey"])
 
 
 async def _deploy(renter, content: str, **flags: bool) -> tuple[str, str]:
@@ -72,7 +65,7 @@ async def test_sessions_files_and_forwarding(local_market, local_doc, tmp_path):
     later_line = await asyncio.to_thread(make_key, later)
     await asyncio.to_thread(make_key, stranger)
     rental_id, stack_id = await _deploy(renter, STACK, isSSHEnabled=True)
-    tunnels = {t["service"]: t for t in await _ssh_tunnels(renter, rental_id, stack_id, 2)}
+    tunnels = {t["service"]: t for t in await renter.tunnels(rental_id, stack_id, 2, _ssh, timeout=30)}
     for tunnel in tunnels.values():
         check_named(local_doc, tunnel, "Tunnel")
     info = tunnels["shell"]["ssh"]
@@ -168,7 +161,7 @@ async def test_ssh_only_where_the_template_asks(local_market, tmp_path):
     await _add_key(renter, await asyncio.to_thread(make_key, tmp_path / "renter"))
     plain_rental, plain_stack = await _deploy(renter, STACK)
     ssh_rental, ssh_stack = await _deploy(renter, STACK, isSSHEnabled=True)
-    await _ssh_tunnels(renter, ssh_rental, ssh_stack, 2)
+    await renter.tunnels(ssh_rental, ssh_stack, 2, _ssh, timeout=30)
     stack = next(s for s in await renter.stacks(plain_rental) if s["stackId"] == plain_stack)
     assert [t for t in stack["tunnels"] if t["protocol"] == "ssh"] == []
 
@@ -189,7 +182,9 @@ async def test_the_channel_drops_and_comes_back(local_market, tmp_path):
     key = tmp_path / "renter"
     await _add_key(renter, await asyncio.to_thread(make_key, key))
     rental_id, stack_id = await _deploy(renter, STACK, isSSHEnabled=True)
-    info = next(t for t in await _ssh_tunnels(renter, rental_id, stack_id, 2) if t["service"] == "shell")["ssh"]
+    info = next(t for t in await renter.tunnels(rental_id, stack_id, 2, _ssh, timeout=30) if t["service"] == "shell")[
+        "ssh"
+    ]
     end = await asyncio.to_thread(Endpoint, info["host"], info["port"], info["hostKey"], tmp_path)
     stack = next(s for s in await renter.stacks(rental_id) if s["stackId"] == stack_id)
     web = next(t for t in stack["tunnels"] if t["protocol"] == "http")

@@ -60,30 +60,13 @@ async def _echo(port: int, payload: bytes) -> bytes:
     return received
 
 
-async def _tunnels(renter, rental_id: str, stack_id: str, count: int) -> list[dict]:
-    found: list[dict] = []
-
-    async def enough() -> bool:
-        nonlocal found
-        stack = next(s for s in await renter.stacks(rental_id) if s["stackId"] == stack_id)
-        found = stack["tunnels"]
-        return len(found) == count
-
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 20
-    while not await enough():
-        assert loop.time() < deadline, found
-        await asyncio.sleep(0.1)
-    return found
-
-
 async def test_http_tcp_late_service_restart_and_tunnel_info(local_market, docker_client, local_doc):
     renter, _parts, _local = local_market
     rental_id = await renter.rental()
     stack_id = await renter.stack(rental_id, WEB_AND_ECHO, name="tunnels")
     stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
     assert stack["status"] == wire.APPLIED, stack["errorMsg"]
-    tunnels = {(t["service"], t["containerPort"]): t for t in await _tunnels(renter, rental_id, stack_id, 4)}
+    tunnels = {(t["service"], t["containerPort"]): t for t in await renter.tunnels(rental_id, stack_id, 4)}
     for tunnel in tunnels.values():
         check_named(local_doc, tunnel, "Tunnel")
     web, echo = tunnels[("web", 8080)], tunnels[("echo", 9000)]
@@ -161,7 +144,7 @@ async def test_the_agent_refuses_what_the_container_does_not_declare(local_marke
     stack_b = await renter.stack(rental_b, WEB_AND_ECHO, name="b")
     stack = await renter.wait_stack(rental_b, stack_b, (wire.APPLIED, wire.ERROR), timeout=60)
     assert stack["status"] == wire.APPLIED, stack["errorMsg"]
-    tunnels = await _tunnels(renter, rental_b, stack_b, 4)
+    tunnels = await renter.tunnels(rental_b, stack_b, 4)
     web = next(t for t in tunnels if t["containerPort"] == 8080)
     from gpuhost_agent.local_marketplace.channel_hub import StreamRefused
 
@@ -206,7 +189,7 @@ async def test_basic_auth_at_the_marketplace(local_market, local_doc, basic_auth
     stack_id = await renter.stack(rental_id, AUTHED, name="auth", isBasicAuthEnabled=basic_auth)
     stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
     assert stack["status"] == wire.APPLIED, stack["errorMsg"]
-    tunnels = {t["service"]: t for t in await _tunnels(renter, rental_id, stack_id, 2)}
+    tunnels = {t["service"]: t for t in await renter.tunnels(rental_id, stack_id, 2)}
     web, mirror = tunnels["web"], tunnels["mirror"]
     for tunnel in tunnels.values():
         check_named(local_doc, tunnel, "Tunnel")
@@ -280,7 +263,7 @@ async def test_an_https_origin_with_a_self_signed_certificate(local_market, inse
     stack_id = await renter.stack(rental_id, HTTPS_ORIGIN, name="https", insecure=insecure)
     stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
     assert stack["status"] == wire.APPLIED, stack["errorMsg"]
-    (tunnel,) = await _tunnels(renter, rental_id, stack_id, 1)
+    (tunnel,) = await renter.tunnels(rental_id, stack_id, 1)
     status, body = 503, ""
     for _ in range(40):  # 503 "starting" while openssl makes its key
         done = await asyncio.to_thread(
@@ -322,7 +305,7 @@ async def test_a_websocket_through_an_http_tunnel(local_market):
     stack_id = await renter.stack(rental_id, WS_ECHO, name="ws")
     stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
     assert stack["status"] == wire.APPLIED, stack["errorMsg"]
-    (tunnel,) = await _tunnels(renter, rental_id, stack_id, 1)
+    (tunnel,) = await renter.tunnels(rental_id, stack_id, 1)
     assert tunnel["protocol"] == "http"
     url = tunnel["url"].replace("http://", "ws://")
     async with aiohttp.ClientSession() as http:

@@ -66,6 +66,20 @@ class Renter:
         assert status == 200, body
         return body
 
+    async def tunnels(
+        self, rental_id: str, stack_id: str, count: int, keep=lambda _tunnel: True, timeout: float = 20
+    ) -> list[dict]:
+        """The stack's tunnel info once exactly `count` entries pass `keep`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            stack = next(s for s in await self.stacks(rental_id) if s["stackId"] == stack_id)
+            found = [t for t in stack["tunnels"] if keep(t)]
+            if len(found) == count:
+                return found
+            assert loop.time() < deadline, stack["tunnels"]
+            await asyncio.sleep(0.1)
+
     async def containers(self, rental_id: str, stack_id: str) -> list[dict]:
         status, body = await self.call("GET", f"/rentals/{rental_id}/stacks/{stack_id}/containers")
         assert status == 200, body
