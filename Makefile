@@ -34,6 +34,7 @@ bench: setup
 	.venv/bin/python bench/probe_time.py
 	.venv/bin/python bench/log_throughput.py
 	.venv/bin/python bench/event_latency.py
+	bash scripts/build-bench-images.sh
 	.venv/bin/python bench/tunnel.py
 
 # Remove leftovers of interrupted tests/runs; containers first, they pin networks and volumes.

@@ -4,9 +4,8 @@ while new requests still have to be answered.
 
 It reports how long opening them all took, how many were still held after the
 marketplace's 5 s head timeout (a connection the agent refused gets a 502 page
-by then), the process's resident memory before and while they are held
-(marketplace and agent share the process here: both ends of every relay), and
-the latency of new requests before and while they are held.
+by then), the resident memory of the marketplace and the agent together (both
+ends of every relay) before and while they are held, and the latency of new requests before and while they are held.
 """
 
 from __future__ import annotations
@@ -19,16 +18,9 @@ HALF_REQUEST = b"GET /small HTTP/1.1\r\nHost: bench\r\n"  # no blank line: the s
 SETTLE_SECONDS = 6.0  # past the marketplace's 5 s wait for a refused client's request head
 
 
-def rss_mib() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def enough_descriptors(count: int) -> None:
-    """Every held connection is about six sockets in this one process."""
+    """Every held connection is about six sockets: raise the limit before the
+    agent's process starts, so that it inherits it."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < count * 8:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, count * 8), hard))

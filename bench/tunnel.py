@@ -1,34 +1,37 @@
 """What does a tunnel cost, against the same service reached directly?
 
-Deploys one stack through the local marketplace (in this process, wired as
-`gpuhost-agent run` wires it, over HTTP on loopback): busybox httpd serving a
-file of --mb MiB and a tiny page, on a port published on 127.0.0.1 (the direct
-path) and reached through its tunnel (client -> marketplace listener -> stream
-WebSocket -> agent -> container). In the same run, alternating:
+Deploys one stack through the local marketplace (in this process, over HTTP on
+loopback): nginx serving a file of --mb MiB and a tiny page, on a port
+published on 127.0.0.1 (the direct path) and reached through its tunnel
+(client -> marketplace listener -> stream WebSocket -> agent -> container).
+The agent runs as its own `gpuhost-agent run` process (--agent separate, the
+default: marketplace and agent are different machines in production) or on
+this process's event loop beside the marketplace (--agent in-process). In the
+same run, alternating:
 
 - throughput: one download of the big file with curl, direct and tunnel, --runs
   times each (MB/s; the ratio is tunnel / direct, goal >= 0.8);
 - connection + request latency: --requests sequential GETs of the tiny page
-  with curl (busybox httpd closes every connection, so each request is a new
-  connection: through a tunnel, a new stream through the agent's channel);
-  p50 and p99 for both paths and the difference;
+  with curl, each on a new connection (through a tunnel, a new stream through
+  the agent's channel); p50 and p99 for both paths and the difference;
+- keep-alive: wrk with --connections connections for --wrk-seconds, --runs
+  times a path: requests a second and latency p50/p99 (bench/keepalive.py;
+  goal under 2 ms added at p50);
 - held connections: --hold clients connected through the tunnel at once, each
   with half a request sent, and new requests' latency while they are held
   (bench/held_connections.py);
 - SSH (the stack has isSSHEnabled): `ssh host true` against `docker exec
   <container> true`, --ssh-runs times each (the whole client run: handshake,
   key check against the marketplace, exec), and the big file copied out with
-  `scp` against `docker cp`, --runs times each.
-
-    .venv/bin/python bench/tunnel.py [--mb 200] [--runs 3] [--requests 200] [--ssh-runs 20] [--hold 1000]
-                                     [--echoes 200]
-
+  `scp` against `docker cp`, --runs times each;
 - terminal echo: a keystroke's round trip in a terminal (`cat` on a TTY),
   --echoes times idle and again while curl downloads the big file through the
   tunnel in a loop (bench/terminal_echo.py; goal p99 < 50 ms during it).
 
-Not measured here yet (issue 14): requests on 50 keep-alive connections
-(busybox httpd closes each one).
+    bash scripts/build-bench-images.sh   # wrk and the nginx image (make bench runs it)
+    .venv/bin/python bench/tunnel.py [--mb 200] [--runs 3] [--requests 200] [--ssh-runs 20] [--hold 1000]
+                                     [--echoes 200] [--connections 50] [--wrk-seconds 10]
+                                     [--agent separate|in-process]
 """
 
 from __future__ import annotations
@@ -42,24 +45,25 @@ import tempfile
 import time
 from pathlib import Path
 
+import agent_runner  # noqa: E402 - bench/ is on the path when run as a script
 import aiohttp
-import held_connections  # noqa: E402 - bench/ is on the path when run as a script
+import held_connections  # noqa: E402
+import keepalive  # noqa: E402
 import ssh_bench  # noqa: E402
 import terminal_echo  # noqa: E402
 from pickup_latency import local_config, pct  # noqa: E402
 
 from gpuhost_agent.common import logs
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.service.daemon import stop_agent
-from gpuhost_agent.service.wiring import build_agent, start_local_marketplace
+from gpuhost_agent.service.wiring import start_local_marketplace
 
-IMAGE = "gpuhost-test/busybox:1"
+IMAGE = "gpuhost-test/nginx:1"  # scripts/build-bench-images.sh
 
 
 def compose(mb: int) -> str:
     start = (
         f"mkdir -p /www && dd if=/dev/zero of=/www/big bs=1M count={mb} 2>/dev/null"
-        " && echo ok > /www/small && exec httpd -f -p 8080 -h /www"
+        " && echo ok > /www/small && exec nginx"
     )
     return (
         f"services:\n  web:\n    image: {IMAGE}\n    command: ['sh', '-c', '{start}']\n"
@@ -116,13 +120,19 @@ def _answers(url: str) -> bool:
 
 
 async def bench(args: argparse.Namespace, workdir: Path) -> None:
+    keepalive.have_wrk()
+    held_connections.enough_descriptors(args.hold)
     config = local_config(workdir, settle_seconds=1.0, stop_timeout=1)
     local = await start_local_marketplace(config)
     store = local.state.store
-    parts = build_agent(config, local.base_url, store.envApiKey)
-    agent_task = asyncio.create_task(parts.agent.run(), name="agent")
+    if args.agent == "separate":
+        agent: agent_runner.SeparateAgent | agent_runner.InProcessAgent = agent_runner.SeparateAgent(
+            config, local, workdir
+        )
+    else:
+        agent = agent_runner.InProcessAgent(config, local)
     try:
-        await asyncio.wait_for(parts.session.connected.wait(), 30)
+        await agent.start()
         headers = {wire.API_KEY_HEADER: store.renterApiKey}
         async with aiohttp.ClientSession(local.base_url + "/", headers=headers) as http:
             key = await asyncio.to_thread(ssh_bench.make_key, workdir)
@@ -138,15 +148,20 @@ async def bench(args: argparse.Namespace, workdir: Path) -> None:
         for _ in range(args.requests):
             for name, url in (("direct", direct), ("tunnel", tunnel)):
                 times[name].append(await asyncio.to_thread(curl_seconds, url + "small", "%{time_total}") * 1000)
+        kept = await asyncio.to_thread(
+            keepalive.measure, direct + "small", tunnel + "small", args.connections, args.wrk_seconds, args.runs
+        )
         ssh_rows = await asyncio.to_thread(ssh_bench.measure, ssh, args.ssh_runs, args.runs, workdir)
-        held_row = await held_rows(tunnel, args)
+        held_row = await held_rows(tunnel, args, agent.pids)
         async with aiohttp.ClientSession(local.base_url + "/", headers=headers) as http:
             echo_row = await terminal_echo.measure(
                 http, store, store.stacks[stack_id]["rentalId"], stack_id, tunnel + "big", args.echoes
             )
     finally:
-        await stop_agent(parts, agent_task)
+        await agent.stop()
         await local.stop()
+    where = "the agent in its own process" if args.agent == "separate" else "agent and marketplace in one process"
+    print(f"\n({where})")
     direct_mbs, tunnel_mbs = statistics.median(speeds["direct"]), statistics.median(speeds["tunnel"])
     print(f"\ntunnel vs direct, {args.mb} MiB download x{args.runs}, {args.requests} requests (new connection each)")
     print(f"{'path':8} {'MB/s (median)':>14} {'req p50 ms':>11} {'req p99 ms':>11}")
@@ -156,6 +171,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> None:
     added_p50 = pct(times["tunnel"], 0.5) - pct(times["direct"], 0.5)
     added_p99 = pct(times["tunnel"], 0.99) - pct(times["direct"], 0.99)
     print(f"added per new connection: p50 {added_p50:.2f} ms, p99 {added_p99:.2f} ms")
+    keepalive.report(kept, args.connections, args.wrk_seconds)
     ssh_bench.report(ssh_rows, args.mb)
     idle, busy, downloads = echo_row
     print(f"\nterminal echo, {args.echoes} keystrokes: idle p50 {pct(idle, 0.5):.2f} ms, p99 {pct(idle, 0.99):.2f} ms;")
@@ -163,24 +179,23 @@ async def bench(args: argparse.Namespace, workdir: Path) -> None:
     print(f"p50 {pct(busy, 0.5):.2f} ms, p99 {pct(busy, 0.99):.2f} ms (goal p99 < 50 ms)")
     count, opened, held, rss_before, rss_held, before, during, answered = held_row
     print(f"\n{count} connections held through one tunnel: opened in {opened:.1f} s, {held} still held after the 5 s")
-    print(f"head timeout; resident memory {rss_before:.0f} -> {rss_held:.0f} MiB (marketplace and agent, one process)")
+    print(f"head timeout; resident memory {rss_before:.0f} -> {rss_held:.0f} MiB (marketplace and agent together)")
     print(f"new request while held: p50 {pct(during, 0.5):.2f} ms, p99 {pct(during, 0.99):.2f} ms;", end=" ")
     print(f"{answered} of 20 answered 200")
     print(f"(before: p50 {pct(before, 0.5):.2f} ms, p99 {pct(before, 0.99):.2f} ms)")
 
 
-async def held_rows(tunnel: str, args: argparse.Namespace) -> tuple:
+async def held_rows(tunnel: str, args: argparse.Namespace, pids: list[int]) -> tuple:
     """The held-connections row: (count, seconds to open, held, RSS before, RSS held, latencies before,
     during, how many of 20 new requests got 200 while held)."""
-    held_connections.enough_descriptors(args.hold)
     host, port = tunnel.split("//")[1].rstrip("/").split(":")
     small = tunnel + "small"
     before = [await asyncio.to_thread(curl_seconds, small, "%{time_total}") * 1000 for _ in range(20)]
     assert await asyncio.to_thread(_answers, tunnel)
-    rss_before = held_connections.rss_mib()
+    rss_before = agent_runner.rss_mib(pids)
     pairs, opened, held = await held_connections.hold(host, int(port), args.hold)
     try:
-        rss_held = held_connections.rss_mib()
+        rss_held = agent_runner.rss_mib(pids)
         during = [await asyncio.to_thread(curl_seconds, small, "%{time_total}") * 1000 for _ in range(20)]
         answered = sum([await asyncio.to_thread(_answers, tunnel) for _ in range(20)])
     finally:
@@ -196,6 +211,9 @@ def main() -> int:
     parser.add_argument("--ssh-runs", type=int, default=20)
     parser.add_argument("--hold", type=int, default=1000)
     parser.add_argument("--echoes", type=int, default=200)
+    parser.add_argument("--connections", type=int, default=50)
+    parser.add_argument("--wrk-seconds", type=int, default=10)
+    parser.add_argument("--agent", choices=("separate", "in-process"), default="separate")
     args = parser.parse_args()
     logs.configure("warning")
     with tempfile.TemporaryDirectory(prefix="gpuhost-tunnelbench-") as tmp:
