@@ -26,3 +26,33 @@ def header(path: Path) -> dict:
 
 for _path in HOSTILE + LEGIT:  # read once here, not on a test's event loop
     header(_path)
+
+
+def assert_container_sandboxed(attrs: dict, *, allowed_gpus: int) -> None:
+    """`docker inspect` of a container the agent started: what holds whatever
+    its Compose file asked (issue 15's invariants)."""
+    host = attrs["HostConfig"]
+    name = attrs["Name"]
+    assert host["Privileged"] is False and "no-new-privileges:true" in (host.get("SecurityOpt") or []), name
+    assert host["Memory"] > 0 and host["NanoCpus"] > 0 and host["PidsLimit"] > 0, name
+    assert {"MKNOD", "NET_RAW", "SYS_ADMIN"} <= {cap.removeprefix("CAP_") for cap in host["CapDrop"]}, name
+    assert not host.get("CapAdd") and not host.get("Devices") and not host.get("DeviceCgroupRules"), name
+    assert host.get("Runtime") in (None, "", "runc"), name
+    assert not str(host.get("NetworkMode")).startswith(("host", "container:")), name
+    assert host.get("PidMode") in (None, "") and host.get("UTSMode") in (None, ""), name
+    assert host.get("IpcMode") in (None, "", "private", "shareable", "none"), name
+    assert host.get("CgroupParent") in (None, "") and host.get("UsernsMode") in (None, ""), name
+    assert all(mount["Type"] in ("volume", "tmpfs") for mount in attrs.get("Mounts") or []), name
+    for bindings in (host.get("PortBindings") or {}).values():
+        assert all(binding["HostIp"] == "127.0.0.1" for binding in bindings), name
+    gpus = [
+        device
+        for request in host.get("DeviceRequests") or []
+        for device in request.get("DeviceIDs") or []
+        if request.get("Driver") == "nvidia"
+    ]
+    assert all(request.get("Count") in (0, None) for request in host.get("DeviceRequests") or []), name
+    assert len(gpus) <= allowed_gpus, (name, gpus)
+    env = dict(item.partition("=")[::2] for item in attrs["Config"].get("Env") or [])
+    visible = env.get("NVIDIA_VISIBLE_DEVICES", "void")
+    assert visible == "void" or set(visible.split(",")) == set(gpus), (name, visible, gpus)

@@ -18,7 +18,8 @@ from gpuhost_agent.common.logs import SECRETS, get_logger
 from gpuhost_agent.core import naming
 from gpuhost_agent.core.compose_rewrite import StackRejected, check_variables, label_services
 from gpuhost_agent.core.containers import failed_containers, seed_containers
-from gpuhost_agent.core.sandbox import Sandbox, refuse_raw
+from gpuhost_agent.core.sandbox import Sandbox, notices_message, refuse_with_compose_error, review_raw
+from gpuhost_agent.core.sandbox_context import SandboxContext
 from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.compose import ComposeError, ComposeRunner
@@ -83,14 +84,21 @@ class StackDeployer:
         log.info("stack_applying", stack_id=job.stack_id, rental_id=job.rental_id, job_id=job.job_id, project=project)
         try:
             check_variables(variables)
-            refuse_raw(template.get("content", ""))  # before Compose reads anything the file names
+            raw = review_raw(template.get("content", ""))  # before Compose reads anything the file names
             await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True, mode=0o700)
-            await asyncio.to_thread(_write_private, workdir / ORIGINAL_FILE, template.get("content", ""))
+            await asyncio.to_thread(_write_private, workdir / ORIGINAL_FILE, raw.text)
             try:
                 model = await self.compose.config(project, workdir, ORIGINAL_FILE, variables)
             except ComposeError as exc:
-                raise StackRejected(f"invalid Compose file: {exc}") from None
-            hardened, gpus = await self.sandbox.apply(job, project, model)
+                raise refuse_with_compose_error(raw, str(exc)) from None
+            places = SandboxContext(
+                project=project,
+                project_dir=str(await asyncio.to_thread(workdir.resolve)),
+                home_dir=str(self.compose.home_dir),
+                agent_dir=str(self.stacks_dir.parent),
+                foreign_names=await self.engine.foreign_names(project),
+            )
+            hardened, gpus, notices = await self.sandbox.apply(job, model, raw, places)
             rewritten = label_services(
                 hardened, job.stack_id, job.rental_id, job.env_id, gpus, ssh=template.get("isSSHEnabled") is True
             )
@@ -102,9 +110,9 @@ class StackDeployer:
                 raise StackFailed(f"deploy failed: {exc}") from None
             await self._check_running(job.stack_id)
             faults.crash_point("deploy.before_applied_report")
-            self._report(job, wire.APPLIED)
+            self._report(job, wire.APPLIED, notices_message(notices))
             await self.push_containers(job.stack_id)
-            log.info("stack_applied", stack_id=job.stack_id, job_id=job.job_id)
+            log.info("stack_applied", stack_id=job.stack_id, job_id=job.job_id, changes=len(notices))
             await self._settle(job.stack_id)
             return ""
         except (StackRejected, StackFailed, EngineError) as exc:

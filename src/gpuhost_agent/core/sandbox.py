@@ -1,13 +1,20 @@
-"""The sandbox around one stack deploy: the pure policy, the rental's GPUs and
-share of the machine, and the hardened model that Compose will run.
+"""The sandbox around one stack deploy: the safe rewrites, the pure policy,
+the rental's GPUs and share of the machine, and the hardened model that
+Compose will run.
+
+The renter hears every problem of the file at once: what the raw pass took
+out before Compose read the file (sandbox_raw), what the rewrites could not
+make safe (sandbox_rewrite), and what the policy refuses (sandbox_policy), in
+one message. What was rewritten comes back as notices.
 
 The GPU decision is made and recorded without an `await` in between (plan,
-check, commit), so two rentals deploying at once can never be given the same
-GPU.
+check, commit), and only once the stack passes, so two rentals deploying at
+once can never be given the same GPU, and a refused stack takes none.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable
 
 from gpuhost_agent.core.compose_rewrite import StackRejected
@@ -16,20 +23,54 @@ from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.core.sandbox_context import DEFAULT_PIDS_LIMIT, Machine, SandboxContext, rental_share
 from gpuhost_agent.core.sandbox_harden import harden
 from gpuhost_agent.core.sandbox_policy import policy_violations
-from gpuhost_agent.core.sandbox_raw import raw_violations
+from gpuhost_agent.core.sandbox_raw import RawReview, review
+from gpuhost_agent.core.sandbox_rewrite import rewrite
 from gpuhost_agent.protocol import wire
 
 POLICY_PREFIX = "refused by the sandbox policy: "
 MachineFacts = Callable[[], Awaitable[dict]]  # a systemData dict: {"nvml": ..., "host": ...}
 
 
-def refuse_raw(content: str) -> None:
+def review_raw(content: str) -> RawReview:
+    """The file Compose may read, with what was taken out of it; StackRejected
+    when it is not YAML that Compose and this parser read alike."""
     try:
-        problems = raw_violations(content)
+        return review(content)
     except ValueError as exc:
         raise StackRejected(f"invalid Compose file: {exc}") from None
+
+
+def refuse_with_compose_error(raw: RawReview, compose_error: str) -> StackRejected:
+    """Compose could not read the rest of the file: its error, after the raw pass's problems."""
+    if raw.problems:
+        return StackRejected(POLICY_PREFIX + "; ".join([*raw.problems, f"and Compose says: {compose_error}"]))
+    return StackRejected(f"invalid Compose file: {compose_error}")
+
+
+CHANGES_PREFIX = "deployed with changes by the sandbox: "
+
+
+def notices_message(notices: list[str]) -> str:
+    """An APPLIED stack's errorMsg: what the sandbox changed in the file, or ""."""
+    return CHANGES_PREFIX + "; ".join(notices) if notices else ""
+
+
+def sandbox_changes(error_msg: str) -> str:
+    """The part of an APPLIED stack's errorMsg that says what the sandbox
+    changed: kept when a later report names stopped containers or clears them."""
+    start = error_msg.find(CHANGES_PREFIX)
+    return error_msg[start:] if start >= 0 else ""
+
+
+def decide(model: dict, raw: RawReview, ctx: SandboxContext) -> tuple[dict, list[str]]:
+    """(the hardened model, notices) or StackRejected listing every problem. Pure."""
+    rewritten, notices, problems = rewrite(model, ctx)
+    problems = [*raw.problems, *problems, *policy_violations(rewritten, ctx)]
+    if not (model.get("services") or {}) and not raw.profiled:
+        problems.append("the Compose file defines no services")
     if problems:
         raise StackRejected(POLICY_PREFIX + "; ".join(problems))
+    return harden(rewritten, ctx), [*raw.notices, *notices]
 
 
 class Sandbox:
@@ -46,8 +87,12 @@ class Sandbox:
         self.publish_address = publish_address
         self.pids_limit = pids_limit
 
-    async def apply(self, job: wire.StackJob, project: str, model: dict) -> tuple[dict, list[str]]:
-        """(the hardened model, the rental's GPUs) or StackRejected with the reasons."""
+    async def apply(
+        self, job: wire.StackJob, model: dict, raw: RawReview, places: SandboxContext
+    ) -> tuple[dict, list[str], list[str]]:
+        """(the hardened model, the rental's GPUs, notices) or StackRejected with
+        every reason. `places` carries the project name and where Compose
+        resolved the file's paths; the rest of the context is decided here."""
         if self.ledger.is_over(job.rental_id):
             raise StackRejected("the rental has ended; its stacks cannot be deployed again")
         facts = await self.machine_facts()
@@ -64,19 +109,17 @@ class Sandbox:
         except NotEnoughGpus as exc:
             raise StackRejected(str(exc)) from None
         cpus, memory = rental_share(machine, len(uuids))
-        ctx = SandboxContext(
-            project=project,
+        ctx = dataclasses.replace(
+            places,
             gpu_uuids=tuple(uuids),
             cpus=cpus,
             memory_bytes=memory,
             pids_limit=self.pids_limit,
             publish_address=self.publish_address,
         )
-        problems = policy_violations(model, ctx)
-        if problems:
-            raise StackRejected(POLICY_PREFIX + "; ".join(problems))
+        hardened, notices = decide(model, raw, ctx)
         self.ledger.commit(job.rental_id, uuids)
-        return harden(model, ctx), uuids
+        return hardened, uuids, notices
 
     def release(self, rental_id: str) -> list[str]:
         return self.ledger.release(rental_id)

@@ -8,7 +8,8 @@ fixed small share, so that GPU-less rentals cannot crowd out the GPU ones.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import posixpath
+from dataclasses import dataclass, field
 
 GIB = 1024**3
 GPU_LESS_CPUS = 2.0
@@ -27,6 +28,27 @@ class SandboxContext:
     memory_bytes: int = GPU_LESS_MEMORY
     pids_limit: int = DEFAULT_PIDS_LIMIT
     publish_address: str = "0.0.0.0"
+    # Where Compose resolved the file's paths: `./` (the stack's directory),
+    # `~` (the home the agent gives Compose), and the agent's own directory.
+    project_dir: str = ""
+    home_dir: str = ""
+    agent_dir: str = ""
+    foreign_names: frozenset[str] = field(default_factory=frozenset)  # networks and volumes outside the stack
+
+
+def shown_path(source: str, ctx: SandboxContext) -> str:
+    """A path as the renter wrote it (`./data`, `~/.cache`, `../x`), never one
+    of the agent's own directories."""
+    for root, shown in ((ctx.project_dir, "."), (ctx.home_dir, "~")):
+        if root and (source == root or source.startswith(root + "/")):
+            return shown + source[len(root) :]
+    if ctx.agent_dir and ctx.project_dir and (source == ctx.agent_dir or source.startswith(ctx.agent_dir + "/")):
+        return posixpath.relpath(source, ctx.project_dir)
+    return source
+
+
+def under(source: str, root: str) -> bool:
+    return bool(root) and (source == root or source.startswith(root + "/"))
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 from gpuhost_agent.core.compose_rewrite import as_mapping
-from gpuhost_agent.core.sandbox_context import SandboxContext
+from gpuhost_agent.core.sandbox_context import SandboxContext, shown_path
+from gpuhost_agent.core.sandbox_gpu_forms import NVIDIA_CAPABILITIES, PASSED_VARIABLES, is_toolkit_variable
 
 AGENT_LABEL_PREFIXES = ("io.gpuhost.", "com.docker.compose.")
-RESERVED_ENV_PREFIXES = ("NVIDIA_",)
+DRIVER_CAPABILITY_VALUES = {"all", "compute", "compat32", "graphics", "utility", "video", "display"}
 # Service keys refused whatever their value, with the reason shown to the renter.
 FORBIDDEN_KEYS = {
     "devices": "it gives the container host devices",
@@ -39,6 +40,7 @@ FORBIDDEN_KEYS = {
     "use_api_socket": "it gives the container the Docker API",
     "isolation": "isolation technology is the host's to choose",
     "oom_kill_disable": "a container that cannot be OOM-killed can starve the host",
+    "annotations": "the NVIDIA toolkit takes CDI device requests from annotations, around the agent's GPUs",
     "build": "images are pulled, not built on the host",
     "env_file": "it reads a file of the host",
     "label_file": "it reads a file of the host",
@@ -101,7 +103,7 @@ def _service(service: dict, stack: set[str], ctx: SandboxContext) -> list[str]:
     for opt in service.get("security_opt") or []:
         if str(opt).strip() not in ALLOWED_SECURITY_OPTS:
             problems.append(f"security_opt {opt!r} is not allowed: it weakens the container's confinement")
-    problems += _volumes(service, stack)
+    problems += _volumes(service, ctx)
     problems += _environment_and_labels(service)
     problems += _resources(service, ctx)
     problems += _gpu_requests(service, ctx)
@@ -135,12 +137,12 @@ def _namespace(key: str, value: object, stack: set[str]) -> str | None:
     return f"{key} {text!r} is not allowed: it shares the namespaces of the host or of containers outside the stack"
 
 
-def _volumes(service: dict, stack: set[str]) -> list[str]:
+def _volumes(service: dict, ctx: SandboxContext) -> list[str]:
     problems = []
     for mount in service.get("volumes") or []:
         kind = mount.get("type") if isinstance(mount, dict) else "bind"
         if kind == "bind":
-            source = mount.get("source") if isinstance(mount, dict) else mount
+            source = shown_path(str(mount.get("source") if isinstance(mount, dict) else mount), ctx)
             problems.append(f"volumes: bind mount of the host path {source!r} is not allowed; use a named volume")
         elif kind not in ("volume", "tmpfs"):
             problems.append(f"volumes: mount type {kind!r} is not allowed")
@@ -153,12 +155,18 @@ def _agent_labels(labels: dict | list | None) -> list[str]:
 
 def _environment_and_labels(service: dict) -> list[str]:
     problems = []
-    reserved = sorted(key for key in as_mapping(service.get("environment")) if key.startswith(RESERVED_ENV_PREFIXES))
+    environment = as_mapping(service.get("environment"))
+    reserved = sorted(key for key in environment if is_toolkit_variable(key) and key not in PASSED_VARIABLES)
+    reserved = [key for key in reserved if not key.startswith("NVIDIA_REQUIRE_")]
     if reserved:
         problems.append(
             f"environment {', '.join(reserved)} is not allowed: the NVIDIA runtime takes GPUs "
             "from these; ask for GPUs with deploy.resources.reservations.devices"
         )
+    capabilities = {part.strip() for part in str(environment.get("NVIDIA_DRIVER_CAPABILITIES") or "").split(",")}
+    unknown = sorted(capabilities - DRIVER_CAPABILITY_VALUES - {""})
+    if unknown:
+        problems.append(f"environment NVIDIA_DRIVER_CAPABILITIES {', '.join(unknown)} is not a driver capability")
     if _agent_labels(service.get("labels")):
         problems.append(f"labels {', '.join(_agent_labels(service.get('labels')))} are the agent's own")
     return problems
@@ -201,9 +209,6 @@ def _resources(service: dict, ctx: SandboxContext) -> list[str]:
         elif ceiling is not None and any(n is None or int(n) < 0 or int(n) > ceiling for n in numbers):
             problems.append(f"ulimits {name} {value} is beyond the sandbox's ceiling of {ceiling}")
     return problems
-
-
-NVIDIA_CAPABILITIES = {"gpu", "compute", "utility", "graphics", "video", "display"}
 
 
 def flat_capabilities(items: list) -> list[str]:

@@ -1,103 +1,152 @@
-"""The checks that must happen before Compose reads the file at all.
+"""What happens to the file before Compose reads it at all. Pure.
 
 `docker compose config` itself opens files the Compose file names: `include`,
 `extends.file`, `env_file`, `label_file`, file-based secrets and configs, and
 build contexts. Run on a renter's file, it would read the host's files (an
 `env_file: /proc/1/environ` would land in the container's environment) before
-any check on its output could object. So those keys are refused here, on the
-raw YAML. The parse refuses duplicate keys and unknown tags, so that this
-parser and Compose's cannot be made to see two different files.
+any check on its output could object. So every one of those keys is taken out
+of the file here, on the raw YAML, before Compose runs: where the renter's
+intent is safe it is a notice (an `env_file: .env` beside the file, which the
+host does not have; a `build:` next to an `image:`, which is pulled), otherwise
+a problem. Either way Compose still normalises the rest, so the renter hears
+every problem of the file in one message (core/sandbox.py).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 
 import yaml
 
-# Compose's own tags for merging; anything else could mean something to one
-# parser and another thing to the other.
-COMPOSE_TAGS = ("!reset", "!override")
+from gpuhost_agent.core import compose_yaml
+
+NO_IMAGE = "gpuhost-agent.invalid/add-an-image"  # stands in so that Compose reads the rest
 
 
-class _StrictLoader(yaml.SafeLoader):
-    pass
+@dataclass
+class RawReview:
+    text: str  # what Compose reads
+    notices: list[str] = field(default_factory=list)  # what was changed, for the renter
+    problems: list[str] = field(default_factory=list)  # what must change before it can run
+    profiled: list[str] = field(default_factory=list)  # services that only start with a profile
 
 
-def _mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    loader.flatten_mapping(node)  # merge keys (<<) first, as Compose does
-    seen: set = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}: the file must say each thing once", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-def _compose_tag(loader: _StrictLoader, _suffix: str, node: yaml.Node) -> Any:
-    if isinstance(node, yaml.MappingNode):
-        return _mapping(loader, node)
-    if isinstance(node, yaml.SequenceNode):
-        return loader.construct_sequence(node)
-    assert isinstance(node, yaml.ScalarNode)  # the only other kind of YAML node
-    return loader.construct_scalar(node)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
-for _tag in COMPOSE_TAGS:
-    _StrictLoader.add_multi_constructor(_tag, _compose_tag)
-
-
-def parse(text: str) -> Any:
-    """The document, or ValueError naming the line (duplicate keys, unknown tags, bad YAML)."""
-    try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ValueError(f"not acceptable YAML{where}: {problem}") from None
-
-
-def raw_violations(text: str) -> list[str]:
-    """What in the file would make Compose read a file of the host. Raises
-    ValueError when the text is not YAML this parser and Compose agree on."""
-    document = parse(text)
+def review(text: str) -> RawReview:
+    """Raises ValueError when the text is not YAML this parser and Compose agree on."""
+    document = compose_yaml.parse(text)
+    result = RawReview(text)
     if not isinstance(document, dict):
-        return []  # Compose will say what is wrong with it
-    problems = []
+        return result  # Compose will say what is wrong with it
+    root = compose_yaml.node_tree(text)
+    changed = False
     if "include" in document:
-        problems.append("include is not allowed: it reads other files of the host; put everything in one file")
+        result.problems.append("include is not allowed: it reads other files of the host; put everything in one file")
+        compose_yaml.remove(root, "include")
+        changed = True
     for section in ("secrets", "configs"):
+        section_node = compose_yaml.child(root, section)
         for name, spec in _items(document.get(section)):
             for key in ("file", "environment"):
                 if isinstance(spec, dict) and key in spec:
-                    problems.append(
-                        f'{section} "{name}": {key} is not allowed (it reads the host\'s '
-                        f"{'files' if key == 'file' else 'environment'}); use content: instead"
+                    source = "files" if key == "file" else "environment"
+                    result.problems.append(
+                        f'{section} "{name}": {key} is not allowed (it reads the host\'s {source}); '
+                        "use content: instead"
                     )
+                    _neutralise(compose_yaml.child(section_node, name), section)
+                    changed = True
+    services_node = compose_yaml.child(root, "services")
     for name, service in _items(document.get("services")):
-        if not isinstance(service, dict):
-            continue
-        extends = service.get("extends")
-        if isinstance(extends, dict) and "file" in extends:
-            problems.append(
-                f'service "{name}": extends.file is not allowed (it reads another file of the host); '
-                "extend a service of this file instead"
+        if isinstance(service, dict):
+            changed |= _service(result, name, service, compose_yaml.child(services_node, name))
+    _profiles(result, document.get("services"))
+    if changed:
+        result.text = compose_yaml.write(root)  # type: ignore[arg-type]
+    return result
+
+
+def _neutralise(node: yaml.Node | None, section: str) -> None:
+    """A secret or config without its host source, so Compose reads on."""
+    for key in ("file", "environment"):
+        compose_yaml.remove(node, key)
+    if section == "configs":
+        compose_yaml.put(node, "content", "")
+    else:  # a variable Compose's clean environment never has: refused anyway
+        compose_yaml.put(node, "environment", "GPUHOST_REFUSED_SECRET")
+
+
+def _service(result: RawReview, name: str, service: dict, node: yaml.Node | None) -> bool:
+    where = f'service "{name}"'
+    changed = False
+    extends = service.get("extends")
+    if isinstance(extends, dict) and "file" in extends:
+        result.problems.append(
+            f"{where}: extends.file is not allowed (it reads another file of the host); "
+            "extend a service of this file instead"
+        )
+        compose_yaml.remove(node, "extends")
+        changed = True
+    elif isinstance(extends, str) and "/" in extends:
+        result.problems.append(f"{where}: extends must name a service of this file")
+        compose_yaml.remove(node, "extends")
+        changed = True
+    if "label_file" in service:
+        result.problems.append(f"{where}: label_file is not allowed (it reads a file of the host)")
+        compose_yaml.remove(node, "label_file")
+        changed = True
+    if "env_file" in service:
+        _env_file(result, where, service["env_file"])
+        compose_yaml.remove(node, "env_file")
+        changed = True
+    if "build" in service:
+        image = service.get("image")
+        if isinstance(image, str) and image.strip():
+            result.notices.append(f"{where}: build dropped: the image {image!r} is pulled, not built on the host")
+        else:
+            result.problems.append(
+                f"{where}: build is not allowed: images are pulled, not built on the host; "
+                "add image: with a registry reference"
             )
-        elif isinstance(extends, str) and "/" in extends:
-            problems.append(f'service "{name}": extends must name a service of this file')
-        for key, why in (
-            ("env_file", "it reads a file of the host into the environment; use environment: instead"),
-            ("label_file", "it reads a file of the host"),
-            ("build", "images are pulled, not built on the host"),
-        ):
-            if key in service:
-                problems.append(f'service "{name}": {key} is not allowed ({why})')
-    return problems
+            compose_yaml.put(node, "image", NO_IMAGE)
+        compose_yaml.remove(node, "build")
+        changed = True
+    return changed
+
+
+def _env_file(result: RawReview, where: str, value: object) -> None:
+    """A file beside the Compose file is one the host does not have: dropped,
+    with a notice. Anything that could name another file is a problem."""
+    items = value if isinstance(value, list) else [value]
+    paths = [str(item.get("path", "")) if isinstance(item, dict) else str(item) for item in items]
+    for path in paths:
+        parts = PurePosixPath(path).parts
+        if not path or path.startswith(("/", "~")) or ".." in parts or "$" in path:
+            result.problems.append(
+                f"{where}: env_file {path!r} is not allowed (it reads a file of the host); "
+                "set the variables in environment: or in the template's environmentVariables"
+            )
+        else:
+            result.notices.append(
+                f"{where}: env_file {path!r} dropped: the host has no such file; "
+                "set its variables as the template's environmentVariables"
+            )
+
+
+def _profiles(result: RawReview, services: object) -> None:
+    """Compose starts only services without profiles (no profile is enabled)."""
+    all_services = _items(services)
+    profiled = [name for name, spec in all_services if isinstance(spec, dict) and spec.get("profiles")]
+    result.profiled = profiled
+    if not profiled:
+        return
+    if len(profiled) == len(all_services):
+        result.problems.append(
+            f"every service has profiles ({', '.join(profiled)}): services with profiles are not started; "
+            "remove profiles: from the services to run"
+        )
+    else:
+        result.notices.append(f"not started, they have profiles: {', '.join(profiled)}")
 
 
 def _items(section: object) -> list[tuple]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -107,6 +108,11 @@ class ComposeRunner:
         self.down_timeout = down_timeout
         docker_config_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
 
+    @property
+    def home_dir(self) -> Path:
+        """The HOME Compose runs with: where it resolves a file's `~`."""
+        return self.docker_config_dir
+
     def use(self, command: list[str]) -> None:
         """The Compose command start-up found (core/host_reporter.py): used from now on."""
         self.command = command
@@ -158,7 +164,8 @@ class ComposeRunner:
             await process.wait()
             raise
         if process.returncode != 0:
-            raise ComposeError(await asyncio.to_thread(clean_error, stderr.decode(errors="replace"), cwd))
+            error = stderr.decode(errors="replace")
+            raise ComposeError(await asyncio.to_thread(clean_error, error, cwd, self.docker_config_dir))
         return stdout.decode(errors="replace")
 
     async def config(self, project: str, workdir: Path, compose_file: str, variables: dict[str, str]) -> dict:
@@ -215,11 +222,24 @@ class ComposeRunner:
         )
 
 
-def clean_error(stderr: str, workdir: Path) -> str:
+def clean_error(stderr: str, workdir: Path, home: Path | None = None) -> str:
     """Compose's error lines, without the agent's paths and progress noise."""
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    lines = [_warning_text(line.strip()) for line in stderr.splitlines() if line.strip()]
+    lines = [line for line in lines if line and "attribute `version` is obsolete" not in line]
     wanted = [line for line in lines if not line.startswith(("Container ", "Network ", "Volume ", "Image "))] or lines
     text = " | ".join(wanted[-4:]) or "docker compose failed without a message"
     for path in sorted({str(workdir), str(workdir.resolve())}, key=len, reverse=True):
         text = text.replace(path + os.sep, "").replace(path, ".")
+    if home is not None:  # the agent's DOCKER_CONFIG, which Compose also uses as `~`
+        text = text.replace(str(home), "~")
     return text[:2000]
+
+
+_LOGRUS_WARNING = re.compile(r'^time="[^"]*" level=warning msg="(.*)"$')
+
+
+def _warning_text(line: str) -> str:
+    """Compose's `time=... level=warning msg="..."` lines, as their message
+    (an unset variable is often why the file fails)."""
+    match = _LOGRUS_WARNING.match(line)
+    return match.group(1).replace('\\"', '"') if match else line

@@ -117,6 +117,20 @@ class DockerEngine:
             )
         )
 
+    async def foreign_names(self, project: str) -> frozenset[str]:
+        """Names of the engine's networks and volumes that are not the Compose
+        project's own: a stack may not name one of them."""
+
+        def names(api: docker.APIClient) -> frozenset[str]:
+            volumes = api.volumes().get("Volumes") or []
+            return frozenset(
+                item["Name"]
+                for item in [*api.networks(), *volumes]
+                if (item.get("Labels") or {}).get("com.docker.compose.project") != project
+            )
+
+        return await self._call(names)
+
     async def exit_code(self, container_id: str) -> int | None:
         state = (await self._call(lambda api: api.inspect_container(container_id))).get("State", {})
         return state.get("ExitCode") if not state.get("Running") else None

@@ -1,0 +1,169 @@
+"""What a published Compose file asks for that can be made safe, made safe.
+Pure: Compose's model in, (new model, notices for the renter, problems) out.
+
+Runs on Compose's normalised model before the policy (sandbox_policy), which
+then judges the result as strictly as any other file: a rewrite can only turn
+a refused form into one the policy already accepts. Each rewrite is a notice
+on the stack, and docs/sandbox-policy.md lists them with their reasons.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+
+from gpuhost_agent.core import sandbox_gpu_forms
+from gpuhost_agent.core.sandbox_context import SandboxContext, shown_path, under
+
+DROPPED_HOST_FILES = ("/etc/localtime", "/etc/timezone")
+_VOLUME_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_.-]+")
+
+
+def rewrite(model: dict, ctx: SandboxContext) -> tuple[dict, list[str], list[str]]:
+    model = copy.deepcopy(model)
+    notices: list[str] = []
+    problems: list[str] = []
+    _scope_names(model, ctx, notices, problems)
+    for name, service in (model.get("services") or {}).items():
+        if not isinstance(service, dict):
+            continue
+        where = f'service "{name}"'
+        _binds(model, service, ctx, where, notices)
+        _ipc(service, ctx, where, notices)
+        _memlock(service, ctx, where, notices)
+        _clamp_limits(service, ctx, where, notices)
+        _selinux_type(service, where, notices)
+        sandbox_gpu_forms.normalise(service, ctx, where, notices, problems)
+    return model, notices, problems
+
+
+def _scope_names(model: dict, ctx: SandboxContext, notices: list[str], problems: list[str]) -> None:
+    """A set `name:` or `external: true` becomes a network or volume of the
+    stack's own, unless that name exists outside the stack: then it would
+    join something that is not the renter's, and stays refused."""
+    for section in ("networks", "volumes"):
+        kind = section[:-1]
+        for key, spec in (model.get(section) or {}).items():
+            spec = spec if isinstance(spec, dict) else {}
+            own = f"{ctx.project}_{key}"
+            name = spec.get("name") or key
+            if not spec.get("external") and name in (None, own):
+                continue
+            if name in ctx.foreign_names:
+                problems.append(
+                    f'{kind} "{key}": {"external" if spec.get("external") else "name"} {name!r} is not allowed: '
+                    f"a {kind} of that name exists outside the stack"
+                )
+                continue
+            what = "external" if spec.get("external") else f"name {name!r}"
+            notices.append(f'{kind} "{key}": {what} dropped: the {kind} is the stack\'s own')
+            spec.pop("external", None)
+            spec["name"] = own
+            model[section][key] = spec
+
+
+def _binds(model: dict, service: dict, ctx: SandboxContext, where: str, notices: list[str]) -> None:
+    """Paths beside the file and in the home become named volumes of the
+    stack, with the same target; the host's clock files are dropped."""
+    kept = []
+    for mount in service.get("volumes") or []:
+        source = str(mount.get("source", "")) if isinstance(mount, dict) else ""
+        if not isinstance(mount, dict) or mount.get("type") != "bind":
+            kept.append(mount)
+        elif source in DROPPED_HOST_FILES:
+            notices.append(f"{where}: volumes {source} dropped: set the TZ variable for the time zone")
+        elif under(source, ctx.project_dir) or under(source, ctx.home_dir):
+            shown = shown_path(source, ctx)
+            volume = _volume_name(shown)
+            model.setdefault("volumes", {})[volume] = {"name": f"{ctx.project}_{volume}"}
+            new = {"type": "volume", "source": volume, "target": mount.get("target")}
+            if mount.get("read_only"):
+                new["read_only"] = True
+            kept.append(new)
+            notices.append(f"{where}: volumes {shown} became the stack's named volume {volume!r}")
+        else:
+            kept.append(mount)
+    if "volumes" in service:
+        service["volumes"] = kept
+
+
+def _volume_name(shown: str) -> str:
+    """`./data` -> `data`, `~/.cache/huggingface` -> `home.cache_huggingface`."""
+    body = shown[1:].strip("/") if shown.startswith((".", "~")) else shown
+    stem = _VOLUME_NAME_CHARS.sub("_", body).strip("_") or "dir"
+    return f"{'home' if shown.startswith('~') else 'bind'}_{stem}"[:200]
+
+
+def _ipc(service: dict, ctx: SandboxContext, where: str, notices: list[str]) -> None:
+    """`ipc: host` is asked for shared memory (PyTorch's DataLoader, NCCL):
+    private IPC with a large /dev/shm inside the rental's memory gives it."""
+    if service.get("ipc") != "host":
+        return
+    service["ipc"] = "private"
+    shm = max(_bytes(service.get("shm_size")), ctx.memory_bytes // 2)
+    service["shm_size"] = str(min(shm, ctx.memory_bytes))
+    notices.append(f"{where}: ipc host became private IPC with shm_size {_gib(int(service['shm_size']))}")
+
+
+def _memlock(service: dict, ctx: SandboxContext, where: str, notices: list[str]) -> None:
+    """`memlock: -1` (unlimited, for RDMA and pinned memory) clamped to the rental's memory."""
+    ulimits = service.get("ulimits") or {}
+    value = ulimits.get("memlock")
+    if value is None:
+        return
+    numbers = [value.get("soft"), value.get("hard")] if isinstance(value, dict) else [value]
+    if all(isinstance(n, int) and 0 <= n <= ctx.memory_bytes for n in numbers):
+        return
+    ulimits["memlock"] = {"soft": ctx.memory_bytes, "hard": ctx.memory_bytes}
+    notices.append(f"{where}: ulimits memlock clamped to the rental's memory ({_gib(ctx.memory_bytes)})")
+
+
+def _clamp_limits(service: dict, ctx: SandboxContext, where: str, notices: list[str]) -> None:
+    """Sizes written for a bigger machine (`shm_size: 64gb`, `mem_limit`,
+    `cpus`) become the rental's share: the container gets at most that anyway."""
+    limits = ((service.get("deploy") or {}).get("resources") or {}).get("limits") or {}
+    for holder, key, shown in (
+        (service, "shm_size", "shm_size"),
+        (service, "mem_limit", "mem_limit"),
+        (service, "memswap_limit", "memswap_limit"),
+        (limits, "memory", "deploy.resources.limits.memory"),
+    ):
+        size = _bytes(holder.get(key))
+        if size > ctx.memory_bytes:
+            holder[key] = str(ctx.memory_bytes)
+            notices.append(f"{where}: {shown} {_gib(size)} lowered to the rental's memory ({_gib(ctx.memory_bytes)})")
+    for holder, key, shown in ((service, "cpus", "cpus"), (limits, "cpus", "deploy.resources.limits.cpus")):
+        cpus = _float(holder.get(key))
+        if cpus > ctx.cpus:
+            holder[key] = ctx.cpus
+            notices.append(f"{where}: {shown} {cpus:g} lowered to the rental's {ctx.cpus:g} CPUs")
+
+
+def _selinux_type(service: dict, where: str, notices: list[str]) -> None:
+    """`label=type:...` picks the SELinux type the container runs as (NVIDIA's
+    docs suggest nvidia_container_t): the host's policy decides that, so the
+    option is dropped; every other security_opt is the policy's to judge."""
+    options = service.get("security_opt") or []
+    kept = [opt for opt in options if not re.match(r"^label[=:]type:", str(opt).strip())]
+    for dropped in [opt for opt in options if opt not in kept]:
+        notices.append(f"{where}: security_opt {dropped} dropped: the host's SELinux policy labels containers")
+    if options:
+        service["security_opt"] = kept
+
+
+def _float(value: object) -> float:
+    try:
+        return float(str(value))
+    except ValueError:
+        return 0.0
+
+
+def _bytes(value: object) -> int:
+    try:
+        return int(float(str(value)))
+    except ValueError:
+        return 0
+
+
+def _gib(size: int) -> str:
+    return f"{size / 1024**3:.1f} GiB"
