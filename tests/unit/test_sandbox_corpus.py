@@ -42,16 +42,21 @@ def compose(tmp_path_factory) -> ComposeRunner:
 
 
 async def decide_file(
-    compose: ComposeRunner, text: str, workdir: Path, foreign: frozenset[str] = frozenset()
+    compose: ComposeRunner,
+    text: str,
+    workdir: Path,
+    foreign: frozenset[str] = frozenset(),
+    variables: dict[str, str] | None = None,
 ) -> tuple[list[str], dict | None, list[str]]:
     """(problems, the hardened model, notices), as the agent decides: the raw
     pass, Compose's own normalisation, the rewrites and the policy."""
     try:
-        raw = review_raw(text)
+        variables = variables or {}
+        raw = review_raw(text, variables.get("COMPOSE_PROFILES", ""))
         await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
         await asyncio.to_thread((workdir / "compose.yaml").write_text, raw.text)
         try:
-            model = await compose.config("corpus", workdir, "compose.yaml", {})
+            model = await compose.config("corpus", workdir, "compose.yaml", variables)
         except ComposeError as exc:
             raise refuse_with_compose_error(raw, str(exc)) from None
         ctx = SandboxContext(

@@ -25,6 +25,8 @@ _RESERVED_EXACT = {
     "DOCKER_TLS_VERIFY",
 }
 _RESERVED_PREFIXES = ("COMPOSE_", "DOCKER_", "BUILDKIT_")
+# Compose settings a renter may choose: which profiles' services start.
+_ALLOWED_COMPOSE = {"COMPOSE_PROFILES"}
 _VARIABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -39,6 +41,8 @@ def check_variables(variables: dict[str, str]) -> None:
             raise StackRejected(
                 f"environment variable name {name!r} is invalid: use letters, digits and '_', not starting with a digit"
             )
+        if name in _ALLOWED_COMPOSE:
+            continue
         if name in _RESERVED_EXACT or name.startswith(_RESERVED_PREFIXES):
             raise StackRejected(f"environment variable {name!r} is reserved for the host agent; rename it")
 

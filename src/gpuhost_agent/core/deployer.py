@@ -84,7 +84,9 @@ class StackDeployer:
         log.info("stack_applying", stack_id=job.stack_id, rental_id=job.rental_id, job_id=job.job_id, project=project)
         try:
             check_variables(variables)
-            raw = review_raw(template.get("content", ""))  # before Compose reads anything the file names
+            raw = review_raw(
+                template.get("content", ""), variables.get("COMPOSE_PROFILES", "")
+            )  # before Compose reads anything the file names
             await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True, mode=0o700)
             await asyncio.to_thread(_write_private, workdir / ORIGINAL_FILE, raw.text)
             try:

@@ -31,11 +31,11 @@ POLICY_PREFIX = "refused by the sandbox policy: "
 MachineFacts = Callable[[], Awaitable[dict]]  # a systemData dict: {"nvml": ..., "host": ...}
 
 
-def review_raw(content: str) -> RawReview:
+def review_raw(content: str, profiles: str = "") -> RawReview:
     """The file Compose may read, with what was taken out of it; StackRejected
     when it is not YAML that Compose and this parser read alike."""
     try:
-        return review(content)
+        return review(content, profiles)
     except ValueError as exc:
         raise StackRejected(f"invalid Compose file: {exc}") from None
 

@@ -8,8 +8,8 @@ fixed small share, so that GPU-less rentals cannot crowd out the GPU ones.
 
 from __future__ import annotations
 
-import posixpath
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 
 GIB = 1024**3
 GPU_LESS_CPUS = 2.0
@@ -43,8 +43,18 @@ def shown_path(source: str, ctx: SandboxContext) -> str:
         if root and (source == root or source.startswith(root + "/")):
             return shown + source[len(root) :]
     if ctx.agent_dir and ctx.project_dir and (source == ctx.agent_dir or source.startswith(ctx.agent_dir + "/")):
-        return posixpath.relpath(source, ctx.project_dir)
+        return _relative(source, ctx.project_dir)
     return source
+
+
+def _relative(path: str, start: str) -> str:
+    """posixpath.relpath for two absolute paths, without its look at the
+    current directory (this runs on the event loop)."""
+    to, base = PurePosixPath(path).parts, PurePosixPath(start).parts
+    common = 0
+    while common < min(len(to), len(base)) and to[common] == base[common]:
+        common += 1
+    return "/".join([".."] * (len(base) - common) + list(to[common:])) or "."
 
 
 def under(source: str, root: str) -> bool:

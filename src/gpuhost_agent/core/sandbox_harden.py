@@ -60,6 +60,7 @@ def harden(model: dict, ctx: SandboxContext) -> dict:
 
 
 def _harden_service(service: dict, ctx: SandboxContext) -> None:
+    service.pop("profiles", None)  # Compose chose the services already: every one in the model runs
     service["security_opt"] = [NO_NEW_PRIVILEGES]
     service["cap_drop"] = sorted(set(service.get("cap_drop") or []) | set(ALWAYS_DROP))
     service.pop("cap_add", None)

@@ -32,8 +32,9 @@ class RawReview:
     profiled: list[str] = field(default_factory=list)  # services that only start with a profile
 
 
-def review(text: str) -> RawReview:
-    """Raises ValueError when the text is not YAML this parser and Compose agree on."""
+def review(text: str, profiles: str = "") -> RawReview:
+    """Raises ValueError when the text is not YAML this parser and Compose agree on.
+    `profiles`: the template's COMPOSE_PROFILES (Compose reads it too)."""
     document = compose_yaml.parse(text)
     result = RawReview(text)
     if not isinstance(document, dict):
@@ -60,7 +61,7 @@ def review(text: str) -> RawReview:
     for name, service in _items(document.get("services")):
         if isinstance(service, dict):
             changed |= _service(result, name, service, compose_yaml.child(services_node, name))
-    _profiles(result, document.get("services"))
+    _profiles(result, document.get("services"), {p.strip() for p in profiles.split(",") if p.strip()})
     if changed:
         result.text = compose_yaml.write(root)  # type: ignore[arg-type]
     return result
@@ -91,6 +92,8 @@ def _service(result: RawReview, name: str, service: dict, node: yaml.Node | None
         result.problems.append(f"{where}: extends must name a service of this file")
         compose_yaml.remove(node, "extends")
         changed = True
+    if changed and not service.get("image") and "build" not in service:
+        compose_yaml.put(node, "image", NO_IMAGE)  # what it extended gave the image: Compose reads on
     if "label_file" in service:
         result.problems.append(f"{where}: label_file is not allowed (it reads a file of the host)")
         compose_yaml.remove(node, "label_file")
@@ -133,17 +136,27 @@ def _env_file(result: RawReview, where: str, value: object) -> None:
             )
 
 
-def _profiles(result: RawReview, services: object) -> None:
-    """Compose starts only services without profiles (no profile is enabled)."""
+def _profiles(result: RawReview, services: object, active: set[str]) -> None:
+    """Compose starts only services without profiles, and those of the
+    profiles the template's COMPOSE_PROFILES names ("*": all)."""
     all_services = _items(services)
-    profiled = [name for name, spec in all_services if isinstance(spec, dict) and spec.get("profiles")]
+    profiled = [
+        name
+        for name, spec in all_services
+        if isinstance(spec, dict)
+        and spec.get("profiles")
+        and "*" not in active
+        and not active & {str(p) for p in spec["profiles"]}
+    ]
     result.profiled = profiled
     if not profiled:
         return
     if len(profiled) == len(all_services):
+        names = sorted({str(p) for _, spec in all_services for p in spec.get("profiles") or [] if str(p)})
         result.problems.append(
             f"every service has profiles ({', '.join(profiled)}): services with profiles are not started; "
-            "remove profiles: from the services to run"
+            f"set the template variable COMPOSE_PROFILES to the profiles to start ({', '.join(names)}, or *), "
+            "or remove profiles: from the services to run"
         )
     else:
         result.notices.append(f"not started, they have profiles: {', '.join(profiled)}")

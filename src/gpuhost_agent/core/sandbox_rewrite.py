@@ -106,7 +106,12 @@ def _ipc(service: dict, ctx: SandboxContext, where: str, notices: list[str]) -> 
 
 
 def _memlock(service: dict, ctx: SandboxContext, where: str, notices: list[str]) -> None:
-    """`memlock: -1` (unlimited, for RDMA and pinned memory) clamped to the rental's memory."""
+    """`memlock: -1` (unlimited, for RDMA and pinned memory) cannot be given:
+    and any value above the engine's own hard limit makes runc fail at start
+    ("error setting rlimit type 8: operation not permitted", seen on this
+    machine's dockerd with a value clamped to the rental's memory). So a
+    memlock beyond the rental's memory is dropped, and the container keeps
+    the engine's limit; CUDA's pinned memory works within it."""
     ulimits = service.get("ulimits") or {}
     value = ulimits.get("memlock")
     if value is None:
@@ -114,8 +119,12 @@ def _memlock(service: dict, ctx: SandboxContext, where: str, notices: list[str])
     numbers = [value.get("soft"), value.get("hard")] if isinstance(value, dict) else [value]
     if all(isinstance(n, int) and 0 <= n <= ctx.memory_bytes for n in numbers):
         return
-    ulimits["memlock"] = {"soft": ctx.memory_bytes, "hard": ctx.memory_bytes}
-    notices.append(f"{where}: ulimits memlock clamped to the rental's memory ({_gib(ctx.memory_bytes)})")
+    del ulimits["memlock"]
+    notices.append(f"{where}: ulimits memlock {_shown(value)} dropped: the container keeps the engine's limit")
+
+
+def _shown(value: object) -> str:
+    return "unlimited" if value == -1 or (isinstance(value, dict) and -1 in value.values()) else str(value)
 
 
 def _clamp_limits(service: dict, ctx: SandboxContext, where: str, notices: list[str]) -> None:
