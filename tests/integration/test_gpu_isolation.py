@@ -109,23 +109,30 @@ async def test_two_rentals_get_disjoint_gpus_and_a_third_waits(gpu_agent, docker
     assert (await asyncio.to_thread(_env_of, docker_client, stack_c, "infer"))["NVIDIA_VISIBLE_DEVICES"] in seen_a
 
 
-@pytest.mark.parametrize(
-    "trick",
-    [
-        "    environment: {NVIDIA_VISIBLE_DEVICES: all}\n",
-        "    environment: [NVIDIA_VISIBLE_DEVICES=all]\n",
-        "    deploy: {resources: {reservations: {devices: [{driver: nvidia, count: 3, capabilities: [gpu]}]}}}\n",
-    ],
-)
-async def test_asking_for_more_gpus_than_rented_is_refused(gpu_agent, docker_client, trick) -> None:
+async def test_asking_for_more_gpus_than_rented_is_refused(gpu_agent, docker_client) -> None:
     renter, parts, _local, _ = await gpu_agent(gpus=4)
     rental = await renter.rental(gpu_count=2)
+    trick = "    deploy: {resources: {reservations: {devices: [{driver: nvidia, count: 3, capabilities: [gpu]}]}}}\n"
     content = f"services:\n  greedy:\n    image: {TEST_IMAGE}\n    command: ['sleep', '3600']\n{trick}"
     stack_id, stack = await _deploy(renter, rental, content)
     assert stack["status"] == wire.ERROR and "greedy" in stack["errorMsg"], stack["errorMsg"]
     assert not await asyncio.to_thread(
         docker_client.containers.list, all=True, filters={"label": f"{wire.LABEL_STACK}={stack_id}"}
     )
+
+
+@pytest.mark.parametrize(
+    "trick", ["    environment: {NVIDIA_VISIBLE_DEVICES: all}\n", "    environment: [NVIDIA_VISIBLE_DEVICES=all]\n"]
+)
+async def test_all_gpus_by_variable_means_the_rentals_gpus_only(gpu_agent, docker_client, trick) -> None:
+    """Issue 15: NVIDIA_VISIBLE_DEVICES=all, as published files write it, is a reservation of the rental's GPUs."""
+    renter, parts, _local, _ = await gpu_agent(gpus=4)
+    rental = await renter.rental(gpu_count=2)
+    content = f"services:\n  greedy:\n    image: {TEST_IMAGE}\n    command: ['sleep', '3600']\n{trick}"
+    stack_id, stack = await _deploy(renter, rental, content)
+    assert stack["status"] == wire.APPLIED and "NVIDIA_VISIBLE_DEVICES=all" in stack["errorMsg"], stack["errorMsg"]
+    visible = (await asyncio.to_thread(_env_of, docker_client, stack_id, "greedy"))["NVIDIA_VISIBLE_DEVICES"]
+    assert sorted(visible.split(",")) == sorted(parts.deployer.sandbox.ledger.assignments[rental])
 
 
 async def test_rentals_cannot_reach_each_other(gpu_agent, docker_client) -> None:
