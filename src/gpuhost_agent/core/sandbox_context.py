@@ -40,9 +40,9 @@ def shown_path(source: str, ctx: SandboxContext) -> str:
     """A path as the renter wrote it (`./data`, `~/.cache`, `../x`), never one
     of the agent's own directories."""
     for root, shown in ((ctx.project_dir, "."), (ctx.home_dir, "~")):
-        if root and (source == root or source.startswith(root + "/")):
+        if under(source, root):
             return shown + source[len(root) :]
-    if ctx.agent_dir and ctx.project_dir and (source == ctx.agent_dir or source.startswith(ctx.agent_dir + "/")):
+    if ctx.project_dir and under(source, ctx.agent_dir):
         return _relative(source, ctx.project_dir)
     return source
 

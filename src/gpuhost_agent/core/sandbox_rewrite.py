@@ -47,7 +47,7 @@ def _scope_names(model: dict, ctx: SandboxContext, notices: list[str], problems:
             spec = spec if isinstance(spec, dict) else {}
             own = f"{ctx.project}_{key}"
             name = spec.get("name") or key
-            if not spec.get("external") and name in (None, own):
+            if not spec.get("external") and name == own:
                 continue
             if name in ctx.foreign_names:
                 problems.append(
