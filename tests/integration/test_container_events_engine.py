@@ -180,3 +180,35 @@ async def test_stops_the_agent_causes_set_no_error(local_market, docker_client):
         assert stack_id not in parts.db.stacks()
     assert parts.agent.container_watch.errors_reported == 0
     assert parts.outbox.rejected == 0  # no list sent for a stack the marketplace dropped
+
+
+# Healthy only while /healthy exists; checked every 200 ms, unhealthy after one failure.
+HEALTH_ON_DEMAND = f"""
+services:
+  app:
+    image: {TEST_IMAGE}
+    command: ["sleep", "3600"]
+    healthcheck:
+      test: ["CMD", "test", "-e", "/healthy"]
+      interval: 200ms
+      timeout: 1s
+      retries: 1
+"""
+
+
+async def test_an_unhealthy_container_says_so(local_market, docker_client):
+    """Running but failing its healthcheck: the list's State and the APPLIED
+    stack's errorMsg say so, and both clear when the check passes again."""
+    renter, _parts, _local = local_market
+    rental_id, stack_id, _job = await renter.deployed(HEALTH_ON_DEMAND)
+    await until(lambda: _states(renter.store, stack_id) == ["running (unhealthy)"], timeout=5)
+    unhealthy = "container app is running but unhealthy (its healthcheck fails)"
+    await until(lambda: renter.store.stacks[stack_id]["errorMsg"] == unhealthy, timeout=5)
+    stack = next(s for s in await renter.stacks(rental_id) if s["stackId"] == stack_id)
+    assert stack["status"] == wire.APPLIED
+
+    container = await asyncio.to_thread(_the_container, docker_client, stack_id)
+    touched = await asyncio.to_thread(container.exec_run, ["touch", "/healthy"])
+    assert touched.exit_code == 0, touched.output
+    await until(lambda: _states(renter.store, stack_id) == ["running"], timeout=5)
+    await until(lambda: renter.store.stacks[stack_id]["errorMsg"] == "", timeout=5)

@@ -25,12 +25,12 @@ CASES = {
     "unpullable_public": (
         "services:\n  web:\n    image: registry.gpuhost-test.invalid/nothing/here:1\n",
         {},
-        ["deploy failed", "registry.gpuhost-test.invalid"],
+        ["deploy failed", "service 'web' could not get its image 'registry.gpuhost-test.invalid/nothing/here:1'"],
     ),
     "missing_tag_local_registry": (
         f"services:\n  web:\n    image: {REGISTRY_IMAGE.rsplit(':', 1)[0]}:no-such-tag\n",
         {},
-        ["deploy failed", "no-such-tag"],
+        ["deploy failed", "service 'web' could not get its image", ":no-such-tag'", "manifest unknown"],
     ),
     "command_not_found": (
         f"services:\n  web:\n    image: {TEST_IMAGE}\n    command: ['/no/such/binary']\n",
@@ -47,6 +47,15 @@ CASES = {
         f"services:\n  late:\n    image: {TEST_IMAGE}\n    command: ['sh', '-c', 'sleep 0.4; exit 7']\n",
         {},
         ["service 'late'", "exited with code 7"],
+    ),
+    # Compose's own message names the container only; the renter also gets the service and what it printed.
+    "unhealthy_dependency": (
+        f"services:\n  app:\n    image: {TEST_IMAGE}\n    command: ['sleep', '3600']\n"
+        "    depends_on:\n      db:\n        condition: service_healthy\n"
+        f"  db:\n    image: {TEST_IMAGE}\n    command: ['sh', '-c', 'echo db: data directory is corrupt; sleep 3600']\n"
+        "    healthcheck:\n      test: ['CMD', 'false']\n      interval: 200ms\n      retries: 1\n",
+        {},
+        ["deploy failed", "unhealthy", "service 'db'", "db: data directory is corrupt"],
     ),
     "reserved_variable": (
         f"services:\n  web:\n    image: {TEST_IMAGE}\n",

@@ -56,6 +56,11 @@ def test_stack_error_names_stopped_services():
         stack_error([_raw("dead", service="db"), _raw("restarting", "Restarting (1) now", service="api")])
         == "container api is restarting: it exited with code 1; container db is dead"
     )
+    healthy, starting = _raw("running", "Up 2 minutes (healthy)"), _raw("running", "Up 1 second (health: starting)")
+    assert stack_error([healthy, starting]) == ""
+    sick = _raw("running", "Up 2 minutes (unhealthy)", service="llm")
+    assert shaped_state(sick) == "running (unhealthy)"
+    assert stack_error([sick]) == "container llm is running but unhealthy (its healthcheck fails)"
     many = [_raw("exited", "Exited (1) now", service=f"s{i}", cid=str(i)) for i in range(5)]
     assert stack_error(many).endswith("; and 2 more stopped") and stack_error(many).count("container ") == 3
 

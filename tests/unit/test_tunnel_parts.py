@@ -128,11 +128,12 @@ def test_the_marketplace_wants_a_tunnel_per_declared_port_of_running_applied_sta
         ],
     }
     stopped = {**running, "Id": "b" * 64, "State": "exited (1)"}
-    store.containers[stack["stackId"]] = {"observedAt": wire.iso(), "containers": [running, stopped]}
+    unhealthy = {**running, "Id": "c" * 64, "State": "running (unhealthy)", "Ports": [{"PrivatePort": 7860}]}
+    store.containers[stack["stackId"]] = {"observedAt": wire.iso(), "containers": [running, stopped, unhealthy]}
     assert wanted(store) == {}  # not APPLIED yet
     stack["status"] = wire.APPLIED
     found = {(key.container_id[:1], key.port): value for key, value in wanted(store).items()}
-    assert found == {("a", 8080): ("web", "http"), ("a", 9000): ("web", "tcp")}
+    assert found == {("a", 8080): ("web", "http"), ("a", 9000): ("web", "tcp"), ("c", 7860): ("web", "http")}
     store.end_rental(rental["rentalId"])
     assert wanted(store) == {}
 

@@ -24,6 +24,7 @@ SERVICE_LABEL = "com.docker.compose.service"
 WITH_REASON = ("exited", "restarting")  # the states whose exit code says something
 STOPPED = ("exited", "dead", "restarting")  # not running, and not by the agent's hand (created, paused)
 _STATUS_CODE = re.compile(r"^(?:Exited|Restarting) \((-?\d+)\)")
+_STATUS_UNHEALTHY = re.compile(r"\(unhealthy\)\s*$")  # Docker's Status: "Up 2 minutes (unhealthy)"
 MAX_NAMED = 3  # containers named in one errorMsg
 
 
@@ -52,9 +53,18 @@ def status_exit_code(raw: Mapping[str, Any]) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def unhealthy(raw: Mapping[str, Any]) -> bool:
+    """Running, but its image's or file's healthcheck fails: Docker says so only
+    in the Status text of its list (and in the `health_status` event)."""
+    return raw.get("State") == "running" and bool(_STATUS_UNHEALTHY.search(raw.get("Status") or ""))
+
+
 def shaped_state(raw: Mapping[str, Any], facts: ExitFacts | None = None) -> str:
-    """ "running" stays exactly that; "exited"/"restarting" get the code and OOM."""
+    """ "running" stays exactly that unless its healthcheck fails ("running
+    (unhealthy)"); "exited"/"restarting" get the code and OOM."""
     state = raw.get("State", "")
+    if unhealthy(raw):
+        return "running (unhealthy)"
     if state not in WITH_REASON:
         return state
     code = facts.exit_code if facts is not None and facts.exit_code is not None else status_exit_code(raw)
@@ -71,9 +81,12 @@ def service_name(raw: Mapping[str, Any]) -> str:
 
 
 def stop_reason(raw: Mapping[str, Any], facts: ExitFacts | None = None) -> str | None:
-    """Why the container is not running, in words for the renter; None when it runs
-    (or waits in a state only the agent or the operator causes: created, paused)."""
+    """Why the container is not running (or not healthy), in words for the
+    renter; None when it runs (or waits in a state only the agent or the
+    operator causes: created, paused)."""
     state = raw.get("State", "")
+    if unhealthy(raw):
+        return "is running but unhealthy (its healthcheck fails)"
     if state not in STOPPED:
         return None
     if state == "dead":

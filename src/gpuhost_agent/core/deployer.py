@@ -18,6 +18,7 @@ from gpuhost_agent.common.logs import SECRETS, get_logger
 from gpuhost_agent.core import naming
 from gpuhost_agent.core.compose_rewrite import StackRejected, check_variables, label_services
 from gpuhost_agent.core.containers import failed_containers, seed_containers
+from gpuhost_agent.core.deploy_failures import describe_container, describe_up_failure
 from gpuhost_agent.core.sandbox import Sandbox, notices_message, refuse_with_compose_error, review_raw
 from gpuhost_agent.core.sandbox_context import SandboxContext
 from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
@@ -109,7 +110,7 @@ class StackDeployer:
             try:
                 await self.compose.up(project, workdir, AGENT_FILE)
             except ComposeError as exc:
-                raise StackFailed(f"deploy failed: {exc}") from None
+                raise StackFailed(await describe_up_failure(self.engine, job.stack_id, rewritten, str(exc))) from None
             await self._check_running(job.stack_id)
             faults.crash_point("deploy.before_applied_report")
             self._report(job, wire.APPLIED, notices_message(notices))
@@ -130,7 +131,7 @@ class StackDeployer:
         if not raw:
             raise StackFailed("deploy failed: Compose reported success but no container of the stack exists")
         for container in failed_containers(raw):
-            raise StackFailed(await self._describe_failure(container))
+            raise StackFailed(await describe_container(self.engine, container, " right after it started"))
 
     async def _settle(self, stack_id: str) -> None:
         """Watch the first seconds after start: a container that dies right away
@@ -140,24 +141,6 @@ class StackDeployer:
         while loop.time() < deadline:
             await asyncio.sleep(min(0.25, max(0.0, deadline - loop.time())))
             await self._check_running(stack_id)
-
-    async def _describe_failure(self, container: dict) -> str:
-        labels = container.get("Labels") or {}
-        service = labels.get("com.docker.compose.service") or (container.get("Names") or ["?"])[0].lstrip("/")
-        container_id = container.get("Id", "")
-        try:
-            code = await self.engine.exit_code(container_id)
-            oom = await self.engine.oom_killed(container_id)
-            tail = await self.engine.log_tail(container_id, lines=5)
-        except EngineError:
-            code, oom, tail = None, False, ""
-        reason = (
-            "was killed for running out of memory"
-            if oom
-            else (f"exited with code {code}" if code is not None else f"is {container.get('State', 'not running')}")
-        )
-        message = f"service {service!r} {reason} right after it started"
-        return f"{message}; its last output: {tail[-500:]}" if tail else message
 
     async def _teardown(self, project: str, workdir: Path, stack_id: str) -> None:
         try:

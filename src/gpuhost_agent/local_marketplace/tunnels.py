@@ -123,7 +123,7 @@ def _running(store: Store, stack_id: str) -> list[dict]:
     return [
         c
         for c in (store.containers.get(stack_id) or {}).get("containers") or []
-        if c.get("State") == "running" and c.get("Id")
+        if str(c.get("State")).startswith("running") and c.get("Id")  # "running (unhealthy)" serves too
     ]
 
 

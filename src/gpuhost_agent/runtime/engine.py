@@ -131,10 +131,6 @@ class DockerEngine:
 
         return await self._call(names)
 
-    async def exit_code(self, container_id: str) -> int | None:
-        state = (await self._call(lambda api: api.inspect_container(container_id))).get("State", {})
-        return state.get("ExitCode") if not state.get("Running") else None
-
     async def finished_at(self, container_id: str) -> datetime | None:
         """When the container last stopped; None if it is running or never ran."""
         state = (await self._call(lambda api: api.inspect_container(container_id))).get("State", {})
@@ -144,13 +140,23 @@ class DockerEngine:
         # Docker gives nanoseconds; Python's parser takes exactly six digits at most.
         return wire.parse_iso(re.sub(r"\.(\d+)", lambda m: "." + (m.group(1) + "000000")[:6], text))
 
-    async def oom_killed(self, container_id: str) -> bool:
-        state = (await self._call(lambda api: api.inspect_container(container_id))).get("State", {})
-        return bool(state.get("OOMKilled"))
-
     async def log_tail(self, container_id: str, lines: int = 5) -> str:
         raw = await self._call(lambda api: api.logs(container_id, stdout=True, stderr=True, tail=lines))
         return raw.decode(errors="replace").strip()
+
+    async def missing_images(self, references: list[str]) -> list[str]:
+        """The references no local image answers to (what a failed pull left absent)."""
+
+        def absent(api: docker.APIClient) -> list[str]:
+            missing = []
+            for reference in references:
+                try:
+                    api.inspect_image(reference)
+                except docker.errors.ImageNotFound:
+                    missing.append(reference)
+            return missing
+
+        return await self._call(absent)
 
     async def remove_container(self, container_id: str) -> None:
         await self._call(lambda api: api.remove_container(container_id, force=True, v=True))

@@ -1,0 +1,80 @@
+"""What a failed deploy tells the renter: which service, which image, and the
+last lines its container printed, read before the teardown removes them.
+
+Compose's own message is kept, but it rarely says enough: with `--progress
+quiet` a pull failure is "manifest unknown" or a proxy error without the
+service it was for, and a dependency that fails its healthcheck is named by
+container only. The engine is asked after the failure (only then, so a
+deploy that works pays nothing): which images are still absent, and which
+containers stopped or are unhealthy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpuhost_agent.core.containers import failed_containers, service_name, unhealthy
+from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+
+LAST_OUTPUT = 500  # characters of a failing container's log in errorMsg
+
+
+def service_images(model: Mapping[str, Any]) -> dict[str, str]:
+    """service -> image reference, from the Compose model the agent deploys."""
+    services = model.get("services") or {}
+    return {name: str(spec["image"]) for name, spec in sorted(services.items()) if (spec or {}).get("image")}
+
+
+def pull_failure(images: Mapping[str, str], missing: list[str], compose_message: str) -> str | None:
+    """ "service 'web' could not get its image 'x'" for each service whose image
+    is still absent after Compose failed; None when every image is here."""
+    absent = set(missing)
+    named = [f"service {name!r} could not get its image {image!r}" for name, image in images.items() if image in absent]
+    if not named:
+        return None
+    hint = "is the reference right, and the image public or in a registry this host reaches?"
+    return f"deploy failed: {'; '.join(named)} ({hint}): {compose_message}"
+
+
+def failure_reason(container: Mapping[str, Any], code: int | None, oom: bool) -> str:
+    if oom:
+        return "was killed for running out of memory"
+    if unhealthy(container):
+        return "is running but unhealthy (its healthcheck fails)"
+    return f"exited with code {code}" if code is not None else f"is {container.get('State', 'not running')}"
+
+
+def with_output(message: str, tail: str) -> str:
+    return f"{message}; its last output: {tail[-LAST_OUTPUT:]}" if tail else message
+
+
+async def describe_container(engine: DockerEngine, container: Mapping[str, Any], when: str) -> str:
+    """ "service 'web' exited with code 3 <when>; its last output: ..."."""
+    container_id = str(container.get("Id", ""))
+    try:
+        state = await engine.container_state(container_id)
+        code = None if state.get("Running") else state.get("ExitCode")
+        oom = bool(state.get("OOMKilled"))
+        tail = await engine.log_tail(container_id, lines=5)
+    except EngineError:
+        code, oom, tail = None, False, ""
+    return with_output(f"service {service_name(container)!r} {failure_reason(container, code, oom)}{when}", tail)
+
+
+async def describe_up_failure(
+    engine: DockerEngine, stack_id: str, model: Mapping[str, Any], compose_message: str
+) -> str:
+    """The errorMsg of a deploy whose `compose up` failed."""
+    try:
+        images = service_images(model)
+        pulled = pull_failure(images, await engine.missing_images(sorted(set(images.values()))), compose_message)
+        if pulled:
+            return pulled
+        raw = await engine.stack_containers(stack_id)
+    except EngineError:
+        return f"deploy failed: {compose_message}"
+    failing = [c for c in raw if unhealthy(c)] + failed_containers(raw)
+    if not failing:
+        return f"deploy failed: {compose_message}"
+    return f"deploy failed: {compose_message}; {await describe_container(engine, failing[0], '')}"

@@ -1,0 +1,34 @@
+"""What a failed deploy says, the pure part: which service could not get its
+image, and the reason a container gives. (On the real engine, with Compose's
+own failures: tests/integration/test_deploy_errors.py.)"""
+
+from __future__ import annotations
+
+from gpuhost_agent.core.deploy_failures import failure_reason, pull_failure, service_images, with_output
+
+
+def test_the_service_whose_image_is_absent_is_named():
+    model = {"services": {"web": {"image": "ghcr.io/x/web:1"}, "db": {"image": "postgres:16"}, "init": {}}}
+    images = service_images(model)
+    assert images == {"db": "postgres:16", "web": "ghcr.io/x/web:1"}
+    message = pull_failure(images, ["ghcr.io/x/web:1"], "manifest unknown")
+    assert message is not None
+    assert message.startswith("deploy failed: service 'web' could not get its image 'ghcr.io/x/web:1'")
+    assert "'db'" not in message and message.endswith(": manifest unknown")
+    assert pull_failure(images, [], "some other failure") is None
+
+
+def test_two_services_sharing_an_absent_image_are_both_named():
+    images = {"a": "reg/img:1", "b": "reg/img:1"}
+    message = pull_failure(images, ["reg/img:1"], "denied") or ""
+    assert "service 'a'" in message and "service 'b'" in message
+
+
+def test_reason_and_output():
+    running = {"State": "running", "Status": "Up 3 seconds (unhealthy)"}
+    assert failure_reason(running, None, False) == "is running but unhealthy (its healthcheck fails)"
+    assert failure_reason({"State": "exited"}, 3, False) == "exited with code 3"
+    assert failure_reason({"State": "exited"}, 137, True) == "was killed for running out of memory"
+    assert failure_reason({"State": "dead"}, None, False) == "is dead"
+    assert with_output("service 'x' exited", "") == "service 'x' exited"
+    assert with_output("m", "y" * 900).endswith("y" * 500) and len(with_output("m", "y" * 900)) < 600
