@@ -79,3 +79,45 @@ async def test_every_legitimate_file_deploys(gpu_agent, docker_client) -> None:
         assert TEST_IMAGE.split(":")[0] in await asyncio.to_thread(path.read_text)
         status, _ = await renter.call("DELETE", f"/rentals/{rental}")
         assert status == 200
+
+
+# As published files write it (n8n's starter kit, Open WebUI): a fixed container_name that the
+# other services use as a host name. Each server answers with its own stack's MARK.
+NAMED_CONTAINERS = f"""
+services:
+  server:
+    image: {TEST_IMAGE}
+    container_name: model-server
+    environment:
+      MARK: ${{MARK}}
+    command: ["sh", "-c", "mkdir -p /www && echo $$MARK > /www/index.html && exec httpd -f -p 8080 -h /www"]
+  client:
+    image: {TEST_IMAGE}
+    container_name: model-client
+    command: ["sh", "-c", "until wget -qO- http://model-server:8080/; do sleep 0.2; done; exec sleep 3600"]
+"""
+
+
+async def test_two_rentals_deploy_the_same_container_names(local_market, docker_client) -> None:
+    """container_name is one namespace for the whole host: each rental's stack
+    deploys, and its services reach their own `model-server` by that name."""
+    renter, _parts, _local = local_market
+    stacks = []
+    for mark in ("first-rental", "second-rental"):
+        rental = await renter.rental()
+        stack_id = await renter.stack(rental, NAMED_CONTAINERS, {"MARK": mark})
+        stack = await renter.wait_stack(rental, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
+        assert stack["status"] == wire.APPLIED, stack["errorMsg"]
+        assert "container_name 'model-server' dropped" in stack["errorMsg"]
+        stacks.append((mark, stack_id))
+    for mark, stack_id in stacks:
+        (client,) = await asyncio.to_thread(
+            docker_client.containers.list,
+            filters={"label": [f"{wire.LABEL_STACK}={stack_id}", "com.docker.compose.service=client"]},
+        )
+        for _ in range(50):
+            printed = (await asyncio.to_thread(client.logs)).decode()
+            if printed:
+                break
+            await asyncio.sleep(0.1)
+        assert printed.strip() == mark  # its own stack's server, not the other rental's

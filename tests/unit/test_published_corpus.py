@@ -17,7 +17,7 @@ import re
 import pytest
 import yaml
 from support.sandbox_corpus import CORPUS
-from test_sandbox_corpus import assert_sandboxed, decide_file
+from support.sandbox_decide import assert_sandboxed, decide_file
 
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
 

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 from support.machine_samples import good_host
-from test_sandbox_corpus import RENTAL_GPUS, decide_file
+from support.sandbox_decide import RENTAL_GPUS, decide_file
 
 from gpuhost_agent.core.compose_rewrite import StackRejected
 from gpuhost_agent.core.gpu_ledger import GpuLedger
@@ -147,3 +147,31 @@ def test_plain_scalars_keep_their_text_when_the_file_is_rewritten() -> None:
         "services:\n  app:\n    image: busybox\n    build: .\n    environment:\n      A: yes\n      B: 0755\n"
     )
     assert "A: yes" in raw.text and "B: 0755" in raw.text and "build" not in raw.text
+
+
+async def test_container_name_is_dropped_and_kept_as_an_alias(compose, tmp_path) -> None:
+    text = """
+services:
+  ollama-gpu:
+    image: busybox
+    container_name: ollama
+    networks: [demo]
+  webui:
+    image: busybox
+    container_name: webui
+  alone:
+    image: busybox
+    container_name: alone
+    network_mode: none
+networks:
+  demo: {}
+"""
+    problems, hardened, notices = await decide_file(compose, text, tmp_path / "stacks" / "s")
+    assert problems == []
+    services = hardened["services"]
+    assert all("container_name" not in service for service in services.values())
+    assert services["ollama-gpu"]["networks"] == {"demo": {"aliases": ["ollama"]}}
+    assert services["webui"]["networks"] == {"default": {"aliases": ["webui"]}}
+    assert "networks" not in services["alone"]
+    assert sum("container_name" in notice for notice in notices) == 3
+    assert "service \"ollama-gpu\": container_name 'ollama' dropped" in "\n".join(notices)

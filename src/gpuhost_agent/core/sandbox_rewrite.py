@@ -29,6 +29,7 @@ def rewrite(model: dict, ctx: SandboxContext) -> tuple[dict, list[str], list[str
             continue
         where = f'service "{name}"'
         _binds(model, service, ctx, where, notices)
+        _container_name(service, where, notices)
         _ipc(service, ctx, where, notices)
         _memlock(service, ctx, where, notices)
         _clamp_limits(service, ctx, where, notices)
@@ -85,6 +86,29 @@ def _binds(model: dict, service: dict, ctx: SandboxContext, where: str, notices:
             kept.append(mount)
     if "volumes" in service:
         service["volumes"] = kept
+
+
+def _container_name(service: dict, where: str, notices: list[str]) -> None:
+    """Container names are one namespace for the whole host: two rentals that
+    paste the same file (`container_name: ollama`) would collide, and a name
+    could be taken before another rental's stack asks for it. The name is
+    dropped (Compose names the container after the stack) and kept as a
+    network alias, so the stack's other services still reach it by it."""
+    name = service.pop("container_name", None)
+    if not name:
+        return
+    networks = service.get("networks")
+    if isinstance(networks, dict) and not service.get("network_mode"):
+        for network, spec in networks.items():
+            spec = spec if isinstance(spec, dict) else {}
+            aliases = spec.setdefault("aliases", [])
+            if name not in aliases:
+                aliases.append(name)
+            networks[network] = spec
+    notices.append(
+        f"{where}: container_name {name!r} dropped: container names are shared by every rental on the host; "
+        f"the stack's services still reach it as {name!r}"
+    )
 
 
 def _volume_name(shown: str) -> str:
