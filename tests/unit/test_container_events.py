@@ -13,7 +13,14 @@ from support.waiting import until
 from gpuhost_agent.core.coalesce import Coalescer
 from gpuhost_agent.core.container_states import ContainerStates
 from gpuhost_agent.core.container_watch import ContainerWatch, decode_event, error_to_report, list_behind
-from gpuhost_agent.core.containers import ExitFacts, exit_facts, seed_containers, shaped_state, stack_error
+from gpuhost_agent.core.containers import (
+    ExitFacts,
+    exit_facts,
+    failed_containers,
+    seed_containers,
+    shaped_state,
+    stack_error,
+)
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.storage.agent_db import AgentDB
 
@@ -58,6 +65,10 @@ def test_stack_error_names_stopped_services():
     )
     healthy, starting = _raw("running", "Up 2 minutes (healthy)"), _raw("running", "Up 1 second (health: starting)")
     assert stack_error([healthy, starting]) == ""
+    done = _raw("exited", "Exited (0) 3 seconds ago", service="import", cid="d")
+    assert stack_error([done]) == "" and failed_containers([done]) == []  # a one-shot that completed
+    assert stack_error([done], {"d": ExitFacts(0, True)}) == "container import exited with code 0 (OOM-killed)"
+    assert failed_containers([_raw("exited", "Exited (1) now")]) != []
     sick = _raw("running", "Up 2 minutes (unhealthy)", service="llm")
     assert shaped_state(sick) == "running (unhealthy)"
     assert stack_error([sick]) == "container llm is running but unhealthy (its healthcheck fails)"

@@ -82,8 +82,8 @@ def service_name(raw: Mapping[str, Any]) -> str:
 
 def stop_reason(raw: Mapping[str, Any], facts: ExitFacts | None = None) -> str | None:
     """Why the container is not running (or not healthy), in words for the
-    renter; None when it runs (or waits in a state only the agent or the
-    operator causes: created, paused)."""
+    renter; None when it runs, completed (exited 0), or waits in a state only
+    the agent or the operator causes (created, paused)."""
     state = raw.get("State", "")
     if unhealthy(raw):
         return "is running but unhealthy (its healthcheck fails)"
@@ -92,6 +92,8 @@ def stop_reason(raw: Mapping[str, Any], facts: ExitFacts | None = None) -> str |
     if state == "dead":
         return "is dead"
     code = facts.exit_code if facts is not None and facts.exit_code is not None else status_exit_code(raw)
+    if state == "exited" and code == 0 and not (facts is not None and facts.oom_killed):
+        return None  # completed: a one-shot service (migration, model download) did its work
     exited = "exited" if code is None else f"exited with code {code}"
     if facts is not None and facts.oom_killed:
         exited += " (OOM-killed)"
@@ -151,9 +153,16 @@ def seed_containers(
 
 
 def failed_containers(raw_list: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Containers that are not running. (Docker's list entries carry State; the
-    exit code only appears in Status, e.g. "Exited (3) 2 seconds ago".)"""
-    return [raw for raw in raw_list if raw.get("State") not in ("running", "created", "restarting")]
+    """Containers that are not running, except those that completed (exited
+    0): Compose itself counts a one-shot service that exits 0 as done
+    (`service_completed_successfully`). (Docker's list entries carry State;
+    the exit code only appears in Status, e.g. "Exited (3) 2 seconds ago".)"""
+    return [
+        raw
+        for raw in raw_list
+        if raw.get("State") not in ("running", "created", "restarting")
+        and not (raw.get("State") == "exited" and status_exit_code(raw) == 0)
+    ]
 
 
 def stack_id_of(raw: dict[str, Any]) -> str | None:
