@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.renter_streams import Demux
@@ -72,9 +73,29 @@ def test_last_timestamp_and_resume_skip_what_was_sent():
     # The engine's since includes T2 itself: it comes again and is skipped.
     batch = parser.feed(engine_frame(1, T1, b"one\n") + engine_frame(1, T2, b"two\n") + engine_frame(1, T3, b"3\n"))
     assert Demux().feed(batch.data) == [(1, b"3\n")] and batch.frames == 1
-    # Once past the mark, an equal timestamp is no longer skipped (it is new).
-    batch = parser.feed(engine_frame(1, T3, b"same moment\n"))
-    assert batch.frames == 1
+    # The same moment again on stdout is the same line sent again; on stderr it is new.
+    assert parser.feed(engine_frame(1, T3, b"3\n")) is None
+    batch = parser.feed(engine_frame(2, T3, b"err at that moment\n"))
+    assert batch is not None and batch.frames == 1
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_lines_a_rotation_sends_again_are_skipped_wherever_they_fall(keep):
+    """Docker 20.10's follow sends lines of a rotated file again, from the
+    middle of a chunk; stderr's lines are judged against stderr's own."""
+    stamps = [b"2024-05-09T07:35:25.%09dZ" % n for n in range(1, 7)]
+    parser = frames.FrameParser(keep)
+    first = b"".join(engine_frame(1, stamps[n], b"%d\n" % n) for n in range(4))
+    again = b"".join(engine_frame(1, stamps[n], b"%d\n" % n) for n in (2, 3))
+    late_err = engine_frame(2, stamps[0], b"err\n")  # older than stdout's newest: still new
+    rest = b"".join(engine_frame(1, stamps[n], b"%d\n" % n) for n in (4, 5))
+    got = Demux()
+    for chunk in (first, again + late_err + rest[:5], rest[5:]):
+        batch = parser.feed(chunk)
+        if batch is not None:
+            got.feed(batch.data)
+    assert got.lines(1) == [(stamps[n].decode() + " " if keep else "") + str(n) for n in range(6)]
+    assert got.lines(2) == [(stamps[0].decode() + " " if keep else "") + "err"]
 
 
 def test_resume_after_a_given_moment_when_nothing_was_sent():

@@ -8,8 +8,9 @@ renter did not ask for them.
 Parsing works on whole engine chunks (64 KiB), not lines: a chunk goes out as
 one Batch of whole frames, and when the renter wants timestamps and nothing is
 skipped the Batch is a slice of the chunk, with no per-frame copy. The only
-per-frame work is reading the 8-byte header, so the pump keeps up with the
-engine (see docs/streams.md, "Logs").
+per-frame work is reading the 8-byte header and comparing the timestamp with
+the newest of its stream (a line sent again is skipped), so the pump keeps up
+with the engine (see docs/streams.md, "Logs").
 """
 
 from __future__ import annotations
@@ -101,35 +102,53 @@ class Batch:
 
 
 class _Parser:
-    """What both formats share: the last timestamp seen and the skip on resume."""
+    """What both formats share: per stream, the timestamp of the newest line
+    handed out, and no line at or before it is handed out again. That is the
+    skip on resume (the engine's `since` includes its own moment), and it is
+    also what Docker 20.10's follow needs across a log rotation: it sends
+    lines of the rotated file again (seen on this machine's dockerd with a
+    64 KiB max-size, and reported for years: moby/moby#37646, #39235).
+    Docker stamps each line on its own (nanoseconds, in order per stream),
+    so a timestamp not after the newest of its stream is a line already sent."""
 
     def __init__(self, keep_timestamps: bool):
         self.keep_timestamps = keep_timestamps
-        self.last_timestamp: bytes | None = None  # of the newest line handed out
-        self._skip_through: bytes | None = None
+        self._newest: dict[int, bytes] = {STDOUT: b"", STDERR: b""}  # sortable keys (timestamp_key)
         self._pending = b""
+
+    @property
+    def last_timestamp(self) -> bytes | None:
+        """The newest line handed out, of either stream."""
+        return max(self._newest.values()) or None
 
     def resume(self, after: bytes | None = None) -> str | None:
-        """A new engine read starts: skip every line up to the last one handed
-        out (or up to `after`, a timestamp, when none was). Returns the
-        engine's `since` to read from there, None to read as before."""
-        mark = self.last_timestamp or after
-        self._skip_through = timestamp_key(mark) if mark else None
+        """A new engine read starts: returns the engine's `since` to read from
+        the newest line handed out (or from `after`, a timestamp, when none
+        was), None to read as before."""
+        if after and self.last_timestamp is None:
+            key = _key(after)
+            if key:
+                self._newest = {STDOUT: key, STDERR: key}
         self._pending = b""
+        mark = self.last_timestamp
         return since_param(mark) if mark else None
 
-    def _stale(self, stamp: bytes) -> bool:
-        """Whether a line was already handed out; ends the skip at the first new one."""
-        skip_through = self._skip_through
-        if skip_through is None:
+    def _is_new(self, stream: int, stamp: bytes) -> bool:
+        """Whether the line is after the newest of its stream (and then it is the newest)."""
+        key = stamp if len(stamp) == _FIXED_LENGTH and stamp[-1] == 90 else _key(stamp)  # 90: "Z"
+        if not key:
+            return True  # no timestamp to judge by: handed out
+        if key <= self._newest[stream]:
             return False
-        try:
-            if timestamp_key(stamp) <= skip_through:
-                return True
-        except ValueError:
-            pass
-        self._skip_through = None
-        return False
+        self._newest[stream] = key
+        return True
+
+
+def _key(stamp: bytes) -> bytes:
+    try:
+        return timestamp_key(stamp)
+    except ValueError:
+        return b""
 
 
 class FrameParser(_Parser):
@@ -151,11 +170,12 @@ class FrameParser(_Parser):
         data = self._pending + chunk if self._pending else chunk
         size = len(data)
         pos = start = frames = 0
-        last = -1
         unpack = _HEADER.unpack_from
         out: list[bytes] | None = None if self.keep_timestamps else []
+        kept: list[bytes] = []  # with timestamps: the runs of frames before a skipped one
         pack = _HEADER.pack
         find = data.find
+        is_new = self._is_new
         while size - pos >= HEADER_BYTES:
             word, length = unpack(data, pos)
             end = pos + HEADER_BYTES + length
@@ -163,19 +183,18 @@ class FrameParser(_Parser):
                 self._bad_frame(word, length, data[pos + HEADER_BYTES : end])
             if end > size:
                 break
-            if self._skip_through is not None:
-                space = find(b" ", pos + HEADER_BYTES, pos + HEADER_BYTES + _TIMESTAMP_SEARCH)
-                if space > 0 and self._stale(data[pos + HEADER_BYTES : space]):
-                    pos = start = end
-                    continue
+            space = find(b" ", pos + HEADER_BYTES, min(end, pos + HEADER_BYTES + _TIMESTAMP_SEARCH))
+            if space > 0 and not is_new(STDOUT if word == _STDOUT_WORD else STDERR, data[pos + HEADER_BYTES : space]):
+                if out is None and start < pos:
+                    kept.append(data[start:pos])
+                pos = start = end
+                continue
             if out is not None:
-                space = find(b" ", pos + HEADER_BYTES, min(end, pos + HEADER_BYTES + _TIMESTAMP_SEARCH))
                 if space < 0:
                     out.append(data[pos:end])
                 else:
                     out.append(pack(word, end - space - 1))
                     out.append(data[space + 1 : end])
-            last = pos
             frames += 1
             pos = end
         self._pending = data[pos:] if pos < size else b""
@@ -185,10 +204,10 @@ class FrameParser(_Parser):
                 self._parts, self._have, self._pending = [self._pending], len(self._pending), b""
         if not frames:
             return None
-        space = find(b" ", last + HEADER_BYTES, last + HEADER_BYTES + _TIMESTAMP_SEARCH)
-        if space > 0:
-            self.last_timestamp = data[last + HEADER_BYTES : space]
-        body = data[start:pos] if out is None else b"".join(out)
+        if out is None:
+            body = b"".join([*kept, data[start:pos]]) if kept else data[start:pos]
+        else:
+            body = b"".join(out)
         return Batch(body, frames, len(body) - HEADER_BYTES * frames)
 
     def flush(self) -> Batch | None:
@@ -231,7 +250,6 @@ class RawParser(_Parser):
         out: list[bytes] = []
         pack = _HEADER.pack
         frames = payload_bytes = 0
-        last = None
         lines = data.split(b"\n")
         ends_with_newline = not lines[-1]
         if ends_with_newline:
@@ -239,10 +257,8 @@ class RawParser(_Parser):
         for index, line in enumerate(lines):
             space = line.find(b" ", 0, _TIMESTAMP_SEARCH)
             if space > 0:
-                stamp = line[:space]
-                if self._skip_through is not None and self._stale(stamp):
+                if not self._is_new(STDOUT, line[:space]):
                     continue
-                last = stamp
                 if not self.keep_timestamps:
                     line = line[space + 1 :]
             payload = line + b"\n" if ends_with_newline or index < len(lines) - 1 else line
@@ -250,8 +266,6 @@ class RawParser(_Parser):
             out.append(payload)
             frames += 1
             payload_bytes += len(payload)
-        if last is not None:
-            self.last_timestamp = last
         return Batch(b"".join(out), frames, payload_bytes) if frames else None
 
 
