@@ -44,6 +44,8 @@ def assert_container_sandboxed(attrs: dict, *, allowed_gpus: int) -> None:
     assert host.get("IpcMode") != "host", name
     assert host.get("CgroupParent") in (None, "") and host.get("UsernsMode") in (None, ""), name
     assert all(mount["Type"] in ("volume", "tmpfs") for mount in attrs.get("Mounts") or []), name
+    log = host["LogConfig"]  # capped: the agent's default 50m x 3 in these tests
+    assert log["Type"] in ("json-file", "local") and log["Config"] == {"max-size": "50m", "max-file": "3"}, name
     for bindings in (host.get("PortBindings") or {}).values():
         assert all(binding["HostIp"] == "127.0.0.1" for binding in bindings), name
     gpus = [

@@ -57,6 +57,7 @@ def assert_sandboxed(hardened: dict) -> None:
     for name, service in hardened["services"].items():
         assert service["security_opt"] == ["no-new-privileges:true"] and "NET_RAW" in service["cap_drop"], name
         assert not service.get("privileged") and not service.get("devices") and not service.get("runtime"), name
+        assert service["logging"]["options"] == {"max-size": "50m", "max-file": "3"}, name
         assert service.get("ipc") in (None, "private", "shareable", "none") or service["ipc"].startswith("service:")
         assert all(mount.get("type") != "bind" for mount in service.get("volumes") or []), name
         assert "container_name" not in service, name  # one namespace for the whole host

@@ -69,6 +69,7 @@ def test_config_priority_flags_over_env_over_file(tmp_path):
 def test_config_defaults_to_local_marketplace(tmp_path):
     loaded = config.load({"config": None, "state_dir": str(tmp_path)}, environ={"GPUHOST_CONFIG": ""})
     assert loaded.uses_local_marketplace and loaded.local_listen == ("127.0.0.1", 8787)
+    assert (loaded.log_max_size, loaded.log_max_files) == ("50m", 3)
 
 
 @pytest.mark.parametrize(
@@ -79,6 +80,8 @@ def test_config_defaults_to_local_marketplace(tmp_path):
         ({"local_listen": "8787"}, "HOST:PORT"),
         ({"config": "/no/such/file"}, "does not exist"),
         ({"api_key_file": "/no/such/key", "marketplace_url": "https://m/v1", "env_id": "e"}, "cannot read"),
+        ({"log_max_size": "50 MB"}, "GPUHOST_LOG_MAX_SIZE '50 MB' must be a size such as 50m"),
+        ({"log_max_files": "0"}, "GPUHOST_LOG_MAX_FILES must be at least 1"),
     ],
 )
 def test_config_errors_say_what_to_fix(flags, fragment):

@@ -81,7 +81,10 @@ class Sandbox:
         *,
         publish_address: str = "0.0.0.0",
         pids_limit: int = DEFAULT_PIDS_LIMIT,
+        log_max_size: str = "50m",
+        log_max_files: int = 3,
     ):
+        self.log_max_size, self.log_max_files = log_max_size, log_max_files
         self.ledger = ledger
         self.machine_facts = machine_facts
         self.publish_address = publish_address
@@ -116,6 +119,8 @@ class Sandbox:
             memory_bytes=memory,
             pids_limit=self.pids_limit,
             publish_address=self.publish_address,
+            log_max_size=self.log_max_size,
+            log_max_files=self.log_max_files,
         )
         hardened, notices = decide(model, raw, ctx)
         self.ledger.commit(job.rental_id, uuids)

@@ -28,6 +28,8 @@ class SandboxContext:
     memory_bytes: int = GPU_LESS_MEMORY
     pids_limit: int = DEFAULT_PIDS_LIMIT
     publish_address: str = "0.0.0.0"
+    log_max_size: str = "50m"  # Docker's max-size of each container's log file
+    log_max_files: int = 3
     # Where Compose resolved the file's paths: `./` (the stack's directory),
     # `~` (the home the agent gives Compose), and the agent's own directory.
     project_dir: str = ""

@@ -66,6 +66,7 @@ def _harden_service(service: dict, ctx: SandboxContext) -> None:
     service.pop("cap_add", None)
     service["privileged"] = False
     _limits(service, ctx)
+    _logging(service, ctx)
     _gpus(service, ctx)
     for port in service.get("ports") or []:
         if isinstance(port, dict):
@@ -91,6 +92,18 @@ def _limits(service: dict, ctx: SandboxContext) -> None:
     shm = to_bytes(service.get("shm_size"))
     if shm is not None:
         service["shm_size"] = str(min(shm, memory))
+
+
+def _logging(service: dict, ctx: SandboxContext) -> None:
+    """Every container's log capped at the host's size x files, whatever the
+    renter set: a container printing as fast as it can must not fill the
+    disk (Docker's json-file keeps everything by default). The renter's
+    driver stays if it is one the policy allows (json-file or local)."""
+    driver = (service.get("logging") or {}).get("driver") or "json-file"
+    service["logging"] = {
+        "driver": driver,
+        "options": {"max-size": ctx.log_max_size, "max-file": str(ctx.log_max_files)},
+    }
 
 
 def _gpus(service: dict, ctx: SandboxContext) -> None:

@@ -9,6 +9,7 @@ kept in its own root-only file named by GPUHOST_API_KEY_FILE.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,8 @@ class AgentConfig:
     publish_address: str | None = None  # host address renters' ports are published on (default: 0.0.0.0,
     # 127.0.0.1 with the local marketplace)
     pids_limit: int = 4096  # processes per container
+    log_max_size: str = "50m"  # each container's log file, before Docker rotates it
+    log_max_files: int = 3  # rotated files kept per container (the cap is size x files)
     reconcile_grace_seconds: float = 120.0  # how long a stack the marketplace does not list may stay
     shutdown_grace_seconds: float = 20.0  # on SIGTERM, how long running jobs may take before they are abandoned
     status_socket: Path | None = None  # Unix socket for `gpuhost-agent status` (default <state_dir>/agent.sock)
@@ -126,6 +129,8 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         speed_max_bytes = int(pick("speed_max_bytes", "GPUHOST_SPEEDTEST_MAX_BYTES", 25_000_000))
         speed_max_seconds = float(pick("speed_max_seconds", "GPUHOST_SPEEDTEST_MAX_SECONDS", 10.0))
         pids_limit = int(pick("pids_limit", "GPUHOST_PIDS_LIMIT", 4096))
+        log_max_size = str(pick("log_max_size", "GPUHOST_LOG_MAX_SIZE", "50m"))
+        log_max_files = int(pick("log_max_files", "GPUHOST_LOG_MAX_FILES", 3))
         grace = float(pick("reconcile_grace_seconds", "GPUHOST_RECONCILE_GRACE_SECONDS", 120.0))
         shutdown_grace = float(pick("shutdown_grace_seconds", "GPUHOST_SHUTDOWN_GRACE_SECONDS", 20.0))
     except ValueError as exc:
@@ -155,9 +160,25 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         speed_max_seconds=speed_max_seconds,
         publish_address=pick("publish_address", "GPUHOST_PUBLISH_ADDRESS"),
         pids_limit=pids_limit,
+        log_max_size=_log_size(log_max_size),
+        log_max_files=_at_least_one(log_max_files, "GPUHOST_LOG_MAX_FILES"),
         reconcile_grace_seconds=grace,
         shutdown_grace_seconds=shutdown_grace,
         status_socket=status_socket,
         metrics=metrics_on in ("on", "true", "yes", "1"),
         metrics_listen=parse_listen(str(metrics_listen)) if metrics_listen else None,
     )
+
+
+def _log_size(text: str) -> str:
+    """Docker's size syntax for `max-size` (`50m`, `1g`, `200k`), checked here:
+    a value Docker refuses would fail every deploy instead of the start."""
+    if not re.fullmatch(r"[1-9][0-9]*[kmg]", text.strip().lower()):
+        raise ConfigError(f"GPUHOST_LOG_MAX_SIZE {text!r} must be a size such as 50m, 1g or 200k")
+    return text.strip().lower()
+
+
+def _at_least_one(value: int, name: str) -> int:
+    if value < 1:
+        raise ConfigError(f"{name} must be at least 1, not {value}")
+    return value

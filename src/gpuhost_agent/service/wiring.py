@@ -130,7 +130,14 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
     ledger = GpuLedger(db)
     ledger.import_legacy(config.state_dir / "gpu-assignments.json")
     reporter = StatusReporter(outbox, db, ledger)
-    sandbox = Sandbox(ledger, host.machine_facts, publish_address=publish, pids_limit=config.pids_limit)
+    sandbox = Sandbox(
+        ledger,
+        host.machine_facts,
+        publish_address=publish,
+        pids_limit=config.pids_limit,
+        log_max_size=config.log_max_size,
+        log_max_files=config.log_max_files,
+    )
     deployer = StackDeployer(
         compose,
         engine,
