@@ -116,7 +116,7 @@ async def test_two_rentals_deploy_the_same_container_names(local_market, docker_
             filters={"label": [f"{wire.LABEL_STACK}={stack_id}", "com.docker.compose.service=client"]},
         )
         for _ in range(50):
-            printed = (await asyncio.to_thread(client.logs)).decode()
+            printed = (await asyncio.to_thread(client.logs, stdout=True, stderr=False)).decode()  # not wget's retries
             if printed:
                 break
             await asyncio.sleep(0.1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
+from pathlib import Path
 
 import docker.errors
 
@@ -37,11 +38,20 @@ def remove_env_resources(client, env_id: str, attempts: int = 5) -> None:
     for attempt in range(attempts):
         try:
             client.networks.prune(filters={"label": "com.docker.compose.project"})
-            return
+            break
         except docker.errors.APIError as exc:
             if exc.status_code != 409 or attempt == attempts - 1:
                 raise
             time.sleep(0.5)
+    remove_empty_rental_cgroups()
+
+
+def remove_empty_rental_cgroups() -> None:
+    """The rentals' cgroups a test left (a rental that never ended): only the
+    empty ones go, and an agent makes a rental's again at its next deploy."""
+    for folder in Path("/sys/fs/cgroup").glob("*/gpuhost-agent/r-*"):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def labels(env_id: str, rental_id: str, stack_id: str) -> dict:

@@ -86,6 +86,8 @@ def healthy_system_data() -> dict:
                 "runtimes": ["nvidia", "runc"],
                 "defaultRuntime": "runc",
                 "cdiSpecDirs": ["/etc/cdi", "/var/run/cdi"],
+                "cgroupDriver": "systemd",
+                "cgroupVersion": "2",
                 "gpuContainers": {"ok": True, "method": "engine-info", "detail": "nvidia runtime registered"},
             },
             "compose": {"available": True, "version": "2.29.1", "command": "docker compose", "error": None},

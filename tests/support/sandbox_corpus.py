@@ -42,7 +42,8 @@ def assert_container_sandboxed(attrs: dict, *, allowed_gpus: int) -> None:
     assert host.get("NetworkMode") != "host" and host.get("PidMode") != "host", name
     assert host.get("UTSMode") in (None, ""), name
     assert host.get("IpcMode") != "host", name
-    assert host.get("CgroupParent") in (None, "") and host.get("UsernsMode") in (None, ""), name
+    # the rental's own cgroup (this machine's dockerd uses cgroupfs), holding the rental's limits
+    assert host.get("CgroupParent", "").startswith("/gpuhost-agent/r-") and host.get("UsernsMode") in (None, ""), name
     assert all(mount["Type"] in ("volume", "tmpfs") for mount in attrs.get("Mounts") or []), name
     log = host["LogConfig"]  # capped: the agent's default 50m x 3 in these tests
     assert log["Type"] in ("json-file", "local") and log["Config"] == {"max-size": "50m", "max-file": "3"}, name

@@ -207,7 +207,7 @@ class StackDeployer:
             return message  # GPUs stay assigned while its containers may still run
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-        freed = self.sandbox.release(job.rental_id)
+        freed = await self.sandbox.release(job.rental_id)
         for stack_id, project in sorted(stacks.items()):  # the marketplace may not know they are gone
             shutil.rmtree(self.stacks_dir / stack_id, ignore_errors=True)
             self._forget_secrets(stack_id)

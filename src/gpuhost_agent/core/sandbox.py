@@ -14,9 +14,11 @@ once can never be given the same GPU, and a refused stack takes none.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
 
+from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.compose_rewrite import StackRejected
 from gpuhost_agent.core.gpu_allocation import NotEnoughGpus, slots_from_inventory
 from gpuhost_agent.core.gpu_ledger import GpuLedger
@@ -26,6 +28,9 @@ from gpuhost_agent.core.sandbox_policy import policy_violations
 from gpuhost_agent.core.sandbox_raw import RawReview, review
 from gpuhost_agent.core.sandbox_rewrite import rewrite
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.rental_cgroups import CgroupError, RentalCgroups, RentalLimits
+
+log = get_logger(__name__)
 
 POLICY_PREFIX = "refused by the sandbox policy: "
 MachineFacts = Callable[[], Awaitable[dict]]  # a systemData dict: {"nvml": ..., "host": ...}
@@ -83,15 +88,24 @@ class Sandbox:
         pids_limit: int = DEFAULT_PIDS_LIMIT,
         log_max_size: str = "50m",
         log_max_files: int = 3,
+        cgroups: RentalCgroups | None = None,
     ):
+        """`cgroups` makes each rental's cgroup (runtime/rental_cgroups.py);
+        without it each container has the rental's limits only."""
         self.log_max_size, self.log_max_files = log_max_size, log_max_files
+        self.cgroups = cgroups
+        self._cgroup_layout: tuple | None = None  # (driver, version) the cgroups were configured for
         self.ledger = ledger
         self.machine_facts = machine_facts
         self.publish_address = publish_address
         self.pids_limit = pids_limit
 
     async def apply(
-        self, job: wire.StackJob, model: dict, raw: RawReview, places: SandboxContext
+        self,
+        job: wire.StackJob,
+        model: dict,
+        raw: RawReview,
+        places: SandboxContext,
     ) -> tuple[dict, list[str], list[str]]:
         """(the hardened model, the rental's GPUs, notices) or StackRejected with
         every reason. `places` carries the project name and where Compose
@@ -106,6 +120,7 @@ class Sandbox:
             memory_bytes=int((host.get("memory") or {}).get("totalBytes") or 0),
             gpus=len(slots),
         )
+        parent = await self._cgroup_parent(host.get("docker") or {}, job.rental_id)
         # From here to commit: no await, so the decision is atomic.
         try:
             uuids = self.ledger.plan(slots, job.rental_id, job.gpu_count)
@@ -121,10 +136,39 @@ class Sandbox:
             publish_address=self.publish_address,
             log_max_size=self.log_max_size,
             log_max_files=self.log_max_files,
+            cgroup_parent=parent,
         )
         hardened, notices = decide(model, raw, ctx)
         self.ledger.commit(job.rental_id, uuids)
+        if parent and self.cgroups is not None:
+            limits = RentalLimits(memory_bytes=memory, cpus=cpus, pids=self.pids_limit)
+            try:
+                await asyncio.to_thread(self.cgroups.apply, job.rental_id, limits)
+            except CgroupError as exc:
+                raise StackRejected(f"{exc}; nothing of the stack was started") from None
         return hardened, uuids, notices
 
-    def release(self, rental_id: str) -> list[str]:
+    async def _cgroup_parent(self, docker: dict, rental_id: str) -> str | None:
+        """The rental's cgroup parent, with the cgroups configured for the
+        engine's driver and version first (again when they change)."""
+        if self.cgroups is None:
+            return None
+        layout = (docker.get("cgroupDriver") or "", str(docker.get("cgroupVersion") or ""))
+        if layout != self._cgroup_layout:
+            self._cgroup_layout = layout
+            why_not = await asyncio.to_thread(self.cgroups.configure, *layout)
+            if why_not:
+                log.warning("rental_cgroups_unavailable", reason=why_not)
+            else:
+                log.info("rental_cgroups_used", cgroup_driver=layout[0], cgroup_version=layout[1])
+        try:
+            return self.cgroups.parent_of(rental_id)
+        except CgroupError as exc:
+            raise StackRejected(str(exc)) from None
+
+    async def release(self, rental_id: str) -> list[str]:
+        """The rental has ended and its containers are gone: its GPUs are free
+        again and its cgroup goes."""
+        if self.cgroups is not None and self.cgroups.version is not None:
+            await asyncio.to_thread(self.cgroups.remove, rental_id)
         return self.ledger.release(rental_id)

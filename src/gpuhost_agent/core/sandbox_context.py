@@ -30,6 +30,7 @@ class SandboxContext:
     publish_address: str = "0.0.0.0"
     log_max_size: str = "50m"  # Docker's max-size of each container's log file
     log_max_files: int = 3
+    cgroup_parent: str | None = None  # the rental's own cgroup, parent of all its containers
     # Where Compose resolved the file's paths: `./` (the stack's directory),
     # `~` (the home the agent gives Compose), and the agent's own directory.
     project_dir: str = ""

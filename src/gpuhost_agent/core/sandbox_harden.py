@@ -66,6 +66,8 @@ def _harden_service(service: dict, ctx: SandboxContext) -> None:
     service.pop("cap_add", None)
     service["privileged"] = False
     _limits(service, ctx)
+    if ctx.cgroup_parent:  # the rental's limits hold for all its containers together
+        service["cgroup_parent"] = ctx.cgroup_parent
     _logging(service, ctx)
     _gpus(service, ctx)
     for port in service.get("ports") or []:

@@ -77,6 +77,8 @@ async def docker_facts(engine: DockerEngine, gpu_check_image: str | None) -> dic
         "runtimes": runtimes,
         "defaultRuntime": info.get("DefaultRuntime"),
         "cdiSpecDirs": info.get("CDISpecDirs") or [],
+        "cgroupDriver": info.get("CgroupDriver"),
+        "cgroupVersion": info.get("CgroupVersion"),
     }
     facts["gpuContainers"] = await _gpu_containers(engine, facts, gpu_check_image)
     return facts

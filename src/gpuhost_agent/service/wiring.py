@@ -35,6 +35,7 @@ from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
 from gpuhost_agent.runtime.engine import DockerEngine
 from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.runtime.engine_watch import EngineWatch
+from gpuhost_agent.runtime.rental_cgroups import RentalCgroups
 from gpuhost_agent.service import metrics
 from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.service.status_server import StatusServer, StatusSource
@@ -137,6 +138,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         pids_limit=config.pids_limit,
         log_max_size=config.log_max_size,
         log_max_files=config.log_max_files,
+        cgroups=RentalCgroups(),
     )
     deployer = StackDeployer(
         compose,

@@ -1,0 +1,163 @@
+"""One cgroup per rental, the parent of every container of the rental: the one
+adapter to the kernel's cgroup filesystem.
+
+Each container already has the rental's share as its own limit, but a rental
+of six services could then take six shares. So every container of a rental
+is started with `cgroup_parent: /gpuhost-agent/r-<rental id>` and that cgroup
+holds the rental's memory, CPU and process limits for all of them together:
+the kernel OOM-kills inside the rental, never beside it.
+
+This works with dockerd's `cgroupfs` cgroup driver, on cgroup v1 (a directory
+per controller, as on this project's test machine) and v2 (one unified tree).
+With the `systemd` driver, Docker wants a slice name as parent and the limits
+belong on that slice; that is not done yet, so `configure` says why and each
+container keeps the per-container limits only (docs/sandbox-policy.md).
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuhost_agent.common.logs import get_logger
+
+log = get_logger(__name__)
+
+SYSFS = Path("/sys/fs/cgroup")
+TOP = "gpuhost-agent"
+CPU_PERIOD_US = 100_000
+V1_LIMITED = ("memory", "cpu", "pids")
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+
+class CgroupError(RuntimeError):
+    """The rental's cgroup could not be made or limited; the message says where."""
+
+
+@dataclass(frozen=True)
+class RentalLimits:
+    memory_bytes: int
+    cpus: float
+    pids: int
+
+
+class RentalCgroups:
+    def __init__(self, root: Path = SYSFS):
+        self.root = root
+        self.version: str | None = None  # "1" or "2" once configure() found a usable layout
+        self.unavailable = "not configured yet"
+
+    def configure(self, cgroup_driver: str, cgroup_version: str) -> str | None:
+        """From `docker info` (CgroupDriver, CgroupVersion). None when rentals
+        get their own cgroup, else the reason they do not."""
+        if cgroup_driver != "cgroupfs":
+            self.version = None
+            self.unavailable = (
+                f"dockerd uses the {cgroup_driver or 'unknown'} cgroup driver: per-rental limits need cgroupfs "
+                "for now; each container still has the rental's limits"
+            )
+        elif cgroup_version == "2" and (self.root / "cgroup.controllers").exists():
+            self.version, self.unavailable = "2", ""
+        elif cgroup_version in ("1", "") and (self.root / "memory").is_dir():
+            self.version, self.unavailable = "1", ""
+        else:
+            self.version = None
+            self.unavailable = f"cgroup v{cgroup_version} is not mounted at {self.root} as dockerd sees it"
+        return self.unavailable or None
+
+    def parent_of(self, rental_id: str) -> str | None:
+        """The `cgroup_parent` of the rental's containers, None when not available."""
+        if self.version is None:
+            return None
+        if not _SAFE_ID.match(rental_id):
+            raise CgroupError(f"rental id {rental_id[:40]!r} cannot name a cgroup")
+        return f"/{TOP}/r-{rental_id}"
+
+    def apply(self, rental_id: str, limits: RentalLimits) -> None:
+        """Create the rental's cgroup (idempotent) and write its limits. Blocking: call off the loop."""
+        parent = self.parent_of(rental_id)
+        if parent is None:
+            return
+        try:
+            if self.version == "2":
+                self._apply_v2(parent, limits)
+            else:
+                self._apply_v1(parent, limits)
+        except OSError as exc:
+            raise CgroupError(f"the rental's cgroup {parent} could not be limited: {exc.strerror or exc}") from None
+
+    def remove(self, rental_id: str) -> bool:
+        """Remove the rental's cgroup once its containers are gone; False when
+        something still runs in it (it is tried again at the rental's next end)."""
+        parent = self.parent_of(rental_id)
+        if parent is None:
+            return True
+        folders = [self.root / parent.lstrip("/")] if self.version == "2" else self._v1_folders(parent)
+        removed = True
+        for folder in folders:
+            try:
+                folder.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                removed = False
+                log.warning("rental_cgroup_not_removed", path=str(folder), error=exc.strerror)
+        return removed
+
+    def oom_kills(self, rental_id: str) -> int:
+        """How many processes the kernel killed for the rental's memory limit."""
+        parent = self.parent_of(rental_id)
+        if parent is None:
+            return 0
+        name = "memory.events" if self.version == "2" else "memory.oom_control"
+        folder = self.root / parent.lstrip("/") if self.version == "2" else self.root / "memory" / parent.lstrip("/")
+        try:
+            text = (folder / name).read_text()
+        except OSError:
+            return 0
+        match = re.search(r"^oom_kill (\d+)$", text, re.MULTILINE)
+        return int(match.group(1)) if match else 0
+
+    # ---- v1: a directory per controller ------------------------------------------
+    def _v1_folders(self, parent: str) -> list[Path]:
+        """The rental's directory in every mounted hierarchy (runc makes it in each)."""
+        return [entry / parent.lstrip("/") for entry in sorted(self.root.iterdir()) if entry.is_dir()]
+
+    def _apply_v1(self, parent: str, limits: RentalLimits) -> None:
+        path = parent.lstrip("/")
+        for controller in V1_LIMITED:
+            (self.root / controller / path).mkdir(parents=True, exist_ok=True)
+        memory = self.root / "memory" / path
+        swap = memory / "memory.memsw.limit_in_bytes"  # absent when the kernel has no swap accounting
+        try:
+            _write(memory / "memory.limit_in_bytes", limits.memory_bytes)
+            if swap.exists():
+                _write(swap, limits.memory_bytes)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            _write(swap, limits.memory_bytes)  # raising: memory+swap must grow first
+            _write(memory / "memory.limit_in_bytes", limits.memory_bytes)
+        cpu = self.root / "cpu" / path
+        _write(cpu / "cpu.cfs_period_us", CPU_PERIOD_US)
+        _write(cpu / "cpu.cfs_quota_us", max(1000, int(limits.cpus * CPU_PERIOD_US)))
+        _write(self.root / "pids" / path / "pids.max", limits.pids)
+
+    # ---- v2: one tree ------------------------------------------------------------
+    def _apply_v2(self, parent: str, limits: RentalLimits) -> None:
+        top = self.root / TOP
+        folder = self.root / parent.lstrip("/")
+        folder.mkdir(parents=True, exist_ok=True)
+        for holder in (self.root, top, folder):  # the controllers reach the containers below
+            _write(holder / "cgroup.subtree_control", "+memory +cpu +pids")
+        _write(folder / "memory.max", limits.memory_bytes)
+        if (folder / "memory.swap.max").exists():
+            _write(folder / "memory.swap.max", 0)
+        _write(folder / "cpu.max", f"{max(1000, int(limits.cpus * CPU_PERIOD_US))} {CPU_PERIOD_US}")
+        _write(folder / "pids.max", limits.pids)
+
+
+def _write(path: Path, value: object) -> None:
+    path.write_text(f"{value}\n")

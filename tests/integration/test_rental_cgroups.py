@@ -1,0 +1,84 @@
+"""One cgroup per rental (issue 16), on the real engine and this machine's
+cgroup v1 tree: every container of a rental sits in it, the rental's memory,
+CPU and process limits hold for all of its containers together, and the
+cgroup goes with the rental. (The layout alone, v1 and v2, on a folder:
+tests/unit/test_rental_cgroups.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from support.stacks import TEST_IMAGE
+from support.waiting import until
+
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.rental_cgroups import SYSFS
+
+PIDS = 64  # the rental's processes, all containers together (and each container's own limit)
+# Three services that each try to hold 26 processes: 78 in all, more than the rental's 64 (two of
+# them stay well under it, so that the third can always start; its own forks are what is refused).
+# The forks are a child shell's, which may die of a refused fork; the container's sleep stays.
+FORKERS = f"""
+services:
+{
+    "".join(
+        f'''  forker{n}:
+    image: {TEST_IMAGE}
+    command: ["sh", "-c", "sh -c 'for i in $$(seq 25); do sleep 3600 & done' & exec sleep 3600"]
+'''
+        for n in range(3)
+    )
+}
+"""
+
+pytestmark = pytest.mark.skipif(
+    not (SYSFS / "memory").is_dir(), reason="these checks read a cgroup v1 tree (this machine's)"
+)
+
+
+def _read(path: Path) -> str:
+    return path.read_text().strip()
+
+
+async def test_a_rentals_containers_share_one_cgroup_and_its_limits(gpu_agent, docker_client):
+    renter, parts, _local, _ = await gpu_agent(gpus=8, pids_limit=PIDS)
+    rental_id = await renter.rental(gpu_count=2)
+    stack_id = await renter.stack(rental_id, FORKERS)
+    stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
+    assert stack["status"] == wire.APPLIED, stack["errorMsg"]
+
+    parent = f"/gpuhost-agent/r-{rental_id}"
+    containers = await asyncio.to_thread(
+        docker_client.containers.list, filters={"label": f"{wire.LABEL_RENTAL}={rental_id}"}
+    )
+    assert len(containers) == 3
+    assert {c.attrs["HostConfig"]["CgroupParent"] for c in containers} == {parent}
+
+    memory = int(containers[0].attrs["HostConfig"]["Memory"])
+    cpus = containers[0].attrs["HostConfig"]["NanoCpus"] / 1e9
+    folder = parent.lstrip("/")
+    assert int(await asyncio.to_thread(_read, SYSFS / "memory" / folder / "memory.limit_in_bytes")) == memory
+    quota = int(await asyncio.to_thread(_read, SYSFS / "cpu" / folder / "cpu.cfs_quota_us"))
+    assert quota == int(cpus * 100_000)
+    assert await asyncio.to_thread(_read, SYSFS / "pids" / folder / "pids.max") == str(PIDS)
+
+    # Each container may hold 64 processes on its own; together they stop at the rental's 64.
+    pids = SYSFS / "pids" / folder / "pids.current"
+    await until(lambda: asyncio.to_thread(lambda: int(_read(pids)) >= PIDS - 2), timeout=20)
+    await asyncio.sleep(1)
+    assert int(await asyncio.to_thread(_read, pids)) <= PIDS
+    refused = await asyncio.to_thread(_refused_forks, SYSFS / "pids" / folder)
+    assert refused > 0  # 78 processes asked for, the rental's limit said no to some
+
+    status, _ = await renter.call("DELETE", f"/rentals/{rental_id}")
+    assert status == 200
+    await until(lambda: rental_id not in parts.deployer.sandbox.ledger.assignments, timeout=60)
+    leftovers = await asyncio.to_thread(lambda: [p for p in SYSFS.glob(f"*/{folder}")])
+    assert leftovers == []
+
+
+def _refused_forks(folder: Path) -> int:
+    """Forks refused for the pids limit, counted where they were tried (the containers' cgroups)."""
+    return sum(int(_read(events).split()[-1]) for events in [folder / "pids.events", *folder.glob("*/pids.events")])

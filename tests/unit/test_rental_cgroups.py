@@ -1,0 +1,81 @@
+"""The rental's cgroup, laid out on a folder standing in for /sys/fs/cgroup:
+cgroup v1 (a directory per controller) and v2 (one tree), which driver gets
+one, and what is refused. (On this machine's real tree, with dockerd:
+tests/integration/test_rental_cgroups.py.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuhost_agent.core.sandbox_context import SandboxContext
+from gpuhost_agent.core.sandbox_harden import harden
+from gpuhost_agent.runtime.rental_cgroups import CgroupError, RentalCgroups, RentalLimits
+
+LIMITS = RentalLimits(memory_bytes=2 * 1024**3, cpus=1.5, pids=512)
+
+
+def v1_tree(root: Path) -> Path:
+    for controller in ("memory", "cpu", "pids", "cpuset", "systemd"):
+        (root / controller).mkdir(parents=True)
+    return root
+
+
+def test_v1_writes_each_controllers_limit_and_removes_every_hierarchys_folder(tmp_path) -> None:
+    cgroups = RentalCgroups(v1_tree(tmp_path))
+    assert cgroups.configure("cgroupfs", "1") is None
+    assert cgroups.parent_of("r1") == "/gpuhost-agent/r-r1"
+    cgroups.apply("r1", LIMITS)
+    folder = "gpuhost-agent/r-r1"
+    assert (tmp_path / "memory" / folder / "memory.limit_in_bytes").read_text() == f"{2 * 1024**3}\n"
+    assert (tmp_path / "cpu" / folder / "cpu.cfs_quota_us").read_text() == "150000\n"
+    assert (tmp_path / "cpu" / folder / "cpu.cfs_period_us").read_text() == "100000\n"
+    assert (tmp_path / "pids" / folder / "pids.max").read_text() == "512\n"
+    (tmp_path / "cpuset" / folder).mkdir(parents=True)  # runc makes it in every hierarchy
+    (tmp_path / "memory" / folder / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    assert cgroups.oom_kills("r1") == 2
+    for written in (tmp_path / "memory" / folder).iterdir():  # the kernel's files are not files to rmdir
+        written.unlink()
+    for written in [*(tmp_path / "cpu" / folder).iterdir(), *(tmp_path / "pids" / folder).iterdir()]:
+        written.unlink()
+    assert cgroups.remove("r1")
+    assert not list(tmp_path.glob(f"*/{folder}"))
+
+
+def test_v2_enables_the_controllers_down_to_the_rental(tmp_path) -> None:
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    cgroups = RentalCgroups(tmp_path)
+    assert cgroups.configure("cgroupfs", "2") is None
+    cgroups.apply("r2", LIMITS)
+    folder = tmp_path / "gpuhost-agent" / "r-r2"
+    assert (folder / "memory.max").read_text() == f"{2 * 1024**3}\n"
+    assert (folder / "cpu.max").read_text() == "150000 100000\n"
+    assert (folder / "pids.max").read_text() == "512\n"
+    for holder in (tmp_path, tmp_path / "gpuhost-agent", folder):
+        assert (holder / "cgroup.subtree_control").read_text() == "+memory +cpu +pids\n"
+
+
+def test_only_the_cgroupfs_driver_gets_rental_cgroups_and_the_reason_is_said(tmp_path) -> None:
+    cgroups = RentalCgroups(v1_tree(tmp_path))
+    reason = cgroups.configure("systemd", "2")
+    assert reason and "systemd cgroup driver" in reason and "each container still has the rental's limits" in reason
+    assert cgroups.parent_of("r1") is None
+    cgroups.apply("r1", LIMITS)  # nothing to do
+    assert not list(tmp_path.glob("*/gpuhost-agent"))
+    assert "not mounted" in (RentalCgroups(tmp_path / "none").configure("cgroupfs", "2") or "")
+
+
+def test_a_rental_id_that_cannot_name_a_folder_is_refused(tmp_path) -> None:
+    cgroups = RentalCgroups(v1_tree(tmp_path))
+    cgroups.configure("cgroupfs", "1")
+    for bad in ("../../etc", "a/b", "", "x" * 200):
+        with pytest.raises(CgroupError):
+            cgroups.parent_of(bad)
+
+
+def test_every_service_of_the_rental_gets_its_cgroup_as_parent() -> None:
+    model = {"services": {"a": {"image": "x"}, "b": {"image": "y"}}}
+    ctx = SandboxContext(project="p", cgroup_parent="/gpuhost-agent/r-r1")
+    assert {s["cgroup_parent"] for s in harden(model, ctx)["services"].values()} == {"/gpuhost-agent/r-r1"}
+    assert all("cgroup_parent" not in s for s in harden(model, SandboxContext(project="p"))["services"].values())
