@@ -126,6 +126,9 @@ class FakeDeployer:
         self.ran.append(job.job_id)
         return ""
 
+    def rental_ending(self, rental_id: str) -> None:
+        pass
+
 
 class FakeReporter:
     """Stands in for StatusReporter: records the statuses (`reports`: stack id,

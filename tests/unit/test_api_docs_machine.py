@@ -22,11 +22,13 @@ from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from support import fake_nvml  # the stand-in NVML library's helper, imported here and not on the loop
 from support.fakes import FakeClient, FakeEngine, FakeOutbox, FakeProber, FakeSchedule
 from support.machine_samples import GIB, GPU_BEATS, broken_system_data, healthy_system_data
 from support.openapi_check import answer, check, check_named, properties, request_schema, response_schema, schema
 
 from gpuhost_agent.core import init_state
+from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.core.host_reporter import HostReporter
 from gpuhost_agent.core.init_state import InitState
 from gpuhost_agent.inventory import compliance, host_probe, listing, telemetry
@@ -38,12 +40,15 @@ from gpuhost_agent.local_marketplace.store import Store
 from gpuhost_agent.protocol import intervals as wire_intervals
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.protocol.requirements import Requirements
+from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.uplink.outbox import INIT_STATE, SYSTEM_DATA
 
 # ---- the machine: systemData, initState, heartbeat, speed test -----------------------
 
 
-def _reporter(state: MarketplaceState, data: dict) -> tuple[HostReporter, FakeOutbox, FakeClient]:
+def _reporter(
+    state: MarketplaceState, data: dict, ledger: GpuLedger | None = None
+) -> tuple[HostReporter, FakeOutbox, FakeClient]:
     """A HostReporter after its session: requirements, intervals and clock from the local marketplace."""
     outbox, client = FakeOutbox(), FakeClient(state)
     reporter = HostReporter(
@@ -53,6 +58,7 @@ def _reporter(state: MarketplaceState, data: dict) -> tuple[HostReporter, FakeOu
         FakeSchedule(),  # type: ignore[arg-type]
         lambda: ["docker", "compose"],
         lambda _command: None,
+        ledger=ledger,
     )
     reply = {
         "sessionId": "s",
@@ -223,9 +229,10 @@ async def test_system_data_and_init_state_the_agent_sends_are_documented(agent_d
     check(agent_doc, InitState().as_wire(), init_schema)
 
 
-async def test_heartbeats_the_agent_sends_are_documented(agent_doc: dict) -> None:
+async def test_heartbeats_the_agent_sends_are_documented(agent_doc: dict, tmp_path) -> None:
     state = MarketplaceState(Store.load_or_create(None))
-    reporter, outbox, client = _reporter(state, healthy_system_data())
+    ledger = GpuLedger(AgentDB(tmp_path / "agent.db"))
+    reporter, outbox, client = _reporter(state, healthy_system_data(), ledger)
     await reporter.beat()  # before any systemData: no fingerprint to compare, nothing asked for
     await reporter.refresh(force=True)
     await reporter.beat()  # the marketplace has no systemData yet: it asks, and the agent sends it again
@@ -467,7 +474,6 @@ def _probe_fake_nvml(tmp_path: Path, gpus: list, **config) -> dict:
 async def test_what_the_real_probes_report_is_documented(agent_doc: dict, tmp_path: Path) -> None:
     """NvmlProbe against the stand-in NVML library (an HGX board with a lost GPU and a GPU
     short of two fields, GeForce cards, no driver) and probe_host on this machine."""
-    fake_nvml = pytest.importorskip("support.fake_nvml")  # tests/support/fake_nvml.py: the stand-in library's helper
 
     flawed = fake_nvml.FakeGpu(
         fail={

@@ -101,7 +101,9 @@ class StackDeployer:
                 agent_dir=str(self.stacks_dir.parent),
                 foreign_names=await self.engine.foreign_names(project),
             )
-            hardened, gpus, notices = await self.sandbox.apply(job, model, raw, places)
+            hardened, gpus, notices = await self.sandbox.apply(
+                job, model, raw, places, waiting=lambda reason: self._report(job, wire.APPLYING, reason)
+            )
             rewritten = label_services(
                 hardened, job.stack_id, job.rental_id, job.env_id, gpus, ssh=template.get("isSSHEnabled") is True
             )
@@ -184,6 +186,11 @@ class StackDeployer:
         return await asyncio.to_thread((self.stacks_dir / stack_id).exists) or stack_id in self.db.stacks()
 
     # ---- rental end ------------------------------------------------------------
+    def rental_ending(self, rental_id: str) -> None:
+        """The rental's end job arrived: its GPUs are being released (a deploy
+        that needs them waits for it, and the heartbeat says so)."""
+        self.sandbox.ledger.begin_release(rental_id)
+
     async def end_rental(self, job: wire.StackJob) -> str:
         """After a rental's stacks were removed: take down anything of it still
         there (a stack the marketplace had already forgotten), then free its GPUs.

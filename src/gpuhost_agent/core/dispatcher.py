@@ -115,6 +115,8 @@ class JobDispatcher:
         return self._rentals_ending if job.type == wire.JOB_RENTAL_END else self._rental_jobs
 
     def _start(self, job: wire.StackJob) -> None:
+        if job.type == wire.JOB_RENTAL_END:
+            self.deployer.rental_ending(job.rental_id)
         self._rental_counter(job)[job.rental_id] += 1
         self._stacks_busy[job.stack_id] += 1
         if job.job_id not in self._internal:

@@ -10,10 +10,12 @@ labels (wire.LABEL_GPUS).
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 
-from gpuhost_agent.core.gpu_allocation import GpuSlot, allocate
+from gpuhost_agent.core.gpu_allocation import GpuSlot, NotEnoughGpus, allocate
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.storage.agent_db import AgentDB
 
@@ -23,6 +25,9 @@ class GpuLedger:
         self.db = db
         self.assignments: dict[str, list[str]] = {}
         self.ended: set[str] = set()
+        self.releasing: set[str] = set()  # rentals ending: their GPUs are free once their containers are gone
+        self.on_change: list[Callable[[], None]] = []  # told when GPUs are assigned, being released or freed
+        self._released = asyncio.Event()
         for rental_id, row in db.rentals().items():
             if row["ended_at"]:
                 self.ended.add(rental_id)
@@ -43,10 +48,45 @@ class GpuLedger:
         """What the rental would get; nothing is recorded (see commit)."""
         return allocate(slots, self.assignments, rental_id, count)
 
+    def fits_after_release(self, slots: list[GpuSlot], rental_id: str, count: int) -> bool:
+        """Whether the rental would get its GPUs once the ending rentals' are free."""
+        staying = {rental: uuids for rental, uuids in self.assignments.items() if rental not in self.releasing}
+        try:
+            allocate(slots, staying, rental_id, count)
+        except NotEnoughGpus:
+            return False
+        return True
+
+    def states(self, slots: list[GpuSlot]) -> dict:
+        """Which GPUs are free, assigned (by rental), being released (by rental)
+        and out of service: what the heartbeat tells the marketplace."""
+        held = {uuid for uuids in self.assignments.values() for uuid in uuids}
+        return {
+            "free": [slot.uuid for slot in slots if slot.healthy and slot.uuid not in held],
+            "assigned": {r: list(u) for r, u in sorted(self.assignments.items()) if r not in self.releasing},
+            "releasing": {r: list(u) for r, u in sorted(self.assignments.items()) if r in self.releasing},
+            "outOfService": [slot.uuid for slot in slots if not slot.healthy and slot.uuid not in held],
+        }
+
+    async def wait_for_release(self, timeout: float) -> None:
+        """Until a rental's GPUs are freed, or the timeout."""
+        self._released.clear()
+        try:
+            await asyncio.wait_for(self._released.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    def begin_release(self, rental_id: str) -> None:
+        """The rental is ending: its containers are being stopped."""
+        if rental_id in self.assignments and rental_id not in self.releasing:
+            self.releasing.add(rental_id)
+            self._changed()
+
     def commit(self, rental_id: str, uuids: list[str]) -> None:
         if self.assignments.get(rental_id) != uuids and uuids:
             self.db.rental_gpus(rental_id, list(uuids))
             self.assignments[rental_id] = list(uuids)
+            self._changed()
 
     def adopt(self, rental_id: str, uuids: list[str]) -> None:
         """GPUs found in use by a rental's containers and not on record."""
@@ -70,4 +110,12 @@ class GpuLedger:
         """The rental has ended: its GPUs are free again."""
         self.db.rental_ended(rental_id)
         self.ended.add(rental_id)
-        return self.assignments.pop(rental_id, [])
+        self.releasing.discard(rental_id)
+        freed = self.assignments.pop(rental_id, [])
+        self._released.set()
+        self._changed()
+        return freed
+
+    def _changed(self) -> None:
+        for listener in self.on_change:
+            listener()

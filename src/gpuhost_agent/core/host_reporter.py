@@ -16,6 +16,8 @@ from collections.abc import Callable
 
 from gpuhost_agent import __version__
 from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.core.gpu_allocation import slots_from_inventory
+from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.core.init_state import InitState
 from gpuhost_agent.core.schedule import Schedule
 from gpuhost_agent.inventory import netspeed, telemetry
@@ -45,9 +47,16 @@ class HostReporter:
         env_target: str = "env",
         speed_max_bytes: int = 25_000_000,
         speed_max_seconds: float = 10.0,
+        ledger: GpuLedger | None = None,
     ):
         """`compose_found` hears the Compose command start-up settled on (the
-        deployer's Compose runner uses it from then on)."""
+        deployer's Compose runner uses it from then on). Every heartbeat says
+        which GPUs the `ledger` has free, assigned and being released, and a
+        change sends a beat at once (the marketplace's availableGPUs)."""
+        self.ledger = ledger
+        self._beat_soon: asyncio.Task | None = None
+        if ledger is not None:
+            ledger.on_change.append(self.beat_soon)
         self.client = client
         self.outbox = outbox
         self.prober = prober
@@ -191,6 +200,16 @@ class HostReporter:
         if self.init.state == "ready":
             await self.refresh()
 
+    def beat_soon(self) -> None:
+        """A beat now, out of turn (GPUs were assigned or freed), once the
+        beats have begun; changes in a burst share one."""
+        if self.last_beat_at is None or (self._beat_soon is not None and not self._beat_soon.done()):
+            return
+        try:
+            self._beat_soon = asyncio.get_running_loop().create_task(self.beat(), name="heartbeat-now")
+        except RuntimeError:
+            pass  # no loop (a tool that reads the ledger): the next beat says it
+
     async def beat(self) -> None:
         storage = ((self.last_report or {}).get("systemData") or {}).get("host", {}).get("storage", {}).get("path")
         figures = await asyncio.to_thread(telemetry.snapshot, self.prober.nvml, storage)
@@ -203,6 +222,9 @@ class HostReporter:
             **figures,
             "reports": {"pending": self.outbox.pending(), "dropped": self.outbox.dropped},
         }
+        if self.ledger is not None:
+            nvml = ((self.last_report or {}).get("systemData") or {}).get("nvml") or {}
+            body["gpuAssignments"] = self.ledger.states(slots_from_inventory(nvml))
         sent_at = time.time()
         try:
             reply = await self.client.heartbeat(body)

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.compose_rewrite import StackRejected
-from gpuhost_agent.core.gpu_allocation import NotEnoughGpus, slots_from_inventory
+from gpuhost_agent.core.gpu_allocation import GpuSlot, NotEnoughGpus, slots_from_inventory
 from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.core.sandbox_context import DEFAULT_PIDS_LIMIT, Machine, SandboxContext, rental_share
 from gpuhost_agent.core.sandbox_harden import harden
@@ -31,6 +31,7 @@ from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.rental_cgroups import CgroupError, RentalCgroups, RentalLimits
 
 log = get_logger(__name__)
+RELEASE_WAIT_SECONDS = 120.0  # how long a deploy waits for GPUs an ending rental still holds
 
 POLICY_PREFIX = "refused by the sandbox policy: "
 MachineFacts = Callable[[], Awaitable[dict]]  # a systemData dict: {"nvml": ..., "host": ...}
@@ -89,11 +90,13 @@ class Sandbox:
         log_max_size: str = "50m",
         log_max_files: int = 3,
         cgroups: RentalCgroups | None = None,
+        release_wait_seconds: float = RELEASE_WAIT_SECONDS,
     ):
         """`cgroups` makes each rental's cgroup (runtime/rental_cgroups.py);
         without it each container has the rental's limits only."""
         self.log_max_size, self.log_max_files = log_max_size, log_max_files
         self.cgroups = cgroups
+        self.release_wait_seconds = release_wait_seconds
         self._cgroup_layout: tuple | None = None  # (driver, version) the cgroups were configured for
         self.ledger = ledger
         self.machine_facts = machine_facts
@@ -106,10 +109,12 @@ class Sandbox:
         model: dict,
         raw: RawReview,
         places: SandboxContext,
+        waiting: Callable[[str], None] | None = None,
     ) -> tuple[dict, list[str], list[str]]:
         """(the hardened model, the rental's GPUs, notices) or StackRejected with
         every reason. `places` carries the project name and where Compose
-        resolved the file's paths; the rest of the context is decided here."""
+        resolved the file's paths; the rest of the context is decided here.
+        `waiting` hears why the deploy waits, when it waits for GPUs."""
         if self.ledger.is_over(job.rental_id):
             raise StackRejected("the rental has ended; its stacks cannot be deployed again")
         facts = await self.machine_facts()
@@ -121,6 +126,7 @@ class Sandbox:
             gpus=len(slots),
         )
         parent = await self._cgroup_parent(host.get("docker") or {}, job.rental_id)
+        await self._until_released(job, slots, waiting)
         # From here to commit: no await, so the decision is atomic.
         try:
             uuids = self.ledger.plan(slots, job.rental_id, job.gpu_count)
@@ -147,6 +153,31 @@ class Sandbox:
             except CgroupError as exc:
                 raise StackRejected(f"{exc}; nothing of the stack was started") from None
         return hardened, uuids, notices
+
+    async def _until_released(
+        self, job: wire.StackJob, slots: list[GpuSlot], waiting: Callable[[str], None] | None
+    ) -> None:
+        """A rental that ended a moment ago holds its GPUs while its containers
+        stop (up to their stop timeout): a deploy that needs them waits for
+        that release, bounded, instead of failing. Returns at once when the
+        GPUs are there or no release would make them so."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.release_wait_seconds
+        said = False
+        while loop.time() < deadline:
+            try:
+                self.ledger.plan(slots, job.rental_id, job.gpu_count)
+                return
+            except NotEnoughGpus:
+                if not self.ledger.fits_after_release(slots, job.rental_id, job.gpu_count):
+                    return
+            if not said and waiting is not None:
+                waiting(
+                    f"waiting for {job.gpu_count} GPU(s) that an ended rental is releasing "
+                    f"(its containers are stopping); at most {self.release_wait_seconds:.0f} s"
+                )
+                said = True
+            await self.ledger.wait_for_release(min(1.0, deadline - loop.time()))
 
     async def _cgroup_parent(self, docker: dict, rental_id: str) -> str | None:
         """The rental's cgroup parent, with the cgroups configured for the

@@ -101,7 +101,27 @@ def heartbeat_problem(body: Any) -> str | None:
                     return f"gpus[{index}].{key} must be a string or null"
             elif value is not None and not _number(value):
                 return f"gpus[{index}].{key} must be a non-negative number or null"
+    return _gpu_assignments_problem(body.get("gpuAssignments"))
+
+
+def _gpu_assignments_problem(states: Any) -> str | None:
+    """Optional (added later): lists of GPU UUIDs, and rental id -> UUIDs."""
+    if states is None:
+        return None
+    if not isinstance(states, dict):
+        return "gpuAssignments must be an object"
+    for key in ("free", "outOfService"):
+        if not _strings(states.get(key, [])):
+            return f"gpuAssignments.{key} must be an array of GPU UUIDs"
+    for key in ("assigned", "releasing"):
+        by_rental = states.get(key, {})
+        if not isinstance(by_rental, dict) or not all(_strings(uuids) for uuids in by_rental.values()):
+            return f"gpuAssignments.{key} must map rental ids to arrays of GPU UUIDs"
     return None
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
 
 
 def routes(state: MarketplaceState) -> list[web.RouteDef]:

@@ -34,7 +34,7 @@ def listing(store: Store, selected_gpus: int | None = None) -> dict:
         "envId": store.envId,
         **{key: hardware.get(key) for key in HARDWARE_FIELDS},
         "totalGPUs": total,
-        "availableGPUs": max(0, total - sum(r.get("gpuCount", 0) for r in active)),
+        "availableGPUs": available_gpus(store, total, active),
         "isListed": False,
         "availabilityWindows": {},
         "pricing": {},
@@ -45,6 +45,23 @@ def listing(store: Store, selected_gpus: int | None = None) -> dict:
     if selected_gpus is not None:
         shaped["selectedGPUs"] = selected_gpus
     return shaped
+
+
+def available_gpus(store: Store, total: int, active: list[dict]) -> int:
+    """`totalGPUs` minus the active rentals' GPUs, and, once the agent's
+    heartbeat said which GPUs it has free, assigned and being released, no
+    more than those free or being released (an ended rental's GPUs are free
+    within its stop timeout, and a deploy waits for them) less what active
+    rentals that hold none yet will take. A GPU out of service is never
+    available."""
+    by_count = max(0, total - sum(r.get("gpuCount", 0) for r in active))
+    states = store.live.get("gpuAssignments")
+    if not isinstance(states, dict):
+        return by_count
+    assigned = states.get("assigned") or {}
+    free = len(states.get("free") or []) + sum(len(uuids) for uuids in (states.get("releasing") or {}).values())
+    to_take = sum(r.get("gpuCount", 0) for r in active if r["rentalId"] not in assigned)
+    return max(0, min(by_count, free - to_take))
 
 
 def environment(state: MarketplaceState) -> dict:

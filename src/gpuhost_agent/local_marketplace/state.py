@@ -134,6 +134,8 @@ class MarketplaceState:
         for systemData again when ours is missing or not the one the agent has."""
         interval = self.intervals["heartbeatSeconds"]
         self.heartbeat = {"body": body, "receivedAt": time.time(), "intervalSeconds": interval}
+        if isinstance(body.get("gpuAssignments"), dict):
+            self.store.live["gpuAssignments"] = body["gpuAssignments"]
         self.beats_received += 1
         report = self.store.host.get("report") or {}
         wanted = body.get("fingerprint") is not None and report.get("fingerprint") != body.get("fingerprint")

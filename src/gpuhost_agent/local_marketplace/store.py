@@ -58,6 +58,7 @@ class Store:
     createdAt: str = field(default_factory=wire.iso)
     rentals: dict = field(default_factory=dict)
     stacks: dict = field(default_factory=dict)
+    live: dict = field(default_factory=dict)  # news from the last heartbeat (gpuAssignments); never saved
     containers: dict = field(default_factory=dict)
     jobs: dict = field(default_factory=dict)
     host: dict = field(default_factory=dict)  # the agent's latest systemData report and initState
@@ -87,7 +88,7 @@ class Store:
     def save(self) -> None:
         if self.path is None:
             return
-        write_json_atomically(self.path, {k: v for k, v in asdict(self).items() if k != "path"})
+        write_json_atomically(self.path, {k: v for k, v in asdict(self).items() if k not in ("path", "live")})
 
     # ---- rentals -----------------------------------------------------------
     def create_rental(self, *, name: str | None, gpu_count: int, end_date: str | None) -> dict:

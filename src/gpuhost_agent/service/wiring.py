@@ -117,6 +117,8 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
     find_compose = partial(find_compose_command, config.compose_command)
     compose = ComposeRunner(None, config.state_dir / "docker-config", finder=find_compose)
     schedule = Schedule()
+    ledger = GpuLedger(db)
+    ledger.import_legacy(config.state_dir / "gpu-assignments.json")
     host = HostReporter(
         client,
         outbox,
@@ -126,10 +128,9 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         compose.use,
         speed_max_bytes=config.speed_max_bytes,
         speed_max_seconds=config.speed_max_seconds,
+        ledger=ledger,
     )
     publish = config.publish_address or ("127.0.0.1" if config.uses_local_marketplace else "0.0.0.0")
-    ledger = GpuLedger(db)
-    ledger.import_legacy(config.state_dir / "gpu-assignments.json")
     reporter = StatusReporter(outbox, db, ledger)
     sandbox = Sandbox(
         ledger,

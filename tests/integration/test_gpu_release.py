@@ -1,0 +1,92 @@
+"""GPUs free when the listing says so (issue 16), as a new user meets it: end a
+rental, create another at once and deploy. The ended rental's containers take
+their stop timeout to go; the new deploy waits for its GPUs (APPLYING, with
+the reason) instead of failing with "0 of 4 GPUs are free", and the listing
+follows the agent's own account of its GPUs (the heartbeat's gpuAssignments)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from support.stacks import TEST_IMAGE
+from support.waiting import until
+
+from gpuhost_agent.protocol import wire
+
+# Ignores SIGTERM: it goes only when the stop timeout (6 s here) is over.
+STUBBORN = f"""
+services:
+  app:
+    image: {TEST_IMAGE}
+    command: ["sh", "-c", "trap '' TERM; while true; do sleep 0.2; done"]
+"""
+SLEEPER = f"""
+services:
+  app:
+    image: {TEST_IMAGE}
+    command: ["sleep", "3600"]
+    stop_signal: SIGKILL
+"""
+
+
+def _statuses(store, stack_ids: set[str]) -> list[dict]:
+    """Every status report the marketplace takes for these stacks, from now on."""
+    seen: list[dict] = []
+    apply_status = store.apply_status
+
+    def status(target, report):
+        if target in stack_ids:
+            seen.append(dict(report))
+        return apply_status(target, report)
+
+    store.apply_status = status
+    return seen
+
+
+async def _listing(renter) -> dict:
+    status, body = await renter.call("GET", f"/environments/{renter.store.envId}/listing")
+    assert status == 200
+    return body
+
+
+async def test_a_rental_created_as_another_ends_gets_its_gpus(gpu_agent):
+    renter, parts, _local, _ = await gpu_agent(gpus=4, stop_timeout=6)
+    ending, staying = await renter.rental(gpu_count=2), await renter.rental(gpu_count=2)
+    for rental_id, content in ((ending, STUBBORN), (staying, SLEEPER)):
+        stack_id = await renter.stack(rental_id, content)
+        assert (await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=30))["status"] == (
+            wire.APPLIED
+        )
+    await until(lambda: (renter.store.live.get("gpuAssignments") or {}).get("free") == [], timeout=10)
+    assert (await _listing(renter))["availableGPUs"] == 0
+
+    status, _ = await renter.call("DELETE", f"/rentals/{ending}")
+    assert status == 200
+    await until(lambda: ending in (renter.store.live.get("gpuAssignments") or {}).get("releasing", {}), timeout=5)
+    assert (await _listing(renter))["availableGPUs"] == 2  # being released: offered already
+
+    new = await renter.rental(gpu_count=2)
+    assert (await _listing(renter))["availableGPUs"] == 0
+    stack_id = await renter.stack(new, SLEEPER)
+    reports = _statuses(renter.store, {stack_id})
+    stack = await renter.wait_stack(new, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
+    assert stack["status"] == wire.APPLIED, stack["errorMsg"]
+    waited = [r for r in reports if r["status"] == wire.APPLYING and "ended rental is releasing" in r["errorMsg"]]
+    assert waited, reports  # it did wait, and said why
+    assert stack["errorMsg"] == ""
+    ledger = parts.deployer.sandbox.ledger
+    assert ending not in ledger.assignments and len(ledger.assignments[new]) == 2
+    assert set(ledger.assignments[new]).isdisjoint(ledger.assignments[staying])
+
+
+async def test_a_deploy_no_release_can_satisfy_fails_at_once(gpu_agent):
+    renter, _parts, _local, _ = await gpu_agent(gpus=2)
+    holder = await renter.rental(gpu_count=2)
+    stack_id = await renter.stack(holder, SLEEPER)
+    await renter.wait_stack(holder, stack_id, (wire.APPLIED,), timeout=30)
+    late = await renter.rental(gpu_count=1)
+    started = asyncio.get_running_loop().time()
+    stack_id = await renter.stack(late, SLEEPER)
+    stack = await renter.wait_stack(late, stack_id, (wire.APPLIED, wire.ERROR), timeout=30)
+    assert stack["status"] == wire.ERROR and "0 of the machine's 2 GPU(s) are free" in stack["errorMsg"]
+    assert asyncio.get_running_loop().time() - started < 10
