@@ -21,6 +21,7 @@ def make_config(state_dir: Path, **overrides) -> AgentConfig:
         stop_timeout=1,
         speed_max_bytes=500_000,
         speed_max_seconds=1.0,
+        disk_floor_bytes=0,  # a test machine's free disk is not the point (tests/integration/test_disk_floor.py)
     )
     values.update(overrides)
     return AgentConfig(**values)

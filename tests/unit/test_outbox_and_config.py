@@ -70,6 +70,9 @@ def test_config_defaults_to_local_marketplace(tmp_path):
     loaded = config.load({"config": None, "state_dir": str(tmp_path)}, environ={"GPUHOST_CONFIG": ""})
     assert loaded.uses_local_marketplace and loaded.local_listen == ("127.0.0.1", 8787)
     assert (loaded.log_max_size, loaded.log_max_files) == ("50m", 3)
+    assert loaded.disk_floor_bytes == 20 * 1024**3
+    assert config.load({"disk_floor": "0"}, environ={}).disk_floor_bytes == 0
+    assert config.load({"disk_floor": "512m"}, environ={}).disk_floor_bytes == 512 * 1024**2
 
 
 @pytest.mark.parametrize(
@@ -82,6 +85,7 @@ def test_config_defaults_to_local_marketplace(tmp_path):
         ({"api_key_file": "/no/such/key", "marketplace_url": "https://m/v1", "env_id": "e"}, "cannot read"),
         ({"log_max_size": "50 MB"}, "GPUHOST_LOG_MAX_SIZE '50 MB' must be a size such as 50m"),
         ({"log_max_files": "0"}, "GPUHOST_LOG_MAX_FILES must be at least 1"),
+        ({"disk_floor": "20 GB"}, "GPUHOST_DISK_FLOOR '20 GB' must be a size such as 20g"),
     ],
 )
 def test_config_errors_say_what_to_fix(flags, fragment):

@@ -155,3 +155,17 @@ def test_hardening_writes_everything_explicitly() -> None:
 def test_policy_edges(service, allowed) -> None:
     model = {"services": {"app": {"image": "x", **service}, "db": {"image": "x"}}}
     assert (policy_violations(model, _ctx()) == []) is allowed
+
+
+def test_the_disk_floor_problem_names_the_disk_and_the_floor() -> None:
+    from gpuhost_agent.core.sandbox_context import disk_floor_problem
+
+    gib = 1024**3
+    low = {"path": "/var/lib/docker", "freeBytes": 5 * gib}
+    assert disk_floor_problem(low, 20 * gib) == (
+        "the host's disk is nearly full: 5.0 GiB free on /var/lib/docker, below the host's floor of 20.0 GiB "
+        "(GPUHOST_DISK_FLOOR); no stack starts until the host frees space"
+    )
+    assert disk_floor_problem(low, 0) is None  # no floor
+    assert disk_floor_problem({"path": "/x", "freeBytes": 30 * gib}, 20 * gib) is None
+    assert disk_floor_problem({"path": "/x", "freeBytes": None, "error": "remote engine"}, 20 * gib) is None

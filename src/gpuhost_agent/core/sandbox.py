@@ -22,11 +22,18 @@ from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.compose_rewrite import StackRejected
 from gpuhost_agent.core.gpu_allocation import GpuSlot, NotEnoughGpus, slots_from_inventory
 from gpuhost_agent.core.gpu_ledger import GpuLedger
-from gpuhost_agent.core.sandbox_context import DEFAULT_PIDS_LIMIT, Machine, SandboxContext, rental_share
+from gpuhost_agent.core.sandbox_context import (
+    DEFAULT_PIDS_LIMIT,
+    Machine,
+    SandboxContext,
+    disk_floor_problem,
+    rental_share,
+)
 from gpuhost_agent.core.sandbox_harden import harden
 from gpuhost_agent.core.sandbox_policy import policy_violations
 from gpuhost_agent.core.sandbox_raw import RawReview, review
 from gpuhost_agent.core.sandbox_rewrite import rewrite
+from gpuhost_agent.inventory.host_probe import storage
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.rental_cgroups import CgroupError, RentalCgroups, RentalLimits
 
@@ -91,12 +98,14 @@ class Sandbox:
         log_max_files: int = 3,
         cgroups: RentalCgroups | None = None,
         release_wait_seconds: float = RELEASE_WAIT_SECONDS,
+        disk_floor_bytes: int = 0,
     ):
         """`cgroups` makes each rental's cgroup (runtime/rental_cgroups.py);
         without it each container has the rental's limits only."""
         self.log_max_size, self.log_max_files = log_max_size, log_max_files
         self.cgroups = cgroups
         self.release_wait_seconds = release_wait_seconds
+        self.disk_floor_bytes = disk_floor_bytes
         self._cgroup_layout: tuple | None = None  # (driver, version) the cgroups were configured for
         self.ledger = ledger
         self.machine_facts = machine_facts
@@ -125,6 +134,11 @@ class Sandbox:
             memory_bytes=int((host.get("memory") or {}).get("totalBytes") or 0),
             gpus=len(slots),
         )
+        if self.disk_floor_bytes:  # measured now: the last probe may be minutes old
+            root = (host.get("docker") or {}).get("rootDir") or "/var/lib/docker"
+            full = disk_floor_problem(await asyncio.to_thread(storage, root), self.disk_floor_bytes)
+            if full:
+                raise StackRejected(full)
         parent = await self._cgroup_parent(host.get("docker") or {}, job.rental_id)
         await self._until_released(job, slots, waiting)
         # From here to commit: no await, so the decision is atomic.

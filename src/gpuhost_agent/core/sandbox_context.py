@@ -81,3 +81,17 @@ def rental_share(machine: Machine, rental_gpus: int) -> tuple[float, int]:
     cpus = round(max(1.0, usable_cpus * fraction), 2)
     memory = int(usable_memory * fraction) // (1024 * 1024) * (1024 * 1024)
     return cpus, max(GIB // 2, memory)
+
+
+def disk_floor_problem(storage: dict, floor_bytes: int) -> str | None:
+    """Why no stack may start now: Docker's disk has less free space than the
+    host's floor. Said before a pull that would fail half-way (or fill the
+    disk the host's own system needs); None when there is room or the
+    agent cannot see Docker's disk (an engine on another machine)."""
+    free = storage.get("freeBytes")
+    if not floor_bytes or not isinstance(free, int) or free >= floor_bytes:
+        return None
+    return (
+        f"the host's disk is nearly full: {free / GIB:.1f} GiB free on {storage.get('path')}, below the host's "
+        f"floor of {floor_bytes / GIB:.1f} GiB (GPUHOST_DISK_FLOOR); no stack starts until the host frees space"
+    )

@@ -45,6 +45,7 @@ class AgentConfig:
     pids_limit: int = 4096  # processes per container
     log_max_size: str = "50m"  # each container's log file, before Docker rotates it
     log_max_files: int = 3  # rotated files kept per container (the cap is size x files)
+    disk_floor_bytes: int = 20 * 1024**3  # free space on Docker's disk below which no stack is deployed
     reconcile_grace_seconds: float = 120.0  # how long a stack the marketplace does not list may stay
     shutdown_grace_seconds: float = 20.0  # on SIGTERM, how long running jobs may take before they are abandoned
     status_socket: Path | None = None  # Unix socket for `gpuhost-agent status` (default <state_dir>/agent.sock)
@@ -131,6 +132,7 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         pids_limit = int(pick("pids_limit", "GPUHOST_PIDS_LIMIT", 4096))
         log_max_size = str(pick("log_max_size", "GPUHOST_LOG_MAX_SIZE", "50m"))
         log_max_files = int(pick("log_max_files", "GPUHOST_LOG_MAX_FILES", 3))
+        disk_floor = str(pick("disk_floor", "GPUHOST_DISK_FLOOR", "20g"))
         grace = float(pick("reconcile_grace_seconds", "GPUHOST_RECONCILE_GRACE_SECONDS", 120.0))
         shutdown_grace = float(pick("shutdown_grace_seconds", "GPUHOST_SHUTDOWN_GRACE_SECONDS", 20.0))
     except ValueError as exc:
@@ -162,6 +164,7 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         pids_limit=pids_limit,
         log_max_size=_log_size(log_max_size),
         log_max_files=_at_least_one(log_max_files, "GPUHOST_LOG_MAX_FILES"),
+        disk_floor_bytes=_size_bytes(disk_floor, "GPUHOST_DISK_FLOOR"),
         reconcile_grace_seconds=grace,
         shutdown_grace_seconds=shutdown_grace,
         status_socket=status_socket,
@@ -176,6 +179,14 @@ def _log_size(text: str) -> str:
     if not re.fullmatch(r"[1-9][0-9]*[kmg]", text.strip().lower()):
         raise ConfigError(f"GPUHOST_LOG_MAX_SIZE {text!r} must be a size such as 50m, 1g or 200k")
     return text.strip().lower()
+
+
+def _size_bytes(text: str, name: str) -> int:
+    """`20g`, `500m`, `0` (no floor): a size in bytes, 1024-based like Docker's."""
+    match = re.fullmatch(r"(\d+)([kmgt]?)", text.strip().lower())
+    if not match:
+        raise ConfigError(f"{name} {text!r} must be a size such as 20g, 500m or 0")
+    return int(match.group(1)) * 1024 ** " kmgt".index(match.group(2) or " ")
 
 
 def _at_least_one(value: int, name: str) -> int:

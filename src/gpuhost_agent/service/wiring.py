@@ -140,6 +140,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         log_max_size=config.log_max_size,
         log_max_files=config.log_max_files,
         cgroups=RentalCgroups(),
+        disk_floor_bytes=config.disk_floor_bytes,
     )
     deployer = StackDeployer(
         compose,
