@@ -1,7 +1,7 @@
 """GPUs being released by an ending rental (issue 16), the decisions: what the
 ledger says of each GPU, whether a release would make room, the listing's
 availableGPUs from the agent's account, and the heartbeat field's checks.
-(End to end: tests/integration/test_gpu_release.py.)"""
+(End to end: tests/integration/test_gpu_release_engine.py.)"""
 
 from __future__ import annotations
 

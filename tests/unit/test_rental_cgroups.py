@@ -1,7 +1,7 @@
 """The rental's cgroup, laid out on a folder standing in for /sys/fs/cgroup:
 cgroup v1 (a directory per controller) and v2 (one tree), which driver gets
 one, and what is refused. (On this machine's real tree, with dockerd:
-tests/integration/test_rental_cgroups.py.)"""
+tests/integration/test_rental_cgroups_engine.py.)"""
 
 from __future__ import annotations
 
