@@ -32,9 +32,15 @@ def env_containers(client, env_id: str, attempts: int = 5) -> list:
 def remove_env_resources(client, env_id: str, attempts: int = 5) -> None:
     """Whatever a test left behind in the engine, found by the agent's own label.
     The prune is retried while another prune runs on the same engine (409)."""
+    projects = set()
     for container in env_containers(client, env_id):
+        projects.add(container.labels.get("com.docker.compose.project"))
         with contextlib.suppress(docker.errors.NotFound):
             container.remove(force=True, v=True)
+    for volume in client.volumes.list(filters={"label": "com.docker.compose.project"}):
+        if volume.attrs.get("Labels", {}).get("com.docker.compose.project") in projects:
+            with contextlib.suppress(docker.errors.APIError):
+                volume.remove(force=True)
     for attempt in range(attempts):
         try:
             client.networks.prune(filters={"label": "com.docker.compose.project"})

@@ -18,6 +18,7 @@ import time
 from gpuhost_agent import __version__
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.container_watch import ContainerWatch
+from gpuhost_agent.core.disk_watch import DiskWatch
 from gpuhost_agent.core.dispatcher import JobDispatcher
 from gpuhost_agent.core.host_reporter import HostReporter
 from gpuhost_agent.core.reconciler import Reconciler
@@ -50,6 +51,8 @@ class Agent:
         engine_watch: EngineWatch,
         container_watch: ContainerWatch,
         streams: StreamChannel,
+        *,
+        disk_watch: DiskWatch | None = None,
     ):
         self.client = client
         self.session = session
@@ -63,6 +66,7 @@ class Agent:
         self.engine_watch = engine_watch
         self.container_watch = container_watch
         self.streams = streams
+        self.disk_watch = disk_watch
         self.intervals = wire_intervals.from_reply(None)
         for job in db.interrupted:
             log.warning(
@@ -92,6 +96,8 @@ class Agent:
             background.append(asyncio.create_task(self.streams.run(), name="stream-channel"))
             await self.host.bring_up()
             self.schedule.every("reconcile", self.intervals["reconcileSeconds"], self.reconciler.run_once, now=True)
+            if self.disk_watch is not None:
+                self.schedule.every("disk_watch", self.disk_watch.interval, self.disk_watch.run_once)
             await self._poll_forever()
         finally:
             self.schedule.stop()

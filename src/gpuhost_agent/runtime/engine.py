@@ -158,6 +158,14 @@ class DockerEngine:
 
         return await self._call(absent)
 
+    async def disk_usage(self) -> dict:
+        """`GET /system/df`: each container's writable layer (SizeRw) and each
+        volume's size, as `docker system df -v` shows them."""
+        return await self._call(lambda api: api.df())
+
+    async def stop_container(self, container_id: str, timeout: int) -> None:
+        await self._call(lambda api: api.stop(container_id, timeout=timeout))
+
     async def remove_container(self, container_id: str) -> None:
         await self._call(lambda api: api.remove_container(container_id, force=True, v=True))
 

@@ -46,6 +46,8 @@ class AgentConfig:
     log_max_size: str = "50m"  # each container's log file, before Docker rotates it
     log_max_files: int = 3  # rotated files kept per container (the cap is size x files)
     disk_floor_bytes: int = 20 * 1024**3  # free space on Docker's disk below which no stack is deployed
+    rental_disk_bytes: int | None = None  # one rental's disk, when the host fixes it (else by GPUs)
+    disk_watch_seconds: float = 60.0  # how often each rental's disk use is measured
     reconcile_grace_seconds: float = 120.0  # how long a stack the marketplace does not list may stay
     shutdown_grace_seconds: float = 20.0  # on SIGTERM, how long running jobs may take before they are abandoned
     status_socket: Path | None = None  # Unix socket for `gpuhost-agent status` (default <state_dir>/agent.sock)
@@ -133,6 +135,8 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         log_max_size = str(pick("log_max_size", "GPUHOST_LOG_MAX_SIZE", "50m"))
         log_max_files = int(pick("log_max_files", "GPUHOST_LOG_MAX_FILES", 3))
         disk_floor = str(pick("disk_floor", "GPUHOST_DISK_FLOOR", "20g"))
+        rental_disk = str(pick("rental_disk", "GPUHOST_RENTAL_DISK", "") or "")
+        disk_watch = float(pick("disk_watch_seconds", "GPUHOST_DISK_WATCH_SECONDS", 60.0))
         grace = float(pick("reconcile_grace_seconds", "GPUHOST_RECONCILE_GRACE_SECONDS", 120.0))
         shutdown_grace = float(pick("shutdown_grace_seconds", "GPUHOST_SHUTDOWN_GRACE_SECONDS", 20.0))
     except ValueError as exc:
@@ -165,6 +169,8 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         log_max_size=_log_size(log_max_size),
         log_max_files=_at_least_one(log_max_files, "GPUHOST_LOG_MAX_FILES"),
         disk_floor_bytes=_size_bytes(disk_floor, "GPUHOST_DISK_FLOOR"),
+        rental_disk_bytes=_size_bytes(rental_disk, "GPUHOST_RENTAL_DISK") if rental_disk else None,
+        disk_watch_seconds=max(1.0, disk_watch),
         reconcile_grace_seconds=grace,
         shutdown_grace_seconds=shutdown_grace,
         status_socket=status_socket,

@@ -16,6 +16,7 @@ from gpuhost_agent.common.logs import SECRETS, get_logger
 from gpuhost_agent.core.agent import Agent
 from gpuhost_agent.core.container_watch import ContainerWatch
 from gpuhost_agent.core.deployer import StackDeployer
+from gpuhost_agent.core.disk_watch import DiskWatch
 from gpuhost_agent.core.dispatcher import JobDispatcher
 from gpuhost_agent.core.engine_recovery import EngineRecovery
 from gpuhost_agent.core.gpu_ledger import GpuLedger
@@ -173,6 +174,18 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         grace_seconds=config.reconcile_grace_seconds,
     )
     container_watch = ContainerWatch(engine, reporter, db, dispatcher)
+    disk_watch = DiskWatch(
+        engine,
+        db,
+        ledger,
+        reporter,
+        host.machine_facts,
+        dispatcher.busy_rentals,
+        interval=config.disk_watch_seconds,
+        floor_bytes=config.disk_floor_bytes,
+        rental_disk_bytes=config.rental_disk_bytes,
+        stop_timeout=config.stop_timeout,
+    )
     engine_watch = EngineWatch(engine, EngineRecovery(reconciler, container_watch, session).engine_back)
     agent = Agent(
         client,
@@ -187,6 +200,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         engine_watch,
         container_watch,
         streams,
+        disk_watch=disk_watch,
     )
     return AgentParts(
         agent, session, client, outbox, dispatcher, deployer, engine, nvml, host, db, reconciler, engine_watch, streams
