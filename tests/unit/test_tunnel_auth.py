@@ -91,3 +91,15 @@ def test_a_head_parses_and_renders_back() -> None:
     head = parse_head(raw)
     assert head is not None and head.render() == raw and head.get("content-length") == "3"
     assert parse_head(b"not http\r\n\r\n") is None and parse_head(b"GET / HTTP/1.1\r\nbad header\r\n\r\n") is None
+
+
+def test_credentials_that_are_not_ascii_are_wrong_credentials_not_a_crash() -> None:
+    """Issue 17: hmac refuses to compare str with non-ASCII characters."""
+    gate = _gate()
+    for head in (
+        _head(target="/app?gpuhost_token=%FF%FE"),
+        _head(target="/app?gpuhost_token=caf\xe9"),
+        _head(("Cookie", f"{COOKIE}=\xe9\xff")),
+        _head(_basic("r\xe9nter", "pw")),
+    ):
+        assert gate.decide(head, "client").status == 401, head

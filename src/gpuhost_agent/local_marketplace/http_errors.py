@@ -1,7 +1,9 @@
-"""JSON errors with a human-readable message, the same shape on every endpoint."""
+"""JSON errors with a human-readable message, the same shape on every endpoint,
+and the one comparison of a secret a client sent."""
 
 from __future__ import annotations
 
+import hmac
 import json
 from typing import Any
 
@@ -35,3 +37,13 @@ async def json_body(request: web.Request) -> Any:
 def _no_constant(name: str) -> Any:
     """NaN and Infinity are not JSON; taken, they would be served on as invalid JSON."""
     raise ValueError(f"{name} is not a JSON number")
+
+
+def same_secret(given: str | None, expected: str) -> bool:
+    """In constant time, whatever the client sent: header, query and cookie
+    values that are not UTF-8 reach us as surrogates, and hmac refuses str
+    with non-ASCII characters; compared as the bytes sent, they are simply
+    not the secret (a 401), never an exception (a 500)."""
+    if given is None:
+        return False
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected.encode("utf-8", "surrogateescape"))

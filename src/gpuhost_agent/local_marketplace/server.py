@@ -8,7 +8,6 @@ other's endpoints, and renter responses never show the environment's key.
 from __future__ import annotations
 
 import asyncio
-import hmac
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -26,16 +25,12 @@ from gpuhost_agent.local_marketplace import (
     terminal_api,
     users_api,
 )
-from gpuhost_agent.local_marketplace.http_errors import BadRequest, json_error
+from gpuhost_agent.local_marketplace.http_errors import BadRequest, json_error, same_secret
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.store import Conflict, NotFound
 from gpuhost_agent.protocol import wire
 
 log = get_logger(__name__)
-
-
-def _key_matches(given: str | None, expected: str) -> bool:
-    return given is not None and hmac.compare_digest(given.encode(), expected.encode())
 
 
 def _is_public(request: web.Request) -> bool:
@@ -55,7 +50,7 @@ def build_app(state: MarketplaceState) -> web.Application:
     async def auth_and_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         agent_path = request.path.startswith("/v1/agent/")
         expected = state.store.envApiKey if agent_path else state.store.renterApiKey
-        if not _is_public(request) and not _key_matches(request.headers.get(wire.API_KEY_HEADER), expected):
+        if not _is_public(request) and not same_secret(request.headers.get(wire.API_KEY_HEADER), expected):
             return json_error(401, f"missing or invalid {wire.API_KEY_HEADER} header")
         try:
             return await handler(request)

@@ -10,7 +10,6 @@ reaches a log line shows `***` in its place.
 
 from __future__ import annotations
 
-import hmac
 import secrets
 import time
 import uuid
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuhost_agent.common.logs import SECRETS
-from gpuhost_agent.local_marketplace.http_errors import BadRequest
+from gpuhost_agent.local_marketplace.http_errors import BadRequest, same_secret
 from gpuhost_agent.protocol import wire
 
 TICKET_SECONDS = 60.0
@@ -109,7 +108,7 @@ class TicketBook:
         ticket = self._tickets.get(terminal_id)
         if ticket is None:
             raise TicketRejected(404, f"terminal {terminal_id[:64]} not found (unknown, already used or expired)")
-        if not token or not hmac.compare_digest(token.encode(), ticket.token.encode()):
+        if not token or not same_secret(token, ticket.token):
             raise TicketRejected(401, "missing or invalid token")
         return ticket
 

@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from gpuhost_agent.local_marketplace.http_errors import same_secret
+
 USERNAME = "renter"
 COOKIE = "gpuhost_tunnel"
 TOKEN_PARAM = "gpuhost_token"
@@ -125,7 +127,7 @@ class Gate:
         split = urlsplit(head.target)
         query = parse_qsl(split.query, keep_blank_values=True)
         token = next((value for key, value in query if key == TOKEN_PARAM), None)
-        if token is not None and hmac.compare_digest(token, self.link):
+        if same_secret(token, self.link):
             kept = urlunsplit(
                 ("", "", split.path or "/", urlencode([(k, v) for k, v in query if k != TOKEN_PARAM]), "")
             )
@@ -143,7 +145,7 @@ class Gate:
             if key.lower() == "cookie":
                 for part in value.split(";"):
                     name, _, given = part.strip().partition("=")
-                    if name == COOKIE and hmac.compare_digest(given, self.link):
+                    if name == COOKIE and same_secret(given, self.link):
                         return True
         return False
 
@@ -156,7 +158,7 @@ class Gate:
             user, _, given = base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
         except (ValueError, UnicodeDecodeError):
             return False
-        return hmac.compare_digest(user, USERNAME) & verify_password(self.password_hash, given)
+        return same_secret(user, USERNAME) & verify_password(self.password_hash, given)
 
 
 def _stripped(head: Head) -> Head:

@@ -1,0 +1,46 @@
+"""Issue 17's findings, one test each: no single bad input or bad actor stops
+the host. What a stray client can send before it is authenticated, and
+records a marketplace must not take."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from urllib.parse import urlsplit
+
+
+async def _raw_request(base_url: str, head: bytes) -> tuple[int, bytes]:
+    """One HTTP/1.1 request written byte for byte (a client library would
+    refuse these headers), and the status and body of the answer."""
+    url = urlsplit(base_url)
+    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+    writer.write(head)
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    status_line, _, rest = answer.partition(b"\r\n")
+    return int(status_line.split()[1]), rest.partition(b"\r\n\r\n")[2]
+
+
+async def test_an_api_key_that_is_not_utf8_is_refused_with_401_not_500(market, log_stream) -> None:
+    host = urlsplit(market.base_url).netloc.encode()
+    for path in (b"/v1/environments", b"/v1/agent/jobs"):
+        for key in (b"\xff\xfe", b"caf\xe9", b"\xc3"):
+            head = b"GET " + path + b" HTTP/1.1\r\nHost: " + host + b"\r\nX-API-Key: " + key
+            status, body = await _raw_request(market.base_url, head + b"\r\nConnection: close\r\n\r\n")
+            assert status == 401, (path, key, body)
+            assert "X-API-Key" in json.loads(body)["message"]
+    assert "Traceback" not in log_stream.getvalue() and '"level": "error"' not in log_stream.getvalue()
+
+
+def test_a_terminal_token_that_is_not_utf8_is_a_401() -> None:
+    import pytest
+
+    from gpuhost_agent.local_marketplace.terminal_tickets import TicketBook, TicketRejected
+
+    tickets = TicketBook()
+    ticket = tickets.issue("r", "s", "c" * 64, {})
+    for token in ("\udcff\udcfe", "caf\xe9"):
+        with pytest.raises(TicketRejected) as refused:
+            tickets.check(ticket.terminal_id, token)
+        assert refused.value.status == 401
