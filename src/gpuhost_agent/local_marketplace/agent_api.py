@@ -7,7 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from gpuhost_agent.local_marketplace import ssh_keys
-from gpuhost_agent.local_marketplace.http_errors import json_body, json_error
+from gpuhost_agent.local_marketplace.http_errors import json_body, json_error, too_far_ahead
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.protocol import wire
 
@@ -110,6 +110,8 @@ def _status_problem(body: Any) -> str | None:
         return f"status must be one of {', '.join(wire.REPORTED_STATUSES)}"
     if not wire.is_iso(body.get("reportedAt")):
         return "reportedAt must be an ISO 8601 date-time"
+    if ahead := too_far_ahead("reportedAt", body["reportedAt"]):
+        return ahead
     for key in ("errorMsg", "pStackName", "jobId"):
         if body.get(key) is not None and not isinstance(body[key], str):
             return f"{key} must be a string"
@@ -129,6 +131,8 @@ def _containers_problem(body: Any) -> str | None:
         return "body must be an object with a containers array"
     if not wire.is_iso(body.get("observedAt")):
         return "observedAt must be an ISO 8601 date-time"
+    if ahead := too_far_ahead("observedAt", body["observedAt"]):
+        return ahead
     for index, container in enumerate(body["containers"]):
         if not isinstance(container, dict):
             return f"containers[{index}] must be an object"

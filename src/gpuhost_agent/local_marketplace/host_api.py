@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gpuhost_agent.local_marketplace.http_errors import json_body, json_error
+from gpuhost_agent.local_marketplace.http_errors import json_body, json_error, too_far_ahead
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.protocol import wire
 
@@ -40,6 +40,8 @@ def system_data_problem(body: Any) -> str | None:
         return "body must be an object with a systemData object"
     if not isinstance(body.get("fingerprint"), str) or not wire.is_iso(body.get("reportedAt")):
         return "fingerprint (string) and reportedAt (date-time) are required"
+    if ahead := too_far_ahead("reportedAt", body["reportedAt"]):
+        return ahead
     listing = body.get("listing")
     if not isinstance(listing, dict):
         return "listing must be an object with the Listing's hardware fields"
@@ -78,6 +80,8 @@ def init_state_problem(body: Any) -> str | None:
         return f"body must be an object with state one of {', '.join(INIT_STATES)}"
     if not isinstance(body.get("phases"), list) or not wire.is_iso(body.get("updatedAt")):
         return "phases (array) and updatedAt (date-time) are required"
+    if ahead := too_far_ahead("updatedAt", body["updatedAt"]):
+        return ahead
     if body.get("error") is not None and not isinstance(body["error"], str):
         return "error must be a string or null"
     return None

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import hmac
 import json
+import time
 from typing import Any
 
 from aiohttp import web
 
+from gpuhost_agent.protocol import wire
+
 MAX_BODY_BYTES = 1024 * 1024
+# How far ahead of the marketplace's clock a report may be dated. A report
+# from the future would make every later, real one look stale and be dropped.
+MAX_AHEAD_SECONDS = 300
 
 
 class BadRequest(Exception):
@@ -47,3 +53,15 @@ def same_secret(given: str | None, expected: str) -> bool:
     if given is None:
         return False
     return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected.encode("utf-8", "surrogateescape"))
+
+
+def too_far_ahead(key: str, value: str) -> str | None:
+    """The problem with a report time (already a valid date-time) dated more
+    than MAX_AHEAD_SECONDS after the marketplace's own clock."""
+    ahead = wire.parse_iso(value).timestamp() - time.time()
+    if ahead <= MAX_AHEAD_SECONDS:
+        return None
+    return (
+        f"{key} is {ahead:.0f} s ahead of the marketplace's clock (at most {MAX_AHEAD_SECONDS} s): "
+        "report times come from a synchronised clock"
+    )
