@@ -89,11 +89,9 @@ async def test_two_rentals_get_disjoint_gpus_and_a_third_waits(gpu_agent, docker
     assert a2["status"] == wire.APPLIED, a2["errorMsg"]
     assert (await asyncio.to_thread(_env_of, docker_client, stack_a2, "infer"))["NVIDIA_VISIBLE_DEVICES"] in seen_a
 
-    # No GPU is left for a third rental until one of the first two ends.
-    rental_c = await renter.rental(gpu_count=1)
-    _, c = await _deploy(renter, rental_c, ONE_GPU_STACK)
-    assert c["status"] == wire.ERROR
-    assert "needs 1 GPU(s) but only 0 of the machine's 4 GPU(s) are free" in c["errorMsg"]
+    # No GPU is left for a third rental until one of the first two ends: the marketplace refuses it.
+    status, refused = await renter.call("POST", "/rentals", {"envId": renter.store.envId, "gpuCount": 1})
+    assert status == 409 and "0 of its 4 GPU(s) are available" in refused["message"]
 
     status, _ = await renter.call("DELETE", f"/rentals/{rental_a}")
     assert status == 200
@@ -104,6 +102,7 @@ async def test_two_rentals_get_disjoint_gpus_and_a_third_waits(gpu_agent, docker
     assert not await asyncio.to_thread(
         docker_client.containers.list, all=True, filters={"label": f"{wire.LABEL_RENTAL}={rental_a}"}
     )
+    rental_c = await renter.rental(gpu_count=1)
     stack_c, c = await _deploy(renter, rental_c, ONE_GPU_STACK)
     assert c["status"] == wire.APPLIED, c["errorMsg"]
     assert (await asyncio.to_thread(_env_of, docker_client, stack_c, "infer"))["NVIDIA_VISIBLE_DEVICES"] in seen_a

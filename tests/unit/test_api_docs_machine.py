@@ -243,9 +243,11 @@ async def test_heartbeats_the_agent_sends_are_documented(agent_doc: dict, tmp_pa
     assert second["fingerprint"] == first["fingerprint"] and len(_sent(outbox, SYSTEM_DATA)) == 2
     beat_schema = request_schema(agent_doc, "/agent/heartbeat", "post")
     reply_schema = response_schema(agent_doc, "/agent/heartbeat", "post", 200)
+    # gpuAssignments from the first probe on (before it, the machine's GPUs are not known)
+    assert "gpuAssignments" not in client.beats[0] and "gpuAssignments" in client.beats[-1]
     for body in client.beats:
         check(agent_doc, body, beat_schema)
-        assert set(body) == properties(agent_doc, "Heartbeat")
+        assert set(body) | {"gpuAssignments"} == properties(agent_doc, "Heartbeat")
         assert set(body["host"]) == properties(agent_doc, "HeartbeatHost")
         assert host_api.heartbeat_problem(body) is None
     assert client.beats[0]["fingerprint"] is None and client.beats[1]["fingerprint"] == first["fingerprint"]

@@ -566,46 +566,83 @@ MALFORMED = {
 }
 
 
-@pytest.mark.parametrize("mutate", list(MALFORMED.values()), ids=list(MALFORMED))
-def test_decode_refuses_a_reply_malformed_anywhere(mutate):
-    body = mutate(valid_body())
+WHOLE = ("not-an-object", "missing-stacks", "missing-rentals", "stacks-not-array", "rentals-not-array", "env-id")
+
+
+def _whole(case: str) -> bool:
+    """Cases where the reply as a whole is not a desired state (else one entry is bad)."""
+    return case.startswith(WHOLE) or "env-id" in case
+
+
+@pytest.mark.parametrize("case", [c for c in MALFORMED if _whole(c)])
+def test_decode_refuses_a_reply_that_is_not_a_desired_state(case):
     with pytest.raises(wire.InvalidBody):
-        decode(body)
+        decode(MALFORMED[case](valid_body()))
 
 
-def test_decode_refuses_the_whole_reply_for_one_bad_entry_at_the_end():
+@pytest.mark.parametrize("case", [c for c in MALFORMED if not _whole(c)])
+def test_one_malformed_entry_is_left_out_named_and_the_rest_kept(case):
+    """Issue 17: one bad rental (gpuCount 39345733090013528) stopped reconcile
+    for every renter of the host. The entry is left out and named; what it
+    names is held (neither removed nor redeployed); an entry without an id of
+    its own makes the list incomplete (nothing is removed as unlisted)."""
+    state = decode(MALFORMED[case](valid_body()))
+    assert len(state.problems) == 1 and ("stacks[" in state.problems[0] or "rentals[" in state.problems[0])
+    entries = len(state.stacks) + len(state.rentals)
+    assert entries == 3  # the other three of the four entries are there
+    assert state.incomplete or len(state.held) == 1
+
+
+def test_a_bad_entry_at_the_end_is_left_out_and_what_it_names_is_held():
     body = valid_body()
     body["stacks"].append(
         {"stackId": "s3", "rentalId": "r1", "desired": "present", "status": "APPLIED", "openJobs": -5}
     )
-    with pytest.raises(wire.InvalidBody, match=r"stacks\[2\]\.openJobs"):
-        decode(body)
-    body = valid_body()
-    body["rentals"].append({"rentalId": "r3", "status": "ACTIVE", "gpuCount": False})
-    with pytest.raises(wire.InvalidBody, match=r"rentals\[2\]\.gpuCount"):
-        decode(body)
+    body["rentals"].append({"rentalId": "r3", "status": "ACTIVE", "gpuCount": 39345733090013528})
+    state = decode(body)
+    assert set(state.stacks) == {"s1", "s2"} and set(state.rentals) == {"r1", "r2"}
+    assert state.held == {"s3", "r3"} and not state.incomplete
+    assert [p.split(" ")[0] for p in state.problems] == ["stacks[2].openJobs", "rentals[2].gpuCount"]
+
+
+def test_what_a_bad_entry_names_is_neither_removed_nor_redeployed_and_an_incomplete_list_removes_nothing():
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    seen = {"held-stack": SeenStack("r1", "p", ("running",)), "of-held-rental": SeenStack("r9", "q", ("running",))}
+    since = {"stack:held-stack": now - timedelta(hours=1), "stack:of-held-rental": now - timedelta(hours=1)}
+    held = DesiredState("env-1", {}, {}, ("stacks[0].status ...",), frozenset({"held-stack", "r9"}))
+    assert plan(Picture(held, seen, {}, {}), now, dict(since), 0) == []
+    incomplete = DesiredState("env-1", {}, {}, ("stacks[0] must be an object",), frozenset(), True)
+    assert plan(Picture(incomplete, seen, {}, {}), now, dict(since), 0) == []
+    whole = DesiredState("env-1", {}, {})
+    assert {a.target for a in plan(Picture(whole, seen, {}, {}), now, dict(since), 0)} == {
+        "held-stack",
+        "of-held-rental",
+    }  # listed nowhere: removed (the check that the two above could fail)
 
 
 @pytest.mark.parametrize("where", ["envId", "stackId", "stack-rentalId", "rentalId"])
-def test_decode_refuses_an_id_with_a_trailing_newline(where):
+def test_an_id_with_a_trailing_newline_is_refused(where):
     body = valid_body()
     if where == "envId":
         body["envId"] = "env-1\n"
-    elif where == "stackId":
+        with pytest.raises(wire.InvalidBody):
+            decode(body)
+        return
+    if where == "stackId":
         body["stacks"][0]["stackId"] = "s1\n"
     elif where == "stack-rentalId":
         body["stacks"][0]["rentalId"] = "r1\n"
     else:
         body["rentals"][0]["rentalId"] = "r1\n"
-    with pytest.raises(wire.InvalidBody):
-        decode(body)
+    state = decode(body)
+    assert state.problems and "s1\n" not in state.stacks and "r1\n" not in state.rentals
 
 
-def test_decode_refuses_a_gpu_count_no_host_has():
+def test_decode_leaves_out_a_rental_with_a_gpu_count_no_host_has():
     body = valid_body()
     body["rentals"][0]["gpuCount"] = wire.MAX_GPU_COUNT + 1
-    with pytest.raises(wire.InvalidBody):
-        decode(body)
+    state = decode(body)
+    assert "r1" not in state.rentals and "r1" in state.held
 
 
 def test_decode_accepts_the_largest_gpu_count():

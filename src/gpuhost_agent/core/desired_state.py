@@ -1,20 +1,26 @@
 """The marketplace's desired state for this machine, decoded and checked.
 
-Reconcile removes what the marketplace does not list, so a reply that is
-malformed anywhere is refused whole: acting on half a list would take down
-stacks that were only missing from the broken part. A stack whose template is
-unusable is kept (it is still wanted) but cannot be redeployed from here.
+One bad entry must not stop reconcile for every renter of the host: an entry
+that is malformed is left out and named in `problems`, and the rest is
+reconciled. What it names is still *listed* (`held`): reconcile neither
+removes nor redeploys it, as a broken entry says nothing reliable about it.
+When an entry does not even say which stack or rental it is, the reply is
+`incomplete`: nothing may then be removed as unlisted this time, since it
+may be the one that broke. A stack whose template is unusable is kept (it is
+still wanted) but cannot be redeployed from here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from gpuhost_agent.protocol import wire
 
 PRESENT, ABSENT = "present", "absent"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -41,25 +47,55 @@ class DesiredState:
     env_id: str
     stacks: dict[str, DesiredStack]
     rentals: dict[str, DesiredRental]
+    problems: tuple[str, ...] = ()  # the entries left out, and why
+    held: frozenset[str] = frozenset()  # ids of stacks and rentals in those entries: listed, left alone
+    incomplete: bool = False  # an entry named no id: nothing is unlisted this time
 
 
 def decode(raw: Any) -> DesiredState:
-    """DesiredState, or wire.InvalidBody naming the first problem."""
+    """DesiredState with its bad entries left out (named in `problems`), or
+    wire.InvalidBody when the reply as a whole is not one."""
     if not isinstance(raw, dict):
         raise wire.InvalidBody("desired state must be an object")
     env_id = _id(raw, "envId", "desired state")
     stacks, rentals = raw.get("stacks"), raw.get("rentals")
     if not isinstance(stacks, list) or not isinstance(rentals, list):
         raise wire.InvalidBody("desired state needs stacks and rentals arrays")
-    decoded_stacks = [_stack(entry, index) for index, entry in enumerate(stacks)]
-    decoded_rentals = [_rental(entry, index) for index, entry in enumerate(rentals)]
+    problems: list[str] = []
+    held: set[str] = set()
+    decoded_stacks = [s for s in (_kept(_stack, e, i, "stackId", problems, held) for i, e in enumerate(stacks)) if s]
+    decoded_rentals = [
+        r for r in (_kept(_rental, e, i, "rentalId", problems, held) for i, e in enumerate(rentals)) if r
+    ]
+    incomplete = len(decoded_stacks) + len(decoded_rentals) + len(held) < len(stacks) + len(rentals)
     for kind, ids in (
         ("stack", [s.stack_id for s in decoded_stacks]),
         ("rental", [r.rental_id for r in decoded_rentals]),
     ):
         if len(set(ids)) != len(ids):
             raise wire.InvalidBody(f"desired state lists a {kind} twice")
-    return DesiredState(env_id, {s.stack_id: s for s in decoded_stacks}, {r.rental_id: r for r in decoded_rentals})
+    return DesiredState(
+        env_id,
+        {s.stack_id: s for s in decoded_stacks},
+        {r.rental_id: r for r in decoded_rentals},
+        tuple(problems),
+        frozenset(held),
+        incomplete,
+    )
+
+
+def _kept(
+    decoder: Callable[[Any, int], T], entry: Any, index: int, id_key: str, problems: list[str], held: set[str]
+) -> T | None:
+    """The decoded entry, or None with its problem noted (and its id held, if it has one)."""
+    try:
+        return decoder(entry, index)
+    except wire.InvalidBody as exc:
+        problems.append(str(exc))
+        named = entry.get(id_key) if isinstance(entry, dict) else None
+        if wire.is_safe_id(named):
+            held.add(named)
+        return None
 
 
 def _stack(entry: Any, index: int) -> DesiredStack:

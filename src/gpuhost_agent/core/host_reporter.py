@@ -222,8 +222,8 @@ class HostReporter:
             **figures,
             "reports": {"pending": self.outbox.pending(), "dropped": self.outbox.dropped},
         }
-        if self.ledger is not None:
-            nvml = ((self.last_report or {}).get("systemData") or {}).get("nvml") or {}
+        if self.ledger is not None and self.last_report is not None:  # once the machine's GPUs are known
+            nvml = (self.last_report.get("systemData") or {}).get("nvml") or {}
             body["gpuAssignments"] = self.ledger.states(slots_from_inventory(nvml))
         sent_at = time.time()
         try:

@@ -137,14 +137,18 @@ def _unlisted(
     """Stacks running here and rentals holding GPUs here that the marketplace
     does not list: removed once they stay unlisted for the grace period."""
     desired = picture.desired
-    if desired is None:
-        return []  # without the marketplace's list, nothing is unlisted
+    if desired is None or desired.incomplete:
+        return []  # without the marketplace's whole list, nothing is unlisted
     candidates = {
         f"stack:{stack_id}": (REMOVE, stack_id, seen.rental_id)
         for stack_id, seen in picture.seen.items()
-        if stack_id not in desired.stacks and seen.rental_id not in ended and stack_id not in picture.busy_stacks
+        if stack_id not in desired.stacks
+        and stack_id not in desired.held
+        and seen.rental_id not in desired.held
+        and seen.rental_id not in ended
+        and stack_id not in picture.busy_stacks
     }
-    desired_rentals = {stack.rental_id for stack in desired.stacks.values()} | set(desired.rentals)
+    desired_rentals = {stack.rental_id for stack in desired.stacks.values()} | set(desired.rentals) | desired.held
     candidates.update(
         {
             f"rental:{rental_id}": (END_RENTAL, rental_id, rental_id)

@@ -52,6 +52,7 @@ class Reconciler:
         self.end_dates = end_dates  # the rental clock's, so that it wakes
         self.grace_seconds = grace_seconds
         self._unlisted_since: dict[str, datetime] = {}
+        self._skipped: tuple[str, ...] = ()  # the desired state's entries left out, as last said
         self._engine_outage: tuple[datetime, datetime] | None = None  # (last seen up, seen back)
         self.runs = 0
         self.last_actions: list[Action] = []
@@ -104,11 +105,22 @@ class Reconciler:
 
     async def _desired(self) -> DesiredState | None:
         try:
-            return decode(await self.client.desired_state())
+            desired = decode(await self.client.desired_state())
         except (MarketplaceUnavailable, MarketplaceRejected) as exc:
             log.info("reconcile_without_marketplace", error=str(exc))
         except wire.InvalidBody as exc:
             log.error("desired_state_refused", error=str(exc), hint="the marketplace sent a malformed desired state")
+            return None
+        else:
+            if desired.problems and desired.problems != self._skipped:  # said once per change, not every run
+                log.error(
+                    "desired_state_entries_skipped",
+                    count=len(desired.problems),
+                    problems=list(desired.problems[:5]),
+                    hint="the rest is reconciled; what these entries name is left as it is",
+                )
+            self._skipped = desired.problems
+            return desired
         return None
 
     def _adopt(self, seen: dict[str, SeenStack], env_id: str) -> None:

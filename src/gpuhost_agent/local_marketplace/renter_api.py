@@ -37,8 +37,16 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
                 f"envId must name this marketplace's environment ({store.envId})",
             )
         gpu_count = body.get("gpuCount", 0)
-        if not wire.is_whole(gpu_count):
-            return json_error(400, "gpuCount must be a non-negative integer")
+        if not wire.is_whole(gpu_count, wire.MAX_GPU_COUNT):
+            return json_error(400, f"gpuCount must be an integer from 0 to {wire.MAX_GPU_COUNT}")
+        listing = shapes.listing(store)
+        reported = bool((store.host.get("report") or {}).get("listing"))  # before it, the machine is not known
+        if reported and gpu_count > listing["availableGPUs"]:
+            return json_error(
+                409,
+                f"gpuCount {gpu_count} is more than the environment can serve now: "
+                f"{listing['availableGPUs']} of its {listing['totalGPUs']} GPU(s) are available",
+            )
         name, end_date = body.get("name"), body.get("endDate")
         if name is not None and not isinstance(name, str):
             return json_error(400, "name must be a string")

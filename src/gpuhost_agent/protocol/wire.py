@@ -211,7 +211,9 @@ class StackJob:
             env_id=_required_str(raw, "envId"),
             stack_name=_optional_str(raw, "stackName"),
             template=validate_template(raw.get("template")) if job_type == JOB_DEPLOY else None,
-            gpu_count=_gpu_count(raw.get("rental")),
+            # Only a deploy hands GPUs out: a removal or a rental's end must go
+            # through whatever the rental's record says (a bad count included).
+            gpu_count=_gpu_count(raw.get("rental"), strict=job_type == JOB_DEPLOY),
             rental_end=_rental_end(raw.get("rental")),
         )
 
@@ -256,14 +258,17 @@ def _rental_end(rental: Any) -> str | None:
     return iso(parse_iso(end))
 
 
-def _gpu_count(rental: Any) -> int:
+def _gpu_count(rental: Any, *, strict: bool) -> int:
     """rental.gpuCount: how many GPUs the sandbox hands out, so a whole number
-    within reason; 0 when the job carries no rental."""
+    within reason; 0 when the job carries no rental. Only a deploy (`strict`)
+    is refused for a bad one: a removal hands nothing out and must go through."""
     if rental is None:
         return 0
     if not isinstance(rental, dict):
         raise InvalidBody("rental must be an object")
     count = rental.get("gpuCount", 0)
     if not is_whole(count, MAX_GPU_COUNT):
+        if not strict:
+            return 0
         raise InvalidBody(f"rental.gpuCount must be a whole number from 0 to {MAX_GPU_COUNT}")
     return count
