@@ -79,3 +79,22 @@ def test_every_service_of_the_rental_gets_its_cgroup_as_parent() -> None:
     ctx = SandboxContext(project="p", cgroup_parent="/gpuhost-agent/r-r1")
     assert {s["cgroup_parent"] for s in harden(model, ctx)["services"].values()} == {"/gpuhost-agent/r-r1"}
     assert all("cgroup_parent" not in s for s in harden(model, SandboxContext(project="p"))["services"].values())
+
+
+async def test_deploys_at_the_same_moment_all_get_their_rentals_cgroup(tmp_path) -> None:
+    """Found end to end: the first deploy configured the cgroups while a second
+    one, at the same moment, went on with none (its container had no parent)."""
+    import asyncio
+
+    from gpuhost_agent.core.gpu_ledger import GpuLedger
+    from gpuhost_agent.core.sandbox import Sandbox
+    from gpuhost_agent.storage.agent_db import AgentDB
+
+    async def no_facts() -> dict:
+        return {}
+
+    ledger = await asyncio.to_thread(lambda: GpuLedger(AgentDB(tmp_path / "a.db")))
+    sandbox = Sandbox(ledger, no_facts, cgroups=RentalCgroups(await asyncio.to_thread(v1_tree, tmp_path / "cg")))
+    docker = {"cgroupDriver": "cgroupfs", "cgroupVersion": "1"}
+    parents = await asyncio.gather(*(sandbox._cgroup_parent(docker, f"r{n}") for n in range(5)))
+    assert parents == [f"/gpuhost-agent/r-r{n}" for n in range(5)]

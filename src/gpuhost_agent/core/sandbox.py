@@ -107,6 +107,7 @@ class Sandbox:
         self.release_wait_seconds = release_wait_seconds
         self.disk_floor_bytes = disk_floor_bytes
         self._cgroup_layout: tuple | None = None  # (driver, version) the cgroups were configured for
+        self._configuring = asyncio.Lock()
         self.ledger = ledger
         self.machine_facts = machine_facts
         self.publish_address = publish_address
@@ -199,13 +200,14 @@ class Sandbox:
         if self.cgroups is None:
             return None
         layout = (docker.get("cgroupDriver") or "", str(docker.get("cgroupVersion") or ""))
-        if layout != self._cgroup_layout:
-            self._cgroup_layout = layout
-            why_not = await asyncio.to_thread(self.cgroups.configure, *layout)
-            if why_not:
-                log.warning("rental_cgroups_unavailable", reason=why_not)
-            else:
-                log.info("rental_cgroups_used", cgroup_driver=layout[0], cgroup_version=layout[1])
+        async with self._configuring:  # concurrent deploys wait for the one that configures
+            if layout != self._cgroup_layout:
+                why_not = await asyncio.to_thread(self.cgroups.configure, *layout)
+                self._cgroup_layout = layout
+                if why_not:
+                    log.warning("rental_cgroups_unavailable", reason=why_not)
+                else:
+                    log.info("rental_cgroups_used", cgroup_driver=layout[0], cgroup_version=layout[1])
         try:
             return self.cgroups.parent_of(rental_id)
         except CgroupError as exc:
