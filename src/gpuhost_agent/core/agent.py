@@ -34,6 +34,8 @@ from gpuhost_agent.uplink.outbox import Outbox
 from gpuhost_agent.uplink.session import SessionState
 
 log = get_logger(__name__)
+SUPERSEDED_WINDOW = 600.0  # superseded twice within this: another agent uses the key
+SUPERSEDED_BACKOFF, SUPERSEDED_BACKOFF_MAX = 30.0, 600.0
 
 
 class Agent:
@@ -67,6 +69,7 @@ class Agent:
         self.container_watch = container_watch
         self.streams = streams
         self.disk_watch = disk_watch
+        self._superseded_at: list[float] = []  # loop times our session was superseded, within the window
         self.intervals = wire_intervals.from_reply(None)
         for job in db.interrupted:
             log.warning(
@@ -157,6 +160,9 @@ class Agent:
                 await asyncio.sleep(delay)
                 continue
             except MarketplaceRejected as exc:
+                if exc.status == 409:  # our session was superseded by a newer one
+                    await self._superseded(str(exc))
+                    continue
                 failures += 1
                 self.session.lost()
                 delay = max(10.0, retry_delay(failures))
@@ -172,8 +178,35 @@ class Agent:
                 log.info("marketplace_reachable_again", after_failures=failures)
                 failures = 0
                 self.session.back()
+            if self.session.conflict and self._superseded_at:
+                if asyncio.get_running_loop().time() - self._superseded_at[-1] > SUPERSEDED_WINDOW:
+                    self.session.conflict = None  # held long enough: the other agent is gone
+                    log.info("environment_key_conflict_over")
             for raw in jobs:
                 self.dispatcher.submit(raw)
+
+    async def _superseded(self, why: str) -> None:
+        """A newer session took this key's place: ours is opened again. Once
+        more within SUPERSEDED_WINDOW means another live agent uses the same
+        key; taking turns would starve both (each poll of one ends the
+        other's), so the agent backs off, growing, and says so as an error an
+        operator sees in `gpuhost-agent status`."""
+        now = asyncio.get_running_loop().time()
+        self._superseded_at = [at for at in self._superseded_at if now - at < SUPERSEDED_WINDOW] + [now]
+        self.session.lost()
+        if len(self._superseded_at) > 1:
+            delay = min(SUPERSEDED_BACKOFF_MAX, SUPERSEDED_BACKOFF * 2 ** (len(self._superseded_at) - 2))
+            self.session.conflict = "another agent uses this environment's key"
+            log.error(
+                "another_agent_on_key",
+                error=why,
+                retry_in_s=delay,
+                hint="stop the other agent, or give each machine an environment (and key) of its own",
+            )
+            await asyncio.sleep(delay)
+        else:
+            log.error("session_superseded", error=why, hint="opening a new session")
+        await self._open_session()
 
     def _follow_containers(self) -> None:
         """Follow Docker's events for this environment's containers, once its id is known."""

@@ -14,6 +14,16 @@ from gpuhost_agent.protocol import wire
 MAX_POLL_WAIT = 60
 
 
+SESSION_SUPERSEDED = "session-superseded"
+
+
+def superseded(session: str) -> str:
+    return (
+        f"session {session[:64]} was superseded: an agent opened a newer session with this environment's key; "
+        "open a new session (if another agent uses this key, stop one of them)"
+    )
+
+
 def routes(state: MarketplaceState) -> list[web.RouteDef]:
     store = state.store
 
@@ -41,6 +51,9 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
             max_jobs = max(1, min(int(request.query.get("max", "16")), 100))
         except ValueError:
             return json_error(400, "wait must be a number of seconds and max an integer")
+        session = request.headers.get(wire.SESSION_HEADER)
+        if session and state.session_id and session != state.session_id:
+            return json_error(409, superseded(session), code=SESSION_SUPERSEDED)
         transport = request.transport
         jobs = await state.wait_for_jobs(
             max(0.0, wait),
@@ -48,6 +61,8 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
             request.headers.get(wire.SESSION_HEADER),
             lambda: transport is not None and not transport.is_closing(),
         )
+        if session and state.session_id and session != state.session_id:  # superseded while it waited
+            return json_error(409, superseded(session), code=SESSION_SUPERSEDED)
         return web.json_response({"jobs": [store.job_payload(job) for job in jobs]})
 
     async def complete_job(request: web.Request) -> web.Response:

@@ -15,6 +15,7 @@ import re
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from gpuhost_agent.local_marketplace.agent_api import SESSION_SUPERSEDED, superseded
 from gpuhost_agent.local_marketplace.channel_hub import close_quietly
 from gpuhost_agent.local_marketplace.http_errors import json_error
 from gpuhost_agent.local_marketplace.state import MarketplaceState
@@ -35,7 +36,7 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
         # (a restarted marketplace), the channel is taken: the key was checked.
         session = request.headers.get(wire.SESSION_HEADER)
         if session and state.session_id and session != state.session_id:
-            return json_error(409, f"session {session[:64]} was superseded by a newer one; open a new session")
+            return json_error(409, superseded(session), code=SESSION_SUPERSEDED)
         ws = web.WebSocketResponse(heartbeat=CHANNEL_HEARTBEAT, max_msg_size=CHANNEL_MAX_MESSAGE)
         if not ws.can_prepare(request).ok:
             return json_error(400, "this path is a WebSocket: send an Upgrade request")

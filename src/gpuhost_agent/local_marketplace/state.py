@@ -27,6 +27,7 @@ class MarketplaceState:
         self.intervals = {**DEFAULT_INTERVALS, **(intervals or {})}
         self.requirements = {**asdict(Requirements()), **(requirements or {})}
         self.session_id: str | None = None
+        self.sessions_opened = 0  # for tests and operators: how often an agent opened a session
         self.polls_started = 0
         self.heartbeat: dict | None = None  # last beat, with when and at what interval
         self.beats_received = 0
@@ -67,9 +68,10 @@ class MarketplaceState:
 
     def new_session(self) -> tuple[str, int]:
         self.session_id = str(uuid.uuid4())
+        self.sessions_opened += 1
         self.streams.session_changed(self.session_id)
         requeued = self.store.requeue_unfinished()
-        self.changed(jobs=bool(requeued))
+        self.changed(jobs=True)  # a poll of the superseded session answers at once (409), not at its wait's end
         return self.session_id, requeued
 
     async def wait_for_jobs(

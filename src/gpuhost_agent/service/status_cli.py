@@ -117,6 +117,8 @@ def render(status: dict, now: datetime | None = None) -> str:
         connected += f", since {_ago(status['connectedSince'], now)}"
     if status.get("reconnects"):
         connected += f"; {status['reconnects']} reconnect(s)"
+    if status.get("conflict"):
+        connected += f"; ERROR: {status['conflict']} (stop the other agent)"
     init_line = init.get("state") or "?"
     if init.get("phase"):
         init_line += f" (phase {init['phase']})"

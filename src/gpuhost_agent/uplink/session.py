@@ -21,6 +21,7 @@ class SessionState:
         self.connected = asyncio.Event()
         self.connected_since: str | None = None
         self.reconnects = 0
+        self.conflict: str | None = None  # why the agent cannot hold its session (another agent on the key)
 
     def current_env_id(self) -> str | None:
         """For parts that take a callable: the id as it is when they ask."""
@@ -49,4 +50,5 @@ class SessionState:
             "connectedSince": self.connected_since,
             "reconnects": self.reconnects,
             "envId": self.env_id,
+            "conflict": self.conflict,
         }
