@@ -34,6 +34,7 @@ bench: setup
 	.venv/bin/python bench/probe_time.py
 	.venv/bin/python bench/log_throughput.py
 	.venv/bin/python bench/event_latency.py
+	.venv/bin/python bench/host_limits.py
 	bash scripts/build-bench-images.sh
 	.venv/bin/python bench/tunnel.py
 

@@ -82,3 +82,18 @@ async def test_a_rentals_containers_share_one_cgroup_and_its_limits(gpu_agent, d
 def _refused_forks(folder: Path) -> int:
     """Forks refused for the pids limit, counted where they were tried (the containers' cgroups)."""
     return sum(int(_read(events).split()[-1]) for events in [folder / "pids.events", *folder.glob("*/pids.events")])
+
+
+async def test_reconcile_writes_a_rentals_limits_again(gpu_agent):
+    """After a reboot dockerd restarts the containers into their rental's cgroup,
+    made again by runc without limits: the agent's next reconcile restores them."""
+    renter, parts, _local, _ = await gpu_agent(gpus=8, pids_limit=PIDS)
+    rental_id = await renter.rental(gpu_count=2)
+    stack_id = await renter.stack(rental_id, FORKERS.split("  forker1:")[0])
+    assert (await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60))["status"] == (
+        wire.APPLIED
+    )
+    pids = SYSFS / "pids" / f"gpuhost-agent/r-{rental_id}" / "pids.max"
+    await asyncio.to_thread(pids.write_text, "max\n")  # as runc leaves it
+    await parts.reconciler.run_once()
+    assert await asyncio.to_thread(_read, pids) == str(PIDS)

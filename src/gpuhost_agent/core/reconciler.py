@@ -10,6 +10,7 @@ same stack.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
 from gpuhost_agent.common.logs import get_logger
@@ -46,7 +47,11 @@ class Reconciler:
         end_dates: RentalEndDates,
         *,
         grace_seconds: float = 120.0,
+        keep_limits: Callable[[set[str]], Awaitable[None]] | None = None,
     ):
+        """`keep_limits` writes the cgroup limits of the rentals whose
+        containers a run sees (Sandbox.keep_limits)."""
+        self.keep_limits = keep_limits
         self.client, self.engine, self.dispatcher, self.reporter = client, engine, dispatcher, reporter
         self.db, self.ledger, self.outbox, self.session = db, ledger, outbox, session
         self.end_dates = end_dates  # the rental clock's, so that it wakes
@@ -79,6 +84,8 @@ class Reconciler:
             containers = await self.engine.environment_containers(env_id)
             seen = _seen_stacks(containers)
             self._adopt(seen, env_id)
+            if self.keep_limits is not None:
+                await self.keep_limits({stack.rental_id for stack in seen.values()})
             restore = await self._stopped_by_outage(desired, seen)
         except EngineError as exc:
             log.warning("reconcile_skipped", error=str(exc), reason="Docker Engine unavailable")

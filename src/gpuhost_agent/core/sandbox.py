@@ -130,11 +130,7 @@ class Sandbox:
         facts = await self.machine_facts()
         slots = slots_from_inventory(facts.get("nvml") or {})
         host = facts.get("host") or {}
-        machine = Machine(
-            cpus=int((host.get("cpu") or {}).get("logicalCores") or 1),
-            memory_bytes=int((host.get("memory") or {}).get("totalBytes") or 0),
-            gpus=len(slots),
-        )
+        machine = _machine(host, len(slots))
         if self.disk_floor_bytes:  # measured now: the last probe may be minutes old
             root = (host.get("docker") or {}).get("rootDir") or "/var/lib/docker"
             full = disk_floor_problem(await asyncio.to_thread(storage, root), self.disk_floor_bytes)
@@ -194,6 +190,26 @@ class Sandbox:
                 said = True
             await self.ledger.wait_for_release(min(1.0, deadline - loop.time()))
 
+    async def keep_limits(self, rental_ids: set[str]) -> None:
+        """Write each rental's cgroup limits again (reconcile calls this for the
+        rentals whose containers it sees): after a reboot dockerd restarts
+        containers into their rental's cgroup before the agent runs, and runc
+        makes it without limits. Idempotent, a few small writes per rental."""
+        if self.cgroups is None or not rental_ids:
+            return
+        facts = await self.machine_facts()
+        host = facts.get("host") or {}
+        machine = _machine(host, len(slots_from_inventory(facts.get("nvml") or {})))
+        for rental_id in sorted(rental_ids):
+            try:
+                if await self._cgroup_parent(host.get("docker") or {}, rental_id) is None:
+                    return
+                cpus, memory = rental_share(machine, len(self.ledger.assignments.get(rental_id, [])))
+                limits = RentalLimits(memory_bytes=memory, cpus=cpus, pids=self.pids_limit)
+                await asyncio.to_thread(self.cgroups.apply, rental_id, limits)
+            except (StackRejected, CgroupError) as exc:
+                log.warning("rental_limits_not_restored", rental_id=rental_id, error=str(exc))
+
     async def _cgroup_parent(self, docker: dict, rental_id: str) -> str | None:
         """The rental's cgroup parent, with the cgroups configured for the
         engine's driver and version first (again when they change)."""
@@ -219,3 +235,11 @@ class Sandbox:
         if self.cgroups is not None and self.cgroups.version is not None:
             await asyncio.to_thread(self.cgroups.remove, rental_id)
         return self.ledger.release(rental_id)
+
+
+def _machine(host: dict, gpus: int) -> Machine:
+    return Machine(
+        cpus=int((host.get("cpu") or {}).get("logicalCores") or 1),
+        memory_bytes=int((host.get("memory") or {}).get("totalBytes") or 0),
+        gpus=gpus,
+    )

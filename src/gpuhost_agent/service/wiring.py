@@ -172,6 +172,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         session,
         end_dates,
         grace_seconds=config.reconcile_grace_seconds,
+        keep_limits=sandbox.keep_limits,
     )
     container_watch = ContainerWatch(engine, reporter, db, dispatcher)
     disk_watch = DiskWatch(
