@@ -64,3 +64,13 @@ async def test_a_report_dated_in_the_future_is_refused_and_cannot_lock_out_real_
     ):
         status, body = await market.call("PUT", path, {**extra, field_name: "2999-01-01T00:00:00Z"}, key=key)
         assert status == 400 and f"{field_name} is" in body["message"], (path, body)
+
+
+async def test_a_405_says_which_methods_the_path_has(market) -> None:
+    """Issue 17 finding 6: the JSON 405 had lost aiohttp's Allow header."""
+    async with market.http.delete(
+        market.base_url + "/environments", headers={"X-API-Key": market.store.renterApiKey}
+    ) as answer:
+        assert answer.status == 405
+        assert "GET" in answer.headers["Allow"]
+        assert (await answer.json())["status"] == 405

@@ -60,7 +60,10 @@ def build_app(state: MarketplaceState) -> web.Application:
             return json_error(400, str(exc))
         except web.HTTPException as exc:
             if exc.status >= 400:
-                return json_error(exc.status, exc.reason)
+                answer = json_error(exc.status, exc.reason)
+                if "Allow" in exc.headers:  # a 405 says which methods the path has (RFC 9110)
+                    answer.headers["Allow"] = exc.headers["Allow"]
+                return answer
             raise
         except Exception:  # a bug: answer in the API's error shape, keep the trace for operators
             log.exception("marketplace_handler_failed", method=request.method, path=request.path)
