@@ -56,6 +56,13 @@
  *
  * Extension for tests (not in the real library): fakeNvmlConfigPath() returns
  * the config file of the last successful init, so a test can tell it got the fake.
+ *
+ * Events (nvmlEventSetCreate, nvmlDeviceRegisterEvents, nvmlEventSetWait_v2):
+ * a test appends lines "<gpu index> <event type number> <event data>" to the
+ * file FAKE_NVML_EVENTS names (e.g. "1 8 79": GPU 1, XidCriticalError, Xid
+ * 79). A set sees the lines written after its creation, for the devices and
+ * types registered in it; nvmlEventSetWait_v2 polls the file every 10 ms up to
+ * its timeout, then answers NVML_ERROR_TIMEOUT, as the driver does.
  */
 
 #include <errno.h>
@@ -67,6 +74,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define NVML_API __attribute__((visibility("default")))
 
@@ -83,6 +91,7 @@ typedef enum {
     NVML_ERROR_NOT_SUPPORTED = 3,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_TIMEOUT = 10,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_UNKNOWN = 999,
 } nvmlReturn_t;
@@ -1092,5 +1101,126 @@ NVML_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUti
     REQUIRE(utilization);
     utilization->gpu = device->util_gpu;
     utilization->memory = device->util_mem;
+    return NVML_SUCCESS;
+}
+
+/* ---- events ---- */
+
+#define FAKE_NVML_EVENT_TYPES 0xFF9FULL /* nvmlEventTypeAll */
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlEventData_t;
+
+struct fake_event_set {
+    long offset; /* of the events file: lines before it were written before the set */
+    unsigned long long registered[FAKE_NVML_MAX_GPUS];
+};
+typedef struct fake_event_set *nvmlEventSet_t;
+
+static long events_file_size(void)
+{
+    const char *path = getenv("FAKE_NVML_EVENTS");
+    FILE *f = path ? fopen(path, "r") : NULL;
+    long size = 0;
+    if (f) {
+        if (fseek(f, 0, SEEK_END) == 0)
+            size = ftell(f);
+        fclose(f);
+    }
+    return size < 0 ? 0 : size;
+}
+
+NVML_API nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
+{
+    SYSTEM_ENTRY();
+    REQUIRE(set);
+    *set = calloc(1, sizeof(**set));
+    if (!*set)
+        return NVML_ERROR_UNKNOWN;
+    (*set)->offset = events_file_size();
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *eventTypes)
+{
+    DEVICE_ENTRY(device);
+    REQUIRE(eventTypes);
+    *eventTypes = FAKE_NVML_EVENT_TYPES;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes, nvmlEventSet_t set)
+{
+    DEVICE_ENTRY(device);
+    REQUIRE(set && (eventTypes & ~FAKE_NVML_EVENT_TYPES) == 0);
+    set->registered[device->index] |= eventTypes;
+    return NVML_SUCCESS;
+}
+
+/* The next event of the file after the set's offset that the set registered; 1 if one was found. */
+static int next_event(nvmlEventSet_t set, nvmlEventData_t *data)
+{
+    const char *path = getenv("FAKE_NVML_EVENTS");
+    FILE *f = path ? fopen(path, "r") : NULL;
+    char line[256];
+    int found = 0;
+    if (!f)
+        return 0;
+    if (fseek(f, set->offset, SEEK_SET) != 0) {
+        fclose(f);
+        return 0;
+    }
+    while (!found && fgets(line, sizeof(line), f)) {
+        size_t len = strlen(line);
+        unsigned int gpu;
+        unsigned long long type, value;
+        if (!len || line[len - 1] != '\n')
+            break; /* a line still being written: read it next time */
+        set->offset += (long)len;
+        if (sscanf(line, "%u %llu %llu", &gpu, &type, &value) != 3 || gpu >= g_cfg.count)
+            continue;
+        if (set->registered[gpu] & type) {
+            memset(data, 0, sizeof(*data));
+            data->device = &g_cfg.gpus[gpu];
+            data->eventType = type;
+            data->eventData = value;
+            found = 1;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+NVML_API nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
+{
+    SYSTEM_ENTRY();
+    REQUIRE(set && data);
+    for (unsigned int waited = 0;; waited += 10) {
+        pthread_mutex_lock(&g_lock);
+        int found = next_event(set, data);
+        pthread_mutex_unlock(&g_lock);
+        if (found)
+            return NVML_SUCCESS;
+        if (waited >= timeoutms)
+            return NVML_ERROR_TIMEOUT;
+        struct timespec step = {0, 10 * 1000 * 1000};
+        nanosleep(&step, NULL);
+    }
+}
+
+NVML_API nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
+{
+    return nvmlEventSetWait_v2(set, data, timeoutms);
+}
+
+NVML_API nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
+{
+    SYSTEM_ENTRY();
+    free(set);
     return NVML_SUCCESS;
 }

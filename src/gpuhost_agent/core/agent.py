@@ -24,6 +24,7 @@ from gpuhost_agent.core.host_reporter import HostReporter
 from gpuhost_agent.core.reconciler import Reconciler
 from gpuhost_agent.core.rental_clock import RentalClock
 from gpuhost_agent.core.schedule import Schedule
+from gpuhost_agent.inventory.gpu_events import GpuEventWatch
 from gpuhost_agent.protocol import intervals as wire_intervals
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine_watch import EngineWatch
@@ -55,6 +56,7 @@ class Agent:
         streams: StreamChannel,
         *,
         disk_watch: DiskWatch | None = None,
+        gpu_events: GpuEventWatch | None = None,
     ):
         self.client = client
         self.session = session
@@ -69,6 +71,7 @@ class Agent:
         self.container_watch = container_watch
         self.streams = streams
         self.disk_watch = disk_watch
+        self.gpu_events = gpu_events
         self._superseded_at: list[float] = []  # loop times our session was superseded, within the window
         self.intervals = wire_intervals.from_reply(None)
         for job in db.interrupted:
@@ -98,11 +101,15 @@ class Agent:
             # it needs the session's header; it reopens by itself from now on
             background.append(asyncio.create_task(self.streams.run(), name="stream-channel"))
             await self.host.bring_up()
+            if self.gpu_events is not None:
+                self.gpu_events.start()
             self.schedule.every("reconcile", self.intervals["reconcileSeconds"], self.reconciler.run_once, now=True)
             if self.disk_watch is not None:
                 self.schedule.every("disk_watch", self.disk_watch.interval, self.disk_watch.run_once)
             await self._poll_forever()
         finally:
+            if self.gpu_events is not None:
+                await self.gpu_events.stop()
             self.schedule.stop()
             self.container_watch.stop()
             await self.streams.close()  # every stream ends with agent-stopping

@@ -26,6 +26,7 @@ class GpuLedger:
         self.assignments: dict[str, list[str]] = {}
         self.ended: set[str] = set()
         self.releasing: set[str] = set()  # rentals ending: their GPUs are free once their containers are gone
+        self.out_of_service: dict[str, str] = {}  # GPU uuid -> why (an NVML fault event), until the agent restarts
         self.on_change: list[Callable[[], None]] = []  # told when GPUs are assigned, being released or freed
         self._released = asyncio.Event()
         for rental_id, row in db.rentals().items():
@@ -46,13 +47,32 @@ class GpuLedger:
 
     def plan(self, slots: list[GpuSlot], rental_id: str, count: int) -> list[str]:
         """What the rental would get; nothing is recorded (see commit)."""
-        return allocate(slots, self.assignments, rental_id, count)
+        return allocate(self.with_faults(slots), self.assignments, rental_id, count)
+
+    def with_faults(self, slots: list[GpuSlot]) -> list[GpuSlot]:
+        """The probe's slots, with the GPUs a fault event took out of service since."""
+        return [
+            GpuSlot(slot.uuid, False, self.out_of_service[slot.uuid]) if slot.uuid in self.out_of_service else slot
+            for slot in slots
+        ]
+
+    def mark_out_of_service(self, uuid: str, reason: str) -> bool:
+        """A fault event: the GPU is handed to no one from now on. False if it already was."""
+        if uuid in self.out_of_service:
+            return False
+        self.out_of_service[uuid] = reason
+        self._changed()
+        return True
+
+    def holder(self, uuid: str) -> str | None:
+        """The rental the GPU is assigned to, if any."""
+        return next((rental for rental, uuids in self.assignments.items() if uuid in uuids), None)
 
     def fits_after_release(self, slots: list[GpuSlot], rental_id: str, count: int) -> bool:
         """Whether the rental would get its GPUs once the ending rentals' are free."""
         staying = {rental: uuids for rental, uuids in self.assignments.items() if rental not in self.releasing}
         try:
-            allocate(slots, staying, rental_id, count)
+            allocate(self.with_faults(slots), staying, rental_id, count)
         except NotEnoughGpus:
             return False
         return True
@@ -61,6 +81,7 @@ class GpuLedger:
         """Which GPUs are free, assigned (by rental), being released (by rental)
         and out of service: what the heartbeat tells the marketplace."""
         held = {uuid for uuids in self.assignments.values() for uuid in uuids}
+        slots = self.with_faults(slots)
         return {
             "free": [slot.uuid for slot in slots if slot.healthy and slot.uuid not in held],
             "assigned": {r: list(u) for r, u in sorted(self.assignments.items()) if r not in self.releasing},

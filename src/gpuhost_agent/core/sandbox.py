@@ -38,6 +38,7 @@ from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.rental_cgroups import CgroupError, RentalCgroups, RentalLimits
 
 log = get_logger(__name__)
+GPU_FAULT_PREFIX = "out of service: GPU "  # core/gpu_faults.py writes it; kept like the sandbox's changes
 RELEASE_WAIT_SECONDS = 120.0  # how long a deploy waits for GPUs an ending rental still holds
 
 POLICY_PREFIX = "refused by the sandbox policy: "
@@ -69,10 +70,11 @@ def notices_message(notices: list[str]) -> str:
 
 
 def sandbox_changes(error_msg: str) -> str:
-    """The part of an APPLIED stack's errorMsg that says what the sandbox
-    changed: kept when a later report names stopped containers or clears them."""
-    start = error_msg.find(CHANGES_PREFIX)
-    return error_msg[start:] if start >= 0 else ""
+    """The part of an APPLIED stack's errorMsg that stays when a later report
+    names stopped containers or clears them: a GPU taken out of service
+    (core/gpu_faults.py) and what the sandbox changed."""
+    starts = [at for at in (error_msg.find(GPU_FAULT_PREFIX), error_msg.find(CHANGES_PREFIX)) if at >= 0]
+    return error_msg[min(starts) :] if starts else ""
 
 
 def decide(model: dict, raw: RawReview, ctx: SandboxContext) -> tuple[dict, list[str]]:

@@ -102,6 +102,12 @@ class NvmlProbe:
         self._open, self._open_error = True, None
         return True
 
+    def opened(self) -> bool:
+        """NVML open (opened now if it was not): for the GPU event watch, which
+        shares this one initialisation."""
+        with self._lock:
+            return self._ensure_open()
+
     def close(self) -> None:
         with self._lock:
             if self._open:

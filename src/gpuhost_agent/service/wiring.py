@@ -19,6 +19,7 @@ from gpuhost_agent.core.deployer import StackDeployer
 from gpuhost_agent.core.disk_watch import DiskWatch
 from gpuhost_agent.core.dispatcher import JobDispatcher
 from gpuhost_agent.core.engine_recovery import EngineRecovery
+from gpuhost_agent.core.gpu_faults import GpuFaults
 from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.core.host_reporter import HostReporter
 from gpuhost_agent.core.reconciler import Reconciler
@@ -27,6 +28,7 @@ from gpuhost_agent.core.rental_end_dates import RentalEndDates
 from gpuhost_agent.core.sandbox import Sandbox
 from gpuhost_agent.core.schedule import Schedule
 from gpuhost_agent.core.status_reporter import StatusReporter
+from gpuhost_agent.inventory.gpu_events import GpuEventWatch
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 from gpuhost_agent.inventory.system_data import Prober
 from gpuhost_agent.local_marketplace import server as local_server
@@ -187,6 +189,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         rental_disk_bytes=config.rental_disk_bytes,
         stop_timeout=config.stop_timeout,
     )
+    gpu_events = GpuEventWatch(nvml, GpuFaults(ledger, db, reporter).fault)
     engine_watch = EngineWatch(engine, EngineRecovery(reconciler, container_watch, session).engine_back)
     agent = Agent(
         client,
@@ -202,6 +205,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         container_watch,
         streams,
         disk_watch=disk_watch,
+        gpu_events=gpu_events,
     )
     return AgentParts(
         agent, session, client, outbox, dispatcher, deployer, engine, nvml, host, db, reconciler, engine_watch, streams
