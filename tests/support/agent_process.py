@@ -62,6 +62,7 @@ class AgentProcess:
             "GPUHOST_SPEEDTEST_MAX_SECONDS": "1",
             "GPUHOST_RECONCILE_GRACE_SECONDS": "4",
             "GPUHOST_LOG_LEVEL": "info",
+            "GPUHOST_DISK_FLOOR": "0",  # a test machine's free disk is not the point (test_disk_floor.py)
             **settings,
         }
         self.config.write_text("".join(f"{key}={value}\n" for key, value in lines.items()))
