@@ -74,3 +74,13 @@ async def test_a_405_says_which_methods_the_path_has(market) -> None:
         assert answer.status == 405
         assert "GET" in answer.headers["Allow"]
         assert (await answer.json())["status"] == 405
+
+
+async def test_a_rental_name_with_a_lone_surrogate_is_refused_like_a_template(market) -> None:
+    """Issue 17 finding 6."""
+    status, body = await market.call(
+        "POST", "/rentals", raw=b'{"envId": "%s", "name": "a\\ud800b"}' % market.store.envId.encode()
+    )
+    assert status == 400 and "lone surrogate" in body["message"]
+    status, _ = await market.call("POST", "/rentals", {"envId": market.store.envId, "name": "caf\u00e9 \u2615"})
+    assert status == 201

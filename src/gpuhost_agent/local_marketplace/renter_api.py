@@ -50,6 +50,8 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
         name, end_date = body.get("name"), body.get("endDate")
         if name is not None and not isinstance(name, str):
             return json_error(400, "name must be a string")
+        if name is not None and not wire.is_text(name):
+            return json_error(400, "name is not valid Unicode text (it holds a lone surrogate)")
         if end_date is not None:
             try:
                 end_date = wire.iso(wire.parse_iso(end_date)) if isinstance(end_date, str) else None

@@ -158,12 +158,19 @@ def _check_variable(name: Any, value: Any) -> None:
         raise InvalidBody(f"{label} must not contain a NUL character")
 
 
-def _check_text(value: str, label: str) -> None:
-    """JSON may carry lone surrogates (\\ud800), which no file or process can take."""
+def is_text(value: str) -> bool:
+    """Whether a received str is Unicode text any file or process can take."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidBody(f"{label} is not valid Unicode text (it holds a lone surrogate)") from None
+        return False
+    return True
+
+
+def _check_text(value: str, label: str) -> None:
+    """JSON may carry lone surrogates (\\ud800), which no file or process can take."""
+    if not is_text(value):
+        raise InvalidBody(f"{label} is not valid Unicode text (it holds a lone surrogate)")
 
 
 def _clip(text: str, limit: int = 64) -> str:
