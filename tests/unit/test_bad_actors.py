@@ -84,3 +84,11 @@ async def test_a_rental_name_with_a_lone_surrogate_is_refused_like_a_template(ma
     assert status == 400 and "lone surrogate" in body["message"]
     status, _ = await market.call("POST", "/rentals", {"envId": market.store.envId, "name": "caf\u00e9 \u2615"})
     assert status == 201
+
+
+async def test_an_end_date_with_an_offset_is_stored_and_served_in_utc(market) -> None:
+    """Issue 17 finding 6: endDate kept the renter's offset, the documents say UTC."""
+    status, rental = await market.call(
+        "POST", "/rentals", {"envId": market.store.envId, "endDate": "2030-01-01T05:00:00+05:00"}
+    )
+    assert status == 201 and rental["endDate"] == "2030-01-01T00:00:00.000000Z"

@@ -76,7 +76,11 @@ def utcnow() -> datetime:
 
 
 def iso(moment: datetime | None = None) -> str:
-    return (moment or utcnow()).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    """Always UTC with a Z, as the documents say, whatever offset the moment had
+    (a naive moment is taken as UTC)."""
+    moment = moment or utcnow()
+    moment = moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
+    return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def iso_from_timestamp(seconds: float) -> str:
