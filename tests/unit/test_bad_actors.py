@@ -92,3 +92,16 @@ async def test_an_end_date_with_an_offset_is_stored_and_served_in_utc(market) ->
         "POST", "/rentals", {"envId": market.store.envId, "endDate": "2030-01-01T05:00:00+05:00"}
     )
     assert status == 201 and rental["endDate"] == "2030-01-01T00:00:00.000000Z"
+
+
+async def test_a_request_aiohttp_cannot_parse_leaves_no_traceback(market, log_stream) -> None:
+    """Issue 17 finding 6: a too-long header line got a 400 and an ERROR with a
+    traceback in the operator's log; a stray client's bad bytes are not a bug."""
+    host = urlsplit(market.base_url).netloc.encode()
+    head = b"GET /v1/environments HTTP/1.1\r\nHost: " + host + b"\r\nX-Long: " + b"a" * 10_000
+    status, _body = await _raw_request(market.base_url, head + b"\r\nConnection: close\r\n\r\n")
+    assert status == 400
+    await asyncio.sleep(0.1)
+    written = log_stream.getvalue()
+    assert "Traceback" not in written and '"level": "error"' not in written, written[-2000:]
+    assert "http_request_unparsable" in written

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
 import structlog
+from aiohttp.http_exceptions import HttpProcessingError
 
 # Libraries that log routine work at INFO.  APScheduler writes "Running job" and
 # "executed successfully" on every run of every periodic job (the heartbeat
@@ -78,6 +79,22 @@ class LineHandler(logging.Handler):
             pass
 
 
+class UnparsableRequests(logging.Filter):
+    """aiohttp logs a request it could not parse (a header line over 8 KiB,
+    bad bytes, a missing Host) at ERROR with a traceback. It answered the
+    client 400 already; a stray client's bytes are not a bug of ours, so the
+    line becomes one INFO event, `http_request_unparsable`, without the
+    traceback (and without the bytes, which can be anything)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if record.name == "aiohttp.server" and isinstance(error, HttpProcessingError):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg, record.args = "http_request_unparsable: %s %s", (error.code, type(error).__name__)
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
 _installed: LineHandler | None = None
 
 
@@ -94,6 +111,7 @@ def route_root_logger(
     )
     handler = LineHandler(stream)
     handler.setFormatter(formatter)
+    handler.addFilter(UnparsableRequests())
     root = logging.getLogger()
     if _installed is not None:
         root.removeHandler(_installed)
