@@ -29,7 +29,7 @@ from gpuhost_agent.core.coalesce import Coalescer
 from gpuhost_agent.core.container_states import ContainerStates
 from gpuhost_agent.core.containers import seed_containers, stack_error, stack_id_of
 from gpuhost_agent.core.dispatcher import JobDispatcher
-from gpuhost_agent.core.sandbox import sandbox_changes
+from gpuhost_agent.core.sandbox import kept_notes
 from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
@@ -53,8 +53,8 @@ def error_to_report(record: dict | None, error: str, *, may_set: bool = True) ->
         return None
     if error and not may_set:
         return None
-    changes = sandbox_changes(record.get("error_msg") or "")  # what the sandbox changed stays said
-    error = "; ".join(part for part in (error, changes) if part)
+    kept = kept_notes(record.get("error_msg") or "")  # a GPU out of service, what the sandbox changed: they stay
+    error = "; ".join(part for part in (error, kept) if part)
     if error == (record.get("error_msg") or ""):
         return None
     return error

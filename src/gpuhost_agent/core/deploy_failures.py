@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuhost_agent.core.containers import failed_containers, service_name, unhealthy
+from gpuhost_agent.core.containers import exit_facts, failed_containers, service_name, unhealthy
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 
 LAST_OUTPUT = 500  # characters of a failing container's log in errorMsg
@@ -54,8 +54,8 @@ async def describe_container(engine: DockerEngine, container: Mapping[str, Any],
     container_id = str(container.get("Id", ""))
     try:
         state = await engine.container_state(container_id)
-        code = None if state.get("Running") else state.get("ExitCode")
-        oom = bool(state.get("OOMKilled"))
+        facts = exit_facts(state)
+        code, oom = (None if state.get("Running") else facts.exit_code), facts.oom_killed
         tail = await engine.log_tail(container_id, lines=5)
     except EngineError:
         code, oom, tail = None, False, ""

@@ -114,8 +114,9 @@ class DiskWatch:
         log.warning("rental_over_disk_share", rental_id=rental_id, used_bytes=used, share_bytes=share)
         # Said first: the stops that follow are the agent's, not a crash for the container watch to report.
         stack_ids = {str((c.get("Labels") or {}).get(wire.LABEL_STACK) or "") for c in running} - {""}
+        records = self.db.stacks()
         for stack_id in sorted(stack_ids):
-            record = self.db.stacks().get(stack_id)
+            record = records.get(stack_id)
             if record is not None:
                 stack = StackRef(stack_id, rental_id, record["env_id"], record["project"])
                 self.reporter.status(stack, wire.ERROR, message, job_id=f"disk-{uuid.uuid4().hex[:12]}")

@@ -5,7 +5,7 @@ next heartbeat (`gpuAssignments.outOfService`, sent out of turn), and the
 rental that holds it hears it on each of its APPLIED stacks, in `errorMsg`
 (`out of service: GPU GPU-..., Xid 79 (the GPU has fallen off the bus)`).
 That part of the errorMsg stays when later reports name or clear stopped
-containers (core/sandbox.py, sandbox_changes). The rental keeps its GPU: its
+containers (core/sandbox.py, kept_notes). The rental keeps its GPU: its
 containers still run there, and what to do is the renter's and the host's.
 Out of service lasts until the agent restarts; a GPU that is really broken
 then fails the probe (NVML error or uncorrected ECC errors) and stays out.
@@ -17,7 +17,7 @@ import uuid as uuidlib
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.gpu_ledger import GpuLedger
-from gpuhost_agent.core.sandbox import GPU_FAULT_PREFIX, sandbox_changes
+from gpuhost_agent.core.sandbox import GPU_FAULT_PREFIX, kept_notes
 from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.inventory.gpu_events import GpuFault
 from gpuhost_agent.protocol import wire
@@ -33,7 +33,7 @@ def fault_note(fault: GpuFault) -> str:
 def with_fault(error_msg: str, note: str) -> str:
     """The stack's errorMsg with the note added before what stays (other
     faults, the sandbox's changes), after a containers' part if any."""
-    kept = sandbox_changes(error_msg)
+    kept = kept_notes(error_msg)
     own = error_msg[: len(error_msg) - len(kept)].rstrip("; ")
     return "; ".join(part for part in (own, note, kept) if part)
 

@@ -69,7 +69,7 @@ def notices_message(notices: list[str]) -> str:
     return CHANGES_PREFIX + "; ".join(notices) if notices else ""
 
 
-def sandbox_changes(error_msg: str) -> str:
+def kept_notes(error_msg: str) -> str:
     """The part of an APPLIED stack's errorMsg that stays when a later report
     names stopped containers or clears them: a GPU taken out of service
     (core/gpu_faults.py) and what the sandbox changed."""
