@@ -26,6 +26,7 @@ from gpuhost_agent.uplink.outbox import (
     JOB_COMPLETE,
     STATUS,
     SYSTEM_DATA,
+    USAGE,
     Outbox,
     Report,
 )
@@ -275,8 +276,9 @@ async def test_a_rejected_report_is_dropped_counted_and_the_queue_goes_on(db_pat
 # ---- the size bound ------------------------------------------------------------
 
 
-def test_drop_order_puts_container_lists_first_and_job_completions_last():
-    assert DROP_ORDER == (CONTAINERS, SYSTEM_DATA, INIT_STATE, STATUS, JOB_COMPLETE)
+def test_drop_order_puts_container_lists_first_and_usage_last():
+    """Snapshots the agent sends again go first; usage, what the host is paid for, last."""
+    assert DROP_ORDER == (CONTAINERS, SYSTEM_DATA, INIT_STATE, STATUS, JOB_COMPLETE, USAGE)
 
 
 async def test_bound_drops_by_kind_then_age_and_the_count_survives_a_reopen(db_path):

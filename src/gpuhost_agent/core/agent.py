@@ -24,6 +24,7 @@ from gpuhost_agent.core.host_reporter import HostReporter
 from gpuhost_agent.core.reconciler import Reconciler
 from gpuhost_agent.core.rental_clock import RentalClock
 from gpuhost_agent.core.schedule import Schedule
+from gpuhost_agent.core.usage_meter import UsageMeter
 from gpuhost_agent.inventory.gpu_events import GpuEventWatch
 from gpuhost_agent.protocol import intervals as wire_intervals
 from gpuhost_agent.protocol import wire
@@ -57,6 +58,7 @@ class Agent:
         *,
         disk_watch: DiskWatch | None = None,
         gpu_events: GpuEventWatch | None = None,
+        usage: UsageMeter | None = None,
     ):
         self.client = client
         self.session = session
@@ -72,6 +74,7 @@ class Agent:
         self.streams = streams
         self.disk_watch = disk_watch
         self.gpu_events = gpu_events
+        self.usage = usage
         self._superseded_at: list[float] = []  # loop times our session was superseded, within the window
         self.intervals = wire_intervals.from_reply(None)
         for job in db.interrupted:
@@ -91,6 +94,8 @@ class Agent:
             asyncio.create_task(self.engine_watch.run(), name="engine-watch"),
         ]
         self.schedule.every("container_resync", self.intervals["containerResyncSeconds"], self.resync_containers)
+        if self.usage is not None:  # counted from the start: GPU time runs on while the marketplace is away
+            self.schedule.every("usage", self.usage.interval, self.usage.tick, now=True)
         self.schedule.start()
         self._follow_containers()
         try:

@@ -36,3 +36,19 @@ def host_load(storage_path: str | None) -> dict:
 def snapshot(nvml: NvmlProbe, storage_path: str | None) -> dict:
     """Blocking (NVML); call it from a worker thread."""
     return {"host": host_load(storage_path), "gpus": nvml.telemetry()}
+
+
+def gpu_busy(nvml: NvmlProbe) -> dict[str, float]:
+    """Each GPU's utilisation in percent, by UUID (the usage meter's "busy");
+    GPUs NVML cannot read are left out. Blocking (NVML)."""
+    return {
+        beat["uuid"]: float(beat["utilizationPercent"])
+        for beat in nvml.telemetry()
+        if beat.get("uuid") and beat.get("utilizationPercent") is not None
+    }
+
+
+def boot_time() -> float:
+    """When the machine last booted (epoch seconds): the usage meter tells a
+    machine that stayed up from one that restarted while the agent was away."""
+    return psutil.boot_time()

@@ -1,5 +1,6 @@
 """The marketplace's side of the machine reports (docs/agent-api.yaml):
-systemData with listing fields and compliance, initState, and heartbeats.
+systemData with listing fields and compliance, initState, heartbeats and
+GPU usage (usage.py).
 
 The fields the seed names (the Listing's, isCompliant, failedComplianceReason)
 and the heartbeat's figures are checked for type here, since they go straight
@@ -13,6 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gpuhost_agent.local_marketplace import usage
 from gpuhost_agent.local_marketplace.http_errors import json_body, json_error, too_far_ahead
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.protocol import wire
@@ -151,7 +153,21 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
             return json_error(400, problem)
         return web.json_response(state.accept_heartbeat(body))
 
+    async def put_usage(request: web.Request) -> web.Response:
+        body = await json_body(request)
+        problem = usage.report_problem(body)
+        if problem is None:
+            problem = too_far_ahead("slotStart", body["slotStart"])
+        if problem:
+            return json_error(400, problem)
+        state.store.rental(body["rentalId"])  # 404 for a rental this marketplace never had
+        key = usage.record_key(body)
+        state.store.usage[key] = usage.merge(state.store.usage.get(key, {}), body)
+        state.changed()
+        return web.json_response({"accepted": True})
+
     return [
+        web.put("/v1/agent/usage", put_usage),
         web.put("/v1/agent/system-data", put_system_data),
         web.put("/v1/agent/init-state", put_init_state),
         web.post("/v1/agent/heartbeat", heartbeat),

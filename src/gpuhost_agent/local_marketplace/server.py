@@ -18,6 +18,7 @@ from gpuhost_agent.local_marketplace import (
     agent_api,
     channel_api,
     host_api,
+    listing_api,
     logs_api,
     renter_api,
     script_api,
@@ -76,6 +77,7 @@ def build_app(state: MarketplaceState) -> web.Application:
     app.add_routes(logs_api.routes(state))
     app.add_routes(terminal_api.routes(state))
     app.add_routes(host_api.routes(state))
+    app.add_routes(listing_api.routes(state))
     app.add_routes(speedtest_api.routes())
     app.add_routes(script_api.routes(state))
     app.add_routes(users_api.routes(state))

@@ -35,16 +35,23 @@ def listing(store: Store, selected_gpus: int | None = None) -> dict:
         **{key: hardware.get(key) for key in HARDWARE_FIELDS},
         "totalGPUs": total,
         "availableGPUs": available_gpus(store, total, active),
-        "isListed": False,
-        "availabilityWindows": {},
-        "pricing": {},
-        "type": {},
+        **listing_settings(store.listingSettings),
         "activeRentalIds": {"rentalIds": [r["rentalId"] for r in active]},
-        "updatedAt": report.get("reportedAt") or store.createdAt,
+        "updatedAt": max(report.get("reportedAt") or store.createdAt, store.listingSettings.get("updatedAt", "")),
     }
     if selected_gpus is not None:
         shaped["selectedGPUs"] = selected_gpus
     return shaped
+
+
+def listing_settings(settings: dict) -> dict:
+    """What the host set (listing_api.py), in the response's object shapes."""
+    return {
+        "isListed": settings.get("isListed", False),
+        "availabilityWindows": {"windows": settings.get("availabilityWindows", [])},
+        "pricing": {"pricePerGpu": settings.get("pricePerGpu", 0.0), "unit": "GPU-hour"},
+        "type": {"name": settings.get("type", "on-demand")},
+    }
 
 
 def available_gpus(store: Store, total: int, active: list[dict]) -> int:

@@ -63,6 +63,9 @@ class Store:
     jobs: dict = field(default_factory=dict)
     host: dict = field(default_factory=dict)  # the agent's latest systemData report and initState
     sshKeys: list = field(default_factory=list)  # the user's SSH keys (local_marketplace/ssh_keys.py)
+    listingSettings: dict = field(default_factory=dict)  # what the host set with PATCH .../listing
+    priceHistory: list = field(default_factory=list)  # [since (date-time), price per GPU-hour], oldest first
+    usage: dict = field(default_factory=dict)  # "<rentalId>@<slot epoch>" -> the agent's usage (usage.py)
     tunnelSecret: str = field(default_factory=lambda: secrets.token_urlsafe(32))  # tunnel_auth.py derives from it
     path: Path | None = field(default=None, repr=False, compare=False)
 

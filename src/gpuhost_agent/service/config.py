@@ -48,6 +48,7 @@ class AgentConfig:
     disk_floor_bytes: int = 20 * 1024**3  # free space on Docker's disk below which no stack is deployed
     rental_disk_bytes: int | None = None  # one rental's disk, when the host fixes it (else by GPUs)
     disk_watch_seconds: float = 60.0  # how often each rental's disk use is measured
+    usage_seconds: float = 60.0  # how often GPU usage is counted (also at every assignment and release)
     reconcile_grace_seconds: float = 120.0  # how long a stack the marketplace does not list may stay
     shutdown_grace_seconds: float = 20.0  # on SIGTERM, how long running jobs may take before they are abandoned
     status_socket: Path | None = None  # Unix socket for `gpuhost-agent status` (default <state_dir>/agent.sock)
@@ -137,6 +138,7 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         disk_floor = str(pick("disk_floor", "GPUHOST_DISK_FLOOR", "20g"))
         rental_disk = str(pick("rental_disk", "GPUHOST_RENTAL_DISK", "") or "")
         disk_watch = float(pick("disk_watch_seconds", "GPUHOST_DISK_WATCH_SECONDS", 60.0))
+        usage_every = float(pick("usage_seconds", "GPUHOST_USAGE_SECONDS", 60.0))
         grace = float(pick("reconcile_grace_seconds", "GPUHOST_RECONCILE_GRACE_SECONDS", 120.0))
         shutdown_grace = float(pick("shutdown_grace_seconds", "GPUHOST_SHUTDOWN_GRACE_SECONDS", 20.0))
     except ValueError as exc:
@@ -171,6 +173,7 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         disk_floor_bytes=_size_bytes(disk_floor, "GPUHOST_DISK_FLOOR"),
         rental_disk_bytes=_size_bytes(rental_disk, "GPUHOST_RENTAL_DISK") if rental_disk else None,
         disk_watch_seconds=max(1.0, disk_watch),
+        usage_seconds=max(1.0, usage_every),
         reconcile_grace_seconds=grace,
         shutdown_grace_seconds=shutdown_grace,
         status_socket=status_socket,

@@ -8,6 +8,8 @@ real one.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -28,6 +30,8 @@ from gpuhost_agent.core.rental_end_dates import RentalEndDates
 from gpuhost_agent.core.sandbox import Sandbox
 from gpuhost_agent.core.schedule import Schedule
 from gpuhost_agent.core.status_reporter import StatusReporter
+from gpuhost_agent.core.usage_meter import UsageMeter
+from gpuhost_agent.inventory import telemetry
 from gpuhost_agent.inventory.gpu_events import GpuEventWatch
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 from gpuhost_agent.inventory.system_data import Prober
@@ -190,6 +194,16 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         stop_timeout=config.stop_timeout,
     )
     gpu_events = GpuEventWatch(nvml, GpuFaults(ledger, db, reporter).fault)
+    usage = UsageMeter(
+        db,
+        ledger,
+        outbox.put,
+        partial(asyncio.to_thread, telemetry.gpu_busy, nvml),
+        boot_time=telemetry.boot_time(),
+        clock=time.time,
+        interval=config.usage_seconds,
+    )
+    ledger.on_change.append(usage.count)  # an assignment or a release counts to the second
     engine_watch = EngineWatch(engine, EngineRecovery(reconciler, container_watch, session).engine_back)
     agent = Agent(
         client,
@@ -206,6 +220,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         streams,
         disk_watch=disk_watch,
         gpu_events=gpu_events,
+        usage=usage,
     )
     return AgentParts(
         agent, session, client, outbox, dispatcher, deployer, engine, nvml, host, db, reconciler, engine_watch, streams

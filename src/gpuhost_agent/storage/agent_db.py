@@ -18,6 +18,8 @@ import json
 import os
 import sqlite3
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,10 @@ CREATE TABLE IF NOT EXISTS outbox (
     kind TEXT NOT NULL, target TEXT NOT NULL, seq INTEGER NOT NULL, body TEXT NOT NULL,
     PRIMARY KEY (kind, target));
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS usage (
+    rental_id TEXT NOT NULL, gpu_uuid TEXT NOT NULL, slot_start INTEGER NOT NULL,
+    seconds REAL NOT NULL DEFAULT 0, busy REAL NOT NULL DEFAULT 0, lost REAL NOT NULL DEFAULT 0,
+    offline REAL NOT NULL DEFAULT 0, PRIMARY KEY (rental_id, gpu_uuid, slot_start));
 """
 JOB_RUNNING, JOB_FINISHED, JOB_INTERRUPTED = "running", "finished", "interrupted"
 
@@ -98,6 +104,19 @@ class AgentDB:
 
     def close(self) -> None:
         self._conn.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Everything written inside commits together or not at all: a usage
+        figure and the report that carries it (a crash between the two would
+        count the seconds again, or never send them)."""
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
 
     def _write(self, sql: str, *args: Any) -> None:
         self._conn.execute(sql, args)
@@ -222,6 +241,32 @@ class AgentDB:
     def outbox_entries(self) -> list[tuple[str, str, int, dict]]:
         rows = self._rows("SELECT kind, target, seq, body FROM outbox ORDER BY seq")
         return [(row["kind"], row["target"], row["seq"], json.loads(row["body"])) for row in rows]
+
+    # ---- GPU usage (core.usage_meter) ---------------------------------------------
+    def usage_add(self, rental_id: str, uuid: str, slot_start: int, figures: tuple[float, float, float, float]) -> None:
+        """Add seconds (used, busy, lost, offline) to a GPU's slot."""
+        self._write(
+            "INSERT INTO usage VALUES (?,?,?,?,?,?,?) ON CONFLICT(rental_id, gpu_uuid, slot_start) DO UPDATE SET"
+            " seconds = seconds + excluded.seconds, busy = busy + excluded.busy,"
+            " lost = lost + excluded.lost, offline = offline + excluded.offline",
+            rental_id,
+            uuid,
+            slot_start,
+            *figures,
+        )
+
+    def usage_slot(self, rental_id: str, slot_start: int) -> list[dict]:
+        """A rental's totals in one slot, one row per GPU."""
+        return self._rows(
+            "SELECT gpu_uuid, seconds, busy, lost, offline FROM usage"
+            " WHERE rental_id = ? AND slot_start = ? ORDER BY gpu_uuid",
+            rental_id,
+            slot_start,
+        )
+
+    def usage_prune(self, before: int) -> None:
+        """Slots before `before` are final and their reports queued: forget them."""
+        self._write("DELETE FROM usage WHERE slot_start < ?", before)
 
     # ---- counters and small values ---------------------------------------------
     def meta(self, key: str, default: str | None = None) -> str | None:

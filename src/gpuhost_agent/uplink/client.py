@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.uplink.reports import CONTAINERS, INIT_STATE, JOB_COMPLETE, STATUS, SYSTEM_DATA, Report
+from gpuhost_agent.uplink.reports import CONTAINERS, INIT_STATE, JOB_COMPLETE, STATUS, SYSTEM_DATA, USAGE, Report
 
 
 class MarketplaceUnavailable(RuntimeError):
@@ -162,6 +162,9 @@ class MarketplaceClient:
     async def put_init_state(self, body: dict) -> None:
         await self._request("PUT", "/agent/init-state", body=body)
 
+    async def put_usage(self, body: dict) -> None:
+        await self._request("PUT", "/agent/usage", body=body)
+
     async def desired_state(self) -> Any:
         """What the marketplace wants on this machine: every stack with its
         template, every rental with its end (docs/agent-api.yaml). Decoded by
@@ -196,6 +199,8 @@ class MarketplaceClient:
             await self.put_system_data(report.body)
         elif report.kind == INIT_STATE:
             await self.put_init_state(report.body)
+        elif report.kind == USAGE:
+            await self.put_usage(report.body)
         else:
             raise ValueError(f"unknown report kind {report.kind!r}")
 

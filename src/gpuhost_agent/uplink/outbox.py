@@ -31,6 +31,7 @@ from gpuhost_agent.uplink.reports import (  # noqa: F401 - the kinds are named w
     JOB_COMPLETE,
     STATUS,
     SYSTEM_DATA,
+    USAGE,
     Report,
 )
 
