@@ -174,6 +174,28 @@ GPU_BEATS = [
 ]
 
 
+def heartbeat(sent_at: str = "2026-11-21T10:00:00Z", **changes) -> dict:
+    """A whole heartbeat as the agent sends one (the marketplace checks every documented field)."""
+    return {
+        "sentAt": sent_at,
+        "agentVersion": "0.1.0",
+        "uptimeSeconds": 12.5,
+        "initState": "ready",
+        "fingerprint": None,
+        "host": {
+            "load1": 0.5,
+            "load5": 0.4,
+            "load15": 0.3,
+            "cpuPercent": 3.5,
+            "memoryUsedBytes": 8 * GIB,
+            "memoryTotalBytes": 2015 * GIB,
+            "diskFreeBytes": None,
+        },
+        "gpus": [dict(gpu) for gpu in GPU_BEATS],
+        **changes,
+    }
+
+
 def _gpu(index: int, name: str = "NVIDIA H100 80GB HBM3") -> dict:
     return {
         "index": index,

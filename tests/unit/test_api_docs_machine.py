@@ -118,7 +118,9 @@ def test_machine_enums_units_and_defaults_match_the_code(agent_doc: dict, local_
     hardware = schema(agent_doc, "ListingHardware")
     produced = listing.listing_fields(healthy_system_data(), None, None)
     assert set(hardware["properties"]) == set(hardware["required"]) == set(shapes.HARDWARE_FIELDS) == set(produced)
-    assert set(host_api.LISTING_NUMBERS) | set(host_api.LISTING_STRINGS) == set(shapes.HARDWARE_FIELDS)
+    assert {*host_api.LISTING_NUMBERS, *host_api.LISTING_WHOLE, *host_api.LISTING_STRINGS} == set(
+        shapes.HARDWARE_FIELDS
+    )
     local_listing = schema(local_doc, "Listing")
     for field in shapes.HARDWARE_FIELDS:
         assert local_listing["properties"][field] == hardware["properties"][field], field
@@ -172,6 +174,7 @@ async def test_system_data_and_init_state_the_agent_sends_are_documented(agent_d
     await reporter.refresh()  # same probe, same fingerprint: nothing new is sent
     (sent,) = _sent(outbox, SYSTEM_DATA)
     check(agent_doc, sent, body_schema)
+    check_named(agent_doc, sent["systemData"], "SystemData")  # the request schema leaves it open
     assert set(sent) == properties(agent_doc, "SystemDataReport")
     assert set(sent["systemData"]) == properties(agent_doc, "SystemData")
     assert set(sent["systemData"]["nvml"]) == properties(agent_doc, "NvmlInventory")
@@ -305,6 +308,7 @@ def test_environment_and_listing_the_marketplace_shows_are_documented(local_doc:
     rental = store.create_rental(name="r", gpu_count=1, end_date=None)
     env = json.loads(json.dumps(shapes.environment(state)))
     check_named(local_doc, env, "Environment")
+    check_named(local_doc, env["systemData"], "EnvironmentSystemData")  # the document leaves it open to agents
     assert env["isCompliant"] is True and env["failedComplianceReason"] == ""
     assert env["systemData"]["complianceChecks"] == report["compliance"]["checks"]
     assert env["initState"]["phase"] == "marketplace"

@@ -52,7 +52,7 @@ async def test_a_report_dated_in_the_future_is_refused_and_cannot_lock_out_real_
     from gpuhost_agent.protocol import wire
 
     key = market.store.envApiKey
-    state = {"state": "starting", "phases": [], "updatedAt": "3628-01-01T00:00:00Z"}
+    state = {"state": "starting", "phase": None, "error": None, "phases": [], "updatedAt": "3628-01-01T00:00:00Z"}
     status, body = await market.call("PUT", "/agent/init-state", state, key=key)
     assert status == 400 and "updatedAt is" in body["message"] and "ahead of the marketplace's clock" in body["message"]
     status, _ = await market.call("PUT", "/agent/init-state", {**state, "updatedAt": wire.iso()}, key=key)
@@ -60,7 +60,7 @@ async def test_a_report_dated_in_the_future_is_refused_and_cannot_lock_out_real_
     for path, field_name, extra in (
         ("/agent/stacks/s1/status", "reportedAt", {"status": "APPLYING"}),
         ("/agent/stacks/s1/containers", "observedAt", {"containers": []}),
-        ("/agent/system-data", "reportedAt", {"systemData": {}, "fingerprint": "f", "listing": {}}),
+        ("/agent/system-data", "reportedAt", {"systemData": {}, "fingerprint": "0123456789abcdef", "listing": {}}),
     ):
         status, body = await market.call("PUT", path, {**extra, field_name: "2999-01-01T00:00:00Z"}, key=key)
         assert status == 400 and f"{field_name} is" in body["message"], (path, body)
@@ -105,3 +105,32 @@ async def test_a_request_aiohttp_cannot_parse_leaves_no_traceback(market, log_st
     written = log_stream.getvalue()
     assert "Traceback" not in written and '"level": "error"' not in written, written[-2000:]
     assert "http_request_unparsable" in written
+
+
+async def test_a_whole_number_float_is_an_integer_as_json_schema_says(market) -> None:
+    """Issue 17 finding 6: 692.0 is an integer to JSON Schema; it was refused."""
+    status, rental = await market.call("POST", "/rentals", {"envId": market.store.envId, "gpuCount": 2.0})
+    assert status == 201
+    assert market.store.rentals[rental["rentalId"]]["gpuCount"] == 2 and type(rental["listing"]["selectedGPUs"]) is int
+    status, body = await market.call("POST", "/rentals", {"envId": market.store.envId, "gpuCount": 2.5})
+    assert status == 400 and "gpuCount" in body["message"]
+
+
+async def test_the_agent_paths_enforce_the_session_header_wait_and_capabilities_as_documented(market) -> None:
+    """Issue 17 finding 6: a session header that is no UUID, a wait over 60 s
+    and any list of capabilities were all taken."""
+    key = market.store.envApiKey
+    status, session = await market.call(
+        "POST", "/agent/sessions", {"capabilities": ["stack.deploy", "later.job"]}, key=key
+    )
+    assert status == 200  # a name this marketplace does not know is ignored: a newer agent may send more
+    for caps in (["x" * 65], [""], ["a"] * 33, "stack.deploy"):
+        status, body = await market.call("POST", "/agent/sessions", {"capabilities": caps}, key=key)
+        assert status == 400 and "capabilities" in body["message"], caps
+    for query in ("wait=61", "wait=-1", "wait=nan", "max=0", "max=101"):
+        status, body = await market.call("GET", f"/agent/jobs?{query}", key=key)
+        assert status == 400 and "wait must be from 0 to 60" in body["message"], query
+    async with market.http.get(
+        market.base_url + "/agent/desired-state", headers={"X-API-Key": key, "X-Agent-Session": "not-a-session"}
+    ) as answer:
+        assert answer.status == 400 and "X-Agent-Session" in (await answer.json())["message"]

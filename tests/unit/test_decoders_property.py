@@ -20,10 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 from support.fakes import FakeDeployer, Recorder
+from support.machine_samples import heartbeat
 from support.wiring import dispatcher_for
 
 from gpuhost_agent.local_marketplace.agent_api import _containers_problem, _status_problem
 from gpuhost_agent.local_marketplace.host_api import heartbeat_problem, init_state_problem, system_data_problem
+from gpuhost_agent.local_marketplace.shapes import HARDWARE_FIELDS
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.uplink.outbox import JOB_COMPLETE, STATUS, Outbox
@@ -419,9 +421,9 @@ def _valid_containers() -> dict:
 def _valid_system_data() -> dict:
     return {
         "systemData": {"gpus": []},
-        "fingerprint": "f",
+        "fingerprint": "0123456789abcdef",
         "reportedAt": wire.iso(),
-        "listing": {"totalGPUs": 0, "gpuName": None, "totalRAM": 1.5},
+        "listing": {**dict.fromkeys(HARDWARE_FIELDS), "totalGPUs": 0, "totalRAM": 1.5},
         "compliance": {
             "isCompliant": False,
             "failedComplianceReason": "no GPU",
@@ -433,18 +435,15 @@ def _valid_system_data() -> dict:
 def _valid_init_state() -> dict:
     return {
         "state": "starting",
-        "phases": [{"name": "config", "state": "done"}],
+        "phase": "config",
+        "phases": [{"name": "config", "state": "done", "startedAt": None, "finishedAt": None, "detail": None}],
         "error": None,
         "updatedAt": wire.iso(),
     }
 
 
 def _valid_heartbeat() -> dict:
-    return {
-        "sentAt": wire.iso(),
-        "host": {"load1": 0.5, "memoryUsedBytes": 1},
-        "gpus": [{"uuid": "GPU-1", "utilization": 3, "error": None}],
-    }
+    return heartbeat(wire.iso())
 
 
 REPORT_DECODERS = [

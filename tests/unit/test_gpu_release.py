@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
+from support.machine_samples import heartbeat
+
 from gpuhost_agent.core.gpu_allocation import GpuSlot
 from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.local_marketplace.host_api import heartbeat_problem
@@ -64,7 +66,7 @@ def test_available_gpus_follow_the_agents_account() -> None:
 
 
 def test_heartbeat_gpu_assignments_are_checked() -> None:
-    beat = {"sentAt": "2026-11-24T10:00:00Z", "host": {}, "gpus": []}
+    beat = heartbeat()
     assert heartbeat_problem(beat) is None  # optional
     good = {"free": ["G0"], "assigned": {"r": ["G1"]}, "releasing": {}, "outOfService": []}
     assert heartbeat_problem({**beat, "gpuAssignments": good}) is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 
-from support.machine_samples import good_host
+from support.machine_samples import GPU_BEATS, good_host, heartbeat
 
 from gpuhost_agent.inventory.system_data import build_report
 from gpuhost_agent.local_marketplace.host_api import heartbeat_problem, system_data_problem
@@ -55,7 +55,9 @@ def test_marketplace_checks_the_fields_renters_see() -> None:
     assert system_data_problem(report) is None
     bad = copy.deepcopy(report)
     bad["listing"]["gpuVRAM"] = "80 GB"
-    assert system_data_problem(bad) == "listing.gpuVRAM must be a non-negative number or null"
+    assert system_data_problem(bad) == "listing.gpuVRAM must be a whole number or null"
+    bad["listing"]["gpuVRAM"] = 80.5
+    assert system_data_problem(bad) == "listing.gpuVRAM must be a whole number or null"
     bad = copy.deepcopy(report)
     bad["compliance"]["checks"][0]["remedy"] = 5
     assert "compliance.checks" in system_data_problem(bad)
@@ -65,17 +67,17 @@ def test_marketplace_checks_the_fields_renters_see() -> None:
 
 
 def test_heartbeat_figures_must_be_numbers() -> None:
-    beat = {
-        "sentAt": "2026-11-21T10:00:00Z",
-        "host": {"load1": 0.5, "diskFreeBytes": None},
-        "gpus": [{"index": 0, "uuid": "GPU-1", "temperatureC": 40, "powerW": None}],
-    }
+    beat = heartbeat()
     assert heartbeat_problem(beat) is None
     assert (
-        heartbeat_problem({**beat, "host": {"load1": "<script>"}}) == "host.load1 must be a non-negative number or null"
+        heartbeat_problem({**beat, "host": {**beat["host"], "load1": "<script>"}})
+        == "host.load1 must be a non-negative number"
     )
-    assert (
-        heartbeat_problem({**beat, "gpus": [{"index": 0, "temperatureC": "hot"}]})
-        == "gpus[0].temperatureC must be a non-negative number or null"
-    )
-    assert heartbeat_problem({**beat, "gpus": ["GPU-1"]}) == "gpus[0] must be an object"
+    assert heartbeat_problem({**beat, "host": {"load1": 0.5}}) == "host.load5 is required"
+    hot = {**GPU_BEATS[0], "temperatureC": "hot"}
+    assert heartbeat_problem({**beat, "gpus": [hot]}) == "gpus[0].temperatureC must be a non-negative number or null"
+    half = {**GPU_BEATS[0], "memoryUsedBytes": 1.5}
+    assert heartbeat_problem({**beat, "gpus": [half]}) == "gpus[0].memoryUsedBytes must be a whole number or null"
+    assert "or an error" in heartbeat_problem({**beat, "gpus": [{"index": 0, "uuid": "GPU-1"}]})
+    assert "fingerprint is required" in heartbeat_problem({k: v for k, v in beat.items() if k != "fingerprint"})
+    assert heartbeat_problem({**beat, "gpus": ["GPU-1"]}) == "gpus[0] must be an object with an index"

@@ -11,7 +11,9 @@ from gpuhost_agent.local_marketplace.http_errors import json_body, json_error, t
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.protocol import wire
 
-MAX_POLL_WAIT = 60
+MAX_POLL_WAIT = wire.MAX_POLL_WAIT_SECONDS
+MAX_POLL_JOBS = 100
+MAX_CAPABILITIES = 32
 
 
 SESSION_SUPERSEDED = "session-superseded"
@@ -31,6 +33,18 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
         body = await json_body(request)
         if not isinstance(body, dict):
             return json_error(400, "body must be an object describing the agent")
+        for key in ("sshHostKey", "sshHostKeyFingerprint", "agentVersion", "hostname"):
+            if key in body and not isinstance(body[key], str):
+                return json_error(400, f"{key} must be a string")
+        if "startedAt" in body and not wire.is_iso(body["startedAt"]):
+            return json_error(400, "startedAt must be an ISO 8601 date-time")
+        capabilities = body.get("capabilities", [])
+        if (
+            not isinstance(capabilities, list)
+            or len(capabilities) > MAX_CAPABILITIES
+            or not all(isinstance(item, str) and 0 < len(item) <= 64 for item in capabilities)
+        ):
+            return json_error(400, f"capabilities must be an array of at most {MAX_CAPABILITIES} short names")
         session_id, requeued = state.new_session()
         store.host["sshHostKey"] = ssh_keys.host_key(body.get("sshHostKey"))
         state.changed()
@@ -47,16 +61,20 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
 
     async def poll_jobs(request: web.Request) -> web.Response:
         try:
-            wait = min(float(request.query.get("wait", "0")), MAX_POLL_WAIT)
-            max_jobs = max(1, min(int(request.query.get("max", "16")), 100))
+            wait = float(request.query.get("wait", "0"))
+            max_jobs = int(request.query.get("max", "16"))
         except ValueError:
-            return json_error(400, "wait must be a number of seconds and max an integer")
+            wait = max_jobs = -1
+        if not 0 <= wait <= MAX_POLL_WAIT or not 1 <= max_jobs <= MAX_POLL_JOBS:  # NaN fails too
+            return json_error(
+                400, f"wait must be from 0 to {MAX_POLL_WAIT} seconds, and max an integer from 1 to {MAX_POLL_JOBS}"
+            )
         session = request.headers.get(wire.SESSION_HEADER)
         if session and state.session_id and session != state.session_id:
             return json_error(409, superseded(session), code=SESSION_SUPERSEDED)
         transport = request.transport
         jobs = await state.wait_for_jobs(
-            max(0.0, wait),
+            wait,
             max_jobs,
             request.headers.get(wire.SESSION_HEADER),
             lambda: transport is not None and not transport.is_closing(),
@@ -128,16 +146,15 @@ def _status_problem(body: Any) -> str | None:
     if ahead := too_far_ahead("reportedAt", body["reportedAt"]):
         return ahead
     for key in ("errorMsg", "pStackName", "jobId"):
-        if body.get(key) is not None and not isinstance(body[key], str):
+        if key in body and not isinstance(body[key], str):
             return f"{key} must be a string"
     if body["status"] == wire.ERROR and not body.get("errorMsg"):
         return "errorMsg is required with status ERROR"
     gpus = body.get("assignedGPUs", [])
     if not isinstance(gpus, list) or not all(isinstance(uuid, str) for uuid in gpus):
         return "assignedGPUs must be an array of GPU UUIDs"
-    pstack_id = body.get("pStackId", 0)
-    if not wire.is_whole(pstack_id):
-        return "pStackId must be a non-negative integer"
+    if wire.whole(body.get("pStackId", 0), 2**31 - 1) is None:
+        return "pStackId must be an integer from 0 to 2^31-1"
     return None
 
 
@@ -162,4 +179,22 @@ def _containers_problem(body: Any) -> str | None:
             if not isinstance(container.get(key), kind) or isinstance(container.get(key), bool):
                 wanted = "a string" if kind is str else "an integer" if kind is int else "an array"
                 return f"containers[{index}].{key} must be {wanted}"
+        if not all(isinstance(label, str) for label in container["Labels"]):
+            return f"containers[{index}].Labels must be strings"
+        for port in container["Ports"]:
+            if problem := _port_problem(port):
+                return f"containers[{index}].Ports: {problem}"
+    return None
+
+
+def _port_problem(port: Any) -> str | None:
+    """ContainerPort: PrivatePort and Type always; IP and PublicPort together, for a published port."""
+    if not isinstance(port, dict) or not isinstance(port.get("Type"), str):
+        return "each must have PrivatePort (integer) and Type (string)"
+    if wire.whole(port.get("PrivatePort")) is None:
+        return "each must have PrivatePort (integer) and Type (string)"
+    if ("IP" in port) != ("PublicPort" in port):
+        return "IP and PublicPort come together"
+    if "IP" in port and (not isinstance(port["IP"], str) or wire.whole(port["PublicPort"]) is None):
+        return "IP must be a string and PublicPort an integer"
     return None

@@ -10,6 +10,7 @@ agent's free-form inventory (env key holders only), bounded by the body size.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from aiohttp import web
@@ -19,18 +20,17 @@ from gpuhost_agent.local_marketplace.http_errors import json_body, json_error, t
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.protocol import wire
 
-LISTING_NUMBERS = (
-    "totalGPUs",
-    "gpuVRAM",
-    "gpuBandwidth",
-    "totalCPUs",
-    "totalRAM",
-    "totalStorage",
-    "networkUploadSpeed",
-    "networkDownloadSpeed",
-)
+LISTING_NUMBERS = ("gpuBandwidth", "totalRAM", "networkUploadSpeed", "networkDownloadSpeed")
+LISTING_WHOLE = ("totalGPUs", "gpuVRAM", "totalCPUs", "totalStorage")  # integers in the document
 LISTING_STRINGS = ("gpuName", "gpuInterconnect", "gpuCUDA", "location")
 INIT_STATES = ("starting", "ready", "failed")
+PHASE_STATES = ("pending", "running", "done", "failed")
+GPU_FIGURES = ("uuid", "utilizationPercent", "memoryUsedBytes", "temperatureC", "powerW")
+HOST_NUMBERS = ("load1", "load5", "load15", "cpuPercent")
+HOST_WHOLE = ("memoryUsedBytes", "memoryTotalBytes")
+GPU_WHOLE = ("utilizationPercent", "memoryUsedBytes", "temperatureC")
+INTERCONNECTS = ("NVLink", "PCIe", None)
+FINGERPRINT = re.compile(r"[0-9a-f]{16}")
 
 
 def _number(value: object) -> bool:
@@ -42,6 +42,8 @@ def system_data_problem(body: Any) -> str | None:
         return "body must be an object with a systemData object"
     if not isinstance(body.get("fingerprint"), str) or not wire.is_iso(body.get("reportedAt")):
         return "fingerprint (string) and reportedAt (date-time) are required"
+    if not FINGERPRINT.fullmatch(body["fingerprint"]):
+        return "fingerprint must be 16 lowercase hex digits"
     if ahead := too_far_ahead("reportedAt", body["reportedAt"]):
         return ahead
     listing = body.get("listing")
@@ -50,11 +52,20 @@ def system_data_problem(body: Any) -> str | None:
     for key in LISTING_NUMBERS:
         if listing.get(key) is not None and not _number(listing[key]):
             return f"listing.{key} must be a non-negative number or null"
+    for key in LISTING_WHOLE:
+        if listing.get(key) is not None and wire.whole(listing[key]) is None:
+            return f"listing.{key} must be a whole number or null"
     for key in LISTING_STRINGS:
         if listing.get(key) is not None and not isinstance(listing[key], str):
             return f"listing.{key} must be a string or null"
-    if not isinstance(listing.get("totalGPUs"), int):
-        return "listing.totalGPUs must be an integer"
+    missing = [key for key in (*LISTING_NUMBERS, *LISTING_WHOLE, *LISTING_STRINGS) if key not in listing]
+    if missing:
+        return f"listing must have {', '.join(missing)} (null when not measured)"
+    if listing.get("gpuInterconnect") not in INTERCONNECTS:
+        return "listing.gpuInterconnect must be NVLink, PCIe or null"
+    if wire.whole(listing.get("totalGPUs")) is None:
+        return "listing.totalGPUs must be a whole number"
+    listing["totalGPUs"] = wire.whole(listing["totalGPUs"])
     compliance = body.get("compliance")
     if (
         not isinstance(compliance, dict)
@@ -68,7 +79,7 @@ def system_data_problem(body: Any) -> str | None:
         and isinstance(c.get("id"), str)
         and isinstance(c.get("ok"), bool)
         and isinstance(c.get("summary"), str)
-        and isinstance(c.get("remedy", ""), str)
+        and isinstance(c.get("remedy"), str)
         for c in checks
     ):
         return "compliance.checks must be an array of {id, ok, summary, remedy}"
@@ -84,8 +95,37 @@ def init_state_problem(body: Any) -> str | None:
         return "phases (array) and updatedAt (date-time) are required"
     if ahead := too_far_ahead("updatedAt", body["updatedAt"]):
         return ahead
-    if body.get("error") is not None and not isinstance(body["error"], str):
-        return "error must be a string or null"
+    for key in ("phase", "error"):
+        if key not in body or (body[key] is not None and not isinstance(body[key], str)):
+            return f"{key} is required: a string or null"
+    for index, phase in enumerate(body["phases"]):
+        if not _is_phase(phase):
+            return f"phases[{index}] must be {{name, state ({', '.join(PHASE_STATES)}), startedAt, finishedAt, detail}}"
+    return None
+
+
+def _is_phase(phase: Any) -> bool:
+    return (
+        isinstance(phase, dict)
+        and isinstance(phase.get("name"), str)
+        and phase.get("state") in PHASE_STATES
+        and all(key in phase and (phase[key] is None or wire.is_iso(phase[key])) for key in ("startedAt", "finishedAt"))
+        and "detail" in phase
+        and (phase["detail"] is None or isinstance(phase["detail"], str))
+    )
+
+
+def _host_problem(host: dict) -> str | None:
+    """The live load, as HeartbeatHost says: every figure, a number (whole
+    for bytes; only the free disk may be unknown)."""
+    for key in (*HOST_NUMBERS, *HOST_WHOLE, "diskFreeBytes"):
+        if key not in host:
+            return f"host.{key} is required"
+        value = host[key]
+        if key == "diskFreeBytes" and value is None:
+            continue
+        if not _number(value) or (key in HOST_WHOLE or key == "diskFreeBytes") and wire.whole(value) is None:
+            return f"host.{key} must be a non-negative {'whole ' if key in HOST_WHOLE else ''}number"
     return None
 
 
@@ -95,25 +135,45 @@ def heartbeat_problem(body: Any) -> str | None:
     host, gpus = body.get("host"), body.get("gpus")
     if not isinstance(host, dict) or not isinstance(gpus, list):
         return "host (object) and gpus (array) are required"
-    for key, value in host.items():
-        if value is not None and not _number(value):
-            return f"host.{key} must be a non-negative number or null"
+    if not isinstance(body.get("agentVersion"), str) or body.get("initState") not in INIT_STATES:
+        return f"agentVersion (string) and initState (one of {', '.join(INIT_STATES)}) are required"
+    if not _number(body.get("uptimeSeconds")):
+        return "uptimeSeconds must be a non-negative number"
+    if "fingerprint" not in body or (body["fingerprint"] is not None and not isinstance(body["fingerprint"], str)):
+        return "fingerprint is required: the last systemData's, or null before the first"
+    reports = body.get("reports", {"pending": 0, "dropped": 0})
+    if not isinstance(reports, dict) or any(wire.whole(reports.get(key)) is None for key in ("pending", "dropped")):
+        return "reports must be an object with pending and dropped, whole numbers"
+    if problem := _host_problem(host):
+        return problem
     for index, gpu in enumerate(gpus):
-        if not isinstance(gpu, dict):
-            return f"gpus[{index}] must be an object"
-        for key, value in gpu.items():
-            if key in ("uuid", "error"):
-                if value is not None and not isinstance(value, str):
-                    return f"gpus[{index}].{key} must be a string or null"
-            elif value is not None and not _number(value):
-                return f"gpus[{index}].{key} must be a non-negative number or null"
-    return _gpu_assignments_problem(body.get("gpuAssignments"))
+        if problem := _gpu_problem(gpu):
+            return f"gpus[{index}]{problem}"
+    return _gpu_assignments_problem(body["gpuAssignments"]) if "gpuAssignments" in body else None
+
+
+def _gpu_problem(gpu: Any) -> str | None:
+    """One GPU's figures (HeartbeatGpu), or NVML's error for one it cannot read."""
+    if not isinstance(gpu, dict) or wire.whole(gpu.get("index")) is None:
+        return " must be an object with an index"
+    if "error" in gpu:
+        return None if isinstance(gpu["error"], str) else ".error must be NVML's error text"
+    if not all(key in gpu for key in GPU_FIGURES):
+        return f" must have {', '.join(GPU_FIGURES)} (null when unknown), or an error"
+    if gpu["uuid"] is not None and not isinstance(gpu["uuid"], str):
+        return ".uuid must be a string or null"
+    for key in GPU_FIGURES[1:]:
+        if gpu[key] is not None and not _number(gpu[key]):
+            return f".{key} must be a non-negative number or null"
+        if key in GPU_WHOLE and gpu[key] is not None and wire.whole(gpu[key]) is None:
+            return f".{key} must be a whole number or null"
+    if (gpu["utilizationPercent"] or 0) > 100:
+        return ".utilizationPercent must be from 0 to 100"
+    return None
 
 
 def _gpu_assignments_problem(states: Any) -> str | None:
     """Optional (added later): lists of GPU UUIDs, and rental id -> UUIDs."""
-    if states is None:
-        return None
     if not isinstance(states, dict):
         return "gpuAssignments must be an object"
     for key in ("free", "outOfService"):

@@ -36,8 +36,8 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
                 404 if isinstance(body.get("envId"), str) else 400,
                 f"envId must name this marketplace's environment ({store.envId})",
             )
-        gpu_count = body.get("gpuCount", 0)
-        if not wire.is_whole(gpu_count, wire.MAX_GPU_COUNT):
+        gpu_count = wire.whole(body.get("gpuCount", 0), wire.MAX_GPU_COUNT)
+        if gpu_count is None:
             return json_error(400, f"gpuCount must be an integer from 0 to {wire.MAX_GPU_COUNT}")
         listing = shapes.listing(store)
         reported = bool((store.host.get("report") or {}).get("listing"))  # before it, the machine is not known

@@ -8,6 +8,7 @@ other's endpoints, and renter responses never show the environment's key.
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -33,6 +34,8 @@ from gpuhost_agent.protocol import wire
 
 log = get_logger(__name__)
 
+_SESSION_ID = re.compile(r"[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}")
+
 
 def _is_public(request: web.Request) -> bool:
     """Paths served without an API key: install.sh (curl | bash sends no header)
@@ -53,6 +56,9 @@ def build_app(state: MarketplaceState) -> web.Application:
         expected = state.store.envApiKey if agent_path else state.store.renterApiKey
         if not _is_public(request) and not same_secret(request.headers.get(wire.API_KEY_HEADER), expected):
             return json_error(401, f"missing or invalid {wire.API_KEY_HEADER} header")
+        session = request.headers.get(wire.SESSION_HEADER)
+        if agent_path and session is not None and not _SESSION_ID.fullmatch(session):
+            return json_error(400, f"{wire.SESSION_HEADER} must be the sessionId of POST /agent/sessions (a UUID)")
         try:
             return await handler(request)
         except NotFound as exc:

@@ -306,7 +306,7 @@ class Store:
             return False
         stack["lastReportAt"] = report["reportedAt"]
         stack["pStackName"] = report.get("pStackName") or stack["pStackName"]
-        stack["pStackId"] = report.get("pStackId") or stack["pStackId"]
+        stack["pStackId"] = wire.whole(report.get("pStackId")) or stack["pStackId"]
         if isinstance(report.get("assignedGPUs"), list):
             stack["assignedGPUs"] = list(report["assignedGPUs"])
         if status == wire.REMOVED:

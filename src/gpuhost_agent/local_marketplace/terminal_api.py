@@ -23,7 +23,7 @@ from gpuhost_agent.local_marketplace.http_errors import json_body, json_error
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.store import Conflict
 from gpuhost_agent.local_marketplace.stream_targets import find_container, first_done, rental_active
-from gpuhost_agent.local_marketplace.terminal_tickets import TicketRejected, is_dimension, terminal_options
+from gpuhost_agent.local_marketplace.terminal_tickets import TicketRejected, dimension, terminal_options
 
 log = get_logger(__name__)
 
@@ -92,14 +92,10 @@ def resize_message(text: str) -> dict | None:
         message = json.loads(text)
     except ValueError:
         return None
-    if (
-        isinstance(message, dict)
-        and message.get("type") == "resize"
-        and is_dimension(message.get("cols"))
-        and is_dimension(message.get("rows"))
-    ):
-        return {"type": "resize", "cols": message["cols"], "rows": message["rows"]}
-    return None
+    if not isinstance(message, dict) or message.get("type") != "resize":
+        return None
+    cols, rows = dimension(message.get("cols")), dimension(message.get("rows"))
+    return {"type": "resize", "cols": cols, "rows": rows} if cols and rows else None
 
 
 def end_message(text: str) -> dict | None:

@@ -46,8 +46,9 @@ class Ticket:
     expires_at: str = field(default="")
 
 
-def is_dimension(value: object) -> bool:
-    return wire.is_whole(value) and 1 <= value <= MAX_DIMENSION
+def dimension(value: object) -> int | None:
+    number = wire.whole(value, MAX_DIMENSION)
+    return number if number else None
 
 
 def terminal_options(body: Any) -> dict:
@@ -71,10 +72,10 @@ def terminal_options(body: Any) -> dict:
             item.encode("utf-8")
         except UnicodeEncodeError:
             raise BadRequest("command items must be valid Unicode text") from None
-    options = {"command": list(command)}
+    options: dict[str, Any] = {"command": list(command)}
     for name, default in (("cols", DEFAULT_COLS), ("rows", DEFAULT_ROWS)):
-        value = body.get(name, default)
-        if not is_dimension(value):
+        value = dimension(body.get(name, default))
+        if value is None:
             raise BadRequest(f"{name} must be a whole number from 1 to {MAX_DIMENSION}")
         options[name] = value
     return options

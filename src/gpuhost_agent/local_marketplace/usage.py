@@ -13,6 +13,7 @@ change against the period of the same length just before.
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_left, bisect_right
 from datetime import date, datetime, timedelta
 from typing import Any
@@ -24,6 +25,7 @@ SLOT_SECONDS = 900  # the agent's slots (core.usage_slots); every zone's offset 
 FIGURES = ("seconds", "busySeconds", "lostSeconds", "offlineSeconds")
 MAX_GPUS_PER_REPORT = wire.MAX_GPU_COUNT
 MAX_DAYS = 366
+DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")  # RFC 3339's full-date; fromisoformat takes more
 
 
 def report_problem(body: Any) -> str | None:
@@ -95,9 +97,11 @@ class Prices:
 def parse_range(query: dict, zone: ZoneInfo) -> tuple[date, date]:
     """from and to (dates, both included); by default the last 30 days."""
     today = datetime.now(zone).date()
+    if not all(DATE.fullmatch(query[key]) for key in ("from", "to") if key in query):
+        raise ValueError("from and to must be dates, YYYY-MM-DD")
     try:
-        end = date.fromisoformat(query["to"]) if query.get("to") else today
-        start = date.fromisoformat(query["from"]) if query.get("from") else end - timedelta(days=29)
+        end = date.fromisoformat(query["to"]) if "to" in query else today
+        start = date.fromisoformat(query["from"]) if "from" in query else end - timedelta(days=29)
     except ValueError:
         raise ValueError("from and to must be dates, YYYY-MM-DD") from None
     if start > end or (end - start).days >= MAX_DAYS:

@@ -63,6 +63,7 @@ _TEMPLATE_FLAGS = ("insecure", "isBasicAuthEnabled", "isSSHEnabled")
 MAX_CONTENT_BYTES = 512 * 1024
 # rental.gpuCount above this is a marketplace bug, not a rental (no host has that many).
 MAX_GPU_COUNT = 1024
+MAX_POLL_WAIT_SECONDS = 60  # GET /agent/jobs holds a request at most this long (docs/agent-api.yaml)
 # Ids become directory and label values on the host: no path separators, no dots first.
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -109,6 +110,15 @@ def is_number(value: object) -> TypeGuard[int | float]:
 def is_whole(value: object, high: int | None = None) -> TypeGuard[int]:
     """A JSON whole number from 0 (to `high`), and not a boolean: counts and ids."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value and (high is None or value <= high)
+
+
+def whole(value: object, high: int | None = None) -> int | None:
+    """A count or id a client sent, as an int, or None if it is not one. A
+    float with no fraction counts (JSON Schema's integer is the number's
+    value, so 692.0 is an integer there); a boolean does not."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        value = int(value)
+    return value if is_whole(value, high) else None
 
 
 def validate_template(template: Any) -> dict:

@@ -128,11 +128,12 @@ class MarketplaceClient:
         dispatcher, so one bad job does not cost the others."""
         if time.monotonic() < self._single_jobs_until:
             max_jobs = 1
+        wait_seconds = max(0, min(int(wait_seconds), wire.MAX_POLL_WAIT_SECONDS))  # a longer wait is refused (400)
         try:
             reply = await self._request(
                 "GET",
                 "/agent/jobs",
-                params={"wait": str(int(wait_seconds)), "max": str(max_jobs)},
+                params={"wait": str(wait_seconds), "max": str(max_jobs)},
                 timeout=wait_seconds + self._request_timeout,
             )
         except _ReplyTooLarge:
