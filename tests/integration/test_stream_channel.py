@@ -262,7 +262,7 @@ async def test_stream_limits_and_duplicate_ids(docker_client, tmp_path):
         first = await asyncio.wait_for(market.from_agent.get(), 10)
         second = await asyncio.wait_for(market.from_agent.get(), 10)
         assert (first["streamId"], first["status"]) == ("one", 409)
-        assert (second["streamId"], second["status"]) == ("two", 503) and "this rental" in second["error"]
+        assert (second["streamId"], second["status"]) == ("two", 429) and "this rental" in second["error"]
         await market.ask(target(other, other_box, "three", kind="terminal"))  # another renter is not starved
         await _wait_stream_ws(market, "three")
         await market.ask(target(third, third_box, "four"))

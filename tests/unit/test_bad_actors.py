@@ -134,3 +134,19 @@ async def test_the_agent_paths_enforce_the_session_header_wait_and_capabilities_
         market.base_url + "/agent/desired-state", headers={"X-API-Key": key, "X-Agent-Session": "not-a-session"}
     ) as answer:
         assert answer.status == 400 and "X-Agent-Session" in (await answer.json())["message"]
+
+
+async def test_one_rental_cannot_make_stacks_without_end(market) -> None:
+    """Issue 17 finding 5: stacks per rental were unlimited; each makes a
+    Docker network, and one rental used up the host's address pools."""
+    from gpuhost_agent.local_marketplace.renter_api import MAX_STACKS_PER_RENTAL
+
+    rental, other = await market.rental(), await market.rental()
+    template = {"template": {"name": "s", "description": "", "content": "services: {}", "environmentVariables": {}}}
+    for _ in range(MAX_STACKS_PER_RENTAL):
+        status, body = await market.call("POST", f"/rentals/{rental}/stacks", template)
+        assert status == 201, body
+    status, body = await market.call("POST", f"/rentals/{rental}/stacks", template)
+    assert status == 409 and f"the most one rental may have ({MAX_STACKS_PER_RENTAL})" in body["message"]
+    status, _ = await market.call("POST", f"/rentals/{other}/stacks", template)
+    assert status == 201

@@ -169,3 +169,27 @@ def test_the_disk_floor_problem_names_the_disk_and_the_floor() -> None:
     assert disk_floor_problem(low, 0) is None  # no floor
     assert disk_floor_problem({"path": "/x", "freeBytes": 30 * gib}, 20 * gib) is None
     assert disk_floor_problem({"path": "/x", "freeBytes": None, "error": "remote engine"}, 20 * gib) is None
+
+
+def test_a_stack_may_not_take_more_than_its_share_of_the_address_pools() -> None:
+    """Issue 17 finding 5: one rental's stacks, each with networks, used up
+    Docker's address pools and every other renter's deploy failed."""
+    from gpuhost_agent.core.sandbox_policy import MAX_NETWORKS_PER_STACK
+
+    def model(networks: int) -> dict:
+        return {"services": {"app": {"image": "x"}}, "networks": {f"n{i}": {} for i in range(networks)}}
+
+    assert policy_violations(model(MAX_NETWORKS_PER_STACK), _ctx()) == []
+    (problem,) = policy_violations(model(MAX_NETWORKS_PER_STACK + 1), _ctx())
+    assert f"at most {MAX_NETWORKS_PER_STACK} per stack" in problem
+
+
+def test_a_rental_may_have_so_many_stacks_on_the_host() -> None:
+    from gpuhost_agent.core.sandbox_context import crowded_rental_problem
+
+    stacks = {f"s{i}": {"rental_id": "r1"} for i in range(3)} | {"o1": {"rental_id": "r2"}}
+    assert crowded_rental_problem(stacks, "r1", "new", 4) is None
+    assert crowded_rental_problem(stacks, "r1", "s0", 3) is None  # a stack deployed again is not one more
+    problem = crowded_rental_problem(stacks, "r1", "new", 3)
+    assert problem is not None and "already has 3 stacks" in problem and "GPUHOST_STACKS_PER_RENTAL" in problem
+    assert crowded_rental_problem(stacks, "r2", "new", 3) is None  # another renter is not held back

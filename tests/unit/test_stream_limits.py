@@ -20,11 +20,12 @@ def _tunnel(rental: str, n: int) -> TunnelRequest:
 def test_one_rental_cannot_take_what_another_needs() -> None:
     open_now = [_logs("a", 1), _logs("a", 2)]
     refused = refusal(_logs("a", 3), open_now, LIMITS)
-    assert refused is not None and refused.status == 503 and "this rental has 2" in refused.error
+    assert refused is not None and refused.status == 429 and "this rental has 2" in refused.error
     assert refusal(TerminalRequest("t", "b", "s", "c"), open_now, LIMITS) is None  # another renter's terminal
     open_now.append(_logs("b", 1))
     refused = refusal(_logs("c", 1), open_now, LIMITS)
-    assert refused is not None and "too many open log streams and terminals on this host (3)" in refused.error
+    assert refused is not None and refused.status == 503
+    assert "too many open log streams and terminals on this host (3)" in refused.error
 
 
 def test_connections_are_counted_apart_from_streams() -> None:

@@ -20,7 +20,7 @@ from gpuhost_agent.core.compose_rewrite import StackRejected, check_variables, l
 from gpuhost_agent.core.containers import failed_containers, seed_containers
 from gpuhost_agent.core.deploy_failures import describe_container, describe_up_failure
 from gpuhost_agent.core.sandbox import Sandbox, notices_message, refuse_with_compose_error, review_raw
-from gpuhost_agent.core.sandbox_context import SandboxContext
+from gpuhost_agent.core.sandbox_context import SandboxContext, crowded_rental_problem
 from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.compose import ComposeError, ComposeRunner
@@ -50,6 +50,7 @@ class StackDeployer:
         *,
         settle_seconds: float = 3.0,
         stop_timeout: int = 10,
+        stacks_per_rental: int = 16,
     ):
         self.compose = compose
         self.engine = engine
@@ -59,6 +60,7 @@ class StackDeployer:
         self.stacks_dir = stacks_dir
         self.settle_seconds = settle_seconds
         self.stop_timeout = stop_timeout
+        self.stacks_per_rental = stacks_per_rental
         self._stack_secrets: dict[str, list[str]] = {}  # what each stack added to the log redactor
         stacks_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
 
@@ -84,6 +86,8 @@ class StackDeployer:
         self._report(job, wire.APPLYING)
         log.info("stack_applying", stack_id=job.stack_id, rental_id=job.rental_id, job_id=job.job_id, project=project)
         try:
+            if crowded := crowded_rental_problem(self.db.stacks(), job.rental_id, job.stack_id, self.stacks_per_rental):
+                raise StackRejected(crowded)
             check_variables(variables)
             raw = review_raw(
                 template.get("content", ""), variables.get("COMPOSE_PROFILES", "")

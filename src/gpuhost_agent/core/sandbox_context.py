@@ -83,6 +83,20 @@ def rental_share(machine: Machine, rental_gpus: int) -> tuple[float, int]:
     return cpus, max(GIB // 2, memory)
 
 
+def crowded_rental_problem(stacks: dict[str, dict], rental_id: str, stack_id: str, limit: int) -> str | None:
+    """Why a rental may not have one more stack on this host: it already has
+    `limit` (each makes networks from the address pools all rentals share,
+    and containers the host runs for it). `stacks` is the agent's record;
+    a stack counts until it is removed, failed ones included."""
+    others = [s for s_id, s in stacks.items() if s["rental_id"] == rental_id and s_id != stack_id]
+    if not limit or len(others) < limit:
+        return None
+    return (
+        f"this rental already has {len(others)} stacks on this host, the most one rental may have "
+        f"({limit}, GPUHOST_STACKS_PER_RENTAL): remove one, failed ones included, and deploy again"
+    )
+
+
 def disk_floor_problem(storage: dict, floor_bytes: int) -> str | None:
     """Why no stack may start now: Docker's disk has less free space than the
     host's floor. Said before a pull that would fail half-way (or fill the

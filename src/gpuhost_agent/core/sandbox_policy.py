@@ -49,6 +49,7 @@ NAMESPACE_KEYS = ("network_mode", "pid", "ipc", "uts", "cgroup")
 ALLOWED_SECURITY_OPTS = ("no-new-privileges", "no-new-privileges:true", "no-new-privileges=true")
 ULIMIT_CEILINGS = {"nofile": 1_048_576, "core": None, "stack": 1 << 30, "nproc": None, "memlock": None}
 ALLOWED_LOG_DRIVERS = ("json-file", "local")
+MAX_NETWORKS_PER_STACK = 4  # each network takes a subnet from the address pools every rental shares
 
 
 def policy_violations(model: dict, ctx: SandboxContext) -> list[str]:
@@ -65,6 +66,12 @@ def policy_violations(model: dict, ctx: SandboxContext) -> list[str]:
 
 def _top_level(model: dict, ctx: SandboxContext) -> list[str]:
     problems = []
+    networks = len(model.get("networks") or {})
+    if networks > MAX_NETWORKS_PER_STACK:
+        problems.append(
+            f"networks: {networks} are defined, at most {MAX_NETWORKS_PER_STACK} per stack: each takes a subnet "
+            "from the host's Docker address pools, which all rentals share"
+        )
     for section in ("networks", "volumes"):
         for key, spec in (model.get(section) or {}).items():
             spec = spec or {}

@@ -48,6 +48,7 @@ class AgentConfig:
     disk_floor_bytes: int = 20 * 1024**3  # free space on Docker's disk below which no stack is deployed
     rental_disk_bytes: int | None = None  # one rental's disk, when the host fixes it (else by GPUs)
     disk_watch_seconds: float = 60.0  # how often each rental's disk use is measured
+    stacks_per_rental: int = 16  # stacks one rental may have on this host (each makes networks)
     usage_seconds: float = 60.0  # how often GPU usage is counted (also at every assignment and release)
     reconcile_grace_seconds: float = 120.0  # how long a stack the marketplace does not list may stay
     shutdown_grace_seconds: float = 20.0  # on SIGTERM, how long running jobs may take before they are abandoned
@@ -139,6 +140,7 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         rental_disk = str(pick("rental_disk", "GPUHOST_RENTAL_DISK", "") or "")
         disk_watch = float(pick("disk_watch_seconds", "GPUHOST_DISK_WATCH_SECONDS", 60.0))
         usage_every = float(pick("usage_seconds", "GPUHOST_USAGE_SECONDS", 60.0))
+        stacks_per_rental = int(pick("stacks_per_rental", "GPUHOST_STACKS_PER_RENTAL", 16))
         grace = float(pick("reconcile_grace_seconds", "GPUHOST_RECONCILE_GRACE_SECONDS", 120.0))
         shutdown_grace = float(pick("shutdown_grace_seconds", "GPUHOST_SHUTDOWN_GRACE_SECONDS", 20.0))
     except ValueError as exc:
@@ -174,6 +176,7 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         rental_disk_bytes=_size_bytes(rental_disk, "GPUHOST_RENTAL_DISK") if rental_disk else None,
         disk_watch_seconds=max(1.0, disk_watch),
         usage_seconds=max(1.0, usage_every),
+        stacks_per_rental=_at_least_one(stacks_per_rental, "GPUHOST_STACKS_PER_RENTAL"),
         reconcile_grace_seconds=grace,
         shutdown_grace_seconds=shutdown_grace,
         status_socket=status_socket,

@@ -158,6 +158,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         config.state_dir / "stacks",
         settle_seconds=config.settle_seconds,
         stop_timeout=config.stop_timeout,
+        stacks_per_rental=config.stacks_per_rental,
     )
     stream_engine = EngineStreams()
     ssh = SshServices(stream_engine, RentalKeys(client.rental_ssh_keys), ssh_host_key.load_or_create(config.state_dir))

@@ -6,8 +6,10 @@ hold at most 64 KiB per direction and come by the hundred (a web UI opens
 many connections, a renter may hold a thousand). Each kind has a cap for the
 agent, which bounds its memory whatever the clients do, and a lower one for
 one rental, so one renter's connections can never leave another renter
-without a terminal or a tunnel. Past either, the request is refused with 503
-and a reason naming the cap; nothing already open is touched.
+without a terminal or a tunnel. Past the rental's cap the request is refused
+with 429 (the renter's own doing: close one), past the host's with 503 (the
+host is busy); both with a reason naming the cap; nothing already open is
+touched.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def refusal(request: StreamRequest, open_requests: Iterable[StreamRequest], limi
     if mine >= per_rental:
         return Refusal(
             request.stream_id,
-            503,
+            429,
             f"this rental has {per_rental} open {what}, the most one rental may hold; close one and try again",
         )
     return None
