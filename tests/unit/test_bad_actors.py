@@ -150,3 +150,17 @@ async def test_one_rental_cannot_make_stacks_without_end(market) -> None:
     assert status == 409 and f"the most one rental may have ({MAX_STACKS_PER_RENTAL})" in body["message"]
     status, _ = await market.call("POST", f"/rentals/{other}/stacks", template)
     assert status == 201
+
+
+async def test_a_chunked_body_over_the_limit_is_a_400_as_documented(market) -> None:
+    """Issue 17 finding 6: a chunked body past the cap got aiohttp's 413, the documents say 400."""
+
+    async def chunks():
+        for _ in range(3):
+            yield b" " * (1024 * 1024)
+
+    async with market.http.post(
+        market.base_url + "/rentals", data=chunks(), headers={"X-API-Key": market.store.renterApiKey}
+    ) as answer:
+        assert answer.status == 400
+        assert "body larger than" in (await answer.json())["message"]

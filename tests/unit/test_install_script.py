@@ -85,6 +85,10 @@ async def test_script_route_answers_the_installation_line(tmp_path: Path) -> Non
             "--api-key",
             store.envApiKey,
         ]
+        # Issue 17 finding 6: a Host header without the port lost it from the line.
+        for host in (str(response.url.host), f"{response.url.host}:{response.url.port}"):
+            portless = await http.get(f"/v1/environments/{store.envId}/script", headers={"Host": host})
+            assert f"--url {base} " in await portless.json(), host
         missing = await http.get("/v1/environments/nope/script")
         assert missing.status == 404 and (await missing.json())["status"] == 404
         script = await http.get("/v1/install.sh")

@@ -29,7 +29,10 @@ def json_error(status: int, message: str, **extra: Any) -> web.Response:
 async def json_body(request: web.Request) -> Any:
     if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
         raise BadRequest(f"body larger than {MAX_BODY_BYTES} bytes")
-    raw = await request.read()
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:  # a chunked body past aiohttp's own cap: the same answer as any other
+        raise BadRequest(f"body larger than {MAX_BODY_BYTES} bytes") from None
     if len(raw) > MAX_BODY_BYTES:
         raise BadRequest(f"body larger than {MAX_BODY_BYTES} bytes")
     try:

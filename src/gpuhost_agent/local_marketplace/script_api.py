@@ -48,6 +48,21 @@ def install_line(base_url: str, env_id: str, api_key: str) -> str:
     )
 
 
+def reached_as(request: web.Request) -> str:
+    """host[:port] the caller reached us on, so the line works from where it
+    was asked. A Host header without a port (some clients and proxies drop a
+    non-default one) gets the port the connection came in on: the line must
+    never lose it."""
+    host = request.host
+    has_port = host.rsplit("]", 1)[-1].count(":") == 1  # "[::1]:8787", "h:8787"; not "[::1]" or "h"
+    sockname = request.transport.get_extra_info("sockname") if request.transport is not None else None
+    port = sockname[1] if isinstance(sockname, tuple) and len(sockname) >= 2 else None
+    default = 443 if request.scheme == "https" else 80
+    if not has_port and isinstance(port, int) and port != default:
+        return f"{host}:{port}"
+    return host
+
+
 def routes(state: MarketplaceState, install_script: Path | None = None) -> list[web.RouteDef]:
     """install_script: the file to serve (default: the checkout's install.sh)."""
     script = install_script if install_script is not None else checkout_install_script()
@@ -56,8 +71,7 @@ def routes(state: MarketplaceState, install_script: Path | None = None) -> list[
         env_id = request.match_info["envId"]
         if env_id != state.store.envId:
             return json_error(404, f"environment {env_id} not found")
-        # The base URL the caller reached us on, so the line works from where it was asked.
-        base_url = f"{request.scheme}://{request.host}/v1"
+        base_url = f"{request.scheme}://{reached_as(request)}/v1"
         return web.json_response(install_line(base_url, env_id, state.store.envApiKey))
 
     async def get_install_script(_request: web.Request) -> web.Response:
