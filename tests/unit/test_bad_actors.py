@@ -164,3 +164,25 @@ async def test_a_chunked_body_over_the_limit_is_a_400_as_documented(market) -> N
     ) as answer:
         assert answer.status == 400
         assert "body larger than" in (await answer.json())["message"]
+
+
+async def test_an_idle_or_stalled_connection_is_closed() -> None:
+    """Issue 17 finding 6: 1 000 idle sockets were held for 40 s (1 063 descriptors)."""
+    import time
+
+    from gpuhost_agent.local_marketplace import server
+    from gpuhost_agent.local_marketplace.state import MarketplaceState
+    from gpuhost_agent.local_marketplace.store import Store
+
+    running = await server.start(MarketplaceState(Store.load_or_create(None)), "127.0.0.1", 0, idle_seconds=1)
+    try:
+        url = urlsplit(running.base_url)
+        for first_bytes in (b"", b"GET /v1/environments HTTP/1.1\r\nHost: x\r\n"):  # nothing; headers that stop
+            reader, writer = await asyncio.open_connection(url.hostname, url.port)
+            writer.write(first_bytes)
+            started = time.monotonic()
+            assert await asyncio.wait_for(reader.read(), 10) == b""
+            assert time.monotonic() - started < 5, first_bytes
+            writer.close()
+    finally:
+        await running.stop()

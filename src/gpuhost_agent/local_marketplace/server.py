@@ -34,6 +34,9 @@ from gpuhost_agent.protocol import wire
 
 log = get_logger(__name__)
 
+# Longer than aiohttp's client keeps an idle pooled connection (15 s), so the
+# agent never reuses one the server is closing at that moment.
+IDLE_SECONDS = 20.0
 _SESSION_ID = re.compile(r"[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}")
 
 
@@ -108,10 +111,15 @@ class RunningMarketplace:
         await self.runner.cleanup()
 
 
-async def start(state: MarketplaceState, host: str = "127.0.0.1", port: int = 8787) -> RunningMarketplace:
-    """Serve on host:port (port 0 picks a free one) and return the base URL."""
+async def start(
+    state: MarketplaceState, host: str = "127.0.0.1", port: int = 8787, *, idle_seconds: float = IDLE_SECONDS
+) -> RunningMarketplace:
+    """Serve on host:port (port 0 picks a free one) and return the base URL.
+    A connection that sends nothing (no request yet, or none since the last
+    answer, or a request line and headers that stop coming) is closed after
+    `idle_seconds`, so idle clients cannot hold the server's descriptors."""
     state.streams.reopen()
-    runner = web.AppRunner(build_app(state), access_log=None, shutdown_timeout=2)
+    runner = web.AppRunner(build_app(state), access_log=None, shutdown_timeout=2, keepalive_timeout=idle_seconds)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
