@@ -33,6 +33,8 @@ services:
 }
 """
 
+SLEEPER_ONE = f"services:\n  probe:\n    image: {TEST_IMAGE}\n    command: ['sleep', '3600']\n"
+
 pytestmark = pytest.mark.skipif(
     not (SYSFS / "memory").is_dir(), reason="these checks read a cgroup v1 tree (this machine's)"
 )
@@ -97,3 +99,62 @@ async def test_reconcile_writes_a_rentals_limits_again(gpu_agent):
     await asyncio.to_thread(pids.write_text, "max\n")  # as runc leaves it
     await parts.reconciler.run_once()
     assert await asyncio.to_thread(_read, pids) == str(PIDS)
+
+
+def _filler(size_bytes: int) -> str:
+    """Four services whose main process (tail, reading `size_bytes` from a
+    FIFO) holds that much memory in its buffer, once the stack is APPLIED,
+    and then waits on a pipe nobody reads: no CPU spent while it holds it.
+    Anonymous memory, so the kernel must kill at the limit (page cache or
+    tmpfs would only get ENOMEM)."""
+    script = (
+        "mkfifo /w/in /w/out; exec 3<>/w/out; sleep 8; "
+        f"head -c {size_bytes} /dev/zero > /w/in & exec tail -c {size_bytes} /w/in >&3"
+    )
+    return "services:\n" + "".join(
+        f"""  filler{n}:
+    image: {TEST_IMAGE}
+    command: ["sh", "-c", "{script}"]
+    tmpfs: ["/w"]
+"""
+        for n in range(4)
+    )
+
+
+async def test_a_rental_over_its_memory_is_oom_killed_and_told_so(gpu_agent, docker_client):
+    """Services each under their own memory limit, together over the
+    rental's: the kernel kills in the rental's cgroup, and the stack's
+    errorMsg says the rental's limit was reached (Docker's OOMKilled looks at
+    the container's own cgroup and does not say it)."""
+    renter, _parts, _local, _ = await gpu_agent(gpus=64)  # a small share: 1 GPU of 64 on this machine
+    rental_id = await renter.rental(gpu_count=1)
+    probe = await renter.stack(rental_id, SLEEPER_ONE)
+    assert (await renter.wait_stack(rental_id, probe, (wire.APPLIED, wire.ERROR), timeout=60))["status"] == wire.APPLIED
+    (box,) = await asyncio.to_thread(
+        docker_client.containers.list, filters={"label": f"{wire.LABEL_RENTAL}={rental_id}"}
+    )
+    memory = int(box.attrs["HostConfig"]["Memory"])  # each container's limit, and the rental's together
+    # busybox tail's buffer may reach twice what it holds: each alone stays under its own limit, four do not
+    stack_id = await renter.stack(rental_id, _filler(int(memory * 0.3)))
+
+    def told() -> bool:
+        stack = renter.store.stacks.get(stack_id) or {}
+        return "the rental's memory limit, shared by all its containers, was reached" in stack.get("errorMsg", "")
+
+    try:
+        await until(told, timeout=90)
+    except AssertionError:
+        control = SYSFS / "memory" / f"gpuhost-agent/r-{rental_id}" / "memory.oom_control"
+        usage = SYSFS / "memory" / f"gpuhost-agent/r-{rental_id}" / "memory.max_usage_in_bytes"
+        boxes = await asyncio.to_thread(
+            docker_client.containers.list, all=True, filters={"label": f"{wire.LABEL_STACK}={stack_id}"}
+        )
+        raise AssertionError(
+            (
+                renter.store.stacks.get(stack_id),
+                memory,
+                await asyncio.to_thread(_read, control),
+                await asyncio.to_thread(_read, usage),
+                [(b.name, b.attrs["State"]) for b in boxes],
+            )
+        ) from None

@@ -20,7 +20,9 @@ FOREIGN_NETWORKS = ("outside", "otherproject_default")
 
 
 async def test_every_hostile_file_is_refused_with_no_container_or_made_safe(gpu_agent, docker_client) -> None:
-    renter, _parts, _local, _ = await gpu_agent(gpus=2)
+    # All hostile files in one rental: more stacks than a rental may have, by design here.
+    renter, _parts, local, _ = await gpu_agent(gpus=2, stacks_per_rental=len(HOSTILE))
+    local.state.stacks_per_rental = len(HOSTILE)
     rental = await renter.rental(gpu_count=2)
     made = [await asyncio.to_thread(docker_client.volumes.create, name) for name in FOREIGN_VOLUMES]
     made += [await asyncio.to_thread(docker_client.networks.create, name) for name in FOREIGN_NETWORKS]

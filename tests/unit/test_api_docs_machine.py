@@ -24,7 +24,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from support import fake_nvml  # the stand-in NVML library's helper, imported here and not on the loop
 from support.fakes import FakeClient, FakeEngine, FakeOutbox, FakeProber, FakeSchedule
-from support.machine_samples import GIB, GPU_BEATS, broken_system_data, healthy_system_data
+from support.machine_samples import GIB, GPU_BEATS, broken_system_data, healthy_system_data, heartbeat
 from support.openapi_check import answer, check, check_named, properties, request_schema, response_schema, schema
 
 from gpuhost_agent.core import init_state
@@ -287,23 +287,7 @@ def test_environment_and_listing_the_marketplace_shows_are_documented(local_doc:
     init.done("config")
     init.begin("marketplace")
     assert state.accept_init_state(init.as_wire())
-    beat = {
-        "sentAt": wire.iso(),
-        "agentVersion": "0.1.0",
-        "uptimeSeconds": 12.5,
-        "initState": "starting",
-        "fingerprint": report["fingerprint"],
-        "host": {
-            "load1": 0.5,
-            "load5": 0.4,
-            "load15": 0.3,
-            "cpuPercent": 3.5,
-            "memoryUsedBytes": 8 * GIB,
-            "memoryTotalBytes": 2015 * GIB,
-            "diskFreeBytes": None,
-        },
-        "gpus": GPU_BEATS,
-    }
+    beat = heartbeat(wire.iso(), initState="starting", fingerprint=report["fingerprint"])
     assert state.accept_heartbeat(beat)["systemDataWanted"] is False
     rental = store.create_rental(name="r", gpu_count=1, end_date=None)
     env = json.loads(json.dumps(shapes.environment(state)))
@@ -347,23 +331,7 @@ async def test_machine_endpoints_answer_as_documented(agent_doc: dict, local_doc
         assert reply["accepted"] is False
         reply = await answer(A, await http.put("/v1/agent/init-state", headers=agent, json=init), is_path, "put")
         assert reply == {"accepted": True}
-        beat = {
-            "sentAt": wire.iso(),
-            "agentVersion": "0.1.0",
-            "uptimeSeconds": 1.0,
-            "initState": "starting",
-            "fingerprint": report["fingerprint"],
-            "host": {
-                "load1": 0.1,
-                "load5": 0.1,
-                "load15": 0.1,
-                "cpuPercent": 0.0,
-                "memoryUsedBytes": GIB,
-                "memoryTotalBytes": 8 * GIB,
-                "diskFreeBytes": GIB,
-            },
-            "gpus": GPU_BEATS,
-        }
+        beat = heartbeat(wire.iso(), initState="starting", fingerprint=report["fingerprint"])
         check(A, beat, request_schema(A, hb_path, "post"))
         reply = await answer(A, await http.post("/v1/agent/heartbeat", headers=agent, json=beat), hb_path, "post")
         assert reply["systemDataWanted"] is False

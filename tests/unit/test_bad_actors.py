@@ -139,7 +139,7 @@ async def test_the_agent_paths_enforce_the_session_header_wait_and_capabilities_
 async def test_one_rental_cannot_make_stacks_without_end(market) -> None:
     """Issue 17 finding 5: stacks per rental were unlimited; each makes a
     Docker network, and one rental used up the host's address pools."""
-    from gpuhost_agent.local_marketplace.renter_api import MAX_STACKS_PER_RENTAL
+    from gpuhost_agent.local_marketplace.state import STACKS_PER_RENTAL as MAX_STACKS_PER_RENTAL
 
     rental, other = await market.rental(), await market.rental()
     template = {"template": {"name": "s", "description": "", "content": "services: {}", "environmentVariables": {}}}

@@ -20,6 +20,7 @@ from gpuhost_agent.core.containers import (
     seed_containers,
     shaped_state,
     stack_error,
+    stop_reason,
 )
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.storage.agent_db import AgentDB
@@ -185,3 +186,21 @@ async def test_exit_facts_are_read_once_per_exit():
     states.forget("c1")
     await states.facts([exited])
     assert engine.inspects == 3
+
+
+async def test_a_kill_at_the_rentals_memory_limit_says_so():
+    """Issue 16, item 1: a container killed because its rental's cgroup, which
+    all the rental's containers share, ran out of memory. Docker says
+    OOMKilled either way; whether the rental's limit stopped a charge tells
+    the two apart."""
+    reached = {"r1": False}
+    states = ContainerStates(FakeEngine([]), rental_limit_reached=lambda rental: reached[rental])
+    raw = {**_raw("exited", "Exited (137) 1 second ago"), "Labels": {wire.LABEL_RENTAL: "r1"}}
+    facts = await states.facts([raw])
+    assert facts["c1"] == ExitFacts(137, True)  # at its own limit: the rental's containers together were under theirs
+    assert stop_reason(raw, facts["c1"]) == "exited with code 137 (OOM-killed)"
+    reached["r1"] = True
+    states.forget("c1")
+    facts = await states.facts([raw])
+    assert facts["c1"].rental_limit
+    assert "the rental's memory limit, shared by all its containers, was reached" in stop_reason(raw, facts["c1"])

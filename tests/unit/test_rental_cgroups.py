@@ -33,8 +33,12 @@ def test_v1_writes_each_controllers_limit_and_removes_every_hierarchys_folder(tm
     assert (tmp_path / "cpu" / folder / "cpu.cfs_period_us").read_text() == "100000\n"
     assert (tmp_path / "pids" / folder / "pids.max").read_text() == "512\n"
     (tmp_path / "cpuset" / folder).mkdir(parents=True)  # runc makes it in every hierarchy
-    (tmp_path / "memory" / folder / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
-    assert cgroups.oom_kills("r1") == 2
+    mark = tmp_path / "memory" / folder / "memory.max_usage_in_bytes"
+    mark.write_text(f"{1024**3}\n")
+    assert not cgroups.memory_limit_reached("r1")  # half of its 2 GiB at most
+    mark.write_text(f"{2 * 1024**3}\n")
+    assert cgroups.memory_limit_reached("r1")
+    assert mark.read_text() == "0\n"  # the mark starts again (the kernel takes it as "from now")
     for written in (tmp_path / "memory" / folder).iterdir():  # the kernel's files are not files to rmdir
         written.unlink()
     for written in [*(tmp_path / "cpu" / folder).iterdir(), *(tmp_path / "pids" / folder).iterdir()]:
@@ -54,6 +58,9 @@ def test_v2_enables_the_controllers_down_to_the_rental(tmp_path) -> None:
     assert (folder / "pids.max").read_text() == "512\n"
     for holder in (tmp_path, tmp_path / "gpuhost-agent", folder):
         assert (holder / "cgroup.subtree_control").read_text() == "+memory +cpu +pids\n"
+    (folder / "memory.events.local").write_text("low 0\nhigh 0\nmax 7\noom 1\noom_kill 0\n")
+    assert cgroups.memory_limit_reached("r2")
+    assert not cgroups.memory_limit_reached("r2")  # not again since
 
 
 def test_only_the_cgroupfs_driver_gets_rental_cgroups_and_the_reason_is_said(tmp_path) -> None:

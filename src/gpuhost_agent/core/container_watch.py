@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from gpuhost_agent.common.logs import get_logger
@@ -84,10 +84,11 @@ class ContainerWatch:
         dispatcher: JobDispatcher,
         *,
         window: float = COALESCE,
+        rental_limit_reached: Callable[[str], bool] | None = None,
     ):
         self.engine, self.reporter, self.db, self.dispatcher, self.window = engine, reporter, db, dispatcher, window
         self.pushed: dict[str, list] = {}  # the last list pushed per stack, shared by events and the resync
-        self.states = ContainerStates(self.engine)
+        self.states = ContainerStates(self.engine, rental_limit_reached=rental_limit_reached)
         self.events = self.flushes = self.pushes = self.errors_reported = 0  # for tests and the benchmark
         self._windows = Coalescer()
         self._seen_at: dict[str, float] = {}  # when the list last pushed for a stack was read

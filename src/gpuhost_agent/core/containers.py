@@ -34,6 +34,7 @@ class ExitFacts:
 
     exit_code: int | None
     oom_killed: bool = False
+    rental_limit: bool = False  # killed for the rental's memory, which all its containers share
 
 
 def exit_facts(state: Mapping[str, Any]) -> ExitFacts:
@@ -95,7 +96,9 @@ def stop_reason(raw: Mapping[str, Any], facts: ExitFacts | None = None) -> str |
     if state == "exited" and code == 0 and not (facts is not None and facts.oom_killed):
         return None  # completed: a one-shot service (migration, model download) did its work
     exited = "exited" if code is None else f"exited with code {code}"
-    if facts is not None and facts.oom_killed:
+    if facts is not None and facts.rental_limit:
+        exited += " (OOM-killed: the rental's memory limit, shared by all its containers, was reached)"
+    elif facts is not None and facts.oom_killed:
         exited += " (OOM-killed)"
     return exited if state == "exited" else f"is restarting: it {exited}"
 

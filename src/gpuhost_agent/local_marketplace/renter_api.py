@@ -10,8 +10,6 @@ from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.stream_targets import find_container
 from gpuhost_agent.protocol import wire
 
-MAX_STACKS_PER_RENTAL = 16  # each stack makes networks from the host's address pools, which all rentals share
-
 
 def routes(state: MarketplaceState) -> list[web.RouteDef]:
     store = state.store
@@ -88,10 +86,10 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
         rental_id = request.match_info["rentalId"]
         store.rental(rental_id)  # 404 before 400, as the seed lists them
         held = sum(1 for stack in store.stacks.values() if stack["rentalId"] == rental_id)
-        if held >= MAX_STACKS_PER_RENTAL:
+        if held >= state.stacks_per_rental:
             return json_error(
                 409,
-                f"this rental has {held} stacks, the most one rental may have ({MAX_STACKS_PER_RENTAL}): "
+                f"this rental has {held} stacks, the most one rental may have ({state.stacks_per_rental}): "
                 "delete one (failed ones included) and create it again",
             )
         body = await json_body(request)

@@ -20,12 +20,16 @@ from gpuhost_agent.protocol.requirements import Requirements
 
 OFFLINE_AFTER_MISSED_BEATS = 3
 
+STACKS_PER_RENTAL = 16
+
 
 class MarketplaceState:
     def __init__(self, store: Store, intervals: dict | None = None, requirements: dict | None = None):
         self.store = store
         self.intervals = {**DEFAULT_INTERVALS, **(intervals or {})}
         self.requirements = {**asdict(Requirements()), **(requirements or {})}
+        # Stacks one rental may have (each makes networks from the host's address pools, shared by all rentals).
+        self.stacks_per_rental = STACKS_PER_RENTAL
         self.session_id: str | None = None
         self.sessions_opened = 0  # for tests and operators: how often an agent opened a session
         self.polls_started = 0

@@ -29,6 +29,7 @@ SYSFS = Path("/sys/fs/cgroup")
 TOP = "gpuhost-agent"
 CPU_PERIOD_US = 100_000
 V1_LIMITED = ("memory", "cpu", "pids")
+LIMIT_SLACK_BYTES = 1 << 20  # a high-water mark this close to the limit met it
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 
@@ -48,6 +49,7 @@ class RentalCgroups:
         self.root = root
         self.version: str | None = None  # "1" or "2" once configure() found a usable layout
         self.unavailable = "not configured yet"
+        self._limit_events: dict[str, int] = {}  # v2: per rental, memory.events.local max when last read
 
     def configure(self, cgroup_driver: str, cgroup_version: str) -> str | None:
         """From `docker info` (CgroupDriver, CgroupVersion). None when rentals
@@ -106,19 +108,29 @@ class RentalCgroups:
                 log.warning("rental_cgroup_not_removed", path=str(folder), error=exc.strerror)
         return removed
 
-    def oom_kills(self, rental_id: str) -> int:
-        """How many processes the kernel killed for the rental's memory limit."""
+    def memory_limit_reached(self, rental_id: str) -> bool:
+        """Whether the rental's containers together reached the rental's
+        memory limit since the last call: what tells an OOM kill at the
+        rental's limit from one at a container's own. (v1 keeps a high-water
+        mark, compared with the limit and then reset; v2 counts, in
+        `memory.events.local`, the times the rental's own limit was met. The
+        kernel's failure counters are no help: on this machine's v1 they stay
+        0 when an ancestor's limit is what failed.)"""
         parent = self.parent_of(rental_id)
         if parent is None:
-            return 0
-        name = "memory.events" if self.version == "2" else "memory.oom_control"
-        folder = self.root / parent.lstrip("/") if self.version == "2" else self.root / "memory" / parent.lstrip("/")
+            return False
+        if self.version == "2":
+            count = _counter(self.root / parent.lstrip("/") / "memory.events.local", r"^max (\d+)$")
+            reached = count > self._limit_events.get(rental_id, 0)
+            self._limit_events[rental_id] = count
+            return reached
+        folder = self.root / "memory" / parent.lstrip("/")
+        peak, limit = _counter(folder / "memory.max_usage_in_bytes"), _counter(folder / "memory.limit_in_bytes")
         try:
-            text = (folder / name).read_text()
+            (folder / "memory.max_usage_in_bytes").write_text("0\n")  # from now on, the mark starts again
         except OSError:
-            return 0
-        match = re.search(r"^oom_kill (\d+)$", text, re.MULTILINE)
-        return int(match.group(1)) if match else 0
+            pass
+        return bool(limit) and peak >= limit - LIMIT_SLACK_BYTES
 
     # ---- v1: a directory per controller ------------------------------------------
     def _v1_folders(self, parent: str) -> list[Path]:
@@ -157,6 +169,16 @@ class RentalCgroups:
             _write(folder / "memory.swap.max", 0)
         _write(folder / "cpu.max", f"{max(1000, int(limits.cpus * CPU_PERIOD_US))} {CPU_PERIOD_US}")
         _write(folder / "pids.max", limits.pids)
+
+
+def _counter(path: Path, pattern: str = r"^(\d+)$") -> int:
+    """A number in a kernel file, 0 when the file or the number is not there."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return 0
+    match = re.search(pattern, text.strip(), re.MULTILINE)
+    return int(match.group(1)) if match else 0
 
 
 def _write(path: Path, value: object) -> None:

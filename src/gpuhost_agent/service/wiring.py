@@ -139,6 +139,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
     )
     publish = config.publish_address or ("127.0.0.1" if config.uses_local_marketplace else "0.0.0.0")
     reporter = StatusReporter(outbox, db, ledger)
+    cgroups = RentalCgroups()
     sandbox = Sandbox(
         ledger,
         host.machine_facts,
@@ -146,7 +147,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         pids_limit=config.pids_limit,
         log_max_size=config.log_max_size,
         log_max_files=config.log_max_files,
-        cgroups=RentalCgroups(),
+        cgroups=cgroups,
         disk_floor_bytes=config.disk_floor_bytes,
     )
     deployer = StackDeployer(
@@ -181,7 +182,9 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         grace_seconds=config.reconcile_grace_seconds,
         keep_limits=sandbox.keep_limits,
     )
-    container_watch = ContainerWatch(engine, reporter, db, dispatcher)
+    container_watch = ContainerWatch(
+        engine, reporter, db, dispatcher, rental_limit_reached=cgroups.memory_limit_reached
+    )
     disk_watch = DiskWatch(
         engine,
         db,
