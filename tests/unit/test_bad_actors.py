@@ -174,7 +174,7 @@ async def test_an_idle_or_stalled_connection_is_closed() -> None:
     from gpuhost_agent.local_marketplace.state import MarketplaceState
     from gpuhost_agent.local_marketplace.store import Store
 
-    running = await server.start(MarketplaceState(Store.load_or_create(None)), "127.0.0.1", 0, idle_seconds=1)
+    running = await server.start(MarketplaceState(Store.load_or_create(None)), "127.0.0.1", 0, idle_seconds=0.5)
     try:
         url = urlsplit(running.base_url)
         for first_bytes in (b"", b"GET /v1/environments HTTP/1.1\r\nHost: x\r\n"):  # nothing; headers that stop
