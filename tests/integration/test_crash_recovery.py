@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import asyncio
 
-import aiohttp
 import pytest
-from support.agent_process import AgentProcess, Market
-from support.engine import env_containers, remove_env_resources
+from support.agent_process import Market, process_world
+from support.engine import env_containers
 from support.renter import Renter
 from support.stacks import TEST_IMAGE
 from support.waiting import until
@@ -29,17 +28,8 @@ STACK = (
 
 @pytest.fixture
 async def world(tmp_path, docker_client):
-    market = Market(tmp_path / "market.json")
-    await market.start()
-    agent = await asyncio.to_thread(AgentProcess, tmp_path, market)
-    http = aiohttp.ClientSession()
-    try:
-        yield Renter(http, market.base_url, market.store), market, agent
-    finally:
-        await http.close()
-        await agent.stop()
-        await market.stop()
-        await asyncio.to_thread(remove_env_resources, docker_client, market.store.envId)
+    async with process_world(tmp_path, docker_client) as made:
+        yield made
 
 
 def _container_names(docker_client, env_id: str) -> list[str]:

@@ -16,11 +16,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-import aiohttp
 import pytest
-from support.agent_process import AgentProcess, Market
-from support.engine import remove_env_resources
-from support.renter import Renter
+from support.agent_process import Market, process_world
 from support.stacks import SLEEPER, TEST_IMAGE
 from support.waiting import until
 
@@ -35,25 +32,10 @@ async def world(tmp_path, monkeypatch, docker_client):
 
     nvml_config = await asyncio.to_thread(write_config, tmp_path / "nvml.conf", h100_sxm(2))
     monkeypatch.setenv("FAKE_NVML_CONFIG", str(nvml_config))
-    market = Market(tmp_path / "market.json")
-    await market.start()
     library = str(await asyncio.to_thread(build_lib))
-    agent = await asyncio.to_thread(
-        AgentProcess,
-        tmp_path,
-        market,
-        GPUHOST_NVML_LIBRARY=library,
-        GPUHOST_GPU_CHECK_IMAGE=TEST_IMAGE,
-        GPUHOST_USAGE_SECONDS="1",
-    )
-    http = aiohttp.ClientSession()
-    try:
-        yield Renter(http, market.base_url, market.store), market, agent
-    finally:
-        await http.close()
-        await agent.stop()
-        await market.stop()
-        await asyncio.to_thread(remove_env_resources, docker_client, market.store.envId)
+    settings = {"GPUHOST_NVML_LIBRARY": library, "GPUHOST_GPU_CHECK_IMAGE": TEST_IMAGE, "GPUHOST_USAGE_SECONDS": "1"}
+    async with process_world(tmp_path, docker_client, **settings) as made:
+        yield made
 
 
 def _seconds_by_gpu(market: Market, rental_id: str) -> dict[str, list[float]]:

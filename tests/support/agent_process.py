@@ -9,7 +9,11 @@ import asyncio
 import os
 import signal
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+
+import aiohttp
 
 from gpuhost_agent.local_marketplace import server
 from gpuhost_agent.local_marketplace.state import MarketplaceState
@@ -112,3 +116,24 @@ async def start_in_process(market: Market, state_dir: Path, **overrides):
     )
     parts = build_agent(config, market.base_url, market.store.envApiKey)
     return parts, asyncio.create_task(parts.agent.run())
+
+
+@asynccontextmanager
+async def process_world(tmp_path: Path, docker_client, **settings: str) -> AsyncIterator[tuple]:
+    """(renter, market, agent): a `Market`, an `AgentProcess` on it (not
+    started; `settings` are its GPUHOST_ lines) and a renter's HTTP client;
+    everything stopped and the environment's Docker objects removed after."""
+    from support.engine import remove_env_resources
+    from support.renter import Renter
+
+    market = Market(tmp_path / "market.json")
+    await market.start()
+    agent = await asyncio.to_thread(AgentProcess, tmp_path, market, **settings)
+    http = aiohttp.ClientSession()
+    try:
+        yield Renter(http, market.base_url, market.store), market, agent
+    finally:
+        await http.close()
+        await agent.stop()
+        await market.stop()
+        await asyncio.to_thread(remove_env_resources, docker_client, market.store.envId)
