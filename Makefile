@@ -7,8 +7,10 @@ MANAGED_LABEL := io.gpuhost.managed=true
 setup:
 	bash scripts/dev-env.sh
 
+# A state directory of its own, inside the checkout (git ignores it): never the
+# production one a real install keeps, even as root. ARGS="--state-dir ..." overrides.
 run: setup
-	.venv/bin/gpuhost-agent run $(ARGS)
+	.venv/bin/gpuhost-agent run --state-dir $(CURDIR)/state $(ARGS)
 
 # The tools that keep the code's shape: style and format (ruff), types (mypy on
 # src/), and the layers' import contracts (import-linter, pyproject.toml).

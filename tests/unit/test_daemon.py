@@ -19,3 +19,41 @@ def test_bad_configuration_exits_with_a_clear_message(tmp_path):
     )
     assert done.returncode == 2
     assert "GPUHOST_ENV_ID" in done.stderr and "GPUHOST_API_KEY" in done.stderr
+
+
+def test_a_state_directory_holds_one_agent(tmp_path):
+    from gpuhost_agent.service.state_lock import StateInUse, StateLock
+
+    first, second = StateLock(tmp_path), StateLock(tmp_path)
+    first.take()
+    try:
+        second.take()
+    except StateInUse as refused:
+        assert f"(pid {os.getpid()})" in str(refused) and "--state-dir" in str(refused)
+    else:
+        raise AssertionError("two agents took one state directory")
+    first.release()
+    second.take()  # free again once the first let go (or died: the kernel drops the lock)
+    second.release()
+
+
+def test_a_second_agent_on_the_same_state_says_so_before_its_banner(tmp_path):
+    """Issue 18, item 2: it found out only at the status socket, after it had
+    printed the local marketplace's banner and opened a session."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("GPUHOST_")}
+    (tmp_path / "none.conf").write_text("# empty: no marketplace, the local one\n")
+    env["GPUHOST_CONFIG"] = str(tmp_path / "none.conf")
+    command = [sys.executable, "-m", "gpuhost_agent", "run", "--state-dir", str(tmp_path / "state")]
+    command += ["--local-listen", "127.0.0.1:0", "--log-level", "warning"]
+    first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert first.stdout is not None
+        banner = "".join(first.stdout.readline() for _ in range(6))
+        assert f"state directory: {tmp_path / 'state'}" in banner, banner
+        second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=30)
+    finally:
+        first.terminate()
+        first.wait(60)
+    assert second.returncode == 1
+    assert f"another gpuhost-agent (pid {first.pid}) runs on the state directory" in second.stderr
+    assert "base URL" not in second.stdout

@@ -8,11 +8,13 @@ import asyncio
 import signal
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.local_marketplace import server as local_server
 from gpuhost_agent.service import sd_notify
 from gpuhost_agent.service.config import AgentConfig
+from gpuhost_agent.service.state_lock import StateLock
 from gpuhost_agent.service.wiring import AgentParts, build_agent, start_local_marketplace, start_status_server
 
 log = get_logger(__name__)
@@ -38,11 +40,20 @@ async def stop_agent(parts: AgentParts, agent_task: asyncio.Task, job_grace: flo
 
 async def serve(config: AgentConfig, stop: asyncio.Event) -> None:
     config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lock = StateLock(config.state_dir)
+    lock.take()  # before the banner and the session: a second agent on this state stops here
+    try:
+        await _serve_locked(config, stop)
+    finally:
+        lock.release()
+
+
+async def _serve_locked(config: AgentConfig, stop: asyncio.Event) -> None:
     local = None
     if config.uses_local_marketplace:
         local = await start_local_marketplace(config)
         base_url, api_key = local.base_url, local.state.store.envApiKey
-        _print_local_banner(local)
+        _print_local_banner(local, config.state_dir)
     else:
         base_url, api_key = str(config.marketplace_url), str(config.api_key)
     parts = build_agent(config, base_url, api_key)
@@ -77,13 +88,14 @@ async def serve(config: AgentConfig, stop: asyncio.Event) -> None:
     await watchdog.stop()
 
 
-def _print_local_banner(local: local_server.RunningMarketplace) -> None:
+def _print_local_banner(local: local_server.RunningMarketplace, state_dir: Path) -> None:
     store = local.state.store
     print(
         "gpuhost-agent: no marketplace configured, serving the local marketplace\n"
         f"  base URL:        {local.base_url}\n"
         f"  environment id:  {store.envId}\n"
         f"  renter API key:  {store.renterApiKey}\n"
+        f"  state directory: {state_dir}\n"
         f"  try: curl -s -H 'X-API-Key: {store.renterApiKey}' {local.base_url}/environments",
         file=sys.stdout,
         flush=True,

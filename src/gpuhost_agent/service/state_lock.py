@@ -1,0 +1,49 @@
+"""One agent per state directory, said before anything starts.
+
+Two agents on one state directory would share its database, its keys and
+the GPU ledger, and the second would find out only when its status socket
+was taken, after it had printed its banner and opened a session. An
+exclusive `flock` on `<state_dir>/agent.lock`, taken first and held for the
+process's life, refuses the second at once, naming the first by its pid.
+The kernel drops the lock when the process ends, however it ends, so a
+crashed agent never leaves it behind.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+LOCK_FILE = "agent.lock"
+
+
+class StateInUse(OSError):
+    pass
+
+
+class StateLock:
+    def __init__(self, state_dir: Path):
+        self.path = state_dir / LOCK_FILE
+        self._fd: int | None = None
+
+    def take(self) -> None:
+        """Hold the lock, or StateInUse naming the agent that holds it."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise StateInUse(
+                f"another gpuhost-agent (pid {holder}) runs on the state directory {self.path.parent}: "
+                "stop it first (systemctl stop gpuhost-agent), or give this one its own with --state-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
