@@ -548,3 +548,18 @@ def test_documented_timings_are_the_code_s():
     assert f"every {channel_hub.STREAM_KEEPALIVE:g} s" in " ".join(stream.split())
     terminal = load(LOCAL_DOC)["paths"]["/rentals/{rentalId}/stacks/{stackId}/containers/{containerId}/terminal"]
     assert f"valid for {terminal_tickets.TICKET_SECONDS:g} s" in terminal["post"]["description"]
+
+
+async def test_a_terminal_on_a_container_that_is_not_running_is_refused_at_once(world):
+    """Issue 18, item 5: it was refused only after the WebSocket had opened."""
+    rental_id, stack_id = await world.stack_with_container()
+    stopped = {**container("web-1", CONTAINER_ID), "State": "exited (1)"}
+    status, _ = await world.call(
+        "PUT",
+        f"/agent/stacks/{stack_id}/containers",
+        {"containers": [stopped], "observedAt": wire.iso()},
+        world.agent_key,
+    )
+    assert status == 200
+    status, body = await world.call("POST", f"/rentals/{rental_id}/stacks/{stack_id}/containers/web-1/terminal")
+    assert status == 409 and "is exited (1)" in body["message"] and "running container" in body["message"]

@@ -34,6 +34,15 @@ def find_container(store: Store, rental_id: str, stack_id: str, container_id: st
     raise NotFound(f"container {container_id[:128]} not found in stack {stack_id} of rental {rental_id}")
 
 
+def container_state(store: Store, stack_id: str, container_id: str) -> str:
+    """The container's State as the agent last listed it ("running",
+    "exited (1)", ...); "" when the list does not have it."""
+    for container in store.containers.get(stack_id, {}).get("containers", []):
+        if container.get("Id") == container_id:
+            return str(container.get("State") or "")
+    return ""
+
+
 def rental_active(store: Store, rental_id: str) -> bool:
     rental = store.rentals.get(rental_id)
     return rental is not None and rental["status"] == wire.RENTAL_ACTIVE

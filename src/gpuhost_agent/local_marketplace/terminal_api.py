@@ -22,7 +22,7 @@ from gpuhost_agent.local_marketplace.channel_hub import CLOSE_TIMEOUT, Stream, S
 from gpuhost_agent.local_marketplace.http_errors import json_body, json_error
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.store import Conflict
-from gpuhost_agent.local_marketplace.stream_targets import find_container, first_done, rental_active
+from gpuhost_agent.local_marketplace.stream_targets import container_state, find_container, first_done, rental_active
 from gpuhost_agent.local_marketplace.terminal_tickets import TicketRejected, dimension, terminal_options
 
 log = get_logger(__name__)
@@ -38,6 +38,13 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
     async def create_terminal(request: web.Request) -> web.Response:
         rental_id, stack_id = request.match_info["rentalId"], request.match_info["stackId"]
         container = find_container(store, rental_id, stack_id, request.match_info["containerId"])
+        state_now = container_state(store, stack_id, container)
+        if not state_now.startswith("running"):
+            return json_error(
+                409,
+                f"container {request.match_info['containerId'][:128]} is {state_now or 'not running'}: "
+                "a terminal needs a running container (deploy the stack again to start it)",
+            )
         options = terminal_options(await json_body(request))
         ticket = tickets.issue(rental_id, stack_id, container, options)
         scheme = "wss" if request.secure else "ws"
