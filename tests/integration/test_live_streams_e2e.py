@@ -129,6 +129,36 @@ async def test_follow_streams_new_lines_and_ends_on_removal(local_market, docker
     assert demux.leftover == 0
 
 
+async def test_follow_ends_when_the_container_stops_as_docker_logs_f(local_market, docker_client):
+    """`docker logs -f` returns when its container stops and, on a stopped
+    container, prints the log and returns: a renter's follow does the same."""
+    renter, _parts, _local = local_market
+    rental_id, stack_id, container = await _deployed(renter, SHELL)
+    cid = container["Id"]
+    await asyncio.to_thread(
+        lambda: docker_client.api.exec_start(
+            docker_client.api.exec_create(cid, ["sh", "-c", "echo said > /proc/1/fd/1"])
+        )
+    )
+    url = renter.base_url + logs_path(rental_id, stack_id, cid)
+    headers = {wire.API_KEY_HEADER: renter.store.renterApiKey}
+    demux = Demux()
+    async with renter.http.get(url, params={"follow": "true"}, headers=headers) as response:
+        while demux.lines(STDOUT) != ["said"]:
+            demux.feed(await asyncio.wait_for(response.content.readany(), 10))
+        await asyncio.to_thread(docker_client.api.stop, cid, timeout=1)
+        demux.feed(await asyncio.wait_for(response.content.read(), 15))  # EOF, the container stopped
+    assert demux.lines(SYSTEM) == ["gpuhost: container exited with code 137"] and demux.leftover == 0
+
+    status, demux, _ = await asyncio.wait_for(
+        read_logs(
+            renter.http, renter.base_url, renter.store.renterApiKey, logs_path(rental_id, stack_id, cid), follow=True
+        ),
+        10,
+    )
+    assert status == 200 and demux.lines(STDOUT) == ["said"] and demux.lines(SYSTEM) == []
+
+
 async def test_terminal_commands_resize_exit_and_two_at_once(local_market):
     renter, _parts, _local = local_market
     rental_id, stack_id, container = await _deployed(renter, SHELL)

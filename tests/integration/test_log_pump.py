@@ -112,25 +112,46 @@ async def test_follow_gets_later_lines_then_ends_on_removal(boxes, docker_client
     assert sink.texts[-1] == {"type": "end", "reason": "container-removed"}
 
 
-async def test_follow_resumes_after_restart_without_duplicates(boxes):
+async def test_follow_resumes_across_docker_restarts_without_duplicates(boxes):
+    """A container Docker restarts (restart policy) is followed on: the follow
+    ends only when the container stops for good, as `docker logs -f` does."""
     made, engine = boxes
-    box = await asyncio.to_thread(made.run, "echo line-a; echo line-b >&2; sleep 1; exit 3")
+    box = await asyncio.to_thread(
+        made.run,
+        "echo line-a; echo line-b >&2; sleep 1; exit 3",
+        restart_policy={"Name": "on-failure", "MaximumRetryCount": 1},
+    )
     sink = MemorySink()
-    pump = LogPump(engine, request(made, box, follow=True), sink, poll_seconds=0.1)
-    task = asyncio.create_task(pump.run())
-    await sink.until(lambda: any("exited" in line for line in sink.lines(SYSTEM)))
-    await asyncio.to_thread(box.start)
-    await sink.until(lambda: len(sink.lines(STDOUT)) == 2 and len(sink.lines(STDERR)) == 2)
-    await sink.until(lambda: len(sink.lines(SYSTEM)) == 2)
+    pump = LogPump(engine, request(made, box, follow=True), sink, poll_seconds=0.05)
+    assert await asyncio.wait_for(pump.run(), 30) == "exited"
     kinds = [(kind, payload.decode()) for kind, payload in sink.demux.frames]
-    exited = "gpuhost: container exited with code 3; following on when it starts again\n"
-    assert [k for k in kinds if k[0] == SYSTEM] == [(SYSTEM, exited)] * 2
-    first_exit = kinds.index((SYSTEM, exited))
+    restarted = "gpuhost: container exited with code 3; following on when it starts again\n"
+    stopped = "gpuhost: container exited with code 3\n"
+    assert [k for k in kinds if k[0] == SYSTEM] == [(SYSTEM, restarted), (SYSTEM, stopped)]
+    first_exit = kinds.index((SYSTEM, restarted))
     assert sorted(kinds[:first_exit]) == [(STDOUT, "line-a\n"), (STDERR, "line-b\n")]
     assert sorted(kinds[first_exit + 1 : -1]) == [(STDOUT, "line-a\n"), (STDERR, "line-b\n")]
-    pump.stop("rental-ended")
-    assert await asyncio.wait_for(task, 10) == "rental-ended"
-    assert sink.texts == [{"type": "end", "reason": "rental-ended"}]
+    assert sink.texts == [{"type": "end", "reason": "exited", "exitCode": 3}]
+
+
+async def test_follow_on_a_stopped_container_gives_its_log_and_ends(boxes):
+    """`docker logs -f` on an exited container prints what it printed and
+    returns; so does a follow here, with no line of the agent's own. One that
+    stops while followed ends too, with a last line saying how."""
+    made, engine = boxes
+    box = await finished(await asyncio.to_thread(made.run, "echo early; echo late >&2; exit 2"))
+    sink = MemorySink()
+    assert await asyncio.wait_for(LogPump(engine, request(made, box, follow=True), sink).run(), 10) == "exited"
+    assert sink.lines(STDOUT) == ["early"] and sink.lines(STDERR) == ["late"] and sink.lines(SYSTEM) == []
+    assert sink.texts == [{"type": "end", "reason": "exited", "exitCode": 2}]
+
+    box = await asyncio.to_thread(made.run, "echo running; sleep 1")
+    sink = MemorySink()
+    pump = LogPump(engine, request(made, box, follow=True), sink, poll_seconds=0.05)
+    assert await asyncio.wait_for(pump.run(), 15) == "exited"
+    assert sink.lines(STDOUT) == ["running"]
+    assert sink.lines(SYSTEM) == ["gpuhost: container exited with code 0"]
+    assert sink.texts == [{"type": "end", "reason": "exited", "exitCode": 0}]
 
 
 async def test_stalled_reader_gets_counted_drops_and_continuous_numbers(boxes):

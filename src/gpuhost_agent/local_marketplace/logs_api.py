@@ -69,11 +69,12 @@ def logs_request(query: Mapping[str, str]) -> dict:
 
 def end_notice(message: dict | None) -> bytes:
     """The stream-3 frame that tells the renter why a stream ended early
-    (nothing for `done`: the logs are complete)."""
+    (nothing for `done` or `exited`: the logs are complete, and the agent's
+    own line already said how a container it followed stopped)."""
     if message is None:
         return notice("the agent's stream closed before the logs ended")
     reason = message.get("reason")
-    if reason == "done":
+    if reason in ("done", "exited"):
         return b""
     if reason == "error":
         return notice(str(message.get("error") or "the agent could not send the logs"))

@@ -59,6 +59,11 @@ def exited_frame(code: object) -> bytes:
     return agent_frame(f"container exited with code {code}; following on when it starts again")
 
 
+def stopped_frame(code: object) -> bytes:
+    """The last line of a follow whose container stopped with no restart coming."""
+    return agent_frame(f"container exited with code {code}")
+
+
 def timestamp_key(stamp: bytes) -> bytes:
     """A form of an RFC 3339 timestamp that sorts by time as bytes. Docker's
     own (UTC, nine digits) is already one; anything else is rewritten."""

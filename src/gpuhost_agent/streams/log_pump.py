@@ -60,6 +60,8 @@ class LogPump:
         self.dropped_lines = self.dropped_bytes = 0  # not yet reported
         self._stop_reason: str | None = None
         self._stopped = asyncio.Event()
+        self._was_running = False
+        self.exit_code: object = None  # set when a follow ended because the container stopped
 
     def stop(self, reason: str) -> None:
         """End the stream from outside (rental-ended, agent-stopping)."""
@@ -83,6 +85,8 @@ class LogPump:
                 await asyncio.wait({sender, watcher, stopped}, return_when=asyncio.FIRST_COMPLETED)
                 if sender.done() and not sender.exception() and not stopped.done():
                     end = {"type": "end", "reason": reason, **({"error": error} if error else {})}
+                    if reason == "exited" and isinstance(self.exit_code, int):
+                        end["exitCode"] = self.exit_code
             if stopped.done():
                 end = {"type": "end", "reason": self._stop_reason}
         finally:
@@ -98,6 +102,7 @@ class LogPump:
         container = info.get("Id") or request.container_id
         tty = bool((info.get("Config") or {}).get("Tty"))
         started = (info.get("State") or {}).get("StartedAt")
+        self._was_running = bool((info.get("State") or {}).get("Running"))
         parser = frames.parser_for(tty, request.timestamps)
         tail, since = request.tail, None if request.since is None else str(request.since)
         while True:
@@ -122,24 +127,34 @@ class LogPump:
                 return self._done("done")
             outcome, started, finished = await self._until_running(container, started)
             if outcome:
-                return self._done(outcome)
+                return outcome
             tail = None
             since = parser.resume(after=finished) or since
 
-    async def _until_running(self, container: str, started: str | None) -> tuple[str | None, str | None, bytes | None]:
+    async def _until_running(
+        self, container: str, started: str | None
+    ) -> tuple[tuple[str, str | None] | None, str | None, bytes | None]:
         """After a follow ended: (None, StartedAt, FinishedAt) once the
-        container runs again, ("container-removed", ...) if it went away. A
+        container runs again. The follow ends, as `docker logs -f` does, when
+        the container is removed or has stopped with no restart coming
+        (neither running nor restarting): then the outcome comes first. A
         follow that broke while the container ran resumes after one poll."""
-        said = False
+        said = confirmed = False
         finished = None
         while True:
             try:
                 state = (await self._engine.inspect(container)).get("State") or {}
             except ContainerGone:
-                return "container-removed", started, None
+                return self._done("container-removed"), started, None
             except EngineError:  # the engine is away: wait for it
                 state = None
             if state is not None:
+                if not state.get("Running") and not state.get("Restarting"):
+                    if self._ran_here(state, started) and not confirmed:
+                        confirmed = True  # `docker rm -f` kills first: look once more for a removal
+                        await asyncio.sleep(self._poll)
+                        continue
+                    return self._stopped_for_good(state, said, started), started, None
                 running = state.get("Running") and not state.get("Restarting")
                 finished = _stamp(state.get("FinishedAt")) or finished
                 if not said and (not running or state.get("StartedAt") != started):
@@ -150,6 +165,19 @@ class LogPump:
             await asyncio.sleep(self._poll)
             if state is not None and running and not said:
                 return None, started, finished
+
+    def _stopped_for_good(self, state: dict, said: bool, started: str | None) -> tuple[str, str | None]:
+        """The follow's end on a stopped container. One that ran during this
+        stream gets a last line saying how it ended (unless a restart notice
+        already said it); one stopped before the stream began ends as plainly
+        as `docker logs -f` does."""
+        if self._ran_here(state, started) and not said:
+            self._put_now(frames.stopped_frame(state.get("ExitCode")))
+        self.exit_code = state.get("ExitCode")
+        return self._done("exited")
+
+    def _ran_here(self, state: dict, started: str | None) -> bool:
+        return self._was_running or state.get("StartedAt") != started
 
     def _done(self, reason: str) -> tuple[str, str | None]:
         if self.dropped_lines:
