@@ -92,6 +92,13 @@ class HostReporter:
             },
         }
 
+    def compliance(self) -> dict | None:
+        """The last probe's verdict with every check (as systemData carries it)
+        and when that probe ran, for the status socket; None before the first."""
+        if self.last_report is None:
+            return None
+        return {**self.last_report["compliance"], "probedAt": self.last_report["systemData"].get("probedAt")}
+
     # ---- session --------------------------------------------------------------
     def session_opened(self, reply: dict, intervals: dict[str, float], sent_at: float, received_at: float) -> None:
         """Take the marketplace's minimums, intervals (read from the reply once,

@@ -61,6 +61,9 @@ class Reconciler:
         self._engine_outage: tuple[datetime, datetime] | None = None  # (last seen up, seen back)
         self.runs = 0
         self.last_actions: list[Action] = []
+        # The marketplace's names of its stacks, as the last desired state gave
+        # them: the agent's record keeps only the Compose project (a slug).
+        self.stack_names: dict[str, str] = {}
 
     def stats(self) -> dict:
         return {
@@ -127,6 +130,11 @@ class Reconciler:
                     hint="the rest is reconciled; what these entries name is left as it is",
                 )
             self._skipped = desired.problems
+            named = (
+                (stack.stack_id, stack.stack_name or (stack.template or {}).get("name"))
+                for stack in desired.stacks.values()
+            )
+            self.stack_names = {stack_id: name for stack_id, name in named if name}
             return desired
         return None
 

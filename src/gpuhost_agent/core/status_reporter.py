@@ -27,16 +27,22 @@ class StackRef:
     rental_id: str
     env_id: str
     project: str  # the Compose project: pStackName
+    name: str = ""  # the marketplace's name for it, where the work came with one (a job)
 
     @classmethod
     def of_job(cls, job: wire.StackJob) -> StackRef:
         name = job.stack_name or (job.template or {}).get("name", "")
-        return cls(job.stack_id, job.rental_id, job.env_id, naming.project_name(name, job.stack_id))
+        return cls(job.stack_id, job.rental_id, job.env_id, naming.project_name(name, job.stack_id), name)
 
 
 class StatusReporter:
     def __init__(self, outbox: Outbox, db: AgentDB, ledger: GpuLedger):
         self.outbox, self.db, self.ledger = outbox, db, ledger
+        # For the status socket, dropped with the stack: the last list sent per
+        # stack (what the marketplace opens tunnels from), and the names jobs
+        # gave (the record keeps only the Compose project, a slug of it).
+        self._containers: dict[str, list[dict]] = {}
+        self._names: dict[str, str] = {}
 
     def status(self, stack: StackRef, status: str, error_msg: str = "", *, job_id: str) -> None:
         """`job_id` names the work the report belongs to: a marketplace job, or
@@ -55,7 +61,11 @@ class StatusReporter:
             body["assignedGPUs"] = list(gpus)
         if status == wire.REMOVED:
             self.db.forget_stack(stack.stack_id)
+            self._containers.pop(stack.stack_id, None)
+            self._names.pop(stack.stack_id, None)
         else:
+            if stack.name:
+                self._names[stack.stack_id] = stack.name
             self.db.stack_status(stack.stack_id, stack.rental_id, stack.env_id, stack.project, status, error_msg)
         self.outbox.put(STATUS, stack.stack_id, body)
 
@@ -68,4 +78,14 @@ class StatusReporter:
 
     def containers(self, stack_id: str, containers: list[dict]) -> None:
         """The stack's containers in the seed's shape (core/containers.py)."""
+        self._containers[stack_id] = containers
         self.outbox.put(CONTAINERS, stack_id, {"containers": containers, "observedAt": wire.iso()})
+
+    def names(self) -> dict[str, str]:
+        """The stacks' names as their jobs gave them since the agent started (read-only)."""
+        return dict(self._names)
+
+    def last_containers(self, stack_id: str) -> list[dict] | None:
+        """The stack's containers as last reported since the agent started, None
+        when none was yet (the status socket's tunnels; read-only)."""
+        return self._containers.get(stack_id)

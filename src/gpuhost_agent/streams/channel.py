@@ -161,6 +161,11 @@ class StreamChannel:
             counts[kind] = counts.get(kind, 0) + 1
         return counts
 
+    def open_requests(self) -> list[StreamRequest]:
+        """What each stream open or being opened was asked for (the status
+        socket counts a tunnel's connections in them); read-only."""
+        return [stream.request for stream in self._streams.values()]
+
     def session_info(self) -> dict:
         """What the agent's session tells the marketplace of its streams: the
         SSH host key, which renters pin and tunnel info shows."""
