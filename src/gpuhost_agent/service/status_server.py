@@ -29,6 +29,7 @@ from gpuhost_agent import __version__
 from gpuhost_agent.common.logs import LAST_ERROR, SECRETS, get_logger
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.service import metrics
+from gpuhost_agent.service.status_stacks import stack_entries
 
 if TYPE_CHECKING:
     from gpuhost_agent.service.wiring import AgentParts
@@ -54,8 +55,10 @@ def _scrub(value: Any) -> Any:
 
 
 class StatusSource:
-    """Asks each part of a running agent for its own `stats()` and puts the
-    answers together; nothing here reaches inside a part."""
+    """Asks each part of a running agent for its own `stats()` (and a few
+    read-only accessors: the compliance verdict, the stacks' names, container
+    lists and open streams) and puts the answers together; nothing here
+    reaches inside a part."""
 
     def __init__(
         self,
@@ -76,17 +79,10 @@ class StatusSource:
     def status(self) -> dict:
         parts = self.parts
         session, host = parts.session.stats(), parts.host.stats()
-        stacks = [
-            {
-                "stackId": stack_id,
-                "status": row.get("status"),
-                "errorMsg": row.get("error_msg") or None,
-                "project": row.get("project"),
-                "rentalId": row.get("rental_id"),
-                "updatedAt": row.get("updated_at"),
-            }
-            for stack_id, row in sorted(parts.db.stacks().items())
-        ]
+        # The marketplace's names: from this start's jobs, and from its last desired
+        # state (which names the stacks deployed before this start as well).
+        names = {**parts.reporter.names(), **parts.reconciler.stack_names}
+        stacks = stack_entries(parts.db.stacks(), names, parts.reporter.last_containers, parts.streams.open_requests())
         rentals = [
             {
                 "rentalId": rental_id,
@@ -108,6 +104,7 @@ class StatusSource:
             "localMarketplace": self.local_marketplace,
             **host,
             "lastError": self.last_error(),
+            "compliance": parts.host.compliance(),
             "stacks": stacks,
             "rentals": rentals,
             "jobs": parts.dispatcher.stats(),

@@ -75,6 +75,7 @@ class AgentParts:
     reconciler: Reconciler
     engine_watch: EngineWatch
     streams: StreamChannel
+    reporter: StatusReporter  # the status socket shows the container lists it last sent
 
 
 @dataclass
@@ -227,7 +228,20 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         usage=usage,
     )
     return AgentParts(
-        agent, session, client, outbox, dispatcher, deployer, engine, nvml, host, db, reconciler, engine_watch, streams
+        agent,
+        session,
+        client,
+        outbox,
+        dispatcher,
+        deployer,
+        engine,
+        nvml,
+        host,
+        db,
+        reconciler,
+        engine_watch,
+        streams,
+        reporter=reporter,
     )
 
 

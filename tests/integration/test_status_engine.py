@@ -1,0 +1,95 @@
+"""`gpuhost-agent status` on a host with a real stack (issue 18, item 6): the
+stack by its name and rental, the compliance verdict of the agent's own
+probe, and the stack's tunnels as the marketplace opens them, with the
+connection a renter holds through one of them."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from support.stacks import TEST_IMAGE
+from support.waiting import until
+
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.service import status_cli
+from gpuhost_agent.service.status_server import StatusSource
+from gpuhost_agent.service.wiring import start_status_server
+
+WEB_AND_ECHO = f"""
+services:
+  web:
+    image: {TEST_IMAGE}
+    command: ["sh", "-c", "mkdir -p /www && echo hello > /www/index.html && exec httpd -f -p 8080 -h /www"]
+    expose: ["8080"]
+    stop_grace_period: 1s
+  echo:
+    image: {TEST_IMAGE}
+    command: ["sh", "-c", "while true; do nc -l -p 9000 -e cat; done"]
+    expose: ["9000"]
+    stop_grace_period: 1s
+"""
+
+
+@pytest.fixture
+def socket_dir():
+    """Unix socket paths must stay under 108 bytes; pytest's tmp_path can be longer."""
+    path = Path(tempfile.mkdtemp(prefix="gh-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _echo_connections(parts, stack_id: str) -> int:
+    entry = next(s for s in StatusSource(parts).status()["stacks"] if s["stackId"] == stack_id)
+    return next(t["connections"] for t in entry["tunnels"] if t["port"] == 9000)
+
+
+async def test_status_shows_names_tunnels_and_the_verdict(local_market, socket_dir):
+    renter, parts, _local = local_market
+    rental_id = await renter.rental()
+    stack_id = await renter.stack(rental_id, WEB_AND_ECHO, name="Status Check UI", isSSHEnabled=True)
+    stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
+    assert stack["status"] == wire.APPLIED, stack["errorMsg"]
+    listed = await renter.tunnels(rental_id, stack_id, 2, keep=lambda t: t["protocol"] != "ssh")
+    echo = next(t for t in listed if t["containerPort"] == 9000)
+
+    sock = socket_dir / "agent.sock"
+    server = await start_status_server(parts, sock)
+    reader, writer = await asyncio.open_connection("127.0.0.1", echo["port"])  # a renter's connection, held
+    try:
+        writer.write(b"ping\n")
+        await writer.drain()
+        assert await asyncio.wait_for(reader.readline(), 10) == b"ping\n"  # its tunnel stream is open
+
+        status = await asyncio.to_thread(status_cli.fetch_status, sock)
+        entry = next(s for s in status["stacks"] if s["stackId"] == stack_id)
+        assert (entry["name"], entry["rentalId"], entry["status"]) == ("Status Check UI", rental_id, wire.APPLIED)
+        tunnels = {(t["service"], t["port"], t["protocol"]): t for t in entry["tunnels"]}
+        assert {key: (t["open"], t["connections"]) for key, t in tunnels.items()} == {
+            ("web", 8080, "tcp"): (True, 0),
+            ("echo", 9000, "tcp"): (True, 1),
+            (None, None, "ssh"): (True, 0),
+        }
+        echo_entry = tunnels[("echo", 9000, "tcp")]
+        assert echo_entry["containerId"] == echo["containerId"]  # the container the marketplace tunnels to
+        assert tunnels[(None, None, "ssh")]["logins"] == sorted(
+            wire.ssh_login_name(service, stack_id) for service in ("echo", "web")
+        )
+        verdict = status["compliance"]  # the agent's own probe of this machine, whatever it found
+        assert isinstance(verdict["isCompliant"], bool) and verdict["checks"]
+
+        out = io.StringIO()
+        assert await asyncio.to_thread(status_cli.run, sock, False, out=out) == 0
+        text = out.getvalue()
+        assert f'  {stack_id} "Status Check UI" rental {rental_id} APPLIED, updated ' in text
+        assert "  compliance:      " + ("compliant (" if verdict["isCompliant"] else "NOT compliant: ") in text
+        rows = [line.split() for line in text.splitlines()]
+        assert ["echo", f"({echo_entry['container']})", "9000/tcp", "open", "1", "connection"] in rows
+    finally:
+        writer.close()
+        await server.stop()
+    await until(lambda: _echo_connections(parts, stack_id) == 0, timeout=10)  # the stream ended with the connection
