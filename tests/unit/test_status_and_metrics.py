@@ -192,7 +192,7 @@ async def test_status_over_the_socket(parts, short_dir):
         text = out.getvalue()
         assert code == 0
         assert "running (pid" in text and "connected:       yes" in text
-        assert re.search(r"stk-2\s+error\s+rent-1", text)
+        assert re.search(r'\n  stk-2 "gh" rental rent-1 error, updated .*\n    error: compose failed: \*\*\*', text)
         out = io.StringIO()
         assert await asyncio.to_thread(status_cli.run, sock, True, out=out) == 0
         assert json.loads(out.getvalue())["connected"] is True
