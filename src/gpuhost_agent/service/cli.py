@@ -34,7 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     for sub in (probe, doctor):
         sub.add_argument("--config", help=f"KEY=VALUE config file (default {config_module.DEFAULT_CONFIG_FILE})")
         sub.add_argument("--compose-command", help="Compose v2 command, e.g. 'docker compose'")
-    status = commands.add_parser("status", help="is the agent running and connected: heartbeat, last error, stacks")
+    status = commands.add_parser(
+        "status", help="is the agent running and connected: heartbeat, last error, compliance, stacks and tunnels"
+    )
     status.add_argument("--json", action="store_true", help="machine-readable JSON instead of text")
     status.add_argument(
         "--socket", dest="status_socket", help="the running agent's status socket (GPUHOST_STATUS_SOCKET)"
