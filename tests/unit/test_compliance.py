@@ -32,7 +32,9 @@ FAILURES = [
     ("nvidia-gpu", _set("nvml.available", False), "no NVIDIA GPU", "install the NVIDIA driver"),
     ("nvidia-gpu", _set("nvml.gpus", []), "NVML lists no GPU", "nvidia-smi"),
     ("driver-version", _set("nvml.driverVersion", "470.239.06"), "older than the required 535.0", "535.0 or newer"),
-    ("cuda-version", _set("nvml.cudaDriverVersion", "11.4"), "the marketplace needs 12.2", "CUDA 12.2"),
+    ("driver-version", _set("nvml.driverVersion", None), "NVIDIA driver: version unknown", "535.0 or newer"),
+    ("cuda-version", _set("nvml.cudaDriverVersion", "11.4"), "CUDA 11.4 is older than the required 12.2", "CUDA 12.2"),
+    ("cuda-version", _set("nvml.cudaDriverVersion", None), "version unknown; 12.2 or newer", "CUDA 12.2"),
     ("gpu-models", _set("nvml.gpus.1.name", "NVIDIA A100-SXM4-80GB"), "mixed models", "one model"),
     ("gpu-memory-errors", _set("nvml.gpus.1.eccUncorrectedErrors", 3), "GPU 1", "nvidia-smi -r"),
     (
@@ -50,9 +52,14 @@ FAILURES = [
         "accept-nvidia-visible-devices-envvar-when-unprivileged = false",
     ),
     ("docker", _set("host.docker.available", False), "unreachable", "Docker Engine 24.0"),
-    ("docker", _set("host.docker.version", "20.10.24+dfsg1"), "older than 24.0", "24.0 or newer"),
+    (
+        "docker",
+        _set("host.docker.version", "20.10.24+dfsg1"),
+        "Docker Engine 20.10.24+dfsg1 is older than the required 24.0",
+        "24.0 or newer",
+    ),
     ("compose", _set("host.compose.available", False), "Compose", "docker-compose-plugin"),
-    ("compose", _set("host.compose.version", "2.12.2"), "2.20 or newer", "docker-compose-plugin"),
+    ("compose", _set("host.compose.version", "2.12.2"), "Compose 2.12.2 is older than the required 2.20", "plugin"),
     (
         "gpu-containers",
         _set("host.docker.gpuContainers", {"ok": False, "method": "engine-info", "detail": "no nvidia runtime"}),
@@ -60,7 +67,7 @@ FAILURES = [
         "nvidia-ctk runtime configure",
     ),
     ("disk-space", _set("host.storage.freeBytes", 12 * GIB), "only 12.0 GiB free", "docker system prune"),
-    ("disk-space", _set("host.storage.freeBytes", None), "unknown", "docker system prune"),
+    ("disk-space", _set("host.storage.freeBytes", None), "cannot tell the free space", "docker system prune"),
     ("clock-sync", _set("host.clock.synchronized", False), "not synchronised", "timedatectl set-ntp true"),
     ("clock-sync", _set("host.clock.synchronized", None), "cannot tell", "timedatectl"),
 ]
@@ -88,6 +95,8 @@ def test_each_check_fails_alone_with_an_actionable_reason(check_id, breakage, re
     assert reason_words in failed[0].summary and remedy_words in failed[0].remedy
     ok, reason = summary(checks)
     assert ok is False and failed[0].summary in reason
+    # doctor runs offline with the default minimums: no sentence claims a marketplace asked for them
+    assert "marketplace" not in failed[0].summary
 
 
 def test_clock_skew_against_the_marketplace() -> None:
@@ -141,3 +150,50 @@ def test_doctor_text_shows_pass_fail_and_the_fix() -> None:
     assert "fix: enable time synchronisation" in text and text.endswith("NOT compliant: 1 check(s) failed")
     good = doctor_lines([check.as_wire() for check in evaluate(good_host(), Requirements())])
     assert "FAIL" not in good and good.endswith("compliant: this host can be listed")
+
+
+def _no_driver() -> dict:
+    """A machine without the NVIDIA driver (and so without the toolkit), as the probe sees it."""
+    data = copy.deepcopy(good_host())
+    data["nvml"].update(available=False, error="NVML Shared Library Not Found", driverVersion=None, gpus=[])
+    data["nvml"]["cudaDriverVersion"] = None
+    data["host"]["nvidiaContainerToolkit"].update(installed=False, version=None)
+    return data
+
+
+def test_a_missing_driver_fails_once_and_what_cannot_apply_is_skipped() -> None:
+    """Issue 18, item 4: no "NVIDIA driver missing is older than ..." and no PASS for
+    the models and memory errors of zero GPUs, or for a toolkit setting with no toolkit."""
+    checks = {check.id: check for check in evaluate(_no_driver(), Requirements())}
+    failed = sorted(check_id for check_id, check in checks.items() if not check.ok)
+    assert failed == ["container-toolkit", "nvidia-gpu"]  # the driver counts once, the toolkit is its own install
+    skipped = {check_id: check.summary for check_id, check in checks.items() if check.skipped}
+    assert sorted(skipped) == [
+        "cuda-version",
+        "driver-version",
+        "gpu-memory-errors",
+        "gpu-models",
+        "toolkit-visible-devices",
+    ]
+    assert all(text.startswith("skipped: ") for text in skipped.values())
+    assert "no NVIDIA driver" in skipped["driver-version"] and "no GPU" in skipped["gpu-models"]
+    assert all(checks[check_id].ok and checks[check_id].remedy == "" for check_id in skipped)
+    ok, reason = summary(list(checks.values()))
+    assert not ok and reason.count("NVIDIA driver") == 0 and "older than" not in reason
+    assert checks["gpu-models"].as_wire()["skipped"] is True and checks["docker"].as_wire()["skipped"] is False
+
+
+def test_a_driver_without_gpus_is_still_judged_and_the_gpu_checks_are_skipped() -> None:
+    data = copy.deepcopy(good_host())
+    data["nvml"]["gpus"] = []
+    checks = {check.id: check for check in evaluate(data, Requirements())}
+    assert checks["driver-version"].ok and not checks["driver-version"].skipped
+    assert checks["gpu-models"].skipped and checks["gpu-memory-errors"].skipped
+    assert [check_id for check_id, check in checks.items() if not check.ok] == ["nvidia-gpu"]
+
+
+def test_doctor_text_says_skip_with_the_reason() -> None:
+    text = doctor_lines([check.as_wire() for check in evaluate(_no_driver(), Requirements())])
+    assert "[SKIP] gpu-models               no GPU, so no models to compare\n" in text
+    assert "[PASS] gpu-models" not in text and "[PASS] toolkit-visible-devices" not in text
+    assert text.endswith("NOT compliant: 2 check(s) failed")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import socket
 import time
 
 import aiohttp
+import psutil
 import pytest
 from aiohttp import web
 
@@ -59,15 +61,69 @@ async def test_both_directions_give_a_speed(served, http):
     assert result.download_mbps > 0 and result.upload_mbps > 0
     assert result.download_bytes == 5_000_000 and result.upload_bytes == 5_000_000
     assert result.measured_at.endswith("Z")
+    # Measured, but the marketplace is on this machine: no speed of the host's network is published.
+    assert result.same_machine == "127.0.0.1"
     wire_shape = as_wire(result)
     assert wire_shape == {
-        "uploadMbps": result.upload_mbps,
-        "downloadMbps": result.download_mbps,
+        "uploadMbps": None,
+        "downloadMbps": None,
         "measuredAt": result.measured_at,
         "bytesDown": 5_000_000,
         "bytesUp": 5_000_000,
+        "error": f"not published: the marketplace is on this machine (127.0.0.1), so the bytes never "
+        f"crossed the network (measured {result.download_mbps:g} Mbit/s down, {result.upload_mbps:g} Mbit/s up)",
+    }
+    # The same figures from a marketplace elsewhere are published as measured.
+    remote = dataclasses.replace(result, same_machine=None)
+    assert as_wire(remote) == {
+        **wire_shape,
+        "uploadMbps": result.upload_mbps,
+        "downloadMbps": result.download_mbps,
         "error": None,
     }
+
+
+def _own_address() -> str | None:
+    """A non-loopback IPv4 address of this machine's own interfaces, if it has one."""
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family == socket.AF_INET and not address.address.startswith("127."):
+                return address.address
+    return None
+
+
+async def test_the_hosts_own_address_is_the_same_machine_too(http):
+    """Issue 18, item 4: a local marketplace reached at the host's own address is not loopback
+    by name, but the bytes still never leave the machine."""
+    own = _own_address()
+    if own is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    runner = web.AppRunner(_speedtest_app(), shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, own, 0)
+    await site.start()
+    try:
+        result = await measure_speed(http, f"http://{own}:{runner.addresses[0][1]}/v1", max_bytes=100_000)
+    finally:
+        await runner.cleanup()
+    assert result.same_machine == own and as_wire(result)["downloadMbps"] is None
+
+
+def test_which_addresses_are_this_machine():
+    own = {"10.1.2.3", "fd00::2"}
+    assert netspeed.same_machine("127.0.0.1", own) and netspeed.same_machine("127.3.4.5", own)
+    assert netspeed.same_machine("::1", own) and netspeed.same_machine("::ffff:127.0.0.1", own)
+    assert netspeed.same_machine("10.1.2.3", own) and netspeed.same_machine("fd00::2", own)
+    assert not netspeed.same_machine("10.1.2.4", own)
+    assert not netspeed.same_machine("2001:db8::1", own)
+    assert not netspeed.same_machine("not an address", own)
+
+
+async def test_the_marketplace_address_is_resolved_as_the_connection_would():
+    """IP literals and localhost only: no lookup leaves this machine."""
+    assert await netspeed.marketplace_on_this_machine("http://192.0.2.200:1/v1") is None  # not one of ours
+    assert await netspeed.marketplace_on_this_machine("http://localhost:1/v1") in {"127.0.0.1", "::1"}
+    assert await netspeed.marketplace_on_this_machine("http://[::1]:1/v1") == "::1"
 
 
 async def test_max_bytes_bounds_both_directions(served, http):

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 from support.fake_nvml import FakeGpu, build_lib, forget_loaded_nvml, h100_sxm, rtx4090, subprocess_env, write_config
+from support.openapi_check import AGENT_DOC, check, load, properties, request_schema
 
 from gpuhost_agent.inventory.listing import listing_fields
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
@@ -177,6 +178,10 @@ def test_cli_probe_finds_the_library_through_ld_library_path(tmp_path) -> None:
     assert report["listing"]["gpuName"] == "NVIDIA GeForce RTX 4090"
     assert report["listing"]["location"] == "US-TX"
     assert report["systemData"]["nvml"]["gpus"][0]["unsupported"]["migMode"] == "Not Supported"
+    # Exactly the body PUT /agent/system-data carries (issue 18, item 4): every field of it, no other.
+    agent_doc = load(AGENT_DOC)
+    assert set(report) == properties(agent_doc, "SystemDataReport")
+    check(agent_doc, report, request_schema(agent_doc, "/agent/system-data", "put"))
 
 
 @pytest.mark.skipif(bool(ctypes.util.find_library("nvidia-ml")), reason="this machine has a real NVML library")
@@ -186,5 +191,8 @@ def test_cli_probe_without_any_nvml_library(tmp_path) -> None:
     nvml = report["systemData"]["nvml"]
     assert nvml["available"] is False and "libnvidia-ml.so.1" in nvml["error"]
     assert report["listing"]["totalGPUs"] == 0
-    nvidia_check = next(c for c in report["compliance"]["checks"] if c["id"] == "nvidia-gpu")
-    assert not nvidia_check["ok"] and "install the NVIDIA driver" in nvidia_check["remedy"]
+    checks = {c["id"]: c for c in report["compliance"]["checks"]}
+    assert not checks["nvidia-gpu"]["ok"] and "install the NVIDIA driver" in checks["nvidia-gpu"]["remedy"]
+    # The missing driver fails nvidia-gpu alone; what needs a driver or a GPU is skipped, not passed.
+    for needs_a_gpu in ("driver-version", "cuda-version", "gpu-models", "gpu-memory-errors"):
+        assert checks[needs_a_gpu]["skipped"] and checks[needs_a_gpu]["ok"], checks[needs_a_gpu]

@@ -21,7 +21,7 @@ from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.core.init_state import InitState
 from gpuhost_agent.core.schedule import Schedule
 from gpuhost_agent.inventory import netspeed, telemetry
-from gpuhost_agent.inventory.system_data import Prober, build_report
+from gpuhost_agent.inventory.system_data import Prober, as_sent, build_report
 from gpuhost_agent.protocol import intervals as wire_intervals
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.protocol.requirements import Requirements
@@ -184,7 +184,7 @@ class HostReporter:
 
     def _send(self, report: dict) -> None:
         self.sent_fingerprint = report["fingerprint"]
-        self.outbox.put(SYSTEM_DATA, self.target, {**report, "reportedAt": wire.iso()})
+        self.outbox.put(SYSTEM_DATA, self.target, as_sent(report))
         log.info(
             "system_data_queued",
             fingerprint=report["fingerprint"],

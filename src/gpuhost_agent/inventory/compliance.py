@@ -3,14 +3,22 @@ reason and a fix a host can act on.
 
 The minimums belong to the marketplace (sent in the session reply as
 `requirements`, shaped in protocol/requirements.py); its defaults are used
-until it has spoken, and by `gpuhost-agent doctor` when run offline.
+until it has spoken, and by `gpuhost-agent doctor` when run offline, so no
+sentence here says "the marketplace needs": a minimum is "the required" one,
+whoever set it.
+
+A check that cannot apply is skipped, with the reason, rather than passed or
+failed: with no GPU there are no models to compare and no memory errors to
+read, without a driver no driver or CUDA version, without the toolkit no
+toolkit setting. So one missing driver fails one check (`nvidia-gpu`), and
+a skipped check never counts against compliance (`ok` stays true).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuhost_agent.protocol.requirements import TOOLKIT_SAFE_VERSION, Requirements, version_tuple
+from gpuhost_agent.protocol.requirements import TOOLKIT_SAFE_VERSION, Requirements, older_than, version_tuple
 
 TOOLKIT_CVES = "CVE-2024-0132, CVE-2025-23359, CVE-2025-23266"
 GIB = 1024**3
@@ -22,9 +30,10 @@ class Check:
     ok: bool
     summary: str
     remedy: str = ""
+    skipped: bool = False  # could not apply to this machine; `summary` says why
 
     def as_wire(self) -> dict:
-        return {"id": self.id, "ok": self.ok, "summary": self.summary, "remedy": self.remedy}
+        return {"id": self.id, "ok": self.ok, "skipped": self.skipped, "summary": self.summary, "remedy": self.remedy}
 
 
 def at_least(found: str | None, minimum: str) -> bool:
@@ -35,10 +44,20 @@ def _check(id_: str, ok: bool, good: str, bad: str, remedy: str) -> Check:
     return Check(id_, ok, good if ok else bad, "" if ok else remedy)
 
 
+def _skip(id_: str, reason: str) -> Check:
+    return Check(id_, True, f"skipped: {reason}", "", skipped=True)
+
+
+def _version_check(id_: str, what: str, found: str | None, minimum: str, remedy: str) -> Check:
+    """`what found` when at least `minimum`, else the one sentence install.sh says too."""
+    if not version_tuple(found):
+        return Check(id_, False, f"{what}: version unknown; {minimum} or newer is required", remedy)
+    return _check(id_, at_least(found, minimum), f"{what} {found}", older_than(what, str(found), minimum), remedy)
+
+
 def evaluate(system_data: dict, req: Requirements, clock_skew_seconds: float | None = None) -> list[Check]:
     nvml, host = system_data["nvml"], system_data["host"]
     gpus = [gpu for gpu in nvml["gpus"] if not gpu.get("error")]
-    docker, compose, kit = host["docker"], host["compose"], host["nvidiaContainerToolkit"]
     checks = [
         _check(
             "nvidia-gpu",
@@ -47,80 +66,62 @@ def evaluate(system_data: dict, req: Requirements, clock_skew_seconds: float | N
             f"no NVIDIA GPU usable: {nvml.get('error') or 'NVML lists no GPU'}",
             "install the NVIDIA driver and check that `nvidia-smi` lists the GPUs",
         ),
-        _check(
+        *_driver_checks(nvml, req),
+        *_gpu_checks(gpus),
+        *_toolkit_checks(host["nvidiaContainerToolkit"], req),
+        *_docker_checks(host["docker"], host["compose"], req),
+        _disk_check(host["storage"], req),
+        *_clock_checks(host["clock"], clock_skew_seconds, req),
+    ]
+    return checks
+
+
+def _driver_checks(nvml: dict, req: Requirements) -> list[Check]:
+    if not nvml["available"]:
+        no_driver = "no NVIDIA driver answers (see nvidia-gpu)"
+        return [_skip("driver-version", no_driver), _skip("cuda-version", no_driver)]
+    return [
+        _version_check(
             "driver-version",
-            at_least(nvml.get("driverVersion"), req.minDriverVersion),
-            f"NVIDIA driver {nvml.get('driverVersion')}",
-            f"NVIDIA driver {nvml.get('driverVersion') or 'missing'} is older than the required {req.minDriverVersion}",
+            "NVIDIA driver",
+            nvml.get("driverVersion"),
+            req.minDriverVersion,
             f"install NVIDIA driver {req.minDriverVersion} or newer",
         ),
-        _check(
+        _version_check(
             "cuda-version",
-            at_least(nvml.get("cudaDriverVersion"), req.minCudaVersion),
-            f"driver supports CUDA {nvml.get('cudaDriverVersion')}",
-            f"driver supports CUDA {nvml.get('cudaDriverVersion') or 'unknown'},"
-            f" the marketplace needs {req.minCudaVersion}",
+            "the driver's CUDA",
+            nvml.get("cudaDriverVersion"),
+            req.minCudaVersion,
             f"install a driver that supports CUDA {req.minCudaVersion} or newer",
         ),
     ]
+
+
+def _gpu_checks(gpus: list[dict]) -> list[Check]:
+    if not gpus:
+        return [
+            _skip("gpu-models", "no GPU, so no models to compare"),
+            _skip("gpu-memory-errors", "no GPU, so no memory errors to read"),
+        ]
     names = sorted({gpu.get("name") or "unknown" for gpu in gpus})
-    checks.append(
+    bad_ecc = [str(gpu["index"]) for gpu in gpus if (gpu.get("eccUncorrectedErrors") or 0) > 0]
+    return [
         _check(
             "gpu-models",
             len(names) <= 1,
             "all GPUs are the same model",
             f"GPUs of mixed models: {', '.join(names)}",
             "list one model per environment: move the other GPUs to their own machine",
-        )
-    )
-    bad_ecc = [str(gpu["index"]) for gpu in gpus if (gpu.get("eccUncorrectedErrors") or 0) > 0]
-    checks.append(
+        ),
         _check(
             "gpu-memory-errors",
             not bad_ecc,
             "no uncorrected GPU memory errors",
             f"uncorrected ECC memory errors on GPU {', '.join(bad_ecc)}",
             "reset the GPU (nvidia-smi -r) or have it serviced before renting it out",
-        )
-    )
-    checks.extend(_toolkit_checks(kit, req))
-    docker_problem = (
-        f"Docker Engine unreachable: {docker.get('error')}"
-        if not docker["available"]
-        else f"Docker Engine {docker.get('version')} is older than {req.minDockerVersion}"
-    )
-    checks.append(
-        _check(
-            "docker",
-            docker["available"] and at_least(docker.get("version"), req.minDockerVersion),
-            f"Docker Engine {docker.get('version')}",
-            docker_problem,
-            f"install or start Docker Engine {req.minDockerVersion} or newer (systemctl status docker)",
-        )
-    )
-    checks.append(
-        _check(
-            "compose",
-            compose["available"] and at_least(compose.get("version"), req.minComposeVersion),
-            f"Docker Compose {compose.get('version')}",
-            f"Docker Compose {compose.get('version') or 'missing'}; {req.minComposeVersion} or newer is needed",
-            "install Docker's compose plugin: apt install docker-compose-plugin",
-        )
-    )
-    gpu_containers = docker.get("gpuContainers") or {}
-    checks.append(
-        _check(
-            "gpu-containers",
-            bool(gpu_containers.get("ok")),
-            f"Docker can give GPUs to containers ({gpu_containers.get('detail') or gpu_containers.get('method')})",
-            f"Docker cannot start GPU containers: {gpu_containers.get('detail')}",
-            "configure Docker for the toolkit:"
-            " nvidia-ctk runtime configure --runtime=docker && systemctl restart docker",
-        )
-    )
-    checks.append(_disk_check(host["storage"], req))
-    checks.extend(_clock_checks(host["clock"], clock_skew_seconds, req))
-    return checks
+        ),
+    ]
 
 
 def _toolkit_checks(kit: dict, req: Requirements) -> list[Check]:
@@ -131,23 +132,27 @@ def _toolkit_checks(kit: dict, req: Requirements) -> list[Check]:
                 False,
                 "NVIDIA Container Toolkit not installed",
                 "install nvidia-container-toolkit (see NVIDIA's install guide) and configure Docker with nvidia-ctk",
-            )
+            ),
+            _skip("toolkit-visible-devices", "no NVIDIA Container Toolkit, so no setting of it to read"),
         ]
     version = kit.get("version")
     minimum = max(req.minContainerToolkitVersion, TOOLKIT_SAFE_VERSION, key=version_tuple)
-    unsafe = kit.get("acceptsEnvvarFromUnprivileged", True)
+    toolkit = _version_check(
+        "container-toolkit",
+        "NVIDIA Container Toolkit",
+        version,
+        minimum,
+        f"upgrade nvidia-container-toolkit to {minimum} or newer",
+    )
+    if not at_least(version, TOOLKIT_SAFE_VERSION):
+        toolkit = Check(
+            toolkit.id, False, f"{toolkit.summary}, open to container escapes {TOOLKIT_CVES}", toolkit.remedy
+        )
     return [
-        _check(
-            "container-toolkit",
-            at_least(version, minimum),
-            f"NVIDIA Container Toolkit {version}",
-            f"NVIDIA Container Toolkit {version or '(version unknown)'} is older than {minimum}"
-            + (f", open to container escapes {TOOLKIT_CVES}" if not at_least(version, TOOLKIT_SAFE_VERSION) else ""),
-            f"upgrade nvidia-container-toolkit to {minimum} or newer",
-        ),
+        toolkit,
         _check(
             "toolkit-visible-devices",
-            not unsafe,
+            not kit.get("acceptsEnvvarFromUnprivileged", True),
             "the toolkit ignores NVIDIA_VISIBLE_DEVICES from unprivileged containers",
             "the toolkit lets any container pick GPUs through NVIDIA_VISIBLE_DEVICES, so a renter could reach "
             "GPUs rented to someone else",
@@ -157,16 +162,45 @@ def _toolkit_checks(kit: dict, req: Requirements) -> list[Check]:
     ]
 
 
+def _docker_checks(docker: dict, compose: dict, req: Requirements) -> list[Check]:
+    docker_remedy = f"install or start Docker Engine {req.minDockerVersion} or newer (systemctl status docker)"
+    compose_remedy = "install Docker's compose plugin: apt install docker-compose-plugin"
+    gpu_containers = docker.get("gpuContainers") or {}
+    return [
+        _version_check("docker", "Docker Engine", docker.get("version"), req.minDockerVersion, docker_remedy)
+        if docker["available"]
+        else Check("docker", False, f"Docker Engine unreachable: {docker.get('error')}", docker_remedy),
+        _version_check("compose", "Docker Compose", compose.get("version"), req.minComposeVersion, compose_remedy)
+        if compose["available"]
+        else Check("compose", False, f"Docker Compose unavailable: {compose.get('error')}", compose_remedy),
+        _check(
+            "gpu-containers",
+            bool(gpu_containers.get("ok")),
+            f"Docker can give GPUs to containers ({gpu_containers.get('detail') or gpu_containers.get('method')})",
+            f"Docker cannot start GPU containers: {gpu_containers.get('detail')}",
+            "configure Docker for the toolkit:"
+            " nvidia-ctk runtime configure --runtime=docker && systemctl restart docker",
+        ),
+    ]
+
+
 def _disk_check(storage: dict, req: Requirements) -> Check:
-    free = storage.get("freeBytes")
-    ok = free is not None and free >= req.minFreeDiskGiB * GIB
-    shown = "unknown" if free is None else f"{free / GIB:.1f} GiB"
+    free, path = storage.get("freeBytes"), storage.get("path")
+    remedy = "free space (docker system prune) or move Docker's data-root to a larger disk"
+    if free is None:
+        return Check(
+            "disk-space",
+            False,
+            f"cannot tell the free space on {path} (Docker's data root): {storage.get('error') or 'unknown'}",
+            remedy,
+        )
     return _check(
         "disk-space",
-        ok,
-        f"{shown} free for containers on {storage.get('path')}",
-        f"only {shown} free on {storage.get('path')} (Docker's data root), {req.minFreeDiskGiB:g} GiB needed",
-        "free space (docker system prune) or move Docker's data-root to a larger disk",
+        free >= req.minFreeDiskGiB * GIB,
+        f"{free / GIB:.1f} GiB free for containers on {path}",
+        f"only {free / GIB:.1f} GiB free on {path} (Docker's data root), less than the required "
+        f"{req.minFreeDiskGiB:g} GiB",
+        remedy,
     )
 
 
@@ -182,7 +216,7 @@ def _clock_checks(clock: dict, skew: float | None, req: Requirements) -> list[Ch
             "enable time synchronisation: timedatectl set-ntp true (or install chrony)",
         )
     ]
-    if skew is not None:
+    if skew is not None:  # known only once a marketplace has answered
         checks.append(
             _check(
                 "clock-skew",
@@ -196,6 +230,6 @@ def _clock_checks(clock: dict, skew: float | None, req: Requirements) -> list[Ch
 
 
 def summary(checks: list[Check]) -> tuple[bool, str]:
-    """(isCompliant, failedComplianceReason) for the Environment."""
+    """(isCompliant, failedComplianceReason) for the Environment; skipped checks are not failures."""
     failed = [check.summary for check in checks if not check.ok]
     return not failed, "; ".join(failed)

@@ -17,17 +17,29 @@ Rules for the figures (Mbit/s = 10^6 bits per second, rounded to 0.1):
   only when the marketplace reports 0 s.
 Network failures never raise: the direction that failed gets None and `error`
 says why in a few words (e.g. "download: HTTP 404").
+
+Why a marketplace on this very machine gives no figures: its bytes never
+leave the host (loopback, or the host's own address, which the kernel routes
+over loopback too), so the figure says how fast the host copies memory, not
+its network. Which machine the marketplace is comes from its name as resolved
+(the same lookup the connection makes), not from a connection's sockets,
+which aiohttp may already have released. The transfer still runs (it tests
+the endpoints), but `as_wire` publishes null speeds and says why in `error`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 
 import aiohttp
+import psutil
+from yarl import URL
 
 from gpuhost_agent.protocol import wire
 
@@ -44,6 +56,7 @@ class SpeedResult:
     upload_bytes: int
     measured_at: str
     error: str | None = None
+    same_machine: str | None = None  # the marketplace's address when it is this machine
 
 
 class _HttpStatus(Exception):
@@ -68,20 +81,77 @@ async def measure_speed(
     measured_at = wire.iso()
     base = base_url.rstrip("/")
     limit = max_seconds + _GRACE_SECONDS
+    here = await marketplace_on_this_machine(base)
     down_mbps, down_bytes, down_error = await _guarded("download", _download(http, base, max_bytes, max_seconds), limit)
     up_mbps, up_bytes, up_error = await _guarded("upload", _upload(http, base, max_bytes, max_seconds), limit)
     errors = [e for e in (down_error, up_error) if e]
-    return SpeedResult(down_mbps, up_mbps, down_bytes, up_bytes, measured_at, "; ".join(errors) or None)
+    return SpeedResult(
+        down_mbps,
+        up_mbps,
+        down_bytes,
+        up_bytes,
+        measured_at,
+        "; ".join(errors) or None,
+        here,
+    )
 
 
 def as_wire(result: SpeedResult) -> dict:
+    """systemData's networkSpeed; a same-machine measurement is no speed of the host's network."""
+    upload, download, error = result.upload_mbps, result.download_mbps, result.error
+    if result.same_machine is not None and (upload is not None or download is not None):
+        upload = download = None
+        error = (
+            f"not published: the marketplace is on this machine ({result.same_machine}), so the bytes "
+            f"never crossed the network (measured {_show(result.download_mbps)} down, "
+            f"{_show(result.upload_mbps)} up)" + (f"; {result.error}" if result.error else "")
+        )
     return {
-        "uploadMbps": result.upload_mbps,
-        "downloadMbps": result.download_mbps,
+        "uploadMbps": upload,
+        "downloadMbps": download,
         "measuredAt": result.measured_at,
         "bytesDown": result.download_bytes,
         "bytesUp": result.upload_bytes,
-        "error": result.error,
+        "error": error,
+    }
+
+
+def _show(mbps: float | None) -> str:
+    return "nothing" if mbps is None else f"{mbps:g} Mbit/s"
+
+
+def same_machine(address: str, own_addresses: set[str]) -> bool:
+    """A connection to `address` stays on this host: it is a loopback address,
+    or one of the host's own (which the kernel routes over loopback too)."""
+    try:
+        parsed = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(parsed, ipaddress.IPv6Address) and parsed.ipv4_mapped is not None:
+        parsed = parsed.ipv4_mapped
+    return parsed.is_loopback or str(parsed) in own_addresses
+
+
+async def marketplace_on_this_machine(base_url: str) -> str | None:
+    """The address the marketplace resolves to when it is this machine, else None
+    (and None when the name does not resolve: the transfer then says why)."""
+    url = URL(base_url)
+    try:
+        infos = await asyncio.wait_for(
+            asyncio.get_running_loop().getaddrinfo(url.host, url.port, type=socket.SOCK_STREAM), _GRACE_SECONDS
+        )
+    except (OSError, UnicodeError, asyncio.TimeoutError):
+        return None
+    own = await asyncio.to_thread(_own_addresses)
+    return next((str(info[4][0]) for info in infos if same_machine(str(info[4][0]), own)), None)
+
+
+def _own_addresses() -> set[str]:
+    return {
+        address.address.split("%", 1)[0]
+        for addresses in psutil.net_if_addrs().values()
+        for address in addresses
+        if address.family in (socket.AF_INET, socket.AF_INET6)
     }
 
 

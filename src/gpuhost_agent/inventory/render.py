@@ -103,9 +103,13 @@ def _onoff(mode: dict | None) -> str:
 
 
 def doctor_lines(checks: list[dict]) -> str:
+    """One line per check, PASS, FAIL or SKIP (a check that cannot apply here,
+    the reason in its summary), the fix under each failure."""
     lines = []
     for check in checks:
-        lines.append(f"[{'PASS' if check['ok'] else 'FAIL'}] {check['id']:<24} {check['summary']}")
+        verdict = "SKIP" if check.get("skipped") else "PASS" if check["ok"] else "FAIL"
+        said = check["summary"].removeprefix("skipped: ") if check.get("skipped") else check["summary"]
+        lines.append(f"[{verdict}] {check['id']:<24} {said}")
         if not check["ok"] and check["remedy"]:
             lines.append(f"       {'':<24} fix: {check['remedy']}")
     failed = sum(1 for check in checks if not check["ok"])

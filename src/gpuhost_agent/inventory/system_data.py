@@ -77,6 +77,12 @@ def build_report(data: dict, requirements: compliance.Requirements, clock_skew_s
     return report
 
 
+def as_sent(report: dict) -> dict:
+    """The body of PUT /agent/system-data: the report and when it went out.
+    `gpuhost-agent probe --json` prints this too, so a host sees what is sent."""
+    return {**report, "reportedAt": wire.iso()}
+
+
 def fingerprint(report: dict) -> str:
     """Changes when something a marketplace would show changes, not at every
     probe: the probe time and the clock's error estimate are left out, free

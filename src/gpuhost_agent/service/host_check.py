@@ -1,9 +1,12 @@
 """`gpuhost-agent probe` and `gpuhost-agent doctor`: the agent's own view of the
 machine, for a host at a terminal, with no marketplace needed.
 
-Both run exactly the probe the daemon runs. The network speed is left out
-(it is measured against the marketplace, by the running agent); doctor uses
-the default minimums, which the marketplace may raise when the agent runs.
+Both run exactly the probe the daemon runs, and `probe --json` prints exactly
+the body the daemon sends as systemData (`system_data.as_sent`). The network
+speed is null there (it is measured against the marketplace, by the running
+agent) and there is no clock-skew check (no marketplace to compare with);
+doctor uses the default minimums, which the marketplace may raise when the
+agent runs.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import asyncio
 import json
 
 from gpuhost_agent.inventory import render
-from gpuhost_agent.inventory.system_data import build_report
+from gpuhost_agent.inventory.system_data import as_sent, build_report
 from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.runtime.compose import ComposeNotFound, find_compose_command
 from gpuhost_agent.service.config import AgentConfig
@@ -35,7 +38,7 @@ async def _report(config: AgentConfig) -> dict:
 def probe(config: AgentConfig, as_json: bool) -> int:
     report = asyncio.run(_report(config))
     if as_json:
-        print(json.dumps(report, indent=2, sort_keys=True))
+        print(json.dumps(as_sent(report), indent=2, sort_keys=True))
     else:
         print(render.probe_table(report))
     return 0
