@@ -24,23 +24,40 @@ readonly DROPIN_DIR=/etc/systemd/system/$UNIT_NAME.d
 readonly DROPIN=$DROPIN_DIR/10-install-restart-backoff.conf
 readonly BIN_LINK=/usr/local/bin/gpuhost-agent
 readonly DOCKER_SOCKET=/var/run/docker.sock
+# The minimums: copies of the defaults of Requirements in
+# src/gpuhost_agent/protocol/requirements.py, which `gpuhost-agent doctor`
+# judges by (this script runs before any Python is installed, so it cannot
+# read them); tests/unit/test_install_script.py fails when they differ, or
+# when a message below words a shortfall otherwise than doctor does.
+readonly MIN_DRIVER=535.0
+readonly MIN_CUDA=12.2
 readonly MIN_TOOLKIT=1.17.8
+readonly MIN_DOCKER=24.0
+readonly MIN_COMPOSE=2.20
 readonly MANAGED_LABEL=io.gpuhost.managed=true
 
 # Exit statuses (documented in --help).
 readonly EXIT_FAILED=1 EXIT_USAGE=2 EXIT_MISSING=3
 
 # ---- messages: printed as "install.sh: error: <text>" (or "warning:"), listed
-# verbatim in --help, and checked word for word by tests/*/test_install*.py. ----
+# verbatim in --help, and checked word for word by tests/*/test_install*.py.
+# VERSION in a message stands for the version found. The GPU messages end with
+# NO_GPU_HINT, left out when they are warnings because --allow-no-gpu was given. ----
+readonly NO_GPU_HINT="; on a host without GPUs rerun with --allow-no-gpu"
+readonly NOT_COMPLIANT="until then the marketplace sees this host as not compliant (gpuhost-agent doctor says the same)"
 readonly MSG_NOT_ROOT="install.sh must run as root: sudo ./install.sh ... or curl -fsSL <url> | sudo bash -s -- ..."
 readonly MSG_PYTHON="python3 (3.10 or later) with its venv module is missing: apt-get install python3 python3-venv, or rerun with --install-missing"
 readonly MSG_DOCKER_MISSING="Docker Engine is not installed (no docker command): install it from https://docs.docker.com/engine/install/ or with apt-get install docker.io, or rerun with --install-missing"
 readonly MSG_DOCKER_DOWN="Docker Engine does not answer on $DOCKER_SOCKET: start it with systemctl enable --now docker.service and check with docker info"
 readonly MSG_COMPOSE_BUNDLED="Docker Compose v2 is missing and apt has no docker-compose-plugin or docker-compose-v2 package: the agent will use the Compose v2 bundled with it; to use the host's own, add Docker's apt repository (https://docs.docker.com/engine/install/) and apt-get install docker-compose-plugin"
-readonly MSG_DRIVER="NVIDIA driver not found (nvidia-smi, libnvidia-ml.so.1): install it (Ubuntu: ubuntu-drivers install; Debian: apt-get install nvidia-driver from non-free), reboot and check with nvidia-smi; on a host without GPUs rerun with --allow-no-gpu"
-readonly MSG_DRIVER_BROKEN="nvidia-smi is installed but fails, the NVIDIA driver is not loaded: reboot (or modprobe nvidia) and check with nvidia-smi; on a host without GPUs rerun with --allow-no-gpu"
-readonly MSG_TOOLKIT="NVIDIA Container Toolkit not found (nvidia-ctk): install it as https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html says (apt-get install nvidia-container-toolkit), then nvidia-ctk runtime configure --runtime=docker and systemctl restart docker; or rerun with --install-missing (needs NVIDIA's apt repository), or with --allow-no-gpu"
-readonly MSG_TOOLKIT_OLD="NVIDIA Container Toolkit is older than $MIN_TOOLKIT (CVE-2024-0132, CVE-2025-23359, CVE-2025-23266): upgrade it with apt-get install --only-upgrade nvidia-container-toolkit; until then the marketplace sees this host as not compliant"
+readonly MSG_DRIVER="NVIDIA driver not found (nvidia-smi, libnvidia-ml.so.1): install it (Ubuntu: ubuntu-drivers install; Debian: apt-get install nvidia-driver from non-free), reboot and check with nvidia-smi$NO_GPU_HINT"
+readonly MSG_DRIVER_BROKEN="nvidia-smi is installed but fails, the NVIDIA driver is not loaded: reboot (or modprobe nvidia) and check with nvidia-smi$NO_GPU_HINT"
+readonly MSG_TOOLKIT="NVIDIA Container Toolkit not found (nvidia-ctk): install it as https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html says (apt-get install nvidia-container-toolkit), then nvidia-ctk runtime configure --runtime=docker and systemctl restart docker; or rerun with --install-missing (needs NVIDIA's apt repository)$NO_GPU_HINT"
+readonly MSG_DRIVER_OLD="NVIDIA driver VERSION is older than the required $MIN_DRIVER: install a newer driver branch (Ubuntu: ubuntu-drivers install; Debian: apt-get install nvidia-driver from non-free) and reboot; $NOT_COMPLIANT"
+readonly MSG_CUDA_OLD="the driver's CUDA VERSION is older than the required $MIN_CUDA: install a driver that supports CUDA $MIN_CUDA or newer and reboot; $NOT_COMPLIANT"
+readonly MSG_TOOLKIT_OLD="NVIDIA Container Toolkit VERSION is older than the required $MIN_TOOLKIT, open to container escapes CVE-2024-0132, CVE-2025-23359, CVE-2025-23266: upgrade it with apt-get install --only-upgrade nvidia-container-toolkit; $NOT_COMPLIANT"
+readonly MSG_DOCKER_OLD="Docker Engine VERSION is older than the required $MIN_DOCKER: upgrade it from Docker's apt repository (https://docs.docker.com/engine/install/); $NOT_COMPLIANT"
+readonly MSG_COMPOSE_OLD="Docker Compose VERSION is older than the required $MIN_COMPOSE: apt-get install docker-compose-plugin from Docker's apt repository (https://docs.docker.com/engine/install/); $NOT_COMPLIANT"
 readonly MSG_NO_SYSTEMD="systemd is not running here (no /run/systemd/system: a container or a chroot?): the unit is installed but not started; on the booted host run systemctl enable --now $UNIT_NAME"
 readonly MSG_UNINSTALLED="Renters' containers, networks and volumes (label $MANAGED_LABEL) and the host's Docker Engine, Compose and NVIDIA software were left alone; list the containers with docker ps --filter label=$MANAGED_LABEL"
 
@@ -71,7 +88,8 @@ Options:
                        nvidia-container-toolkit (needs NVIDIA's repository). Never the
                        NVIDIA driver: that needs a choice of branch and a reboot.
   --allow-no-gpu       a missing NVIDIA driver or Container Toolkit is a warning, not an
-                       error (CPU-only or test hosts; such a host cannot rent out GPUs)
+                       error (CPU-only or test hosts; such a host cannot rent out GPUs);
+                       those warnings then leave out their advice to pass --allow-no-gpu
   --dry-run            check and print what would be done; change nothing
   --uninstall          stop and remove the agent: service, unit, $OPT_DIR, $BIN_LINK;
                        keeps $CONF_DIR and $STATE_DIR
@@ -86,6 +104,10 @@ What it checks (and stops on, exit status 3, changing nothing):
   Docker Compose v2 is the exception: when missing it is installed with apt
   (docker-compose-plugin, or Ubuntu's docker-compose-v2); when apt has neither,
   the agent uses the Compose v2 bundled with it.
+What it warns about (and installs anyway): a version below the minimum that
+gpuhost-agent doctor also requires: NVIDIA driver $MIN_DRIVER, CUDA $MIN_CUDA (as the
+driver reports it), NVIDIA Container Toolkit $MIN_TOOLKIT, Docker Engine $MIN_DOCKER,
+Docker Compose $MIN_COMPOSE. Free disk and the clock are left to doctor.
 
 What it writes:
   $VENV                   the agent (python3 -m venv; pip install)
@@ -99,7 +121,7 @@ Then systemctl daemon-reload, enable and restart the service (when systemd is ru
 A second run upgrades in place. With --url and an API key it reports its progress to
 the marketplace as the environment's initState (never failing when it cannot).
 
-Messages (install.sh: error: ... stops the install; warning: ... does not):
+Messages (install.sh: error: ... stops the install; warning: ... does not; VERSION is the version found):
   $MSG_NOT_ROOT
   $MSG_PYTHON
   $MSG_DOCKER_MISSING
@@ -108,7 +130,11 @@ Messages (install.sh: error: ... stops the install; warning: ... does not):
   $MSG_DRIVER
   $MSG_DRIVER_BROKEN
   $MSG_TOOLKIT
+  $MSG_DRIVER_OLD
+  $MSG_CUDA_OLD
   $MSG_TOOLKIT_OLD
+  $MSG_DOCKER_OLD
+  $MSG_COMPOSE_OLD
   $MSG_NO_SYSTEMD
   $MSG_UNINSTALLED
 
@@ -442,8 +468,14 @@ find_checkout() {
 ERRORS=() WARNINGS=() APT_PKGS=() NOTES=()
 DOCKER_TO_INSTALL=0 COMPOSE_PKG=''
 
-need_gpu_piece() { # an error, or with --allow-no-gpu a warning
-    if [ "$ALLOW_NO_GPU" = 1 ]; then WARNINGS+=("$1"); else ERRORS+=("$1"); fi
+need_gpu_piece() { # an error, or with --allow-no-gpu a warning (without the advice to pass it)
+    if [ "$ALLOW_NO_GPU" = 1 ]; then WARNINGS+=("${1%"$NO_GPU_HINT"}"); else ERRORS+=("$1"); fi
+}
+
+# too_old FOUND MINIMUM MESSAGE: warn (MESSAGE, VERSION replaced by FOUND) when FOUND < MINIMUM;
+# an unknown FOUND says nothing (doctor judges it once the agent is installed).
+too_old() {
+    if [ -n "$1" ] && ! version_ge "$1" "$2"; then WARNINGS+=("${3//VERSION/$1}"); fi
 }
 
 check_os() {
@@ -491,6 +523,7 @@ check_docker() {
     fi
     if server=$(timeout 30 docker version --format '{{.Server.Version}}' 2>/dev/null </dev/null) && [ -n "$server" ]; then
         NOTES+=("Docker Engine: $server")
+        too_old "$server" "$MIN_DOCKER" "$MSG_DOCKER_OLD"
     else
         ERRORS+=("$MSG_DOCKER_DOWN")
     fi
@@ -518,6 +551,7 @@ check_compose() {
     found=$(compose_version)
     if [ -n "$found" ]; then
         NOTES+=("Compose: $found")
+        too_old "${found##* }" "$MIN_COMPOSE" "$MSG_COMPOSE_OLD"
         return 0
     fi
     apt_update_once
@@ -541,19 +575,23 @@ nvml_library_present() {
 }
 
 check_nvidia() {
-    local gpus version
+    local gpus version cuda
     if ! have nvidia-smi || ! nvml_library_present; then
         need_gpu_piece "$MSG_DRIVER"
     elif gpus=$(timeout 60 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null </dev/null) \
             && [ -n "$gpus" ]; then
         NOTES+=("NVIDIA: $(printf '%s\n' "$gpus" | wc -l) GPU(s), $(printf '%s\n' "$gpus" | head -n1)")
+        version=$(printf '%s\n' "$gpus" | head -n1 | awk -F', *' '{ print $NF }')
+        too_old "$version" "$MIN_DRIVER" "$MSG_DRIVER_OLD"
+        cuda=$(timeout 60 nvidia-smi 2>/dev/null </dev/null | grep -o 'CUDA Version: *[0-9.]*' | head -n1 || true)
+        too_old "${cuda##* }" "$MIN_CUDA" "$MSG_CUDA_OLD"
     else
         need_gpu_piece "$MSG_DRIVER_BROKEN"
     fi
     if have nvidia-ctk; then
         version=$(nvidia-ctk --version 2>/dev/null </dev/null | grep -o '[0-9]\+\.[0-9]\+\.[0-9]\+' | head -n1 || true)
         NOTES+=("NVIDIA Container Toolkit: ${version:-unknown version}")
-        if [ -n "$version" ] && ! version_ge "$version" "$MIN_TOOLKIT"; then WARNINGS+=("$MSG_TOOLKIT_OLD"); fi
+        too_old "$version" "$MIN_TOOLKIT" "$MSG_TOOLKIT_OLD"
     elif [ "$INSTALL_MISSING" = 1 ] && { apt_update_once; [ -n "$(apt_candidate nvidia-container-toolkit)" ]; }; then
         APT_PKGS+=(nvidia-container-toolkit)
         NOTES+=("after the toolkit is installed: nvidia-ctk runtime configure --runtime=docker and systemctl restart docker (not done here: it restarts the host's containers)")

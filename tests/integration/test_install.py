@@ -34,7 +34,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
-from support.install_script import msg
+from support.install_script import allowed, msg, too_old
 from support.openapi_check import AGENT_DOC, check_named, load
 
 from gpuhost_agent import __version__
@@ -97,10 +97,10 @@ case "$1" in
             echo "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?" >&2
             exit 1
         fi
-        echo 27.3.1 ;;
+        cat /etc/fake/docker-version 2>/dev/null || echo 27.3.1 ;;
     compose)
         [ -e /etc/fake/compose ] || { echo "docker: 'compose' is not a docker command." >&2; exit 1; }
-        echo 2.29.1 ;;
+        cat /etc/fake/compose-version 2>/dev/null || echo 2.29.1 ;;
 esac
 """
 FAKE_NVIDIA_SMI = r"""#!/bin/sh
@@ -109,7 +109,12 @@ if [ -e /etc/fake/nvidia-broken ]; then
     echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver." >&2
     exit 9
 fi
-printf 'NVIDIA H100 80GB HBM3, 550.54.15\nNVIDIA H100 80GB HBM3, 550.54.15\n'
+driver=$(cat /etc/fake/driver-version 2>/dev/null || echo 550.54.15)
+case "$*" in
+    *--query-gpu*) printf 'NVIDIA H100 80GB HBM3, %s\nNVIDIA H100 80GB HBM3, %s\n' "$driver" "$driver" ;;
+    *) printf '| NVIDIA-SMI %s    Driver Version: %s    CUDA Version: %s |\n' "$driver" "$driver" \
+           "$(cat /etc/fake/cuda-version 2>/dev/null || echo 12.4)" ;;
+esac
 """
 FAKE_NVIDIA_CTK = r"""#!/bin/sh
 echo "nvidia-ctk $*" >>/var/log/fake-calls.log
@@ -368,20 +373,44 @@ def test_without_root_it_says_how_to_run_it(scenario: Scenario) -> None:
 
 
 @needs_root
-def test_allow_no_gpu_makes_the_gpu_pieces_warnings_and_old_toolkits_are_flagged(scenario: Scenario) -> None:
+def test_allow_no_gpu_makes_the_gpu_pieces_warnings_and_old_versions_are_flagged(scenario: Scenario) -> None:
     add(scenario, "docker", "compose")
     scenario.sh("touch /etc/fake/docker-down")
     result = scenario.install("--url", URL, "--env-id", ENV_ID, "--api-key", KEY, "--allow-no-gpu")
     assert result.code == 3  # Docker is still required
-    assert f"install.sh: warning: {msg('NVIDIA driver not found')}\n" in result.err
-    assert f"install.sh: warning: {msg('NVIDIA Container Toolkit not found')}\n" in result.err
+    # Warnings now, and none tells the host to pass the --allow-no-gpu it passed (issue 18, item 3).
+    assert f"install.sh: warning: {allowed(msg('NVIDIA driver not found'))}\n" in result.err
+    assert f"install.sh: warning: {allowed(msg('NVIDIA Container Toolkit not found'))}\n" in result.err
+    assert "--allow-no-gpu" not in result.err
     assert result.err.count("install.sh: error:") == 1 and msg("Docker Engine does not answer") in result.err
 
-    scenario.sh("rm /etc/fake/docker-down; echo 1.16.2 >/etc/fake/toolkit-version")
+    # Every version below doctor's minimum is a warning, worded as doctor words it (issue 18, item 3).
+    scenario.sh(
+        "rm /etc/fake/docker-down; echo 1.16.2 >/etc/fake/toolkit-version\n"
+        "echo 20.10.24+dfsg1 >/etc/fake/docker-version; echo 2.12.2 >/etc/fake/compose-version\n"
+        "echo 470.239.06 >/etc/fake/driver-version; echo 11.4 >/etc/fake/cuda-version"
+    )
     add(scenario, "nvidia", "toolkit")
     result = scenario.install("--url", URL, "--env-id", ENV_ID, "--api-key", KEY, "--dry-run")
     assert result.code == 0, result.both
-    assert f"install.sh: warning: {msg('NVIDIA Container Toolkit is older than 1.17.8')}\n" in result.err
+    for prefix, found in (
+        ("NVIDIA driver VERSION", "470.239.06"),
+        ("the driver's CUDA VERSION", "11.4"),
+        ("NVIDIA Container Toolkit VERSION", "1.16.2"),
+        ("Docker Engine VERSION", "20.10.24+dfsg1"),
+        ("Docker Compose VERSION", "2.12.2"),
+    ):
+        assert f"install.sh: warning: {too_old(prefix, found)}\n" in result.err, (prefix, result.err)
+    assert "install.sh: error:" not in result.err
+
+    # At the minimums: no warning.
+    scenario.sh(
+        "echo 1.17.8 >/etc/fake/toolkit-version; echo 24.0.7 >/etc/fake/docker-version\n"
+        "echo 2.20.0 >/etc/fake/compose-version; echo 535.183.01 >/etc/fake/driver-version\n"
+        "echo 12.2 >/etc/fake/cuda-version"
+    )
+    result = scenario.install("--url", URL, "--env-id", ENV_ID, "--api-key", KEY, "--dry-run")
+    assert result.code == 0 and "is older than" not in result.err, result.both
 
 
 @needs_root
@@ -589,7 +618,7 @@ def test_pinned_install_on_a_gpu_less_chroot_and_the_unit_verifies_as_installed(
     result = scenario.install(*args, "--version", __version__)
     assert result.code == 0, result.both
     assert f"source: gpuhost-agent=={__version__}" in result.out
-    assert f"install.sh: warning: {msg('NVIDIA driver not found')}\n" in result.err
+    assert f"install.sh: warning: {allowed(msg('NVIDIA driver not found'))}\n" in result.err
     assert f"install.sh: warning: {msg('systemd is not running here')}\n" in result.err
     assert f"install.sh: warning: {msg('Docker Compose v2 is missing')}\n" in result.err
     assert "apt-get install -y -qq --no-install-recommends docker-compose-plugin" in scenario.calls()

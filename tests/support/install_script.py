@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -23,3 +24,22 @@ def msg(prefix: str) -> str:
     found = [line for line in documented_messages() if line.startswith(prefix)]
     assert len(found) == 1, (prefix, found)
     return found[0]
+
+
+def script_constant(name: str) -> str:
+    """The value of install.sh's `readonly NAME="..."` (a literal, or one without expansions)."""
+    match = re.search(rf'^readonly {name}=("?)(.*?)\1$', INSTALL_SH.read_text(), flags=re.M)
+    assert match, name
+    return match.group(2)
+
+
+def allowed(message: str) -> str:
+    """A GPU message as the warning --allow-no-gpu makes of it: without the advice to pass it."""
+    hint = script_constant("NO_GPU_HINT")
+    assert message.endswith(hint), message
+    return message.removesuffix(hint)
+
+
+def too_old(prefix: str, found: str) -> str:
+    """The documented "... VERSION is older than the required ..." message, for the version found."""
+    return msg(prefix).replace("VERSION", found)

@@ -6,6 +6,8 @@ serve it. (install.sh on a fresh Debian 12 chroot: tests/integration/test_instal
 from __future__ import annotations
 
 import asyncio
+import copy
+import dataclasses
 import re
 import shlex
 import shutil
@@ -15,13 +17,16 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from support.install_script import INSTALL_SH, documented_messages
+from support.install_script import INSTALL_SH, allowed, documented_messages, msg, script_constant, too_old
+from support.machine_samples import good_host
 
+from gpuhost_agent.inventory import compliance
 from gpuhost_agent.local_marketplace import script_api
 from gpuhost_agent.local_marketplace.server import build_app
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.store import Store
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol.requirements import INSTALL_SH_MINIMUMS, Requirements
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -129,3 +134,62 @@ async def test_in_the_app_the_line_needs_the_user_key_and_install_sh_needs_none(
         assert await script.text() == await asyncio.to_thread(INSTALL_SH.read_text)
         # Only that exact path is public.
         assert (await http.get("/v1/install.sh/x")).status == 401
+
+
+# ---- one list of minimums, one wording (issue 18, item 3) ------------------------------------
+
+
+def test_install_sh_checks_the_minimums_doctor_judges_by() -> None:
+    copies = {name: script_constant(name) for name in INSTALL_SH_MINIMUMS}
+    assert copies == {name: getattr(Requirements(), field) for name, field in INSTALL_SH_MINIMUMS.items()}
+    versions = {spec.name for spec in dataclasses.fields(Requirements) if spec.type == "str"}
+    assert set(INSTALL_SH_MINIMUMS.values()) == versions, "a new version minimum belongs in install.sh too"
+
+
+# (install.sh message prefix, doctor's check, the probe's field, a version below the minimum)
+SHORTFALLS = [
+    ("NVIDIA driver VERSION", "driver-version", ("nvml", "driverVersion"), "470.239.06"),
+    ("the driver's CUDA VERSION", "cuda-version", ("nvml", "cudaDriverVersion"), "11.4"),
+    ("NVIDIA Container Toolkit VERSION", "container-toolkit", ("host", "nvidiaContainerToolkit", "version"), "1.16.2"),
+    ("Docker Engine VERSION", "docker", ("host", "docker", "version"), "20.10.24+dfsg1"),
+    ("Docker Compose VERSION", "compose", ("host", "compose", "version"), "2.12.2"),
+]
+
+
+@pytest.mark.parametrize("prefix, check_id, field, found", SHORTFALLS, ids=[row[1] for row in SHORTFALLS])
+def test_install_sh_says_what_doctor_says_of_an_old_version(prefix, check_id, field, found) -> None:
+    probe = copy.deepcopy(good_host())
+    *parents, last = field
+    node = probe
+    for key in parents:
+        node = node[key]
+    node[last] = found
+    (failed,) = [check for check in compliance.evaluate(probe, Requirements()) if not check.ok]
+    assert failed.id == check_id
+    assert too_old(prefix, found).startswith(failed.summary + ": "), (too_old(prefix, found), failed.summary)
+
+
+def _script_functions(body: str) -> subprocess.CompletedProcess:
+    """install.sh's definitions (everything but its last line, `main "$@"`), then body."""
+    program = f'source <(sed "$ d" {shlex.quote(str(INSTALL_SH))})\n{body}'
+    return subprocess.run(["bash", "-c", program], capture_output=True, text=True, check=True)
+
+
+def test_old_versions_warn_and_allow_no_gpu_drops_its_own_advice() -> None:
+    shown = _script_functions(
+        'too_old 20.10.24+dfsg1 "$MIN_DOCKER" "$MSG_DOCKER_OLD"\n'
+        'too_old 27.3.1 "$MIN_DOCKER" "$MSG_DOCKER_OLD"\n'
+        'too_old "" "$MIN_DOCKER" "$MSG_DOCKER_OLD"\n'
+        'too_old 2.5.0 "$MIN_COMPOSE" "$MSG_COMPOSE_OLD"\n'
+        'ALLOW_NO_GPU=1; need_gpu_piece "$MSG_DRIVER"; need_gpu_piece "$MSG_TOOLKIT"\n'
+        'ALLOW_NO_GPU=0; need_gpu_piece "$MSG_DRIVER_BROKEN"\n'
+        'printf "warning: %s\\n" "${WARNINGS[@]}"; printf "error: %s\\n" "${ERRORS[@]}"\n'
+    ).stdout.splitlines()
+    assert shown == [
+        f"warning: {too_old('Docker Engine VERSION', '20.10.24+dfsg1')}",
+        f"warning: {too_old('Docker Compose VERSION', '2.5.0')}",  # 2.5 < 2.20: compared as versions
+        f"warning: {allowed(msg('NVIDIA driver not found'))}",
+        f"warning: {allowed(msg('NVIDIA Container Toolkit not found'))}",
+        f"error: {msg('nvidia-smi is installed but fails')}",
+    ]
+    assert "--allow-no-gpu" not in "".join(shown[2:4]) and shown[4].endswith("rerun with --allow-no-gpu")
