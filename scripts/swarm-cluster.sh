@@ -21,7 +21,9 @@
 # each node (`up` loads $SWARM_IMAGES, the test image by default) instead of
 # asking a registry for their digest.
 #
-# Each engine has the stand-in NVIDIA hook on its PATH (scripts/fake-nvidia),
+# Each engine runs with --no-new-privileges, as a node of a Swarm environment
+# must (Swarm services cannot ask for it; core/swarm_rewrite.py), and has the
+# stand-in NVIDIA hook on its PATH (scripts/fake-nvidia),
 # as the test engine has, so it registers the `nvidia` device driver.
 #
 # Kernel facts of this kind of machine (docs/design.md): no IPVS, so services
@@ -54,7 +56,7 @@ start_engine() {
         DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1 PATH="$here/fake-nvidia:$PATH" \
         nsenter --net="/run/netns/$(node_ns "$i")" \
         dockerd --data-root "$ROOT/n$i" --exec-root "$dir/exec" --pidfile "$dir/dockerd.pid" \
-        --host "unix://$(node_sock "$i")" --log-level warn >"$log" 2>&1 </dev/null &
+        --host "unix://$(node_sock "$i")" --no-new-privileges --log-level warn >"$log" 2>&1 </dev/null &
 }
 
 wait_engine() {

@@ -1,0 +1,79 @@
+"""The test Swarm (scripts/swarm-cluster.sh) from Python: bring it up and down,
+run `docker` against one node's own engine, deploy a stack on the manager,
+and list what a cluster could leave behind on this machine."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "swarm-cluster.sh"
+PREFIX = "gpuhost-swarm"
+
+
+def cluster(*args: str, timeout: float = 120) -> str:
+    done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@contextlib.contextmanager
+def swarm(nodes: int = 2) -> Iterator[None]:
+    """A cluster for the block; afterwards nothing of it is left."""
+    assert leftovers() == [], "a cluster from an earlier run is still up: scripts/swarm-cluster.sh down"
+    try:
+        cluster("up", str(nodes))
+        yield
+    finally:
+        cluster("down")
+    assert leftovers() == []
+
+
+def docker(node: int, *args: str, stdin: str | None = None, check: bool = True) -> str:
+    """`docker ARGS` against node `node`'s engine (1 is the manager): stdout and stderr."""
+    env = {**os.environ, "DOCKER_HOST": f"unix:///run/{PREFIX}/n{node}/docker.sock"}
+    done = subprocess.run(["docker", *args], input=stdin, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 or not check, done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
+def deploy(name: str, content: str) -> str:
+    """`docker stack deploy` on the manager, with images as the nodes have them;
+    a new Swarm refuses its first deploys for a few seconds ("node is missing
+    network attachments"). Returns what the command printed."""
+    deadline = time.monotonic() + 60
+    while True:
+        out = docker(1, "stack", "deploy", "--resolve-image", "never", "-c", "-", name, stdin=content, check=False)
+        if "Creating service" in out:
+            return out
+        assert time.monotonic() < deadline, out
+        time.sleep(1)
+
+
+def node_id(node: int) -> str:
+    return docker(node, "info", "-f", "{{.Swarm.NodeID}}").strip()
+
+
+def container_of(node: int, service: str) -> str:
+    """The id of a running container of a Swarm service on that node's engine."""
+    deadline = time.monotonic() + 60
+    while not (ids := docker(node, "ps", "-q", "--filter", f"label=com.docker.swarm.service.name={service}").split()):
+        assert time.monotonic() < deadline, docker(1, "service", "ps", "--no-trunc", service, check=False)
+        time.sleep(0.5)
+    return ids[0]
+
+
+def leftovers() -> list[str]:
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    mounts = Path("/proc/mounts").read_text()
+    engines = subprocess.run(["pgrep", "-f", f"dockerd .*{PREFIX}"], capture_output=True, text=True).stdout
+    found = [line for line in namespaces.splitlines() if line.startswith(PREFIX)]
+    found += [line for line in mounts.splitlines() if PREFIX in line]
+    found += [f"dockerd pid {pid}" for pid in engines.split()]
+    found += [str(path) for path in (Path("/run") / PREFIX, Path("/var/lib") / PREFIX) if path.exists()]
+    return found

@@ -1,0 +1,125 @@
+"""The Swarm rewrite of a hardened stack (core/swarm_rewrite.py), as pure
+functions: on small stacks that show one rule each, and on every published
+Compose file the sandbox deploys (the real Compose CLI normalises them, as
+the agent does). On a real Swarm: tests/integration/test_swarm_cluster.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from support.sandbox_corpus import CORPUS
+from support.sandbox_decide import RENTAL_GPUS, decide_file
+
+from gpuhost_agent.core.compose_rewrite import StackRejected
+from gpuhost_agent.core.sandbox_context import GIB, SandboxContext
+from gpuhost_agent.core.sandbox_harden import ALWAYS_DROP, harden
+from gpuhost_agent.core.swarm_rewrite import SwarmPlacement, swarm_stack
+from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
+
+CTX = SandboxContext(project="p", gpu_uuids=("GPU-a", "GPU-b"), cpus=8.0, memory_bytes=32 * GIB, pids_limit=4096)
+PLACED = SwarmPlacement(gpu_nodes={"GPU-a": "node-2", "GPU-b": "node-2"}, home_node="node-1")
+GPU_ASK = {"resources": {"reservations": {"devices": [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]}}}
+
+
+def _stack(services: dict, **top) -> dict:
+    return harden({"services": services, **top}, CTX)
+
+
+def test_gpu_service_pinned_to_its_gpus_machine_others_home_share_divided() -> None:
+    hardened = _stack(
+        {
+            "train": {"image": "x", "deploy": GPU_ASK, "restart": "on-failure:3", "shm_size": str(2 * GIB)},
+            "web": {"image": "y", "ports": [{"target": 8080, "protocol": "tcp", "host_ip": "127.0.0.1"}]},
+        }
+    )
+    stack, notices = swarm_stack(hardened, CTX, PLACED)
+    train, web = stack["services"]["train"], stack["services"]["web"]
+    assert train["deploy"]["placement"] == {"constraints": ["node.id == node-2"]}
+    assert web["deploy"]["placement"] == {"constraints": ["node.id == node-1"]}
+    assert (
+        train["environment"]["NVIDIA_VISIBLE_DEVICES"] == "GPU-a"
+        and web["environment"]["NVIDIA_VISIBLE_DEVICES"] == "void"
+    )
+    # Alone on its machine each gets the whole share; a rental's other services there divide it.
+    assert train["deploy"]["resources"] == {"limits": {"memory": str(32 * GIB), "cpus": "8.00", "pids": 4096}}
+    crowded, _ = swarm_stack(hardened, CTX, SwarmPlacement(PLACED.gpu_nodes, "node-1", peers={"node-2": 3}))
+    assert crowded["services"]["train"]["deploy"]["resources"]["limits"]["memory"] == str(8 * GIB)
+    assert train["deploy"]["restart_policy"] == {"condition": "on-failure", "max_attempts": 3}
+    assert web["deploy"]["restart_policy"] == {"condition": "none"}
+    assert {"type": "tmpfs", "target": "/dev/shm", "tmpfs": {"size": 2 * GIB}} in train["volumes"]
+    assert web["ports"] == [{"target": 8080, "protocol": "tcp", "mode": "host"}]
+    for service in (train, web):
+        assert set(ALWAYS_DROP) <= set(service["cap_drop"]) and service["deploy"]["endpoint_mode"] == "dnsrr"
+        assert not {"security_opt", "privileged", "cgroup_parent", "mem_limit", "cpus", "pids_limit"} & set(service)
+        assert "devices" not in str(service["deploy"])  # Swarm refuses device reservations: GPUs by UUID
+        assert service["logging"]["options"] == {"max-size": "50m", "max-file": "3"}
+    assert stack["networks"] == {"default": {"driver": "overlay", "attachable": False}}
+    assert notices == []
+
+
+def test_encrypted_overlays_when_the_host_asks() -> None:
+    stack, _ = swarm_stack(
+        _stack({"a": {"image": "x", "networks": {"back": {"aliases": ["db"]}}}}, networks={"back": {"internal": True}}),
+        CTX,
+        SwarmPlacement({}, "node-1", encrypted=True),
+    )
+    assert stack["networks"] == {
+        "back": {"driver": "overlay", "attachable": False, "internal": True, "driver_opts": {"encrypted": ""}}
+    }
+    assert stack["services"]["a"]["networks"] == {"back": {"aliases": ["db"]}}
+
+
+@pytest.mark.parametrize(
+    ("service", "placement", "said"),
+    [
+        ({"image": "x", "volumes": [{"type": "bind", "source": "/srv", "target": "/d"}]}, PLACED, "a bind mount"),
+        ({"image": "x", "mac_address": "02:42:ac:11:00:02"}, PLACED, "mac_address cannot run on a Swarm"),
+        ({"image": "x", "deploy": {"mode": "global"}}, PLACED, "would run it on every machine"),
+        ({"image": "x", "deploy": {**GPU_ASK, "replicas": 2}}, PLACED, "runs one task"),
+        ({"image": "x", "deploy": GPU_ASK}, SwarmPlacement({"GPU-a": "n1"}, "n1"), None),
+        ({"image": "x", "deploy": GPU_ASK}, SwarmPlacement({}, "n1"), "GPU GPU-a is on no machine"),
+        ({"image": "x", "deploy": {"resources": {"reservations": {"devices": [{"count": 2}]}}}},
+         SwarmPlacement({"GPU-a": "n1", "GPU-b": "n2"}, "n1"), "its GPUs are on 2 machines"),
+    ],
+)  # fmt: skip
+def test_what_swarm_cannot_hold_is_refused_with_the_reason(service, placement, said) -> None:
+    hardened = _stack({"s": service})
+    if said is None:
+        swarm_stack(hardened, CTX, placement)
+        return
+    with pytest.raises(StackRejected, match=said) as refused:
+        swarm_stack(hardened, CTX, placement)
+    assert str(refused.value).startswith("refused by the sandbox policy: service 's': ")
+
+
+def test_depends_on_is_said_to_the_renter() -> None:
+    _, notices = swarm_stack(_stack({"a": {"image": "x", "depends_on": {"b": {}}}, "b": {"image": "y"}}), CTX, PLACED)
+    assert notices == ["service 'a': depends_on does not order a Swarm stack's start; its services start together"]
+
+
+@pytest.fixture(scope="module")
+def compose(tmp_path_factory) -> ComposeRunner:
+    return ComposeRunner(find_compose_command(), tmp_path_factory.mktemp("docker-config"))
+
+
+def test_every_published_file_the_sandbox_deploys_is_written_for_swarm(compose, tmp_path) -> None:
+    """No hardened key is passed through unknown, every service is pinned and
+    capped, every network is the stack's own overlay."""
+    written = 0
+    gpu_nodes = {uuid: f"node-{i}" for i, uuid in enumerate(RENTAL_GPUS)}
+    for path in sorted((CORPUS / "published").glob("[0-9]*.yaml")):
+        problems, hardened, _ = asyncio.run(decide_file(compose, path.read_text(), tmp_path / path.stem / "s" / "x"))
+        if hardened is None:
+            continue
+        try:
+            stack, _ = swarm_stack(hardened, CTX, SwarmPlacement(gpu_nodes, "node-0"))
+        except StackRejected as exc:  # only what Swarm cannot hold: one machine's files, GPUs across machines
+            assert "a bind mount" in str(exc) or "GPUs are on 2 machines" in str(exc), (path.name, str(exc))
+            continue
+        written += 1
+        for name, service in stack["services"].items():
+            assert service["deploy"]["placement"]["constraints"][0].startswith("node.id == node-"), (path.name, name)
+            assert set(service["deploy"]["resources"]["limits"]) == {"memory", "cpus", "pids"}, (path.name, name)
+        assert all(net["driver"] == "overlay" and net["attachable"] is False for net in stack["networks"].values())
+    assert written >= 5
