@@ -28,6 +28,15 @@ def test_project_name_is_compose_safe_unique_and_stable():
     )
 
 
+def test_a_project_found_on_docker_gives_back_the_name_that_finds_it():
+    """The reconciler removes a stack the marketplace no longer names by the
+    name its project holds; an id with a '-' early must not cut the name short."""
+    for name, stack_id in [("web", "stk-1"), ("my-web-ui", "a-b-c-d-e"), ("", "3f2b9c1d-aaaa"), ("x", "abc")]:
+        project = naming.project_name(name, stack_id)
+        assert naming.project_name(naming.stack_name_of(project, stack_id), stack_id) == project
+    assert naming.stack_name_of("web-stk-1", "stk-1") == "web"
+
+
 def test_provider_stack_id_is_stable_positive_int():
     first = naming.provider_stack_id("stack-1")
     assert first == naming.provider_stack_id("stack-1") and 0 < first < 2**31

@@ -26,11 +26,16 @@ def project_name(stack_name: str, stack_id: str) -> str:
     return f"{slug}-{suffix}" if slug else f"stack-{suffix}"
 
 
-def stack_name_of(project: str) -> str:
+def stack_name_of(project: str, stack_id: str) -> str:
     """The inverse of project_name for a project found on Docker's labels: the
     slug stands in for a name the marketplace no longer gives, so that
-    project_name(stack_name_of(p), stack_id) finds the same project."""
-    return project.rsplit("-", 1)[0] if "-" in project else ""
+    project_name(stack_name_of(p, stack_id), stack_id) finds the same project.
+    The suffix is cut by the id that made it, not at the last '-': an id may
+    hold one in its first 8 characters."""
+    suffix = project_name("", stack_id).removeprefix("stack")  # "-<id prefix>"
+    if project.endswith(suffix):
+        return project[: -len(suffix)]
+    return project.rsplit("-", 1)[0] if "-" in project else ""  # made some other way
 
 
 def provider_stack_id(stack_id: str) -> int:

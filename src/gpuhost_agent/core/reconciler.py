@@ -191,7 +191,7 @@ class Reconciler:
             )
         else:
             seen_stack = seen.get(action.target)
-            name = name or (naming.stack_name_of(seen_stack.project) if seen_stack else "")
+            name = name or (naming.stack_name_of(seen_stack.project, action.target) if seen_stack else "")
             if action.kind == REPORT:
                 stack = StackRef(action.target, action.rental_id, env_id, naming.project_name(name, action.target))
                 self.reporter.status(stack, action.status, action.error_msg, job_id=job_id)

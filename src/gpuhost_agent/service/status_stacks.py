@@ -54,12 +54,9 @@ def stack_entries(
 
 def _name_of(project: str, stack_id: str) -> str:
     """The slug of the stack's name that its Compose project begins with (""
-    for a stack that had none): the project minus the suffix the id gave it."""
-    suffix = naming.project_name("", stack_id).removeprefix("stack")  # "-<id prefix>"
-    if project.endswith(suffix):
-        slug = project[: -len(suffix)]
-        return "" if slug == "stack" else slug
-    return naming.stack_name_of(project)  # made some other way: its last part is the suffix
+    for a stack that had none)."""
+    slug = naming.stack_name_of(project, stack_id)
+    return "" if slug == "stack" else slug
 
 
 def tunnels(stack_id: str, containers: list[dict], applied: bool, requests: list[StreamRequest]) -> list[dict]:
