@@ -197,3 +197,21 @@ def test_doctor_text_says_skip_with_the_reason() -> None:
     assert "[SKIP] gpu-models               no GPU, so no models to compare\n" in text
     assert "[PASS] gpu-models" not in text and "[PASS] toolkit-visible-devices" not in text
     assert text.endswith("NOT compliant: 2 check(s) failed")
+
+
+@pytest.mark.parametrize(
+    ("missing", "failing", "reason"),
+    [
+        ("host.nvidiaContainerToolkit.installed", "container-toolkit", "no NVIDIA Container Toolkit"),
+        ("host.docker.available", "docker", "unreachable"),
+    ],
+)
+def test_gpu_containers_not_counted_again_when_the_engine_or_toolkit_is_missing(missing, failing, reason) -> None:
+    """One missing piece fails once: Docker cannot give GPUs without an engine
+    or a toolkit, and the host's fix starts with the piece that is missing."""
+    data = copy.deepcopy(good_host())
+    _set(missing, False)(data)
+    _set("host.docker.gpuContainers", {"ok": False, "method": "engine-info", "detail": "no nvidia runtime"})(data)
+    checks = {check.id: check for check in evaluate(data, Requirements())}
+    assert [check_id for check_id, check in checks.items() if not check.ok] == [failing]
+    assert checks["gpu-containers"].skipped and reason in checks["gpu-containers"].summary

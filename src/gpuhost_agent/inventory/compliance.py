@@ -69,7 +69,7 @@ def evaluate(system_data: dict, req: Requirements, clock_skew_seconds: float | N
         *_driver_checks(nvml, req),
         *_gpu_checks(gpus),
         *_toolkit_checks(host["nvidiaContainerToolkit"], req),
-        *_docker_checks(host["docker"], host["compose"], req),
+        *_docker_checks(host["docker"], host["compose"], host["nvidiaContainerToolkit"], req),
         _disk_check(host["storage"], req),
         *_clock_checks(host["clock"], clock_skew_seconds, req),
     ]
@@ -162,7 +162,7 @@ def _toolkit_checks(kit: dict, req: Requirements) -> list[Check]:
     ]
 
 
-def _docker_checks(docker: dict, compose: dict, req: Requirements) -> list[Check]:
+def _docker_checks(docker: dict, compose: dict, kit: dict, req: Requirements) -> list[Check]:
     docker_remedy = f"install or start Docker Engine {req.minDockerVersion} or newer (systemctl status docker)"
     compose_remedy = "install Docker's compose plugin: apt install docker-compose-plugin"
     gpu_containers = docker.get("gpuContainers") or {}
@@ -173,15 +173,25 @@ def _docker_checks(docker: dict, compose: dict, req: Requirements) -> list[Check
         _version_check("compose", "Docker Compose", compose.get("version"), req.minComposeVersion, compose_remedy)
         if compose["available"]
         else Check("compose", False, f"Docker Compose unavailable: {compose.get('error')}", compose_remedy),
-        _check(
-            "gpu-containers",
-            bool(gpu_containers.get("ok")),
-            f"Docker can give GPUs to containers ({gpu_containers.get('detail') or gpu_containers.get('method')})",
-            f"Docker cannot start GPU containers: {gpu_containers.get('detail')}",
-            "configure Docker for the toolkit:"
-            " nvidia-ctk runtime configure --runtime=docker && systemctl restart docker",
-        ),
+        _gpu_containers_check(gpu_containers, docker["available"], kit["installed"]),
     ]
+
+
+def _gpu_containers_check(gpu_containers: dict, docker_up: bool, toolkit_installed: bool) -> Check:
+    """Whether Docker gives containers GPUs. With no engine, or no toolkit to
+    configure it with, the failure is already counted by those checks (one
+    missing piece fails once), and the fix starts there."""
+    if not gpu_containers.get("ok") and not docker_up:
+        return _skip("gpu-containers", "Docker Engine unreachable, so no GPU container to start")
+    if not gpu_containers.get("ok") and not toolkit_installed:
+        return _skip("gpu-containers", "no NVIDIA Container Toolkit yet to give containers GPUs")
+    return _check(
+        "gpu-containers",
+        bool(gpu_containers.get("ok")),
+        f"Docker can give GPUs to containers ({gpu_containers.get('detail') or gpu_containers.get('method')})",
+        f"Docker cannot start GPU containers: {gpu_containers.get('detail')}",
+        "configure Docker for the toolkit: nvidia-ctk runtime configure --runtime=docker && systemctl restart docker",
+    )
 
 
 def _disk_check(storage: dict, req: Requirements) -> Check:
