@@ -7,18 +7,24 @@ full, and the containers it starts on either machine are sandboxed, judged by
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 
 import pytest
+from support.machine_samples import good_host
 from support.sandbox_corpus import CORPUS
 from support.sandbox_decide import RENTAL_GPUS, decide_file
-from support.swarm import container_of, deploy, docker, node_id, swarm
+from support.swarm import PREFIX, container_of, deploy, docker, node_id, swarm
 
 from gpuhost_agent.core.compose_rewrite import StackRejected
 from gpuhost_agent.core.sandbox_context import GIB, SandboxContext
 from gpuhost_agent.core.sandbox_harden import ALWAYS_DROP, harden
 from gpuhost_agent.core.swarm_rewrite import SwarmPlacement, swarm_stack
+from gpuhost_agent.inventory import compliance
+from gpuhost_agent.inventory.host_probe import docker_facts
+from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
+from gpuhost_agent.runtime.engine import DockerEngine
 
 pytestmark = pytest.mark.swarm
 CTX = SandboxContext(project="p", gpu_uuids=RENTAL_GPUS, cpus=1.0, memory_bytes=GIB // 2, pids_limit=512)
@@ -92,3 +98,38 @@ def test_every_published_file_the_sandbox_deploys_is_created_by_swarm_as_written
         docker(1, "stack", "rm", name)
         deployed += 1
     assert deployed >= 5
+
+
+async def test_doctor_tells_a_swarm_node_whose_engine_holds_no_new_privileges(nodes, monkeypatch) -> None:
+    """The probe reads the process behind each engine's socket: the cluster's
+    nodes run with --no-new-privileges, this machine's own engine does not, and
+    only a Swarm node is judged on it."""
+    manager, _ = nodes
+    monkeypatch.setenv("DOCKER_HOST", f"unix:///run/{PREFIX}/n1/docker.sock")
+    engine = DockerEngine()
+    try:
+        facts = await docker_facts(engine, None)
+    finally:
+        engine.close()
+    assert facts["swarm"] == {"state": "active", "nodeId": manager, "manager": True, "nodes": 2}
+    assert facts["noNewPrivileges"]["default"] is True and "--no-new-privileges" in facts["noNewPrivileges"]["detail"]
+    check = next(c for c in compliance.evaluate(_host(facts), Requirements()) if c.id == "swarm-no-new-privileges")
+    assert check.ok and not check.skipped
+
+    facts["noNewPrivileges"] = {"default": False, "detail": "as this machine's own engine"}
+    check = next(c for c in compliance.evaluate(_host(facts), Requirements()) if c.id == "swarm-no-new-privileges")
+    assert not check.ok and "setuid" in check.summary
+
+    monkeypatch.delenv("DOCKER_HOST")
+    engine = DockerEngine()
+    try:
+        own = await docker_facts(engine, None)
+    finally:
+        engine.close()
+    assert own["swarm"]["state"] == "inactive" and own["noNewPrivileges"]["default"] is False
+
+
+def _host(docker_facts: dict) -> dict:
+    data = copy.deepcopy(good_host())
+    data["host"]["docker"] = docker_facts
+    return data

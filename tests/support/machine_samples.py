@@ -88,7 +88,9 @@ def healthy_system_data() -> dict:
                 "cdiSpecDirs": ["/etc/cdi", "/var/run/cdi"],
                 "cgroupDriver": "systemd",
                 "cgroupVersion": "2",
+                "swarm": {"state": "inactive", "nodeId": None, "manager": False, "nodes": None},
                 "gpuContainers": {"ok": True, "method": "engine-info", "detail": "nvidia runtime registered"},
+                "noNewPrivileges": {"default": False, "detail": "dockerd pid 812: /etc/docker/daemon.json"},
             },
             "compose": {"available": True, "version": "2.29.1", "command": "docker compose", "error": None},
             "nvidiaContainerToolkit": {
@@ -225,6 +227,8 @@ def good_host() -> dict:
                 "error": None,
                 "version": "27.3.1",
                 "gpuContainers": {"ok": True, "method": "container", "detail": None},
+                "swarm": {"state": "inactive", "nodeId": None, "manager": False, "nodes": None},
+                "noNewPrivileges": {"default": False, "detail": "dockerd pid 812: /etc/docker/daemon.json"},
             },
             "compose": {"available": True, "version": "2.29.7", "error": None},
             "nvidiaContainerToolkit": {

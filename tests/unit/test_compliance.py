@@ -66,6 +66,12 @@ FAILURES = [
         "no nvidia runtime",
         "nvidia-ctk runtime configure",
     ),
+    (
+        "swarm-no-new-privileges",
+        _set("host.docker.swarm", {"state": "active", "nodeId": "n1", "manager": True, "nodes": 2}),
+        "does not give containers no-new-privileges",
+        '"no-new-privileges": true',
+    ),
     ("disk-space", _set("host.storage.freeBytes", 12 * GIB), "only 12.0 GiB free", "docker system prune"),
     ("disk-space", _set("host.storage.freeBytes", None), "cannot tell the free space", "docker system prune"),
     ("clock-sync", _set("host.clock.synchronized", False), "not synchronised", "timedatectl set-ntp true"),
@@ -173,6 +179,7 @@ def test_a_missing_driver_fails_once_and_what_cannot_apply_is_skipped() -> None:
         "driver-version",
         "gpu-memory-errors",
         "gpu-models",
+        "swarm-no-new-privileges",  # a machine of its own
         "toolkit-visible-devices",
     ]
     assert all(text.startswith("skipped: ") for text in skipped.values())

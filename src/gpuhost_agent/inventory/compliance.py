@@ -174,7 +174,35 @@ def _docker_checks(docker: dict, compose: dict, kit: dict, req: Requirements) ->
         if compose["available"]
         else Check("compose", False, f"Docker Compose unavailable: {compose.get('error')}", compose_remedy),
         _gpu_containers_check(gpu_containers, docker["available"], kit["installed"]),
+        _swarm_node_check(docker),
     ]
+
+
+def _swarm_node_check(docker: dict) -> Check:
+    """A Swarm service cannot ask for no-new-privileges (core/swarm_rewrite.py),
+    so on a Swarm node the engine must give it to every container itself. On
+    a machine of its own the agent sets it on each container: nothing to check."""
+    if not docker["available"]:
+        return _skip("swarm-no-new-privileges", "Docker Engine unreachable")
+    if (docker.get("swarm") or {}).get("state") != "active":
+        return _skip("swarm-no-new-privileges", "not a Swarm node: the agent gives each container no-new-privileges")
+    held = docker.get("noNewPrivileges") or {}
+    remedy = 'set "no-new-privileges": true in /etc/docker/daemon.json and restart Docker'
+    if held.get("default") is None:
+        return Check(
+            "swarm-no-new-privileges",
+            False,
+            f"cannot tell whether this Swarm node's dockerd gives containers no-new-privileges: {held.get('detail')}",
+            remedy,
+        )
+    return _check(
+        "swarm-no-new-privileges",
+        held["default"] is True,
+        f"this Swarm node's dockerd gives every container no-new-privileges ({held.get('detail')})",
+        "this Swarm node's dockerd does not give containers no-new-privileges, and Swarm services cannot ask "
+        "for it: a renter's process could gain privileges through a setuid program",
+        remedy,
+    )
 
 
 def _gpu_containers_check(gpu_containers: dict, docker_up: bool, toolkit_installed: bool) -> Check:

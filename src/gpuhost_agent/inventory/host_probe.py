@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 
 from gpuhost_agent.inventory import clock, toolkit
+from gpuhost_agent.runtime import dockerd_settings
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 
 CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
@@ -79,9 +80,23 @@ async def docker_facts(engine: DockerEngine, gpu_check_image: str | None) -> dic
         "cdiSpecDirs": info.get("CDISpecDirs") or [],
         "cgroupDriver": info.get("CgroupDriver"),
         "cgroupVersion": info.get("CgroupVersion"),
+        "swarm": swarm_facts(info.get("Swarm") or {}),
     }
     facts["gpuContainers"] = await _gpu_containers(engine, facts, gpu_check_image)
+    held, how = await asyncio.to_thread(dockerd_settings.engine_no_new_privileges)
+    facts["noNewPrivileges"] = {"default": held, "detail": how}
     return facts
+
+
+def swarm_facts(swarm: dict) -> dict:
+    """This engine's place in a Swarm, from `docker info`: "inactive" on a
+    machine of its own."""
+    return {
+        "state": swarm.get("LocalNodeState") or "inactive",
+        "nodeId": swarm.get("NodeID") or None,
+        "manager": bool(swarm.get("ControlAvailable")),
+        "nodes": swarm.get("Nodes"),
+    }
 
 
 async def _gpu_containers(engine: DockerEngine, facts: dict, image: str | None) -> dict:

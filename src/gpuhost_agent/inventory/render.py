@@ -50,6 +50,7 @@ def probe_table(report: dict) -> str:
             f"{'yes' if docker['gpuContainers'].get('ok') else 'no'}: "
             f"{_show(docker['gpuContainers'].get('detail'))} ({docker['gpuContainers'].get('method')})",
         ),
+        ("Swarm", _swarm(docker)),
         ("Clock", {True: "synchronised", False: "NOT synchronised", None: "unknown"}[host["clock"]["synchronized"]]),
         (
             "NVIDIA driver",
@@ -116,3 +117,15 @@ def doctor_lines(checks: list[dict]) -> str:
     lines.append("")
     lines.append("compliant: this host can be listed" if not failed else f"NOT compliant: {failed} check(s) failed")
     return "\n".join(lines)
+
+
+def _swarm(docker: dict) -> str:
+    """This engine's Swarm membership, and whether it holds no-new-privileges for
+    every container (what a Swarm node must do: core/swarm_rewrite.py)."""
+    swarm = docker.get("swarm") or {"state": "unknown"}
+    held = (docker.get("noNewPrivileges") or {}).get("default")
+    role = (
+        f", {'manager' if swarm.get('manager') else 'worker'} node {swarm.get('nodeId')}" if swarm.get("nodeId") else ""
+    )
+    default = {True: "yes", False: "no", None: "unknown"}[held]
+    return f"{swarm['state']}{role}; no-new-privileges by default: {default}"
