@@ -37,10 +37,13 @@ ROOT=${SWARM_ROOT:-/var/lib/$PREFIX}   # data roots: overlay2 needs a real disk,
 RUN=/run/$PREFIX                       # sockets, exec roots, pid files
 SUBNET=100.77.0                        # shared address space (RFC 6598): never one of Docker's pools
 IMAGES=${SWARM_IMAGES:-gpuhost-test/busybox:1}
+GPUS=${SWARM_GPUS:-2}                  # stand-in GPUs per node
+PYTHON=${SWARM_PYTHON:-$here/../.venv/bin/python}
 
 node_ns() { echo "$PREFIX-n$1"; }
 node_addr() { echo "$SUBNET.$((10 + $1))"; }
 node_sock() { echo "$RUN/n$1/docker.sock"; }
+gpu_uuid() { printf 'GPU-5a4d0000-0000-4000-8000-%06d%06d\n' "$1" "$2"; }  # node, index: unique per node
 on_node() { local i=$1; shift; DOCKER_HOST="unix://$(node_sock "$i")" "$@"; }
 say() { echo "swarm-cluster: $*"; }
 
@@ -48,15 +51,42 @@ nodes() {  # the node numbers that exist now
     ip netns list 2>/dev/null | sed -n "s/^$PREFIX-n\([0-9][0-9]*\).*/\1/p" | sort -n
 }
 
+# Each node's stand-in GPUs: Swarm generic resources named NVIDIA-GPU (how a
+# manager, and so the environment's leader, sees every node's GPUs), and a
+# stand-in NVML configuration with the same UUIDs for an agent on that node
+# (LD_LIBRARY_PATH=tests/.fake-nvml FAKE_NVML_CONFIG=<run dir>/nI/nvml.conf).
+gpu_flags() {
+    local i=$1 k
+    for k in $(seq 0 $((GPUS - 1))); do printf -- '--node-generic-resource\nNVIDIA-GPU=%s\n' "$(gpu_uuid "$i" "$k")"; done
+}
+
+write_nvml_config() {
+    local i=$1
+    [ -x "$PYTHON" ] || return 0
+    "$PYTHON" - "$RUN/n$i/nvml.conf" $(for k in $(seq 0 $((GPUS - 1))); do gpu_uuid "$i" "$k"; done) <<'PY'
+import os, sys
+sys.path.insert(0, os.environ["SWARM_TESTS"])
+from support import fake_nvml
+gpus = fake_nvml.h100_sxm(len(sys.argv) - 2)
+for gpu, uuid in zip(gpus, sys.argv[2:]):
+    gpu.uuid = uuid
+fake_nvml.write_config(sys.argv[1], gpus)
+PY
+}
+
 start_engine() {
     local i=$1 dir="$RUN/n$1" log="$RUN/n$1/dockerd.log"
     mkdir -p "$dir" "$ROOT/n$i"
+    local gpu_args=()
+    mapfile -t gpu_args < <(gpu_flags "$i")
     setsid env HTTP_PROXY=http://127.0.0.1:9 HTTPS_PROXY=http://127.0.0.1:9 \
         http_proxy=http://127.0.0.1:9 https_proxy=http://127.0.0.1:9 \
         DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1 PATH="$here/fake-nvidia:$PATH" \
         nsenter --net="/run/netns/$(node_ns "$i")" \
         dockerd --data-root "$ROOT/n$i" --exec-root "$dir/exec" --pidfile "$dir/dockerd.pid" \
-        --host "unix://$(node_sock "$i")" --no-new-privileges --log-level warn >"$log" 2>&1 </dev/null &
+        --host "unix://$(node_sock "$i")" --no-new-privileges "${gpu_args[@]}" --log-level warn \
+        >"$log" 2>&1 </dev/null &
+    SWARM_TESTS="$here/../tests" write_nvml_config "$i"
 }
 
 wait_engine() {
@@ -130,7 +160,8 @@ down() {
 status() {
     local i
     for i in $(nodes); do
-        echo "n$i unix://$(node_sock "$i") $(node_addr "$i") pid $(cat "$RUN/n$i/dockerd.pid" 2>/dev/null || echo '?')"
+        echo "n$i unix://$(node_sock "$i") $(node_addr "$i") pid $(cat "$RUN/n$i/dockerd.pid" 2>/dev/null || echo '?')" \
+            "nvml $RUN/n$i/nvml.conf"
     done
 }
 

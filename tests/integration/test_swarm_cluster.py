@@ -10,10 +10,12 @@ Checks go through each node's own engine (`docker -H`), never ours.
 from __future__ import annotations
 
 import json
+import re
 import time
+from pathlib import Path
 
 import pytest
-from support.swarm import container_of, deploy, docker, swarm
+from support.swarm import PREFIX, container_of, deploy, docker, node_id, swarm
 
 pytestmark = pytest.mark.swarm
 
@@ -52,6 +54,14 @@ def test_a_stack_spans_two_machines_over_its_overlay_others_cannot_reach_it_down
     with swarm(2):
         nodes = docker(1, "node", "ls", "--format", "{{.Status}} {{.ManagerStatus}}").splitlines()
         assert sorted(nodes) == ["Ready ", "Ready Leader"]
+        # Each node's stand-in GPUs: the manager sees them as the node's NVIDIA-GPU resources,
+        # an agent on the node through its own stand-in NVML configuration.
+        for node in (1, 2):
+            resources = json.loads(docker(1, "node", "inspect", node_id(node), "-f", "{{json .Description.Resources}}"))
+            seen = sorted(r["NamedResourceSpec"]["Value"] for r in resources["GenericResources"])
+            configured = re.findall(r"^gpu \d+ uuid (\S+)$", Path(f"/run/{PREFIX}/n{node}/nvml.conf").read_text(), re.M)
+            assert len(seen) == 2 and sorted(configured) == seen, (seen, configured)
+        assert not set(seen) & set(re.findall(r"uuid (\S+)", Path(f"/run/{PREFIX}/n1/nvml.conf").read_text()))
 
         deploy("one", _stack({"web": _service(SERVED, "n1"), "client": _service(REACH % FIND_WEB, "n2")}))
         _client_says("one", "hi-over-the-overlay")
