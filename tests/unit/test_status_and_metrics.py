@@ -168,6 +168,9 @@ async def test_status_over_the_socket(parts, short_dir):
         assert stat.S_IMODE((await asyncio.to_thread(sock.parent.stat)).st_mode) == 0o700
         status = await asyncio.to_thread(status_cli.fetch_status, sock)
         assert status["running"] is True and status["pid"] == os.getpid()
+        process = status["process"]  # the footprint a soak judges: this test process's own
+        assert process["rssBytes"] > 10 << 20 and process["openFiles"] > 3 and process["threads"] >= 1
+        assert process["asyncioTasks"] >= 2  # this test and the server's handler at least
         assert status["connected"] is False
         assert status["envId"] == "env-1"
         assert status["marketplace"] == "http://127.0.0.1:9/v1"
@@ -192,6 +195,7 @@ async def test_status_over_the_socket(parts, short_dir):
         text = out.getvalue()
         assert code == 0
         assert "running (pid" in text and "connected:       yes" in text
+        assert re.search(r"\n  process: +[0-9.]+ MiB resident, \d+ open files, \d+ threads, \d+ asyncio tasks\n", text)
         assert re.search(r'\n  stk-2 "gh" rental rent-1 error, updated .*\n    error: compose failed: \*\*\*', text)
         out = io.StringIO()
         assert await asyncio.to_thread(status_cli.run, sock, True, out=out) == 0

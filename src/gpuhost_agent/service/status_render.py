@@ -81,6 +81,12 @@ def render(status: dict, now: datetime | None = None) -> str:
         f"  reports:         {reports.get('pending', 0)} pending, {reports.get('sent', 0)} sent,"
         f" {reports.get('rejected', 0)} rejected, {reports.get('dropped', 0)} dropped",
     ]
+    process = status.get("process")
+    if process:
+        lines.append(
+            f"  process:         {process['rssBytes'] / (1 << 20):.1f} MiB resident, {process['openFiles']} open"
+            f" files, {process['threads']} threads, {process['asyncioTasks']} asyncio tasks"
+        )
     error = status.get("lastError")
     if error:
         detail = error.get("error") or ""

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import psutil
 from aiohttp import web
 
 from gpuhost_agent import __version__
@@ -147,9 +148,19 @@ class StatusSource:
         return response
 
 
+def process_figures() -> dict:
+    """The agent process's own footprint, which months of churn must leave flat
+    (bench/soak.py judges it). Blocking (/proc reads): run it in a thread."""
+    me = psutil.Process()
+    with me.oneshot():
+        return {"rssBytes": me.memory_info().rss, "openFiles": me.num_fds(), "threads": me.num_threads()}
+
+
 def _app(source: StatusSource) -> web.Application:
     async def status(_request: web.Request) -> web.Response:
-        return web.json_response(source.status())
+        body = source.status()
+        body["process"] = {**await asyncio.to_thread(process_figures), "asyncioTasks": len(asyncio.all_tasks())}
+        return web.json_response(body)
 
     app = web.Application()
     app.router.add_get("/status", status)
