@@ -37,6 +37,7 @@ bench: setup
 	.venv/bin/python bench/log_throughput.py
 	.venv/bin/python bench/event_latency.py
 	.venv/bin/python bench/host_limits.py
+	.venv/bin/python bench/idle_cost.py
 	bash scripts/build-bench-images.sh
 	.venv/bin/python bench/tunnel.py
 
