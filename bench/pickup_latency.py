@@ -5,7 +5,9 @@ stack (pickup), and the wait until the stack is APPLIED. The agent long-polls,
 so pickup should cost a loopback round trip, not a timer period; and the agent
 wraps `docker compose up` with `compose config`, a container check and reports,
 so its create-to-APPLIED time is compared with a raw `docker compose up -d` of
-the same file by the same Compose binary, interleaved so machine noise hits both.
+the same file by the same Compose binary, interleaved so machine noise hits both
+(which of the two goes first alternates from pair to pair). The figure of merit
+is the ratio of the medians (issue 20: at most 1.05).
 
 The local marketplace and the agent run in this process exactly as `gpuhost-agent
 run` wires them; the renter side goes through real HTTP. All timestamps are the
@@ -13,7 +15,10 @@ marketplace store's own (stack createdAt, Job.firstDeliveredAt, and the time eac
 agent status report was received, from the stack's history), so how often this
 script polls does not enter the figures. Each stack is removed and gone before
 the raw run and the next stack, so one stack's settle watch and removal do not
-overlap the next stack's deploy.
+overlap the next stack's deploy. The first stack is created only once the agent
+has started its first long poll: before that it is still starting up (probing
+the machine), which is not pickup; a bench that waited only for the session
+once measured that start-up as a pickup tail (p99 61 ms with a p50 of 2.5 ms).
 
     .venv/bin/python bench/pickup_latency.py [--stacks N] [--json FILE]
 """
@@ -52,6 +57,8 @@ COMPOSE = f"""services:
     init: true
 """
 PROJECT_LABEL = "com.docker.compose.project"
+RATIO_GOAL = 1.05  # create -> APPLIED over raw `up -d`, ratio of medians (issue 20)
+PICKUP_GOAL_MS = 50.0
 
 
 def pct(values: list[float], q: float) -> float:
@@ -86,6 +93,14 @@ async def compose_run(compose: list[str], *args: str) -> float:
     if proc.returncode:
         raise RuntimeError(f"compose {' '.join(args)} failed: {err.decode(errors='replace')[-500:]}")
     return elapsed
+
+
+async def raw_up(compose: list[str], project: str, raw_file: Path) -> float:
+    """Milliseconds of a raw `up -d` of the bench's file; the project is then
+    taken down, so each run creates its network and container as the agent's does."""
+    elapsed = await compose_run(compose, "-p", project, "-f", str(raw_file), "up", "-d")
+    await compose_run(compose, "-p", project, "down", "-t", "0")
+    return 1000 * elapsed
 
 
 def measure_stack(store, stack_id: str) -> dict:
@@ -137,6 +152,8 @@ async def bench(n: int, compose: list[str], workdir: Path, projects: set[str]) -
     results: list[dict] = []
     try:
         await asyncio.wait_for(parts.session.connected.wait(), 30)
+        # Ready means polling: jobs are not asked for before start-up is done.
+        await wait_until(lambda: local.state.polls_started > 0, 60, "the agent's first job poll")
         async with aiohttp.ClientSession(
             local.base_url + "/", headers={wire.API_KEY_HEADER: store.renterApiKey}
         ) as http:
@@ -144,6 +161,11 @@ async def bench(n: int, compose: list[str], workdir: Path, projects: set[str]) -
                 resp.raise_for_status()
                 rental_id = (await resp.json())["rentalId"]
             for i in range(n):
+                raw = f"bench-raw-{i}"
+                projects.add(raw)
+                raw_ms = None
+                if i % 2:  # every other pair, the raw run first
+                    raw_ms = await raw_up(compose, raw, raw_file)
                 template = {
                     "name": f"bench-{i}",
                     "description": "pickup bench",
@@ -171,10 +193,7 @@ async def bench(n: int, compose: list[str], workdir: Path, projects: set[str]) -
                     120,
                     f"stack {i} to be removed",
                 )
-                raw = f"bench-raw-{i}"
-                projects.add(raw)
-                row["raw_up_ms"] = 1000 * await compose_run(compose, "-p", raw, "-f", str(raw_file), "up", "-d")
-                await compose_run(compose, "-p", raw, "down", "-t", "0")
+                row["raw_up_ms"] = raw_ms if raw_ms is not None else await raw_up(compose, raw, raw_file)
                 results.append(row)
                 print(
                     f"  stack {i + 1}/{n}: pickup {row['pickup_delivered_ms']:.1f} ms, "
@@ -268,10 +287,13 @@ def report(summary: dict, info: dict, command: str) -> str:
             continue
         lines.append(f"{label:<46}{s['n']:>4}{s['p50']:>9.1f}{s['p90']:>9.1f}{s['p99']:>9.1f}{s['max']:>9.1f}")
     pick, ratio = summary["pickup_delivered_ms"]["p50"], summary["ratio_of_medians"]
+    pairs = summary["create_to_applied_ms"]["n"]
     lines += [
         "",
-        f"pickup p50 (delivered) {pick:.1f} ms  target < 50 ms  {'MET' if pick < 50 else 'NOT MET'}",
-        f"create->APPLIED / raw up, ratio of medians {ratio:.2f}  target < 1.2  {'MET' if ratio < 1.2 else 'NOT MET'}",
+        f"pickup p50 (delivered) {pick:.1f} ms  goal < {PICKUP_GOAL_MS:.0f} ms  "
+        f"{'MET' if pick < PICKUP_GOAL_MS else 'NOT MET'}",
+        f"create->APPLIED / raw up, ratio of medians over {pairs} pairs: {ratio:.3f}  goal <= {RATIO_GOAL}  "
+        f"{'MET' if ratio <= RATIO_GOAL else 'NOT MET'}",
     ]
     return "\n".join(lines)
 

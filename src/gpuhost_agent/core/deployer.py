@@ -19,7 +19,8 @@ from gpuhost_agent.core import naming
 from gpuhost_agent.core.compose_rewrite import StackRejected, check_variables, label_services
 from gpuhost_agent.core.containers import failed_containers, seed_containers
 from gpuhost_agent.core.deploy_failures import describe_container, describe_up_failure
-from gpuhost_agent.core.sandbox import Sandbox, notices_message, refuse_with_compose_error, review_raw
+from gpuhost_agent.core.deploy_start import StackFailed, start_compose
+from gpuhost_agent.core.sandbox import Sandbox, notices_message, review_raw
 from gpuhost_agent.core.sandbox_context import SandboxContext, crowded_rental_problem
 from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.protocol import wire
@@ -32,10 +33,6 @@ log = get_logger(__name__)
 ORIGINAL_FILE = "compose.yaml"
 AGENT_FILE = "compose.agent.json"
 COMPOSE_PROJECT_LABEL = "com.docker.compose.project"
-
-
-class StackFailed(RuntimeError):
-    """Containers started but did not keep running; the message names which and why."""
 
 
 class StackDeployer:
@@ -94,33 +91,36 @@ class StackDeployer:
             )  # before Compose reads anything the file names
             await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True, mode=0o700)
             await asyncio.to_thread(_write_private, workdir / ORIGINAL_FILE, raw.text)
-            try:
-                model = await self.compose.config(project, workdir, ORIGINAL_FILE, variables)
-            except ComposeError as exc:
-                raise refuse_with_compose_error(raw, str(exc)) from None
-            places = SandboxContext(
-                project=project,
-                project_dir=str(await asyncio.to_thread(workdir.resolve)),
-                home_dir=str(self.compose.home_dir),
-                agent_dir=str(self.stacks_dir.parent),
-                foreign_names=await self.engine.foreign_names(project),
+            model, foreign_names, pending_up = await start_compose(
+                self.compose, self.engine, project, workdir / ORIGINAL_FILE, variables, raw
             )
-            hardened, gpus, notices = await self.sandbox.apply(
-                job, model, raw, places, waiting=lambda reason: self._report(job, wire.APPLYING, reason)
-            )
-            rewritten = label_services(
-                hardened, job.stack_id, job.rental_id, job.env_id, gpus, ssh=template.get("isSSHEnabled") is True
-            )
-            await asyncio.to_thread(_write_private, workdir / AGENT_FILE, json.dumps(rewritten, indent=1))
-            faults.crash_point("deploy.before_compose_up")
-            try:
-                await self.compose.up(project, workdir, AGENT_FILE)
-            except ComposeError as exc:
-                raise StackFailed(await describe_up_failure(self.engine, job.stack_id, rewritten, str(exc))) from None
-            await self._check_running(job.stack_id)
+            async with pending_up as up:
+                places = SandboxContext(
+                    project=project,
+                    project_dir=str(await asyncio.to_thread(workdir.resolve)),
+                    home_dir=str(self.compose.home_dir),
+                    agent_dir=str(self.stacks_dir.parent),
+                    foreign_names=foreign_names,
+                )
+                hardened, gpus, notices = await self.sandbox.apply(
+                    job, model, raw, places, waiting=lambda reason: self._report(job, wire.APPLYING, reason)
+                )
+                rewritten = label_services(
+                    hardened, job.stack_id, job.rental_id, job.env_id, gpus, ssh=template.get("isSSHEnabled") is True
+                )
+                text = json.dumps(rewritten, indent=1)
+                await asyncio.to_thread(_write_private, workdir / AGENT_FILE, text)  # the record of what ran
+                faults.crash_point("deploy.before_compose_up")
+                try:
+                    await up.run(text)
+                except ComposeError as exc:
+                    failure = await describe_up_failure(self.engine, job.stack_id, rewritten, str(exc))
+                    raise StackFailed(failure) from None
+            containers = await self.engine.stack_containers(job.stack_id)
+            await self._check_running(job.stack_id, containers)
             faults.crash_point("deploy.before_applied_report")
-            self._report(job, wire.APPLIED, notices_message(notices))
-            await self.push_containers(job.stack_id)
+            self._report(job, wire.APPLIED, notices_message(notices))  # sent at once: the outbox is woken
+            await self.push_containers(job.stack_id, containers)
             log.info("stack_applied", stack_id=job.stack_id, job_id=job.job_id, changes=len(notices))
             await self._settle(job.stack_id)
             return ""

