@@ -1,4 +1,4 @@
-.PHONY: setup run check test test-fast bench clean-test-docker
+.PHONY: setup run check test test-fast bench soak clean-test-docker
 
 # Label the agent puts on every container/network/volume it creates.
 MANAGED_LABEL := io.gpuhost.managed=true
@@ -40,6 +40,11 @@ bench: setup
 	.venv/bin/python bench/idle_cost.py
 	bash scripts/build-bench-images.sh
 	.venv/bin/python bench/tunnel.py
+
+# Months of churn compressed (issue 20): 2000 deploy/remove cycles, about an hour on
+# 2 cores; `make soak ARGS="--cycles 200"` for a shorter one.
+soak: setup
+	.venv/bin/python bench/soak.py --cycles 2000 --every 100 $(ARGS)
 
 # Remove leftovers of interrupted tests/runs; containers first, they pin networks and volumes.
 clean-test-docker:
