@@ -31,11 +31,14 @@ async def _no_streams(_rental_id: str) -> None:
     """No stream channel: nothing to end when a rental ends."""
 
 
-def dispatcher_for(deployer: Any, outbox: Any, db: AgentDB | None = None) -> JobDispatcher:
-    """A real dispatcher (and status reporter) around a stand-in deployer and outbox."""
+def dispatcher_for(deployer: Any, outbox: Any, db: AgentDB | None = None, **options: Any) -> JobDispatcher:
+    """A real dispatcher (and status reporter) around a stand-in deployer and
+    outbox; `options` are JobDispatcher's own (deploy_concurrency)."""
     db = db if db is not None else AgentDB(None)
     reporter = StatusReporter(outbox, db, GpuLedger(db))
-    return JobDispatcher(deployer, reporter, outbox, db, RentalEndDates(db), _no_streams, metrics.deploy_histogram())
+    return JobDispatcher(
+        deployer, reporter, outbox, db, RentalEndDates(db), _no_streams, metrics.deploy_histogram(), **options
+    )
 
 
 def agent_for(client: Any, *, outbox: Any = None, dispatcher: JobDispatcher | None = None) -> Agent:

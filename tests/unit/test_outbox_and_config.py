@@ -73,6 +73,8 @@ def test_config_defaults_to_local_marketplace(tmp_path):
     assert loaded.disk_floor_bytes == 20 * 1024**3
     assert config.load({"disk_floor": "0"}, environ={}).disk_floor_bytes == 0
     assert config.load({"disk_floor": "512m"}, environ={}).disk_floor_bytes == 512 * 1024**2
+    assert loaded.deploy_concurrency == 4
+    assert config.load({}, environ={"GPUHOST_DEPLOY_CONCURRENCY": "12"}).deploy_concurrency == 12
 
 
 @pytest.mark.parametrize(
@@ -85,6 +87,7 @@ def test_config_defaults_to_local_marketplace(tmp_path):
         ({"api_key_file": "/no/such/key", "marketplace_url": "https://m/v1", "env_id": "e"}, "cannot read"),
         ({"log_max_size": "50 MB"}, "GPUHOST_LOG_MAX_SIZE '50 MB' must be a size such as 50m"),
         ({"log_max_files": "0"}, "GPUHOST_LOG_MAX_FILES must be at least 1"),
+        ({"deploy_concurrency": "0"}, "GPUHOST_DEPLOY_CONCURRENCY must be at least 1"),
         ({"disk_floor": "20 GB"}, "GPUHOST_DISK_FLOOR '20 GB' must be a size such as 20g"),
     ],
 )

@@ -9,6 +9,14 @@ running when the agent died is simply run again (deploy and remove converge).
 
 Reconcile submits its own work as internal jobs: the same per-stack order and
 locks, but no completion is sent for them (the marketplace never issued them).
+
+At most `deploy_concurrency` deploys run at once (GPUHOST_DEPLOY_CONCURRENCY):
+each runs two Compose processes and makes networks and containers, and twenty
+renters creating stacks in the same second, or a reconcile after a restart,
+must not start them all together on a machine whose cores the renters' own
+work needs. A deploy waiting for its turn is APPLYING with a reason that says
+so. Removals and rental ends are not held back: they free what waiting
+deploys may need (a GPU being released).
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ class JobDispatcher:
         end_dates: RentalEndDates,
         on_rental_end: Callable[[str], Awaitable[None]],
         deploy_durations: Histogram,
+        deploy_concurrency: int = 4,
     ):
         """`on_rental_end` runs before a rental's end job (the stream channel
         ends the rental's terminals and log streams there); `deploy_durations`
@@ -63,6 +72,8 @@ class JobDispatcher:
         self.duplicates_ignored = 0
         self.outcomes: Counter[str] = Counter()  # marketplace jobs finished since start, for the metrics
         self.deploy_durations = deploy_durations
+        self.deploy_concurrency = deploy_concurrency
+        self._deploy_slots = asyncio.Semaphore(deploy_concurrency)
 
     def submit(self, raw: object) -> None:
         raw_id = raw.get("jobId") if isinstance(raw, dict) else None
@@ -167,11 +178,14 @@ class JobDispatcher:
 
     async def _run_stack_job(self, job: wire.StackJob) -> None:
         async with self._stack_locks.setdefault(job.stack_id, asyncio.Lock()):
-            started = time.monotonic()
-            error = await self._execute(job)
             if job.type == wire.JOB_DEPLOY:
+                async with self._deploy_turn(job):
+                    started = time.monotonic()
+                    error = await self._execute(job)
                 outcome = wire.OUTCOME_FAILED if error else wire.OUTCOME_SUCCEEDED
                 self.deploy_durations.labels(outcome=outcome).observe(time.monotonic() - started)
+            else:
+                error = await self._execute(job)
         self._finish(job.job_id, error)
         log.info(
             "job_finished",
@@ -179,6 +193,17 @@ class JobDispatcher:
             stack_id=job.stack_id,
             outcome=wire.OUTCOME_FAILED if error else wire.OUTCOME_SUCCEEDED,
         )
+
+    def _deploy_turn(self, job: wire.StackJob) -> asyncio.Semaphore:
+        """The deploy slot; when none is free the stack says why it waits."""
+        if self._deploy_slots.locked():
+            reason = (
+                f"waiting for its turn: {self.deploy_concurrency} deploys are running on this host"
+                " (GPUHOST_DEPLOY_CONCURRENCY)"
+            )
+            self.reporter.status(StackRef.of_job(job), wire.APPLYING, reason, job_id=job.job_id)
+            log.info("deploy_waiting_for_turn", job_id=job.job_id, stack_id=job.stack_id)
+        return self._deploy_slots
 
     async def _execute(self, job: wire.StackJob) -> str:
         log.info("job_started", job_id=job.job_id, job_type=job.type, stack_id=job.stack_id, rental_id=job.rental_id)

@@ -167,7 +167,14 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
     streams = StreamChannel(client, session, stream_engine, ssh)
     end_dates = RentalEndDates(db)
     dispatcher = JobDispatcher(
-        deployer, reporter, outbox, db, end_dates, streams.end_rental, metrics.deploy_histogram()
+        deployer,
+        reporter,
+        outbox,
+        db,
+        end_dates,
+        streams.end_rental,
+        metrics.deploy_histogram(),
+        deploy_concurrency=config.deploy_concurrency,
     )
     rental_clock = RentalClock(end_dates, dispatcher, ledger, session)
     reconciler = Reconciler(

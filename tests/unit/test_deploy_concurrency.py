@@ -1,0 +1,96 @@
+"""At most GPUHOST_DEPLOY_CONCURRENCY deploys run at once (issue 20, item 2):
+twenty stacks created in the same second must not start forty Compose
+processes together. The ones waiting say so (APPLYING with a reason), and a
+removal is never held behind them: it frees what they may wait for."""
+
+from __future__ import annotations
+
+import asyncio
+
+from support.fakes import FakeOutbox
+from support.wiring import dispatcher_for
+
+from gpuhost_agent.protocol import wire
+
+
+class HeldDeployer:
+    """Deploys that run until released, counting how many run together."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.running = 0
+        self.most = 0
+        self.removed: list[str] = []
+
+    async def deploy(self, job: wire.StackJob) -> str:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            await self.release.wait()
+        finally:
+            self.running -= 1
+        return ""
+
+    async def remove(self, job: wire.StackJob) -> str:
+        self.removed.append(job.stack_id)
+        return ""
+
+
+def _job(job_id: str, stack_id: str, job_type: str = wire.JOB_DEPLOY) -> dict:
+    return {
+        "jobId": job_id,
+        "type": job_type,
+        "stackId": stack_id,
+        "rentalId": f"rental-{stack_id}",
+        "envId": "env-1",
+        "stackName": "s",
+        "template": {"name": "s", "description": "", "content": "services: {}\n", "environmentVariables": {}},
+    }
+
+
+async def _until(predicate, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+def _waiting_reports(outbox: FakeOutbox) -> set[str]:
+    return {
+        target
+        for kind, target, body in outbox.reports
+        if body.get("status") == wire.APPLYING and "waiting for its turn" in (body.get("errorMsg") or "")
+    }
+
+
+async def test_no_more_deploys_run_at_once_than_the_setting_and_the_others_say_they_wait() -> None:
+    deployer, outbox = HeldDeployer(), FakeOutbox()
+    dispatcher = dispatcher_for(deployer, outbox, deploy_concurrency=2)
+    for i in range(6):
+        dispatcher.submit(_job(f"job-{i}", f"stack-{i}"))
+    await _until(lambda: deployer.running == 2)
+    await asyncio.sleep(0.05)
+    assert deployer.running == 2
+    assert _waiting_reports(outbox) == {f"stack-{i}" for i in range(2, 6)}
+    message = next(body["errorMsg"] for _k, _t, body in outbox.reports if "waiting" in (body.get("errorMsg") or ""))
+    assert "GPUHOST_DEPLOY_CONCURRENCY" in message and "2 deploys" in message
+
+    dispatcher.submit(_job("job-remove", "stack-other", wire.JOB_REMOVE))  # not held behind the deploys
+    await _until(lambda: deployer.removed == ["stack-other"])
+
+    deployer.release.set()
+    await _until(lambda: not dispatcher._running)
+    assert deployer.most == 2
+    finished = {target for kind, target, body in outbox.reports if body.get("outcome") == wire.OUTCOME_SUCCEEDED}
+    assert finished == {f"job-{i}" for i in range(6)} | {"job-remove"}
+
+
+async def test_deploys_within_the_setting_start_without_waiting() -> None:
+    deployer, outbox = HeldDeployer(), FakeOutbox()
+    dispatcher = dispatcher_for(deployer, outbox, deploy_concurrency=4)
+    for i in range(4):
+        dispatcher.submit(_job(f"job-{i}", f"stack-{i}"))
+    await _until(lambda: deployer.running == 4)
+    assert not _waiting_reports(outbox)
+    deployer.release.set()
+    await _until(lambda: not dispatcher._running)
