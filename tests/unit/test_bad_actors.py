@@ -99,8 +99,9 @@ async def test_a_request_aiohttp_cannot_parse_leaves_no_traceback(market, log_st
     traceback in the operator's log; a stray client's bad bytes are not a bug."""
     host = urlsplit(market.base_url).netloc.encode()
     head = b"GET /v1/environments HTTP/1.1\r\nHost: " + host + b"\r\nX-Long: " + b"a" * 10_000
-    status, _body = await _raw_request(market.base_url, head + b"\r\nConnection: close\r\n\r\n")
+    status, body = await _raw_request(market.base_url, head + b"\r\nConnection: close\r\n\r\n")
     assert status == 400
+    assert json.loads(body)["status"] == 400
     await asyncio.sleep(0.1)
     written = log_stream.getvalue()
     assert "Traceback" not in written and '"level": "error"' not in written, written[-2000:]
@@ -186,3 +187,23 @@ async def test_an_idle_or_stalled_connection_is_closed() -> None:
             writer.close()
     finally:
         await running.stop()
+
+
+async def test_what_aiohttp_answers_itself_is_json_like_every_other_error(market) -> None:
+    """Issue 17 finding 6: a URL or header over 8 KiB, bytes that are not HTTP,
+    answered by aiohttp before any handler runs, came back as plain text
+    quoting the client's bytes. curl, a client we did not write, sends them."""
+    long_url = market.base_url + "/environments?" + "q" * 9000
+    long_header = ["-H", "X-Big: " + "b" * 9000, market.base_url + "/environments"]
+    for args in ([long_url], long_header):
+        curl = await asyncio.create_subprocess_exec(
+            "curl", "-sS", "-i", "--max-time", "10", *args, stdout=asyncio.subprocess.PIPE
+        )
+        out, _ = await curl.communicate()
+        head, _, body = out.partition(b"\r\n\r\n")
+        assert head.split()[1] == b"400" and b"application/json" in head, out[:300]
+        answer = json.loads(body)
+        assert answer["status"] == 400 and answer["message"].startswith("Bad Request: Got more than")
+        assert "qqqq" not in answer["message"] and "bbbb" not in answer["message"]
+    status, body = await _raw_request(market.base_url, b"\x16\x03\x01 not http at all\r\n\r\n")
+    assert status == 400 and json.loads(body)["status"] == 400

@@ -28,6 +28,7 @@ from gpuhost_agent.local_marketplace import (
     users_api,
 )
 from gpuhost_agent.local_marketplace.http_errors import BadRequest, json_error, same_secret
+from gpuhost_agent.local_marketplace.parse_errors import JsonErrorsRunner
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.store import Conflict, NotFound
 from gpuhost_agent.protocol import wire
@@ -119,7 +120,7 @@ async def start(
     answer, or a request line and headers that stop coming) is closed after
     `idle_seconds`, so idle clients cannot hold the server's descriptors."""
     state.streams.reopen()
-    runner = web.AppRunner(build_app(state), access_log=None, shutdown_timeout=2, keepalive_timeout=idle_seconds)
+    runner = JsonErrorsRunner(build_app(state), access_log=None, shutdown_timeout=2, keepalive_timeout=idle_seconds)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
