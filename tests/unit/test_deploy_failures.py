@@ -4,7 +4,16 @@ own failures: tests/integration/test_deploy_errors.py.)"""
 
 from __future__ import annotations
 
-from gpuhost_agent.core.deploy_failures import failure_reason, pull_failure, service_images, with_output
+from gpuhost_agent.core.containers import RENTAL_MEMORY_REACHED
+from gpuhost_agent.core.containers import SERVICE_LABEL as SERVICE
+from gpuhost_agent.core.deploy_failures import (
+    describe_container,
+    failure_reason,
+    pull_failure,
+    service_images,
+    with_output,
+)
+from gpuhost_agent.protocol import wire
 
 
 def test_the_service_whose_image_is_absent_is_named():
@@ -32,3 +41,33 @@ def test_reason_and_output():
     assert failure_reason({"State": "dead"}, None, False) == "is dead"
     assert with_output("service 'x' exited", "") == "service 'x' exited"
     assert with_output("m", "y" * 900).endswith("y" * 500) and len(with_output("m", "y" * 900)) < 600
+
+
+class _StoppedEngine:
+    """The two engine calls describe_container makes, for one OOM-killed container."""
+
+    async def container_state(self, container_id: str) -> dict:
+        return {"Running": False, "ExitCode": 137, "OOMKilled": True}
+
+    async def log_tail(self, container_id: str, lines: int) -> str:
+        return "allocating"
+
+
+async def test_a_deploy_killed_at_the_rentals_memory_limit_says_so_like_the_container_list() -> None:
+    """Issue 16: a service OOM-killed right after `up` because the rental's
+    containers together reached the rental's limit; Docker's OOMKilled does
+    not tell that from the container's own limit, the rental's cgroup does."""
+    container = {"Id": "c1", "State": "exited", "Labels": {wire.LABEL_RENTAL: "r-1", SERVICE: "train"}}
+    asked: list[str] = []
+
+    def reached(rental_id: str) -> bool:
+        asked.append(rental_id)
+        return True
+
+    engine = _StoppedEngine()
+    told = await describe_container(engine, container, " right after it started", reached)  # type: ignore[arg-type]
+    assert asked == ["r-1"]
+    assert told.startswith("service 'train' was killed for running out of memory: " + RENTAL_MEMORY_REACHED)
+    assert told.endswith("; its last output: allocating")
+    own = await describe_container(engine, container, "", lambda _rental: False)  # type: ignore[arg-type]
+    assert own == "service 'train' was killed for running out of memory; its last output: allocating"

@@ -27,6 +27,10 @@ _STATUS_CODE = re.compile(r"^(?:Exited|Restarting) \((-?\d+)\)")
 _STATUS_UNHEALTHY = re.compile(r"\(unhealthy\)\s*$")  # Docker's Status: "Up 2 minutes (unhealthy)"
 MAX_NAMED = 3  # containers named in one errorMsg
 
+# An OOM kill at the rental's limit, which Docker's OOMKilled does not tell
+# apart from one at the container's own (runtime/rental_cgroups.py).
+RENTAL_MEMORY_REACHED = "the rental's memory limit, shared by all its containers, was reached"
+
 
 @dataclass(frozen=True)
 class ExitFacts:
@@ -97,7 +101,7 @@ def stop_reason(raw: Mapping[str, Any], facts: ExitFacts | None = None) -> str |
         return None  # completed: a one-shot service (migration, model download) did its work
     exited = "exited" if code is None else f"exited with code {code}"
     if facts is not None and facts.rental_limit:
-        exited += " (OOM-killed: the rental's memory limit, shared by all its containers, was reached)"
+        exited += f" (OOM-killed: {RENTAL_MEMORY_REACHED})"
     elif facts is not None and facts.oom_killed:
         exited += " (OOM-killed)"
     return exited if state == "exited" else f"is restarting: it {exited}"

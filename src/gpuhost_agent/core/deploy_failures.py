@@ -11,10 +11,12 @@ containers stopped or are unhealthy.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpuhost_agent.core.containers import exit_facts, failed_containers, service_name, unhealthy
+from gpuhost_agent.core.containers import RENTAL_MEMORY_REACHED, exit_facts, failed_containers, service_name, unhealthy
+from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 
 LAST_OUTPUT = 500  # characters of a failing container's log in errorMsg
@@ -37,9 +39,17 @@ def pull_failure(images: Mapping[str, str], missing: list[str], compose_message:
     return f"deploy failed: {'; '.join(named)} ({hint}): {compose_message}"
 
 
-def failure_reason(container: Mapping[str, Any], code: int | None, oom: bool) -> str:
+# Whether a rental's containers together reached its memory limit (RentalCgroups).
+LimitReached = Callable[[str], bool]
+
+
+def failure_reason(container: Mapping[str, Any], code: int | None, oom: bool, rental_limit: bool = False) -> str:
     if oom:
-        return "was killed for running out of memory"
+        return (
+            f"was killed for running out of memory: {RENTAL_MEMORY_REACHED}"
+            if rental_limit
+            else ("was killed for running out of memory")
+        )
     if unhealthy(container):
         return "is running but unhealthy (its healthcheck fails)"
     return f"exited with code {code}" if code is not None else f"is {container.get('State', 'not running')}"
@@ -49,8 +59,12 @@ def with_output(message: str, tail: str) -> str:
     return f"{message}; its last output: {tail[-LAST_OUTPUT:]}" if tail else message
 
 
-async def describe_container(engine: DockerEngine, container: Mapping[str, Any], when: str) -> str:
-    """ "service 'web' exited with code 3 <when>; its last output: ..."."""
+async def describe_container(
+    engine: DockerEngine, container: Mapping[str, Any], when: str, rental_limit_reached: LimitReached | None = None
+) -> str:
+    """ "service 'web' exited with code 3 <when>; its last output: ...". An
+    OOM kill says whether the rental's limit, shared by all its containers,
+    was what ran out (the same words as the container list's state)."""
     container_id = str(container.get("Id", ""))
     try:
         state = await engine.container_state(container_id)
@@ -59,11 +73,20 @@ async def describe_container(engine: DockerEngine, container: Mapping[str, Any],
         tail = await engine.log_tail(container_id, lines=5)
     except EngineError:
         code, oom, tail = None, False, ""
-    return with_output(f"service {service_name(container)!r} {failure_reason(container, code, oom)}{when}", tail)
+    rental_id = (container.get("Labels") or {}).get(wire.LABEL_RENTAL)
+    at_rental_limit = bool(
+        oom and rental_id and rental_limit_reached and await asyncio.to_thread(rental_limit_reached, rental_id)
+    )
+    reason = failure_reason(container, code, oom, at_rental_limit)
+    return with_output(f"service {service_name(container)!r} {reason}{when}", tail)
 
 
 async def describe_up_failure(
-    engine: DockerEngine, stack_id: str, model: Mapping[str, Any], compose_message: str
+    engine: DockerEngine,
+    stack_id: str,
+    model: Mapping[str, Any],
+    compose_message: str,
+    rental_limit_reached: LimitReached | None = None,
 ) -> str:
     """The errorMsg of a deploy whose `compose up` failed."""
     try:
@@ -77,4 +100,5 @@ async def describe_up_failure(
     failing = [c for c in raw if unhealthy(c)] + failed_containers(raw)
     if not failing:
         return f"deploy failed: {compose_message}"
-    return f"deploy failed: {compose_message}; {await describe_container(engine, failing[0], '')}"
+    described = await describe_container(engine, failing[0], "", rental_limit_reached)
+    return f"deploy failed: {compose_message}; {described}"

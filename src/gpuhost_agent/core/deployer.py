@@ -18,7 +18,7 @@ from gpuhost_agent.common.logs import SECRETS, get_logger
 from gpuhost_agent.core import naming
 from gpuhost_agent.core.compose_rewrite import StackRejected, check_variables, label_services
 from gpuhost_agent.core.containers import failed_containers, seed_containers
-from gpuhost_agent.core.deploy_failures import describe_container, describe_up_failure
+from gpuhost_agent.core.deploy_failures import LimitReached, describe_container, describe_up_failure
 from gpuhost_agent.core.deploy_start import StackFailed, start_compose
 from gpuhost_agent.core.sandbox import Sandbox, notices_message, review_raw
 from gpuhost_agent.core.sandbox_context import SandboxContext, crowded_rental_problem
@@ -48,7 +48,11 @@ class StackDeployer:
         settle_seconds: float = 3.0,
         stop_timeout: int = 10,
         stacks_per_rental: int = 16,
+        rental_limit_reached: LimitReached | None = None,
     ):
+        """`rental_limit_reached` (RentalCgroups.memory_limit_reached) tells a
+        container OOM-killed at the rental's shared limit from one killed at
+        its own, for the failed deploy's errorMsg."""
         self.compose = compose
         self.engine = engine
         self.reporter = reporter
@@ -58,6 +62,7 @@ class StackDeployer:
         self.settle_seconds = settle_seconds
         self.stop_timeout = stop_timeout
         self.stacks_per_rental = stacks_per_rental
+        self.rental_limit_reached = rental_limit_reached
         self._stack_secrets: dict[str, list[str]] = {}  # what each stack added to the log redactor
         stacks_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
 
@@ -114,7 +119,9 @@ class StackDeployer:
                 try:
                     await up.run(text)
                 except ComposeError as exc:
-                    failure = await describe_up_failure(self.engine, job.stack_id, rewritten, str(exc))
+                    failure = await describe_up_failure(
+                        self.engine, job.stack_id, rewritten, str(exc), self.rental_limit_reached
+                    )
                     raise StackFailed(failure) from None
             containers = await self.engine.stack_containers(job.stack_id)
             await self._check_running(job.stack_id, containers)
@@ -137,7 +144,9 @@ class StackDeployer:
         if not raw:
             raise StackFailed("deploy failed: Compose reported success but no container of the stack exists")
         for container in failed_containers(raw):
-            raise StackFailed(await describe_container(self.engine, container, " right after it started"))
+            raise StackFailed(
+                await describe_container(self.engine, container, " right after it started", self.rental_limit_reached)
+            )
 
     async def _settle(self, stack_id: str) -> None:
         """Watch the first seconds after start: a container that dies right away

@@ -161,6 +161,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         settle_seconds=config.settle_seconds,
         stop_timeout=config.stop_timeout,
         stacks_per_rental=config.stacks_per_rental,
+        rental_limit_reached=cgroups.memory_limit_reached,
     )
     stream_engine = EngineStreams()
     ssh = SshServices(stream_engine, RentalKeys(client.rental_ssh_keys), ssh_host_key.load_or_create(config.state_dir))
