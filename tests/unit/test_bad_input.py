@@ -23,8 +23,9 @@ from support.wiring import agent_for, dispatcher_for
 from gpuhost_agent.core import agent as agent_module
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.storage.agent_db import AgentDB
-from gpuhost_agent.uplink.client import MarketplaceClient, MarketplaceRejected
+from gpuhost_agent.uplink.client import MarketplaceClient
 from gpuhost_agent.uplink.outbox import Outbox
+from gpuhost_agent.uplink.replies import MarketplaceRejected
 
 CAP = 64 * 1024  # the client's body cap in these tests
 SECRET_IN_BODY = "body-content-that-must-not-be-echoed"

@@ -10,15 +10,9 @@ from support.fakes import FastAsyncio
 
 from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.uplink import outbox as outbox_module
-from gpuhost_agent.uplink.client import (
-    MAX_RETRY_AFTER,
-    MarketplaceAuthFailed,
-    MarketplaceClient,
-    MarketplaceRejected,
-    MarketplaceUnavailable,
-    retry_delay,
-)
+from gpuhost_agent.uplink.client import MAX_RETRY_AFTER, MarketplaceClient, retry_delay
 from gpuhost_agent.uplink.outbox import STATUS, Outbox
+from gpuhost_agent.uplink.replies import MarketplaceAuthFailed, MarketplaceRejected, MarketplaceUnavailable
 
 
 @pytest.fixture

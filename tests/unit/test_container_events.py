@@ -11,8 +11,9 @@ from support.fakes import FakeDispatcher, FakeEngine, FakeReporter
 from support.waiting import until
 
 from gpuhost_agent.core.coalesce import Coalescer
+from gpuhost_agent.core.container_events import decode_event, error_to_report, list_behind
 from gpuhost_agent.core.container_states import ContainerStates
-from gpuhost_agent.core.container_watch import ContainerWatch, decode_event, error_to_report, list_behind
+from gpuhost_agent.core.container_watch import ContainerWatch
 from gpuhost_agent.core.containers import (
     ExitFacts,
     exit_facts,

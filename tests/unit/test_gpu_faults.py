@@ -5,7 +5,7 @@ tests/integration/test_gpu_faults_engine.py.)"""
 
 from __future__ import annotations
 
-from gpuhost_agent.core.container_watch import error_to_report
+from gpuhost_agent.core.container_events import error_to_report
 from gpuhost_agent.core.gpu_allocation import GpuSlot
 from gpuhost_agent.core.gpu_faults import fault_note, with_fault
 from gpuhost_agent.core.gpu_ledger import GpuLedger

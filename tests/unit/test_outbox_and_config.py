@@ -8,8 +8,8 @@ import pytest
 
 from gpuhost_agent.service import config
 from gpuhost_agent.storage.agent_db import AgentDB
-from gpuhost_agent.uplink.client import MarketplaceRejected, MarketplaceUnavailable
 from gpuhost_agent.uplink.outbox import CONTAINERS, JOB_COMPLETE, STATUS, Outbox
+from gpuhost_agent.uplink.replies import MarketplaceRejected, MarketplaceUnavailable
 
 
 async def test_outbox_coalesces_keeps_order_and_retries():

@@ -18,7 +18,6 @@ from support.fakes import Recorder, never_called
 
 from gpuhost_agent.protocol.wire import REMOVED
 from gpuhost_agent.storage.agent_db import DB_FILE, AgentDB
-from gpuhost_agent.uplink.client import MarketplaceRejected, MarketplaceUnavailable
 from gpuhost_agent.uplink.outbox import (
     CONTAINERS,
     DROP_ORDER,
@@ -30,6 +29,7 @@ from gpuhost_agent.uplink.outbox import (
     Outbox,
     Report,
 )
+from gpuhost_agent.uplink.replies import MarketplaceRejected, MarketplaceUnavailable
 
 FAST = dict(base_delay=0.001, max_delay=0.01)
 

@@ -31,8 +31,9 @@ from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine_watch import EngineWatch
 from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.streams.channel import StreamChannel
-from gpuhost_agent.uplink.client import MarketplaceClient, MarketplaceRejected, MarketplaceUnavailable, retry_delay
+from gpuhost_agent.uplink.client import MarketplaceClient, retry_delay
 from gpuhost_agent.uplink.outbox import Outbox
+from gpuhost_agent.uplink.replies import MarketplaceRejected, MarketplaceUnavailable
 from gpuhost_agent.uplink.session import SessionState
 
 log = get_logger(__name__)

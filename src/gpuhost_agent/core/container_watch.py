@@ -26,10 +26,10 @@ from typing import Any
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.coalesce import Coalescer
+from gpuhost_agent.core.container_events import WATCHED, decode_event, error_to_report, list_behind
 from gpuhost_agent.core.container_states import ContainerStates
 from gpuhost_agent.core.containers import seed_containers, stack_error, stack_id_of
 from gpuhost_agent.core.dispatcher import JobDispatcher
-from gpuhost_agent.core.sandbox import kept_notes
 from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
@@ -40,39 +40,7 @@ log = get_logger(__name__)
 COALESCE = 0.05  # seconds from a stack's first event to reading its list
 BUSY_RECHECK = 0.5  # a stack with a job under way is looked at again this often
 REOPEN_FIRST, REOPEN_MAX = 0.5, 5.0  # the stream re-opened after a break, backing off
-WATCHED = frozenset(
-    {"create", "start", "restart", "stop", "die", "kill", "oom", "pause", "unpause", "destroy", "health_status"}
-)
 MAX_BEHIND = 40  # windows to wait for the list to show a death the events told (then the resync's turn)
-
-
-def error_to_report(record: dict | None, error: str, *, may_set: bool = True) -> str | None:
-    """The errorMsg to send with APPLIED ("" clears it), or None to send nothing:
-    only for a stack recorded APPLIED, only when it differs from the recorded one."""
-    if not record or record.get("status") != wire.APPLIED:
-        return None
-    if error and not may_set:
-        return None
-    kept = kept_notes(record.get("error_msg") or "")  # a GPU out of service, what the sandbox changed: they stay
-    error = "; ".join(part for part in (error, kept) if part)
-    if error == (record.get("error_msg") or ""):
-        return None
-    return error
-
-
-def list_behind(raw_list: list[dict], died: set[str]) -> set[str]:
-    """Containers the engine said died that its list still shows running: the
-    engine sends `die` before it updates what it lists (after unmounting and
-    releasing the network), so the list is read again a moment later."""
-    return {raw["Id"] for raw in raw_list if raw.get("Id") in died and raw.get("State") == "running"}
-
-
-def decode_event(event: dict) -> tuple[str, str, dict]:
-    """(action, container id, attributes) of an engine event; health_status
-    actions carry the status after a colon."""
-    actor = event.get("Actor") or {}
-    action = str(event.get("Action") or event.get("status") or "").split(":", 1)[0].strip()
-    return action, str(actor.get("ID") or event.get("id") or ""), actor.get("Attributes") or {}
 
 
 class ContainerWatch:

@@ -27,8 +27,9 @@ from gpuhost_agent.protocol import wire
 from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.runtime.compose import ComposeNotFound
 from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.uplink.client import MarketplaceClient, MarketplaceRejected, MarketplaceUnavailable, retry_delay
+from gpuhost_agent.uplink.client import MarketplaceClient, retry_delay
 from gpuhost_agent.uplink.outbox import INIT_STATE, SYSTEM_DATA, Outbox
+from gpuhost_agent.uplink.replies import MarketplaceRejected, MarketplaceUnavailable
 
 log = get_logger(__name__)
 MIN_HEARTBEAT = 0.1

@@ -25,8 +25,9 @@ from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 from gpuhost_agent.storage.agent_db import AgentDB
-from gpuhost_agent.uplink.client import MarketplaceClient, MarketplaceRejected, MarketplaceUnavailable
+from gpuhost_agent.uplink.client import MarketplaceClient
 from gpuhost_agent.uplink.outbox import STATUS, Outbox
+from gpuhost_agent.uplink.replies import MarketplaceRejected, MarketplaceUnavailable
 from gpuhost_agent.uplink.session import SessionState
 
 log = get_logger(__name__)

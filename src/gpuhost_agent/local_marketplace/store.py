@@ -17,35 +17,20 @@ from pathlib import Path
 
 from gpuhost_agent.common.json_files import write_json_atomically
 from gpuhost_agent.local_marketplace import tunnel_auth
+from gpuhost_agent.local_marketplace.store_records import (  # Job and the errors: handlers import them from here
+    COMPLETED,
+    DELIVERED,
+    QUEUED,
+    Conflict,
+    Job,
+    NotFound,
+    new_rental,
+    new_stack,
+)
 from gpuhost_agent.protocol import wire
 
 LEASE = timedelta(minutes=10)
 DESIRED_ENDED_FOR = timedelta(hours=24)  # how long an ended rental stays in the desired state
-QUEUED, DELIVERED, COMPLETED = "queued", "delivered", "completed"
-
-
-class NotFound(LookupError):
-    pass
-
-
-class Conflict(ValueError):
-    pass
-
-
-@dataclass
-class Job:
-    jobId: str
-    type: str
-    stackId: str
-    rentalId: str
-    state: str = QUEUED
-    createdAt: str = field(default_factory=wire.iso)
-    deliveredAt: str | None = None
-    firstDeliveredAt: str | None = None
-    deliveries: int = 0
-    completedAt: str | None = None
-    outcome: str | None = None
-    errorMsg: str | None = None
 
 
 @dataclass
@@ -95,19 +80,7 @@ class Store:
 
     # ---- rentals -----------------------------------------------------------
     def create_rental(self, *, name: str | None, gpu_count: int, end_date: str | None) -> dict:
-        now = wire.iso()
-        rental = {
-            "rentalId": str(uuid.uuid4()),
-            "userId": self.userId,
-            "name": name or "rental",
-            "status": wire.RENTAL_ACTIVE,
-            "startDate": now,
-            "endDate": end_date,
-            "gpuCount": gpu_count,
-            "createdAt": now,
-            "updatedAt": now,
-            "isSeed": False,
-        }
+        rental = new_rental(self.userId, name=name, gpu_count=gpu_count, end_date=end_date)
         self.rentals[rental["rentalId"]] = rental
         return rental
 
@@ -186,26 +159,7 @@ class Store:
         rental = self.rental(rental_id)
         if rental["status"] != wire.RENTAL_ACTIVE:
             raise Conflict(f"rental {rental_id} has ended; no new stacks can be created in it")
-        now = wire.iso()
-        stack = {
-            "stackId": str(uuid.uuid4()),
-            "envId": self.envId,
-            "rentalId": rental_id,
-            "userId": self.userId,
-            "stackName": template["name"],
-            "template": template,
-            "status": wire.APPLYING,
-            "errorMsg": "",
-            "pStackName": "",
-            "pStackId": 0,
-            "tunnels": [],
-            "assignedGPUs": [],
-            "createdAt": now,
-            "updatedAt": now,
-            "desired": "present",
-            "lastReportAt": "",
-            "history": [[wire.APPLYING, now]],
-        }
+        stack = new_stack(self.envId, rental_id, self.userId, template)
         if template.get("isBasicAuthEnabled"):
             plain = tunnel_auth.password(self.tunnelSecret, stack["stackId"])
             stack["basicAuth"] = {"username": tunnel_auth.USERNAME, "passwordHash": tunnel_auth.hash_password(plain)}

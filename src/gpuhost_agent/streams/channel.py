@@ -20,31 +20,25 @@ from dataclasses import dataclass
 import aiohttp
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.protocol import wire
-from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.engine_streams import ContainerGone, EngineStreams
-from gpuhost_agent.streams import limits
+from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.streams.admission import admit, refusal_on_arrival, refusal_when_ended, send_refusal
 from gpuhost_agent.streams.limits import StreamLimits
 from gpuhost_agent.streams.log_pump import LOG_STALL_SECONDS, LogPump
 from gpuhost_agent.streams.requests import (
-    NOT_IN_STACK,
     CancelRequest,
-    ContainerRequest,
     LogsRequest,
     Refusal,
     SshRequest,
     StreamRequest,
     TerminalRequest,
-    TunnelRequest,
-    check_access,
+    kind_of,
     parse_request,
 )
 from gpuhost_agent.streams.sink import END_TIMEOUT, WebSocketSink
-from gpuhost_agent.streams.ssh_access import pick_any
 from gpuhost_agent.streams.ssh_connection import SshConnection
 from gpuhost_agent.streams.ssh_server import SshServices
 from gpuhost_agent.streams.terminal import Terminal
-from gpuhost_agent.streams.tunnel import TunnelRelay, connect
+from gpuhost_agent.streams.tunnel import TunnelRelay
 from gpuhost_agent.uplink.client import MarketplaceClient, retry_delay
 from gpuhost_agent.uplink.session import SessionState
 
@@ -157,7 +151,7 @@ class StreamChannel:
         """Open streams by kind, for status reports."""
         counts: dict[str, int] = {}
         for stream in self._streams.values():
-            kind = _kind(stream.request)
+            kind = kind_of(stream.request)
             counts[kind] = counts.get(kind, 0) + 1
         return counts
 
@@ -193,13 +187,11 @@ class StreamChannel:
             if stream is not None and stream.runner is None and stream.task is not None:
                 stream.task.cancel()
             return
-        if request.stream_id in self._streams:
-            return self._refuse(Refusal(request.stream_id, 409, "a stream with this streamId is open"))
-        over = limits.refusal(request, (s.request for s in self._streams.values()), self._limits)
-        if over is not None:
-            return self._refuse(over)
-        if self._closing.is_set():
-            return self._refuse(Refusal(request.stream_id, 503, "the agent is stopping"))
+        open_requests = (s.request for s in self._streams.values())
+        stopping = self._closing.is_set()
+        refusal = refusal_on_arrival(request, request.stream_id in self._streams, open_requests, self._limits, stopping)
+        if refusal is not None:
+            return self._refuse(refusal)
         stream = _Stream(request)
         self._streams[request.stream_id] = stream
         stream.task = asyncio.create_task(self._serve(stream), name=f"stream-{request.stream_id}")
@@ -208,22 +200,15 @@ class StreamChannel:
         log.info("stream_refused", stream_id=refusal.stream_id, status=refusal.status, error=refusal.error)
         ws = self._ws
         if ws is not None and not ws.closed:
-            task = asyncio.create_task(_send_quietly(ws, refusal.message()))
+            task = asyncio.create_task(send_refusal(ws, refusal))
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)
 
     async def _serve(self, stream: _Stream) -> None:
         request = stream.request
-        kind = _kind(request)
+        kind = kind_of(request)
         try:
-            info: dict = {}
-            if isinstance(request, SshRequest):
-                refusal = await self._check_ssh(request)
-            else:
-                refusal, info = await self._check_container(request)
-            service = await connect(info, request) if refusal is None and isinstance(request, TunnelRequest) else None
-            if isinstance(service, Refusal):
-                refusal, service = service, None
+            refusal, info, service = await admit(self._engine, self._agent_session, request)
             if refusal is not None:
                 return self._refuse(refusal)
             ws = await self._session().ws_connect(
@@ -259,27 +244,6 @@ class StreamChannel:
         finally:
             self._streams.pop(request.stream_id, None)
 
-    async def _check_container(self, request: ContainerRequest) -> tuple[Refusal | None, dict]:
-        """The container's inspect, or why the request is refused."""
-        try:
-            info = await self._engine.inspect(request.container_id)
-        except ContainerGone:
-            return Refusal(request.stream_id, 404, NOT_IN_STACK), {}
-        except EngineError as exc:
-            return Refusal(request.stream_id, 503, f"Docker Engine: {exc}"[:500]), {}
-        return check_access((info.get("Config") or {}).get("Labels"), self._agent_session.env_id, request), info
-
-    async def _check_ssh(self, request: SshRequest) -> Refusal | None:
-        """A stack of this rental with a running container open to SSH; which
-        one is the login's choice."""
-        try:
-            containers = await self._engine.containers({wire.LABEL_STACK: request.stack_id})
-        except EngineError as exc:
-            return Refusal(request.stream_id, 503, f"Docker Engine: {exc}"[:500])
-        if pick_any(containers, self._agent_session.env_id, request.rental_id, request.stack_id) is None:
-            return Refusal(request.stream_id, 404, "no running container of this stack is open to SSH")
-        return None
-
     async def _end(self, streams: list[_Stream], reason: str) -> None:
         for stream in streams:
             stream.ended = stream.ended or reason
@@ -287,13 +251,7 @@ class StreamChannel:
                 stream.runner.stop(reason)
             elif stream.task is not None:
                 stream.task.cancel()
-                self._refuse(
-                    Refusal(
-                        stream.request.stream_id,
-                        404 if reason == "rental-ended" else 503,
-                        "the rental ended" if reason == "rental-ended" else "the agent is stopping",
-                    )
-                )
+                self._refuse(refusal_when_ended(stream.request.stream_id, reason))
         tasks = [s.task for s in streams if s.task is not None]
         if tasks:
             done, pending = await asyncio.wait(tasks, timeout=STOP_WAIT)
@@ -315,13 +273,6 @@ class StreamChannel:
         return f"{self._client.base_url}{path}"
 
 
-async def _send_quietly(ws: aiohttp.ClientWebSocketResponse[bool], message: dict) -> None:
-    try:
-        await ws.send_str(json.dumps(message))
-    except (ConnectionError, aiohttp.ClientError, RuntimeError):
-        pass  # the channel closed: the marketplace times the request out
-
-
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, aiohttp.WSServerHandshakeError):
         return f"HTTP {exc.status} on the WebSocket handshake"
@@ -330,11 +281,3 @@ def _describe(exc: BaseException) -> str:
 
 def _now() -> float:
     return asyncio.get_running_loop().time()
-
-
-def _kind(request: StreamRequest) -> str:
-    if isinstance(request, LogsRequest):
-        return "logs"
-    if isinstance(request, SshRequest):
-        return "ssh"
-    return "terminal" if isinstance(request, TerminalRequest) else "tunnel"

@@ -132,6 +132,15 @@ def parse_request(message: Any) -> Request:
     return Refusal(stream_id, 400, f"unknown request type {str(kind)[:40]!r}")
 
 
+def kind_of(request: StreamRequest) -> str:
+    """The request's `type` on the channel, which logs and status counts name it by."""
+    if isinstance(request, LogsRequest):
+        return "logs"
+    if isinstance(request, SshRequest):
+        return "ssh"
+    return "terminal" if isinstance(request, TerminalRequest) else "tunnel"
+
+
 def parse_resize(message: Any) -> tuple[int, int] | None:
     """(cols, rows) of a terminal's {"type": "resize"} message; None for anything else."""
     if not isinstance(message, dict) or message.get("type") != "resize":

@@ -33,7 +33,7 @@ from gpuhost_agent.streams.requests import Refusal, SshRequest, TunnelRequest, c
 from gpuhost_agent.streams.ssh_access import SERVICE_LABEL, RentalKeys, parse_login, pick_container
 from gpuhost_agent.streams.ssh_host_key import HostKey
 from gpuhost_agent.streams.tunnel import connect
-from gpuhost_agent.uplink.client import MarketplaceRejected, MarketplaceUnavailable
+from gpuhost_agent.uplink.replies import MarketplaceRejected, MarketplaceUnavailable
 
 log = get_logger(__name__)
 

@@ -2,12 +2,12 @@
 
 Every request has an explicit timeout. Errors are sorted into two kinds the
 callers act on differently: Unavailable (try again later, maybe after
-Retry-After) and Rejected (the marketplace said no; retrying will not help).
+Retry-After) and Rejected (the marketplace said no; retrying will not help);
+both, and how a reply is read, are in replies.py.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from typing import Any
@@ -15,41 +15,26 @@ from typing import Any
 import aiohttp
 
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.uplink.replies import (
+    MarketplaceAuthFailed,
+    MarketplaceRejected,
+    MarketplaceUnavailable,
+    ReplyTooLarge,
+    decode_json,
+    error_message,
+    parse_retry_after,
+    read_capped,
+)
 from gpuhost_agent.uplink.reports import CONTAINERS, INIT_STATE, JOB_COMPLETE, STATUS, SYSTEM_DATA, USAGE, Report
-
-
-class MarketplaceUnavailable(RuntimeError):
-    def __init__(self, message: str, retry_after: float | None = None):
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class MarketplaceAuthFailed(MarketplaceUnavailable):
-    """401/403: the key is wrong, expired or rotated. Retried like an outage, so
-    that no report is lost while an operator fixes the configuration."""
-
-
-class MarketplaceRejected(RuntimeError):
-    def __init__(self, status: int, message: str):
-        super().__init__(f"{status}: {message}")
-        self.status = status
-
 
 # The largest reply the agent reads into memory. One job always fits (its Compose
 # file is at most wire.MAX_CONTENT_BYTES, a few MiB even fully escaped); a list of
 # many large ones may not, and poll_jobs then asks for one job at a time.
 MAX_BODY_BYTES = 8 * 1024 * 1024
-# Error replies are only read for their message.
-_MAX_ERROR_BODY_BYTES = 64 * 1024
-_MAX_ERROR_MESSAGE_CHARS = 500
 # After a job list over the cap, poll for one job at a time for longer than the
 # marketplace's delivery lease (600 s): the jobs of the lost reply are redelivered
 # within it, and must not come back as the same oversized batch.
 _SINGLE_JOB_SECONDS = 900.0
-
-
-class _ReplyTooLarge(MarketplaceRejected):
-    """A reply over the client's size cap; the body was not read past the cap."""
 
 
 class MarketplaceClient:
@@ -99,18 +84,19 @@ class MarketplaceClient:
             ) as response:
                 if response.status == 429 or response.status >= 500:
                     raise MarketplaceUnavailable(
-                        f"{method} {path}: HTTP {response.status}", _retry_after(response.headers.get("Retry-After"))
+                        f"{method} {path}: HTTP {response.status}",
+                        parse_retry_after(response.headers.get("Retry-After")),
                     )
                 if response.status in (401, 403):
                     raise MarketplaceAuthFailed(
-                        f"{method} {path}: HTTP {response.status} {await _error_message(response)}"
+                        f"{method} {path}: HTTP {response.status} {await error_message(response)}"
                         " (check the environment id and API key in the agent's configuration)"
                     )
                 if response.status >= 400:
-                    raise MarketplaceRejected(response.status, await _error_message(response))
-                raw = await _read_capped(response, self._max_body_bytes, f"{method} {path}")
+                    raise MarketplaceRejected(response.status, await error_message(response))
+                raw = await read_capped(response, self._max_body_bytes, f"{method} {path}")
                 if response.content_type == "application/json":
-                    return _decode_json(raw, response.status, f"{method} {path}")
+                    return decode_json(raw, response.status, f"{method} {path}")
                 return raw.decode("utf-8", "replace")
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise MarketplaceUnavailable(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
@@ -136,7 +122,7 @@ class MarketplaceClient:
                 params={"wait": str(wait_seconds), "max": str(max_jobs)},
                 timeout=wait_seconds + self._request_timeout,
             )
-        except _ReplyTooLarge:
+        except ReplyTooLarge:
             # Many large templates at once can pass the cap, one job alone cannot:
             # ask for one at a time until the lost reply's jobs have come back.
             self._single_jobs_until = time.monotonic() + _SINGLE_JOB_SECONDS
@@ -230,72 +216,3 @@ def retry_delay(failures: int, exc: BaseException | None = None, *, base: float 
         return min(retry_after, MAX_RETRY_AFTER)
     top = min(ceiling, base * 2 ** min(failures, 16))
     return random.uniform(top / 2, top)
-
-
-def _retry_after(value: str | None) -> float | None:
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None
-
-
-async def _error_message(response: aiohttp.ClientResponse) -> str:
-    """The marketplace's message for a refusal, short: only {"message": ...} of
-    a small JSON body is shown, never the body itself."""
-    try:
-        raw = await _read_capped(response, _MAX_ERROR_BODY_BYTES, "error reply")
-        body = json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError, MarketplaceRejected):
-        body = None
-    if isinstance(body, dict) and "message" in body:
-        message = body["message"] if isinstance(body["message"], str) else json.dumps(body["message"])[:200]
-        return message if len(message) <= _MAX_ERROR_MESSAGE_CHARS else message[:_MAX_ERROR_MESSAGE_CHARS] + "..."
-    return response.reason or "request refused"
-
-
-async def _read_capped(response: aiohttp.ClientResponse, cap: int, what: str) -> bytes:
-    """The reply's body, read up to `cap` bytes and no further: a marketplace
-    that sends more (by its Content-Length or by what actually arrives, after
-    decompression) is refused instead of filling the agent's memory."""
-    if response.content_length is not None and response.content_length > cap:
-        raise _ReplyTooLarge(response.status, f"the reply to {what} is larger than {cap} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk = await response.content.read(cap + 1 - size)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > cap:
-            raise _ReplyTooLarge(response.status, f"the reply to {what} is larger than {cap} bytes")
-
-
-def _decode_json(raw: bytes, status: int, what: str) -> Any:
-    """Strict JSON (no NaN or Infinity, no lone bytes outside UTF-8). The
-    message never quotes the body: it may be large, and may hold anything."""
-    try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise MarketplaceRejected(status, f"malformed JSON in the reply to {what} ({_json_problem(exc)})") from None
-
-
-class _NotJSON(ValueError):
-    """NaN, Infinity and -Infinity: Python's json reads them, JSON has none."""
-
-
-def _refuse_constant(name: str) -> Any:
-    raise _NotJSON(f"{name} is not a JSON number")
-
-
-def _json_problem(exc: BaseException) -> str:
-    """Where or how the JSON broke, without quoting any of it."""
-    if isinstance(exc, json.JSONDecodeError):
-        return f"{exc.msg} at character {exc.pos}"
-    if isinstance(exc, UnicodeDecodeError):
-        return f"not UTF-8 at byte {exc.start}"
-    if isinstance(exc, _NotJSON):
-        return str(exc)
-    if isinstance(exc, RecursionError):
-        return "nested too deeply"
-    return "a value Python cannot read, such as an integer of thousands of digits"

@@ -23,7 +23,8 @@ from collections.abc import Awaitable, Callable
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.protocol.wire import REMOVED
 from gpuhost_agent.storage.agent_db import AgentDB
-from gpuhost_agent.uplink.client import MarketplaceRejected, MarketplaceUnavailable, retry_delay
+from gpuhost_agent.uplink.client import retry_delay
+from gpuhost_agent.uplink.replies import MarketplaceRejected, MarketplaceUnavailable
 from gpuhost_agent.uplink.reports import (  # noqa: F401 - the kinds are named where reports are queued
     CONTAINERS,
     DROP_ORDER,
