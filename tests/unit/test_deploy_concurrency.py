@@ -11,6 +11,7 @@ from support.fakes import FakeOutbox
 from support.wiring import dispatcher_for
 
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.service.status_render import render
 
 
 class HeldDeployer:
@@ -55,6 +56,11 @@ async def _until(predicate, timeout: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
+def _status(dispatcher) -> dict:
+    """The status socket's answer, as far as the jobs line needs it."""
+    return {"version": "test", "pid": 1, "jobs": dispatcher.stats()}
+
+
 def _waiting_reports(outbox: FakeOutbox) -> set[str]:
     return {
         target
@@ -72,6 +78,9 @@ async def test_no_more_deploys_run_at_once_than_the_setting_and_the_others_say_t
     await asyncio.sleep(0.05)
     assert deployer.running == 2
     assert _waiting_reports(outbox) == {f"stack-{i}" for i in range(2, 6)}
+    assert dispatcher.stats()["deploysWaiting"] == 4 and dispatcher.stats()["deployConcurrency"] == 2
+    line = next(line for line in render(_status(dispatcher)).splitlines() if "jobs:" in line)
+    assert "6 running (4 deploys waiting: at most 2 at once)" in line
     message = next(body["errorMsg"] for _k, _t, body in outbox.reports if "waiting" in (body.get("errorMsg") or ""))
     assert "GPUHOST_DEPLOY_CONCURRENCY" in message and "2 deploys" in message
 
@@ -80,7 +89,7 @@ async def test_no_more_deploys_run_at_once_than_the_setting_and_the_others_say_t
 
     deployer.release.set()
     await _until(lambda: not dispatcher._running)
-    assert deployer.most == 2
+    assert deployer.most == 2 and dispatcher.stats()["deploysWaiting"] == 0
     finished = {target for kind, target, body in outbox.reports if body.get("outcome") == wire.OUTCOME_SUCCEEDED}
     assert finished == {f"job-{i}" for i in range(6)} | {"job-remove"}
 

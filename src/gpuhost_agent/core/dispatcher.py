@@ -22,10 +22,11 @@ deploys may need (a GPU being released).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 
 import structlog
@@ -74,6 +75,7 @@ class JobDispatcher:
         self.deploy_durations = deploy_durations
         self.deploy_concurrency = deploy_concurrency
         self._deploy_slots = asyncio.Semaphore(deploy_concurrency)
+        self._deploys_waiting = 0
 
     def submit(self, raw: object) -> None:
         raw_id = raw.get("jobId") if isinstance(raw, dict) else None
@@ -115,9 +117,12 @@ class JobDispatcher:
         return {rental_id for rental_id, count in self._rentals_ending.items() if count}
 
     def stats(self) -> dict:
-        """Marketplace jobs finished since the agent started, by outcome, and those running now."""
+        """Marketplace jobs finished since the agent started, by outcome, and
+        those running now (deploys waiting for a slot among them)."""
         return {
             "running": self.running_jobs(),
+            "deploysWaiting": self._deploys_waiting,
+            "deployConcurrency": self.deploy_concurrency,
             "outcomes": {str(k): int(v) for k, v in self.outcomes.items()},
             "duplicatesIgnored": self.duplicates_ignored,
         }
@@ -194,8 +199,9 @@ class JobDispatcher:
             outcome=wire.OUTCOME_FAILED if error else wire.OUTCOME_SUCCEEDED,
         )
 
-    def _deploy_turn(self, job: wire.StackJob) -> asyncio.Semaphore:
-        """The deploy slot; when none is free the stack says why it waits."""
+    @contextlib.asynccontextmanager
+    async def _deploy_turn(self, job: wire.StackJob) -> AsyncIterator[None]:
+        """A deploy slot for the block; when none is free the stack says why it waits."""
         if self._deploy_slots.locked():
             reason = (
                 f"waiting for its turn: {self.deploy_concurrency} deploys are running on this host"
@@ -203,7 +209,15 @@ class JobDispatcher:
             )
             self.reporter.status(StackRef.of_job(job), wire.APPLYING, reason, job_id=job.job_id)
             log.info("deploy_waiting_for_turn", job_id=job.job_id, stack_id=job.stack_id)
-        return self._deploy_slots
+        self._deploys_waiting += 1
+        try:
+            await self._deploy_slots.acquire()
+        finally:
+            self._deploys_waiting -= 1
+        try:
+            yield
+        finally:
+            self._deploy_slots.release()
 
     async def _execute(self, job: wire.StackJob) -> str:
         log.info("job_started", job_id=job.job_id, job_type=job.type, stack_id=job.stack_id, rental_id=job.rental_id)

@@ -77,7 +77,7 @@ def render(status: dict, now: datetime | None = None) -> str:
         f"  last heartbeat:  {beat_line}",
         f"  Docker Engine:   {engine_line}",
         f"  stream channel:  {streams_line}",
-        f"  jobs:            {jobs.get('running', 0)} running; finished: {outcomes}",
+        f"  jobs:            {jobs.get('running', 0)} running{_waiting(jobs)}; finished: {outcomes}",
         f"  reports:         {reports.get('pending', 0)} pending, {reports.get('sent', 0)} sent,"
         f" {reports.get('rejected', 0)} rejected, {reports.get('dropped', 0)} dropped",
     ]
@@ -177,3 +177,11 @@ def _tunnel_row(tunnel: dict, stack: dict) -> list[str]:
 def _aligned(rows: list[list[str]]) -> list[str]:
     widths = [max(len(cell) for cell in column) for column in zip(*rows, strict=True)]
     return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
+def _waiting(jobs: dict) -> str:
+    """ " (3 deploys waiting: at most 4 at once)", or nothing when none waits."""
+    waiting = jobs.get("deploysWaiting") or 0
+    if not waiting:
+        return ""
+    return f" ({waiting} deploy{'s' if waiting != 1 else ''} waiting: at most {jobs.get('deployConcurrency')} at once)"
