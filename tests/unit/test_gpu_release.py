@@ -6,6 +6,7 @@ availableGPUs from the agent's account, and the heartbeat field's checks.
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 from support.machine_samples import heartbeat
 
@@ -14,6 +15,7 @@ from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.local_marketplace.host_api import heartbeat_problem
 from gpuhost_agent.local_marketplace.shapes import available_gpus
 from gpuhost_agent.local_marketplace.store import Store
+from gpuhost_agent.protocol import wire
 from gpuhost_agent.storage.agent_db import AgentDB
 
 SLOTS = [GpuSlot("G0"), GpuSlot("G1"), GpuSlot("G2"), GpuSlot("G3", healthy=False, reason="ECC")]
@@ -78,3 +80,25 @@ def test_heartbeat_gpu_assignments_are_checked() -> None:
         ({"outOfService": [1]}, "gpuAssignments.outOfService"),
     ):
         assert word in (heartbeat_problem({**beat, "gpuAssignments": bad}) or ""), bad
+
+
+def test_ended_rentals_are_remembered_for_a_week_then_forgotten(tmp_path) -> None:
+    """A late deploy of an ended rental is refused while it is remembered; a
+    host ends thousands of rentals a year, and each was a row kept forever."""
+    db = AgentDB(tmp_path / "agent.db")
+    ledger = GpuLedger(db)
+    ledger.commit("last-month", ["G0"])
+    ledger.release("last-month")
+    ledger.release("yesterday")
+    month_ago = wire.iso(wire.utcnow() - timedelta(days=30))
+    db._write("UPDATE rentals SET ended_at = ? WHERE rental_id = ?", month_ago, "last-month")
+    db._write(
+        "UPDATE rentals SET ended_at = ? WHERE rental_id = ?", wire.iso(wire.utcnow() - timedelta(days=1)), "yesterday"
+    )
+    assert ledger.has_ended("last-month") and ledger.has_ended("yesterday")
+
+    ledger.release("today")
+    assert not ledger.has_ended("last-month") and "last-month" not in db.rentals()
+    assert ledger.has_ended("yesterday") and ledger.has_ended("today")
+    assert not GpuLedger(db).has_ended("last-month")  # after a restart too
+    assert GpuLedger(db).has_ended("yesterday")

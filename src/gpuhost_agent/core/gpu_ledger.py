@@ -3,7 +3,10 @@
 An assignment must outlive the agent (a restart must not hand a rental's GPUs
 to someone else while its containers still use them), so every change is
 committed before it takes effect. Ended rentals are remembered so that a late,
-redelivered deploy job cannot bring one back. When the database had to be
+redelivered deploy job cannot bring one back, for ENDED_KEPT: a marketplace
+redelivers within minutes and lists an ended rental for a day, while a host
+ends thousands of rentals in a year, each a row kept forever otherwise (the
+soak, bench/soak.py, showed the table only growing). When the database had to be
 started afresh, `adopt` takes the assignments back from the containers'
 labels (wire.LABEL_GPUS).
 """
@@ -13,11 +16,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 from gpuhost_agent.core.gpu_allocation import GpuSlot, NotEnoughGpus, allocate
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.storage.agent_db import AgentDB
+
+ENDED_KEPT = timedelta(days=7)  # how long an ended rental is remembered
 
 
 class GpuLedger:
@@ -128,9 +134,11 @@ class GpuLedger:
         path.rename(path.with_suffix(".json.imported"))
 
     def release(self, rental_id: str) -> list[str]:
-        """The rental has ended: its GPUs are free again."""
+        """The rental has ended: its GPUs are free again. Rentals that ended
+        more than ENDED_KEPT ago are forgotten now."""
         self.db.rental_ended(rental_id)
         self.ended.add(rental_id)
+        self.ended.difference_update(self.db.forget_rentals_ended_before(wire.iso(wire.utcnow() - ENDED_KEPT)))
         self.releasing.discard(rental_id)
         freed = self.assignments.pop(rental_id, [])
         self._released.set()

@@ -219,6 +219,13 @@ class AgentDB:
             wire.iso(),
         )
 
+    def forget_rentals_ended_before(self, moment: str) -> list[str]:
+        """Drop the rows of rentals that ended before `moment` (ISO, UTC, as
+        wire.iso writes it, so the text order is the time order); their ids."""
+        rows = self._rows("SELECT rental_id FROM rentals WHERE ended_at IS NOT NULL AND ended_at < ?", moment)
+        self._write("DELETE FROM rentals WHERE ended_at IS NOT NULL AND ended_at < ?", moment)
+        return [row["rental_id"] for row in rows]
+
     def rentals(self) -> dict[str, dict]:
         rows = self._rows("SELECT * FROM rentals")
         return {row["rental_id"]: {**row, "gpus": json.loads(row["gpus"])} for row in rows}
