@@ -31,6 +31,8 @@ test-fast:
 	@test -x .venv/bin/python || { echo "test-fast: no .venv yet; run 'make setup' once" >&2; exit 2; }
 	.venv/bin/python -m pytest -q tests/unit $(PYTEST_ARGS)
 
+# Every benchmark, printing its table; about an hour and a half on 2 cores, most
+# of it the soak at the end (alone: make soak). ARGS go to pickup_latency.py.
 bench: setup
 	.venv/bin/python bench/pickup_latency.py $(ARGS)
 	.venv/bin/python bench/probe_time.py
@@ -38,8 +40,10 @@ bench: setup
 	.venv/bin/python bench/event_latency.py
 	.venv/bin/python bench/host_limits.py
 	.venv/bin/python bench/idle_cost.py
+	.venv/bin/python bench/many_at_once.py
 	bash scripts/build-bench-images.sh
 	.venv/bin/python bench/tunnel.py
+	.venv/bin/python bench/soak.py --cycles 2000 --every 100
 
 # Months of churn compressed (issue 20): 2000 deploy/remove cycles, about an hour on
 # 2 cores; `make soak ARGS="--cycles 200"` for a shorter one.
