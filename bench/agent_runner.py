@@ -39,15 +39,16 @@ class InProcessAgent:
 
 class SeparateAgent:
     """`python -m gpuhost_agent run` with a config file naming the bench's
-    marketplace; its log goes to agent.log in the work directory."""
+    marketplace; its log goes to agent.log in the work directory. `settings`
+    adds to or overrides the config file's GPUHOST_* lines."""
 
-    def __init__(self, config, local, workdir: Path):
+    def __init__(self, config, local, workdir: Path, settings: dict[str, str] | None = None):
         self.local, self.workdir = local, workdir
         store = local.state.store
         key_file = workdir / "env-api-key"
         key_file.write_text(store.envApiKey)
         key_file.chmod(0o600)
-        settings = {
+        lines = {
             "GPUHOST_MARKETPLACE_URL": local.base_url,
             "GPUHOST_ENV_ID": store.envId,
             "GPUHOST_API_KEY_FILE": str(key_file),
@@ -55,9 +56,9 @@ class SeparateAgent:
             "GPUHOST_SETTLE_SECONDS": str(config.settle_seconds),
             "GPUHOST_STOP_TIMEOUT": str(config.stop_timeout),
             "GPUHOST_LOG_LEVEL": "warning",
-        }
+        } | (settings or {})
         self.config_file = workdir / "agent.conf"
-        self.config_file.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
+        self.config_file.write_text("".join(f"{key}={value}\n" for key, value in lines.items()))
         self.process: asyncio.subprocess.Process | None = None
         self.pids: list[int] = [os.getpid()]
 
