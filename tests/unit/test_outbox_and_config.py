@@ -73,7 +73,7 @@ def test_config_defaults_to_local_marketplace(tmp_path):
     assert loaded.disk_floor_bytes == 20 * 1024**3
     assert config.load({"disk_floor": "0"}, environ={}).disk_floor_bytes == 0
     assert config.load({"disk_floor": "512m"}, environ={}).disk_floor_bytes == 512 * 1024**2
-    assert loaded.deploy_concurrency == 4
+    assert loaded.deploy_concurrency == 8
     assert config.load({}, environ={"GPUHOST_DEPLOY_CONCURRENCY": "12"}).deploy_concurrency == 12
 
 

@@ -49,7 +49,7 @@ class AgentConfig:
     rental_disk_bytes: int | None = None  # one rental's disk, when the host fixes it (else by GPUs)
     disk_watch_seconds: float = 60.0  # how often each rental's disk use is measured
     stacks_per_rental: int = 16  # stacks one rental may have on this host (each makes networks)
-    deploy_concurrency: int = 4  # deploys run at once; the others wait, APPLYING, for their turn
+    deploy_concurrency: int = 8  # deploys run at once; the others wait, APPLYING, for their turn
     usage_seconds: float = 60.0  # how often GPU usage is counted (also at every assignment and release)
     reconcile_grace_seconds: float = 120.0  # how long a stack the marketplace does not list may stay
     shutdown_grace_seconds: float = 20.0  # on SIGTERM, how long running jobs may take before they are abandoned
@@ -142,7 +142,7 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         disk_watch = float(pick("disk_watch_seconds", "GPUHOST_DISK_WATCH_SECONDS", 60.0))
         usage_every = float(pick("usage_seconds", "GPUHOST_USAGE_SECONDS", 60.0))
         stacks_per_rental = int(pick("stacks_per_rental", "GPUHOST_STACKS_PER_RENTAL", 16))
-        deploy_concurrency = int(pick("deploy_concurrency", "GPUHOST_DEPLOY_CONCURRENCY", 4))
+        deploy_concurrency = int(pick("deploy_concurrency", "GPUHOST_DEPLOY_CONCURRENCY", 8))
         grace = float(pick("reconcile_grace_seconds", "GPUHOST_RECONCILE_GRACE_SECONDS", 120.0))
         shutdown_grace = float(pick("shutdown_grace_seconds", "GPUHOST_SHUTDOWN_GRACE_SECONDS", 20.0))
     except ValueError as exc:
