@@ -21,8 +21,7 @@ from gpuhost_agent.service import metrics
 from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.streams import ssh_host_key
 from gpuhost_agent.streams.channel import StreamChannel
-from gpuhost_agent.streams.ssh_access import RentalKeys
-from gpuhost_agent.streams.ssh_server import SshServices
+from gpuhost_agent.streams.ssh_access import RentalKeys, SshServices
 from gpuhost_agent.uplink.session import SessionState
 from support.fakes import FakeContainerWatch, FakeHostReporter, FakeSchedule, FakeStreamChannel
 

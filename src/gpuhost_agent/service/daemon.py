@@ -9,13 +9,16 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.local_marketplace import server as local_server
 from gpuhost_agent.service import sd_notify
 from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.service.state_lock import StateLock
 from gpuhost_agent.service.wiring import AgentParts, build_agent, start_local_marketplace, start_status_server
+
+if TYPE_CHECKING:  # the embedded marketplace is imported only when it runs (service/wiring.py)
+    from gpuhost_agent.local_marketplace.server import RunningMarketplace
 
 log = get_logger(__name__)
 SHUTDOWN_FLUSH = 3.0
@@ -88,7 +91,7 @@ async def _serve_locked(config: AgentConfig, stop: asyncio.Event) -> None:
     await watchdog.stop()
 
 
-def _print_local_banner(local: local_server.RunningMarketplace, state_dir: Path) -> None:
+def _print_local_banner(local: RunningMarketplace, state_dir: Path) -> None:
     store = local.state.store
     print(
         "gpuhost-agent: no marketplace configured, serving the local marketplace\n"

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuhost_agent.common.logs import SECRETS, get_logger
 from gpuhost_agent.core.agent import Agent
@@ -35,9 +36,6 @@ from gpuhost_agent.inventory import telemetry
 from gpuhost_agent.inventory.gpu_events import GpuEventWatch
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 from gpuhost_agent.inventory.system_data import Prober
-from gpuhost_agent.local_marketplace import server as local_server
-from gpuhost_agent.local_marketplace.state import MarketplaceState
-from gpuhost_agent.local_marketplace.store import Store
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
 from gpuhost_agent.runtime.engine import DockerEngine
 from gpuhost_agent.runtime.engine_streams import EngineStreams
@@ -49,11 +47,13 @@ from gpuhost_agent.service.status_server import StatusServer, StatusSource
 from gpuhost_agent.storage.agent_db import DB_FILE, AgentDB
 from gpuhost_agent.streams import ssh_host_key
 from gpuhost_agent.streams.channel import StreamChannel
-from gpuhost_agent.streams.ssh_access import RentalKeys
-from gpuhost_agent.streams.ssh_server import SshServices
+from gpuhost_agent.streams.ssh_access import RentalKeys, SshServices
 from gpuhost_agent.uplink.client import MarketplaceClient
 from gpuhost_agent.uplink.outbox import Outbox
 from gpuhost_agent.uplink.session import SessionState
+
+if TYPE_CHECKING:
+    from gpuhost_agent.local_marketplace.server import RunningMarketplace
 
 log = get_logger(__name__)
 
@@ -253,7 +253,13 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
     )
 
 
-async def start_local_marketplace(config: AgentConfig) -> local_server.RunningMarketplace:
+async def start_local_marketplace(config: AgentConfig) -> RunningMarketplace:
+    """The embedded marketplace, imported only here: an agent with a real
+    marketplace never loads it (nor asyncssh, which it checks keys with)."""
+    from gpuhost_agent.local_marketplace import server as local_server
+    from gpuhost_agent.local_marketplace.state import MarketplaceState
+    from gpuhost_agent.local_marketplace.store import Store
+
     store = Store.load_or_create(config.state_dir / "local-marketplace.json", config.local_api_key)
     SECRETS.add(store.envApiKey, store.renterApiKey)
     host, port = config.local_listen

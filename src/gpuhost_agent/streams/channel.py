@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import aiohttp
 
@@ -35,12 +36,14 @@ from gpuhost_agent.streams.requests import (
     parse_request,
 )
 from gpuhost_agent.streams.sink import END_TIMEOUT, WebSocketSink
-from gpuhost_agent.streams.ssh_connection import SshConnection
-from gpuhost_agent.streams.ssh_server import SshServices
+from gpuhost_agent.streams.ssh_access import SshServices
 from gpuhost_agent.streams.terminal import Terminal
 from gpuhost_agent.streams.tunnel import TunnelRelay
 from gpuhost_agent.uplink.client import MarketplaceClient, retry_delay
 from gpuhost_agent.uplink.session import SessionState
+
+if TYPE_CHECKING:
+    from gpuhost_agent.streams.ssh_connection import SshConnection
 
 log = get_logger(__name__)
 
@@ -224,7 +227,8 @@ class StreamChannel:
             elif isinstance(request, TerminalRequest):
                 stream.runner = Terminal(self._engine, request, sink, container_id=info.get("Id"))
             elif isinstance(request, SshRequest):
-                stream.runner = SshConnection(self._ssh, request, sink, self._agent_session.env_id)
+                connection = await asyncio.to_thread(_load_ssh, self._ssh)
+                stream.runner = connection(self._ssh, request, sink, self._agent_session.env_id)
             else:
                 assert service is not None  # connected above, for a tunnel
                 stream.runner = TunnelRelay(sink, *service)
@@ -281,3 +285,13 @@ def _describe(exc: BaseException) -> str:
 
 def _now() -> float:
     return asyncio.get_running_loop().time()
+
+
+def _load_ssh(services: SshServices) -> type[SshConnection]:
+    """asyncssh and the host key, on the first SSH stream, in a worker thread
+    (imports and the key file are disk reads): the agent loads them only once
+    a renter uses SSH (streams/ssh_host_key.py says why)."""
+    from gpuhost_agent.streams.ssh_connection import SshConnection
+
+    services.host_key.key  # noqa: B018 - loads the key and keeps it
+    return SshConnection

@@ -18,8 +18,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.streams.ssh_host_key import HostKey
 
 SERVICE_LABEL = "com.docker.compose.service"
 NUMBER_LABEL = "com.docker.compose.container-number"
@@ -116,3 +119,14 @@ class RentalKeys:
             self._cache.pop(oldest)
             self._locks.pop(oldest, None)
         self._cache[rental_id] = (self._clock(), keys)
+
+
+@dataclass(frozen=True)
+class SshServices:
+    """What every SSH connection of the agent shares. Here, not beside the
+    asyncssh server (ssh_server.py), so that building the agent does not
+    import asyncssh (streams/ssh_host_key.py says why)."""
+
+    engine: EngineStreams
+    keys: RentalKeys
+    host_key: HostKey

@@ -19,8 +19,9 @@ from gpuhost_agent.runtime.container_files import ContainerFiles, FilesUnavailab
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.streams.requests import SshRequest
 from gpuhost_agent.streams.sink import Sink
+from gpuhost_agent.streams.ssh_access import SshServices
 from gpuhost_agent.streams.ssh_files import ContainerSFTP
-from gpuhost_agent.streams.ssh_server import Login, SshServices
+from gpuhost_agent.streams.ssh_server import Login
 from gpuhost_agent.streams.ssh_session import ExecSession
 from gpuhost_agent.streams.tunnel import CHUNK, TunnelRelay
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
-from dataclasses import dataclass
 from typing import Any
 
 import asyncssh
@@ -28,23 +27,12 @@ from asyncssh.stream import SSHTCPStreamSession
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.streams.requests import Refusal, SshRequest, TunnelRequest, check_access
-from gpuhost_agent.streams.ssh_access import SERVICE_LABEL, RentalKeys, parse_login, pick_container
-from gpuhost_agent.streams.ssh_host_key import HostKey
+from gpuhost_agent.streams.ssh_access import SERVICE_LABEL, SshServices, parse_login, pick_container
 from gpuhost_agent.streams.tunnel import connect
 from gpuhost_agent.uplink.replies import MarketplaceRejected, MarketplaceUnavailable
 
 log = get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class SshServices:
-    """What every SSH connection of the agent shares."""
-
-    engine: EngineStreams
-    keys: RentalKeys
-    host_key: HostKey
 
 
 class Login(asyncssh.SSHServer):
