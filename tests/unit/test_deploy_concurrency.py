@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 
 from support.fakes import FakeOutbox
+from support.stacks import job_payload
+from support.waiting import until
 from support.wiring import dispatcher_for
 
 from gpuhost_agent.protocol import wire
@@ -37,25 +39,6 @@ class HeldDeployer:
         return ""
 
 
-def _job(job_id: str, stack_id: str, job_type: str = wire.JOB_DEPLOY) -> dict:
-    return {
-        "jobId": job_id,
-        "type": job_type,
-        "stackId": stack_id,
-        "rentalId": f"rental-{stack_id}",
-        "envId": "env-1",
-        "stackName": "s",
-        "template": {"name": "s", "description": "", "content": "services: {}\n", "environmentVariables": {}},
-    }
-
-
-async def _until(predicate, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.01)
-
-
 def _status(dispatcher) -> dict:
     """The status socket's answer, as far as the jobs line needs it."""
     return {"version": "test", "pid": 1, "jobs": dispatcher.stats()}
@@ -73,8 +56,8 @@ async def test_no_more_deploys_run_at_once_than_the_setting_and_the_others_say_t
     deployer, outbox = HeldDeployer(), FakeOutbox()
     dispatcher = dispatcher_for(deployer, outbox, deploy_concurrency=2)
     for i in range(6):
-        dispatcher.submit(_job(f"job-{i}", f"stack-{i}"))
-    await _until(lambda: deployer.running == 2)
+        dispatcher.submit(job_payload(f"job-{i}", f"stack-{i}", rental_id=f"rental-{i}"))
+    await until(lambda: deployer.running == 2)
     await asyncio.sleep(0.05)
     assert deployer.running == 2
     assert _waiting_reports(outbox) == {f"stack-{i}" for i in range(2, 6)}
@@ -84,11 +67,11 @@ async def test_no_more_deploys_run_at_once_than_the_setting_and_the_others_say_t
     message = next(body["errorMsg"] for _k, _t, body in outbox.reports if "waiting" in (body.get("errorMsg") or ""))
     assert "GPUHOST_DEPLOY_CONCURRENCY" in message and "2 deploys" in message
 
-    dispatcher.submit(_job("job-remove", "stack-other", wire.JOB_REMOVE))  # not held behind the deploys
-    await _until(lambda: deployer.removed == ["stack-other"])
+    dispatcher.submit(job_payload("job-remove", "stack-other", wire.JOB_REMOVE))  # not held behind the deploys
+    await until(lambda: deployer.removed == ["stack-other"])
 
     deployer.release.set()
-    await _until(lambda: not dispatcher._running)
+    await until(lambda: not dispatcher._running)
     assert deployer.most == 2 and dispatcher.stats()["deploysWaiting"] == 0
     finished = {target for kind, target, body in outbox.reports if body.get("outcome") == wire.OUTCOME_SUCCEEDED}
     assert finished == {f"job-{i}" for i in range(6)} | {"job-remove"}
@@ -98,8 +81,8 @@ async def test_deploys_within_the_setting_start_without_waiting() -> None:
     deployer, outbox = HeldDeployer(), FakeOutbox()
     dispatcher = dispatcher_for(deployer, outbox, deploy_concurrency=4)
     for i in range(4):
-        dispatcher.submit(_job(f"job-{i}", f"stack-{i}"))
-    await _until(lambda: deployer.running == 4)
+        dispatcher.submit(job_payload(f"job-{i}", f"stack-{i}", rental_id=f"rental-{i}"))
+    await until(lambda: deployer.running == 4)
     assert not _waiting_reports(outbox)
     deployer.release.set()
-    await _until(lambda: not dispatcher._running)
+    await until(lambda: not dispatcher._running)

@@ -11,12 +11,11 @@ import os
 import re
 
 import pytest
-from support.stacks import SLEEPER
+from support.stacks import job_payload
 from support.waiting import until
 from support.wiring import dispatcher_for
 
 from gpuhost_agent.common import logs
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.uplink.outbox import Outbox
 
@@ -140,23 +139,11 @@ class LoggingDeployer:
         return ""
 
 
-def _job(job_id: str, stack_id: str, job_type: str = wire.JOB_DEPLOY) -> dict:
-    return {
-        "jobId": job_id,
-        "type": job_type,
-        "stackId": stack_id,
-        "rentalId": "rental-1",
-        "envId": "env-1",
-        "stackName": "s",
-        "template": {"name": "s", "description": "", "content": SLEEPER, "environmentVariables": {}},
-    }
-
-
 async def test_every_line_of_a_job_carries_its_ids_and_one_request_id(log_stream):
     outbox = Outbox(lambda report: asyncio.sleep(0), AgentDB(None))
     dispatcher = dispatcher_for(LoggingDeployer(), outbox)
-    dispatcher.submit(_job("job-a", "stack-a"))
-    dispatcher.submit(_job("job-b", "stack-b"))
+    dispatcher.submit(job_payload("job-a", "stack-a"))
+    dispatcher.submit(job_payload("job-b", "stack-b"))
     await until(lambda: not dispatcher._running)
     logs.get_logger("t").info("after_the_jobs")
 
