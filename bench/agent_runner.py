@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import sys
 import time
@@ -66,8 +67,11 @@ class SeparateAgent:
         env = {key: value for key, value in os.environ.items() if not key.startswith("GPUHOST_")}
         env["GPUHOST_CONFIG"] = str(self.config_file)
         log = await asyncio.to_thread(open, self.workdir / "agent.log", "wb")
+        # A bench killed without its cleanup must not leave the agent running on:
+        # it gets SIGTERM when the bench dies (and stops as under systemd).
+        dies_with_bench = ["setpriv", "--pdeathsig", "TERM", "--"] if shutil.which("setpriv") else []
         self.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gpuhost_agent", "run", stdout=log, stderr=log, env=env
+            *dies_with_bench, sys.executable, "-m", "gpuhost_agent", "run", stdout=log, stderr=log, env=env
         )
         log.close()
         self.pids.append(self.process.pid)
