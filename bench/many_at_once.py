@@ -12,7 +12,7 @@ local marketplace), with GPUHOST_DEPLOY_CONCURRENCY as given: with
 `--concurrency 2,4,8,20` the rounds are run for each value, a new agent
 process each, so the table shows what the setting costs or saves.
 
-    .venv/bin/python bench/many_at_once.py [--stacks 20] [--rounds 3] [--concurrency 4] [--json FILE]
+    .venv/bin/python bench/many_at_once.py [--stacks 20] [--rounds 3] [--concurrency 8] [--json FILE]
 """
 
 from __future__ import annotations
@@ -175,7 +175,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stacks", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--concurrency", default="4", help="GPUHOST_DEPLOY_CONCURRENCY values, comma-separated")
+    parser.add_argument(
+        "--concurrency",
+        default=str(AgentConfig.deploy_concurrency),
+        help="GPUHOST_DEPLOY_CONCURRENCY values, comma-separated (default: the agent's default)",
+    )
     parser.add_argument("--json", help="also write the rounds to this file")
     args = parser.parse_args()
     logs.configure("warning")
