@@ -11,6 +11,7 @@ documented schemas, with no field the documents do not describe.
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import inspect
 import json
@@ -203,6 +204,12 @@ async def test_system_data_and_init_state_the_agent_sends_are_documented(agent_d
     }
     assert sent["fingerprint"] == report["fingerprint"]
     assert host_api.system_data_problem(sent) is None
+    # the optional `skipped` is a boolean when given (schemathesis found `{}` taken)
+    garbled = copy.deepcopy(sent)
+    garbled["compliance"]["checks"][0]["skipped"] = {}
+    assert "skipped, a boolean" in (host_api.system_data_problem(garbled) or "")
+    del garbled["compliance"]["checks"][0]["skipped"]
+    assert host_api.system_data_problem(garbled) is None  # older agents leave it out
 
     # initState: every change the start-up goes through, as the agent reports it
     init = reporter.init

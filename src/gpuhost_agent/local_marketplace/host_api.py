@@ -80,9 +80,10 @@ def system_data_problem(body: Any) -> str | None:
         and isinstance(c.get("ok"), bool)
         and isinstance(c.get("summary"), str)
         and isinstance(c.get("remedy"), str)
+        and isinstance(c.get("skipped", False), bool)  # optional: older agents leave it out
         for c in checks
     ):
-        return "compliance.checks must be an array of {id, ok, summary, remedy}"
+        return "compliance.checks must be an array of {id, ok, summary, remedy} (and skipped, a boolean, if given)"
     if not compliance["isCompliant"] and not compliance["failedComplianceReason"]:
         return "failedComplianceReason is required when isCompliant is false"
     return None
