@@ -45,11 +45,8 @@ LimitReached = Callable[[str], bool]
 
 def failure_reason(container: Mapping[str, Any], code: int | None, oom: bool, rental_limit: bool = False) -> str:
     if oom:
-        return (
-            f"was killed for running out of memory: {RENTAL_MEMORY_REACHED}"
-            if rental_limit
-            else ("was killed for running out of memory")
-        )
+        killed = "was killed for running out of memory"
+        return f"{killed}: {RENTAL_MEMORY_REACHED}" if rental_limit else killed
     if unhealthy(container):
         return "is running but unhealthy (its healthcheck fails)"
     return f"exited with code {code}" if code is not None else f"is {container.get('State', 'not running')}"
