@@ -7,6 +7,13 @@ request has a time limit, because nothing here reads HTTP. The one exception
 is an HTTP tunnel whose agent could not connect: the client then gets an HTTP
 answer from us (503 with Retry-After while the service is not listening yet,
 502 with the reason otherwise), never a bare reset.
+
+A connection that carries no byte either way for IDLE_SECONDS is closed, so
+clients that connect and go quiet cannot hold the relay's descriptors and the
+agent's streams for ever. Ten minutes, like the TCP idle timeouts of common
+load balancers (350 s and up): long enough for an interactive session's
+pauses, and any client that sends keep-alives (ssh's ServerAliveInterval,
+WebSocket pings) stays open as long as it likes.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from html import escape
 
 from aiohttp import WSMsgType, web
@@ -25,33 +33,63 @@ EOF_MESSAGE = json.dumps({"type": "eof"})
 REQUEST_HEAD_LIMIT = 64 * 1024
 REQUEST_HEAD_WAIT = 5.0
 RETRY_AFTER_SECONDS = 2
+IDLE_SECONDS = 600.0
 
 
-async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, agent: web.WebSocketResponse) -> None:
-    """Until the agent closes the stream, or both sides shut down sending."""
-    up = asyncio.create_task(_client_to_agent(reader, agent))
-    down = asyncio.create_task(_agent_to_client(agent, writer))
+class _Activity:
+    """When a byte last went either way."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+
+    def touch(self) -> None:
+        self.last = time.monotonic()
+
+    async def until_idle(self, idle_seconds: float) -> None:
+        """A deadline that moves with each byte: one timer, not one per chunk."""
+        while True:
+            left = self.last + idle_seconds - time.monotonic()
+            if left <= 0:
+                return
+            await asyncio.sleep(left)
+
+
+async def relay(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    agent: web.WebSocketResponse,
+    *,
+    idle_seconds: float = IDLE_SECONDS,
+) -> None:
+    """Until the agent closes the stream, both sides shut down sending, or
+    nothing moved for `idle_seconds`."""
+    activity = _Activity()
+    up = asyncio.create_task(_client_to_agent(reader, agent, activity))
+    down = asyncio.create_task(_agent_to_client(agent, writer, activity))
+    idle = asyncio.create_task(activity.until_idle(idle_seconds))
     try:
-        done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
-        if down in done or (up in done and up.exception() is not None):
-            return  # the agent ended the stream, or the client went away
-        await down  # the client half-closed: the service may still answer
+        done, _ = await asyncio.wait({up, down, idle}, return_when=asyncio.FIRST_COMPLETED)
+        if idle in done or down in done or (up in done and up.exception() is not None):
+            return  # idle, the agent ended the stream, or the client went away
+        await asyncio.wait({down, idle}, return_when=asyncio.FIRST_COMPLETED)  # half-closed: the service may answer
     finally:
-        for task in (up, down):
+        for task in (up, down, idle):
             task.cancel()
-        await asyncio.gather(up, down, return_exceptions=True)
+        await asyncio.gather(up, down, idle, return_exceptions=True)
 
 
-async def _client_to_agent(reader: asyncio.StreamReader, agent: web.WebSocketResponse) -> None:
+async def _client_to_agent(reader: asyncio.StreamReader, agent: web.WebSocketResponse, activity: _Activity) -> None:
     while chunk := await reader.read(CHUNK):
+        activity.touch()
         await agent.send_bytes(chunk)  # waits while the agent's side is full: the backpressure
     await agent.send_str(EOF_MESSAGE)
 
 
-async def _agent_to_client(agent: web.WebSocketResponse, writer: asyncio.StreamWriter) -> None:
+async def _agent_to_client(agent: web.WebSocketResponse, writer: asyncio.StreamWriter, activity: _Activity) -> None:
     while True:
         message = await agent.receive()
         if message.type is WSMsgType.BINARY:
+            activity.touch()
             writer.write(message.data)
             await writer.drain()
         elif message.type is WSMsgType.TEXT:
