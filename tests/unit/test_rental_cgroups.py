@@ -12,6 +12,7 @@ import pytest
 from gpuhost_agent.core.sandbox_context import SandboxContext
 from gpuhost_agent.core.sandbox_harden import harden
 from gpuhost_agent.runtime.rental_cgroups import CgroupError, RentalCgroups, RentalLimits
+from gpuhost_agent.runtime.rental_slices import RentalSlices
 
 LIMITS = RentalLimits(memory_bytes=2 * 1024**3, cpus=1.5, pids=512)
 
@@ -63,10 +64,13 @@ def test_v2_enables_the_controllers_down_to_the_rental(tmp_path) -> None:
     assert not cgroups.memory_limit_reached("r2")  # not again since
 
 
-def test_only_the_cgroupfs_driver_gets_rental_cgroups_and_the_reason_is_said(tmp_path) -> None:
-    cgroups = RentalCgroups(v1_tree(tmp_path))
-    reason = cgroups.configure("systemd", "2")
-    assert reason and "systemd cgroup driver" in reason and "each container still has the rental's limits" in reason
+@pytest.mark.parametrize("driver", ["systemd", "kubelet"])
+def test_without_a_driver_the_agent_can_serve_the_reason_is_said(tmp_path, driver: str) -> None:
+    """systemd here is the driver with systemd not running (this machine); the
+    driver with systemd running is tests/unit/test_rental_slices.py."""
+    cgroups = RentalCgroups(v1_tree(tmp_path), RentalSlices(systemd_running=tmp_path / "no-systemd"))
+    reason = cgroups.configure(driver, "2")
+    assert reason and f"{driver} cgroup driver" in reason and "each container still has the rental's limits" in reason
     assert cgroups.parent_of("r1") is None
     cgroups.apply("r1", LIMITS)  # nothing to do
     assert not list(tmp_path.glob("*/gpuhost-agent"))

@@ -7,21 +7,26 @@ is started with `cgroup_parent: /gpuhost-agent/r-<rental id>` and that cgroup
 holds the rental's memory, CPU and process limits for all of them together:
 the kernel OOM-kills inside the rental, never beside it.
 
-This works with dockerd's `cgroupfs` cgroup driver, on cgroup v1 (a directory
-per controller, as on this project's test machine) and v2 (one unified tree).
-With the `systemd` driver, Docker wants a slice name as parent and the limits
-belong on that slice; that is not done yet, so `configure` says why and each
-container keeps the per-container limits only (docs/sandbox-policy.md).
+With dockerd's `cgroupfs` cgroup driver the agent makes that cgroup itself,
+on cgroup v1 (a directory per controller, as on this project's test machine)
+and v2 (one unified tree). With the `systemd` driver Docker wants a slice
+name as parent and systemd owns the cgroup, so the rental's limits are a
+transient slice's properties (runtime/rental_slices.py); the limit events are
+read from the slice's cgroup the same way. Where neither can be made,
+`configure` says why and each container keeps the per-container limits only
+(docs/sandbox-policy.md).
 """
 
 from __future__ import annotations
 
 import errno
 import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.runtime.rental_slices import RentalSlices, SliceError, SliceLimits, cgroup_path, slice_name
 
 log = get_logger(__name__)
 
@@ -45,8 +50,10 @@ class RentalLimits:
 
 
 class RentalCgroups:
-    def __init__(self, root: Path = SYSFS):
+    def __init__(self, root: Path = SYSFS, slices: RentalSlices | None = None):
         self.root = root
+        self.slices = slices or RentalSlices()
+        self.driver = "cgroupfs"  # or "systemd": who makes the rental's cgroup
         self.version: str | None = None  # "1" or "2" once configure() found a usable layout
         self.unavailable = "not configured yet"
         self._limit_events: dict[str, int] = {}  # v2: per rental, memory.events.local max when last read
@@ -54,11 +61,18 @@ class RentalCgroups:
     def configure(self, cgroup_driver: str, cgroup_version: str) -> str | None:
         """From `docker info` (CgroupDriver, CgroupVersion). None when rentals
         get their own cgroup, else the reason they do not."""
-        if cgroup_driver != "cgroupfs":
+        self.driver = cgroup_driver
+        why_not = self.slices.unavailable() if cgroup_driver == "systemd" else None
+        if cgroup_driver not in ("cgroupfs", "systemd"):
             self.version = None
             self.unavailable = (
                 f"dockerd uses the {cgroup_driver or 'unknown'} cgroup driver: per-rental limits need cgroupfs "
-                "for now; each container still has the rental's limits"
+                "or systemd; each container still has the rental's limits"
+            )
+        elif why_not:
+            self.version = None
+            self.unavailable = (
+                f"dockerd uses the systemd cgroup driver, and {why_not}: each container still has the rental's limits"
             )
         elif cgroup_version == "2" and (self.root / "cgroup.controllers").exists():
             self.version, self.unavailable = "2", ""
@@ -75,12 +89,23 @@ class RentalCgroups:
             return None
         if not _SAFE_ID.match(rental_id):
             raise CgroupError(f"rental id {rental_id[:40]!r} cannot name a cgroup")
-        return f"/{TOP}/r-{rental_id}"
+        return slice_name(rental_id) if self.driver == "systemd" else f"/{TOP}/r-{rental_id}"
+
+    def _relative(self, parent: str) -> str:
+        """The rental's cgroup below a hierarchy's root."""
+        return cgroup_path(parent) if self.driver == "systemd" else parent.lstrip("/")
 
     def apply(self, rental_id: str, limits: RentalLimits) -> None:
         """Create the rental's cgroup (idempotent) and write its limits. Blocking: call off the loop."""
         parent = self.parent_of(rental_id)
         if parent is None:
+            return
+        if self.driver == "systemd":
+            numbers = SliceLimits(limits.memory_bytes, limits.cpus, limits.pids)
+            try:
+                self.slices.apply(parent, numbers, self.version or "")
+            except (SliceError, OSError, subprocess.SubprocessError) as exc:
+                raise CgroupError(f"the rental's slice {parent} could not be limited: {exc}") from None
             return
         try:
             if self.version == "2":
@@ -96,6 +121,8 @@ class RentalCgroups:
         parent = self.parent_of(rental_id)
         if parent is None:
             return True
+        if self.driver == "systemd":
+            return self._stop_slice(parent)
         folders = [self.root / parent.lstrip("/")] if self.version == "2" else self._v1_folders(parent)
         removed = True
         for folder in folders:
@@ -120,17 +147,35 @@ class RentalCgroups:
         if parent is None:
             return False
         if self.version == "2":
-            count = _counter(self.root / parent.lstrip("/") / "memory.events.local", r"^max (\d+)$")
+            count = _counter(self.root / self._relative(parent) / "memory.events.local", r"^max (\d+)$")
             reached = count > self._limit_events.get(rental_id, 0)
             self._limit_events[rental_id] = count
             return reached
-        folder = self.root / "memory" / parent.lstrip("/")
+        folder = self.root / "memory" / self._relative(parent)
         peak, limit = _counter(folder / "memory.max_usage_in_bytes"), _counter(folder / "memory.limit_in_bytes")
         try:
             (folder / "memory.max_usage_in_bytes").write_text("0\n")  # from now on, the mark starts again
         except OSError:
             pass
         return bool(limit) and peak >= limit - LIMIT_SLACK_BYTES
+
+    def _stop_slice(self, name: str) -> bool:
+        """Stop the slice once no container's scope is left in it: stopping
+        it would kill what still runs there."""
+        hierarchy = self.root if self.version == "2" else self.root / "memory"
+        folder = hierarchy / self._relative(name)
+        try:
+            left = [entry.name for entry in folder.iterdir() if entry.is_dir()]
+        except OSError:
+            left = []
+        if left:
+            log.warning("rental_slice_not_stopped", slice=name, still_there=left[:3])
+            return False
+        try:
+            return self.slices.stop(name)
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("rental_slice_not_stopped", slice=name, error=str(exc))
+            return False
 
     # ---- v1: a directory per controller ------------------------------------------
     def _v1_folders(self, parent: str) -> list[Path]:
