@@ -211,3 +211,54 @@ async def test_short_stall_loses_nothing_and_peer_close_ends(boxes):
     sink.peer_closes()
     assert await asyncio.wait_for(task, 5) == "closed"
     assert sink.texts == [] and sink.closed.is_set()
+
+
+class StallingEngine(EngineStreams):
+    """The real engine, whose first follow stops delivering after its first
+    chunk while staying open: what Docker 20.10 does after a rotation with a
+    reader behind (moby/moby#39235), which cannot be brought about on demand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stalled = False
+
+    async def open_logs(self, container_id: str, **options):  # type: ignore[override]
+        reader = await super().open_logs(container_id, **options)
+        if options.get("follow") and not self.stalled:
+            self.stalled = True
+            return _Stalls(reader)
+        return reader
+
+
+class _Stalls:
+    def __init__(self, reader) -> None:
+        self._reader, self._given = reader, False
+
+    async def read(self) -> bytes:
+        if not self._given:
+            self._given = True
+            return await self._reader.read()
+        await asyncio.Event().wait()  # open, and silent for ever
+        return b""
+
+    def close(self) -> None:
+        self._reader.close()
+
+
+async def test_a_follow_that_stalls_behind_the_log_is_opened_again_without_loss_or_duplicates(boxes):
+    made, _ = boxes
+    engine = StallingEngine()
+    try:
+        box = await asyncio.to_thread(
+            made.run, "i=1; while [ $i -le 60 ]; do echo n-$i; i=$((i+1)); sleep 0.05; done; sleep 3600"
+        )
+        sink = MemorySink()
+        pump = LogPump(engine, request(made, box, follow=True), sink, follow_check_seconds=0.5)
+        running = asyncio.create_task(pump.run())
+        await sink.until(lambda: len(sink.lines(STDOUT)) >= 60, timeout=30)
+        assert sink.lines(STDOUT) == [f"n-{i}" for i in range(1, 61)]
+        assert engine.stalled and pump.follow_check.restarts == 1
+        pump.stop("agent-stopping")
+        await asyncio.wait_for(running, 10)
+    finally:
+        await engine.close()

@@ -8,6 +8,9 @@ the producer waits, so a slow reader slows the engine read and nothing is
 lost. Only a buffer full for LOG_STALL_SECONDS makes the producer drop whole
 frames, counted, and say so (stream 3) before the next frame that goes out:
 memory stays bounded, and a reader that stopped cannot pin the engine's follow.
+
+A follow that has been silent for a while is checked against the log itself
+(follow_check.py) and opened again when it stalled behind it.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ import collections
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.engine_streams import ContainerGone, EngineStreams, EngineUnreachable
+from gpuhost_agent.runtime.engine_streams import ContainerGone, EngineStreams, EngineUnreachable, LogReader
 from gpuhost_agent.streams import frames
+from gpuhost_agent.streams.follow_check import FOLLOW_CHECK_SECONDS, FollowCheck
 from gpuhost_agent.streams.requests import LogsRequest
 from gpuhost_agent.streams.sink import Sink, finish
 
@@ -42,6 +46,7 @@ class LogPump:
         stall_seconds: float = LOG_STALL_SECONDS,
         poll_seconds: float = POLL_SECONDS,
         message_bytes: int = MESSAGE_BYTES,
+        follow_check_seconds: float = FOLLOW_CHECK_SECONDS,
     ):
         self._engine = engine
         self._request = request
@@ -51,6 +56,7 @@ class LogPump:
         self._stall = stall_seconds
         self._poll = poll_seconds
         self._message_bytes = message_bytes
+        self.follow_check = FollowCheck(engine, follow_check_seconds)
         self._buffer: collections.deque[bytes] = collections.deque()
         self._size = 0
         self._space = asyncio.Event()
@@ -109,7 +115,7 @@ class LogPump:
             try:
                 reader = await self._engine.open_logs(container, follow=request.follow, tail=tail, since=since)
                 try:
-                    while chunk := await reader.read():
+                    while chunk := await self._read(reader, container, parser):
                         batch = parser.feed(chunk)
                         if batch is not None:
                             await self._put(batch)
@@ -130,6 +136,11 @@ class LogPump:
                 return outcome
             tail = None
             since = parser.resume(after=finished) or since
+
+    async def _read(self, reader: LogReader, container: str, parser: frames.FrameParser | frames.RawParser) -> bytes:
+        if not self._request.follow:
+            return await reader.read()
+        return await self.follow_check.read(reader, container, parser)
 
     async def _until_running(
         self, container: str, started: str | None
