@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.compose_rewrite import StackRejected
+from gpuhost_agent.core.disk_watch import disk_share
 from gpuhost_agent.core.gpu_allocation import GpuSlot, NotEnoughGpus, slots_from_inventory
 from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.core.sandbox_context import (
@@ -101,6 +102,7 @@ class Sandbox:
         cgroups: RentalCgroups | None = None,
         release_wait_seconds: float = RELEASE_WAIT_SECONDS,
         disk_floor_bytes: int = 0,
+        rental_disk_bytes: int | None = None,
     ):
         """`cgroups` makes each rental's cgroup (runtime/rental_cgroups.py);
         without it each container has the rental's limits only."""
@@ -108,6 +110,7 @@ class Sandbox:
         self.cgroups = cgroups
         self.release_wait_seconds = release_wait_seconds
         self.disk_floor_bytes = disk_floor_bytes
+        self.rental_disk_bytes = rental_disk_bytes  # the host's fixed disk share per rental (disk_watch.py)
         self._cgroup_layout: tuple | None = None  # (driver, version) the cgroups were configured for
         self._configuring = asyncio.Lock()
         self.ledger = ledger
@@ -146,6 +149,10 @@ class Sandbox:
         except NotEnoughGpus as exc:
             raise StackRejected(str(exc)) from None
         cpus, memory = rental_share(machine, len(uuids))
+        storage_bytes = 0
+        if ((host.get("docker") or {}).get("storageQuota") or {}).get("available"):
+            total = int((host.get("storage") or {}).get("totalBytes") or 0)
+            storage_bytes = disk_share(total, self.disk_floor_bytes, len(uuids), len(slots), self.rental_disk_bytes)
         ctx = dataclasses.replace(
             places,
             gpu_uuids=tuple(uuids),
@@ -156,6 +163,7 @@ class Sandbox:
             log_max_size=self.log_max_size,
             log_max_files=self.log_max_files,
             cgroup_parent=parent,
+            storage_bytes=storage_bytes,
         )
         hardened, notices = decide(model, raw, ctx)
         self.ledger.commit(job.rental_id, uuids)

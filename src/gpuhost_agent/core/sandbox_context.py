@@ -31,6 +31,7 @@ class SandboxContext:
     log_max_size: str = "50m"  # Docker's max-size of each container's log file
     log_max_files: int = 3
     cgroup_parent: str | None = None  # the rental's own cgroup, parent of all its containers
+    storage_bytes: int = 0  # each writable layer's size cap, where Docker's disk has quotas (0: none)
     # Where Compose resolved the file's paths: `./` (the stack's directory),
     # `~` (the home the agent gives Compose), and the agent's own directory.
     project_dir: str = ""

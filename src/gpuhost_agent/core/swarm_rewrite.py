@@ -46,6 +46,7 @@ TRANSLATED = frozenset(
     {
         "deploy", "ports", "networks", "volumes", "restart", "mem_limit", "memswap_limit", "cpus",
         "pids_limit", "shm_size", "security_opt", "privileged", "depends_on", "pull_policy", "ipc",
+        "storage_opt",
     }
 )  # fmt: skip
 RESTART_CONDITIONS = {"no": "none", "always": "any", "unless-stopped": "any", "on-failure": "on-failure"}

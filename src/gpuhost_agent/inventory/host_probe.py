@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 
 from gpuhost_agent.inventory import clock, toolkit
+from gpuhost_agent.inventory.storage_quota import read_mountinfo, storage_quota
 from gpuhost_agent.runtime import dockerd_settings
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 
@@ -82,6 +83,7 @@ async def docker_facts(engine: DockerEngine, gpu_check_image: str | None) -> dic
         "cgroupVersion": info.get("CgroupVersion"),
         "swarm": swarm_facts(info.get("Swarm") or {}),
     }
+    facts["storageQuota"] = storage_quota(info, await asyncio.to_thread(read_mountinfo))
     facts["gpuContainers"] = await _gpu_containers(engine, facts, gpu_check_image)
     held, how = await asyncio.to_thread(dockerd_settings.engine_no_new_privileges)
     facts["noNewPrivileges"] = {"default": held, "detail": how}

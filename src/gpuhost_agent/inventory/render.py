@@ -51,6 +51,7 @@ def probe_table(report: dict) -> str:
             f"{_show(docker['gpuContainers'].get('detail'))} ({docker['gpuContainers'].get('method')})",
         ),
         ("Swarm", _swarm(docker)),
+        ("Disk quota", _quota(docker.get("storageQuota") or {})),
         ("Clock", {True: "synchronised", False: "NOT synchronised", None: "unknown"}[host["clock"]["synchronized"]]),
         (
             "NVIDIA driver",
@@ -117,6 +118,13 @@ def doctor_lines(checks: list[dict]) -> str:
     lines.append("")
     lines.append("compliant: this host can be listed" if not failed else f"NOT compliant: {failed} check(s) failed")
     return "\n".join(lines)
+
+
+def _quota(quota: dict) -> str:
+    """Whether each container's writable layer is capped (inventory/storage_quota.py)."""
+    if not quota:
+        return "unknown"
+    return f"{'per container' if quota.get('available') else 'none'}: {quota.get('detail')}"
 
 
 def _swarm(docker: dict) -> str:

@@ -150,6 +150,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         log_max_files=config.log_max_files,
         cgroups=cgroups,
         disk_floor_bytes=config.disk_floor_bytes,
+        rental_disk_bytes=config.rental_disk_bytes,
     )
     deployer = StackDeployer(
         compose,
