@@ -43,6 +43,7 @@ bench: setup
 	.venv/bin/python bench/many_at_once.py
 	bash scripts/build-bench-images.sh
 	.venv/bin/python bench/tunnel.py
+	.venv/bin/python bench/swarm_cluster.py
 	.venv/bin/python bench/soak.py --cycles 2000 --every 100
 
 # Months of churn compressed (issue 20): 2000 deploy/remove cycles, about an hour on
