@@ -22,11 +22,12 @@ from __future__ import annotations
 import errno
 import re
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.runtime.rental_slices import RentalSlices, SliceError, SliceLimits, cgroup_path, slice_name
+from gpuhost_agent.runtime.rental_slices import RentalLimits, RentalSlices, SliceError, cgroup_path, slice_name
+
+__all__ = ["CgroupError", "RentalCgroups", "RentalLimits"]
 
 log = get_logger(__name__)
 
@@ -40,13 +41,6 @@ _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 class CgroupError(RuntimeError):
     """The rental's cgroup could not be made or limited; the message says where."""
-
-
-@dataclass(frozen=True)
-class RentalLimits:
-    memory_bytes: int
-    cpus: float
-    pids: int
 
 
 class RentalCgroups:
@@ -101,9 +95,8 @@ class RentalCgroups:
         if parent is None:
             return
         if self.driver == "systemd":
-            numbers = SliceLimits(limits.memory_bytes, limits.cpus, limits.pids)
             try:
-                self.slices.apply(parent, numbers, self.version or "")
+                self.slices.apply(parent, limits, self.version or "")
             except (SliceError, OSError, subprocess.SubprocessError) as exc:
                 raise CgroupError(f"the rental's slice {parent} could not be limited: {exc}") from None
             return
@@ -123,7 +116,7 @@ class RentalCgroups:
             return True
         if self.driver == "systemd":
             return self._stop_slice(parent)
-        folders = [self.root / parent.lstrip("/")] if self.version == "2" else self._v1_folders(parent)
+        folders = [self.root / self._relative(parent)] if self.version == "2" else self._v1_folders(parent)
         removed = True
         for folder in folders:
             try:

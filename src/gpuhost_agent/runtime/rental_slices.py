@@ -41,7 +41,9 @@ class SliceError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class SliceLimits:
+class RentalLimits:
+    """One rental's share, for all its containers together (a cgroup or a slice)."""
+
     memory_bytes: int
     cpus: float
     pids: int
@@ -58,7 +60,7 @@ def cgroup_path(name: str) -> str:
     return f"{TOP_SLICE}/{name}"
 
 
-def properties(limits: SliceLimits, cgroup_version: str) -> list[tuple[str, str, int]]:
+def properties(limits: RentalLimits, cgroup_version: str) -> list[tuple[str, str, int]]:
     """The slice's properties as D-Bus (name, signature, value). cgroup v1
     knows only MemoryLimit; v2 also gets no swap, as the cgroupfs layout."""
     memory = "MemoryMax" if cgroup_version == "2" else "MemoryLimit"
@@ -122,7 +124,7 @@ class RentalSlices:
             return f"{' and '.join(missing)} not found on PATH ({os.environ.get('PATH', '')})"
         return None
 
-    def apply(self, name: str, limits: SliceLimits, cgroup_version: str) -> None:
+    def apply(self, name: str, limits: RentalLimits, cgroup_version: str) -> None:
         chosen = properties(limits, cgroup_version)
         started = self._run(start_command(name, chosen))
         if started.returncode == 0:
