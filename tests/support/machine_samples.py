@@ -95,6 +95,7 @@ def healthy_system_data() -> dict:
                     "available": False,
                     "detail": "overlay2 on extfs: a size per container needs XFS with project quotas",
                 },
+                "rentalLimits": {"perRental": True, "detail": "a cgroup per rental (cgroupfs, cgroup v1)"},
             },
             "compose": {"available": True, "version": "2.29.1", "command": "docker compose", "error": None},
             "nvidiaContainerToolkit": {
@@ -237,6 +238,7 @@ def good_host() -> dict:
                     "available": False,
                     "detail": "overlay2 on extfs: a size per container needs XFS with project quotas",
                 },
+                "rentalLimits": {"perRental": True, "detail": "a cgroup per rental (cgroupfs, cgroup v1)"},
             },
             "compose": {"available": True, "version": "2.29.7", "error": None},
             "nvidiaContainerToolkit": {

@@ -109,3 +109,15 @@ async def test_deploys_at_the_same_moment_all_get_their_rentals_cgroup(tmp_path)
     docker = {"cgroupDriver": "cgroupfs", "cgroupVersion": "1"}
     parents = await asyncio.gather(*(sandbox._cgroup_parent(docker, f"r{n}") for n in range(5)))
     assert parents == [f"/gpuhost-agent/r-r{n}" for n in range(5)]
+
+
+def test_probe_tells_the_operator_whether_rentals_share_their_limits() -> None:
+    """Before any renter deploys: the probe's fact and doctor's line say it."""
+    from gpuhost_agent.inventory.host_probe import rental_limits
+    from gpuhost_agent.inventory.render import _rental_limits
+
+    other = rental_limits("kubelet", "2")
+    assert other["perRental"] is False and "kubelet cgroup driver" in other["detail"]
+    assert _rental_limits(other).startswith("per container only: dockerd uses the kubelet cgroup driver")
+    shared = {"perRental": True, "detail": "a cgroup per rental (cgroupfs, cgroup v1)"}
+    assert _rental_limits(shared) == "shared by its containers: a cgroup per rental (cgroupfs, cgroup v1)"

@@ -20,6 +20,7 @@ from gpuhost_agent.inventory import clock, toolkit
 from gpuhost_agent.inventory.storage_quota import read_mountinfo, storage_quota
 from gpuhost_agent.runtime import dockerd_settings
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.runtime.rental_cgroups import RentalCgroups
 
 CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 
@@ -84,10 +85,20 @@ async def docker_facts(engine: DockerEngine, gpu_check_image: str | None) -> dic
         "swarm": swarm_facts(info.get("Swarm") or {}),
     }
     facts["storageQuota"] = storage_quota(info, await asyncio.to_thread(read_mountinfo))
+    facts["rentalLimits"] = await asyncio.to_thread(rental_limits, info.get("CgroupDriver"), info.get("CgroupVersion"))
     facts["gpuContainers"] = await _gpu_containers(engine, facts, gpu_check_image)
     held, how = await asyncio.to_thread(dockerd_settings.engine_no_new_privileges)
     facts["noNewPrivileges"] = {"default": held, "detail": how}
     return facts
+
+
+def rental_limits(cgroup_driver: str | None, cgroup_version: str | None) -> dict:
+    """Whether a rental's containers share one cgroup with the rental's limits
+    (runtime/rental_cgroups.py), as the agent will find it at the first
+    deploy; the operator sees why not before any renter does."""
+    why_not = RentalCgroups().configure(cgroup_driver or "", str(cgroup_version or ""))
+    how = "a systemd slice per rental" if cgroup_driver == "systemd" else "a cgroup per rental"
+    return {"perRental": why_not is None, "detail": why_not or f"{how} ({cgroup_driver}, cgroup v{cgroup_version})"}
 
 
 def swarm_facts(swarm: dict) -> dict:

@@ -52,6 +52,7 @@ def probe_table(report: dict) -> str:
         ),
         ("Swarm", _swarm(docker)),
         ("Disk quota", _quota(docker.get("storageQuota") or {})),
+        ("Rental limits", _rental_limits(docker.get("rentalLimits") or {})),
         ("Clock", {True: "synchronised", False: "NOT synchronised", None: "unknown"}[host["clock"]["synchronized"]]),
         (
             "NVIDIA driver",
@@ -125,6 +126,13 @@ def _quota(quota: dict) -> str:
     if not quota:
         return "unknown"
     return f"{'per container' if quota.get('available') else 'none'}: {quota.get('detail')}"
+
+
+def _rental_limits(limits: dict) -> str:
+    """Whether all of a rental's containers share its limits, or each has them alone."""
+    if not limits:
+        return "unknown"
+    return f"{'shared by its containers' if limits.get('perRental') else 'per container only'}: {limits.get('detail')}"
 
 
 def _swarm(docker: dict) -> str:
