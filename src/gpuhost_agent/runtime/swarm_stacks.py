@@ -1,0 +1,100 @@
+"""Stacks on a Swarm, through the manager's engine: the adapter to Docker's
+Swarm API and to `docker stack deploy`.
+
+Deploying is `docker stack deploy`, exactly as Portainer does for Swarm
+environments: the Engine API has no stack call, and the CLI's translation
+of a Compose file into services, networks and volumes is the reference
+(writing our own would drift from it). The file goes in on stdin
+(`-c -`), with `--resolve-image never` (nodes run the images they have;
+no registry is asked for a digest) and `--prune` (a service the new file
+no longer has goes). Everything else (nodes, services, tasks) is the Engine
+API through docker-py, like the rest of the agent (runtime/engine.py).
+
+A Swarm refuses its first deploys for a few seconds after it forms or a
+node joins ("node is missing network attachments"); that answer is tried
+again, within `settle_seconds`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+
+NAMESPACE_LABEL = "com.docker.stack.namespace"
+NOT_READY = "missing network attachments"
+DEPLOY_SECONDS = 120.0
+
+
+class SwarmStacks:
+    def __init__(self, engine: DockerEngine, *, docker_cli: str = "docker", settle_seconds: float = 60.0):
+        self.engine = engine
+        self.docker_cli = docker_cli
+        self.settle_seconds = settle_seconds
+
+    async def nodes(self) -> list[dict]:
+        return await self.engine.swarm_list("nodes")
+
+    async def services(self, project: str) -> list[dict]:
+        return await self.engine.swarm_list("services", f"{NAMESPACE_LABEL}={project}")
+
+    async def tasks(self, project: str) -> list[dict]:
+        return await self.engine.swarm_list("tasks", f"{NAMESPACE_LABEL}={project}")
+
+    async def deploy(self, project: str, text: str) -> str:
+        """`docker stack deploy` of `text` (the stack as JSON, which is YAML);
+        what the CLI printed, or EngineError with its words."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settle_seconds
+        while True:
+            code, printed = await self._cli(
+                "stack", "deploy", "--resolve-image", "never", "--prune", "-c", "-", project, stdin=text
+            )
+            if code == 0:
+                return printed
+            if NOT_READY not in printed or loop.time() > deadline:
+                raise EngineError(f"docker stack deploy failed: {_last_line(printed)}")
+            await asyncio.sleep(1.0)
+
+    async def remove(self, project: str, *, timeout: float = 60.0) -> None:
+        """`docker stack rm`, then wait until its services and networks are gone
+        (the CLI returns before Swarm has stopped the tasks)."""
+        code, printed = await self._cli("stack", "rm", project)
+        if code != 0 and "Nothing found in stack" not in printed:
+            raise EngineError(f"docker stack rm failed: {_last_line(printed)}")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while await self.services(project) or await self._networks(project):
+            if loop.time() > deadline:
+                raise EngineError(f"stack {project} was not gone {timeout:.0f} s after docker stack rm")
+            await asyncio.sleep(0.5)
+
+    async def _networks(self, project: str) -> list[dict]:
+        return await self.engine.swarm_list("networks", f"{NAMESPACE_LABEL}={project}")
+
+    async def _cli(self, *args: str, stdin: str | None = None) -> tuple[int, str]:
+        """The docker CLI against the same engine as the rest of the agent (DOCKER_HOST)."""
+        try:
+            process = await asyncio.create_subprocess_exec(
+                self.docker_cli,
+                *args,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env={**os.environ},
+            )
+        except OSError as exc:
+            raise EngineError(f"the docker CLI ({self.docker_cli}) cannot run: {exc.strerror or exc}") from None
+        try:
+            out, _ = await asyncio.wait_for(process.communicate(stdin.encode() if stdin else b""), DEPLOY_SECONDS)
+        except asyncio.TimeoutError:
+            process.kill()
+            await process.wait()
+            raise EngineError(f"docker {args[0]} {args[1]} did not finish within {DEPLOY_SECONDS:.0f} s") from None
+        return process.returncode or 0, out.decode(errors="replace")
+
+
+def _last_line(printed: str) -> str:
+    lines = [line for line in printed.strip().splitlines() if line.strip()]
+    return lines[-1][:500] if lines else "no output"

@@ -1,0 +1,79 @@
+"""Reading a Swarm manager's answers (core/swarm_tasks.py) without a cluster:
+the shapes are the Engine API's (`GET /nodes`, `/services`, `/tasks`), as
+Engine 20.10 gave them on the test cluster (tests/integration/
+test_swarm_stacks_engine.py runs the same code against it)."""
+
+from __future__ import annotations
+
+from gpuhost_agent.core.containers import seed_containers
+from gpuhost_agent.core.swarm_tasks import NODE_LABEL, node_gpus, stack_containers
+
+
+def node(node_id: str, gpus: list[str], state: str = "ready", availability: str = "active") -> dict:
+    generic = [{"NamedResourceSpec": {"Kind": "NVIDIA-GPU", "Value": uuid}} for uuid in gpus]
+    generic.append({"DiscreteResourceSpec": {"Kind": "fpga", "Value": 2}})
+    return {
+        "ID": node_id,
+        "Spec": {"Availability": availability, "Role": "worker"},
+        "Description": {"Hostname": f"host-{node_id}", "Resources": {"GenericResources": generic}},
+        "Status": {"State": state},
+    }
+
+
+def task(task_id: str, service: str, slot: int, state: str, index: int, **status) -> dict:
+    return {
+        "ID": task_id,
+        "ServiceID": service,
+        "NodeID": "n2",
+        "Slot": slot,
+        "Version": {"Index": index},
+        "CreatedAt": "2026-11-26T22:10:05.123456789Z",
+        "Spec": {"ContainerSpec": {"Image": "busybox", "Labels": {"gpuhost.stack": "s1"}}},
+        "Status": {"State": state, **status},
+    }
+
+
+def test_every_nodes_gpus_and_those_of_a_machine_that_takes_no_tasks_out_of_service() -> None:
+    slots, where = node_gpus(
+        [node("n2", ["GPU-c", "GPU-d"], state="down"), node("n1", ["GPU-a", "GPU-b"]), node("n3", ["GPU-a"])]
+    )
+    assert where == {"GPU-a": "n1", "GPU-b": "n1", "GPU-c": "n2", "GPU-d": "n2"}  # a UUID counts once
+    assert [(s.uuid, s.healthy) for s in slots] == [
+        ("GPU-a", True),
+        ("GPU-b", True),
+        ("GPU-c", False),
+        ("GPU-d", False),
+    ]
+    assert slots[2].reason == "machine host-n2 is down in the Swarm"
+    (paused,) = [s for s in node_gpus([node("n4", ["GPU-e"], availability="pause")])[0]]
+    assert paused.reason == "machine host-n4 is pause in the Swarm" and not paused.healthy
+
+
+def test_the_newest_task_of_each_slot_as_a_container_of_dockers_list() -> None:
+    services = [{"ID": "svc-web", "Spec": {"Name": "p_web"}}, {"ID": "svc-job", "Spec": {"Name": "p_job"}}]
+    port = {"Protocol": "tcp", "TargetPort": 8080, "PublishedPort": 32768, "PublishMode": "host"}
+    tasks = [
+        task("t-old", "svc-web", 1, "failed", 10, ContainerStatus={"ContainerID": "c-old", "ExitCode": 1}),
+        task(
+            "t-new",
+            "svc-web",
+            1,
+            "running",
+            20,
+            ContainerStatus={"ContainerID": "c-new"},
+            PortStatus={"Ports": [port, port]},
+        ),
+        task(
+            "t-job", "svc-job", 1, "failed", 15, ContainerStatus={"ContainerID": "c-job", "ExitCode": 3}, Err="exit 3"
+        ),
+        task("t-wait", "svc-job", 2, "preparing", 16),
+    ]
+    raw = stack_containers("p", services, tasks)
+    assert sorted(c["Id"] for c in raw) == ["", "c-job", "c-new"]
+    listed = {c["Name"]: c for c in seed_containers(raw)}
+    assert list(listed) == ["p_job.1.t-job", "p_job.2.t-wait", "p_web.1.t-new"]
+    assert [c["State"] for c in listed.values()] == ["exited (3)", "created", "running"]
+    web = listed["p_web.1.t-new"]
+    assert web["Ports"] == [{"PrivatePort": 8080, "Type": "tcp", "IP": "0.0.0.0", "PublicPort": 32768}]
+    assert {"com.docker.compose.service=web", f"{NODE_LABEL}=n2", "gpuhost.stack=s1"} <= set(web["Labels"])
+    assert web["Created"] == 1795731005
