@@ -19,10 +19,12 @@ from support.swarm import PREFIX, docker, node_id, swarm
 
 from gpuhost_agent.core.compose_rewrite import label_services
 from gpuhost_agent.core.containers import seed_containers
+from gpuhost_agent.core.gpu_allocation import environment_slots
 from gpuhost_agent.core.sandbox_context import GIB, SandboxContext
 from gpuhost_agent.core.sandbox_harden import harden
 from gpuhost_agent.core.swarm_rewrite import SwarmPlacement, swarm_stack
-from gpuhost_agent.core.swarm_tasks import NODE_LABEL, node_gpus, stack_containers
+from gpuhost_agent.core.swarm_tasks import NODE_LABEL, stack_containers
+from gpuhost_agent.inventory.swarm_nodes import environment_facts
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import DockerEngine
 from gpuhost_agent.runtime.swarm_stacks import SwarmStacks
@@ -54,9 +56,9 @@ def nodes() -> Iterator[tuple[str, str]]:
 
 async def test_the_environments_gpus_are_every_nodes_and_a_drained_machine_takes_its_out(nodes) -> None:
     manager, worker = nodes
-    stacks = SwarmStacks(DockerEngine())
-    slots, where = node_gpus(await stacks.nodes())
-    assert where == {
+    engine = DockerEngine()
+    slots = environment_slots(await environment_facts(engine))
+    assert {slot.uuid: slot.machine for slot in slots} == {
         cluster_gpu(1, 0): manager,
         cluster_gpu(1, 1): manager,
         cluster_gpu(2, 0): worker,
@@ -65,7 +67,7 @@ async def test_the_environments_gpus_are_every_nodes_and_a_drained_machine_takes
     assert all(slot.healthy for slot in slots)
     await asyncio.to_thread(docker, 1, "node", "update", "--availability", "drain", worker)
     try:
-        slots, _ = node_gpus(await stacks.nodes())
+        slots = environment_slots(await environment_facts(engine))
         out = {slot.uuid: slot.reason for slot in slots if not slot.healthy}
         assert set(out) == {cluster_gpu(2, 0), cluster_gpu(2, 1)}
         assert all(reason.endswith("is drain in the Swarm") for reason in out.values())
@@ -75,8 +77,9 @@ async def test_the_environments_gpus_are_every_nodes_and_a_drained_machine_takes
 
 async def test_a_stack_on_two_machines_is_listed_in_the_seed_shape_and_removed_from_both(nodes) -> None:
     manager, worker = nodes
-    stacks = SwarmStacks(DockerEngine())
-    _, where = node_gpus(await stacks.nodes())
+    engine = DockerEngine()
+    stacks = SwarmStacks(engine)
+    where = {slot.uuid: slot.machine for slot in environment_slots(await environment_facts(engine))}
     gpu = cluster_gpu(2, 1)
     ctx = SandboxContext(project="stk1", gpu_uuids=(gpu,), cpus=1.0, memory_bytes=GIB // 2, pids_limit=512)
     model = {
@@ -93,7 +96,7 @@ async def test_a_stack_on_two_machines_is_listed_in_the_seed_shape_and_removed_f
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 60
     while True:
-        raw = stack_containers("stk1", await stacks.services("stk1"), await stacks.tasks("stk1"))
+        raw = stack_containers(await stacks.services("stk1"), await stacks.tasks("stk1"))
         states = sorted(c["State"] for c in raw)
         if states == ["exited", "running", "running"] and all(c["Id"] for c in raw):
             break

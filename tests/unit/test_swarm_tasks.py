@@ -1,4 +1,5 @@
-"""Reading a Swarm manager's answers (core/swarm_tasks.py) without a cluster:
+"""Reading a Swarm manager's answers (inventory/swarm_nodes.py,
+core/gpu_allocation.py, core/swarm_tasks.py) without a cluster:
 the shapes are the Engine API's (`GET /nodes`, `/services`, `/tasks`), as
 Engine 20.10 gave them on the test cluster (tests/integration/
 test_swarm_stacks_engine.py runs the same code against it)."""
@@ -6,7 +7,9 @@ test_swarm_stacks_engine.py runs the same code against it)."""
 from __future__ import annotations
 
 from gpuhost_agent.core.containers import seed_containers
-from gpuhost_agent.core.swarm_tasks import NODE_LABEL, node_gpus, stack_containers
+from gpuhost_agent.core.gpu_allocation import GpuSlot, allocate, environment_slots
+from gpuhost_agent.core.swarm_tasks import NODE_LABEL, stack_containers
+from gpuhost_agent.inventory.swarm_nodes import nodes_facts
 
 
 def node(node_id: str, gpus: list[str], state: str = "ready", availability: str = "active") -> dict:
@@ -28,25 +31,41 @@ def task(task_id: str, service: str, slot: int, state: str, index: int, **status
         "Slot": slot,
         "Version": {"Index": index},
         "CreatedAt": "2026-11-26T22:10:05.123456789Z",
-        "Spec": {"ContainerSpec": {"Image": "busybox", "Labels": {"gpuhost.stack": "s1"}}},
+        "Spec": {
+            "ContainerSpec": {"Image": "busybox", "Labels": {"gpuhost.stack": "s1", "com.docker.stack.namespace": "p"}}
+        },
         "Status": {"State": state, **status},
     }
 
 
 def test_every_nodes_gpus_and_those_of_a_machine_that_takes_no_tasks_out_of_service() -> None:
-    slots, where = node_gpus(
+    facts = nodes_facts(
         [node("n2", ["GPU-c", "GPU-d"], state="down"), node("n1", ["GPU-a", "GPU-b"]), node("n3", ["GPU-a"])]
     )
-    assert where == {"GPU-a": "n1", "GPU-b": "n1", "GPU-c": "n2", "GPU-d": "n2"}  # a UUID counts once
-    assert [(s.uuid, s.healthy) for s in slots] == [
-        ("GPU-a", True),
-        ("GPU-b", True),
-        ("GPU-c", False),
-        ("GPU-d", False),
+    assert [(n["nodeId"], n["gpus"]) for n in facts] == [
+        ("n1", ["GPU-a", "GPU-b"]),
+        ("n2", ["GPU-c", "GPU-d"]),
+        ("n3", []),
+    ]
+    slots = environment_slots({"nodes": facts})
+    assert [(s.uuid, s.healthy, s.machine) for s in slots] == [
+        ("GPU-a", True, "n1"),
+        ("GPU-b", True, "n1"),
+        ("GPU-c", False, "n2"),
+        ("GPU-d", False, "n2"),
     ]
     assert slots[2].reason == "machine host-n2 is down in the Swarm"
-    (paused,) = [s for s in node_gpus([node("n4", ["GPU-e"], availability="pause")])[0]]
+    (paused,) = environment_slots({"nodes": nodes_facts([node("n4", ["GPU-e"], availability="pause")])})
     assert paused.reason == "machine host-n4 is pause in the Swarm" and not paused.healthy
+
+
+def test_a_rentals_gpus_come_from_one_machine_when_one_has_enough() -> None:
+    """A container runs on one machine: its GPUs must be there together."""
+    slots = [GpuSlot("a", machine="m1"), GpuSlot("b", machine="m1"), *(GpuSlot(u, machine="m2") for u in "cde")]
+    assert allocate(slots, {"x": ["a"]}, "r", 2) == ["c", "d"]  # not b (m1) and c (m2)
+    assert allocate(slots, {"x": ["a"]}, "r", 1) == ["b"]  # the tightest fit keeps m2's three whole
+    assert allocate(slots, {"x": ["a", "c", "d"]}, "r", 2) == ["b", "e"]  # no machine has two: spread
+    assert allocate([GpuSlot(u) for u in "abc"], {"x": ["a"]}, "r", 2) == ["b", "c"]  # one machine as before
 
 
 def test_the_newest_task_of_each_slot_as_a_container_of_dockers_list() -> None:
@@ -68,7 +87,7 @@ def test_the_newest_task_of_each_slot_as_a_container_of_dockers_list() -> None:
         ),
         task("t-wait", "svc-job", 2, "preparing", 16),
     ]
-    raw = stack_containers("p", services, tasks)
+    raw = stack_containers(services, tasks)
     assert sorted(c["Id"] for c in raw) == ["", "c-job", "c-new"]
     listed = {c["Name"]: c for c in seed_containers(raw)}
     assert list(listed) == ["p_job.1.t-job", "p_job.2.t-wait", "p_web.1.t-new"]

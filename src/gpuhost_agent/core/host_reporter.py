@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from gpuhost_agent import __version__
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.core.gpu_allocation import slots_from_inventory
+from gpuhost_agent.core.gpu_allocation import slots_from_facts
 from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.core.init_state import InitState
 from gpuhost_agent.core.schedule import Schedule
@@ -231,8 +231,7 @@ class HostReporter:
             "reports": {"pending": self.outbox.pending(), "dropped": self.outbox.dropped},
         }
         if self.ledger is not None and self.last_report is not None:  # once the machine's GPUs are known
-            nvml = (self.last_report.get("systemData") or {}).get("nvml") or {}
-            body["gpuAssignments"] = self.ledger.states(slots_from_inventory(nvml))
+            body["gpuAssignments"] = self.ledger.states(slots_from_facts(self.last_report.get("systemData") or {}))
         sent_at = time.time()
         try:
             reply = await self.client.heartbeat(body)

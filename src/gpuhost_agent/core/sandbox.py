@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.compose_rewrite import StackRejected
 from gpuhost_agent.core.disk_watch import disk_share
-from gpuhost_agent.core.gpu_allocation import GpuSlot, NotEnoughGpus, slots_from_inventory
+from gpuhost_agent.core.gpu_allocation import GpuSlot, NotEnoughGpus, slots_from_facts, slots_from_inventory
 from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.core.sandbox_context import (
     DEFAULT_PIDS_LIMIT,
@@ -34,6 +34,7 @@ from gpuhost_agent.core.sandbox_harden import harden
 from gpuhost_agent.core.sandbox_policy import policy_violations
 from gpuhost_agent.core.sandbox_raw import RawReview, review
 from gpuhost_agent.core.sandbox_rewrite import rewrite
+from gpuhost_agent.core.swarm_rewrite import SwarmPlacement, swarm_stack
 from gpuhost_agent.inventory.host_probe import storage
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.rental_cgroups import CgroupError, RentalCgroups, RentalLimits
@@ -103,14 +104,20 @@ class Sandbox:
         release_wait_seconds: float = RELEASE_WAIT_SECONDS,
         disk_floor_bytes: int = 0,
         rental_disk_bytes: int | None = None,
+        swarm_peers: Callable[[str, str], Awaitable[dict[str, int]]] | None = None,
     ):
         """`cgroups` makes each rental's cgroup (runtime/rental_cgroups.py);
-        without it each container has the rental's limits only."""
+        without it each container has the rental's limits only. `swarm_peers`
+        makes this a Swarm environment's sandbox: the hardened model is then
+        written for `docker stack deploy` (core/swarm_rewrite.py), and it
+        counts the rental's services already running per machine (other
+        stacks), which share the rental's share there."""
         self.log_max_size, self.log_max_files = log_max_size, log_max_files
         self.cgroups = cgroups
         self.release_wait_seconds = release_wait_seconds
         self.disk_floor_bytes = disk_floor_bytes
         self.rental_disk_bytes = rental_disk_bytes  # the host's fixed disk share per rental (disk_watch.py)
+        self.swarm_peers = swarm_peers
         self._cgroup_layout: tuple | None = None  # (driver, version) the cgroups were configured for
         self._configuring = asyncio.Lock()
         self.ledger = ledger
@@ -133,9 +140,10 @@ class Sandbox:
         if self.ledger.is_over(job.rental_id):
             raise StackRejected("the rental has ended; its stacks cannot be deployed again")
         facts = await self.machine_facts()
-        slots = slots_from_inventory(facts.get("nvml") or {})
+        slots = slots_from_facts(facts)
         host = facts.get("host") or {}
-        machine = _machine(host, len(slots))
+        machine_gpus = len(slots_from_inventory(facts.get("nvml") or {}))  # a share is of one machine
+        machine = _machine(host, machine_gpus)
         if self.disk_floor_bytes:  # measured now: the last probe may be minutes old
             root = (host.get("docker") or {}).get("rootDir") or "/var/lib/docker"
             full = disk_floor_problem(await asyncio.to_thread(storage, root), self.disk_floor_bytes)
@@ -143,6 +151,7 @@ class Sandbox:
                 raise StackRejected(full)
         parent = await self._cgroup_parent(host.get("docker") or {}, job.rental_id)
         await self._until_released(job, slots, waiting)
+        peers = await self.swarm_peers(job.rental_id, places.project) if self.swarm_peers is not None else None
         # From here to commit: no await, so the decision is atomic.
         try:
             uuids = self.ledger.plan(slots, job.rental_id, job.gpu_count)
@@ -152,7 +161,7 @@ class Sandbox:
         storage_bytes = 0
         if ((host.get("docker") or {}).get("storageQuota") or {}).get("available"):
             total = int((host.get("storage") or {}).get("totalBytes") or 0)
-            storage_bytes = disk_share(total, self.disk_floor_bytes, len(uuids), len(slots), self.rental_disk_bytes)
+            storage_bytes = disk_share(total, self.disk_floor_bytes, len(uuids), machine_gpus, self.rental_disk_bytes)
         ctx = dataclasses.replace(
             places,
             gpu_uuids=tuple(uuids),
@@ -166,6 +175,11 @@ class Sandbox:
             storage_bytes=storage_bytes,
         )
         hardened, notices = decide(model, raw, ctx)
+        if peers is not None:  # a Swarm environment: written for `docker stack deploy`, placed by the ledger
+            home = str((((host.get("docker") or {}).get("swarm")) or {}).get("nodeId") or "")
+            placement = SwarmPlacement({slot.uuid: slot.machine for slot in slots}, home, peers)
+            hardened, more = swarm_stack(hardened, ctx, placement)
+            notices = [*notices, *more]
         self.ledger.commit(job.rental_id, uuids)
         if parent and self.cgroups is not None:
             limits = RentalLimits(memory_bytes=memory, cpus=cpus, pids=self.pids_limit)

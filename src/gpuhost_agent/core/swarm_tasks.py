@@ -1,14 +1,8 @@
-"""A Swarm environment as the agent's own words: which GPUs the environment
-has and on which machine, and a stack's containers on every machine. Pure:
-the manager's answers in (`GET /nodes`, `/services`, `/tasks`), decisions out.
+"""A Swarm stack's containers on every machine, from the manager's answers
+(`GET /services`, `/tasks`). Pure. (The environment's GPUs, from `GET
+/nodes`: inventory/swarm_nodes.py and core/gpu_allocation.py.)
 
-GPUs: each node advertises its GPUs as named generic resources of kind
-`NVIDIA-GPU` (dockerd's `node-generic-resources`, the UUIDs NVIDIA's own
-Swarm guide uses). The leader reads them from the manager, which sees every
-node; a GPU of a node that is down, drained or paused is listed as out of
-service, so it leaves `availableGPUs` and is not handed out.
-
-Containers: a task is one container of a service on one machine. The
+A task is one container of a service on one machine. The
 manager knows every task, including those on other machines, so the
 container list is built from tasks (the newest of each service's slot) in
 the shape of Docker's container list, and then goes through the same
@@ -17,14 +11,12 @@ seed shaping as on one machine (core/containers.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 from gpuhost_agent.core.containers import SERVICE_LABEL
-from gpuhost_agent.core.gpu_allocation import GpuSlot
 
-GPU_KIND = "NVIDIA-GPU"
 NAMESPACE_LABEL = "com.docker.stack.namespace"
 NODE_LABEL = "com.docker.swarm.node.id"
 # Task states (swarmkit's TaskState) as Docker's container states.
@@ -32,39 +24,7 @@ STARTING = {"new", "pending", "assigned", "accepted", "preparing", "ready", "sta
 ENDED = {"complete": "exited", "failed": "exited", "shutdown": "exited", "rejected": "dead", "orphaned": "dead"}
 
 
-def node_gpus(nodes: list[Mapping[str, Any]]) -> tuple[list[GpuSlot], dict[str, str]]:
-    """(every GPU of the environment, GPU UUID -> node id). A GPU on a node
-    that cannot run tasks now is a slot out of service, with the reason."""
-    slots: list[GpuSlot] = []
-    where: dict[str, str] = {}
-    for node in sorted(nodes, key=lambda n: str(n.get("ID"))):
-        node_id = str(node.get("ID") or "")
-        down = _why_down(node)
-        resources = ((node.get("Description") or {}).get("Resources") or {}).get("GenericResources") or []
-        for resource in resources:
-            named = resource.get("NamedResourceSpec") or {}
-            uuid = str(named.get("Value") or "")
-            if named.get("Kind") != GPU_KIND or not uuid or uuid in where:
-                continue
-            where[uuid] = node_id
-            slots.append(GpuSlot(uuid, healthy=not down, reason=down))
-    return slots, where
-
-
-def _why_down(node: Mapping[str, Any]) -> str:
-    hostname = (node.get("Description") or {}).get("Hostname") or str(node.get("ID"))[:12]
-    state = (node.get("Status") or {}).get("State")
-    availability = (node.get("Spec") or {}).get("Availability")
-    if state != "ready":
-        return f"machine {hostname} is {state or 'unknown'} in the Swarm"
-    if availability != "active":
-        return f"machine {hostname} is {availability} in the Swarm"
-    return ""
-
-
-def stack_containers(
-    project: str, services: list[Mapping[str, Any]], tasks: list[Mapping[str, Any]]
-) -> list[dict[str, Any]]:
+def stack_containers(services: Sequence[Mapping[str, Any]], tasks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The stack's containers on every machine, as Docker's container list
     gives them on one: the newest task of each service's slot."""
     names = {str(s.get("ID")): str((s.get("Spec") or {}).get("Name") or "") for s in services}
@@ -73,17 +33,17 @@ def stack_containers(
         key = (str(task.get("ServiceID")), task.get("Slot") or task.get("NodeID"))
         if key not in newest or _version(task) >= _version(newest[key]):
             newest[key] = task
-    prefix = f"{project}_"
     return [
-        _container(task, names.get(str(task.get("ServiceID")), "?"), prefix)
+        _container(task, names.get(str(task.get("ServiceID")), "?"))
         for task in newest.values()
         if (task.get("Status") or {}).get("State") not in ("orphaned", "remove")
     ]
 
 
-def _container(task: Mapping[str, Any], service: str, prefix: str) -> dict[str, Any]:
+def _container(task: Mapping[str, Any], service: str) -> dict[str, Any]:
     status = task.get("Status") or {}
     spec = (task.get("Spec") or {}).get("ContainerSpec") or {}
+    prefix = f"{(spec.get('Labels') or {}).get(NAMESPACE_LABEL, '')}_"  # Swarm names services <stack>_<service>
     container = status.get("ContainerStatus") or {}
     state = str(status.get("State") or "")
     labels = {

@@ -52,8 +52,9 @@ def listing_fields(system_data: dict, speed: dict | None, location: str | None) 
     gpus = [gpu for gpu in system_data["nvml"]["gpus"] if not gpu.get("error")]
     host = system_data["host"]
     vram = _smallest(gpus, "memoryTotalBytes")
+    environment = system_data.get("environment")  # a Swarm environment: every machine's GPUs
     return {
-        "totalGPUs": len(gpus),
+        "totalGPUs": int(environment.get("gpus") or 0) if environment else len(gpus),
         "gpuName": common_gpu_name(gpus),
         "gpuVRAM": _gib(vram),
         "gpuBandwidth": _smallest(gpus, "memoryBandwidthGBps"),

@@ -20,6 +20,7 @@ from gpuhost_agent import __version__
 from gpuhost_agent.inventory import compliance, listing
 from gpuhost_agent.inventory.host_probe import probe_host
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
+from gpuhost_agent.inventory.swarm_nodes import environment_facts
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import DockerEngine
 
@@ -35,6 +36,7 @@ class Prober:
     toolkit_config: Path | None = None
     location: str | None = None
     speed: dict | None = field(default=None)
+    swarm_leader: bool = False  # the leader of a Swarm environment reports every machine's GPUs
 
     async def system_data(self) -> dict:
         nvml, host = await asyncio.gather(
@@ -46,7 +48,7 @@ class Prober:
                 toolkit_config=self.toolkit_config,
             ),
         )
-        return {
+        data = {
             "probedAt": wire.iso(),
             "agentVersion": __version__,
             "hostname": socket.gethostname(),
@@ -55,6 +57,9 @@ class Prober:
             "networkSpeed": self.speed,
             "location": self.location,
         }
+        if self.swarm_leader:
+            data["environment"] = await environment_facts(self.engine)
+        return data
 
     async def report(self, requirements: compliance.Requirements, clock_skew_seconds: float | None = None) -> dict:
         data = await self.system_data()

@@ -110,12 +110,12 @@ class DockerEngine:
             )
         )
 
-    async def swarm_list(self, kind: str, label: str | None = None) -> list[dict]:
+    async def swarm_list(self, kind: str, labels: str | list[str] | None = None) -> list[dict]:
         """The manager's view of a Swarm: its `nodes`, or the `services`,
-        `tasks` or `networks` that carry `label` (runtime/swarm_stacks.py)."""
+        `tasks` or `networks` that carry every one of `labels`."""
         if kind not in ("nodes", "services", "tasks", "networks"):
             raise ValueError(f"not a Swarm object: {kind}")
-        filters = {"label": label} if label else None
+        filters = {"label": labels} if labels else None
         return await self._call(lambda api: getattr(api, kind)(filters=filters))
 
     async def rental_containers(self, rental_id: str) -> list[dict]:

@@ -1,0 +1,56 @@
+"""The machines of a Swarm environment, as its leader reports them.
+
+On a Swarm manager the leader asks the manager for every node (`GET
+/nodes`): its id, hostname, role, whether it can take tasks, and the GPUs
+it advertises as named generic resources of kind `NVIDIA-GPU` (dockerd's
+`node-generic-resources`, as in NVIDIA's guide for Swarm). That is the
+environment's part of systemData (`environment`): the marketplace's
+`totalGPUs` counts these GPUs, and the leader's GPU ledger hands them out
+(core/swarm_tasks.py). A GPU's model and memory are those the leader's own
+NVML sees, until the other machines' agents report their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+
+GPU_KIND = "NVIDIA-GPU"
+
+
+async def environment_facts(engine: DockerEngine) -> dict:
+    """{"nodes": [...], "gpus": N, "error": None}, or the reason the manager could not be asked."""
+    try:
+        nodes = await engine.swarm_list("nodes")
+    except EngineError as exc:
+        return {"nodes": [], "gpus": 0, "error": f"the Swarm manager could not list its nodes: {exc}"}
+    shaped = nodes_facts(nodes)
+    return {"nodes": shaped, "gpus": sum(len(node["gpus"]) for node in shaped), "error": None}
+
+
+def nodes_facts(nodes: Sequence[Mapping[str, Any]]) -> list[dict]:
+    """Each node once, by id; each GPU UUID on the first node (by id) that names it."""
+    seen: set[str] = set()
+    shaped = []
+    for node in sorted(nodes, key=lambda n: str(n.get("ID"))):
+        description = node.get("Description") or {}
+        gpus = []
+        for resource in (description.get("Resources") or {}).get("GenericResources") or []:
+            named = resource.get("NamedResourceSpec") or {}
+            uuid = str(named.get("Value") or "")
+            if named.get("Kind") == GPU_KIND and uuid and uuid not in seen:
+                seen.add(uuid)
+                gpus.append(uuid)
+        shaped.append(
+            {
+                "nodeId": str(node.get("ID") or ""),
+                "hostname": description.get("Hostname") or "",
+                "role": (node.get("Spec") or {}).get("Role") or "",
+                "state": (node.get("Status") or {}).get("State") or "unknown",
+                "availability": (node.get("Spec") or {}).get("Availability") or "unknown",
+                "gpus": gpus,
+            }
+        )
+    return shaped
