@@ -75,6 +75,8 @@ def test_config_defaults_to_local_marketplace(tmp_path):
     assert config.load({"disk_floor": "512m"}, environ={}).disk_floor_bytes == 512 * 1024**2
     assert loaded.deploy_concurrency == 8
     assert config.load({}, environ={"GPUHOST_DEPLOY_CONCURRENCY": "12"}).deploy_concurrency == 12
+    assert loaded.swarm == "" and config.load({}, environ={"GPUHOST_SWARM": "off"}).swarm == ""
+    assert config.load({}, environ={"GPUHOST_SWARM": "Leader"}).swarm == "leader"
 
 
 @pytest.mark.parametrize(
@@ -89,6 +91,7 @@ def test_config_defaults_to_local_marketplace(tmp_path):
         ({"log_max_files": "0"}, "GPUHOST_LOG_MAX_FILES must be at least 1"),
         ({"deploy_concurrency": "0"}, "GPUHOST_DEPLOY_CONCURRENCY must be at least 1"),
         ({"disk_floor": "20 GB"}, "GPUHOST_DISK_FLOOR '20 GB' must be a size such as 20g"),
+        ({"swarm": "worker"}, "GPUHOST_SWARM must be leader \\(or off, for one machine\\), not 'worker'"),
     ],
 )
 def test_config_errors_say_what_to_fix(flags, fragment):

@@ -56,6 +56,7 @@ class AgentConfig:
     status_socket: Path | None = None  # Unix socket for `gpuhost-agent status` (default <state_dir>/agent.sock)
     metrics: bool = False  # GPUHOST_METRICS=on: /metrics on the status socket
     metrics_listen: tuple[str, int] | None = None  # GPUHOST_METRICS_LISTEN=127.0.0.1:9464: also on loopback TCP
+    swarm: str = ""  # GPUHOST_SWARM=leader: this agent deploys to the Swarm its engine manages (docs/swarm.md)
 
     @property
     def socket_path(self) -> Path:
@@ -153,6 +154,9 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
     if metrics_on not in ("on", "off", "true", "false", "yes", "no", "1", "0"):
         raise ConfigError(f"GPUHOST_METRICS must be on or off, not {metrics_on!r}")
     metrics_listen = pick("metrics_listen", "GPUHOST_METRICS_LISTEN")
+    swarm = str(pick("swarm", "GPUHOST_SWARM", "") or "").strip().lower()
+    if swarm not in ("", "off", "leader"):
+        raise ConfigError(f"GPUHOST_SWARM must be leader (or off, for one machine), not {swarm!r}")
     return AgentConfig(
         marketplace_url=url,
         env_id=env_id,
@@ -185,6 +189,7 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         status_socket=status_socket,
         metrics=metrics_on in ("on", "true", "yes", "1"),
         metrics_listen=parse_listen(str(metrics_listen)) if metrics_listen else None,
+        swarm="" if swarm == "off" else swarm,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -31,6 +32,8 @@ from gpuhost_agent.core.rental_end_dates import RentalEndDates
 from gpuhost_agent.core.sandbox import Sandbox
 from gpuhost_agent.core.schedule import Schedule
 from gpuhost_agent.core.status_reporter import StatusReporter
+from gpuhost_agent.core.swarm_deployer import SwarmDeployer
+from gpuhost_agent.core.swarm_engine import SwarmEngine
 from gpuhost_agent.core.usage_meter import UsageMeter
 from gpuhost_agent.inventory import telemetry
 from gpuhost_agent.inventory.gpu_events import GpuEventWatch
@@ -41,6 +44,7 @@ from gpuhost_agent.runtime.engine import DockerEngine
 from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.runtime.engine_watch import EngineWatch
 from gpuhost_agent.runtime.rental_cgroups import RentalCgroups
+from gpuhost_agent.runtime.swarm_stacks import SwarmStacks
 from gpuhost_agent.service import metrics
 from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.service.status_server import StatusServer, StatusSource
@@ -106,6 +110,7 @@ def build_prober(
         gpu_check_image=config.gpu_check_image,
         toolkit_config=config.toolkit_config,
         location=config.location,
+        swarm_leader=config.swarm == "leader",
     )
 
 
@@ -120,7 +125,8 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
     session = SessionState(env_id=db.meta("env_id"))  # rentals end on time even before the first session
     client = MarketplaceClient(base_url, api_key)
     outbox = Outbox(client.send_report, db)
-    engine = DockerEngine()
+    leader = config.swarm == "leader"  # a Swarm environment's leader: stacks go to every machine (docs/swarm.md)
+    engine = SwarmEngine() if leader else DockerEngine()
     nvml = NvmlProbe(config.nvml_library)
     find_compose = partial(find_compose_command, config.compose_command)
     compose = ComposeRunner(None, config.state_dir / "docker-config", finder=find_compose)
@@ -140,7 +146,8 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
     )
     publish = config.publish_address or ("127.0.0.1" if config.uses_local_marketplace else "0.0.0.0")
     reporter = StatusReporter(outbox, db, ledger)
-    cgroups = RentalCgroups()
+    cgroups = None if leader else RentalCgroups()  # Swarm has no cgroup_parent: the rewrite divides the share
+    limit_reached = cgroups.memory_limit_reached if cgroups is not None else None
     sandbox = Sandbox(
         ledger,
         host.machine_facts,
@@ -151,8 +158,12 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         cgroups=cgroups,
         disk_floor_bytes=config.disk_floor_bytes,
         rental_disk_bytes=config.rental_disk_bytes,
+        swarm_peers=engine.rental_peers if isinstance(engine, SwarmEngine) else None,
     )
-    deployer = StackDeployer(
+    deployer_kind: Callable[..., StackDeployer] = (
+        partial(SwarmDeployer, swarm=SwarmStacks(engine)) if leader else StackDeployer
+    )
+    deployer = deployer_kind(
         compose,
         engine,
         reporter,
@@ -162,7 +173,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         settle_seconds=config.settle_seconds,
         stop_timeout=config.stop_timeout,
         stacks_per_rental=config.stacks_per_rental,
-        rental_limit_reached=cgroups.memory_limit_reached,
+        rental_limit_reached=limit_reached,
     )
     stream_engine = EngineStreams()
     ssh = SshServices(stream_engine, RentalKeys(client.rental_ssh_keys), ssh_host_key.load_or_create(config.state_dir))
@@ -192,9 +203,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         grace_seconds=config.reconcile_grace_seconds,
         keep_limits=sandbox.keep_limits,
     )
-    container_watch = ContainerWatch(
-        engine, reporter, db, dispatcher, rental_limit_reached=cgroups.memory_limit_reached
-    )
+    container_watch = ContainerWatch(engine, reporter, db, dispatcher, rental_limit_reached=limit_reached)
     disk_watch = DiskWatch(
         engine,
         db,

@@ -1,0 +1,105 @@
+"""A Swarm environment's leader, end to end: `gpuhost-agent run` with
+GPUHOST_SWARM=leader on the manager of a real two-node Swarm
+(scripts/swarm-cluster.sh), a local marketplace, and a renter over HTTP.
+
+The environment lists every machine's GPUs; two rentals of two GPUs each get
+one machine's GPUs each (a container runs on one machine), so their stacks
+run across both machines, each GPU container on the machine of its GPUs and
+with exactly those; the renter's container list shows them wherever they
+run; removing a stack and ending a rental leave nothing on either machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from support.agent_process import process_world
+from support.stacks import TEST_IMAGE
+from support.swarm import PREFIX, docker, node_id, swarm
+from support.waiting import until
+
+from gpuhost_agent.local_marketplace import shapes
+from gpuhost_agent.protocol import wire
+
+pytestmark = pytest.mark.swarm
+GPU_STACK = f"""
+services:
+  train:
+    image: {TEST_IMAGE}
+    command: ["sh", "-c", "trap exit TERM; sleep 3600 & wait"]
+    deploy:
+      resources:
+        reservations:
+          devices: [{{driver: nvidia, count: all, capabilities: [gpu]}}]
+  web:
+    image: {TEST_IMAGE}
+    command: ["sh", "-c", "trap exit TERM; sleep 3600 & wait"]
+"""
+
+
+def cluster_gpus(node: int) -> set[str]:
+    return {f"GPU-5a4d0000-0000-4000-8000-{node:06d}{index:06d}" for index in range(2)}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """The Swarm (set up and torn down outside the event loop): node id -> machine number."""
+    with swarm(2):
+        yield {node_id(1): 1, node_id(2): 2}
+
+
+@pytest.fixture
+async def world(tmp_path, monkeypatch, docker_client, cluster):
+    from support.fake_nvml import build_lib
+
+    library = str(await asyncio.to_thread(build_lib))
+    monkeypatch.setenv("DOCKER_HOST", f"unix:///run/{PREFIX}/n1/docker.sock")
+    monkeypatch.setenv("FAKE_NVML_CONFIG", f"/run/{PREFIX}/n1/nvml.conf")  # the leader's own machine
+    settings = {"GPUHOST_SWARM": "leader", "GPUHOST_NVML_LIBRARY": library, "GPUHOST_GPU_CHECK_IMAGE": TEST_IMAGE}
+    async with process_world(tmp_path, docker_client, **settings) as made:
+        yield made, cluster
+
+
+async def nothing_left(machine: int) -> bool:
+    left = await asyncio.to_thread(docker, machine, "ps", "-aq", "--filter", f"label={wire.LABEL_STACK}")
+    return not left.strip()
+
+
+def labelled(container: dict) -> dict[str, str]:
+    return dict(label.split("=", 1) for label in container["Labels"])
+
+
+async def test_two_rentals_run_across_both_machines_and_go_from_both(world) -> None:
+    (renter, market, agent), machines = world
+    await agent.start()
+    await until(lambda: shapes.listing(market.store)["totalGPUs"] == 4, timeout=90)
+    rentals = [await renter.rental(gpu_count=2), await renter.rental(gpu_count=2)]
+    stacks = [await renter.stack(rental_id, GPU_STACK) for rental_id in rentals]
+    for rental_id, stack_id in zip(rentals, stacks, strict=True):
+        done = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=120)
+        assert done and done["status"] == wire.APPLIED, (done, agent.logs()[-3000:])
+
+    gpu_machines = []
+    for rental_id, stack_id in zip(rentals, stacks, strict=True):
+        listed = {labelled(c)["com.docker.compose.service"]: c for c in await renter.containers(rental_id, stack_id)}
+        assert set(listed) == {"train", "web"} and {c["State"] for c in listed.values()} == {"running"}
+        train = listed["train"]
+        machine = machines[labelled(train)["com.docker.swarm.node.id"]]
+        (info,) = json.loads(await asyncio.to_thread(docker, machine, "inspect", train["Id"]))
+        visible = next(e for e in info["Config"]["Env"] if e.startswith("NVIDIA_VISIBLE_DEVICES="))
+        assert set(visible.split("=", 1)[1].split(",")) == cluster_gpus(machine)  # its machine's, both
+        assert info["HostConfig"]["Memory"] > 0 and info["HostConfig"]["PidsLimit"] > 0
+        gpu_machines.append(machine)
+    assert sorted(gpu_machines) == [1, 2]  # one machine's GPUs each: the stacks span both machines
+    assert shapes.listing(market.store)["availableGPUs"] == 0
+
+    status, _ = await renter.call("DELETE", f"/rentals/{rentals[0]}/stacks/{stacks[0]}")
+    assert status in (200, 202, 204)
+    await renter.wait_stack(rentals[0], stacks[0], (), timeout=90)
+    status, _ = await renter.call("DELETE", f"/rentals/{rentals[1]}")
+    assert status in (200, 202, 204)
+    for machine in (1, 2):
+        await until(lambda machine=machine: nothing_left(machine), timeout=90)
+    assert not (await asyncio.to_thread(docker, 1, "service", "ls", "-q")).strip()
