@@ -4,8 +4,12 @@ a Swarm and to take them down, and how long `docker stack deploy` takes from
 the command to every task running, for a published-style file as it stands
 and for the same file after the agent's sandbox and Swarm rewrite
 (core/swarm_rewrite.py: limits, placement by node id, dnsrr, restart policy).
-The ratio is what the rewrite costs Swarm; the agent's own create -> APPLIED
-through the marketplace joins this table once the agent deploys to a Swarm.
+The ratio is what the rewrite costs Swarm. Then the issue's comparison: the
+agent as the environment's leader (GPUHOST_SWARM=leader, a separate process
+on the manager, as in production), a stack created through the local
+marketplace's renter API until the marketplace hears APPLIED, against
+`docker stack deploy` of the same file alone until every task runs. The
+agent's settle watch runs after APPLIED, as on one machine.
 
     .venv/bin/python bench/swarm_cluster.py [--nodes 2] [--rounds 2] [--deploys 3]
 
@@ -16,20 +20,29 @@ Needs root (network namespaces, dockerd) and the test image
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from support.swarm import cluster, deploy, docker, leftovers, node_id  # noqa: E402
+import aiohttp  # noqa: E402
+from agent_runner import SeparateAgent  # noqa: E402
+from pickup_latency import local_config, measure_stack, wait_until  # noqa: E402
+from support.fake_nvml import build_lib  # noqa: E402
+from support.swarm import PREFIX, cluster, deploy, docker, leftovers, node_id  # noqa: E402
 
 from gpuhost_agent.core.sandbox_context import GIB, SandboxContext  # noqa: E402
 from gpuhost_agent.core.sandbox_harden import harden  # noqa: E402
 from gpuhost_agent.core.swarm_rewrite import SwarmPlacement, swarm_stack  # noqa: E402
+from gpuhost_agent.protocol import wire  # noqa: E402
+from gpuhost_agent.service.wiring import start_local_marketplace  # noqa: E402
 
 BOX = {"image": "gpuhost-test/busybox:1", "command": ["sh", "-c", "trap exit TERM; sleep 3600 & wait"]}
 PUBLISHED = {"services": {"web": BOX, "worker": BOX}}  # two services, the shape of most templates
@@ -73,6 +86,59 @@ def deploy_until_running(name: str, stack: dict) -> float:
     return took
 
 
+async def leader_round(deploys: int, workdir: Path) -> list[float]:
+    """Seconds from the renter's create to APPLIED at the marketplace, for the
+    published file, through a leader agent on the cluster's manager."""
+    config = local_config(workdir, settle_seconds=3.0, stop_timeout=10)
+    local = await start_local_marketplace(config)
+    store = local.state.store
+    os.environ["DOCKER_HOST"] = f"unix:///run/{PREFIX}/n1/docker.sock"
+    os.environ["FAKE_NVML_CONFIG"] = f"/run/{PREFIX}/n1/nvml.conf"
+    settings = {
+        "GPUHOST_SWARM": "leader",
+        "GPUHOST_NVML_LIBRARY": str(await asyncio.to_thread(build_lib)),
+        "GPUHOST_GPU_CHECK_IMAGE": BOX["image"],
+        "GPUHOST_DISK_FLOOR": "0",
+    }
+    agent = SeparateAgent(config, local, workdir, settings)
+    took = []
+    try:
+        await agent.start()
+        await wait_until(lambda: local.state.polls_started > 0, 60, "the leader's first job poll")
+        async with aiohttp.ClientSession(
+            local.base_url + "/", headers={wire.API_KEY_HEADER: store.renterApiKey}
+        ) as http:
+            async with http.post("rentals", json={"envId": store.envId, "name": "bench", "gpuCount": 0}) as resp:
+                resp.raise_for_status()
+                rental_id = (await resp.json())["rentalId"]
+            for n in range(deploys):
+                template = {
+                    "name": f"leader{n}",
+                    "description": "swarm bench",
+                    "content": json.dumps(PUBLISHED),
+                    "environmentVariables": {},
+                }
+                async with http.post(f"rentals/{rental_id}/stacks", json={"template": template}) as resp:
+                    resp.raise_for_status()
+                    stack_id = await resp.json()
+                await wait_until(
+                    lambda stack_id=stack_id: store.stacks[stack_id]["status"] in (wire.APPLIED, wire.ERROR),
+                    180,
+                    "APPLIED",
+                )
+                if store.stacks[stack_id]["status"] == wire.ERROR:
+                    raise RuntimeError(f"the leader's deploy failed: {store.stacks[stack_id]['errorMsg']}")
+                took.append(measure_stack(store, stack_id)["create_to_applied_ms"] / 1000)
+                async with http.delete(f"rentals/{rental_id}/stacks/{stack_id}") as resp:
+                    resp.raise_for_status()
+                await wait_until(lambda stack_id=stack_id: stack_id not in store.stacks, 180, "the stack's removal")
+    finally:
+        await agent.stop()
+        await local.stop()
+        os.environ.pop("DOCKER_HOST", None)
+    return took
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=2)
@@ -81,7 +147,7 @@ def main() -> None:
     args = parser.parse_args()
     if leftovers():
         raise SystemExit(f"a test cluster is still up: bash scripts/swarm-cluster.sh down ({leftovers()[:3]})")
-    ups, downs, raw, agent = [], [], [], []
+    ups, downs, raw, agent, leader = [], [], [], [], []
     for round_ in range(args.rounds):
         started = time.perf_counter()
         try:
@@ -91,6 +157,8 @@ def main() -> None:
             for n in range(args.deploys):
                 raw.append(deploy_until_running(f"plain{round_}x{n}", plain()))
                 agent.append(deploy_until_running(f"rental{round_}x{n}", rewritten(home, other)))
+            with tempfile.TemporaryDirectory(prefix="swarm-bench-") as workdir:
+                leader.extend(asyncio.run(leader_round(args.deploys, Path(workdir))))
         finally:
             started = time.perf_counter()
             cluster("down", timeout=300)
@@ -105,10 +173,14 @@ def main() -> None:
         ("cluster down (nothing left)", downs),
         ("stack deploy -> all running, file as published", raw),
         ("stack deploy -> all running, agent's rewrite", agent),
+        ("agent (leader): create -> APPLIED", leader),
     ):
         print(f"{label:<46} {statistics.median(values):>7.2f}s {min(values):>7.2f}s {max(values):>7.2f}s")
     ratio = statistics.median(agent) / statistics.median(raw)
     print(f"{'ratio rewrite / as published (medians)':<46} {ratio:>8.2f}")
+    print(
+        f"{'ratio agent / stack deploy alone (medians)':<46} {statistics.median(leader) / statistics.median(raw):>8.2f}"
+    )
     print(f"left behind after down: {left or 'nothing'}")
     if left:
         raise SystemExit(1)

@@ -92,6 +92,7 @@ class SwarmDeployer(StackDeployer):
             self._report(job, wire.APPLIED, notices_message(notices))
             await self.push_containers(job.stack_id)
             log.info("stack_applied", stack_id=job.stack_id, job_id=job.job_id, changes=len(notices), swarm=True)
+            await self._settle(job.stack_id)  # as on one machine: a task that dies at once fails the deploy
             return ""
         except (StackRejected, StackFailed, EngineError) as exc:
             message = str(exc) if not isinstance(exc, EngineError) else f"Docker Engine error: {exc}"
@@ -102,8 +103,8 @@ class SwarmDeployer(StackDeployer):
             return message
 
     async def _until_running(self, stack_id: str) -> None:
-        """Every task of the stack running on its machine (then the usual
-        settle watch), or StackFailed naming the first that failed."""
+        """Every task of the stack running on its machine, or StackFailed
+        naming the first that failed."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.start_seconds
         while True:
@@ -117,7 +118,6 @@ class SwarmDeployer(StackDeployer):
             if loop.time() > deadline:
                 raise StackFailed(f"the stack's services were not all running {self.start_seconds:.0f} s after deploy")
             await asyncio.sleep(0.25)
-        await self._settle(stack_id)
 
     async def _teardown(self, project: str, workdir: Path, stack_id: str) -> None:
         try:
