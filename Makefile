@@ -22,8 +22,9 @@ check:
 	.venv/bin/lint-imports
 
 # Everything: the checks, then unit and integration tests against the real engine (what CI runs).
+# The 15 slowest tests are listed at the end: the suite must stay under 20 minutes on 2 cores.
 test: setup check
-	.venv/bin/python -m pytest -q tests $(PYTEST_ARGS)
+	.venv/bin/python -m pytest -q --durations=15 tests $(PYTEST_ARGS)
 
 # tests/unit alone: no Docker Engine, under a minute. Needs .venv: `make setup` once
 # (and again after pyproject.toml changes).
