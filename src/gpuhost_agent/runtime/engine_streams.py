@@ -23,15 +23,15 @@ import asyncio
 import json
 import os
 import re
-import urllib.parse
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
+from gpuhost_agent.runtime.docker_host import Endpoint, parse_docker_host
 from gpuhost_agent.runtime.engine import EngineError
 
-DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
+__all__ = ["ContainerGone", "EngineStreams", "EngineUnreachable", "LogReader", "parse_docker_host"]
+
 CHUNK_BYTES = 64 * 1024
 # Container ids and names, exec ids: no '/', '?', '%' or spaces can reach a path.
 _ID = re.compile(r"^/?[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -43,45 +43,6 @@ class ContainerGone(EngineError):
 
 class EngineUnreachable(EngineError):
     """No answer: the engine is down, restarting, or the connection broke."""
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where the engine listens, from DOCKER_HOST."""
-
-    unix_path: str | None = None
-    host: str = "docker"
-    port: int = 80
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-
-def parse_docker_host(value: str | None, tls: bool = False) -> Endpoint:
-    """unix:// (the default) and tcp:// (plain HTTP). TLS, ssh:// and npipe://
-    are refused by name rather than tried and failed obscurely."""
-    value = value or DEFAULT_DOCKER_HOST
-    if value.startswith("unix://"):
-        path = value[len("unix://") :]
-        if not path.startswith("/"):
-            raise EngineError(f"DOCKER_HOST={value!r}: a unix:// address needs an absolute socket path")
-        return Endpoint(unix_path=path)
-    if value.startswith("tcp://"):
-        if tls:
-            raise EngineError(
-                f"DOCKER_HOST={value!r} with DOCKER_TLS_VERIFY: log and terminal streams"
-                " support only unix:// and plain tcp:// engines"
-            )
-        parts = urllib.parse.urlsplit("http://" + value[len("tcp://") :])
-        try:
-            port = parts.port or 2375
-        except ValueError:
-            port = None
-        if not parts.hostname or port is None:
-            raise EngineError(f"DOCKER_HOST={value!r}: not a tcp://host:port address")
-        return Endpoint(host=parts.hostname, port=port)
-    raise EngineError(f"DOCKER_HOST={value!r}: log and terminal streams support only unix:// and tcp:// engines")
 
 
 def _checked_id(value: str) -> str:
@@ -164,6 +125,13 @@ class EngineStreams:
     ) -> LogReader:
         """Both streams, always with timestamps (the pump needs them to resume).
         No overall timeout: a follow may idle for days."""
+        path = f"/containers/{_checked_id(container_id)}/logs"
+        return await self._open_log(path, follow=follow, tail=tail, since=since, chunk_bytes=chunk_bytes)
+
+    async def _open_log(
+        self, path: str, *, follow: bool, tail: int | None, since: str | None, chunk_bytes: int
+    ) -> LogReader:
+        """A log stream of the engine's (a container's, or a Swarm task's: runtime/swarm_streams.py)."""
         params = {
             "stdout": "1",
             "stderr": "1",
@@ -175,7 +143,7 @@ class EngineStreams:
             params["since"] = since
         try:
             response = await self._session().get(
-                f"/containers/{_checked_id(container_id)}/logs",
+                path,
                 params=params,
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._timeout),
             )
