@@ -6,7 +6,9 @@ The environment lists every machine's GPUs; two rentals of two GPUs each get
 one machine's GPUs each (a container runs on one machine), so their stacks
 run across both machines, each GPU container on the machine of its GPUs and
 with exactly those; the renter's container list shows them wherever they
-run; removing a stack and ending a rental leave nothing on either machine.
+run, and the logs of one on the other machine come through the manager (a
+terminal there is refused, saying why); removing a stack and ending a rental
+leave nothing on either machine.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 
 import pytest
 from support.agent_process import process_world
+from support.renter_streams import STDERR, STDOUT, create_terminal, logs_path, read_logs
 from support.stacks import TEST_IMAGE
 from support.swarm import PREFIX, docker, node_id, swarm
 from support.waiting import until
@@ -28,7 +31,7 @@ GPU_STACK = f"""
 services:
   train:
     image: {TEST_IMAGE}
-    command: ["sh", "-c", "trap exit TERM; sleep 3600 & wait"]
+    command: ["sh", "-c", "echo train-started; echo to-stderr >&2; trap exit TERM; sleep 3600 & wait"]
     deploy:
       resources:
         reservations:
@@ -62,6 +65,19 @@ async def world(tmp_path, monkeypatch, docker_client, cluster):
         yield made, cluster
 
 
+async def logs_and_no_terminal_on_the_other_machine(renter, rental_id: str, stack_id: str, container: str) -> None:
+    key = renter.store.renterApiKey
+    path = logs_path(rental_id, stack_id, container)
+    status, demux, _ = await read_logs(renter.http, renter.base_url, key, path)
+    assert status == 200 and demux.lines(STDOUT) == ["train-started"] and demux.lines(STDERR) == ["to-stderr"]
+    status, body = await create_terminal(renter.http, renter.base_url, key, rental_id, stack_id, container)
+    assert status in (200, 201), body
+    async with renter.http.ws_connect(body["url"]) as ws:
+        message = await asyncio.wait_for(ws.receive(), 30)
+    end = json.loads(message.data)
+    assert end["type"] == "end" and end["status"] == 409 and "another machine" in end["error"], end
+
+
 async def nothing_left(machine: int) -> bool:
     left = await asyncio.to_thread(docker, machine, "ps", "-aq", "--filter", f"label={wire.LABEL_STACK}")
     return not left.strip()
@@ -92,6 +108,8 @@ async def test_two_rentals_run_across_both_machines_and_go_from_both(world) -> N
         assert set(visible.split("=", 1)[1].split(",")) == cluster_gpus(machine)  # its machine's, both
         assert info["HostConfig"]["Memory"] > 0 and info["HostConfig"]["PidsLimit"] > 0
         gpu_machines.append(machine)
+        if machine == 2:
+            await logs_and_no_terminal_on_the_other_machine(renter, rental_id, stack_id, train["Id"])
     assert sorted(gpu_machines) == [1, 2]  # one machine's GPUs each: the stacks span both machines
     assert shapes.listing(market.store)["availableGPUs"] == 0
 

@@ -45,6 +45,7 @@ from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.runtime.engine_watch import EngineWatch
 from gpuhost_agent.runtime.rental_cgroups import RentalCgroups
 from gpuhost_agent.runtime.swarm_stacks import SwarmStacks
+from gpuhost_agent.runtime.swarm_streams import SwarmStreams
 from gpuhost_agent.service import metrics
 from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.service.status_server import StatusServer, StatusSource
@@ -175,7 +176,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         stacks_per_rental=config.stacks_per_rental,
         rental_limit_reached=limit_reached,
     )
-    stream_engine = EngineStreams()
+    stream_engine = SwarmStreams() if leader else EngineStreams()  # a leader reads other machines' logs
     ssh = SshServices(stream_engine, RentalKeys(client.rental_ssh_keys), ssh_host_key.load_or_create(config.state_dir))
     streams = StreamChannel(client, session, stream_engine, ssh)
     end_dates = RentalEndDates(db)

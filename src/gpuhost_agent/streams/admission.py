@@ -24,11 +24,13 @@ import aiohttp
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import ContainerGone, EngineStreams
+from gpuhost_agent.runtime.swarm_streams import REMOTE_NODE
 from gpuhost_agent.streams import limits
 from gpuhost_agent.streams.limits import StreamLimits
 from gpuhost_agent.streams.requests import (
     NOT_IN_STACK,
     ContainerRequest,
+    LogsRequest,
     Refusal,
     SshRequest,
     StreamRequest,
@@ -40,6 +42,10 @@ from gpuhost_agent.streams.tunnel import connect
 from gpuhost_agent.uplink.session import SessionState
 
 Service = tuple[asyncio.StreamReader, asyncio.StreamWriter]  # a tunnel's open connection to its service
+REMOTE_REFUSAL = (
+    "the container runs on another machine of this environment: its logs come through the Swarm's manager, "
+    "but a terminal or a tunnel needs the agent on that machine, which is not built yet"
+)
 
 
 def refusal_on_arrival(
@@ -86,7 +92,10 @@ async def check_container(
         return Refusal(request.stream_id, 404, NOT_IN_STACK), {}
     except EngineError as exc:
         return Refusal(request.stream_id, 503, f"Docker Engine: {exc}"[:500]), {}
-    return check_access((info.get("Config") or {}).get("Labels"), session.env_id, request), info
+    refusal = check_access((info.get("Config") or {}).get("Labels"), session.env_id, request)
+    if refusal is None and info.get(REMOTE_NODE) and not isinstance(request, LogsRequest):
+        refusal = Refusal(request.stream_id, 409, f"{REMOTE_REFUSAL} (node {str(info[REMOTE_NODE])[:12]})")
+    return refusal, info
 
 
 async def check_ssh(engine: EngineStreams, session: SessionState, request: SshRequest) -> Refusal | None:
