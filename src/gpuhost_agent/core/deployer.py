@@ -22,6 +22,7 @@ from gpuhost_agent.core.deploy_failures import LimitReached, describe_container,
 from gpuhost_agent.core.deploy_start import StackFailed, start_compose
 from gpuhost_agent.core.sandbox import Sandbox, notices_message, review_raw
 from gpuhost_agent.core.sandbox_context import SandboxContext, crowded_rental_problem
+from gpuhost_agent.core.sandbox_raw import RawReview
 from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.compose import ComposeError, ComposeRunner
@@ -53,16 +54,10 @@ class StackDeployer:
         """`rental_limit_reached` (RentalCgroups.memory_limit_reached) tells a
         container OOM-killed at the rental's shared limit from one killed at
         its own, for the failed deploy's errorMsg."""
-        self.compose = compose
-        self.engine = engine
-        self.reporter = reporter
-        self.sandbox = sandbox
-        self.db = db
-        self.stacks_dir = stacks_dir
-        self.settle_seconds = settle_seconds
-        self.stop_timeout = stop_timeout
-        self.stacks_per_rental = stacks_per_rental
-        self.rental_limit_reached = rental_limit_reached
+        self.compose, self.engine, self.reporter, self.sandbox = compose, engine, reporter, sandbox
+        self.db, self.stacks_dir = db, stacks_dir
+        self.settle_seconds, self.stop_timeout = settle_seconds, stop_timeout
+        self.stacks_per_rental, self.rental_limit_reached = stacks_per_rental, rental_limit_reached
         self._stack_secrets: dict[str, list[str]] = {}  # what each stack added to the log redactor
         stacks_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
 
@@ -77,8 +72,8 @@ class StackDeployer:
         return containers
 
     # ---- deploy --------------------------------------------------------------
-    async def deploy(self, job: wire.StackJob) -> str:
-        """Run the job's stack; returns "" on success, else the errorMsg reported."""
+    def _begin(self, job: wire.StackJob) -> tuple[dict, dict[str, str], str, Path]:
+        """(template, variables, project, stack folder); the variables' values stay out of the logs."""
         template = job.template or {}
         variables = dict(template.get("environmentVariables") or {})
         self._forget_secrets(job.stack_id)
@@ -87,15 +82,34 @@ class StackDeployer:
         project, workdir = StackRef.of_job(job).project, self.stacks_dir / job.stack_id
         self._report(job, wire.APPLYING)
         log.info("stack_applying", stack_id=job.stack_id, rental_id=job.rental_id, job_id=job.job_id, project=project)
+        return template, variables, project, workdir
+
+    async def _renter_file(
+        self, job: wire.StackJob, template: dict, variables: dict[str, str], workdir: Path
+    ) -> RawReview:
+        """The renter's file as Compose may read it: checked before Compose reads what it names, then written."""
+        if crowded := crowded_rental_problem(self.db.stacks(), job.rental_id, job.stack_id, self.stacks_per_rental):
+            raise StackRejected(crowded)
+        check_variables(variables)
+        raw = review_raw(template.get("content", ""), variables.get("COMPOSE_PROFILES", ""))
+        await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True, mode=0o700)
+        await asyncio.to_thread(_write_private, workdir / ORIGINAL_FILE, raw.text)
+        return raw
+
+    async def _failed(self, job: wire.StackJob, project: str, workdir: Path, exc: Exception) -> str:
+        """Whatever was started goes, then ERROR with the reason; returns it."""
+        message = str(exc) if not isinstance(exc, EngineError) else f"Docker Engine error: {exc}"
+        await self._teardown(project, workdir, job.stack_id)
+        self._report(job, wire.ERROR, message)
+        await self._push_quietly(job.stack_id)
+        log.warning("stack_failed", stack_id=job.stack_id, job_id=job.job_id, error=message)
+        return message
+
+    async def deploy(self, job: wire.StackJob) -> str:
+        """Run the job's stack; returns "" on success, else the errorMsg reported."""
+        template, variables, project, workdir = self._begin(job)
         try:
-            if crowded := crowded_rental_problem(self.db.stacks(), job.rental_id, job.stack_id, self.stacks_per_rental):
-                raise StackRejected(crowded)
-            check_variables(variables)
-            raw = review_raw(
-                template.get("content", ""), variables.get("COMPOSE_PROFILES", "")
-            )  # before Compose reads anything the file names
-            await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True, mode=0o700)
-            await asyncio.to_thread(_write_private, workdir / ORIGINAL_FILE, raw.text)
+            raw = await self._renter_file(job, template, variables, workdir)
             model, foreign_names, pending_up = await start_compose(
                 self.compose, self.engine, project, workdir / ORIGINAL_FILE, variables, raw
             )
@@ -132,12 +146,7 @@ class StackDeployer:
             await self._settle(job.stack_id)
             return ""
         except (StackRejected, StackFailed, EngineError) as exc:
-            message = str(exc) if not isinstance(exc, EngineError) else f"Docker Engine error: {exc}"
-            await self._teardown(project, workdir, job.stack_id)
-            self._report(job, wire.ERROR, message)
-            await self._push_quietly(job.stack_id)
-            log.warning("stack_failed", stack_id=job.stack_id, job_id=job.job_id, error=message)
-            return message
+            return await self._failed(job, project, workdir, exc)
 
     async def _check_running(self, stack_id: str, raw: list[dict] | None = None) -> None:
         raw = await self.engine.stack_containers(stack_id) if raw is None else raw

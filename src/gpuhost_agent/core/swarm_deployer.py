@@ -24,14 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from gpuhost_agent.common import faults
-from gpuhost_agent.common.logs import SECRETS, get_logger
-from gpuhost_agent.core.compose_rewrite import StackRejected, check_variables, label_services
+from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.core.compose_rewrite import StackRejected, label_services
 from gpuhost_agent.core.containers import failed_containers
 from gpuhost_agent.core.deploy_start import StackFailed
 from gpuhost_agent.core.deployer import AGENT_FILE, ORIGINAL_FILE, StackDeployer, _write_private
-from gpuhost_agent.core.sandbox import notices_message, refuse_with_compose_error, review_raw
-from gpuhost_agent.core.sandbox_context import SandboxContext, crowded_rental_problem
-from gpuhost_agent.core.status_reporter import StackRef
+from gpuhost_agent.core.sandbox import notices_message, refuse_with_compose_error
+from gpuhost_agent.core.sandbox_context import SandboxContext
 from gpuhost_agent.core.swarm_tasks import NAMESPACE_LABEL
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.compose import ComposeError
@@ -50,21 +49,9 @@ class SwarmDeployer(StackDeployer):
         self.start_seconds = start_seconds
 
     async def deploy(self, job: wire.StackJob) -> str:
-        template = job.template or {}
-        variables = dict(template.get("environmentVariables") or {})
-        self._forget_secrets(job.stack_id)
-        self._stack_secrets[job.stack_id] = list(variables.values())
-        SECRETS.add_many(variables.values())
-        project, workdir = StackRef.of_job(job).project, self.stacks_dir / job.stack_id
-        self._report(job, wire.APPLYING)
-        log.info("stack_applying", stack_id=job.stack_id, rental_id=job.rental_id, job_id=job.job_id, swarm=True)
+        template, variables, project, workdir = self._begin(job)
         try:
-            if crowded := crowded_rental_problem(self.db.stacks(), job.rental_id, job.stack_id, self.stacks_per_rental):
-                raise StackRejected(crowded)
-            check_variables(variables)
-            raw = review_raw(template.get("content", ""), variables.get("COMPOSE_PROFILES", ""))
-            await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True, mode=0o700)
-            await asyncio.to_thread(_write_private, workdir / ORIGINAL_FILE, raw.text)
+            raw = await self._renter_file(job, template, variables, workdir)
             try:
                 model = await self.compose.config(project, workdir, ORIGINAL_FILE, variables)
             except ComposeError as exc:
@@ -95,12 +82,7 @@ class SwarmDeployer(StackDeployer):
             await self._settle(job.stack_id)  # as on one machine: a task that dies at once fails the deploy
             return ""
         except (StackRejected, StackFailed, EngineError) as exc:
-            message = str(exc) if not isinstance(exc, EngineError) else f"Docker Engine error: {exc}"
-            await self._teardown(project, workdir, job.stack_id)
-            self._report(job, wire.ERROR, message)
-            await self._push_quietly(job.stack_id)
-            log.warning("stack_failed", stack_id=job.stack_id, job_id=job.job_id, error=message)
-            return message
+            return await self._failed(job, project, workdir, exc)
 
     async def _until_running(self, stack_id: str) -> None:
         """Every task of the stack running on its machine, or StackFailed
