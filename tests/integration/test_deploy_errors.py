@@ -65,6 +65,10 @@ CASES = {
 }
 
 
+async def no_containers(renter, rental_id: str, stack_id: str) -> bool:
+    return await renter.containers(rental_id, stack_id) == []
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 async def test_failed_deploy_reports_error_and_cleans_up(local_market, docker_client, case):
     renter, parts, _local = local_market
@@ -80,7 +84,8 @@ async def test_failed_deploy_reports_error_and_cleans_up(local_market, docker_cl
     assert str(parts.deployer.stacks_dir) not in stack["errorMsg"], "agent paths must not reach renters"
     assert elapsed < 15, f"ERROR took {elapsed:.1f}s"
     assert await asyncio.to_thread(env_containers, docker_client, renter.store.envId) == []
-    assert await renter.containers(rental_id, stack_id) == []
+    # The empty list follows the ERROR report through the outbox: a moment later under load.
+    await until(lambda: no_containers(renter, rental_id, stack_id), timeout=10)
     job = next(j for j in renter.store.jobs.values() if j.stackId == stack_id)
     await until(lambda: job.state == "completed")
     assert job.outcome == wire.OUTCOME_FAILED and job.errorMsg == stack["errorMsg"]

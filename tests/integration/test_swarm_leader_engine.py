@@ -78,6 +78,10 @@ async def logs_and_no_terminal_on_the_other_machine(renter, rental_id: str, stac
     assert end["type"] == "end" and end["status"] == 409 and "another machine" in end["error"], end
 
 
+async def both_listed(renter, rental_id: str, stack_id: str) -> bool:
+    return len(await renter.containers(rental_id, stack_id)) == 2
+
+
 async def nothing_left(machine: int) -> bool:
     left = await asyncio.to_thread(docker, machine, "ps", "-aq", "--filter", f"label={wire.LABEL_STACK}")
     return not left.strip()
@@ -99,6 +103,9 @@ async def test_two_rentals_run_across_both_machines_and_go_from_both(world) -> N
 
     gpu_machines = []
     for rental_id, stack_id in zip(rentals, stacks, strict=True):
+        await until(
+            lambda r=rental_id, s=stack_id: both_listed(renter, r, s), timeout=30
+        )  # after APPLIED, by the outbox
         listed = {labelled(c)["com.docker.compose.service"]: c for c in await renter.containers(rental_id, stack_id)}
         assert set(listed) == {"train", "web"} and {c["State"] for c in listed.values()} == {"running"}
         train = listed["train"]
