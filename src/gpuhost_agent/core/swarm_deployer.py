@@ -26,16 +26,15 @@ from typing import Any
 from gpuhost_agent.common import faults
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.compose_rewrite import StackRejected, label_services
-from gpuhost_agent.core.containers import failed_containers
+from gpuhost_agent.core.containers import SERVICE_LABEL, failed_containers
 from gpuhost_agent.core.deploy_start import StackFailed
 from gpuhost_agent.core.deployer import AGENT_FILE, ORIGINAL_FILE, StackDeployer, _write_private
 from gpuhost_agent.core.sandbox import notices_message, refuse_with_compose_error
 from gpuhost_agent.core.sandbox_context import SandboxContext
-from gpuhost_agent.core.swarm_tasks import NAMESPACE_LABEL
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.compose import ComposeError
 from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.swarm_stacks import SwarmStacks
+from gpuhost_agent.runtime.swarm_stacks import NAMESPACE_LABEL, SwarmStacks
 
 log = get_logger(__name__)
 
@@ -92,7 +91,7 @@ class SwarmDeployer(StackDeployer):
         while True:
             containers = await self.engine.stack_containers(stack_id)
             for container in failed_containers(containers):
-                where = (container.get("Labels") or {}).get("com.docker.compose.service", "?")
+                where = (container.get("Labels") or {}).get(SERVICE_LABEL, "?")
                 said = container.get("Error") or container.get("Status") or container.get("State")
                 raise StackFailed(f"service {where!r} did not start on its machine: {said}")
             if containers and all(c.get("State") == "running" for c in containers):

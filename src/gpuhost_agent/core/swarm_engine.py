@@ -13,9 +13,10 @@ whose containers run elsewhere is seen running, not missing.
 
 from __future__ import annotations
 
-from gpuhost_agent.core.swarm_tasks import NAMESPACE_LABEL, NODE_LABEL, stack_containers
+from gpuhost_agent.core.swarm_tasks import NODE_LABEL, stack_containers
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import DockerEngine
+from gpuhost_agent.runtime.swarm_stacks import NAMESPACE_LABEL
 
 
 class SwarmEngine(DockerEngine):

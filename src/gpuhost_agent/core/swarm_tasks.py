@@ -16,11 +16,10 @@ from datetime import datetime, timezone
 from typing import Any
 
 from gpuhost_agent.core.containers import SERVICE_LABEL
+from gpuhost_agent.runtime.swarm_stacks import NAMESPACE_LABEL
 
-NAMESPACE_LABEL = "com.docker.stack.namespace"
 NODE_LABEL = "com.docker.swarm.node.id"
 # Task states (swarmkit's TaskState) as Docker's container states.
-STARTING = {"new", "pending", "assigned", "accepted", "preparing", "ready", "starting", "allocated"}
 ENDED = {"complete": "exited", "failed": "exited", "shutdown": "exited", "rejected": "dead", "orphaned": "dead"}
 
 

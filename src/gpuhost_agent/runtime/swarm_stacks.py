@@ -33,9 +33,6 @@ class SwarmStacks:
         self.docker_cli = docker_cli
         self.settle_seconds = settle_seconds
 
-    async def nodes(self) -> list[dict]:
-        return await self.engine.swarm_list("nodes")
-
     async def services(self, project: str) -> list[dict]:
         return await self.engine.swarm_list("services", f"{NAMESPACE_LABEL}={project}")
 
