@@ -18,6 +18,7 @@ from support.engine import remove_env_resources
 from support.fake_nvml import build_lib, forget_loaded_nvml, h100_sxm, write_config
 from support.renter import Renter
 from support.stacks import TEST_IMAGE
+from support.swarm import clear, node_id, swarm
 
 from gpuhost_agent.service.daemon import stop_agent
 from gpuhost_agent.service.wiring import build_agent, start_local_marketplace
@@ -43,6 +44,24 @@ def docker_client():
     client.images.get(TEST_IMAGE)
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session")
+def swarm_nodes():
+    """One two-node test Swarm for every cluster test module, as (manager id,
+    worker id): bringing one up and down costs ~10 s, most of it in `down`. Set
+    up outside the event loop; tests take it through shared_swarm, which puts
+    it back as it was. test_swarm_cluster.py starts its own, since it checks
+    that `down` leaves nothing."""
+    with swarm(2):
+        yield node_id(1), node_id(2)
+
+
+@pytest.fixture
+def shared_swarm(swarm_nodes):
+    """The shared Swarm for one test, cleared after it whatever the test left."""
+    yield swarm_nodes
+    clear()
 
 
 @pytest.fixture

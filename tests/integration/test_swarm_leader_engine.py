@@ -20,7 +20,7 @@ import pytest
 from support.agent_process import process_world
 from support.renter_streams import STDERR, STDOUT, create_terminal, logs_path, read_logs
 from support.stacks import TEST_IMAGE
-from support.swarm import PREFIX, docker, node_id, swarm
+from support.swarm import PREFIX, docker
 from support.waiting import until
 
 from gpuhost_agent.local_marketplace import shapes
@@ -46,11 +46,10 @@ def cluster_gpus(node: int) -> set[str]:
     return {f"GPU-5a4d0000-0000-4000-8000-{node:06d}{index:06d}" for index in range(2)}
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """The Swarm (set up and torn down outside the event loop): node id -> machine number."""
-    with swarm(2):
-        yield {node_id(1): 1, node_id(2): 2}
+@pytest.fixture
+def cluster(shared_swarm):
+    """The shared test Swarm: node id -> machine number."""
+    return {node: machine for machine, node in enumerate(shared_swarm, start=1)}
 
 
 @pytest.fixture

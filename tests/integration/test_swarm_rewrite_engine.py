@@ -14,7 +14,7 @@ import pytest
 from support.machine_samples import good_host
 from support.sandbox_corpus import CORPUS
 from support.sandbox_decide import RENTAL_GPUS, decide_file
-from support.swarm import PREFIX, container_of, deploy, docker, node_id, swarm
+from support.swarm import PREFIX, container_of, deploy, docker
 
 from gpuhost_agent.core.compose_rewrite import StackRejected
 from gpuhost_agent.core.sandbox_context import GIB, SandboxContext
@@ -32,10 +32,9 @@ BOX = {"image": "gpuhost-test/busybox:1", "command": ["sh", "-c", "trap exit TER
 GPU_ASK = {"resources": {"reservations": {"devices": [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]}}}
 
 
-@pytest.fixture(scope="module")
-def nodes():
-    with swarm(2):
-        yield node_id(1), node_id(2)
+@pytest.fixture
+def nodes(shared_swarm):
+    return shared_swarm
 
 
 def test_rewritten_stack_runs_sandboxed_on_the_machines_the_agent_chose(nodes) -> None:

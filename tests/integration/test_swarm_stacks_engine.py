@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-from collections.abc import Iterator
 
 import pytest
-from support.swarm import PREFIX, docker, node_id, swarm
+from support.swarm import PREFIX, docker
 
 from gpuhost_agent.core.compose_rewrite import label_services
 from gpuhost_agent.core.containers import seed_containers
@@ -39,19 +37,11 @@ def cluster_gpu(node: int, index: int) -> str:
     return f"GPU-5a4d0000-0000-4000-8000-{node:06d}{index:06d}"
 
 
-@pytest.fixture(scope="module")
-def nodes() -> Iterator[tuple[str, str]]:
-    """The cluster, and the agent's engine pointed at its manager."""
-    before = os.environ.get("DOCKER_HOST")
-    with swarm(2):
-        os.environ["DOCKER_HOST"] = f"unix:///run/{PREFIX}/n1/docker.sock"
-        try:
-            yield node_id(1), node_id(2)
-        finally:
-            if before is None:
-                os.environ.pop("DOCKER_HOST", None)
-            else:
-                os.environ["DOCKER_HOST"] = before
+@pytest.fixture
+def nodes(monkeypatch, shared_swarm) -> tuple[str, str]:
+    """The shared cluster, and the agent's engine pointed at its manager."""
+    monkeypatch.setenv("DOCKER_HOST", f"unix:///run/{PREFIX}/n1/docker.sock")
+    return shared_swarm
 
 
 async def test_the_environments_gpus_are_every_nodes_and_a_drained_machine_takes_its_out(nodes) -> None:

@@ -68,6 +68,20 @@ def container_of(node: int, service: str) -> str:
     return ids[0]
 
 
+def clear(nodes: int = 2) -> None:
+    """Puts a shared cluster back as `up` left it: every stack removed, no
+    container left on any node, every node active (tests drain one)."""
+    for name in docker(1, "stack", "ls", "--format", "{{.Name}}").split():
+        docker(1, "stack", "rm", name)
+    for node_ref in docker(1, "node", "ls", "-q").split():
+        docker(1, "node", "update", "--availability", "active", node_ref)
+    deadline = time.monotonic() + 60
+    for node in range(1, nodes + 1):
+        while left := docker(node, "ps", "-aq").split():
+            assert time.monotonic() < deadline, f"node {node} still has containers {left}"
+            time.sleep(0.5)
+
+
 def leftovers() -> list[str]:
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     mounts = Path("/proc/mounts").read_text()
