@@ -31,12 +31,7 @@ async def test_every_hostile_file_is_refused_with_no_container_or_made_safe(gpu_
             path: await renter.stack(rental, await asyncio.to_thread(path.read_text), name=path.stem)
             for path in HOSTILE
         }
-        results = await asyncio.gather(
-            *(
-                renter.wait_stack(rental, stack_id, (wire.APPLIED, wire.ERROR), timeout=120)
-                for stack_id in stacks.values()
-            )
-        )
+        results = await renter.wait_stacks(rental, list(stacks.values()), (wire.APPLIED, wire.ERROR), timeout=120)
         for (path, stack_id), stack in zip(stacks.items(), results, strict=True):
             outcome = header(path).get("outcome", "refused")
             if outcome == "refused":

@@ -100,3 +100,23 @@ class Renter:
                 return last
             await asyncio.sleep(0.05)
         raise AssertionError(f"stack {stack_id} did not reach {statuses or 'gone'} in {timeout}s; last seen: {last}")
+
+    async def wait_stacks(
+        self, rental_id: str, stack_ids: list[str], statuses: tuple[str, ...], timeout: float = 30
+    ) -> list[dict]:
+        """Each stack once its status is one of `statuses`, in the order asked. One
+        poller for them all: a poller each (99 for the hostile corpus) lists the
+        rental's stacks thousands of times a second and starves the agent under
+        test of the CPU it shares with them."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        done: dict[str, dict] = {}
+        while loop.time() < deadline:
+            for stack in await self.stacks(rental_id):
+                if stack["stackId"] in stack_ids and stack["status"] in statuses:
+                    done[stack["stackId"]] = stack
+            if len(done) == len(set(stack_ids)):
+                return [done[stack_id] for stack_id in stack_ids]
+            await asyncio.sleep(0.2)
+        waiting = sorted(set(stack_ids) - set(done))
+        raise AssertionError(f"stacks {waiting} did not reach {statuses} in {timeout}s")
