@@ -6,6 +6,8 @@
 #   scripts/swarm-cluster.sh down       stop them; no namespace, process or mount is left
 #   scripts/swarm-cluster.sh env I      print `export DOCKER_HOST=...` for node I (1 = manager)
 #   scripts/swarm-cluster.sh status     one line per node: socket, address, pid
+#   scripts/swarm-cluster.sh stop I     stop node I's dockerd (its containers stop with it): a machine gone
+#   scripts/swarm-cluster.sh start I    start node I's dockerd again; it rejoins the Swarm by itself
 #
 # Each engine is a dockerd (with its own containerd) in a network namespace of
 # its own, with its own data root, exec root, pid file and socket. The nodes'
@@ -133,6 +135,16 @@ up() {
     say "up: $count node(s) in $((SECONDS - started)) s; manager: DOCKER_HOST=unix://$(node_sock 1)"
 }
 
+stop_engine() {
+    local i=$1 pid
+    pid=$(cat "$RUN/n$i/dockerd.pid" 2>/dev/null || true)
+    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || { say "node $i's dockerd is not running" >&2; return 1; }
+    kill "$pid"
+    for _ in $(seq 120); do kill -0 "$pid" 2>/dev/null || { say "node $i stopped"; return 0; }; sleep 0.25; done
+    kill -9 "$pid" 2>/dev/null || true
+    say "node $i stopped (killed after 30 s)"
+}
+
 down() {
     local i pid
     for i in $(nodes); do
@@ -170,5 +182,7 @@ case "${1:-}" in
     down) down ;;
     env) echo "export DOCKER_HOST=unix://$(node_sock "${2:?node number}")" ;;
     status) status ;;
-    *) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    stop) stop_engine "${2:?node number}" ;;
+    start) start_engine "${2:?node number}" && wait_engine "$2" && say "node $2 started" ;;
+    *) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

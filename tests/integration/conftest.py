@@ -18,7 +18,7 @@ from support.engine import remove_env_resources
 from support.fake_nvml import build_lib, forget_loaded_nvml, h100_sxm, write_config
 from support.renter import Renter
 from support.stacks import TEST_IMAGE
-from support.swarm import clear, node_id, swarm
+from support.swarm import PREFIX, clear, node_id, swarm
 
 from gpuhost_agent.service.daemon import stop_agent
 from gpuhost_agent.service.wiring import build_agent, start_local_marketplace
@@ -62,6 +62,21 @@ def shared_swarm(swarm_nodes):
     """The shared Swarm for one test, cleared after it whatever the test left."""
     yield swarm_nodes
     clear()
+
+
+@pytest.fixture
+async def swarm_leader(tmp_path, monkeypatch, docker_client, shared_swarm):
+    """((renter, market, agent), {node id: machine number}): an agent process
+    (not started) with GPUHOST_SWARM=leader on the shared Swarm's manager, and
+    its local marketplace."""
+    from support.agent_process import process_world
+
+    library = str(await asyncio.to_thread(build_lib))
+    monkeypatch.setenv("DOCKER_HOST", f"unix:///run/{PREFIX}/n1/docker.sock")
+    monkeypatch.setenv("FAKE_NVML_CONFIG", f"/run/{PREFIX}/n1/nvml.conf")  # the leader's own machine
+    settings = {"GPUHOST_SWARM": "leader", "GPUHOST_NVML_LIBRARY": library, "GPUHOST_GPU_CHECK_IMAGE": TEST_IMAGE}
+    async with process_world(tmp_path, docker_client, **settings) as made:
+        yield made, {node: machine for machine, node in enumerate(shared_swarm, start=1)}
 
 
 @pytest.fixture

@@ -17,51 +17,14 @@ import asyncio
 import json
 
 import pytest
-from support.agent_process import process_world
 from support.renter_streams import STDERR, STDOUT, create_terminal, logs_path, read_logs
-from support.stacks import TEST_IMAGE
-from support.swarm import PREFIX, docker
+from support.swarm import GPU_STACK, cluster_gpus, docker, labelled
 from support.waiting import until
 
 from gpuhost_agent.local_marketplace import shapes
 from gpuhost_agent.protocol import wire
 
 pytestmark = pytest.mark.swarm
-GPU_STACK = f"""
-services:
-  train:
-    image: {TEST_IMAGE}
-    command: ["sh", "-c", "echo train-started; echo to-stderr >&2; trap exit TERM; sleep 3600 & wait"]
-    deploy:
-      resources:
-        reservations:
-          devices: [{{driver: nvidia, count: all, capabilities: [gpu]}}]
-  web:
-    image: {TEST_IMAGE}
-    command: ["sh", "-c", "trap exit TERM; sleep 3600 & wait"]
-"""
-
-
-def cluster_gpus(node: int) -> set[str]:
-    return {f"GPU-5a4d0000-0000-4000-8000-{node:06d}{index:06d}" for index in range(2)}
-
-
-@pytest.fixture
-def cluster(shared_swarm):
-    """The shared test Swarm: node id -> machine number."""
-    return {node: machine for machine, node in enumerate(shared_swarm, start=1)}
-
-
-@pytest.fixture
-async def world(tmp_path, monkeypatch, docker_client, cluster):
-    from support.fake_nvml import build_lib
-
-    library = str(await asyncio.to_thread(build_lib))
-    monkeypatch.setenv("DOCKER_HOST", f"unix:///run/{PREFIX}/n1/docker.sock")
-    monkeypatch.setenv("FAKE_NVML_CONFIG", f"/run/{PREFIX}/n1/nvml.conf")  # the leader's own machine
-    settings = {"GPUHOST_SWARM": "leader", "GPUHOST_NVML_LIBRARY": library, "GPUHOST_GPU_CHECK_IMAGE": TEST_IMAGE}
-    async with process_world(tmp_path, docker_client, **settings) as made:
-        yield made, cluster
 
 
 async def logs_and_no_terminal_on_the_other_machine(renter, rental_id: str, stack_id: str, container: str) -> None:
@@ -86,12 +49,8 @@ async def nothing_left(machine: int) -> bool:
     return not left.strip()
 
 
-def labelled(container: dict) -> dict[str, str]:
-    return dict(label.split("=", 1) for label in container["Labels"])
-
-
-async def test_two_rentals_run_across_both_machines_and_go_from_both(world) -> None:
-    (renter, market, agent), machines = world
+async def test_two_rentals_run_across_both_machines_and_go_from_both(swarm_leader) -> None:
+    (renter, market, agent), machines = swarm_leader
     await agent.start()
     await until(lambda: shapes.listing(market.store)["totalGPUs"] == 4, timeout=90)
     rentals = [await renter.rental(gpu_count=2), await renter.rental(gpu_count=2)]

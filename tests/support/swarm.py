@@ -11,9 +11,37 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from support.stacks import TEST_IMAGE
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "swarm-cluster.sh"
 PREFIX = "gpuhost-swarm"
+
+
+# A rental's stack for the leader's tests: one GPU service (all the rental's GPUs) and one without.
+GPU_STACK = f"""
+services:
+  train:
+    image: {TEST_IMAGE}
+    command: ["sh", "-c", "echo train-started; echo to-stderr >&2; trap exit TERM; sleep 3600 & wait"]
+    deploy:
+      resources:
+        reservations:
+          devices: [{{driver: nvidia, count: all, capabilities: [gpu]}}]
+  web:
+    image: {TEST_IMAGE}
+    command: ["sh", "-c", "trap exit TERM; sleep 3600 & wait"]
+"""
+
+
+def cluster_gpus(node: int) -> set[str]:
+    """The stand-in GPU UUIDs scripts/swarm-cluster.sh gives node `node`."""
+    return {f"GPU-5a4d0000-0000-4000-8000-{node:06d}{index:06d}" for index in range(2)}
+
+
+def labelled(container: dict) -> dict[str, str]:
+    """A container of the seed's list: its labels as a dict."""
+    return dict(label.split("=", 1) for label in container["Labels"])
 
 
 def cluster(*args: str, timeout: float = 120) -> str:

@@ -24,6 +24,7 @@ from gpuhost_agent.core.host_reporter import HostReporter
 from gpuhost_agent.core.reconciler import Reconciler
 from gpuhost_agent.core.rental_clock import RentalClock
 from gpuhost_agent.core.schedule import Schedule
+from gpuhost_agent.core.swarm_watch import SwarmWatch
 from gpuhost_agent.core.usage_meter import UsageMeter
 from gpuhost_agent.inventory.gpu_events import GpuEventWatch
 from gpuhost_agent.protocol import intervals as wire_intervals
@@ -60,6 +61,7 @@ class Agent:
         disk_watch: DiskWatch | None = None,
         gpu_events: GpuEventWatch | None = None,
         usage: UsageMeter | None = None,
+        swarm_watch: SwarmWatch | None = None,
     ):
         self.client = client
         self.session = session
@@ -76,6 +78,7 @@ class Agent:
         self.disk_watch = disk_watch
         self.gpu_events = gpu_events
         self.usage = usage
+        self.swarm_watch = swarm_watch  # a Swarm leader's look at the other machines
         self._superseded_at: list[float] = []  # loop times our session was superseded, within the window
         self.intervals = wire_intervals.from_reply(None)
         for job in db.interrupted:
@@ -112,6 +115,8 @@ class Agent:
             self.schedule.every("reconcile", self.intervals["reconcileSeconds"], self.reconciler.run_once, now=True)
             if self.disk_watch is not None:
                 self.schedule.every("disk_watch", self.disk_watch.interval, self.disk_watch.run_once)
+            if self.swarm_watch is not None:
+                self.schedule.every("swarm_watch", self.swarm_watch.interval, self.swarm_watch.poll)
             await self._poll_forever()
         finally:
             if self.gpu_events is not None:

@@ -53,7 +53,9 @@ class ContainerWatch:
         *,
         window: float = COALESCE,
         rental_limit_reached: Callable[[str], bool] | None = None,
+        machine_error: Callable[[list[dict]], str] | None = None,
     ):
+        self.machine_error = machine_error  # a Swarm leader's words for containers on unwell machines
         self.engine, self.reporter, self.db, self.dispatcher, self.window = engine, reporter, db, dispatcher, window
         self.pushed: dict[str, list] = {}  # the last list pushed per stack, shared by events and the resync
         self.states = ContainerStates(self.engine, rental_limit_reached=rental_limit_reached)
@@ -250,7 +252,8 @@ class ContainerWatch:
             self.pushed[stack_id], self._seen_at[stack_id] = shaped, seen_at
             self.reporter.containers(stack_id, shaped)
             self.pushes += 1
-        self._report_error(stack_id, stack_error(raw, facts), may_set_error)
+        errors = (self.machine_error(raw) if self.machine_error else "", stack_error(raw, facts))
+        self._report_error(stack_id, "; ".join(error for error in errors if error), may_set_error)
         return True
 
     def _busy(self, stack_id: str, raw: list[dict]) -> bool:

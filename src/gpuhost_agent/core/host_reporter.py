@@ -183,6 +183,12 @@ class HostReporter:
             self._send(report)
         return report
 
+    async def environment_changed(self) -> None:
+        """A machine of the environment went or came back (core/swarm_watch.py):
+        the listing and the GPUs' states now, not at the next probe."""
+        await self.refresh()
+        self.beat_soon()
+
     def _send(self, report: dict) -> None:
         self.sent_fingerprint = report["fingerprint"]
         self.outbox.put(SYSTEM_DATA, self.target, as_sent(report))

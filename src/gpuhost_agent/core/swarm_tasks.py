@@ -48,7 +48,7 @@ def _container(task: Mapping[str, Any], service: str) -> dict[str, Any]:
     labels = {
         **(spec.get("Labels") or {}),
         SERVICE_LABEL: service.removeprefix(prefix),
-        NODE_LABEL: str(task.get("NodeID") or ""),
+        NODE_LABEL: str(task.get("NodeID") or _pinned_node(task)),
     }
     raw: dict[str, Any] = {
         "Id": container.get("ContainerID") or "",
@@ -79,6 +79,17 @@ def _ports(published: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
         {"PrivatePort": target, "PublicPort": public, "Type": protocol, "IP": "0.0.0.0"}
         for target, protocol, public in seen
     ]
+
+
+def _pinned_node(task: Mapping[str, Any]) -> str:
+    """The node the agent pinned the task's service to (core/swarm_rewrite.py):
+    where a task waits to run while that machine is away (it has no NodeID)."""
+    constraints = (((task.get("Spec") or {}).get("Placement") or {}).get("Constraints")) or []
+    for constraint in constraints:
+        key, _, value = str(constraint).partition("==")
+        if key.strip() == "node.id" and value.strip():
+            return value.strip()
+    return ""
 
 
 def _version(task: Mapping[str, Any]) -> int:

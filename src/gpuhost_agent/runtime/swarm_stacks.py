@@ -67,6 +67,14 @@ class SwarmStacks:
                 raise EngineError(f"stack {project} was not gone {timeout:.0f} s after docker stack rm")
             await asyncio.sleep(0.5)
 
+    async def restart_service(self, name: str) -> None:
+        """`docker service update --force`: a new task for the service, on the
+        node its constraint names. Swarm starts none by itself for a service
+        whose restart policy is `none` after its machine was away."""
+        code, printed = await self._cli("service", "update", "--force", "--detach", "--quiet", name)
+        if code != 0:
+            raise EngineError(f"docker service update --force {name} failed: {_last_line(printed)}")
+
     async def _networks(self, project: str) -> list[dict]:
         return await self.engine.swarm_list("networks", f"{NAMESPACE_LABEL}={project}")
 

@@ -19,7 +19,7 @@ from gpuhost_agent.inventory.system_data import as_sent, build_report
 from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.runtime.compose import ComposeNotFound, find_compose_command
 from gpuhost_agent.service.config import AgentConfig
-from gpuhost_agent.service.wiring import build_probe
+from gpuhost_agent.service.probe_parts import build_probe
 
 
 async def _report(config: AgentConfig) -> dict:

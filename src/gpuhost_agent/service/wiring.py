@@ -34,11 +34,11 @@ from gpuhost_agent.core.schedule import Schedule
 from gpuhost_agent.core.status_reporter import StatusReporter
 from gpuhost_agent.core.swarm_deployer import SwarmDeployer
 from gpuhost_agent.core.swarm_engine import SwarmEngine
+from gpuhost_agent.core.swarm_watch import SwarmMachines, SwarmWatch
 from gpuhost_agent.core.usage_meter import UsageMeter
 from gpuhost_agent.inventory import telemetry
 from gpuhost_agent.inventory.gpu_events import GpuEventWatch
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
-from gpuhost_agent.inventory.system_data import Prober
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
 from gpuhost_agent.runtime.engine import DockerEngine
 from gpuhost_agent.runtime.engine_streams import EngineStreams
@@ -48,6 +48,7 @@ from gpuhost_agent.runtime.swarm_stacks import SwarmStacks
 from gpuhost_agent.runtime.swarm_streams import SwarmStreams
 from gpuhost_agent.service import metrics
 from gpuhost_agent.service.config import AgentConfig
+from gpuhost_agent.service.probe_parts import build_prober
 from gpuhost_agent.service.status_server import StatusServer, StatusSource
 from gpuhost_agent.storage.agent_db import DB_FILE, AgentDB
 from gpuhost_agent.streams import ssh_host_key
@@ -81,38 +82,6 @@ class AgentParts:
     engine_watch: EngineWatch
     streams: StreamChannel
     reporter: StatusReporter  # the status socket shows the container lists it last sent
-
-
-@dataclass
-class ProbeParts:
-    """What `gpuhost-agent probe` and `doctor` run: the daemon's own probe."""
-
-    engine: DockerEngine
-    nvml: NvmlProbe
-    prober: Prober
-
-    def close(self) -> None:
-        self.engine.close()
-        self.nvml.close()
-
-
-def build_probe(config: AgentConfig, compose_command: list[str] | None) -> ProbeParts:
-    engine, nvml = DockerEngine(timeout=10), NvmlProbe(config.nvml_library)
-    return ProbeParts(engine, nvml, build_prober(config, engine, nvml, compose_command))
-
-
-def build_prober(
-    config: AgentConfig, engine: DockerEngine, nvml: NvmlProbe, compose_command: list[str] | None
-) -> Prober:
-    return Prober(
-        nvml,
-        engine,
-        compose_command,
-        gpu_check_image=config.gpu_check_image,
-        toolkit_config=config.toolkit_config,
-        location=config.location,
-        swarm_leader=config.swarm == "leader",
-    )
 
 
 def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
@@ -204,7 +173,27 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         grace_seconds=config.reconcile_grace_seconds,
         keep_limits=sandbox.keep_limits,
     )
-    container_watch = ContainerWatch(engine, reporter, db, dispatcher, rental_limit_reached=limit_reached)
+    machines = SwarmMachines() if leader else None  # the other machines' health, as the leader last saw it
+    container_watch = ContainerWatch(
+        engine,
+        reporter,
+        db,
+        dispatcher,
+        rental_limit_reached=limit_reached,
+        machine_error=machines.stack_error if machines else None,
+    )
+    swarm_watch = (
+        SwarmWatch(
+            engine,
+            container_watch,
+            machines,
+            lambda: session.env_id,
+            host.environment_changed,
+            SwarmStacks(engine).restart_service,
+        )
+        if machines is not None
+        else None
+    )
     disk_watch = DiskWatch(
         engine,
         db,
@@ -245,6 +234,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         disk_watch=disk_watch,
         gpu_events=gpu_events,
         usage=usage,
+        swarm_watch=swarm_watch,
     )
     return AgentParts(
         agent,
