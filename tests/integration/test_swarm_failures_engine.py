@@ -6,11 +6,16 @@ stack with a container there says so in errorMsg, naming the machine and the
 container; its GPUs leave `availableGPUs`; Swarm does not move the pinned
 task elsewhere. When the machine is back, the task runs there again and the
 message is cleared.
+
+The leader killed with SIGKILL and its database lost: restarted, it takes
+the GPU assignments back from the services' labels and leaves the running
+stack's containers as they are.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from support.swarm import GPU_STACK, cluster, docker, labelled
@@ -95,3 +100,48 @@ async def test_a_machine_that_goes_away_is_said_its_gpus_leave_and_its_task_come
     train = await train_of(renter, away, stacks[away])
     assert train is not None and machines[labelled(train)[NODE_LABEL]] == 2
     assert "swarm_service_restarted" in await asyncio.to_thread(agent.logs)
+
+
+async def gpus_of(machine: int, container_id: str) -> set[str]:
+    (info,) = json.loads(await asyncio.to_thread(docker, machine, "inspect", container_id))
+    visible = next(e for e in info["Config"]["Env"] if e.startswith("NVIDIA_VISIBLE_DEVICES="))
+    return set(visible.split("=", 1)[1].split(","))
+
+
+async def test_the_leader_killed_and_its_state_lost_takes_its_ledger_back_and_moves_no_running_task(
+    swarm_leader,
+) -> None:
+    """SIGKILL, and the agent's database gone with it: the restarted leader
+    takes the GPU assignments back from the services' labels, so the next
+    rental gets the other GPUs, and the running stack keeps its containers."""
+    (renter, market, agent), machines = swarm_leader
+    await agent.start()
+    await until(lambda: shapes.listing(market.store)["totalGPUs"] == 4, timeout=90)
+    first = await renter.rental(gpu_count=2)
+    first_stack = await renter.stack(first, GPU_STACK)
+    done = await renter.wait_stack(first, first_stack, (wire.APPLIED, wire.ERROR), timeout=120)
+    assert done and done["status"] == wire.APPLIED, done
+    await until(lambda: train_of(renter, first, first_stack), timeout=30)
+    before = await train_of(renter, first, first_stack)
+    assert before is not None
+    machine = machines[labelled(before)[NODE_LABEL]]
+
+    agent.process.kill()
+    await agent.process.wait()
+    for name in ("agent.db", "agent.db-wal", "agent.db-shm"):
+        await asyncio.to_thread((agent.state_dir / name).unlink, missing_ok=True)
+    await agent.start()
+
+    second = await renter.rental(gpu_count=2)
+    second_stack = await renter.stack(second, GPU_STACK)
+    done = await renter.wait_stack(second, second_stack, (wire.APPLIED, wire.ERROR), timeout=120)
+    assert done and done["status"] == wire.APPLIED, (done, (await asyncio.to_thread(agent.logs))[-3000:])
+    await until(lambda: train_of(renter, second, second_stack), timeout=30)
+    other = await train_of(renter, second, second_stack)
+    assert other is not None
+    other_machine = machines[labelled(other)[NODE_LABEL]]
+    assert other_machine != machine  # the first rental's machine is full: its GPUs were taken back
+    assert not (await gpus_of(machine, before["Id"])) & (await gpus_of(other_machine, other["Id"]))
+    after = await train_of(renter, first, first_stack)
+    assert after is not None and after["Id"] == before["Id"] and after["State"] == "running"  # not moved, not restarted
+    assert shapes.listing(market.store)["availableGPUs"] == 0
