@@ -8,6 +8,9 @@ Images come from the local build (gpuhost-test/busybox:1) and the registry on
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
+import sys
 from pathlib import Path
 
 import aiohttp
@@ -64,19 +67,71 @@ def shared_swarm(swarm_nodes):
     clear()
 
 
+SWARM_KEY = "test-environment-key-0123456789"  # GPUHOST_SWARM_KEY of the leader and workers in tests
+
+
 @pytest.fixture
-async def swarm_leader(tmp_path, monkeypatch, docker_client, shared_swarm):
+def worker_port() -> int:
+    """A free loopback port for machine 2's worker agent (the leader is told it in GPUHOST_SWARM_WORKERS)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+async def swarm_leader(tmp_path, monkeypatch, docker_client, shared_swarm, worker_port):
     """((renter, market, agent), {node id: machine number}): an agent process
     (not started) with GPUHOST_SWARM=leader on the shared Swarm's manager, and
-    its local marketplace."""
+    its local marketplace. It looks for machine 2's worker agent on
+    worker_port (swarm_worker starts one)."""
     from support.agent_process import process_world
 
     library = str(await asyncio.to_thread(build_lib))
     monkeypatch.setenv("DOCKER_HOST", f"unix:///run/{PREFIX}/n1/docker.sock")
     monkeypatch.setenv("FAKE_NVML_CONFIG", f"/run/{PREFIX}/n1/nvml.conf")  # the leader's own machine
-    settings = {"GPUHOST_SWARM": "leader", "GPUHOST_NVML_LIBRARY": library, "GPUHOST_GPU_CHECK_IMAGE": TEST_IMAGE}
+    settings = {
+        "GPUHOST_SWARM": "leader",
+        "GPUHOST_NVML_LIBRARY": library,
+        "GPUHOST_GPU_CHECK_IMAGE": TEST_IMAGE,
+        "GPUHOST_SWARM_KEY": SWARM_KEY,
+        "GPUHOST_SWARM_WORKERS": f"{shared_swarm[1]}=127.0.0.1:{worker_port}",
+    }
     async with process_world(tmp_path, docker_client, **settings) as made:
         yield made, {node: machine for machine, node in enumerate(shared_swarm, start=1)}
+
+
+@pytest.fixture
+async def swarm_worker(tmp_path, shared_swarm, worker_port):
+    """`gpuhost-agent run` with GPUHOST_SWARM=worker for machine 2 (its engine's
+    socket), serving the leader on 127.0.0.1:worker_port; stopped after."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("GPUHOST_")}
+    env |= {
+        "DOCKER_HOST": f"unix:///run/{PREFIX}/n2/docker.sock",
+        "GPUHOST_SWARM": "worker",
+        "GPUHOST_SWARM_KEY": SWARM_KEY,
+        "GPUHOST_SWARM_LISTEN": f"127.0.0.1:{worker_port}",
+        "GPUHOST_STATE_DIR": str(tmp_path / "worker-state"),
+    }
+    log_path = tmp_path / "worker.log"
+    log_file = await asyncio.to_thread(open, log_path, "wb")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gpuhost_agent", "run", env=env, stdout=log_file, stderr=log_file
+    )
+    try:
+        for _ in range(100):
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", worker_port)
+                writer.close()
+                break
+            except OSError:
+                assert process.returncode is None, await asyncio.to_thread(log_path.read_text)
+                await asyncio.sleep(0.1)
+        yield process, log_path
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            await asyncio.wait_for(process.wait(), 20)
+        log_file.close()
 
 
 @pytest.fixture

@@ -44,8 +44,8 @@ async def both_listed(renter, rental_id: str, stack_id: str) -> bool:
     return len(await renter.containers(rental_id, stack_id)) == 2
 
 
-async def nothing_left(machine: int) -> bool:
-    left = await asyncio.to_thread(docker, machine, "ps", "-aq", "--filter", f"label={wire.LABEL_STACK}")
+async def nothing_left(machine: int, env_id: str) -> bool:
+    left = await asyncio.to_thread(docker, machine, "ps", "-aq", "--filter", f"label={wire.LABEL_ENV}={env_id}")
     return not left.strip()
 
 
@@ -84,5 +84,5 @@ async def test_two_rentals_run_across_both_machines_and_go_from_both(swarm_leade
     status, _ = await renter.call("DELETE", f"/rentals/{rentals[1]}")
     assert status in (200, 202, 204)
     for machine in (1, 2):
-        await until(lambda machine=machine: nothing_left(machine), timeout=90)
+        await until(lambda machine=machine: nothing_left(machine, market.store.envId), timeout=90)
     assert not (await asyncio.to_thread(docker, 1, "service", "ls", "-q")).strip()

@@ -25,9 +25,9 @@ pytestmark = pytest.mark.swarm
 OPERATIONS = 20
 
 
-def running(machine: int) -> dict[str, dict]:
-    """The agent's running containers on one node's engine: id -> (rental, stack, GPUs)."""
-    ids = docker(machine, "ps", "-q", "--no-trunc", "--filter", f"label={wire.LABEL_MANAGED}=true").split()
+def running(machine: int, env_id: str) -> dict[str, dict]:
+    """The environment's running containers on one node's engine: id -> (rental, stack, GPUs)."""
+    ids = docker(machine, "ps", "-q", "--no-trunc", "--filter", f"label={wire.LABEL_ENV}={env_id}").split()
     found = {}
     for info in json.loads(docker(machine, "inspect", *ids)) if ids else []:
         labels = info["Config"]["Labels"]
@@ -99,7 +99,8 @@ async def test_twenty_random_deploys_removals_and_ends_never_share_a_gpu_or_move
         else:
             await asyncio.sleep(1)  # every GPU rented and no rental: only while a rental's end frees them
         live = {stack_id for stacks in rentals.values() for stack_id in stacks}
-        now = {**await asyncio.to_thread(running, 1), **await asyncio.to_thread(running, 2)}
+        env_id = market.store.envId
+        now = {**await asyncio.to_thread(running, 1, env_id), **await asyncio.to_thread(running, 2, env_id)}
         check(now, before, live, label)
         before = now
     print("operations:", ", ".join(done_ops))

@@ -112,6 +112,8 @@ async def test_a_stack_on_two_machines_is_listed_in_the_seed_shape_and_removed_f
     assert await stacks.services("stk1") == []
     for machine in (1, 2):
         deadline = loop.time() + 30
-        while left := (await asyncio.to_thread(docker, machine, "ps", "-aq", "--filter", f"label={wire.LABEL_STACK}")):
+        while left := await asyncio.to_thread(
+            docker, machine, "ps", "-aq", "--filter", f"label={wire.LABEL_STACK}=stack-1"
+        ):
             assert loop.time() < deadline, f"node {machine} still has {left}"
             await asyncio.sleep(0.5)

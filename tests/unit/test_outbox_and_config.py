@@ -91,7 +91,10 @@ def test_config_defaults_to_local_marketplace(tmp_path):
         ({"log_max_files": "0"}, "GPUHOST_LOG_MAX_FILES must be at least 1"),
         ({"deploy_concurrency": "0"}, "GPUHOST_DEPLOY_CONCURRENCY must be at least 1"),
         ({"disk_floor": "20 GB"}, "GPUHOST_DISK_FLOOR '20 GB' must be a size such as 20g"),
-        ({"swarm": "worker"}, "GPUHOST_SWARM must be leader \\(or off, for one machine\\), not 'worker'"),
+        ({"swarm": "follower"}, "GPUHOST_SWARM must be leader or worker \\(or off, for one machine\\), not 'follower'"),
+        ({"swarm": "worker"}, "GPUHOST_SWARM=worker needs GPUHOST_SWARM_KEY"),
+        ({"swarm": "worker", "swarm_key": "short"}, "GPUHOST_SWARM_KEY must have at least 16 characters"),
+        ({"swarm_workers": "n1"}, "GPUHOST_SWARM_WORKERS entry 'n1' must be <node id>=<host>:<port>"),
     ],
 )
 def test_config_errors_say_what_to_fix(flags, fragment):

@@ -72,9 +72,10 @@ class EngineStreams:
     """An aiohttp session on the engine's socket, made on first use (in the
     running loop); DOCKER_HOST is read then, and a bad one fails each call."""
 
-    def __init__(self, docker_host: str | None = None, *, timeout: float = 30):
+    def __init__(self, docker_host: str | None = None, *, timeout: float = 30, headers: dict[str, str] | None = None):
         self._docker_host = docker_host
         self._timeout = timeout
+        self._headers = dict(headers or {})  # sent with every request (a worker's key: streams/node_proxy.py)
         self._http: aiohttp.ClientSession | None = None
         self._endpoint: Endpoint | None = None
 
@@ -89,7 +90,7 @@ class EngineStreams:
                 else aiohttp.TCPConnector(limit=0)
             )
             self._http = aiohttp.ClientSession(
-                base_url=self._endpoint.base_url, connector=connector, auto_decompress=False
+                base_url=self._endpoint.base_url, connector=connector, auto_decompress=False, headers=self._headers
             )
         return self._http
 
@@ -196,8 +197,9 @@ class EngineStreams:
                 )
             writer = opened  # closed below unless handed to the caller
             body = json.dumps({"Detach": False, "Tty": tty}).encode()
+            extra = "".join(f"{name}: {value}\r\n" for name, value in self._headers.items())
             opened.write(
-                f"POST {path} HTTP/1.1\r\nHost: docker\r\nContent-Type: application/json\r\n"
+                f"POST {path} HTTP/1.1\r\nHost: docker\r\n{extra}Content-Type: application/json\r\n"
                 f"Connection: Upgrade\r\nUpgrade: tcp\r\nContent-Length: {len(body)}\r\n\r\n".encode()
                 + body
             )

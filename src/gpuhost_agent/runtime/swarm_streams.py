@@ -14,15 +14,34 @@ own engine, so they stay with the agent on that machine (docs/swarm.md).
 
 from __future__ import annotations
 
-from gpuhost_agent.runtime.engine_streams import CHUNK_BYTES, ContainerGone, EngineStreams, LogReader
+import asyncio
 
-REMOTE_NODE = "GpuhostNode"  # in an inspect made from a task: the node that runs the container
+from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.engine_streams import CHUNK_BYTES, ContainerGone, EngineStreams, EngineUnreachable, LogReader
+
+log = get_logger(__name__)
+
+REMOTE_NODE = "GpuhostNode"  # in an inspect of a container on another machine: its node
+REMOTE_WORKER = "GpuhostWorker"  # ... when that machine's agent answered it (a terminal can go there)
+KEPT = 1024  # containers and execs remembered per machine they run on
 
 
 class SwarmStreams(EngineStreams):
-    def __init__(self, docker_host: str | None = None, *, timeout: float = 30):
+    def __init__(
+        self,
+        docker_host: str | None = None,
+        *,
+        timeout: float = 30,
+        key: str | None = None,
+        workers: dict[str, tuple[str, int]] | None = None,
+        worker_port: int = 7072,
+    ):
         super().__init__(docker_host, timeout=timeout)
         self._tasks: dict[str, str] = {}  # container id -> task id, for containers on other machines
+        self._key, self._workers, self._worker_port = key, dict(workers or {}), worker_port
+        self._remotes: dict[str, EngineStreams] = {}  # node id -> its agent's door
+        self._on: dict[str, EngineStreams] = {}  # container id or exec id -> the door it is behind
 
     async def inspect(self, container_id: str) -> dict:
         try:
@@ -31,7 +50,77 @@ class SwarmStreams(EngineStreams):
             task = await self._task_of(container_id)
             if task is None:
                 raise
-            return task_inspect(task)
+        node = str(task.get("NodeID") or "")
+        remote = await self._remote(node)
+        if remote is not None:
+            try:
+                info = await remote.inspect(container_id)
+                self._remember(container_id, remote)
+                self._remember(str(info.get("Id") or ""), remote)
+                return {**info, REMOTE_NODE: node, REMOTE_WORKER: True}
+            except EngineUnreachable as exc:
+                log.warning("swarm_worker_unreachable", node_id=node, error=str(exc)[:300])
+        return task_inspect(task)
+
+    async def exec_create(self, container_id: str, command: list[str], env: dict[str, str], *, tty: bool = True) -> str:
+        remote = self._on.get(container_id)
+        if remote is None:
+            return await super().exec_create(container_id, command, env, tty=tty)
+        exec_id = await remote.exec_create(container_id, command, env, tty=tty)
+        self._remember(exec_id, remote)
+        return exec_id
+
+    async def exec_start(self, exec_id: str, *, tty: bool = True) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        remote = self._on.get(exec_id)
+        return await (remote.exec_start(exec_id, tty=tty) if remote else super().exec_start(exec_id, tty=tty))
+
+    async def exec_resize(self, exec_id: str, *, rows: int, cols: int) -> None:
+        remote = self._on.get(exec_id)
+        await (remote.exec_resize if remote else super().exec_resize)(exec_id, rows=rows, cols=cols)
+
+    async def exec_inspect(self, exec_id: str) -> dict:
+        remote = self._on.get(exec_id)
+        return await (remote.exec_inspect(exec_id) if remote else super().exec_inspect(exec_id))
+
+    async def exec_exit_code(self, exec_id: str, wait: float) -> int | None:
+        remote = self._on.get(exec_id)
+        return await (remote.exec_exit_code(exec_id, wait) if remote else super().exec_exit_code(exec_id, wait))
+
+    async def close(self) -> None:
+        for remote in self._remotes.values():
+            await remote.close()
+        self._remotes.clear()
+        await super().close()
+
+    def _remember(self, ident: str, remote: EngineStreams) -> None:
+        if ident:
+            self._on.pop(ident, None)
+            self._on[ident] = remote
+            while len(self._on) > KEPT:
+                self._on.pop(next(iter(self._on)))
+
+    async def _remote(self, node: str) -> EngineStreams | None:
+        """The door of the agent on `node`, None without the environment's key
+        or an address for it."""
+        if not self._key or not node:
+            return None
+        if node not in self._remotes:
+            address = self._workers.get(node)
+            if address is None:
+                try:
+                    addr = str(
+                        ((await self._call("GET", f"/nodes/{node}") or {}).get("Status") or {}).get("Addr") or ""
+                    )
+                except EngineError:
+                    return None
+                if not addr or addr == "0.0.0.0":
+                    return None
+                address = (addr, self._worker_port)
+            host, port = address
+            self._remotes[node] = EngineStreams(
+                f"tcp://{host}:{port}", timeout=10, headers={"Authorization": f"Bearer {self._key}"}
+            )
+        return self._remotes[node]
 
     async def open_logs(
         self, container_id: str, *, follow: bool, tail: int | None, since: str | None, chunk_bytes: int = CHUNK_BYTES

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 DEFAULT_CONFIG_FILE = Path("/etc/gpuhost-agent/agent.conf")
 DEFAULT_LOCAL_LISTEN = "127.0.0.1:8787"
+SWARM_PORT = 7072  # a Swarm worker agent's port for the leader (docs/swarm.md)
 
 
 class ConfigError(ValueError):
@@ -57,6 +58,10 @@ class AgentConfig:
     metrics: bool = False  # GPUHOST_METRICS=on: /metrics on the status socket
     metrics_listen: tuple[str, int] | None = None  # GPUHOST_METRICS_LISTEN=127.0.0.1:9464: also on loopback TCP
     swarm: str = ""  # GPUHOST_SWARM=leader: this agent deploys to the Swarm its engine manages (docs/swarm.md)
+    # ... =worker: it serves the leader what only this machine's engine can (streams/node_proxy.py)
+    swarm_key: str | None = None  # GPUHOST_SWARM_KEY: the environment's key, the same on the leader and workers
+    swarm_listen: tuple[str, int] = ("0.0.0.0", SWARM_PORT)  # a worker's address for the leader
+    swarm_workers: dict[str, tuple[str, int]] = field(default_factory=dict)  # the leader's: node id -> worker
 
     @property
     def socket_path(self) -> Path:
@@ -155,8 +160,13 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         raise ConfigError(f"GPUHOST_METRICS must be on or off, not {metrics_on!r}")
     metrics_listen = pick("metrics_listen", "GPUHOST_METRICS_LISTEN")
     swarm = str(pick("swarm", "GPUHOST_SWARM", "") or "").strip().lower()
-    if swarm not in ("", "off", "leader"):
-        raise ConfigError(f"GPUHOST_SWARM must be leader (or off, for one machine), not {swarm!r}")
+    if swarm not in ("", "off", "leader", "worker"):
+        raise ConfigError(f"GPUHOST_SWARM must be leader or worker (or off, for one machine), not {swarm!r}")
+    swarm_key = pick("swarm_key", "GPUHOST_SWARM_KEY")
+    if swarm == "worker" and not swarm_key:
+        raise ConfigError("GPUHOST_SWARM=worker needs GPUHOST_SWARM_KEY, the environment's key (the leader's too)")
+    if swarm_key and len(str(swarm_key)) < 16:
+        raise ConfigError("GPUHOST_SWARM_KEY must have at least 16 characters (e.g. `openssl rand -hex 24`)")
     return AgentConfig(
         marketplace_url=url,
         env_id=env_id,
@@ -190,6 +200,9 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         metrics=metrics_on in ("on", "true", "yes", "1"),
         metrics_listen=parse_listen(str(metrics_listen)) if metrics_listen else None,
         swarm="" if swarm == "off" else swarm,
+        swarm_key=str(swarm_key) if swarm_key else None,
+        swarm_listen=parse_listen(str(pick("swarm_listen", "GPUHOST_SWARM_LISTEN", f"0.0.0.0:{SWARM_PORT}"))),
+        swarm_workers=_workers(str(pick("swarm_workers", "GPUHOST_SWARM_WORKERS", "") or "")),
     )
 
 
@@ -207,6 +220,18 @@ def _size_bytes(text: str, name: str) -> int:
     if not match:
         raise ConfigError(f"{name} {text!r} must be a size such as 20g, 500m or 0")
     return int(match.group(1)) * 1024 ** " kmgt".index(match.group(2) or " ")
+
+
+def _workers(text: str) -> dict[str, tuple[str, int]]:
+    """GPUHOST_SWARM_WORKERS=<node id>=<host>:<port>,...: where the leader finds
+    a worker's agent when not at the node's own Swarm address."""
+    found = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        node, _, address = item.partition("=")
+        if not node or not address:
+            raise ConfigError(f"GPUHOST_SWARM_WORKERS entry {item!r} must be <node id>=<host>:<port>")
+        found[node.strip()] = parse_listen(address.strip())
+    return found
 
 
 def _at_least_one(value: int, name: str) -> int:

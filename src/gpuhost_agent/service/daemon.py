@@ -52,6 +52,11 @@ async def serve(config: AgentConfig, stop: asyncio.Event) -> None:
 
 
 async def _serve_locked(config: AgentConfig, stop: asyncio.Event) -> None:
+    if config.swarm == "worker":  # another machine of a Swarm environment: it serves the leader only
+        from gpuhost_agent.service.worker import serve_worker
+
+        await serve_worker(config, stop)
+        return
     local = None
     if config.uses_local_marketplace:
         local = await start_local_marketplace(config)

@@ -88,7 +88,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
     """Every object of a running agent, each given its collaborators here and
     nowhere else. The order follows the dependencies: nothing is attached
     after it was built."""
-    SECRETS.add(api_key)
+    SECRETS.add(api_key, config.swarm_key)
     db = AgentDB(config.state_dir / DB_FILE)
     if db.rebuilt_because and db.rebuilt_because != "no state file yet":
         log.warning("state_rebuilding", reason=db.rebuilt_because)
@@ -145,7 +145,11 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         stacks_per_rental=config.stacks_per_rental,
         rental_limit_reached=limit_reached,
     )
-    stream_engine = SwarmStreams() if leader else EngineStreams()  # a leader reads other machines' logs
+    stream_engine = (  # a leader reads other machines' logs, and opens terminals there through their agents
+        SwarmStreams(key=config.swarm_key, workers=config.swarm_workers, worker_port=config.swarm_listen[1])
+        if leader
+        else EngineStreams()
+    )
     ssh = SshServices(stream_engine, RentalKeys(client.rental_ssh_keys), ssh_host_key.load_or_create(config.state_dir))
     streams = StreamChannel(client, session, stream_engine, ssh)
     end_dates = RentalEndDates(db)

@@ -24,7 +24,7 @@ import aiohttp
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import ContainerGone, EngineStreams
-from gpuhost_agent.runtime.swarm_streams import REMOTE_NODE
+from gpuhost_agent.runtime.swarm_streams import REMOTE_NODE, REMOTE_WORKER
 from gpuhost_agent.streams import limits
 from gpuhost_agent.streams.limits import StreamLimits
 from gpuhost_agent.streams.requests import (
@@ -34,6 +34,7 @@ from gpuhost_agent.streams.requests import (
     Refusal,
     SshRequest,
     StreamRequest,
+    TerminalRequest,
     TunnelRequest,
     check_access,
 )
@@ -44,7 +45,11 @@ from gpuhost_agent.uplink.session import SessionState
 Service = tuple[asyncio.StreamReader, asyncio.StreamWriter]  # a tunnel's open connection to its service
 REMOTE_REFUSAL = (
     "the container runs on another machine of this environment: its logs come through the Swarm's manager, "
-    "but a terminal or a tunnel needs the agent on that machine, which is not built yet"
+    "a terminal through the agent on that machine (GPUHOST_SWARM=worker), which did not answer"
+)
+REMOTE_NOT_YET = (
+    "the container runs on another machine of this environment: tunnels and SSH reach containers on the "
+    "leader's machine only, for now"
 )
 
 
@@ -94,7 +99,11 @@ async def check_container(
         return Refusal(request.stream_id, 503, f"Docker Engine: {exc}"[:500]), {}
     refusal = check_access((info.get("Config") or {}).get("Labels"), session.env_id, request)
     if refusal is None and info.get(REMOTE_NODE) and not isinstance(request, LogsRequest):
-        refusal = Refusal(request.stream_id, 409, f"{REMOTE_REFUSAL} (node {str(info[REMOTE_NODE])[:12]})")
+        node = f"(node {str(info[REMOTE_NODE])[:12]})"
+        if not isinstance(request, TerminalRequest):
+            refusal = Refusal(request.stream_id, 409, f"{REMOTE_NOT_YET} {node}")
+        elif not info.get(REMOTE_WORKER):
+            refusal = Refusal(request.stream_id, 409, f"{REMOTE_REFUSAL} {node}")
     return refusal, info
 
 

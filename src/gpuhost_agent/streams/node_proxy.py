@@ -1,0 +1,178 @@
+"""The worker's door for the leader (GPUHOST_SWARM=worker, docs/swarm.md).
+
+In a Swarm environment the leader holds the marketplace session, but a
+terminal, like a container's own log, needs the engine of the machine that
+runs the container. So the agent on each other machine serves the leader a
+narrow part of its engine's API, and nothing else:
+
+- a container's inspect and log, an exec created in it, and that exec's
+  start (the TTY, both ways), resize and inspect; every other path is 403;
+- only containers the agent manages (label io.gpuhost.managed=true): the
+  host's own containers and anything else on the engine are out of reach;
+- an exec never privileged, whatever the body asks;
+- only with the environment's key (`Authorization: Bearer <GPUHOST_SWARM_KEY>`,
+  compared in constant time), 401 otherwise.
+
+One request per connection: the request is read whole (head, then a body of
+its Content-Length, at most 64 KiB), checked, and sent to the engine with
+`Connection: close`; the engine's answer is relayed and the connection
+closed. An exec start asks for the raw stream (`Upgrade: tcp`): only then
+are bytes relayed both ways after the request, as the engine hands over
+the exec's TTY. So a second request can never ride an approved one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import re
+
+from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.engine_streams import EngineStreams
+
+log = get_logger(__name__)
+
+HEAD_LIMIT = 16 * 1024
+BODY_LIMIT = 64 * 1024
+CHUNK = 64 * 1024
+READ_SECONDS = 10.0
+_ID = r"([A-Za-z0-9][A-Za-z0-9_.-]{0,127})"
+ROUTES = [  # (method, path pattern, what the id names)
+    ("GET", re.compile(rf"/containers/{_ID}/json"), "container"),
+    ("GET", re.compile(rf"/containers/{_ID}/logs"), "container"),
+    ("POST", re.compile(rf"/containers/{_ID}/exec"), "container"),
+    ("POST", re.compile(rf"/exec/{_ID}/start"), "exec"),
+    ("POST", re.compile(rf"/exec/{_ID}/resize"), "exec"),
+    ("GET", re.compile(rf"/exec/{_ID}/json"), "exec"),
+]
+VERSION_PREFIX = re.compile(r"^/v1\.\d+(?=/)")
+
+
+def route(method: str, target: str) -> tuple[str, str] | None:
+    """(what, id) of an allowed request, None for anything else. Pure."""
+    path = VERSION_PREFIX.sub("", target.split("?", 1)[0])
+    for allowed, pattern, what in ROUTES:
+        if method == allowed and (found := pattern.fullmatch(path)):
+            return what, found.group(1)
+    return None
+
+
+class Refused(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class NodeProxy:
+    def __init__(self, key: str, engine: EngineStreams, engine_path: str):
+        if len(key) < 16:
+            raise ValueError("the environment's key must have at least 16 characters")
+        self._expected = f"Bearer {key}".encode()
+        self.engine, self.engine_path = engine, engine_path  # the local engine's socket
+        self._server: asyncio.Server | None = None
+        self.served = self.refused = 0  # for tests and the status
+
+    async def start(self, host: str, port: int) -> int:
+        self._server = await asyncio.start_server(self._handle, host, port, limit=HEAD_LIMIT)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head, body, upgrade = await self._request(reader)
+            upstream_reader, upstream = await asyncio.open_unix_connection(self.engine_path, limit=CHUNK)
+        except Refused as exc:
+            self.refused += 1
+            payload = json.dumps({"message": str(exc)}).encode()
+            writer.write(
+                f"HTTP/1.1 {exc.status} Refused\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
+                + payload
+            )
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+            writer.close()
+            return
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ValueError):
+            writer.close()
+            return
+        self.served += 1
+        upstream.write(head + body)
+        # The engine's side decides the end: its answer is over, or the exec ended.
+        up = asyncio.create_task(_relay(reader, upstream)) if upgrade else None
+        try:
+            await _relay(upstream_reader, writer)
+        finally:
+            if up is not None:
+                up.cancel()
+                await asyncio.gather(up, return_exceptions=True)
+            upstream.close()
+            writer.close()
+
+    async def _request(self, reader: asyncio.StreamReader) -> tuple[bytes, bytes, bool]:
+        """The checked request as the engine gets it: head, body, and whether
+        it becomes a raw stream."""
+        raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_SECONDS)
+        lines = raw.decode("latin-1").split("\r\n")
+        method, target, _ = (lines[0].split(" ") + ["", ""])[:3]
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            if name:
+                headers[name.strip().lower()] = value.strip()
+        if not hmac.compare_digest(headers.get("authorization", "").encode(), self._expected):
+            raise Refused(401, "the environment's key is missing or wrong")
+        allowed = route(method, target)
+        if allowed is None:
+            raise Refused(403, f"{method} {target.split('?', 1)[0][:100]} is not served to the leader")
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            raise Refused(411, "a body needs a Content-Length")
+        length = int(headers.get("content-length") or 0)
+        if not 0 <= length <= BODY_LIMIT:
+            raise Refused(413, f"a body of at most {BODY_LIMIT} bytes")
+        body = await asyncio.wait_for(reader.readexactly(length), READ_SECONDS) if length else b""
+        await self._check(*allowed, method, target, body)
+        upgrade = allowed[0] == "exec" and target.split("?", 1)[0].endswith("/start")
+        head = [f"{method} {target} HTTP/1.1", "Host: docker"]
+        head += [f"Content-Type: {headers.get('content-type') or 'application/json'}", f"Content-Length: {length}"]
+        head += ["Connection: Upgrade", "Upgrade: tcp"] if upgrade else ["Connection: close"]
+        return ("\r\n".join(head) + "\r\n\r\n").encode(), body, upgrade
+
+    async def _check(self, what: str, ident: str, method: str, target: str, body: bytes) -> None:
+        try:
+            if what == "exec":
+                ident = str((await self.engine.exec_inspect(ident)).get("ContainerID") or "")
+            info = await self.engine.inspect(ident)
+        except EngineError as exc:
+            raise Refused(404, f"not found: {exc}"[:300]) from None
+        labels = (info.get("Config") or {}).get("Labels") or {}
+        if labels.get(wire.LABEL_MANAGED) != "true":
+            raise Refused(403, "not a container of the agent")
+        if method == "POST" and target.split("?", 1)[0].endswith("/exec"):
+            try:
+                asked = json.loads(body or b"{}")
+            except ValueError:
+                raise Refused(400, "the exec's body is not JSON") from None
+            if not isinstance(asked, dict) or asked.get("Privileged"):
+                raise Refused(403, "an exec is never privileged")
+
+
+async def _relay(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    """Bytes as they come, with backpressure, until the source ends; then a
+    half-close of the sink (a TTY's end of input)."""
+    try:
+        while chunk := await source.read(CHUNK):
+            sink.write(chunk)
+            await sink.drain()
+        if sink.can_write_eof():
+            sink.write_eof()
+    except (ConnectionError, OSError):
+        pass

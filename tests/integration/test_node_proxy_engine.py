@@ -1,0 +1,113 @@
+"""The worker's door for the leader (streams/node_proxy.py) on the real engine,
+asked by the leader's own client (EngineStreams over tcp://) and by curl:
+a terminal in a container the agent manages works through it, both ways;
+the key is required; the host's other containers, every other path of the
+engine API and a privileged exec are refused."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+
+import pytest
+from support.stacks import TEST_IMAGE
+
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.docker_host import parse_docker_host
+from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.streams.node_proxy import NodeProxy
+
+KEY = "k" * 24
+
+
+@pytest.fixture
+def containers(docker_client):
+    made = []
+    for managed in ("true", "false"):
+        made.append(
+            docker_client.containers.run(
+                TEST_IMAGE,
+                ["sh", "-c", "trap exit TERM; sleep 3600 & wait"],
+                detach=True,
+                labels={wire.LABEL_MANAGED: managed, "gpuhost-test": "node-proxy"},
+            )
+        )
+    yield made[0].id, made[1].id
+    for container in made:
+        container.remove(force=True)
+
+
+@pytest.fixture
+async def proxy():
+    local = EngineStreams()
+    engine_path = parse_docker_host(os.environ.get("DOCKER_HOST")).unix_path
+    assert engine_path
+    served = NodeProxy(KEY, local, engine_path)
+    port = await served.start("127.0.0.1", 0)
+    yield served, port
+    await served.stop()
+    await local.close()
+
+
+def curl(port: int, method: str, path: str, key: str | None = KEY, body: dict | None = None) -> tuple[int, str]:
+    args = ["curl", "-s", "-o", "-", "-w", "\n%{http_code}", "-X", method, f"http://127.0.0.1:{port}{path}"]
+    if key is not None:
+        args += ["-H", f"Authorization: Bearer {key}"]
+    if body is not None:
+        args += ["-H", "Content-Type: application/json", "--data", json.dumps(body)]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=30, check=True).stdout
+    text, _, code = out.rpartition("\n")
+    return int(code), text
+
+
+async def test_a_terminal_in_a_managed_container_works_through_the_door(proxy, containers) -> None:
+    served, port = proxy
+    managed, _ = containers
+    remote = EngineStreams(f"tcp://127.0.0.1:{port}", headers={"Authorization": f"Bearer {KEY}"})
+    try:
+        assert (await remote.inspect(managed))["Id"] == managed
+        exec_id = await remote.exec_create(managed, ["sh", "-c", "echo ready; read line; echo got-$line"], {})
+        reader, writer = await remote.exec_start(exec_id)
+        assert b"ready" in await asyncio.wait_for(reader.readuntil(b"ready"), 10)
+        await remote.exec_resize(exec_id, rows=30, cols=100)
+        writer.write(b"hello\n")
+        await writer.drain()
+        rest = b""
+        while b"got-hello" not in rest:
+            chunk = await asyncio.wait_for(reader.read(1024), 10)
+            assert chunk, rest
+            rest += chunk
+        writer.close()
+        assert await remote.exec_exit_code(exec_id, 10) == 0
+        with pytest.raises(EngineError, match="404"):  # an ended exec: the engine's own answer, relayed
+            await remote.exec_resize(exec_id, rows=30, cols=100)
+    finally:
+        await remote.close()
+    assert served.served >= 4
+
+
+async def test_without_the_key_or_outside_the_agents_containers_nothing_is_served(
+    proxy, containers, docker_client
+) -> None:
+    served, port = proxy
+    managed, foreign = containers
+    assert (await asyncio.to_thread(curl, port, "GET", f"/containers/{managed}/json", key=None))[0] == 401
+    assert (await asyncio.to_thread(curl, port, "GET", f"/containers/{managed}/json", key="x" * 24))[0] == 401
+    status, text = await asyncio.to_thread(curl, port, "GET", f"/v1.41/containers/{managed}/json")
+    assert status == 200 and json.loads(text)["Id"] == managed
+    assert (await asyncio.to_thread(curl, port, "GET", f"/containers/{foreign}/json"))[0] == 403
+    assert (await asyncio.to_thread(curl, port, "POST", f"/containers/{foreign}/exec", body={"Cmd": ["id"]}))[0] == 403
+    for method, path in (("GET", "/containers/json"), ("GET", "/info"), ("POST", "/containers/create")):
+        assert (await asyncio.to_thread(curl, port, method, path))[0] == 403, path
+    assert (await asyncio.to_thread(curl, port, "POST", f"/containers/{managed}/stop"))[0] == 403
+    privileged = {"Cmd": ["id"], "Privileged": True, "AttachStdout": True}
+    assert (await asyncio.to_thread(curl, port, "POST", f"/containers/{managed}/exec", body=privileged))[0] == 403
+    status, text = await asyncio.to_thread(curl, port, "POST", f"/containers/{managed}/exec", body={"Cmd": ["id"]})
+    assert status == 201 and json.loads(text)["Id"]
+    foreign_exec = (await asyncio.to_thread(docker_client.api.exec_create, foreign, ["true"]))["Id"]
+    assert (await asyncio.to_thread(curl, port, "GET", f"/exec/{foreign_exec}/json"))[0] == 403
+    assert (await asyncio.to_thread(curl, port, "POST", f"/exec/{foreign_exec}/start", body={"Detach": True}))[0] == 403
+    assert served.refused >= 10

@@ -1,0 +1,62 @@
+"""The agent on the other machine of a Swarm environment (GPUHOST_SWARM=worker),
+end to end: the leader agent process on the manager, a worker agent process
+on machine 2's engine, the local marketplace and a renter over HTTP. A
+terminal opened through the marketplace in a container on machine 2 runs
+there (its hostname is that container's), both ways, through the worker's
+door and the environment's key; the worker's log names the requests it
+served and none of the key."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from conftest import SWARM_KEY
+from support.renter_streams import create_terminal, terminal_until
+from support.swarm import GPU_STACK, labelled
+from support.waiting import until
+
+from gpuhost_agent.local_marketplace import shapes
+from gpuhost_agent.protocol import wire
+
+pytestmark = pytest.mark.swarm
+
+
+async def train_of(renter, rental_id: str, stack_id: str) -> dict | None:
+    listed = [c for c in await renter.containers(rental_id, stack_id) if "_train." in c["Name"]]
+    return listed[0] if listed else None
+
+
+async def test_a_terminal_in_a_container_on_the_other_machine_runs_there_through_its_agent(
+    swarm_leader, swarm_worker
+) -> None:
+    (renter, market, agent), machines = swarm_leader
+    worker, worker_log = swarm_worker
+    await agent.start()
+    await until(lambda: shapes.listing(market.store)["totalGPUs"] == 4, timeout=90)
+    rentals = [await renter.rental(gpu_count=2), await renter.rental(gpu_count=2)]
+    stacks = {rental_id: await renter.stack(rental_id, GPU_STACK) for rental_id in rentals}
+    on_two = None
+    for rental_id, stack_id in stacks.items():
+        done = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=120)
+        assert done and done["status"] == wire.APPLIED, done
+        await until(lambda r=rental_id, s=stack_id: train_of(renter, r, s), timeout=30)
+        train = await train_of(renter, rental_id, stack_id)
+        assert train is not None
+        if machines[labelled(train)["com.docker.swarm.node.id"]] == 2:
+            on_two = (rental_id, stack_id, train)
+    assert on_two is not None
+    rental_id, stack_id, train = on_two
+
+    key = renter.store.renterApiKey
+    status, body = await create_terminal(
+        renter.http, renter.base_url, key, rental_id, stack_id, train["Id"], cols=80, rows=24
+    )
+    assert status == 201, body
+    async with renter.http.ws_connect(body["url"]) as ws:
+        await ws.send_bytes(b"echo host-$(hostname) sum-$((6*7))\n")
+        seen = await terminal_until(ws, "sum-42", timeout=20)
+    assert f"host-{train['Id'][:12]}" in seen  # the container on machine 2, not one on the leader's machine
+    assert worker.returncode is None
+    text = await asyncio.to_thread(worker_log.read_text)
+    assert "swarm_worker_started" in text and SWARM_KEY not in text

@@ -1,0 +1,43 @@
+"""Which requests the worker's door (streams/node_proxy.py) lets the leader make
+of its engine: a pure decision, checked here on paths as docker-py and the
+Docker CLI write them; the door itself runs against the real engine in
+tests/integration/test_node_proxy_engine.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuhost_agent.streams.node_proxy import NodeProxy, route
+
+ID = "5e7140ba6f17c65a09300a61fbb9e36a520b40a8869c52175d0f97f718ab2a59"
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "expected"),
+    [
+        ("GET", f"/containers/{ID}/json", ("container", ID)),
+        ("GET", f"/v1.41/containers/{ID}/logs?follow=1&stdout=1", ("container", ID)),
+        ("POST", f"/containers/{ID}/exec", ("container", ID)),
+        ("POST", f"/v1.43/exec/{ID}/start", ("exec", ID)),
+        ("POST", f"/exec/{ID}/resize?h=24&w=80", ("exec", ID)),
+        ("GET", f"/exec/{ID}/json", ("exec", ID)),
+        ("GET", "/containers/json", None),  # the host's whole container list
+        ("POST", "/containers/create", None),
+        ("POST", f"/containers/{ID}/start", None),
+        ("DELETE", f"/containers/{ID}", None),
+        ("GET", f"/containers/{ID}/archive?path=/", None),  # files: not through this door
+        ("POST", f"/containers/{ID}/attach", None),
+        ("GET", f"/containers/../images/{ID}/json", None),
+        ("GET", f"/containers/{ID}/json/../../info", None),
+        ("PUT", f"/containers/{ID}/json", None),
+        ("GET", "/info", None),
+        ("POST", "/swarm/leave", None),
+    ],
+)
+def test_only_a_managed_containers_inspect_log_and_execs_are_routed(method, target, expected) -> None:
+    assert route(method, target) == expected
+
+
+def test_a_short_key_is_refused_at_the_start() -> None:
+    with pytest.raises(ValueError, match="at least 16"):
+        NodeProxy("short", None, "/var/run/docker.sock")  # type: ignore[arg-type]
