@@ -53,6 +53,26 @@ async def test_outbox_drops_what_the_marketplace_rejects():
     assert outbox.rejected == 1 and outbox.pending() == 0
 
 
+async def test_a_report_in_back_off_goes_at_once_when_the_marketplace_answers_again():
+    """retry_now (a heartbeat went through): no waiting out a back-off of up to 30 s."""
+    down = {"now": True}
+
+    async def send(report):
+        if down["now"]:
+            raise MarketplaceUnavailable("down", retry_after=30)
+
+    outbox = Outbox(send, AgentDB(None), base_delay=30, max_delay=30)
+    outbox.put(STATUS, "s1", {"status": "APPLIED"})
+    runner = asyncio.create_task(outbox.run())
+    await asyncio.sleep(0.05)  # the first try failed: 30 s of back-off from here
+    down["now"] = False
+    assert not await outbox.drained(0.2)
+    outbox.retry_now()
+    assert await outbox.drained(2)
+    runner.cancel()
+    assert outbox.sent == 1
+
+
 def test_config_priority_flags_over_env_over_file(tmp_path):
     conf = tmp_path / "agent.conf"
     key_file = tmp_path / "key"

@@ -250,6 +250,7 @@ class HostReporter:
         if self._beat_failures:
             log.info("heartbeat_restored", after_failures=self._beat_failures)
             self._beat_failures = 0
+            self.outbox.retry_now()  # the reports held back meanwhile need not wait out their back-off
         self._note_server_time(reply.get("serverTime"), sent_at, time.time())
         interval = reply.get("heartbeatIntervalSeconds")
         if wire.is_number(interval) and interval > 0 and interval != self.intervals["heartbeatSeconds"]:

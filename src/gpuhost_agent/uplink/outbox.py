@@ -64,6 +64,7 @@ class Outbox:
         self._versions = 0
         self._base_delay = base_delay
         self._max_delay = max_delay
+        self._backoff: asyncio.Future | None = None  # the back-off sleep under way
         self.sent = 0
         self.rejected = 0  # refused by the marketplace (4xx): sending again would not help
         self.dropped = int(db.meta("reports_dropped") or "0")  # lost to the size bound
@@ -125,6 +126,12 @@ class Outbox:
     def has(self, kind: str, target: str) -> bool:
         return (kind, target) in self._entries
 
+    def retry_now(self) -> None:
+        """The marketplace answers again (a heartbeat went through): what waits
+        in a back-off of up to max_delay goes now."""
+        if self._backoff is not None and not self._backoff.done():
+            self._backoff.cancel()
+
     async def drained(self, timeout: float) -> bool:
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
@@ -150,7 +157,8 @@ class Outbox:
                 log.warning(
                     "report_deferred", kind=entry.kind, target=entry.target, error=str(exc), retry_in_s=round(delay, 2)
                 )
-                await asyncio.sleep(delay)
+                self._backoff = asyncio.ensure_future(asyncio.sleep(delay))
+                await asyncio.wait({self._backoff})  # done when slept, or cancelled by retry_now
                 continue
             except MarketplaceRejected as exc:
                 self.rejected += 1
