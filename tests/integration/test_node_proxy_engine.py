@@ -23,6 +23,9 @@ from gpuhost_agent.streams.node_proxy import NodeProxy
 KEY = "k" * 24
 
 
+SERVE = "mkdir /www && echo through-the-door > /www/i && exec httpd -f -p 8080 -h /www"
+
+
 @pytest.fixture
 def containers(docker_client):
     made = []
@@ -30,9 +33,10 @@ def containers(docker_client):
         made.append(
             docker_client.containers.run(
                 TEST_IMAGE,
-                ["sh", "-c", "trap exit TERM; sleep 3600 & wait"],
+                ["sh", "-c", SERVE],
                 detach=True,
                 labels={wire.LABEL_MANAGED: managed, "gpuhost-test": "node-proxy"},
+                ports={"8080/tcp": None, "9000/tcp": None},  # declared (ExposedPorts); nothing on 9000
             )
         )
     yield made[0].id, made[1].id
@@ -111,3 +115,37 @@ async def test_without_the_key_or_outside_the_agents_containers_nothing_is_serve
     assert (await asyncio.to_thread(curl, port, "GET", f"/exec/{foreign_exec}/json"))[0] == 403
     assert (await asyncio.to_thread(curl, port, "POST", f"/exec/{foreign_exec}/start", body={"Detach": True}))[0] == 403
     assert served.refused >= 10
+
+
+async def test_a_tunnels_last_hop_is_dialled_from_inside_the_container_to_a_declared_port(
+    proxy, containers, docker_client
+) -> None:
+    _, port = proxy
+    managed, foreign = containers
+    remote = EngineStreams(f"tcp://127.0.0.1:{port}", headers={"Authorization": f"Bearer {KEY}"})
+    info = await asyncio.to_thread(docker_client.api.inspect_container, managed)
+    address = next(iter(info["NetworkSettings"]["Networks"].values()))["IPAddress"]
+    try:
+        for _ in range(50):  # httpd starting
+            try:
+                reader, writer = await remote.connect_through(managed, address, 8080)
+            except EngineError as exc:
+                assert "503" in str(exc) or "reach" in str(exc), exc
+                await asyncio.sleep(0.1)
+                continue
+            break
+        writer.write(b"GET /i HTTP/1.0\r\n\r\n")
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.") and answer.rstrip().endswith(b"through-the-door"), answer
+        for container, where, to, refused in (
+            (managed, address, 22, "not a TCP port this container declares"),
+            (managed, "127.0.0.1", 8080, "not one of the container's own addresses"),
+            (foreign, address, 8080, "not a container of the agent"),
+            (managed, address, 9000, "cannot reach the service"),
+        ):
+            with pytest.raises(EngineError, match=refused):
+                await remote.connect_through(container, where, to)
+    finally:
+        await remote.close()

@@ -9,10 +9,12 @@ served and none of the key."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 
 import pytest
 from conftest import SWARM_KEY
 from support.renter_streams import create_terminal, terminal_until
+from support.stacks import TEST_IMAGE
 from support.swarm import GPU_STACK, labelled
 from support.waiting import until
 
@@ -60,3 +62,43 @@ async def test_a_terminal_in_a_container_on_the_other_machine_runs_there_through
     assert worker.returncode is None
     text = await asyncio.to_thread(worker_log.read_text)
     assert "swarm_worker_started" in text and SWARM_KEY not in text
+
+
+WEB_ON_GPUS = f"""
+services:
+  train:
+    image: {TEST_IMAGE}
+    command: ["sh", "-c", "mkdir /www && echo served-by-$$(hostname) > /www/i && exec httpd -f -p 8080 -h /www"]
+    ports: ["8080"]
+    deploy:
+      resources:
+        reservations:
+          devices: [{{driver: nvidia, count: all, capabilities: [gpu]}}]
+"""
+
+
+def curl(url: str) -> str:
+    done = subprocess.run(["curl", "-sS", "--max-time", "10", url], capture_output=True, text=True, timeout=20)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+async def test_a_tunnel_reaches_a_service_on_either_machine_over_its_overlay(swarm_leader, swarm_worker) -> None:
+    """The stack's networks are overlays, out of the hosts' reach: on the
+    leader's machine the leader dials from inside the container's network
+    namespace, on machine 2 the worker does and its door relays the bytes."""
+    (renter, market, agent), machines = swarm_leader
+    await agent.start()
+    await until(lambda: shapes.listing(market.store)["totalGPUs"] == 4, timeout=90)
+    rentals = [await renter.rental(gpu_count=2), await renter.rental(gpu_count=2)]
+    stacks = {rental_id: await renter.stack(rental_id, WEB_ON_GPUS) for rental_id in rentals}
+    served_from = []
+    for rental_id, stack_id in stacks.items():
+        done = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=120)
+        assert done and done["status"] == wire.APPLIED, done
+        (tunnel,) = await renter.tunnels(rental_id, stack_id, 1, timeout=30)
+        train = await train_of(renter, rental_id, stack_id)
+        assert train is not None and tunnel["containerPort"] == 8080
+        assert await asyncio.to_thread(curl, tunnel["url"] + "i") == f"served-by-{train['Id'][:12]}"
+        served_from.append(machines[labelled(train)["com.docker.swarm.node.id"]])
+    assert sorted(served_from) == [1, 2]

@@ -23,6 +23,8 @@ import asyncio
 import json
 import os
 import re
+import ssl
+import urllib.parse
 from typing import Any
 
 import aiohttp
@@ -183,7 +185,19 @@ class EngineStreams:
     async def exec_start(self, exec_id: str, *, tty: bool = True) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """Start the exec and take over its connection: what follows the
         response head is the TTY (or the frames), both ways."""
-        path = f"/exec/{_checked_id(exec_id)}/start"
+        body = json.dumps({"Detach": False, "Tty": tty}).encode()
+        return await self._upgrade(f"/exec/{_checked_id(exec_id)}/start", body, "exec start")
+
+    async def connect_through(
+        self, container_id: str, address: str, port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to a container's port made by a Swarm worker's agent
+        on the container's machine, relayed by its door (streams/node_proxy.py)."""
+        query = urllib.parse.urlencode({"address": address, "port": port})
+        return await self._upgrade(f"/gpuhost/containers/{_checked_id(container_id)}/connect?{query}", b"{}", "connect")
+
+    async def _upgrade(self, path: str, body: bytes, what: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """POST with `Upgrade: tcp`; on 101 or 200, the raw connection both ways."""
         self._session()  # reads DOCKER_HOST
         endpoint = self._endpoint
         assert endpoint is not None
@@ -196,7 +210,6 @@ class EngineStreams:
                     asyncio.open_connection(endpoint.host, endpoint.port), self._timeout
                 )
             writer = opened  # closed below unless handed to the caller
-            body = json.dumps({"Detach": False, "Tty": tty}).encode()
             extra = "".join(f"{name}: {value}\r\n" for name, value in self._headers.items())
             opened.write(
                 f"POST {path} HTTP/1.1\r\nHost: docker\r\n{extra}Content-Type: application/json\r\n"
@@ -222,11 +235,19 @@ class EngineStreams:
         ) as exc:
             if writer is not None:
                 writer.close()
-            raise EngineUnreachable(f"Docker Engine: exec start failed: {type(exc).__name__}: {exc}") from exc
+            raise EngineUnreachable(f"Docker Engine: {what} failed: {type(exc).__name__}: {exc}") from exc
         except EngineError:
             if writer is not None:
                 writer.close()
             raise
+
+    async def dial(
+        self, info: dict, address: str, port: int, *, tls: ssl.SSLContext | None, timeout: float
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A tunnel's last hop (streams/tunnel.py): the host routes to a bridge network's addresses."""
+        return await asyncio.wait_for(
+            asyncio.open_connection(address, port, ssl=tls, server_hostname="" if tls else None), timeout
+        )
 
     async def exec_resize(self, exec_id: str, *, rows: int, cols: int) -> None:
         await self._call("POST", f"/exec/{_checked_id(exec_id)}/resize", params={"h": str(rows), "w": str(cols)})

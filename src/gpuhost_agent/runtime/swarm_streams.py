@@ -15,10 +15,12 @@ own engine, so they stay with the agent on that machine (docs/swarm.md).
 from __future__ import annotations
 
 import asyncio
+import ssl
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import CHUNK_BYTES, ContainerGone, EngineStreams, EngineUnreachable, LogReader
+from gpuhost_agent.runtime.netns_dial import dial_in_namespace
 
 log = get_logger(__name__)
 
@@ -85,6 +87,22 @@ class SwarmStreams(EngineStreams):
     async def exec_exit_code(self, exec_id: str, wait: float) -> int | None:
         remote = self._on.get(exec_id)
         return await (remote.exec_exit_code(exec_id, wait) if remote else super().exec_exit_code(exec_id, wait))
+
+    async def dial(
+        self, info: dict, address: str, port: int, *, tls: ssl.SSLContext | None, timeout: float
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A tunnel's last hop to a Swarm container: its networks are overlays,
+        reachable only from inside its network namespace. On this machine the
+        leader dials from there itself; on another, that machine's agent does."""
+        remote = self._on.get(str(info.get("Id") or ""))
+        if info.get(REMOTE_NODE):
+            if remote is None or not info.get(REMOTE_WORKER):
+                raise OSError("the agent on the container's machine does not answer")
+            if tls:
+                raise OSError("a tunnel to an insecure (HTTPS) stack on another machine is not built yet")
+            return await asyncio.wait_for(remote.connect_through(str(info["Id"]), address, port), timeout)
+        pid = int((info.get("State") or {}).get("Pid") or 0)
+        return await dial_in_namespace(pid, address, port, timeout, tls)
 
     async def close(self) -> None:
         for remote in self._remotes.values():

@@ -34,7 +34,6 @@ from gpuhost_agent.streams.requests import (
     Refusal,
     SshRequest,
     StreamRequest,
-    TerminalRequest,
     TunnelRequest,
     check_access,
 )
@@ -45,11 +44,7 @@ from gpuhost_agent.uplink.session import SessionState
 Service = tuple[asyncio.StreamReader, asyncio.StreamWriter]  # a tunnel's open connection to its service
 REMOTE_REFUSAL = (
     "the container runs on another machine of this environment: its logs come through the Swarm's manager, "
-    "a terminal through the agent on that machine (GPUHOST_SWARM=worker), which did not answer"
-)
-REMOTE_NOT_YET = (
-    "the container runs on another machine of this environment: tunnels and SSH reach containers on the "
-    "leader's machine only, for now"
+    "a terminal or a tunnel through the agent on that machine (GPUHOST_SWARM=worker), which did not answer"
 )
 
 
@@ -81,7 +76,11 @@ async def admit(
         refusal = await check_ssh(engine, session, request)
     else:
         refusal, info = await check_container(engine, session, request)
-    service = await connect(info, request) if refusal is None and isinstance(request, TunnelRequest) else None
+    service = (
+        await connect(info, request, dial=engine.dial)
+        if refusal is None and isinstance(request, TunnelRequest)
+        else None
+    )
     if isinstance(service, Refusal):
         refusal, service = service, None
     return refusal, info, service
@@ -98,12 +97,9 @@ async def check_container(
     except EngineError as exc:
         return Refusal(request.stream_id, 503, f"Docker Engine: {exc}"[:500]), {}
     refusal = check_access((info.get("Config") or {}).get("Labels"), session.env_id, request)
-    if refusal is None and info.get(REMOTE_NODE) and not isinstance(request, LogsRequest):
-        node = f"(node {str(info[REMOTE_NODE])[:12]})"
-        if not isinstance(request, TerminalRequest):
-            refusal = Refusal(request.stream_id, 409, f"{REMOTE_NOT_YET} {node}")
-        elif not info.get(REMOTE_WORKER):
-            refusal = Refusal(request.stream_id, 409, f"{REMOTE_REFUSAL} {node}")
+    remote = info.get(REMOTE_NODE) and not info.get(REMOTE_WORKER)  # on another machine, whose agent is silent
+    if refusal is None and remote and not isinstance(request, LogsRequest):
+        refusal = Refusal(request.stream_id, 409, f"{REMOTE_REFUSAL} (node {str(info[REMOTE_NODE])[:12]})")
     return refusal, info
 
 

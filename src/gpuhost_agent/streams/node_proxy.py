@@ -6,7 +6,11 @@ runs the container. So the agent on each other machine serves the leader a
 narrow part of its engine's API, and nothing else:
 
 - a container's inspect and log, an exec created in it, and that exec's
-  start (the TTY, both ways), resize and inspect; every other path is 403;
+  start (the TTY, both ways), resize and inspect; a tunnel's last hop
+  (`POST /gpuhost/containers/{id}/connect?address=&port=`: a connection made
+  from inside the container's network namespace, runtime/netns_dial.py, to
+  one of its own addresses on a port it declares, then bytes both ways, as
+  on one machine: streams/tunnel.py); every other path is 403;
 - only containers the agent manages (label io.gpuhost.managed=true): the
   host's own containers and anything else on the engine are out of reach;
 - an exec never privileged, whatever the body asks;
@@ -28,13 +32,17 @@ import contextlib
 import hmac
 import json
 import re
+import urllib.parse
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.runtime.netns_dial import dial_in_namespace
+from gpuhost_agent.streams.tunnel import CONNECT_TIMEOUT, container_addresses, declared_ports
 
 log = get_logger(__name__)
+Dial = tuple[int, str, int]  # a tunnel's last hop: the container's process, its address, the port
 
 HEAD_LIMIT = 16 * 1024
 BODY_LIMIT = 64 * 1024
@@ -48,6 +56,7 @@ ROUTES = [  # (method, path pattern, what the id names)
     ("POST", re.compile(rf"/exec/{_ID}/start"), "exec"),
     ("POST", re.compile(rf"/exec/{_ID}/resize"), "exec"),
     ("GET", re.compile(rf"/exec/{_ID}/json"), "exec"),
+    ("POST", re.compile(rf"/gpuhost/containers/{_ID}/connect"), "connect"),  # a tunnel's last hop
 ]
 VERSION_PREFIX = re.compile(r"^/v1\.\d+(?=/)")
 
@@ -87,8 +96,14 @@ class NodeProxy:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            head, body, upgrade = await self._request(reader)
-            upstream_reader, upstream = await asyncio.open_unix_connection(self.engine_path, limit=CHUNK)
+            head, body, upgrade, dial = await self._request(reader)
+            if dial is None:
+                upstream_reader, upstream = await asyncio.open_unix_connection(self.engine_path, limit=CHUNK)
+            else:
+                try:
+                    upstream_reader, upstream = await dial_in_namespace(*dial, timeout=CONNECT_TIMEOUT)
+                except (OSError, asyncio.TimeoutError) as exc:
+                    raise Refused(503, f"cannot reach the service: {type(exc).__name__}: {exc}"[:300]) from None
         except Refused as exc:
             self.refused += 1
             payload = json.dumps({"message": str(exc)}).encode()
@@ -105,7 +120,10 @@ class NodeProxy:
             writer.close()
             return
         self.served += 1
-        upstream.write(head + body)
+        if dial is None:
+            upstream.write(head + body)
+        else:
+            writer.write(b"HTTP/1.1 101 UPGRADED\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n")
         # The engine's side decides the end: its answer is over, or the exec ended.
         up = asyncio.create_task(_relay(reader, upstream)) if upgrade else None
         try:
@@ -117,9 +135,9 @@ class NodeProxy:
             upstream.close()
             writer.close()
 
-    async def _request(self, reader: asyncio.StreamReader) -> tuple[bytes, bytes, bool]:
-        """The checked request as the engine gets it: head, body, and whether
-        it becomes a raw stream."""
+    async def _request(self, reader: asyncio.StreamReader) -> tuple[bytes, bytes, bool, Dial | None]:
+        """The checked request as the engine gets it: head, body, whether it
+        becomes a raw stream, and for a tunnel's last hop where to dial."""
         raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_SECONDS)
         lines = raw.decode("latin-1").split("\r\n")
         method, target, _ = (lines[0].split(" ") + ["", ""])[:3]
@@ -139,14 +157,16 @@ class NodeProxy:
         if not 0 <= length <= BODY_LIMIT:
             raise Refused(413, f"a body of at most {BODY_LIMIT} bytes")
         body = await asyncio.wait_for(reader.readexactly(length), READ_SECONDS) if length else b""
-        await self._check(*allowed, method, target, body)
+        info = await self._check(*allowed, method, target, body)
+        if allowed[0] == "connect":
+            return b"", b"", True, _dial(info, target)
         upgrade = allowed[0] == "exec" and target.split("?", 1)[0].endswith("/start")
         head = [f"{method} {target} HTTP/1.1", "Host: docker"]
         head += [f"Content-Type: {headers.get('content-type') or 'application/json'}", f"Content-Length: {length}"]
         head += ["Connection: Upgrade", "Upgrade: tcp"] if upgrade else ["Connection: close"]
-        return ("\r\n".join(head) + "\r\n\r\n").encode(), body, upgrade
+        return ("\r\n".join(head) + "\r\n\r\n").encode(), body, upgrade, None
 
-    async def _check(self, what: str, ident: str, method: str, target: str, body: bytes) -> None:
+    async def _check(self, what: str, ident: str, method: str, target: str, body: bytes) -> dict:
         try:
             if what == "exec":
                 ident = str((await self.engine.exec_inspect(ident)).get("ContainerID") or "")
@@ -163,6 +183,22 @@ class NodeProxy:
                 raise Refused(400, "the exec's body is not JSON") from None
             if not isinstance(asked, dict) or asked.get("Privileged"):
                 raise Refused(403, "an exec is never privileged")
+        return info
+
+
+def _dial(info: dict, target: str) -> Dial:
+    """Where a tunnel's last hop goes: one of the container's own addresses,
+    on a TCP port it declares, from inside its network namespace."""
+    query = urllib.parse.parse_qs(target.partition("?")[2])
+    address, port = (query.get("address") or [""])[0], (query.get("port") or [""])[0]
+    if not port.isdigit() or int(port) not in declared_ports(info):
+        raise Refused(403, f"port {port[:10]!r} is not a TCP port this container declares")
+    if address not in container_addresses(info):
+        raise Refused(403, "not one of the container's own addresses")
+    pid = int((info.get("State") or {}).get("Pid") or 0)
+    if not (info.get("State") or {}).get("Running") or pid <= 0:
+        raise Refused(503, "the container is not running")
+    return pid, address, int(port)
 
 
 async def _relay(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:

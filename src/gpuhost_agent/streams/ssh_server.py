@@ -95,7 +95,7 @@ class Login(asyncssh.SSHServer):
             raise asyncssh.ChannelOpenError(
                 asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, f"{dest_host[:80]} is not a container of this stack"
             )
-        service = await connect(info, tunnel)
+        service = await connect(info, tunnel, dial=self._services.engine.dial)
         if isinstance(service, Refusal):
             log.info("ssh_forward_refused", stream_id=request.stream_id, target=dest_host[:80], port=dest_port)
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, service.error)

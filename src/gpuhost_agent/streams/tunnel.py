@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import ssl
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpuhost_agent.common.logs import get_logger
@@ -60,10 +61,15 @@ def container_addresses(info: dict) -> list[str]:
     return [net["IPAddress"] for net in networks.values() if isinstance(net, dict) and net.get("IPAddress")]
 
 
+Dial = Callable[..., Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+
+
 async def connect(
-    info: dict, request: TunnelRequest, timeout: float = CONNECT_TIMEOUT
+    info: dict, request: TunnelRequest, *, dial: Dial, timeout: float = CONNECT_TIMEOUT
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | Refusal:
-    """Open the service's connection, or say why not (before any stream opens)."""
+    """Open the service's connection, or say why not (before any stream opens).
+    `dial` is the engine's (runtime/engine_streams.py): on one machine a
+    plain connection, in a Swarm one made where the overlay is reachable."""
     if request.port not in declared_ports(info):
         return Refusal(request.stream_id, 403, f"port {request.port} is not a TCP port this container declares")
     addresses = container_addresses(info)
@@ -73,9 +79,7 @@ async def connect(
     tls = _unverified_tls() if request.tls else None
     for address in addresses:
         try:
-            return await asyncio.wait_for(
-                asyncio.open_connection(address, request.port, ssl=tls, server_hostname="" if tls else None), timeout
-            )
+            return await dial(info, address, request.port, tls=tls, timeout=timeout)
         except ConnectionRefusedError:
             continue
         except ssl.SSLError as exc:

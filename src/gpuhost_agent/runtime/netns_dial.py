@@ -1,0 +1,98 @@
+"""A TCP connection made from inside a container's network namespace.
+
+On one machine a tunnel's last hop dials the container's address on its
+bridge network, which the host routes to. A Swarm service's networks are
+overlays: their addresses live in the containers' namespaces and the host
+has no route to them, on the container's own machine as on any other. So
+in a Swarm environment the agent on the container's machine makes the
+socket inside the container's network namespace (`setns(2)` on
+/proc/<pid>/ns/net, as `nsenter --net` does) and connects from there to the
+container's own address. A socket keeps the namespace it was made in, so
+only the creation happens inside; connecting and relaying are ordinary.
+
+The switch is made on a thread of its own that ends right after: a thread
+left in a container's namespace by a failed switch back would never serve
+the agent again. Needs CAP_SYS_ADMIN (the agent runs as root); without it
+the error says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import socket
+import ssl
+import threading
+
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class NetnsError(OSError):
+    pass
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise NetnsError(err, f"setns: {os.strerror(err)}")
+
+
+def _socket_in(pid: int) -> socket.socket:
+    """A TCP socket in the network namespace of process `pid`."""
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        target = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+    except OSError:
+        os.close(own)
+        raise
+    try:
+        _setns(target)
+        try:
+            return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        finally:
+            _setns(own)  # raises if it fails: the thread ends with the call either way
+    finally:
+        os.close(target)
+        os.close(own)
+
+
+def _on_own_thread(pid: int) -> socket.socket:
+    made: list[socket.socket] = []
+    failed: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            made.append(_socket_in(pid))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+            failed.append(exc)
+
+    thread = threading.Thread(target=work, name=f"netns-{pid}", daemon=True)
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    return made[0]
+
+
+async def dial_in_namespace(
+    pid: int, address: str, port: int, timeout: float, tls: ssl.SSLContext | None = None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Connect to address:port from inside the network namespace of `pid`
+    (with TLS, unverified as the caller's context says, when given one)."""
+    if pid <= 0:
+        raise NetnsError(0, "the container has no process (not running)")
+    try:
+        sock = await asyncio.to_thread(_on_own_thread, pid)
+    except PermissionError as exc:
+        raise NetnsError(exc.errno or 0, "entering the container's network needs root (CAP_SYS_ADMIN)") from None
+    try:
+        sock.setblocking(False)
+        await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, (address, port)), timeout)
+        return await asyncio.wait_for(
+            asyncio.open_connection(sock=sock, limit=64 * 1024, ssl=tls, server_hostname="" if tls else None), timeout
+        )
+    except BaseException:
+        sock.close()
+        raise
