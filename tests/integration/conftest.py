@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -34,6 +35,31 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if HERE in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.docker)
+
+
+_background: list[subprocess.Popen] = []
+
+
+def pytest_collection_finish(session):
+    """When the install tests are to run, their Debian rootfs and wheelhouse
+    (a minute to build in a fresh clone, cached after) start building now, in
+    the background, while the tests before them run: their fixtures then
+    call the same scripts, which wait on the build's lock and find it done."""
+    if os.geteuid() != 0 or not any(item.path.name == "test_install.py" for item in session.items):
+        return
+    log = HERE.parent / ".rootfs" / "background-build.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:
+        for script in ("rootfs-debian12.sh", "rootfs-wheelhouse.sh"):
+            command = ["bash", str(HERE.parents[1] / "scripts" / script)]
+            _background.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT))
+
+
+def pytest_sessionfinish(session):
+    for build in _background:  # a run cut short: the build's lock and stamp keep the cache sound
+        if build.poll() is None:
+            build.terminate()
+            build.wait(30)
 
 
 @pytest.fixture(scope="session")

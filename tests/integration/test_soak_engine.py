@@ -1,4 +1,4 @@
-"""The soak (bench/soak.py), short: 50 cycles of create -> APPLIED (or ERROR)
+"""The soak (bench/soak.py), short: 40 cycles of create -> APPLIED (or ERROR)
 -> remove -> gone through the local marketplace and a separate agent process
 on the real engine, judged by the same bounds as the full 2000-cycle run
 (`make soak`): no growth of the agent's memory, open files, threads and
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_short_soak_stays_flat_and_leaves_nothing(tmp_path) -> None:
     result_file = tmp_path / "soak.json"
     done = subprocess.run(
-        [sys.executable, "bench/soak.py", "--cycles", "50", "--warmup", "20", "--every", "10"]
+        [sys.executable, "bench/soak.py", "--cycles", "40", "--warmup", "20", "--every", "5"]
         + ["--json", str(result_file)],
         cwd=ROOT,
         capture_output=True,
@@ -33,4 +33,4 @@ def test_short_soak_stays_flat_and_leaves_nothing(tmp_path) -> None:
     outcomes = result["outcomes"]
     assert outcomes["one APPLIED"] and outcomes["three APPLIED"] and outcomes["streams APPLIED"], outcomes
     assert outcomes["fails ERROR"] and outcomes["refused ERROR"], outcomes
-    assert [sample["cycle"] for sample in result["samples"]] == [10, 20, 30, 40, 50]
+    assert [sample["cycle"] for sample in result["samples"]] == [5, 10, 15, 20, 25, 30, 35, 40]
