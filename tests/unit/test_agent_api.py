@@ -71,3 +71,28 @@ async def test_staleness_compares_instants(market):
     assert not await report(wire.APPLYING, "2026-01-01T13:00:00+02:00"), "13:00+02:00 is 11:00 UTC"
     assert await report(wire.APPLYING, "2026-01-01T12:30:00+00:00")
     assert market.store.stacks[stack_id]["status"] == wire.APPLYING
+
+
+async def test_stopping_answers_every_waiting_long_poll_and_a_restart_serves_them_again(tmp_path):
+    """An agent's long poll (aiohttp does not cancel a handler whose client
+    went away) answers at once, empty, when the marketplace stops, instead of
+    holding the shutdown; started again, the marketplace waits for jobs again."""
+    import asyncio
+
+    from gpuhost_agent.local_marketplace import server
+    from gpuhost_agent.local_marketplace.state import MarketplaceState
+    from gpuhost_agent.local_marketplace.store import Store
+
+    state = MarketplaceState(Store.load_or_create(tmp_path / "m.json", "renter-key"))
+    running = await server.start(state, "127.0.0.1", 0)
+    waiting = asyncio.create_task(state.wait_for_jobs(60, 1))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    await running.stop()
+    assert await asyncio.wait_for(waiting, 1) == []
+    running = await server.start(state, "127.0.0.1", 0)
+    waiting = asyncio.create_task(state.wait_for_jobs(60, 1))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # not answered at once: the server is not closing any more
+    waiting.cancel()
+    await running.stop()

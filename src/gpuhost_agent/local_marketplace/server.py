@@ -104,6 +104,7 @@ class RunningMarketplace:
     tunnels: asyncio.Task | None = None
 
     async def stop(self) -> None:
+        self.state.close_polls()
         for task in (self.expiry, self.tunnels):
             if task is not None:
                 task.cancel()
@@ -120,6 +121,7 @@ async def start(
     answer, or a request line and headers that stop coming) is closed after
     `idle_seconds`, so idle clients cannot hold the server's descriptors."""
     state.streams.reopen()
+    state.closing = False  # a marketplace started again after a stop (tests of outages) serves polls again
     runner = JsonErrorsRunner(build_app(state), access_log=None, shutdown_timeout=2, keepalive_timeout=idle_seconds)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

@@ -37,6 +37,7 @@ class MarketplaceState:
         self.beats_received = 0
         self.system_data_received = 0
         self._jobs_posted = asyncio.Event()
+        self.closing = False  # the server is stopping: long polls answer now, with nothing
         self.streams = ChannelHub()  # the agent's channel and the live log and terminal streams
         self.terminals = TicketBook()
         self.tunnels = TunnelBook(store, self.streams)  # the stacks' tunnels (tunnels.py)
@@ -47,6 +48,13 @@ class MarketplaceState:
         if jobs:
             self._jobs_posted.set()
             self._jobs_posted = asyncio.Event()
+
+    def close_polls(self) -> None:
+        """Every waiting long poll answers now, empty: a poll whose agent went
+        away is not noticed by aiohttp, and would hold the server's shutdown
+        for its whole timeout."""
+        self.closing = True
+        self._jobs_posted.set()
 
     def expire_rentals(self) -> list[str]:
         """Rentals past their endDate end now; their removal jobs wake the agent's poll."""
@@ -96,7 +104,7 @@ class MarketplaceState:
         deadline = loop.time() + wait_seconds
         while True:
             event = self._jobs_posted
-            if not still_there() or (session_id and self.session_id and session_id != self.session_id):
+            if self.closing or not still_there() or (session_id and self.session_id and session_id != self.session_id):
                 return []
             jobs = self.store.deliverable(max_jobs)
             if jobs:
