@@ -18,7 +18,7 @@ import asyncio
 import json
 
 import pytest
-from support.swarm import GPU_STACK, cluster, docker, labelled
+from support.swarm import GPU_STACK, cluster, docker, labelled, train_of
 from support.waiting import until
 
 from gpuhost_agent.local_marketplace import shapes
@@ -26,13 +26,6 @@ from gpuhost_agent.protocol import wire
 
 pytestmark = pytest.mark.swarm
 NODE_LABEL = "com.docker.swarm.node.id"
-
-
-async def train_of(renter, rental_id: str, stack_id: str) -> dict | None:
-    listed = [
-        c for c in await renter.containers(rental_id, stack_id) if "/train" in c["Name"] or "_train." in c["Name"]
-    ]
-    return listed[0] if listed else None
 
 
 async def stack_of(renter, rental_id: str, stack_id: str) -> dict:

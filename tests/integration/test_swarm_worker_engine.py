@@ -15,18 +15,13 @@ import pytest
 from conftest import SWARM_KEY
 from support.renter_streams import create_terminal, terminal_until
 from support.stacks import TEST_IMAGE
-from support.swarm import GPU_STACK, labelled
+from support.swarm import GPU_STACK, labelled, train_of
 from support.waiting import until
 
 from gpuhost_agent.local_marketplace import shapes
 from gpuhost_agent.protocol import wire
 
 pytestmark = pytest.mark.swarm
-
-
-async def train_of(renter, rental_id: str, stack_id: str) -> dict | None:
-    listed = [c for c in await renter.containers(rental_id, stack_id) if "_train." in c["Name"]]
-    return listed[0] if listed else None
 
 
 async def test_a_terminal_in_a_container_on_the_other_machine_runs_there_through_its_agent(

@@ -44,6 +44,12 @@ def labelled(container: dict) -> dict[str, str]:
     return dict(label.split("=", 1) for label in container["Labels"])
 
 
+async def train_of(renter, rental_id: str, stack_id: str) -> dict | None:
+    """The `train` container (GPU_STACK's GPU service) in the stack's list at the marketplace."""
+    listed = [c for c in await renter.containers(rental_id, stack_id) if "_train." in c["Name"]]
+    return listed[0] if listed else None
+
+
 def cluster(*args: str, timeout: float = 120) -> str:
     done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout + done.stderr
