@@ -11,7 +11,6 @@ import asyncio
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -128,36 +127,24 @@ async def swarm_leader(tmp_path, monkeypatch, docker_client, shared_swarm, worke
 
 @pytest.fixture
 async def swarm_worker(tmp_path, shared_swarm, worker_port):
-    """`gpuhost-agent run` with GPUHOST_SWARM=worker for machine 2 (its engine's
-    socket), serving the leader on 127.0.0.1:worker_port; stopped after."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("GPUHOST_")}
-    env |= {
-        "DOCKER_HOST": f"unix:///run/{PREFIX}/n2/docker.sock",
-        "GPUHOST_SWARM": "worker",
-        "GPUHOST_SWARM_KEY": SWARM_KEY,
-        "GPUHOST_SWARM_LISTEN": f"127.0.0.1:{worker_port}",
-        "GPUHOST_STATE_DIR": str(tmp_path / "worker-state"),
-    }
-    log_path = tmp_path / "worker.log"
-    log_file = await asyncio.to_thread(open, log_path, "wb")
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpuhost_agent", "run", env=env, stdout=log_file, stderr=log_file
+    """A started WorkerProcess for machine 2 (its engine's socket), serving the
+    leader on 127.0.0.1:worker_port; stopped after."""
+    from support.agent_process import WorkerProcess
+
+    worker = WorkerProcess(
+        tmp_path / "worker.log",
+        worker_port,
+        DOCKER_HOST=f"unix:///run/{PREFIX}/n2/docker.sock",
+        GPUHOST_SWARM="worker",
+        GPUHOST_SWARM_KEY=SWARM_KEY,
+        GPUHOST_SWARM_LISTEN=f"127.0.0.1:{worker_port}",
+        GPUHOST_STATE_DIR=str(tmp_path / "worker-state"),
     )
+    await worker.start()
     try:
-        for _ in range(100):
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", worker_port)
-                writer.close()
-                break
-            except OSError:
-                assert process.returncode is None, await asyncio.to_thread(log_path.read_text)
-                await asyncio.sleep(0.1)
-        yield process, log_path
+        yield worker
     finally:
-        if process.returncode is None:
-            process.terminate()
-            await asyncio.wait_for(process.wait(), 20)
-        log_file.close()
+        await worker.stop()
 
 
 @pytest.fixture

@@ -3,12 +3,14 @@ end to end: the leader agent process on the manager, a worker agent process
 on machine 2's engine, the local marketplace and a renter over HTTP. A
 terminal opened through the marketplace in a container on machine 2 runs
 there (its hostname is that container's), both ways, through the worker's
-door and the environment's key; the worker's log names the requests it
-served and none of the key."""
+door and the environment's key, again after the worker was killed with
+SIGKILL and started again (it keeps nothing to lose); the worker's log
+holds none of the key. A tunnel reaches a service on either machine."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 
 import pytest
@@ -28,7 +30,7 @@ async def test_a_terminal_in_a_container_on_the_other_machine_runs_there_through
     swarm_leader, swarm_worker
 ) -> None:
     (renter, market, agent), machines = swarm_leader
-    worker, worker_log = swarm_worker
+    worker = swarm_worker
     await agent.start()
     await until(lambda: shapes.listing(market.store)["totalGPUs"] == 4, timeout=90)
     rentals = [await renter.rental(gpu_count=2), await renter.rental(gpu_count=2)]
@@ -46,17 +48,19 @@ async def test_a_terminal_in_a_container_on_the_other_machine_runs_there_through
     rental_id, stack_id, train = on_two
 
     key = renter.store.renterApiKey
-    status, body = await create_terminal(
-        renter.http, renter.base_url, key, rental_id, stack_id, train["Id"], cols=80, rows=24
-    )
-    assert status == 201, body
-    async with renter.http.ws_connect(body["url"]) as ws:
-        await ws.send_bytes(b"echo host-$(hostname) sum-$((6*7))\n")
-        seen = await terminal_until(ws, "sum-42", timeout=20)
-    assert f"host-{train['Id'][:12]}" in seen  # the container on machine 2, not one on the leader's machine
-    assert worker.returncode is None
-    text = await asyncio.to_thread(worker_log.read_text)
-    assert "swarm_worker_started" in text and SWARM_KEY not in text
+    for run in ("first", "after the worker was killed and started again"):
+        status, body = await create_terminal(
+            renter.http, renter.base_url, key, rental_id, stack_id, train["Id"], cols=80, rows=24
+        )
+        assert status == 201, (run, body)
+        async with renter.http.ws_connect(body["url"]) as ws:
+            await ws.send_bytes(b"echo host-$(hostname) sum-$((6*7))\n")
+            seen = await terminal_until(ws, "sum-42", timeout=20)
+        assert f"host-{train['Id'][:12]}" in seen, run  # the container on machine 2, not one on the leader's
+        await worker.stop(signal.SIGKILL)  # a worker keeps nothing: restarted, it serves as before
+        await worker.start()
+    text = await asyncio.to_thread(worker.log_path.read_text)
+    assert text.count("swarm_worker_started") == 3 and SWARM_KEY not in text
 
 
 WEB_ON_GPUS = f"""

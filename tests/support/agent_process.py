@@ -137,3 +137,36 @@ async def process_world(tmp_path: Path, docker_client, **settings: str) -> Async
         await agent.stop()
         await market.stop()
         await asyncio.to_thread(remove_env_resources, docker_client, market.store.envId)
+
+
+class WorkerProcess:
+    """`gpuhost-agent run` with GPUHOST_SWARM=worker (docs/swarm.md), started and
+    stopped (or killed) as systemd would; its runs append to one log."""
+
+    def __init__(self, log_path: Path, port: int, **env: str):
+        self.log_path, self.port = log_path, port
+        self.env = {key: value for key, value in os.environ.items() if not key.startswith("GPUHOST_")} | env
+        self.process: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        log = await asyncio.to_thread(open, self.log_path, "ab")
+        try:
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "gpuhost_agent", "run", env=self.env, stdout=log, stderr=log
+            )
+        finally:
+            log.close()
+        for _ in range(100):  # until its door listens
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                writer.close()
+                return
+            except OSError:
+                assert self.process.returncode is None, await asyncio.to_thread(self.log_path.read_text)
+                await asyncio.sleep(0.1)
+        raise AssertionError("the worker's door did not listen in 10 s")
+
+    async def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.send_signal(sig)
+            await asyncio.wait_for(self.process.wait(), 20)
