@@ -175,3 +175,41 @@ networks:
     assert "networks" not in services["alone"]
     assert sum("container_name" in notice for notice in notices) == 3
     assert "service \"ollama-gpu\": container_name 'ollama' dropped" in "\n".join(notices)
+
+
+def test_encrypted_overlays_are_asked_for_in_the_configuration() -> None:
+    from gpuhost_agent.service import config as config_module
+
+    assert config_module.load({}, environ={"GPUHOST_SWARM_ENCRYPTED": "on"}).swarm_encrypted is True
+    assert config_module.load({}, environ={}).swarm_encrypted is False
+    with pytest.raises(config_module.ConfigError, match="GPUHOST_SWARM_ENCRYPTED must be on or off"):
+        config_module.load({}, environ={"GPUHOST_SWARM_ENCRYPTED": "maybe"})
+
+
+@pytest.mark.parametrize("encrypted", [True, False])
+async def test_a_swarm_stack_s_overlays_are_encrypted_when_the_host_asks(tmp_path, encrypted) -> None:
+    """GPUHOST_SWARM_ENCRYPTED reaches the Swarm rewrite through the sandbox
+    (the rewrite's own output for it: test_swarm_rewrite.py)."""
+    ledger = GpuLedger(await asyncio.to_thread(AgentDB, tmp_path / "agent.db"))
+
+    async def facts() -> dict:
+        host = good_host()
+        host["host"]["docker"]["swarm"] = {"state": "active", "nodeId": "node-1", "manager": True, "nodes": 1}
+        return host
+
+    async def peers(rental_id: str, project: str) -> dict[str, int]:
+        return {}
+
+    sandbox = Sandbox(ledger, facts, swarm_peers=peers, swarm_encrypted=encrypted)
+    text = "services:\n  app:\n    image: busybox\n"
+    model = {
+        "name": "p",
+        "services": {"app": {"image": "busybox", "networks": {"default": None}}},
+        "networks": {"default": {"name": "p_default"}},
+    }
+    job = wire.StackJob("job-1", wire.JOB_DEPLOY, "stack-1", "rental-1", "env-1", "s", {"content": text})
+    hardened, _, _ = await sandbox.apply(job, model, review_raw(text), SandboxContext(project="p"))
+    (network,) = hardened["networks"].values()
+    assert network["driver"] == "overlay" and ("driver_opts" in network) is encrypted, network
+    if encrypted:
+        assert network["driver_opts"] == {"encrypted": ""}

@@ -105,15 +105,18 @@ class Sandbox:
         disk_floor_bytes: int = 0,
         rental_disk_bytes: int | None = None,
         swarm_peers: Callable[[str, str], Awaitable[dict[str, int]]] | None = None,
+        swarm_encrypted: bool = False,
     ):
         """`cgroups` makes each rental's cgroup (runtime/rental_cgroups.py);
         without it each container has the rental's limits only. `swarm_peers`
         makes this a Swarm environment's sandbox: the hardened model is then
         written for `docker stack deploy` (core/swarm_rewrite.py), and it
         counts the rental's services already running per machine (other
-        stacks), which share the rental's share there."""
+        stacks), which share the rental's share there; `swarm_encrypted`
+        makes the stack's overlays encrypted (IPsec between machines)."""
         self.log_max_size, self.log_max_files = log_max_size, log_max_files
         self.cgroups = cgroups
+        self.swarm_encrypted = swarm_encrypted
         self.release_wait_seconds = release_wait_seconds
         self.disk_floor_bytes = disk_floor_bytes
         self.rental_disk_bytes = rental_disk_bytes  # the host's fixed disk share per rental (disk_watch.py)
@@ -177,7 +180,8 @@ class Sandbox:
         hardened, notices = decide(model, raw, ctx)
         if peers is not None:  # a Swarm environment: written for `docker stack deploy`, placed by the ledger
             home = str((((host.get("docker") or {}).get("swarm")) or {}).get("nodeId") or "")
-            placement = SwarmPlacement({slot.uuid: slot.machine for slot in slots}, home, peers)
+            gpu_nodes = {slot.uuid: slot.machine for slot in slots}
+            placement = SwarmPlacement(gpu_nodes, home, peers, encrypted=self.swarm_encrypted)
             hardened, more = swarm_stack(hardened, ctx, placement)
             notices = [*notices, *more]
         self.ledger.commit(job.rental_id, uuids)

@@ -62,6 +62,7 @@ class AgentConfig:
     swarm_key: str | None = None  # GPUHOST_SWARM_KEY: the environment's key, the same on the leader and workers
     swarm_listen: tuple[str, int] = ("0.0.0.0", SWARM_PORT)  # a worker's address for the leader
     swarm_workers: dict[str, tuple[str, int]] = field(default_factory=dict)  # the leader's: node id -> worker
+    swarm_encrypted: bool = False  # GPUHOST_SWARM_ENCRYPTED=on: the stacks' overlays are encrypted (IPsec)
 
     @property
     def socket_path(self) -> Path:
@@ -203,6 +204,9 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         swarm_key=str(swarm_key) if swarm_key else None,
         swarm_listen=parse_listen(str(pick("swarm_listen", "GPUHOST_SWARM_LISTEN", f"0.0.0.0:{SWARM_PORT}"))),
         swarm_workers=_workers(str(pick("swarm_workers", "GPUHOST_SWARM_WORKERS", "") or "")),
+        swarm_encrypted=_on_off(
+            str(pick("swarm_encrypted", "GPUHOST_SWARM_ENCRYPTED", "off")), "GPUHOST_SWARM_ENCRYPTED"
+        ),
     )
 
 
@@ -220,6 +224,13 @@ def _size_bytes(text: str, name: str) -> int:
     if not match:
         raise ConfigError(f"{name} {text!r} must be a size such as 20g, 500m or 0")
     return int(match.group(1)) * 1024 ** " kmgt".index(match.group(2) or " ")
+
+
+def _on_off(text: str, name: str) -> bool:
+    value = text.strip().lower()
+    if value not in ("on", "off", "true", "false", "yes", "no", "1", "0"):
+        raise ConfigError(f"{name} must be on or off, not {text!r}")
+    return value in ("on", "true", "yes", "1")
 
 
 def _workers(text: str) -> dict[str, tuple[str, int]]:

@@ -129,6 +129,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         disk_floor_bytes=config.disk_floor_bytes,
         rental_disk_bytes=config.rental_disk_bytes,
         swarm_peers=engine.rental_peers if isinstance(engine, SwarmEngine) else None,
+        swarm_encrypted=config.swarm_encrypted,
     )
     deployer_kind: Callable[..., StackDeployer] = (
         partial(SwarmDeployer, swarm=SwarmStacks(engine)) if leader else StackDeployer
