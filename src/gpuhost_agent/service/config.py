@@ -156,9 +156,7 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         raise ConfigError(f"bad number in the configuration: {exc}") from None
     state_dir = Path(str(pick("state_dir", "GPUHOST_STATE_DIR", default_state_dir()))).absolute()
     status_socket = Path(str(pick("status_socket", "GPUHOST_STATUS_SOCKET", state_dir / "agent.sock"))).absolute()
-    metrics_on = str(pick("metrics", "GPUHOST_METRICS", "off")).strip().lower()
-    if metrics_on not in ("on", "off", "true", "false", "yes", "no", "1", "0"):
-        raise ConfigError(f"GPUHOST_METRICS must be on or off, not {metrics_on!r}")
+    metrics_on = _on_off(str(pick("metrics", "GPUHOST_METRICS", "off")), "GPUHOST_METRICS")
     metrics_listen = pick("metrics_listen", "GPUHOST_METRICS_LISTEN")
     swarm = str(pick("swarm", "GPUHOST_SWARM", "") or "").strip().lower()
     if swarm not in ("", "off", "leader", "worker"):
@@ -198,7 +196,7 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         reconcile_grace_seconds=grace,
         shutdown_grace_seconds=shutdown_grace,
         status_socket=status_socket,
-        metrics=metrics_on in ("on", "true", "yes", "1"),
+        metrics=metrics_on,
         metrics_listen=parse_listen(str(metrics_listen)) if metrics_listen else None,
         swarm="" if swarm == "off" else swarm,
         swarm_key=str(swarm_key) if swarm_key else None,
@@ -227,9 +225,10 @@ def _size_bytes(text: str, name: str) -> int:
 
 
 def _on_off(text: str, name: str) -> bool:
+    """A switch: on/off, true/false, yes/no or 1/0, in any case."""
     value = text.strip().lower()
     if value not in ("on", "off", "true", "false", "yes", "no", "1", "0"):
-        raise ConfigError(f"{name} must be on or off, not {text!r}")
+        raise ConfigError(f"{name} must be on or off, not {value!r}")
     return value in ("on", "true", "yes", "1")
 
 
