@@ -164,6 +164,17 @@ def test_telemetry_reads_live_figures(nvml) -> None:
     assert beats[0]["utilizationPercent"] == 0
 
 
+def test_memory_in_use_leaves_out_the_drivers_reservation(nvml) -> None:
+    """As nvidia-smi does: a real H200 had 0.60 GiB reserved on an idle GPU."""
+    gpus = h100_sxm(2)
+    for gpu in gpus:
+        gpu.memory_used, gpu.memory_reserved = 40 * 1024**3, 600 * 1024**2
+    gpus[1].fail["nvmlDeviceGetMemoryInfo_v2"] = "FUNCTION_NOT_FOUND"  # a driver before R510
+    beats = nvml(gpus).telemetry()
+    assert beats[0]["memoryUsedBytes"] == 40 * 1024**3
+    assert beats[1]["memoryUsedBytes"] == 40 * 1024**3 + 600 * 1024**2  # all such a driver tells
+
+
 def _cli_probe(env: dict) -> dict:
     done = subprocess.run(
         [sys.executable, "-m", "gpuhost_agent", "probe", "--json"], env=env, capture_output=True, text=True, timeout=60

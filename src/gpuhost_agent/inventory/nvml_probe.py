@@ -68,6 +68,20 @@ class FieldReader:
             return None
 
 
+def _memory_in_use(fields: FieldReader, handle: Any) -> int | None:
+    """Bytes the GPU's processes hold, as nvidia-smi shows them.
+
+    NVML's first memory call counts the driver's own reservation as used: on
+    an idle H200 with driver 580 it said 0.60 GiB where nvidia-smi said 0 MiB
+    (docs/hardware/). Its _v2 keeps that reservation apart. Drivers before
+    R510 have only the first, so it is the fallback.
+    """
+    memory = fields.read("memory", pynvml.nvmlDeviceGetMemoryInfo, handle, pynvml.nvmlMemory_v2)
+    if memory is None:
+        memory = fields.read("memory", pynvml.nvmlDeviceGetMemoryInfo, handle)
+    return int(memory.used) if memory is not None else None
+
+
 class NvmlProbe:
     """NVML, opened on first use. Thread-safe: callers run it in a worker thread."""
 
@@ -219,7 +233,7 @@ class NvmlProbe:
                     beats.append({"index": index, "error": fields.unsupported["handle"]})
                     continue
                 util = fields.read("utilization", pynvml.nvmlDeviceGetUtilizationRates, handle)
-                memory = fields.read("memory", pynvml.nvmlDeviceGetMemoryInfo, handle)
+                memory = _memory_in_use(fields, handle)
                 temperature = fields.read(
                     "temperature", pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU
                 )
@@ -230,7 +244,7 @@ class NvmlProbe:
                         "index": index,
                         "uuid": _text(uuid) if uuid is not None else None,
                         "utilizationPercent": util.gpu if util is not None else None,
-                        "memoryUsedBytes": int(memory.used) if memory is not None else None,
+                        "memoryUsedBytes": memory,
                         "temperatureC": temperature,
                         "powerW": round(power / 1000, 1) if power is not None else None,
                     }
