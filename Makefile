@@ -16,8 +16,8 @@ run: setup
 # src/), and the layers' import contracts (import-linter, pyproject.toml).
 check:
 	@test -x .venv/bin/python || { echo "check: no .venv yet; run 'make setup' once" >&2; exit 2; }
-	.venv/bin/ruff check src tests bench
-	.venv/bin/ruff format --check src tests bench
+	.venv/bin/ruff check src tests bench scripts
+	.venv/bin/ruff format --check src tests bench scripts
 	.venv/bin/mypy
 	.venv/bin/lint-imports
 

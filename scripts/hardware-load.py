@@ -96,9 +96,8 @@ def events() -> None:
                 pynvml.nvmlDeviceRegisterEvents(handle, supported & WATCHED, event_set)
                 try:
                     data = pynvml.nvmlEventSetWait_v2(event_set, 200)
-                    print(
-                        f"  an event already waiting: {int(data.eventType):#x} -> {fault_of(int(data.eventType), int(data.eventData))}"
-                    )
+                    reason = fault_of(int(data.eventType), int(data.eventData))
+                    print(f"  an event already waiting: {int(data.eventType):#x} -> {reason}")
                 except pynvml.NVMLError_Timeout:
                     print("  registered; no event in 200 ms (as expected on a healthy GPU)")
             finally:
@@ -114,9 +113,8 @@ def under_load(seconds: float) -> None:
         print("no PyTorch here: no load to sample")
         return
     probe = NvmlProbe()
-    print(
-        "| t (s) | agent util % | agent mem used GiB | agent temp C | agent power W | nvidia-smi util, mem MiB, temp, power |"
-    )
+    agent = "agent util % | agent mem used GiB | agent temp C | agent power W"
+    print(f"| t (s) | {agent} | nvidia-smi util, mem MiB, temp, power |")
     print("| --- | --- | --- | --- | --- | --- |")
     load = subprocess.Popen([sys.executable, "-c", LOAD, str(seconds)])
     started = time.monotonic()
