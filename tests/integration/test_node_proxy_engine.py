@@ -1,6 +1,7 @@
 """The worker's door for the leader (streams/node_proxy.py) on the real engine,
-asked by the leader's own client (EngineStreams over tcp://) and by curl:
-a terminal in a container the agent manages works through it, both ways;
+asked by the leader's own client (runtime/door_client.py) and by curl: a
+terminal in a container the agent manages works through it, both ways, and
+so do a tunnel's last hop, a file session, an exec's hang-up and a signal;
 the key is required; the host's other containers, every other path of the
 engine API and a privileged exec are refused."""
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 
 import pytest
@@ -16,6 +18,7 @@ from support.stacks import TEST_IMAGE
 
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.docker_host import parse_docker_host
+from gpuhost_agent.runtime.door_client import DoorClient
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.streams.node_proxy import NodeProxy
@@ -45,6 +48,14 @@ def containers(docker_client):
 
 
 @pytest.fixture
+async def door(proxy):
+    """The leader's client of the door."""
+    remote = DoorClient("127.0.0.1", proxy[1], KEY)
+    yield remote
+    await remote.close()
+
+
+@pytest.fixture
 async def proxy():
     local = EngineStreams()
     engine_path = parse_docker_host(os.environ.get("DOCKER_HOST")).unix_path
@@ -67,29 +78,25 @@ def curl(port: int, method: str, path: str, key: str | None = KEY, body: dict | 
     return int(code), text
 
 
-async def test_a_terminal_in_a_managed_container_works_through_the_door(proxy, containers) -> None:
-    served, port = proxy
+async def test_a_terminal_in_a_managed_container_works_through_the_door(proxy, door, containers) -> None:
+    served, _ = proxy
     managed, _ = containers
-    remote = EngineStreams(f"tcp://127.0.0.1:{port}", headers={"Authorization": f"Bearer {KEY}"})
-    try:
-        assert (await remote.inspect(managed))["Id"] == managed
-        exec_id = await remote.exec_create(managed, ["sh", "-c", "echo ready; read line; echo got-$line"], {})
-        reader, writer = await remote.exec_start(exec_id)
-        assert b"ready" in await asyncio.wait_for(reader.readuntil(b"ready"), 10)
-        await remote.exec_resize(exec_id, rows=30, cols=100)
-        writer.write(b"hello\n")
-        await writer.drain()
-        rest = b""
-        while b"got-hello" not in rest:
-            chunk = await asyncio.wait_for(reader.read(1024), 10)
-            assert chunk, rest
-            rest += chunk
-        writer.close()
-        assert await remote.exec_exit_code(exec_id, 10) == 0
-        with pytest.raises(EngineError, match="404"):  # an ended exec: the engine's own answer, relayed
-            await remote.exec_resize(exec_id, rows=30, cols=100)
-    finally:
-        await remote.close()
+    assert (await door.inspect(managed))["Id"] == managed
+    exec_id = await door.exec_create(managed, ["sh", "-c", "echo ready; read line; echo got-$line"], {})
+    reader, writer = await door.exec_start(exec_id)
+    assert b"ready" in await asyncio.wait_for(reader.readuntil(b"ready"), 10)
+    await door.exec_resize(exec_id, rows=30, cols=100)
+    writer.write(b"hello\n")
+    await writer.drain()
+    rest = b""
+    while b"got-hello" not in rest:
+        chunk = await asyncio.wait_for(reader.read(1024), 10)
+        assert chunk, rest
+        rest += chunk
+    writer.close()
+    assert await door.exec_exit_code(exec_id, 10) == 0
+    with pytest.raises(EngineError, match="404"):  # an ended exec: the engine's own answer, relayed
+        await door.exec_resize(exec_id, rows=30, cols=100)
     assert served.served >= 4
 
 
@@ -118,34 +125,80 @@ async def test_without_the_key_or_outside_the_agents_containers_nothing_is_serve
 
 
 async def test_a_tunnels_last_hop_is_dialled_from_inside_the_container_to_a_declared_port(
-    proxy, containers, docker_client
+    door, containers, docker_client
 ) -> None:
-    _, port = proxy
     managed, foreign = containers
-    remote = EngineStreams(f"tcp://127.0.0.1:{port}", headers={"Authorization": f"Bearer {KEY}"})
     info = await asyncio.to_thread(docker_client.api.inspect_container, managed)
     address = next(iter(info["NetworkSettings"]["Networks"].values()))["IPAddress"]
+    for _ in range(50):  # httpd starting
+        try:
+            reader, writer = await door.connect_through(managed, address, 8080)
+        except EngineError as exc:
+            assert "503" in str(exc) or "reach" in str(exc), exc
+            await asyncio.sleep(0.1)
+            continue
+        break
+    writer.write(b"GET /i HTTP/1.0\r\n\r\n")
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.") and answer.rstrip().endswith(b"through-the-door"), answer
+    for container, where, to, refused in (
+        (managed, address, 22, "not a TCP port this container declares"),
+        (managed, "127.0.0.1", 8080, "not one of the container's own addresses"),
+        (foreign, address, 8080, "not a container of the agent"),
+        (managed, address, 9000, "cannot reach the service"),
+    ):
+        with pytest.raises(EngineError, match=refused):
+            await door.connect_through(container, where, to)
+
+
+async def test_a_file_session_runs_in_the_container_on_its_machine(door, containers, docker_client, tmp_path) -> None:
+    """SFTP's helper starts beside the container and is confined to it: a
+    path names the container's file, never the host's."""
+    managed, foreign = containers
+    info = await asyncio.to_thread(docker_client.api.inspect_container, managed)
+    host_only = tmp_path / "host-only"
+    await asyncio.to_thread(host_only.write_text, "host secret\n")
+    files = await door.open_files(info)
     try:
-        for _ in range(50):  # httpd starting
+        for _ in range(50):  # the container writing /www/i
             try:
-                reader, writer = await remote.connect_through(managed, address, 8080)
-            except EngineError as exc:
-                assert "503" in str(exc) or "reach" in str(exc), exc
+                handle, _ = await files.call("open", "/www/i", os.O_RDONLY, 0)
+                break
+            except FileNotFoundError:
                 await asyncio.sleep(0.1)
-                continue
-            break
-        writer.write(b"GET /i HTTP/1.0\r\n\r\n")
-        await writer.drain()
-        answer = await asyncio.wait_for(reader.read(), 10)
-        writer.close()
-        assert answer.startswith(b"HTTP/1.") and answer.rstrip().endswith(b"through-the-door"), answer
-        for container, where, to, refused in (
-            (managed, address, 22, "not a TCP port this container declares"),
-            (managed, "127.0.0.1", 8080, "not one of the container's own addresses"),
-            (foreign, address, 8080, "not a container of the agent"),
-            (managed, address, 9000, "cannot reach the service"),
-        ):
-            with pytest.raises(EngineError, match=refused):
-                await remote.connect_through(container, where, to)
+        _, data = await files.call("read", handle, 0, 100)
+        await files.call("close", handle)
+        assert data == b"through-the-door\n"
+        with pytest.raises(FileNotFoundError):
+            await files.call("stat", str(host_only))
     finally:
-        await remote.close()
+        await files.close()
+    foreign_info = await asyncio.to_thread(docker_client.api.inspect_container, foreign)
+    with pytest.raises(EngineError, match="not a container of the agent"):
+        await door.open_files(foreign_info)
+
+
+async def test_an_exec_is_signalled_and_hung_up_by_its_machines_agent(proxy, door, containers, docker_client) -> None:
+    _, port = proxy
+    managed, foreign = containers
+    script = "trap 'echo got-int' INT; echo ready; while :; do sleep 0.1; done"
+    exec_id = await door.exec_create(managed, ["sh", "-c", script], {})
+    reader, writer = await door.exec_start(exec_id)
+    try:
+        await asyncio.wait_for(reader.readuntil(b"ready"), 10)
+        assert await door.signal(exec_id, managed, signal.SIGINT)
+        await asyncio.wait_for(reader.readuntil(b"got-int"), 10)
+        writer.close()  # the session's end: the engine keeps the exec running...
+        await asyncio.sleep(1)
+        assert (await door.exec_inspect(exec_id))["Running"]
+        await door.hang_up(exec_id, managed)  # ... until it is hung up
+        assert await door.exec_exit_code(exec_id, 10) is not None  # ended: SIGHUP, which it does not trap
+    finally:
+        writer.close()
+    status, text = await asyncio.to_thread(curl, port, "POST", f"/gpuhost/exec/{exec_id}/signal?number=999")
+    assert status == 400 and "not a signal" in text
+    foreign_exec = (await asyncio.to_thread(docker_client.api.exec_create, foreign, ["true"]))["Id"]
+    for action in ("hangup", "signal?number=9"):
+        assert (await asyncio.to_thread(curl, port, "POST", f"/gpuhost/exec/{foreign_exec}/{action}"))[0] == 403

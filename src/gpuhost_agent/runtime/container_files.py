@@ -8,8 +8,10 @@ container's mount namespace, cgroups, user and capabilities: whatever a path
 or symlink says, it is resolved in the container's root.
 
 One helper per SFTP session, started when the session starts and ended with
-it. Calls are serialised (the helper serves one at a time) and each is
-bounded in time; an error the helper reports comes back as the OSError it
+it, on the container's machine: in a Swarm environment the worker's agent
+starts it and relays its pipes to the leader (streams/node_proxy.py).
+Calls are serialised (the helper serves one at a time) and each is bounded
+in time; an error the helper reports comes back as the OSError it
 was, so asyncssh answers the client with the matching SFTP status.
 """
 
@@ -20,6 +22,8 @@ import errno
 import json
 import os
 import sys
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from gpuhost_agent.runtime.files_ops import FRAME, MAX_DATA, MAX_JSON
@@ -33,29 +37,68 @@ class FilesUnavailable(OSError):
     """The helper could not start or confine itself; the message says why."""
 
 
+async def start_helper(container_pid: int, user: str) -> asyncio.subprocess.Process:
+    """The helper in the container whose init is `container_pid` (a host pid),
+    as the container's `user` (Docker's Config.User), speaking on its stdin
+    and stdout. A Swarm worker's door relays these to the leader."""
+    if os.geteuid() != 0:
+        raise FilesUnavailable(errno.EPERM, "file transfer needs the agent to run as root")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
+    return await asyncio.create_subprocess_exec(
+        *HELPER,
+        str(container_pid),
+        user,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        env=env,
+    )
+
+
+async def end_helper(process: asyncio.subprocess.Process) -> None:
+    """Its stdin closed, it ends; one that does not within 2 s is killed."""
+    if process.returncode is None:
+        if process.stdin is not None:
+            process.stdin.close()
+        try:
+            await asyncio.wait_for(process.wait(), 2)
+        except asyncio.TimeoutError:
+            process.kill()
+            await process.wait()
+
+
 class ContainerFiles:
-    def __init__(self, process: asyncio.subprocess.Process, home: str):
-        self._process = process
+    """One helper's calls, over its pipes (on this machine) or over the door
+    of the container's machine's agent (a Swarm worker's, which relays them)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, end: Callable[[], Awaitable[None]]):
+        self._reader, self._writer, self._end = reader, writer, end
+        self._ended = False
         self._lock = asyncio.Lock()
-        self.home = home
+        self.home = "/"
 
     @classmethod
     async def start(cls, container_pid: int, user: str) -> ContainerFiles:
-        """A helper in the container whose init is `container_pid` (a host pid),
-        as the container's `user` (Docker's Config.User)."""
-        if os.geteuid() != 0:
-            raise FilesUnavailable(errno.EPERM, "file transfer needs the agent to run as root")
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
-        process = await asyncio.create_subprocess_exec(
-            *HELPER,
-            str(container_pid),
-            user,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
-            env=env,
-        )
-        files = cls(process, "/")
+        """A helper on this machine (see start_helper)."""
+        process = await start_helper(container_pid, user)
+        assert process.stdout is not None and process.stdin is not None
+        return await cls._opened(process.stdout, process.stdin, partial(end_helper, process))
+
+    @classmethod
+    async def over(cls, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> ContainerFiles:
+        """A helper on another machine, behind a connection its agent relays."""
+
+        async def end() -> None:
+            writer.close()
+
+        return await cls._opened(reader, writer, end)
+
+    @classmethod
+    async def _opened(
+        cls, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, end: Callable[[], Awaitable[None]]
+    ) -> ContainerFiles:
+        """Once the helper has said it is confined (its first answer: the user's home)."""
+        files = cls(reader, writer, end)
         try:
             home, _ = await asyncio.wait_for(files._answer(), START_TIMEOUT)
         except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
@@ -70,20 +113,18 @@ class ContainerFiles:
         if len(request) > MAX_JSON or len(data) > MAX_DATA:
             raise OSError(errno.E2BIG, "request too large")
         async with self._lock:
-            stdin = self._process.stdin
-            if stdin is None or self._process.returncode is not None:
+            if self._ended:
                 raise OSError(errno.EIO, "the file session has ended")
             try:
-                stdin.write(FRAME.pack(len(request), len(data)) + request + data)
-                await stdin.drain()
+                self._writer.write(FRAME.pack(len(request), len(data)) + request + data)
+                await self._writer.drain()
                 return await asyncio.wait_for(self._answer(), CALL_TIMEOUT)
             except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError) as exc:
                 await self.close()
                 raise OSError(errno.EIO, f"the file helper stopped: {type(exc).__name__}") from None
 
     async def _answer(self) -> tuple[Any, bytes]:
-        stdout = self._process.stdout
-        assert stdout is not None
+        stdout = self._reader
         json_length, data_length = FRAME.unpack(await stdout.readexactly(FRAME.size))
         if json_length > MAX_JSON or data_length > MAX_DATA:
             raise ValueError("the helper's answer is too large")
@@ -94,11 +135,6 @@ class ContainerFiles:
         return answer.get("ok"), data
 
     async def close(self) -> None:
-        if self._process.returncode is None:
-            if self._process.stdin is not None:
-                self._process.stdin.close()
-            try:
-                await asyncio.wait_for(self._process.wait(), 2)
-            except asyncio.TimeoutError:
-                self._process.kill()
-                await self._process.wait()
+        if not self._ended:
+            self._ended = True
+            await self._end()

@@ -24,11 +24,12 @@ import json
 import os
 import re
 import ssl
-import urllib.parse
 from typing import Any
 
 import aiohttp
 
+from gpuhost_agent.runtime import exec_hangup
+from gpuhost_agent.runtime.container_files import ContainerFiles
 from gpuhost_agent.runtime.docker_host import Endpoint, parse_docker_host
 from gpuhost_agent.runtime.engine import EngineError
 
@@ -47,7 +48,7 @@ class EngineUnreachable(EngineError):
     """No answer: the engine is down, restarting, or the connection broke."""
 
 
-def _checked_id(value: str) -> str:
+def checked_id(value: str) -> str:
     if not isinstance(value, str) or not _ID.fullmatch(value):
         raise EngineError(f"not a container or exec id: {value!r}"[:200])
     return value.lstrip("/")
@@ -118,7 +119,7 @@ class EngineStreams:
 
     async def inspect(self, container_id: str) -> dict:
         """`docker inspect`: Config.Tty, Config.Labels, State, Id."""
-        reply = await self._call("GET", f"/containers/{_checked_id(container_id)}/json")
+        reply = await self._call("GET", f"/containers/{checked_id(container_id)}/json")
         if not isinstance(reply, dict):
             raise EngineError("Docker Engine answered a container inspect without an object")
         return reply
@@ -128,7 +129,7 @@ class EngineStreams:
     ) -> LogReader:
         """Both streams, always with timestamps (the pump needs them to resume).
         No overall timeout: a follow may idle for days."""
-        path = f"/containers/{_checked_id(container_id)}/logs"
+        path = f"/containers/{checked_id(container_id)}/logs"
         return await self._open_log(path, follow=follow, tail=tail, since=since, chunk_bytes=chunk_bytes)
 
     async def _open_log(
@@ -177,7 +178,7 @@ class EngineStreams:
             "Cmd": list(command),
             "Env": [f"{k}={v}" for k, v in env.items()],
         }
-        reply = await self._call("POST", f"/containers/{_checked_id(container_id)}/exec", body=body)
+        reply = await self._call("POST", f"/containers/{checked_id(container_id)}/exec", body=body)
         if not isinstance(reply, dict) or not isinstance(reply.get("Id"), str):
             raise EngineError("Docker Engine created an exec without an Id")
         return reply["Id"]
@@ -186,15 +187,7 @@ class EngineStreams:
         """Start the exec and take over its connection: what follows the
         response head is the TTY (or the frames), both ways."""
         body = json.dumps({"Detach": False, "Tty": tty}).encode()
-        return await self._upgrade(f"/exec/{_checked_id(exec_id)}/start", body, "exec start")
-
-    async def connect_through(
-        self, container_id: str, address: str, port: int
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """A connection to a container's port made by a Swarm worker's agent
-        on the container's machine, relayed by its door (streams/node_proxy.py)."""
-        query = urllib.parse.urlencode({"address": address, "port": port})
-        return await self._upgrade(f"/gpuhost/containers/{_checked_id(container_id)}/connect?{query}", b"{}", "connect")
+        return await self._upgrade(f"/exec/{checked_id(exec_id)}/start", body, "exec start")
 
     async def _upgrade(self, path: str, body: bytes, what: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """POST with `Upgrade: tcp`; on 101 or 200, the raw connection both ways."""
@@ -249,11 +242,24 @@ class EngineStreams:
             asyncio.open_connection(address, port, ssl=tls, server_hostname="" if tls else None), timeout
         )
 
+    async def hang_up(self, exec_id: str, container_id: str) -> None:
+        """A session ended with its command still running: end it (runtime/exec_hangup.py)."""
+        await exec_hangup.hang_up_exec(self, exec_id, container_id)
+
+    async def signal(self, exec_id: str, container_id: str, signum: int) -> bool:
+        """An SSH client's signal to the exec's process; whether it was sent."""
+        return await exec_hangup.signal_exec_of(self, exec_id, container_id, signum)
+
+    async def open_files(self, info: dict) -> ContainerFiles:
+        """SFTP's file helper in the container `info` inspects (runtime/container_files.py)."""
+        state, config = info.get("State") or {}, info.get("Config") or {}
+        return await ContainerFiles.start(int(state.get("Pid") or 0), str(config.get("User") or ""))
+
     async def exec_resize(self, exec_id: str, *, rows: int, cols: int) -> None:
-        await self._call("POST", f"/exec/{_checked_id(exec_id)}/resize", params={"h": str(rows), "w": str(cols)})
+        await self._call("POST", f"/exec/{checked_id(exec_id)}/resize", params={"h": str(rows), "w": str(cols)})
 
     async def exec_inspect(self, exec_id: str) -> dict:
-        reply = await self._call("GET", f"/exec/{_checked_id(exec_id)}/json")
+        reply = await self._call("GET", f"/exec/{checked_id(exec_id)}/json")
         return reply if isinstance(reply, dict) else {}
 
     async def exec_exit_code(self, exec_id: str, wait: float) -> int | None:

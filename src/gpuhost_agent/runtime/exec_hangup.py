@@ -6,7 +6,9 @@ whatever it ran) in the renter's container for good. The Engine API has no
 "kill exec", so the agent does what a closing terminal does: SIGHUP to every
 process of the exec's session, then SIGKILL to those still there.
 
-The exec's Pid is a host pid. The agent signals it only when the process is in
+The exec's Pid is a host pid: of the machine whose engine answered. So this
+runs there, and in a Swarm environment a container on another machine is hung
+up by that machine's agent (runtime/door_client.py). The agent signals it only when the process is in
 the container's own pid namespace, and that namespace is not the agent's: an
 agent that does not see the host's pids (itself in a container) could
 otherwise hit one of its own processes of the same number. Otherwise, or
@@ -18,10 +20,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from typing import TYPE_CHECKING
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.engine_streams import EngineStreams
+
+if TYPE_CHECKING:  # EngineStreams calls in here: its hang_up and signal
+    from gpuhost_agent.runtime.engine_streams import EngineStreams
 
 log = get_logger(__name__)
 
@@ -129,3 +134,13 @@ async def hang_up_exec(engine: EngineStreams, exec_id: str, container_id: str) -
             await hang_up(state.get("Pid"), (container.get("State") or {}).get("Pid"))
     except EngineError:
         pass  # the container is gone, or the engine: nothing left to hang up
+
+
+async def signal_exec_of(engine: EngineStreams, exec_id: str, container_id: str, signum: int) -> bool:
+    """signal_exec with the pids the engine reports; False when it cannot tell."""
+    try:
+        state = await engine.exec_inspect(exec_id)
+        container = await engine.inspect(container_id)
+    except EngineError:
+        return False
+    return await asyncio.to_thread(signal_exec, state.get("Pid"), (container.get("State") or {}).get("Pid"), signum)

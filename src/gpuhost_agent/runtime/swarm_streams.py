@@ -1,5 +1,5 @@
-"""Logs of a container on another machine of a Swarm environment, through
-the manager (the leader's engine).
+"""Containers on other machines of a Swarm environment: their logs through
+the manager (the leader's engine), the rest through their machine's agent.
 
 The manager keeps no container of another machine, but it knows its task
 and serves that task's log (`GET /tasks/{id}/logs`: the same multiplexed,
@@ -8,16 +8,24 @@ So when this machine's engine does not know a container, it is looked up
 among the manager's tasks by its container id, its inspect is made from the
 task (labels, TTY, running or how it ended), and its log is read as the
 task's. Everything the log pump does (follow, resume across a restart, the
-stall check) works the same. A terminal or a tunnel needs the container's
-own engine, so they stay with the agent on that machine (docs/swarm.md).
+stall check) works the same.
+
+A terminal, an SSH session, SFTP and a tunnel need the container's own
+machine. So the inspect is asked of the agent on the node the task runs on
+(runtime/door_client.py), and the execs made, the files opened and the
+connections dialled for that container go there too (docs/swarm.md). A
+container on another machine is never handled with this machine's pids.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import ssl
 
 from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.runtime.container_files import ContainerFiles
+from gpuhost_agent.runtime.door_client import DoorClient
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import CHUNK_BYTES, ContainerGone, EngineStreams, EngineUnreachable, LogReader
 from gpuhost_agent.runtime.netns_dial import dial_in_namespace
@@ -42,8 +50,8 @@ class SwarmStreams(EngineStreams):
         super().__init__(docker_host, timeout=timeout)
         self._tasks: dict[str, str] = {}  # container id -> task id, for containers on other machines
         self._key, self._workers, self._worker_port = key, dict(workers or {}), worker_port
-        self._remotes: dict[str, EngineStreams] = {}  # node id -> its agent's door
-        self._on: dict[str, EngineStreams] = {}  # container id or exec id -> the door it is behind
+        self._remotes: dict[str, DoorClient] = {}  # node id -> its agent's door
+        self._on: dict[str, DoorClient] = {}  # container id or exec id -> the door it is behind
 
     async def inspect(self, container_id: str) -> dict:
         try:
@@ -94,15 +102,31 @@ class SwarmStreams(EngineStreams):
         """A tunnel's last hop to a Swarm container: its networks are overlays,
         reachable only from inside its network namespace. On this machine the
         leader dials from there itself; on another, that machine's agent does."""
-        remote = self._on.get(str(info.get("Id") or ""))
         if info.get(REMOTE_NODE):
-            if remote is None or not info.get(REMOTE_WORKER):
-                raise OSError("the agent on the container's machine does not answer")
-            if tls:
-                raise OSError("a tunnel to an insecure (HTTPS) stack on another machine is not built yet")
-            return await asyncio.wait_for(remote.connect_through(str(info["Id"]), address, port), timeout)
+            return await self._door(info).dial(info, address, port, tls=tls, timeout=timeout)
         pid = int((info.get("State") or {}).get("Pid") or 0)
         return await dial_in_namespace(pid, address, port, timeout, tls)
+
+    async def open_files(self, info: dict) -> ContainerFiles:
+        if info.get(REMOTE_NODE):
+            return await self._door(info).open_files(info)
+        return await super().open_files(info)
+
+    async def hang_up(self, exec_id: str, container_id: str) -> None:
+        remote = self._on.get(exec_id)
+        await (remote.hang_up if remote else super().hang_up)(exec_id, container_id)
+
+    async def signal(self, exec_id: str, container_id: str, signum: int) -> bool:
+        remote = self._on.get(exec_id)
+        return await (remote.signal if remote else super().signal)(exec_id, container_id, signum)
+
+    def _door(self, info: dict) -> DoorClient:
+        """The door of the container's machine. Never this machine's engine: its
+        pids and addresses would name something else here."""
+        remote = self._on.get(str(info.get("Id") or ""))
+        if remote is None or not info.get(REMOTE_WORKER):
+            raise OSError(errno.EHOSTUNREACH, "the agent on the container's machine does not answer")
+        return remote
 
     async def close(self) -> None:
         for remote in self._remotes.values():
@@ -110,14 +134,14 @@ class SwarmStreams(EngineStreams):
         self._remotes.clear()
         await super().close()
 
-    def _remember(self, ident: str, remote: EngineStreams) -> None:
+    def _remember(self, ident: str, remote: DoorClient) -> None:
         if ident:
             self._on.pop(ident, None)
             self._on[ident] = remote
             while len(self._on) > KEPT:
                 self._on.pop(next(iter(self._on)))
 
-    async def _remote(self, node: str) -> EngineStreams | None:
+    async def _remote(self, node: str) -> DoorClient | None:
         """The door of the agent on `node`, None without the environment's key
         or an address for it."""
         if not self._key or not node:
@@ -134,10 +158,7 @@ class SwarmStreams(EngineStreams):
                 if not addr or addr == "0.0.0.0":
                     return None
                 address = (addr, self._worker_port)
-            host, port = address
-            self._remotes[node] = EngineStreams(
-                f"tcp://{host}:{port}", timeout=10, headers={"Authorization": f"Bearer {self._key}"}
-            )
+            self._remotes[node] = DoorClient(*address, self._key)
         return self._remotes[node]
 
     async def open_logs(

@@ -1,16 +1,24 @@
 """The worker's door for the leader (GPUHOST_SWARM=worker, docs/swarm.md).
 
 In a Swarm environment the leader holds the marketplace session, but a
-terminal, like a container's own log, needs the engine of the machine that
-runs the container. So the agent on each other machine serves the leader a
-narrow part of its engine's API, and nothing else:
+terminal, an SSH session, SFTP and a tunnel need the machine that runs the
+container: its engine, its pids, its network namespaces. So the agent on
+each other machine serves the leader a narrow part of its engine's API,
+three things of its own, and nothing else:
 
 - a container's inspect and log, an exec created in it, and that exec's
-  start (the TTY, both ways), resize and inspect; a tunnel's last hop
-  (`POST /gpuhost/containers/{id}/connect?address=&port=`: a connection made
-  from inside the container's network namespace, runtime/netns_dial.py, to
-  one of its own addresses on a port it declares, then bytes both ways, as
-  on one machine: streams/tunnel.py); every other path is 403;
+  start (the TTY, both ways), resize and inspect;
+- a tunnel's last hop (`POST /gpuhost/containers/{id}/connect?address=&port=`:
+  a connection made from inside the container's network namespace,
+  runtime/netns_dial.py, to one of its own addresses on a port it declares,
+  then bytes both ways, as on one machine: streams/tunnel.py);
+- SFTP's file helper (`POST /gpuhost/containers/{id}/files`: started here,
+  confined to the container, runtime/container_files.py; its frames relayed
+  both ways);
+- an exec's hang-up and an SSH client's signal to it
+  (`POST /gpuhost/exec/{id}/hangup`, `.../signal?number=`), done here under
+  the pid-namespace rule of runtime/exec_hangup.py;
+- every other path is 403;
 - only containers the agent manages (label io.gpuhost.managed=true): the
   host's own containers and anything else on the engine are out of reach;
 - an exec never privileged, whatever the body asks;
@@ -22,7 +30,8 @@ its Content-Length, at most 64 KiB), checked, and sent to the engine with
 `Connection: close`; the engine's answer is relayed and the connection
 closed. An exec start asks for the raw stream (`Upgrade: tcp`): only then
 are bytes relayed both ways after the request, as the engine hands over
-the exec's TTY. So a second request can never ride an approved one.
+the exec's TTY (and likewise for a tunnel or a file session). So a second
+request can never ride an approved one.
 """
 
 from __future__ import annotations
@@ -32,10 +41,15 @@ import contextlib
 import hmac
 import json
 import re
+import signal
 import urllib.parse
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.container_files import end_helper, start_helper
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.runtime.netns_dial import dial_in_namespace
@@ -57,7 +71,12 @@ ROUTES = [  # (method, path pattern, what the id names)
     ("POST", re.compile(rf"/exec/{_ID}/resize"), "exec"),
     ("GET", re.compile(rf"/exec/{_ID}/json"), "exec"),
     ("POST", re.compile(rf"/gpuhost/containers/{_ID}/connect"), "connect"),  # a tunnel's last hop
+    ("POST", re.compile(rf"/gpuhost/containers/{_ID}/files"), "files"),  # SFTP's file helper
+    ("POST", re.compile(rf"/gpuhost/exec/{_ID}/hangup"), "hangup"),  # a session ended
+    ("POST", re.compile(rf"/gpuhost/exec/{_ID}/signal"), "signal"),  # an SSH client's signal
 ]
+EXEC_IDS = ("exec", "hangup", "signal")  # routes whose id is an exec's
+SIGNALS = {int(s) for s in signal.Signals}  # an SSH client names a signal, the leader sends its number
 VERSION_PREFIX = re.compile(r"^/v1\.\d+(?=/)")
 
 
@@ -68,6 +87,19 @@ def route(method: str, target: str) -> tuple[str, str] | None:
         if method == allowed and (found := pattern.fullmatch(path)):
             return what, found.group(1)
     return None
+
+
+@dataclass(frozen=True)
+class Approved:
+    """A request that passed the checks: its route, id, target and container."""
+
+    what: str
+    ident: str
+    target: str
+    info: dict
+    upgrade: bool = False  # bytes both ways after the answer's head
+    head: bytes = b""  # for the engine's routes: the request as the engine gets it
+    body: bytes = b""
 
 
 class Refused(Exception):
@@ -96,22 +128,20 @@ class NodeProxy:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            head, body, upgrade, dial = await self._request(reader)
-            if dial is None:
-                upstream_reader, upstream = await asyncio.open_unix_connection(self.engine_path, limit=CHUNK)
-            else:
-                try:
-                    upstream_reader, upstream = await dial_in_namespace(*dial, timeout=CONNECT_TIMEOUT)
-                except (OSError, asyncio.TimeoutError) as exc:
-                    raise Refused(503, f"cannot reach the service: {type(exc).__name__}: {exc}"[:300]) from None
+            approved = await self._request(reader)
+            if approved.what in ("hangup", "signal"):
+                answer = await self._act(approved)
+                log.info("swarm_door_done", what=approved.what, exec_id=approved.ident[:12], **answer)
+                self.served += 1
+                _answer(writer, 200, "OK", answer)
+                with contextlib.suppress(ConnectionError):
+                    await writer.drain()
+                writer.close()
+                return
+            upstream_reader, upstream, done = await self._open(approved)
         except Refused as exc:
             self.refused += 1
-            payload = json.dumps({"message": str(exc)}).encode()
-            writer.write(
-                f"HTTP/1.1 {exc.status} Refused\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
-                + payload
-            )
+            _answer(writer, exc.status, "Refused", {"message": str(exc)})
             with contextlib.suppress(ConnectionError):
                 await writer.drain()
             writer.close()
@@ -120,12 +150,13 @@ class NodeProxy:
             writer.close()
             return
         self.served += 1
-        if dial is None:
-            upstream.write(head + body)
-        else:
+        if approved.what in ("connect", "files"):
+            log.info("swarm_door_opened", what=approved.what, container_id=approved.ident[:12])
             writer.write(b"HTTP/1.1 101 UPGRADED\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n")
-        # The engine's side decides the end: its answer is over, or the exec ended.
-        up = asyncio.create_task(_relay(reader, upstream)) if upgrade else None
+        else:
+            upstream.write(approved.head + approved.body)
+        # The far side decides the end: the engine's answer is over, the exec or the helper ended.
+        up = asyncio.create_task(_relay(reader, upstream)) if approved.upgrade else None
         try:
             await _relay(upstream_reader, writer)
         finally:
@@ -134,10 +165,44 @@ class NodeProxy:
                 await asyncio.gather(up, return_exceptions=True)
             upstream.close()
             writer.close()
+            await done()
 
-    async def _request(self, reader: asyncio.StreamReader) -> tuple[bytes, bytes, bool, Dial | None]:
-        """The checked request as the engine gets it: head, body, whether it
-        becomes a raw stream, and for a tunnel's last hop where to dial."""
+    async def _open(
+        self, approved: Approved
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, Callable[[], Awaitable[None]]]:
+        """The far side of an approved request: the engine's socket, a tunnel's
+        service, or a file helper; and what ends it."""
+        if approved.what == "files":
+            state, config = approved.info.get("State") or {}, approved.info.get("Config") or {}
+            try:
+                helper = await start_helper(int(state.get("Pid") or 0), str(config.get("User") or ""))
+            except OSError as exc:
+                raise Refused(503, f"no file session: {exc}"[:300]) from None
+            assert helper.stdout is not None and helper.stdin is not None
+            return helper.stdout, helper.stdin, partial(end_helper, helper)
+        if approved.what == "connect":
+            try:
+                upstream_reader, upstream = await dial_in_namespace(*_dial(approved), timeout=CONNECT_TIMEOUT)
+            except (OSError, asyncio.TimeoutError) as exc:
+                raise Refused(503, f"cannot reach the service: {type(exc).__name__}: {exc}"[:300]) from None
+        else:
+            upstream_reader, upstream = await asyncio.open_unix_connection(self.engine_path, limit=CHUNK)
+        return upstream_reader, upstream, _nothing
+
+    async def _act(self, approved: Approved) -> dict:
+        """What the engine's API has no call for, done here, where the exec's pids are."""
+        container_id = str(approved.info.get("Id") or "")
+        if approved.what == "hangup":
+            await self.engine.hang_up(approved.ident, container_id)
+            return {}
+        number = (urllib.parse.parse_qs(approved.target.partition("?")[2]).get("number") or [""])[0]
+        if not number.isdigit() or int(number) not in SIGNALS:
+            raise Refused(400, f"not a signal an SSH client may send: {number[:10]!r}")
+        return {"sent": await self.engine.signal(approved.ident, container_id, int(number))}
+
+    async def _request(self, reader: asyncio.StreamReader) -> Approved:
+        """The checked request, and for the engine's routes its head and body
+        as the engine gets them."""
         raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_SECONDS)
         lines = raw.decode("latin-1").split("\r\n")
         method, target, _ = (lines[0].split(" ") + ["", ""])[:3]
@@ -157,18 +222,21 @@ class NodeProxy:
         if not 0 <= length <= BODY_LIMIT:
             raise Refused(413, f"a body of at most {BODY_LIMIT} bytes")
         body = await asyncio.wait_for(reader.readexactly(length), READ_SECONDS) if length else b""
-        info = await self._check(*allowed, method, target, body)
-        if allowed[0] == "connect":
-            return b"", b"", True, _dial(info, target)
-        upgrade = allowed[0] == "exec" and target.split("?", 1)[0].endswith("/start")
+        what, ident = allowed
+        info = await self._check(what, ident, method, target, body)
+        if what in ("connect", "files", "hangup", "signal"):
+            if what == "files" and not (info.get("State") or {}).get("Running"):
+                raise Refused(503, "the container is not running")
+            return Approved(what, ident, target, info, upgrade=what != "hangup" and what != "signal")
+        upgrade = what == "exec" and target.split("?", 1)[0].endswith("/start")
         head = [f"{method} {target} HTTP/1.1", "Host: docker"]
         head += [f"Content-Type: {headers.get('content-type') or 'application/json'}", f"Content-Length: {length}"]
         head += ["Connection: Upgrade", "Upgrade: tcp"] if upgrade else ["Connection: close"]
-        return ("\r\n".join(head) + "\r\n\r\n").encode(), body, upgrade, None
+        return Approved(what, ident, target, info, upgrade, ("\r\n".join(head) + "\r\n\r\n").encode(), body)
 
     async def _check(self, what: str, ident: str, method: str, target: str, body: bytes) -> dict:
         try:
-            if what == "exec":
+            if what in EXEC_IDS:
                 ident = str((await self.engine.exec_inspect(ident)).get("ContainerID") or "")
             info = await self.engine.inspect(ident)
         except EngineError as exc:
@@ -186,10 +254,11 @@ class NodeProxy:
         return info
 
 
-def _dial(info: dict, target: str) -> Dial:
+def _dial(approved: Approved) -> Dial:
     """Where a tunnel's last hop goes: one of the container's own addresses,
     on a TCP port it declares, from inside its network namespace."""
-    query = urllib.parse.parse_qs(target.partition("?")[2])
+    info = approved.info
+    query = urllib.parse.parse_qs(approved.target.partition("?")[2])
     address, port = (query.get("address") or [""])[0], (query.get("port") or [""])[0]
     if not port.isdigit() or int(port) not in declared_ports(info):
         raise Refused(403, f"port {port[:10]!r} is not a TCP port this container declares")
@@ -199,6 +268,19 @@ def _dial(info: dict, target: str) -> Dial:
     if not (info.get("State") or {}).get("Running") or pid <= 0:
         raise Refused(503, "the container is not running")
     return pid, address, int(port)
+
+
+def _answer(writer: asyncio.StreamWriter, status: int, reason: str, payload: dict) -> None:
+    body = json.dumps(payload).encode()
+    writer.write(
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+        + body
+    )
+
+
+async def _nothing() -> None:
+    return None
 
 
 async def _relay(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:

@@ -15,8 +15,9 @@ import socket
 import asyncssh
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.runtime.container_files import ContainerFiles, FilesUnavailable
 from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.swarm_streams import REMOTE_NODE, REMOTE_WORKER
+from gpuhost_agent.streams.admission import REMOTE_REFUSAL
 from gpuhost_agent.streams.requests import SshRequest
 from gpuhost_agent.streams.sink import Sink
 from gpuhost_agent.streams.ssh_access import SshServices
@@ -110,18 +111,20 @@ class SshConnection:
             process.stderr.write(f"the container is not available: {exc}\r\n".encode())
             process.exit(255)
             return
+        if info.get(REMOTE_NODE) and not info.get(REMOTE_WORKER):  # its machine's agent did not answer
+            process.stderr.write(f"{REMOTE_REFUSAL}\r\n".encode())
+            process.exit(255)
+            return
         kind = "shell" if process.command is None else "command"
         log.info(
             "ssh_session", stream_id=self._request.stream_id, kind=kind, tty=process.get_terminal_type() is not None
         )
-        await ExecSession(self._services.engine, info["Id"], (info.get("State") or {}).get("Pid")).run(process)
+        await ExecSession(self._services.engine, info["Id"]).run(process)
 
     async def _sftp(self, chan: asyncssh.SSHServerChannel) -> ContainerSFTP:
         try:
-            info = await self._inspect()
-            state, config = info.get("State") or {}, info.get("Config") or {}
-            files = await ContainerFiles.start(int(state.get("Pid") or 0), str(config.get("User") or ""))
-        except (EngineError, FilesUnavailable, ValueError) as exc:
+            files = await self._services.engine.open_files(await self._inspect())
+        except (EngineError, OSError, ValueError) as exc:
             log.warning("ssh_files_unavailable", stream_id=self._request.stream_id, error=str(exc)[:300])
             raise
         log.info("ssh_session", stream_id=self._request.stream_id, kind="files")

@@ -26,7 +26,6 @@ import asyncssh
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import EngineStreams
-from gpuhost_agent.runtime.exec_hangup import hang_up_exec, signal_exec
 from gpuhost_agent.streams.frames import STDERR
 
 log = get_logger(__name__)
@@ -57,10 +56,9 @@ def exec_env(client_env: dict, term: str | None) -> dict[str, str]:
 
 
 class ExecSession:
-    def __init__(self, engine: EngineStreams, container_id: str, container_pid: object):
+    def __init__(self, engine: EngineStreams, container_id: str):
         self._engine = engine
         self._container = container_id
-        self._container_pid = container_pid
         self._exec_id: str | None = None
 
     async def run(self, process: asyncssh.SSHServerProcess) -> None:
@@ -91,7 +89,7 @@ class ExecSession:
                 code = await self._engine.exec_exit_code(self._exec_id, EXIT_CODE_WAIT)
                 process.exit(code if code is not None else 255)
             else:
-                await hang_up_exec(self._engine, self._exec_id, self._container)
+                await self._engine.hang_up(self._exec_id, self._container)
         finally:
             writer.close()
             for task in (output, inputs, closed):
@@ -150,10 +148,5 @@ class ExecSession:
 
     async def _signal(self, name: str) -> None:
         signum = getattr(signal, f"SIG{name}", None)
-        if self._exec_id is None or not isinstance(signum, signal.Signals):
-            return
-        try:
-            state = await self._engine.exec_inspect(self._exec_id)
-        except EngineError:
-            return
-        signal_exec(state.get("Pid"), self._container_pid, signum)
+        if self._exec_id is not None and isinstance(signum, signal.Signals):
+            await self._engine.signal(self._exec_id, self._container, signum)

@@ -16,7 +16,6 @@ import json
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import EngineStreams
-from gpuhost_agent.runtime.exec_hangup import hang_up_exec
 from gpuhost_agent.streams.requests import TerminalRequest, parse_resize
 from gpuhost_agent.streams.sink import Sink, finish
 
@@ -122,7 +121,7 @@ class Terminal:
 
     async def _hang_up(self) -> None:
         if self.exec_id is not None:  # never started: nothing to hang up
-            await hang_up_exec(self._engine, self.exec_id, self._container)
+            await self._engine.hang_up(self.exec_id, self._container)
 
     async def _exit_code(self) -> int | None:
         if self.exec_id is None:

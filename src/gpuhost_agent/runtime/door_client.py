@@ -1,0 +1,62 @@
+"""The engine of another machine of a Swarm environment, as its agent's door
+serves it to the leader (streams/node_proxy.py, docs/swarm.md).
+
+A container's inspect, log and execs go through the door as the engine's own
+API, so this is an EngineStreams whose address is the door and whose
+requests carry the environment's key. What is not in the engine's API is
+done by the agent on that machine, where the container's processes and
+network are: a tunnel's last hop, SFTP's file helper, and the hang-up or
+signal of an exec. These cannot be done from the leader: the pids an engine
+reports are its own machine's, and a stack's overlay addresses are reachable
+only from inside its containers' namespaces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import urllib.parse
+
+from gpuhost_agent.runtime.container_files import ContainerFiles
+from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.engine_streams import EngineStreams, checked_id
+
+TIMEOUT = 10.0
+
+
+class DoorClient(EngineStreams):
+    def __init__(self, host: str, port: int, key: str):
+        super().__init__(f"tcp://{host}:{port}", timeout=TIMEOUT, headers={"Authorization": f"Bearer {key}"})
+
+    async def connect_through(
+        self, container_id: str, address: str, port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to a container's port, made on its machine from inside
+        its network namespace, then relayed by the door."""
+        query = urllib.parse.urlencode({"address": address, "port": port})
+        return await self._upgrade(f"/gpuhost/containers/{checked_id(container_id)}/connect?{query}", b"{}", "connect")
+
+    async def dial(
+        self, info: dict, address: str, port: int, *, tls: ssl.SSLContext | None, timeout: float
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if tls:
+            raise OSError("a tunnel to an insecure (HTTPS) stack on another machine is not built yet")
+        return await asyncio.wait_for(self.connect_through(str(info.get("Id") or ""), address, port), timeout)
+
+    async def hang_up(self, exec_id: str, container_id: str) -> None:
+        try:
+            await self._call("POST", f"/gpuhost/exec/{checked_id(exec_id)}/hangup")
+        except EngineError:
+            pass  # the container, the exec or the machine is gone: nothing left to hang up
+
+    async def signal(self, exec_id: str, container_id: str, signum: int) -> bool:
+        try:
+            reply = await self._call("POST", f"/gpuhost/exec/{checked_id(exec_id)}/signal", params={"number": signum})
+        except EngineError:
+            return False
+        return bool(isinstance(reply, dict) and reply.get("sent"))
+
+    async def open_files(self, info: dict) -> ContainerFiles:
+        """The helper started on the container's machine; its calls relayed both ways."""
+        path = f"/gpuhost/containers/{checked_id(str(info.get('Id') or ''))}/files"
+        return await ContainerFiles.over(*await self._upgrade(path, b"{}", "file session"))
