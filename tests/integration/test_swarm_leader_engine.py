@@ -7,7 +7,8 @@ one machine's GPUs each (a container runs on one machine), so their stacks
 run across both machines, each GPU container on the machine of its GPUs and
 with exactly those; the renter's container list shows them wherever they
 run, and the logs of one on the other machine come through the manager (a
-terminal there is refused, saying why); removing a stack and ending a rental
+terminal or an SSH session there is refused, saying why, with no worker agent
+there); removing a stack and ending a rental
 leave nothing on either machine.
 """
 
@@ -18,6 +19,7 @@ import json
 
 import pytest
 from support.renter_streams import STDERR, STDOUT, create_terminal, logs_path, read_logs
+from support.ssh_clients import Endpoint, make_key
 from support.swarm import GPU_STACK, cluster_gpus, docker, labelled
 from support.waiting import until
 
@@ -40,6 +42,17 @@ async def logs_and_no_terminal_on_the_other_machine(renter, rental_id: str, stac
     assert end["type"] == "end" and end["status"] == 409 and "another machine" in end["error"], end
 
 
+async def no_ssh_on_the_other_machine(renter, rental_id: str, stack_id: str, key, tmp_path) -> None:
+    def is_train(tunnel: dict) -> bool:
+        return tunnel["protocol"] == "ssh" and tunnel["service"] == "train" and bool(tunnel["ssh"]["hostKey"])
+
+    (tunnel,) = await renter.tunnels(rental_id, stack_id, 1, is_train, timeout=30)
+    info = tunnel["ssh"]
+    end = await asyncio.to_thread(Endpoint, info["host"], info["port"], info["hostKey"], tmp_path)
+    done = await asyncio.to_thread(end.ssh, key, info["user"], "true")
+    assert done.returncode == 255 and b"another machine" in done.stderr and b"did not answer" in done.stderr, done
+
+
 async def both_listed(renter, rental_id: str, stack_id: str) -> bool:
     return len(await renter.containers(rental_id, stack_id)) == 2
 
@@ -49,12 +62,15 @@ async def nothing_left(machine: int, env_id: str) -> bool:
     return not left.strip()
 
 
-async def test_two_rentals_run_across_both_machines_and_go_from_both(swarm_leader) -> None:
+async def test_two_rentals_run_across_both_machines_and_go_from_both(swarm_leader, tmp_path) -> None:
     (renter, market, agent), machines = swarm_leader
     await agent.start()
     await until(lambda: shapes.listing(market.store)["totalGPUs"] == 4, timeout=90)
+    key = tmp_path / "renter"
+    status, body = await renter.call("POST", "/users/ssh-key", {"publicKey": await asyncio.to_thread(make_key, key)})
+    assert status == 200, body
     rentals = [await renter.rental(gpu_count=2), await renter.rental(gpu_count=2)]
-    stacks = [await renter.stack(rental_id, GPU_STACK) for rental_id in rentals]
+    stacks = [await renter.stack(rental_id, GPU_STACK, isSSHEnabled=True) for rental_id in rentals]
     for rental_id, stack_id in zip(rentals, stacks, strict=True):
         done = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=120)
         assert done and done["status"] == wire.APPLIED, (done, agent.logs()[-3000:])
@@ -75,6 +91,7 @@ async def test_two_rentals_run_across_both_machines_and_go_from_both(swarm_leade
         gpu_machines.append(machine)
         if machine == 2:
             await logs_and_no_terminal_on_the_other_machine(renter, rental_id, stack_id, train["Id"])
+            await no_ssh_on_the_other_machine(renter, rental_id, stack_id, key, tmp_path)
     assert sorted(gpu_machines) == [1, 2]  # one machine's GPUs each: the stacks span both machines
     assert shapes.listing(market.store)["availableGPUs"] == 0
 

@@ -151,7 +151,12 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         if leader
         else EngineStreams()
     )
-    ssh = SshServices(stream_engine, RentalKeys(client.rental_ssh_keys), ssh_host_key.load_or_create(config.state_dir))
+    ssh = SshServices(
+        stream_engine,
+        RentalKeys(client.rental_ssh_keys),
+        ssh_host_key.load_or_create(config.state_dir),
+        list_stack=engine.stack_containers if leader else None,  # containers on every machine
+    )
     streams = StreamChannel(client, session, stream_engine, ssh)
     end_dates = RentalEndDates(db)
     dispatcher = JobDispatcher(

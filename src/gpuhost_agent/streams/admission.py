@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 import aiohttp
 
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import ContainerGone, EngineStreams
 from gpuhost_agent.runtime.swarm_streams import REMOTE_NODE, REMOTE_WORKER
@@ -42,9 +41,10 @@ from gpuhost_agent.streams.tunnel import connect
 from gpuhost_agent.uplink.session import SessionState
 
 Service = tuple[asyncio.StreamReader, asyncio.StreamWriter]  # a tunnel's open connection to its service
+ListStack = Callable[[str], Awaitable[list[dict]]]  # a stack's containers, on every machine
 REMOTE_REFUSAL = (
     "the container runs on another machine of this environment: its logs come through the Swarm's manager, "
-    "a terminal or a tunnel through the agent on that machine (GPUHOST_SWARM=worker), which did not answer"
+    "a terminal, SSH or a tunnel through the agent on that machine (GPUHOST_SWARM=worker), which did not answer"
 )
 
 
@@ -67,13 +67,14 @@ def refusal_on_arrival(
 
 
 async def admit(
-    engine: EngineStreams, session: SessionState, request: StreamRequest
+    engine: EngineStreams, session: SessionState, request: StreamRequest, list_stack: ListStack
 ) -> tuple[Refusal | None, dict, Service | None]:
     """(refusal, the container's inspect ({} for SSH), the tunnel's connection):
-    what the stream needs once its WebSocket is open, or why it is refused."""
+    what the stream needs once its WebSocket is open, or why it is refused.
+    `list_stack` lists a stack's containers (SshServices.stack_containers)."""
     info: dict = {}
     if isinstance(request, SshRequest):
-        refusal = await check_ssh(engine, session, request)
+        refusal = await check_ssh(list_stack, session, request)
     else:
         refusal, info = await check_container(engine, session, request)
     service = (
@@ -103,11 +104,11 @@ async def check_container(
     return refusal, info
 
 
-async def check_ssh(engine: EngineStreams, session: SessionState, request: SshRequest) -> Refusal | None:
+async def check_ssh(list_stack: ListStack, session: SessionState, request: SshRequest) -> Refusal | None:
     """A stack of this rental with a running container open to SSH; which
     one is the login's choice."""
     try:
-        containers = await engine.containers({wire.LABEL_STACK: request.stack_id})
+        containers = await list_stack(request.stack_id)
     except EngineError as exc:
         return Refusal(request.stream_id, 503, f"Docker Engine: {exc}"[:500])
     if pick_any(containers, session.env_id, request.rental_id, request.stack_id) is None:

@@ -211,7 +211,7 @@ class StreamChannel:
         request = stream.request
         kind = kind_of(request)
         try:
-            refusal, info, service = await admit(self._engine, self._agent_session, request)
+            refusal, info, service = await admit(self._engine, self._agent_session, request, self._ssh.stack_containers)
             if refusal is not None:
                 return self._refuse(refusal)
             ws = await self._session().ws_connect(

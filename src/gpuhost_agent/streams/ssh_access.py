@@ -125,8 +125,18 @@ class RentalKeys:
 class SshServices:
     """What every SSH connection of the agent shares. Here, not beside the
     asyncssh server (ssh_server.py), so that building the agent does not
-    import asyncssh (streams/ssh_host_key.py says why)."""
+    import asyncssh (streams/ssh_host_key.py says why).
+
+    `list_stack` lists a stack's containers where this machine's engine does
+    not hold them all: a Swarm leader's answers from the manager's tasks,
+    which cover every machine (core/swarm_engine.py)."""
 
     engine: EngineStreams
     keys: RentalKeys
     host_key: HostKey
+    list_stack: Callable[[str], Awaitable[list[dict]]] | None = None
+
+    async def stack_containers(self, stack_id: str) -> list[dict]:
+        if self.list_stack is not None:
+            return await self.list_stack(stack_id)
+        return await self.engine.containers({wire.LABEL_STACK: stack_id})

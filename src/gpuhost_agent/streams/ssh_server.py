@@ -25,7 +25,6 @@ import asyncssh
 from asyncssh.stream import SSHTCPStreamSession
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.streams.requests import Refusal, SshRequest, TunnelRequest, check_access
 from gpuhost_agent.streams.ssh_access import SERVICE_LABEL, SshServices, parse_login, pick_container
@@ -57,7 +56,7 @@ class Login(asyncssh.SSHServer):
         if service is None:
             return self._refuse(username, "the login name is not <service>.<stack id prefix> of this stack")
         try:
-            containers = await self._services.engine.containers({wire.LABEL_STACK: request.stack_id})
+            containers = await self._services.stack_containers(request.stack_id)
             container = pick_container(containers, service, self._env_id, request.rental_id, request.stack_id)
             if container is None:
                 return self._refuse(username, f"no running container of service {service!r} open to SSH")
@@ -82,7 +81,7 @@ class Login(asyncssh.SSHServer):
         or address, on a port it declares; anything else is refused."""
         request = self._request
         try:
-            containers = await self._services.engine.containers({wire.LABEL_STACK: request.stack_id})
+            containers = await self._services.stack_containers(request.stack_id)
             target = _named(containers, dest_host)
             info = await self._services.engine.inspect(target["Id"]) if target else None
         except EngineError as exc:

@@ -1,0 +1,100 @@
+"""SSH into a Swarm stack's containers on either machine, end to end, with
+OpenSSH's own ssh, scp and sftp: the leader agent process on the manager, a
+worker agent process on machine 2, the local marketplace, a renter.
+
+The login is the leader's (its SSH server, its key check); what only the
+container's machine can do is done there: the exec by its engine, the file
+helper and the hang-up of a session that ends first by its agent (the
+worker's log names each). A container on the leader's own machine is reached
+as well: Swarm's containers carry no Compose service label, so the login's
+list comes from the manager's tasks on both."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import uuid
+
+import pytest
+from support.ssh_clients import Endpoint, PtySsh, make_key
+from support.swarm import GPU_STACK, labelled, train_of
+from support.waiting import until
+
+from gpuhost_agent.local_marketplace import shapes
+from gpuhost_agent.protocol import wire
+
+pytestmark = pytest.mark.swarm
+
+
+def _ssh_entry(tunnel: dict) -> bool:
+    return tunnel["protocol"] == "ssh" and tunnel["service"] == "train" and bool(tunnel["ssh"]["hostKey"])
+
+
+async def _sessions(end: Endpoint, key, user: str, tmp_path) -> str:
+    """A command, files both ways and a listing: the command's hostname."""
+    done = await asyncio.to_thread(end.ssh, key, user, "mkdir -p /tmp; echo host-$(hostname); echo err >&2; exit 7")
+    assert (done.returncode, done.stderr) == (7, b"err\n"), done
+    hostname = done.stdout.decode().strip().removeprefix("host-")
+    payload = uuid.uuid4().bytes * 20_000  # 320 KB
+    await asyncio.to_thread((tmp_path / "up.bin").write_bytes, payload)
+    done = await asyncio.to_thread(end.scp, key, str(tmp_path / "up.bin"), end.remote(user, "/tmp/up.bin"))
+    assert done.returncode == 0, done.stderr
+    done = await asyncio.to_thread(end.ssh, key, user, "md5sum < /tmp/up.bin")
+    assert done.stdout.split()[0].decode() == hashlib.md5(payload).hexdigest()
+    done = await asyncio.to_thread(end.scp, key, end.remote(user, "/tmp/up.bin"), str(tmp_path / "down.bin"))
+    assert done.returncode == 0 and await asyncio.to_thread((tmp_path / "down.bin").read_bytes) == payload
+    done = await asyncio.to_thread(end.sftp, key, user, "ls -la /tmp\n")
+    assert done.returncode == 0 and b"up.bin" in done.stdout, done
+    return hostname
+
+
+async def test_ssh_scp_and_sftp_reach_a_container_on_either_machine(swarm_leader, swarm_worker, tmp_path) -> None:
+    (renter, market, agent), machines = swarm_leader
+    worker = swarm_worker
+    await agent.start()
+    await until(lambda: shapes.listing(market.store)["totalGPUs"] == 4, timeout=90)
+    key = tmp_path / "renter"
+    status, body = await renter.call("POST", "/users/ssh-key", {"publicKey": await asyncio.to_thread(make_key, key)})
+    assert status == 200, body
+    rentals = [await renter.rental(gpu_count=2), await renter.rental(gpu_count=2)]
+    stacks = {rental_id: await renter.stack(rental_id, GPU_STACK, isSSHEnabled=True) for rental_id in rentals}
+    reached = {}
+    for rental_id, stack_id in stacks.items():
+        done = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=120)
+        assert done and done["status"] == wire.APPLIED, done
+        await until(lambda r=rental_id, s=stack_id: train_of(renter, r, s), timeout=30)
+        train = await train_of(renter, rental_id, stack_id)
+        assert train is not None
+        (tunnel,) = await renter.tunnels(rental_id, stack_id, 1, _ssh_entry, timeout=30)
+        info = tunnel["ssh"]
+        end = await asyncio.to_thread(Endpoint, info["host"], info["port"], info["hostKey"], tmp_path)
+        machine = machines[labelled(train)["com.docker.swarm.node.id"]]
+        hostname = await _sessions(end, key, info["user"], tmp_path)
+        assert hostname == train["Id"][:12], machine  # that container, wherever it runs
+        reached[machine] = (end, info["user"])
+    assert sorted(reached) == [1, 2]
+    log = await asyncio.to_thread(worker.log_path.read_text)
+    assert '"what": "files"' in log  # machine 2's file sessions were its agent's
+
+    # A session that ends before its command: the command ends too, on machine 2
+    end, user = reached[2]
+
+    async def sleeping() -> bool:
+        done = await asyncio.to_thread(end.ssh, key, user, "ps")
+        assert done.returncode == 0, done
+        return b"sleep 4321" in done.stdout
+
+    terminal = await asyncio.to_thread(PtySsh, end, key, user, 24, 80)
+    try:
+        await asyncio.to_thread(terminal.type, "sleep 4321\n")
+        await until(sleeping, timeout=20)
+    finally:
+        terminal.process.kill()  # the renter's client gone, as a closed laptop lid
+        await asyncio.to_thread(terminal.close)
+    await until(lambda: not_(sleeping), timeout=20)
+    log = await asyncio.to_thread(worker.log_path.read_text)
+    assert '"what": "hangup"' in log
+
+
+async def not_(check) -> bool:
+    return not await check()
