@@ -11,10 +11,11 @@ import asyncio
 import json
 import os
 import signal
+import ssl
 import subprocess
 
 import pytest
-from support.stacks import TEST_IMAGE
+from support.stacks import TEST_IMAGE, TLS_IMAGE
 
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.docker_host import parse_docker_host
@@ -147,7 +148,7 @@ async def test_a_tunnels_last_hop_is_dialled_from_inside_the_container_to_a_decl
         (managed, address, 22, "not a TCP port this container declares"),
         (managed, "127.0.0.1", 8080, "not one of the container's own addresses"),
         (foreign, address, 8080, "not a container of the agent"),
-        (managed, address, 9000, "cannot reach the service"),
+        (managed, address, 9000, "the service refused the connection"),
     ):
         with pytest.raises(EngineError, match=refused):
             await door.connect_through(container, where, to)
@@ -202,3 +203,47 @@ async def test_an_exec_is_signalled_and_hung_up_by_its_machines_agent(proxy, doo
     foreign_exec = (await asyncio.to_thread(docker_client.api.exec_create, foreign, ["true"]))["Id"]
     for action in ("hangup", "signal?number=9"):
         assert (await asyncio.to_thread(curl, port, "POST", f"/gpuhost/exec/{foreign_exec}/{action}"))[0] == 403
+
+
+HTTPS = (
+    "mkdir -p /tmp && cd /tmp && openssl req -x509 -newkey rsa:2048 -nodes -keyout k.pem -out c.pem "
+    "-subj /CN=origin -days 2 2>/dev/null && exec openssl s_server -quiet -accept 8443 -cert c.pem -key k.pem -www"
+)
+
+
+async def test_a_last_hop_speaks_tls_on_the_containers_machine_when_asked(door, containers, docker_client) -> None:
+    """An insecure stack's tunnel on another machine: the worker speaks TLS to
+    the service, unverified; the leader's dial fails as on one machine when
+    the service is not listening yet or is not HTTPS."""
+    managed, _ = containers
+    secure = await asyncio.to_thread(
+        docker_client.containers.run,
+        TLS_IMAGE,
+        ["sh", "-c", HTTPS],
+        detach=True,
+        labels={wire.LABEL_MANAGED: "true", "gpuhost-test": "node-proxy"},
+        ports={"8443/tcp": None},
+    )
+    try:
+        info = await asyncio.to_thread(docker_client.api.inspect_container, secure.id)
+        address = next(iter(info["NetworkSettings"]["Networks"].values()))["IPAddress"]
+        tls = ssl.create_default_context()  # the leader's context says "TLS"; the worker's own does not verify
+        for _ in range(100):  # openssl making its key
+            try:
+                reader, writer = await door.dial(info, address, 8443, tls=tls, timeout=10)
+                break
+            except ConnectionRefusedError:
+                await asyncio.sleep(0.1)
+        writer.write(b"GET / HTTP/1.0\r\n\r\n")
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.0 200") and b"s_server" in answer, answer[:300]
+        plain = await asyncio.to_thread(docker_client.api.inspect_container, managed)
+        plain_address = next(iter(plain["NetworkSettings"]["Networks"].values()))["IPAddress"]
+        with pytest.raises(ssl.SSLError, match="TLS handshake"):  # httpd speaks plain HTTP
+            await door.dial(plain, plain_address, 8080, tls=tls, timeout=10)
+        with pytest.raises(ConnectionRefusedError):
+            await door.dial(plain, plain_address, 9000, tls=None, timeout=10)
+    finally:
+        await asyncio.to_thread(secure.remove, force=True)

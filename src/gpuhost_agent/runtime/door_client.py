@@ -22,6 +22,10 @@ from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import EngineStreams, checked_id
 
 TIMEOUT = 10.0
+# How the door says why a tunnel's last hop failed (its messages start so):
+# the tunnel tells a service still starting from one that is not HTTPS.
+SERVICE_REFUSED = "the service refused the connection"
+SERVICE_NO_TLS = "the service did not complete a TLS handshake"
 
 
 class DoorClient(EngineStreams):
@@ -29,19 +33,29 @@ class DoorClient(EngineStreams):
         super().__init__(f"tcp://{host}:{port}", timeout=TIMEOUT, headers={"Authorization": f"Bearer {key}"})
 
     async def connect_through(
-        self, container_id: str, address: str, port: int
+        self, container_id: str, address: str, port: int, *, tls: bool = False
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """A connection to a container's port, made on its machine from inside
-        its network namespace, then relayed by the door."""
-        query = urllib.parse.urlencode({"address": address, "port": port})
+        its network namespace (with TLS, unverified, when asked), then relayed
+        by the door."""
+        query = urllib.parse.urlencode({"address": address, "port": port, **({"tls": 1} if tls else {})})
         return await self._upgrade(f"/gpuhost/containers/{checked_id(container_id)}/connect?{query}", b"{}", "connect")
 
     async def dial(
         self, info: dict, address: str, port: int, *, tls: ssl.SSLContext | None, timeout: float
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        if tls:
-            raise OSError("a tunnel to an insecure (HTTPS) stack on another machine is not built yet")
-        return await asyncio.wait_for(self.connect_through(str(info.get("Id") or ""), address, port), timeout)
+        """As on one machine (streams/tunnel.py): refused, not TLS or unreachable."""
+        try:
+            return await asyncio.wait_for(
+                self.connect_through(str(info.get("Id") or ""), address, port, tls=tls is not None), timeout
+            )
+        except EngineError as exc:
+            text = str(exc).removeprefix("Docker Engine: ")
+            if text.startswith(SERVICE_REFUSED):
+                raise ConnectionRefusedError(text) from None
+            if text.startswith(SERVICE_NO_TLS):
+                raise ssl.SSLError(text) from None
+            raise OSError(text) from None
 
     async def hang_up(self, exec_id: str, container_id: str) -> None:
         try:

@@ -42,6 +42,7 @@ import hmac
 import json
 import re
 import signal
+import ssl
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -50,13 +51,14 @@ from functools import partial
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.container_files import end_helper, start_helper
+from gpuhost_agent.runtime.door_client import SERVICE_NO_TLS, SERVICE_REFUSED
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.runtime.netns_dial import dial_in_namespace
-from gpuhost_agent.streams.tunnel import CONNECT_TIMEOUT, container_addresses, declared_ports
+from gpuhost_agent.streams.tunnel import CONNECT_TIMEOUT, container_addresses, declared_ports, unverified_tls
 
 log = get_logger(__name__)
-Dial = tuple[int, str, int]  # a tunnel's last hop: the container's process, its address, the port
+Dial = tuple[int, str, int, ssl.SSLContext | None]  # a tunnel's last hop: process, address, port, TLS
 
 HEAD_LIMIT = 16 * 1024
 BODY_LIMIT = 64 * 1024
@@ -181,8 +183,13 @@ class NodeProxy:
             assert helper.stdout is not None and helper.stdin is not None
             return helper.stdout, helper.stdin, partial(end_helper, helper)
         if approved.what == "connect":
+            pid, address, port, tls = _dial(approved)
             try:
-                upstream_reader, upstream = await dial_in_namespace(*_dial(approved), timeout=CONNECT_TIMEOUT)
+                upstream_reader, upstream = await dial_in_namespace(pid, address, port, CONNECT_TIMEOUT, tls)
+            except ConnectionRefusedError as exc:
+                raise Refused(503, f"{SERVICE_REFUSED}: {exc}"[:300]) from None
+            except ssl.SSLError as exc:
+                raise Refused(502, f"{SERVICE_NO_TLS}: {exc}"[:300]) from None
             except (OSError, asyncio.TimeoutError) as exc:
                 raise Refused(503, f"cannot reach the service: {type(exc).__name__}: {exc}"[:300]) from None
         else:
@@ -256,7 +263,8 @@ class NodeProxy:
 
 def _dial(approved: Approved) -> Dial:
     """Where a tunnel's last hop goes: one of the container's own addresses,
-    on a TCP port it declares, from inside its network namespace."""
+    on a TCP port it declares, from inside its network namespace; with TLS,
+    unverified, when the stack is insecure (streams/tunnel.py)."""
     info = approved.info
     query = urllib.parse.parse_qs(approved.target.partition("?")[2])
     address, port = (query.get("address") or [""])[0], (query.get("port") or [""])[0]
@@ -267,7 +275,7 @@ def _dial(approved: Approved) -> Dial:
     pid = int((info.get("State") or {}).get("Pid") or 0)
     if not (info.get("State") or {}).get("Running") or pid <= 0:
         raise Refused(503, "the container is not running")
-    return pid, address, int(port)
+    return pid, address, int(port), unverified_tls() if query.get("tls") == ["1"] else None
 
 
 def _answer(writer: asyncio.StreamWriter, status: int, reason: str, payload: dict) -> None:

@@ -76,7 +76,7 @@ async def connect(
     if not addresses or not (info.get("State") or {}).get("Running"):
         return Refusal(request.stream_id, 503, "the container is not running")
     problem = NOT_LISTENING
-    tls = _unverified_tls() if request.tls else None
+    tls = unverified_tls() if request.tls else None
     for address in addresses:
         try:
             return await dial(info, address, request.port, tls=tls, timeout=timeout)
@@ -89,7 +89,7 @@ async def connect(
     return Refusal(request.stream_id, 503, problem)
 
 
-def _unverified_tls() -> ssl.SSLContext:
+def unverified_tls() -> ssl.SSLContext:
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
