@@ -135,6 +135,9 @@ async def swarm_worker(tmp_path, shared_swarm, worker_port):
         tmp_path / "worker.log",
         worker_port,
         DOCKER_HOST=f"unix:///run/{PREFIX}/n2/docker.sock",
+        GPUHOST_NVML_LIBRARY=str(await asyncio.to_thread(build_lib)),
+        FAKE_NVML_CONFIG=f"/run/{PREFIX}/n2/nvml.conf",  # machine 2's stand-in GPUs
+        GPUHOST_GPU_CHECK_IMAGE=TEST_IMAGE,
         GPUHOST_SWARM="worker",
         GPUHOST_SWARM_KEY=SWARM_KEY,
         GPUHOST_SWARM_LISTEN=f"127.0.0.1:{worker_port}",

@@ -5,7 +5,9 @@ terminal opened through the marketplace in a container on machine 2 runs
 there (its hostname is that container's), both ways, through the worker's
 door and the environment's key, again after the worker was killed with
 SIGKILL and started again (it keeps nothing to lose); the worker's log
-holds none of the key. A tunnel reaches a service on either machine."""
+holds none of the key. The environment's systemData holds machine 2's own
+report, made by its agent, and its compliance counts. A tunnel reaches a
+service on either machine."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import pytest
 from conftest import SWARM_KEY
 from support.renter_streams import create_terminal, terminal_until
 from support.stacks import TEST_IMAGE
-from support.swarm import GPU_STACK, labelled, train_of
+from support.swarm import GPU_STACK, cluster_gpus, labelled, train_of
 from support.waiting import until
 
 from gpuhost_agent.local_marketplace import shapes
@@ -33,6 +35,16 @@ async def test_a_terminal_in_a_container_on_the_other_machine_runs_there_through
     worker = swarm_worker
     await agent.start()
     await until(lambda: shapes.listing(market.store)["totalGPUs"] == 4, timeout=90)
+    await until(lambda: machine_report(market.store, machines, 2), timeout=60)
+    two = machine_report(market.store, machines, 2)
+    assert {gpu["uuid"] for gpu in two["nvml"]["gpus"]} == cluster_gpus(2)  # its own NVML's, not the leader's
+    assert two["host"]["docker"]["swarm"]["nodeId"] == next(n for n, m in machines.items() if m == 2)
+    checks = market.store.host["report"]["compliance"]["checks"]
+    (machine_check,) = [check for check in checks if check["id"] == "swarm-machines"]
+    own_failures = [check["id"] for check in checks if not check["ok"] and check["id"] != "swarm-machines"]
+    # Both machines are this test host: machine 2, judged by the leader, fails what the leader fails.
+    verdict = f"({', '.join(own_failures)})" if own_failures else "are compliant"
+    assert not machine_check["skipped"] and verdict in machine_check["summary"], (machine_check, own_failures)
     rentals = [await renter.rental(gpu_count=2), await renter.rental(gpu_count=2)]
     stacks = {rental_id: await renter.stack(rental_id, GPU_STACK) for rental_id in rentals}
     on_two = None
@@ -61,6 +73,15 @@ async def test_a_terminal_in_a_container_on_the_other_machine_runs_there_through
         await worker.start()
     text = await asyncio.to_thread(worker.log_path.read_text)
     assert text.count("swarm_worker_started") == 3 and SWARM_KEY not in text
+
+
+def machine_report(store, machines: dict, number: int) -> dict | None:
+    """Machine `number`'s own systemData in the environment's last report, if there."""
+    nodes = ((store.host.get("report") or {}).get("systemData") or {}).get("environment", {}).get("nodes", [])
+    for node in nodes:
+        if machines.get(node["nodeId"]) == number:
+            return (node.get("machine") or {}).get("systemData")
+    return None
 
 
 WEB_ON_GPUS = f"""

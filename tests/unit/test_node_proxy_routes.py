@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuhost_agent.streams.node_proxy import NodeProxy, route
+from gpuhost_agent.streams.door_routes import route
+from gpuhost_agent.streams.node_proxy import NodeProxy
 
 ID = "5e7140ba6f17c65a09300a61fbb9e36a520b40a8869c52175d0f97f718ab2a59"
 
@@ -32,6 +33,14 @@ ID = "5e7140ba6f17c65a09300a61fbb9e36a520b40a8869c52175d0f97f718ab2a59"
         ("PUT", f"/containers/{ID}/json", None),
         ("GET", "/info", None),
         ("POST", "/swarm/leave", None),
+        ("POST", f"/gpuhost/containers/{ID}/connect?address=10.0.1.5&port=80", ("connect", ID)),
+        ("POST", f"/gpuhost/containers/{ID}/files", ("files", ID)),
+        ("POST", f"/gpuhost/exec/{ID}/hangup", ("hangup", ID)),
+        ("POST", f"/gpuhost/exec/{ID}/signal?number=2", ("signal", ID)),
+        ("GET", "/gpuhost/machine", ("machine", "")),
+        ("POST", "/gpuhost/machine", None),
+        ("GET", f"/gpuhost/containers/{ID}/files", None),
+        ("GET", "/gpuhost/machine/../../info", None),
     ],
 )
 def test_only_a_managed_containers_inspect_log_and_execs_are_routed(method, target, expected) -> None:

@@ -6,8 +6,15 @@ it advertises as named generic resources of kind `NVIDIA-GPU` (dockerd's
 `node-generic-resources`, as in NVIDIA's guide for Swarm). That is the
 environment's part of systemData (`environment`): the marketplace's
 `totalGPUs` counts these GPUs, and the leader's GPU ledger hands them out
-(core/swarm_tasks.py). A GPU's model and memory are those the leader's own
-NVML sees, until the other machines' agents report their own.
+(core/swarm_tasks.py).
+
+Each node also carries its `machine`: for the leader's own, a pointer to the
+report's top level (`{"this": true}`); for another, the systemData its agent
+reported (inventory/machine_report.py) or why there is none. The leader
+judges each machine's report against the marketplace's requirements
+(`machines_check`): the environment is compliant only when every machine
+that reported is. A machine whose agent is silent is named, not failed: its
+containers still run, but terminals, SSH and tunnels there wait for it.
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuhost_agent.inventory import compliance
+from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 
 GPU_KIND = "NVIDIA-GPU"
@@ -54,3 +63,43 @@ def nodes_facts(nodes: Sequence[Mapping[str, Any]]) -> list[dict]:
             }
         )
     return shaped
+
+
+def attach_machines(environment: dict, own_node: str | None, reports: Mapping[str, Mapping[str, Any]]) -> None:
+    """Each node's `machine`, from the agents' reports by node id."""
+    for node in environment["nodes"]:
+        if node["nodeId"] == own_node:
+            node["machine"] = {"this": True}
+            continue
+        report = reports.get(node["nodeId"]) or {}
+        data = report.get("systemData")
+        node["machine"] = (
+            {"systemData": data} if isinstance(data, dict) else {"error": str(report.get("error") or "no report")}
+        )
+
+
+def machines_check(system_data: Mapping[str, Any], req: Requirements) -> compliance.Check | None:
+    """The other machines' own checks, as one (None on a machine of its own)."""
+    environment = system_data.get("environment") or {}
+    others = [node for node in environment.get("nodes") or [] if not (node.get("machine") or {}).get("this")]
+    if not environment or not others:
+        return None
+    failed: list[str] = []
+    silent: list[str] = []
+    fine: list[str] = []
+    for node in others:
+        name = node.get("hostname") or str(node.get("nodeId"))[:12]
+        data = (node.get("machine") or {}).get("systemData")
+        if not isinstance(data, dict):
+            silent.append(name)
+            continue
+        bad = [check.id for check in compliance.evaluate(data, req) if not check.ok]
+        (failed if bad else fine).append(f"{name} ({', '.join(bad)})" if bad else name)
+    unheard = f"; no report from {', '.join(silent)} (is its agent running, GPUHOST_SWARM=worker?)" if silent else ""
+    if failed:
+        summary = f"not compliant: {'; '.join(failed)}{unheard}"
+        remedy = "run `gpuhost-agent doctor` on each machine named and fix what it says"
+        return compliance.Check("swarm-machines", False, summary, remedy)
+    if not fine:
+        return compliance.Check("swarm-machines", True, f"skipped: {unheard[2:]}", skipped=True)
+    return compliance.Check("swarm-machines", True, f"the other machines are compliant: {', '.join(fine)}{unheard}")

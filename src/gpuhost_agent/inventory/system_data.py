@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import json
 import socket
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from gpuhost_agent import __version__
 from gpuhost_agent.inventory import compliance, listing
 from gpuhost_agent.inventory.host_probe import probe_host
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
-from gpuhost_agent.inventory.swarm_nodes import environment_facts
+from gpuhost_agent.inventory.swarm_nodes import attach_machines, environment_facts, machines_check
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import DockerEngine
 
@@ -37,6 +38,8 @@ class Prober:
     location: str | None = None
     speed: dict | None = field(default=None)
     swarm_leader: bool = False  # the leader of a Swarm environment reports every machine's GPUs
+    # The leader's question to the other machines' agents: their reports by node id.
+    machines: Callable[[list[str]], Awaitable[dict[str, dict]]] | None = None
 
     async def system_data(self) -> dict:
         nvml, host = await asyncio.gather(
@@ -58,7 +61,12 @@ class Prober:
             "location": self.location,
         }
         if self.swarm_leader:
-            data["environment"] = await environment_facts(self.engine)
+            environment = await environment_facts(self.engine)
+            own = ((host.get("docker") or {}).get("swarm") or {}).get("nodeId")
+            others = [node["nodeId"] for node in environment["nodes"] if node["nodeId"] != own]
+            reports = await self.machines(others) if self.machines is not None and others else {}
+            attach_machines(environment, own, reports)
+            data["environment"] = environment
         return data
 
     async def report(self, requirements: compliance.Requirements, clock_skew_seconds: float | None = None) -> dict:
@@ -68,6 +76,9 @@ class Prober:
 
 def build_report(data: dict, requirements: compliance.Requirements, clock_skew_seconds: float | None) -> dict:
     checks = compliance.evaluate(data, requirements, clock_skew_seconds)
+    machines = machines_check(data, requirements)
+    if machines is not None:
+        checks.append(machines)
     ok, reason = compliance.summary(checks)
     report: dict[str, Any] = {
         "systemData": data,
@@ -91,15 +102,25 @@ def as_sent(report: dict) -> dict:
 def fingerprint(report: dict) -> str:
     """Changes when something a marketplace would show changes, not at every
     probe: the probe time and the clock's error estimate are left out, free
-    disk counts only in whole GiB, and compliance checks count by verdict, not
-    by their wording (which quotes live figures such as free disk and skew)."""
-    data = json.loads(json.dumps(report["systemData"]))
+    disk counts only in whole GiB (so too in the other machines' reports of a
+    Swarm environment), and compliance checks count by verdict, not by their
+    wording (which quotes live figures such as free disk and skew)."""
+    data = _steady(json.loads(json.dumps(report["systemData"])))
+    for node in (data.get("environment") or {}).get("nodes") or []:
+        machine = node.get("machine") or {}
+        if isinstance(machine.get("systemData"), dict):
+            _steady(machine["systemData"])
+    verdicts = [(check["id"], check["ok"]) for check in report["compliance"]["checks"]]
+    stable = {"systemData": data, "listing": report["listing"], "verdicts": verdicts}
+    return hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _steady(data: dict) -> dict:
+    """One machine's systemData without what changes at every probe (in place)."""
     data.pop("probedAt", None)
     host = data.get("host", {})
     host.get("clock", {}).pop("maxErrorMs", None)
     storage = host.get("storage", {})
     if storage.get("freeBytes") is not None:
         storage["freeBytes"] = storage["freeBytes"] // 1024**3
-    verdicts = [(check["id"], check["ok"]) for check in report["compliance"]["checks"]]
-    stable = {"systemData": data, "listing": report["listing"], "verdicts": verdicts}
-    return hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()[:16]
+    return data

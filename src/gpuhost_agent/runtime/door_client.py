@@ -57,6 +57,13 @@ class DoorClient(EngineStreams):
                 raise ssl.SSLError(text) from None
             raise OSError(text) from None
 
+    async def machine(self) -> dict:
+        """That machine's own report (inventory/machine_report.py)."""
+        reply = await self._call("GET", "/gpuhost/machine")
+        if not isinstance(reply, dict):
+            raise EngineError("the agent's machine report is not a JSON object")
+        return reply
+
     async def hang_up(self, exec_id: str, container_id: str) -> None:
         try:
             await self._call("POST", f"/gpuhost/exec/{checked_id(exec_id)}/hangup")

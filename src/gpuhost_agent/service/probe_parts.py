@@ -4,6 +4,7 @@ the two never judge a host differently."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
@@ -31,8 +32,14 @@ def build_probe(config: AgentConfig, compose_command: list[str] | None) -> Probe
 
 
 def build_prober(
-    config: AgentConfig, engine: DockerEngine, nvml: NvmlProbe, compose_command: list[str] | None
+    config: AgentConfig,
+    engine: DockerEngine,
+    nvml: NvmlProbe,
+    compose_command: list[str] | None,
+    machines: Callable[[list[str]], Awaitable[dict[str, dict]]] | None = None,
 ) -> Prober:
+    """`machines`: a Swarm leader's question to the other machines' agents
+    (runtime/swarm_streams.py); without it their reports are left out."""
     return Prober(
         nvml,
         engine,
@@ -41,4 +48,5 @@ def build_prober(
         toolkit_config=config.toolkit_config,
         location=config.location,
         swarm_leader=config.swarm == "leader",
+        machines=machines,
     )

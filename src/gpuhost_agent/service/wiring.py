@@ -103,10 +103,16 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
     schedule = Schedule()
     ledger = GpuLedger(db)
     ledger.import_legacy(config.state_dir / "gpu-assignments.json")
+    stream_engine = (  # a leader reads other machines' logs, and opens terminals there through their agents
+        SwarmStreams(key=config.swarm_key, workers=config.swarm_workers, worker_port=config.swarm_listen[1])
+        if leader
+        else EngineStreams()
+    )
+    machine_reports = stream_engine.machine_reports if isinstance(stream_engine, SwarmStreams) else None  # the workers'
     host = HostReporter(
         client,
         outbox,
-        build_prober(config, engine, nvml, None),
+        build_prober(config, engine, nvml, None, machines=machine_reports),
         schedule,
         find_compose,
         compose.use,
@@ -145,11 +151,6 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         stop_timeout=config.stop_timeout,
         stacks_per_rental=config.stacks_per_rental,
         rental_limit_reached=limit_reached,
-    )
-    stream_engine = (  # a leader reads other machines' logs, and opens terminals there through their agents
-        SwarmStreams(key=config.swarm_key, workers=config.swarm_workers, worker_port=config.swarm_listen[1])
-        if leader
-        else EngineStreams()
     )
     ssh = SshServices(
         stream_engine,

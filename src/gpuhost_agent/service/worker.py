@@ -2,9 +2,11 @@
 (GPUHOST_SWARM=worker, docs/swarm.md).
 
 The leader holds the marketplace session, the GPU ledger and the deploys;
-what only this machine's engine can do for a renter's container here (a
-terminal) it asks of this agent, through the door in streams/node_proxy.py,
-with the environment's key. So a worker runs no session, keeps no state
+what only this machine can do for a renter's container here (a terminal,
+SSH, a tunnel's last hop) it asks of this agent, through the door in
+streams/node_proxy.py, with the environment's key; and this agent reports
+this machine (its GPUs, engine, toolkit, disk and clock) when the leader
+asks, for the environment's systemData and compliance. So a worker runs no session, keeps no state
 database and deploys nothing: it serves that door until it is stopped, and
 tells systemd it is ready once the door listens.
 """
@@ -15,10 +17,13 @@ import asyncio
 import os
 
 from gpuhost_agent.common.logs import SECRETS, get_logger
+from gpuhost_agent.inventory.machine_report import MachineReport
+from gpuhost_agent.runtime.compose import ComposeNotFound, find_compose_command
 from gpuhost_agent.runtime.docker_host import parse_docker_host
 from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.service import sd_notify
 from gpuhost_agent.service.config import AgentConfig
+from gpuhost_agent.service.probe_parts import build_probe
 from gpuhost_agent.streams.node_proxy import NodeProxy
 
 log = get_logger(__name__)
@@ -31,7 +36,13 @@ async def serve_worker(config: AgentConfig, stop: asyncio.Event) -> None:
     if engine_path is None:
         raise SystemExit("GPUHOST_SWARM=worker needs the engine on a unix:// socket (DOCKER_HOST)")
     engine = EngineStreams()
-    proxy = NodeProxy(config.swarm_key, engine, engine_path)
+    try:
+        compose = await asyncio.to_thread(find_compose_command, config.compose_command)
+    except ComposeNotFound:
+        compose = None  # reported as such: the leader deploys, but doctor checks every machine
+    probe = build_probe(config, compose)
+    report = MachineReport(probe.prober)
+    proxy = NodeProxy(config.swarm_key, engine, engine_path, machine=report.current)
     host, port = config.swarm_listen
     try:
         port = await proxy.start(host, port)
@@ -41,11 +52,16 @@ async def serve_worker(config: AgentConfig, stop: asyncio.Event) -> None:
     watchdog.start()
     sd_notify.ready(f"Swarm worker: serving the leader on {host}:{port}")
     log.info("swarm_worker_started", listen=f"{host}:{port}", engine=engine_path)
+    first_probe = asyncio.create_task(report.probe())  # ready before the leader asks
     try:
         await stop.wait()
     finally:
+        first_probe.cancel()
+        await asyncio.gather(first_probe, return_exceptions=True)
+        await report.close()
         sd_notify.stopping("stopping")
         await proxy.stop()
         await engine.close()
+        probe.close()
         await watchdog.stop()
         log.info("swarm_worker_stopped", served=proxy.served, refused=proxy.refused)

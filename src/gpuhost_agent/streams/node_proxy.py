@@ -18,6 +18,8 @@ three things of its own, and nothing else:
 - an exec's hang-up and an SSH client's signal to it
   (`POST /gpuhost/exec/{id}/hangup`, `.../signal?number=`), done here under
   the pid-namespace rule of runtime/exec_hangup.py;
+- this machine's own report (`GET /gpuhost/machine`: its systemData and its
+  GPUs' live figures, inventory/machine_report.py);
 - every other path is 403;
 - only containers the agent manages (label io.gpuhost.managed=true): the
   host's own containers and anything else on the engine are out of reach;
@@ -40,12 +42,9 @@ import asyncio
 import contextlib
 import hmac
 import json
-import re
-import signal
 import ssl
 import urllib.parse
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from functools import partial
 
 from gpuhost_agent.common.logs import get_logger
@@ -55,67 +54,30 @@ from gpuhost_agent.runtime.door_client import SERVICE_NO_TLS, SERVICE_REFUSED
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.runtime.netns_dial import dial_in_namespace
-from gpuhost_agent.streams.tunnel import CONNECT_TIMEOUT, container_addresses, declared_ports, unverified_tls
+from gpuhost_agent.streams.door_routes import EXEC_IDS, SIGNALS, Approved, Refused, dial_target, route
+from gpuhost_agent.streams.tunnel import CONNECT_TIMEOUT
 
 log = get_logger(__name__)
-Dial = tuple[int, str, int, ssl.SSLContext | None]  # a tunnel's last hop: process, address, port, TLS
 
 HEAD_LIMIT = 16 * 1024
 BODY_LIMIT = 64 * 1024
 CHUNK = 64 * 1024
 READ_SECONDS = 10.0
-_ID = r"([A-Za-z0-9][A-Za-z0-9_.-]{0,127})"
-ROUTES = [  # (method, path pattern, what the id names)
-    ("GET", re.compile(rf"/containers/{_ID}/json"), "container"),
-    ("GET", re.compile(rf"/containers/{_ID}/logs"), "container"),
-    ("POST", re.compile(rf"/containers/{_ID}/exec"), "container"),
-    ("POST", re.compile(rf"/exec/{_ID}/start"), "exec"),
-    ("POST", re.compile(rf"/exec/{_ID}/resize"), "exec"),
-    ("GET", re.compile(rf"/exec/{_ID}/json"), "exec"),
-    ("POST", re.compile(rf"/gpuhost/containers/{_ID}/connect"), "connect"),  # a tunnel's last hop
-    ("POST", re.compile(rf"/gpuhost/containers/{_ID}/files"), "files"),  # SFTP's file helper
-    ("POST", re.compile(rf"/gpuhost/exec/{_ID}/hangup"), "hangup"),  # a session ended
-    ("POST", re.compile(rf"/gpuhost/exec/{_ID}/signal"), "signal"),  # an SSH client's signal
-]
-EXEC_IDS = ("exec", "hangup", "signal")  # routes whose id is an exec's
-SIGNALS = {int(s) for s in signal.Signals}  # an SSH client names a signal, the leader sends its number
-VERSION_PREFIX = re.compile(r"^/v1\.\d+(?=/)")
-
-
-def route(method: str, target: str) -> tuple[str, str] | None:
-    """(what, id) of an allowed request, None for anything else. Pure."""
-    path = VERSION_PREFIX.sub("", target.split("?", 1)[0])
-    for allowed, pattern, what in ROUTES:
-        if method == allowed and (found := pattern.fullmatch(path)):
-            return what, found.group(1)
-    return None
-
-
-@dataclass(frozen=True)
-class Approved:
-    """A request that passed the checks: its route, id, target and container."""
-
-    what: str
-    ident: str
-    target: str
-    info: dict
-    upgrade: bool = False  # bytes both ways after the answer's head
-    head: bytes = b""  # for the engine's routes: the request as the engine gets it
-    body: bytes = b""
-
-
-class Refused(Exception):
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
 
 
 class NodeProxy:
-    def __init__(self, key: str, engine: EngineStreams, engine_path: str):
+    def __init__(
+        self,
+        key: str,
+        engine: EngineStreams,
+        engine_path: str,
+        machine: Callable[[], Awaitable[dict]] | None = None,
+    ):
         if len(key) < 16:
             raise ValueError("the environment's key must have at least 16 characters")
         self._expected = f"Bearer {key}".encode()
         self.engine, self.engine_path = engine, engine_path  # the local engine's socket
+        self._machine = machine
         self._server: asyncio.Server | None = None
         self.served = self.refused = 0  # for tests and the status
 
@@ -131,9 +93,10 @@ class NodeProxy:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             approved = await self._request(reader)
-            if approved.what in ("hangup", "signal"):
+            if approved.what in ("hangup", "signal", "machine"):
                 answer = await self._act(approved)
-                log.info("swarm_door_done", what=approved.what, exec_id=approved.ident[:12], **answer)
+                if approved.what != "machine":
+                    log.info("swarm_door_done", what=approved.what, exec_id=approved.ident[:12], **answer)
                 self.served += 1
                 _answer(writer, 200, "OK", answer)
                 with contextlib.suppress(ConnectionError):
@@ -183,7 +146,7 @@ class NodeProxy:
             assert helper.stdout is not None and helper.stdin is not None
             return helper.stdout, helper.stdin, partial(end_helper, helper)
         if approved.what == "connect":
-            pid, address, port, tls = _dial(approved)
+            pid, address, port, tls = dial_target(approved)
             try:
                 upstream_reader, upstream = await dial_in_namespace(pid, address, port, CONNECT_TIMEOUT, tls)
             except ConnectionRefusedError as exc:
@@ -198,6 +161,10 @@ class NodeProxy:
 
     async def _act(self, approved: Approved) -> dict:
         """What the engine's API has no call for, done here, where the exec's pids are."""
+        if approved.what == "machine":
+            if self._machine is None:
+                raise Refused(404, "this agent does not report its machine")
+            return await self._machine()
         container_id = str(approved.info.get("Id") or "")
         if approved.what == "hangup":
             await self.engine.hang_up(approved.ident, container_id)
@@ -230,6 +197,8 @@ class NodeProxy:
             raise Refused(413, f"a body of at most {BODY_LIMIT} bytes")
         body = await asyncio.wait_for(reader.readexactly(length), READ_SECONDS) if length else b""
         what, ident = allowed
+        if what == "machine":
+            return Approved(what, ident, target, {})
         info = await self._check(what, ident, method, target, body)
         if what in ("connect", "files", "hangup", "signal"):
             if what == "files" and not (info.get("State") or {}).get("Running"):
@@ -259,23 +228,6 @@ class NodeProxy:
             if not isinstance(asked, dict) or asked.get("Privileged"):
                 raise Refused(403, "an exec is never privileged")
         return info
-
-
-def _dial(approved: Approved) -> Dial:
-    """Where a tunnel's last hop goes: one of the container's own addresses,
-    on a TCP port it declares, from inside its network namespace; with TLS,
-    unverified, when the stack is insecure (streams/tunnel.py)."""
-    info = approved.info
-    query = urllib.parse.parse_qs(approved.target.partition("?")[2])
-    address, port = (query.get("address") or [""])[0], (query.get("port") or [""])[0]
-    if not port.isdigit() or int(port) not in declared_ports(info):
-        raise Refused(403, f"port {port[:10]!r} is not a TCP port this container declares")
-    if address not in container_addresses(info):
-        raise Refused(403, "not one of the container's own addresses")
-    pid = int((info.get("State") or {}).get("Pid") or 0)
-    if not (info.get("State") or {}).get("Running") or pid <= 0:
-        raise Refused(503, "the container is not running")
-    return pid, address, int(port), unverified_tls() if query.get("tls") == ["1"] else None
 
 
 def _answer(writer: asyncio.StreamWriter, status: int, reason: str, payload: dict) -> None:
