@@ -17,6 +17,7 @@ readonly VENV=$OPT_DIR/venv
 readonly CONF_DIR=/etc/gpuhost-agent
 readonly CONF=$CONF_DIR/agent.conf
 readonly KEY_FILE=$CONF_DIR/api-key
+readonly SWARM_KEY_PATH=$CONF_DIR/swarm-key
 readonly STATE_DIR=/var/lib/gpuhost-agent
 readonly UNIT_NAME=gpuhost-agent.service
 readonly UNIT_PATH=/etc/systemd/system/$UNIT_NAME
@@ -66,6 +67,8 @@ usage() {
 Usage:
   curl -fsSL <base>/install.sh | sudo bash -s -- --url <base_url> --env-id <envId> --api-key <key> [options]
   sudo ./install.sh --url <base_url> --env-id <envId> --api-key <key> [options]   (from a checkout)
+  sudo ./install.sh --swarm worker --swarm-key-file <file> [options]
+                                               another machine of a Swarm environment (docs/swarm.md)
   sudo ./install.sh [options]                  upgrade in place, keeping the configuration
   sudo ./install.sh --uninstall [--purge]      remove the agent
 
@@ -78,6 +81,12 @@ Options:
   --api-key KEY        the environment's API key; stored in $KEY_FILE (0600, root only),
                        never printed, never on the agent's command line
   --api-key-file FILE  read the API key from FILE instead (keeps it out of ps during the install)
+  --swarm ROLE         in a Swarm environment (docs/swarm.md): leader (on a manager; with
+                       --url, --env-id and --api-key) or worker (every other machine; no
+                       marketplace settings needed). GPUHOST_SWARM
+  --swarm-key-file FILE  the environment's key, the same on every machine (at least 16
+                       characters: openssl rand -hex 24 > swarm.key); stored in
+                       $SWARM_KEY_PATH (0600, root only). GPUHOST_SWARM_KEY_FILE
   --source SPEC        what pip installs: a path (checkout, wheel) or a requirement.
                        Default: this checkout when run from one, else "$PACKAGE" from the
                        package index. pip honours PIP_INDEX_URL, PIP_FIND_LINKS, PIP_NO_INDEX
@@ -114,6 +123,7 @@ What it writes:
   $BIN_LINK                   link to the agent's command (status, probe, doctor)
   $CONF                   KEY=VALUE settings (0640); lines you add are kept
   $KEY_FILE                     the API key (0600, root only)
+  $SWARM_KEY_PATH                   with --swarm: the environment's key (0600, root only)
   $STATE_DIR                    the agent's state (0700), kept on upgrade and uninstall
   $UNIT_PATH   the unit (Type=notify, watchdog, Restart=always)
   $DROPIN_DIR/  restart back-off (systemd >= 254 only)
@@ -377,7 +387,7 @@ report_init() { # report_init STATE(running|done|failed) DETAIL [ERROR]
 
 # ---- arguments ---------------------------------------------------------------
 
-URL='' ENV_ID='' API_KEY='' API_KEY_FILE='' SOURCE='' VERSION=''
+URL='' ENV_ID='' API_KEY='' API_KEY_FILE='' SOURCE='' VERSION='' SWARM='' SWARM_KEY='' SWARM_KEY_FILE=''
 INSTALL_MISSING=0 ALLOW_NO_GPU=0 DRY_RUN=0 UNINSTALL=0 PURGE=0
 NEW_KEY=0
 
@@ -390,7 +400,7 @@ parse_args() {
             --*=*) value=${opt#*=}; opt=${opt%%=*} ;;
         esac
         case "$opt" in
-            --url|--env-id|--api-key|--api-key-file|--source|--version)
+            --url|--env-id|--api-key|--api-key-file|--source|--version|--swarm|--swarm-key-file)
                 if [ -z "$value" ]; then
                     [ $# -ge 2 ] || die_usage "$opt needs a value"
                     value=$2
@@ -403,6 +413,8 @@ parse_args() {
                     --api-key-file) API_KEY_FILE=$value ;;
                     --source) SOURCE=$value ;;
                     --version) VERSION=$value ;;
+                    --swarm) SWARM=$value ;;
+                    --swarm-key-file) SWARM_KEY_FILE=$value ;;
                 esac ;;
             --install-missing) INSTALL_MISSING=1 ;;
             --allow-no-gpu) ALLOW_NO_GPU=1 ;;
@@ -430,13 +442,31 @@ resolve_settings() {
     [ -n "$ENV_ID" ] || ENV_ID=$(conf_get "$CONF" GPUHOST_ENV_ID)
     if [ -z "$API_KEY" ] && [ -r "$KEY_FILE" ]; then API_KEY=$(head -n1 "$KEY_FILE"); fi
     URL=${URL%/}
-    if [ -z "$URL" ] || [ -z "$ENV_ID" ] || [ -z "$API_KEY" ]; then
-        die_usage "a first install needs --url, --env-id and --api-key (the marketplace's installation line for the environment has them)"
+    [ -n "$SWARM" ] || SWARM=$(conf_get "$CONF" GPUHOST_SWARM)
+    case "$SWARM" in
+        ''|off|leader|worker) ;;
+        *) die_usage "--swarm must be leader or worker (docs/swarm.md), not '$SWARM'" ;;
+    esac
+    if [ -n "$SWARM_KEY_FILE" ]; then
+        [ -r "$SWARM_KEY_FILE" ] || die_usage "cannot read the environment's key file $SWARM_KEY_FILE"
+        SWARM_KEY=$(head -n1 "$SWARM_KEY_FILE" | tr -d '\r')
+    elif [ -r "$SWARM_KEY_PATH" ]; then
+        SWARM_KEY=$(head -n1 "$SWARM_KEY_PATH")
     fi
-    [[ $URL =~ ^https?://[^[:space:]\\\"\']+/v1$ ]] || die_usage "--url must be the marketplace's base URL, http(s)://HOST/.../v1"
-    [[ $ENV_ID =~ ^[A-Za-z0-9._:-]+$ ]] || die_usage "--env-id may hold only letters, digits and . _ : -"
-    [[ $API_KEY =~ ^[[:graph:]]+$ ]] || die_usage "the API key must be one line of printable characters, no spaces"
-    [[ $API_KEY != *\\* && $API_KEY != *\"* ]] || die_usage "the API key must not contain backslashes or double quotes"
+    if [ "$SWARM" = leader ] || [ "$SWARM" = worker ]; then
+        [ -n "$SWARM_KEY" ] || die_usage "--swarm $SWARM needs --swarm-key-file FILE: the environment's key, the same file on every machine (openssl rand -hex 24 > swarm.key)"
+        [[ $SWARM_KEY =~ ^[[:graph:]]{16,}$ ]] || die_usage "the environment's key must be one line of at least 16 printable characters, no spaces"
+    fi
+    # A worker holds no marketplace session (the leader does): it needs no URL, id or key.
+    if [ "$SWARM" != worker ] || [ -n "$URL$ENV_ID$API_KEY" ]; then
+        if [ -z "$URL" ] || [ -z "$ENV_ID" ] || [ -z "$API_KEY" ]; then
+            die_usage "a first install needs --url, --env-id and --api-key (the marketplace's installation line for the environment has them)"
+        fi
+        [[ $URL =~ ^https?://[^[:space:]\\\"\']+/v1$ ]] || die_usage "--url must be the marketplace's base URL, http(s)://HOST/.../v1"
+        [[ $ENV_ID =~ ^[A-Za-z0-9._:-]+$ ]] || die_usage "--env-id may hold only letters, digits and . _ : -"
+        [[ $API_KEY =~ ^[[:graph:]]+$ ]] || die_usage "the API key must be one line of printable characters, no spaces"
+        [[ $API_KEY != *\\* && $API_KEY != *\"* ]] || die_usage "the API key must not contain backslashes or double quotes"
+    fi
     if [ -n "$VERSION" ]; then
         [[ $VERSION =~ ^[0-9A-Za-z.+!-]+$ ]] || die_usage "--version must be a version such as 0.1.0"
     fi
@@ -689,29 +719,45 @@ link_command() {
     fi
 }
 
+secret_file() { # secret_file PATH VALUE: VALUE in PATH, 0600 root only, never in an argv
+    local tmp
+    tmp=$(mktemp "$1.XXXXXX")   # mktemp makes it 0600
+    printf '%s\n' "$2" >"$tmp"   # printf is a builtin: the key is in no argv
+    chown root:root "$tmp"
+    mv -f "$tmp" "$1"
+    chmod 0600 "$1"
+}
+
 write_config() {
     step "writing $CONF_DIR: agent.conf (0640) and api-key (0600, root only; the key is not shown)"
     [ "$DRY_RUN" = 1 ] && return 0
     install -d -m 0750 -o root -g root "$CONF_DIR"
-    if [ "$NEW_KEY" = 1 ] || [ ! -s "$KEY_FILE" ]; then
-        local tmp
-        tmp=$(mktemp "$KEY_FILE.XXXXXX")   # mktemp makes it 0600
-        printf '%s\n' "$API_KEY" >"$tmp"   # printf is a builtin: the key is in no argv
-        chown root:root "$tmp"
-        mv -f "$tmp" "$KEY_FILE"
+    if [ -n "$API_KEY" ] && { [ "$NEW_KEY" = 1 ] || [ ! -s "$KEY_FILE" ]; }; then
+        secret_file "$KEY_FILE" "$API_KEY"
     fi
-    chmod 0600 "$KEY_FILE"
+    if [ -n "$SWARM_KEY" ] && [ -n "$SWARM_KEY_FILE" ]; then
+        secret_file "$SWARM_KEY_PATH" "$SWARM_KEY"
+    fi
+    local secret
+    for secret in "$KEY_FILE" "$SWARM_KEY_PATH"; do [ ! -e "$secret" ] || chmod 0600 "$secret"; done
     if [ ! -f "$CONF" ]; then
         cat >"$CONF" <<EOF
 # gpuhost-agent settings (KEY=VALUE; names as in gpuhost-agent run --help and the README).
 # install.sh keeps every line you add here; on each run it sets only
 # GPUHOST_MARKETPLACE_URL, GPUHOST_ENV_ID and GPUHOST_API_KEY_FILE (and
-# GPUHOST_STATE_DIR when absent). The API key itself is in $KEY_FILE.
+# GPUHOST_STATE_DIR when absent; GPUHOST_SWARM and GPUHOST_SWARM_KEY_FILE with
+# --swarm). The API key itself is in $KEY_FILE, the environment's in $SWARM_KEY_PATH.
 EOF
     fi
-    conf_set "$CONF" GPUHOST_MARKETPLACE_URL "$URL"
-    conf_set "$CONF" GPUHOST_ENV_ID "$ENV_ID"
-    conf_set "$CONF" GPUHOST_API_KEY_FILE "$KEY_FILE"
+    if [ -n "$URL" ]; then
+        conf_set "$CONF" GPUHOST_MARKETPLACE_URL "$URL"
+        conf_set "$CONF" GPUHOST_ENV_ID "$ENV_ID"
+        conf_set "$CONF" GPUHOST_API_KEY_FILE "$KEY_FILE"
+    fi
+    if [ -n "$SWARM" ]; then
+        conf_set "$CONF" GPUHOST_SWARM "$SWARM"
+        [ -z "$SWARM_KEY" ] || conf_set "$CONF" GPUHOST_SWARM_KEY_FILE "$SWARM_KEY_PATH"
+    fi
     [ -n "$(conf_get "$CONF" GPUHOST_STATE_DIR)" ] || conf_set "$CONF" GPUHOST_STATE_DIR "$STATE_DIR"
     chown root:root "$CONF"
     chmod 0640 "$CONF"

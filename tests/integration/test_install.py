@@ -631,6 +631,50 @@ def test_pinned_install_on_a_gpu_less_chroot_and_the_unit_verifies_as_installed(
     assert verify.code == 0 and not verify.both.strip(), verify.both
 
 
+SWARM_KEY = "swarmkey_0123456789_do_not_print"
+
+
+@needs_root
+def test_a_swarm_worker_installs_with_the_environments_key_and_no_marketplace(scenario: Scenario) -> None:
+    """The second machine of a Swarm environment (docs/swarm.md): no URL, id or
+    API key; the environment's key in its own root-only file, never shown."""
+    add(scenario, "docker", "compose", "nvidia", "toolkit")
+    scenario.sh(f"printf '%s\\n' {SWARM_KEY} >/root/swarm.key; printf 'short\\n' >/root/short.key")
+    for args, refusal in (
+        (("--swarm", "worker"), "--swarm worker needs --swarm-key-file FILE"),
+        (("--swarm", "boss", "--swarm-key-file", "/root/swarm.key"), "--swarm must be leader or worker"),
+        (("--swarm", "worker", "--swarm-key-file", "/root/short.key"), "at least 16 printable characters"),
+        (("--swarm", "leader", "--swarm-key-file", "/root/swarm.key"), "a first install needs --url"),
+    ):
+        refused = scenario.install(*args)
+        assert refused.code == 2 and refusal in refused.err, (args, refused.both)
+    assert_not_installed(scenario)
+
+    result = scenario.install("--swarm", "worker", "--swarm-key-file", "/root/swarm.key")
+    assert result.code == 0, result.both
+    assert SWARM_KEY not in result.both and "cannot reach the marketplace" not in result.both
+    files = scenario.files("/etc/gpuhost-agent/swarm-key", "/etc/gpuhost-agent/api-key")
+    assert files["/etc/gpuhost-agent/swarm-key"]["mode"] == "0o600" and files["/etc/gpuhost-agent/api-key"] is None
+    assert scenario.read("/etc/gpuhost-agent/swarm-key") == SWARM_KEY + "\n"
+    assert conf_values(scenario.read("/etc/gpuhost-agent/agent.conf")) == {
+        "GPUHOST_SWARM": "worker",
+        "GPUHOST_SWARM_KEY_FILE": "/etc/gpuhost-agent/swarm-key",
+        "GPUHOST_STATE_DIR": "/var/lib/gpuhost-agent",
+    }
+    loaded = scenario.run(
+        "/opt/gpuhost-agent/venv/bin/python",
+        "-c",
+        "from gpuhost_agent.service import config; c = config.load({});"
+        "print(c.swarm, c.swarm_key == open('/etc/gpuhost-agent/swarm-key').read().strip(), c.marketplace_url)",
+    )
+    assert loaded.out.split() == ["worker", "True", "None"], loaded.both
+    holders = scenario.run("grep", "-rlF", SWARM_KEY, "/etc", "/opt", "/var", "/usr/local").out.split()
+    assert holders == ["/etc/gpuhost-agent/swarm-key"], holders
+    again = scenario.install()  # an upgrade in place keeps the role and the key
+    assert again.code == 0 and SWARM_KEY not in again.both, again.both
+    assert conf_values(scenario.read("/etc/gpuhost-agent/agent.conf"))["GPUHOST_SWARM"] == "worker"
+
+
 # ---- the marketplace's line ----------------------------------------------------------------
 
 

@@ -99,6 +99,16 @@ def test_config_defaults_to_local_marketplace(tmp_path):
     assert config.load({}, environ={"GPUHOST_SWARM": "Leader"}).swarm == "leader"
 
 
+def test_the_environments_key_is_read_from_its_file(tmp_path):
+    """install.sh --swarm-key-file keeps the key in a root-only file, not in agent.conf."""
+    key_file = tmp_path / "swarm-key"
+    key_file.write_text("0123456789abcdef0123\n")
+    worker = config.load({}, environ={"GPUHOST_SWARM": "worker", "GPUHOST_SWARM_KEY_FILE": str(key_file)})
+    assert worker.swarm == "worker" and worker.swarm_key == "0123456789abcdef0123"
+    with pytest.raises(config.ConfigError, match="cannot read the environment's key file"):
+        config.load({}, environ={"GPUHOST_SWARM": "worker", "GPUHOST_SWARM_KEY_FILE": str(tmp_path / "none")})
+
+
 @pytest.mark.parametrize(
     "flags, fragment",
     [

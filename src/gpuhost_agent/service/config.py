@@ -100,6 +100,16 @@ def default_state_dir() -> Path:
     return Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "gpuhost-agent"
 
 
+def _read_key(path: object, what: str) -> str | None:
+    """A key kept in its own root-only file (install.sh writes them so)."""
+    if not path:
+        return None
+    try:
+        return Path(str(path)).read_text().strip() or None
+    except OSError as exc:
+        raise ConfigError(f"cannot read the {what} key file {path}: {exc.strerror}") from None
+
+
 def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> AgentConfig:
     """Merge the sources; flags holds only what was given on the command line."""
     environ = dict(os.environ if environ is None else environ)
@@ -116,13 +126,7 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
             return value
         return environ.get(key) or file_values.get(key) or default
 
-    api_key = pick("api_key", "GPUHOST_API_KEY")
-    key_file = pick("api_key_file", "GPUHOST_API_KEY_FILE")
-    if not api_key and key_file:
-        try:
-            api_key = Path(str(key_file)).read_text().strip()
-        except OSError as exc:
-            raise ConfigError(f"cannot read the API key file {key_file}: {exc.strerror}") from None
+    api_key = pick("api_key", "GPUHOST_API_KEY") or _read_key(pick("api_key_file", "GPUHOST_API_KEY_FILE"), "API")
     url = pick("marketplace_url", "GPUHOST_MARKETPLACE_URL")
     env_id = pick("env_id", "GPUHOST_ENV_ID")
     if url:
@@ -161,9 +165,12 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
     swarm = str(pick("swarm", "GPUHOST_SWARM", "") or "").strip().lower()
     if swarm not in ("", "off", "leader", "worker"):
         raise ConfigError(f"GPUHOST_SWARM must be leader or worker (or off, for one machine), not {swarm!r}")
-    swarm_key = pick("swarm_key", "GPUHOST_SWARM_KEY")
+    swarm_key = pick("swarm_key", "GPUHOST_SWARM_KEY") or _read_key(pick("", "GPUHOST_SWARM_KEY_FILE"), "environment's")
     if swarm == "worker" and not swarm_key:
-        raise ConfigError("GPUHOST_SWARM=worker needs GPUHOST_SWARM_KEY, the environment's key (the leader's too)")
+        raise ConfigError(
+            "GPUHOST_SWARM=worker needs GPUHOST_SWARM_KEY or GPUHOST_SWARM_KEY_FILE, "
+            "the environment's key (the leader's too)"
+        )
     if swarm_key and len(str(swarm_key)) < 16:
         raise ConfigError("GPUHOST_SWARM_KEY must have at least 16 characters (e.g. `openssl rand -hex 24`)")
     return AgentConfig(
