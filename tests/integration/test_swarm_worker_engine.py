@@ -6,7 +6,8 @@ there (its hostname is that container's), both ways, through the worker's
 door and the environment's key, again after the worker was killed with
 SIGKILL and started again (it keeps nothing to lose); the worker's log
 holds none of the key. The environment's systemData holds machine 2's own
-report, made by its agent, and its compliance counts. A tunnel reaches a
+report, made by its agent, and its compliance counts; the heartbeats carry
+its GPUs' live figures. A tunnel reaches a
 service on either machine."""
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ async def test_a_terminal_in_a_container_on_the_other_machine_runs_there_through
     await until(lambda: machine_report(market.store, machines, 2), timeout=60)
     two = machine_report(market.store, machines, 2)
     assert {gpu["uuid"] for gpu in two["nvml"]["gpus"]} == cluster_gpus(2)  # its own NVML's, not the leader's
-    assert two["host"]["docker"]["swarm"]["nodeId"] == next(n for n, m in machines.items() if m == 2)
+    node_two = next(node for node, machine in machines.items() if machine == 2)
+    assert two["host"]["docker"]["swarm"]["nodeId"] == node_two
+    await until(lambda: beat_gpus(market, node_two), timeout=60)  # and its live figures in the heartbeats
+    assert {gpu["uuid"] for gpu in beat_gpus(market, node_two)} == cluster_gpus(2)
     checks = market.store.host["report"]["compliance"]["checks"]
     (machine_check,) = [check for check in checks if check["id"] == "swarm-machines"]
     own_failures = [check["id"] for check in checks if not check["ok"] and check["id"] != "swarm-machines"]
@@ -73,6 +77,12 @@ async def test_a_terminal_in_a_container_on_the_other_machine_runs_there_through
         await worker.start()
     text = await asyncio.to_thread(worker.log_path.read_text)
     assert text.count("swarm_worker_started") == 3 and SWARM_KEY not in text
+
+
+def beat_gpus(market, node: str) -> list[dict] | None:
+    """The GPUs of machine `node` in the leader's last heartbeat, if there."""
+    body = (market.heartbeat or {}).get("body") or {}
+    return ((body.get("machines") or {}).get(node) or {}).get("gpus")
 
 
 def machine_report(store, machines: dict, number: int) -> dict | None:

@@ -300,6 +300,7 @@ class FakeProber:
         self.nvml = FakeNvml(beats)
         self.speed: dict | None = None
         self.compose_command: list[str] | None = ["docker", "compose"]
+        self.machines = None  # a Swarm leader's question to the other machines' agents (set by a test)
 
     async def system_data(self) -> dict:
         return copy.deepcopy(self.data)

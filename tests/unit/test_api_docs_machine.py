@@ -257,13 +257,47 @@ async def test_heartbeats_the_agent_sends_are_documented(agent_doc: dict, tmp_pa
     assert "gpuAssignments" not in client.beats[0] and "gpuAssignments" in client.beats[-1]
     for body in client.beats:
         check(agent_doc, body, beat_schema)
-        assert set(body) | {"gpuAssignments"} == properties(agent_doc, "Heartbeat")
+        assert set(body) | {"gpuAssignments", "machines"} == properties(agent_doc, "Heartbeat")
         assert set(body["host"]) == properties(agent_doc, "HeartbeatHost")
         assert host_api.heartbeat_problem(body) is None
     assert client.beats[0]["fingerprint"] is None and client.beats[1]["fingerprint"] == first["fingerprint"]
     for reply in client.replies:
         check(agent_doc, json.loads(json.dumps(reply)), reply_schema)
         assert reply["heartbeatIntervalSeconds"] == DEFAULT_INTERVALS["heartbeatSeconds"]
+
+
+async def test_a_swarm_leaders_heartbeat_carries_the_other_machines_gpus(agent_doc: dict, tmp_path) -> None:
+    """`machines`: each other machine's GPU figures as its agent read them, or
+    why none; a silent agent may hold the beat back 3 s at most."""
+    data = healthy_system_data()
+    machine = {"nodeId": "n2", "hostname": "gpu-2", "gpus": [], "machine": {"systemData": healthy_system_data()}}
+    data["environment"] = {
+        "nodes": [{"nodeId": "n1", "hostname": "gpu-1", "gpus": [], "machine": {"this": True}}, machine],
+        "gpus": 0,
+        "error": None,
+    }
+    reporter, _outbox, client = _reporter(MarketplaceState(Store.load_or_create(None)), data)
+    asked = []
+
+    async def machines(nodes: list[str], timeout: float) -> dict:
+        asked.append((nodes, timeout))
+        return {"n2": {"systemData": {}, "telemetry": {"gpus": GPU_BEATS}}, "n3": {"error": "did not answer"}}
+
+    reporter.prober.machines = machines
+    await reporter.beat()  # no systemData yet: no machines known
+    await reporter.refresh(force=True)
+    await reporter.beat()
+    assert "machines" not in client.beats[0] and asked == [(["n2"], 3.0)]
+    body = client.beats[-1]
+    assert body["machines"] == {"n2": {"gpus": GPU_BEATS}, "n3": {"error": "did not answer"}}
+    check(agent_doc, body, request_schema(agent_doc, "/agent/heartbeat", "post"))
+    assert host_api.heartbeat_problem(body) is None
+    for wrong, problem in (
+        ({"n2": {"gpus": [{"uuid": "x"}]}}, "machines.n2.gpus[0] must be an object with an index"),
+        ({"n2": {}}, "machines.n2 must be an object with gpus (array) or error (string)"),
+        ([], "machines must be an object of node ids"),
+    ):
+        assert host_api.heartbeat_problem({**body, "machines": wrong}) == problem
 
 
 def test_environment_and_listing_the_marketplace_shows_are_documented(local_doc: dict) -> None:

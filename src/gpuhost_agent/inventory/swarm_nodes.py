@@ -103,3 +103,18 @@ def machines_check(system_data: Mapping[str, Any], req: Requirements) -> complia
     if not fine:
         return compliance.Check("swarm-machines", True, f"skipped: {unheard[2:]}", skipped=True)
     return compliance.Check("swarm-machines", True, f"the other machines are compliant: {', '.join(fine)}{unheard}")
+
+
+def other_nodes(system_data: Mapping[str, Any]) -> list[str]:
+    """The ids of the environment's machines but the leader's own."""
+    nodes = (system_data.get("environment") or {}).get("nodes") or []
+    return [str(node["nodeId"]) for node in nodes if not (node.get("machine") or {}).get("this")]
+
+
+def live_figures(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, dict]:
+    """A heartbeat's `machines`: each other machine's GPU figures, or why none."""
+    shaped: dict[str, dict] = {}
+    for node, report in reports.items():
+        gpus = (report.get("telemetry") or {}).get("gpus")
+        shaped[node] = {"gpus": gpus} if isinstance(gpus, list) else {"error": str(report.get("error") or "no figures")}
+    return shaped

@@ -25,6 +25,8 @@ from gpuhost_agent.inventory.swarm_nodes import attach_machines, environment_fac
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import DockerEngine
 
+MACHINE_PROBE_SECONDS = 60.0  # another machine's first report may start a GPU container there
+
 
 @dataclass
 class Prober:
@@ -38,8 +40,9 @@ class Prober:
     location: str | None = None
     speed: dict | None = field(default=None)
     swarm_leader: bool = False  # the leader of a Swarm environment reports every machine's GPUs
-    # The leader's question to the other machines' agents: their reports by node id.
-    machines: Callable[[list[str]], Awaitable[dict[str, dict]]] | None = None
+    # The leader's question to the other machines' agents: their reports by node id,
+    # waiting at most the seconds given (runtime/swarm_streams.py).
+    machines: Callable[[list[str], float], Awaitable[dict[str, dict]]] | None = None
 
     async def system_data(self) -> dict:
         nvml, host = await asyncio.gather(
@@ -64,7 +67,7 @@ class Prober:
             environment = await environment_facts(self.engine)
             own = ((host.get("docker") or {}).get("swarm") or {}).get("nodeId")
             others = [node["nodeId"] for node in environment["nodes"] if node["nodeId"] != own]
-            reports = await self.machines(others) if self.machines is not None and others else {}
+            reports = await self.machines(others, MACHINE_PROBE_SECONDS) if self.machines is not None and others else {}
             attach_machines(environment, own, reports)
             data["environment"] = environment
         return data

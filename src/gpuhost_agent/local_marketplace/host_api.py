@@ -150,7 +150,24 @@ def heartbeat_problem(body: Any) -> str | None:
     for index, gpu in enumerate(gpus):
         if problem := _gpu_problem(gpu):
             return f"gpus[{index}]{problem}"
+    if problem := _machines_problem(body.get("machines", {})):
+        return problem
     return _gpu_assignments_problem(body["gpuAssignments"]) if "gpuAssignments" in body else None
+
+
+def _machines_problem(machines: Any) -> str | None:
+    """A Swarm leader's `machines`: per node id, its GPUs' figures or why none."""
+    if not isinstance(machines, dict):
+        return "machines must be an object of node ids"
+    for node, machine in machines.items():
+        if not isinstance(machine, dict) or not (isinstance(machine.get("gpus"), list) or "error" in machine):
+            return f"machines.{node} must be an object with gpus (array) or error (string)"
+        if "error" in machine and not isinstance(machine["error"], str):
+            return f"machines.{node}.error must be a string"
+        for index, gpu in enumerate(machine.get("gpus") or []):
+            if problem := _gpu_problem(gpu):
+                return f"machines.{node}.gpus[{index}]{problem}"
+    return None
 
 
 def _gpu_problem(gpu: Any) -> str | None:

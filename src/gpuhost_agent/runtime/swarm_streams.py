@@ -35,7 +35,6 @@ log = get_logger(__name__)
 REMOTE_NODE = "GpuhostNode"  # in an inspect of a container on another machine: its node
 REMOTE_WORKER = "GpuhostWorker"  # ... when that machine's agent answered it (a terminal can go there)
 KEPT = 1024  # containers and execs remembered per machine they run on
-REPORT_SECONDS = 60.0  # a machine's report may need a GPU container started there
 
 
 class SwarmStreams(EngineStreams):
@@ -121,15 +120,16 @@ class SwarmStreams(EngineStreams):
         remote = self._on.get(exec_id)
         return await (remote.signal if remote else super().signal)(exec_id, container_id, signum)
 
-    async def machine_reports(self, node_ids: list[str]) -> dict[str, dict]:
-        """Each node's report from its agent, or {"error": why not}, asked at once."""
+    async def machine_reports(self, node_ids: list[str], timeout: float) -> dict[str, dict]:
+        """Each node's report from its agent, or {"error": why not}, asked at
+        once; `timeout`: how long a heartbeat or a probe may wait for one."""
 
         async def one(node: str) -> dict:
             remote = await self._remote(node)
             if remote is None:
                 return {"error": "no address for the agent on this machine"}
             try:
-                return await asyncio.wait_for(remote.machine(), REPORT_SECONDS)
+                return await asyncio.wait_for(remote.machine(), timeout)
             except (EngineError, asyncio.TimeoutError) as exc:
                 return {"error": f"the agent on this machine did not answer: {type(exc).__name__}: {exc}"[:300]}
 
