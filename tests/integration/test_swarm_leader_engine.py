@@ -19,8 +19,8 @@ import json
 
 import pytest
 from support.renter_streams import STDERR, STDOUT, create_terminal, logs_path, read_logs
-from support.ssh_clients import Endpoint, make_key
-from support.swarm import GPU_STACK, cluster_gpus, docker, labelled
+from support.ssh_clients import Endpoint, registered_key
+from support.swarm import GPU_STACK, cluster_gpus, docker, labelled, leader_ready
 from support.waiting import until
 
 from gpuhost_agent.local_marketplace import shapes
@@ -64,11 +64,8 @@ async def nothing_left(machine: int, env_id: str) -> bool:
 
 async def test_two_rentals_run_across_both_machines_and_go_from_both(swarm_leader, tmp_path) -> None:
     (renter, market, agent), machines = swarm_leader
-    await agent.start()
-    await until(lambda: shapes.listing(market.store)["totalGPUs"] == 4, timeout=90)
-    key = tmp_path / "renter"
-    status, body = await renter.call("POST", "/users/ssh-key", {"publicKey": await asyncio.to_thread(make_key, key)})
-    assert status == 200, body
+    await leader_ready(agent, market)
+    key = await registered_key(renter, tmp_path / "renter")
     rentals = [await renter.rental(gpu_count=2), await renter.rental(gpu_count=2)]
     stacks = [await renter.stack(rental_id, GPU_STACK, isSSHEnabled=True) for rental_id in rentals]
     for rental_id, stack_id in zip(rentals, stacks, strict=True):

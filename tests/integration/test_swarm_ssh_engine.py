@@ -16,12 +16,9 @@ import hashlib
 import uuid
 
 import pytest
-from support.ssh_clients import Endpoint, PtySsh, make_key
-from support.swarm import GPU_STACK, labelled, train_of
+from support.ssh_clients import Endpoint, PtySsh, registered_key
+from support.swarm import GPU_STACK, applied_trains, labelled, leader_ready
 from support.waiting import until
-
-from gpuhost_agent.local_marketplace import shapes
-from gpuhost_agent.protocol import wire
 
 pytestmark = pytest.mark.swarm
 
@@ -35,6 +32,8 @@ async def _sessions(end: Endpoint, key, user: str, tmp_path) -> str:
     done = await asyncio.to_thread(end.ssh, key, user, "mkdir -p /tmp; echo host-$(hostname); echo err >&2; exit 7")
     assert (done.returncode, done.stderr) == (7, b"err\n"), done
     hostname = done.stdout.decode().strip().removeprefix("host-")
+    done = await asyncio.to_thread(end.ssh, key, user, "wc -c", stdin=b"x" * 100_000)  # stdin to its EOF
+    assert done.returncode == 0 and done.stdout.split() == [b"100000"], done
     payload = uuid.uuid4().bytes * 20_000  # 320 KB
     await asyncio.to_thread((tmp_path / "up.bin").write_bytes, payload)
     done = await asyncio.to_thread(end.scp, key, str(tmp_path / "up.bin"), end.remote(user, "/tmp/up.bin"))
@@ -51,23 +50,17 @@ async def _sessions(end: Endpoint, key, user: str, tmp_path) -> str:
 async def test_ssh_scp_and_sftp_reach_a_container_on_either_machine(swarm_leader, swarm_worker, tmp_path) -> None:
     (renter, market, agent), machines = swarm_leader
     worker = swarm_worker
-    await agent.start()
-    await until(lambda: shapes.listing(market.store)["totalGPUs"] == 4, timeout=90)
-    key = tmp_path / "renter"
-    status, body = await renter.call("POST", "/users/ssh-key", {"publicKey": await asyncio.to_thread(make_key, key)})
-    assert status == 200, body
+    await leader_ready(agent, market)
+    key = await registered_key(renter, tmp_path / "renter")
     rentals = [await renter.rental(gpu_count=2), await renter.rental(gpu_count=2)]
     stacks = {rental_id: await renter.stack(rental_id, GPU_STACK, isSSHEnabled=True) for rental_id in rentals}
     reached = {}
-    for rental_id, stack_id in stacks.items():
-        done = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=120)
-        assert done and done["status"] == wire.APPLIED, done
-        await until(lambda r=rental_id, s=stack_id: train_of(renter, r, s), timeout=30)
-        train = await train_of(renter, rental_id, stack_id)
-        assert train is not None
+    for rental_id, (stack_id, train) in (await applied_trains(renter, stacks)).items():
         (tunnel,) = await renter.tunnels(rental_id, stack_id, 1, _ssh_entry, timeout=30)
         info = tunnel["ssh"]
-        end = await asyncio.to_thread(Endpoint, info["host"], info["port"], info["hostKey"], tmp_path)
+        workdir = tmp_path / stack_id  # a known_hosts file of its own: each stack has its own port
+        await asyncio.to_thread(workdir.mkdir)
+        end = await asyncio.to_thread(Endpoint, info["host"], info["port"], info["hostKey"], workdir)
         machine = machines[labelled(train)["com.docker.swarm.node.id"]]
         hostname = await _sessions(end, key, info["user"], tmp_path)
         assert hostname == train["Id"][:12], machine  # that container, wherever it runs

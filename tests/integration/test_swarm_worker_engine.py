@@ -20,11 +20,8 @@ import pytest
 from conftest import SWARM_KEY
 from support.renter_streams import create_terminal, terminal_until
 from support.stacks import TEST_IMAGE
-from support.swarm import GPU_STACK, cluster_gpus, labelled, train_of
+from support.swarm import GPU_STACK, applied_trains, cluster_gpus, labelled, leader_ready
 from support.waiting import until
-
-from gpuhost_agent.local_marketplace import shapes
-from gpuhost_agent.protocol import wire
 
 pytestmark = pytest.mark.swarm
 
@@ -34,8 +31,7 @@ async def test_a_terminal_in_a_container_on_the_other_machine_runs_there_through
 ) -> None:
     (renter, market, agent), machines = swarm_leader
     worker = swarm_worker
-    await agent.start()
-    await until(lambda: shapes.listing(market.store)["totalGPUs"] == 4, timeout=90)
+    await leader_ready(agent, market)
     await until(lambda: machine_report(market.store, machines, 2), timeout=60)
     two = machine_report(market.store, machines, 2)
     assert {gpu["uuid"] for gpu in two["nvml"]["gpus"]} == cluster_gpus(2)  # its own NVML's, not the leader's
@@ -52,12 +48,7 @@ async def test_a_terminal_in_a_container_on_the_other_machine_runs_there_through
     rentals = [await renter.rental(gpu_count=2), await renter.rental(gpu_count=2)]
     stacks = {rental_id: await renter.stack(rental_id, GPU_STACK) for rental_id in rentals}
     on_two = None
-    for rental_id, stack_id in stacks.items():
-        done = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=120)
-        assert done and done["status"] == wire.APPLIED, done
-        await until(lambda r=rental_id, s=stack_id: train_of(renter, r, s), timeout=30)
-        train = await train_of(renter, rental_id, stack_id)
-        assert train is not None
+    for rental_id, (stack_id, train) in (await applied_trains(renter, stacks)).items():
         if machines[labelled(train)["com.docker.swarm.node.id"]] == 2:
             on_two = (rental_id, stack_id, train)
     assert on_two is not None
@@ -81,7 +72,7 @@ async def test_a_terminal_in_a_container_on_the_other_machine_runs_there_through
 
 def beat_gpus(market, node: str) -> list[dict] | None:
     """The GPUs of machine `node` in the leader's last heartbeat, if there."""
-    body = (market.heartbeat or {}).get("body") or {}
+    body = (market.state.heartbeat or {}).get("body") or {}
     return ((body.get("machines") or {}).get(node) or {}).get("gpus")
 
 
@@ -118,17 +109,13 @@ async def test_a_tunnel_reaches_a_service_on_either_machine_over_its_overlay(swa
     leader's machine the leader dials from inside the container's network
     namespace, on machine 2 the worker does and its door relays the bytes."""
     (renter, market, agent), machines = swarm_leader
-    await agent.start()
-    await until(lambda: shapes.listing(market.store)["totalGPUs"] == 4, timeout=90)
+    await leader_ready(agent, market)
     rentals = [await renter.rental(gpu_count=2), await renter.rental(gpu_count=2)]
     stacks = {rental_id: await renter.stack(rental_id, WEB_ON_GPUS) for rental_id in rentals}
     served_from = []
-    for rental_id, stack_id in stacks.items():
-        done = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=120)
-        assert done and done["status"] == wire.APPLIED, done
+    for rental_id, (stack_id, train) in (await applied_trains(renter, stacks)).items():
         (tunnel,) = await renter.tunnels(rental_id, stack_id, 1, timeout=30)
-        train = await train_of(renter, rental_id, stack_id)
-        assert train is not None and tunnel["containerPort"] == 8080
+        assert tunnel["containerPort"] == 8080
         assert await asyncio.to_thread(curl, tunnel["url"] + "i") == f"served-by-{train['Id'][:12]}"
         served_from.append(machines[labelled(train)["com.docker.swarm.node.id"]])
     assert sorted(served_from) == [1, 2]

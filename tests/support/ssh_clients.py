@@ -8,6 +8,7 @@ renter's client would, minus the prompts.
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import pty
@@ -32,6 +33,13 @@ def make_key(path: Path) -> str:
     """A new ed25519 key pair at `path`; the public line."""
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f", str(path)], check=True)
     return path.with_suffix(".pub").read_text().strip()
+
+
+async def registered_key(renter, path: Path) -> Path:
+    """A new key pair at `path`, its public half added to the renter's account."""
+    status, body = await renter.call("POST", "/users/ssh-key", {"publicKey": await asyncio.to_thread(make_key, path)})
+    assert status == 200, body
+    return path
 
 
 def fingerprint(public_line: str, workdir: Path) -> str:

@@ -11,7 +11,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from gpuhost_agent.local_marketplace import shapes
+from gpuhost_agent.protocol import wire
 from support.stacks import TEST_IMAGE
+from support.waiting import until
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "swarm-cluster.sh"
@@ -48,6 +51,26 @@ async def train_of(renter, rental_id: str, stack_id: str) -> dict | None:
     """The `train` container (GPU_STACK's GPU service) in the stack's list at the marketplace."""
     listed = [c for c in await renter.containers(rental_id, stack_id) if "_train." in c["Name"]]
     return listed[0] if listed else None
+
+
+async def leader_ready(agent, market) -> None:
+    """The leader agent process started, listing both machines' 4 GPUs."""
+    await agent.start()
+    await until(lambda: shapes.listing(market.store)["totalGPUs"] == 4, timeout=90)
+
+
+async def applied_trains(renter, stacks: dict[str, str]) -> dict[str, tuple[str, dict]]:
+    """{rental id: (stack id, its train container)} once each stack is APPLIED
+    and its GPU container listed at the marketplace."""
+    trains = {}
+    for rental_id, stack_id in stacks.items():
+        done = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=120)
+        assert done and done["status"] == wire.APPLIED, done
+        await until(lambda r=rental_id, s=stack_id: train_of(renter, r, s), timeout=30)
+        train = await train_of(renter, rental_id, stack_id)
+        assert train is not None
+        trains[rental_id] = (stack_id, train)
+    return trains
 
 
 def cluster(*args: str, timeout: float = 120) -> str:
