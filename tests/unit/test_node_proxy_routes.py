@@ -5,8 +5,10 @@ tests/integration/test_node_proxy_engine.py."""
 
 from __future__ import annotations
 
+import aiohttp
 import pytest
 
+from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.streams.door_routes import route
 from gpuhost_agent.streams.node_proxy import NodeProxy
 
@@ -50,3 +52,35 @@ def test_only_a_managed_containers_inspect_log_and_execs_are_routed(method, targ
 def test_a_short_key_is_refused_at_the_start() -> None:
     with pytest.raises(ValueError, match="at least 16"):
         NodeProxy("short", None, "/var/run/docker.sock")  # type: ignore[arg-type]
+
+
+async def _get_machine(proxy: NodeProxy, key: str) -> tuple[int, dict]:
+    port = await proxy.start("127.0.0.1", 0)
+    try:
+        async with aiohttp.ClientSession() as http:
+            headers = {"Authorization": f"Bearer {key}"}
+            async with http.get(f"http://127.0.0.1:{port}/gpuhost/machine", headers=headers) as answer:
+                return answer.status, await answer.json()
+    finally:
+        await proxy.stop()
+
+
+async def test_the_machines_report_is_served_with_the_key_and_a_failed_probe_is_said() -> None:
+    key = "k" * 20
+
+    async def report() -> dict:
+        return {"systemData": {"hostname": "gpu-2"}, "telemetry": {"gpus": []}}
+
+    async def broken() -> dict:
+        raise RuntimeError("the engine went away")
+
+    engine = EngineStreams("unix:///nonexistent/docker.sock")  # the route never reaches the engine
+    try:
+        assert await _get_machine(NodeProxy(key, engine, "/nonexistent", machine=report), key) == (200, await report())
+        assert (await _get_machine(NodeProxy(key, engine, "/nonexistent", machine=report), "x" * 20))[0] == 401
+        status, body = await _get_machine(NodeProxy(key, engine, "/nonexistent", machine=broken), key)
+        assert status == 503 and "RuntimeError: the engine went away" in body["message"]
+        status, _ = await _get_machine(NodeProxy(key, engine, "/nonexistent"), key)
+        assert status == 404
+    finally:
+        await engine.close()

@@ -164,7 +164,11 @@ class NodeProxy:
         if approved.what == "machine":
             if self._machine is None:
                 raise Refused(404, "this agent does not report its machine")
-            return await self._machine()
+            try:
+                return await self._machine()
+            except Exception as exc:  # a probe that failed is said to the leader, whatever broke in it
+                log.warning("machine_report_failed", error=f"{type(exc).__name__}: {exc}"[:300])
+                raise Refused(503, f"this machine's report failed: {type(exc).__name__}: {exc}"[:300]) from None
         container_id = str(approved.info.get("Id") or "")
         if approved.what == "hangup":
             await self.engine.hang_up(approved.ident, container_id)
