@@ -12,7 +12,7 @@ from support.sandbox_corpus import CORPUS
 from support.sandbox_decide import RENTAL_GPUS, decide_file
 
 from gpuhost_agent.core.compose_rewrite import StackRejected
-from gpuhost_agent.core.sandbox_context import GIB, SandboxContext
+from gpuhost_agent.core.sandbox_context import GIB, SandboxContext, machine_shares
 from gpuhost_agent.core.sandbox_harden import ALWAYS_DROP, harden
 from gpuhost_agent.core.swarm_rewrite import SwarmPlacement, swarm_stack
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
@@ -56,6 +56,34 @@ def test_gpu_service_pinned_to_its_gpus_machine_others_home_share_divided() -> N
         assert service["logging"]["options"] == {"max-size": "50m", "max-file": "3"}
     assert stack["networks"] == {"default": {"driver": "overlay", "attachable": False}}
     assert notices == []
+
+
+def test_a_gpu_service_gets_its_share_of_its_own_machine_as_that_machine_reported_it() -> None:
+    """Machines differ: the rental's share is of the machine its GPUs are on,
+    sized from that machine's own report; its other services keep the share
+    the context gives on the home machine."""
+    leader = {"cpu": {"logicalCores": 16}, "memory": {"totalBytes": 64 * GIB}}
+    big = {"cpu": {"logicalCores": 65}, "memory": {"totalBytes": 514 * GIB}}
+    facts = {
+        "host": leader,
+        "environment": {
+            "nodes": [
+                {"nodeId": "node-1", "gpus": ["GPU-x", "GPU-y"], "machine": {"this": True}},
+                {"nodeId": "node-2", "gpus": list("abcdefgh"), "machine": {"systemData": {"host": big}}},
+                {"nodeId": "node-3", "gpus": ["GPU-z"], "machine": {"error": "did not answer"}},
+            ]
+        },
+    }
+    gpu_nodes = {**PLACED.gpu_nodes, "GPU-z": "node-3"}
+    shares = machine_shares(facts, gpu_nodes, ["GPU-a", "GPU-b", "GPU-z"])
+    assert shares == {"node-2": (16.0, 128 * GIB)}  # a quarter of (65 - 1) CPUs and (514 - 2) GiB; node-3 silent
+    largest = SandboxContext(project="p", gpu_uuids=("GPU-a", "GPU-b"), cpus=16.0, memory_bytes=128 * GIB)
+    hardened = harden({"services": {"train": {"image": "x", "deploy": GPU_ASK}, "web": {"image": "y"}}}, largest)
+    placed = SwarmPlacement(PLACED.gpu_nodes, "node-1", shares=shares, base_share=(CTX.cpus, CTX.memory_bytes))
+    stack, _ = swarm_stack(hardened, largest, placed)
+    limits = {name: service["deploy"]["resources"]["limits"] for name, service in stack["services"].items()}
+    assert limits["train"] == {"memory": str(128 * GIB), "cpus": "16.00", "pids": 4096}
+    assert limits["web"] == {"memory": str(32 * GIB), "cpus": "8.00", "pids": 4096}  # the leader's machine
 
 
 def test_encrypted_overlays_when_the_host_asks() -> None:

@@ -25,9 +25,10 @@ from gpuhost_agent.core.gpu_allocation import GpuSlot, NotEnoughGpus, slots_from
 from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.core.sandbox_context import (
     DEFAULT_PIDS_LIMIT,
-    Machine,
     SandboxContext,
     disk_floor_problem,
+    machine_of,
+    machine_shares,
     rental_share,
 )
 from gpuhost_agent.core.sandbox_harden import harden
@@ -146,7 +147,7 @@ class Sandbox:
         slots = slots_from_facts(facts)
         host = facts.get("host") or {}
         machine_gpus = len(slots_from_inventory(facts.get("nvml") or {}))  # a share is of one machine
-        machine = _machine(host, machine_gpus)
+        machine = machine_of(host, machine_gpus)
         if self.disk_floor_bytes:  # measured now: the last probe may be minutes old
             root = (host.get("docker") or {}).get("rootDir") or "/var/lib/docker"
             full = disk_floor_problem(await asyncio.to_thread(storage, root), self.disk_floor_bytes)
@@ -160,7 +161,12 @@ class Sandbox:
             uuids = self.ledger.plan(slots, job.rental_id, job.gpu_count)
         except NotEnoughGpus as exc:
             raise StackRejected(str(exc)) from None
-        cpus, memory = rental_share(machine, len(uuids))
+        cpus, memory = base_share = rental_share(machine, len(uuids))
+        gpu_nodes = {slot.uuid: slot.machine for slot in slots}
+        shares = machine_shares(facts, gpu_nodes, uuids) if peers is not None else {}
+        if shares:  # machines differ: the hardening caps at the largest share, the rewrite gives each its own
+            cpus = max(cpus, *(share[0] for share in shares.values()))
+            memory = max(memory, *(share[1] for share in shares.values()))
         storage_bytes = 0
         if ((host.get("docker") or {}).get("storageQuota") or {}).get("available"):
             total = int((host.get("storage") or {}).get("totalBytes") or 0)
@@ -180,8 +186,9 @@ class Sandbox:
         hardened, notices = decide(model, raw, ctx)
         if peers is not None:  # a Swarm environment: written for `docker stack deploy`, placed by the ledger
             home = str((((host.get("docker") or {}).get("swarm")) or {}).get("nodeId") or "")
-            gpu_nodes = {slot.uuid: slot.machine for slot in slots}
-            placement = SwarmPlacement(gpu_nodes, home, peers, encrypted=self.swarm_encrypted)
+            placement = SwarmPlacement(
+                gpu_nodes, home, peers, encrypted=self.swarm_encrypted, shares=shares, base_share=base_share
+            )
             hardened, more = swarm_stack(hardened, ctx, placement)
             notices = [*notices, *more]
         self.ledger.commit(job.rental_id, uuids)
@@ -227,7 +234,7 @@ class Sandbox:
             return
         facts = await self.machine_facts()
         host = facts.get("host") or {}
-        machine = _machine(host, len(slots_from_inventory(facts.get("nvml") or {})))
+        machine = machine_of(host, len(slots_from_inventory(facts.get("nvml") or {})))
         for rental_id in sorted(rental_ids):
             try:
                 if await self._cgroup_parent(host.get("docker") or {}, rental_id) is None:
@@ -263,11 +270,3 @@ class Sandbox:
         if self.cgroups is not None and self.cgroups.version is not None:
             await asyncio.to_thread(self.cgroups.remove, rental_id)
         return self.ledger.release(rental_id)
-
-
-def _machine(host: dict, gpus: int) -> Machine:
-    return Machine(
-        cpus=int((host.get("cpu") or {}).get("logicalCores") or 1),
-        memory_bytes=int((host.get("memory") or {}).get("totalBytes") or 0),
-        gpus=gpus,
-    )

@@ -8,6 +8,7 @@ fixed small share, so that GPU-less rentals cannot crowd out the GPU ones.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
@@ -70,6 +71,30 @@ class Machine:
     cpus: int
     memory_bytes: int
     gpus: int
+
+
+def machine_of(host: dict, gpus: int) -> Machine:
+    """A machine's size from its systemData `host` part."""
+    return Machine(
+        cpus=int((host.get("cpu") or {}).get("logicalCores") or 1),
+        memory_bytes=int((host.get("memory") or {}).get("totalBytes") or 0),
+        gpus=gpus,
+    )
+
+
+def machine_shares(facts: dict, gpu_nodes: Mapping[str, str], uuids: list[str]) -> dict[str, tuple[float, int]]:
+    """A Swarm environment's rental: its share of each machine it has GPUs on,
+    sized from that machine's own report (inventory/machine_report.py). A
+    machine whose agent did not report is left out: the leader's own machine
+    stands in for it, as for the rental's services that use no GPU."""
+    shares = {}
+    for node in (facts.get("environment") or {}).get("nodes") or []:
+        held = sum(1 for uuid in uuids if gpu_nodes.get(uuid) == node.get("nodeId"))
+        machine = node.get("machine") or {}
+        host = facts.get("host") if machine.get("this") else (machine.get("systemData") or {}).get("host")
+        if held and isinstance(host, dict) and host.get("cpu"):
+            shares[str(node["nodeId"])] = rental_share(machine_of(host, len(node.get("gpus") or [])), held)
+    return shares
 
 
 def rental_share(machine: Machine, rental_gpus: int) -> tuple[float, int]:

@@ -24,6 +24,7 @@ among its services there.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -63,6 +64,11 @@ class SwarmPlacement:
     home_node: str
     peers: Mapping[str, int] = field(default_factory=dict)
     encrypted: bool = False  # the host asks for encrypted overlays
+    # The rental's (cpus, memory) share of each machine it has GPUs on, where that machine
+    # reported its size (sandbox_context.machine_shares); elsewhere `base_share` (the
+    # leader's machine standing in), or the context's when there is none.
+    shares: Mapping[str, tuple[float, int]] = field(default_factory=dict)
+    base_share: tuple[float, int] | None = None
 
 
 def swarm_stack(hardened: dict, ctx: SandboxContext, placement: SwarmPlacement) -> tuple[dict, list[str]]:
@@ -78,7 +84,10 @@ def swarm_stack(hardened: dict, ctx: SandboxContext, placement: SwarmPlacement) 
         for key in sorted(set(service) - KEPT - TRANSLATED):
             problems.append(f"{where}: {key} cannot run on a Swarm environment")
         stack_services[name] = {key: service[key] for key in KEPT if service.get(key) is not None}
-        _translate(stack_services[name], service, where, nodes[name], sharing[nodes[name]], ctx, problems)
+        node = nodes[name]
+        share = placement.shares.get(node, placement.base_share)
+        on_node = ctx if share is None else dataclasses.replace(ctx, cpus=share[0], memory_bytes=share[1])
+        _translate(stack_services[name], service, where, node, sharing[node], on_node, problems)
         if service.get("depends_on"):
             notices.append(f"{where}: depends_on does not order a Swarm stack's start; its services start together")
     if problems:
