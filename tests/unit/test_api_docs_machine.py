@@ -295,6 +295,8 @@ async def test_a_swarm_leaders_heartbeat_carries_the_other_machines_gpus(agent_d
     for wrong, problem in (
         ({"n2": {"gpus": [{"uuid": "x"}]}}, "machines.n2.gpus[0] must be an object with an index"),
         ({"n2": {}}, "machines.n2 must be an object with gpus (array) or error (string)"),
+        ({"n2": {"gpus": [], "error": "x"}}, "machines.n2 must be an object with gpus (array) or error (string)"),
+        ({"n2": {"gpus": "none"}}, "machines.n2.gpus must be an array"),
         ([], "machines must be an object of node ids"),
     ):
         assert host_api.heartbeat_problem({**body, "machines": wrong}) == problem

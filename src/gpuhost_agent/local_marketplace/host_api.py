@@ -160,10 +160,12 @@ def _machines_problem(machines: Any) -> str | None:
     if not isinstance(machines, dict):
         return "machines must be an object of node ids"
     for node, machine in machines.items():
-        if not isinstance(machine, dict) or not (isinstance(machine.get("gpus"), list) or "error" in machine):
+        if not isinstance(machine, dict) or ("gpus" in machine) == ("error" in machine):
             return f"machines.{node} must be an object with gpus (array) or error (string)"
         if "error" in machine and not isinstance(machine["error"], str):
             return f"machines.{node}.error must be a string"
+        if "gpus" in machine and not isinstance(machine["gpus"], list):
+            return f"machines.{node}.gpus must be an array"
         for index, gpu in enumerate(machine.get("gpus") or []):
             if problem := _gpu_problem(gpu):
                 return f"machines.{node}.gpus[{index}]{problem}"
