@@ -279,15 +279,15 @@ async def test_a_swarm_leaders_heartbeat_carries_the_other_machines_gpus(agent_d
     reporter, _outbox, client = _reporter(MarketplaceState(Store.load_or_create(None)), data)
     asked = []
 
-    async def machines(nodes: list[str], timeout: float) -> dict:
-        asked.append((nodes, timeout))
+    async def machines(nodes: list[str], timeout: float, live: bool) -> dict:
+        asked.append((nodes, timeout, live))
         return {"n2": {"systemData": {}, "telemetry": {"gpus": GPU_BEATS}}, "n3": {"error": "did not answer"}}
 
     reporter.prober.machines = machines
     await reporter.beat()  # no systemData yet: no machines known
     await reporter.refresh(force=True)
     await reporter.beat()
-    assert "machines" not in client.beats[0] and asked == [(["n2"], 3.0)]
+    assert "machines" not in client.beats[0] and asked == [(["n2"], 3.0, True)]  # the figures alone
     body = client.beats[-1]
     assert body["machines"] == {"n2": {"gpus": GPU_BEATS}, "n3": {"error": "did not answer"}}
     check(agent_doc, body, request_schema(agent_doc, "/agent/heartbeat", "post"))

@@ -54,31 +54,42 @@ def test_a_short_key_is_refused_at_the_start() -> None:
         NodeProxy("short", None, "/var/run/docker.sock")  # type: ignore[arg-type]
 
 
-async def _get_machine(proxy: NodeProxy, key: str) -> tuple[int, dict]:
+async def _get_machine(proxy: NodeProxy, key: str, query: str = "") -> tuple[int, dict]:
     port = await proxy.start("127.0.0.1", 0)
     try:
         async with aiohttp.ClientSession() as http:
             headers = {"Authorization": f"Bearer {key}"}
-            async with http.get(f"http://127.0.0.1:{port}/gpuhost/machine", headers=headers) as answer:
+            async with http.get(f"http://127.0.0.1:{port}/gpuhost/machine{query}", headers=headers) as answer:
                 return answer.status, await answer.json()
     finally:
         await proxy.stop()
 
 
+class _Report:
+    """A machine's report (MachineReport's two answers)."""
+
+    def __init__(self, fails: bool = False) -> None:
+        self.fails = fails
+
+    async def current(self) -> dict:
+        if self.fails:
+            raise RuntimeError("the engine went away")
+        return {"systemData": {"hostname": "gpu-2"}, **await self.live()}
+
+    async def live(self) -> dict:
+        return {"telemetry": {"gpus": []}}
+
+
 async def test_the_machines_report_is_served_with_the_key_and_a_failed_probe_is_said() -> None:
     key = "k" * 20
-
-    async def report() -> dict:
-        return {"systemData": {"hostname": "gpu-2"}, "telemetry": {"gpus": []}}
-
-    async def broken() -> dict:
-        raise RuntimeError("the engine went away")
-
     engine = EngineStreams("unix:///nonexistent/docker.sock")  # the route never reaches the engine
     try:
-        assert await _get_machine(NodeProxy(key, engine, "/nonexistent", machine=report), key) == (200, await report())
-        assert (await _get_machine(NodeProxy(key, engine, "/nonexistent", machine=report), "x" * 20))[0] == 401
-        status, body = await _get_machine(NodeProxy(key, engine, "/nonexistent", machine=broken), key)
+        whole = await _Report().current()
+        assert await _get_machine(NodeProxy(key, engine, "/nonexistent", machine=_Report()), key) == (200, whole)
+        live = await _get_machine(NodeProxy(key, engine, "/nonexistent", machine=_Report(fails=True)), key, "?live=1")
+        assert live == (200, {"telemetry": {"gpus": []}})  # the figures alone: no probe
+        assert (await _get_machine(NodeProxy(key, engine, "/nonexistent", machine=_Report()), "x" * 20))[0] == 401
+        status, body = await _get_machine(NodeProxy(key, engine, "/nonexistent", machine=_Report(fails=True)), key)
         assert status == 503 and "RuntimeError: the engine went away" in body["message"]
         status, _ = await _get_machine(NodeProxy(key, engine, "/nonexistent"), key)
         assert status == 404

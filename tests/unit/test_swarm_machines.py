@@ -110,4 +110,8 @@ async def test_a_machine_report_probes_once_then_answers_at_once_and_refreshes_b
     assert stale["systemData"] == {"probe": 1}  # answered as it was
     await asyncio.sleep(0.05)
     assert prober.probes == 2 and (await report.current())["systemData"] == {"probe": 2}
+    now[0] = 3 * FRESH_SECONDS
+    assert await report.live() == {"telemetry": answers[0]["telemetry"]}
+    await asyncio.sleep(0.05)
+    assert prober.probes == 2  # a heartbeat's question never starts a probe
     await report.close()

@@ -239,7 +239,7 @@ class HostReporter:
         }
         others = swarm_nodes.other_nodes((self.last_report or {}).get("systemData") or {})
         if self.prober.machines is not None and others:  # a Swarm leader: the other machines' GPUs too
-            body["machines"] = swarm_nodes.live_figures(await self.prober.machines(others, BEAT_MACHINE_SECONDS))
+            body["machines"] = swarm_nodes.live_figures(await self.prober.machines(others, BEAT_MACHINE_SECONDS, True))
         if self.ledger is not None and self.last_report is not None:  # once the machine's GPUs are known
             body["gpuAssignments"] = self.ledger.states(slots_from_facts(self.last_report.get("systemData") or {}))
         sent_at = time.time()

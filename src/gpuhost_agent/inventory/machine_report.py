@@ -11,8 +11,8 @@ the worker does not know them.
 The full probe asks the engine and may start a GPU container, so it is made
 when the worker starts and kept for a minute, then made again behind the
 next answer (the leader asks as often as it reports, every systemDataSeconds,
-5 minutes by default); the live figures are read at every answer (one NVML
-pass).
+5 minutes by default). The leader's heartbeats ask for the live figures
+alone (`live`: one NVML pass), which never start a probe.
 """
 
 from __future__ import annotations
@@ -51,8 +51,11 @@ class MachineReport:
             data = await self.probe()
         elif self._clock() - self._probed_at >= FRESH_SECONDS and (self._refresh is None or self._refresh.done()):
             self._refresh = asyncio.create_task(self.probe())
-        gpus = await asyncio.to_thread(self._prober.nvml.telemetry)
-        return {"systemData": data, "telemetry": {"gpus": gpus}}
+        return {"systemData": data, **await self.live()}
+
+    async def live(self) -> dict:
+        """{"telemetry": {"gpus": [...]}}: this machine's GPUs' figures now."""
+        return {"telemetry": {"gpus": await asyncio.to_thread(self._prober.nvml.telemetry)}}
 
     async def close(self) -> None:
         if self._refresh is not None:

@@ -81,7 +81,7 @@ def attach_machines(environment: dict, own_node: str | None, reports: Mapping[st
 def machines_check(system_data: Mapping[str, Any], req: Requirements) -> compliance.Check | None:
     """The other machines' own checks, as one (None on a machine of its own)."""
     environment = system_data.get("environment") or {}
-    others = [node for node in environment.get("nodes") or [] if not (node.get("machine") or {}).get("this")]
+    others = [node for node in environment.get("nodes") or [] if not _leaders(node)]
     if not environment or not others:
         return None
     failed: list[str] = []
@@ -108,7 +108,7 @@ def machines_check(system_data: Mapping[str, Any], req: Requirements) -> complia
 def other_nodes(system_data: Mapping[str, Any]) -> list[str]:
     """The ids of the environment's machines but the leader's own."""
     nodes = (system_data.get("environment") or {}).get("nodes") or []
-    return [str(node["nodeId"]) for node in nodes if not (node.get("machine") or {}).get("this")]
+    return [str(node["nodeId"]) for node in nodes if not _leaders(node)]
 
 
 def live_figures(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, dict]:
@@ -118,3 +118,8 @@ def live_figures(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, dict]:
         gpus = (report.get("telemetry") or {}).get("gpus")
         shaped[node] = {"gpus": gpus} if isinstance(gpus, list) else {"error": str(report.get("error") or "no figures")}
     return shaped
+
+
+def _leaders(node: Mapping[str, Any]) -> bool:
+    """The node the leader runs on (attach_machines marks it)."""
+    return bool((node.get("machine") or {}).get("this"))

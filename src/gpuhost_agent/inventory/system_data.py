@@ -41,8 +41,8 @@ class Prober:
     speed: dict | None = field(default=None)
     swarm_leader: bool = False  # the leader of a Swarm environment reports every machine's GPUs
     # The leader's question to the other machines' agents: their reports by node id,
-    # waiting at most the seconds given (runtime/swarm_streams.py).
-    machines: Callable[[list[str], float], Awaitable[dict[str, dict]]] | None = None
+    # waiting at most the seconds given; True: the live figures alone (runtime/swarm_streams.py).
+    machines: Callable[[list[str], float, bool], Awaitable[dict[str, dict]]] | None = None
 
     async def system_data(self) -> dict:
         nvml, host = await asyncio.gather(
@@ -67,7 +67,9 @@ class Prober:
             environment = await environment_facts(self.engine)
             own = ((host.get("docker") or {}).get("swarm") or {}).get("nodeId")
             others = [node["nodeId"] for node in environment["nodes"] if node["nodeId"] != own]
-            reports = await self.machines(others, MACHINE_PROBE_SECONDS) if self.machines is not None and others else {}
+            reports = {}
+            if self.machines is not None and others:
+                reports = await self.machines(others, MACHINE_PROBE_SECONDS, False)
             attach_machines(environment, own, reports)
             data["environment"] = environment
         return data

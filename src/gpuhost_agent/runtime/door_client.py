@@ -57,9 +57,10 @@ class DoorClient(EngineStreams):
                 raise ssl.SSLError(text) from None
             raise OSError(text) from None
 
-    async def machine(self) -> dict:
-        """That machine's own report (inventory/machine_report.py)."""
-        reply = await self._call("GET", "/gpuhost/machine")
+    async def machine(self, live: bool) -> dict:
+        """That machine's own report (inventory/machine_report.py); `live`: its
+        GPUs' figures alone, which never make the agent there probe again."""
+        reply = await self._call("GET", "/gpuhost/machine", params={"live": "1"} if live else None)
         if not isinstance(reply, dict):
             raise EngineError("the agent's machine report is not a JSON object")
         return reply

@@ -120,16 +120,17 @@ class SwarmStreams(EngineStreams):
         remote = self._on.get(exec_id)
         return await (remote.signal if remote else super().signal)(exec_id, container_id, signum)
 
-    async def machine_reports(self, node_ids: list[str], timeout: float) -> dict[str, dict]:
-        """Each node's report from its agent, or {"error": why not}, asked at
-        once; `timeout`: how long a heartbeat or a probe may wait for one."""
+    async def machine_reports(self, node_ids: list[str], timeout: float, live: bool) -> dict[str, dict]:
+        """Each node's report from its agent (`live`: its GPUs' figures alone),
+        or {"error": why not}, asked at once; `timeout`: how long a heartbeat
+        or a probe may wait for one."""
 
         async def one(node: str) -> dict:
             remote = await self._remote(node)
             if remote is None:
                 return {"error": "no address for the agent on this machine"}
             try:
-                return await asyncio.wait_for(remote.machine(), timeout)
+                return await asyncio.wait_for(remote.machine(live), timeout)
             except (EngineError, asyncio.TimeoutError) as exc:
                 return {"error": f"the agent on this machine did not answer: {type(exc).__name__}: {exc}"[:300]}
 

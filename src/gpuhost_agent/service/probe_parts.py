@@ -36,7 +36,7 @@ def build_prober(
     engine: DockerEngine,
     nvml: NvmlProbe,
     compose_command: list[str] | None,
-    machines: Callable[[list[str], float], Awaitable[dict[str, dict]]] | None = None,
+    machines: Callable[[list[str], float, bool], Awaitable[dict[str, dict]]] | None = None,
 ) -> Prober:
     """`machines`: a Swarm leader's question to the other machines' agents
     (runtime/swarm_streams.py); without it their reports are left out."""

@@ -42,7 +42,7 @@ async def serve_worker(config: AgentConfig, stop: asyncio.Event) -> None:
         compose = None  # reported as such: the leader deploys, but doctor checks every machine
     probe = build_probe(config, compose)
     report = MachineReport(probe.prober)
-    proxy = NodeProxy(config.swarm_key, engine, engine_path, machine=report.current)
+    proxy = NodeProxy(config.swarm_key, engine, engine_path, machine=report)
     host, port = config.swarm_listen
     try:
         port = await proxy.start(host, port)

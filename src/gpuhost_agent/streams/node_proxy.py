@@ -19,7 +19,8 @@ three things of its own, and nothing else:
   (`POST /gpuhost/exec/{id}/hangup`, `.../signal?number=`), done here under
   the pid-namespace rule of runtime/exec_hangup.py;
 - this machine's own report (`GET /gpuhost/machine`: its systemData and its
-  GPUs' live figures, inventory/machine_report.py);
+  GPUs' live figures, or with `?live=1` the figures alone,
+  inventory/machine_report.py);
 - every other path is 403;
 - only containers the agent manages (label io.gpuhost.managed=true): the
   host's own containers and anything else on the engine are out of reach;
@@ -46,6 +47,7 @@ import ssl
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from functools import partial
+from typing import Protocol
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.protocol import wire
@@ -65,13 +67,21 @@ CHUNK = 64 * 1024
 READ_SECONDS = 10.0
 
 
+class MachineSource(Protocol):
+    """This machine's report (inventory/machine_report.py's MachineReport)."""
+
+    async def current(self) -> dict: ...
+
+    async def live(self) -> dict: ...
+
+
 class NodeProxy:
     def __init__(
         self,
         key: str,
         engine: EngineStreams,
         engine_path: str,
-        machine: Callable[[], Awaitable[dict]] | None = None,
+        machine: MachineSource | None = None,
     ):
         if len(key) < 16:
             raise ValueError("the environment's key must have at least 16 characters")
@@ -165,7 +175,8 @@ class NodeProxy:
             if self._machine is None:
                 raise Refused(404, "this agent does not report its machine")
             try:
-                return await self._machine()
+                live = urllib.parse.parse_qs(approved.target.partition("?")[2]).get("live") == ["1"]
+                return await (self._machine.live() if live else self._machine.current())
             except Exception as exc:  # a probe that failed is said to the leader, whatever broke in it
                 log.warning("machine_report_failed", error=f"{type(exc).__name__}: {exc}"[:300])
                 raise Refused(503, f"this machine's report failed: {type(exc).__name__}: {exc}"[:300]) from None
