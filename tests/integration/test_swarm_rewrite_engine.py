@@ -14,7 +14,7 @@ import pytest
 from support.machine_samples import good_host
 from support.sandbox_corpus import CORPUS
 from support.sandbox_decide import RENTAL_GPUS, decide_file
-from support.swarm import PREFIX, container_of, deploy, docker
+from support.swarm import PREFIX, container_of, deploy, docker, remove_stack
 
 from gpuhost_agent.core.compose_rewrite import StackRejected
 from gpuhost_agent.core.sandbox_context import GIB, SandboxContext
@@ -94,7 +94,7 @@ def test_every_published_file_the_sandbox_deploys_is_created_by_swarm_as_written
         name = f"c{path.name[:2]}"
         printed = deploy(name, json.dumps(stack))
         assert "Ignoring" not in printed and printed.count("Creating service") == len(stack["services"]), printed
-        docker(1, "stack", "rm", name)
+        remove_stack(name)
         deployed += 1
     assert deployed >= 5
 

@@ -112,6 +112,17 @@ def deploy(name: str, content: str) -> str:
         time.sleep(1)
 
 
+def remove_stack(name: str) -> None:
+    """`docker stack rm`, again while Swarm refuses a network a stopping task
+    still holds ("is in use by task", moby/moby#30942) or finds it already
+    gone ("not found"), as the agent does."""
+    deadline = time.monotonic() + 60
+    while "in use by task" in (out := docker(1, "stack", "rm", name, check=False)) or "not found" in out:
+        assert time.monotonic() < deadline, out
+        time.sleep(0.5)
+    assert "Error" not in out, out
+
+
 def node_id(node: int) -> str:
     return docker(node, "info", "-f", "{{.Swarm.NodeID}}").strip()
 
@@ -131,7 +142,7 @@ def clear() -> None:
     containers stop in the background for a few seconds more: tests look only
     at their own (by rental, stack or environment), and `down` removes any."""
     for name in docker(1, "stack", "ls", "--format", "{{.Name}}").split():
-        docker(1, "stack", "rm", name)
+        remove_stack(name)
     for line in docker(1, "node", "ls", "--format", "{{.ID}} {{.Availability}}").splitlines():
         node_ref, availability = line.split()
         if availability == "Active":

@@ -24,6 +24,8 @@ from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 
 NAMESPACE_LABEL = "com.docker.stack.namespace"
 NOT_READY = "missing network attachments"
+# `docker stack rm` answers that mean the stack is gone or on its way
+GONE_OR_GOING = ("Nothing found in stack", "is in use by task", "not found")
 DEPLOY_SECONDS = 120.0
 
 
@@ -55,14 +57,20 @@ class SwarmStacks:
             await asyncio.sleep(1.0)
 
     async def remove(self, project: str, *, timeout: float = 60.0) -> None:
-        """`docker stack rm`, then wait until its services and networks are gone
-        (the CLI returns before Swarm has stopped the tasks)."""
-        code, printed = await self._cli("stack", "rm", project)
-        if code != 0 and "Nothing found in stack" not in printed:
-            raise EngineError(f"docker stack rm failed: {_last_line(printed)}")
+        """`docker stack rm`, again until its services and networks are gone.
+        The CLI returns before Swarm has stopped the tasks, and a network a
+        task still holds is refused ("is in use by task", moby/moby#30942):
+        the stack's services are gone then but its network is left, and only
+        another `docker stack rm` once the task is gone removes it. That one
+        may find the network already gone ("not found"), which is the aim."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while await self.services(project) or await self._networks(project):
+        while True:
+            code, printed = await self._cli("stack", "rm", project)
+            if code != 0 and not any(words in printed for words in GONE_OR_GOING):
+                raise EngineError(f"docker stack rm failed: {_last_line(printed)}")
+            if not await self.services(project) and not await self._networks(project):
+                return
             if loop.time() > deadline:
                 raise EngineError(f"stack {project} was not gone {timeout:.0f} s after docker stack rm")
             await asyncio.sleep(0.5)
