@@ -23,6 +23,8 @@ from support.stacks import TEST_IMAGE
 from support.swarm import GPU_STACK, applied_trains, cluster_gpus, labelled, leader_ready
 from support.waiting import until
 
+from gpuhost_agent.local_marketplace import shapes
+
 pytestmark = pytest.mark.swarm
 
 
@@ -37,6 +39,9 @@ async def test_a_terminal_in_a_container_on_the_other_machine_runs_there_through
     assert {gpu["uuid"] for gpu in two["nvml"]["gpus"]} == cluster_gpus(2)  # its own NVML's, not the leader's
     node_two = next(node for node, machine in machines.items() if machine == 2)
     assert two["host"]["docker"]["swarm"]["nodeId"] == node_two
+    report = market.store.host["report"]  # listed as both machines together
+    cpus = [data["host"]["cpu"]["logicalCores"] for data in (report["systemData"], two)]
+    assert report["listing"]["totalCPUs"] == sum(cpus) and shapes.listing(market.store)["totalCPUs"] == sum(cpus)
     await until(lambda: beat_gpus(market, node_two), timeout=60)  # and its live figures in the heartbeats
     assert {gpu["uuid"] for gpu in beat_gpus(market, node_two)} == cluster_gpus(2)
     checks = market.store.host["report"]["compliance"]["checks"]

@@ -115,3 +115,33 @@ async def test_a_machine_report_probes_once_then_answers_at_once_and_refreshes_b
     await asyncio.sleep(0.05)
     assert prober.probes == 2  # a heartbeat's question never starts a probe
     await report.close()
+
+
+def test_the_environment_is_listed_as_its_machines_together() -> None:
+    """Two machines that reported: the listing counts both; the GPU figures
+    are the ones any GPU of the environment has."""
+    smaller = _machine("gpu-2")
+    smaller["nvml"].update(cudaDriverVersion="12.2")
+    smaller["nvml"]["gpus"] = [
+        {**gpu, "memoryTotalBytes": 40 * GIB, "nvlinkLinksUp": 0} for gpu in smaller["nvml"]["gpus"]
+    ]
+    data = _environment({"n2": {"systemData": smaller}, "n3": {"error": "did not answer"}})
+    data["environment"]["gpus"] = 6  # Swarm's count: the silent machine's GPUs too
+    listing = build_report(data, Requirements(), None)["listing"]
+    assert listing["totalGPUs"] == 6
+    assert (listing["totalCPUs"], listing["totalRAM"], listing["totalStorage"]) == (256, 2.0, 4000)
+    assert (listing["gpuVRAM"], listing["gpuCUDA"], listing["gpuInterconnect"]) == (40, "12.2", "PCIe")
+    alone = build_report(_machine("leader"), Requirements(), None)["listing"]
+    assert (alone["totalCPUs"], alone["gpuVRAM"], alone["gpuCUDA"], alone["gpuInterconnect"]) == (
+        128,
+        80,
+        "12.4",
+        "NVLink",
+    )
+
+
+def test_a_machine_that_could_not_measure_a_figure_leaves_the_total_unknown() -> None:
+    unmeasured = _machine("gpu-2")
+    unmeasured["host"]["storage"]["totalBytes"] = None
+    listing = build_report(_environment({"n2": {"systemData": unmeasured}}), Requirements(), None)["listing"]
+    assert listing["totalStorage"] is None and listing["totalCPUs"] == 256
