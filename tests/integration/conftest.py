@@ -16,6 +16,7 @@ from pathlib import Path
 import aiohttp
 import docker
 import pytest
+from support import install_chroot
 from support.agent_config import make_config
 from support.engine import remove_env_resources
 from support.fake_nvml import build_lib, forget_loaded_nvml, h100_sxm, write_config
@@ -205,3 +206,25 @@ async def gpu_agent(tmp_path, monkeypatch, docker_client):
         await local.stop()
         await asyncio.to_thread(remove_env_resources, docker_client, local.state.store.envId)
     await asyncio.to_thread(forget_loaded_nvml)
+
+
+# ---- install.sh's chroots (tests/support/install_chroot.py) ---------------------------
+
+
+@pytest.fixture(scope="session")
+def rootfs() -> Path:
+    return install_chroot.build_rootfs()
+
+
+@pytest.fixture(scope="session")
+def agent_wheels(tmp_path_factory) -> Path:
+    """The dependency wheelhouse (cached) and a wheel of the agent as it is now."""
+    return install_chroot.build_agent_wheels(tmp_path_factory.mktemp("agent-wheel"))
+
+
+@pytest.fixture
+def scenario(rootfs, agent_wheels, tmp_path):
+    """A fresh chroot with this checkout in /root/gpuhost-agent and the apt stand-ins."""
+    made = install_chroot.make_scenario(rootfs, agent_wheels, tmp_path)
+    yield made
+    install_chroot.drop_scenario(made)

@@ -1,0 +1,86 @@
+"""The marketplace's installation line pasted on a fresh Debian 12: install.sh
+comes from the marketplace and its progress arrives as the environment's
+initState. (The chroots: tests/support/install_chroot.py. Needs root.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+from aiohttp import web
+from support.install_chroot import Run, Scenario, add, conf_values, needs_root
+from support.openapi_check import AGENT_DOC, check_named, load
+
+from gpuhost_agent.local_marketplace.server import build_app
+from gpuhost_agent.local_marketplace.state import MarketplaceState
+from gpuhost_agent.local_marketplace.store import Store
+from gpuhost_agent.protocol import wire
+
+# ---- the marketplace's line ----------------------------------------------------------------
+
+
+async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+
+
+async def _run_async(scenario: Scenario, command: str) -> Run:
+    """scenario.run in a thread, so the test's marketplace keeps serving."""
+    return await asyncio.to_thread(scenario.run, "bash", "-c", command)
+
+
+@needs_root
+async def test_the_marketplace_line_installs_the_agent_and_reports_init_state(scenario: Scenario) -> None:
+    """The local marketplace's GET /environments/{envId}/script, pasted in the chroot:
+    install.sh comes from GET /install.sh (no key), and its progress arrives as
+    the environment's initState. NEEDS script_api wired into server.build_app."""
+    store = Store.load_or_create(None)
+    state = MarketplaceState(store)
+    runner, base = await _serve(build_app(state))
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(
+                f"{base}/environments/{store.envId}/script", headers={wire.API_KEY_HEADER: store.renterApiKey}
+            ) as response:
+                assert response.status == 200
+                line = await response.json()
+        assert line == (
+            f"curl -fsSL {base}/install.sh | sudo bash -s -- --url {base} "
+            f"--env-id {store.envId} --api-key {store.envApiKey}"
+        )
+
+        await asyncio.to_thread(add, scenario, "sudo", "curl")
+        failed = await _run_async(scenario, line)  # no Docker, no NVIDIA here yet
+        assert failed.code == 3, failed.both
+        init = store.host["initState"]
+        check_named(await asyncio.to_thread(load, AGENT_DOC), init, "InitState")  # the documented shape, no field more
+        assert init["state"] == "failed" and init["error"].startswith("install: Docker Engine is not installed")
+        assert [p["name"] for p in init["phases"]][:2] == ["install", "config"]
+
+        await asyncio.to_thread(add, scenario, "docker", "compose", "nvidia", "toolkit")
+        done = await _run_async(scenario, line)
+        assert done.code == 0, done.both
+        assert "source: gpuhost-agent)" in done.out  # from stdin: no checkout, so the package by name
+        init = store.host["initState"]
+        check_named(await asyncio.to_thread(load, AGENT_DOC), init, "InitState")
+        install_phase = init["phases"][0]
+        assert (init["state"], init["error"], install_phase["name"], install_phase["state"]) == (
+            "starting",
+            None,
+            "install",
+            "done",
+        )
+        assert wire.is_iso(install_phase["finishedAt"]) and wire.is_iso(init["updatedAt"])
+        assert await asyncio.to_thread(scenario.read, "/etc/gpuhost-agent/api-key") == store.envApiKey + "\n"
+        conf = conf_values(await asyncio.to_thread(scenario.read, "/etc/gpuhost-agent/agent.conf"))
+        assert (conf["GPUHOST_MARKETPLACE_URL"], conf["GPUHOST_ENV_ID"]) == (base, store.envId)
+        curls = [call for call in await asyncio.to_thread(scenario.calls) if call.startswith("curl ")]
+        assert any("/agent/init-state" in call for call in curls)
+        assert not [call for call in curls if store.envApiKey in call], "the key was on curl's command line"
+        assert store.envApiKey not in done.both and store.envApiKey not in failed.both
+    finally:
+        await runner.cleanup()
