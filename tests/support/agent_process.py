@@ -73,6 +73,10 @@ class AgentProcess:
         self.process: asyncio.subprocess.Process | None = None
         self.runs = 0
 
+    def configure(self, **settings: str) -> None:
+        """More GPUHOST_ lines for the next start (a later line wins, as in the agent's own loader)."""
+        self.config.write_text(self.config.read_text() + "".join(f"{k}={v}\n" for k, v in settings.items()))
+
     async def start(self, crash_at: str | None = None) -> None:
         env = {key: value for key, value in os.environ.items() if not key.startswith("GPUHOST_")}
         env["GPUHOST_CONFIG"] = str(self.config)

@@ -222,15 +222,18 @@ class FakeEngine:
     an absent daemon when there are none; a stack's containers are `raw` (the
     calls counted in `lists`), every container's state is an OOM kill with exit
     code 137 (the calls counted in `inspects`); the GPU check fails as on a
-    machine without a GPU."""
+    machine without a GPU. `GET /system/df` answers `df`; a rental's
+    containers are those of `raw` with its label; stops are kept in `stopped`."""
 
     stands_in_for: ClassVar[type] = DockerEngine
     test_side: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, raw: list[dict] | None = None, *, info: dict | None = None) -> None:
+    def __init__(self, raw: list[dict] | None = None, *, info: dict | None = None, df: dict | None = None) -> None:
         self.raw = raw if raw is not None else []
         self._info = info
+        self.df = df or {}  # what `GET /system/df` answers
         self.lists, self.inspects = 0, 0
+        self.stopped: list[str] = []
 
     async def info(self) -> dict:
         if self._info is None:
@@ -248,6 +251,15 @@ class FakeEngine:
     async def container_state(self, container_id: str) -> dict:
         self.inspects += 1
         return {"ExitCode": 137, "OOMKilled": True}
+
+    async def disk_usage(self) -> dict:
+        return self.df
+
+    async def rental_containers(self, rental_id: str) -> list[dict]:
+        return [dict(r) for r in self.raw if (r.get("Labels") or {}).get(wire.LABEL_RENTAL) == rental_id]
+
+    async def stop_container(self, container_id: str, timeout: int) -> None:
+        self.stopped.append(container_id)
 
 
 class FakeClient:

@@ -8,7 +8,10 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.runtime.swarm_stacks import rental_disk_figures
 from gpuhost_agent.streams.door_routes import route
 from gpuhost_agent.streams.node_proxy import NodeProxy
 
@@ -41,6 +44,8 @@ ID = "5e7140ba6f17c65a09300a61fbb9e36a520b40a8869c52175d0f97f718ab2a59"
         ("POST", f"/gpuhost/exec/{ID}/signal?number=2", ("signal", ID)),
         ("GET", "/gpuhost/machine", ("machine", "")),
         ("POST", "/gpuhost/machine", None),
+        ("GET", "/v1.45/gpuhost/disk", ("disk", "")),
+        ("POST", "/gpuhost/disk", None),
         ("GET", f"/gpuhost/containers/{ID}/files", None),
         ("GET", "/gpuhost/machine/../../info", None),
     ],
@@ -54,12 +59,12 @@ def test_a_short_key_is_refused_at_the_start() -> None:
         NodeProxy("short", None, "/var/run/docker.sock")  # type: ignore[arg-type]
 
 
-async def _get_machine(proxy: NodeProxy, key: str, query: str = "") -> tuple[int, dict]:
+async def _get_machine(proxy: NodeProxy, key: str, query: str = "", path: str = "/gpuhost/machine") -> tuple[int, dict]:
     port = await proxy.start("127.0.0.1", 0)
     try:
         async with aiohttp.ClientSession() as http:
             headers = {"Authorization": f"Bearer {key}"}
-            async with http.get(f"http://127.0.0.1:{port}/gpuhost/machine{query}", headers=headers) as answer:
+            async with http.get(f"http://127.0.0.1:{port}{path}{query}", headers=headers) as answer:
                 return answer.status, await answer.json()
     finally:
         await proxy.stop()
@@ -95,3 +100,45 @@ async def test_the_machines_report_is_served_with_the_key_and_a_failed_probe_is_
         assert status == 404
     finally:
         await engine.close()
+
+
+async def test_the_machines_disk_figures_are_served_and_an_engine_that_fails_is_said() -> None:
+    key = "k" * 20
+    engine = EngineStreams("unix:///nonexistent/docker.sock")
+    figures = {"Containers": [], "Volumes": [{"Labels": {"com.docker.stack.namespace": "p"}, "UsageData": {"Size": 5}}]}
+
+    async def disk() -> dict:
+        return figures
+
+    async def broken() -> dict:
+        raise EngineError("Docker Engine did not answer within 35s")
+
+    try:
+        proxy = NodeProxy(key, engine, "/nonexistent", disk=disk)
+        assert await _get_machine(proxy, key, path="/gpuhost/disk") == (200, figures)
+        status, body = await _get_machine(
+            NodeProxy(key, engine, "/nonexistent", disk=broken), key, path="/gpuhost/disk"
+        )
+        assert status == 503 and "did not answer within 35s" in body["message"]
+        assert (await _get_machine(NodeProxy(key, engine, "/nonexistent"), key, path="/gpuhost/disk"))[0] == 404
+    finally:
+        await engine.close()
+
+
+def test_the_disk_figures_hold_the_agents_containers_and_the_stacks_volumes_alone() -> None:
+    managed = {wire.LABEL_MANAGED: "true", wire.LABEL_RENTAL: "r1", wire.LABEL_STACK: "s1", "secret": "x"}
+    df = {
+        "Containers": [
+            {"Labels": managed, "SizeRw": 10, "Names": ["/p_train.1"]},
+            {"Labels": {"com.example.host": "1"}, "SizeRw": 999},  # the host's own
+        ],
+        "Volumes": [
+            {"Name": "p_data", "Labels": {"com.docker.stack.namespace": "p"}, "UsageData": {"Size": 7}},
+            {"Name": "host-db", "Labels": None, "UsageData": {"Size": 5}},
+        ],
+        "Images": [{"Id": "sha256:1"}],
+    }
+    assert rental_disk_figures(df) == {
+        "Containers": [{"Labels": {wire.LABEL_RENTAL: "r1"}, "SizeRw": 10}],
+        "Volumes": [{"Labels": {"com.docker.stack.namespace": "p"}, "UsageData": {"Size": 7}}],
+    }

@@ -12,18 +12,27 @@ ERROR with the figures and the limit, so the renter knows what to free.
 The share is the host's setting when it gave one (GPUHOST_RENTAL_DISK),
 else the rental's part of the usable disk (total less the host's floor) in
 proportion to its GPUs, and a tenth of it for a rental without GPUs.
+
+In a Swarm environment each machine has its own disk, so the leader judges
+each machine apart: its own from its engine, every other from the figures
+that machine's agent measures (`GET /gpuhost/disk`), each against the
+rental's share of that machine (by the rental's GPUs there, a tenth without).
+A rental above its share anywhere has its stacks scaled to no task, since
+Swarm would start a new task for a container merely stopped.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.runtime.swarm_stacks import NAMESPACE_LABEL
 from gpuhost_agent.storage.agent_db import AgentDB
 
 log = get_logger(__name__)
@@ -31,18 +40,55 @@ log = get_logger(__name__)
 GIB = 1024**3
 GPU_LESS_FRACTION = 0.1
 PROJECT_LABEL = "com.docker.compose.project"
+OTHER_MACHINE_SECONDS = 40.0  # how long the leader waits for another machine's figures (its engine: 35 s)
+
+
+@dataclass(frozen=True)
+class MachineDisk:
+    """One machine's Docker disk, as the watch judges it."""
+
+    node: str  # its Swarm node id; "" on a machine of its own
+    name: str  # for the renter: "the host's disk", "gpu-2's disk"
+    total_bytes: int  # 0: not known (its agent did not report): judged only against GPUHOST_RENTAL_DISK
+    gpus: frozenset[str]  # its GPUs' UUIDs
+    this: bool = True  # the agent's own machine, measured through its own engine
+
+
+def machine_disks(facts: Mapping) -> list[MachineDisk]:
+    """The machines whose disks are judged: this one, or every machine of a
+    Swarm environment (the leader's facts carry each one's own report)."""
+    nodes = (facts.get("environment") or {}).get("nodes") or []
+    if not nodes:
+        gpus = (facts.get("nvml") or {}).get("gpus") or []
+        ids = frozenset(str(gpu.get("uuid") or f"#{index}") for index, gpu in enumerate(gpus))
+        return [MachineDisk("", "the host's disk", _storage_total(facts.get("host")), ids)]
+    disks = []
+    for node in nodes:
+        this = bool((node.get("machine") or {}).get("this"))
+        host = facts.get("host") if this else ((node.get("machine") or {}).get("systemData") or {}).get("host")
+        name = f"{node.get('hostname') or str(node.get('nodeId'))[:12]}'s disk"
+        gpus = frozenset(str(uuid) for uuid in node.get("gpus") or [])
+        disks.append(MachineDisk(str(node.get("nodeId")), name, _storage_total(host), gpus, this))
+    return disks
+
+
+def _storage_total(host: object) -> int:
+    storage = (host.get("storage") if isinstance(host, dict) else None) or {}
+    return int(storage.get("totalBytes") or 0)
 
 
 def usage_by_rental(df: Mapping, project_rentals: Mapping[str, str]) -> dict[str, int]:
     """Bytes per rental: its containers' writable layers (by the agent's
-    label) and its stacks' volumes (by Compose's project label)."""
+    label) and its stacks' volumes (by Compose's project label, or on a Swarm
+    the stack's namespace)."""
     used: dict[str, int] = {}
     for container in df.get("Containers") or []:
         rental = (container.get("Labels") or {}).get(wire.LABEL_RENTAL)
         if rental:
             used[rental] = used.get(rental, 0) + int(container.get("SizeRw") or 0)
     for volume in df.get("Volumes") or []:
-        rental = project_rentals.get((volume.get("Labels") or {}).get(PROJECT_LABEL) or "")
+        labels = volume.get("Labels") or {}
+        rental = project_rentals.get(labels.get(PROJECT_LABEL) or labels.get(NAMESPACE_LABEL) or "")
         size = int(((volume.get("UsageData") or {}).get("Size")) or 0)
         if rental and size > 0:  # -1: not measured
             used[rental] = used.get(rental, 0) + size
@@ -59,9 +105,9 @@ def disk_share(total: int, floor: int, rental_gpus: int, machine_gpus: int, fixe
     return int(usable * min(1.0, rental_gpus / machine_gpus))
 
 
-def over_share_message(used: int, share: int) -> str:
+def over_share_message(used: int, share: int, disk: str = "the host's disk") -> str:
     return (
-        f"stopped: the rental's containers and volumes use {used / GIB:.2f} GiB of the host's disk, above its "
+        f"stopped: the rental's containers and volumes use {used / GIB:.2f} GiB of {disk}, above its "
         f"share of {share / GIB:.2f} GiB; remove data (or the stack, with its volumes) and deploy again"
     )
 
@@ -80,45 +126,76 @@ class DiskWatch:
         floor_bytes: int = 0,
         rental_disk_bytes: int | None = None,
         stop_timeout: int = 10,
+        other_disks: Callable[[list[str], float], Awaitable[dict[str, dict]]] | None = None,
+        stop_stack: Callable[[str], Awaitable[None]] | None = None,
     ):
         self.engine, self.db, self.ledger, self.reporter = engine, db, ledger, reporter
         self.machine_facts, self.busy_rentals = machine_facts, busy_rentals
         self.interval, self.floor_bytes, self.fixed = interval, floor_bytes, rental_disk_bytes
         self.stop_timeout = stop_timeout
-        self.last_usage: dict[str, int] = {}  # for `status` and tests
+        # A Swarm leader: the other machines' figures from their agents, and a stack's stop.
+        self.other_disks, self.stop_stack = other_disks, stop_stack
+        self.last_usage: dict[str, int] = {}  # for `status` and tests: bytes per rental, all machines
 
     async def run_once(self) -> None:
-        try:
-            df = await self.engine.disk_usage()
-        except EngineError as exc:
-            log.warning("disk_usage_unavailable", error=str(exc))
-            return
-        stacks = self.db.stacks()
-        projects = {row["project"]: row["rental_id"] for row in stacks.values()}
-        self.last_usage = usage_by_rental(df, projects)
-        facts = await self.machine_facts()
-        total = int((((facts.get("host") or {}).get("storage")) or {}).get("totalBytes") or 0)
-        machine_gpus = len((facts.get("nvml") or {}).get("gpus") or [])
+        machines = machine_disks(await self.machine_facts())
+        figures = await self._figures(machines)
+        projects = {row["project"]: row["rental_id"] for row in self.db.stacks().values()}
         busy = self.busy_rentals()
-        for rental_id, used in sorted(self.last_usage.items()):
-            gpus = len(self.ledger.assignments.get(rental_id, []))
-            share = disk_share(total, self.floor_bytes, gpus, machine_gpus, self.fixed)
-            if share and used > share and rental_id not in busy:
-                await self._stop(rental_id, used, share)
+        totals: dict[str, int] = {}
+        over: dict[str, tuple[int, int, str]] = {}
+        for machine in machines:
+            if machine.node not in figures:
+                continue
+            for rental_id, used in sorted(usage_by_rental(figures[machine.node], projects).items()):
+                totals[rental_id] = totals.get(rental_id, 0) + used
+                assigned = self.ledger.assignments.get(rental_id, [])
+                here = len(assigned) if not machine.node else sum(1 for gpu in assigned if gpu in machine.gpus)
+                share = disk_share(machine.total_bytes, self.floor_bytes, here, len(machine.gpus), self.fixed)
+                if share and used > share and rental_id not in busy:
+                    over.setdefault(rental_id, (used, share, machine.name))
+        self.last_usage = totals
+        for rental_id, (used, share, disk) in sorted(over.items()):
+            await self._stop(rental_id, used, share, disk)
 
-    async def _stop(self, rental_id: str, used: int, share: int) -> None:
+    async def _figures(self, machines: list[MachineDisk]) -> dict[str, dict]:
+        """Each machine's `GET /system/df` (or the part of it its agent sends), by node."""
+        figures: dict[str, dict] = {}
+        own = next((machine for machine in machines if machine.this), None)
+        if own is not None:
+            try:
+                figures[own.node] = await self.engine.disk_usage()
+            except EngineError as exc:
+                log.warning("disk_usage_unavailable", error=str(exc))
+        others = [machine.node for machine in machines if not machine.this]
+        if others and self.other_disks is not None:
+            for node, answer in (await self.other_disks(others, OTHER_MACHINE_SECONDS)).items():
+                if "error" in answer:
+                    log.warning("disk_usage_unavailable", node_id=node, error=str(answer["error"])[:300])
+                else:
+                    figures[node] = answer
+        return figures
+
+    async def _stop(self, rental_id: str, used: int, share: int, disk: str) -> None:
         running = [c for c in await self.engine.rental_containers(rental_id) if c.get("State") == "running"]
         if not running:
             return
-        message = over_share_message(used, share)
-        log.warning("rental_over_disk_share", rental_id=rental_id, used_bytes=used, share_bytes=share)
+        message = over_share_message(used, share, disk)
+        log.warning("rental_over_disk_share", rental_id=rental_id, used_bytes=used, share_bytes=share, disk=disk)
         # Said first: the stops that follow are the agent's, not a crash for the container watch to report.
         stack_ids = {str((c.get("Labels") or {}).get(wire.LABEL_STACK) or "") for c in running} - {""}
-        records = self.db.stacks()
-        for stack_id in sorted(stack_ids):
-            record = records.get(stack_id)
+        known = self.db.stacks()
+        records = {stack_id: known.get(stack_id) for stack_id in sorted(stack_ids)}
+        for stack_id, record in records.items():
             if record is not None:
                 stack = StackRef(stack_id, rental_id, record["env_id"], record["project"])
                 self.reporter.status(stack, wire.ERROR, message, job_id=f"disk-{uuid.uuid4().hex[:12]}")
+        if self.stop_stack is not None:
+            for project in sorted(record["project"] for record in records.values() if record is not None):
+                try:
+                    await self.stop_stack(project)
+                except EngineError as exc:
+                    log.warning("rental_over_disk_share_stop_failed", project=project, error=str(exc))
+            return
         for container in running:
             await self.engine.stop_container(container["Id"], self.stop_timeout)

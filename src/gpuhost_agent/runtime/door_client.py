@@ -65,6 +65,13 @@ class DoorClient(EngineStreams):
             raise EngineError("the agent's machine report is not a JSON object")
         return reply
 
+    async def disk(self) -> dict:
+        """The rentals' use of that machine's disk (runtime/swarm_stacks.py's rental_disk_figures)."""
+        reply = await self._call("GET", "/gpuhost/disk")
+        if not isinstance(reply, dict):
+            raise EngineError("the agent's disk figures are not a JSON object")
+        return reply
+
     async def hang_up(self, exec_id: str, container_id: str) -> None:
         try:
             await self._call("POST", f"/gpuhost/exec/{checked_id(exec_id)}/hangup")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 
+from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 
 NAMESPACE_LABEL = "com.docker.stack.namespace"
@@ -83,6 +84,18 @@ class SwarmStacks:
         if code != 0:
             raise EngineError(f"docker service update --force {name} failed: {_last_line(printed)}")
 
+    async def stop(self, project: str) -> None:
+        """Every service of the stack scaled to no task: its containers stop on
+        whatever machine they run, and stay stopped (Swarm would start a new
+        task for a container merely stopped), while the stack's definition,
+        networks and volumes stay: deploying it again brings it back."""
+        names = [str((service.get("Spec") or {}).get("Name")) for service in await self.services(project)]
+        if not names:
+            return
+        code, printed = await self._cli("service", "scale", "--detach", *(f"{name}=0" for name in names))
+        if code != 0:
+            raise EngineError(f"docker service scale failed: {_last_line(printed)}")
+
     async def _networks(self, project: str) -> list[dict]:
         return await self.engine.swarm_list("networks", f"{NAMESPACE_LABEL}={project}")
 
@@ -106,6 +119,27 @@ class SwarmStacks:
             await process.wait()
             raise EngineError(f"docker {args[0]} {args[1]} did not finish within {DEPLOY_SECONDS:.0f} s") from None
         return process.returncode or 0, out.decode(errors="replace")
+
+
+def rental_disk_figures(df: dict) -> dict:
+    """What of `GET /system/df` tells each rental's use of this machine's disk
+    (core/disk_watch.py): the agent's containers' writable layers by rental,
+    and the stacks' volumes by stack. A Swarm machine's agent answers the
+    leader with this (streams/node_proxy.py), nothing of the host's own."""
+    containers = [
+        {"Labels": {wire.LABEL_RENTAL: labels[wire.LABEL_RENTAL]}, "SizeRw": container.get("SizeRw") or 0}
+        for container in df.get("Containers") or []
+        if (labels := container.get("Labels") or {}).get(wire.LABEL_MANAGED) == "true" and labels.get(wire.LABEL_RENTAL)
+    ]
+    volumes = [
+        {
+            "Labels": {NAMESPACE_LABEL: labels[NAMESPACE_LABEL]},
+            "UsageData": {"Size": (volume.get("UsageData") or {}).get("Size")},
+        }
+        for volume in df.get("Volumes") or []
+        if (labels := volume.get("Labels") or {}).get(NAMESPACE_LABEL)
+    ]
+    return {"Containers": containers, "Volumes": volumes}
 
 
 def _last_line(printed: str) -> str:

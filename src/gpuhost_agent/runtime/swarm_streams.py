@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import ssl
+from collections.abc import Awaitable, Callable
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.container_files import ContainerFiles
@@ -124,18 +125,26 @@ class SwarmStreams(EngineStreams):
         """Each node's report from its agent (`live`: its GPUs' figures alone),
         or {"error": why not}, asked at once; `timeout`: how long a heartbeat
         or a probe may wait for one."""
+        return await self._ask_each(node_ids, timeout, lambda remote: remote.machine(live))
 
+    async def disk_figures(self, node_ids: list[str], timeout: float) -> dict[str, dict]:
+        """Each node's rentals' use of its disk from its agent, or {"error": why not}."""
+        return await self._ask_each(node_ids, timeout, lambda remote: remote.disk())
+
+    async def _ask_each(
+        self, node_ids: list[str], timeout: float, ask: Callable[[DoorClient], Awaitable[dict]]
+    ) -> dict[str, dict]:
         async def one(node: str) -> dict:
             remote = await self._remote(node)
             if remote is None:
                 return {"error": "no address for the agent on this machine"}
             try:
-                return await asyncio.wait_for(remote.machine(live), timeout)
+                return await asyncio.wait_for(ask(remote), timeout)
             except (EngineError, asyncio.TimeoutError) as exc:
                 return {"error": f"the agent on this machine did not answer: {type(exc).__name__}: {exc}"[:300]}
 
-        reports = await asyncio.gather(*(one(node) for node in node_ids))
-        return dict(zip(node_ids, reports, strict=True))
+        answers = await asyncio.gather(*(one(node) for node in node_ids))
+        return dict(zip(node_ids, answers, strict=True))
 
     def _door(self, info: dict) -> DoorClient:
         """The door of the container's machine. Never this machine's engine: its

@@ -216,6 +216,8 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         floor_bytes=config.disk_floor_bytes,
         rental_disk_bytes=config.rental_disk_bytes,
         stop_timeout=config.stop_timeout,
+        other_disks=stream_engine.disk_figures if isinstance(stream_engine, SwarmStreams) else None,
+        stop_stack=SwarmStacks(engine).stop if leader else None,
     )
     gpu_events = GpuEventWatch(nvml, GpuFaults(ledger, db, reporter).fault)
     usage = UsageMeter(

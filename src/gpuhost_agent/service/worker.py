@@ -20,7 +20,9 @@ from gpuhost_agent.common.logs import SECRETS, get_logger
 from gpuhost_agent.inventory.machine_report import MachineReport
 from gpuhost_agent.runtime.compose import ComposeNotFound, find_compose_command
 from gpuhost_agent.runtime.docker_host import parse_docker_host
+from gpuhost_agent.runtime.engine import DockerEngine
 from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.runtime.swarm_stacks import rental_disk_figures
 from gpuhost_agent.service import sd_notify
 from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.service.probe_parts import build_probe
@@ -42,7 +44,12 @@ async def serve_worker(config: AgentConfig, stop: asyncio.Event) -> None:
         compose = None  # reported as such: the leader deploys, but doctor checks every machine
     probe = build_probe(config, compose)
     report = MachineReport(probe.prober)
-    proxy = NodeProxy(config.swarm_key, engine, engine_path, machine=report)
+    disk_engine = DockerEngine()  # `GET /system/df` may take longer than a probe's calls
+
+    async def disk_figures() -> dict:
+        return rental_disk_figures(await disk_engine.disk_usage())
+
+    proxy = NodeProxy(config.swarm_key, engine, engine_path, machine=report, disk=disk_figures)
     host, port = config.swarm_listen
     try:
         port = await proxy.start(host, port)
@@ -62,6 +69,7 @@ async def serve_worker(config: AgentConfig, stop: asyncio.Event) -> None:
         sd_notify.stopping("stopping")
         await proxy.stop()
         await engine.close()
+        disk_engine.close()
         probe.close()
         await watchdog.stop()
         log.info("swarm_worker_stopped", served=proxy.served, refused=proxy.refused)

@@ -28,6 +28,7 @@ ROUTES = [  # (method, path pattern, what the id names)
 ]
 EXEC_IDS = ("exec", "hangup", "signal")  # routes whose id is an exec's
 MACHINE_PATH = "/gpuhost/machine"  # this machine's own report (inventory/machine_report.py)
+DISK_PATH = "/gpuhost/disk"  # the rentals' use of this machine's disk (core/disk_watch.py)
 SIGNALS = {int(s) for s in signal.Signals}  # an SSH client names a signal, the leader sends its number
 VERSION_PREFIX = re.compile(r"^/v1\.\d+(?=/)")
 
@@ -37,6 +38,8 @@ def route(method: str, target: str) -> tuple[str, str] | None:
     path = VERSION_PREFIX.sub("", target.split("?", 1)[0])
     if (method, path) == ("GET", MACHINE_PATH):
         return "machine", ""
+    if (method, path) == ("GET", DISK_PATH):
+        return "disk", ""
     for allowed, pattern, what in ROUTES:
         if method == allowed and (found := pattern.fullmatch(path)):
             return what, found.group(1)

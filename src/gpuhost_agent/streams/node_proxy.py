@@ -21,6 +21,9 @@ three things of its own, and nothing else:
 - this machine's own report (`GET /gpuhost/machine`: its systemData and its
   GPUs' live figures, or with `?live=1` the figures alone,
   inventory/machine_report.py);
+- the rentals' use of this machine's disk (`GET /gpuhost/disk`: the agent's
+  containers' writable layers and the stacks' volumes, for the leader's
+  disk watch, core/disk_watch.py);
 - every other path is 403;
 - only containers the agent manages (label io.gpuhost.managed=true): the
   host's own containers and anything else on the engine are out of reach;
@@ -82,12 +85,13 @@ class NodeProxy:
         engine: EngineStreams,
         engine_path: str,
         machine: MachineSource | None = None,
+        disk: Callable[[], Awaitable[dict]] | None = None,
     ):
         if len(key) < 16:
             raise ValueError("the environment's key must have at least 16 characters")
         self._expected = f"Bearer {key}".encode()
         self.engine, self.engine_path = engine, engine_path  # the local engine's socket
-        self._machine = machine
+        self._machine, self._disk = machine, disk
         self._server: asyncio.Server | None = None
         self.served = self.refused = 0  # for tests and the status
 
@@ -103,9 +107,9 @@ class NodeProxy:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             approved = await self._request(reader)
-            if approved.what in ("hangup", "signal", "machine"):
+            if approved.what in ("hangup", "signal", "machine", "disk"):
                 answer = await self._act(approved)
-                if approved.what != "machine":
+                if approved.what in ("hangup", "signal"):
                     log.info("swarm_door_done", what=approved.what, exec_id=approved.ident[:12], **answer)
                 self.served += 1
                 _answer(writer, 200, "OK", answer)
@@ -180,6 +184,13 @@ class NodeProxy:
             except Exception as exc:  # a probe that failed is said to the leader, whatever broke in it
                 log.warning("machine_report_failed", error=f"{type(exc).__name__}: {exc}"[:300])
                 raise Refused(503, f"this machine's report failed: {type(exc).__name__}: {exc}"[:300]) from None
+        if approved.what == "disk":
+            if self._disk is None:
+                raise Refused(404, "this agent does not measure its disk")
+            try:
+                return await self._disk()
+            except EngineError as exc:
+                raise Refused(503, f"this machine's engine did not say its disk use: {exc}"[:300]) from None
         container_id = str(approved.info.get("Id") or "")
         if approved.what == "hangup":
             await self.engine.hang_up(approved.ident, container_id)
@@ -212,7 +223,7 @@ class NodeProxy:
             raise Refused(413, f"a body of at most {BODY_LIMIT} bytes")
         body = await asyncio.wait_for(reader.readexactly(length), READ_SECONDS) if length else b""
         what, ident = allowed
-        if what == "machine":
+        if what in ("machine", "disk"):
             return Approved(what, ident, target, {})
         info = await self._check(what, ident, method, target, body)
         if what in ("connect", "files", "hangup", "signal"):
