@@ -29,13 +29,14 @@ from gpuhost_agent.core.sandbox_context import (
     disk_floor_problem,
     machine_of,
     machine_shares,
+    machines_floor_problem,
     rental_share,
 )
 from gpuhost_agent.core.sandbox_harden import harden
 from gpuhost_agent.core.sandbox_policy import policy_violations
 from gpuhost_agent.core.sandbox_raw import RawReview, review
 from gpuhost_agent.core.sandbox_rewrite import rewrite
-from gpuhost_agent.core.swarm_rewrite import SwarmPlacement, swarm_stack
+from gpuhost_agent.core.swarm_rewrite import SwarmPlacement, stack_nodes, swarm_stack
 from gpuhost_agent.inventory.host_probe import storage
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.rental_cgroups import CgroupError, RentalCgroups, RentalLimits
@@ -191,6 +192,9 @@ class Sandbox:
             )
             hardened, more = swarm_stack(hardened, ctx, placement)
             notices = [*notices, *more]
+            full = machines_floor_problem(facts, stack_nodes(hardened), self.disk_floor_bytes)
+            if full:
+                raise StackRejected(full)
         self.ledger.commit(job.rental_id, uuids)
         if parent and self.cgroups is not None:
             limits = RentalLimits(memory_bytes=memory, cpus=cpus, pids=self.pids_limit)

@@ -135,3 +135,20 @@ def disk_floor_problem(storage: dict, floor_bytes: int) -> str | None:
         f"the host's disk is nearly full: {free / GIB:.1f} GiB free on {storage.get('path')}, below the host's "
         f"floor of {floor_bytes / GIB:.1f} GiB (GPUHOST_DISK_FLOOR); no stack starts until the host frees space"
     )
+
+
+def machines_floor_problem(facts: dict, nodes: set[str], floor_bytes: int) -> str | None:
+    """Why a Swarm stack may not start: a machine it would run on, other than
+    the leader's own (measured at the deploy), has less free disk than the
+    host's floor as its agent last reported it (inventory/machine_report.py,
+    at most a minute or so old). A machine that did not report is not judged."""
+    for node in (facts.get("environment") or {}).get("nodes") or []:
+        machine = node.get("machine") or {}
+        if node.get("nodeId") not in nodes or machine.get("this"):
+            continue
+        storage = ((machine.get("systemData") or {}).get("host") or {}).get("storage") or {}
+        full = disk_floor_problem(storage, floor_bytes)
+        if full:
+            name = node.get("hostname") or str(node.get("nodeId"))[:12]
+            return full.replace("the host's disk", f"machine {name}'s disk", 1)
+    return None

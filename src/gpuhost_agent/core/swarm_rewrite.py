@@ -211,3 +211,13 @@ def _volume(spec: dict | None) -> dict:
     if spec and spec.get("labels"):
         volume["labels"] = dict(as_mapping(spec["labels"]))
     return volume
+
+
+def stack_nodes(stack: dict) -> set[str]:
+    """The nodes a stack written by swarm_stack runs on (its placement constraints)."""
+    nodes = set()
+    for service in (stack.get("services") or {}).values():
+        for constraint in ((service.get("deploy") or {}).get("placement") or {}).get("constraints") or []:
+            if str(constraint).startswith("node.id == "):
+                nodes.add(str(constraint)[len("node.id == ") :])
+    return nodes
