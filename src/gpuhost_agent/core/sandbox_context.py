@@ -140,8 +140,9 @@ def disk_floor_problem(storage: dict, floor_bytes: int) -> str | None:
 def machines_floor_problem(facts: dict, nodes: set[str], floor_bytes: int) -> str | None:
     """Why a Swarm stack may not start: a machine it would run on, other than
     the leader's own (measured at the deploy), has less free disk than the
-    host's floor as its agent last reported it (inventory/machine_report.py,
-    at most a minute or so old). A machine that did not report is not judged."""
+    host's floor as its agent reported it at the leader's last probe
+    (inventory/machine_report.py; every systemDataSeconds). A machine that
+    did not report is not judged."""
     for node in (facts.get("environment") or {}).get("nodes") or []:
         machine = node.get("machine") or {}
         if node.get("nodeId") not in nodes or machine.get("this"):
