@@ -9,17 +9,36 @@ cover every machine (core/swarm_tasks.py). Everything else (events, inspect,
 the engine's facts) is still this machine's engine. The reconciler, the
 container watch and the deployer use it as they use the engine, so a stack
 whose containers run elsewhere is seen running, not missing.
+
+A stopped container's state (its exit code, and whether the kernel's OOM
+killer did it, which no task tells) is its machine's: one this engine does
+not know is asked of `elsewhere`, the inspect that goes to the container's
+machine's agent (runtime/swarm_streams.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from gpuhost_agent.core.swarm_tasks import NODE_LABEL, stack_containers
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.runtime.engine import DockerEngine
+from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 from gpuhost_agent.runtime.swarm_stacks import NAMESPACE_LABEL
 
 
 class SwarmEngine(DockerEngine):
+    def __init__(self, *, timeout: float = 30, elsewhere: Callable[[str], Awaitable[dict]] | None = None):
+        super().__init__(timeout=timeout)
+        self.elsewhere = elsewhere
+
+    async def container_state(self, container_id: str) -> dict:
+        try:
+            return await super().container_state(container_id)
+        except EngineError:
+            if self.elsewhere is None:
+                raise
+        return (await self.elsewhere(container_id)).get("State") or {}
+
     async def _containers(self, labels: list[str]) -> list[dict]:
         tasks = await self.swarm_list("tasks", labels)
         if not tasks:

@@ -96,7 +96,6 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
     client = MarketplaceClient(base_url, api_key)
     outbox = Outbox(client.send_report, db)
     leader = config.swarm == "leader"  # a Swarm environment's leader: stacks go to every machine (docs/swarm.md)
-    engine = SwarmEngine() if leader else DockerEngine()
     nvml = NvmlProbe(config.nvml_library)
     find_compose = partial(find_compose_command, config.compose_command)
     compose = ComposeRunner(None, config.state_dir / "docker-config", finder=find_compose)
@@ -108,6 +107,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         if leader
         else EngineStreams()
     )
+    engine = SwarmEngine(elsewhere=stream_engine.inspect) if isinstance(stream_engine, SwarmStreams) else DockerEngine()
     machine_reports = stream_engine.machine_reports if isinstance(stream_engine, SwarmStreams) else None  # the workers'
     host = HostReporter(
         client,
