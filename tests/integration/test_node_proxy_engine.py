@@ -1,7 +1,8 @@
 """The worker's door for the leader (streams/node_proxy.py) on the real engine,
 asked by the leader's own client (runtime/door_client.py) and by curl: a
 terminal in a container the agent manages works through it, both ways, and
-so do a tunnel's last hop, a file session, an exec's hang-up and a signal;
+so do a tunnel's last hop, a file session, an exec's hang-up, a signal and the
+engine's events (of the agent's containers alone);
 the key is required; the host's other containers, every other path of the
 engine API and a privileged exec are refused."""
 
@@ -247,3 +248,26 @@ async def test_a_last_hop_speaks_tls_on_the_containers_machine_when_asked(door, 
             await door.dial(plain, plain_address, 9000, tls=None, timeout=10)
     finally:
         await asyncio.to_thread(secure.remove, force=True)
+
+
+async def test_the_engines_events_reach_the_leader_for_the_agents_containers_alone(
+    door, containers, docker_client
+) -> None:
+    """The leader's follow of a machine's events (core/worker_events.py): the
+    host's own container dies first, the agent's after; only the agent's is told."""
+    managed, unmanaged = containers
+    seen: list[dict] = []
+    follow = asyncio.create_task(door.follow_events(seen.append))
+    try:
+        await asyncio.sleep(1)  # the stream is open (events before it are not replayed)
+        for container_id in (unmanaged, managed):
+            await asyncio.to_thread(docker_client.api.kill, container_id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20
+        while not any(e.get("Action") == "die" and e.get("id") == managed for e in seen):
+            assert loop.time() < deadline and not follow.done(), seen
+            await asyncio.sleep(0.1)
+        assert {e.get("id") for e in seen} == {managed} and {e.get("Type") for e in seen} == {"container"}
+    finally:
+        follow.cancel()
+        await asyncio.gather(follow, return_exceptions=True)

@@ -122,6 +122,8 @@ class Agent:
             if self.gpu_events is not None:
                 await self.gpu_events.stop()
             self.schedule.stop()
+            if self.swarm_watch is not None:
+                await self.swarm_watch.stop()
             self.container_watch.stop()
             await self.streams.close()  # every stream ends with agent-stopping
             await self.host.stop()

@@ -148,6 +148,10 @@ class ContainerWatch:
             self._open()
 
     # ---- events, coalesced per stack -------------------------------------------
+    def other_machine_event(self, event: dict) -> None:
+        """An event of another machine's engine (a Swarm leader: core/worker_events.py)."""
+        self._on_event(self._generation, event)
+
     def _on_event(self, generation: int, event: dict) -> None:
         if generation != self._generation or self._stopped:
             return

@@ -17,7 +17,9 @@ often costs little.
   `restart: "no"` is Swarm's `none`) the leader forces a new task
   (`docker service update --force`). Once all run, the message is cleared.
 - A container on another machine that stops by itself is reported as on one
-  machine (core/container_watch.py pushes the list and the errorMsg).
+  machine (core/container_watch.py pushes the list and the errorMsg), at
+  once when that machine's agent serves its events (core/worker_events.py,
+  followed for every ready machine but this one), else at the next look.
 
 The decisions (which machine is unwell, the words for a stack) are pure
 functions here; SwarmWatch only asks and passes on.
@@ -33,6 +35,7 @@ from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.container_watch import ContainerWatch
 from gpuhost_agent.core.containers import service_name, stack_id_of
 from gpuhost_agent.core.swarm_tasks import NODE_LABEL
+from gpuhost_agent.core.worker_events import WorkerEvents
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 
 log = get_logger(__name__)
@@ -93,10 +96,13 @@ class SwarmWatch:
         restart_service: Callable[[str], Awaitable[None]],
         *,
         interval: float = WATCH_SECONDS,
+        worker_events: WorkerEvents | None = None,
     ):
         self.engine, self.container_watch, self.machines = engine, container_watch, machines
         self.env_id, self.machines_changed, self.interval = env_id, machines_changed, interval
         self.restart_service = restart_service
+        self.worker_events = worker_events
+        self._own_node: str | None = None  # this machine's node id, whose events the container watch follows
         self._seen: dict[str, tuple] = {}  # per stack: what its containers looked like last time
         # Services that were running on a machine when it went away: node -> service -> container id then.
         self._stranded: dict[str, dict[str, str]] = {}
@@ -105,10 +111,24 @@ class SwarmWatch:
     async def poll(self) -> None:
         try:
             nodes = await self.engine.swarm_list("nodes")
+            await self._follow(nodes)
             await self._nodes(nodes)
             await self._stacks()
         except EngineError as exc:
             log.warning("swarm_watch_failed", error=str(exc))
+
+    async def _follow(self, nodes: list[dict]) -> None:
+        """The other ready machines' container events, followed through their agents."""
+        if self.worker_events is None:
+            return
+        if self._own_node is None:
+            self._own_node = str(((await self.engine.info()).get("Swarm") or {}).get("NodeID") or "")
+        ready = {str(node.get("ID")) for node in nodes if (node.get("Status") or {}).get("State") == "ready"}
+        self.worker_events.keep(ready - {self._own_node, "None", ""})
+
+    async def stop(self) -> None:
+        if self.worker_events is not None:
+            await self.worker_events.stop()
 
     async def _nodes(self, nodes: list[dict]) -> None:
         problems = machine_problems(nodes)

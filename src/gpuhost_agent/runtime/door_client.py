@@ -14,12 +14,16 @@ only from inside its containers' namespaces.
 from __future__ import annotations
 
 import asyncio
+import json
 import ssl
 import urllib.parse
+from collections.abc import Callable
+
+import aiohttp
 
 from gpuhost_agent.runtime.container_files import ContainerFiles
 from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.engine_streams import EngineStreams, checked_id
+from gpuhost_agent.runtime.engine_streams import EngineStreams, EngineUnreachable, checked_id
 
 TIMEOUT = 10.0
 # How the door says why a tunnel's last hop failed (its messages start so):
@@ -71,6 +75,24 @@ class DoorClient(EngineStreams):
         if not isinstance(reply, dict):
             raise EngineError("the agent's disk figures are not a JSON object")
         return reply
+
+    async def follow_events(self, on_event: Callable[[dict], None]) -> None:
+        """That machine's engine's events for the agent's containers (the door
+        cuts them so), each handed to `on_event`, until the stream ends. No
+        overall timeout: a machine may be quiet for days."""
+        try:
+            async with self._session().get(
+                "/events", timeout=aiohttp.ClientTimeout(total=None, sock_connect=TIMEOUT)
+            ) as response:
+                if response.status >= 400:
+                    raise EngineError(f"the agent refused its events: HTTP {response.status}")
+                while line := await response.content.readline():
+                    if line.strip():
+                        event = json.loads(line)
+                        if isinstance(event, dict):
+                            on_event(event)
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError) as exc:
+            raise EngineUnreachable(f"the events stream broke: {type(exc).__name__}: {exc}") from exc
 
     async def hang_up(self, exec_id: str, container_id: str) -> None:
         try:

@@ -131,6 +131,13 @@ class SwarmStreams(EngineStreams):
         """Each node's rentals' use of its disk from its agent, or {"error": why not}."""
         return await self._ask_each(node_ids, timeout, lambda remote: remote.disk())
 
+    async def follow_events(self, node: str, on_event: Callable[[dict], None]) -> None:
+        """That machine's container events, through its agent, until the stream ends."""
+        remote = await self._remote(node)
+        if remote is None:
+            raise EngineUnreachable("no address for the agent on this machine")
+        await remote.follow_events(on_event)
+
     async def _ask_each(
         self, node_ids: list[str], timeout: float, ask: Callable[[DoorClient], Awaitable[dict]]
     ) -> dict[str, dict]:

@@ -36,6 +36,7 @@ from gpuhost_agent.core.swarm_deployer import SwarmDeployer
 from gpuhost_agent.core.swarm_engine import SwarmEngine
 from gpuhost_agent.core.swarm_watch import SwarmMachines, SwarmWatch
 from gpuhost_agent.core.usage_meter import UsageMeter
+from gpuhost_agent.core.worker_events import WorkerEvents
 from gpuhost_agent.inventory import telemetry
 from gpuhost_agent.inventory.gpu_events import GpuEventWatch
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
@@ -201,8 +202,9 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
             lambda: session.env_id,
             host.environment_changed,
             SwarmStacks(engine).restart_service,
+            worker_events=WorkerEvents(stream_engine.follow_events, container_watch.other_machine_event),
         )
-        if machines is not None
+        if machines is not None and isinstance(stream_engine, SwarmStreams)
         else None
     )
     disk_watch = DiskWatch(

@@ -4,12 +4,14 @@ anything."""
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import ssl
 import urllib.parse
 from dataclasses import dataclass
 
+from gpuhost_agent.protocol import wire
 from gpuhost_agent.streams.tunnel import container_addresses, declared_ports, unverified_tls
 
 Dial = tuple[int, str, int, ssl.SSLContext | None]  # a tunnel's last hop: process, address, port, TLS
@@ -29,6 +31,7 @@ ROUTES = [  # (method, path pattern, what the id names)
 EXEC_IDS = ("exec", "hangup", "signal")  # routes whose id is an exec's
 MACHINE_PATH = "/gpuhost/machine"  # this machine's own report (inventory/machine_report.py)
 DISK_PATH = "/gpuhost/disk"  # the rentals' use of this machine's disk (core/disk_watch.py)
+EVENTS_PATH = "/events"  # the engine's container events, cut to the agent's containers (core/worker_events.py)
 SIGNALS = {int(s) for s in signal.Signals}  # an SSH client names a signal, the leader sends its number
 VERSION_PREFIX = re.compile(r"^/v1\.\d+(?=/)")
 
@@ -40,6 +43,8 @@ def route(method: str, target: str) -> tuple[str, str] | None:
         return "machine", ""
     if (method, path) == ("GET", DISK_PATH):
         return "disk", ""
+    if (method, path) == ("GET", EVENTS_PATH):
+        return "events", ""
     for allowed, pattern, what in ROUTES:
         if method == allowed and (found := pattern.fullmatch(path)):
             return what, found.group(1)
@@ -80,3 +85,11 @@ def dial_target(approved: Approved) -> Dial:
     if not (info.get("State") or {}).get("Running") or pid <= 0:
         raise Refused(503, "the container is not running")
     return pid, address, int(port), unverified_tls() if query.get("tls") == ["1"] else None
+
+
+def events_head() -> bytes:
+    """The engine's event stream as the door asks it, whatever the leader's
+    query said: container events of the agent's containers alone."""
+    filters = json.dumps({"type": ["container"], "label": [f"{wire.LABEL_MANAGED}=true"]})
+    target = f"{EVENTS_PATH}?filters={urllib.parse.quote(filters)}"
+    return f"GET {target} HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n\r\n".encode()

@@ -24,6 +24,8 @@ three things of its own, and nothing else:
 - the rentals' use of this machine's disk (`GET /gpuhost/disk`: the agent's
   containers' writable layers and the stacks' volumes, for the leader's
   disk watch, core/disk_watch.py);
+- the engine's container events (`GET /events`, asked of the engine for the
+  agent's containers alone whatever the query, core/worker_events.py);
 - every other path is 403;
 - only containers the agent manages (label io.gpuhost.managed=true): the
   host's own containers and anything else on the engine are out of reach;
@@ -59,7 +61,15 @@ from gpuhost_agent.runtime.door_client import SERVICE_NO_TLS, SERVICE_REFUSED
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.runtime.netns_dial import dial_in_namespace
-from gpuhost_agent.streams.door_routes import EXEC_IDS, SIGNALS, Approved, Refused, dial_target, route
+from gpuhost_agent.streams.door_routes import (
+    EXEC_IDS,
+    SIGNALS,
+    Approved,
+    Refused,
+    dial_target,
+    events_head,
+    route,
+)
 from gpuhost_agent.streams.tunnel import CONNECT_TIMEOUT
 
 log = get_logger(__name__)
@@ -225,6 +235,8 @@ class NodeProxy:
         what, ident = allowed
         if what in ("machine", "disk"):
             return Approved(what, ident, target, {})
+        if what == "events":  # the engine's answer relayed as it streams, like a log
+            return Approved(what, ident, target, {}, head=events_head())
         info = await self._check(what, ident, method, target, body)
         if what in ("connect", "files", "hangup", "signal"):
             if what == "files" and not (info.get("State") or {}).get("Running"):
