@@ -12,6 +12,7 @@ import asyncio
 
 import pytest
 
+from gpuhost_agent.runtime import swarm_stacks
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.swarm_stacks import SwarmStacks
 
@@ -57,8 +58,9 @@ def fake_cli(tmp_path, answers: list[tuple[int, str]]):
     return script, calls
 
 
-async def test_a_network_still_in_use_is_removed_by_another_stack_rm(tmp_path) -> None:
+async def test_a_network_still_in_use_is_removed_by_another_stack_rm(tmp_path, monkeypatch) -> None:
     """The second run finds the network gone already (it was going when listed)."""
+    monkeypatch.setattr(swarm_stacks, "REMOVE_RETRY_SECONDS", 0.01)
     answers = [(1, IN_USE_ANSWER), (1, GONE_ANSWER), (0, "Nothing found in stack: c36")]
     script, calls = await asyncio.to_thread(fake_cli, tmp_path, answers)
     stacks = SwarmStacks(ManagerView(calls, left=3), docker_cli=str(script))  # type: ignore[arg-type]

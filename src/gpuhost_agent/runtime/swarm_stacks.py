@@ -28,6 +28,7 @@ NOT_READY = "missing network attachments"
 # `docker stack rm` answers that mean the stack is gone or on its way
 GONE_OR_GOING = ("Nothing found in stack", "is in use by task", "not found")
 DEPLOY_SECONDS = 120.0
+REMOVE_RETRY_SECONDS = 0.5  # between the looks (and `docker stack rm`s) while a stack goes
 
 
 class SwarmStacks:
@@ -74,7 +75,7 @@ class SwarmStacks:
                 return
             if loop.time() > deadline:
                 raise EngineError(f"stack {project} was not gone {timeout:.0f} s after docker stack rm")
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(REMOVE_RETRY_SECONDS)
 
     async def restart_service(self, name: str) -> None:
         """`docker service update --force`: a new task for the service, on the
