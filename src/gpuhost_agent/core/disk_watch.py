@@ -40,7 +40,7 @@ log = get_logger(__name__)
 GIB = 1024**3
 GPU_LESS_FRACTION = 0.1
 PROJECT_LABEL = "com.docker.compose.project"
-OTHER_MACHINE_SECONDS = 40.0  # how long the leader waits for another machine's figures (its engine: 35 s)
+OTHER_MACHINE_SECONDS = 45.0  # how long the leader waits for another machine's figures (its door: 40 s)
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,8 @@ class WorkerEvents:
                 self._follows[node] = asyncio.get_running_loop().create_task(self._run(node))
 
     async def _run(self, node: str) -> None:
-        log.info("worker_events_following", node_id=node)
+        if node not in self._silent:  # a machine whose agent stays silent is tried every look, said once
+            log.info("worker_events_following", node_id=node)
         try:
             await self.follow(node, lambda event: self._event(node, event))
             log.info("worker_events_ended", node_id=node, hint="followed again at the watch's next look")

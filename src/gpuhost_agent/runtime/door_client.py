@@ -26,6 +26,7 @@ from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import EngineStreams, EngineUnreachable, checked_id
 
 TIMEOUT = 10.0
+DISK_SECONDS = 40.0  # `GET /system/df` there may take its engine's 35 s on a big host
 # How the door says why a tunnel's last hop failed (its messages start so):
 # the tunnel tells a service still starting from one that is not HTTPS.
 SERVICE_REFUSED = "the service refused the connection"
@@ -71,7 +72,7 @@ class DoorClient(EngineStreams):
 
     async def disk(self) -> dict:
         """The rentals' use of that machine's disk (runtime/swarm_stacks.py's rental_disk_figures)."""
-        reply = await self._call("GET", "/gpuhost/disk")
+        reply = await self._call("GET", "/gpuhost/disk", timeout=DISK_SECONDS)
         if not isinstance(reply, dict):
             raise EngineError("the agent's disk figures are not a JSON object")
         return reply

@@ -102,11 +102,13 @@ class EngineStreams:
             await self._http.close()
             self._http = None
 
-    async def _call(self, method: str, path: str, *, body: Any = None, params: dict | None = None) -> Any:
+    async def _call(
+        self, method: str, path: str, *, body: Any = None, params: dict | None = None, timeout: float | None = None
+    ) -> Any:
         """One short request; the decoded JSON reply (None when it has none)."""
         try:
             async with self._session().request(
-                method, path, json=body, params=params, timeout=aiohttp.ClientTimeout(total=self._timeout)
+                method, path, json=body, params=params, timeout=aiohttp.ClientTimeout(total=timeout or self._timeout)
             ) as response:
                 if response.status >= 400:
                     raise await _error(response)
