@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
+from gpuhost_agent.inventory.swarm_nodes import node_host
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 from gpuhost_agent.runtime.swarm_stacks import NAMESPACE_LABEL
@@ -65,7 +66,7 @@ def machine_disks(facts: Mapping) -> list[MachineDisk]:
     disks = []
     for node in nodes:
         this = bool((node.get("machine") or {}).get("this"))
-        host = facts.get("host") if this else ((node.get("machine") or {}).get("systemData") or {}).get("host")
+        host = node_host(facts, node)
         name = f"{node.get('hostname') or str(node.get('nodeId'))[:12]}'s disk"
         gpus = frozenset(str(uuid) for uuid in node.get("gpus") or [])
         disks.append(MachineDisk(str(node.get("nodeId")), name, _storage_total(host), gpus, this))

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from gpuhost_agent.inventory.swarm_nodes import node_host
+
 GIB = 1024**3
 GPU_LESS_CPUS = 2.0
 GPU_LESS_MEMORY = 4 * GIB
@@ -90,9 +92,8 @@ def machine_shares(facts: dict, gpu_nodes: Mapping[str, str], uuids: list[str]) 
     shares = {}
     for node in (facts.get("environment") or {}).get("nodes") or []:
         held = sum(1 for uuid in uuids if gpu_nodes.get(uuid) == node.get("nodeId"))
-        machine = node.get("machine") or {}
-        host = facts.get("host") if machine.get("this") else (machine.get("systemData") or {}).get("host")
-        if held and isinstance(host, dict) and host.get("cpu"):
+        host = node_host(facts, node)
+        if held and host is not None and host.get("cpu"):
             shares[str(node["nodeId"])] = rental_share(machine_of(host, len(node.get("gpus") or [])), held)
     return shares
 
@@ -144,10 +145,9 @@ def machines_floor_problem(facts: dict, nodes: set[str], floor_bytes: int) -> st
     (inventory/machine_report.py; every systemDataSeconds). A machine that
     did not report is not judged."""
     for node in (facts.get("environment") or {}).get("nodes") or []:
-        machine = node.get("machine") or {}
-        if node.get("nodeId") not in nodes or machine.get("this"):
+        if node.get("nodeId") not in nodes or (node.get("machine") or {}).get("this"):
             continue
-        storage = ((machine.get("systemData") or {}).get("host") or {}).get("storage") or {}
+        storage = (node_host(facts, node) or {}).get("storage") or {}
         full = disk_floor_problem(storage, floor_bytes)
         if full:
             name = node.get("hostname") or str(node.get("nodeId"))[:12]

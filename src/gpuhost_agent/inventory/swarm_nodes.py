@@ -120,6 +120,14 @@ def live_figures(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, dict]:
     return shaped
 
 
+def node_host(facts: Mapping[str, Any], node: Mapping[str, Any]) -> dict | None:
+    """A node's `host` facts: the leader's own for its node, else the one its
+    agent reported (attach_machines), None when it did not report."""
+    machine = node.get("machine") or {}
+    host = facts.get("host") if machine.get("this") else (machine.get("systemData") or {}).get("host")
+    return host if isinstance(host, dict) else None
+
+
 def _leaders(node: Mapping[str, Any]) -> bool:
     """The node the leader runs on (attach_machines marks it)."""
     return bool((node.get("machine") or {}).get("this"))
