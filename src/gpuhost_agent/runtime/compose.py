@@ -1,10 +1,17 @@
 """The one adapter around the Docker Compose v2 CLI.
 
 We run the real Compose rather than parse files ourselves: hosts already have
-it and renters' files are written for it. Each call gets a clean environment so
-that Compose's interpolation cannot read the agent's own variables (its API key
-among them), and a DOCKER_CONFIG of the agent's own so that renters' pulls never
-use registry credentials the host keeps in ~/.docker.
+it and renters' files are written for it. Each call gets a fixed environment,
+the same whatever the stack (`host_environment`): Compose's interpolation
+cannot read the agent's own variables (its API key among them), renters'
+pulls never use registry credentials the host keeps in ~/.docker (a
+DOCKER_CONFIG of the agent's own), and no renter-chosen name or value ever
+becomes the environment of a host process. The template's variables reach
+Compose only as data, for interpolation: a private `--env-file` written for
+the one `config` call that needs them (`write_variables`). Had they been the
+process's environment, `LD_PRELOAD`, `LD_AUDIT`, `GCONV_PATH` and the like
+would have made setpriv, the docker CLI or any dynamically linked program on
+the way load a library the renter planted in a volume, as root.
 """
 
 from __future__ import annotations
@@ -31,6 +38,41 @@ _PASSED_THROUGH = ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH")
 # job is redone and converges instead. setpriv is in util-linux, on every
 # Debian and Ubuntu.
 _DIE_WITH_AGENT = ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
+
+
+VARIABLES_FILE = ".variables.env"  # in the stack's own 0700 folder, 0600, only during `config`
+
+
+_ENV_FILE_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "$": "\\$", "\n": "\\n", "\r": "\\r"})
+
+
+def host_environment(docker_config_dir: Path | None) -> dict[str, str]:
+    """The whole environment of a Compose or docker CLI process the agent
+    starts: the agent's PATH and engine address, and its own docker config
+    folder (also HOME, where Compose resolves `~`). Nothing of a stack."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    if docker_config_dir is not None:
+        env.update(HOME=str(docker_config_dir), DOCKER_CONFIG=str(docker_config_dir))
+    env.update({key: os.environ[key] for key in _PASSED_THROUGH if key in os.environ})
+    return env
+
+
+def env_file_line(name: str, value: str) -> str:
+    """`NAME="value"` that Compose's env-file reader gives back as exactly
+    `value`: inside double quotes it expands `$` and reads backslash escapes,
+    so backslash, quote and `$` are escaped and line breaks written as
+    escapes (a raw one would end the line, and the value could then add a
+    variable of its own). Names are checked before (core/compose_rewrite.py)."""
+    return f'{name}="{value.translate(_ENV_FILE_ESCAPES)}"\n'
+
+
+def write_variables(path: Path, variables: dict[str, str]) -> None:
+    """The template's variables as Compose's env file: owner-only, created
+    anew (never through a link someone left there)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write("".join(env_file_line(name, value) for name, value in sorted(variables.items())))
 
 
 class ComposeError(RuntimeError):
@@ -63,19 +105,7 @@ class ComposeRunner:
         """The Compose command start-up found (core/host_reporter.py): used from now on."""
         self.command = command
 
-    def _env(self, variables: dict[str, str] | None = None) -> dict[str, str]:
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": str(self.docker_config_dir),
-            "DOCKER_CONFIG": str(self.docker_config_dir),
-        }
-        env.update({key: os.environ[key] for key in _PASSED_THROUGH if key in os.environ})
-        env.update(variables or {})
-        return env
-
-    async def _start(
-        self, args: list[str], *, cwd: Path, variables: dict[str, str] | None = None, stdin: int | None = None
-    ) -> asyncio.subprocess.Process:
+    async def _start(self, args: list[str], *, cwd: Path, stdin: int | None = None) -> asyncio.subprocess.Process:
         if not self.command and self.finder is not None:  # e.g. a rental ending before the marketplace answers
             try:
                 self.command = await asyncio.to_thread(self.finder)
@@ -90,7 +120,7 @@ class ComposeRunner:
             "never",
             *args,
             cwd=str(cwd),
-            env=self._env(variables),
+            env=host_environment(self.docker_config_dir),
             stdin=asyncio.subprocess.DEVNULL if stdin is None else stdin,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -127,18 +157,24 @@ class ComposeRunner:
             raise ComposeError(await asyncio.to_thread(clean_error, error, cwd, self.docker_config_dir))
         return stdout.decode(errors="replace")
 
-    async def _run(self, args: list[str], *, cwd: Path, timeout: float, variables: dict[str, str] | None = None) -> str:
-        process = await self._start(args, cwd=cwd, variables=variables)
+    async def _run(self, args: list[str], *, cwd: Path, timeout: float) -> str:
+        process = await self._start(args, cwd=cwd)
         return await self._finish(process, args, cwd=cwd, timeout=timeout)
 
     async def config(self, project: str, workdir: Path, compose_file: str, variables: dict[str, str]) -> dict:
-        """Compose's normalised model of the file, interpolated with the template's variables."""
-        output = await self._run(
-            ["-p", project, "-f", compose_file, "config", "--format", "json"],
-            cwd=workdir,
-            timeout=60,
-            variables=variables,
-        )
+        """Compose's normalised model of the file, interpolated with the
+        template's variables (read from a private file that exists only
+        while this call runs; the model then holds every value it needs)."""
+        env_file = workdir / VARIABLES_FILE
+        await asyncio.to_thread(write_variables, env_file, variables)
+        try:
+            output = await self._run(
+                ["-p", project, "-f", compose_file, "--env-file", VARIABLES_FILE, "config", "--format", "json"],
+                cwd=workdir,
+                timeout=60,
+            )
+        finally:
+            await asyncio.to_thread(env_file.unlink, missing_ok=True)
         try:
             model = json.loads(output)
         except ValueError:

@@ -18,9 +18,10 @@ again, within `settle_seconds`.
 from __future__ import annotations
 
 import asyncio
-import os
+from pathlib import Path
 
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.compose import host_environment
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 
 NAMESPACE_LABEL = "com.docker.stack.namespace"
@@ -32,8 +33,18 @@ REMOVE_RETRY_SECONDS = 0.5  # between the looks (and `docker stack rm`s) while a
 
 
 class SwarmStacks:
-    def __init__(self, engine: DockerEngine, *, docker_cli: str = "docker", settle_seconds: float = 60.0):
+    def __init__(
+        self,
+        engine: DockerEngine,
+        *,
+        docker_cli: str = "docker",
+        settle_seconds: float = 60.0,
+        docker_config_dir: Path | None = None,
+    ):
+        """`docker_config_dir`: the agent's own docker config folder, the
+        same Compose gets (runtime/compose.py, host_environment)."""
         self.engine = engine
+        self.docker_config_dir = docker_config_dir
         self.docker_cli = docker_cli
         self.settle_seconds = settle_seconds
 
@@ -101,7 +112,10 @@ class SwarmStacks:
         return await self.engine.swarm_list("networks", f"{NAMESPACE_LABEL}={project}")
 
     async def _cli(self, *args: str, stdin: str | None = None) -> tuple[int, str]:
-        """The docker CLI against the same engine as the rest of the agent (DOCKER_HOST)."""
+        """The docker CLI against the same engine as the rest of the agent
+        (DOCKER_HOST), with the fixed environment Compose gets: `docker stack
+        deploy` interpolates the file with its environment, so the agent's
+        own variables must not be there to be read."""
         try:
             process = await asyncio.create_subprocess_exec(
                 self.docker_cli,
@@ -109,7 +123,7 @@ class SwarmStacks:
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
-                env={**os.environ},
+                env=host_environment(self.docker_config_dir),
             )
         except OSError as exc:
             raise EngineError(f"the docker CLI ({self.docker_cli}) cannot run: {exc.strerror or exc}") from None

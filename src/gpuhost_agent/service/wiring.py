@@ -2,8 +2,7 @@
 hands each its collaborators. Everything else receives what it needs.
 
 With no marketplace configured, the local marketplace is built here too, and
-the agent talks to it over real HTTP on loopback, exactly as it would to the
-real one.
+the agent talks to it over real HTTP on loopback, as to the real one.
 """
 
 from __future__ import annotations
@@ -109,6 +108,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         else EngineStreams()
     )
     engine = SwarmEngine(elsewhere=stream_engine.inspect) if isinstance(stream_engine, SwarmStreams) else DockerEngine()
+    swarm_stacks = SwarmStacks(engine, docker_config_dir=compose.docker_config_dir)  # used on a leader alone
     machine_reports = stream_engine.machine_reports if isinstance(stream_engine, SwarmStreams) else None  # the workers'
     host = HostReporter(
         client,
@@ -139,7 +139,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         swarm_encrypted=config.swarm_encrypted,
     )
     deployer_kind: Callable[..., StackDeployer] = (
-        partial(SwarmDeployer, swarm=SwarmStacks(engine)) if leader else StackDeployer
+        partial(SwarmDeployer, swarm=swarm_stacks) if leader else StackDeployer
     )
     deployer = deployer_kind(
         compose,
@@ -201,7 +201,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
             machines,
             lambda: session.env_id,
             host.environment_changed,
-            SwarmStacks(engine).restart_service,
+            swarm_stacks.restart_service,
             worker_events=WorkerEvents(stream_engine.follow_events, container_watch.other_machine_event),
         )
         if machines is not None and isinstance(stream_engine, SwarmStreams)
@@ -219,7 +219,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         rental_disk_bytes=config.rental_disk_bytes,
         stop_timeout=config.stop_timeout,
         other_disks=stream_engine.disk_figures if isinstance(stream_engine, SwarmStreams) else None,
-        stop_stack=SwarmStacks(engine).stop if leader else None,
+        stop_stack=swarm_stacks.stop if leader else None,
     )
     gpu_events = GpuEventWatch(nvml, GpuFaults(ledger, db, reporter).fault)
     usage = UsageMeter(
