@@ -271,3 +271,39 @@ async def test_the_engines_events_reach_the_leader_for_the_agents_containers_alo
     finally:
         follow.cancel()
         await asyncio.gather(follow, return_exceptions=True)
+
+
+async def _raw(port: int, data: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(data)
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), 20)
+    writer.close()
+    return answer
+
+
+async def test_a_second_request_never_rides_an_approved_one_to_the_engine(proxy, containers, docker_client) -> None:
+    """dockerd reads a bare LF as a line end: a header value holding one
+    carried a whole `POST /containers/create` (privileged, / mounted) behind
+    an approved exec. The door refuses such a head and writes its own."""
+    _, port = proxy
+    managed, _ = containers
+    name = f"gpuhost-door-smuggled-{os.getpid()}"
+    create = json.dumps({"Image": TEST_IMAGE, "Cmd": ["true"], "HostConfig": {"Privileged": True, "Binds": ["/:/h"]}})
+    smuggled = (
+        f"application/json\nContent-Length: 2\n\n{{}}POST /containers/create?name={name} HTTP/1.1\nHost: d\n"
+        f"Content-Type: application/json\nContent-Length: {len(create)}\n\n{create}"
+    )
+    body = json.dumps({"Cmd": ["true"]})
+    request = (
+        f"POST /containers/{managed}/exec HTTP/1.1\r\nHost: w\r\nAuthorization: Bearer {KEY}\r\n"
+        f"Content-Type: {smuggled}\r\nContent-Length: {len(body)}\r\n\r\n{body}"
+    )
+    try:
+        answer = await _raw(port, request.encode())
+        await asyncio.sleep(1)
+        made = await asyncio.to_thread(docker_client.containers.list, all=True, filters={"name": name})
+        assert made == [] and answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    finally:
+        for container in await asyncio.to_thread(docker_client.containers.list, all=True, filters={"name": name}):
+            await asyncio.to_thread(container.remove, force=True)

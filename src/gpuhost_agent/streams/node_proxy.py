@@ -34,8 +34,9 @@ three things of its own, and nothing else:
   compared in constant time), 401 otherwise.
 
 One request per connection: the request is read whole (head, then a body of
-its Content-Length, at most 64 KiB), checked, and sent to the engine with
-`Connection: close`; the engine's answer is relayed and the connection
+its Content-Length, at most 64 KiB), checked, and rebuilt for the engine
+from the checked values alone, with `Connection: close`
+(streams/door_request.py: no client byte reaches the engine's head); the engine's answer is relayed and the connection
 closed. An exec start asks for the raw stream (`Upgrade: tcp`): only then
 are bytes relayed both ways after the request, as the engine hands over
 the exec's TTY (and likewise for a tunnel or a file session). So a second
@@ -61,6 +62,7 @@ from gpuhost_agent.runtime.door_client import SERVICE_NO_TLS, SERVICE_REFUSED
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.runtime.netns_dial import dial_in_namespace
+from gpuhost_agent.streams.door_request import body_length, engine_target, parse_head
 from gpuhost_agent.streams.door_routes import (
     EXEC_IDS,
     SIGNALS,
@@ -214,23 +216,13 @@ class NodeProxy:
         """The checked request, and for the engine's routes its head and body
         as the engine gets them."""
         raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_SECONDS)
-        lines = raw.decode("latin-1").split("\r\n")
-        method, target, _ = (lines[0].split(" ") + ["", ""])[:3]
-        headers = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            if name:
-                headers[name.strip().lower()] = value.strip()
+        method, target, headers = parse_head(raw)
         if not hmac.compare_digest(headers.get("authorization", "").encode(), self._expected):
             raise Refused(401, "the environment's key is missing or wrong")
         allowed = route(method, target)
         if allowed is None:
             raise Refused(403, f"{method} {target.split('?', 1)[0][:100]} is not served to the leader")
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            raise Refused(411, "a body needs a Content-Length")
-        length = int(headers.get("content-length") or 0)
-        if not 0 <= length <= BODY_LIMIT:
-            raise Refused(413, f"a body of at most {BODY_LIMIT} bytes")
+        length = body_length(headers, BODY_LIMIT)
         body = await asyncio.wait_for(reader.readexactly(length), READ_SECONDS) if length else b""
         what, ident = allowed
         if what in ("machine", "disk"):
@@ -242,9 +234,11 @@ class NodeProxy:
             if what == "files" and not (info.get("State") or {}).get("Running"):
                 raise Refused(503, "the container is not running")
             return Approved(what, ident, target, info, upgrade=what != "hangup" and what != "signal")
-        upgrade = what == "exec" and target.split("?", 1)[0].endswith("/start")
-        head = [f"{method} {target} HTTP/1.1", "Host: docker"]
-        head += [f"Content-Type: {headers.get('content-type') or 'application/json'}", f"Content-Length: {length}"]
+        path = target.split("?", 1)[0]
+        upgrade = what == "exec" and path.endswith("/start")
+        kind = "logs" if path.endswith("/logs") else "resize" if path.endswith("/resize") else ""
+        head = [f"{method} {engine_target(kind, target)} HTTP/1.1", "Host: docker"]
+        head += ["Content-Type: application/json", f"Content-Length: {length}"]
         head += ["Connection: Upgrade", "Upgrade: tcp"] if upgrade else ["Connection: close"]
         return Approved(what, ident, target, info, upgrade, ("\r\n".join(head) + "\r\n\r\n").encode(), body)
 
