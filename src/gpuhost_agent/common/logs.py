@@ -20,6 +20,7 @@ from typing import Any, TextIO
 import structlog
 
 from gpuhost_agent.common import library_logs
+from gpuhost_agent.common.visible import visible
 
 MASK = "***"
 # Values shorter than this are too common to scrub without mangling every line
@@ -137,6 +138,25 @@ def journald_priority(renderer: Callable[..., Any]) -> Callable[..., Any]:
     return render
 
 
+def visible_console(renderer: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap the console renderer so that no field's text acts on the terminal
+    (common/visible.py): events quote renters' and containers' text. JSON
+    lines need nothing: JSON escapes every control character. A traceback
+    keeps its line ends, each of its lines made visible."""
+
+    def shown(key: str, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        if key == "exception":
+            return "\n".join(visible(line) for line in value.split("\n"))
+        return visible(value)
+
+    def render(logger: Any, name: str, event_dict: dict) -> str:
+        return renderer(logger, name, {visible(str(k)): shown(str(k), v) for k, v in event_dict.items()})
+
+    return render
+
+
 # ---- the last warning or error, for `status` -------------------------------------
 class LastError:
     """A structlog processor that remembers the newest warning/error line.
@@ -185,7 +205,7 @@ def configure(
     renderer: Callable[..., Any] = (
         structlog.processors.JSONRenderer(sort_keys=False)
         if json_lines
-        else structlog.dev.ConsoleRenderer(colors=False)
+        else visible_console(structlog.dev.ConsoleRenderer(colors=False))
     )
     if journal:
         renderer = journald_priority(renderer)

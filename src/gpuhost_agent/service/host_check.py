@@ -6,7 +6,8 @@ the body the daemon sends as systemData (`system_data.as_sent`). The network
 speed is null there (it is measured against the marketplace, by the running
 agent) and there is no clock-skew check (no marketplace to compare with);
 doctor uses the default minimums, which the marketplace may raise when the
-agent runs.
+agent runs. What they print for a person is made visible first
+(common/visible.py): a probe's text may quote what containers or images chose.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+from gpuhost_agent.common.visible import visible_tree
 from gpuhost_agent.inventory import render
 from gpuhost_agent.inventory.system_data import as_sent, build_report
 from gpuhost_agent.protocol.requirements import Requirements
@@ -40,7 +42,7 @@ def probe(config: AgentConfig, as_json: bool) -> int:
     if as_json:
         print(json.dumps(as_sent(report), indent=2, sort_keys=True))
     else:
-        print(render.probe_table(report))
+        print(render.probe_table(visible_tree(report)))
     return 0
 
 
@@ -51,5 +53,5 @@ def doctor(config: AgentConfig, as_json: bool) -> int:
     if as_json:
         print(json.dumps(compliance, indent=2))
     else:
-        print(render.doctor_lines(compliance["checks"]))
+        print(render.doctor_lines(visible_tree(compliance["checks"])))
     return 0 if compliance["isCompliant"] else 1

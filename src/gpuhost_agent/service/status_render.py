@@ -1,6 +1,10 @@
 """The text `gpuhost-agent status` prints: the agent at a glance, then one
 block per stack (its name, rental, state and tunnels).
 
+Everything the status holds is made visible first (common/visible.py):
+stack names, errors and log fields are the renter's or a container's text,
+and none of their control characters reaches the operator's terminal.
+
 Standard library only: the status command runs without the agent's
 dependencies being importable by whoever runs it.
 """
@@ -8,6 +12,8 @@ dependencies being importable by whoever runs it.
 from __future__ import annotations
 
 from datetime import datetime, timezone
+
+from gpuhost_agent.common.visible import visible_tree
 
 
 def _ago(iso: str | None, now: datetime | None = None) -> str:
@@ -30,6 +36,7 @@ def _ago(iso: str | None, now: datetime | None = None) -> str:
 
 
 def render(status: dict, now: datetime | None = None) -> str:
+    status = visible_tree(status)
     init = status.get("initState") or {}
     beat = status.get("heartbeat") or {}
     reports = status.get("reports") or {}
