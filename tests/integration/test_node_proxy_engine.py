@@ -307,3 +307,19 @@ async def test_a_second_request_never_rides_an_approved_one_to_the_engine(proxy,
     finally:
         for container in await asyncio.to_thread(docker_client.containers.list, all=True, filters={"name": name}):
             await asyncio.to_thread(container.remove, force=True)
+
+
+async def test_an_exec_is_never_privileged_whatever_case_its_keys_are_in(proxy, containers, docker_client) -> None:
+    """The engine's Go decoder matches `privileged` to Privileged: the door
+    reads the body so too and writes it again from the fields allowed."""
+    _, port = proxy
+    managed, _ = containers
+    for body in ({"Cmd": ["id"], "privileged": True}, {"Cmd": ["id"], "pRiViLeGeD": True}):
+        status, text = await asyncio.to_thread(curl, port, "POST", f"/containers/{managed}/exec", body=body)
+        if status == 201:  # what the engine made of it
+            made = await asyncio.to_thread(docker_client.api.exec_inspect, json.loads(text)["Id"])
+            assert not made["ProcessConfig"]["privileged"], body
+        assert status == 403 and "never privileged" in text, (body, text)
+    status, text = await asyncio.to_thread(curl, port, "POST", f"/containers/{managed}/exec", body={"cmd": ["id"]})
+    made = await asyncio.to_thread(docker_client.api.exec_inspect, json.loads(text)["Id"])
+    assert status == 201 and made["ProcessConfig"]["entrypoint"] == "id" and not made["ProcessConfig"]["privileged"]

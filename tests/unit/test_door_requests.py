@@ -114,3 +114,33 @@ async def test_a_query_reaches_the_engine_as_the_door_writes_it(tmp_path) -> Non
     assert line == f"GET /containers/{ID}/logs?follow=1&stdout=1&tail=10&since=1700000000.5 HTTP/1.1"
     answer, engine_got = await _through(tmp_path, _request("GET", f"/containers/{ID}/logs?tail=1&tail=2", ""))
     assert answer.startswith(b"HTTP/1.1 400") and engine_got == b""
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        (b'{"Cmd": ["id"], "privileged": true}', 403),  # Go's decoder matches a key in any case
+        (b'{"Cmd": ["id"], "PRIVILEGED": 1}', 403),
+        (b'{"Cmd": ["id"], "Privileged": false, "privileged": true}', 400),  # twice, in two cases
+        (b'{"Cmd": ["id"], "Cmd": ["sh"]}', 400),  # twice: Go keeps the last
+        (b'{"Cmd": ["id"], "User": "0"}', 400),  # a field the door does not pass on
+        (b'{"Cmd": ["id"], "HostConfig": {"Privileged": true}}', 400),
+        (b'{"Cmd": ["id"], "Pr\\u0131vileged": true}', 400),  # a key outside ASCII
+        (b'{"Cmd": "id"}', 400),  # of the wrong type
+        (b'["Privileged"]', 400),
+    ],
+)
+async def test_an_exec_body_is_read_as_the_engine_reads_it_and_refused_unless_plain(tmp_path, body, status) -> None:
+    answer, engine_got = await _through(tmp_path, _request("POST", f"/containers/{ID}/exec", "", body))
+    assert answer.startswith(f"HTTP/1.1 {status}".encode()), answer
+    assert engine_got == b""
+
+
+async def test_the_engine_gets_an_exec_body_of_the_allowed_fields_written_again(tmp_path) -> None:
+    body = b'{"cmd": ["id"], "tty": true, "Privileged": false, "env": ["A=1"]}'
+    answer, engine_got = await _through(tmp_path, _request("POST", f"/containers/{ID}/exec", "", body))
+    assert answer.startswith(b"HTTP/1.1 201"), answer
+    assert json.loads(engine_got.partition(b"\r\n\r\n")[2]) == {"Cmd": ["id"], "Tty": True, "Env": ["A=1"]}
+    start = b'{"Detach": false, "Tty": true, "ConsoleSize": [1, 1]}'
+    answer, engine_got = await _through(tmp_path, _request("POST", f"/exec/{ID}/start", "", start))
+    assert answer.startswith(b"HTTP/1.1 400") and engine_got == b""

@@ -6,11 +6,17 @@ a bare LF as a line end, so a value copied from a header could carry a whole
 second request. So the head is refused unless every line ends in CRLF, holds
 no other control character and is a plain `name: value`; and the engine's
 request is written here: method, a path the route matched, a query of the
-route's own parameters re-encoded, fixed headers, and the checked body.
+route's own parameters re-encoded, fixed headers, and a body written again
+from the fields an exec may have. The body is read as the engine's Go JSON
+decoder reads it, whose keys match a field in any case (`privileged` is
+`Privileged`) and whose later duplicate wins: a key in no case of an allowed
+field, a key given twice in any case, or a value of the wrong type is
+refused, so the engine can only see what was checked.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.parse
 
@@ -24,6 +30,16 @@ QUERIES = {  # route -> the query parameters the engine is given (any other is d
     "logs": ("stdout", "stderr", "timestamps", "follow", "tail", "since", "until"),
     "resize": ("h", "w"),
 }
+
+EXEC_FIELDS = {  # an exec's create: field -> its type; Privileged is refused when true, dropped when false
+    "AttachStdin": bool,
+    "AttachStdout": bool,
+    "AttachStderr": bool,
+    "Tty": bool,
+    "Cmd": list,
+    "Env": list,
+}
+START_FIELDS = {"Detach": bool, "Tty": bool}  # an exec's start
 
 
 def parse_head(raw: bytes) -> tuple[str, str, dict[str, str]]:
@@ -76,3 +92,52 @@ def engine_target(kind: str, target: str) -> str:
     if any(not _VALUE.fullmatch(value) for _, value in kept):
         raise Refused(400, "a query value this door does not pass on")
     return path + (f"?{urllib.parse.urlencode(kept)}" if kept else "")
+
+
+def engine_body(kind: str, body: bytes) -> bytes:
+    """The body the engine gets: for an exec's create or start, the allowed
+    fields of the client's body written again; for anything else, none."""
+    fields = EXEC_FIELDS if kind == "create" else START_FIELDS if kind == "start" else None
+    if fields is None:
+        return b""
+    try:
+        asked = json.loads(body or b"{}", object_pairs_hook=_pairs)
+    except ValueError as exc:
+        raise Refused(400, f"the body is not JSON the engine reads alike: {exc}"[:300]) from None
+    if not isinstance(asked, _Pairs):
+        raise Refused(400, "the body is not a JSON object")
+    by_fold = {name.lower(): name for name in fields}
+    kept: dict[str, object] = {}
+    for key, value in asked.items:
+        if kind == "create" and key.lower() == "privileged":
+            if value is not False:
+                raise Refused(403, "an exec is never privileged")
+            continue
+        name = by_fold.get(key.lower()) if key.isascii() else None
+        if name is None:
+            raise Refused(400, f"{key[:40]!r} is not a field this door passes on")
+        if not _typed(value, fields[name]):
+            raise Refused(400, f"{name} of the wrong type")
+        kept[name] = value
+    return json.dumps(kept).encode()
+
+
+class _Pairs:
+    """A JSON object as its key-value pairs; a key twice in any case is refused
+    (Go keeps the last, Python's dict too, but a check may have read the first)."""
+
+    def __init__(self, items: list[tuple[str, object]]):
+        folded = [key.lower() for key, _ in items]
+        if len(set(folded)) != len(folded):
+            raise ValueError("a key given twice")
+        self.items = items
+
+
+def _pairs(items: list[tuple[str, object]]) -> _Pairs:
+    return _Pairs(items)
+
+
+def _typed(value: object, kind: type) -> bool:
+    if kind is bool:
+        return isinstance(value, bool)
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
