@@ -323,3 +323,65 @@ async def test_an_exec_is_never_privileged_whatever_case_its_keys_are_in(proxy, 
     status, text = await asyncio.to_thread(curl, port, "POST", f"/containers/{managed}/exec", body={"cmd": ["id"]})
     made = await asyncio.to_thread(docker_client.api.exec_inspect, json.loads(text)["Id"])
     assert status == 201 and made["ProcessConfig"]["entrypoint"] == "id" and not made["ProcessConfig"]["privileged"]
+
+
+def _host_addresses() -> list[str]:
+    """This machine's own global IPv4 addresses (its Swarm address among them on a real worker)."""
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True)
+    return [line.split()[3].split("/")[0] for line in out.stdout.splitlines()]
+
+
+async def test_no_container_reaches_the_door_on_any_address_of_its_host(docker_client) -> None:
+    """The door as a worker serves it: on one address of the machine (not
+    every one), and never to a peer inside one of the engine's networks.
+    A container on a stack's network tries its gateway, the default
+    bridge's and each address of the host, with the key: nothing answers."""
+    from gpuhost_agent.runtime.engine import DockerEngine
+
+    engine, local = DockerEngine(), EngineStreams()
+    engine_path = parse_docker_host(os.environ.get("DOCKER_HOST")).unix_path
+    assert engine_path
+    bridges = {
+        str(config.get("Gateway"))
+        for network in await engine.swarm_list("networks")
+        for config in (network.get("IPAM") or {}).get("Config") or []
+    }
+    addresses = [address for address in await asyncio.to_thread(_host_addresses) if address not in bridges]
+    assert addresses, "no address of this machine outside Docker's bridges"
+
+    async def networks() -> list[dict]:
+        return await engine.swarm_list("networks")
+
+    served = NodeProxy(KEY, local, engine_path, networks=networks)
+    port = await served.start(addresses[0], 0)
+    network = await asyncio.to_thread(
+        docker_client.networks.create, f"gpuhost-door-{os.getpid()}", labels={"gpuhost-test": "node-proxy"}
+    )
+    try:
+        from_host = await _raw_to(addresses[0], port)
+        assert from_host.startswith(b"HTTP/1.1 404"), from_host  # served: this door reports no machine
+        await asyncio.to_thread(network.reload)
+        gateway = network.attrs["IPAM"]["Config"][0]["Gateway"]
+        request = f"GET /gpuhost/machine HTTP/1.1\\r\\nAuthorization: Bearer {KEY}\\r\\n\\r\\n"
+        tries = " ".join([gateway, "172.17.0.1", *addresses])
+        script = f"for a in {tries}; do echo try-$a; (printf '{request}'; sleep 2) | nc -w 3 $a {port}; done; echo end"
+        out = await asyncio.to_thread(
+            docker_client.containers.run, TEST_IMAGE, ["sh", "-c", script], network=network.name, remove=True
+        )
+        text = out.decode()
+        assert "end" in text and "try-" + addresses[0] in text and "HTTP/1.1" not in text, text
+        assert served.refused >= 1  # the host's address: accepted, and closed with nothing read
+    finally:
+        await asyncio.to_thread(network.remove)
+        await served.stop()
+        await local.close()
+        engine.close()
+
+
+async def _raw_to(host: str, port: int) -> bytes:
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(f"GET /gpuhost/machine HTTP/1.1\r\nAuthorization: Bearer {KEY}\r\n\r\n".encode())
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    return answer

@@ -8,6 +8,7 @@ kept in its own root-only file named by GPUHOST_API_KEY_FILE.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from dataclasses import dataclass, field
@@ -60,7 +61,7 @@ class AgentConfig:
     swarm: str = ""  # GPUHOST_SWARM=leader: this agent deploys to the Swarm its engine manages (docs/swarm.md)
     # ... =worker: it serves the leader what only this machine's engine can (streams/node_proxy.py)
     swarm_key: str | None = None  # GPUHOST_SWARM_KEY: the environment's key, the same on the leader and workers
-    swarm_listen: tuple[str, int] = ("0.0.0.0", SWARM_PORT)  # a worker's address for the leader
+    swarm_listen: tuple[str, int] = ("", SWARM_PORT)  # a worker's address for the leader ("": its Swarm address)
     swarm_workers: dict[str, tuple[str, int]] = field(default_factory=dict)  # the leader's: node id -> worker
     swarm_encrypted: bool = False  # GPUHOST_SWARM_ENCRYPTED=on: the stacks' overlays are encrypted (IPsec)
 
@@ -207,7 +208,7 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         metrics_listen=parse_listen(str(metrics_listen)) if metrics_listen else None,
         swarm="" if swarm == "off" else swarm,
         swarm_key=str(swarm_key) if swarm_key else None,
-        swarm_listen=parse_listen(str(pick("swarm_listen", "GPUHOST_SWARM_LISTEN", f"0.0.0.0:{SWARM_PORT}"))),
+        swarm_listen=_swarm_listen(str(pick("swarm_listen", "GPUHOST_SWARM_LISTEN", "") or "")),
         swarm_workers=_workers(str(pick("swarm_workers", "GPUHOST_SWARM_WORKERS", "") or "")),
         swarm_encrypted=_on_off(
             str(pick("swarm_encrypted", "GPUHOST_SWARM_ENCRYPTED", "off")), "GPUHOST_SWARM_ENCRYPTED"
@@ -237,6 +238,32 @@ def _on_off(text: str, name: str) -> bool:
     if value not in ("on", "off", "true", "false", "yes", "no", "1", "0"):
         raise ConfigError(f"{name} must be on or off, not {value!r}")
     return value in ("on", "true", "yes", "1")
+
+
+def _swarm_listen(text: str) -> tuple[str, int]:
+    """GPUHOST_SWARM_LISTEN: the worker's door on one address of this machine,
+    by default its Swarm address (asked of the engine at start, host ""),
+    never every address: a wildcard would serve the door on the bridges
+    renters' containers sit on."""
+    if not text.strip():
+        return "", SWARM_PORT
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"GPUHOST_SWARM_LISTEN {text!r} must be ADDRESS:PORT (or :PORT for the Swarm address)")
+    host = host.strip("[]")
+    if not host:
+        return "", int(port)
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        raise ConfigError(f"GPUHOST_SWARM_LISTEN {text!r}: the address must be an IP address of this machine") from None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if address.is_unspecified:
+        raise ConfigError(
+            f"GPUHOST_SWARM_LISTEN {text!r}: one address, not every one (the default is the Swarm address)"
+        )
+    return host, int(port)
 
 
 def _workers(text: str) -> dict[str, tuple[str, int]]:

@@ -8,7 +8,8 @@ streams/node_proxy.py, with the environment's key; and this agent reports
 this machine (its GPUs, engine, toolkit, disk and clock) when the leader
 asks, for the environment's systemData and compliance. So a worker runs no session, keeps no state
 database and deploys nothing: it serves that door until it is stopped, and
-tells systemd it is ready once the door listens.
+tells systemd it is ready once the door listens, on this machine's Swarm
+address alone (GPUHOST_SWARM_LISTEN names another, never every address).
 """
 
 from __future__ import annotations
@@ -49,8 +50,15 @@ async def serve_worker(config: AgentConfig, stop: asyncio.Event) -> None:
     async def disk_figures() -> dict:
         return rental_disk_figures(await disk_engine.disk_usage())
 
-    proxy = NodeProxy(config.swarm_key, engine, engine_path, machine=report, disk=disk_figures)
+    async def networks() -> list[dict]:
+        return await disk_engine.swarm_list("networks")
+
+    proxy = NodeProxy(config.swarm_key, engine, engine_path, machine=report, disk=disk_figures, networks=networks)
     host, port = config.swarm_listen
+    if not host:  # this machine's Swarm address: where the leader finds it, never a bridge of containers
+        host = str(((await disk_engine.info()).get("Swarm") or {}).get("NodeAddr") or "")
+        if not host:
+            raise SystemExit("GPUHOST_SWARM=worker: this engine is in no Swarm; set GPUHOST_SWARM_LISTEN=ADDRESS:PORT")
     try:
         port = await proxy.start(host, port)
     except OSError as exc:

@@ -4,6 +4,7 @@ anything."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import signal
@@ -93,3 +94,23 @@ def events_head() -> bytes:
     filters = json.dumps({"type": ["container"], "label": [f"{wire.LABEL_MANAGED}=true"]})
     target = f"{EVENTS_PATH}?filters={urllib.parse.quote(filters)}"
     return f"GET {target} HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n\r\n".encode()
+
+
+def from_container(peer: str, networks: list[dict]) -> bool:
+    """Whether a connection's address is in one of the engine's networks (a
+    container's, on a bridge, an overlay's gateway bridge or any other): such
+    a peer is never served, key or not. Anything not an address counts as one."""
+    try:
+        address = ipaddress.ip_address(peer.split("%", 1)[0])
+    except ValueError:
+        return True
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    for network in networks:
+        for config in ((network.get("IPAM") or {}).get("Config") or []) if isinstance(network, dict) else []:
+            try:
+                if address in ipaddress.ip_network(str((config or {}).get("Subnet")), strict=False):
+                    return True
+            except (ValueError, AttributeError):
+                continue
+    return False

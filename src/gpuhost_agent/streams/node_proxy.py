@@ -51,10 +51,8 @@ import contextlib
 import hmac
 import json
 import ssl
-import urllib.parse
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Protocol
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.protocol import wire
@@ -63,14 +61,15 @@ from gpuhost_agent.runtime.door_client import SERVICE_NO_TLS, SERVICE_REFUSED
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.runtime.netns_dial import dial_in_namespace
+from gpuhost_agent.streams.door_acts import MachineSource, act
 from gpuhost_agent.streams.door_request import body_length, engine_body, engine_target, parse_head
 from gpuhost_agent.streams.door_routes import (
     EXEC_IDS,
-    SIGNALS,
     Approved,
     Refused,
     dial_target,
     events_head,
+    from_container,
     route,
 )
 from gpuhost_agent.streams.tunnel import CONNECT_TIMEOUT
@@ -83,14 +82,6 @@ CHUNK = 64 * 1024
 READ_SECONDS = 10.0
 
 
-class MachineSource(Protocol):
-    """This machine's report (inventory/machine_report.py's MachineReport)."""
-
-    async def current(self) -> dict: ...
-
-    async def live(self) -> dict: ...
-
-
 class NodeProxy:
     def __init__(
         self,
@@ -99,12 +90,14 @@ class NodeProxy:
         engine_path: str,
         machine: MachineSource | None = None,
         disk: Callable[[], Awaitable[dict]] | None = None,
+        networks: Callable[[], Awaitable[list[dict]]] | None = None,
     ):
         if len(key) < 16:
             raise ValueError("the environment's key must have at least 16 characters")
         self._expected = f"Bearer {key}".encode()
         self.engine, self.engine_path = engine, engine_path  # the local engine's socket
         self._machine, self._disk = machine, disk
+        self._networks = networks  # the engine's networks: a peer in one is a container, never served
         self._server: asyncio.Server | None = None
         self.served = self.refused = 0  # for tests and the status
 
@@ -118,10 +111,14 @@ class NodeProxy:
             await self._server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not await self._peer_allowed(writer):
+            self.refused += 1
+            writer.close()
+            return
         try:
             approved = await self._request(reader)
             if approved.what in ("hangup", "signal", "machine", "disk"):
-                answer = await self._act(approved)
+                answer = await act(approved, self.engine, self._machine, self._disk)
                 if approved.what in ("hangup", "signal"):
                     log.info("swarm_door_done", what=approved.what, exec_id=approved.ident[:12], **answer)
                 self.served += 1
@@ -159,6 +156,18 @@ class NodeProxy:
             writer.close()
             await done()
 
+    async def _peer_allowed(self, writer: asyncio.StreamWriter) -> bool:
+        """Not from a container of this machine (closed at once, nothing read)."""
+        if self._networks is None:
+            return True
+        peer = writer.get_extra_info("peername")
+        try:
+            networks = await self._networks()
+        except Exception as exc:  # no engine, no door: refused rather than served unchecked
+            log.warning("swarm_door_networks_unknown", error=f"{type(exc).__name__}: {exc}"[:300])
+            return False
+        return not from_container(str(peer[0]) if peer else "", networks)
+
     async def _open(
         self, approved: Approved
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, Callable[[], Awaitable[None]]]:
@@ -185,33 +194,6 @@ class NodeProxy:
         else:
             upstream_reader, upstream = await asyncio.open_unix_connection(self.engine_path, limit=CHUNK)
         return upstream_reader, upstream, _nothing
-
-    async def _act(self, approved: Approved) -> dict:
-        """What the engine's API has no call for, done here, where the exec's pids are."""
-        if approved.what == "machine":
-            if self._machine is None:
-                raise Refused(404, "this agent does not report its machine")
-            try:
-                live = urllib.parse.parse_qs(approved.target.partition("?")[2]).get("live") == ["1"]
-                return await (self._machine.live() if live else self._machine.current())
-            except Exception as exc:  # a probe that failed is said to the leader, whatever broke in it
-                log.warning("machine_report_failed", error=f"{type(exc).__name__}: {exc}"[:300])
-                raise Refused(503, f"this machine's report failed: {type(exc).__name__}: {exc}"[:300]) from None
-        if approved.what == "disk":
-            if self._disk is None:
-                raise Refused(404, "this agent does not measure its disk")
-            try:
-                return await self._disk()
-            except EngineError as exc:
-                raise Refused(503, f"this machine's engine did not say its disk use: {exc}"[:300]) from None
-        container_id = str(approved.info.get("Id") or "")
-        if approved.what == "hangup":
-            await self.engine.hang_up(approved.ident, container_id)
-            return {}
-        number = (urllib.parse.parse_qs(approved.target.partition("?")[2]).get("number") or [""])[0]
-        if not number.isdigit() or int(number) not in SIGNALS:
-            raise Refused(400, f"not a signal an SSH client may send: {number[:10]!r}")
-        return {"sent": await self.engine.signal(approved.ident, container_id, int(number))}
 
     async def _request(self, reader: asyncio.StreamReader) -> Approved:
         """The checked request, and for the engine's routes its head and body
