@@ -1,9 +1,15 @@
 """Basic auth of http tunnels, without a network: credentials, and which first
-requests the gate lets through, stripped of ours."""
+requests the gate lets through, stripped of ours. Through the real relay, with
+the event loop's lag measured: tests/integration/test_tunnel_auth_engine.py."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import threading
+import time
+
+from support.loop_lag import LoopLag
 
 from gpuhost_agent.local_marketplace import tunnel_auth
 from gpuhost_agent.local_marketplace.tunnel_auth import COOKIE, Gate, Head, parse_head
@@ -11,9 +17,19 @@ from gpuhost_agent.local_marketplace.tunnel_auth import COOKIE, Gate, Head, pars
 SECRET = "marketplace-secret"
 
 
-def _gate() -> Gate:
+def _gate(hasher: tunnel_auth._Hasher = tunnel_auth.HASHER) -> Gate:
     plain = tunnel_auth.password(SECRET, "stack-1")
-    return Gate(tunnel_auth.hash_password(plain), tunnel_auth.link_token(SECRET, "t1"), "tunnel t1")
+    return Gate(tunnel_auth.hash_password(plain), tunnel_auth.link_token(SECRET, "t1"), "tunnel t1", hasher)
+
+
+class CountingHasher(tunnel_auth._Hasher):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    async def verify(self, stored: str, plain: str) -> bool | None:
+        self.calls += 1
+        return await super().verify(stored, plain)
 
 
 def _head(*headers: tuple[str, str], target: str = "/app?x=1") -> Head:
@@ -34,56 +50,118 @@ def test_credentials_are_derived_and_only_a_hash_is_kept() -> None:
     assert not tunnel_auth.verify_password("garbage", "pw")
 
 
-def test_no_or_wrong_credentials_are_challenged() -> None:
+async def test_no_or_wrong_credentials_are_challenged() -> None:
     gate = _gate()
     for head in (
         _head(),
         _head(_basic("renter", "wrong")),
         _head(_basic("admin", tunnel_auth.password(SECRET, "stack-1"))),
     ):
-        decision = gate.decide(head, "10.0.0.1", now=0.0)
+        decision = await gate.decide(head, "10.0.0.1", now=0.0)
         assert decision.forward is None and decision.status == 401
         assert ("WWW-Authenticate", 'Basic realm="tunnel t1"') in decision.headers
 
 
-def test_the_right_password_goes_through_without_our_header_and_with_connection_close() -> None:
+async def test_the_right_password_goes_through_without_our_header_and_with_connection_close() -> None:
     head = _head(_basic("renter", tunnel_auth.password(SECRET, "stack-1")), ("Connection", "keep-alive"))
-    decision = _gate().decide(head, "10.0.0.1", now=0.0)
+    decision = await _gate().decide(head, "10.0.0.1", now=0.0)
     assert decision.forward is not None
     assert decision.forward.get("Authorization") is None and decision.forward.get("Connection") == "close"
     assert decision.forward.target == "/app?x=1"
 
 
-def test_a_websocket_upgrade_keeps_its_connection_header() -> None:
+async def test_a_websocket_upgrade_keeps_its_connection_header() -> None:
     head = _head(
         _basic("renter", tunnel_auth.password(SECRET, "stack-1")), ("Connection", "Upgrade"), ("Upgrade", "websocket")
     )
-    forward = _gate().decide(head, "10.0.0.1", now=0.0).forward
+    forward = (await _gate().decide(head, "10.0.0.1", now=0.0)).forward
     assert forward is not None and forward.get("Connection") == "Upgrade" and forward.get("Upgrade") == "websocket"
 
 
-def test_the_link_sets_a_cookie_and_the_cookie_goes_through_stripped() -> None:
+async def test_the_link_sets_a_cookie_and_the_cookie_goes_through_stripped() -> None:
     gate, link = _gate(), tunnel_auth.link_token(SECRET, "t1")
-    decision = gate.decide(_head(target=f"/lab?{tunnel_auth.TOKEN_PARAM}={link}&tab=2"), "10.0.0.1", now=0.0)
+    decision = await gate.decide(_head(target=f"/lab?{tunnel_auth.TOKEN_PARAM}={link}&tab=2"), "10.0.0.1", now=0.0)
     assert decision.status == 302 and ("Location", "/lab?tab=2") in decision.headers
     assert ("Set-Cookie", f"{COOKIE}={link}; Path=/; HttpOnly; SameSite=Lax") in decision.headers
-    wrong = gate.decide(_head(target=f"/lab?{tunnel_auth.TOKEN_PARAM}=nope"), "10.0.0.1", now=0.0)
+    wrong = await gate.decide(_head(target=f"/lab?{tunnel_auth.TOKEN_PARAM}=nope"), "10.0.0.1", now=0.0)
     assert wrong.status == 401
-    forward = gate.decide(_head(("Cookie", f"theme=dark; {COOKIE}={link}")), "10.0.0.1", now=0.0).forward
+    forward = (await gate.decide(_head(("Cookie", f"theme=dark; {COOKIE}={link}")), "10.0.0.1", now=0.0)).forward
     assert forward is not None and forward.get("Cookie") == "theme=dark"
-    only_ours = gate.decide(_head(("Cookie", f"{COOKIE}={link}")), "10.0.0.1", now=0.0).forward
+    only_ours = (await gate.decide(_head(("Cookie", f"{COOKIE}={link}")), "10.0.0.1", now=0.0)).forward
     assert only_ours is not None and only_ours.get("Cookie") is None
 
 
-def test_failed_logins_are_limited_per_address() -> None:
-    gate = _gate()
+async def test_the_same_wrong_credential_is_limited_per_address_and_not_hashed_again() -> None:
+    hasher = CountingHasher()
+    gate = _gate(hasher)
     for second in range(tunnel_auth.MAX_FAILURES):
-        assert gate.decide(_head(_basic("renter", "x")), "10.0.0.1", now=float(second)).status == 401
-    limited = gate.decide(_head(_basic("renter", tunnel_auth.password(SECRET, "stack-1"))), "10.0.0.1", now=10.0)
+        assert (await gate.decide(_head(_basic("renter", "x")), "10.0.0.1", now=float(second))).status == 401
+    assert hasher.calls == 1  # known wrong after the first check
+    limited = await gate.decide(_head(_basic("renter", "x")), "10.0.0.1", now=10.0)
     assert limited.status == 429 and limited.headers[0][0] == "Retry-After"
-    assert gate.decide(_head(), "10.0.0.2", now=10.0).status == 401  # another address is not locked out
-    later = gate.decide(_head(_basic("renter", tunnel_auth.password(SECRET, "stack-1"))), "10.0.0.1", now=100.0)
-    assert later.forward is not None  # the window passed
+    assert (await gate.decide(_head(_basic("renter", "x")), "10.0.0.2", now=10.0)).status == 401  # another address
+    assert (await gate.decide(_head(_basic("renter", "x")), "10.0.0.1", now=100.0)).status == 401  # the window passed
+    assert hasher.calls == 3  # the other address, and the same one once the window passed
+
+
+async def test_a_correct_login_is_never_locked_out_by_others_at_the_same_address() -> None:
+    """The issue's case: everyone behind one NAT address shares it; a flood of
+    wrong logins from there, with other user names and other passwords, and
+    the renter's own password still goes through."""
+    gate, right = _gate(), tunnel_auth.password(SECRET, "stack-1")
+    for attempt in range(3 * tunnel_auth.MAX_FAILURES):
+        for user, password in (("renter", f"guess-{attempt}"), (f"admin{attempt}", right), ("renter", "same")):
+            decision = await gate.decide(_head(_basic(user, password)), "203.0.113.7", now=float(attempt))
+            assert decision.status in (401, 429)
+    decision = await gate.decide(_head(_basic("renter", right)), "203.0.113.7", now=31.0)
+    assert decision.forward is not None
+    link = tunnel_auth.link_token(SECRET, "t1")
+    assert (await gate.decide(_head(target=f"/?{tunnel_auth.TOKEN_PARAM}={link}"), "203.0.113.7")).status == 302
+
+
+async def test_a_password_that_passed_is_not_hashed_again() -> None:
+    hasher = CountingHasher()
+    gate, right = _gate(hasher), tunnel_auth.password(SECRET, "stack-1")
+    for _ in range(5):
+        assert (await gate.decide(_head(_basic("renter", right)), "10.0.0.1")).forward is not None
+    assert hasher.calls == 1
+    assert (await gate.decide(_head(_basic("renter", right + "x")), "10.0.0.1")).status == 401
+
+
+async def test_checks_past_the_waiting_bound_are_told_to_retry_and_count_as_no_failure() -> None:
+    gate, right = _gate(), tunnel_auth.password(SECRET, "stack-1")
+    tunnel_auth.HASHER.waiting += tunnel_auth.HASH_THREADS + tunnel_auth.HASH_WAITING  # a flood in progress
+    try:
+        busy = await gate.decide(_head(_basic("renter", right)), "10.0.0.1")
+    finally:
+        tunnel_auth.HASHER.waiting -= tunnel_auth.HASH_THREADS + tunnel_auth.HASH_WAITING
+    assert busy.status == 503 and ("Retry-After", "1") in busy.headers
+    assert (await gate.decide(_head(_basic("renter", right)), "10.0.0.1")).forward is not None
+
+
+async def test_the_hash_runs_off_the_event_loop_on_bounded_threads() -> None:
+    stored = tunnel_auth.hash_password("pw")
+    threads: set[str] = set()
+    real = tunnel_auth.verify_password
+
+    def watched(stored: str, plain: str) -> bool:
+        threads.add(threading.current_thread().name)
+        return real(stored, plain)
+
+    started = time.monotonic()
+    real(stored, "x")
+    one = time.monotonic() - started  # one check, on this machine now
+    tunnel_auth.verify_password = watched  # type: ignore[assignment]
+    try:
+        lag = LoopLag()
+        async with lag:
+            results = await asyncio.gather(*(tunnel_auth.HASHER.verify(stored, f"x{i}") for i in range(12)))
+    finally:
+        tunnel_auth.verify_password = real  # type: ignore[assignment]
+    assert results == [False] * 12
+    assert threading.main_thread().name not in threads
+    assert 1 <= len(threads) <= tunnel_auth.HASH_THREADS, threads
+    assert len(lag.gaps) >= 5 and lag.blocked(one / 2) < 0.5, (one, lag.gaps)  # on the loop: near 1, no tick
 
 
 def test_a_head_parses_and_renders_back() -> None:
@@ -93,7 +171,7 @@ def test_a_head_parses_and_renders_back() -> None:
     assert parse_head(b"not http\r\n\r\n") is None and parse_head(b"GET / HTTP/1.1\r\nbad header\r\n\r\n") is None
 
 
-def test_credentials_that_are_not_ascii_are_wrong_credentials_not_a_crash() -> None:
+async def test_credentials_that_are_not_ascii_are_wrong_credentials_not_a_crash() -> None:
     """Issue 17: hmac refuses to compare str with non-ASCII characters."""
     gate = _gate()
     for head in (
@@ -102,4 +180,4 @@ def test_credentials_that_are_not_ascii_are_wrong_credentials_not_a_crash() -> N
         _head(("Cookie", f"{COOKIE}=\xe9\xff")),
         _head(_basic("r\xe9nter", "pw")),
     ):
-        assert gate.decide(head, "client").status == 401, head
+        assert (await gate.decide(head, "client")).status == 401, head

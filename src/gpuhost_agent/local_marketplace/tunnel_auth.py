@@ -8,8 +8,21 @@ show it again without the marketplace keeping it; what the stack record keeps
 is a salted PBKDF2 hash, and a login is checked against that hash, in
 constant time. A token link (`?gpuhost_token=`, also derived) sets a cookie
 for the tunnel and redirects to the same path without it, so a browser and
-its WebSockets work without a password prompt. Failed logins are limited per
-tunnel and client address.
+its WebSockets work without a password prompt.
+
+Checking a password is PBKDF2, tens of milliseconds of CPU: it runs on
+threads of its own (HASH_THREADS, so a flood of logins can neither stall the
+event loop, which serves every tunnel and the agents, nor take the default
+executor's threads), with at most HASH_WAITING checks waiting for one; past
+that the answer is 503 with Retry-After, counted as nobody's failure. A
+password that passed once is known by a keyed digest from then on, so the
+renter's further requests (each on a new connection, see below) are checked
+without a hash. Failures are remembered per (credential, client address): the
+same wrong user and password from the same address is answered without
+hashing again, and with 429 past MAX_FAILURES in FAILURE_WINDOW. A
+credential never tried is always checked, so nobody behind the same address,
+with any other user name or password, can lock the renter out; guessing is
+held back by the hash threads alone, against a password of 144 bits.
 
 Only the first request of a connection is read: ours are stripped from it
 (our Authorization header, our cookie) and, unless it is an upgrade, it is
@@ -21,11 +34,13 @@ relay. Without basic auth nothing is read at all, and a service's own
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
 import secrets
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -34,9 +49,13 @@ from gpuhost_agent.local_marketplace.http_errors import same_secret
 USERNAME = "renter"
 COOKIE = "gpuhost_tunnel"
 TOKEN_PARAM = "gpuhost_token"
-MAX_FAILURES = 10  # per tunnel and client address, within FAILURE_WINDOW
+MAX_FAILURES = 10  # per tunnel, credential and client address, within FAILURE_WINDOW
 FAILURE_WINDOW = 60.0
+MAX_REMEMBERED = 4096  # failures remembered per tunnel; the oldest are forgotten first
 PBKDF2_ROUNDS = 100_000
+HASH_THREADS = 2  # password checks at once, for every tunnel together
+HASH_WAITING = 64  # checks waiting for a thread; past that, 503 and Retry-After
+BUSY_RETRY_SECONDS = 1
 
 
 def _mac(secret: str, purpose: str, subject: str) -> str:
@@ -110,20 +129,43 @@ class Decision:
     text: str = ""
 
 
+class _Hasher:
+    """PBKDF2 checks on threads of their own, a bounded number waiting."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self.waiting = 0  # checks asked for and not answered, on the event loop's thread
+
+    async def verify(self, stored: str, plain: str) -> bool | None:
+        """Whether `plain` matches; None when too many checks wait already."""
+        if self.waiting >= HASH_THREADS + HASH_WAITING:
+            return None
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="tunnel-auth")
+        self.waiting += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, verify_password, stored, plain)
+        finally:
+            self.waiting -= 1
+
+
+HASHER = _Hasher()
+_DIGEST_KEY = secrets.token_bytes(32)  # this process's: a credential's digest means nothing elsewhere
+
+
+def _digest(user: str, given: str) -> bytes:
+    return hmac.new(_DIGEST_KEY, f"{user}\0{given}".encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
+
+
 class Gate:
     """One tunnel's door: which first requests go through."""
 
-    def __init__(self, password_hash: str, link: str, realm: str):
-        self.password_hash, self.link, self.realm = password_hash, link, realm
-        self._failures: dict[str, list[float]] = {}
+    def __init__(self, password_hash: str, link: str, realm: str, hasher: _Hasher = HASHER):
+        self.password_hash, self.link, self.realm, self._hasher = password_hash, link, realm, hasher
+        self._failures: dict[tuple[str, bytes], list[float]] = {}  # (address, credential digest): when
+        self._passed: bytes | None = None  # the digest of the credential that passed PBKDF2
 
-    def decide(self, head: Head, client: str, now: float | None = None) -> Decision:
-        now = time.monotonic() if now is None else now
-        recent = [t for t in self._failures.get(client, []) if now - t < FAILURE_WINDOW]
-        self._failures[client] = recent
-        if len(recent) >= MAX_FAILURES:
-            wait = int(FAILURE_WINDOW - (now - recent[0])) + 1
-            return Decision(status=429, headers=[("Retry-After", str(wait))], text="too many failed logins")
+    async def decide(self, head: Head, client: str, now: float | None = None) -> Decision:
         split = urlsplit(head.target)
         query = parse_qsl(split.query, keep_blank_values=True)
         token = next((value for key, value in query if key == TOKEN_PARAM), None)
@@ -133,12 +175,42 @@ class Gate:
             )
             cookie = f"{COOKIE}={self.link}; Path=/; HttpOnly; SameSite=Lax"
             return Decision(status=302, headers=[("Location", kept), ("Set-Cookie", cookie)], text="signed in")
-        if self._cookie_ok(head) or self._basic_ok(head):
+        if self._cookie_ok(head):
             return Decision(forward=_stripped(head))
-        recent.append(now)
+        credential = _basic(head)
+        if credential is None:
+            return self._challenge()
+        user, given = credential
+        digest = _digest(user, given)
+        if self._passed is not None and hmac.compare_digest(digest, self._passed):
+            return Decision(forward=_stripped(head))
+        now = time.monotonic() if now is None else now
+        key = (client, digest)
+        recent = [t for t in self._failures.pop(key, []) if now - t < FAILURE_WINDOW]
+        if len(recent) >= MAX_FAILURES:
+            self._remember(key, recent)
+            wait = int(FAILURE_WINDOW - (now - recent[0])) + 1
+            return Decision(status=429, headers=[("Retry-After", str(wait))], text="too many failed logins")
+        if not recent and same_secret(user, USERNAME):  # a credential not yet found wrong: hash it
+            ok = await self._hasher.verify(self.password_hash, given)
+            if ok is None:  # nobody's failure: the credential was not checked
+                busy = [("Retry-After", str(BUSY_RETRY_SECONDS))]
+                return Decision(status=503, headers=busy, text="too many logins at once; try again")
+            if ok:
+                self._passed = digest
+                return Decision(forward=_stripped(head))
+        self._remember(key, [*recent, now])
+        return self._challenge()
+
+    def _challenge(self) -> Decision:
         return Decision(
             status=401, headers=[("WWW-Authenticate", f'Basic realm="{self.realm}"')], text="log in to this tunnel"
         )
+
+    def _remember(self, key: tuple[str, bytes], times: list[float]) -> None:
+        self._failures[key] = times  # last in order: the oldest entries are forgotten first
+        while len(self._failures) > MAX_REMEMBERED:
+            self._failures.pop(next(iter(self._failures)))
 
     def _cookie_ok(self, head: Head) -> bool:
         for key, value in head.headers:
@@ -149,16 +221,18 @@ class Gate:
                         return True
         return False
 
-    def _basic_ok(self, head: Head) -> bool:
-        value = head.get("Authorization") or ""
-        scheme, _, encoded = value.partition(" ")
-        if scheme.lower() != "basic":
-            return False
-        try:
-            user, _, given = base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
-        except (ValueError, UnicodeDecodeError):
-            return False
-        return same_secret(user, USERNAME) & verify_password(self.password_hash, given)
+
+def _basic(head: Head) -> tuple[str, str] | None:
+    """The user and password of a Basic Authorization header, or None."""
+    value = head.get("Authorization") or ""
+    scheme, _, encoded = value.partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        user, _, given = base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return user, given
 
 
 def _stripped(head: Head) -> Head:

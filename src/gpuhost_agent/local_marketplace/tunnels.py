@@ -251,7 +251,7 @@ class TunnelBook:
                     await tunnel_relay.write_answer(writer, 400, [], "not an HTTP request")
                     return
                 peer = writer.get_extra_info("peername")
-                decision = tunnel.gate.decide(head, str(peer[0]) if peer else "?")
+                decision = await tunnel.gate.decide(head, str(peer[0]) if peer else "?")
                 if decision.forward is None:
                     await tunnel_relay.write_answer(writer, decision.status, decision.headers, decision.text)
                     return

@@ -1,0 +1,62 @@
+"""Basic auth at the local marketplace's tunnel relay under a burst of wrong
+logins (issue 31, finding 12), with a real HTTP client and a real stack.
+
+The marketplace runs in this test's event loop, so the loop's lag during the
+burst is the relay's: the PBKDF2 checks must run off it. And everyone behind
+one address (here 127.0.0.1) trying other user names and passwords must not
+lock the renter out: the right password still gets the page."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+from support.loop_lag import LoopLag
+from support.stacks import TEST_IMAGE
+
+from gpuhost_agent.local_marketplace import tunnel_auth
+from gpuhost_agent.protocol import wire
+
+WEB = f"""
+services:
+  web:
+    image: {TEST_IMAGE}
+    command: ["sh", "-c", "mkdir -p /www && echo behind a password > /www/index.html && exec httpd -f -p 8080 -h /www"]
+    expose: ["8080"]
+    stop_grace_period: 1s
+"""
+BURST = 24
+
+
+async def _get(http: aiohttp.ClientSession, url: str, user: str, password: str) -> tuple[int, str]:
+    async with http.get(url, auth=aiohttp.BasicAuth(user, password)) as response:
+        return response.status, (await response.text()).strip()
+
+
+async def test_wrong_logins_neither_block_the_loop_nor_lock_the_renter_out(local_market):
+    renter, _parts, _local = local_market
+    rental_id = await renter.rental()
+    stack_id = await renter.stack(rental_id, WEB, name="auth", isBasicAuthEnabled=True)
+    stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
+    assert stack["status"] == wire.APPLIED, stack["errorMsg"]
+    (web,) = await renter.tunnels(rental_id, stack_id, 1)
+    url, password = web["url"], web["auth"]["password"]
+
+    stored = tunnel_auth.hash_password("calibration")
+    started = time.monotonic()
+    await asyncio.to_thread(tunnel_auth.verify_password, stored, "x")
+    one = time.monotonic() - started  # one check, on this machine now
+
+    guesses = [("renter", f"guess-{i}") if i % 2 else (f"admin{i}", password) for i in range(BURST)]
+    connector = aiohttp.TCPConnector(force_close=True, limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as http:
+        async with LoopLag() as lag:
+            answers = await asyncio.gather(*(_get(http, url, user, guess) for user, guess in guesses))
+        assert {status for status, _ in answers} <= {401, 429, 503}, answers
+        assert lag.blocked(one / 2) < 0.5, (one, lag.elapsed, sorted(lag.gaps)[-BURST:])
+
+        for user, guess in guesses:  # again: known wrong now, answered without a hash
+            assert (await _get(http, url, user, guess))[0] in (401, 429)
+        assert await _get(http, url, "renter", password) == (200, "behind a password")
+        assert await _get(http, url, "renter", password) == (200, "behind a password")
