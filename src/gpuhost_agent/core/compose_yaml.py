@@ -2,10 +2,19 @@
 node tree so that what Compose then reads is the renter's file minus what
 the agent took out. Pure.
 
-Strict: duplicate keys and unknown tags are refused, so that this parser and
-Compose's cannot be made to see two different files. A key given by a merge
-(`<<: *defaults`) and then written again is not a duplicate: YAML says the
-written one wins, and Compose agrees.
+One reading: this parser (PyYAML, YAML 1.1) and Compose's (Go, YAML 1.2)
+must never see two different files, or a key the checks do not see can
+still make Compose read a host file (`!!binary ZW52X2ZpbGU=: /etc/...` is the
+bytes b'env_file' here and `env_file` to Compose). So the file is refused
+unless every explicit tag is one of Compose's own (`!reset`, `!override`,
+and never on a key), it has no %TAG or %YAML directive, every key is a plain
+scalar taken as its text (`on:` is the key "on", as for Compose, not True),
+no key is written twice, and no character is one the two YAML versions
+break lines on differently (U+0085, U+2028, U+2029, a BOM past the start).
+A key given by a merge (`<<: *defaults`) and then written again is not a
+duplicate: YAML says the written one wins, and Compose agrees. Compose then
+reads the agent's own serialisation of the checked node tree
+(sandbox_raw.review), never the renter's bytes.
 
 Edits are made on nodes and written back with the serializer, never by
 loading and dumping values: a plain `yes`, `0755` or `1e3` stays the text the
@@ -28,19 +37,28 @@ class _StrictLoader(yaml.SafeLoader):
     pass
 
 
+def _key_text(key_node: yaml.Node) -> str:
+    """A key as Compose reads it: a scalar's text."""
+    if not isinstance(key_node, yaml.ScalarNode) or key_node.tag in COMPOSE_TAGS:
+        raise yaml.constructor.ConstructorError(
+            None, None, "a key must be a plain string (no list, mapping or tag as a key)", key_node.start_mark
+        )
+    return str(key_node.value)
+
+
 def _mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: set = set()
+    seen: set[str] = set()
     for key_node, _ in node.value:  # the keys written here, before any merge
         if key_node.tag == MERGE_TAG:
             continue
-        key = loader.construct_object(key_node, deep=deep)
+        key = _key_text(key_node)
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r}: the file must say each thing once", key_node.start_mark
             )
         seen.add(key)
     loader.flatten_mapping(node)  # merged keys first, so the written ones win
-    return loader.construct_mapping(node, deep=deep)
+    return {_key_text(key): loader.construct_object(value, deep=deep) for key, value in node.value}
 
 
 def _compose_tag(loader: _StrictLoader, _suffix: str, node: yaml.Node) -> Any:
@@ -64,9 +82,39 @@ def _raise_readable(exc: yaml.YAMLError) -> None:
     raise ValueError(f"not acceptable YAML{where}: {problem}") from None
 
 
+# Line breaks in YAML 1.1 and not in 1.2, and a BOM that is not the first character.
+_AMBIGUOUS = {"\x85": "U+0085 (NEL)", "\u2028": "U+2028", "\u2029": "U+2029", "\ufeff": "a byte order mark"}
+
+
+def _check_characters(text: str) -> None:
+    for char, name in _AMBIGUOUS.items():
+        at = text.find(char, 1 if char == "\ufeff" else 0)
+        if at >= 0:
+            line = text.count("\n", 0, at) + 1
+            raise ValueError(f"not acceptable YAML (line {line}): {name} is read differently by YAML 1.1 and 1.2")
+
+
+def _check_tags(text: str) -> None:
+    """No explicit tag but Compose's own, no directive: what the events say
+    before any tag is resolved into a value."""
+    for event in yaml.parse(text, Loader=_StrictLoader):  # noqa: S506
+        line = event.start_mark.line + 1 if event.start_mark is not None else "?"
+        if isinstance(event, yaml.DocumentStartEvent) and (event.tags or event.version):
+            raise ValueError(f"not acceptable YAML (line {line}): no %TAG or %YAML directive")
+        tag = getattr(event, "tag", None)
+        if isinstance(event, yaml.NodeEvent) and tag is not None and tag not in COMPOSE_TAGS:
+            raise ValueError(
+                f"not acceptable YAML (line {line}): the tag {tag!r} is not allowed "
+                f"(only Compose's {' and '.join(COMPOSE_TAGS)}): it can make Compose read another file than this one"
+            )
+
+
 def parse(text: str) -> Any:
-    """The document, or ValueError naming the line (duplicate keys, unknown tags, bad YAML)."""
+    """The document, or ValueError naming the line (tags, directives, keys,
+    duplicate keys, characters, bad YAML: see the module's docstring)."""
     try:
+        _check_characters(text)
+        _check_tags(text)
         return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         _raise_readable(exc)

@@ -10,6 +10,11 @@ intent is safe it is a notice (an `env_file: .env` beside the file, which the
 host does not have; a `build:` next to an `image:`, which is pulled), otherwise
 a problem. Either way Compose still normalises the rest, so the renter hears
 every problem of the file in one message (core/sandbox.py).
+
+Compose reads the agent's own serialisation of the node tree checked here,
+never the renter's bytes: whatever the two YAML parsers might make of odd
+spellings, the one Compose reads is what this parser saw
+(core/compose_yaml.py refuses what could be read two ways).
 """
 
 from __future__ import annotations
@@ -36,15 +41,13 @@ def review(text: str, profiles: str = "") -> RawReview:
     """Raises ValueError when the text is not YAML this parser and Compose agree on.
     `profiles`: the template's COMPOSE_PROFILES (Compose reads it too)."""
     document = compose_yaml.parse(text)
-    result = RawReview(text)
     if not isinstance(document, dict):
-        return result  # Compose will say what is wrong with it
+        raise ValueError("the file must be a mapping (services: and the rest), not a list, text or nothing")
+    result = RawReview(text)
     root = compose_yaml.node_tree(text)
-    changed = False
     if "include" in document:
         result.problems.append("include is not allowed: it reads other files of the host; put everything in one file")
         compose_yaml.remove(root, "include")
-        changed = True
     for section in ("secrets", "configs"):
         section_node = compose_yaml.child(root, section)
         for name, spec in _items(document.get(section)):
@@ -56,14 +59,12 @@ def review(text: str, profiles: str = "") -> RawReview:
                         "use content: instead"
                     )
                     _neutralise(compose_yaml.child(section_node, name), section)
-                    changed = True
     services_node = compose_yaml.child(root, "services")
     for name, service in _items(document.get("services")):
         if isinstance(service, dict):
-            changed |= _service(result, name, service, compose_yaml.child(services_node, name))
+            _service(result, name, service, compose_yaml.child(services_node, name))
     _profiles(result, document.get("services"), {p.strip() for p in profiles.split(",") if p.strip()})
-    if changed:
-        result.text = compose_yaml.write(root)  # type: ignore[arg-type]
+    result.text = compose_yaml.write(root)  # type: ignore[arg-type]
     return result
 
 
@@ -77,9 +78,9 @@ def _neutralise(node: yaml.Node | None, section: str) -> None:
         compose_yaml.put(node, "environment", "GPUHOST_REFUSED_SECRET")
 
 
-def _service(result: RawReview, name: str, service: dict, node: yaml.Node | None) -> bool:
+def _service(result: RawReview, name: str, service: dict, node: yaml.Node | None) -> None:
     where = f'service "{name}"'
-    changed = False
+    extended = False
     extends = service.get("extends")
     if isinstance(extends, dict) and "file" in extends:
         result.problems.append(
@@ -87,21 +88,19 @@ def _service(result: RawReview, name: str, service: dict, node: yaml.Node | None
             "extend a service of this file instead"
         )
         compose_yaml.remove(node, "extends")
-        changed = True
+        extended = True
     elif isinstance(extends, str) and "/" in extends:
         result.problems.append(f"{where}: extends must name a service of this file")
         compose_yaml.remove(node, "extends")
-        changed = True
-    if changed and not service.get("image") and "build" not in service:
+        extended = True
+    if extended and not service.get("image") and "build" not in service:
         compose_yaml.put(node, "image", NO_IMAGE)  # what it extended gave the image: Compose reads on
     if "label_file" in service:
         result.problems.append(f"{where}: label_file is not allowed (it reads a file of the host)")
         compose_yaml.remove(node, "label_file")
-        changed = True
     if "env_file" in service:
         _env_file(result, where, service["env_file"])
         compose_yaml.remove(node, "env_file")
-        changed = True
     if "build" in service:
         image = service.get("image")
         if isinstance(image, str) and image.strip():
@@ -113,8 +112,6 @@ def _service(result: RawReview, name: str, service: dict, node: yaml.Node | None
             )
             compose_yaml.put(node, "image", NO_IMAGE)
         compose_yaml.remove(node, "build")
-        changed = True
-    return changed
 
 
 def _env_file(result: RawReview, where: str, value: object) -> None:
