@@ -15,6 +15,7 @@ from typing import Any
 from gpuhost_agent.core.compose_rewrite import as_mapping
 from gpuhost_agent.core.sandbox_context import SandboxContext, shown_path
 from gpuhost_agent.core.sandbox_gpu_forms import NVIDIA_CAPABILITIES, PASSED_VARIABLES, is_toolkit_variable
+from gpuhost_agent.core.sandbox_networks import attachment_problems, device_list_mounts, network_problems
 
 AGENT_LABEL_PREFIXES = ("io.gpuhost.", "com.docker.compose.")
 DRIVER_CAPABILITY_VALUES = {"all", "compute", "compat32", "graphics", "utility", "video", "display"}
@@ -87,6 +88,8 @@ def _top_level(model: dict, ctx: SandboxContext) -> list[str]:
                 problems.append(f"{where}: driver_opts is not allowed: it can bind host paths or interfaces")
             if _agent_labels(spec.get("labels")):
                 problems.append(f"{where}: labels {', '.join(_agent_labels(spec.get('labels')))} are the agent's own")
+            if section == "networks":
+                problems += network_problems(where, spec)
     for section in ("secrets", "configs"):
         for key, spec in (model.get(section) or {}).items():
             spec = spec or {}
@@ -111,6 +114,8 @@ def _service(service: dict, stack: set[str], ctx: SandboxContext) -> list[str]:
         if str(opt).strip() not in ALLOWED_SECURITY_OPTS:
             problems.append(f"security_opt {opt!r} is not allowed: it weakens the container's confinement")
     problems += _volumes(service, ctx)
+    problems += device_list_mounts(service)
+    problems += attachment_problems(service)
     problems += _environment_and_labels(service)
     problems += _resources(service, ctx)
     problems += _gpu_requests(service, ctx)
