@@ -20,6 +20,13 @@ from gpuhost_agent.streams.tunnel import NOT_LISTENING, TunnelRelay, connect, co
 
 _direct = EngineStreams().dial  # one machine's last hop: a plain connection to the container's address
 
+
+async def _anything(_info: dict, _network) -> object:
+    """The relay's tests dial a server on loopback, which a real tunnel refuses
+    (streams/sandbox_addresses.py, tests/unit/test_sandbox_addresses.py)."""
+    return lambda _address: None
+
+
 TARGET = {"rentalId": "r1", "stackId": "s1", "containerId": "c" * 64}
 
 
@@ -54,15 +61,17 @@ def test_only_declared_tcp_ports_and_the_containers_own_addresses() -> None:
 
 
 async def test_connect_refuses_before_any_stream_opens() -> None:
-    refused = await connect(_info(["8080/tcp"], ["127.0.0.1"]), _request(22), dial=_direct)
+    refused = await connect(_info(["8080/tcp"], ["127.0.0.1"]), _request(22), dial=_direct, judging=_anything)
     assert isinstance(refused, Refusal) and refused.status == 403
-    refused = await connect(_info(["8080/tcp"], ["127.0.0.1"], running=False), _request(8080), dial=_direct)
+    refused = await connect(
+        _info(["8080/tcp"], ["127.0.0.1"], running=False), _request(8080), dial=_direct, judging=_anything
+    )
     assert isinstance(refused, Refusal) and refused.status == 503 and "not running" in refused.error
     server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     server.close()
     await server.wait_closed()
-    refused = await connect(_info([f"{port}/tcp"], ["127.0.0.1"]), _request(port), dial=_direct)
+    refused = await connect(_info([f"{port}/tcp"], ["127.0.0.1"]), _request(port), dial=_direct, judging=_anything)
     assert isinstance(refused, Refusal) and refused.status == 503 and refused.error == NOT_LISTENING
 
 
@@ -81,7 +90,7 @@ async def _echo_server() -> tuple[asyncio.base_events.Server, int]:
 async def test_the_relay_carries_bytes_both_ways_and_half_closes() -> None:
     server, port = await _echo_server()
     try:
-        service = await connect(_info([f"{port}/tcp"], ["127.0.0.1"]), _request(port), dial=_direct)
+        service = await connect(_info([f"{port}/tcp"], ["127.0.0.1"]), _request(port), dial=_direct, judging=_anything)
         assert not isinstance(service, Refusal)
         sink = MemorySink()
         relay = TunnelRelay(sink, *service)
@@ -101,7 +110,7 @@ async def test_the_relay_carries_bytes_both_ways_and_half_closes() -> None:
 async def test_a_stopped_tunnel_says_why() -> None:
     server, port = await _echo_server()
     try:
-        service = await connect(_info([f"{port}/tcp"], ["127.0.0.1"]), _request(port), dial=_direct)
+        service = await connect(_info([f"{port}/tcp"], ["127.0.0.1"]), _request(port), dial=_direct, judging=_anything)
         assert not isinstance(service, Refusal)
         sink = MemorySink()
         relay = TunnelRelay(sink, *service)

@@ -126,6 +126,14 @@ class EngineStreams:
             raise EngineError("Docker Engine answered a container inspect without an object")
         return reply
 
+    async def network(self, network_id: str) -> dict:
+        """`docker network inspect`: Labels and IPAM.Config, which a tunnel's
+        last hop is judged on (streams/sandbox_addresses.py)."""
+        reply = await self._call("GET", f"/networks/{checked_id(network_id)}")
+        if not isinstance(reply, dict):
+            raise EngineError("Docker Engine answered a network inspect without an object")
+        return reply
+
     async def open_logs(
         self, container_id: str, *, follow: bool, tail: int | None, since: str | None, chunk_bytes: int = CHUNK_BYTES
     ) -> LogReader:

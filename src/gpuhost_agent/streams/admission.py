@@ -78,7 +78,7 @@ async def admit(
     else:
         refusal, info = await check_container(engine, session, request)
     service = (
-        await connect(info, request, dial=engine.dial)
+        await connect(info, request, dial=engine.dial, network=engine.network)
         if refusal is None and isinstance(request, TunnelRequest)
         else None
     )

@@ -7,7 +7,10 @@ decided here, from the engine's own record of the container, never from the
 request: only a TCP port the container declares (Config.ExposedPorts, which
 Compose fills from `ports:` and `expose:`), only on the container's own
 addresses on its networks. The host, 127.0.0.1 and other containers are out
-of reach whatever the marketplace asks.
+of reach whatever the marketplace asks, and whatever address the engine
+recorded: an address is dialled only inside the subnets of the networks the
+agent created for the container's stack, and never when it is the host's own,
+link-local or a gateway (streams/sandbox_addresses.py).
 
 A stack whose template is `insecure` has services that speak HTTPS with a
 certificate nobody can verify (self-signed, made at start). For such a stack
@@ -34,6 +37,8 @@ from typing import Any
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.streams import sandbox_addresses
 from gpuhost_agent.streams.requests import Refusal, TunnelRequest
 from gpuhost_agent.streams.sink import Sink, SinkClosed, finish
 
@@ -62,22 +67,71 @@ def container_addresses(info: dict) -> list[str]:
 
 
 Dial = Callable[..., Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+NetworkInspect = Callable[[str], Awaitable[dict]]  # the engine's GET /networks/{id}
+Judging = Callable[[dict, NetworkInspect], Awaitable[sandbox_addresses.Judge]]
+
+
+async def address_judge(info: dict, network: NetworkInspect) -> sandbox_addresses.Judge:
+    """Why a tunnel may not dial each address of the container `info`: its
+    networks as the engine describes them (`network` inspects one by id; one
+    the engine cannot describe counts as none of the stack's), and this
+    machine's own addresses as its kernel lists them."""
+    described = []
+    for network_id in sandbox_addresses.network_ids(info):
+        try:
+            described.append(await network(network_id))
+        except (EngineError, OSError, asyncio.TimeoutError):
+            continue
+    host = await asyncio.to_thread(read_host_networks)
+    return sandbox_addresses.judge(info, described, host)
+
+
+async def _no_network(network_id: str) -> dict:
+    raise EngineError(f"no engine to describe network {network_id[:12]}")
+
+
+def read_host_networks() -> list[sandbox_addresses.IPNetwork]:
+    """This network namespace's own addresses (the agent's: the host's)."""
+    texts = []
+    for path in ("/proc/net/fib_trie", "/proc/net/if_inet6"):
+        try:
+            with open(path, encoding="ascii", errors="replace") as file:
+                texts.append(file.read())
+        except OSError:
+            texts.append("")
+    return sandbox_addresses.host_networks(*texts)
 
 
 async def connect(
-    info: dict, request: TunnelRequest, *, dial: Dial, timeout: float = CONNECT_TIMEOUT
+    info: dict,
+    request: TunnelRequest,
+    *,
+    dial: Dial,
+    network: NetworkInspect | None = None,
+    judging: Judging = address_judge,
+    timeout: float = CONNECT_TIMEOUT,
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | Refusal:
     """Open the service's connection, or say why not (before any stream opens).
     `dial` is the engine's (runtime/engine_streams.py): on one machine a
-    plain connection, in a Swarm one made where the overlay is reachable."""
+    plain connection, in a Swarm one made where the overlay is reachable;
+    `network` its inspect of a network, for the stack's subnets (by default
+    that of the engine `dial` belongs to; without one, nothing is dialled)."""
     if request.port not in declared_ports(info):
         return Refusal(request.stream_id, 403, f"port {request.port} is not a TCP port this container declares")
     addresses = container_addresses(info)
     if not addresses or not (info.get("State") or {}).get("Running"):
         return Refusal(request.stream_id, 503, "the container is not running")
+    network = network or getattr(getattr(dial, "__self__", None), "network", None) or _no_network
+    judge = await judging(info, network)
+    refused = [why for why in map(judge, addresses) if why]
+    if len(refused) == len(addresses):
+        log.warning("tunnel_address_refused", container=str(info.get("Id") or "")[:12], why=refused[0])
+        return Refusal(request.stream_id, 403, refused[0])
     problem = NOT_LISTENING
     tls = unverified_tls() if request.tls else None
     for address in addresses:
+        if judge(address):
+            continue
         try:
             return await dial(info, address, request.port, tls=tls, timeout=timeout)
         except ConnectionRefusedError:
