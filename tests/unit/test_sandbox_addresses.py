@@ -170,6 +170,9 @@ def test_only_the_containers_own_stacks_networks_count() -> None:
     assert stack_networks(mine, [STACK[0], other, swarm]) == [STACK[0]]
     assert stack_networks({"Config": {"Labels": {"com.docker.stack.namespace": "s"}}}, [STACK[0], swarm]) == [swarm]
     assert stack_networks({"Config": {"Labels": {}}}, STACK) == []
+    # a Swarm container whose image carries a Compose project label: its stack's overlay still counts
+    both = {"Config": {"Labels": {"com.docker.compose.project": "x", "com.docker.stack.namespace": "s"}}}
+    assert stack_networks(both, [STACK[0], swarm]) == [swarm]
 
 
 FIB_TRIE = """Main:

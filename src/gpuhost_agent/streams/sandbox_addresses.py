@@ -34,14 +34,17 @@ def network_ids(info: dict) -> list[str]:
 
 
 def stack_networks(info: dict, networks: Iterable[dict]) -> list[dict]:
-    """Those of `networks` (the engine's inspects) that the container's own
-    stack created: they carry the container's project (or stack) label."""
+    """Those of `networks` (the engine's inspects of the networks the
+    container is on) that its own stack created: they carry the container's
+    project (or stack namespace) label. An image's label of either name
+    cannot widen this: only the container's own networks are looked at."""
     labels = (info.get("Config") or {}).get("Labels") or {}
-    for key in STACK_LABELS:
-        own = labels.get(key) if isinstance(labels, dict) else None
-        if own:
-            return [net for net in networks if isinstance(net, dict) and (net.get("Labels") or {}).get(key) == own]
-    return []
+    own = {(key, labels[key]) for key in STACK_LABELS if isinstance(labels, dict) and labels.get(key)}
+    return [
+        net
+        for net in networks
+        if isinstance(net, dict) and own & {(key, (net.get("Labels") or {}).get(key)) for key in STACK_LABELS}
+    ]
 
 
 def _subnets(networks: Iterable[dict]) -> tuple[list[IPNetwork], set[IPAddress]]:
