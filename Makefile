@@ -1,4 +1,4 @@
-.PHONY: setup run check test test-fast bench soak clean-test-docker
+.PHONY: setup run check test test-fast fuzz bench soak clean-test-docker
 
 # Label the agent puts on every container/network/volume it creates.
 MANAGED_LABEL := io.gpuhost.managed=true
@@ -31,6 +31,17 @@ test: setup check
 test-fast:
 	@test -x .venv/bin/python || { echo "test-fast: no .venv yet; run 'make setup' once" >&2; exit 2; }
 	.venv/bin/python -m pytest -q tests/unit $(PYTEST_ARGS)
+
+# The hostile Compose generator (tests/support/hostile_compose.py) for longer than
+# CI's fixed slice: FUZZ_EXAMPLES files judged by the sandbox (the raw pass, real
+# Compose, the policy) and a tenth of that number deployed by the agent on the real
+# engine, every container checked with docker inspect. A new random seed each run;
+# FUZZ_SEED=N repeats one. 1000 files: about 20 minutes on 2 cores.
+FUZZ_EXAMPLES ?= 1000
+FUZZ_SEED ?=
+fuzz: setup
+	GPUHOST_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) GPUHOST_FUZZ_SEED=$(FUZZ_SEED) \
+		.venv/bin/python -m pytest -q -p no:cacheprovider tests/integration/test_sandbox_fuzz_engine.py $(PYTEST_ARGS)
 
 # Every benchmark, printing its table; about an hour and a half on 2 cores, most
 # of it the soak at the end (alone: make soak). ARGS go to pickup_latency.py.
