@@ -14,6 +14,12 @@ The switch is made on a thread of its own that ends right after: a thread
 left in a container's namespace by a failed switch back would never serve
 the agent again. Needs CAP_SYS_ADMIN (the agent runs as root); without it
 the error says so.
+
+The pid is the engine's answer to an inspect made a moment before; it is
+pinned (runtime/container_process.py): a pidfd first, then the namespace
+opened, then the process's cgroups must name the container's id and the
+pidfd must still be alive, so a pid recycled in between (a host process,
+another renter's container) is refused before the switch.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ import os
 import socket
 import ssl
 import threading
+
+from gpuhost_agent.runtime.container_process import ContainerGone, PinnedProcess
 
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -39,13 +47,25 @@ def _setns(fd: int) -> None:
         raise NetnsError(err, f"setns: {os.strerror(err)}")
 
 
-def _socket_in(pid: int) -> socket.socket:
-    """A TCP socket in the network namespace of process `pid`."""
-    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+def _namespace_of(pid: int, container_id: str) -> int:
+    """An fd of the network namespace of `pid`, once the pid is the container's."""
+    with PinnedProcess(pid, container_id) as process:
+        target = process.open("ns/net")
+        try:
+            process.confirm()
+        except BaseException:
+            os.close(target)
+            raise
+        return target
+
+
+def _socket_in(pid: int, container_id: str) -> socket.socket:
+    """A TCP socket in the network namespace of process `pid`, the container's."""
+    target = _namespace_of(pid, container_id)
     try:
-        target = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+        own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     except OSError:
-        os.close(own)
+        os.close(target)
         raise
     try:
         _setns(target)
@@ -58,13 +78,13 @@ def _socket_in(pid: int) -> socket.socket:
         os.close(own)
 
 
-def _on_own_thread(pid: int) -> socket.socket:
+def _on_own_thread(pid: int, container_id: str) -> socket.socket:
     made: list[socket.socket] = []
     failed: list[BaseException] = []
 
     def work() -> None:
         try:
-            made.append(_socket_in(pid))
+            made.append(_socket_in(pid, container_id))
         except BaseException as exc:  # noqa: BLE001 - handed to the caller below
             failed.append(exc)
 
@@ -77,14 +97,23 @@ def _on_own_thread(pid: int) -> socket.socket:
 
 
 async def dial_in_namespace(
-    pid: int, address: str, port: int, timeout: float, tls: ssl.SSLContext | None = None
+    pid: int,
+    address: str,
+    port: int,
+    timeout: float,
+    tls: ssl.SSLContext | None = None,
+    container_id: str = "",
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """Connect to address:port from inside the network namespace of `pid`
-    (with TLS, unverified as the caller's context says, when given one)."""
+    """Connect to address:port from inside the network namespace of `pid`, the
+    init of the container `container_id` as inspected (with TLS, unverified as
+    the caller's context says, when given one). Without an id (older callers)
+    the pid must be some container's, never a host process."""
     if pid <= 0:
         raise NetnsError(0, "the container has no process (not running)")
     try:
-        sock = await asyncio.to_thread(_on_own_thread, pid)
+        sock = await asyncio.to_thread(_on_own_thread, pid, container_id)
+    except ContainerGone as exc:
+        raise NetnsError(exc.errno or 0, exc.strerror or str(exc)) from None
     except PermissionError as exc:
         raise NetnsError(exc.errno or 0, "entering the container's network needs root (CAP_SYS_ADMIN)") from None
     try:
