@@ -3,9 +3,10 @@
 SFTP and SCP must work in an image with no tools at all, and must never reach
 a host file. Docker's archive API (what `docker cp` uses) works without tools
 but can only copy whole trees, so listing `/` would copy the container. The
-helper instead does plain file operations, one at a time, from inside the
-container's mount namespace, cgroups, user and capabilities: whatever a path
-or symlink says, it is resolved in the container's root.
+helper instead does plain file operations, one at a time, on the container's
+root as a directory fd (never entering its mount namespace: nothing of the
+container is ever loaded), within its cgroups, user and capabilities: whatever
+a path or symlink says, the kernel resolves it in the container's root.
 
 One helper per SFTP session, started when the session starts and ended with
 it, on the container's machine: in a Swarm environment the worker's agent
@@ -37,10 +38,13 @@ class FilesUnavailable(OSError):
     """The helper could not start or confine itself; the message says why."""
 
 
-async def start_helper(container_pid: int, user: str) -> asyncio.subprocess.Process:
-    """The helper in the container whose init is `container_pid` (a host pid),
-    as the container's `user` (Docker's Config.User), speaking on its stdin
-    and stdout. A Swarm worker's door relays these to the leader."""
+async def start_helper(container_pid: int, user: str, container_id: str = "") -> asyncio.subprocess.Process:
+    """The helper for the container `container_id` whose init is `container_pid`
+    (a host pid, as inspected), as the container's `user` (Docker's
+    Config.User), speaking on its stdin and stdout. The helper refuses a pid
+    whose cgroups do not name that container (the pid was recycled); without
+    an id (older callers) it refuses only a pid of no container at all.
+    A Swarm worker's door relays its pipes to the leader."""
     if os.geteuid() != 0:
         raise FilesUnavailable(errno.EPERM, "file transfer needs the agent to run as root")
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
@@ -48,6 +52,7 @@ async def start_helper(container_pid: int, user: str) -> asyncio.subprocess.Proc
         *HELPER,
         str(container_pid),
         user,
+        container_id,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL,
@@ -78,9 +83,9 @@ class ContainerFiles:
         self.home = "/"
 
     @classmethod
-    async def start(cls, container_pid: int, user: str) -> ContainerFiles:
+    async def start(cls, container_pid: int, user: str, container_id: str = "") -> ContainerFiles:
         """A helper on this machine (see start_helper)."""
-        process = await start_helper(container_pid, user)
+        process = await start_helper(container_pid, user, container_id)
         assert process.stdout is not None and process.stdin is not None
         return await cls._opened(process.stdout, process.stdin, partial(end_helper, process))
 
@@ -124,14 +129,23 @@ class ContainerFiles:
                 raise OSError(errno.EIO, f"the file helper stopped: {type(exc).__name__}") from None
 
     async def _answer(self) -> tuple[Any, bytes]:
+        """One answer; one that is not as the helper writes them (relayed by
+        another machine's agent in a Swarm) is a ValueError."""
         stdout = self._reader
         json_length, data_length = FRAME.unpack(await stdout.readexactly(FRAME.size))
         if json_length > MAX_JSON or data_length > MAX_DATA:
             raise ValueError("the helper's answer is too large")
-        answer = json.loads(await stdout.readexactly(json_length))
+        try:
+            answer = json.loads((await stdout.readexactly(json_length)).decode("utf-8"))
+        except RecursionError:
+            raise ValueError("the helper's answer is not JSON") from None
+        if not isinstance(answer, dict):
+            raise ValueError("the helper's answer is not an object")
         data = await stdout.readexactly(data_length) if data_length else b""
         if "errno" in answer:
-            raise OSError(int(answer["errno"]), str(answer.get("error", "")))
+            code = answer["errno"]
+            code = code if isinstance(code, int) and not isinstance(code, bool) and 0 < code < 4096 else errno.EIO
+            raise OSError(code, str(answer.get("error", ""))[:300])
         return answer.get("ok"), data
 
     async def close(self) -> None:

@@ -32,20 +32,15 @@ from gpuhost_agent.runtime import exec_hangup
 from gpuhost_agent.runtime.container_files import ContainerFiles
 from gpuhost_agent.runtime.docker_host import Endpoint, parse_docker_host
 from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.engine_errors import ContainerGone, EngineUnreachable
+from gpuhost_agent.runtime.engine_errors import error_message as _message
+from gpuhost_agent.runtime.engine_errors import response_error as _error
 
 __all__ = ["ContainerGone", "EngineStreams", "EngineUnreachable", "LogReader", "parse_docker_host"]
 
 CHUNK_BYTES = 64 * 1024
 # Container ids and names, exec ids: no '/', '?', '%' or spaces can reach a path.
 _ID = re.compile(r"^/?[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-
-
-class ContainerGone(EngineError):
-    """404: the container (or the exec) does not exist, or no longer does."""
-
-
-class EngineUnreachable(EngineError):
-    """No answer: the engine is down, restarting, or the connection broke."""
 
 
 def checked_id(value: str) -> str:
@@ -262,8 +257,8 @@ class EngineStreams:
 
     async def open_files(self, info: dict) -> ContainerFiles:
         """SFTP's file helper in the container `info` inspects (runtime/container_files.py)."""
-        state, config = info.get("State") or {}, info.get("Config") or {}
-        return await ContainerFiles.start(int(state.get("Pid") or 0), str(config.get("User") or ""))
+        state, config, cid = info.get("State") or {}, info.get("Config") or {}, str(info.get("Id") or "")
+        return await ContainerFiles.start(int(state.get("Pid") or 0), str(config.get("User") or ""), cid)
 
     async def exec_resize(self, exec_id: str, *, rows: int, cols: int) -> None:
         await self._call("POST", f"/exec/{checked_id(exec_id)}/resize", params={"h": str(rows), "w": str(cols)})
@@ -286,21 +281,3 @@ class EngineStreams:
                 code = state.get("ExitCode")
                 return code if isinstance(code, int) and not state.get("Running") else None
             await asyncio.sleep(0.05)
-
-
-def _message(raw: bytes) -> str:
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        return raw.decode("utf-8", "replace").strip()[:500]
-    message = body.get("message") if isinstance(body, dict) else None
-    return str(message)[:500] if message is not None else ""
-
-
-async def _error(response: aiohttp.ClientResponse) -> EngineError:
-    try:
-        raw = await response.content.read(16 * 1024)
-    except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
-        raw = b""
-    message = f"Docker Engine: {response.status} {_message(raw) or response.reason}"
-    return ContainerGone(message) if response.status == 404 else EngineError(message)

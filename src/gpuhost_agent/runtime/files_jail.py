@@ -1,22 +1,25 @@
-"""The file helper of SFTP and SCP: a process confined to one container.
+"""The file helper of SFTP and SCP: a process bound to one container's files.
 
-Run as `python -I -m gpuhost_agent.runtime.files_jail PID USER` by
-runtime/container_files.py. Before it reads a single request it joins the
-container's cgroups (so the container's device rules and limits bind it),
-enters the container's mount namespace (its root becomes the container's root
-file system, volumes included), takes the container's user and groups from the
-container's own /etc/passwd and /etc/group, keeps no capability the container
-lacks, and sets no_new_privs. A path then means what it means inside the
-container: `/etc/shadow`, or a symlink to it, is the container's file, and no
-`..` or absolute link leads out, because there is no "out" in this process's
-view. Any step that fails ends the helper before it serves anything.
+Run as `python -I -m gpuhost_agent.runtime.files_jail PID USER CONTAINER_ID`
+by runtime/container_files.py. It never enters the container's mount
+namespace: everything it runs and loads is the host's, and the container's
+files are only data read and written through fds. Before it reads a single
+request it:
 
-Only regular files are opened (FIFOs and device nodes are refused), one
-request is served at a time, and every size is capped, so a renter's client
-cannot make the helper block or grow (runtime/files_ops.py).
+- pins the container's init (runtime/container_process.py): a pidfd, then
+  /proc/PID/root opened as a directory fd, then the cgroups must name the
+  container's id and the pidfd must still be alive (a recycled pid is
+  refused);
+- joins the container's cgroups, so its device rules and limits bind the helper;
+- takes the container's user and groups from the container's own /etc/passwd
+  and /etc/group, read through the root fd (no NSS);
+- keeps no capability the container lacks, and of those only the ones files
+  need (chown, DAC override and read-search, fowner, fsetid); sets no_new_privs.
 
-Everything it needs is imported before it enters the container: from then on
-the host's Python library is out of its reach.
+Every path is then resolved by the kernel under the root fd
+(runtime/files_paths.py): `/etc/shadow`, or a symlink to it, or `../..`, is
+the container's. Any step that fails ends the helper before it serves
+anything; once serving, every request gets an answer (runtime/files_ops.py).
 """
 
 from __future__ import annotations
@@ -26,12 +29,15 @@ import errno
 import os
 import sys
 
-from gpuhost_agent.runtime.files_ops import serve, write_frame
+from gpuhost_agent.runtime.container_process import PinnedProcess
+from gpuhost_agent.runtime.files_ops import Files, serve, write_frame
+from gpuhost_agent.runtime.files_paths import Root, reopen
 
-CLONE_NEWNS = 0x00020000
 PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP = 38, 24
 CAP_VERSION_3 = 0x20080522
-LAST_CAP = 40
+LAST_CAP = 63
+FILE_CAPS = 0b11111  # CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER, CAP_FSETID
+MAX_TABLE = 1024 * 1024
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -46,20 +52,20 @@ def _check(result: int, what: str) -> None:
         raise Refused(f"{what}: {os.strerror(code)}")
 
 
-# ---- confinement ---------------------------------------------------------------
-def _status_caps(pid: int) -> tuple[int, int]:
-    fields = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status").read().splitlines() if ":" in line)
+def _status_caps(status: str) -> tuple[int, int]:
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     return int(fields["CapEff"].strip(), 16), int(fields["CapBnd"].strip(), 16)
 
 
-def _join_cgroups(pid: int) -> None:
+def _join_cgroups(cgroup: str) -> None:
     """Into every cgroup of the container's init: v1 hierarchies by their
-    controllers, the v2 one by its path."""
-    for line in open(f"/proc/{pid}/cgroup").read().splitlines():
+    controllers, the v2 one by its path (as the kernel listed them)."""
+    for line in cgroup.splitlines():
         _, controllers, path = line.split(":", 2)
+        if ".." in path.split("/"):
+            raise Refused(f"an odd cgroup path {path!r}")
         if controllers:
-            name = controllers.replace("name=", "")
-            base = f"/sys/fs/cgroup/{name}"
+            base = f"/sys/fs/cgroup/{controllers.replace('name=', '')}"
         else:
             base = "/sys/fs/cgroup/unified" if os.path.isdir("/sys/fs/cgroup/unified") else "/sys/fs/cgroup"
         target = f"{base}{path}/cgroup.procs"
@@ -71,20 +77,39 @@ def _join_cgroups(pid: int) -> None:
             procs.write(str(os.getpid()))
 
 
-def _user_entry(spec: str) -> tuple[int, int, list[int], str]:
+def _table(root: Root, path: str) -> list[list[str]]:
+    """A passwd-like file of the container's, as data (a regular file only, capped)."""
+    try:
+        fd = root.open(path)
+        try:
+            opened = reopen(fd, os.O_RDONLY)
+        finally:
+            os.close(fd)
+        try:
+            raw = b""
+            while len(raw) < MAX_TABLE and (chunk := os.read(opened, MAX_TABLE - len(raw))):
+                raw += chunk
+        finally:
+            os.close(opened)
+    except OSError:
+        return []
+    rows = [line.split(":") for line in raw.decode("utf-8", "replace").splitlines()]
+    return [row for row in rows if len(row) >= 4 and row[2].isdigit()]
+
+
+def _user_entry(root: Root, spec: str) -> tuple[int, int, list[int], str]:
     """(uid, gid, groups, home) for Docker's User ("", "name", "1000", "u:g"),
     read from the container's own files (no NSS: its libraries are not ours).
     No user means root, as for Docker, with or without an /etc/passwd."""
     user, _, group = spec.partition(":")
     user = user or "0"
-    passwd = _table("/etc/passwd")
-    entry = next((row for row in passwd if user in (row[0], row[2])), None)
+    entry = next((row for row in _table(root, "/etc/passwd") if user in (row[0], row[2])), None)
     if entry is None and not user.isdigit():
         raise Refused(f"user {user!r} is not in the container's /etc/passwd")
     uid = int(entry[2]) if entry else int(user)
     gid = int(entry[3]) if entry and entry[3].isdigit() else uid
     home = entry[5] if entry and len(entry) > 5 else "/"
-    groups_table = _table("/etc/group")
+    groups_table = _table(root, "/etc/group")
     if group:
         found = next((row for row in groups_table if group in (row[0], row[2])), None)
         if found is None and not group.isdigit():
@@ -92,40 +117,52 @@ def _user_entry(spec: str) -> tuple[int, int, list[int], str]:
         gid = int(found[2]) if found else int(group)
     name = entry[0] if entry else ""
     extra = [int(row[2]) for row in groups_table if len(row) > 3 and name and name in row[3].split(",")]
+    if max(uid, gid, *extra) >= 2**32 - 1:
+        raise Refused("a user or group id out of range")
     return uid, gid, sorted({gid, *extra}), home or "/"
 
 
-def _table(path: str) -> list[list[str]]:
-    try:
-        with open(path, errors="replace") as table:
-            rows = [line.rstrip("\n").split(":") for line in table.read(1024 * 1024).splitlines()]
-    except OSError:
-        return []
-    return [row for row in rows if len(row) >= 4 and row[2].isdigit()]
-
-
 def _keep_caps(effective: int, bounding: int) -> None:
-    """Root inside the container: no capability the container does not have."""
+    """Root inside the container: no capability it lacks, and only those files need."""
+    keep = effective & bounding & FILE_CAPS
     for cap in range(LAST_CAP + 1):
-        if not bounding >> cap & 1:
+        if not keep >> cap & 1:
             _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the kernel's last cap
     header = (ctypes.c_uint32 * 2)(CAP_VERSION_3, 0)
-    low, high = effective & 0xFFFFFFFF, effective >> 32
-    data = (ctypes.c_uint32 * 6)(low, low, 0, high, high, 0)  # effective, permitted, inheritable x2
+    data = (ctypes.c_uint32 * 6)(keep, keep, 0, 0, 0, 0)  # effective, permitted, inheritable x2
     _check(_libc.capset(header, data), "capset")
 
 
-def confine(pid: int, user: str) -> str:
-    """Become the container's file-side twin; returns the user's home."""
-    if os.stat(f"/proc/{pid}/ns/user").st_ino != os.stat("/proc/self/ns/user").st_ino:
-        raise Refused("the container runs in a user namespace of its own (userns-remap): not supported")
-    effective, bounding = _status_caps(pid)
-    namespace = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY)
-    _join_cgroups(pid)
-    _check(_libc.setns(namespace, CLONE_NEWNS), "entering the container's mount namespace")
-    os.close(namespace)
-    os.chdir("/")
-    uid, gid, groups, home = _user_entry(user)
+def _home(root: Root, home: str) -> str:
+    """The user's home as a path inside the container, or / where it is not a directory there."""
+    try:
+        fd = root.open(home, os.O_PATH | os.O_DIRECTORY) if home.startswith("/") else -1
+    except OSError:
+        fd = -1
+    if fd < 0:
+        return "/"
+    try:
+        return root.name_of(fd)
+    except OSError:
+        return "/"
+    finally:
+        os.close(fd)
+
+
+def confine(pid: int, user: str, container_id: str) -> Files:
+    """Pin the container, bind this process to it; its files under its root."""
+    with PinnedProcess(pid, container_id) as process:
+        if os.stat(f"/proc/{pid}/ns/user").st_ino != os.stat("/proc/self/ns/user").st_ino:
+            raise Refused("the container runs in a user namespace of its own (userns-remap): not supported")
+        effective, bounding = _status_caps(process.read("status"))
+        root = Root(process.open("root", os.O_PATH | os.O_DIRECTORY))
+        cgroup = process.confirm()
+    try:
+        os.close(root.open("/"))
+    except OSError as exc:
+        raise Refused(f"resolving paths in the container needs openat2 (Linux 5.6 or later): {exc}") from None
+    _join_cgroups(cgroup)
+    uid, gid, groups, home = _user_entry(root, user)
     os.setgroups(groups)
     os.setgid(gid)
     if uid == 0:
@@ -133,24 +170,25 @@ def confine(pid: int, user: str) -> str:
     else:
         os.setuid(uid)  # drops every capability
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    try:
-        os.chdir(home)
-    except OSError:
-        home = "/"
-    return home
+    root.home = _home(root, home)
+    return Files(root)
 
 
 def main(argv: list[str]) -> int:
     source, sink = sys.stdin.buffer, sys.stdout.buffer
     try:
-        home = confine(int(argv[1]), argv[2] if len(argv) > 2 else "")
-    except (Refused, OSError, ValueError, IndexError, KeyError) as exc:
+        files = confine(int(argv[1]), argv[2] if len(argv) > 2 else "", argv[3] if len(argv) > 3 else "")
+    except Exception as exc:  # noqa: BLE001 - said to the agent, never a traceback
         write_frame(sink, {"errno": errno.EPERM, "error": f"cannot enter the container: {exc}"[:500]})
         return 1
-    write_frame(sink, {"ok": home})
-    serve(source, sink)
+    write_frame(sink, {"ok": files.root.home})
+    serve(source, sink, files)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    try:
+        code = main(sys.argv)
+    except BaseException:  # noqa: BLE001 - the agent hung up mid-answer: end without a word
+        code = 1
+    os._exit(code)
