@@ -257,8 +257,8 @@ class EngineStreams:
 
     async def open_files(self, info: dict) -> ContainerFiles:
         """SFTP's file helper in the container `info` inspects (runtime/container_files.py)."""
-        state, config = info.get("State") or {}, info.get("Config") or {}
-        return await ContainerFiles.start(int(state.get("Pid") or 0), str(config.get("User") or ""))
+        state, config, cid = info.get("State") or {}, info.get("Config") or {}, str(info.get("Id") or "")
+        return await ContainerFiles.start(int(state.get("Pid") or 0), str(config.get("User") or ""), cid)
 
     async def exec_resize(self, exec_id: str, *, rows: int, cols: int) -> None:
         await self._call("POST", f"/exec/{checked_id(exec_id)}/resize", params={"h": str(rows), "w": str(cols)})
