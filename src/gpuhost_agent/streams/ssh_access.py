@@ -18,10 +18,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.streams.ssh_channels import ChannelLedger
 from gpuhost_agent.streams.ssh_host_key import HostKey
 
 SERVICE_LABEL = "com.docker.compose.service"
@@ -135,6 +136,7 @@ class SshServices:
     keys: RentalKeys
     host_key: HostKey
     list_stack: Callable[[str], Awaitable[list[dict]]] | None = None
+    channels: ChannelLedger = field(default_factory=ChannelLedger)  # open channels per rental (ssh_channels.py)
 
     async def stack_containers(self, stack_id: str) -> list[dict]:
         if self.list_stack is not None:

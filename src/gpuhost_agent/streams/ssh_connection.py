@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from typing import Any
 
 import asyncssh
+from asyncssh.sftp import MIN_SFTP_VERSION
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.engine import EngineError
@@ -21,6 +23,7 @@ from gpuhost_agent.streams.admission import REMOTE_REFUSAL
 from gpuhost_agent.streams.requests import SshRequest
 from gpuhost_agent.streams.sink import Sink
 from gpuhost_agent.streams.ssh_access import SshServices
+from gpuhost_agent.streams.ssh_channels import Slot
 from gpuhost_agent.streams.ssh_files import ContainerSFTP
 from gpuhost_agent.streams.ssh_server import Login
 from gpuhost_agent.streams.ssh_session import ExecSession
@@ -37,7 +40,7 @@ class SshConnection:
         self._services = services
         self._request = request
         self._sink = sink
-        self._login = Login(services, request, env_id)
+        self._login = Login(services, request, env_id, self._counted_session)
         self._relay: TunnelRelay | None = None
         self._conn: asyncssh.SSHServerConnection | None = None
         self._stopped: str | None = None
@@ -64,6 +67,10 @@ class SshConnection:
                 self._conn.close()
             server.cancel()
             await asyncio.gather(server, return_exceptions=True)
+            self._login.channels.close()  # whatever a channel did not give back, the rental gets back
+
+    def _counted_session(self, slot: Slot) -> asyncssh.SSHServerSession:
+        return _CountedProcess(slot, self._session, self._sftp, MIN_SFTP_VERSION, True)
 
     async def _serve(self, sock: socket.socket) -> None:
         request = self._request
@@ -72,10 +79,7 @@ class SshConnection:
                 sock,
                 server_factory=lambda: self._login,
                 server_host_keys=[self._services.host_key.key],
-                process_factory=self._session,
-                sftp_factory=self._sftp,
-                allow_scp=True,
-                encoding=None,
+                encoding=None,  # sessions come from Login.session_requested, counted
                 agent_forwarding=False,
                 x11_forwarding=False,
                 login_timeout=LOGIN_TIMEOUT,
@@ -129,3 +133,18 @@ class SshConnection:
             raise
         log.info("ssh_session", stream_id=self._request.stream_id, kind="files")
         return ContainerSFTP(chan, files)
+
+
+class _CountedProcess(asyncssh.SSHServerProcess):
+    """A session channel (a command, a shell, SFTP or SCP) that gives its slot
+    back when it closes."""
+
+    def __init__(self, slot: Slot, *args: Any):
+        super().__init__(*args)
+        self._slot = slot
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        try:
+            super().connection_lost(exc)
+        finally:
+            self._slot.release()

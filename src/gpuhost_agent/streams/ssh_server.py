@@ -18,7 +18,7 @@ remote forwarding, no Unix socket forwarding.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import asyncssh
@@ -28,6 +28,7 @@ from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.streams.requests import Refusal, SshRequest, TunnelRequest, check_access
 from gpuhost_agent.streams.ssh_access import SERVICE_LABEL, SshServices, parse_login, pick_container
+from gpuhost_agent.streams.ssh_channels import FORWARD, SESSION, ChannelRefused, Slot
 from gpuhost_agent.streams.tunnel import connect
 from gpuhost_agent.uplink.replies import MarketplaceRejected, MarketplaceUnavailable
 
@@ -37,9 +38,28 @@ log = get_logger(__name__)
 class Login(asyncssh.SSHServer):
     """asyncssh's per-connection callbacks: who logs in, where -L may go."""
 
-    def __init__(self, services: SshServices, request: SshRequest, env_id: str | None):
+    def __init__(
+        self,
+        services: SshServices,
+        request: SshRequest,
+        env_id: str | None,
+        sessions: Callable[[Slot], asyncssh.SSHServerSession],
+    ):
         self._services, self._request, self._env_id = services, request, env_id
+        self._sessions = sessions  # a session channel's handler, given its slot
         self.container: dict | None = None  # the `docker ps` entry the login picked
+        self.channels = services.channels.connection(request.rental_id)
+
+    def _take(self, kind: str) -> Slot:
+        try:
+            return self.channels.take(kind)
+        except ChannelRefused as refused:
+            log.info("ssh_channel_refused", stream_id=self._request.stream_id, kind=kind, reason=str(refused))
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, str(refused)) from None
+
+    def session_requested(self) -> asyncssh.SSHServerSession:
+        """A session channel (a shell, a command, SFTP or SCP), within the caps."""
+        return self._sessions(self._take(SESSION))
 
     def begin_auth(self, username: str) -> bool:
         return True
@@ -74,9 +94,17 @@ class Login(asyncssh.SSHServer):
     def connection_requested(  # asyncssh takes a coroutine here, and awaits it
         self, dest_host: str, dest_port: int, orig_host: str, orig_port: int
     ) -> Coroutine[Any, Any, SSHTCPStreamSession]:
-        return self._forward(dest_host, dest_port)
+        slot = self._take(FORWARD)  # counted from its opening: a refused or failed one gives it back
+        return self._forward(dest_host, dest_port, slot)
 
-    async def _forward(self, dest_host: str, dest_port: int) -> SSHTCPStreamSession:
+    async def _forward(self, dest_host: str, dest_port: int, slot: Slot) -> SSHTCPStreamSession:
+        try:
+            return _CountedForward(slot, *await self._connect(dest_host, dest_port))
+        except BaseException:
+            slot.release()
+            raise
+
+    async def _connect(self, dest_host: str, dest_port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """`ssh -L`: a container of this stack, by service name, container name
         or address, on a port it declares; anything else is refused."""
         request = self._request
@@ -98,7 +126,7 @@ class Login(asyncssh.SSHServer):
         if isinstance(service, Refusal):
             log.info("ssh_forward_refused", stream_id=request.stream_id, target=dest_host[:80], port=dest_port)
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, service.error)
-        return _forward_session(*service)
+        return service
 
 
 def _named(containers: list[dict], name: str) -> dict | None:
@@ -114,20 +142,29 @@ def _named(containers: list[dict], name: str) -> dict | None:
     return None
 
 
-def _forward_session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> SSHTCPStreamSession:
+class _CountedForward(SSHTCPStreamSession):
     """One `-L` connection: the SSH channel and the service's socket, copied
-    both ways with drain (flow control on each side) and half-close."""
+    both ways with drain (flow control on each side) and half-close; its
+    slot is given back when the channel closes."""
 
-    async def pipe(channel_reader: asyncssh.SSHReader, channel_writer: asyncssh.SSHWriter) -> None:
+    def __init__(self, slot: Slot, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        async def pipe(channel_reader: asyncssh.SSHReader, channel_writer: asyncssh.SSHWriter) -> None:
+            try:
+                await asyncio.gather(_copy(channel_reader, writer), _copy(reader, channel_writer))
+            except (ConnectionError, OSError, asyncssh.Error):
+                pass
+            finally:
+                writer.close()
+                channel_writer.close()
+
+        super().__init__(pipe)
+        self._slot = slot
+
+    def connection_lost(self, exc: Exception | None) -> None:
         try:
-            await asyncio.gather(_copy(channel_reader, writer), _copy(reader, channel_writer))
-        except (ConnectionError, OSError, asyncssh.Error):
-            pass
+            super().connection_lost(exc)
         finally:
-            writer.close()
-            channel_writer.close()
-
-    return SSHTCPStreamSession(pipe)
+            self._slot.release()
 
 
 async def _copy(
