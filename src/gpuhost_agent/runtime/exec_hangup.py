@@ -13,16 +13,25 @@ the container's own pid namespace, and that namespace is not the agent's: an
 agent that does not see the host's pids (itself in a container) could
 otherwise hit one of its own processes of the same number. Otherwise, or
 without the rights, it does nothing; the engine's own cleanup then applies.
+
+Pids are the engine's answers of a moment before, and a pid may be handed to
+another process in between. So the container's pid is pinned
+(runtime/container_process.py: its cgroups must name the container's id),
+its pid namespace read through it, and every process to signal is held by a
+pidfd taken before its namespace is checked; signals go through the pidfds,
+which cannot reach a process that took over a pid.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import select
 import signal
 from typing import TYPE_CHECKING
 
 from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.runtime.container_process import PinnedProcess
 from gpuhost_agent.runtime.engine import EngineError
 
 if TYPE_CHECKING:  # EngineStreams calls in here: its hang_up and signal
@@ -55,13 +64,10 @@ def _session_members(session: int) -> list[int]:
     return members
 
 
-def _running(pid: int) -> bool:
-    """Still there, and not a zombie (its parent may be a PID 1 that reaps nothing)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
+def _alive(pidfd: int) -> bool:
+    """Not exited: a pidfd is readable once its process has (a zombie too: its
+    parent may be a PID 1 that reaps nothing)."""
+    return not select.select([pidfd], [], [], 0)[0]
 
 
 def _real_pids(exec_pid: object, container_pid: object) -> tuple[int, int] | None:
@@ -71,58 +77,94 @@ def _real_pids(exec_pid: object, container_pid: object) -> tuple[int, int] | Non
     return None
 
 
-def _container_namespace(exec_pid: int, container_pid: int) -> int | None:
-    """The exec's pid namespace when it is the container's and not the agent's
-    (only then is the exec's pid safe to signal), else None."""
-    namespace = _pid_namespace(exec_pid)
-    if namespace is None or namespace != _pid_namespace(container_pid) or namespace == _pid_namespace("self"):
+def _container_namespace(container_pid: int, container_id: str) -> int | None:
+    """The container's pid namespace (its pid confirmed the container's), when
+    it is not the agent's; else None."""
+    try:
+        with PinnedProcess(container_pid, container_id) as container:
+            fd = container.open("ns/pid")
+            try:
+                namespace = os.fstat(fd).st_ino
+            finally:
+                os.close(fd)
+            container.confirm()
+    except OSError:
         return None
-    return namespace
+    return None if namespace == _pid_namespace("self") else namespace
 
 
-def _session(exec_pid: int, container_pid: int) -> list[int]:
-    """The processes of the exec's session, when it is safe to signal them."""
-    namespace = _container_namespace(exec_pid, container_pid)
-    if namespace is None:
+def _pinned(pid: int, namespace: int) -> int | None:
+    """A pidfd of `pid`, when that process is alive in the pid namespace `namespace`."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return None
+    if _pid_namespace(pid) == namespace and _alive(pidfd):
+        return pidfd
+    os.close(pidfd)
+    return None
+
+
+def _session(exec_pid: int, container_pid: int, container_id: str) -> list[int]:
+    """pidfds of the processes of the exec's session, when it is safe to signal them."""
+    namespace = _container_namespace(container_pid, container_id)
+    leader = _pinned(exec_pid, namespace) if namespace is not None else None
+    if namespace is None or leader is None:
         return []
-    return [pid for pid in _session_members(exec_pid) if _pid_namespace(pid) == namespace]
+    os.close(leader)
+    found = (_pinned(pid, namespace) for pid in _session_members(exec_pid))
+    return [pidfd for pidfd in found if pidfd is not None]
 
 
-def _signal(pids: list[int], signum: int) -> list[int]:
-    """Those of `pids` that were there to get the signal."""
+def _signal(pidfds: list[int], signum: int) -> list[int]:
+    """Those of `pidfds` whose process was there to get the signal (the others are closed)."""
     alive = []
-    for pid in pids:
+    for pidfd in pidfds:
         try:
-            os.kill(pid, signum)
-            alive.append(pid)
+            signal.pidfd_send_signal(pidfd, signum)
+            alive.append(pidfd)
         except OSError:
-            pass
+            os.close(pidfd)
     return alive
 
 
-def signal_exec(exec_pid: object, container_pid: object, signum: int) -> bool:
+def signal_exec(exec_pid: object, container_pid: object, signum: int, container_id: str = "") -> bool:
     """Send `signum` to an exec's own process (an SSH client's signal request),
     under the same namespace rule as hang_up. Whether it was sent."""
     pids = _real_pids(exec_pid, container_pid)
-    if pids is None or _container_namespace(*pids) is None:
+    namespace = _container_namespace(pids[1], container_id) if pids else None
+    pidfd = _pinned(pids[0], namespace) if pids and namespace is not None else None
+    if pidfd is None:
         return False
-    return bool(_signal([pids[0]], signum))
+    sent = _signal([pidfd], signum)
+    for each in sent:
+        os.close(each)
+    return bool(sent)
 
 
-async def hang_up(exec_pid: object, container_pid: object, *, kill_after: float = KILL_AFTER) -> None:
+async def hang_up(
+    exec_pid: object, container_pid: object, *, container_id: str = "", kill_after: float = KILL_AFTER
+) -> None:
     """SIGHUP the exec's session, SIGKILL what is left of it after `kill_after`."""
     pids = _real_pids(exec_pid, container_pid)
     if pids is None:
         return
-    members = await asyncio.to_thread(_session, *pids)
+    members = await asyncio.to_thread(_session, *pids, container_id)
     alive = _signal(members, signal.SIGHUP)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + kill_after
-    while alive and loop.time() < deadline:
-        await asyncio.sleep(0.1)
-        alive = [pid for pid in alive if _running(pid)]
-    if alive:  # a pid reused within kill_after is not a real risk: pids wrap far slower
-        log.debug("terminal_session_killed", processes=len(_signal(alive, signal.SIGKILL)))
+    try:
+        while alive and loop.time() < deadline:
+            await asyncio.sleep(0.1)
+            for gone in [pidfd for pidfd in alive if not _alive(pidfd)]:
+                alive.remove(gone)
+                os.close(gone)
+        if alive:
+            alive = _signal(alive, signal.SIGKILL)
+            log.debug("terminal_session_killed", processes=len(alive))
+    finally:
+        for pidfd in alive:
+            os.close(pidfd)
 
 
 async def hang_up_exec(engine: EngineStreams, exec_id: str, container_id: str) -> None:
@@ -131,7 +173,8 @@ async def hang_up_exec(engine: EngineStreams, exec_id: str, container_id: str) -
         state = await engine.exec_inspect(exec_id)
         if state.get("Running"):
             container = await engine.inspect(container_id)
-            await hang_up(state.get("Pid"), (container.get("State") or {}).get("Pid"))
+            pid, cid = (container.get("State") or {}).get("Pid"), str(container.get("Id") or "")
+            await hang_up(state.get("Pid"), pid, container_id=cid)
     except EngineError:
         pass  # the container is gone, or the engine: nothing left to hang up
 
@@ -143,4 +186,5 @@ async def signal_exec_of(engine: EngineStreams, exec_id: str, container_id: str,
         container = await engine.inspect(container_id)
     except EngineError:
         return False
-    return await asyncio.to_thread(signal_exec, state.get("Pid"), (container.get("State") or {}).get("Pid"), signum)
+    pid, cid = (container.get("State") or {}).get("Pid"), str(container.get("Id") or "")
+    return await asyncio.to_thread(signal_exec, state.get("Pid"), pid, signum, cid)
