@@ -5,6 +5,7 @@ root. Confinement to a real container is tested end to end
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import io
 import json
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuhost_agent.runtime.container_files import ContainerFiles
 from gpuhost_agent.runtime.files_ops import FRAME, MAX_DATA, MAX_JSON, Files, serve, write_frame
 from gpuhost_agent.runtime.files_paths import Root
 
@@ -150,3 +152,23 @@ def test_write_frame_is_what_the_agent_reads() -> None:
     sink = io.BytesIO()
     write_frame(sink, {"ok": 3}, b"abc")
     assert sink.getvalue() == FRAME.pack(9, 3) + b'{"ok": 3}abc'
+
+
+def _big_listing(root: Path) -> bytes:
+    for index in range(3000):
+        (root / f"file-{index:05d}-{'x' * 40}").touch()
+    request = json.dumps({"op": "listdir", "args": ["/"]}).encode()
+    answers = io.BytesIO()
+    serve(io.BytesIO(FRAME.pack(len(request), 0) + request), answers, _files(root))
+    return answers.getvalue()
+
+
+async def test_a_big_directory_is_listed_in_one_answer_the_agent_reads(tmp_path: Path) -> None:
+    """3000 names (about 300 KB of JSON): before, the agent refused any answer over
+    64 KiB, so a directory of more than ~600 entries ended the SFTP session."""
+    reader = asyncio.StreamReader()
+    reader.feed_data(await asyncio.to_thread(_big_listing, tmp_path))
+    reader.feed_eof()
+    files = ContainerFiles(reader, None, None)  # type: ignore[arg-type]
+    entries, _ = await files._answer()
+    assert len(entries) == 3000

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
-from gpuhost_agent.runtime.files_ops import FRAME, MAX_DATA, MAX_JSON
+from gpuhost_agent.runtime.files_ops import FRAME, MAX_ANSWER, MAX_DATA, MAX_JSON
 
 CALL_TIMEOUT = 30.0
 START_TIMEOUT = 10.0
@@ -133,7 +133,7 @@ class ContainerFiles:
         another machine's agent in a Swarm) is a ValueError."""
         stdout = self._reader
         json_length, data_length = FRAME.unpack(await stdout.readexactly(FRAME.size))
-        if json_length > MAX_JSON or data_length > MAX_DATA:
+        if json_length > MAX_ANSWER or data_length > MAX_DATA:
             raise ValueError("the helper's answer is too large")
         try:
             answer = json.loads((await stdout.readexactly(json_length)).decode("utf-8"))

@@ -26,7 +26,8 @@ from typing import Any, BinaryIO
 from gpuhost_agent.runtime.files_paths import KERNEL_FS, Root, checked_path, fs_type, renameat2, reopen
 
 FRAME = struct.Struct(">II")
-MAX_JSON = 64 * 1024
+MAX_JSON = 64 * 1024  # a request
+MAX_ANSWER = 4 * 1024 * 1024  # an answer's JSON (a listing)
 MAX_DATA = 256 * 1024  # SFTP clients read and write 32-256 KiB at a time
 MAX_HANDLES = 64
 MAX_LISTING = 20_000
@@ -132,10 +133,12 @@ class Files:
 
     def listdir(self, path: str) -> list[list[Any]]:
         entries: list[list[Any]] = []
+        size = 0
         with self._at(path, os.O_RDONLY | os.O_DIRECTORY) as fd, os.scandir(fd) as scan:
             for entry in scan:
                 entries.append([os.fsdecode(entry.name), _stat(entry.stat(follow_symlinks=False))])
-                if len(entries) >= MAX_LISTING:
+                size += len(json.dumps(entries[-1])) + 2
+                if len(entries) >= MAX_LISTING or size > MAX_ANSWER - MAX_JSON:
                     break
         return entries
 
