@@ -8,6 +8,9 @@ import functools
 import re
 from pathlib import Path
 
+from gpuhost_agent.core.sandbox_harden import GPU_LABEL, NO_EXTRA_DEVICES
+from gpuhost_agent.protocol import wire
+
 CORPUS = Path(__file__).resolve().parents[1] / "sandbox_corpus"
 HOSTILE = sorted((CORPUS / "hostile").glob("*.yaml"))
 LEGIT = sorted((CORPUS / "legit").glob("*.yaml"))
@@ -23,6 +26,9 @@ def header(path: Path) -> dict:
         fields[match.group(1)] = match.group(2).strip()
     return fields
 
+
+# Every label of the agent's namespace that it reads, set on every container whatever the image carries.
+AGENT_LABELS = (*wire.AGENT_LABELS, wire.LABEL_GPUS, wire.LABEL_SSH, GPU_LABEL)
 
 for _path in HOSTILE + LEGIT:  # read once here, not on a test's event loop
     header(_path)
@@ -60,3 +66,10 @@ def assert_container_sandboxed(attrs: dict, *, allowed_gpus: int) -> None:
     env = dict(item.partition("=")[::2] for item in attrs["Config"].get("Env") or [])
     visible = env.get("NVIDIA_VISIBLE_DEVICES", "void")
     assert visible == "void" or set(visible.split(",")) == set(gpus), (name, visible, gpus)
+    # Issue 31: nothing left to the engine's default or to the image's ENV and labels.
+    assert host.get("CgroupnsMode") == "private", (name, host.get("CgroupnsMode"))
+    assert {key: env.get(key) for key in NO_EXTRA_DEVICES} == NO_EXTRA_DEVICES, name
+    assert env.get("NVIDIA_DRIVER_CAPABILITIES"), name
+    labels = attrs["Config"].get("Labels") or {}
+    assert all(key in labels for key in AGENT_LABELS), (name, sorted(k for k in labels if k.startswith("io.gpuhost.")))
+    assert labels[wire.LABEL_SSH] in ("", "true") and set(labels[GPU_LABEL].split(",")) - {""} == set(gpus), name

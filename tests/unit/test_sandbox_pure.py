@@ -8,7 +8,7 @@ import pytest
 from gpuhost_agent.core.gpu_allocation import GpuSlot, NotEnoughGpus, allocate, slots_from_inventory
 from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.core.sandbox_context import GIB, Machine, SandboxContext, rental_share
-from gpuhost_agent.core.sandbox_harden import assigned_uuids, harden
+from gpuhost_agent.core.sandbox_harden import NO_EXTRA_DEVICES, assigned_uuids, harden
 from gpuhost_agent.core.sandbox_policy import policy_violations
 from gpuhost_agent.storage.agent_db import AgentDB
 
@@ -123,13 +123,15 @@ def test_hardening_writes_everything_explicitly() -> None:
     assert gpu["labels"]["io.gpuhost.gpus"] == "GPU-0,GPU-1"
     assert (gpu["mem_limit"], gpu["memswap_limit"], gpu["cpus"], gpu["pids_limit"]) == (str(GIB), str(GIB), 4.0, 1000)
     assert gpu["ports"] == [{"target": 8080, "host_ip": "10.0.0.5", "protocol": "tcp"}]
-    assert plain["environment"] == {"A": "1", "NVIDIA_VISIBLE_DEVICES": "void"}
+    assert plain["environment"] == {"A": "1", "NVIDIA_VISIBLE_DEVICES": "void", **NO_EXTRA_DEVICES} | {
+        "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"
+    }
     assert plain["labels"] == {"team": "ml", "io.gpuhost.gpus": ""}
     assert (plain["cpus"], plain["pids_limit"], plain["mem_limit"]) == (0.5, 50, str(8 * GIB))
     assert "limits" not in plain["deploy"]["resources"]
     assert {"CHOWN", "MKNOD", "NET_RAW", "SYS_ADMIN"} <= set(plain["cap_drop"])
     assert all(
-        s["security_opt"] == ["no-new-privileges:true"] and s["privileged"] is False
+        s["security_opt"] == ["no-new-privileges:true"] and s["privileged"] is False and s["cgroup"] == "private"
         for s in hardened["services"].values()
     )
     assert model["services"]["plain"]["environment"] == ["A=1"]  # the input is left alone

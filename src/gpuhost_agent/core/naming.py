@@ -53,18 +53,20 @@ def stack_labels(
     """Docker is the record of what the agent owns. The rental's GPUs are on
     the label too, so that a lost state file can be rebuilt from the engine
     without handing a rental's GPUs to another one; so is whether the
-    template allows SSH, which the agent's SSH server checks at each login."""
-    labels = {
+    template allows SSH, which the agent's SSH server checks at each login.
+
+    Every label of the agent's namespace that the agent reads is set here,
+    an empty value meaning "none" or "no": a container's labels are its
+    image's with these laid over them, so a label the agent left out would be
+    whatever the image carries (`LABEL io.gpuhost.ssh=true` in a Dockerfile)."""
+    return {
         wire.LABEL_MANAGED: "true",
         wire.LABEL_STACK: stack_id,
         wire.LABEL_RENTAL: rental_id,
         wire.LABEL_ENV: env_id,
+        wire.LABEL_GPUS: ",".join(gpus),
+        wire.LABEL_SSH: "true" if ssh else "",
     }
-    if gpus:
-        labels[wire.LABEL_GPUS] = ",".join(gpus)
-    if ssh:
-        labels[wire.LABEL_SSH] = "true"
-    return labels
 
 
 def gpus_of(labels: dict[str, str]) -> list[str]:

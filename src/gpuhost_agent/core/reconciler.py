@@ -21,6 +21,7 @@ from gpuhost_agent.core.dispatcher import JobDispatcher
 from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.core.reconcile_plan import DEPLOY, END_RENTAL, REPORT, Action, Picture, SeenStack, plan
 from gpuhost_agent.core.rental_end_dates import RentalEndDates
+from gpuhost_agent.core.sandbox_harden import GPU_LABEL
 from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
@@ -87,7 +88,7 @@ class Reconciler:
         try:
             containers = await self.engine.environment_containers(env_id)
             seen = _seen_stacks(containers)
-            self._adopt(seen, env_id)
+            await self._adopt(seen, containers, env_id)
             if self.keep_limits is not None:
                 await self.keep_limits({stack.rental_id for stack in seen.values()})
             restore = await self._stopped_by_outage(desired, seen)
@@ -139,14 +140,38 @@ class Reconciler:
             return desired
         return None
 
-    def _adopt(self, seen: dict[str, SeenStack], env_id: str) -> None:
+    async def _adopt(self, seen: dict[str, SeenStack], containers: list[dict], env_id: str) -> None:
         """After a fresh state file: take GPU assignments and stacks back from the labels."""
         records = self.db.stacks()
         for stack_id, stack in seen.items():
-            self.ledger.adopt(stack.rental_id, list(stack.gpus))
+            rental = stack.rental_id
+            if rental not in self.ledger.assignments and rental not in self.ledger.ended:
+                members = [c for c in containers if (c.get("Labels") or {}).get(wire.LABEL_STACK) == stack_id]
+                self.ledger.adopt(rental, await self._recorded_gpus(members))
             if stack_id not in records:
                 status = wire.APPLIED if all(state == "running" for state in stack.states) else wire.APPLYING
                 self.db.stack_status(stack_id, stack.rental_id, env_id, stack.project, status)
+
+    async def _recorded_gpus(self, members: list[dict]) -> list[str]:
+        """The GPUs the agent itself wrote on a rental's containers. A
+        container's labels are its image's with the agent's laid over them, so
+        the rental's GPU label counts only where the image does not carry the
+        same value (an image built with `LABEL io.gpuhost.rental-gpus=...`, on
+        a container made before the agent set that label on every one). The
+        GPUs each service was given (GPU_LABEL) the hardening has always set."""
+        gpus: set[str] = set()
+        for member in members:
+            labels = member.get("Labels") or {}
+            gpus.update(uuid for uuid in str(labels.get(GPU_LABEL) or "").split(",") if uuid)
+            claimed = labels.get(wire.LABEL_GPUS)
+            image = member.get("ImageID")  # absent on Swarm, whose task labels are the spec's alone
+            if claimed and (not image or await self._image_lacks(image, wire.LABEL_GPUS, claimed)):
+                gpus.update(naming.gpus_of(labels))
+        return sorted(gpus)
+
+    async def _image_lacks(self, image_id: str, key: str, value: str) -> bool:
+        labels = await self.engine.image_labels(image_id)
+        return labels is not None and labels.get(key) != value
 
     async def _stopped_by_outage(self, desired: DesiredState | None, seen: dict[str, SeenStack]) -> set[str]:
         if self._engine_outage is None or desired is None:

@@ -4,7 +4,13 @@ Whatever the renter did not say is said by the agent, so nothing depends on
 Docker's defaults or on what the image carries: no new privileges, the
 capabilities no workload needs dropped, limits set to the rental's share, GPUs
 given by UUID to the services that asked and explicitly none to the others,
-ports published where the host decides.
+a cgroup namespace of its own, ports published where the host decides.
+
+The image is as untrusted as the file: its ENV and its labels are laid under
+what the agent sets, so every variable the NVIDIA Container Toolkit reads to
+give devices or driver parts, and every label of the agent's own namespace
+(core/naming.py), is set on every container, to the renter's allowed value or
+to one that gives nothing.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import copy
 
 from gpuhost_agent.core.compose_rewrite import as_mapping
 from gpuhost_agent.core.sandbox_context import SandboxContext
+from gpuhost_agent.core.sandbox_gpu_forms import NVIDIA_CAPABILITIES
 from gpuhost_agent.core.sandbox_policy import flat_capabilities, gpu_requests, to_bytes
 
 NO_NEW_PRIVILEGES = "no-new-privileges:true"
@@ -35,6 +42,25 @@ ALWAYS_DROP = (
 )  # not BPF/PERFMON: Docker 20.10 refuses those names
 NO_GPUS = "void"  # NVIDIA's value for "no GPU at all", stronger than an unset variable
 GPU_LABEL = "io.gpuhost.gpus"
+# The toolkit's variables that add devices, each at the value that adds none:
+# it reads them from the process environment, the image's ENV included
+# (nvidia-container-toolkit: cmd/nvidia-container-runtime-hook/container_config.go,
+# internal/modifier/gated.go). An empty MIG or IMEX list is no device; the
+# feature gates open only on "enabled". The renter cannot set them
+# (sandbox_gpu_forms drops them), so the agent's value is the only one.
+NO_EXTRA_DEVICES = {
+    "NVIDIA_MIG_CONFIG_DEVICES": "",
+    "NVIDIA_MIG_MONITOR_DEVICES": "",
+    "NVIDIA_IMEX_CHANNELS": "",
+    "NVIDIA_GDS": "disabled",
+    "NVIDIA_MOFED": "disabled",
+    "NVIDIA_NVSWITCH": "disabled",
+    "NVIDIA_GDRCOPY": "disabled",
+}
+DRIVER_CAPABILITIES = "NVIDIA_DRIVER_CAPABILITIES"
+# The toolkit's own default when the variable is empty; unset in a "legacy"
+# image (CUDA_VERSION without NVIDIA_REQUIRE_CUDA) would mean all of them.
+DEFAULT_DRIVER_CAPABILITIES = "compute,utility"
 
 
 def assigned_uuids(service: dict, ctx: SandboxContext) -> list[str]:
@@ -65,6 +91,9 @@ def _harden_service(service: dict, ctx: SandboxContext) -> None:
     service["cap_drop"] = sorted(set(service.get("cap_drop") or []) | set(ALWAYS_DROP))
     service.pop("cap_add", None)
     service["privileged"] = False
+    # The container's own cgroup namespace: with the engine's default on cgroup
+    # v1 (host) it would read the host's cgroup paths. Policy refuses any other.
+    service["cgroup"] = "private"
     _limits(service, ctx)
     if ctx.cgroup_parent:  # the rental's limits hold for all its containers together
         service["cgroup_parent"] = ctx.cgroup_parent
@@ -132,6 +161,18 @@ def _gpus(service: dict, ctx: SandboxContext) -> None:
         environment["NVIDIA_VISIBLE_DEVICES"] = NO_GPUS
     if not reservations:
         resources.pop("reservations")
+    environment.update(NO_EXTRA_DEVICES)
+    environment[DRIVER_CAPABILITIES] = _driver_capabilities(environment.get(DRIVER_CAPABILITIES), capabilities)
     labels[GPU_LABEL] = ",".join(uuids)
     service["environment"] = environment
     service["labels"] = labels
+
+
+def _driver_capabilities(asked: object, requested: list[str]) -> str:
+    """Which driver parts the toolkit mounts: the renter's variable (the
+    policy checked its values), else the capabilities its reservation names,
+    else the toolkit's default; never what the image's ENV says."""
+    if asked not in (None, ""):
+        return str(asked)
+    named = [cap for cap in requested if cap in NVIDIA_CAPABILITIES - {"gpu", "nvidia"}]
+    return ",".join(named) or DEFAULT_DRIVER_CAPABILITIES

@@ -20,6 +20,11 @@ rental's home machine, each by `node.id`, so Swarm never moves a task to a
 machine whose share the ledger did not give. Without the rental's own cgroup
 (Swarm has no `cgroup_parent`), the rental's share of a machine is divided
 among its services there.
+
+`cgroup: private` is dropped: a Swarm service has no cgroup namespace setting
+(`docker stack deploy` has no such key and the engine's service spec no such
+field), so each node's dockerd must default to it (`default-cgroupns-mode`,
+already so on cgroup v2).
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ TRANSLATED = frozenset(
     {
         "deploy", "ports", "networks", "volumes", "restart", "mem_limit", "memswap_limit", "cpus",
         "pids_limit", "shm_size", "security_opt", "privileged", "depends_on", "pull_policy", "ipc",
-        "storage_opt",
+        "storage_opt", "cgroup",
     }
 )  # fmt: skip
 RESTART_CONDITIONS = {"no": "none", "always": "any", "unless-stopped": "any", "on-failure": "on-failure"}

@@ -148,6 +148,14 @@ class DockerEngine:
         # Docker gives nanoseconds; Python's parser takes exactly six digits at most.
         return wire.parse_iso(re.sub(r"\.(\d+)", lambda m: "." + (m.group(1) + "000000")[:6], text))
 
+    async def image_labels(self, image_id: str) -> dict | None:
+        """An image's own labels (what its containers inherit); None if the engine cannot say."""
+        try:
+            attrs = await self._call(lambda api: api.inspect_image(image_id))
+        except EngineError:
+            return None
+        return dict((attrs.get("Config") or {}).get("Labels") or {})
+
     async def log_tail(self, container_id: str, lines: int = 5) -> str:
         raw = await self._call(lambda api: api.logs(container_id, stdout=True, stderr=True, tail=lines))
         return raw.decode(errors="replace").strip()

@@ -1,0 +1,165 @@
+"""Issue 31, findings 9, 10 and 13 on the real engine: an image is untrusted.
+
+A local image built FROM the test image carries the agent's own labels
+(`io.gpuhost.ssh=true`, the rental's GPUs) and the NVIDIA toolkit's device
+variables in its ENV. A container of it, deployed by a template that did not
+ask for SSH, on a rental without GPUs: SSH is refused, its labels and toolkit
+variables are the agent's, its cgroup namespace is its own; and a ledger
+rebuilt from the engine after the state database is lost never gives the
+image's claimed GPU to that rental, even from a container labelled the way the
+agent labelled them before this change (no GPU label at all).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import pytest
+from support.agent_process import Market, start_in_process
+from support.engine import remove_env_resources
+from support.renter import Renter
+from support.sandbox_corpus import assert_container_sandboxed
+from support.stacks import TEST_IMAGE
+from support.waiting import until
+
+from gpuhost_agent.core.sandbox_harden import GPU_LABEL
+from gpuhost_agent.local_marketplace.channel_hub import StreamRefused
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.service.daemon import stop_agent
+from gpuhost_agent.storage.agent_db import DB_FILE
+
+HOSTILE_IMAGE = "gpuhost-test/hostile-labels:1"
+
+
+def _claimed_gpu() -> str:
+    from support.fake_nvml import h100_sxm
+
+    return h100_sxm(2)[0].uuid
+
+
+def _build(docker_client, tmp_path: Path) -> None:
+    gpu = _claimed_gpu()
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {TEST_IMAGE}\n"
+        f"LABEL {wire.LABEL_SSH}=true {wire.LABEL_GPUS}={gpu} {GPU_LABEL}={gpu}\n"
+        "ENV NVIDIA_DRIVER_CAPABILITIES=all NVIDIA_MOFED=enabled NVIDIA_GDS=enabled NVIDIA_NVSWITCH=enabled "
+        "NVIDIA_GDRCOPY=enabled NVIDIA_IMEX_CHANNELS=all NVIDIA_MIG_CONFIG_DEVICES=all "
+        "NVIDIA_MIG_MONITOR_DEVICES=all\n"
+    )
+    docker_client.images.build(path=str(tmp_path), tag=HOSTILE_IMAGE, rm=True)
+
+
+STACK = f"services:\n  app:\n    image: {HOSTILE_IMAGE}\n    command: ['sleep', '3600']\n    stop_grace_period: 1s\n"
+
+
+@pytest.fixture
+def hostile_image(docker_client, tmp_path_factory):
+    _build(docker_client, tmp_path_factory.mktemp("hostile-image"))
+    return HOSTILE_IMAGE
+
+
+async def _deploy(renter: Renter, rental_id: str) -> str:
+    stack_id = await renter.stack(rental_id, STACK, name="hostile-image")
+    stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
+    assert stack["status"] == wire.APPLIED, stack["errorMsg"]
+    return stack_id
+
+
+def _containers(docker_client, stack_id: str) -> list:
+    return docker_client.containers.list(all=True, filters={"label": f"{wire.LABEL_STACK}={stack_id}"})
+
+
+async def test_an_images_labels_and_toolkit_variables_do_not_reach_the_host(
+    hostile_image, local_market, docker_client
+) -> None:
+    renter, _parts, local = local_market
+    rental_id = await renter.rental()
+    stack_id = await _deploy(renter, rental_id)  # the template does not ask for SSH
+    (container,) = await asyncio.to_thread(_containers, docker_client, stack_id)
+    labels = container.attrs["Config"]["Labels"]
+    assert (labels[wire.LABEL_SSH], labels[wire.LABEL_GPUS], labels[GPU_LABEL]) == ("", "", "")
+    env = dict(item.partition("=")[::2] for item in container.attrs["Config"]["Env"])
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility" and env["NVIDIA_MOFED"] == "disabled"
+    assert env["NVIDIA_IMEX_CHANNELS"] == "" and env["NVIDIA_MIG_CONFIG_DEVICES"] == ""
+    assert container.attrs["HostConfig"]["CgroupnsMode"] == "private"
+    assert_container_sandboxed(container.attrs, allowed_gpus=0)
+    try:
+        await local.state.streams.open("ssh", rental_id, {"stackId": stack_id})
+        raise AssertionError("the agent opened SSH on a stack whose template did not ask for it")
+    except StreamRefused as refused:
+        assert refused.status == 404, refused.message
+
+
+@pytest.fixture
+async def world(tmp_path, monkeypatch, docker_client):
+    """(renter, market, start, stop): agents on the same state directory, on a stand-in machine of 2 GPUs."""
+    from support.fake_nvml import build_lib, forget_loaded_nvml, h100_sxm, write_config
+
+    monkeypatch.setenv("FAKE_NVML_CONFIG", str(await asyncio.to_thread(write_config, tmp_path / "n.conf", h100_sxm(2))))
+    market = Market(tmp_path / "market.json")
+    await market.start()
+    running = []
+
+    async def start():
+        nvml = str(await asyncio.to_thread(build_lib))
+        parts, task = await start_in_process(
+            market, tmp_path / "state", nvml_library=nvml, gpu_check_image=TEST_IMAGE, reconcile_grace_seconds=60
+        )
+        running.append((parts, task))
+        return parts
+
+    async def stop():
+        await stop_agent(*running.pop())
+
+    import aiohttp
+
+    http = aiohttp.ClientSession()
+    try:
+        yield Renter(http, market.base_url, market.store), market, start, stop
+    finally:
+        await http.close()
+        while running:
+            await stop()
+        await market.stop()
+        await asyncio.to_thread(remove_env_resources, docker_client, market.store.envId)
+        await asyncio.to_thread(forget_loaded_nvml)
+
+
+def _as_before_this_change(docker_client, env_id: str) -> str:
+    """A container labelled as the agent labelled them before issue 31: no
+    rental-GPU label where the rental had none, so the image's shows through."""
+    rental_id = f"old-{uuid.uuid4().hex[:8]}"
+    labels = {
+        wire.LABEL_MANAGED: "true",
+        wire.LABEL_STACK: f"stack-{rental_id}",
+        wire.LABEL_RENTAL: rental_id,
+        wire.LABEL_ENV: env_id,
+        GPU_LABEL: "",
+    }
+    docker_client.containers.create(HOSTILE_IMAGE, ["sleep", "3600"], labels=labels)
+    return rental_id
+
+
+async def test_a_rebuilt_ledger_never_gives_an_images_claimed_gpu(hostile_image, world, docker_client, tmp_path):
+    renter, market, start, stop = world
+    await start()
+    rental_id = await renter.rental(gpu_count=0)
+    await _deploy(renter, rental_id)
+    await stop()
+    for suffix in ("", "-wal", "-shm"):
+        await asyncio.to_thread(Path(f"{tmp_path / 'state' / DB_FILE}{suffix}").unlink, missing_ok=True)
+    old_rental = await asyncio.to_thread(_as_before_this_change, docker_client, market.store.envId)
+    (old,) = await asyncio.to_thread(
+        docker_client.containers.list, all=True, filters={"label": f"{wire.LABEL_RENTAL}={old_rental}"}
+    )
+    assert old.labels[wire.LABEL_GPUS] == _claimed_gpu()  # the image's claim, on the engine's record
+
+    parts = await start()
+    await until(lambda: parts.reconciler.runs >= 1, timeout=20)
+    assert parts.reconciler.ledger.assignments == {}, parts.reconciler.ledger.assignments
+    # Both GPUs are free: a rental of two gets them.
+    full = await renter.rental(gpu_count=2)
+    stack = await renter.wait_stack(full, await renter.stack(full, STACK), (wire.APPLIED, wire.ERROR), timeout=60)
+    assert stack["status"] == wire.APPLIED and len(stack["assignedGPUs"]) == 2, stack

@@ -1,0 +1,96 @@
+"""Issue 31, findings 9, 10 and 13, in the pure parts: what the image carries
+(ENV, labels) never reaches the toolkit or the agent's own records, and every
+container gets its own cgroup namespace. The same on the real engine:
+tests/integration/test_image_labels_engine.py."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from gpuhost_agent.core.compose_rewrite import label_services
+from gpuhost_agent.core.naming import stack_labels
+from gpuhost_agent.core.sandbox import decide
+from gpuhost_agent.core.sandbox_context import GIB, SandboxContext
+from gpuhost_agent.core.sandbox_gpu_forms import DEVICE_VARIABLES
+from gpuhost_agent.core.sandbox_harden import GPU_LABEL
+from gpuhost_agent.core.sandbox_raw import RawReview
+from gpuhost_agent.core.swarm_rewrite import SwarmPlacement, swarm_stack
+from gpuhost_agent.protocol import wire
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "gpuhost_agent"
+CTX = SandboxContext(project="p", gpu_uuids=("GPU-a", "GPU-b"), cpus=8.0, memory_bytes=8 * GIB, pids_limit=4096)
+# The toolkit's device variables at the values that add no device (sandbox_harden.NO_EXTRA_DEVICES).
+NO_EXTRA_DEVICES = {
+    "NVIDIA_MIG_CONFIG_DEVICES": "",
+    "NVIDIA_MIG_MONITOR_DEVICES": "",
+    "NVIDIA_IMEX_CHANNELS": "",
+    "NVIDIA_GDS": "disabled",
+    "NVIDIA_MOFED": "disabled",
+    "NVIDIA_NVSWITCH": "disabled",
+    "NVIDIA_GDRCOPY": "disabled",
+}
+PLACED = SwarmPlacement(gpu_nodes={"GPU-a": "n1", "GPU-b": "n1"}, home_node="n1")
+
+
+def _decided(services: dict, ctx: SandboxContext = CTX) -> dict:
+    return decide({"services": services}, RawReview(""), ctx)[0]
+
+
+# ---- finding 10: the agent's labels, every one, on every container ---------------------
+
+
+def test_every_label_of_the_agents_namespace_is_set_even_when_it_means_no() -> None:
+    labels = stack_labels("s", "r", "e")  # no GPUs, no SSH: the image's values would show through
+    assert labels[wire.LABEL_SSH] == "" and labels[wire.LABEL_GPUS] == ""
+    model = label_services({"services": {"a": {"image": "x"}}}, "s", "r", "e")
+    assert model["services"]["a"]["labels"][wire.LABEL_SSH] == ""
+    assert stack_labels("s", "r", "e", ["GPU-a"], ssh=True)[wire.LABEL_SSH] == "true"
+
+
+def test_no_label_of_the_namespace_is_read_that_the_agent_does_not_write() -> None:
+    """Any `io.gpuhost.*` name in the agent's code is one it sets on every
+    container (core/naming.py, the hardening's GPU label): a new label read
+    somewhere and left unset would be the image's to choose."""
+    written = set(stack_labels("s", "r", "e")) | {GPU_LABEL}
+    named = set()
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if node.value.startswith("io.gpuhost.") and not node.value.endswith(".") and " " not in node.value:
+                    named.add(node.value)
+    assert named <= written, sorted(named - written)
+
+
+# ---- finding 9: the toolkit's variables, every one, on every container ------------------
+
+
+def test_every_toolkit_variable_is_set_on_every_container_whatever_the_image_says() -> None:
+    hardened = _decided(
+        {
+            "gpu": {"image": "x", "deploy": {"resources": {"reservations": {"devices": [
+                {"driver": "nvidia", "count": 1, "capabilities": ["gpu", "video"]}]}}}},
+            "plain": {"image": "x"},
+            "asks": {"image": "x", "environment": {"NVIDIA_DRIVER_CAPABILITIES": "all"}},
+        }
+    )  # fmt: skip
+    for name, service in hardened["services"].items():
+        env = service["environment"]
+        assert {key: env[key] for key in NO_EXTRA_DEVICES} == NO_EXTRA_DEVICES, name
+        assert set(DEVICE_VARIABLES) <= set(env), name
+        assert env["NVIDIA_VISIBLE_DEVICES"] == ("GPU-a" if name == "gpu" else "void"), name
+    envs = {
+        name: service["environment"]["NVIDIA_DRIVER_CAPABILITIES"] for name, service in hardened["services"].items()
+    }
+    assert envs == {"gpu": "video", "plain": "compute,utility", "asks": "all"}  # never left to the image's ENV
+    assert all(not value.startswith("enabled") for value in NO_EXTRA_DEVICES.values())
+
+
+# ---- finding 13: a cgroup namespace of its own ------------------------------------------
+
+
+def test_every_container_has_a_private_cgroup_namespace_and_swarm_takes_the_stack() -> None:
+    hardened = _decided({"a": {"image": "x"}, "b": {"image": "x", "cgroup": "private"}})
+    assert {service["cgroup"] for service in hardened["services"].values()} == {"private"}
+    stack, _ = swarm_stack(hardened, CTX, PLACED)  # Swarm has no such setting: the node's dockerd holds it
+    assert all("cgroup" not in service for service in stack["services"].values())
