@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from support.machine_samples import good_host
+
 from gpuhost_agent.core.compose_rewrite import label_services
 from gpuhost_agent.core.naming import stack_labels
 from gpuhost_agent.core.sandbox import decide
@@ -16,7 +18,10 @@ from gpuhost_agent.core.sandbox_gpu_forms import DEVICE_VARIABLES
 from gpuhost_agent.core.sandbox_harden import GPU_LABEL
 from gpuhost_agent.core.sandbox_raw import RawReview
 from gpuhost_agent.core.swarm_rewrite import SwarmPlacement, swarm_stack
+from gpuhost_agent.inventory import toolkit
+from gpuhost_agent.inventory.compliance import evaluate
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol.requirements import Requirements
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "gpuhost_agent"
 CTX = SandboxContext(project="p", gpu_uuids=("GPU-a", "GPU-b"), cpus=8.0, memory_bytes=8 * GIB, pids_limit=4096)
@@ -94,3 +99,24 @@ def test_every_container_has_a_private_cgroup_namespace_and_swarm_takes_the_stac
     assert {service["cgroup"] for service in hardened["services"].values()} == {"private"}
     stack, _ = swarm_stack(hardened, CTX, PLACED)  # Swarm has no such setting: the node's dockerd holds it
     assert all("cgroup" not in service for service in stack["services"].values())
+
+
+# ---- finding 9: the toolkit's own settings, judged by compliance -----------------------
+
+
+def test_compliance_fails_a_toolkit_that_takes_gpus_from_mounts() -> None:
+    text = "accept-nvidia-visible-devices-envvar-when-unprivileged = false\n"
+    assert toolkit.boolean_setting(
+        text + "accept-nvidia-visible-devices-as-volume-mounts = true\n", toolkit.VOLUME_MOUNTS_KEY
+    )
+    data = good_host()
+    kit = data["host"]["nvidiaContainerToolkit"]
+    kit["acceptsDeviceListAsVolumeMounts"] = True
+    (check,) = [c for c in evaluate(data, Requirements()) if c.id == "toolkit-visible-devices"]
+    assert not check.ok and "/var/run/nvidia-container-devices" in check.summary
+    assert "accept-nvidia-visible-devices-as-volume-mounts = false" in check.remedy
+    kit["acceptsEnvvarFromUnprivileged"] = True  # both at once: one check, both fixes named
+    (check,) = [c for c in evaluate(data, Requirements()) if c.id == "toolkit-visible-devices"]
+    assert check.remedy.count(" = false") == 2
+    kit["acceptsEnvvarFromUnprivileged"] = kit["acceptsDeviceListAsVolumeMounts"] = False
+    assert all(c.ok for c in evaluate(data, Requirements()) if c.id == "toolkit-visible-devices")

@@ -41,6 +41,7 @@ async def test_toolkit_version_from_nvidia_ctk(tmp_path) -> None:
         "configPath": str(config),
         "configFound": True,
         "acceptsEnvvarFromUnprivileged": False,
+        "acceptsDeviceListAsVolumeMounts": False,
     }
 
 

@@ -150,16 +150,28 @@ def _toolkit_checks(kit: dict, req: Requirements) -> list[Check]:
         )
     return [
         toolkit,
-        _check(
-            "toolkit-visible-devices",
-            not kit.get("acceptsEnvvarFromUnprivileged", True),
-            "the toolkit ignores NVIDIA_VISIBLE_DEVICES from unprivileged containers",
-            "the toolkit lets any container pick GPUs through NVIDIA_VISIBLE_DEVICES, so a renter could reach "
-            "GPUs rented to someone else",
-            f"set accept-nvidia-visible-devices-envvar-when-unprivileged = false in {kit.get('configPath')}"
-            " and restart Docker",
-        ),
+        _visible_devices_check(kit),
     ]
+
+
+def _visible_devices_check(kit: dict) -> Check:
+    """No container picks its own GPUs: the toolkit ignores NVIDIA_VISIBLE_DEVICES
+    from unprivileged containers, and device lists written as mounts onto
+    /var/run/nvidia-container-devices (read before the variable)."""
+    bad, keys = [], []
+    if kit.get("acceptsEnvvarFromUnprivileged", True):
+        bad.append("lets any container pick GPUs through NVIDIA_VISIBLE_DEVICES")
+        keys.append("accept-nvidia-visible-devices-envvar-when-unprivileged")
+    if kit.get("acceptsDeviceListAsVolumeMounts"):
+        bad.append("gives a container the GPUs named by its mounts onto /var/run/nvidia-container-devices")
+        keys.append("accept-nvidia-visible-devices-as-volume-mounts")
+    return _check(
+        "toolkit-visible-devices",
+        not bad,
+        "the toolkit ignores NVIDIA_VISIBLE_DEVICES and device mounts from unprivileged containers",
+        f"the toolkit {' and '.join(bad)}, so a renter could reach GPUs rented to someone else",
+        f"set {' and '.join(f'{key} = false' for key in keys)} in {kit.get('configPath')} and restart Docker",
+    )
 
 
 def _docker_checks(docker: dict, compose: dict, kit: dict, req: Requirements) -> list[Check]:

@@ -4,7 +4,10 @@ The toolkit is what gives containers their GPUs, and it is where the known
 container escapes were (CVE-2024-0132, CVE-2025-23359, CVE-2025-23266, all
 fixed by 1.17.8). Its default also lets any container ask for any GPU through
 NVIDIA_VISIBLE_DEVICES, which would let a renter reach GPUs rented to someone
-else; the secure setting is an explicit `false` in its config file.
+else; the secure setting is an explicit `false` in its config file. Its other
+way to name devices, mounts onto /var/run/nvidia-container-devices (which the
+toolkit reads before the variable), is off by default and must stay off: the
+agent never gives GPUs that way, so such a mount could only be a renter's.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 
 DEFAULT_CONFIG = Path("/etc/nvidia-container-runtime/config.toml")
 UNPRIVILEGED_KEY = "accept-nvidia-visible-devices-envvar-when-unprivileged"
+VOLUME_MOUNTS_KEY = "accept-nvidia-visible-devices-as-volume-mounts"
 # In the order we ask them for a version: nvidia-ctk is the toolkit's own CLI.
 BINARIES = (
     "nvidia-ctk",
@@ -46,11 +50,16 @@ def parse_version(output: str) -> str | None:
 def unprivileged_envvar_setting(config_text: str | None) -> bool | None:
     """The value of accept-nvidia-visible-devices-envvar-when-unprivileged, or
     None when the file does not set it (the toolkit then accepts: true)."""
+    return boolean_setting(config_text, UNPRIVILEGED_KEY)
+
+
+def boolean_setting(config_text: str | None, wanted: str) -> bool | None:
+    """A boolean key of the toolkit's config.toml, or None when the file does not set it."""
     if config_text is None:
         return None
     for line in config_text.splitlines():
         key, sep, value = line.split("#", 1)[0].partition("=")
-        if sep and key.strip() == UNPRIVILEGED_KEY:
+        if sep and key.strip() == wanted:
             return value.strip().lower() == "true"
     return None
 
@@ -97,4 +106,5 @@ async def probe_toolkit(search_path: str | None = None, config_path: Path | None
         "configFound": config_text is not None,
         # What the toolkit will do, the default (true) included.
         "acceptsEnvvarFromUnprivileged": True if setting is None else setting,
+        "acceptsDeviceListAsVolumeMounts": boolean_setting(config_text, VOLUME_MOUNTS_KEY) is True,  # default false
     }
