@@ -16,6 +16,10 @@ from gpuhost_agent.core import sandbox_gpu_forms
 from gpuhost_agent.core.sandbox_context import SandboxContext, shown_path, under
 
 DROPPED_HOST_FILES = ("/etc/localtime", "/etc/timezone")
+# Containers one stack may make, replicas counted: each is a process tree, a
+# shim and network endpoints on the host (outside the rental's cgroup), and on
+# Swarm a share of the machine (core/swarm_rewrite.py divides it among them).
+MAX_CONTAINERS = 32
 _VOLUME_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_.-]+")
 
 
@@ -35,7 +39,46 @@ def rewrite(model: dict, ctx: SandboxContext) -> tuple[dict, list[str], list[str
         _clamp_limits(service, ctx, where, notices)
         _selinux_type(service, where, notices)
         sandbox_gpu_forms.normalise(service, ctx, where, notices, problems)
+    _containers(model, problems)
     return model, notices, problems
+
+
+def replicas_of(service: dict) -> int | None:
+    """How many containers a service runs (`deploy.replicas`, or Compose's
+    older `scale`, the larger); None when it is not a count."""
+    deploy = service.get("deploy") or {}
+    counts = [deploy.get("replicas"), service.get("scale")]
+    if any(n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0) for n in counts):
+        return None
+    return max((n for n in counts if n is not None), default=1)
+
+
+def _containers(model: dict, problems: list[str]) -> None:
+    """Replicas are containers on this host: bounded per stack, and a service
+    runs as replicated tasks (no `global`, no jobs: Swarm would place those
+    itself, outside the machine the agent chose)."""
+    counts: dict[str, int] = {}
+    for name, service in (model.get("services") or {}).items():
+        if not isinstance(service, dict):
+            continue
+        mode = (service.get("deploy") or {}).get("mode")
+        if mode not in (None, "replicated"):
+            problems.append(
+                f'service "{name}": deploy.mode {mode!r} is not allowed: a service runs replicated, '
+                "on the machine the agent places it on"
+            )
+        count = replicas_of(service)
+        if count is None:
+            problems.append(f'service "{name}": deploy.replicas must be a whole number of containers')
+            continue
+        counts[name] = count
+    total = sum(counts.values())
+    if total > MAX_CONTAINERS:
+        replicated = ", ".join(f'service "{name}" {count}' for name, count in counts.items() if count > 1)
+        problems.append(
+            f"deploy.replicas: the stack would run {total} containers ({replicated or 'one per service'}), "
+            f"more than the {MAX_CONTAINERS} one stack may run on this host"
+        )
 
 
 def _scope_names(model: dict, ctx: SandboxContext, notices: list[str], problems: list[str]) -> None:

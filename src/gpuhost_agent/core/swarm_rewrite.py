@@ -19,7 +19,11 @@ machine of its GPUs (Swarm cannot pin named GPUs), every other service on the
 rental's home machine, each by `node.id`, so Swarm never moves a task to a
 machine whose share the ledger did not give. Without the rental's own cgroup
 (Swarm has no `cgroup_parent`), the rental's share of a machine is divided
-among its services there.
+among its tasks there: every replica of every service of the rental on that
+machine, this stack's and the others' (`peers`), so that replicas x limits
+fit the share. A stack whose tasks would each get less than a usable slice
+(MIN_TASK_MEMORY, MIN_CPUS) is refused, naming the count; sandbox_rewrite
+caps the containers of one stack (MAX_CONTAINERS) on both kinds of host.
 
 `cgroup: private` is dropped: a Swarm service has no cgroup namespace setting
 (`docker stack deploy` has no such key and the engine's service spec no such
@@ -37,6 +41,7 @@ from gpuhost_agent.core.compose_rewrite import StackRejected, as_mapping
 from gpuhost_agent.core.sandbox_context import SandboxContext
 from gpuhost_agent.core.sandbox_harden import GPU_LABEL
 from gpuhost_agent.core.sandbox_policy import to_bytes
+from gpuhost_agent.core.sandbox_rewrite import replicas_of
 
 POLICY_PREFIX = "refused by the sandbox policy: "
 # Service keys Swarm applies as the hardened model states them.
@@ -52,11 +57,12 @@ TRANSLATED = frozenset(
     {
         "deploy", "ports", "networks", "volumes", "restart", "mem_limit", "memswap_limit", "cpus",
         "pids_limit", "shm_size", "security_opt", "privileged", "depends_on", "pull_policy", "ipc",
-        "storage_opt", "cgroup",
+        "storage_opt", "cgroup", "scale",
     }
 )  # fmt: skip
 RESTART_CONDITIONS = {"no": "none", "always": "any", "unless-stopped": "any", "on-failure": "on-failure"}
 MIN_CPUS = 0.01
+MIN_TASK_MEMORY = 64 * 1024 * 1024  # below this a task is refused rather than started to be OOM-killed
 
 
 @dataclass(frozen=True)
@@ -82,7 +88,11 @@ def swarm_stack(hardened: dict, ctx: SandboxContext, placement: SwarmPlacement) 
     notices: list[str] = []
     services = hardened.get("services") or {}
     nodes = {name: _node(name, service, placement, problems) for name, service in services.items()}
-    sharing = {node: placement.peers.get(node, 0) + list(nodes.values()).count(node) for node in set(nodes.values())}
+    tasks = {name: replicas_of(service) or 0 for name, service in services.items()}
+    sharing = {
+        node: placement.peers.get(node, 0) + sum(tasks[name] for name in nodes if nodes[name] == node)
+        for node in set(nodes.values())
+    }
     stack_services = {}
     for name, service in services.items():
         where = f"service {name!r}"
@@ -92,7 +102,7 @@ def swarm_stack(hardened: dict, ctx: SandboxContext, placement: SwarmPlacement) 
         node = nodes[name]
         share = placement.shares.get(node, placement.base_share)
         on_node = ctx if share is None else dataclasses.replace(ctx, cpus=share[0], memory_bytes=share[1])
-        _translate(stack_services[name], service, where, node, sharing[node], on_node, problems)
+        _translate(stack_services[name], service, where, (node, sharing[node], tasks[name]), on_node, problems)
         if service.get("depends_on"):
             notices.append(f"{where}: depends_on does not order a Swarm stack's start; its services start together")
     if problems:
@@ -119,20 +129,28 @@ def _node(name: str, service: dict, placement: SwarmPlacement, problems: list[st
 
 
 def _translate(
-    out: dict, service: dict, where: str, node: str, sharing: int, ctx: SandboxContext, problems: list[str]
+    out: dict, service: dict, where: str, placed: tuple[str, int, int], ctx: SandboxContext, problems: list[str]
 ) -> None:
+    """`placed`: the machine, the rental's tasks there in all, this service's tasks."""
+    node, sharing, replicas = placed
     deploy = service.get("deploy") or {}
     if deploy.get("mode") not in (None, "replicated"):
         problems.append(f"{where}: deploy.mode {deploy['mode']!r} would run it on every machine, not the rental's")
-    replicas = deploy.get("replicas")
-    if replicas not in (None, 1) and service.get("labels", {}).get(GPU_LABEL):
+    if replicas > 1 and as_mapping(service.get("labels")).get(GPU_LABEL):
         problems.append(f"{where}: a service with GPUs runs one task (deploy.replicas: 1): its GPUs are pinned")
+    limits = _limits(service, sharing, ctx)
+    if replicas and (int(limits["memory"]) < MIN_TASK_MEMORY or ctx.cpus / max(sharing, 1) < MIN_CPUS):
+        problems.append(
+            f"{where}: deploy.replicas {replicas}: the rental would run {sharing} tasks on one machine, each with "
+            f"{int(limits['memory']) // 2**20} MiB of its {ctx.memory_bytes // 2**20} MiB share; "
+            f"a task needs at least {MIN_TASK_MEMORY // 2**20} MiB and {MIN_CPUS} CPUs"
+        )
     out["deploy"] = {
         "mode": "replicated",
-        "replicas": 1 if replicas is None else replicas,
+        "replicas": replicas,
         "endpoint_mode": "dnsrr",  # no virtual IP: no IPVS needed, and ports are published per machine
         "placement": {"constraints": [f"node.id == {node}"]},
-        "resources": {"limits": _limits(service, sharing, ctx)},
+        "resources": {"limits": limits},
         "restart_policy": _restart_policy(service, deploy, where, problems),
         "labels": dict(as_mapping(service.get("labels"))),
     }
@@ -154,11 +172,14 @@ def _translate(
 
 
 def _limits(service: dict, sharing: int, ctx: SandboxContext) -> dict:
-    """The hardened limits, each at most the rental's share of the machine divided
-    among the rental's services there (no rental cgroup holds them together)."""
-    memory = min(to_bytes(service.get("mem_limit")) or ctx.memory_bytes, ctx.memory_bytes // max(sharing, 1))
-    cpus = max(MIN_CPUS, min(float(service.get("cpus") or ctx.cpus), ctx.cpus / max(sharing, 1)))
-    return {"memory": str(memory), "cpus": f"{cpus:.2f}", "pids": int(service.get("pids_limit") or ctx.pids_limit)}
+    """The hardened limits of each task, at most the rental's share of the machine
+    divided among the rental's tasks there (no rental cgroup holds them together),
+    processes included."""
+    share = max(sharing, 1)
+    memory = min(to_bytes(service.get("mem_limit")) or ctx.memory_bytes, ctx.memory_bytes // share)
+    cpus = max(MIN_CPUS, min(float(service.get("cpus") or ctx.cpus), ctx.cpus / share))
+    pids = max(1, min(int(service.get("pids_limit") or ctx.pids_limit), ctx.pids_limit // share))
+    return {"memory": str(memory), "cpus": f"{cpus:.2f}", "pids": pids}
 
 
 def _restart_policy(service: dict, deploy: dict, where: str, problems: list[str]) -> dict:
