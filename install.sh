@@ -18,6 +18,7 @@ readonly CONF_DIR=/etc/gpuhost-agent
 readonly CONF=$CONF_DIR/agent.conf
 readonly KEY_FILE=$CONF_DIR/api-key
 readonly SWARM_KEY_PATH=$CONF_DIR/swarm-key
+readonly SWARM_TLS_DIR=$CONF_DIR/swarm-tls
 readonly STATE_DIR=/var/lib/gpuhost-agent
 readonly UNIT_NAME=gpuhost-agent.service
 readonly UNIT_PATH=/etc/systemd/system/$UNIT_NAME
@@ -67,8 +68,9 @@ usage() {
 Usage:
   curl -fsSL <base>/install.sh | sudo bash -s -- --url <base_url> --env-id <envId> --api-key <key> [options]
   sudo ./install.sh --url <base_url> --env-id <envId> --api-key <key> [options]   (from a checkout)
-  sudo ./install.sh --swarm worker --swarm-key-file <file> [options]
+  sudo ./install.sh --swarm worker --swarm-key-file <file> --swarm-tls-file <bundle> [options]
                                                another machine of a Swarm environment (docs/swarm.md)
+  sudo ./install.sh --swarm-worker-bundle <file>   on the leader: a new worker's TLS bundle
   sudo ./install.sh [options]                  upgrade in place, keeping the configuration
   sudo ./install.sh --uninstall [--purge]      remove the agent
 
@@ -87,6 +89,13 @@ Options:
   --swarm-key-file FILE  the environment's key, the same on every machine (at least 16
                        characters: openssl rand -hex 24 > swarm.key); stored in
                        $SWARM_KEY_PATH (0600, root only). GPUHOST_SWARM_KEY_FILE
+  --swarm-tls-file FILE  with --swarm worker: the worker's certificate bundle, written on the
+                       leader by --swarm-worker-bundle; installed in $SWARM_TLS_DIR.
+                       A leader's install makes the environment's CA there (its key stays
+                       on the leader) and the leader's certificate (mutual TLS, docs/swarm.md)
+  --swarm-worker-bundle FILE  on the installed leader: write a new worker's key, certificate
+                       and the CA's certificate to FILE (0600), for that worker's
+                       --swarm-tls-file; then exit
   --source SPEC        what pip installs: a path (checkout, wheel) or a requirement.
                        Default: this checkout when run from one, else "$PACKAGE" from the
                        package index. pip honours PIP_INDEX_URL, PIP_FIND_LINKS, PIP_NO_INDEX
@@ -124,6 +133,8 @@ What it writes:
   $CONF                   KEY=VALUE settings (0640); lines you add are kept
   $KEY_FILE                     the API key (0600, root only)
   $SWARM_KEY_PATH                   with --swarm: the environment's key (0600, root only)
+  $SWARM_TLS_DIR/             with --swarm: this machine's certificate and key (0600), the CA's
+                                    certificate; on the leader the CA's key (0600) too
   $STATE_DIR                    the agent's state (0700), kept on upgrade and uninstall
   $UNIT_PATH   the unit (Type=notify, watchdog, Restart=always)
   $DROPIN_DIR/  restart back-off (systemd >= 254 only)
@@ -388,6 +399,7 @@ report_init() { # report_init STATE(running|done|failed) DETAIL [ERROR]
 # ---- arguments ---------------------------------------------------------------
 
 URL='' ENV_ID='' API_KEY='' API_KEY_FILE='' SOURCE='' VERSION='' SWARM='' SWARM_KEY='' SWARM_KEY_FILE=''
+SWARM_TLS_FILE='' SWARM_BUNDLE_OUT=''
 INSTALL_MISSING=0 ALLOW_NO_GPU=0 DRY_RUN=0 UNINSTALL=0 PURGE=0
 NEW_KEY=0
 
@@ -400,7 +412,7 @@ parse_args() {
             --*=*) value=${opt#*=}; opt=${opt%%=*} ;;
         esac
         case "$opt" in
-            --url|--env-id|--api-key|--api-key-file|--source|--version|--swarm|--swarm-key-file)
+            --url|--env-id|--api-key|--api-key-file|--source|--version|--swarm|--swarm-key-file|--swarm-tls-file|--swarm-worker-bundle)
                 if [ -z "$value" ]; then
                     [ $# -ge 2 ] || die_usage "$opt needs a value"
                     value=$2
@@ -415,6 +427,8 @@ parse_args() {
                     --version) VERSION=$value ;;
                     --swarm) SWARM=$value ;;
                     --swarm-key-file) SWARM_KEY_FILE=$value ;;
+                    --swarm-tls-file) SWARM_TLS_FILE=$value ;;
+                    --swarm-worker-bundle) SWARM_BUNDLE_OUT=$value ;;
                 esac ;;
             --install-missing) INSTALL_MISSING=1 ;;
             --allow-no-gpu) ALLOW_NO_GPU=1 ;;
@@ -456,6 +470,12 @@ resolve_settings() {
     if [ "$SWARM" = leader ] || [ "$SWARM" = worker ]; then
         [ -n "$SWARM_KEY" ] || die_usage "--swarm $SWARM needs --swarm-key-file FILE: the environment's key, the same file on every machine (openssl rand -hex 24 > swarm.key)"
         [[ $SWARM_KEY =~ ^[[:graph:]]{16,}$ ]] || die_usage "the environment's key must be one line of at least 16 printable characters, no spaces"
+    fi
+    if [ -n "$SWARM_TLS_FILE" ]; then
+        [ "$SWARM" = worker ] || die_usage "--swarm-tls-file goes with --swarm worker"
+        [ -r "$SWARM_TLS_FILE" ] || die_usage "cannot read the worker's TLS bundle $SWARM_TLS_FILE"
+    elif [ "$SWARM" = worker ] && [ ! -s "$SWARM_TLS_DIR/cert.pem" ]; then
+        die_usage "--swarm worker needs --swarm-tls-file FILE: the bundle the leader writes with install.sh --swarm-worker-bundle FILE (docs/swarm.md)"
     fi
     # A worker holds no marketplace session (the leader does): it needs no URL, id or key.
     if [ "$SWARM" != worker ] || [ -n "$URL$ENV_ID$API_KEY" ]; then
@@ -763,6 +783,30 @@ EOF
     chmod 0640 "$CONF"
 }
 
+swarm_tls() { # the Swarm's mutual TLS (service/swarm_tls.py): the leader's CA and certificate, a worker's bundle
+    case "$SWARM" in
+        leader)
+            step "making the leader's certificate in $SWARM_TLS_DIR (and the environment's CA, if none is there)"
+            run "$VENV/bin/python" -m gpuhost_agent.service.swarm_tls leader "$SWARM_TLS_DIR" </dev/null \
+                || { err "could not make the Swarm's certificates in $SWARM_TLS_DIR"; exit "$EXIT_FAILED"; }
+            say "for each worker: sudo ./install.sh --swarm-worker-bundle worker.pem here, then on the worker --swarm-tls-file worker.pem"
+            ;;
+        worker)
+            [ -n "$SWARM_TLS_FILE" ] || return 0
+            step "installing the worker's certificate from $SWARM_TLS_FILE into $SWARM_TLS_DIR"
+            run "$VENV/bin/python" -m gpuhost_agent.service.swarm_tls worker "$SWARM_TLS_FILE" "$SWARM_TLS_DIR" </dev/null \
+                || die_usage "$SWARM_TLS_FILE is not a worker's bundle of this environment (install.sh --swarm-worker-bundle on the leader)"
+            ;;
+    esac
+}
+
+worker_bundle() { # --swarm-worker-bundle FILE, on the installed leader
+    [ -s "$SWARM_TLS_DIR/ca.key" ] || die_usage "--swarm-worker-bundle runs on the leader after its install (no CA in $SWARM_TLS_DIR)"
+    "$VENV/bin/python" -m gpuhost_agent.service.swarm_tls bundle "$SWARM_TLS_DIR" "$SWARM_BUNDLE_OUT" </dev/null \
+        || { err "could not write the worker's bundle $SWARM_BUNDLE_OUT"; exit "$EXIT_FAILED"; }
+    say "wrote $SWARM_BUNDLE_OUT (0600): copy it to the worker with the environment's key, then install.sh --swarm worker --swarm-key-file ... --swarm-tls-file ...; delete it after"
+}
+
 make_state_dir() {
     if [ -d "$STATE_DIR" ]; then
         say "keeping the state directory $STATE_DIR"
@@ -843,6 +887,7 @@ do_install() {
     install_agent
     link_command
     write_config
+    swarm_tls
     make_state_dir
     install_unit
     start_service
@@ -910,6 +955,8 @@ main() {
     trap 'rm -rf "$TMP"' EXIT
     if [ "$UNINSTALL" = 1 ]; then
         do_uninstall
+    elif [ -n "$SWARM_BUNDLE_OUT" ]; then
+        worker_bundle
     else
         CHECKOUT=$(find_checkout)
         do_install

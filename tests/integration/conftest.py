@@ -105,7 +105,15 @@ def worker_port() -> int:
 
 
 @pytest.fixture
-async def swarm_leader(tmp_path, monkeypatch, docker_client, shared_swarm, worker_port):
+def swarm_tls(tmp_path):
+    """The environment's CA and the leader's and machine 2's certificates, as install.sh makes them."""
+    from support.door_tls import make_door_tls
+
+    return make_door_tls(tmp_path)
+
+
+@pytest.fixture
+async def swarm_leader(tmp_path, monkeypatch, docker_client, shared_swarm, worker_port, swarm_tls):
     """((renter, market, agent), {node id: machine number}): an agent process
     (not started) with GPUHOST_SWARM=leader on the shared Swarm's manager, and
     its local marketplace. It looks for machine 2's worker agent on
@@ -120,6 +128,7 @@ async def swarm_leader(tmp_path, monkeypatch, docker_client, shared_swarm, worke
         "GPUHOST_NVML_LIBRARY": library,
         "GPUHOST_GPU_CHECK_IMAGE": TEST_IMAGE,
         "GPUHOST_SWARM_KEY": SWARM_KEY,
+        "GPUHOST_SWARM_TLS_DIR": str(swarm_tls.leader),
         "GPUHOST_SWARM_WORKERS": f"{shared_swarm[1]}=127.0.0.1:{worker_port}",
     }
     async with process_world(tmp_path, docker_client, **settings) as made:
@@ -127,7 +136,7 @@ async def swarm_leader(tmp_path, monkeypatch, docker_client, shared_swarm, worke
 
 
 @pytest.fixture
-async def swarm_worker(tmp_path, shared_swarm, worker_port):
+async def swarm_worker(tmp_path, shared_swarm, worker_port, swarm_tls):
     """A started WorkerProcess for machine 2 (its engine's socket), serving the
     leader on 127.0.0.1:worker_port; stopped after."""
     from support.agent_process import WorkerProcess
@@ -141,6 +150,7 @@ async def swarm_worker(tmp_path, shared_swarm, worker_port):
         GPUHOST_GPU_CHECK_IMAGE=TEST_IMAGE,
         GPUHOST_SWARM="worker",
         GPUHOST_SWARM_KEY=SWARM_KEY,
+        GPUHOST_SWARM_TLS_DIR=str(swarm_tls.worker),
         GPUHOST_SWARM_LISTEN=f"127.0.0.1:{worker_port}",
         GPUHOST_STATE_DIR=str(tmp_path / "worker-state"),
     )

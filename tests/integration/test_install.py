@@ -6,6 +6,9 @@ the chroots: tests/support/install_chroot.py. Needs root.)
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 from support.install_chroot import (
     CHECKOUT_IN_ROOT,
     ENV_ID,
@@ -21,6 +24,7 @@ from support.install_chroot import (
 from support.install_script import allowed, msg
 
 from gpuhost_agent import __version__
+from gpuhost_agent.service import swarm_tls
 
 # ---- install, upgrade, uninstall -----------------------------------------------------------
 
@@ -218,6 +222,8 @@ def test_a_swarm_worker_installs_with_the_environments_key_and_no_marketplace(sc
     scenario.sh(f"printf '%s\\n' {SWARM_KEY} >/root/swarm.key; printf 'short\\n' >/root/short.key")
     for args, refusal in (
         (("--swarm", "worker"), "--swarm worker needs --swarm-key-file FILE"),
+        (("--swarm", "worker", "--swarm-key-file", "/root/swarm.key"), "--swarm worker needs --swarm-tls-file FILE"),
+        (("--swarm-worker-bundle", "/root/w.pem"), "--swarm-worker-bundle runs on the leader after its install"),
         (("--swarm", "boss", "--swarm-key-file", "/root/swarm.key"), "--swarm must be leader or worker"),
         (("--swarm", "worker", "--swarm-key-file", "/root/short.key"), "at least 16 printable characters"),
         (("--swarm", "leader", "--swarm-key-file", "/root/swarm.key"), "a first install needs --url"),
@@ -226,8 +232,18 @@ def test_a_swarm_worker_installs_with_the_environments_key_and_no_marketplace(sc
         assert refused.code == 2 and refusal in refused.err, (args, refused.both)
     assert_not_installed(scenario)
 
-    result = scenario.install("--swarm", "worker", "--swarm-key-file", "/root/swarm.key")
+    with tempfile.TemporaryDirectory() as leader:  # the leader's install, elsewhere: its CA writes the bundle
+        swarm_tls.install_leader(Path(leader))
+        bundle = swarm_tls.bundle(Path(leader)).decode()
+    scenario.run("/bin/sh", "-ec", "umask 077; cat >/root/worker.pem", input=bundle)
+    result = scenario.install("--swarm", "worker", "--swarm-key-file", "/root/swarm.key", "--swarm-tls-file", "/root/w")
+    assert result.code == 2 and "cannot read the worker's TLS bundle" in result.err, result.both
+    tls = ("--swarm-tls-file", "/root/worker.pem")
+    result = scenario.install("--swarm", "worker", "--swarm-key-file", "/root/swarm.key", *tls)
     assert result.code == 0, result.both
+    keys = scenario.files(*(f"/etc/gpuhost-agent/swarm-tls/{name}" for name in ("key.pem", "cert.pem", "ca.key")))
+    assert keys["/etc/gpuhost-agent/swarm-tls/key.pem"]["mode"] == "0o600", keys
+    assert keys["/etc/gpuhost-agent/swarm-tls/cert.pem"] and keys["/etc/gpuhost-agent/swarm-tls/ca.key"] is None
     assert SWARM_KEY not in result.both and "cannot reach the marketplace" not in result.both
     files = scenario.files("/etc/gpuhost-agent/swarm-key", "/etc/gpuhost-agent/api-key")
     assert files["/etc/gpuhost-agent/swarm-key"]["mode"] == "0o600" and files["/etc/gpuhost-agent/api-key"] is None
@@ -241,6 +257,7 @@ def test_a_swarm_worker_installs_with_the_environments_key_and_no_marketplace(sc
         "/opt/gpuhost-agent/venv/bin/python",
         "-c",
         "from gpuhost_agent.service import config; c = config.load({});"
+        "from gpuhost_agent.service import swarm_tls; swarm_tls.server_context(c.swarm_tls_dir);"
         "print(c.swarm, c.swarm_key == open('/etc/gpuhost-agent/swarm-key').read().strip(), c.marketplace_url)",
     )
     assert loaded.out.split() == ["worker", "True", "None"], loaded.both

@@ -9,12 +9,19 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from support.door_tls import DoorTls, make_door_tls
 
 from gpuhost_agent.service import config
 from gpuhost_agent.streams.door_routes import from_container
 from gpuhost_agent.streams.node_proxy import NodeProxy
 
 KEY = "k" * 24
+
+
+@pytest.fixture
+def door_tls(tmp_path) -> DoorTls:
+    """The environment's CA, the leader's and a worker's certificates (service/swarm_tls.py)."""
+    return make_door_tls(tmp_path)
 
 
 def _worker(listen: str | None) -> config.AgentConfig:
@@ -58,11 +65,11 @@ def test_a_peer_inside_the_engines_networks_is_a_container(peer, container) -> N
     assert from_container(peer, NETWORKS) is container
 
 
-async def _ask(networks) -> bytes:
-    proxy = NodeProxy(KEY, None, "/nonexistent", networks=networks)  # type: ignore[arg-type]
+async def _ask(tls: DoorTls, networks) -> bytes:
+    proxy = NodeProxy(KEY, None, "/nonexistent", networks=networks, tls=tls.server())  # type: ignore[arg-type]
     port = await proxy.start("127.0.0.1", 0)
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=tls.client())
         writer.write(f"GET /gpuhost/machine HTTP/1.1\r\nAuthorization: Bearer {KEY}\r\n\r\n".encode())
         try:
             answer = await asyncio.wait_for(reader.read(), 10)
@@ -74,7 +81,7 @@ async def _ask(networks) -> bytes:
         await proxy.stop()
 
 
-async def test_the_door_serves_no_peer_inside_the_engines_networks_key_or_not() -> None:
+async def test_the_door_serves_no_peer_inside_the_engines_networks_key_or_not(door_tls) -> None:
     async def loopback_is_a_bridge() -> list[dict]:
         return [{"IPAM": {"Config": [{"Subnet": "127.0.0.0/8"}]}}]
 
@@ -84,6 +91,6 @@ async def test_the_door_serves_no_peer_inside_the_engines_networks_key_or_not() 
     async def engine_down() -> list[dict]:
         raise OSError("no engine")
 
-    assert await _ask(loopback_is_a_bridge) == b""  # closed, nothing read or said
-    assert await _ask(engine_down) == b""  # unknown networks: refused, not served unchecked
-    assert (await _ask(elsewhere)).startswith(b"HTTP/1.1 404")  # served (this door reports no machine)
+    assert await _ask(door_tls, loopback_is_a_bridge) == b""  # closed, nothing read or said
+    assert await _ask(door_tls, engine_down) == b""  # unknown networks: refused, not served unchecked
+    assert (await _ask(door_tls, elsewhere)).startswith(b"HTTP/1.1 404")  # served (this door reports no machine)

@@ -12,11 +12,20 @@ import itertools
 import json
 
 import pytest
+from support.door_tls import DoorTls, make_door_tls
 
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.streams.node_proxy import NodeProxy
 
 KEY = "k" * 24
+
+
+@pytest.fixture
+def door_tls(tmp_path) -> DoorTls:
+    """The environment's CA, the leader's and a worker's certificates (service/swarm_tls.py)."""
+    return make_door_tls(tmp_path)
+
+
 _SOCKETS = itertools.count()
 ID = "5e7140ba6f17c65a09300a61fbb9e36a520b40a8869c52175d0f97f718ab2a59"
 
@@ -31,7 +40,7 @@ class _Engine:
         return {"ContainerID": ID}
 
 
-async def _through(tmp_path, raw: bytes) -> tuple[bytes, bytes]:
+async def _through(tls: DoorTls, tmp_path, raw: bytes) -> tuple[bytes, bytes]:
     """(the door's answer to `raw`, every byte the engine got)."""
     got = bytearray()
 
@@ -46,10 +55,10 @@ async def _through(tmp_path, raw: bytes) -> tuple[bytes, bytes]:
 
     path = str(tmp_path / f"engine-{next(_SOCKETS)}.sock")
     server = await asyncio.start_unix_server(engine, path)
-    proxy = NodeProxy(KEY, _Engine(), path)  # type: ignore[arg-type]
+    proxy = NodeProxy(KEY, _Engine(), path, tls=tls.server())  # type: ignore[arg-type]
     port = await proxy.start("127.0.0.1", 0)
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=tls.client())
         writer.write(raw)
         await writer.drain()
         answer = await asyncio.wait_for(reader.read(), 10)
@@ -83,17 +92,21 @@ SMUGGLED = (
         "Content-Length: 2\r\n",  # two lengths
     ],
 )
-async def test_a_head_with_bare_line_ends_or_odd_bytes_is_refused_before_the_engine(tmp_path, headers) -> None:
+async def test_a_head_with_bare_line_ends_or_odd_bytes_is_refused_before_the_engine(
+    door_tls, tmp_path, headers
+) -> None:
     body = json.dumps({"Cmd": ["id"]}).encode()
-    answer, engine_got = await _through(tmp_path, _request("POST", f"/containers/{ID}/exec", headers, body))
+    answer, engine_got = await _through(door_tls, tmp_path, _request("POST", f"/containers/{ID}/exec", headers, body))
     assert answer.startswith(b"HTTP/1.1 400"), answer
     assert engine_got == b""
 
 
-async def test_the_engine_gets_a_head_of_the_doors_own_making_whatever_the_client_sent(tmp_path) -> None:
+async def test_the_engine_gets_a_head_of_the_doors_own_making_whatever_the_client_sent(door_tls, tmp_path) -> None:
     headers = "Content-Type: text/plain; boundary=x\r\nX-Registry-Auth: e30=\r\nConnection: keep-alive\r\n"
     body = json.dumps({"Cmd": ["id"], "AttachStdout": True}).encode()
-    answer, engine_got = await _through(tmp_path, _request("POST", f"/v1.41/containers/{ID}/exec", headers, body))
+    answer, engine_got = await _through(
+        door_tls, tmp_path, _request("POST", f"/v1.41/containers/{ID}/exec", headers, body)
+    )
     assert answer.startswith(b"HTTP/1.1 201"), answer
     head, _, sent_body = engine_got.partition(b"\r\n\r\n")
     assert head.decode().split("\r\n") == [
@@ -106,13 +119,13 @@ async def test_the_engine_gets_a_head_of_the_doors_own_making_whatever_the_clien
     assert json.loads(sent_body) == {"Cmd": ["id"], "AttachStdout": True}
 
 
-async def test_a_query_reaches_the_engine_as_the_door_writes_it(tmp_path) -> None:
+async def test_a_query_reaches_the_engine_as_the_door_writes_it(door_tls, tmp_path) -> None:
     target = f"/containers/{ID}/logs?follow=1&stdout=1&tail=10&since=1700000000.5&x=%0d%0aHost:%20y"
-    answer, engine_got = await _through(tmp_path, _request("GET", target, ""))
+    answer, engine_got = await _through(door_tls, tmp_path, _request("GET", target, ""))
     assert answer.startswith(b"HTTP/1.1 201"), answer
     line = engine_got.split(b"\r\n", 1)[0].decode()
     assert line == f"GET /containers/{ID}/logs?follow=1&stdout=1&tail=10&since=1700000000.5 HTTP/1.1"
-    answer, engine_got = await _through(tmp_path, _request("GET", f"/containers/{ID}/logs?tail=1&tail=2", ""))
+    answer, engine_got = await _through(door_tls, tmp_path, _request("GET", f"/containers/{ID}/logs?tail=1&tail=2", ""))
     assert answer.startswith(b"HTTP/1.1 400") and engine_got == b""
 
 
@@ -130,17 +143,19 @@ async def test_a_query_reaches_the_engine_as_the_door_writes_it(tmp_path) -> Non
         (b'["Privileged"]', 400),
     ],
 )
-async def test_an_exec_body_is_read_as_the_engine_reads_it_and_refused_unless_plain(tmp_path, body, status) -> None:
-    answer, engine_got = await _through(tmp_path, _request("POST", f"/containers/{ID}/exec", "", body))
+async def test_an_exec_body_is_read_as_the_engine_reads_it_and_refused_unless_plain(
+    door_tls, tmp_path, body, status
+) -> None:
+    answer, engine_got = await _through(door_tls, tmp_path, _request("POST", f"/containers/{ID}/exec", "", body))
     assert answer.startswith(f"HTTP/1.1 {status}".encode()), answer
     assert engine_got == b""
 
 
-async def test_the_engine_gets_an_exec_body_of_the_allowed_fields_written_again(tmp_path) -> None:
+async def test_the_engine_gets_an_exec_body_of_the_allowed_fields_written_again(door_tls, tmp_path) -> None:
     body = b'{"cmd": ["id"], "tty": true, "Privileged": false, "env": ["A=1"]}'
-    answer, engine_got = await _through(tmp_path, _request("POST", f"/containers/{ID}/exec", "", body))
+    answer, engine_got = await _through(door_tls, tmp_path, _request("POST", f"/containers/{ID}/exec", "", body))
     assert answer.startswith(b"HTTP/1.1 201"), answer
     assert json.loads(engine_got.partition(b"\r\n\r\n")[2]) == {"Cmd": ["id"], "Tty": True, "Env": ["A=1"]}
     start = b'{"Detach": false, "Tty": true, "ConsoleSize": [1, 1]}'
-    answer, engine_got = await _through(tmp_path, _request("POST", f"/exec/{ID}/start", "", start))
+    answer, engine_got = await _through(door_tls, tmp_path, _request("POST", f"/exec/{ID}/start", "", start))
     assert answer.startswith(b"HTTP/1.1 400") and engine_got == b""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import aiohttp
 import pytest
+from support.door_tls import DoorTls, make_door_tls
 
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import EngineError
@@ -16,6 +17,12 @@ from gpuhost_agent.streams.door_routes import route
 from gpuhost_agent.streams.node_proxy import NodeProxy
 
 ID = "5e7140ba6f17c65a09300a61fbb9e36a520b40a8869c52175d0f97f718ab2a59"
+
+
+@pytest.fixture
+def door_tls(tmp_path) -> DoorTls:
+    """The environment's CA, the leader's and a worker's certificates (service/swarm_tls.py)."""
+    return make_door_tls(tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -56,15 +63,23 @@ def test_only_a_managed_containers_inspect_log_and_execs_are_routed(method, targ
 
 def test_a_short_key_is_refused_at_the_start() -> None:
     with pytest.raises(ValueError, match="at least 16"):
-        NodeProxy("short", None, "/var/run/docker.sock")  # type: ignore[arg-type]
+        NodeProxy("short", None, "/var/run/docker.sock", tls=None)  # type: ignore[arg-type]
+
+
+_TLS: dict[str, DoorTls] = {}
+
+
+@pytest.fixture(autouse=True)
+def _door_tls(door_tls) -> None:
+    _TLS["door"] = door_tls
 
 
 async def _get_machine(proxy: NodeProxy, key: str, query: str = "", path: str = "/gpuhost/machine") -> tuple[int, dict]:
     port = await proxy.start("127.0.0.1", 0)
     try:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=_TLS["door"].client())) as http:
             headers = {"Authorization": f"Bearer {key}"}
-            async with http.get(f"http://127.0.0.1:{port}{path}{query}", headers=headers) as answer:
+            async with http.get(f"https://127.0.0.1:{port}{path}{query}", headers=headers) as answer:
                 return answer.status, await answer.json()
     finally:
         await proxy.stop()
@@ -90,13 +105,25 @@ async def test_the_machines_report_is_served_with_the_key_and_a_failed_probe_is_
     engine = EngineStreams("unix:///nonexistent/docker.sock")  # the route never reaches the engine
     try:
         whole = await _Report().current()
-        assert await _get_machine(NodeProxy(key, engine, "/nonexistent", machine=_Report()), key) == (200, whole)
-        live = await _get_machine(NodeProxy(key, engine, "/nonexistent", machine=_Report(fails=True)), key, "?live=1")
+        assert await _get_machine(
+            NodeProxy(key, engine, "/nonexistent", tls=_TLS["door"].server(), machine=_Report()), key
+        ) == (200, whole)
+        live = await _get_machine(
+            NodeProxy(key, engine, "/nonexistent", tls=_TLS["door"].server(), machine=_Report(fails=True)),
+            key,
+            "?live=1",
+        )
         assert live == (200, {"telemetry": {"gpus": []}})  # the figures alone: no probe
-        assert (await _get_machine(NodeProxy(key, engine, "/nonexistent", machine=_Report()), "x" * 20))[0] == 401
-        status, body = await _get_machine(NodeProxy(key, engine, "/nonexistent", machine=_Report(fails=True)), key)
+        assert (
+            await _get_machine(
+                NodeProxy(key, engine, "/nonexistent", tls=_TLS["door"].server(), machine=_Report()), "x" * 20
+            )
+        )[0] == 401
+        status, body = await _get_machine(
+            NodeProxy(key, engine, "/nonexistent", tls=_TLS["door"].server(), machine=_Report(fails=True)), key
+        )
         assert status == 503 and "RuntimeError: the engine went away" in body["message"]
-        status, _ = await _get_machine(NodeProxy(key, engine, "/nonexistent"), key)
+        status, _ = await _get_machine(NodeProxy(key, engine, "/nonexistent", tls=_TLS["door"].server()), key)
         assert status == 404
     finally:
         await engine.close()
@@ -114,13 +141,17 @@ async def test_the_machines_disk_figures_are_served_and_an_engine_that_fails_is_
         raise EngineError("Docker Engine did not answer within 35s")
 
     try:
-        proxy = NodeProxy(key, engine, "/nonexistent", disk=disk)
+        proxy = NodeProxy(key, engine, "/nonexistent", tls=_TLS["door"].server(), disk=disk)
         assert await _get_machine(proxy, key, path="/gpuhost/disk") == (200, figures)
         status, body = await _get_machine(
-            NodeProxy(key, engine, "/nonexistent", disk=broken), key, path="/gpuhost/disk"
+            NodeProxy(key, engine, "/nonexistent", tls=_TLS["door"].server(), disk=broken), key, path="/gpuhost/disk"
         )
         assert status == 503 and "did not answer within 35s" in body["message"]
-        assert (await _get_machine(NodeProxy(key, engine, "/nonexistent"), key, path="/gpuhost/disk"))[0] == 404
+        assert (
+            await _get_machine(
+                NodeProxy(key, engine, "/nonexistent", tls=_TLS["door"].server()), key, path="/gpuhost/disk"
+            )
+        )[0] == 404
     finally:
         await engine.close()
 

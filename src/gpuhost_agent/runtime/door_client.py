@@ -2,8 +2,9 @@
 serves it to the leader (streams/node_proxy.py, docs/swarm.md).
 
 A container's inspect, log and execs go through the door as the engine's own
-API, so this is an EngineStreams whose address is the door and whose
-requests carry the environment's key. What is not in the engine's API is
+API, so this is an EngineStreams whose address is the door, over mutual TLS
+(the leader's certificate, service/swarm_tls.py), and whose requests carry
+the environment's key. What is not in the engine's API is
 done by the agent on that machine, where the container's processes and
 network are: a tunnel's last hop, SFTP's file helper, and the hang-up or
 signal of an exec. These cannot be done from the leader: the pids an engine
@@ -15,15 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import ssl
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import aiohttp
 
 from gpuhost_agent.runtime.container_files import ContainerFiles
 from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.engine_streams import EngineStreams, EngineUnreachable, checked_id
+from gpuhost_agent.runtime.engine_streams import ContainerGone, EngineStreams, EngineUnreachable, _message, checked_id
 
 TIMEOUT = 10.0
 DISK_SECONDS = 40.0  # `GET /system/df` there may take its engine's 35 s on a big host
@@ -33,9 +35,72 @@ SERVICE_REFUSED = "the service refused the connection"
 SERVICE_NO_TLS = "the service did not complete a TLS handshake"
 
 
+# After an upgrade, the leader's bytes go in frames: a 4-byte length, then
+# that many bytes; a frame of length 0 ends the input (TLS has no half-close).
+FRAME_HEADER = 4
+FRAME_LIMIT = 64 * 1024
+
+
 class DoorClient(EngineStreams):
-    def __init__(self, host: str, port: int, key: str):
+    """Over mutual TLS (`tls`: the leader's client context, service/swarm_tls.py)."""
+
+    def __init__(self, host: str, port: int, key: str, tls: ssl.SSLContext):
         super().__init__(f"tcp://{host}:{port}", timeout=TIMEOUT, headers={"Authorization": f"Bearer {key}"})
+        self._host, self._port, self._tls = host, port, tls
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self._http is None or self._http.closed:
+            netloc = f"[{self._host}]" if ":" in self._host else self._host
+            self._http = aiohttp.ClientSession(
+                base_url=f"https://{netloc}:{self._port}",
+                connector=aiohttp.TCPConnector(limit=0, ssl=self._tls),
+                auto_decompress=False,
+                headers=self._headers,
+            )
+        return self._http
+
+    async def _upgrade(self, path: str, body: bytes, what: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """POST with `Upgrade: tcp` over TLS; on 101 or 200, the connection both
+        ways, the leader's side framed (a writer whose write_eof is a frame)."""
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=FRAME_LIMIT, loop=loop)
+        writer: _FramedWriter | None = None
+        try:
+            transport, protocol = await asyncio.wait_for(
+                loop.create_connection(
+                    lambda: asyncio.StreamReaderProtocol(reader, loop=loop), self._host, self._port, ssl=self._tls
+                ),
+                self._timeout,
+            )
+            writer = _FramedWriter(transport, protocol, reader, loop)
+            extra = "".join(f"{name}: {value}\r\n" for name, value in self._headers.items())
+            writer.write_head(
+                f"POST {path} HTTP/1.1\r\nHost: gpuhost\r\n{extra}Content-Type: application/json\r\n"
+                f"Connection: Upgrade\r\nUpgrade: tcp\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self._timeout)
+            status_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+            status = int(status_line.split(" ", 2)[1])
+            if status in (101, 200):
+                return reader, writer
+            length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+            detail = await asyncio.wait_for(reader.read(min(int(length.group(1)), 4096) if length else 4096), 5)
+            raise (ContainerGone if status == 404 else EngineError)(f"Docker Engine: {_message(detail) or status_line}")
+        except (
+            OSError,
+            asyncio.TimeoutError,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            ValueError,
+        ) as exc:
+            if writer is not None:
+                writer.close()
+            raise EngineUnreachable(f"the agent's door: {what} failed: {type(exc).__name__}: {exc}") from exc
+        except EngineError:
+            if writer is not None:
+                writer.close()
+            raise
 
     async def connect_through(
         self, container_id: str, address: str, port: int, *, tls: bool = False
@@ -112,3 +177,29 @@ class DoorClient(EngineStreams):
         """The helper started on the container's machine; its calls relayed both ways."""
         path = f"/gpuhost/containers/{checked_id(str(info.get('Id') or ''))}/files"
         return await ContainerFiles.over(*await self._upgrade(path, b"{}", "file session"))
+
+
+class _FramedWriter(asyncio.StreamWriter):
+    """The leader's side of an upgraded connection to a door: every write a
+    frame (or several), and write_eof a frame of length 0, which the door
+    turns into a half-close on its side (streams/node_proxy.py)."""
+
+    def write_head(self, data: bytes) -> None:
+        super().write(data)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        view = memoryview(data)
+        for start in range(0, len(view), FRAME_LIMIT):
+            part = bytes(view[start : start + FRAME_LIMIT])
+            super().write(len(part).to_bytes(FRAME_HEADER, "big") + part)
+
+    def writelines(self, data: Iterable[bytes | bytearray | memoryview]) -> None:
+        for item in data:
+            self.write(item)
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        if not self.is_closing():
+            super().write(bytes(FRAME_HEADER))

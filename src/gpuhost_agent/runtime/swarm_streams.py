@@ -47,10 +47,12 @@ class SwarmStreams(EngineStreams):
         key: str | None = None,
         workers: dict[str, tuple[str, int]] | None = None,
         worker_port: int = 7072,
+        tls: ssl.SSLContext | None = None,
     ):
         super().__init__(docker_host, timeout=timeout)
         self._tasks: dict[str, str] = {}  # container id -> task id, for containers on other machines
         self._key, self._workers, self._worker_port = key, dict(workers or {}), worker_port
+        self._tls = tls  # the leader's certificate for the doors (service/swarm_tls.py)
         self._remotes: dict[str, DoorClient] = {}  # node id -> its agent's door
         self._on: dict[str, DoorClient] = {}  # container id or exec id -> the door it is behind
 
@@ -176,8 +178,8 @@ class SwarmStreams(EngineStreams):
 
     async def _remote(self, node: str) -> DoorClient | None:
         """The door of the agent on `node`, None without the environment's key
-        or an address for it."""
-        if not self._key or not node:
+        and the leader's certificate, or an address for it."""
+        if not self._key or self._tls is None or not node:
             return None
         if node not in self._remotes:
             address = self._workers.get(node)
@@ -191,7 +193,7 @@ class SwarmStreams(EngineStreams):
                 if not addr or addr == "0.0.0.0":
                     return None
                 address = (addr, self._worker_port)
-            self._remotes[node] = DoorClient(*address, self._key)
+            self._remotes[node] = DoorClient(*address, self._key, self._tls)
         return self._remotes[node]
 
     async def open_logs(

@@ -18,6 +18,7 @@ from typing import Any
 DEFAULT_CONFIG_FILE = Path("/etc/gpuhost-agent/agent.conf")
 DEFAULT_LOCAL_LISTEN = "127.0.0.1:8787"
 SWARM_PORT = 7072  # a Swarm worker agent's port for the leader (docs/swarm.md)
+SWARM_TLS_DIR = Path("/etc/gpuhost-agent/swarm-tls")  # the machine's certificate for the Swarm (service/swarm_tls.py)
 
 
 class ConfigError(ValueError):
@@ -63,6 +64,7 @@ class AgentConfig:
     swarm_key: str | None = None  # GPUHOST_SWARM_KEY: the environment's key, the same on the leader and workers
     swarm_listen: tuple[str, int] = ("", SWARM_PORT)  # a worker's address for the leader ("": its Swarm address)
     swarm_workers: dict[str, tuple[str, int]] = field(default_factory=dict)  # the leader's: node id -> worker
+    swarm_tls_dir: Path = SWARM_TLS_DIR  # GPUHOST_SWARM_TLS_DIR: the leader's or worker's TLS files (install.sh)
     swarm_encrypted: bool = False  # GPUHOST_SWARM_ENCRYPTED=on: the stacks' overlays are encrypted (IPsec)
 
     @property
@@ -209,6 +211,7 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         swarm="" if swarm == "off" else swarm,
         swarm_key=str(swarm_key) if swarm_key else None,
         swarm_listen=_swarm_listen(str(pick("swarm_listen", "GPUHOST_SWARM_LISTEN", "") or "")),
+        swarm_tls_dir=Path(str(pick("swarm_tls_dir", "GPUHOST_SWARM_TLS_DIR", SWARM_TLS_DIR))).absolute(),
         swarm_workers=_workers(str(pick("swarm_workers", "GPUHOST_SWARM_WORKERS", "") or "")),
         swarm_encrypted=_on_off(
             str(pick("swarm_encrypted", "GPUHOST_SWARM_ENCRYPTED", "off")), "GPUHOST_SWARM_ENCRYPTED"

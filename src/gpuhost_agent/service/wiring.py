@@ -46,7 +46,7 @@ from gpuhost_agent.runtime.engine_watch import EngineWatch
 from gpuhost_agent.runtime.rental_cgroups import RentalCgroups
 from gpuhost_agent.runtime.swarm_stacks import SwarmStacks
 from gpuhost_agent.runtime.swarm_streams import SwarmStreams
-from gpuhost_agent.service import metrics
+from gpuhost_agent.service import metrics, swarm_tls
 from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.service.probe_parts import build_prober
 from gpuhost_agent.service.status_server import StatusServer, StatusSource
@@ -103,7 +103,12 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
     ledger = GpuLedger(db)
     ledger.import_legacy(config.state_dir / "gpu-assignments.json")
     stream_engine = (  # a leader reads other machines' logs, and opens terminals there through their agents
-        SwarmStreams(key=config.swarm_key, workers=config.swarm_workers, worker_port=config.swarm_listen[1])
+        SwarmStreams(
+            key=config.swarm_key,
+            workers=config.swarm_workers,
+            worker_port=config.swarm_listen[1],
+            tls=swarm_tls.context_or_exit("leader", config.swarm_tls_dir) if config.swarm_key else None,
+        )
         if leader
         else EngineStreams()
     )

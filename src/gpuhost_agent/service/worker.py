@@ -4,7 +4,8 @@
 The leader holds the marketplace session, the GPU ledger and the deploys;
 what only this machine can do for a renter's container here (a terminal,
 SSH, a tunnel's last hop) it asks of this agent, through the door in
-streams/node_proxy.py, with the environment's key; and this agent reports
+streams/node_proxy.py, over mutual TLS (service/swarm_tls.py) with the
+environment's key; and this agent reports
 this machine (its GPUs, engine, toolkit, disk and clock) when the leader
 asks, for the environment's systemData and compliance. So a worker runs no session, keeps no state
 database and deploys nothing: it serves that door until it is stopped, and
@@ -24,7 +25,7 @@ from gpuhost_agent.runtime.docker_host import parse_docker_host
 from gpuhost_agent.runtime.engine import DockerEngine
 from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.runtime.swarm_stacks import rental_disk_figures
-from gpuhost_agent.service import sd_notify
+from gpuhost_agent.service import sd_notify, swarm_tls
 from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.service.probe_parts import build_probe
 from gpuhost_agent.streams.node_proxy import NodeProxy
@@ -53,7 +54,10 @@ async def serve_worker(config: AgentConfig, stop: asyncio.Event) -> None:
     async def networks() -> list[dict]:
         return await disk_engine.swarm_list("networks")
 
-    proxy = NodeProxy(config.swarm_key, engine, engine_path, machine=report, disk=disk_figures, networks=networks)
+    tls = swarm_tls.context_or_exit("worker", config.swarm_tls_dir)
+    proxy = NodeProxy(
+        config.swarm_key, engine, engine_path, machine=report, disk=disk_figures, networks=networks, tls=tls
+    )
     host, port = config.swarm_listen
     if not host:  # this machine's Swarm address: where the leader finds it, never a bridge of containers
         host = str(((await disk_engine.info()).get("Swarm") or {}).get("NodeAddr") or "")

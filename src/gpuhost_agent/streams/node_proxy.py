@@ -31,8 +31,11 @@ three things of its own, and nothing else:
   host's own containers and anything else on the engine are out of reach;
 - an exec never privileged, whatever the body asks, in any case of its keys
   (the body is written again from the fields allowed, streams/door_request.py);
-- only with the environment's key (`Authorization: Bearer <GPUHOST_SWARM_KEY>`,
-  compared in constant time), 401 otherwise.
+- only over mutual TLS with the leader's certificate from the environment's
+  CA (service/swarm_tls.py), and with the environment's key
+  (`Authorization: Bearer <GPUHOST_SWARM_KEY>`, compared in constant time),
+  401 otherwise; never to a peer inside one of the engine's networks (a
+  container of this machine), closed unread.
 
 One request per connection: the request is read whole (head, then a body of
 its Content-Length, at most 64 KiB), checked, and rebuilt for the engine
@@ -40,8 +43,10 @@ from the checked values alone, with `Connection: close`
 (streams/door_request.py: no client byte reaches the engine's head); the engine's answer is relayed and the connection
 closed. An exec start asks for the raw stream (`Upgrade: tcp`): only then
 are bytes relayed both ways after the request, as the engine hands over
-the exec's TTY (and likewise for a tunnel or a file session). So a second
-request can never ride an approved one.
+the exec's TTY (and likewise for a tunnel or a file session); the leader's
+bytes then come in frames, whose empty one is the end of its input (TLS
+cannot half-close: runtime/door_client.py). So a second request can never
+ride an approved one.
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ from functools import partial
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.container_files import end_helper, start_helper
-from gpuhost_agent.runtime.door_client import SERVICE_NO_TLS, SERVICE_REFUSED
+from gpuhost_agent.runtime.door_client import FRAME_HEADER, FRAME_LIMIT, SERVICE_NO_TLS, SERVICE_REFUSED
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.runtime.netns_dial import dial_in_namespace
@@ -91,6 +96,8 @@ class NodeProxy:
         machine: MachineSource | None = None,
         disk: Callable[[], Awaitable[dict]] | None = None,
         networks: Callable[[], Awaitable[list[dict]]] | None = None,
+        *,
+        tls: ssl.SSLContext,
     ):
         if len(key) < 16:
             raise ValueError("the environment's key must have at least 16 characters")
@@ -98,11 +105,14 @@ class NodeProxy:
         self.engine, self.engine_path = engine, engine_path  # the local engine's socket
         self._machine, self._disk = machine, disk
         self._networks = networks  # the engine's networks: a peer in one is a container, never served
+        self._tls = tls  # the worker's certificate; the leader's asked of every client (service/swarm_tls.py)
         self._server: asyncio.Server | None = None
         self.served = self.refused = 0  # for tests and the status
 
     async def start(self, host: str, port: int) -> int:
-        self._server = await asyncio.start_server(self._handle, host, port, limit=HEAD_LIMIT)
+        self._server = await asyncio.start_server(
+            self._handle, host, port, limit=HEAD_LIMIT, ssl=self._tls, ssl_handshake_timeout=READ_SECONDS
+        )
         return int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
@@ -145,7 +155,7 @@ class NodeProxy:
         else:
             upstream.write(approved.head + approved.body)
         # The far side decides the end: the engine's answer is over, the exec or the helper ended.
-        up = asyncio.create_task(_relay(reader, upstream)) if approved.upgrade else None
+        up = asyncio.create_task(_relay_frames(reader, upstream)) if approved.upgrade else None
         try:
             await _relay(upstream_reader, writer)
         finally:
@@ -263,3 +273,22 @@ async def _relay(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> No
             sink.write_eof()
     except (ConnectionError, OSError):
         pass
+
+
+async def _relay_frames(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    """The leader's bytes after an upgrade, in frames (runtime/door_client.py):
+    TLS cannot half-close, so the end of the leader's input (an exec's stdin,
+    `ssh host wc -c < file`) is a frame of its own, here a half-close of the
+    sink. The source's end without it ends the input too."""
+    try:
+        while True:
+            length = int.from_bytes(await source.readexactly(FRAME_HEADER), "big")
+            if length == 0 or length > FRAME_LIMIT:
+                break
+            sink.write(await source.readexactly(length))
+            await sink.drain()
+    except (asyncio.IncompleteReadError, ConnectionError, OSError):
+        pass
+    with contextlib.suppress(ConnectionError, OSError):
+        if sink.can_write_eof():
+            sink.write_eof()

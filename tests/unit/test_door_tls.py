@@ -1,0 +1,190 @@
+"""The mutual TLS of the worker's door (service/swarm_tls.py, docs/swarm.md)
+on real sockets: only the leader's certificate from the environment's CA
+opens a door, plain HTTP gets nothing, the leader talks only to a worker's
+certificate, a bundle is checked before it is installed, and the end of an
+exec's stdin crosses TLS as a frame of its own (a half-close to the engine)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import subprocess
+
+import pytest
+from support.door_tls import DoorTls, make_door_tls
+
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.door_client import DoorClient
+from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.service import swarm_tls
+from gpuhost_agent.service.config import ConfigError
+from gpuhost_agent.streams.node_proxy import NodeProxy
+
+KEY = "k" * 24
+
+
+@pytest.fixture
+def door_tls(tmp_path) -> DoorTls:
+    """The environment's CA, the leader's and a worker's certificates (service/swarm_tls.py)."""
+    return make_door_tls(tmp_path)
+
+
+ID = "5e7140ba6f17c65a09300a61fbb9e36a520b40a8869c52175d0f97f718ab2a59"
+ASK = f"GET /gpuhost/machine HTTP/1.1\r\nAuthorization: Bearer {KEY}\r\n\r\n".encode()
+
+
+class _Engine:
+    async def inspect(self, ident: str) -> dict:
+        return {"Id": ident, "Config": {"Labels": {wire.LABEL_MANAGED: "true"}}, "State": {"Running": True}}
+
+    async def exec_inspect(self, ident: str) -> dict:
+        return {"ContainerID": ID}
+
+
+@pytest.fixture
+def other(tmp_path) -> DoorTls:
+    """Another environment's CA and certificates."""
+    base = tmp_path / "other"
+    base.mkdir()
+    return make_door_tls(base)
+
+
+@pytest.fixture
+def worker_as_client(door_tls) -> ssl.SSLContext:
+    """A worker's certificate used as a client (one worker at another's door)."""
+    context = ssl.create_default_context(cafile=str(door_tls.worker / swarm_tls.CA_CERT))
+    context.check_hostname = False
+    context.load_cert_chain(door_tls.worker / swarm_tls.CERT, door_tls.worker / swarm_tls.KEY)
+    return context
+
+
+@pytest.fixture
+def no_certificate(door_tls) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(door_tls.worker / swarm_tls.CA_CERT))
+    context.check_hostname = False
+    return context
+
+
+async def _ask(port: int, context: ssl.SSLContext | None) -> bytes:
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+        writer.write(ASK)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        return answer
+    except (ssl.SSLError, ConnectionError):
+        return b""
+
+
+async def test_only_the_leaders_certificate_opens_a_door(door_tls, other, worker_as_client, no_certificate) -> None:
+    proxy = NodeProxy(KEY, _Engine(), "/nonexistent", tls=door_tls.server())  # type: ignore[arg-type]
+    port = await proxy.start("127.0.0.1", 0)
+    try:
+        assert (await _ask(port, door_tls.client())).startswith(b"HTTP/1.1 404")  # served (no machine report)
+        assert await _ask(port, None) == b""  # plain HTTP: the key and the bytes in clear, never served
+        assert await _ask(port, no_certificate) == b""
+        assert await _ask(port, worker_as_client) == b""
+        assert await _ask(port, other.client()) == b""  # another environment's leader
+    finally:
+        await proxy.stop()
+
+
+async def test_the_leader_talks_only_to_a_workers_certificate_of_its_environment(door_tls, other) -> None:
+    for impostor in (other.server(), swarm_tls_leader_as_server(door_tls)):
+        proxy = NodeProxy(KEY, _Engine(), "/nonexistent", tls=impostor)  # type: ignore[arg-type]
+        port = await proxy.start("127.0.0.1", 0)
+        door = DoorClient("127.0.0.1", port, KEY, door_tls.client())
+        try:
+            with pytest.raises(EngineError, match="SSL|certificate"):
+                await door.machine(live=True)
+        finally:
+            await door.close()
+            await proxy.stop()
+
+
+def swarm_tls_leader_as_server(tls: DoorTls) -> ssl.SSLContext:
+    """The leader's own certificate, served as if it were a door's."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(tls.leader / swarm_tls.CA_CERT))
+    context.load_cert_chain(tls.leader / swarm_tls.CERT, tls.leader / swarm_tls.KEY)
+    return context
+
+
+def test_a_bundle_is_checked_before_a_worker_takes_it(door_tls, other, tmp_path) -> None:
+    mixed = tmp_path / "mixed.pem"  # a worker's key and certificate with another environment's CA
+    key_cert = swarm_tls.bundle(door_tls.leader).split(b"-----BEGIN CERTIFICATE-----")
+    ca = (other.leader / swarm_tls.CA_CERT).read_bytes()
+    mixed.write_bytes(key_cert[0] + b"-----BEGIN CERTIFICATE-----" + key_cert[1] + ca)
+    with pytest.raises(ConfigError, match="not signed"):
+        swarm_tls.install_worker(mixed, tmp_path / "w1")
+    leader_bundle = tmp_path / "leader.pem"
+    leader_bundle.write_bytes(
+        (door_tls.leader / swarm_tls.KEY).read_bytes()
+        + (door_tls.leader / swarm_tls.CERT).read_bytes()
+        + (door_tls.leader / swarm_tls.CA_CERT).read_bytes()
+    )
+    with pytest.raises(ConfigError, match="not a worker's"):
+        swarm_tls.install_worker(leader_bundle, tmp_path / "w2")
+    with pytest.raises(ConfigError, match="not a Swarm worker's certificate"):
+        swarm_tls.server_context(door_tls.leader)
+    with pytest.raises(ConfigError, match="missing"):
+        swarm_tls.client_context(tmp_path / "none")
+    assert (door_tls.worker / swarm_tls.KEY).stat().st_mode & 0o777 == 0o600
+    assert not (door_tls.worker / swarm_tls.CA_KEY).exists()  # the CA's key stays with the leader
+
+
+def test_install_sh_runs_the_module_as_a_program(tmp_path) -> None:
+    import sys
+
+    run = [sys.executable, "-m", "gpuhost_agent.service.swarm_tls"]
+    subprocess.run([*run, "leader", str(tmp_path / "l")], check=True, timeout=60)
+    subprocess.run([*run, "bundle", str(tmp_path / "l"), str(tmp_path / "b.pem")], check=True, timeout=60)
+    subprocess.run([*run, "worker", str(tmp_path / "b.pem"), str(tmp_path / "w")], check=True, timeout=60)
+    assert (tmp_path / "b.pem").stat().st_mode & 0o777 == 0o600
+    swarm_tls.server_context(tmp_path / "w")
+    swarm_tls.client_context(tmp_path / "l")
+    bad = subprocess.run([*run, "worker", str(tmp_path / "l" / "cert.pem"), str(tmp_path / "x")], timeout=60)
+    assert bad.returncode == 1
+
+
+async def test_the_end_of_an_execs_stdin_crosses_tls_as_a_half_close_to_the_engine(door_tls, tmp_path) -> None:
+    """`ssh host wc -c < file`: the leader ends the input with write_eof, which
+    TLS cannot send; the door half-closes the engine's side on its frame."""
+    got = bytearray()
+    ended = asyncio.Event()
+
+    async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        assert json.loads(await reader.readexactly(length)) == {"Detach": False, "Tty": False}
+        writer.write(b"HTTP/1.1 101 UPGRADED\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n")
+        while chunk := await reader.read(65536):
+            got.extend(chunk)
+        ended.set()  # the exec's stdin closed: it answers and ends
+        writer.write(f"count-{len(got)}".encode())
+        await writer.drain()
+        writer.close()
+
+    path = str(tmp_path / "engine.sock")
+    server = await asyncio.start_unix_server(engine, path)
+    proxy = NodeProxy(KEY, _Engine(), path, tls=door_tls.server())  # type: ignore[arg-type]
+    port = await proxy.start("127.0.0.1", 0)
+    door = DoorClient("127.0.0.1", port, KEY, door_tls.client())
+    try:
+        reader, writer = await door.exec_start(ID, tty=False)
+        data = bytes(range(256)) * 1000  # more than one frame
+        writer.write(data)
+        await writer.drain()
+        assert writer.can_write_eof()
+        writer.write_eof()
+        await asyncio.wait_for(ended.wait(), 10)
+        assert bytes(got) == data
+        assert await asyncio.wait_for(reader.read(), 10) == f"count-{len(data)}".encode()
+        writer.close()
+    finally:
+        await door.close()
+        await proxy.stop()
+        server.close()
+        await server.wait_closed()
+    assert proxy.served == 1
