@@ -45,6 +45,8 @@ NETWORKS = [
     {"Name": "bridge", "IPAM": {"Config": [{"Subnet": "172.17.0.0/16", "Gateway": "172.17.0.1"}]}},
     {"Name": "p_default", "IPAM": {"Config": [{"Subnet": "10.0.7.0/24"}, {"Subnet": "fd00:7::/64"}]}},
     {"Name": "host", "IPAM": {"Config": []}},
+    {"Name": "docker_gwbridge", "Scope": "local", "IPAM": {"Config": [{"Subnet": "172.18.0.0/16"}]}},
+    {"Name": "ingress", "Scope": "swarm", "IPAM": {"Config": [{"Subnet": "10.0.0.0/24"}]}},  # the LAN's too
     {"Name": "odd", "IPAM": None},
 ]
 
@@ -56,6 +58,8 @@ NETWORKS = [
         ("::ffff:172.17.0.5", True),  # a dual-stack socket's view of the same
         ("10.0.7.9", True),
         ("fd00:7::9%eth0", True),
+        ("172.18.0.3", True),  # a container on an overlay, through its host's gateway bridge
+        ("10.0.0.5", False),  # the leader's machine on a LAN an overlay's subnet overlaps
         ("192.0.2.1", False),  # the leader's machine
         ("127.0.0.1", False),
         ("not-an-address", True),

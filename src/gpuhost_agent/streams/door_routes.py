@@ -97,9 +97,13 @@ def events_head() -> bytes:
 
 
 def from_container(peer: str, networks: list[dict]) -> bool:
-    """Whether a connection's address is in one of the engine's networks (a
-    container's, on a bridge, an overlay's gateway bridge or any other): such
-    a peer is never served, key or not. Anything not an address counts as one."""
+    """Whether a connection's address is in one of the engine's local networks
+    (a container's, on a bridge, or on docker_gwbridge, through which a
+    container on an overlay reaches its host): such a peer is never served,
+    key or not. Anything not an address counts as one. Overlays (scope swarm)
+    are left out: their packets reach a host's address only through
+    docker_gwbridge, and their subnets (10.0.0.0/8 by default) may hold the
+    leader's own LAN address."""
     try:
         address = ipaddress.ip_address(peer.split("%", 1)[0])
     except ValueError:
@@ -107,7 +111,9 @@ def from_container(peer: str, networks: list[dict]) -> bool:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
     for network in networks:
-        for config in ((network.get("IPAM") or {}).get("Config") or []) if isinstance(network, dict) else []:
+        if not isinstance(network, dict) or network.get("Scope") == "swarm":
+            continue
+        for config in (network.get("IPAM") or {}).get("Config") or []:
             try:
                 if address in ipaddress.ip_network(str((config or {}).get("Subnet")), strict=False):
                     return True
