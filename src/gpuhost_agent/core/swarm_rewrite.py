@@ -26,9 +26,10 @@ fit the share. A stack whose tasks would each get less than a usable slice
 caps the containers of one stack (MAX_CONTAINERS) on both kinds of host.
 
 `cgroup: private` is dropped: a Swarm service has no cgroup namespace setting
-(`docker stack deploy` has no such key and the engine's service spec no such
-field), so each node's dockerd must default to it (`default-cgroupns-mode`,
-already so on cgroup v2).
+(the engine's service spec has no such field, and `docker stack deploy`
+converts no `cgroupns_mode` into one: docker/cli cli/compose/convert/service.go),
+so each node's dockerd must default to it (`default-cgroupns-mode: private`,
+already the default on cgroup v2).
 """
 
 from __future__ import annotations
