@@ -34,6 +34,10 @@ SERVE = "mkdir /www && echo through-the-door > /www/i && exec httpd -f -p 8080 -
 
 @pytest.fixture
 def containers(docker_client):
+    """The agent's container on a network of its stack (a tunnel dials only
+    there: streams/sandbox_addresses.py), and a container not the agent's."""
+    project = {"com.docker.compose.project": "node-proxy-test"}
+    network = docker_client.networks.create("node-proxy-test", labels={**project, "gpuhost-test": "node-proxy"})
     made = []
     for managed in ("true", "false"):
         made.append(
@@ -41,13 +45,15 @@ def containers(docker_client):
                 TEST_IMAGE,
                 ["sh", "-c", SERVE],
                 detach=True,
-                labels={wire.LABEL_MANAGED: managed, "gpuhost-test": "node-proxy"},
+                labels={wire.LABEL_MANAGED: managed, "gpuhost-test": "node-proxy", **project},
                 ports={"8080/tcp": None, "9000/tcp": None},  # declared (ExposedPorts); nothing on 9000
+                network=network.name,
             )
         )
     yield made[0].id, made[1].id
     for container in made:
         container.remove(force=True)
+    network.remove()
 
 
 @pytest.fixture
@@ -235,8 +241,13 @@ async def test_a_last_hop_speaks_tls_on_the_containers_machine_when_asked(door, 
         TLS_IMAGE,
         ["sh", "-c", HTTPS],
         detach=True,
-        labels={wire.LABEL_MANAGED: "true", "gpuhost-test": "node-proxy"},
+        labels={
+            wire.LABEL_MANAGED: "true",
+            "gpuhost-test": "node-proxy",
+            "com.docker.compose.project": "node-proxy-test",
+        },
         ports={"8443/tcp": None},
+        network="node-proxy-test",  # the stack's network, made by the containers fixture
     )
     try:
         info = await asyncio.to_thread(docker_client.api.inspect_container, secure.id)
@@ -398,3 +409,25 @@ async def _raw_to(host: str, port: int) -> bytes:
     answer = await asyncio.wait_for(reader.read(), 10)
     writer.close()
     return answer
+
+
+async def test_the_door_dials_no_address_outside_the_containers_stack_networks(door, docker_client) -> None:
+    """The door judges the address as the leader does (streams/sandbox_addresses.py):
+    an agent's container on no network of its stack (here the engine's default
+    bridge, which every container may be put on) is not dialled, whatever port
+    it declares (issue 31, finding 5)."""
+    outside = await asyncio.to_thread(
+        docker_client.containers.run,
+        TEST_IMAGE,
+        ["sh", "-c", SERVE],
+        detach=True,
+        labels={wire.LABEL_MANAGED: "true", "gpuhost-test": "node-proxy"},
+        ports={"8080/tcp": None},
+    )
+    try:
+        info = await asyncio.to_thread(docker_client.api.inspect_container, outside.id)
+        address = next(iter(info["NetworkSettings"]["Networks"].values()))["IPAddress"]
+        with pytest.raises(EngineError, match="outside the networks"):
+            await door.connect_through(outside.id, address, 8080)
+    finally:
+        await asyncio.to_thread(outside.remove, force=True)

@@ -108,7 +108,7 @@ class SwarmStreams(EngineStreams):
         if info.get(REMOTE_NODE):
             return await self._door(info).dial(info, address, port, tls=tls, timeout=timeout)
         pid = int((info.get("State") or {}).get("Pid") or 0)
-        return await dial_in_namespace(pid, address, port, timeout, tls)
+        return await dial_in_namespace(pid, address, port, timeout, tls, container_id=str(info.get("Id") or ""))
 
     async def open_files(self, info: dict) -> ContainerFiles:
         if info.get(REMOTE_NODE):

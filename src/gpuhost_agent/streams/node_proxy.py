@@ -77,7 +77,7 @@ from gpuhost_agent.streams.door_routes import (
     from_container,
     route,
 )
-from gpuhost_agent.streams.tunnel import CONNECT_TIMEOUT
+from gpuhost_agent.streams.tunnel import CONNECT_TIMEOUT, address_judge
 
 log = get_logger(__name__)
 
@@ -186,15 +186,20 @@ class NodeProxy:
         if approved.what == "files":
             state, config = approved.info.get("State") or {}, approved.info.get("Config") or {}
             try:
-                helper = await start_helper(int(state.get("Pid") or 0), str(config.get("User") or ""))
+                helper = await start_helper(int(state.get("Pid") or 0), str(config.get("User") or ""), approved.ident)
             except OSError as exc:
                 raise Refused(503, f"no file session: {exc}"[:300]) from None
             assert helper.stdout is not None and helper.stdin is not None
             return helper.stdout, helper.stdin, partial(end_helper, helper)
         if approved.what == "connect":
             pid, address, port, tls = dial_target(approved)
+            problem = (await address_judge(approved.info, self.engine.network))(address)
+            if problem:  # the leader judged it too: this machine's engine and addresses say the same
+                raise Refused(403, problem)
             try:
-                upstream_reader, upstream = await dial_in_namespace(pid, address, port, CONNECT_TIMEOUT, tls)
+                upstream_reader, upstream = await dial_in_namespace(
+                    pid, address, port, CONNECT_TIMEOUT, tls, container_id=approved.ident
+                )
             except ConnectionRefusedError as exc:
                 raise Refused(503, f"{SERVICE_REFUSED}: {exc}"[:300]) from None
             except ssl.SSLError as exc:
