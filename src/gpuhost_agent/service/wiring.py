@@ -86,8 +86,7 @@ class AgentParts:
 
 def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
     """Every object of a running agent, each given its collaborators here and
-    nowhere else. The order follows the dependencies: nothing is attached
-    after it was built."""
+    nowhere else, in the order of their dependencies: nothing is attached later."""
     SECRETS.add(api_key, config.swarm_key)
     db = AgentDB(config.state_dir / DB_FILE)
     if db.rebuilt_because and db.rebuilt_because != "no state file yet":
@@ -102,13 +101,9 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
     schedule = Schedule()
     ledger = GpuLedger(db)
     ledger.import_legacy(config.state_dir / "gpu-assignments.json")
+    tls = swarm_tls.context_or_exit("leader", config.swarm_tls_dir) if leader and config.swarm_key else None
     stream_engine = (  # a leader reads other machines' logs, and opens terminals there through their agents
-        SwarmStreams(
-            key=config.swarm_key,
-            workers=config.swarm_workers,
-            worker_port=config.swarm_listen[1],
-            tls=swarm_tls.context_or_exit("leader", config.swarm_tls_dir) if config.swarm_key else None,
-        )
+        SwarmStreams(key=config.swarm_key, workers=config.swarm_workers, worker_port=config.swarm_listen[1], tls=tls)
         if leader
         else EngineStreams()
     )
