@@ -50,6 +50,14 @@ def test_replicas_beyond_a_usable_slice_of_the_share_are_refused_naming_the_limi
     assert "deploy.replicas 2" in str(refused.value) and f"{MIN_TASK_MIB} MiB" in str(refused.value)
 
 
+def test_a_task_asking_less_than_the_floor_is_not_refused_for_it() -> None:
+    """The floor is on the share each task could have, not on what the renter
+    asks: a service that wants 16 MiB (to be OOM-killed on purpose, or small
+    by nature) runs with 16 MiB."""
+    stack = _swarm({"small": {"image": "x", "mem_limit": str(16 * 2**20), "deploy": {"replicas": 2}}})
+    assert int(stack["services"]["small"]["deploy"]["resources"]["limits"]["memory"]) == 16 * 2**20
+
+
 @pytest.mark.parametrize(
     "service, words",
     [

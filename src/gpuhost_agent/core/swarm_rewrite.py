@@ -140,10 +140,11 @@ def _translate(
     if replicas > 1 and as_mapping(service.get("labels")).get(GPU_LABEL):
         problems.append(f"{where}: a service with GPUs runs one task (deploy.replicas: 1): its GPUs are pinned")
     limits = _limits(service, sharing, ctx)
-    if replicas and (int(limits["memory"]) < MIN_TASK_MEMORY or ctx.cpus / max(sharing, 1) < MIN_CPUS):
+    each = ctx.memory_bytes // max(sharing, 1)  # the share a task may have; the renter may ask less
+    if replicas and (each < MIN_TASK_MEMORY or ctx.cpus / max(sharing, 1) < MIN_CPUS):
         problems.append(
             f"{where}: deploy.replicas {replicas}: the rental would run {sharing} tasks on one machine, each with "
-            f"{int(limits['memory']) // 2**20} MiB of its {ctx.memory_bytes // 2**20} MiB share; "
+            f"{each // 2**20} MiB of its {ctx.memory_bytes // 2**20} MiB share; "
             f"a task needs at least {MIN_TASK_MEMORY // 2**20} MiB and {MIN_CPUS} CPUs"
         )
     out["deploy"] = {
