@@ -86,7 +86,8 @@ start_engine() {
         DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1 PATH="$here/fake-nvidia:$PATH" \
         nsenter --net="/run/netns/$(node_ns "$i")" \
         dockerd --data-root "$ROOT/n$i" --exec-root "$dir/exec" --pidfile "$dir/dockerd.pid" \
-        --host "unix://$(node_sock "$i")" --no-new-privileges "${gpu_args[@]}" --log-level warn \
+        --host "unix://$(node_sock "$i")" --no-new-privileges --default-cgroupns-mode private \
+        "${gpu_args[@]}" --log-level warn \
         >"$log" 2>&1 </dev/null &
     SWARM_TESTS="$here/../tests" write_nvml_config "$i"
 }

@@ -119,6 +119,10 @@ async def test_doctor_tells_a_swarm_node_whose_engine_holds_no_new_privileges(no
     facts["noNewPrivileges"] = {"default": False, "detail": "as this machine's own engine"}
     check = next(c for c in compliance.evaluate(_host(facts), Requirements()) if c.id == "swarm-no-new-privileges")
     assert not check.ok and "setuid" in check.summary
+    # A Swarm task cannot ask for its own cgroup namespace either: the nodes give it (cgroup v1 here).
+    assert facts["cgroupnsPrivate"]["default"] is True, facts["cgroupnsPrivate"]
+    check = next(c for c in compliance.evaluate(_host(facts), Requirements()) if c.id == "swarm-cgroupns")
+    assert check.ok and not check.skipped
 
     monkeypatch.delenv("DOCKER_HOST")
     engine = DockerEngine()
@@ -127,6 +131,7 @@ async def test_doctor_tells_a_swarm_node_whose_engine_holds_no_new_privileges(no
     finally:
         engine.close()
     assert own["swarm"]["state"] == "inactive" and own["noNewPrivileges"]["default"] is False
+    assert own["cgroupnsPrivate"]["default"] is (own["cgroupVersion"] == "2")  # the engine's own default
 
 
 def _host(docker_facts: dict) -> dict:

@@ -91,6 +91,7 @@ def healthy_system_data() -> dict:
                 "swarm": {"state": "inactive", "nodeId": None, "manager": False, "nodes": None},
                 "gpuContainers": {"ok": True, "method": "engine-info", "detail": "nvidia runtime registered"},
                 "noNewPrivileges": {"default": False, "detail": "dockerd pid 812: /etc/docker/daemon.json"},
+                "cgroupnsPrivate": {"default": True, "detail": "dockerd pid 812: /etc/docker/daemon.json"},
                 "storageQuota": {
                     "available": False,
                     "detail": "overlay2 on extfs: a size per container needs XFS with project quotas",
@@ -234,6 +235,7 @@ def good_host() -> dict:
                 "gpuContainers": {"ok": True, "method": "container", "detail": None},
                 "swarm": {"state": "inactive", "nodeId": None, "manager": False, "nodes": None},
                 "noNewPrivileges": {"default": False, "detail": "dockerd pid 812: /etc/docker/daemon.json"},
+                "cgroupnsPrivate": {"default": True, "detail": "dockerd pid 812: /etc/docker/daemon.json"},
                 "storageQuota": {
                     "available": False,
                     "detail": "overlay2 on extfs: a size per container needs XFS with project quotas",

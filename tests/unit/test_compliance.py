@@ -27,6 +27,14 @@ def _set(path: str, value):
     return mutate
 
 
+def _all(*mutations):
+    def mutate(data: dict) -> None:
+        for mutation in mutations:
+            mutation(data)
+
+    return mutate
+
+
 # (check id that must fail, how the probe is broken, words the reason must contain, words the fix must contain)
 FAILURES = [
     ("nvidia-gpu", _set("nvml.available", False), "no NVIDIA GPU", "install the NVIDIA driver"),
@@ -71,6 +79,16 @@ FAILURES = [
         _set("host.docker.swarm", {"state": "active", "nodeId": "n1", "manager": True, "nodes": 2}),
         "does not give containers no-new-privileges",
         '"no-new-privileges": true',
+    ),
+    (
+        "swarm-cgroupns",
+        _all(
+            _set("host.docker.swarm", {"state": "active", "nodeId": "n1", "manager": True, "nodes": 2}),
+            _set("host.docker.noNewPrivileges", {"default": True, "detail": "dockerd pid 1: --no-new-privileges"}),
+            _set("host.docker.cgroupnsPrivate", {"default": False, "detail": "dockerd pid 1: cgroup v1"}),
+        ),
+        "does not give containers a cgroup namespace of its own",
+        '"default-cgroupns-mode": "private"',
     ),
     ("disk-space", _set("host.storage.freeBytes", 12 * GIB), "only 12.0 GiB free", "docker system prune"),
     ("disk-space", _set("host.storage.freeBytes", None), "cannot tell the free space", "docker system prune"),
@@ -179,7 +197,8 @@ def test_a_missing_driver_fails_once_and_what_cannot_apply_is_skipped() -> None:
         "driver-version",
         "gpu-memory-errors",
         "gpu-models",
-        "swarm-no-new-privileges",  # a machine of its own
+        "swarm-cgroupns",  # a machine of its own
+        "swarm-no-new-privileges",
         "toolkit-visible-devices",
     ]
     assert all(text.startswith("skipped: ") for text in skipped.values())

@@ -10,6 +10,7 @@ import socket
 import pytest
 
 from gpuhost_agent.runtime.dockerd_settings import (
+    cgroupns_private,
     config_file,
     engine_no_new_privileges,
     engine_pid,
@@ -32,6 +33,22 @@ from gpuhost_agent.runtime.dockerd_settings import (
 )
 def test_flag_then_daemon_json(cmdline, daemon_json, held) -> None:
     assert no_new_privileges(cmdline, daemon_json) is held
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "daemon_json", "version", "private"),
+    [
+        (["dockerd"], None, "1", False),  # cgroup v1's default: the host's namespace
+        (["dockerd"], None, "2", True),
+        (["dockerd", "--default-cgroupns-mode", "private"], None, "1", True),
+        (["dockerd", "--default-cgroupns-mode=host"], {"default-cgroupns-mode": "private"}, "2", False),
+        (["dockerd"], {"default-cgroupns-mode": "private"}, "1", True),
+        (["dockerd"], {"default-cgroupns-mode": "host"}, "2", False),
+        (["dockerd", "--default-cgroupns-mode"], None, "1", False),  # a flag without its value
+    ],
+)
+def test_cgroupns_flag_then_daemon_json_then_the_engines_default(cmdline, daemon_json, version, private) -> None:
+    assert cgroupns_private(cmdline, daemon_json, version) is private
 
 
 def test_which_files_and_sockets() -> None:

@@ -186,33 +186,52 @@ def _docker_checks(docker: dict, compose: dict, kit: dict, req: Requirements) ->
         if compose["available"]
         else Check("compose", False, f"Docker Compose unavailable: {compose.get('error')}", compose_remedy),
         _gpu_containers_check(gpu_containers, docker["available"], kit["installed"]),
-        _swarm_node_check(docker),
+        *_swarm_node_checks(docker),
     ]
 
 
-def _swarm_node_check(docker: dict) -> Check:
-    """A Swarm service cannot ask for no-new-privileges (core/swarm_rewrite.py),
-    so on a Swarm node the engine must give it to every container itself. On
-    a machine of its own the agent sets it on each container: nothing to check."""
+def _swarm_node_checks(docker: dict) -> list[Check]:
+    """What a Swarm service cannot ask for (core/swarm_rewrite.py), the engine
+    of a Swarm node must give every container itself: no-new-privileges, and a
+    cgroup namespace of its own (on cgroup v1 the default is the host's). On a
+    machine of its own the agent sets both on each container: nothing to check."""
+    return [
+        _swarm_default(
+            docker,
+            ("swarm-no-new-privileges", "noNewPrivileges", "no-new-privileges"),
+            "a renter's process could gain privileges through a setuid program",
+            '"no-new-privileges": true',
+        ),
+        _swarm_default(
+            docker,
+            ("swarm-cgroupns", "cgroupnsPrivate", "a cgroup namespace of its own"),
+            "a renter's container would read the host's cgroup tree",
+            '"default-cgroupns-mode": "private"',
+        ),
+    ]
+
+
+def _swarm_default(docker: dict, names: tuple[str, str, str], risk: str, setting: str) -> Check:
+    """names: (the check's id, the probe's fact, what every container gets)."""
+    check_id, fact, what = names
     if not docker["available"]:
-        return _skip("swarm-no-new-privileges", "Docker Engine unreachable")
+        return _skip(check_id, "Docker Engine unreachable")
     if (docker.get("swarm") or {}).get("state") != "active":
-        return _skip("swarm-no-new-privileges", "not a Swarm node: the agent gives each container no-new-privileges")
-    held = docker.get("noNewPrivileges") or {}
-    remedy = 'set "no-new-privileges": true in /etc/docker/daemon.json and restart Docker'
+        return _skip(check_id, f"not a Swarm node: the agent gives each container {what}")
+    held = docker.get(fact) or {}
+    remedy = f"set {setting} in /etc/docker/daemon.json and restart Docker"
     if held.get("default") is None:
         return Check(
-            "swarm-no-new-privileges",
+            check_id,
             False,
-            f"cannot tell whether this Swarm node's dockerd gives containers no-new-privileges: {held.get('detail')}",
+            f"cannot tell whether this Swarm node's dockerd gives containers {what}: {held.get('detail')}",
             remedy,
         )
     return _check(
-        "swarm-no-new-privileges",
+        check_id,
         held["default"] is True,
-        f"this Swarm node's dockerd gives every container no-new-privileges ({held.get('detail')})",
-        "this Swarm node's dockerd does not give containers no-new-privileges, and Swarm services cannot ask "
-        "for it: a renter's process could gain privileges through a setuid program",
+        f"this Swarm node's dockerd gives every container {what} ({held.get('detail')})",
+        f"this Swarm node's dockerd does not give containers {what}, and Swarm services cannot ask for it: {risk}",
         remedy,
     )
 

@@ -87,8 +87,7 @@ async def docker_facts(engine: DockerEngine, gpu_check_image: str | None) -> dic
     facts["storageQuota"] = storage_quota(info, await asyncio.to_thread(read_mountinfo))
     facts["rentalLimits"] = await asyncio.to_thread(rental_limits, info.get("CgroupDriver"), info.get("CgroupVersion"))
     facts["gpuContainers"] = await _gpu_containers(engine, facts, gpu_check_image)
-    held, how = await asyncio.to_thread(dockerd_settings.engine_no_new_privileges)
-    facts["noNewPrivileges"] = {"default": held, "detail": how}
+    facts.update(await asyncio.to_thread(dockerd_settings.engine_defaults, None, info.get("CgroupVersion")))
     return facts
 
 

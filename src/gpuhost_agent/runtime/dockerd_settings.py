@@ -1,10 +1,12 @@
 """Settings of the dockerd process itself that `docker info` does not show:
-whether it gives every container no-new-privileges by default.
+whether it gives every container no-new-privileges, and a cgroup namespace
+of its own, by default.
 
-On one machine the agent writes `no-new-privileges` into every container it
-starts. A Swarm service cannot ask for it (`docker stack deploy` ignores
-`security_opt`: core/swarm_rewrite.py), so on a Swarm node the engine must
-hold it itself, and doctor must be able to tell. The engine is found by its
+On one machine the agent writes `no-new-privileges` and `cgroup: private`
+into every container it starts. A Swarm service can ask for neither
+(`docker stack deploy` ignores `security_opt` and has no cgroup namespace
+field: core/swarm_rewrite.py), so on a Swarm node the engine must hold them
+itself, and doctor must be able to tell. The engine is found by its
 socket: the kernel names the process at the other end of a unix socket
 (SO_PEERCRED), and that process's command line and daemon.json say the rest.
 An engine over TCP, or one whose files cannot be read, is "unknown" (None),
@@ -64,25 +66,62 @@ def config_file(cmdline: list[str]) -> str:
     return DEFAULT_DAEMON_JSON
 
 
+def cgroupns_private(cmdline: list[str], daemon_json: dict | None, cgroup_version: str | None) -> bool:
+    """Whether dockerd started with this command line and configuration gives
+    every container a cgroup namespace of its own. Pure. The flag wins over
+    the file; with neither, dockerd's default: private on cgroup v2, the
+    host's on v1."""
+    for i, arg in enumerate(cmdline[1:], start=1):
+        if arg.startswith("--default-cgroupns-mode="):
+            return arg.split("=", 1)[1] == "private"
+        if arg == "--default-cgroupns-mode" and i + 1 < len(cmdline):
+            return cmdline[i + 1] == "private"
+    mode = (daemon_json or {}).get("default-cgroupns-mode")
+    return mode == "private" if mode is not None else str(cgroup_version or "") == "2"
+
+
+def engine_defaults(docker_host: str | None = None, cgroup_version: str | None = None) -> dict:
+    """What the engine at DOCKER_HOST gives every container by default:
+    {"noNewPrivileges": {"default", "detail"}, "cgroupnsPrivate": {...}},
+    `default` None when it cannot be told. Blocking: run it in a thread."""
+    read = _engine_settings(docker_host if docker_host is not None else os.environ.get("DOCKER_HOST"))
+    if isinstance(read, str):
+        unknown = {"default": None, "detail": read}
+        return {"noNewPrivileges": unknown, "cgroupnsPrivate": dict(unknown)}
+    pid, cmdline, settings, daemon_json = read
+    flagged = [arg for arg in cmdline if arg.startswith(("--no-new-privileges", "--default-cgroupns-mode"))]
+    where = f"dockerd pid {pid}: " + (" ".join(flagged) or settings)
+    return {
+        "noNewPrivileges": {"default": no_new_privileges(cmdline, daemon_json), "detail": where},
+        "cgroupnsPrivate": {"default": cgroupns_private(cmdline, daemon_json, cgroup_version), "detail": where},
+    }
+
+
 def engine_no_new_privileges(docker_host: str | None = None) -> tuple[bool | None, str]:
     """(whether the engine at DOCKER_HOST defaults to no-new-privileges or None
     when that cannot be told, how it was told). Blocking: run it in a thread."""
-    path = engine_socket(docker_host if docker_host is not None else os.environ.get("DOCKER_HOST"))
+    held = engine_defaults(docker_host)["noNewPrivileges"]
+    return held["default"], held["detail"]
+
+
+def _engine_settings(docker_host: str | None) -> tuple[int, list[str], str, dict | None] | str:
+    """(pid, command line, daemon.json path, its contents or None) of the
+    dockerd behind DOCKER_HOST, or why they cannot be read."""
+    path = engine_socket(docker_host)
     if path is None:
-        return None, "the engine is not on a local unix socket"
+        return "the engine is not on a local unix socket"
     pid = engine_pid(path)
     if pid is None:
-        return None, f"no process answers on {path}"
+        return f"no process answers on {path}"
     try:
         cmdline = [arg.decode() for arg in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if arg]
     except OSError as exc:
-        return None, f"cannot read the engine's command line (pid {pid}): {exc.strerror}"
+        return f"cannot read the engine's command line (pid {pid}): {exc.strerror}"
     settings = config_file(cmdline)
     try:
         daemon_json = json.loads(Path(f"/proc/{pid}/root{settings}").read_text())
     except FileNotFoundError:
         daemon_json = None
     except (OSError, ValueError) as exc:
-        return None, f"cannot read {settings}: {exc}"
-    where = f"dockerd pid {pid}: " + ("--no-new-privileges" if "--no-new-privileges" in cmdline else settings)
-    return no_new_privileges(cmdline, daemon_json), where
+        return f"cannot read {settings}: {exc}"
+    return pid, cmdline, settings, daemon_json
