@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuhost_agent.core.compose_rewrite import StackRejected, check_variables
 from gpuhost_agent.runtime.compose import VARIABLES_FILE, ComposeRunner, find_compose_command, host_environment
 
 ALLOWED = {"PATH", "HOME", "DOCKER_CONFIG", "DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH"}
@@ -146,3 +147,12 @@ def test_every_value_reaches_compose_exactly_and_adds_no_variable(tmp_path: Path
     wrong = {key: (value, got.get(key)) for key, value in variables.items() if got.get(key) != value}
     assert not wrong, json.dumps(wrong)
     assert model["name"] == "p"
+
+
+@pytest.mark.parametrize("name", ["PATH\n", "HOME\n", "V\nLD_PRELOAD", "A B"])
+def test_a_name_is_a_whole_name(name: str) -> None:
+    """`$` in a regular expression also matches before a final newline: "PATH\\n"
+    passed as a name (the red team's H5) and became a line of its own in the
+    env file."""
+    with pytest.raises(StackRejected, match="invalid"):
+        check_variables({name: "x"})

@@ -81,3 +81,46 @@ def test_keys_are_their_text_and_compose_tags_stay_on_values() -> None:
     service = compose_yaml.parse(text)["services"]["app"]
     assert service["labels"] == {"on": "a", "1": "b", "~": "c"}  # strings, as Compose reads them
     assert "!reset" in review(text).text  # Compose's own tag reaches Compose
+
+
+def _merge_bomb(levels: int) -> str:
+    """Each anchor merges the one before twice: a kilobyte that stands for 2**levels mappings."""
+    lines = ["x-0: &m0 {a: 1}"]
+    lines += [f"x-{i}: &m{i} {{<<: [*m{i - 1}, *m{i - 1}]}}" for i in range(1, levels + 1)]
+    return "\n".join(lines) + f"\n<<: *m{levels}\n" + BASE
+
+
+def _alias_tree(levels: int) -> str:
+    lines = ["x-0: &a0 [aaaaaaaaaaaaaaaa]"] + [f"x-{i}: &a{i} [*a{i - 1}, *a{i - 1}]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\n" + BASE
+
+
+@pytest.mark.parametrize(
+    "text",
+    [_merge_bomb(18), _merge_bomb(40), _alias_tree(20), "x: &a [1, *a]\n" + BASE, "x: " + "[" * 5000 + "]" * 5000],
+    ids=["merges-18", "merges-40", "aliases-20", "recursive", "deep"],
+)
+def test_a_file_that_expands_past_the_bound_is_refused_before_any_walk(text: str) -> None:
+    """The red team's bomb: 18 levels of merges kept the event loop for 1.6 s
+    (40 would be years) in the raw pass's merge walks, and an alias tree
+    without merges cost Compose minutes of CPU; both were accepted. Now the
+    expanded size is counted once per node and bounded (compose_yaml.MAX_EXPANDED_NODES)."""
+    with pytest.raises(ValueError, match="expand|refers to|nest|depth"):
+        review(text)
+
+
+def test_a_mapping_merged_along_many_paths_is_edited_once() -> None:
+    """Within the bound, the merge walks look at each mapping once: a shared
+    base reached by many merges still loses its env_file everywhere."""
+    text = "x-0: &m0 {env_file: /etc/passwd}\n" + "".join(
+        f"x-{i}: &m{i} {{<<: [*m{i - 1}, *m{i - 1}]}}\n" for i in range(1, 12)
+    )
+    text += "services:\n  app:\n    image: busybox\n    <<: *m11\n"
+    reviewed = review(text)
+    assert any("env_file" in problem for problem in reviewed.problems)
+    assert "env_file" not in reviewed.text
+
+
+def test_a_value_of_the_wrong_kind_is_left_to_compose_not_a_crash() -> None:
+    """`profiles: 5` raised TypeError in the raw pass ("internal agent error")."""
+    assert review(BASE + "    profiles: 5\n").problems == []

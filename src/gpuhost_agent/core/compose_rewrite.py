@@ -27,7 +27,7 @@ _RESERVED_EXACT = {
 _RESERVED_PREFIXES = ("COMPOSE_", "DOCKER_", "BUILDKIT_")
 # Compose settings a renter may choose: which profiles' services start.
 _ALLOWED_COMPOSE = {"COMPOSE_PROFILES"}
-_VARIABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class StackRejected(ValueError):
@@ -37,7 +37,7 @@ class StackRejected(ValueError):
 def check_variables(variables: dict[str, str]) -> None:
     """Refuse template variables that are not usable names or that steer Compose."""
     for name in variables:
-        if not _VARIABLE_NAME.match(name):
+        if not _VARIABLE_NAME.fullmatch(name):
             raise StackRejected(
                 f"environment variable name {name!r} is invalid: use letters, digits and '_', not starting with a digit"
             )

@@ -109,15 +109,87 @@ def _check_tags(text: str) -> None:
             )
 
 
+# Nodes of the file with every alias and merge written out. Anchors let a
+# file of a kilobyte stand for billions of nodes ("billion laughs"): every
+# walk over it, here or in Compose, would take hours while the renter waits
+# for nothing. Real Compose files are a few thousand nodes at most.
+MAX_EXPANDED_NODES = 50_000
+
+
+MAX_DEPTH = 64  # collections inside collections; a Compose file needs about ten
+
+
+def _check_depth(text: str) -> None:
+    """Refuses collections nested past MAX_DEPTH, with libyaml's parser: the
+    pure-Python scanner takes time quadratic in the nesting of `[[[[...` (14 s
+    for 5,000 levels, years for a file at the size limit) before its first
+    event, so the depth must be known before it reads the file. libyaml
+    comes with PyYAML's wheels; without it the pure-Python parser reads on."""
+    if not getattr(yaml, "__with_libyaml__", False):
+        return
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.CSafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                line = event.start_mark.line + 1 if event.start_mark is not None else "?"
+                raise ValueError(f"not acceptable YAML (line {line}): collections nested more than {MAX_DEPTH} deep")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
+def _check_expanded_size(root: yaml.Node) -> None:
+    """Refuses a file whose aliases expand past MAX_EXPANDED_NODES, or refer
+    to themselves. Each node is sized once (iteratively: a deep file cannot
+    exhaust the stack)."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_sized = stack.pop()
+        if children_sized:
+            open_.discard(id(node))
+            sizes[id(node)] = 1 + sum(sizes[id(part)] for part in _children(node))
+            if sizes[id(node)] > MAX_EXPANDED_NODES:
+                raise ValueError(
+                    f"not acceptable YAML: its anchors and aliases expand to more than {MAX_EXPANDED_NODES} nodes"
+                )
+            continue
+        if id(node) in sizes:
+            continue
+        if id(node) in open_:
+            raise ValueError("not acceptable YAML: an alias refers to the node it is in")
+        open_.add(id(node))
+        stack.append((node, True))
+        stack.extend((part, False) for part in _children(node) if id(part) not in sizes)
+
+
 def parse(text: str) -> Any:
     """The document, or ValueError naming the line (tags, directives, keys,
-    duplicate keys, characters, bad YAML: see the module's docstring)."""
+    duplicate keys, characters, expansion, bad YAML: see the module's docstring)."""
     try:
         _check_characters(text)
+        _check_depth(text)
         _check_tags(text)
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        loader = _StrictLoader(text)
+        try:
+            root = loader.get_single_node()
+            if root is None:
+                return None
+            _check_expanded_size(root)
+            return loader.construct_document(root)
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
         _raise_readable(exc)
+    except RecursionError:
+        raise ValueError("not acceptable YAML: it is nested too deeply") from None
 
 
 def node_tree(text: str) -> yaml.Node | None:
@@ -142,15 +214,18 @@ def _merge_sources(node: yaml.MappingNode) -> list[yaml.MappingNode]:
     return sources
 
 
-def child(node: yaml.Node | None, key: str) -> yaml.Node | None:
-    """The value node under `key`, written here or merged in (written wins)."""
+def child(node: yaml.Node | None, key: str, _seen: set[int] | None = None) -> yaml.Node | None:
+    """The value node under `key`, written here or merged in (written wins).
+    A mapping merged in along several paths is looked in once."""
     if not isinstance(node, yaml.MappingNode):
         return None
+    seen = set() if _seen is None else _seen
+    seen.add(id(node))
     for key_node, value in node.value:
         if key_node.tag != MERGE_TAG and key_node.value == key:
             return value
     for source in _merge_sources(node):
-        found = child(source, key)
+        found = child(source, key, seen) if id(source) not in seen else None
         if found is not None:
             return found
     return None
@@ -163,13 +238,16 @@ def pairs(node: yaml.Node | None) -> list[tuple[str, yaml.Node]]:
     return [(str(k.value), v) for k, v in node.value if k.tag != MERGE_TAG]
 
 
-def remove(node: yaml.Node | None, key: str) -> None:
+def remove(node: yaml.Node | None, key: str, _seen: set[int] | None = None) -> None:
     """`key` out of the mapping, written or merged in (from a shared anchor too:
-    what the agent takes out, it takes out everywhere)."""
+    what the agent takes out, it takes out everywhere), each mapping once."""
     if not isinstance(node, yaml.MappingNode):
         return
+    seen = set() if _seen is None else _seen
+    seen.add(id(node))
     for source in _merge_sources(node):
-        remove(source, key)
+        if id(source) not in seen:
+            remove(source, key, seen)
     node.value = [(k, v) for k, v in node.value if k.tag == MERGE_TAG or k.value != key]
 
 

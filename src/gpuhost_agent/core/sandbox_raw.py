@@ -140,16 +140,13 @@ def _profiles(result: RawReview, services: object, active: set[str]) -> None:
     profiled = [
         name
         for name, spec in all_services
-        if isinstance(spec, dict)
-        and spec.get("profiles")
-        and "*" not in active
-        and not active & {str(p) for p in spec["profiles"]}
+        if _profile_names(spec) and "*" not in active and not active & set(_profile_names(spec))
     ]
     result.profiled = profiled
     if not profiled:
         return
     if len(profiled) == len(all_services):
-        names = sorted({str(p) for _, spec in all_services for p in spec.get("profiles") or [] if str(p)})
+        names = sorted({name for _, spec in all_services for name in _profile_names(spec) if name})
         result.problems.append(
             f"every service has profiles ({', '.join(profiled)}): services with profiles are not started; "
             f"set the template variable COMPOSE_PROFILES to the profiles to start ({', '.join(names)}, or *), "
@@ -157,6 +154,12 @@ def _profiles(result: RawReview, services: object, active: set[str]) -> None:
         )
     else:
         result.notices.append(f"not started, they have profiles: {', '.join(profiled)}")
+
+
+def _profile_names(spec: object) -> list[str]:
+    """A service's profiles, when they are a list (anything else is Compose's to refuse)."""
+    profiles = spec.get("profiles") if isinstance(spec, dict) else None
+    return [str(name) for name in profiles] if isinstance(profiles, list) else []
 
 
 def _items(section: object) -> list[tuple]:
