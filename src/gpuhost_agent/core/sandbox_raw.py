@@ -48,6 +48,9 @@ def review(text: str, profiles: str = "") -> RawReview:
     if "include" in document:
         result.problems.append("include is not allowed: it reads other files of the host; put everything in one file")
         compose_yaml.remove(root, "include")
+    if "models" in document:  # Compose's JSON model leaves it out: judged here or never
+        result.problems.append("models is not allowed: it runs a model runner on the host")
+        compose_yaml.remove(root, "models")
     for section in ("secrets", "configs"):
         section_node = compose_yaml.child(root, section)
         for name, spec in _items(document.get(section)):
@@ -95,6 +98,9 @@ def _service(result: RawReview, name: str, service: dict, node: yaml.Node | None
         extended = True
     if extended and not service.get("image") and "build" not in service:
         compose_yaml.put(node, "image", NO_IMAGE)  # what it extended gave the image: Compose reads on
+    if "models" in service:
+        result.problems.append(f"{where}: models is not allowed: it runs a model runner on the host")
+        compose_yaml.remove(node, "models")
     if "label_file" in service:
         result.problems.append(f"{where}: label_file is not allowed (it reads a file of the host)")
         compose_yaml.remove(node, "label_file")
