@@ -67,6 +67,7 @@ class AgentProcess:
             "GPUHOST_RECONCILE_GRACE_SECONDS": "4",
             "GPUHOST_LOG_LEVEL": "info",
             "GPUHOST_DISK_FLOOR": "0",  # a test machine's free disk is not the point (test_disk_floor.py)
+            "GPUHOST_ALLOWED_REGISTRIES": "127.0.0.1:5000",  # the local test registry
             **settings,
         }
         self.config.write_text("".join(f"{key}={value}\n" for key, value in lines.items()))

@@ -10,8 +10,9 @@ from pathlib import Path
 
 from gpuhost_agent.core.compose_rewrite import StackRejected
 from gpuhost_agent.core.sandbox import decide, refuse_with_compose_error, review_raw
-from gpuhost_agent.core.sandbox_context import GIB, SandboxContext
+from gpuhost_agent.core.sandbox_context import GIB, Registries, SandboxContext
 from gpuhost_agent.runtime.compose import ComposeError, ComposeRunner
+from gpuhost_agent.streams.tunnel import read_host_networks
 
 # Networks and volumes outside the stack that hostile files try to join by name.
 FOREIGN = frozenset({"bridge", "host", "none", "data", "outside", "otherproject_data", "otherproject_default"})
@@ -45,6 +46,7 @@ async def decide_file(
             home_dir=str(compose.home_dir),
             agent_dir=str(workdir.parent.parent),  # as state/stacks/<stack id>
             foreign_names=foreign,
+            registries=Registries(allowed=("127.0.0.1:5000",), host=tuple(await asyncio.to_thread(read_host_networks))),
         )
         hardened, notices = decide(model, raw, ctx)
     except StackRejected as exc:

@@ -12,6 +12,7 @@ from gpuhost_agent.core.deploy_failures import (
     pull_failure,
     service_images,
     with_output,
+    without_registry_reply,
 )
 from gpuhost_agent.protocol import wire
 
@@ -71,3 +72,17 @@ async def test_a_deploy_killed_at_the_rentals_memory_limit_says_so_like_the_cont
     assert told.endswith("; its last output: allocating")
     own = await describe_container(engine, container, "", lambda _rental: False)  # type: ignore[arg-type]
     assert own == "service 'train' was killed for running out of memory; its last output: allocating"
+
+
+def test_a_registry_reply_is_not_read_back_to_the_renter():
+    """Issue 31: whatever answered as a registry (a host service once, now a
+    redirect's or a token realm's target) is not echoed in errorMsg."""
+    engine_error = (
+        "Error response from daemon: error parsing HTTP 404 response body: invalid character 'H' looking for "
+        'beginning of value: "HOST-LOOPBACK-SECRET path=/v2/internal/x/manifests/tag"'
+    )
+    cleaned = without_registry_reply(engine_error)
+    assert "HOST-LOOPBACK-SECRET" not in cleaned and "invalid character" not in cleaned
+    assert cleaned.startswith("Error response from daemon: error parsing HTTP 404 response body")
+    message = pull_failure({"a": "r.example/x:1"}, ["r.example/x:1"], "manifest unknown " + "x" * 5000) or ""
+    assert len(message) < 600 and message.endswith("...")

@@ -12,6 +12,7 @@ containers stopped or are unhealthy.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -20,6 +21,14 @@ from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 
 LAST_OUTPUT = 500  # characters of a failing container's log in errorMsg
+PULL_MESSAGE = 300  # characters of Compose's message on a failed pull
+# The engine quotes a registry's reply it could not parse ("error parsing HTTP 404 response body: ...: "<body>"):
+# whatever answered as a registry (a redirect's or a token realm's target too) is not read back to the renter.
+REGISTRY_REPLY = re.compile(r"response body\b.*", re.DOTALL)
+
+
+def without_registry_reply(message: str) -> str:
+    return REGISTRY_REPLY.sub("response body (the registry's reply is not shown)", message, count=1)
 
 
 def service_images(model: Mapping[str, Any]) -> dict[str, str]:
@@ -36,7 +45,8 @@ def pull_failure(images: Mapping[str, str], missing: list[str], compose_message:
     if not named:
         return None
     hint = "is the reference right, and the image public or in a registry this host reaches?"
-    return f"deploy failed: {'; '.join(named)} ({hint}): {compose_message}"
+    reason = compose_message if len(compose_message) <= PULL_MESSAGE else compose_message[:PULL_MESSAGE] + "..."
+    return f"deploy failed: {'; '.join(named)} ({hint}): {reason}"
 
 
 # Whether a rental's containers together reached its memory limit (RentalCgroups).
@@ -86,6 +96,7 @@ async def describe_up_failure(
     rental_limit_reached: LimitReached | None = None,
 ) -> str:
     """The errorMsg of a deploy whose `compose up` failed."""
+    compose_message = without_registry_reply(compose_message)
     try:
         images = service_images(model)
         pulled = pull_failure(images, await engine.missing_images(sorted(set(images.values()))), compose_message)

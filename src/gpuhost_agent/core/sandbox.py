@@ -25,6 +25,7 @@ from gpuhost_agent.core.gpu_allocation import GpuSlot, NotEnoughGpus, slots_from
 from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.core.sandbox_context import (
     DEFAULT_PIDS_LIMIT,
+    Registries,
     SandboxContext,
     disk_floor_problem,
     machine_of,
@@ -33,6 +34,7 @@ from gpuhost_agent.core.sandbox_context import (
     rental_share,
 )
 from gpuhost_agent.core.sandbox_harden import harden
+from gpuhost_agent.core.sandbox_host_network import Absent, resolve_registries
 from gpuhost_agent.core.sandbox_policy import policy_violations
 from gpuhost_agent.core.sandbox_raw import RawReview, review
 from gpuhost_agent.core.sandbox_rewrite import rewrite
@@ -40,6 +42,7 @@ from gpuhost_agent.core.swarm_rewrite import SwarmPlacement, stack_nodes, swarm_
 from gpuhost_agent.inventory.host_probe import storage
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.rental_cgroups import CgroupError, RentalCgroups, RentalLimits
+from gpuhost_agent.streams.tunnel import read_host_networks
 
 log = get_logger(__name__)
 GPU_FAULT_PREFIX = "out of service: GPU "  # core/gpu_faults.py writes it; kept like the sandbox's changes
@@ -108,6 +111,8 @@ class Sandbox:
         rental_disk_bytes: int | None = None,
         swarm_peers: Callable[[str, str], Awaitable[dict[str, int]]] | None = None,
         swarm_encrypted: bool = False,
+        allowed_registries: tuple[str, ...] = (),
+        images_absent: Absent | None = None,
     ):
         """`cgroups` makes each rental's cgroup (runtime/rental_cgroups.py);
         without it each container has the rental's limits only. `swarm_peers`
@@ -123,6 +128,8 @@ class Sandbox:
         self.disk_floor_bytes = disk_floor_bytes
         self.rental_disk_bytes = rental_disk_bytes  # the host's fixed disk share per rental (disk_watch.py)
         self.swarm_peers = swarm_peers
+        # Registries local on purpose, and which images the engine lacks (whose registry it would contact).
+        self.allowed_registries, self.images_absent = allowed_registries, images_absent
         self._cgroup_layout: tuple | None = None  # (driver, version) the cgroups were configured for
         self._configuring = asyncio.Lock()
         self.ledger = ledger
@@ -157,6 +164,11 @@ class Sandbox:
         parent = await self._cgroup_parent(host.get("docker") or {}, job.rental_id)
         await self._until_released(job, slots, waiting)
         peers = await self.swarm_peers(job.rental_id, places.project) if self.swarm_peers is not None else None
+        registries = Registries(
+            self.allowed_registries,
+            tuple(await asyncio.to_thread(read_host_networks)),
+            await resolve_registries(model, self.allowed_registries, self.images_absent),
+        )
         # From here to commit: no await, so the decision is atomic.
         try:
             uuids = self.ledger.plan(slots, job.rental_id, job.gpu_count)
@@ -183,6 +195,7 @@ class Sandbox:
             log_max_files=self.log_max_files,
             cgroup_parent=parent,
             storage_bytes=storage_bytes,
+            registries=registries,
         )
         hardened, notices = decide(model, raw, ctx)
         if peers is not None:  # a Swarm environment: written for `docker stack deploy`, placed by the ledger

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from gpuhost_agent.inventory.swarm_nodes import node_host
+from gpuhost_agent.streams.sandbox_addresses import IPNetwork
 
 GIB = 1024**3
 GPU_LESS_CPUS = 2.0
@@ -21,6 +22,15 @@ DEFAULT_PIDS_LIMIT = 4096
 # Memory kept for the host itself (agent, dockerd, the kernel) before sharing out.
 HOST_RESERVED_MEMORY = 2 * GIB
 HOST_RESERVED_CPUS = 1.0
+
+
+@dataclass(frozen=True)
+class Registries:
+    """What judging a renter's image registries needs of the host (core/sandbox_host_network.py)."""
+
+    allowed: tuple[str, ...] = ()  # host[:port], local on purpose (GPUHOST_ALLOWED_REGISTRIES)
+    host: tuple[IPNetwork, ...] = ()  # the host's own addresses (streams/tunnel.py read_host_networks)
+    resolved: Mapping[str, tuple[str, ...] | None] = field(default_factory=dict)  # name -> addresses (None: late)
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,7 @@ class SandboxContext:
     home_dir: str = ""
     agent_dir: str = ""
     foreign_names: frozenset[str] = field(default_factory=frozenset)  # networks and volumes outside the stack
+    registries: Registries = field(default_factory=Registries)  # where images may come from
 
 
 def shown_path(source: str, ctx: SandboxContext) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 from gpuhost_agent.core.compose_rewrite import as_mapping
 from gpuhost_agent.core.sandbox_context import SandboxContext, shown_path
 from gpuhost_agent.core.sandbox_gpu_forms import NVIDIA_CAPABILITIES, PASSED_VARIABLES, is_toolkit_variable
+from gpuhost_agent.core.sandbox_host_network import image_problems, published_ports_problem
 from gpuhost_agent.core.sandbox_networks import attachment_problems, device_list_mounts, network_problems
 
 AGENT_LABEL_PREFIXES = ("io.gpuhost.", "com.docker.compose.")
@@ -62,6 +63,9 @@ def policy_violations(model: dict, ctx: SandboxContext) -> list[str]:
     problems += _top_level(model, ctx)
     for name, service in services.items():
         problems += [f'service "{name}": {text}' for text in _service(service, set(services), ctx)]
+    problems += image_problems(model, ctx.registries)  # the host's engine fetches them on the host's network
+    if ports := published_ports_problem(model):
+        problems.append(ports)
     return problems
 
 

@@ -66,6 +66,8 @@ class AgentConfig:
     swarm_workers: dict[str, tuple[str, int]] = field(default_factory=dict)  # the leader's: node id -> worker
     swarm_tls_dir: Path = SWARM_TLS_DIR  # GPUHOST_SWARM_TLS_DIR: the leader's or worker's TLS files (install.sh)
     swarm_encrypted: bool = False  # GPUHOST_SWARM_ENCRYPTED=on: the stacks' overlays are encrypted (IPsec)
+    allowed_registries: tuple[str, ...] = ()  # GPUHOST_ALLOWED_REGISTRIES: host[:port] of local registries renters
+    # may pull from (else no image may come from the host's own or a special address: core/sandbox_host_network.py)
 
     @property
     def socket_path(self) -> Path:
@@ -216,6 +218,7 @@ def load(flags: dict[str, object], environ: dict[str, str] | None = None) -> Age
         swarm_encrypted=_on_off(
             str(pick("swarm_encrypted", "GPUHOST_SWARM_ENCRYPTED", "off")), "GPUHOST_SWARM_ENCRYPTED"
         ),
+        allowed_registries=_registries(str(pick("allowed_registries", "GPUHOST_ALLOWED_REGISTRIES", "") or "")),
     )
 
 
@@ -285,3 +288,12 @@ def _at_least_one(value: int, name: str) -> int:
     if value < 1:
         raise ConfigError(f"{name} must be at least 1, not {value}")
     return value
+
+
+def _registries(text: str) -> tuple[str, ...]:
+    """GPUHOST_ALLOWED_REGISTRIES: comma-separated host[:port] ([v6]:port), as image references spell them."""
+    entries = tuple(part.strip().lower() for part in text.split(",") if part.strip())
+    for entry in entries:
+        if "/" in entry or " " in entry or entry.count(":") > 1 and not entry.startswith("["):
+            raise ConfigError(f"GPUHOST_ALLOWED_REGISTRIES entry {entry!r} must be host[:port], e.g. 127.0.0.1:5000")
+    return entries

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -137,10 +136,10 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         rental_disk_bytes=config.rental_disk_bytes,
         swarm_peers=engine.rental_peers if isinstance(engine, SwarmEngine) else None,
         swarm_encrypted=config.swarm_encrypted,
+        allowed_registries=config.allowed_registries,
+        images_absent=engine.missing_images,
     )
-    deployer_kind: Callable[..., StackDeployer] = (
-        partial(SwarmDeployer, swarm=swarm_stacks) if leader else StackDeployer
-    )
+    deployer_kind = partial(SwarmDeployer, swarm=swarm_stacks) if leader else partial(StackDeployer)
     deployer = deployer_kind(
         compose,
         engine,

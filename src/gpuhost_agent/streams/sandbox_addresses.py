@@ -113,6 +113,21 @@ def address_problem(address: str, networks: Iterable[dict], host: Iterable[IPNet
     return None if why is None else f"the container's address {ip} is {why}: the agent does not dial it"
 
 
+def special_address(ip: IPAddress) -> str | None:
+    """Why `ip` is none of a remote machine's own addresses (loopback,
+    link-local, unspecified, multicast, reserved), IPv4-mapped IPv6 and
+    0.0.0.0/8 (this network: the host itself) included; None when it may
+    be one. Also judges image registries (core/sandbox_host_network.py)."""
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv4Address) and ip in THIS_NETWORK:
+        return "unspecified (this network: the host itself)"
+    return _special(ip)
+
+
+THIS_NETWORK = ipaddress.IPv4Network("0.0.0.0/8")
+
+
 def _special(ip: IPAddress) -> str | None:
     if ip.is_loopback:
         return "a loopback address"
