@@ -220,13 +220,9 @@ def _swarm_default(docker: dict, names: tuple[str, str, str], risk: str, setting
         return _skip(check_id, f"not a Swarm node: the agent gives each container {what}")
     held = docker.get(fact) or {}
     remedy = f"set {setting} in /etc/docker/daemon.json and restart Docker"
+    unknown = f"cannot tell whether this Swarm node's dockerd gives containers {what}: {held.get('detail')}"
     if held.get("default") is None:
-        return Check(
-            check_id,
-            False,
-            f"cannot tell whether this Swarm node's dockerd gives containers {what}: {held.get('detail')}",
-            remedy,
-        )
+        return Check(check_id, False, unknown, remedy)
     return _check(
         check_id,
         held["default"] is True,
