@@ -17,7 +17,7 @@ The host's secret is planted twice: a fake agent.conf in a temporary folder
 configs, binds, build contexts) and a variable of the agent's own environment
 (`${...}` in the file, configs and secrets from the environment).
 
-CI runs a fixed slice (derandomized, ~40 files judged, two batches deployed).
+CI runs a fixed slice (a fixed seed: 100 files judged, 8 deployed, about 30 s).
 `make fuzz` runs a longer, random one: GPUHOST_FUZZ_EXAMPLES sets the number of
 files judged (the deployed batches are a tenth of it), GPUHOST_FUZZ_SEED a seed.
 """
@@ -49,8 +49,12 @@ if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
     set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "gpuhost-agent-hypothesis")
 HOST_VARIABLE = "GPUHOST_FUZZ_HOST_SECRET"
 LONG = int(os.environ.get("GPUHOST_FUZZ_EXAMPLES", "0"))
-JUDGED = LONG or 40
-DEPLOYED = max(6, LONG // 10)
+JUDGED = LONG or 100
+DEPLOYED = max(8, LONG // 10)
+# CI's slice: a fixed seed, the same files every run. Seeded so, the slice finds both escapes of
+# 843d536 it can reach (`!!binary ZW52X2ZpbGU=: <agent.conf>`, and a `!!set` key that crashed the
+# raw pass instead of a refusal); `make fuzz` draws a new seed each run.
+CI_SEED = 3
 RENTAL_GPUS = 2
 
 
@@ -62,14 +66,14 @@ def _settings(examples: int, *, shrink: bool = True) -> settings:
         phases=(Phase.explicit, Phase.reuse, Phase.generate, *((Phase.shrink,) if shrink else ())),
         deadline=None,
         database=None,
-        derandomize=not LONG,  # CI: the same files every run
         suppress_health_check=list(HealthCheck),
         print_blob=True,
     )
 
 
 def _seeded(test):
-    return seed(int(os.environ["GPUHOST_FUZZ_SEED"]))(test) if os.environ.get("GPUHOST_FUZZ_SEED") else test
+    chosen = os.environ.get("GPUHOST_FUZZ_SEED") or ("" if LONG else str(CI_SEED))
+    return seed(int(chosen))(test) if chosen else test
 
 
 @pytest.fixture

@@ -169,14 +169,13 @@ def spelled(text: str, tricks: frozenset[str], *, key: bool = False) -> st.Searc
     plain = st.just(text if _plain_ok(text) else _dq(text))
     b64 = base64.b64encode(text.encode()).decode()
     tagged = st.one_of(
+        st.sampled_from((f"!!binary {b64}", f'!!binary "{b64}"')),  # PyYAML's bytes, Compose's string
         quoted.map(lambda q: f"!!str {q}"),
         quoted.map(lambda q: f"! {q}"),
         quoted.map(lambda q: f"!<tag:yaml.org,2002:str> {q}"),
         st.sampled_from(_CUSTOM_TAGS).flatmap(lambda tag: quoted.map(lambda q: f"{tag} {q}")),
-        st.just(f"!!binary {b64}"),
-        st.just(f'!!binary "{b64}"'),
     )
-    forms = [plain, plain, plain]
+    forms = [plain]  # each trick the file uses is as likely as the plain spelling
     forms += [quoted] if "quotes" in tricks else []
     forms += [_escaped(text)] if "escapes" in tricks else []
     forms += [tagged] if "tags" in tricks else []
@@ -367,6 +366,25 @@ _MADE_SAFE = {
     "logging huge",
     "models",
 }
+# What makes Compose read a host file or the host's environment, or mount a host path.
+_HOST_READS = {
+    "bind conf folder",
+    "bind long",
+    "env_file",
+    "env_file list",
+    "env_file long",
+    "label_file",
+    "extends.file",
+    "build context",
+    "host variable",
+    "secrets file",
+    "configs file",
+    "top:include",
+    "top:include long",
+    "top:volume bind",
+    "top:secret environment",
+    "top:config file",
+}
 _MINIMAL = {"services": {"app": {"image": TEST_IMAGE, "command": ["sleep", "3600"], "stop_grace_period": "1s"}}}
 
 
@@ -412,9 +430,12 @@ def hostile_file(draw, planted: Planted, *, deployable: bool = False) -> Hostile
     document = _base(path, deployable=deployable)
     catalogue = escapes(planted)
     accepted = [escape for escape in catalogue if escape[0] in _MADE_SAFE or escape[0].startswith("benign")]
-    escape = st.one_of(st.sampled_from(catalogue), st.sampled_from(accepted))  # half of them let through
-    chosen = draw(st.lists(escape, min_size=1, max_size=3, unique_by=lambda e: e[0]))
-    tricks = frozenset(draw(st.lists(st.sampled_from(TRICKS), max_size=3)))
+    reads = [escape for escape in catalogue if escape[0] in _HOST_READS]
+    # One escape (half the time one that makes Compose read the host) beside what the sandbox lets
+    # through, so that the escape alone decides whether the file is refused.
+    chosen = [draw(st.one_of(st.sampled_from(catalogue), st.sampled_from(reads)))]
+    chosen += [escape for escape in draw(st.lists(st.sampled_from(accepted), max_size=2)) if escape not in chosen]
+    tricks = frozenset(draw(st.lists(st.sampled_from(TRICKS), max_size=4)))
     variables: dict[str, str] = {}
     services = document.pop("services")
     first = next(iter(services))
@@ -464,7 +485,9 @@ def _deliver(draw, where: Node, x_items: list, number: int, key: str, value, var
     """Put `key: value` into `where`, written one of several ways."""
     node = draw(tree(value, variables, tricks))
     key_src = draw(spelled(key, tricks, key=True))
-    forms = ["direct", "direct", "direct"]
+    if "tags" in tricks and draw(st.booleans()):  # the differential that matters most: bytes to PyYAML
+        key_src = "!!binary " + base64.b64encode(key.encode()).decode()
+    forms = ["direct", "direct"]
     forms += ["explicit"] if "quotes" in tricks else []
     forms += ["merge", "merge list", "nested merge"] if "merges" in tricks else []
     forms += ["value alias", "key alias"] if "aliases" in tricks else []
