@@ -5,12 +5,21 @@ to the container (runtime/container_files.py), so the image needs no SSH tools
 and no path, symlink or `..` can name a host file. Paths come from the client
 as bytes and go to the helper as they are (decoded with surrogateescape, so
 names that are not UTF-8 survive the JSON).
+
+Every method of asyncssh's SFTPServer is defined here, never inherited: its
+defaults act on the agent's own file system, as root (`link` is os.link,
+`lsetstat` chmod and chown, `scandir` os.scandir, `format_user` the host's
+passwd), and a renter's `ln` or `chmod -h` in sftp reached host files that
+way (issue 31). What the helper does not do is refused (SFTPOpUnsupported);
+tests/unit/test_ssh_files_methods.py fails when asyncssh grows a method this
+class does not define.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, NoReturn
 
 import asyncssh
 
@@ -139,6 +148,54 @@ class ContainerSFTP(asyncssh.SFTPServer):
 
     async def statvfs(self, path: bytes) -> asyncssh.SFTPVFSAttrs:
         return asyncssh.SFTPVFSAttrs.from_local(os.statvfs_result(await self._call("statvfs", _path(path))))
+
+    async def scandir(self, path: bytes) -> AsyncIterator[asyncssh.SFTPName]:
+        for name in await self.listdir(path):
+            yield name
+
+    # ---- not served: each would otherwise be asyncssh's default on the host's files
+    def _refuse(self, what: str) -> NoReturn:
+        raise asyncssh.SFTPOpUnsupported(f"{what} is not served in a container's files")
+
+    async def link(self, oldpath: bytes, newpath: bytes) -> None:
+        self._refuse("a hard link")
+
+    async def lsetstat(self, path: bytes, attrs: asyncssh.SFTPAttrs) -> None:
+        self._refuse("changing a symbolic link itself (chmod -h)")
+
+    async def fsync(self, file_obj: object) -> None:
+        self._refuse("fsync")
+
+    async def fstatvfs(self, file_obj: object) -> asyncssh.SFTPVFSAttrs:
+        self._refuse("fstatvfs")
+
+    async def lock(self, file_obj: object, offset: int, length: int, flags: int) -> None:
+        self._refuse("a byte range lock")
+
+    async def unlock(self, file_obj: object, offset: int, length: int) -> None:
+        self._refuse("a byte range lock")
+
+    async def open56(self, path: bytes, desired_access: int, flags: int, attrs: asyncssh.SFTPAttrs) -> object:
+        self._refuse("SFTP version 5 and 6 open")
+
+    # ---- pure: names and paths as the container's own numbers, no host lookup
+    def format_user(self, uid: int | None) -> str:
+        return "" if uid is None else str(uid)
+
+    def format_group(self, gid: int | None) -> str:
+        return "" if gid is None else str(gid)
+
+    def map_path(self, path: bytes) -> bytes:
+        return path  # every path goes to the helper, which resolves it inside the container
+
+    def reverse_map_path(self, path: bytes) -> bytes:
+        return path
+
+    def format_longname(self, name: asyncssh.SFTPName) -> Any:
+        return super().format_longname(name)  # formatting alone, with the user and group above
+
+    async def convert_attrs(self, result: Any) -> asyncssh.SFTPAttrs:
+        return await super().convert_attrs(result)  # a conversion of what a method above returned
 
     async def exit(self) -> None:
         """The session ends: the helper goes, and the channel gets exit status

@@ -1,0 +1,54 @@
+"""OpenSSH's sftp cannot reach a host file through an operation the agent does
+not serve (issue 31, the second red team's finding). `ln` (hardlink@openssh.com)
+and `chmod -h` (lsetstat@openssh.com) were asyncssh's own defaults, run by the
+agent as root on the host's paths: a renter linked root-only host files into
+its volume and made them setuid. Before the change this test's host file got a
+second link and mode 4777; now both are refused and it is as it was."""
+
+from __future__ import annotations
+
+import asyncio
+import stat
+from pathlib import Path
+
+from support.ssh_clients import Endpoint, make_key
+from support.stacks import TEST_IMAGE
+
+from gpuhost_agent.protocol import wire
+
+STACK = f"""
+services:
+  shell:
+    image: {TEST_IMAGE}
+    command: ["sh", "-c", "exec sleep 100000"]
+    stop_grace_period: 1s
+"""
+
+
+async def test_sftp_link_and_chmod_h_never_reach_a_host_file(local_market, tmp_path: Path) -> None:
+    renter, _parts, _local = local_market
+    key = tmp_path / "renter"
+    status, body = await renter.call("POST", "/users/ssh-key", {"publicKey": await asyncio.to_thread(make_key, key)})
+    assert status == 200, body
+    rental_id = await renter.rental()
+    stack_id = await renter.stack(rental_id, STACK, name="sftp-host", isSSHEnabled=True)
+    stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=90)
+    assert stack["status"] == wire.APPLIED, stack["errorMsg"]
+    tunnel = await renter.tunnels(
+        rental_id, stack_id, 1, lambda t: t["protocol"] == "ssh" and bool(t["ssh"]["hostKey"]), timeout=30
+    )
+    info = tunnel[0]["ssh"]
+    end = await asyncio.to_thread(Endpoint, info["host"], info["port"], info["hostKey"], tmp_path)
+    host_file = tmp_path / "root-only"
+    await asyncio.to_thread(host_file.write_text, "a host file\n")
+    await asyncio.to_thread(host_file.chmod, 0o600)
+
+    done = await asyncio.to_thread(
+        end.sftp, key, info["user"], f"-ln {host_file} {tmp_path}/linked\n-chmod -h 4777 {host_file}\nls /\n"
+    )
+
+    after = await asyncio.to_thread(host_file.stat)
+    assert stat.S_IMODE(after.st_mode) == 0o600 and after.st_nlink == 1, (oct(after.st_mode), after.st_nlink)
+    assert not await asyncio.to_thread((tmp_path / "linked").exists)
+    assert done.returncode == 0, done.stderr  # the session goes on: the two are refused, `ls /` served
+    assert done.stderr.lower().count(b"unsupported") == 2, done.stderr  # OpenSSH names the status
