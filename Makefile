@@ -37,8 +37,8 @@ test-fast:
 # CI's fixed slice: FUZZ_EXAMPLES files judged by the sandbox (the raw pass, real
 # Compose, the policy) and a tenth of that number deployed by the agent on the real
 # engine, every container checked with docker inspect. A new random seed each run;
-# FUZZ_SEED=N repeats one. 1000 files: about 20 minutes on 2 cores.
-FUZZ_EXAMPLES ?= 1000
+# FUZZ_SEED=N repeats one. 3000 files: about a quarter of an hour on 2 cores.
+FUZZ_EXAMPLES ?= 3000
 FUZZ_SEED ?=
 fuzz: setup
 	GPUHOST_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) GPUHOST_FUZZ_SEED=$(FUZZ_SEED) \
