@@ -45,6 +45,7 @@ async def test_a_fast_printer_keeps_its_log_under_the_cap_and_the_follower_loses
     rental_id = await renter.rental()
     stack_id = await renter.stack(rental_id, PRINTER)
     await renter.wait_stack(rental_id, stack_id, (wire.APPLIED,), timeout=30)
+    await until(lambda: renter.containers(rental_id, stack_id), timeout=10)  # the list follows APPLIED
     (container,) = await renter.containers(rental_id, stack_id)
     attrs = await asyncio.to_thread(docker_client.api.inspect_container, container["Id"])
     assert attrs["HostConfig"]["LogConfig"] == {"Type": "json-file", "Config": {"max-size": "64k", "max-file": "2"}}

@@ -55,6 +55,9 @@ def check(now: dict[str, dict], before: dict[str, dict], live_stacks: set[str], 
             assert container_id in now and now[container_id]["machine"] == seen["machine"], (step, "moved", seen)
 
 
+SPLIT = "its GPUs are on 2 machines and a container runs on one"  # the sandbox's refusal (core/swarm_rewrite.py)
+
+
 async def test_twenty_random_deploys_removals_and_ends_never_share_a_gpu_or_move_a_task(swarm_leader) -> None:
     (renter, market, agent), _machines = swarm_leader
     seed = int(os.environ.get("GPUHOST_PINNING_SEED") or random.randrange(1 << 30))
@@ -83,7 +86,9 @@ async def test_twenty_random_deploys_removals_and_ends_never_share_a_gpu_or_move
                 rental_id = draw.choice(sorted(rentals))
             stack_id = await renter.stack(rental_id, GPU_STACK)
             done = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=120)
-            assert done and done["status"] == wire.APPLIED, (label, done)
+            if done and SPLIT in (done.get("errorMsg") or ""):
+                continue  # free GPUs one on each machine: a 2-GPU rental spans both, and GPU_STACK is one service
+            assert done and done["status"] == wire.APPLIED, (label, done and done.get("errorMsg"))
             rentals[rental_id].append(stack_id)
         elif operation == "remove":
             rental_id = draw.choice(sorted(r for r, stacks in rentals.items() if stacks))
