@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import ssl
 import urllib.parse
 from collections.abc import Callable, Iterable
@@ -25,7 +24,8 @@ import aiohttp
 
 from gpuhost_agent.runtime.container_files import ContainerFiles
 from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.engine_streams import ContainerGone, EngineStreams, EngineUnreachable, _message, checked_id
+from gpuhost_agent.runtime.engine_errors import upgrade_answer, upgrade_request
+from gpuhost_agent.runtime.engine_streams import EngineStreams, EngineUnreachable, checked_id
 
 TIMEOUT = 10.0
 DISK_SECONDS = 40.0  # `GET /system/df` there may take its engine's 35 s on a big host
@@ -73,20 +73,9 @@ class DoorClient(EngineStreams):
                 self._timeout,
             )
             writer = _FramedWriter(transport, protocol, reader, loop)
-            extra = "".join(f"{name}: {value}\r\n" for name, value in self._headers.items())
-            writer.write_head(
-                f"POST {path} HTTP/1.1\r\nHost: gpuhost\r\n{extra}Content-Type: application/json\r\n"
-                f"Connection: Upgrade\r\nUpgrade: tcp\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-                + body
-            )
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self._timeout)
-            status_line = head.split(b"\r\n", 1)[0].decode("latin-1")
-            status = int(status_line.split(" ", 2)[1])
-            if status in (101, 200):
-                return reader, writer
-            length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
-            detail = await asyncio.wait_for(reader.read(min(int(length.group(1)), 4096) if length else 4096), 5)
-            raise (ContainerGone if status == 404 else EngineError)(f"Docker Engine: {_message(detail) or status_line}")
+            writer.write_head(upgrade_request(path, "gpuhost", self._headers, body))
+            await upgrade_answer(reader, self._timeout)
+            return reader, writer
         except (
             OSError,
             asyncio.TimeoutError,

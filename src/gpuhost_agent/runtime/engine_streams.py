@@ -32,8 +32,7 @@ from gpuhost_agent.runtime import exec_hangup
 from gpuhost_agent.runtime.container_files import ContainerFiles
 from gpuhost_agent.runtime.docker_host import Endpoint, parse_docker_host
 from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.engine_errors import ContainerGone, EngineUnreachable
-from gpuhost_agent.runtime.engine_errors import error_message as _message
+from gpuhost_agent.runtime.engine_errors import ContainerGone, EngineUnreachable, upgrade_answer, upgrade_request
 from gpuhost_agent.runtime.engine_errors import response_error as _error
 
 __all__ = ["ContainerGone", "EngineStreams", "EngineUnreachable", "LogReader", "parse_docker_host"]
@@ -208,21 +207,9 @@ class EngineStreams:
                     asyncio.open_connection(endpoint.host, endpoint.port), self._timeout
                 )
             writer = opened  # closed below unless handed to the caller
-            extra = "".join(f"{name}: {value}\r\n" for name, value in self._headers.items())
-            opened.write(
-                f"POST {path} HTTP/1.1\r\nHost: docker\r\n{extra}Content-Type: application/json\r\n"
-                f"Connection: Upgrade\r\nUpgrade: tcp\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-                + body
-            )
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self._timeout)
-            status_line = head.split(b"\r\n", 1)[0].decode("latin-1")
-            status = int(status_line.split(" ", 2)[1])
-            if status in (101, 200):
-                return reader, opened
-            length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
-            detail = await asyncio.wait_for(reader.read(min(int(length.group(1)), 4096) if length else 4096), 5)
-            message = _message(detail) or status_line
-            raise (ContainerGone if status == 404 else EngineError)(f"Docker Engine: {message}")
+            opened.write(upgrade_request(path, "docker", self._headers, body))
+            await upgrade_answer(reader, self._timeout)
+            return reader, opened
         except (
             OSError,
             asyncio.TimeoutError,
