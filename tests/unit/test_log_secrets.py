@@ -1,0 +1,45 @@
+"""Secrets never reach a log line or an error the agent passes on."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from gpuhost_agent.common import logs
+from gpuhost_agent.runtime.compose import clean_error
+
+
+def test_secrets_never_reach_a_log_line():
+    stream = io.StringIO()
+    logs.configure("info", json_lines=True, stream=stream)
+    logs.SECRETS.add("hunter2-secret-value")
+    log = logs.get_logger("t")
+    log.info(
+        "deploy",
+        error="compose said: invalid value hunter2-secret-value here",
+        api_key="k-123456",
+        environmentVariables={"A": "x"},
+        nested={"token": "abc12345", "fine": "ok"},
+    )
+    line = json.loads(stream.getvalue())
+    assert "hunter2-secret-value" not in stream.getvalue()
+    assert line["error"] == "compose said: invalid value *** here"
+    assert line["api_key"] == logs.MASK and line["environmentVariables"] == logs.MASK
+    assert line["nested"] == {"token": logs.MASK, "fine": "ok"}
+    logs.configure("warning", json_lines=True)
+
+
+def test_compose_errors_lose_agent_paths(tmp_path):
+    text = f"Container x  Creating\nfailed to parse {tmp_path}/compose.yaml: yaml: line 1: bad\n"
+    assert clean_error(text, tmp_path) == "failed to parse compose.yaml: yaml: line 1: bad"
+
+
+def test_secret_registry_counts_shared_values():
+    registry = logs.SecretRegistry()
+    registry.add_many(["shared-value", "only-a"])
+    registry.add_many(["shared-value", "abc"])  # "abc" is too short to scrub
+    assert "abc" not in registry and registry.scrub("x shared-value only-a") == "x *** ***"
+    registry.discard_many(["shared-value", "only-a"])
+    assert registry.scrub("shared-value only-a") == "*** only-a"
+    registry.discard_many(["shared-value"])
+    assert "shared-value" not in registry
