@@ -16,7 +16,7 @@ from gpuhost_agent.core.compose_rewrite import StackRejected
 from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.core.sandbox import Sandbox, review_raw
 from gpuhost_agent.core.sandbox_context import GIB, SandboxContext
-from gpuhost_agent.core.swarm_rewrite import stack_nodes
+from gpuhost_agent.core.swarm.rewrite import stack_nodes
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.storage.agent_db import AgentDB
 

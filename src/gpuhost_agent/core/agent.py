@@ -24,7 +24,7 @@ from gpuhost_agent.core.host_reporter import HostReporter
 from gpuhost_agent.core.reconciler import Reconciler
 from gpuhost_agent.core.rental_clock import RentalClock
 from gpuhost_agent.core.schedule import Schedule
-from gpuhost_agent.core.swarm_watch import SwarmWatch
+from gpuhost_agent.core.swarm.watch import SwarmWatch
 from gpuhost_agent.core.usage_meter import UsageMeter
 from gpuhost_agent.inventory.gpu_events import GpuEventWatch
 from gpuhost_agent.protocol import intervals as wire_intervals

@@ -149,7 +149,7 @@ class ContainerWatch:
 
     # ---- events, coalesced per stack -------------------------------------------
     def other_machine_event(self, event: dict) -> None:
-        """An event of another machine's engine (a Swarm leader: core/worker_events.py)."""
+        """An event of another machine's engine (a Swarm leader: core/swarm/worker_events.py)."""
         self._on_event(self._generation, event)
 
     def _on_event(self, generation: int, event: dict) -> None:

@@ -185,7 +185,7 @@ class HostReporter:
         return report
 
     async def environment_changed(self) -> None:
-        """A machine of the environment went or came back (core/swarm_watch.py):
+        """A machine of the environment went or came back (core/swarm/watch.py):
         the listing and the GPUs' states now, not at the next probe."""
         await self.refresh()
         self.beat_soon()

@@ -38,7 +38,7 @@ from gpuhost_agent.core.sandbox_host_network import Absent, resolve_registries
 from gpuhost_agent.core.sandbox_policy import policy_violations
 from gpuhost_agent.core.sandbox_raw import RawReview, review
 from gpuhost_agent.core.sandbox_rewrite import rewrite
-from gpuhost_agent.core.swarm_rewrite import SwarmPlacement, stack_nodes, swarm_stack
+from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, stack_nodes, swarm_stack
 from gpuhost_agent.inventory.host_probe import storage
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.rental_cgroups import CgroupError, RentalCgroups, RentalLimits
@@ -117,7 +117,7 @@ class Sandbox:
         """`cgroups` makes each rental's cgroup (runtime/rental_cgroups.py);
         without it each container has the rental's limits only. `swarm_peers`
         makes this a Swarm environment's sandbox: the hardened model is then
-        written for `docker stack deploy` (core/swarm_rewrite.py), and it
+        written for `docker stack deploy` (core/swarm/rewrite.py), and it
         counts the rental's services already running per machine (other
         stacks), which share the rental's share there; `swarm_encrypted`
         makes the stack's overlays encrypted (IPsec between machines)."""

@@ -6,7 +6,7 @@ it advertises as named generic resources of kind `NVIDIA-GPU` (dockerd's
 `node-generic-resources`, as in NVIDIA's guide for Swarm). That is the
 environment's part of systemData (`environment`): the marketplace's
 `totalGPUs` counts these GPUs, and the leader's GPU ledger hands them out
-(core/swarm_tasks.py).
+(runtime/swarm_tasks.py).
 
 Each node also carries its `machine`: for the leader's own, a pointer to the
 report's top level (`{"this": true}`); for another, the systemData its agent
