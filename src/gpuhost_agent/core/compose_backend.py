@@ -84,3 +84,7 @@ class ComposeBackend:
         for leftover in await list_containers():
             await self.engine.remove_container(leftover["Id"])
         return projects
+
+    async def stop(self, projects: list[str], running: list[dict]) -> None:
+        for container in running:  # a stopped container stays stopped: the restart policy does not apply
+            await self.engine.stop_container(container["Id"], self.stop_timeout)

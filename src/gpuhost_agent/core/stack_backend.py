@@ -68,3 +68,9 @@ class StackBackend(Protocol):
         """Every project (stack) the listed containers belong to, or the
         fallback ones when none is left, taken down; returns those projects."""
         ...
+
+    async def stop(self, projects: list[str], running: list[dict]) -> None:
+        """A rental's stacks `projects`, whose `running` containers these
+        are, stopped and kept stopped, their definitions, networks and
+        volumes kept (the disk watch stops a rental over its share)."""
+        ...

@@ -41,6 +41,7 @@ log = get_logger(__name__)
 
 COMPOSE_PROJECT_LABEL = "com.docker.compose.project"
 COMPOSE_SERVICE_LABEL = "com.docker.compose.service"
+STACK_NAMESPACE_LABEL = "com.docker.stack.namespace"  # what `docker stack deploy` labels a stack's parts with
 VARIABLES_FILE = ".variables.env"  # in the stack's own 0700 folder, 0600, only during `config`
 
 

@@ -21,10 +21,11 @@ import asyncio
 from pathlib import Path
 
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.compose import STACK_NAMESPACE_LABEL
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 from gpuhost_agent.runtime.host_process import HostProcesses
 
-NAMESPACE_LABEL = "com.docker.stack.namespace"
+NAMESPACE_LABEL = STACK_NAMESPACE_LABEL
 NOT_READY = "missing network attachments"
 # `docker stack rm` answers that mean the stack is gone or on its way
 GONE_OR_GOING = ("Nothing found in stack", "is in use by task", "not found")

@@ -30,8 +30,6 @@ from gpuhost_agent.core.rental_end_dates import RentalEndDates
 from gpuhost_agent.core.sandbox import Sandbox
 from gpuhost_agent.core.schedule import Schedule
 from gpuhost_agent.core.status_reporter import StatusReporter
-from gpuhost_agent.core.swarm.watch import SwarmMachines, SwarmWatch
-from gpuhost_agent.core.swarm.worker_events import WorkerEvents
 from gpuhost_agent.core.usage_meter import UsageMeter
 from gpuhost_agent.inventory import telemetry
 from gpuhost_agent.inventory.gpu_events import GpuEventWatch
@@ -39,7 +37,6 @@ from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
 from gpuhost_agent.runtime.engine import DockerEngine
 from gpuhost_agent.runtime.engine_watch import EngineWatch
-from gpuhost_agent.runtime.swarm_engine import SwarmEngine
 from gpuhost_agent.service import metrics
 from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.service.probe_parts import build_prober
@@ -96,12 +93,11 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
     ledger = GpuLedger(db)
     ledger.import_legacy(config.state_dir / "gpu-assignments.json")
     topology = for_config(config, compose.docker_config_dir)
-    engine, stream_engine, swarm = topology.engine, topology.stream_engine, topology.swarm
-    machine_reports = swarm.machine_reports if swarm is not None else None  # the workers'
+    engine, stream_engine = topology.engine, topology.stream_engine
     host = HostReporter(
         client,
         outbox,
-        build_prober(config, engine, nvml, None, machines=machine_reports),
+        build_prober(config, engine, nvml, None, topology.machines),
         schedule,
         find_compose,
         compose.use,
@@ -111,8 +107,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
     )
     publish = config.publish_address or ("127.0.0.1" if config.uses_local_marketplace else "0.0.0.0")
     reporter = StatusReporter(outbox, db, ledger)
-    cgroups = topology.cgroups
-    limit_reached = cgroups.memory_limit_reached if cgroups is not None else None
+    limit_reached = topology.shares.memory_limit_reached
     sandbox = Sandbox(
         ledger,
         host.machine_facts,
@@ -120,16 +115,16 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         pids_limit=config.pids_limit,
         log_max_size=config.log_max_size,
         log_max_files=config.log_max_files,
-        cgroups=cgroups,
+        shares=topology.shares,
+        placement=topology.placement,
         disk_floor_bytes=config.disk_floor_bytes,
         rental_disk_bytes=config.rental_disk_bytes,
-        swarm_peers=engine.rental_peers if isinstance(engine, SwarmEngine) else None,
-        swarm_encrypted=config.swarm_encrypted,
         allowed_registries=config.allowed_registries,
         images_absent=engine.missing_images,
     )
+    stacks = topology.stack_backend(compose, config.stop_timeout)
     deployer = StackDeployer(
-        topology.stack_backend(compose, limit_reached, config.stop_timeout),
+        stacks,
         engine,
         reporter,
         sandbox,
@@ -145,7 +140,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         stream_engine,
         RentalKeys(client.rental_ssh_keys),
         ssh_host_key.load_or_create(config.state_dir),
-        list_stack=engine.stack_containers if swarm is not None else None,  # containers on every machine
+        list_stack=topology.list_stack,
     )
     streams = StreamChannel(client, session, stream_engine, ssh)
     end_dates = RentalEndDates(db)
@@ -173,27 +168,13 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         grace_seconds=config.reconcile_grace_seconds,
         keep_limits=sandbox.keep_limits,
     )
-    machines = SwarmMachines() if swarm is not None else None  # the other machines' health, as the leader last saw it
     container_watch = ContainerWatch(
         engine,
         reporter,
         db,
         dispatcher,
         rental_limit_reached=limit_reached,
-        machine_error=machines.stack_error if machines else None,
-    )
-    swarm_watch = (
-        SwarmWatch(
-            engine,
-            container_watch,
-            machines,
-            lambda: session.env_id,
-            host.environment_changed,
-            topology.swarm_stacks.restart_service,
-            worker_events=WorkerEvents(swarm.follow_events, container_watch.other_machine_event),
-        )
-        if machines is not None and swarm is not None and topology.swarm_stacks is not None
-        else None
+        machines=topology.machines,
     )
     disk_watch = DiskWatch(
         engine,
@@ -205,9 +186,8 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         interval=config.disk_watch_seconds,
         floor_bytes=config.disk_floor_bytes,
         rental_disk_bytes=config.rental_disk_bytes,
-        stop_timeout=config.stop_timeout,
-        other_disks=swarm.disk_figures if swarm is not None else None,
-        stop_stack=topology.swarm_stacks.stop if topology.swarm_stacks is not None else None,
+        machines=topology.machines,
+        stacks=stacks,
     )
     gpu_events = GpuEventWatch(nvml, GpuFaults(ledger, db, reporter).fault)
     usage = UsageMeter(
@@ -237,7 +217,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         disk_watch=disk_watch,
         gpu_events=gpu_events,
         usage=usage,
-        swarm_watch=swarm_watch,
+        watches=topology.watches(container_watch, lambda: session.env_id, host.environment_changed),
     )
     return AgentParts(
         agent,

@@ -21,13 +21,16 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.containers import SERVICE_LABEL, failed_containers
 from gpuhost_agent.core.sandbox import refuse_with_compose_error
 from gpuhost_agent.core.sandbox_raw import RawReview
 from gpuhost_agent.core.stack_backend import ListContainers, StackFailed
 from gpuhost_agent.runtime.compose import ComposeError, ComposeRunner
-from gpuhost_agent.runtime.engine import DockerEngine
+from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 from gpuhost_agent.runtime.swarm_stacks import NAMESPACE_LABEL, SwarmStacks
+
+log = get_logger(__name__)
 
 START_SECONDS = 120.0  # every task running within this, or the deploy fails (images are local: no pull)
 
@@ -95,6 +98,15 @@ class SwarmBackend:
         for project in sorted(projects):
             await self.swarm.remove(project)
         return projects
+
+    async def stop(self, projects: list[str], running: list[dict]) -> None:
+        """Each stack's services scaled to no task (runtime/swarm_stacks.py):
+        Swarm would start a new task for a container merely stopped."""
+        for project in projects:
+            try:
+                await self.swarm.stop(project)
+            except EngineError as exc:
+                log.warning("rental_over_disk_share_stop_failed", project=project, error=str(exc))
 
 
 def with_service_labels(stack: dict) -> dict:

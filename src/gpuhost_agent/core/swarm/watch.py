@@ -86,6 +86,8 @@ class SwarmMachines:
 
 
 class SwarmWatch:
+    name = "swarm_watch"  # its job on the agent's schedule
+
     def __init__(
         self,
         engine: DockerEngine,
