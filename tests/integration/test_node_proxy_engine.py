@@ -277,7 +277,7 @@ async def test_a_last_hop_speaks_tls_on_the_containers_machine_when_asked(door, 
 async def test_the_engines_events_reach_the_leader_for_the_agents_containers_alone(
     door, containers, docker_client
 ) -> None:
-    """The leader's follow of a machine's events (core/worker_events.py): the
+    """The leader's follow of a machine's events (core/swarm/worker_events.py): the
     host's own container dies first, the agent's after; only the agent's is told."""
     managed, unmanaged = containers
     seen: list[dict] = []

@@ -54,7 +54,7 @@ async def test_an_oom_kill_on_machine_two_is_said_as_on_one_machine(swarm_leader
     assert "_hog." in on_two, on_two  # it ran on machine 2
     (shaped,) = await renter.containers(rental_id, stack_id)
     assert "OOM" in str(shaped), shaped
-    # The leader follows machine 2's container events through its agent (core/worker_events.py).
+    # The leader follows machine 2's container events through its agent (core/swarm/worker_events.py).
     node_two = next(node for node, machine in machines.items() if machine == 2)
     logs = await asyncio.to_thread(agent.logs)
     assert any("worker_events_following" in line and node_two in line for line in logs.splitlines())

@@ -14,7 +14,7 @@ from support.swarm import container_of, deploy, docker
 from gpuhost_agent.core.compose_rewrite import StackRejected
 from gpuhost_agent.core.sandbox_context import GIB, SandboxContext
 from gpuhost_agent.core.sandbox_harden import harden
-from gpuhost_agent.core.swarm_rewrite import SwarmPlacement, swarm_stack
+from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
 
 pytestmark = pytest.mark.swarm
 CTX = SandboxContext(project="p", gpu_uuids=RENTAL_GPUS, cpus=1.0, memory_bytes=GIB // 2, pids_limit=512)

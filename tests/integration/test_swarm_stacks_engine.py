@@ -1,6 +1,6 @@
 """Stacks on a real two-node Swarm (scripts/swarm-cluster.sh) through the
 agent's Swarm adapter (runtime/swarm_stacks.py) and its reading of the
-manager's answers (core/swarm_tasks.py): the environment's GPUs come from
+manager's answers (runtime/swarm_tasks.py): the environment's GPUs come from
 the nodes' generic resources, a stack deployed with `docker stack deploy`
 is listed with its containers on both machines in the seed's shape, a
 machine that stops taking tasks takes its GPUs out of service, and a
@@ -20,12 +20,12 @@ from gpuhost_agent.core.containers import seed_containers
 from gpuhost_agent.core.gpu_allocation import environment_slots
 from gpuhost_agent.core.sandbox_context import GIB, SandboxContext
 from gpuhost_agent.core.sandbox_harden import harden
-from gpuhost_agent.core.swarm_rewrite import SwarmPlacement, swarm_stack
-from gpuhost_agent.core.swarm_tasks import NODE_LABEL, stack_containers
+from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
 from gpuhost_agent.inventory.swarm_nodes import environment_facts
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import DockerEngine
 from gpuhost_agent.runtime.swarm_stacks import SwarmStacks
+from gpuhost_agent.runtime.swarm_tasks import NODE_LABEL, stack_containers
 
 pytestmark = pytest.mark.swarm
 BOX = {"image": "gpuhost-test/busybox:1", "command": ["sh", "-c", "trap exit TERM; sleep 3600 & wait"]}

@@ -28,6 +28,7 @@ from gpuhost_agent.core.host_reporter import HostReporter
 from gpuhost_agent.core.init_state import InitState
 from gpuhost_agent.core.schedule import Schedule
 from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
+from gpuhost_agent.inventory.machines import Machines, OneMachine
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 from gpuhost_agent.inventory.system_data import Prober
 from gpuhost_agent.local_marketplace.state import MarketplaceState
@@ -312,7 +313,7 @@ class FakeProber:
         self.nvml = FakeNvml(beats)
         self.speed: dict | None = None
         self.compose_command: list[str] | None = ["docker", "compose"]
-        self.machines = None  # a Swarm leader's question to the other machines' agents (set by a test)
+        self.machines: Machines = OneMachine()  # the environment's machines (a test may set a leader's)
 
     async def system_data(self) -> dict:
         return copy.deepcopy(self.data)

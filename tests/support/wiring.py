@@ -40,9 +40,28 @@ def dispatcher_for(deployer: Any, outbox: Any, db: AgentDB | None = None, **opti
     )
 
 
+class NotScheduled:
+    """A periodic part (disk watch, GPU events, usage meter) of an agent whose
+    `run` is never called: a test of the session and the poll loop alone."""
+
+    interval = 60.0
+
+    async def run_once(self) -> None:
+        raise AssertionError("the agent's schedule does not run in this test")
+
+    tick = run_once
+
+    def start(self) -> None:
+        raise AssertionError("the agent's GPU events do not run in this test")
+
+    async def stop(self) -> None:
+        """Nothing was started."""
+
+
 def agent_for(client: Any, *, outbox: Any = None, dispatcher: JobDispatcher | None = None) -> Agent:
     """A real Agent for its session and poll loop alone (`_open_session`,
-    `_poll_forever`): the parts those never reach are None."""
+    `_poll_forever`): the parts those never reach are None, or NotScheduled."""
+    idle: Any = NotScheduled()
     return Agent(
         client,
         SessionState(),
@@ -56,6 +75,9 @@ def agent_for(client: Any, *, outbox: Any = None, dispatcher: JobDispatcher | No
         None,
         FakeContainerWatch(),
         FakeStreamChannel(),  # type: ignore[arg-type]
+        disk_watch=idle,
+        gpu_events=idle,
+        usage=idle,
     )  # type: ignore[arg-type]
 
 

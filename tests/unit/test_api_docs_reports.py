@@ -25,6 +25,8 @@ from support.openapi_check import check, check_named, properties, request_schema
 from gpuhost_agent.core import init_state
 from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.core.init_state import InitState
+from gpuhost_agent.core.swarm.machines import SwarmEnvironment, no_disks
+from gpuhost_agent.core.swarm.watch import SwarmMachines
 from gpuhost_agent.inventory import host_probe, telemetry
 from gpuhost_agent.inventory.system_data import build_report
 from gpuhost_agent.local_marketplace import host_api
@@ -160,7 +162,7 @@ async def test_a_swarm_leaders_heartbeat_carries_the_other_machines_gpus(agent_d
         asked.append((nodes, timeout, live))
         return {"n2": {"systemData": {}, "telemetry": {"gpus": GPU_BEATS}}, "n3": {"error": "did not answer"}}
 
-    reporter.prober.machines = machines
+    reporter.prober.machines = SwarmEnvironment(None, machines, no_disks, SwarmMachines())  # type: ignore[arg-type]
     await reporter.beat()  # no systemData yet: no machines known
     await reporter.refresh(force=True)
     await reporter.beat()

@@ -12,6 +12,7 @@ from support.fakes import FakeEngine, FakeReporter
 
 from gpuhost_agent.core.disk_watch import GIB, DiskWatch, machine_disks
 from gpuhost_agent.core.gpu_ledger import GpuLedger
+from gpuhost_agent.inventory.machines import OneMachine
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.swarm_stacks import NAMESPACE_LABEL
 from gpuhost_agent.storage.agent_db import AgentDB
@@ -52,12 +53,14 @@ def _watch(tmp_path, worker_answer: dict, asked: list, stopped: list) -> tuple[D
     async def facts() -> dict:
         return _facts()
 
-    async def other_disks(nodes: list[str], timeout: float) -> dict[str, dict]:
-        asked.append(nodes)
-        return {"n2": worker_answer}
+    class Environment(OneMachine):  # the leader's machines: the worker's disk figures, through its agent
+        async def disk_figures(self, nodes: list[str], timeout: float) -> dict[str, dict]:
+            asked.append(nodes)
+            return {"n2": worker_answer}
 
-    async def stop_stack(project: str) -> None:
-        stopped.append(project)
+    class Stacks:  # the Swarm backend's stop: each stack scaled to no task
+        async def stop(self, projects: list[str], running: list[dict]) -> None:
+            stopped.extend(projects)
 
     watch = DiskWatch(
         engine,
@@ -66,8 +69,8 @@ def _watch(tmp_path, worker_answer: dict, asked: list, stopped: list) -> tuple[D
         reporter,
         facts,
         set,
-        other_disks=other_disks,
-        stop_stack=stop_stack,  # type: ignore[arg-type]
+        machines=Environment(),
+        stacks=Stacks(),  # type: ignore[arg-type]
     )
     return watch, reporter, engine
 

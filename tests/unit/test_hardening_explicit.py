@@ -17,7 +17,7 @@ from gpuhost_agent.core.sandbox_context import GIB, SandboxContext
 from gpuhost_agent.core.sandbox_gpu_forms import DEVICE_VARIABLES
 from gpuhost_agent.core.sandbox_harden import GPU_LABEL
 from gpuhost_agent.core.sandbox_raw import RawReview
-from gpuhost_agent.core.swarm_rewrite import SwarmPlacement, swarm_stack
+from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
 from gpuhost_agent.inventory import toolkit
 from gpuhost_agent.inventory.compliance import evaluate
 from gpuhost_agent.protocol import wire

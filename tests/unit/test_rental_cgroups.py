@@ -98,6 +98,7 @@ async def test_deploys_at_the_same_moment_all_get_their_rentals_cgroup(tmp_path)
     import asyncio
 
     from gpuhost_agent.core.gpu_ledger import GpuLedger
+    from gpuhost_agent.core.rental_shares import CgroupShares
     from gpuhost_agent.core.sandbox import Sandbox
     from gpuhost_agent.storage.agent_db import AgentDB
 
@@ -105,9 +106,10 @@ async def test_deploys_at_the_same_moment_all_get_their_rentals_cgroup(tmp_path)
         return {}
 
     ledger = await asyncio.to_thread(lambda: GpuLedger(AgentDB(tmp_path / "a.db")))
-    sandbox = Sandbox(ledger, no_facts, cgroups=RentalCgroups(await asyncio.to_thread(v1_tree, tmp_path / "cg")))
+    shares = CgroupShares(RentalCgroups(await asyncio.to_thread(v1_tree, tmp_path / "cg")))
+    sandbox = Sandbox(ledger, no_facts, shares=shares)
     docker = {"cgroupDriver": "cgroupfs", "cgroupVersion": "1"}
-    parents = await asyncio.gather(*(sandbox._cgroup_parent(docker, f"r{n}") for n in range(5)))
+    parents = await asyncio.gather(*(sandbox.shares.parent(docker, f"r{n}") for n in range(5)))
     assert parents == [f"/gpuhost-agent/r-r{n}" for n in range(5)]
 
 

@@ -14,7 +14,7 @@ from gpuhost_agent.core.sandbox_context import GIB, SandboxContext
 from gpuhost_agent.core.sandbox_harden import harden
 from gpuhost_agent.core.sandbox_raw import RawReview
 from gpuhost_agent.core.sandbox_rewrite import rewrite
-from gpuhost_agent.core.swarm_rewrite import SwarmPlacement, swarm_stack
+from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
 
 CTX = SandboxContext(project="p", gpu_uuids=("GPU-a", "GPU-b"), cpus=8.0, memory_bytes=8 * GIB, pids_limit=4096)
 PLACED = SwarmPlacement(gpu_nodes={"GPU-a": "n1", "GPU-b": "n1"}, home_node="n1")

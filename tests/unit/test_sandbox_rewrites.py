@@ -13,6 +13,7 @@ from gpuhost_agent.core.compose_rewrite import StackRejected
 from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.core.sandbox import Sandbox, review_raw
 from gpuhost_agent.core.sandbox_context import SandboxContext
+from gpuhost_agent.core.swarm.placement import SwarmPlacer
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
 from gpuhost_agent.storage.agent_db import AgentDB
@@ -200,7 +201,7 @@ async def test_a_swarm_stack_s_overlays_are_encrypted_when_the_host_asks(tmp_pat
     async def peers(rental_id: str, project: str) -> dict[str, int]:
         return {}
 
-    sandbox = Sandbox(ledger, facts, swarm_peers=peers, swarm_encrypted=encrypted)
+    sandbox = Sandbox(ledger, facts, placement=SwarmPlacer(peers, encrypted=encrypted))
     text = "services:\n  app:\n    image: busybox\n"
     model = {
         "name": "p",

@@ -16,7 +16,8 @@ from gpuhost_agent.core.compose_rewrite import StackRejected
 from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.core.sandbox import Sandbox, review_raw
 from gpuhost_agent.core.sandbox_context import GIB, SandboxContext
-from gpuhost_agent.core.swarm_rewrite import stack_nodes
+from gpuhost_agent.core.swarm.placement import SwarmPlacer
+from gpuhost_agent.core.swarm.rewrite import stack_nodes
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.storage.agent_db import AgentDB
 
@@ -57,7 +58,7 @@ async def _apply(ledger: GpuLedger, worker_free: int, service: dict, gpus: int) 
     async def peers(rental_id: str, project: str) -> dict[str, int]:
         return {}
 
-    sandbox = Sandbox(ledger, facts, swarm_peers=peers, disk_floor_bytes=GIB)
+    sandbox = Sandbox(ledger, facts, placement=SwarmPlacer(peers, disk_floor_bytes=GIB), disk_floor_bytes=GIB)
     text = "services:\n  app:\n    image: busybox\n"
     model = {"name": "p", "services": {"app": service}, "networks": {"default": {"name": "p_default"}}}
     job = wire.StackJob("job-1", wire.JOB_DEPLOY, "stack-1", "rental-1", "env-1", "s", {"content": text}, gpus)

@@ -1,4 +1,4 @@
-"""The Swarm rewrite of a hardened stack (core/swarm_rewrite.py), as pure
+"""The Swarm rewrite of a hardened stack (core/swarm/rewrite.py), as pure
 functions: on small stacks that show one rule each, and on every published
 Compose file the sandbox deploys (the real Compose CLI normalises them, as
 the agent does). On a real Swarm: tests/integration/test_swarm_cluster.py."""
@@ -14,7 +14,7 @@ from support.sandbox_decide import RENTAL_GPUS, decide_file
 from gpuhost_agent.core.compose_rewrite import StackRejected
 from gpuhost_agent.core.sandbox_context import GIB, SandboxContext, machine_shares
 from gpuhost_agent.core.sandbox_harden import ALWAYS_DROP, harden
-from gpuhost_agent.core.swarm_rewrite import SwarmPlacement, swarm_stack
+from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
 
 CTX = SandboxContext(project="p", gpu_uuids=("GPU-a", "GPU-b"), cpus=8.0, memory_bytes=32 * GIB, pids_limit=4096)

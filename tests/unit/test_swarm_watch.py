@@ -1,4 +1,4 @@
-"""The leader's watch over the other machines (core/swarm_watch.py) without a
+"""The leader's watch over the other machines (core/swarm/watch.py) without a
 cluster: which machines are unwell and the words for a stack, what to start
 again once a machine is back, and the watch's loop against a scripted
 manager. The same code runs against the two-node test cluster in
@@ -10,8 +10,7 @@ import asyncio
 
 from test_swarm_tasks import node, task
 
-from gpuhost_agent.core.swarm_tasks import NODE_LABEL, stack_containers
-from gpuhost_agent.core.swarm_watch import (
+from gpuhost_agent.core.swarm.watch import (
     SwarmMachines,
     SwarmWatch,
     machine_problems,
@@ -19,6 +18,7 @@ from gpuhost_agent.core.swarm_watch import (
     stack_machine_error,
 )
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.swarm_tasks import NODE_LABEL, stack_containers
 
 
 def container(service: str, node_id: str, state: str = "running", cid: str = "c1", stack: str = "s1") -> dict:

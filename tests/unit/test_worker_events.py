@@ -1,5 +1,5 @@
 """The other machines' container events, followed by a Swarm leader
-(core/worker_events.py): one follow per machine listed, every event handed
+(core/swarm/worker_events.py): one follow per machine listed, every event handed
 on, a follow that ended started again at the next look, machines no longer
 listed no longer followed, and all of it ended at stop. The door's side, on
 the real engine: tests/integration/test_node_proxy_engine.py."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gpuhost_agent.core.worker_events import WorkerEvents
+from gpuhost_agent.core.swarm.worker_events import WorkerEvents
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.streams.door_routes import events_head, route
 

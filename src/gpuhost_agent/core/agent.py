@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from collections.abc import Sequence
+from typing import Protocol
 
 from gpuhost_agent import __version__
 from gpuhost_agent.common.logs import get_logger
@@ -24,7 +26,6 @@ from gpuhost_agent.core.host_reporter import HostReporter
 from gpuhost_agent.core.reconciler import Reconciler
 from gpuhost_agent.core.rental_clock import RentalClock
 from gpuhost_agent.core.schedule import Schedule
-from gpuhost_agent.core.swarm_watch import SwarmWatch
 from gpuhost_agent.core.usage_meter import UsageMeter
 from gpuhost_agent.inventory.gpu_events import GpuEventWatch
 from gpuhost_agent.protocol import intervals as wire_intervals
@@ -40,6 +41,17 @@ from gpuhost_agent.uplink.session import SessionState
 log = get_logger(__name__)
 SUPERSEDED_WINDOW = 600.0  # superseded twice within this: another agent uses the key
 SUPERSEDED_BACKOFF, SUPERSEDED_BACKOFF_MAX = 30.0, 600.0
+
+
+class PeriodicWatch(Protocol):
+    """Something the agent polls on its schedule, and stops at shutdown."""
+
+    name: str
+    interval: float
+
+    async def poll(self) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
 class Agent:
@@ -58,11 +70,13 @@ class Agent:
         container_watch: ContainerWatch,
         streams: StreamChannel,
         *,
-        disk_watch: DiskWatch | None = None,
-        gpu_events: GpuEventWatch | None = None,
-        usage: UsageMeter | None = None,
-        swarm_watch: SwarmWatch | None = None,
+        disk_watch: DiskWatch,
+        gpu_events: GpuEventWatch,
+        usage: UsageMeter,
+        watches: Sequence[PeriodicWatch] = (),
     ):
+        """`watches` are the environment's own, scheduled as they say (a
+        Swarm leader's look at the other machines; none on one machine)."""
         self.client = client
         self.session = session
         self.db = db
@@ -78,7 +92,7 @@ class Agent:
         self.disk_watch = disk_watch
         self.gpu_events = gpu_events
         self.usage = usage
-        self.swarm_watch = swarm_watch  # a Swarm leader's look at the other machines
+        self.watches = list(watches)
         self._superseded_at: list[float] = []  # loop times our session was superseded, within the window
         self.intervals = wire_intervals.from_reply(None)
         for job in db.interrupted:
@@ -98,8 +112,8 @@ class Agent:
             asyncio.create_task(self.engine_watch.run(), name="engine-watch"),
         ]
         self.schedule.every("container_resync", self.intervals["containerResyncSeconds"], self.resync_containers)
-        if self.usage is not None:  # counted from the start: GPU time runs on while the marketplace is away
-            self.schedule.every("usage", self.usage.interval, self.usage.tick, now=True)
+        # counted from the start: GPU time runs on while the marketplace is away
+        self.schedule.every("usage", self.usage.interval, self.usage.tick, now=True)
         self.schedule.start()
         self._follow_containers()
         try:
@@ -110,20 +124,17 @@ class Agent:
             # it needs the session's header; it reopens by itself from now on
             background.append(asyncio.create_task(self.streams.run(), name="stream-channel"))
             await self.host.bring_up()
-            if self.gpu_events is not None:
-                self.gpu_events.start()
+            self.gpu_events.start()
             self.schedule.every("reconcile", self.intervals["reconcileSeconds"], self.reconciler.run_once, now=True)
-            if self.disk_watch is not None:
-                self.schedule.every("disk_watch", self.disk_watch.interval, self.disk_watch.run_once)
-            if self.swarm_watch is not None:
-                self.schedule.every("swarm_watch", self.swarm_watch.interval, self.swarm_watch.poll)
+            self.schedule.every("disk_watch", self.disk_watch.interval, self.disk_watch.run_once)
+            for watch in self.watches:
+                self.schedule.every(watch.name, watch.interval, watch.poll)
             await self._poll_forever()
         finally:
-            if self.gpu_events is not None:
-                await self.gpu_events.stop()
+            await self.gpu_events.stop()
             self.schedule.stop()
-            if self.swarm_watch is not None:
-                await self.swarm_watch.stop()
+            for watch in self.watches:
+                await watch.stop()
             self.container_watch.stop()
             await self.streams.close()  # every stream ends with agent-stopping
             await self.host.stop()

@@ -31,6 +31,7 @@ from gpuhost_agent.core.container_states import ContainerStates
 from gpuhost_agent.core.containers import seed_containers, stack_error, stack_id_of
 from gpuhost_agent.core.dispatcher import JobDispatcher
 from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
+from gpuhost_agent.inventory.machines import Machines, OneMachine
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 from gpuhost_agent.storage.agent_db import AgentDB
@@ -53,9 +54,10 @@ class ContainerWatch:
         *,
         window: float = COALESCE,
         rental_limit_reached: Callable[[str], bool] | None = None,
-        machine_error: Callable[[list[dict]], str] | None = None,
+        machines: Machines | None = None,
     ):
-        self.machine_error = machine_error  # a Swarm leader's words for containers on unwell machines
+        # The environment's machines: their words for containers on unwell ones (none on one machine).
+        self.machines: Machines = machines if machines is not None else OneMachine()
         self.engine, self.reporter, self.db, self.dispatcher, self.window = engine, reporter, db, dispatcher, window
         self.pushed: dict[str, list] = {}  # the last list pushed per stack, shared by events and the resync
         self.states = ContainerStates(self.engine, rental_limit_reached=rental_limit_reached)
@@ -149,7 +151,7 @@ class ContainerWatch:
 
     # ---- events, coalesced per stack -------------------------------------------
     def other_machine_event(self, event: dict) -> None:
-        """An event of another machine's engine (a Swarm leader: core/worker_events.py)."""
+        """An event of another machine's engine (a Swarm leader: core/swarm/worker_events.py)."""
         self._on_event(self._generation, event)
 
     def _on_event(self, generation: int, event: dict) -> None:
@@ -256,7 +258,7 @@ class ContainerWatch:
             self.pushed[stack_id], self._seen_at[stack_id] = shaped, seen_at
             self.reporter.containers(stack_id, shaped)
             self.pushes += 1
-        errors = (self.machine_error(raw) if self.machine_error else "", stack_error(raw, facts))
+        errors = (self.machines.stack_error(raw), stack_error(raw, facts))
         self._report_error(stack_id, "; ".join(error for error in errors if error), may_set_error)
         return True
 

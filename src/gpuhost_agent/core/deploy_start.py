@@ -21,13 +21,9 @@ from pathlib import Path
 
 from gpuhost_agent.core.sandbox import refuse_with_compose_error
 from gpuhost_agent.core.sandbox_raw import RawReview
+from gpuhost_agent.core.stack_backend import StackFailed
 from gpuhost_agent.runtime.compose import ComposeError, ComposeRunner, PendingUp
 from gpuhost_agent.runtime.engine import DockerEngine
-
-
-class StackFailed(RuntimeError):
-    """Containers started but did not keep running (or Compose could not
-    start them); the message names which and why."""
 
 
 async def start_compose(

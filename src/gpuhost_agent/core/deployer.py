@@ -1,7 +1,12 @@
-"""Deploy and remove one stack through Compose, reporting every step.
+"""Deploy and remove one stack, reporting every step.
 
-A failed deploy never leaves half-started containers: whatever Compose created
-is taken down before ERROR is reported, so the renter can simply try again.
+The steps are the same on one machine and on a Swarm environment's leader;
+how a stack starts, runs and goes is the backend's (core/stack_backend.py:
+Compose, or `docker stack`), chosen by the composition root.
+
+A failed deploy never leaves half-started containers: whatever the backend
+started is taken down before ERROR is reported, so the renter can simply try
+again.
 """
 
 from __future__ import annotations
@@ -10,7 +15,6 @@ import asyncio
 import json
 import os
 import shutil
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from gpuhost_agent.common import faults
@@ -18,14 +22,14 @@ from gpuhost_agent.common.logs import SECRETS, get_logger
 from gpuhost_agent.core import naming
 from gpuhost_agent.core.compose_rewrite import StackRejected, check_variables, label_services
 from gpuhost_agent.core.containers import failed_containers, seed_containers
-from gpuhost_agent.core.deploy_failures import LimitReached, describe_container, describe_up_failure
-from gpuhost_agent.core.deploy_start import StackFailed, start_compose
+from gpuhost_agent.core.deploy_failures import LimitReached, describe_container
 from gpuhost_agent.core.sandbox import Sandbox, notices_message, review_raw
 from gpuhost_agent.core.sandbox_context import SandboxContext, crowded_rental_problem
 from gpuhost_agent.core.sandbox_raw import RawReview
+from gpuhost_agent.core.stack_backend import StackBackend, StackFailed
 from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.runtime.compose import ComposeError, ComposeRunner
+from gpuhost_agent.runtime.compose import COMPOSE_PROJECT_LABEL, ComposeError
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 from gpuhost_agent.storage.agent_db import AgentDB
 
@@ -33,29 +37,31 @@ log = get_logger(__name__)
 
 ORIGINAL_FILE = "compose.yaml"
 AGENT_FILE = "compose.agent.json"
-COMPOSE_PROJECT_LABEL = "com.docker.compose.project"
 
 
 class StackDeployer:
     def __init__(
         self,
-        compose: ComposeRunner,
+        backend: StackBackend,
         engine: DockerEngine,
         reporter: StatusReporter,
         sandbox: Sandbox,
         db: AgentDB,
         stacks_dir: Path,
+        home_dir: Path,
         *,
         settle_seconds: float = 3.0,
         stop_timeout: int = 10,
         stacks_per_rental: int = 16,
         rental_limit_reached: LimitReached | None = None,
     ):
-        """`rental_limit_reached` (RentalCgroups.memory_limit_reached) tells a
+        """`backend` starts, watches and takes down stacks (Compose, or
+        `docker stack`); `home_dir` is the HOME it resolves a file's `~` in.
+        `rental_limit_reached` (RentalCgroups.memory_limit_reached) tells a
         container OOM-killed at the rental's shared limit from one killed at
         its own, for the failed deploy's errorMsg."""
-        self.compose, self.engine, self.reporter, self.sandbox = compose, engine, reporter, sandbox
-        self.db, self.stacks_dir = db, stacks_dir
+        self.backend, self.engine, self.reporter, self.sandbox = backend, engine, reporter, sandbox
+        self.db, self.stacks_dir, self.home_dir = db, stacks_dir, home_dir
         self.settle_seconds, self.stop_timeout = settle_seconds, stop_timeout
         self.stacks_per_rental, self.rental_limit_reached = stacks_per_rental, rental_limit_reached
         self._stack_secrets: dict[str, list[str]] = {}  # what each stack added to the log redactor
@@ -110,34 +116,35 @@ class StackDeployer:
         template, variables, project, workdir = self._begin(job)
         try:
             raw = await self._renter_file(job, template, variables, workdir)
-            model, foreign_names, pending_up = await start_compose(
-                self.compose, self.engine, project, workdir / ORIGINAL_FILE, variables, raw
-            )
-            async with pending_up as up:
+            start = await self.backend.prepare(project, workdir / ORIGINAL_FILE, variables, raw)
+            try:
                 places = SandboxContext(
                     project=project,
                     project_dir=str(await asyncio.to_thread(workdir.resolve)),
-                    home_dir=str(self.compose.home_dir),
+                    home_dir=str(self.home_dir),
                     agent_dir=str(self.stacks_dir.parent),
-                    foreign_names=foreign_names,
+                    foreign_names=start.foreign_names,
                 )
                 hardened, gpus, notices = await self.sandbox.apply(
-                    job, model, raw, places, waiting=lambda reason: self._report(job, wire.APPLYING, reason)
+                    job, start.model, raw, places, waiting=lambda reason: self._report(job, wire.APPLYING, reason)
                 )
-                rewritten = label_services(
-                    hardened, job.stack_id, job.rental_id, job.env_id, gpus, ssh=template.get("isSSHEnabled") is True
+                rewritten = self.backend.stack_file(
+                    label_services(
+                        hardened,
+                        job.stack_id,
+                        job.rental_id,
+                        job.env_id,
+                        gpus,
+                        ssh=template.get("isSSHEnabled") is True,
+                    )
                 )
                 text = json.dumps(rewritten, indent=1)
                 await asyncio.to_thread(_write_private, workdir / AGENT_FILE, text)  # the record of what ran
                 faults.crash_point("deploy.before_compose_up")
-                try:
-                    await up.run(text)
-                except ComposeError as exc:
-                    failure = await describe_up_failure(
-                        self.engine, job.stack_id, rewritten, str(exc), self.rental_limit_reached
-                    )
-                    raise StackFailed(failure) from None
-            containers = await self.engine.stack_containers(job.stack_id)
+                await start.run(job.stack_id, text, rewritten)
+            finally:
+                await start.discard()
+            containers = await self.backend.until_running(job.stack_id)
             await self._check_running(job.stack_id, containers)
             faults.crash_point("deploy.before_applied_report")
             self._report(job, wire.APPLIED, notices_message(notices))  # sent at once: the outbox is woken
@@ -168,13 +175,10 @@ class StackDeployer:
 
     async def _teardown(self, project: str, workdir: Path, stack_id: str) -> None:
         try:
-            await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True, mode=0o700)
-            await self.compose.down(project, workdir, stop_timeout=0)
-            for leftover in await self.engine.stack_containers(stack_id):
-                await self.engine.remove_container(leftover["Id"])
+            await self.backend.take_down_failed(project, workdir, stack_id)
         except (ComposeError, EngineError) as exc:
             log.error("stack_teardown_failed", stack_id=stack_id, project=project, error=str(exc))
-        shutil.rmtree(workdir, ignore_errors=True)
+        await asyncio.to_thread(shutil.rmtree, workdir, ignore_errors=True)
 
     # ---- remove --------------------------------------------------------------
     async def remove(self, job: wire.StackJob) -> str:
@@ -184,7 +188,7 @@ class StackDeployer:
         log.info("stack_removing", stack_id=job.stack_id, rental_id=job.rental_id, job_id=job.job_id)
         faults.crash_point("remove.before_compose_down")
         try:
-            await self._take_down(
+            await self.backend.take_down(
                 lambda: self.engine.stack_containers(job.stack_id), workdir, {StackRef.of_job(job).project}
             )
         except (ComposeError, EngineError) as exc:
@@ -229,7 +233,9 @@ class StackDeployer:
         workdir = self.stacks_dir / f".end-{job.rental_id}"
         try:
             stacks = await self._rental_stacks(job.rental_id)
-            projects = await self._take_down(lambda: self.engine.rental_containers(job.rental_id), workdir, set())
+            projects = await self.backend.take_down(
+                lambda: self.engine.rental_containers(job.rental_id), workdir, set()
+            )
         except (ComposeError, EngineError) as exc:
             message = f"rental cleanup failed: {exc}"
             log.error("rental_end_failed", rental_id=job.rental_id, job_id=job.job_id, error=message)
@@ -266,22 +272,6 @@ class StackDeployer:
             }
         )
         return stacks
-
-    async def _take_down(
-        self, list_containers: Callable[[], Awaitable[list[dict]]], workdir: Path, fallback: set[str]
-    ) -> set[str]:
-        """`compose down` every project the listed containers belong to (or the
-        fallback projects when none is left), then force-remove whatever is
-        still listed. Returns the projects taken down."""
-        existing = await list_containers()
-        projects = {c["Labels"].get(COMPOSE_PROJECT_LABEL) for c in existing if c.get("Labels")} - {None}
-        projects = projects or fallback
-        await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True, mode=0o700)
-        for project in sorted(projects):
-            await self.compose.down(project, workdir, stop_timeout=self.stop_timeout)
-        for leftover in await list_containers():
-            await self.engine.remove_container(leftover["Id"])
-        return projects
 
     async def _push_quietly(self, stack_id: str) -> None:
         try:

@@ -29,11 +29,13 @@ from dataclasses import dataclass
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.gpu_ledger import GpuLedger
+from gpuhost_agent.core.stack_backend import StackBackend
 from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
-from gpuhost_agent.inventory.swarm_nodes import node_host
+from gpuhost_agent.inventory.environment import node_host
+from gpuhost_agent.inventory.machines import Machines
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.compose import STACK_NAMESPACE_LABEL as NAMESPACE_LABEL
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
-from gpuhost_agent.runtime.swarm_stacks import NAMESPACE_LABEL
 from gpuhost_agent.storage.agent_db import AgentDB
 
 log = get_logger(__name__)
@@ -126,16 +128,15 @@ class DiskWatch:
         interval: float = 60.0,
         floor_bytes: int = 0,
         rental_disk_bytes: int | None = None,
-        stop_timeout: int = 10,
-        other_disks: Callable[[list[str], float], Awaitable[dict[str, dict]]] | None = None,
-        stop_stack: Callable[[str], Awaitable[None]] | None = None,
+        machines: Machines,
+        stacks: StackBackend,
     ):
+        """`machines` answers for the environment's other machines (none on
+        one machine); `stacks` stops a rental's stacks, as they run."""
         self.engine, self.db, self.ledger, self.reporter = engine, db, ledger, reporter
         self.machine_facts, self.busy_rentals = machine_facts, busy_rentals
         self.interval, self.floor_bytes, self.fixed = interval, floor_bytes, rental_disk_bytes
-        self.stop_timeout = stop_timeout
-        # A Swarm leader: the other machines' figures from their agents, and a stack's stop.
-        self.other_disks, self.stop_stack = other_disks, stop_stack
+        self.machines, self.stacks = machines, stacks
         self.last_usage: dict[str, int] = {}  # for `status` and tests: bytes per rental, all machines
 
     async def run_once(self) -> None:
@@ -169,8 +170,8 @@ class DiskWatch:
             except EngineError as exc:
                 log.warning("disk_usage_unavailable", error=str(exc))
         others = [machine.node for machine in machines if not machine.this]
-        if others and self.other_disks is not None:
-            for node, answer in (await self.other_disks(others, OTHER_MACHINE_SECONDS)).items():
+        if others:
+            for node, answer in (await self.machines.disk_figures(others, OTHER_MACHINE_SECONDS)).items():
                 if "error" in answer:
                     log.warning("disk_usage_unavailable", node_id=node, error=str(answer["error"])[:300])
                 else:
@@ -191,12 +192,5 @@ class DiskWatch:
             if record is not None:
                 stack = StackRef(stack_id, rental_id, record["env_id"], record["project"])
                 self.reporter.status(stack, wire.ERROR, message, job_id=f"disk-{uuid.uuid4().hex[:12]}")
-        if self.stop_stack is not None:
-            for project in sorted(record["project"] for record in records.values() if record is not None):
-                try:
-                    await self.stop_stack(project)
-                except EngineError as exc:
-                    log.warning("rental_over_disk_share_stop_failed", project=project, error=str(exc))
-            return
-        for container in running:
-            await self.engine.stop_container(container["Id"], self.stop_timeout)
+        projects = sorted(record["project"] for record in records.values() if record is not None)
+        await self.stacks.stop(projects, running)

@@ -20,7 +20,8 @@ from gpuhost_agent.core.gpu_allocation import slots_from_facts
 from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.core.init_state import InitState
 from gpuhost_agent.core.schedule import Schedule
-from gpuhost_agent.inventory import netspeed, swarm_nodes, telemetry
+from gpuhost_agent.inventory import netspeed, telemetry
+from gpuhost_agent.inventory.environment import other_nodes
 from gpuhost_agent.inventory.system_data import Prober, as_sent, build_report
 from gpuhost_agent.protocol import intervals as wire_intervals
 from gpuhost_agent.protocol import wire
@@ -185,7 +186,7 @@ class HostReporter:
         return report
 
     async def environment_changed(self) -> None:
-        """A machine of the environment went or came back (core/swarm_watch.py):
+        """A machine of the environment went or came back (core/swarm/watch.py):
         the listing and the GPUs' states now, not at the next probe."""
         await self.refresh()
         self.beat_soon()
@@ -237,9 +238,9 @@ class HostReporter:
             **figures,
             "reports": {"pending": self.outbox.pending(), "dropped": self.outbox.dropped},
         }
-        others = swarm_nodes.other_nodes((self.last_report or {}).get("systemData") or {})
-        if self.prober.machines is not None and others:  # a Swarm leader: the other machines' GPUs too
-            body["machines"] = swarm_nodes.live_figures(await self.prober.machines(others, BEAT_MACHINE_SECONDS, True))
+        others = other_nodes((self.last_report or {}).get("systemData") or {})
+        if others:  # an environment of several machines: the other machines' GPUs too
+            body["machines"] = await self.prober.machines.live_figures(others, BEAT_MACHINE_SECONDS)
         if self.ledger is not None and self.last_report is not None:  # once the machine's GPUs are known
             body["gpuAssignments"] = self.ledger.states(slots_from_facts(self.last_report.get("systemData") or {}))
         sent_at = time.time()

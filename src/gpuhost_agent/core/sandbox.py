@@ -23,14 +23,14 @@ from gpuhost_agent.core.compose_rewrite import StackRejected
 from gpuhost_agent.core.disk_watch import disk_share
 from gpuhost_agent.core.gpu_allocation import GpuSlot, NotEnoughGpus, slots_from_facts, slots_from_inventory
 from gpuhost_agent.core.gpu_ledger import GpuLedger
+from gpuhost_agent.core.placement import OneMachinePlacement, Placement
+from gpuhost_agent.core.rental_shares import NoRentalCgroups, RentalShares
 from gpuhost_agent.core.sandbox_context import (
     DEFAULT_PIDS_LIMIT,
     Registries,
     SandboxContext,
     disk_floor_problem,
     machine_of,
-    machine_shares,
-    machines_floor_problem,
     rental_share,
 )
 from gpuhost_agent.core.sandbox_harden import harden
@@ -38,10 +38,9 @@ from gpuhost_agent.core.sandbox_host_network import Absent, resolve_registries
 from gpuhost_agent.core.sandbox_policy import policy_violations
 from gpuhost_agent.core.sandbox_raw import RawReview, review
 from gpuhost_agent.core.sandbox_rewrite import rewrite
-from gpuhost_agent.core.swarm_rewrite import SwarmPlacement, stack_nodes, swarm_stack
 from gpuhost_agent.inventory.host_probe import storage
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.runtime.rental_cgroups import CgroupError, RentalCgroups, RentalLimits
+from gpuhost_agent.runtime.rental_cgroups import CgroupError, RentalLimits
 from gpuhost_agent.streams.tunnel import read_host_networks
 
 log = get_logger(__name__)
@@ -105,33 +104,26 @@ class Sandbox:
         pids_limit: int = DEFAULT_PIDS_LIMIT,
         log_max_size: str = "50m",
         log_max_files: int = 3,
-        cgroups: RentalCgroups | None = None,
+        shares: RentalShares | None = None,
+        placement: Placement | None = None,
         release_wait_seconds: float = RELEASE_WAIT_SECONDS,
         disk_floor_bytes: int = 0,
         rental_disk_bytes: int | None = None,
-        swarm_peers: Callable[[str, str], Awaitable[dict[str, int]]] | None = None,
-        swarm_encrypted: bool = False,
         allowed_registries: tuple[str, ...] = (),
         images_absent: Absent | None = None,
     ):
-        """`cgroups` makes each rental's cgroup (runtime/rental_cgroups.py);
-        without it each container has the rental's limits only. `swarm_peers`
-        makes this a Swarm environment's sandbox: the hardened model is then
-        written for `docker stack deploy` (core/swarm_rewrite.py), and it
-        counts the rental's services already running per machine (other
-        stacks), which share the rental's share there; `swarm_encrypted`
-        makes the stack's overlays encrypted (IPsec between machines)."""
+        """`shares` holds each rental's share in a cgroup of its own
+        (core/rental_shares.py; by default none: each container has the
+        rental's limits only). `placement` decides where the stack's services
+        run (core/placement.py; by default all on this machine)."""
         self.log_max_size, self.log_max_files = log_max_size, log_max_files
-        self.cgroups = cgroups
-        self.swarm_encrypted = swarm_encrypted
+        self.shares: RentalShares = shares if shares is not None else NoRentalCgroups()
+        self.placement: Placement = placement if placement is not None else OneMachinePlacement()
         self.release_wait_seconds = release_wait_seconds
         self.disk_floor_bytes = disk_floor_bytes
         self.rental_disk_bytes = rental_disk_bytes  # the host's fixed disk share per rental (disk_watch.py)
-        self.swarm_peers = swarm_peers
         # Registries local on purpose, and which images the engine lacks (whose registry it would contact).
         self.allowed_registries, self.images_absent = allowed_registries, images_absent
-        self._cgroup_layout: tuple | None = None  # (driver, version) the cgroups were configured for
-        self._configuring = asyncio.Lock()
         self.ledger = ledger
         self.machine_facts = machine_facts
         self.publish_address = publish_address
@@ -161,9 +153,9 @@ class Sandbox:
             full = disk_floor_problem(await asyncio.to_thread(storage, root), self.disk_floor_bytes)
             if full:
                 raise StackRejected(full)
-        parent = await self._cgroup_parent(host.get("docker") or {}, job.rental_id)
+        parent = await self.shares.parent(host.get("docker") or {}, job.rental_id)
         await self._until_released(job, slots, waiting)
-        peers = await self.swarm_peers(job.rental_id, places.project) if self.swarm_peers is not None else None
+        plan = await self.placement.plan(job.rental_id, places.project)
         registries = Registries(
             self.allowed_registries,
             tuple(await asyncio.to_thread(read_host_networks)),
@@ -176,7 +168,7 @@ class Sandbox:
             raise StackRejected(str(exc)) from None
         cpus, memory = base_share = rental_share(machine, len(uuids))
         gpu_nodes = {slot.uuid: slot.machine for slot in slots}
-        shares = machine_shares(facts, gpu_nodes, uuids) if peers is not None else {}
+        shares = plan.shares(facts, gpu_nodes, uuids)
         if shares:  # machines differ: the hardening caps at the largest share, the rewrite gives each its own
             cpus = max(cpus, *(share[0] for share in shares.values()))
             memory = max(memory, *(share[1] for share in shares.values()))
@@ -198,21 +190,13 @@ class Sandbox:
             registries=registries,
         )
         hardened, notices = decide(model, raw, ctx)
-        if peers is not None:  # a Swarm environment: written for `docker stack deploy`, placed by the ledger
-            home = str((((host.get("docker") or {}).get("swarm")) or {}).get("nodeId") or "")
-            placement = SwarmPlacement(
-                gpu_nodes, home, peers, encrypted=self.swarm_encrypted, shares=shares, base_share=base_share
-            )
-            hardened, more = swarm_stack(hardened, ctx, placement)
-            notices = [*notices, *more]
-            full = machines_floor_problem(facts, stack_nodes(hardened), self.disk_floor_bytes)
-            if full:
-                raise StackRejected(full)
+        hardened, more = plan.place(hardened, ctx, facts, gpu_nodes, base_share, shares)
+        notices = [*notices, *more]
         self.ledger.commit(job.rental_id, uuids)
-        if parent and self.cgroups is not None:
+        if parent:
             limits = RentalLimits(memory_bytes=memory, cpus=cpus, pids=self.pids_limit)
             try:
-                await asyncio.to_thread(self.cgroups.apply, job.rental_id, limits)
+                await self.shares.apply(job.rental_id, limits)
             except CgroupError as exc:
                 raise StackRejected(f"{exc}; nothing of the stack was started") from None
         return hardened, uuids, notices
@@ -247,43 +231,23 @@ class Sandbox:
         rentals whose containers it sees): after a reboot dockerd restarts
         containers into their rental's cgroup before the agent runs, and runc
         makes it without limits. Idempotent, a few small writes per rental."""
-        if self.cgroups is None or not rental_ids:
+        if not rental_ids:
             return
         facts = await self.machine_facts()
         host = facts.get("host") or {}
         machine = machine_of(host, len(slots_from_inventory(facts.get("nvml") or {})))
         for rental_id in sorted(rental_ids):
             try:
-                if await self._cgroup_parent(host.get("docker") or {}, rental_id) is None:
+                if await self.shares.parent(host.get("docker") or {}, rental_id) is None:
                     return
                 cpus, memory = rental_share(machine, len(self.ledger.assignments.get(rental_id, [])))
                 limits = RentalLimits(memory_bytes=memory, cpus=cpus, pids=self.pids_limit)
-                await asyncio.to_thread(self.cgroups.apply, rental_id, limits)
+                await self.shares.apply(rental_id, limits)
             except (StackRejected, CgroupError) as exc:
                 log.warning("rental_limits_not_restored", rental_id=rental_id, error=str(exc))
-
-    async def _cgroup_parent(self, docker: dict, rental_id: str) -> str | None:
-        """The rental's cgroup parent, with the cgroups configured for the
-        engine's driver and version first (again when they change)."""
-        if self.cgroups is None:
-            return None
-        layout = (docker.get("cgroupDriver") or "", str(docker.get("cgroupVersion") or ""))
-        async with self._configuring:  # concurrent deploys wait for the one that configures
-            if layout != self._cgroup_layout:
-                why_not = await asyncio.to_thread(self.cgroups.configure, *layout)
-                self._cgroup_layout = layout
-                if why_not:
-                    log.warning("rental_cgroups_unavailable", reason=why_not)
-                else:
-                    log.info("rental_cgroups_used", cgroup_driver=layout[0], cgroup_version=layout[1])
-        try:
-            return self.cgroups.parent_of(rental_id)
-        except CgroupError as exc:
-            raise StackRejected(str(exc)) from None
 
     async def release(self, rental_id: str) -> list[str]:
         """The rental has ended and its containers are gone: its GPUs are free
         again and its cgroup goes."""
-        if self.cgroups is not None and self.cgroups.version is not None:
-            await asyncio.to_thread(self.cgroups.remove, rental_id)
+        await self.shares.remove(rental_id)
         return self.ledger.release(rental_id)

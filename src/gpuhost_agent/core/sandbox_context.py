@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from gpuhost_agent.inventory.swarm_nodes import node_host
+from gpuhost_agent.inventory.environment import node_host
 from gpuhost_agent.streams.sandbox_addresses import IPNetwork
 
 GIB = 1024**3

@@ -18,7 +18,7 @@ from gpuhost_agent.core.sandbox_context import SandboxContext, shown_path, under
 DROPPED_HOST_FILES = ("/etc/localtime", "/etc/timezone")
 # Containers one stack may make, replicas counted: each is a process tree, a
 # shim and network endpoints on the host (outside the rental's cgroup), and on
-# Swarm a share of the machine (core/swarm_rewrite.py divides it among them).
+# Swarm a share of the machine (core/swarm/rewrite.py divides it among them).
 MAX_CONTAINERS = 32
 _VOLUME_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_.-]+")
 

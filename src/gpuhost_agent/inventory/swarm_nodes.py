@@ -6,7 +6,7 @@ it advertises as named generic resources of kind `NVIDIA-GPU` (dockerd's
 `node-generic-resources`, as in NVIDIA's guide for Swarm). That is the
 environment's part of systemData (`environment`): the marketplace's
 `totalGPUs` counts these GPUs, and the leader's GPU ledger hands them out
-(core/swarm_tasks.py).
+(runtime/swarm_tasks.py).
 
 Each node also carries its `machine`: for the leader's own, a pointer to the
 report's top level (`{"this": true}`); for another, the systemData its agent
@@ -22,8 +22,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuhost_agent.inventory import compliance
-from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 
 GPU_KIND = "NVIDIA-GPU"
@@ -78,39 +76,6 @@ def attach_machines(environment: dict, own_node: str | None, reports: Mapping[st
         )
 
 
-def machines_check(system_data: Mapping[str, Any], req: Requirements) -> compliance.Check | None:
-    """The other machines' own checks, as one (None on a machine of its own)."""
-    environment = system_data.get("environment") or {}
-    others = [node for node in environment.get("nodes") or [] if not _leaders(node)]
-    if not environment or not others:
-        return None
-    failed: list[str] = []
-    silent: list[str] = []
-    fine: list[str] = []
-    for node in others:
-        name = node.get("hostname") or str(node.get("nodeId"))[:12]
-        data = (node.get("machine") or {}).get("systemData")
-        if not isinstance(data, dict):
-            silent.append(name)
-            continue
-        bad = [check.id for check in compliance.evaluate(data, req) if not check.ok]
-        (failed if bad else fine).append(f"{name} ({', '.join(bad)})" if bad else name)
-    unheard = f"; no report from {', '.join(silent)} (is its agent running, GPUHOST_SWARM=worker?)" if silent else ""
-    if failed:
-        summary = f"not compliant: {'; '.join(failed)}{unheard}"
-        remedy = "run `gpuhost-agent doctor` on each machine named and fix what it says"
-        return compliance.Check("swarm-machines", False, summary, remedy)
-    if not fine:
-        return compliance.Check("swarm-machines", True, f"skipped: {unheard[2:]}", skipped=True)
-    return compliance.Check("swarm-machines", True, f"the other machines are compliant: {', '.join(fine)}{unheard}")
-
-
-def other_nodes(system_data: Mapping[str, Any]) -> list[str]:
-    """The ids of the environment's machines but the leader's own."""
-    nodes = (system_data.get("environment") or {}).get("nodes") or []
-    return [str(node["nodeId"]) for node in nodes if not _leaders(node)]
-
-
 def live_figures(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, dict]:
     """A heartbeat's `machines`: each other machine's GPU figures, or why none."""
     shaped: dict[str, dict] = {}
@@ -118,16 +83,3 @@ def live_figures(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, dict]:
         gpus = (report.get("telemetry") or {}).get("gpus")
         shaped[node] = {"gpus": gpus} if isinstance(gpus, list) else {"error": str(report.get("error") or "no figures")}
     return shaped
-
-
-def node_host(facts: Mapping[str, Any], node: Mapping[str, Any]) -> dict | None:
-    """A node's `host` facts: the leader's own for its node, else the one its
-    agent reported (attach_machines), None when it did not report."""
-    machine = node.get("machine") or {}
-    host = facts.get("host") if machine.get("this") else (machine.get("systemData") or {}).get("host")
-    return host if isinstance(host, dict) else None
-
-
-def _leaders(node: Mapping[str, Any]) -> bool:
-    """The node the leader runs on (attach_machines marks it)."""
-    return bool((node.get("machine") or {}).get("this"))

@@ -12,20 +12,18 @@ import asyncio
 import hashlib
 import json
 import socket
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpuhost_agent import __version__
 from gpuhost_agent.inventory import compliance, listing
+from gpuhost_agent.inventory.environment import machines_check
 from gpuhost_agent.inventory.host_probe import probe_host
+from gpuhost_agent.inventory.machines import Machines, OneMachine
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
-from gpuhost_agent.inventory.swarm_nodes import attach_machines, environment_facts, machines_check
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import DockerEngine
-
-MACHINE_PROBE_SECONDS = 60.0  # another machine's first report may start a GPU container there
 
 
 @dataclass
@@ -39,10 +37,8 @@ class Prober:
     toolkit_config: Path | None = None
     location: str | None = None
     speed: dict | None = field(default=None)
-    swarm_leader: bool = False  # the leader of a Swarm environment reports every machine's GPUs
-    # The leader's question to the other machines' agents: their reports by node id,
-    # waiting at most the seconds given; True: the live figures alone (runtime/swarm_streams.py).
-    machines: Callable[[list[str], float, bool], Awaitable[dict[str, dict]]] | None = None
+    # The environment's machines: this one alone, or every machine of a Swarm environment.
+    machines: Machines = field(default_factory=OneMachine)
 
     async def system_data(self) -> dict:
         nvml, host = await asyncio.gather(
@@ -63,14 +59,8 @@ class Prober:
             "networkSpeed": self.speed,
             "location": self.location,
         }
-        if self.swarm_leader:
-            environment = await environment_facts(self.engine)
-            own = ((host.get("docker") or {}).get("swarm") or {}).get("nodeId")
-            others = [node["nodeId"] for node in environment["nodes"] if node["nodeId"] != own]
-            reports = {}
-            if self.machines is not None and others:
-                reports = await self.machines(others, MACHINE_PROBE_SECONDS, False)
-            attach_machines(environment, own, reports)
+        environment = await self.machines.environment(host)
+        if environment is not None:
             data["environment"] = environment
         return data
 

@@ -20,41 +20,32 @@ import asyncio
 import json
 import os
 import re
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuhost_agent.common import faults
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.compose_command import ComposeNotFound, find_compose_command
+from gpuhost_agent.runtime.host_process import HostProcesses, host_environment, kill
 
-__all__ = ["ComposeError", "ComposeNotFound", "ComposeRunner", "PendingUp", "clean_error", "find_compose_command"]
+__all__ = [
+    "ComposeError",
+    "ComposeNotFound",
+    "ComposeRunner",
+    "PendingUp",
+    "clean_error",
+    "find_compose_command",
+    "host_environment",
+]
 
 log = get_logger(__name__)
 
-_PASSED_THROUGH = ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH")
-# Compose dies with the agent (SIGKILL when its parent goes): an agent that
-# restarts must not race a Compose it left behind on the same project; the
-# job is redone and converges instead. setpriv is in util-linux, on every
-# Debian and Ubuntu.
-_DIE_WITH_AGENT = ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
-
-
+COMPOSE_PROJECT_LABEL = "com.docker.compose.project"
+COMPOSE_SERVICE_LABEL = "com.docker.compose.service"
+STACK_NAMESPACE_LABEL = "com.docker.stack.namespace"  # what `docker stack deploy` labels a stack's parts with
 VARIABLES_FILE = ".variables.env"  # in the stack's own 0700 folder, 0600, only during `config`
 
 
 _ENV_FILE_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "$": "\\$", "\n": "\\n", "\r": "\\r"})
-
-
-def host_environment(docker_config_dir: Path | None) -> dict[str, str]:
-    """The whole environment of a Compose or docker CLI process the agent
-    starts: the agent's PATH and engine address, and its own docker config
-    folder (also HOME, where Compose resolves `~`). Nothing of a stack."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    if docker_config_dir is not None:
-        env.update(HOME=str(docker_config_dir), DOCKER_CONFIG=str(docker_config_dir))
-    env.update({key: os.environ[key] for key in _PASSED_THROUGH if key in os.environ})
-    return env
 
 
 def env_file_line(name: str, value: str) -> str:
@@ -94,6 +85,7 @@ class ComposeRunner:
         self.docker_config_dir = docker_config_dir
         self.up_timeout = up_timeout
         self.down_timeout = down_timeout
+        self.processes = HostProcesses(docker_config_dir)  # the one runner, shared with `docker stack`
         docker_config_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     @property
@@ -105,7 +97,7 @@ class ComposeRunner:
         """The Compose command start-up found (core/host_reporter.py): used from now on."""
         self.command = command
 
-    async def _start(self, args: list[str], *, cwd: Path, stdin: int | None = None) -> asyncio.subprocess.Process:
+    async def _start(self, args: list[str], *, cwd: Path, stdin: bool = False) -> asyncio.subprocess.Process:
         if not self.command and self.finder is not None:  # e.g. a rental ending before the marketplace answers
             try:
                 self.command = await asyncio.to_thread(self.finder)
@@ -113,18 +105,7 @@ class ComposeRunner:
                 raise ComposeError(str(exc)) from None
         if not self.command:
             raise ComposeError("Docker Compose v2 is not available on this host yet")
-        return await asyncio.create_subprocess_exec(
-            *_DIE_WITH_AGENT,
-            *self.command,
-            "--ansi",
-            "never",
-            *args,
-            cwd=str(cwd),
-            env=host_environment(self.docker_config_dir),
-            stdin=asyncio.subprocess.DEVNULL if stdin is None else stdin,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        return await self.processes.start([*self.command, "--ansi", "never", *args], cwd=cwd, stdin=stdin)
 
     async def _finish(
         self,
@@ -136,26 +117,18 @@ class ComposeRunner:
         text: str | None = None,
     ) -> str:
         """Compose's output once it exits; `text` is written to its stdin first."""
-        communicating = asyncio.ensure_future(process.communicate(None if text is None else text.encode()))
         verb = "up" if "up" in args else "down" if "down" in args else None
         try:
-            if verb and faults.armed(f"compose.{verb}.running"):
-                await asyncio.sleep(0.5)
-                faults.crash_point(f"compose.{verb}.running")
-            stdout, stderr = await asyncio.wait_for(communicating, timeout)
+            code, stdout, stderr = await self.processes.finish(
+                process, timeout=timeout, text=text, crash_point=f"compose.{verb}.running" if verb else None
+            )
         except asyncio.TimeoutError:
-            await _kill(process)
             raise ComposeError(
                 f"docker compose {args[0] if args else ''} did not finish within {timeout:.0f}s"
             ) from None
-        except asyncio.CancelledError:
-            communicating.cancel()
-            await _kill(process)
-            raise
-        if process.returncode != 0:
-            error = stderr.decode(errors="replace")
-            raise ComposeError(await asyncio.to_thread(clean_error, error, cwd, self.docker_config_dir))
-        return stdout.decode(errors="replace")
+        if code != 0:
+            raise ComposeError(await asyncio.to_thread(clean_error, stderr, cwd, self.docker_config_dir))
+        return stdout
 
     async def _run(self, args: list[str], *, cwd: Path, timeout: float) -> str:
         process = await self._start(args, cwd=cwd)
@@ -198,7 +171,7 @@ class ComposeRunner:
             "missing",
             "--remove-orphans",
         ]
-        return PendingUp(self, await self._start(args, cwd=workdir, stdin=asyncio.subprocess.PIPE), args, workdir)
+        return PendingUp(self, await self._start(args, cwd=workdir, stdin=True), args, workdir)
 
     async def down(self, project: str, workdir: Path, *, stop_timeout: int = 10) -> None:
         """Containers, networks and anonymous volumes of the project, found by its labels."""
@@ -239,22 +212,13 @@ class PendingUp:
 
     async def discard(self) -> None:
         """Stop it if it is still waiting (or running); a finished one is left as it is."""
-        await _kill(self.process)
+        await kill(self.process)
 
     async def __aenter__(self) -> PendingUp:
         return self
 
     async def __aexit__(self, *_exc: object) -> None:
         await self.discard()
-
-
-async def _kill(process: asyncio.subprocess.Process) -> None:
-    if process.returncode is None:
-        try:
-            process.kill()
-        except ProcessLookupError:
-            pass
-        await process.wait()
 
 
 def clean_error(stderr: str, workdir: Path, home: Path | None = None) -> str:

@@ -21,10 +21,11 @@ import asyncio
 from pathlib import Path
 
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.runtime.compose import host_environment
+from gpuhost_agent.runtime.compose import STACK_NAMESPACE_LABEL
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.runtime.host_process import HostProcesses
 
-NAMESPACE_LABEL = "com.docker.stack.namespace"
+NAMESPACE_LABEL = STACK_NAMESPACE_LABEL
 NOT_READY = "missing network attachments"
 # `docker stack rm` answers that mean the stack is gone or on its way
 GONE_OR_GOING = ("Nothing found in stack", "is in use by task", "not found")
@@ -44,7 +45,7 @@ class SwarmStacks:
         """`docker_config_dir`: the agent's own docker config folder, the
         same Compose gets (runtime/compose.py, host_environment)."""
         self.engine = engine
-        self.docker_config_dir = docker_config_dir
+        self.processes = HostProcesses(docker_config_dir)
         self.docker_cli = docker_cli
         self.settle_seconds = settle_seconds
 
@@ -113,27 +114,19 @@ class SwarmStacks:
 
     async def _cli(self, *args: str, stdin: str | None = None) -> tuple[int, str]:
         """The docker CLI against the same engine as the rest of the agent
-        (DOCKER_HOST), with the fixed environment Compose gets: `docker stack
+        (DOCKER_HOST), through the runner Compose goes through too
+        (runtime/host_process.py): its fixed environment, since `docker stack
         deploy` interpolates the file with its environment, so the agent's
         own variables must not be there to be read."""
         try:
-            process = await asyncio.create_subprocess_exec(
-                self.docker_cli,
-                *args,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                env=host_environment(self.docker_config_dir),
-            )
+            process = await self.processes.start([self.docker_cli, *args], stdin=True, merge_output=True)
         except OSError as exc:
             raise EngineError(f"the docker CLI ({self.docker_cli}) cannot run: {exc.strerror or exc}") from None
         try:
-            out, _ = await asyncio.wait_for(process.communicate(stdin.encode() if stdin else b""), DEPLOY_SECONDS)
+            code, printed, _ = await self.processes.finish(process, timeout=DEPLOY_SECONDS, text=stdin or "")
         except asyncio.TimeoutError:
-            process.kill()
-            await process.wait()
             raise EngineError(f"docker {args[0]} {args[1]} did not finish within {DEPLOY_SECONDS:.0f} s") from None
-        return process.returncode or 0, out.decode(errors="replace")
+        return code, printed
 
 
 def rental_disk_figures(df: dict) -> dict:

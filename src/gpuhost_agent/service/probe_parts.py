@@ -4,13 +4,14 @@ the two never judge a host differently."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from gpuhost_agent.inventory.machines import Machines
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 from gpuhost_agent.inventory.system_data import Prober
 from gpuhost_agent.runtime.engine import DockerEngine
 from gpuhost_agent.service.config import AgentConfig
+from gpuhost_agent.service.topology import probe_machines
 
 
 @dataclass
@@ -28,7 +29,7 @@ class ProbeParts:
 
 def build_probe(config: AgentConfig, compose_command: list[str] | None) -> ProbeParts:
     engine, nvml = DockerEngine(timeout=10), NvmlProbe(config.nvml_library)
-    return ProbeParts(engine, nvml, build_prober(config, engine, nvml, compose_command))
+    return ProbeParts(engine, nvml, build_prober(config, engine, nvml, compose_command, probe_machines(config, engine)))
 
 
 def build_prober(
@@ -36,10 +37,10 @@ def build_prober(
     engine: DockerEngine,
     nvml: NvmlProbe,
     compose_command: list[str] | None,
-    machines: Callable[[list[str], float, bool], Awaitable[dict[str, dict]]] | None = None,
+    machines: Machines,
 ) -> Prober:
-    """`machines`: a Swarm leader's question to the other machines' agents
-    (runtime/swarm_streams.py); without it their reports are left out."""
+    """`machines`: the environment's machines (service/topology.py), whose
+    reports the probe includes."""
     return Prober(
         nvml,
         engine,
@@ -47,6 +48,5 @@ def build_prober(
         gpu_check_image=config.gpu_check_image,
         toolkit_config=config.toolkit_config,
         location=config.location,
-        swarm_leader=config.swarm == "leader",
         machines=machines,
     )

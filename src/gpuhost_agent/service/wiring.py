@@ -30,25 +30,18 @@ from gpuhost_agent.core.rental_end_dates import RentalEndDates
 from gpuhost_agent.core.sandbox import Sandbox
 from gpuhost_agent.core.schedule import Schedule
 from gpuhost_agent.core.status_reporter import StatusReporter
-from gpuhost_agent.core.swarm_deployer import SwarmDeployer
-from gpuhost_agent.core.swarm_engine import SwarmEngine
-from gpuhost_agent.core.swarm_watch import SwarmMachines, SwarmWatch
 from gpuhost_agent.core.usage_meter import UsageMeter
-from gpuhost_agent.core.worker_events import WorkerEvents
 from gpuhost_agent.inventory import telemetry
 from gpuhost_agent.inventory.gpu_events import GpuEventWatch
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
 from gpuhost_agent.runtime.engine import DockerEngine
-from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.runtime.engine_watch import EngineWatch
-from gpuhost_agent.runtime.rental_cgroups import RentalCgroups
-from gpuhost_agent.runtime.swarm_stacks import SwarmStacks
-from gpuhost_agent.runtime.swarm_streams import SwarmStreams
-from gpuhost_agent.service import metrics, swarm_tls
+from gpuhost_agent.service import metrics
 from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.service.probe_parts import build_prober
 from gpuhost_agent.service.status_server import StatusServer, StatusSource
+from gpuhost_agent.service.topology import for_config
 from gpuhost_agent.storage.agent_db import DB_FILE, AgentDB
 from gpuhost_agent.streams import ssh_host_key
 from gpuhost_agent.streams.channel import StreamChannel
@@ -93,26 +86,18 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
     session = SessionState(env_id=db.meta("env_id"))  # rentals end on time even before the first session
     client = MarketplaceClient(base_url, api_key)
     outbox = Outbox(client.send_report, db)
-    leader = config.swarm == "leader"  # a Swarm environment's leader: stacks go to every machine (docs/swarm.md)
     nvml = NvmlProbe(config.nvml_library)
     find_compose = partial(find_compose_command, config.compose_command)
     compose = ComposeRunner(None, config.state_dir / "docker-config", finder=find_compose)
     schedule = Schedule()
     ledger = GpuLedger(db)
     ledger.import_legacy(config.state_dir / "gpu-assignments.json")
-    tls = swarm_tls.context_or_exit("leader", config.swarm_tls_dir) if leader and config.swarm_key else None
-    stream_engine = (  # a leader reads other machines' logs, and opens terminals there through their agents
-        SwarmStreams(key=config.swarm_key, workers=config.swarm_workers, worker_port=config.swarm_listen[1], tls=tls)
-        if leader
-        else EngineStreams()
-    )
-    engine = SwarmEngine(elsewhere=stream_engine.inspect) if isinstance(stream_engine, SwarmStreams) else DockerEngine()
-    swarm_stacks = SwarmStacks(engine, docker_config_dir=compose.docker_config_dir)  # used on a leader alone
-    machine_reports = stream_engine.machine_reports if isinstance(stream_engine, SwarmStreams) else None  # the workers'
+    topology = for_config(config, compose.docker_config_dir)
+    engine, stream_engine = topology.engine, topology.stream_engine
     host = HostReporter(
         client,
         outbox,
-        build_prober(config, engine, nvml, None, machines=machine_reports),
+        build_prober(config, engine, nvml, None, topology.machines),
         schedule,
         find_compose,
         compose.use,
@@ -122,8 +107,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
     )
     publish = config.publish_address or ("127.0.0.1" if config.uses_local_marketplace else "0.0.0.0")
     reporter = StatusReporter(outbox, db, ledger)
-    cgroups = None if leader else RentalCgroups()  # Swarm has no cgroup_parent: the rewrite divides the share
-    limit_reached = cgroups.memory_limit_reached if cgroups is not None else None
+    limit_reached = topology.shares.memory_limit_reached
     sandbox = Sandbox(
         ledger,
         host.machine_facts,
@@ -131,22 +115,22 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         pids_limit=config.pids_limit,
         log_max_size=config.log_max_size,
         log_max_files=config.log_max_files,
-        cgroups=cgroups,
+        shares=topology.shares,
+        placement=topology.placement,
         disk_floor_bytes=config.disk_floor_bytes,
         rental_disk_bytes=config.rental_disk_bytes,
-        swarm_peers=engine.rental_peers if isinstance(engine, SwarmEngine) else None,
-        swarm_encrypted=config.swarm_encrypted,
         allowed_registries=config.allowed_registries,
         images_absent=engine.missing_images,
     )
-    deployer_kind = partial(SwarmDeployer, swarm=swarm_stacks) if leader else partial(StackDeployer)
-    deployer = deployer_kind(
-        compose,
+    stacks = topology.stack_backend(compose, config.stop_timeout)
+    deployer = StackDeployer(
+        stacks,
         engine,
         reporter,
         sandbox,
         db,
         config.state_dir / "stacks",
+        compose.home_dir,
         settle_seconds=config.settle_seconds,
         stop_timeout=config.stop_timeout,
         stacks_per_rental=config.stacks_per_rental,
@@ -156,7 +140,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         stream_engine,
         RentalKeys(client.rental_ssh_keys),
         ssh_host_key.load_or_create(config.state_dir),
-        list_stack=engine.stack_containers if leader else None,  # containers on every machine
+        list_stack=topology.list_stack,
     )
     streams = StreamChannel(client, session, stream_engine, ssh)
     end_dates = RentalEndDates(db)
@@ -184,27 +168,13 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         grace_seconds=config.reconcile_grace_seconds,
         keep_limits=sandbox.keep_limits,
     )
-    machines = SwarmMachines() if leader else None  # the other machines' health, as the leader last saw it
     container_watch = ContainerWatch(
         engine,
         reporter,
         db,
         dispatcher,
         rental_limit_reached=limit_reached,
-        machine_error=machines.stack_error if machines else None,
-    )
-    swarm_watch = (
-        SwarmWatch(
-            engine,
-            container_watch,
-            machines,
-            lambda: session.env_id,
-            host.environment_changed,
-            swarm_stacks.restart_service,
-            worker_events=WorkerEvents(stream_engine.follow_events, container_watch.other_machine_event),
-        )
-        if machines is not None and isinstance(stream_engine, SwarmStreams)
-        else None
+        machines=topology.machines,
     )
     disk_watch = DiskWatch(
         engine,
@@ -216,9 +186,8 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         interval=config.disk_watch_seconds,
         floor_bytes=config.disk_floor_bytes,
         rental_disk_bytes=config.rental_disk_bytes,
-        stop_timeout=config.stop_timeout,
-        other_disks=stream_engine.disk_figures if isinstance(stream_engine, SwarmStreams) else None,
-        stop_stack=swarm_stacks.stop if leader else None,
+        machines=topology.machines,
+        stacks=stacks,
     )
     gpu_events = GpuEventWatch(nvml, GpuFaults(ledger, db, reporter).fault)
     usage = UsageMeter(
@@ -248,7 +217,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         disk_watch=disk_watch,
         gpu_events=gpu_events,
         usage=usage,
-        swarm_watch=swarm_watch,
+        watches=topology.watches(container_watch, lambda: session.env_id, host.environment_changed),
     )
     return AgentParts(
         agent,

@@ -5,7 +5,7 @@ On one machine the agent lists a stack's, a rental's or the environment's
 containers with the engine's container list, filtered by the agent's labels.
 On a Swarm manager that list holds only the manager's own containers, so the
 leader answers the same three questions from the manager's tasks, which
-cover every machine (core/swarm_tasks.py). Everything else (events, inspect,
+cover every machine (runtime/swarm_tasks.py). Everything else (events, inspect,
 the engine's facts) is still this machine's engine. The reconciler, the
 container watch and the deployer use it as they use the engine, so a stack
 whose containers run elsewhere is seen running, not missing.
@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from gpuhost_agent.core.swarm_tasks import NODE_LABEL, stack_containers
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 from gpuhost_agent.runtime.swarm_stacks import NAMESPACE_LABEL
+from gpuhost_agent.runtime.swarm_tasks import NODE_LABEL, stack_containers
 
 
 class SwarmEngine(DockerEngine):

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from gpuhost_agent.core.containers import SERVICE_LABEL
+from gpuhost_agent.runtime.compose import COMPOSE_SERVICE_LABEL as SERVICE_LABEL
 from gpuhost_agent.runtime.swarm_stacks import NAMESPACE_LABEL
 
 NODE_LABEL = "com.docker.swarm.node.id"
@@ -82,7 +82,7 @@ def _ports(published: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _pinned_node(task: Mapping[str, Any]) -> str:
-    """The node the agent pinned the task's service to (core/swarm_rewrite.py):
+    """The node the agent pinned the task's service to (core/swarm/rewrite.py):
     where a task waits to run while that machine is away (it has no NodeID)."""
     constraints = (((task.get("Spec") or {}).get("Placement") or {}).get("Constraints")) or []
     for constraint in constraints:

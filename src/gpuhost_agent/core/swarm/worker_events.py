@@ -8,7 +8,7 @@ engine tells its own, and its agent serves them to the leader (`GET
 The leader follows each machine's stream and hands every event to the same
 container watch, which then reads the stack's containers from the manager's
 tasks (and reads again while they still show running a container the event
-said died). The manager's tasks, asked every few seconds (core/swarm_watch.py),
+said died). The manager's tasks, asked every few seconds (core/swarm/watch.py),
 stay the fallback: a machine whose agent does not answer loses only the
 immediacy.
 

@@ -18,7 +18,7 @@ often costs little.
   (`docker service update --force`). Once all run, the message is cleared.
 - A container on another machine that stops by itself is reported as on one
   machine (core/container_watch.py pushes the list and the errorMsg), at
-  once when that machine's agent serves its events (core/worker_events.py,
+  once when that machine's agent serves its events (core/swarm/worker_events.py,
   followed for every ready machine but this one), else at the next look.
 
 The decisions (which machine is unwell, the words for a stack) are pure
@@ -34,9 +34,9 @@ from typing import Any
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.container_watch import ContainerWatch
 from gpuhost_agent.core.containers import service_name, stack_id_of
-from gpuhost_agent.core.swarm_tasks import NODE_LABEL
-from gpuhost_agent.core.worker_events import WorkerEvents
+from gpuhost_agent.core.swarm.worker_events import WorkerEvents
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.runtime.swarm_tasks import NODE_LABEL
 
 log = get_logger(__name__)
 
@@ -86,6 +86,8 @@ class SwarmMachines:
 
 
 class SwarmWatch:
+    name = "swarm_watch"  # its job on the agent's schedule
+
     def __init__(
         self,
         engine: DockerEngine,
@@ -191,7 +193,7 @@ class SwarmWatch:
 
 
 def swarm_service(container: Mapping[str, Any]) -> str:
-    """The Swarm service of a container of core/swarm_tasks.py (named <service>.<slot>.<task>)."""
+    """The Swarm service of a container of runtime/swarm_tasks.py (named <service>.<slot>.<task>)."""
     names = container.get("Names") or [""]
     return str(names[0]).lstrip("/").split(".")[0]
 

@@ -1,0 +1,51 @@
+"""The machines of a Swarm environment, as its leader sees them
+(inventory/machines.py): the nodes from the manager, each machine's own
+report, live GPU figures and disk figures from its agent (through its door,
+runtime/swarm_streams.py), and which machines are unwell (the watch's last
+look, core/swarm/watch.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from gpuhost_agent.core.swarm.watch import SwarmMachines
+from gpuhost_agent.inventory import swarm_nodes
+from gpuhost_agent.runtime.engine import DockerEngine
+
+MACHINE_PROBE_SECONDS = 60.0  # another machine's first report may start a GPU container there
+# The leader's question to the other machines' agents: their reports by node id, waiting at
+# most the seconds given; True: the live figures alone (runtime/swarm_streams.py).
+Reports = Callable[[list[str], float, bool], Awaitable[dict[str, dict]]]
+Disks = Callable[[list[str], float], Awaitable[dict[str, dict]]]
+
+
+async def no_reports(nodes: list[str], timeout: float, live: bool) -> dict[str, dict]:
+    """No agent asked (the `probe` command): the other machines' reports are left out."""
+    return {}
+
+
+async def no_disks(nodes: list[str], timeout: float) -> dict[str, dict]:
+    return {}
+
+
+class SwarmEnvironment:
+    def __init__(self, engine: DockerEngine, reports: Reports, disks: Disks, health: SwarmMachines):
+        self.engine, self.reports, self.disks, self.health = engine, reports, disks, health
+
+    async def environment(self, host: dict) -> dict | None:
+        environment = await swarm_nodes.environment_facts(self.engine)
+        own = ((host.get("docker") or {}).get("swarm") or {}).get("nodeId")
+        others = [node["nodeId"] for node in environment["nodes"] if node["nodeId"] != own]
+        reports = await self.reports(others, MACHINE_PROBE_SECONDS, False) if others else {}
+        swarm_nodes.attach_machines(environment, own, reports)
+        return environment
+
+    async def live_figures(self, nodes: list[str], timeout: float) -> dict[str, dict]:
+        return swarm_nodes.live_figures(await self.reports(nodes, timeout, True))
+
+    async def disk_figures(self, nodes: list[str], timeout: float) -> dict[str, dict]:
+        return await self.disks(nodes, timeout)
+
+    def stack_error(self, containers: Sequence[Mapping[str, Any]]) -> str:
+        return self.health.stack_error(containers)

@@ -1,0 +1,60 @@
+"""The placement of a Swarm environment's stack (core/placement.py): each
+GPU service pinned to the machine of its GPUs, every other service to the
+leader's, with the rental's share of each machine (core/swarm/rewrite.py).
+The rental's services already running per machine (other stacks) share
+that share, so they are counted before the sandbox decides."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+from gpuhost_agent.core.compose_rewrite import StackRejected
+from gpuhost_agent.core.placement import Share
+from gpuhost_agent.core.sandbox_context import SandboxContext, machine_shares, machines_floor_problem
+from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, stack_nodes, swarm_stack
+
+RentalPeers = Callable[[str, str], Awaitable[dict[str, int]]]  # (rental, project) -> its other containers per node
+
+
+class SwarmPlacer:
+    def __init__(self, rental_peers: RentalPeers, *, encrypted: bool = False, disk_floor_bytes: int = 0):
+        """`rental_peers` (runtime/swarm_engine.py) counts the rental's other
+        containers per machine; `encrypted` makes the stack's overlays
+        encrypted (IPsec between machines); a machine the stack would run on
+        with less free disk than `disk_floor_bytes` refuses it."""
+        self.rental_peers, self.encrypted, self.disk_floor_bytes = rental_peers, encrypted, disk_floor_bytes
+
+    async def plan(self, rental_id: str, project: str) -> SwarmPlan:
+        return SwarmPlan(await self.rental_peers(rental_id, project), self.encrypted, self.disk_floor_bytes)
+
+
+@dataclass
+class SwarmPlan:
+    peers: Mapping[str, int]
+    encrypted: bool
+    disk_floor_bytes: int
+
+    def shares(self, facts: dict, gpu_nodes: Mapping[str, str], uuids: list[str]) -> dict[str, Share]:
+        return machine_shares(facts, gpu_nodes, uuids)
+
+    def place(
+        self,
+        hardened: dict,
+        ctx: SandboxContext,
+        facts: dict,
+        gpu_nodes: Mapping[str, str],
+        base_share: Share,
+        shares: Mapping[str, Share],
+    ) -> tuple[dict, list[str]]:
+        """Written for `docker stack deploy`, placed by the ledger."""
+        host = facts.get("host") or {}
+        home = str((((host.get("docker") or {}).get("swarm")) or {}).get("nodeId") or "")
+        placement = SwarmPlacement(
+            gpu_nodes, home, self.peers, encrypted=self.encrypted, shares=shares, base_share=base_share
+        )
+        stack, notices = swarm_stack(hardened, ctx, placement)
+        full = machines_floor_problem(facts, stack_nodes(stack), self.disk_floor_bytes)
+        if full:
+            raise StackRejected(full)
+        return stack, notices

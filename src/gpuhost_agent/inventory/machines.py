@@ -1,0 +1,50 @@
+"""The machines of the environment the agent reports and watches: this one
+alone, or every machine of a Swarm environment (core/swarm/machines.py).
+
+The probe (inventory/system_data.py), the heartbeat (core/host_reporter.py),
+the disk watch and the container watch ask the `Machines` they were given,
+and never which kind it is: on one machine there is nothing beyond this
+machine's own engine, so every answer is empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+
+class Machines(Protocol):
+    async def environment(self, host: dict) -> dict | None:
+        """systemData's `environment`: every machine, its GPUs and its own
+        report (`host` is this machine's probe); None on one machine."""
+        ...
+
+    async def live_figures(self, nodes: list[str], timeout: float) -> dict[str, dict]:
+        """A heartbeat's `machines`: each of those other machines' live GPU figures, or why none."""
+        ...
+
+    async def disk_figures(self, nodes: list[str], timeout: float) -> dict[str, dict]:
+        """Each of those other machines' use of its disk by the rentals, by node
+        (`{"error": ...}` for one that did not answer)."""
+        ...
+
+    def stack_error(self, containers: Sequence[Mapping[str, Any]]) -> str:
+        """Why a stack's containers cannot run: the machines they are on that
+        are unwell ("" when none is)."""
+        ...
+
+
+class OneMachine:
+    """This machine alone: no other machine to report, ask or watch."""
+
+    async def environment(self, host: dict) -> dict | None:
+        return None
+
+    async def live_figures(self, nodes: list[str], timeout: float) -> dict[str, dict]:
+        return {}
+
+    async def disk_figures(self, nodes: list[str], timeout: float) -> dict[str, dict]:
+        return {}
+
+    def stack_error(self, containers: Sequence[Mapping[str, Any]]) -> str:
+        return ""
