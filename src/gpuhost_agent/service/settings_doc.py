@@ -34,6 +34,13 @@ def flag_help(setting: Setting) -> str:
     return text.replace("%", "%%")
 
 
+def _default_cell(setting: Setting) -> str:
+    """A default a host could write is shown as code; one in words, as words."""
+    if setting.shown_default is not None or setting.default is None or setting.default == "":
+        return _cell(setting.default_text())
+    return f"`{setting.default}`"
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -48,7 +55,7 @@ def markdown() -> str:
         for setting in members:
             file_note = "" if setting.in_file else " (not in the file)"
             lines.append(
-                f"| `{setting.env}`{file_note} | `{setting.option}` | {_cell(setting.default_text())} | "
+                f"| `{setting.env}`{file_note} | `{setting.option}` | {_default_cell(setting)} | "
                 f"{_cell(setting.unit)} | {modes_text(setting)} | {_cell(setting.help)} |"
             )
         lines.append("")
