@@ -32,6 +32,7 @@ from gpuhost_agent.service.settings_table import BY_FIELD, BY_NAME, SETTINGS
 __all__ = [
     "DEFAULT_CONFIG_FILE",
     "DEFAULT_LOCAL_LISTEN",
+    "ROOT_STATE_DIR",
     "SWARM_PORT",
     "SWARM_TLS_DIR",
     "AgentConfig",
@@ -40,6 +41,7 @@ __all__ = [
     "SwarmRole",
     "build",
     "choose",
+    "default_of",
     "default_state_dir",
     "load",
     "parse_listen",
@@ -48,10 +50,11 @@ __all__ = [
 
 DEFAULT_CONFIG_FILE = Path(settings_table.DEFAULT_CONFIG_FILE)
 SWARM_TLS_DIR = Path(settings_table.SWARM_TLS_DIR)
+ROOT_STATE_DIR = Path(settings_table.ROOT_STATE_DIR)
 FLAG, ENVIRONMENT, FILE, DEFAULT, UNSET = "flag", "environment", "file", "default", "unset"
 
 
-def _default(name: str) -> Any:
+def default_of(name: str) -> Any:
     """An AgentConfig field's default: its setting's, parsed as a host's text would be."""
     setting = BY_FIELD[name]
     return setting.value_of(setting.default)
@@ -71,34 +74,34 @@ class AgentConfig:
     compose_command: str | None
     settle_seconds: float
     stop_timeout: int
-    nvml_library: str | None = _default("nvml_library")
-    location: str | None = _default("location")
-    gpu_check_image: str | None = _default("gpu_check_image")
-    toolkit_config: Path | None = _default("toolkit_config")
-    speed_max_bytes: int = _default("speed_max_bytes")
-    speed_max_seconds: float = _default("speed_max_seconds")
-    publish_address: str | None = _default("publish_address")
-    pids_limit: int = _default("pids_limit")
-    log_max_size: str = _default("log_max_size")
-    log_max_files: int = _default("log_max_files")
-    disk_floor_bytes: int = _default("disk_floor_bytes")
-    rental_disk_bytes: int | None = _default("rental_disk_bytes")
-    disk_watch_seconds: float = _default("disk_watch_seconds")
-    stacks_per_rental: int = _default("stacks_per_rental")
-    deploy_concurrency: int = _default("deploy_concurrency")
-    usage_seconds: float = _default("usage_seconds")
-    reconcile_grace_seconds: float = _default("reconcile_grace_seconds")
-    shutdown_grace_seconds: float = _default("shutdown_grace_seconds")
-    status_socket: Path | None = _default("status_socket")
-    metrics: bool = _default("metrics")
-    metrics_listen: tuple[str, int] | None = _default("metrics_listen")
-    swarm: SwarmRole = _default("swarm")
-    swarm_key: str | None = _default("swarm_key")
-    swarm_listen: tuple[str, int] = _default("swarm_listen")
-    swarm_workers: dict[str, tuple[str, int]] = field(default_factory=lambda: _default("swarm_workers"))
-    swarm_tls_dir: Path = _default("swarm_tls_dir")
-    swarm_encrypted: bool = _default("swarm_encrypted")
-    allowed_registries: tuple[str, ...] = _default("allowed_registries")
+    nvml_library: str | None = default_of("nvml_library")
+    location: str | None = default_of("location")
+    gpu_check_image: str | None = default_of("gpu_check_image")
+    toolkit_config: Path | None = default_of("toolkit_config")
+    speed_max_bytes: int = default_of("speed_max_bytes")
+    speed_max_seconds: float = default_of("speed_max_seconds")
+    publish_address: str | None = default_of("publish_address")
+    pids_limit: int = default_of("pids_limit")
+    log_max_size: str = default_of("log_max_size")
+    log_max_files: int = default_of("log_max_files")
+    disk_floor_bytes: int = default_of("disk_floor_bytes")
+    rental_disk_bytes: int | None = default_of("rental_disk_bytes")
+    disk_watch_seconds: float = default_of("disk_watch_seconds")
+    stacks_per_rental: int = default_of("stacks_per_rental")
+    deploy_concurrency: int = default_of("deploy_concurrency")
+    usage_seconds: float = default_of("usage_seconds")
+    reconcile_grace_seconds: float = default_of("reconcile_grace_seconds")
+    shutdown_grace_seconds: float = default_of("shutdown_grace_seconds")
+    status_socket: Path | None = default_of("status_socket")
+    metrics: bool = default_of("metrics")
+    metrics_listen: tuple[str, int] | None = default_of("metrics_listen")
+    swarm: SwarmRole = default_of("swarm")
+    swarm_key: str | None = default_of("swarm_key")
+    swarm_listen: tuple[str, int] = default_of("swarm_listen")
+    swarm_workers: dict[str, tuple[str, int]] = field(default_factory=lambda: default_of("swarm_workers"))
+    swarm_tls_dir: Path = default_of("swarm_tls_dir")
+    swarm_encrypted: bool = default_of("swarm_encrypted")
+    allowed_registries: tuple[str, ...] = default_of("allowed_registries")
 
     def __post_init__(self) -> None:
         self.swarm = SwarmRole(self.swarm)  # the mode is typed however the config was made
@@ -136,7 +139,7 @@ def read_config_file(path: Path) -> dict[str, str]:
 
 def default_state_dir() -> Path:
     if os.geteuid() == 0:
-        return Path("/var/lib/gpuhost-agent")
+        return ROOT_STATE_DIR
     return Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "gpuhost-agent"
 
 

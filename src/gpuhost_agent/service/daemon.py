@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.service import sd_notify
-from gpuhost_agent.service.config import AgentConfig, SwarmRole
+from gpuhost_agent.service.config import AgentConfig, SwarmRole, default_of
 from gpuhost_agent.service.settings_table import SETTINGS
 from gpuhost_agent.service.state_lock import StateLock
 from gpuhost_agent.service.wiring import AgentParts, build_agent, start_local_marketplace, start_status_server
@@ -26,7 +26,9 @@ SHUTDOWN_FLUSH = 3.0
 SECRET_FIELDS = frozenset(str(setting.field) for setting in SETTINGS if setting.secret)  # never logged
 
 
-async def stop_agent(parts: AgentParts, agent_task: asyncio.Task, job_grace: float = 20.0) -> None:
+async def stop_agent(
+    parts: AgentParts, agent_task: asyncio.Task, job_grace: float = default_of("shutdown_grace_seconds")
+) -> None:
     """Finish or abandon jobs in a bounded time (job_grace, then at most 5 s for
     the abandoned ones to unwind, and SHUTDOWN_FLUSH for reports), and leave
     renters' containers running. What is not flushed stays in the state

@@ -20,6 +20,7 @@ from gpuhost_agent.service.settings import (
 )
 
 DEFAULT_CONFIG_FILE = "/etc/gpuhost-agent/agent.conf"
+ROOT_STATE_DIR = "/var/lib/gpuhost-agent"  # the state directory of an agent run as root (the system service's)
 SWARM_TLS_DIR = "/etc/gpuhost-agent/swarm-tls"  # the machine's certificate for the Swarm (service/swarm_tls.py)
 SIZES = "size (k, m, g, t)"
 
@@ -31,7 +32,7 @@ SETTINGS: tuple[Setting, ...] = (
             default=DEFAULT_CONFIG_FILE, unit="path", fills=None, in_file=False),
     Setting("state_dir", "GPUHOST_STATE_DIR", kind.absolute_path,
             "where the agent keeps its files (state database, host key, lock)", unit="path",
-            shown_default="/var/lib/gpuhost-agent as root, else $XDG_STATE_HOME/gpuhost-agent"),
+            shown_default=f"{ROOT_STATE_DIR} as root, else $XDG_STATE_HOME/gpuhost-agent"),
     Setting("log_level", "GPUHOST_LOG_LEVEL", kind.text, "debug, info, warning or error; SIGHUP applies a new one",
             default="info"),
     Setting("compose_command", "GPUHOST_COMPOSE_COMMAND", kind.text, "Compose v2 command, e.g. 'docker compose'",
