@@ -1,5 +1,9 @@
 """Command line: `gpuhost-agent run` (the daemon), `probe` and `doctor` (the machine,
-for its host), and `version`."""
+for its host), `status` and `version`.
+
+The settings' flags are made from their declarations (service/settings_table.py):
+`run`, `probe` and `doctor` have one for every setting, `status` the few it reads.
+"""
 
 from __future__ import annotations
 
@@ -10,39 +14,62 @@ from gpuhost_agent import __version__
 from gpuhost_agent.common import logs
 from gpuhost_agent.runtime.compose import ComposeNotFound
 from gpuhost_agent.service import config as config_module
-from gpuhost_agent.service import daemon, host_check, status_cli
+from gpuhost_agent.service import daemon, host_check, settings_view, status_cli
+from gpuhost_agent.service.settings_doc import GROUPS, flag_help
+from gpuhost_agent.service.settings_table import SETTINGS
+
+
+def _add_settings(parser: argparse.ArgumentParser, names: tuple[str, ...] | None = None, **options: str) -> None:
+    """A flag for each setting named (every one when None), its help made from
+    the setting's declaration; `options` renames a flag (status's --socket)."""
+    chosen = [setting for setting in SETTINGS if names is None or setting.name in names]
+    for group, title in GROUPS.items():
+        members = [setting for setting in chosen if setting.group == group]
+        if not members:
+            continue
+        flags = parser.add_argument_group(f"settings: {title}") if names is None else parser
+        for setting in members:
+            flags.add_argument(
+                options.get(setting.name, setting.option),
+                dest=setting.name,
+                metavar=_metavar(setting.unit),
+                help=flag_help(setting),
+            )
+
+
+def _metavar(unit: str) -> str:
+    """The flag's placeholder, from the setting's unit: SECONDS, PATH, SIZE, HOST:PORT, ..."""
+    if unit == "s":
+        return "SECONDS"
+    if unit.startswith("size"):
+        return "SIZE"
+    return unit.upper() if unit and " " not in unit and "," not in unit else "VALUE"
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpuhost-agent", description="Host agent of the GPU rental marketplace.")
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="run the agent (with the local marketplace when no URL is configured)")
-    run.add_argument("--config", help=f"KEY=VALUE config file (default {config_module.DEFAULT_CONFIG_FILE})")
-    run.add_argument("--marketplace-url", help="marketplace base URL ending in /v1 (GPUHOST_MARKETPLACE_URL)")
-    run.add_argument("--env-id", help="this machine's environment id (GPUHOST_ENV_ID)")
-    run.add_argument("--api-key", help="the environment's API key (GPUHOST_API_KEY; prefer --api-key-file)")
-    run.add_argument("--api-key-file", help="file holding the environment's API key (GPUHOST_API_KEY_FILE)")
-    run.add_argument("--state-dir", help="where the agent keeps its files (GPUHOST_STATE_DIR)")
-    run.add_argument("--local-listen", help="HOST:PORT of the local marketplace (default 127.0.0.1:8787)")
-    run.add_argument("--local-api-key", help="renter API key of the local marketplace (GPUHOST_LOCAL_API_KEY)")
-    run.add_argument("--log-level", help="debug, info, warning or error (GPUHOST_LOG_LEVEL)")
-    run.add_argument("--compose-command", help="Compose v2 command, e.g. 'docker compose' (GPUHOST_COMPOSE_COMMAND)")
+    run = commands.add_parser(
+        "run",
+        help="run the agent (with the local marketplace when no URL is configured)",
+        description="Run the agent. Each setting comes from its flag, else its environment variable, else the "
+        "config file (the same KEY=VALUE names), else its default (docs/operations.md, Settings).",
+    )
+    _add_settings(run)
     probe = commands.add_parser("probe", help="print the systemData the agent would send (GPUs, host, listing fields)")
     probe.add_argument("--json", action="store_true", help="machine-readable JSON instead of a table")
-    doctor = commands.add_parser("doctor", help="run the compliance checks; exit status 1 when not compliant")
+    doctor = commands.add_parser(
+        "doctor",
+        help="run the compliance checks and show the settings in effect; exit status 1 when not compliant",
+    )
     doctor.add_argument("--json", action="store_true", help="machine-readable JSON instead of text")
     for sub in (probe, doctor):
-        sub.add_argument("--config", help=f"KEY=VALUE config file (default {config_module.DEFAULT_CONFIG_FILE})")
-        sub.add_argument("--compose-command", help="Compose v2 command, e.g. 'docker compose'")
+        _add_settings(sub)  # the same as run's: doctor shows the settings run would have
     status = commands.add_parser(
         "status", help="is the agent running and connected: heartbeat, last error, compliance, stacks and tunnels"
     )
     status.add_argument("--json", action="store_true", help="machine-readable JSON instead of text")
-    status.add_argument(
-        "--socket", dest="status_socket", help="the running agent's status socket (GPUHOST_STATUS_SOCKET)"
-    )
-    status.add_argument("--config", help=f"KEY=VALUE config file (default {config_module.DEFAULT_CONFIG_FILE})")
-    status.add_argument("--state-dir", help="the agent's state directory (GPUHOST_STATE_DIR)")
+    _add_settings(status, ("config", "state_dir", "status_socket"), status_socket="--socket")
     commands.add_parser("version", help="print the agent's version")
     return parser
 
@@ -61,13 +88,16 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return status_cli.run(config.socket_path, args.json)
     try:
-        config = config_module.load(flags)
+        chosen = config_module.choose(flags)
+        config = config_module.build(chosen)
         logs.configure(config.log_level if args.command == "run" else "warning")
     except (config_module.ConfigError, ValueError) as exc:
         print(f"gpuhost-agent: configuration error: {exc}", file=sys.stderr)
         return 2
-    if args.command in ("probe", "doctor"):
-        return getattr(host_check, args.command)(config, args.json)
+    if args.command == "probe":
+        return host_check.probe(config, args.json)
+    if args.command == "doctor":
+        return host_check.doctor(config, args.json, settings_view.effective(chosen, config))
     try:
         return daemon.run(config, reload=lambda: config_module.load(flags))
     except ComposeNotFound as exc:

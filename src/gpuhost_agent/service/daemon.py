@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.service import sd_notify
-from gpuhost_agent.service.config import AgentConfig
+from gpuhost_agent.service.config import AgentConfig, SwarmRole, default_of
+from gpuhost_agent.service.settings_table import SETTINGS
 from gpuhost_agent.service.state_lock import StateLock
 from gpuhost_agent.service.wiring import AgentParts, build_agent, start_local_marketplace, start_status_server
 
@@ -22,9 +23,12 @@ if TYPE_CHECKING:  # the embedded marketplace is imported only when it runs (ser
 
 log = get_logger(__name__)
 SHUTDOWN_FLUSH = 3.0
+SECRET_FIELDS = frozenset(str(setting.field) for setting in SETTINGS if setting.secret)  # never logged
 
 
-async def stop_agent(parts: AgentParts, agent_task: asyncio.Task, job_grace: float = 20.0) -> None:
+async def stop_agent(
+    parts: AgentParts, agent_task: asyncio.Task, job_grace: float = default_of("shutdown_grace_seconds")
+) -> None:
     """Finish or abandon jobs in a bounded time (job_grace, then at most 5 s for
     the abandoned ones to unwind, and SHUTDOWN_FLUSH for reports), and leave
     renters' containers running. What is not flushed stays in the state
@@ -52,7 +56,7 @@ async def serve(config: AgentConfig, stop: asyncio.Event) -> None:
 
 
 async def _serve_locked(config: AgentConfig, stop: asyncio.Event) -> None:
-    if config.swarm == "worker":  # another machine of a Swarm environment: it serves the leader only
+    if config.swarm is SwarmRole.WORKER:  # another machine of a Swarm environment: it serves the leader only
         from gpuhost_agent.service.worker import serve_worker
 
         await serve_worker(config, stop)
@@ -139,7 +143,7 @@ def run(config: AgentConfig, reload: Callable[[], AgentConfig] | None = None) ->
         log.info("config_reloaded", log_level=fresh.log_level, restart_needed_for=unapplied or None)
         log.debug(
             "config_in_effect",
-            **{name: str(value) for name, value in vars(config).items() if name not in ("api_key", "local_api_key")},
+            **{name: str(value) for name, value in vars(config).items() if name not in SECRET_FIELDS},
         )
 
     async def main() -> None:

@@ -8,6 +8,8 @@ agent) and there is no clock-skew check (no marketplace to compare with);
 doctor uses the default minimums, which the marketplace may raise when the
 agent runs. What they print for a person is made visible first
 (common/visible.py): a probe's text may quote what containers or images chose.
+doctor then shows the settings in effect and where each came from, the keys
+masked (service/settings_view.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from gpuhost_agent.inventory import render
 from gpuhost_agent.inventory.system_data import as_sent, build_report
 from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.runtime.compose import ComposeNotFound, find_compose_command
+from gpuhost_agent.service import settings_view
 from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.service.probe_parts import build_probe
 
@@ -46,12 +49,16 @@ def probe(config: AgentConfig, as_json: bool) -> int:
     return 0
 
 
-def doctor(config: AgentConfig, as_json: bool) -> int:
-    """Exit status 1 when the host is not compliant, so scripts can gate on it."""
+def doctor(config: AgentConfig, as_json: bool, settings: list[dict[str, str]] | None = None) -> int:
+    """Exit status 1 when the host is not compliant, so scripts can gate on it.
+    `settings` is the view of the settings in effect (service/settings_view.py):
+    printed after the checks, in JSON as `settings` beside the compliance's keys."""
     report = asyncio.run(_report(config))
     compliance = report["compliance"]
     if as_json:
-        print(json.dumps(compliance, indent=2))
+        print(json.dumps({**compliance, "settings": settings} if settings is not None else compliance, indent=2))
     else:
         print(render.doctor_lines(visible_tree(compliance["checks"])))
+        if settings is not None:
+            print("\n" + settings_view.lines(settings))
     return 0 if compliance["isCompliant"] else 1

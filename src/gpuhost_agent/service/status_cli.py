@@ -15,12 +15,13 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from gpuhost_agent.service.config import ROOT_STATE_DIR
 from gpuhost_agent.service.status_render import render
 
 EXIT_OK, EXIT_ERROR, EXIT_NOT_RUNNING, EXIT_DENIED = 0, 1, 3, 4
 # Where the system service's socket is: a non-root user's default state directory is
 # elsewhere, so "not running" there may just mean "that one is root's".
-SYSTEM_SOCKET = Path("/var/lib/gpuhost-agent/agent.sock")
+SYSTEM_SOCKET = ROOT_STATE_DIR / "agent.sock"
 
 
 class StatusUnavailable(Exception):
