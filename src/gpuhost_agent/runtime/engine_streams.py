@@ -235,12 +235,30 @@ class EngineStreams:
         )
 
     async def hang_up(self, exec_id: str, container_id: str) -> None:
-        """A session ended with its command still running: end it (runtime/exec_hangup.py)."""
-        await exec_hangup.hang_up_exec(self, exec_id, container_id)
+        """A session ended with its command still running: end the command
+        (runtime/exec_hangup.py says how, and why only on the exec's machine)."""
+        try:
+            state = await self.exec_inspect(exec_id)
+            if state.get("Running"):
+                pid, cid = await self._container_pid(container_id)
+                await exec_hangup.hang_up(state.get("Pid"), pid, container_id=cid)
+        except EngineError:
+            pass  # the container is gone, or the engine: nothing left to hang up
 
     async def signal(self, exec_id: str, container_id: str, signum: int) -> bool:
-        """An SSH client's signal to the exec's process; whether it was sent."""
-        return await exec_hangup.signal_exec_of(self, exec_id, container_id, signum)
+        """An SSH client's signal to the exec's process; whether it was sent
+        (False when the engine cannot tell its pids)."""
+        try:
+            state = await self.exec_inspect(exec_id)
+            pid, cid = await self._container_pid(container_id)
+        except EngineError:
+            return False
+        return await asyncio.to_thread(exec_hangup.signal_exec, state.get("Pid"), pid, signum, cid)
+
+    async def _container_pid(self, container_id: str) -> tuple[object, str]:
+        """The container's main pid as this machine's engine reports it, and its full id."""
+        container = await self.inspect(container_id)
+        return (container.get("State") or {}).get("Pid"), str(container.get("Id") or "")
 
     async def open_files(self, info: dict) -> ContainerFiles:
         """SFTP's file helper in the container `info` inspects (runtime/container_files.py)."""
