@@ -1,5 +1,5 @@
 """The engine of another machine of a Swarm environment, as its agent's door
-serves it to the leader (streams/node_proxy.py, docs/swarm.md).
+serves it to the leader (streams/door.py, docs/swarm.md).
 
 A container's inspect, log and execs go through the door as the engine's own
 API, so this is an EngineStreams whose address is the door, over mutual TLS
@@ -171,7 +171,7 @@ class DoorClient(EngineStreams):
 class _FramedWriter(asyncio.StreamWriter):
     """The leader's side of an upgraded connection to a door: every write a
     frame (or several), and write_eof a frame of length 0, which the door
-    turns into a half-close on its side (streams/node_proxy.py)."""
+    turns into a half-close on its side (streams/door.py)."""
 
     def write_head(self, data: bytes) -> None:
         super().write(data)

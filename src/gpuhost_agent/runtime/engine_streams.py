@@ -72,7 +72,7 @@ class EngineStreams:
     def __init__(self, docker_host: str | None = None, *, timeout: float = 30, headers: dict[str, str] | None = None):
         self._docker_host = docker_host
         self._timeout = timeout
-        self._headers = dict(headers or {})  # sent with every request (a worker's key: streams/node_proxy.py)
+        self._headers = dict(headers or {})  # sent with every request (a worker's key: streams/door.py)
         self._http: aiohttp.ClientSession | None = None
         self._endpoint: Endpoint | None = None
 
