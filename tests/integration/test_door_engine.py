@@ -23,7 +23,7 @@ from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.docker_host import parse_docker_host
 from gpuhost_agent.runtime.door_client import DoorClient
 from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.runtime.engine_streams import ContainerAt, EngineStreams
 from gpuhost_agent.streams.door import WorkerDoor
 
 KEY = "k" * 24
@@ -181,7 +181,7 @@ async def test_a_file_session_runs_in_the_container_on_its_machine(door, contain
     info = await asyncio.to_thread(docker_client.api.inspect_container, managed)
     host_only = tmp_path / "host-only"
     await asyncio.to_thread(host_only.write_text, "host secret\n")
-    files = await door.open_files(info)
+    files = await door.open_files(ContainerAt(info))
     try:
         for _ in range(50):  # the container writing /www/i
             try:
@@ -198,7 +198,7 @@ async def test_a_file_session_runs_in_the_container_on_its_machine(door, contain
         await files.close()
     foreign_info = await asyncio.to_thread(docker_client.api.inspect_container, foreign)
     with pytest.raises(EngineError, match="not a container of the agent"):
-        await door.open_files(foreign_info)
+        await door.open_files(ContainerAt(foreign_info))
 
 
 async def test_an_exec_is_signalled_and_hung_up_by_its_machines_agent(proxy, door, containers, docker_client) -> None:
@@ -255,7 +255,7 @@ async def test_a_last_hop_speaks_tls_on_the_containers_machine_when_asked(door, 
         tls = ssl.create_default_context()  # the leader's context says "TLS"; the worker's own does not verify
         for _ in range(100):  # openssl making its key
             try:
-                reader, writer = await door.dial(info, address, 8443, tls=tls, timeout=10)
+                reader, writer = await door.dial(ContainerAt(info), address, 8443, tls=tls, timeout=10)
                 break
             except ConnectionRefusedError:
                 await asyncio.sleep(0.1)
@@ -267,9 +267,9 @@ async def test_a_last_hop_speaks_tls_on_the_containers_machine_when_asked(door, 
         plain = await asyncio.to_thread(docker_client.api.inspect_container, managed)
         plain_address = next(iter(plain["NetworkSettings"]["Networks"].values()))["IPAddress"]
         with pytest.raises(ssl.SSLError, match="TLS handshake"):  # httpd speaks plain HTTP
-            await door.dial(plain, plain_address, 8080, tls=tls, timeout=10)
+            await door.dial(ContainerAt(plain), plain_address, 8080, tls=tls, timeout=10)
         with pytest.raises(ConnectionRefusedError):
-            await door.dial(plain, plain_address, 9000, tls=None, timeout=10)
+            await door.dial(ContainerAt(plain), plain_address, 9000, tls=None, timeout=10)
     finally:
         await asyncio.to_thread(secure.remove, force=True)
 

@@ -22,8 +22,7 @@ from collections.abc import Awaitable, Callable, Iterable
 import aiohttp
 
 from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.engine_streams import ContainerGone, EngineStreams
-from gpuhost_agent.runtime.swarm_streams import REMOTE_NODE, REMOTE_WORKER
+from gpuhost_agent.runtime.engine_streams import ContainerAt, ContainerGone, EngineStreams
 from gpuhost_agent.streams import limits
 from gpuhost_agent.streams.limits import StreamLimits
 from gpuhost_agent.streams.requests import (
@@ -42,10 +41,6 @@ from gpuhost_agent.uplink.session import SessionState
 
 Service = tuple[asyncio.StreamReader, asyncio.StreamWriter]  # a tunnel's open connection to its service
 ListStack = Callable[[str], Awaitable[list[dict]]]  # a stack's containers, on every machine
-REMOTE_REFUSAL = (
-    "the container runs on another machine of this environment: its logs come through the Swarm's manager, "
-    "a terminal, SSH or a tunnel through the agent on that machine (GPUHOST_SWARM=worker), which did not answer"
-)
 
 
 def refusal_on_arrival(
@@ -72,36 +67,36 @@ async def admit(
     """(refusal, the container's inspect ({} for SSH), the tunnel's connection):
     what the stream needs once its WebSocket is open, or why it is refused.
     `list_stack` lists a stack's containers (SshServices.stack_containers)."""
-    info: dict = {}
+    container = None
     if isinstance(request, SshRequest):
         refusal = await check_ssh(list_stack, session, request)
     else:
-        refusal, info = await check_container(engine, session, request)
+        refusal, container = await check_container(engine, session, request)
     service = (
-        await connect(info, request, dial=engine.dial, network=engine.network)
-        if refusal is None and isinstance(request, TunnelRequest)
+        await connect(container, request, dial=engine.dial, network=engine.network)
+        if refusal is None and container is not None and isinstance(request, TunnelRequest)
         else None
     )
     if isinstance(service, Refusal):
         refusal, service = service, None
-    return refusal, info, service
+    return refusal, container.info if container is not None else {}, service
 
 
 async def check_container(
     engine: EngineStreams, session: SessionState, request: ContainerRequest
-) -> tuple[Refusal | None, dict]:
-    """The container's inspect, or why the request is refused."""
+) -> tuple[Refusal | None, ContainerAt | None]:
+    """The container and where it runs, or why the request is refused. A
+    container whose machine cannot be reached serves its log alone."""
     try:
-        info = await engine.inspect(request.container_id)
+        container = await engine.locate(request.container_id)
     except ContainerGone:
-        return Refusal(request.stream_id, 404, NOT_IN_STACK), {}
+        return Refusal(request.stream_id, 404, NOT_IN_STACK), None
     except EngineError as exc:
-        return Refusal(request.stream_id, 503, f"Docker Engine: {exc}"[:500]), {}
-    refusal = check_access((info.get("Config") or {}).get("Labels"), session.env_id, request)
-    remote = info.get(REMOTE_NODE) and not info.get(REMOTE_WORKER)  # on another machine, whose agent is silent
-    if refusal is None and remote and not isinstance(request, LogsRequest):
-        refusal = Refusal(request.stream_id, 409, f"{REMOTE_REFUSAL} (node {str(info[REMOTE_NODE])[:12]})")
-    return refusal, info
+        return Refusal(request.stream_id, 503, f"Docker Engine: {exc}"[:500]), None
+    refusal = check_access((container.info.get("Config") or {}).get("Labels"), session.env_id, request)
+    if refusal is None and container.unreachable and not isinstance(request, LogsRequest):
+        refusal = Refusal(request.stream_id, 409, f"{container.unreachable} (node {container.machine[:12]})")
+    return refusal, container
 
 
 async def check_ssh(list_stack: ListStack, session: SessionState, request: SshRequest) -> Refusal | None:

@@ -111,18 +111,19 @@ class Login(asyncssh.SSHServer):
         try:
             containers = await self._services.stack_containers(request.stack_id)
             target = _named(containers, dest_host)
-            info = await self._services.engine.inspect(target["Id"]) if target else None
+            container = await self._services.engine.locate(target["Id"]) if target else None
         except EngineError as exc:
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, f"Docker Engine: {exc}"[:200]) from None
+        info = container.info if container is not None else None
         container_id = str((info or {}).get("Id", ""))
         tunnel = TunnelRequest(request.stream_id, request.rental_id, request.stack_id, container_id, dest_port)
         labels = (info or {}).get("Config", {}).get("Labels")
-        if info is None or check_access(labels, self._env_id, tunnel) is not None:  # the tunnel rule
+        if container is None or check_access(labels, self._env_id, tunnel) is not None:  # the tunnel rule
             log.info("ssh_forward_refused", stream_id=request.stream_id, target=dest_host[:80], port=dest_port)
             raise asyncssh.ChannelOpenError(
                 asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, f"{dest_host[:80]} is not a container of this stack"
             )
-        service = await connect(info, tunnel, dial=self._services.engine.dial)
+        service = await connect(container, tunnel, dial=self._services.engine.dial)
         if isinstance(service, Refusal):
             log.info("ssh_forward_refused", stream_id=request.stream_id, target=dest_host[:80], port=dest_port)
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, service.error)

@@ -38,6 +38,7 @@ from typing import Any
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.engine_streams import ContainerAt
 from gpuhost_agent.streams import sandbox_addresses
 from gpuhost_agent.streams.requests import Refusal, TunnelRequest
 from gpuhost_agent.streams.sink import Sink, SinkClosed, finish
@@ -103,7 +104,7 @@ def read_host_networks() -> list[sandbox_addresses.IPNetwork]:
 
 
 async def connect(
-    info: dict,
+    container: ContainerAt,
     request: TunnelRequest,
     *,
     dial: Dial,
@@ -116,6 +117,7 @@ async def connect(
     plain connection, in a Swarm one made where the overlay is reachable;
     `network` its inspect of a network, for the stack's subnets (by default
     that of the engine `dial` belongs to; without one, nothing is dialled)."""
+    info = container.info
     if request.port not in declared_ports(info):
         return Refusal(request.stream_id, 403, f"port {request.port} is not a TCP port this container declares")
     addresses = container_addresses(info)
@@ -133,7 +135,7 @@ async def connect(
         if judge(address):
             continue
         try:
-            return await dial(info, address, request.port, tls=tls, timeout=timeout)
+            return await dial(container, address, request.port, tls=tls, timeout=timeout)
         except ConnectionRefusedError:
             continue
         except ssl.SSLError as exc:
