@@ -26,10 +26,10 @@ from asyncssh.stream import SSHTCPStreamSession
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.streams.requests import Refusal, SshRequest, TunnelRequest, check_access
+from gpuhost_agent.streams.admission import check_access, connect_tunnel
+from gpuhost_agent.streams.requests import Refusal, SshRequest, TunnelRequest
 from gpuhost_agent.streams.ssh_access import SERVICE_LABEL, SshServices, parse_login, pick_container
 from gpuhost_agent.streams.ssh_channels import FORWARD, SESSION, ChannelRefused, Slot
-from gpuhost_agent.streams.tunnel import connect
 from gpuhost_agent.uplink.replies import MarketplaceRejected, MarketplaceUnavailable
 
 log = get_logger(__name__)
@@ -123,7 +123,8 @@ class Login(asyncssh.SSHServer):
             raise asyncssh.ChannelOpenError(
                 asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, f"{dest_host[:80]} is not a container of this stack"
             )
-        service = await connect(container, tunnel, dial=self._services.engine.dial)
+        engine = self._services.engine
+        service = await connect_tunnel(container, tunnel, dial=engine.dial, network=engine.network)
         if isinstance(service, Refusal):
             log.info("ssh_forward_refused", stream_id=request.stream_id, target=dest_host[:80], port=dest_port)
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, service.error)
