@@ -114,10 +114,11 @@ class Login(asyncssh.SSHServer):
             container = await self._services.engine.locate(target["Id"]) if target else None
         except EngineError as exc:
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, f"Docker Engine: {exc}"[:200]) from None
-        info = container.info if container is not None else None
-        container_id = str((info or {}).get("Id", ""))
-        tunnel = TunnelRequest(request.stream_id, request.rental_id, request.stack_id, container_id, dest_port)
-        labels = (info or {}).get("Config", {}).get("Labels")
+        info = container.info if container is not None else {}
+        tunnel = TunnelRequest(
+            request.stream_id, request.rental_id, request.stack_id, str(info.get("Id", "")), dest_port
+        )
+        labels = info.get("Config", {}).get("Labels")
         if container is None or check_access(labels, self._env_id, tunnel) is not None:  # the tunnel rule
             log.info("ssh_forward_refused", stream_id=request.stream_id, target=dest_host[:80], port=dest_port)
             raise asyncssh.ChannelOpenError(

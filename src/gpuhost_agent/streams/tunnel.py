@@ -4,10 +4,10 @@ byte stream over the stream's WebSocket (docs/streams.md, "tunnel").
 The agent dials out to the marketplace, so a renter reaches a service on a host
 behind NAT without a port opened on the host. What the agent connects to is
 decided from the engine's own record of the container, read here, never from
-the request (the refusals are streams/admission.py's, with every other
-refusal of a stream): only a TCP port the container declares (Config.ExposedPorts, which
-Compose fills from `ports:` and `expose:`), only on the container's own
-addresses on its networks. The host, 127.0.0.1 and other containers are out
+the request (its refusals are streams/admission.py's, with every other
+refusal of a stream): only a TCP port the container declares
+(Config.ExposedPorts, which Compose fills from `ports:` and `expose:`), only
+on the container's own addresses on its networks. The host, 127.0.0.1 and other containers are out
 of reach whatever the marketplace asks, and whatever address the engine
 recorded: an address is dialled only inside the subnets of the networks the
 agent created for the container's stack, and never when it is the host's own,
