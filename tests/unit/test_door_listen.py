@@ -2,7 +2,7 @@
 address of the machine, by default its Swarm address, never every address;
 and never a peer inside one of the engine's networks (a container of this
 machine), with the key or without. The same from a real container on a
-stack network: tests/integration/test_node_proxy_engine.py."""
+stack network: tests/integration/test_door_engine.py."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from support.door_tls import DoorTls, make_door_tls
 
 from gpuhost_agent.service import config
+from gpuhost_agent.streams.door import WorkerDoor
 from gpuhost_agent.streams.door_routes import from_container
-from gpuhost_agent.streams.node_proxy import NodeProxy
 
 KEY = "k" * 24
 
@@ -70,7 +70,7 @@ def test_a_peer_inside_the_engines_networks_is_a_container(peer, container) -> N
 
 
 async def _ask(tls: DoorTls, networks) -> bytes:
-    proxy = NodeProxy(KEY, None, "/nonexistent", networks=networks, tls=tls.server())  # type: ignore[arg-type]
+    proxy = WorkerDoor(KEY, None, "/nonexistent", networks=networks, tls=tls.server())  # type: ignore[arg-type]
     port = await proxy.start("127.0.0.1", 0)
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=tls.client())

@@ -1,4 +1,4 @@
-"""What reaches the engine through the worker's door (streams/node_proxy.py),
+"""What reaches the engine through the worker's door (streams/door.py),
 on real sockets: a client speaks raw bytes to the door, a fake engine on a
 Unix socket records every byte the door sends it. The door rebuilds each
 request from checked values: no client byte reaches the engine's request
@@ -15,7 +15,7 @@ import pytest
 from support.door_tls import DoorTls, make_door_tls
 
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.streams.node_proxy import NodeProxy
+from gpuhost_agent.streams.door import WorkerDoor
 
 KEY = "k" * 24
 
@@ -55,7 +55,7 @@ async def _through(tls: DoorTls, tmp_path, raw: bytes) -> tuple[bytes, bytes]:
 
     path = str(tmp_path / f"engine-{next(_SOCKETS)}.sock")
     server = await asyncio.start_unix_server(engine, path)
-    proxy = NodeProxy(KEY, _Engine(), path, tls=tls.server())  # type: ignore[arg-type]
+    proxy = WorkerDoor(KEY, _Engine(), path, tls=tls.server())  # type: ignore[arg-type]
     port = await proxy.start("127.0.0.1", 0)
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=tls.client())

@@ -19,7 +19,7 @@ from gpuhost_agent.runtime.door_client import DoorClient
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.service import swarm_tls
 from gpuhost_agent.service.config import ConfigError
-from gpuhost_agent.streams.node_proxy import NodeProxy
+from gpuhost_agent.streams.door import WorkerDoor
 
 KEY = "k" * 24
 
@@ -79,7 +79,7 @@ async def _ask(port: int, context: ssl.SSLContext | None) -> bytes:
 
 
 async def test_only_the_leaders_certificate_opens_a_door(door_tls, other, worker_as_client, no_certificate) -> None:
-    proxy = NodeProxy(KEY, _Engine(), "/nonexistent", tls=door_tls.server())  # type: ignore[arg-type]
+    proxy = WorkerDoor(KEY, _Engine(), "/nonexistent", tls=door_tls.server())  # type: ignore[arg-type]
     port = await proxy.start("127.0.0.1", 0)
     try:
         assert (await _ask(port, door_tls.client())).startswith(b"HTTP/1.1 404")  # served (no machine report)
@@ -93,7 +93,7 @@ async def test_only_the_leaders_certificate_opens_a_door(door_tls, other, worker
 
 async def test_the_leader_talks_only_to_a_workers_certificate_of_its_environment(door_tls, other) -> None:
     for impostor in (other.server(), swarm_tls_leader_as_server(door_tls)):
-        proxy = NodeProxy(KEY, _Engine(), "/nonexistent", tls=impostor)  # type: ignore[arg-type]
+        proxy = WorkerDoor(KEY, _Engine(), "/nonexistent", tls=impostor)  # type: ignore[arg-type]
         port = await proxy.start("127.0.0.1", 0)
         door = DoorClient("127.0.0.1", port, KEY, door_tls.client())
         try:
@@ -168,7 +168,7 @@ async def test_the_end_of_an_execs_stdin_crosses_tls_as_a_half_close_to_the_engi
 
     path = str(tmp_path / "engine.sock")
     server = await asyncio.start_unix_server(engine, path)
-    proxy = NodeProxy(KEY, _Engine(), path, tls=door_tls.server())  # type: ignore[arg-type]
+    proxy = WorkerDoor(KEY, _Engine(), path, tls=door_tls.server())  # type: ignore[arg-type]
     port = await proxy.start("127.0.0.1", 0)
     door = DoorClient("127.0.0.1", port, KEY, door_tls.client())
     try:

@@ -16,10 +16,12 @@ import pytest
 
 from gpuhost_agent.core.sandbox_context import SandboxContext
 from gpuhost_agent.core.sandbox_policy import policy_violations
+from gpuhost_agent.runtime.engine_streams import ContainerAt
 from gpuhost_agent.streams import sandbox_addresses
+from gpuhost_agent.streams.admission import connect_tunnel
 from gpuhost_agent.streams.requests import Refusal, TunnelRequest
 from gpuhost_agent.streams.sandbox_addresses import address_problem, host_networks, stack_networks
-from gpuhost_agent.streams.tunnel import address_judge, connect, read_host_networks
+from gpuhost_agent.streams.tunnel import address_judge, read_host_networks
 
 CTX = SandboxContext(project="p")
 APP = {"image": "busybox"}
@@ -224,17 +226,17 @@ async def _network(network_id: str) -> dict:
 async def test_the_tunnel_refuses_before_it_dials() -> None:
     dialled: list[str] = []
 
-    async def dial(_info: dict, address: str, _port: int, **_kw: object):
+    async def dial(_container: ContainerAt, address: str, _port: int, **_kw: object):
         dialled.append(address)
         raise ConnectionRefusedError
 
     for address in ("127.0.0.1", "169.254.169.254", "172.21.0.5", "172.20.0.1"):
-        refused = await connect(_info(address), _request(), dial=dial, network=_network)
+        refused = await connect_tunnel(ContainerAt(_info(address)), _request(), dial=dial, network=_network)
         assert isinstance(refused, Refusal) and refused.status == 403, refused
         assert "the agent does not dial it" in refused.error
     assert dialled == []
     # a host address beside the container's own: only the container's is dialled
-    await connect(_info("127.0.0.1", "172.20.0.5"), _request(), dial=dial, network=_network)
+    await connect_tunnel(ContainerAt(_info("127.0.0.1", "172.20.0.5")), _request(), dial=dial, network=_network)
     assert dialled == ["172.20.0.5"]
 
 

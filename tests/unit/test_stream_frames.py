@@ -9,14 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.renter_streams import Demux
 
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.streams import frames
 from gpuhost_agent.streams.requests import (
     CancelRequest,
     LogsRequest,
     Refusal,
     TerminalRequest,
-    check_access,
     parse_request,
     parse_resize,
 )
@@ -179,32 +177,6 @@ def test_bad_requests_are_refused_with_400_or_ignored():
 
 def refusal_text() -> str:
     return parse_request({"type": "logs"}).error
-
-
-def test_access_needs_every_label():
-    request = parse_request({"type": "logs", **BASE})
-    good = {wire.LABEL_MANAGED: "true", wire.LABEL_ENV: "e", wire.LABEL_RENTAL: "r1", wire.LABEL_STACK: "k1"}
-    assert check_access(good, "e", request) is None
-    for key, value in [
-        (wire.LABEL_MANAGED, "check"),
-        (wire.LABEL_ENV, "other"),
-        (wire.LABEL_RENTAL, "r2"),
-        (wire.LABEL_STACK, "k2"),
-    ]:
-        refusal = check_access({**good, key: value}, "e", request)
-        assert (refusal.status, refusal.error) == (404, "no such container in this stack")
-    assert check_access(None, "e", request).status == 404
-
-
-def test_no_access_while_the_environment_is_unknown():
-    """Before a session names the environment, no container passes for this
-    environment's: not one without an env label (None == None), not one with
-    an empty one."""
-    request = parse_request({"type": "logs", **BASE})
-    unlabelled = {wire.LABEL_MANAGED: "true", wire.LABEL_RENTAL: "r1", wire.LABEL_STACK: "k1"}
-    assert check_access(unlabelled, None, request).status == 404
-    assert check_access({**unlabelled, wire.LABEL_ENV: ""}, "", request).status == 404
-    assert check_access({**unlabelled, wire.LABEL_ENV: "e"}, None, request).status == 404
 
 
 def test_resize_messages():

@@ -14,9 +14,10 @@ from gpuhost_agent.local_marketplace import tunnel_relay
 from gpuhost_agent.local_marketplace.store import Store
 from gpuhost_agent.local_marketplace.tunnels import wanted
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.runtime.engine_streams import ContainerAt, EngineStreams
+from gpuhost_agent.streams.admission import connect_tunnel
 from gpuhost_agent.streams.requests import Refusal, TunnelRequest, parse_request
-from gpuhost_agent.streams.tunnel import NOT_LISTENING, TunnelRelay, connect, container_addresses, declared_ports
+from gpuhost_agent.streams.tunnel import NOT_LISTENING, TunnelRelay, container_addresses, declared_ports
 
 _direct = EngineStreams().dial  # one machine's last hop: a plain connection to the container's address
 
@@ -42,6 +43,10 @@ def _info(ports: list[str], addresses: list[str], running: bool = True) -> dict:
     }
 
 
+def _at(ports: list[str], addresses: list[str], running: bool = True) -> ContainerAt:
+    return ContainerAt(_info(ports, addresses, running))
+
+
 def test_a_tunnel_request_names_one_tcp_port() -> None:
     assert parse_request({"type": "tunnel", "streamId": "t1", **TARGET, "port": 8080}) == _request(8080)
     for port in (0, 65536, "8080", True, None, 8080.5):
@@ -61,17 +66,17 @@ def test_only_declared_tcp_ports_and_the_containers_own_addresses() -> None:
 
 
 async def test_connect_refuses_before_any_stream_opens() -> None:
-    refused = await connect(_info(["8080/tcp"], ["127.0.0.1"]), _request(22), dial=_direct, judging=_anything)
+    refused = await connect_tunnel(_at(["8080/tcp"], ["127.0.0.1"]), _request(22), dial=_direct, judging=_anything)
     assert isinstance(refused, Refusal) and refused.status == 403
-    refused = await connect(
-        _info(["8080/tcp"], ["127.0.0.1"], running=False), _request(8080), dial=_direct, judging=_anything
+    refused = await connect_tunnel(
+        _at(["8080/tcp"], ["127.0.0.1"], running=False), _request(8080), dial=_direct, judging=_anything
     )
     assert isinstance(refused, Refusal) and refused.status == 503 and "not running" in refused.error
     server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     server.close()
     await server.wait_closed()
-    refused = await connect(_info([f"{port}/tcp"], ["127.0.0.1"]), _request(port), dial=_direct, judging=_anything)
+    refused = await connect_tunnel(_at([f"{port}/tcp"], ["127.0.0.1"]), _request(port), dial=_direct, judging=_anything)
     assert isinstance(refused, Refusal) and refused.status == 503 and refused.error == NOT_LISTENING
 
 
@@ -90,7 +95,9 @@ async def _echo_server() -> tuple[asyncio.base_events.Server, int]:
 async def test_the_relay_carries_bytes_both_ways_and_half_closes() -> None:
     server, port = await _echo_server()
     try:
-        service = await connect(_info([f"{port}/tcp"], ["127.0.0.1"]), _request(port), dial=_direct, judging=_anything)
+        service = await connect_tunnel(
+            _at([f"{port}/tcp"], ["127.0.0.1"]), _request(port), dial=_direct, judging=_anything
+        )
         assert not isinstance(service, Refusal)
         sink = MemorySink()
         relay = TunnelRelay(sink, *service)
@@ -110,7 +117,9 @@ async def test_the_relay_carries_bytes_both_ways_and_half_closes() -> None:
 async def test_a_stopped_tunnel_says_why() -> None:
     server, port = await _echo_server()
     try:
-        service = await connect(_info([f"{port}/tcp"], ["127.0.0.1"]), _request(port), dial=_direct, judging=_anything)
+        service = await connect_tunnel(
+            _at([f"{port}/tcp"], ["127.0.0.1"]), _request(port), dial=_direct, judging=_anything
+        )
         assert not isinstance(service, Refusal)
         sink = MemorySink()
         relay = TunnelRelay(sink, *service)

@@ -2,7 +2,7 @@
 (core/swarm/worker_events.py): one follow per machine listed, every event handed
 on, a follow that ended started again at the next look, machines no longer
 listed no longer followed, and all of it ended at stop. The door's side, on
-the real engine: tests/integration/test_node_proxy_engine.py."""
+the real engine: tests/integration/test_door_engine.py."""
 
 from __future__ import annotations
 

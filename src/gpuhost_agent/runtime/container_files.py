@@ -10,7 +10,7 @@ a path or symlink says, the kernel resolves it in the container's root.
 
 One helper per SFTP session, started when the session starts and ended with
 it, on the container's machine: in a Swarm environment the worker's agent
-starts it and relays its pipes to the leader (streams/node_proxy.py).
+starts it and relays its pipes to the leader (streams/door.py).
 Calls are serialised (the helper serves one at a time) and each is bounded
 in time; an error the helper reports comes back as the OSError it
 was, so asyncssh answers the client with the matching SFTP status.

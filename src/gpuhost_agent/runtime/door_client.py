@@ -1,5 +1,5 @@
 """The engine of another machine of a Swarm environment, as its agent's door
-serves it to the leader (streams/node_proxy.py, docs/swarm.md).
+serves it to the leader (streams/door.py, docs/swarm.md).
 
 A container's inspect, log and execs go through the door as the engine's own
 API, so this is an EngineStreams whose address is the door, over mutual TLS
@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 
 import aiohttp
 
+from gpuhost_agent.runtime.container_at import ContainerAt
 from gpuhost_agent.runtime.container_files import ContainerFiles
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_errors import upgrade_answer, upgrade_request
@@ -101,12 +102,12 @@ class DoorClient(EngineStreams):
         return await self._upgrade(f"/gpuhost/containers/{checked_id(container_id)}/connect?{query}", b"{}", "connect")
 
     async def dial(
-        self, info: dict, address: str, port: int, *, tls: ssl.SSLContext | None, timeout: float
+        self, container: ContainerAt, address: str, port: int, *, tls: ssl.SSLContext | None, timeout: float
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """As on one machine (streams/tunnel.py): refused, not TLS or unreachable."""
         try:
             return await asyncio.wait_for(
-                self.connect_through(str(info.get("Id") or ""), address, port, tls=tls is not None), timeout
+                self.connect_through(container.id, address, port, tls=tls is not None), timeout
             )
         except EngineError as exc:
             text = str(exc).removeprefix("Docker Engine: ")
@@ -162,16 +163,16 @@ class DoorClient(EngineStreams):
             return False
         return bool(isinstance(reply, dict) and reply.get("sent"))
 
-    async def open_files(self, info: dict) -> ContainerFiles:
+    async def open_files(self, container: ContainerAt) -> ContainerFiles:
         """The helper started on the container's machine; its calls relayed both ways."""
-        path = f"/gpuhost/containers/{checked_id(str(info.get('Id') or ''))}/files"
+        path = f"/gpuhost/containers/{checked_id(container.id)}/files"
         return await ContainerFiles.over(*await self._upgrade(path, b"{}", "file session"))
 
 
 class _FramedWriter(asyncio.StreamWriter):
     """The leader's side of an upgraded connection to a door: every write a
     frame (or several), and write_eof a frame of length 0, which the door
-    turns into a half-close on its side (streams/node_proxy.py)."""
+    turns into a half-close on its side (streams/door.py)."""
 
     def write_head(self, data: bytes) -> None:
         super().write(data)

@@ -29,13 +29,14 @@ from typing import Any
 import aiohttp
 
 from gpuhost_agent.runtime import exec_hangup
+from gpuhost_agent.runtime.container_at import ContainerAt
 from gpuhost_agent.runtime.container_files import ContainerFiles
 from gpuhost_agent.runtime.docker_host import Endpoint, parse_docker_host
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_errors import ContainerGone, EngineUnreachable, upgrade_answer, upgrade_request
 from gpuhost_agent.runtime.engine_errors import response_error as _error
 
-__all__ = ["ContainerGone", "EngineStreams", "EngineUnreachable", "LogReader", "parse_docker_host"]
+__all__ = ["ContainerAt", "ContainerGone", "EngineStreams", "EngineUnreachable", "LogReader", "parse_docker_host"]
 
 CHUNK_BYTES = 64 * 1024
 # Container ids and names, exec ids: no '/', '?', '%' or spaces can reach a path.
@@ -72,7 +73,7 @@ class EngineStreams:
     def __init__(self, docker_host: str | None = None, *, timeout: float = 30, headers: dict[str, str] | None = None):
         self._docker_host = docker_host
         self._timeout = timeout
-        self._headers = dict(headers or {})  # sent with every request (a worker's key: streams/node_proxy.py)
+        self._headers = dict(headers or {})  # sent with every request (a worker's key: streams/door.py)
         self._http: aiohttp.ClientSession | None = None
         self._endpoint: Endpoint | None = None
 
@@ -115,6 +116,13 @@ class EngineStreams:
 
     async def inspect(self, container_id: str) -> dict:
         """`docker inspect`: Config.Tty, Config.Labels, State, Id."""
+        return await self._inspect_here(container_id)
+
+    async def locate(self, container_id: str) -> ContainerAt:
+        """The container's inspect and where it runs: on one machine, here."""
+        return ContainerAt(await self._inspect_here(container_id))
+
+    async def _inspect_here(self, container_id: str) -> dict:
         reply = await self._call("GET", f"/containers/{checked_id(container_id)}/json")
         if not isinstance(reply, dict):
             raise EngineError("Docker Engine answered a container inspect without an object")
@@ -227,7 +235,7 @@ class EngineStreams:
             raise
 
     async def dial(
-        self, info: dict, address: str, port: int, *, tls: ssl.SSLContext | None, timeout: float
+        self, container: ContainerAt, address: str, port: int, *, tls: ssl.SSLContext | None, timeout: float
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """A tunnel's last hop (streams/tunnel.py): the host routes to a bridge network's addresses."""
         return await asyncio.wait_for(
@@ -235,17 +243,35 @@ class EngineStreams:
         )
 
     async def hang_up(self, exec_id: str, container_id: str) -> None:
-        """A session ended with its command still running: end it (runtime/exec_hangup.py)."""
-        await exec_hangup.hang_up_exec(self, exec_id, container_id)
+        """A session ended with its command still running: end the command
+        (runtime/exec_hangup.py says how, and why only on the exec's machine)."""
+        try:
+            state = await self.exec_inspect(exec_id)
+            if state.get("Running"):
+                pid, cid = await self._container_pid(container_id)
+                await exec_hangup.hang_up(state.get("Pid"), pid, container_id=cid)
+        except EngineError:
+            pass  # the container is gone, or the engine: nothing left to hang up
 
     async def signal(self, exec_id: str, container_id: str, signum: int) -> bool:
-        """An SSH client's signal to the exec's process; whether it was sent."""
-        return await exec_hangup.signal_exec_of(self, exec_id, container_id, signum)
+        """An SSH client's signal to the exec's process; whether it was sent
+        (False when the engine cannot tell its pids)."""
+        try:
+            state = await self.exec_inspect(exec_id)
+            pid, cid = await self._container_pid(container_id)
+        except EngineError:
+            return False
+        return await asyncio.to_thread(exec_hangup.signal_exec, state.get("Pid"), pid, signum, cid)
 
-    async def open_files(self, info: dict) -> ContainerFiles:
-        """SFTP's file helper in the container `info` inspects (runtime/container_files.py)."""
-        state, config, cid = info.get("State") or {}, info.get("Config") or {}, str(info.get("Id") or "")
-        return await ContainerFiles.start(int(state.get("Pid") or 0), str(config.get("User") or ""), cid)
+    async def _container_pid(self, container_id: str) -> tuple[object, str]:
+        """The container's main pid as this machine's engine reports it, and its full id."""
+        container = await self.inspect(container_id)
+        return (container.get("State") or {}).get("Pid"), str(container.get("Id") or "")
+
+    async def open_files(self, container: ContainerAt) -> ContainerFiles:
+        """SFTP's file helper in the container (runtime/container_files.py)."""
+        state, config = container.info.get("State") or {}, container.info.get("Config") or {}
+        return await ContainerFiles.start(int(state.get("Pid") or 0), str(config.get("User") or ""), container.id)
 
     async def exec_resize(self, exec_id: str, *, rows: int, cols: int) -> None:
         await self._call("POST", f"/exec/{checked_id(exec_id)}/resize", params={"h": str(rows), "w": str(cols)})

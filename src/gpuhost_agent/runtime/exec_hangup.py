@@ -6,9 +6,12 @@ whatever it ran) in the renter's container for good. The Engine API has no
 "kill exec", so the agent does what a closing terminal does: SIGHUP to every
 process of the exec's session, then SIGKILL to those still there.
 
-The exec's Pid is a host pid: of the machine whose engine answered. So this
-runs there, and in a Swarm environment a container on another machine is hung
-up by that machine's agent (runtime/door_client.py). The agent signals it only when the process is in
+This module knows processes, not the engine: EngineStreams.hang_up and
+.signal (runtime/engine_streams.py) ask their engine for the exec's and the
+container's pids and hand them here. The exec's Pid is a host pid: of the
+machine whose engine answered. So this runs there, and a container on
+another machine of the environment is hung up by that machine's agent
+(runtime/door_client.py). The agent signals it only when the process is in
 the container's own pid namespace, and that namespace is not the agent's: an
 agent that does not see the host's pids (itself in a container) could
 otherwise hit one of its own processes of the same number. Otherwise, or
@@ -28,14 +31,9 @@ import asyncio
 import os
 import select
 import signal
-from typing import TYPE_CHECKING
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.container_process import PinnedProcess
-from gpuhost_agent.runtime.engine import EngineError
-
-if TYPE_CHECKING:  # EngineStreams calls in here: its hang_up and signal
-    from gpuhost_agent.runtime.engine_streams import EngineStreams
 
 log = get_logger(__name__)
 
@@ -165,26 +163,3 @@ async def hang_up(
     finally:
         for pidfd in alive:
             os.close(pidfd)
-
-
-async def hang_up_exec(engine: EngineStreams, exec_id: str, container_id: str) -> None:
-    """A session ended with its command still running: end the command."""
-    try:
-        state = await engine.exec_inspect(exec_id)
-        if state.get("Running"):
-            container = await engine.inspect(container_id)
-            pid, cid = (container.get("State") or {}).get("Pid"), str(container.get("Id") or "")
-            await hang_up(state.get("Pid"), pid, container_id=cid)
-    except EngineError:
-        pass  # the container is gone, or the engine: nothing left to hang up
-
-
-async def signal_exec_of(engine: EngineStreams, exec_id: str, container_id: str, signum: int) -> bool:
-    """signal_exec with the pids the engine reports; False when it cannot tell."""
-    try:
-        state = await engine.exec_inspect(exec_id)
-        container = await engine.inspect(container_id)
-    except EngineError:
-        return False
-    pid, cid = (container.get("State") or {}).get("Pid"), str(container.get("Id") or "")
-    return await asyncio.to_thread(signal_exec, state.get("Pid"), pid, signum, cid)

@@ -15,6 +15,9 @@ machine. So the inspect is asked of the agent on the node the task runs on
 (runtime/door_client.py), and the execs made, the files opened and the
 connections dialled for that container go there too (docs/swarm.md). A
 container on another machine is never handled with this machine's pids.
+Where it runs is said beside its inspect, never written into it
+(locate's ContainerAt, runtime/container_at.py): when the agent there is
+silent, the answer says so, and the streams layer refuses all but its log.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import ssl
 from collections.abc import Awaitable, Callable
 
 from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.runtime.container_at import ContainerAt
 from gpuhost_agent.runtime.container_files import ContainerFiles
 from gpuhost_agent.runtime.door_client import DoorClient
 from gpuhost_agent.runtime.engine import EngineError
@@ -33,8 +37,11 @@ from gpuhost_agent.runtime.netns_dial import dial_in_namespace
 
 log = get_logger(__name__)
 
-REMOTE_NODE = "GpuhostNode"  # in an inspect of a container on another machine: its node
-REMOTE_WORKER = "GpuhostWorker"  # ... when that machine's agent answered it (a terminal can go there)
+# Why a container on another machine cannot be reached (ContainerAt.unreachable): its agent is silent.
+SILENT_AGENT = (
+    "the container runs on another machine of this environment: its logs come through the Swarm's manager, "
+    "a terminal, SSH or a tunnel through the agent on that machine (GPUHOST_SWARM=worker), which did not answer"
+)
 KEPT = 1024  # containers and execs remembered per machine they run on
 
 
@@ -56,9 +63,12 @@ class SwarmStreams(EngineStreams):
         self._remotes: dict[str, DoorClient] = {}  # node id -> its agent's door
         self._on: dict[str, DoorClient] = {}  # container id or exec id -> the door it is behind
 
-    async def inspect(self, container_id: str) -> dict:
+    async def locate(self, container_id: str) -> ContainerAt:
+        """Here when this machine's engine knows the container; else on its
+        task's node, as that machine's agent inspects it, or as the manager's
+        task says when that agent is silent (then nothing but its log reaches it)."""
         try:
-            return await super().inspect(container_id)
+            return await super().locate(container_id)
         except ContainerGone:
             task = await self._task_of(container_id)
             if task is None:
@@ -70,10 +80,13 @@ class SwarmStreams(EngineStreams):
                 info = await remote.inspect(container_id)
                 self._remember(container_id, remote)
                 self._remember(str(info.get("Id") or ""), remote)
-                return {**info, REMOTE_NODE: node, REMOTE_WORKER: True}
+                return ContainerAt(info, machine=node)
             except EngineUnreachable as exc:
                 log.warning("swarm_worker_unreachable", node_id=node, error=str(exc)[:300])
-        return task_inspect(task)
+        return ContainerAt(task_inspect(task), machine=node, unreachable=SILENT_AGENT if node else None)
+
+    async def inspect(self, container_id: str) -> dict:
+        return (await self.locate(container_id)).info
 
     async def exec_create(self, container_id: str, command: list[str], env: dict[str, str], *, tty: bool = True) -> str:
         remote = self._on.get(container_id)
@@ -100,20 +113,20 @@ class SwarmStreams(EngineStreams):
         return await (remote.exec_exit_code(exec_id, wait) if remote else super().exec_exit_code(exec_id, wait))
 
     async def dial(
-        self, info: dict, address: str, port: int, *, tls: ssl.SSLContext | None, timeout: float
+        self, container: ContainerAt, address: str, port: int, *, tls: ssl.SSLContext | None, timeout: float
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """A tunnel's last hop to a Swarm container: its networks are overlays,
         reachable only from inside its network namespace. On this machine the
         leader dials from there itself; on another, that machine's agent does."""
-        if info.get(REMOTE_NODE):
-            return await self._door(info).dial(info, address, port, tls=tls, timeout=timeout)
-        pid = int((info.get("State") or {}).get("Pid") or 0)
-        return await dial_in_namespace(pid, address, port, timeout, tls, container_id=str(info.get("Id") or ""))
+        if container.machine:
+            return await self._door(container).dial(container, address, port, tls=tls, timeout=timeout)
+        pid = int((container.info.get("State") or {}).get("Pid") or 0)
+        return await dial_in_namespace(pid, address, port, timeout, tls, container_id=container.id)
 
-    async def open_files(self, info: dict) -> ContainerFiles:
-        if info.get(REMOTE_NODE):
-            return await self._door(info).open_files(info)
-        return await super().open_files(info)
+    async def open_files(self, container: ContainerAt) -> ContainerFiles:
+        if container.machine:
+            return await self._door(container).open_files(container)
+        return await super().open_files(container)
 
     async def hang_up(self, exec_id: str, container_id: str) -> None:
         remote = self._on.get(exec_id)
@@ -155,11 +168,11 @@ class SwarmStreams(EngineStreams):
         answers = await asyncio.gather(*(one(node) for node in node_ids))
         return dict(zip(node_ids, answers, strict=True))
 
-    def _door(self, info: dict) -> DoorClient:
+    def _door(self, container: ContainerAt) -> DoorClient:
         """The door of the container's machine. Never this machine's engine: its
         pids and addresses would name something else here."""
-        remote = self._on.get(str(info.get("Id") or ""))
-        if remote is None or not info.get(REMOTE_WORKER):
+        remote = self._on.get(container.id)
+        if remote is None or container.unreachable is not None:
             raise OSError(errno.EHOSTUNREACH, "the agent on the container's machine does not answer")
         return remote
 
@@ -252,6 +265,5 @@ def task_inspect(task: dict) -> dict:
             "ExitCode": container.get("ExitCode"),
             "Status": "running" if running else "exited",
         },
-        REMOTE_NODE: task.get("NodeID"),
         "NetworkSettings": {"Networks": {}},
     }

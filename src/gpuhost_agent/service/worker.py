@@ -4,7 +4,7 @@
 The leader holds the marketplace session, the GPU ledger and the deploys;
 what only this machine can do for a renter's container here (a terminal,
 SSH, a tunnel's last hop) it asks of this agent, through the door in
-streams/node_proxy.py, over mutual TLS (service/swarm_tls.py) with the
+streams/door.py, over mutual TLS (service/swarm_tls.py) with the
 environment's key; and this agent reports
 this machine (its GPUs, engine, toolkit, disk and clock) when the leader
 asks, for the environment's systemData and compliance. So a worker runs no session, keeps no state
@@ -28,7 +28,7 @@ from gpuhost_agent.runtime.swarm_stacks import rental_disk_figures
 from gpuhost_agent.service import sd_notify, swarm_tls
 from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.service.probe_parts import build_probe
-from gpuhost_agent.streams.node_proxy import NodeProxy
+from gpuhost_agent.streams.door import WorkerDoor
 
 log = get_logger(__name__)
 
@@ -55,7 +55,7 @@ async def serve_worker(config: AgentConfig, stop: asyncio.Event) -> None:
         return await disk_engine.swarm_list("networks")
 
     tls = swarm_tls.context_or_exit("worker", config.swarm_tls_dir)
-    proxy = NodeProxy(
+    proxy = WorkerDoor(
         config.swarm_key, engine, engine_path, machine=report, disk=disk_figures, networks=networks, tls=tls
     )
     host, port = config.swarm_listen

@@ -1,13 +1,18 @@
 """Whether a request read on the channel becomes a stream, and the refusal it
 gets when not (docs/streams.md, 2).
 
-Once requests.py has parsed a request, every reason to refuse it is decided
-here, in the order the channel asks: on arrival (its streamId already open, a
-cap of limits.py, an agent that is stopping), then before the stream's
-WebSocket is opened (the container must be this rental's, an SSH login needs a
-running container open to it, a tunnel's service must accept a connection),
-and last for a stream still being opened when its rental or the agent ends.
-The refusal is sent from here too, quietly when the channel closed meanwhile.
+Once requests.py has parsed a request (one it cannot parse is refused there,
+with 400), every reason to refuse it is decided here, in the order the
+channel asks: on arrival (its streamId already open, a cap of limits.py, an
+agent that is stopping), then before the stream's WebSocket is opened (the
+container must be this rental's and on a machine the agent reaches, an SSH
+login needs a running container open to it, a tunnel's service must accept
+a connection), and last for a stream still being opened when its rental or
+the agent ends. The refusal is sent from here too, quietly when the channel
+closed meanwhile. Inside an SSH connection, a `-L` keeps the same access and
+tunnel rules (streams/ssh_server.py asks them here), and each session reads
+the same answer of where its container runs (streams/ssh_connection.py).
+
 Kept apart from channel.py, which keeps the WebSocket open and runs the
 streams, so that what a renter can reach reads in one place, not between the
 channel's reconnects and tasks.
@@ -18,34 +23,32 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 import aiohttp
 
+from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.engine_streams import ContainerGone, EngineStreams
-from gpuhost_agent.runtime.swarm_streams import REMOTE_NODE, REMOTE_WORKER
-from gpuhost_agent.streams import limits
-from gpuhost_agent.streams.limits import StreamLimits
+from gpuhost_agent.runtime.engine_streams import ContainerAt, ContainerGone, EngineStreams
+from gpuhost_agent.streams import tunnel
+from gpuhost_agent.streams.limits import StreamLimits, is_connection
 from gpuhost_agent.streams.requests import (
-    NOT_IN_STACK,
     ContainerRequest,
     LogsRequest,
     Refusal,
     SshRequest,
     StreamRequest,
     TunnelRequest,
-    check_access,
 )
 from gpuhost_agent.streams.ssh_access import pick_any
-from gpuhost_agent.streams.tunnel import connect
 from gpuhost_agent.uplink.session import SessionState
+
+log = get_logger(__name__)
 
 Service = tuple[asyncio.StreamReader, asyncio.StreamWriter]  # a tunnel's open connection to its service
 ListStack = Callable[[str], Awaitable[list[dict]]]  # a stack's containers, on every machine
-REMOTE_REFUSAL = (
-    "the container runs on another machine of this environment: its logs come through the Swarm's manager, "
-    "a terminal, SSH or a tunnel through the agent on that machine (GPUHOST_SWARM=worker), which did not answer"
-)
+NOT_IN_STACK = "no such container in this stack"
 
 
 def refusal_on_arrival(
@@ -58,11 +61,34 @@ def refusal_on_arrival(
     """Why the channel refuses `request` as soon as it reads it, or None."""
     if already_open:
         return Refusal(request.stream_id, 409, "a stream with this streamId is open")
-    over = limits.refusal(request, open_requests, caps)
+    over = over_caps(request, open_requests, caps)
     if over is not None:
         return over
     if stopping:
         return Refusal(request.stream_id, 503, "the agent is stopping")
+    return None
+
+
+def over_caps(request: StreamRequest, open_requests: Iterable[StreamRequest], caps: StreamLimits) -> Refusal | None:
+    """Why `request` may not open now, past a cap of limits.py, or None:
+    past the rental's cap 429 (the renter's own doing: close one), past the
+    host's 503 (the host is busy); both name the cap, and nothing already
+    open is touched."""
+    connection = is_connection(request)
+    same_kind = [r for r in open_requests if is_connection(r) == connection]
+    mine = sum(1 for r in same_kind if r.rental_id == request.rental_id)
+    if connection:
+        total, per_rental, what = caps.connections, caps.connections_per_rental, "tunnel and SSH connections"
+    else:
+        total, per_rental, what = caps.streams, caps.streams_per_rental, "log streams and terminals"
+    if len(same_kind) >= total:
+        return Refusal(request.stream_id, 503, f"too many open {what} on this host ({total})")
+    if mine >= per_rental:
+        return Refusal(
+            request.stream_id,
+            429,
+            f"this rental has {per_rental} open {what}, the most one rental may hold; close one and try again",
+        )
     return None
 
 
@@ -72,36 +98,50 @@ async def admit(
     """(refusal, the container's inspect ({} for SSH), the tunnel's connection):
     what the stream needs once its WebSocket is open, or why it is refused.
     `list_stack` lists a stack's containers (SshServices.stack_containers)."""
-    info: dict = {}
     if isinstance(request, SshRequest):
-        refusal = await check_ssh(list_stack, session, request)
-    else:
-        refusal, info = await check_container(engine, session, request)
-    service = (
-        await connect(info, request, dial=engine.dial, network=engine.network)
-        if refusal is None and isinstance(request, TunnelRequest)
-        else None
-    )
+        return await check_ssh(list_stack, session, request), {}, None
+    refusal, container = await check_container(engine, session, request)
+    if container is None or refusal is not None:
+        return refusal, {}, None
+    if not isinstance(request, TunnelRequest):
+        return None, container.info, None
+    service = await connect_tunnel(container, request, dial=engine.dial, network=engine.network)
     if isinstance(service, Refusal):
-        refusal, service = service, None
-    return refusal, info, service
+        return service, container.info, None
+    return None, container.info, service
 
 
 async def check_container(
     engine: EngineStreams, session: SessionState, request: ContainerRequest
-) -> tuple[Refusal | None, dict]:
-    """The container's inspect, or why the request is refused."""
+) -> tuple[Refusal | None, ContainerAt | None]:
+    """The container and where it runs, or why the request is refused. A
+    container whose machine cannot be reached serves its log alone."""
     try:
-        info = await engine.inspect(request.container_id)
+        container = await engine.locate(request.container_id)
     except ContainerGone:
-        return Refusal(request.stream_id, 404, NOT_IN_STACK), {}
+        return Refusal(request.stream_id, 404, NOT_IN_STACK), None
     except EngineError as exc:
-        return Refusal(request.stream_id, 503, f"Docker Engine: {exc}"[:500]), {}
-    refusal = check_access((info.get("Config") or {}).get("Labels"), session.env_id, request)
-    remote = info.get(REMOTE_NODE) and not info.get(REMOTE_WORKER)  # on another machine, whose agent is silent
-    if refusal is None and remote and not isinstance(request, LogsRequest):
-        refusal = Refusal(request.stream_id, 409, f"{REMOTE_REFUSAL} (node {str(info[REMOTE_NODE])[:12]})")
-    return refusal, info
+        return Refusal(request.stream_id, 503, f"Docker Engine: {exc}"[:500]), None
+    refusal = check_access((container.info.get("Config") or {}).get("Labels"), session.env_id, request)
+    if refusal is None and container.unreachable and not isinstance(request, LogsRequest):
+        refusal = Refusal(request.stream_id, 409, f"{container.unreachable} (node {container.machine[:12]})")
+    return refusal, container
+
+
+def check_access(labels: Any, env_id: str | None, request: StreamRequest) -> Refusal | None:
+    """Only the agent's own containers, of this environment, of the request's
+    rental and stack: Docker's labels alone say so. Every mismatch reads the
+    same: what exists elsewhere is none of the asker's business."""
+    labels = labels if isinstance(labels, dict) else {}
+    if (
+        env_id  # before a session names the environment, no container is this agent's
+        and labels.get(wire.LABEL_MANAGED) == "true"
+        and labels.get(wire.LABEL_ENV) == env_id
+        and labels.get(wire.LABEL_RENTAL) == request.rental_id
+        and labels.get(wire.LABEL_STACK) == request.stack_id
+    ):
+        return None
+    return Refusal(request.stream_id, 404, NOT_IN_STACK)
 
 
 async def check_ssh(list_stack: ListStack, session: SessionState, request: SshRequest) -> Refusal | None:
@@ -114,6 +154,40 @@ async def check_ssh(list_stack: ListStack, session: SessionState, request: SshRe
     if pick_any(containers, session.env_id, request.rental_id, request.stack_id) is None:
         return Refusal(request.stream_id, 404, "no running container of this stack is open to SSH")
     return None
+
+
+async def connect_tunnel(
+    container: ContainerAt,
+    request: TunnelRequest,
+    *,
+    dial: tunnel.Dial,
+    network: tunnel.NetworkInspect = tunnel.no_network,
+    judging: tunnel.Judging = tunnel.address_judge,
+    timeout: float = tunnel.CONNECT_TIMEOUT,
+) -> Service | Refusal:
+    """Open the service's connection, or say why not (before any stream opens):
+    only a TCP port the container declares, only on its own addresses that
+    the stack's networks hold (streams/tunnel.py says why). `dial` and
+    `network` are the engine's (runtime/engine_streams.py): on one machine a
+    plain connection, in an environment of several one made where the
+    container's networks are reachable; without `network` nothing is dialled."""
+    info = container.info
+    if request.port not in tunnel.declared_ports(info):
+        return Refusal(request.stream_id, 403, f"port {request.port} is not a TCP port this container declares")
+    addresses = tunnel.container_addresses(info)
+    if not addresses or not (info.get("State") or {}).get("Running"):
+        return Refusal(request.stream_id, 503, "the container is not running")
+    judge = await judging(info, network)
+    refused = [why for why in map(judge, addresses) if why]
+    if len(refused) == len(addresses):
+        log.warning("tunnel_address_refused", container=container.id[:12], why=refused[0])
+        return Refusal(request.stream_id, 403, refused[0])
+    allowed = [address for address in addresses if not judge(address)]
+    tls = tunnel.unverified_tls() if request.tls else None
+    try:
+        return await tunnel.dial_service(container, allowed, request.port, dial=dial, tls=tls, timeout=timeout)
+    except tunnel.NoService as exc:
+        return Refusal(request.stream_id, 503, str(exc))
 
 
 def refusal_when_ended(stream_id: str, reason: str) -> Refusal:

@@ -1,4 +1,4 @@
-"""What the worker's door (streams/node_proxy.py) does itself, for the
+"""What the worker's door (streams/door.py) does itself, for the
 engine's API has no call for it: this machine's report and disk figures, an
 exec's hang-up and an SSH client's signal, where the exec's pids are."""
 

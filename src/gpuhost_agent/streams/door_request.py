@@ -1,4 +1,4 @@
-"""A request to the worker's door (streams/node_proxy.py), read strictly and
+"""A request to the worker's door (streams/door.py), read strictly and
 rebuilt for the engine from checked values alone. Pure.
 
 No byte of the client's head reaches the engine: dockerd's HTTP parser takes

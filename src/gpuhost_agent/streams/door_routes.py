@@ -1,4 +1,4 @@
-"""What the worker's door (streams/node_proxy.py) lets through, and where a
+"""What the worker's door (streams/door.py) lets through, and where a
 tunnel's last hop may go. Pure: the door's I/O asks these before it relays
 anything."""
 

@@ -3,7 +3,8 @@
 docs/streams.md, section 2. Everything from the marketplace is checked here
 before any of it reaches the engine: ids end up in Engine API paths, and a
 marketplace bug (or a compromised one) must not open another renter's
-container. The access check trusts Docker's labels only.
+container. What does not parse is refused here (400); whom the agent serves,
+every other refusal, is streams/admission.py's.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ MAX_TERMINAL_SIDE = 1000
 _STREAM_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # A container's Id or Name (Docker's names may come with their leading "/").
 _CONTAINER = re.compile(r"^/?[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-NOT_IN_STACK = "no such container in this stack"
 
 
 @dataclass(frozen=True)
@@ -149,22 +149,6 @@ def parse_resize(message: Any) -> tuple[int, int] | None:
     if wire.is_whole(cols, MAX_TERMINAL_SIDE) and wire.is_whole(rows, MAX_TERMINAL_SIDE) and cols and rows:
         return cols, rows
     return None
-
-
-def check_access(labels: Any, env_id: str | None, request: StreamRequest) -> Refusal | None:
-    """Only the agent's own containers, of this environment, of the request's
-    rental and stack. Every mismatch reads the same: what exists elsewhere is
-    none of the asker's business."""
-    labels = labels if isinstance(labels, dict) else {}
-    if (
-        env_id  # before a session names the environment, no container is this agent's
-        and labels.get(wire.LABEL_MANAGED) == "true"
-        and labels.get(wire.LABEL_ENV) == env_id
-        and labels.get(wire.LABEL_RENTAL) == request.rental_id
-        and labels.get(wire.LABEL_STACK) == request.stack_id
-    ):
-        return None
-    return Refusal(request.stream_id, 404, NOT_IN_STACK)
 
 
 def _stack(message: dict) -> tuple[str, str]:

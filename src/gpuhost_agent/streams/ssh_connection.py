@@ -18,8 +18,7 @@ from asyncssh.sftp import MIN_SFTP_VERSION
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.swarm_streams import REMOTE_NODE, REMOTE_WORKER
-from gpuhost_agent.streams.admission import REMOTE_REFUSAL
+from gpuhost_agent.runtime.engine_streams import ContainerAt
 from gpuhost_agent.streams.requests import SshRequest
 from gpuhost_agent.streams.sink import Sink
 from gpuhost_agent.streams.ssh_access import SshServices
@@ -103,31 +102,31 @@ class SshConnection:
             conn.close()
         await conn.wait_closed()
 
-    async def _inspect(self) -> dict:
+    async def _locate(self) -> ContainerAt:
         container = self._login.container
         assert container is not None  # sessions open only after a login chose one
-        return await self._services.engine.inspect(container["Id"])
+        return await self._services.engine.locate(container["Id"])
 
     async def _session(self, process: asyncssh.SSHServerProcess) -> None:
         try:
-            info = await self._inspect()
+            container = await self._locate()
         except EngineError as exc:
             process.stderr.write(f"the container is not available: {exc}\r\n".encode())
             process.exit(255)
             return
-        if info.get(REMOTE_NODE) and not info.get(REMOTE_WORKER):  # its machine's agent did not answer
-            process.stderr.write(f"{REMOTE_REFUSAL}\r\n".encode())
+        if container.unreachable:  # its machine cannot be reached
+            process.stderr.write(f"{container.unreachable}\r\n".encode())
             process.exit(255)
             return
         kind = "shell" if process.command is None else "command"
         log.info(
             "ssh_session", stream_id=self._request.stream_id, kind=kind, tty=process.get_terminal_type() is not None
         )
-        await ExecSession(self._services.engine, info["Id"]).run(process)
+        await ExecSession(self._services.engine, container.info["Id"]).run(process)
 
     async def _sftp(self, chan: asyncssh.SSHServerChannel) -> ContainerSFTP:
         try:
-            files = await self._services.engine.open_files(await self._inspect())
+            files = await self._services.engine.open_files(await self._locate())
         except (EngineError, OSError, ValueError) as exc:
             log.warning("ssh_files_unavailable", stream_id=self._request.stream_id, error=str(exc)[:300])
             raise

@@ -26,10 +26,10 @@ from asyncssh.stream import SSHTCPStreamSession
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.streams.requests import Refusal, SshRequest, TunnelRequest, check_access
+from gpuhost_agent.streams.admission import check_access, connect_tunnel
+from gpuhost_agent.streams.requests import Refusal, SshRequest, TunnelRequest
 from gpuhost_agent.streams.ssh_access import SERVICE_LABEL, SshServices, parse_login, pick_container
 from gpuhost_agent.streams.ssh_channels import FORWARD, SESSION, ChannelRefused, Slot
-from gpuhost_agent.streams.tunnel import connect
 from gpuhost_agent.uplink.replies import MarketplaceRejected, MarketplaceUnavailable
 
 log = get_logger(__name__)
@@ -111,18 +111,21 @@ class Login(asyncssh.SSHServer):
         try:
             containers = await self._services.stack_containers(request.stack_id)
             target = _named(containers, dest_host)
-            info = await self._services.engine.inspect(target["Id"]) if target else None
+            container = await self._services.engine.locate(target["Id"]) if target else None
         except EngineError as exc:
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, f"Docker Engine: {exc}"[:200]) from None
-        container_id = str((info or {}).get("Id", ""))
-        tunnel = TunnelRequest(request.stream_id, request.rental_id, request.stack_id, container_id, dest_port)
-        labels = (info or {}).get("Config", {}).get("Labels")
-        if info is None or check_access(labels, self._env_id, tunnel) is not None:  # the tunnel rule
+        info = container.info if container is not None else {}
+        tunnel = TunnelRequest(
+            request.stream_id, request.rental_id, request.stack_id, str(info.get("Id", "")), dest_port
+        )
+        labels = info.get("Config", {}).get("Labels")
+        if container is None or check_access(labels, self._env_id, tunnel) is not None:  # the tunnel rule
             log.info("ssh_forward_refused", stream_id=request.stream_id, target=dest_host[:80], port=dest_port)
             raise asyncssh.ChannelOpenError(
                 asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, f"{dest_host[:80]} is not a container of this stack"
             )
-        service = await connect(info, tunnel, dial=self._services.engine.dial)
+        engine = self._services.engine
+        service = await connect_tunnel(container, tunnel, dial=engine.dial, network=engine.network)
         if isinstance(service, Refusal):
             log.info("ssh_forward_refused", stream_id=request.stream_id, target=dest_host[:80], port=dest_port)
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, service.error)

@@ -3,10 +3,11 @@ byte stream over the stream's WebSocket (docs/streams.md, "tunnel").
 
 The agent dials out to the marketplace, so a renter reaches a service on a host
 behind NAT without a port opened on the host. What the agent connects to is
-decided here, from the engine's own record of the container, never from the
-request: only a TCP port the container declares (Config.ExposedPorts, which
-Compose fills from `ports:` and `expose:`), only on the container's own
-addresses on its networks. The host, 127.0.0.1 and other containers are out
+decided from the engine's own record of the container, read here, never from
+the request (its refusals are streams/admission.py's, with every other
+refusal of a stream): only a TCP port the container declares
+(Config.ExposedPorts, which Compose fills from `ports:` and `expose:`), only
+on the container's own addresses on its networks. The host, 127.0.0.1 and other containers are out
 of reach whatever the marketplace asks, and whatever address the engine
 recorded: an address is dialled only inside the subnets of the networks the
 agent created for the container's stack, and never when it is the host's own,
@@ -35,14 +36,11 @@ import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.engine_streams import ContainerAt
 from gpuhost_agent.streams import sandbox_addresses
-from gpuhost_agent.streams.requests import Refusal, TunnelRequest
 from gpuhost_agent.streams.sink import Sink, SinkClosed, finish
-
-log = get_logger(__name__)
 
 CHUNK = 64 * 1024  # per read: at most this much is held per direction
 CONNECT_TIMEOUT = 5.0
@@ -86,7 +84,8 @@ async def address_judge(info: dict, network: NetworkInspect) -> sandbox_addresse
     return sandbox_addresses.judge(info, described, host)
 
 
-async def _no_network(network_id: str) -> dict:
+async def no_network(network_id: str) -> dict:
+    """For a caller without an engine: no network described, so no address is dialled."""
     raise EngineError(f"no engine to describe network {network_id[:12]}")
 
 
@@ -102,45 +101,33 @@ def read_host_networks() -> list[sandbox_addresses.IPNetwork]:
     return sandbox_addresses.host_networks(*texts)
 
 
-async def connect(
-    info: dict,
-    request: TunnelRequest,
+class NoService(Exception):
+    """No address of the container took the connection; the message says why, as the refusal does."""
+
+
+async def dial_service(
+    container: ContainerAt,
+    addresses: list[str],
+    port: int,
     *,
     dial: Dial,
-    network: NetworkInspect | None = None,
-    judging: Judging = address_judge,
-    timeout: float = CONNECT_TIMEOUT,
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | Refusal:
-    """Open the service's connection, or say why not (before any stream opens).
-    `dial` is the engine's (runtime/engine_streams.py): on one machine a
-    plain connection, in a Swarm one made where the overlay is reachable;
-    `network` its inspect of a network, for the stack's subnets (by default
-    that of the engine `dial` belongs to; without one, nothing is dialled)."""
-    if request.port not in declared_ports(info):
-        return Refusal(request.stream_id, 403, f"port {request.port} is not a TCP port this container declares")
-    addresses = container_addresses(info)
-    if not addresses or not (info.get("State") or {}).get("Running"):
-        return Refusal(request.stream_id, 503, "the container is not running")
-    network = network or getattr(getattr(dial, "__self__", None), "network", None) or _no_network
-    judge = await judging(info, network)
-    refused = [why for why in map(judge, addresses) if why]
-    if len(refused) == len(addresses):
-        log.warning("tunnel_address_refused", container=str(info.get("Id") or "")[:12], why=refused[0])
-        return Refusal(request.stream_id, 403, refused[0])
+    tls: ssl.SSLContext | None,
+    timeout: float,
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """The first of `addresses` (the container's own, already judged:
+    streams/admission.py) whose service takes the connection, or NoService
+    with the last reason it did not."""
     problem = NOT_LISTENING
-    tls = unverified_tls() if request.tls else None
     for address in addresses:
-        if judge(address):
-            continue
         try:
-            return await dial(info, address, request.port, tls=tls, timeout=timeout)
+            return await dial(container, address, port, tls=tls, timeout=timeout)
         except ConnectionRefusedError:
             continue
         except ssl.SSLError as exc:
             problem = f"the service did not complete a TLS handshake (the stack is insecure: HTTPS expected): {exc}"
         except (OSError, asyncio.TimeoutError) as exc:
             problem = f"cannot reach the service: {type(exc).__name__}"
-    return Refusal(request.stream_id, 503, problem)
+    raise NoService(problem)
 
 
 def unverified_tls() -> ssl.SSLContext:

@@ -1,7 +1,7 @@
-"""Which requests the worker's door (streams/node_proxy.py) lets the leader make
+"""Which requests the worker's door (streams/door.py) lets the leader make
 of its engine: a pure decision, checked here on paths as docker-py and the
 Docker CLI write them; the door itself runs against the real engine in
-tests/integration/test_node_proxy_engine.py."""
+tests/integration/test_door_engine.py."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.runtime.swarm_stacks import rental_disk_figures
+from gpuhost_agent.streams.door import WorkerDoor
 from gpuhost_agent.streams.door_routes import route
-from gpuhost_agent.streams.node_proxy import NodeProxy
 
 ID = "5e7140ba6f17c65a09300a61fbb9e36a520b40a8869c52175d0f97f718ab2a59"
 
@@ -63,7 +63,7 @@ def test_only_a_managed_containers_inspect_log_and_execs_are_routed(method, targ
 
 def test_a_short_key_is_refused_at_the_start() -> None:
     with pytest.raises(ValueError, match="at least 16"):
-        NodeProxy("short", None, "/var/run/docker.sock", tls=None)  # type: ignore[arg-type]
+        WorkerDoor("short", None, "/var/run/docker.sock", tls=None)  # type: ignore[arg-type]
 
 
 _TLS: dict[str, DoorTls] = {}
@@ -74,7 +74,9 @@ def _door_tls(door_tls) -> None:
     _TLS["door"] = door_tls
 
 
-async def _get_machine(proxy: NodeProxy, key: str, query: str = "", path: str = "/gpuhost/machine") -> tuple[int, dict]:
+async def _get_machine(
+    proxy: WorkerDoor, key: str, query: str = "", path: str = "/gpuhost/machine"
+) -> tuple[int, dict]:
     port = await proxy.start("127.0.0.1", 0)
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=_TLS["door"].client())) as http:
@@ -106,24 +108,24 @@ async def test_the_machines_report_is_served_with_the_key_and_a_failed_probe_is_
     try:
         whole = await _Report().current()
         assert await _get_machine(
-            NodeProxy(key, engine, "/nonexistent", tls=_TLS["door"].server(), machine=_Report()), key
+            WorkerDoor(key, engine, "/nonexistent", tls=_TLS["door"].server(), machine=_Report()), key
         ) == (200, whole)
         live = await _get_machine(
-            NodeProxy(key, engine, "/nonexistent", tls=_TLS["door"].server(), machine=_Report(fails=True)),
+            WorkerDoor(key, engine, "/nonexistent", tls=_TLS["door"].server(), machine=_Report(fails=True)),
             key,
             "?live=1",
         )
         assert live == (200, {"telemetry": {"gpus": []}})  # the figures alone: no probe
         assert (
             await _get_machine(
-                NodeProxy(key, engine, "/nonexistent", tls=_TLS["door"].server(), machine=_Report()), "x" * 20
+                WorkerDoor(key, engine, "/nonexistent", tls=_TLS["door"].server(), machine=_Report()), "x" * 20
             )
         )[0] == 401
         status, body = await _get_machine(
-            NodeProxy(key, engine, "/nonexistent", tls=_TLS["door"].server(), machine=_Report(fails=True)), key
+            WorkerDoor(key, engine, "/nonexistent", tls=_TLS["door"].server(), machine=_Report(fails=True)), key
         )
         assert status == 503 and "RuntimeError: the engine went away" in body["message"]
-        status, _ = await _get_machine(NodeProxy(key, engine, "/nonexistent", tls=_TLS["door"].server()), key)
+        status, _ = await _get_machine(WorkerDoor(key, engine, "/nonexistent", tls=_TLS["door"].server()), key)
         assert status == 404
     finally:
         await engine.close()
@@ -141,15 +143,15 @@ async def test_the_machines_disk_figures_are_served_and_an_engine_that_fails_is_
         raise EngineError("Docker Engine did not answer within 35s")
 
     try:
-        proxy = NodeProxy(key, engine, "/nonexistent", tls=_TLS["door"].server(), disk=disk)
+        proxy = WorkerDoor(key, engine, "/nonexistent", tls=_TLS["door"].server(), disk=disk)
         assert await _get_machine(proxy, key, path="/gpuhost/disk") == (200, figures)
         status, body = await _get_machine(
-            NodeProxy(key, engine, "/nonexistent", tls=_TLS["door"].server(), disk=broken), key, path="/gpuhost/disk"
+            WorkerDoor(key, engine, "/nonexistent", tls=_TLS["door"].server(), disk=broken), key, path="/gpuhost/disk"
         )
         assert status == 503 and "did not answer within 35s" in body["message"]
         assert (
             await _get_machine(
-                NodeProxy(key, engine, "/nonexistent", tls=_TLS["door"].server()), key, path="/gpuhost/disk"
+                WorkerDoor(key, engine, "/nonexistent", tls=_TLS["door"].server()), key, path="/gpuhost/disk"
             )
         )[0] == 404
     finally:

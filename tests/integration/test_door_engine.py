@@ -1,4 +1,4 @@
-"""The worker's door for the leader (streams/node_proxy.py) on the real engine,
+"""The worker's door for the leader (streams/door.py) on the real engine,
 asked by the leader's own client (runtime/door_client.py) and by curl: a
 terminal in a container the agent manages works through it, both ways, and
 so do a tunnel's last hop, a file session, an exec's hang-up, a signal and the
@@ -23,8 +23,8 @@ from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.docker_host import parse_docker_host
 from gpuhost_agent.runtime.door_client import DoorClient
 from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.engine_streams import EngineStreams
-from gpuhost_agent.streams.node_proxy import NodeProxy
+from gpuhost_agent.runtime.engine_streams import ContainerAt, EngineStreams
+from gpuhost_agent.streams.door import WorkerDoor
 
 KEY = "k" * 24
 
@@ -36,8 +36,8 @@ SERVE = "mkdir /www && echo through-the-door > /www/i && exec httpd -f -p 8080 -
 def containers(docker_client):
     """The agent's container on a network of its stack (a tunnel dials only
     there: streams/sandbox_addresses.py), and a container not the agent's."""
-    project = {"com.docker.compose.project": "node-proxy-test"}
-    network = docker_client.networks.create("node-proxy-test", labels={**project, "gpuhost-test": "node-proxy"})
+    project = {"com.docker.compose.project": "door-test"}
+    network = docker_client.networks.create("door-test", labels={**project, "gpuhost-test": "door"})
     made = []
     for managed in ("true", "false"):
         made.append(
@@ -45,7 +45,7 @@ def containers(docker_client):
                 TEST_IMAGE,
                 ["sh", "-c", SERVE],
                 detach=True,
-                labels={wire.LABEL_MANAGED: managed, "gpuhost-test": "node-proxy", **project},
+                labels={wire.LABEL_MANAGED: managed, "gpuhost-test": "door", **project},
                 ports={"8080/tcp": None, "9000/tcp": None},  # declared (ExposedPorts); nothing on 9000
                 network=network.name,
             )
@@ -80,7 +80,7 @@ async def proxy(door_tls):
     local = EngineStreams()
     engine_path = parse_docker_host(os.environ.get("DOCKER_HOST")).unix_path
     assert engine_path
-    served = NodeProxy(KEY, local, engine_path, tls=door_tls.server())
+    served = WorkerDoor(KEY, local, engine_path, tls=door_tls.server())
     port = await served.start("127.0.0.1", 0)
     yield served, port
     await served.stop()
@@ -181,7 +181,7 @@ async def test_a_file_session_runs_in_the_container_on_its_machine(door, contain
     info = await asyncio.to_thread(docker_client.api.inspect_container, managed)
     host_only = tmp_path / "host-only"
     await asyncio.to_thread(host_only.write_text, "host secret\n")
-    files = await door.open_files(info)
+    files = await door.open_files(ContainerAt(info))
     try:
         for _ in range(50):  # the container writing /www/i
             try:
@@ -198,7 +198,7 @@ async def test_a_file_session_runs_in_the_container_on_its_machine(door, contain
         await files.close()
     foreign_info = await asyncio.to_thread(docker_client.api.inspect_container, foreign)
     with pytest.raises(EngineError, match="not a container of the agent"):
-        await door.open_files(foreign_info)
+        await door.open_files(ContainerAt(foreign_info))
 
 
 async def test_an_exec_is_signalled_and_hung_up_by_its_machines_agent(proxy, door, containers, docker_client) -> None:
@@ -243,11 +243,11 @@ async def test_a_last_hop_speaks_tls_on_the_containers_machine_when_asked(door, 
         detach=True,
         labels={
             wire.LABEL_MANAGED: "true",
-            "gpuhost-test": "node-proxy",
-            "com.docker.compose.project": "node-proxy-test",
+            "gpuhost-test": "door",
+            "com.docker.compose.project": "door-test",
         },
         ports={"8443/tcp": None},
-        network="node-proxy-test",  # the stack's network, made by the containers fixture
+        network="door-test",  # the stack's network, made by the containers fixture
     )
     try:
         info = await asyncio.to_thread(docker_client.api.inspect_container, secure.id)
@@ -255,7 +255,7 @@ async def test_a_last_hop_speaks_tls_on_the_containers_machine_when_asked(door, 
         tls = ssl.create_default_context()  # the leader's context says "TLS"; the worker's own does not verify
         for _ in range(100):  # openssl making its key
             try:
-                reader, writer = await door.dial(info, address, 8443, tls=tls, timeout=10)
+                reader, writer = await door.dial(ContainerAt(info), address, 8443, tls=tls, timeout=10)
                 break
             except ConnectionRefusedError:
                 await asyncio.sleep(0.1)
@@ -267,9 +267,9 @@ async def test_a_last_hop_speaks_tls_on_the_containers_machine_when_asked(door, 
         plain = await asyncio.to_thread(docker_client.api.inspect_container, managed)
         plain_address = next(iter(plain["NetworkSettings"]["Networks"].values()))["IPAddress"]
         with pytest.raises(ssl.SSLError, match="TLS handshake"):  # httpd speaks plain HTTP
-            await door.dial(plain, plain_address, 8080, tls=tls, timeout=10)
+            await door.dial(ContainerAt(plain), plain_address, 8080, tls=tls, timeout=10)
         with pytest.raises(ConnectionRefusedError):
-            await door.dial(plain, plain_address, 9000, tls=None, timeout=10)
+            await door.dial(ContainerAt(plain), plain_address, 9000, tls=None, timeout=10)
     finally:
         await asyncio.to_thread(secure.remove, force=True)
 
@@ -377,10 +377,10 @@ async def test_no_container_reaches_the_door_on_any_address_of_its_host(docker_c
     async def networks() -> list[dict]:
         return await engine.swarm_list("networks")
 
-    served = NodeProxy(KEY, local, engine_path, networks=networks, tls=door_tls.server())
+    served = WorkerDoor(KEY, local, engine_path, networks=networks, tls=door_tls.server())
     port = await served.start(addresses[0], 0)
     network = await asyncio.to_thread(
-        docker_client.networks.create, f"gpuhost-door-{os.getpid()}", labels={"gpuhost-test": "node-proxy"}
+        docker_client.networks.create, f"gpuhost-door-{os.getpid()}", labels={"gpuhost-test": "door"}
     )
     try:
         from_host = await _raw_to(addresses[0], port)
@@ -421,7 +421,7 @@ async def test_the_door_dials_no_address_outside_the_containers_stack_networks(d
         TEST_IMAGE,
         ["sh", "-c", SERVE],
         detach=True,
-        labels={wire.LABEL_MANAGED: "true", "gpuhost-test": "node-proxy"},
+        labels={wire.LABEL_MANAGED: "true", "gpuhost-test": "door"},
         ports={"8080/tcp": None},
     )
     try:

@@ -87,7 +87,7 @@ CHUNK = 64 * 1024
 READ_SECONDS = 10.0
 
 
-class NodeProxy:
+class WorkerDoor:
     def __init__(
         self,
         key: str,
