@@ -86,5 +86,5 @@ async def stream_channel(client: Any, env_id: str, state_dir: Path, **options: A
     (made in a thread: the tests run on the event loop, the agent's start-up not)."""
     engine = EngineStreams()
     host_key = await asyncio.to_thread(ssh_host_key.load_or_create, state_dir)
-    ssh = SshServices(engine, RentalKeys(client.rental_ssh_keys), host_key)
+    ssh = SshServices(engine, RentalKeys(client.rental_ssh_keys), host_key, engine.stack_containers)
     return StreamChannel(client, SessionState(env_id), engine, ssh, **options)

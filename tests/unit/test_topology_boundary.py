@@ -17,18 +17,17 @@ SWARM_SIDE = (
     "runtime/swarm_",  # the engine adapters of a Swarm manager
     "core/swarm/",  # the Swarm backend, the core side
     "inventory/swarm_nodes.py",  # the manager's nodes in systemData
-    "streams/node_proxy.py",  # a worker's door
-    "streams/door_",
+    "streams/door",  # a worker's door: streams/door.py and its door_* modules
     "service/swarm_tls.py",
     "service/worker.py",  # the agent on another machine
     "service/wiring.py",  # the composition root
     "service/topology.py",  # where the topology is decided
-    "service/config.py",  # declares the setting
-    "service/daemon.py",  # starts a worker or a leader (the settings helper's)
+    "service/config.py",  # the settings: GPUHOST_SWARM declared, read and shown
+    "service/settings.py",
+    "service/settings_view.py",
+    "service/daemon.py",  # which program a machine runs: the agent, or a worker's door
     "local_marketplace/",  # the marketplace's side of the protocol, not the agent
 )
-# Until the streams branch lands (it removes REMOTE_NODE/REMOTE_WORKER from inspect dicts).
-UNTIL_THE_STREAMS_BRANCH_LANDS = ("streams/admission.py", "streams/ssh_connection.py")
 
 SWARM_MODULES = (
     "gpuhost_agent.runtime.swarm_",
@@ -41,7 +40,7 @@ MODE_WORDS = {"leader", "worker"}
 
 
 def _exempt(relative: str) -> bool:
-    return relative.startswith(SWARM_SIDE) or relative in UNTIL_THE_STREAMS_BRANCH_LANDS
+    return relative.startswith(SWARM_SIDE)
 
 
 def _swarm_module(name: str) -> bool:

@@ -3,7 +3,7 @@
 The leader reports the environment to the marketplace, but only the agent on
 each machine can see that machine: its GPUs through its NVML, its engine, its
 toolkit's configuration, its disk, its clock. So a worker answers the leader's
-`GET /gpuhost/machine` (streams/node_proxy.py) with the same systemData the
+`GET /gpuhost/machine` (streams/door.py) with the same systemData the
 agent reports on one machine, and its GPUs' live figures. The leader judges
 it against the marketplace's requirements itself (inventory/compliance.py):
 the worker does not know them.

@@ -28,6 +28,7 @@ from typing import Any
 
 import aiohttp
 
+from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime import exec_hangup
 from gpuhost_agent.runtime.container_at import ContainerAt
 from gpuhost_agent.runtime.container_files import ContainerFiles
@@ -177,6 +178,10 @@ class EngineStreams:
         filters = json.dumps({"label": [f"{key}={value}" for key, value in labels.items()]})
         reply = await self._call("GET", "/containers/json", params={"all": "1", "filters": filters})
         return [item for item in reply if isinstance(item, dict)] if isinstance(reply, list) else []
+
+    async def stack_containers(self, stack_id: str) -> list[dict]:
+        """The stack's containers on this machine's engine, by the agent's label."""
+        return await self.containers({wire.LABEL_STACK: stack_id})
 
     async def exec_create(self, container_id: str, command: list[str], env: dict[str, str], *, tty: bool = True) -> str:
         """An exec in the container's own user and working directory. Without a

@@ -133,7 +133,7 @@ def rental_disk_figures(df: dict) -> dict:
     """What of `GET /system/df` tells each rental's use of this machine's disk
     (core/disk_watch.py): the agent's containers' writable layers by rental,
     and the stacks' volumes by stack. A Swarm machine's agent answers the
-    leader with this (streams/node_proxy.py), nothing of the host's own."""
+    leader with this (streams/door.py), nothing of the host's own."""
     containers = [
         {"Labels": {wire.LABEL_RENTAL: labels[wire.LABEL_RENTAL]}, "SizeRw": container.get("SizeRw") or 0}
         for container in df.get("Containers") or []

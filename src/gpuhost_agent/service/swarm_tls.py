@@ -1,5 +1,5 @@
 """The mutual TLS between a Swarm environment's leader and its workers'
-doors (docs/swarm.md, streams/node_proxy.py, runtime/door_client.py).
+doors (docs/swarm.md, streams/door.py, runtime/door_client.py).
 
 An environment CA, made by the leader's install and whose private key only
 the leader's machine holds (`ca.key`, 0600, never read by the agent), signs

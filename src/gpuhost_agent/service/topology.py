@@ -47,7 +47,7 @@ class Topology:
     shares: RentalShares  # the rentals' cgroups (one machine), or none
     placement: Placement  # where a stack's services run
     machines: Machines  # the environment's machines
-    list_stack: ListStack | None  # a stack's containers for SSH, when the engine's own list would miss some
+    list_stack: ListStack  # a stack's containers for SSH, wherever they run
 
     def stack_backend(self, compose: ComposeRunner, stop_timeout: int) -> StackBackend:
         raise NotImplementedError
@@ -63,7 +63,8 @@ class OneMachineTopology(Topology):
     def __init__(self) -> None:
         self.stream_engine, self.engine = EngineStreams(), DockerEngine()
         self.shares = CgroupShares(RentalCgroups())
-        self.placement, self.machines, self.list_stack = OneMachinePlacement(), OneMachine(), None
+        self.placement, self.machines = OneMachinePlacement(), OneMachine()
+        self.list_stack = self.stream_engine.stack_containers  # this machine's engine holds them all
 
     def stack_backend(self, compose: ComposeRunner, stop_timeout: int) -> StackBackend:
         return ComposeBackend(compose, self.engine, self.shares.memory_limit_reached, stop_timeout=stop_timeout)

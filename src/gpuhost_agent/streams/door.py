@@ -25,7 +25,7 @@ three things of its own, and nothing else:
   containers' writable layers and the stacks' volumes, for the leader's
   disk watch, core/disk_watch.py);
 - the engine's container events (`GET /events`, asked of the engine for the
-  agent's containers alone whatever the query, core/worker_events.py);
+  agent's containers alone whatever the query, core/swarm/worker_events.py);
 - every other path is 403;
 - only containers the agent manages (label io.gpuhost.managed=true): the
   host's own containers and anything else on the engine are out of reach;

@@ -32,7 +32,7 @@ ROUTES = [  # (method, path pattern, what the id names)
 EXEC_IDS = ("exec", "hangup", "signal")  # routes whose id is an exec's
 MACHINE_PATH = "/gpuhost/machine"  # this machine's own report (inventory/machine_report.py)
 DISK_PATH = "/gpuhost/disk"  # the rentals' use of this machine's disk (core/disk_watch.py)
-EVENTS_PATH = "/events"  # the engine's container events, cut to the agent's containers (core/worker_events.py)
+EVENTS_PATH = "/events"  # the engine's container events, cut to the agent's containers (core/swarm/worker_events.py)
 SIGNALS = {int(s) for s in signal.Signals}  # an SSH client names a signal, the leader sends its number
 VERSION_PREFIX = re.compile(r"^/v1\.\d+(?=/)")
 

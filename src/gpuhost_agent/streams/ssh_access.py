@@ -128,17 +128,15 @@ class SshServices:
     asyncssh server (ssh_server.py), so that building the agent does not
     import asyncssh (streams/ssh_host_key.py says why).
 
-    `list_stack` lists a stack's containers where this machine's engine does
-    not hold them all: a Swarm leader's answers from the manager's tasks,
-    which cover every machine (core/swarm_engine.py)."""
+    `list_stack` lists a stack's containers, wherever they run: this
+    machine's engine on one machine, the manager's tasks on a Swarm leader
+    (runtime/swarm_engine.py); the composition root says which."""
 
     engine: EngineStreams
     keys: RentalKeys
     host_key: HostKey
-    list_stack: Callable[[str], Awaitable[list[dict]]] | None = None
+    list_stack: Callable[[str], Awaitable[list[dict]]]
     channels: ChannelLedger = field(default_factory=ChannelLedger)  # open channels per rental (ssh_channels.py)
 
     async def stack_containers(self, stack_id: str) -> list[dict]:
-        if self.list_stack is not None:
-            return await self.list_stack(stack_id)
-        return await self.engine.containers({wire.LABEL_STACK: stack_id})
+        return await self.list_stack(stack_id)

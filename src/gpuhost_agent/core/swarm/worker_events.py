@@ -4,7 +4,7 @@ On one machine the container watch follows the engine's event stream, so a
 container that stops is reported at once (core/container_watch.py). A Swarm
 manager's events cover only its own containers; each other machine's
 engine tells its own, and its agent serves them to the leader (`GET
-/events` on the door, cut to the agent's containers: streams/node_proxy.py).
+/events` on the door, cut to the agent's containers: streams/door.py).
 The leader follows each machine's stream and hands every event to the same
 container watch, which then reads the stack's containers from the manager's
 tasks (and reads again while they still show running a container the event
