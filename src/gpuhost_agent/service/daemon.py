@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.service import sd_notify
+from gpuhost_agent.service.agent_parts import AgentParts
 from gpuhost_agent.service.config import AgentConfig, SwarmRole, default_of
 from gpuhost_agent.service.settings_table import SETTINGS
 from gpuhost_agent.service.state_lock import StateLock
-from gpuhost_agent.service.wiring import AgentParts, build_agent, start_local_marketplace, start_status_server
+from gpuhost_agent.service.wiring import build_agent, start_local_marketplace, start_status_server
 
 if TYPE_CHECKING:  # the embedded marketplace is imported only when it runs (service/wiring.py)
     from gpuhost_agent.local_marketplace.server import RunningMarketplace

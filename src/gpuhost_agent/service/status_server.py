@@ -21,7 +21,7 @@ import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
 from aiohttp import web
@@ -30,10 +30,8 @@ from gpuhost_agent import __version__
 from gpuhost_agent.common.logs import LAST_ERROR, SECRETS, get_logger
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.service import metrics
+from gpuhost_agent.service.agent_parts import AgentParts
 from gpuhost_agent.service.status_stacks import stack_entries
-
-if TYPE_CHECKING:
-    from gpuhost_agent.service.wiring import AgentParts
 
 log = get_logger(__name__)
 SOCKET_NAME = "agent.sock"

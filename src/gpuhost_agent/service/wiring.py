@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,9 +34,9 @@ from gpuhost_agent.inventory import telemetry
 from gpuhost_agent.inventory.gpu_events import GpuEventWatch
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
-from gpuhost_agent.runtime.engine import DockerEngine
 from gpuhost_agent.runtime.engine_watch import EngineWatch
 from gpuhost_agent.service import metrics
+from gpuhost_agent.service.agent_parts import AgentParts
 from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.service.probe_parts import build_prober
 from gpuhost_agent.service.status_server import StatusServer, StatusSource
@@ -54,26 +53,6 @@ if TYPE_CHECKING:
     from gpuhost_agent.local_marketplace.server import RunningMarketplace
 
 log = get_logger(__name__)
-
-
-@dataclass
-class AgentParts:
-    """What the daemon starts and stops, and what the status socket asks for figures."""
-
-    agent: Agent
-    session: SessionState
-    client: MarketplaceClient
-    outbox: Outbox
-    dispatcher: JobDispatcher
-    deployer: StackDeployer
-    engine: DockerEngine
-    nvml: NvmlProbe
-    host: HostReporter
-    db: AgentDB
-    reconciler: Reconciler
-    engine_watch: EngineWatch
-    streams: StreamChannel
-    reporter: StatusReporter  # the status socket shows the container lists it last sent
 
 
 def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:

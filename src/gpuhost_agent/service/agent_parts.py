@@ -1,0 +1,43 @@
+"""The parts of a running agent that the daemon starts and stops and the
+status socket asks for figures: one record, built by the composition root
+(service/wiring.py) and read by the status server (service/status_server.py),
+so that neither imports the other to name it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuhost_agent.core.agent import Agent
+from gpuhost_agent.core.deployer import StackDeployer
+from gpuhost_agent.core.dispatcher import JobDispatcher
+from gpuhost_agent.core.host_reporter import HostReporter
+from gpuhost_agent.core.reconciler import Reconciler
+from gpuhost_agent.core.status_reporter import StatusReporter
+from gpuhost_agent.inventory.nvml_probe import NvmlProbe
+from gpuhost_agent.runtime.engine import DockerEngine
+from gpuhost_agent.runtime.engine_watch import EngineWatch
+from gpuhost_agent.storage.agent_db import AgentDB
+from gpuhost_agent.streams.channel import StreamChannel
+from gpuhost_agent.uplink.client import MarketplaceClient
+from gpuhost_agent.uplink.outbox import Outbox
+from gpuhost_agent.uplink.session import SessionState
+
+
+@dataclass
+class AgentParts:
+    """What the daemon starts and stops, and what the status socket asks for figures."""
+
+    agent: Agent
+    session: SessionState
+    client: MarketplaceClient
+    outbox: Outbox
+    dispatcher: JobDispatcher
+    deployer: StackDeployer
+    engine: DockerEngine
+    nvml: NvmlProbe
+    host: HostReporter
+    db: AgentDB
+    reconciler: Reconciler
+    engine_watch: EngineWatch
+    streams: StreamChannel
+    reporter: StatusReporter  # the status socket shows the container lists it last sent
