@@ -118,7 +118,7 @@ class StackDeployer:
             raw = await self._renter_file(job, template, variables, workdir)
             start = await self.backend.prepare(project, workdir / ORIGINAL_FILE, variables, raw)
             try:
-                places = SandboxContext(
+                stack_context = SandboxContext(
                     project=project,
                     project_dir=str(await asyncio.to_thread(workdir.resolve)),
                     home_dir=str(self.home_dir),
@@ -126,7 +126,11 @@ class StackDeployer:
                     foreign_names=start.foreign_names,
                 )
                 hardened, gpus, notices = await self.sandbox.apply(
-                    job, start.model, raw, places, waiting=lambda reason: self._report(job, wire.APPLYING, reason)
+                    job,
+                    start.model,
+                    raw,
+                    stack_context,
+                    waiting=lambda reason: self._report(job, wire.APPLYING, reason),
                 )
                 rewritten = self.backend.stack_file(
                     label_services(

@@ -134,11 +134,11 @@ class Sandbox:
         job: wire.StackJob,
         model: dict,
         raw: RawReview,
-        places: SandboxContext,
+        stack_context: SandboxContext,
         waiting: Callable[[str], None] | None = None,
     ) -> tuple[dict, list[str], list[str]]:
         """(the hardened model, the rental's GPUs, notices) or StackRejected with
-        every reason. `places` carries the project name and where Compose
+        every reason. `stack_context` carries the project name and where Compose
         resolved the file's paths; the rest of the context is decided here.
         `waiting` hears why the deploy waits, when it waits for GPUs."""
         if self.ledger.is_over(job.rental_id):
@@ -155,7 +155,7 @@ class Sandbox:
                 raise StackRejected(full)
         parent = await self.shares.parent(host.get("docker") or {}, job.rental_id)
         await self._until_released(job, slots, waiting)
-        plan = await self.placement.plan(job.rental_id, places.project)
+        plan = await self.placement.plan(job.rental_id, stack_context.project)
         registries = Registries(
             self.allowed_registries,
             tuple(await asyncio.to_thread(read_host_networks)),
@@ -177,7 +177,7 @@ class Sandbox:
             total = int((host.get("storage") or {}).get("totalBytes") or 0)
             storage_bytes = disk_share(total, self.disk_floor_bytes, len(uuids), machine_gpus, self.rental_disk_bytes)
         ctx = dataclasses.replace(
-            places,
+            stack_context,
             gpu_uuids=tuple(uuids),
             cpus=cpus,
             memory_bytes=memory,
