@@ -13,6 +13,7 @@ from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.protocol import intervals as wire_intervals
 from gpuhost_agent.protocol import wire
 from support.fakes import FakeClient, FakeOutbox, FakeProber, FakeSchedule
+from support.settings import defaults
 
 
 def session_reporter(
@@ -28,6 +29,7 @@ def session_reporter(
         lambda: ["docker", "compose"],
         lambda _command: None,
         ledger=ledger,
+        **defaults("speed_max_bytes", "speed_max_seconds"),
     )
     reply = {
         "sessionId": "s",

@@ -24,6 +24,7 @@ from gpuhost_agent.streams.channel import StreamChannel
 from gpuhost_agent.streams.ssh_access import RentalKeys, SshServices
 from gpuhost_agent.uplink.session import SessionState
 from support.fakes import FakeContainerWatch, FakeHostReporter, FakeSchedule, FakeStreamChannel
+from support.settings import defaults
 
 
 async def _no_streams(_rental_id: str) -> None:
@@ -36,7 +37,14 @@ def dispatcher_for(deployer: Any, outbox: Any, db: AgentDB | None = None, **opti
     db = db if db is not None else AgentDB(None)
     reporter = StatusReporter(outbox, db, GpuLedger(db))
     return JobDispatcher(
-        deployer, reporter, outbox, db, RentalEndDates(db), _no_streams, metrics.deploy_histogram(), **options
+        deployer,
+        reporter,
+        outbox,
+        db,
+        RentalEndDates(db),
+        _no_streams,
+        metrics.deploy_histogram(),
+        **{**defaults("deploy_concurrency"), **options},
     )
 
 

@@ -40,6 +40,7 @@ from support.openapi_check import (
     schema,
     served_operations,
 )
+from support.settings import defaults, sandbox_settings
 from support.wiring import agent_for, dispatcher_for
 
 from gpuhost_agent.core import naming
@@ -221,9 +222,12 @@ async def test_session_request_the_agent_sends_is_documented(agent_doc: dict) ->
 async def test_reports_the_deployer_sends_are_documented(agent_doc: dict, tmp_path: Path) -> None:
     outbox = FakeOutbox()
     ledger = GpuLedger(AgentDB(tmp_path / "agent.db"))
-    sandbox = Sandbox(ledger, None)  # type: ignore[arg-type]
+    deployer_settings = defaults("settle_seconds", "stop_timeout", "stacks_per_rental")
+    sandbox = Sandbox(ledger, None, **sandbox_settings())  # type: ignore[arg-type]
     reporter = StatusReporter(outbox, ledger.db, ledger)  # type: ignore[arg-type]
-    deployer = StackDeployer(None, None, reporter, sandbox, ledger.db, tmp_path / "stacks", tmp_path)  # type: ignore[arg-type]
+    deployer = StackDeployer(
+        None, None, reporter, sandbox, ledger.db, tmp_path / "stacks", tmp_path, **deployer_settings
+    )  # type: ignore[arg-type]
     job = wire.StackJob.from_wire(_raw_job(wire.JOB_DEPLOY, stackId="3f2504e0-4f89-11d3-9a0c-0305e82c3301"))
     ledger.commit(job.rental_id, ["GPU-aacd9ec3-13e4-58c1-ada1-81eabee5fdaa"])  # as a deploy records it
     reporter.status(StackRef.of_job(job), wire.APPLIED, job_id=job.job_id)

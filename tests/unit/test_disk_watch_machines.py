@@ -15,6 +15,7 @@ from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.inventory.machines import OneMachine
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.swarm_stacks import NAMESPACE_LABEL
+from gpuhost_agent.service.config import default_of
 from gpuhost_agent.storage.agent_db import AgentDB
 
 
@@ -69,6 +70,9 @@ def _watch(tmp_path, worker_answer: dict, asked: list, stopped: list) -> tuple[D
         reporter,
         facts,
         set,
+        interval=default_of("disk_watch_seconds"),
+        floor_bytes=0,  # the other machines' share is the point, not a floor
+        rental_disk_bytes=default_of("rental_disk_bytes"),
         machines=Environment(),
         stacks=Stacks(),  # type: ignore[arg-type]
     )

@@ -103,7 +103,9 @@ async def test_the_hosts_own_address_is_the_same_machine_too(http):
     site = web.TCPSite(runner, own, 0)
     await site.start()
     try:
-        result = await measure_speed(http, f"http://{own}:{runner.addresses[0][1]}/v1", max_bytes=100_000)
+        result = await measure_speed(
+            http, f"http://{own}:{runner.addresses[0][1]}/v1", max_bytes=100_000, max_seconds=10.0
+        )
     finally:
         await runner.cleanup()
     assert result.same_machine == own and as_wire(result)["downloadMbps"] is None

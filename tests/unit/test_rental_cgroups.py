@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.settings import sandbox_settings
 
 from gpuhost_agent.core.sandbox_context import SandboxContext
 from gpuhost_agent.core.sandbox_harden import harden
@@ -107,7 +108,7 @@ async def test_deploys_at_the_same_moment_all_get_their_rentals_cgroup(tmp_path)
 
     ledger = await asyncio.to_thread(lambda: GpuLedger(AgentDB(tmp_path / "a.db")))
     shares = CgroupShares(RentalCgroups(await asyncio.to_thread(v1_tree, tmp_path / "cg")))
-    sandbox = Sandbox(ledger, no_facts, shares=shares)
+    sandbox = Sandbox(ledger, no_facts, shares=shares, **sandbox_settings())
     docker = {"cgroupDriver": "cgroupfs", "cgroupVersion": "1"}
     parents = await asyncio.gather(*(sandbox.shares.parent(docker, f"r{n}") for n in range(5)))
     assert parents == [f"/gpuhost-agent/r-r{n}" for n in range(5)]

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 from support.machine_samples import good_host
 from support.sandbox_decide import RENTAL_GPUS, decide_file
+from support.settings import sandbox_settings
 
 from gpuhost_agent.core.compose_rewrite import StackRejected
 from gpuhost_agent.core.gpu_ledger import GpuLedger
@@ -127,7 +128,7 @@ async def test_services_all_behind_profiles_are_refused_before_any_gpu_is_taken(
     async def facts() -> dict:
         return good_host()
 
-    sandbox = Sandbox(ledger, facts)
+    sandbox = Sandbox(ledger, facts, **sandbox_settings())
     raw = review_raw(text)
     job = wire.StackJob("job-1", wire.JOB_DEPLOY, "stack-1", "rental-1", "env-1", "s", {"content": text}, gpu_count=2)
     with pytest.raises(StackRejected, match="COMPOSE_PROFILES to the profiles to start \\(cuda, or \\*\\)"):
@@ -201,7 +202,7 @@ async def test_a_swarm_stack_s_overlays_are_encrypted_when_the_host_asks(tmp_pat
     async def peers(rental_id: str, project: str) -> dict[str, int]:
         return {}
 
-    sandbox = Sandbox(ledger, facts, placement=SwarmPlacer(peers, encrypted=encrypted))
+    sandbox = Sandbox(ledger, facts, placement=SwarmPlacer(peers, encrypted=encrypted), **sandbox_settings())
     text = "services:\n  app:\n    image: busybox\n"
     model = {
         "name": "p",

@@ -9,6 +9,7 @@ import asyncio
 
 import pytest
 from support.machine_samples import good_host
+from support.settings import sandbox_settings
 
 from gpuhost_agent.core.disk_watch import disk_share
 from gpuhost_agent.core.gpu_ledger import GpuLedger
@@ -59,7 +60,7 @@ async def test_each_container_gets_the_rentals_disk_share_as_its_size_only_with_
         return facts
 
     ledger = GpuLedger(await asyncio.to_thread(AgentDB, tmp_path / "agent.db"))
-    sandbox = Sandbox(ledger, machine, disk_floor_bytes=20 * 1024**3)
+    sandbox = Sandbox(ledger, machine, **sandbox_settings(disk_floor_bytes=20 * 1024**3))
     text = "services:\n  a:\n    image: busybox\n  b:\n    image: busybox\n"
     job = wire.StackJob("job-1", wire.JOB_DEPLOY, "stack-1", "rental-1", "env-1", "s", {"content": text}, gpu_count=1)
     model = {"name": "p", "services": {"a": {"image": "busybox"}, "b": {"image": "busybox"}}}

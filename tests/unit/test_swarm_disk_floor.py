@@ -11,6 +11,7 @@ import asyncio
 
 import pytest
 from support.machine_samples import good_host
+from support.settings import sandbox_settings
 
 from gpuhost_agent.core.compose_rewrite import StackRejected
 from gpuhost_agent.core.gpu_ledger import GpuLedger
@@ -58,7 +59,9 @@ async def _apply(ledger: GpuLedger, worker_free: int, service: dict, gpus: int) 
     async def peers(rental_id: str, project: str) -> dict[str, int]:
         return {}
 
-    sandbox = Sandbox(ledger, facts, placement=SwarmPlacer(peers, disk_floor_bytes=GIB), disk_floor_bytes=GIB)
+    sandbox = Sandbox(
+        ledger, facts, placement=SwarmPlacer(peers, disk_floor_bytes=GIB), **sandbox_settings(disk_floor_bytes=GIB)
+    )
     text = "services:\n  app:\n    image: busybox\n"
     model = {"name": "p", "services": {"app": service}, "networks": {"default": {"name": "p_default"}}}
     job = wire.StackJob("job-1", wire.JOB_DEPLOY, "stack-1", "rental-1", "env-1", "s", {"content": text}, gpus)

@@ -11,6 +11,7 @@ from support.fakes import never_called
 from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.core.usage_meter import UsageMeter
 from gpuhost_agent.core.usage_slots import SLOT_SECONDS, accrue, split
+from gpuhost_agent.service.config import default_of
 from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.uplink.outbox import Outbox
 from gpuhost_agent.uplink.reports import USAGE
@@ -38,7 +39,15 @@ class Agent:
         async def read_busy() -> dict[str, float]:
             return dict(self.busy)
 
-        self.meter = UsageMeter(self.db, self.ledger, self.outbox.put, read_busy, boot_time=boot_time, clock=clock)
+        self.meter = UsageMeter(
+            self.db,
+            self.ledger,
+            self.outbox.put,
+            read_busy,
+            boot_time=boot_time,
+            clock=clock,
+            interval=default_of("usage_seconds"),
+        )
         self.ledger.on_change.append(self.meter.count)
         self.meter.recover()
 

@@ -50,9 +50,9 @@ class StackDeployer:
         stacks_dir: Path,
         home_dir: Path,
         *,
-        settle_seconds: float = 3.0,
-        stop_timeout: int = 10,
-        stacks_per_rental: int = 16,
+        settle_seconds: float,
+        stop_timeout: int,
+        stacks_per_rental: int,
         rental_limit_reached: LimitReached | None = None,
     ):
         """`backend` starts, watches and takes down stacks (Compose, or

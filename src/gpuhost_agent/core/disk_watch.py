@@ -125,9 +125,9 @@ class DiskWatch:
         machine_facts: Callable[[], Awaitable[dict]],
         busy_rentals: Callable[[], set[str]],
         *,
-        interval: float = 60.0,
-        floor_bytes: int = 0,
-        rental_disk_bytes: int | None = None,
+        interval: float,
+        floor_bytes: int,
+        rental_disk_bytes: int | None,
         machines: Machines,
         stacks: StackBackend,
     ):

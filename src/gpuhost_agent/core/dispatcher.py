@@ -53,7 +53,7 @@ class JobDispatcher:
         end_dates: RentalEndDates,
         on_rental_end: Callable[[str], Awaitable[None]],
         deploy_durations: Histogram,
-        deploy_concurrency: int = 8,
+        deploy_concurrency: int,
     ):
         """`on_rental_end` runs before a rental's end job (the stream channel
         ends the rental's terminals and log streams there); `deploy_durations`

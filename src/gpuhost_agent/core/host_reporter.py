@@ -48,8 +48,8 @@ class HostReporter:
         compose_found: Callable[[list[str]], None],
         *,
         env_target: str = "env",
-        speed_max_bytes: int = 25_000_000,
-        speed_max_seconds: float = 10.0,
+        speed_max_bytes: int,
+        speed_max_seconds: float,
         ledger: GpuLedger | None = None,
     ):
         """`compose_found` hears the Compose command start-up settled on (the

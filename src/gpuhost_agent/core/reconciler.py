@@ -48,7 +48,7 @@ class Reconciler:
         session: SessionState,
         end_dates: RentalEndDates,
         *,
-        grace_seconds: float = 120.0,
+        grace_seconds: float,
         keep_limits: Callable[[set[str]], Awaitable[None]] | None = None,
     ):
         """`keep_limits` writes the cgroup limits of the rentals whose

@@ -26,7 +26,6 @@ from gpuhost_agent.core.gpu_ledger import GpuLedger
 from gpuhost_agent.core.placement import OneMachinePlacement, Placement
 from gpuhost_agent.core.rental_shares import NoRentalCgroups, RentalShares
 from gpuhost_agent.core.sandbox_context import (
-    DEFAULT_PIDS_LIMIT,
     Registries,
     SandboxContext,
     disk_floor_problem,
@@ -100,16 +99,16 @@ class Sandbox:
         ledger: GpuLedger,
         machine_facts: MachineFacts,
         *,
-        publish_address: str = "0.0.0.0",
-        pids_limit: int = DEFAULT_PIDS_LIMIT,
-        log_max_size: str = "50m",
-        log_max_files: int = 3,
+        publish_address: str,
+        pids_limit: int,
+        log_max_size: str,
+        log_max_files: int,
         shares: RentalShares | None = None,
         placement: Placement | None = None,
         release_wait_seconds: float = RELEASE_WAIT_SECONDS,
-        disk_floor_bytes: int = 0,
-        rental_disk_bytes: int | None = None,
-        allowed_registries: tuple[str, ...] = (),
+        disk_floor_bytes: int,
+        rental_disk_bytes: int | None,
+        allowed_registries: tuple[str, ...],
         images_absent: Absent | None = None,
     ):
         """`shares` holds each rental's share in a cgroup of its own

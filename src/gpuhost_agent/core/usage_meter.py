@@ -46,7 +46,7 @@ class UsageMeter:
         *,
         boot_time: float,
         clock: Callable[[], float],
-        interval: float = 60.0,
+        interval: float,
     ):
         self.db = db
         self.ledger = ledger

@@ -72,7 +72,7 @@ def _mbps(nbytes: int, seconds: float) -> float | None:
 
 
 async def measure_speed(
-    http: aiohttp.ClientSession, base_url: str, *, max_bytes: int = 25_000_000, max_seconds: float = 10.0
+    http: aiohttp.ClientSession, base_url: str, *, max_bytes: int, max_seconds: float
 ) -> SpeedResult:
     """Download then upload at most max_bytes each, for at most max_seconds each.
 

@@ -1,0 +1,24 @@
+"""The settings' declared defaults, for tests that build one part of the agent
+by hand: service/settings_table.py is the one place a default is written, so
+a test takes it from there rather than writing it again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuhost_agent.service.config import default_of
+
+
+def defaults(*names: str) -> dict[str, Any]:
+    """Each named AgentConfig field's declared default, by name."""
+    return {name: default_of(name) for name in names}
+
+
+def sandbox_settings(**overrides: Any) -> dict[str, Any]:
+    """Sandbox's settings as an agent without the local marketplace has them,
+    with no disk floor: a test machine's free disk is not the point (the
+    floor's own tests set one)."""
+    values = defaults("pids_limit", "log_max_size", "log_max_files", "rental_disk_bytes", "allowed_registries")
+    values.update(publish_address="0.0.0.0", disk_floor_bytes=0)
+    values.update(overrides)
+    return values
