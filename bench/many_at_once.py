@@ -32,8 +32,8 @@ import aiohttp
 from pickup_latency import COMPOSE, cleanup, local_config, wait_until  # noqa: E402
 
 from gpuhost_agent.common import logs
-from gpuhost_agent.core import naming
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.core.stacks import naming
+from gpuhost_agent.protocol import wire, wire_time
 from gpuhost_agent.runtime.compose import find_compose_command
 from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.service.wiring import start_local_marketplace
@@ -118,7 +118,7 @@ class AgentRounds:
 def _applied_at(stack: dict) -> float:
     """When the marketplace received the agent's APPLIED (its history's clock)."""
     applied = next(at for status, at in reversed(stack["history"]) if status == wire.APPLIED)
-    return wire.parse_iso(applied).timestamp()
+    return wire_time.parse_iso(applied).timestamp()
 
 
 async def run_setting(

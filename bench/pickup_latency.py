@@ -41,8 +41,8 @@ from pathlib import Path
 import aiohttp
 
 from gpuhost_agent.common import logs
-from gpuhost_agent.core import naming
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.core.stacks import naming
+from gpuhost_agent.protocol import wire, wire_time
 from gpuhost_agent.runtime.compose import find_compose_command
 from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.service.daemon import stop_agent
@@ -71,7 +71,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def ms_between(start: str, end: str | None) -> float | None:
-    return None if end is None else (wire.parse_iso(end) - wire.parse_iso(start)).total_seconds() * 1000
+    return None if end is None else (wire_time.parse_iso(end) - wire_time.parse_iso(start)).total_seconds() * 1000
 
 
 async def wait_until(predicate, timeout: float, what: str) -> None:

@@ -38,8 +38,8 @@ from pickup_latency import local_config, measure_stack, wait_until  # noqa: E402
 from support.fake_nvml import build_lib  # noqa: E402
 from support.swarm import PREFIX, cluster, deploy, docker, leftovers, node_id  # noqa: E402
 
-from gpuhost_agent.core.sandbox_context import GIB, SandboxContext  # noqa: E402
-from gpuhost_agent.core.sandbox_harden import harden  # noqa: E402
+from gpuhost_agent.core.sandbox.context import GIB, SandboxContext  # noqa: E402
+from gpuhost_agent.core.sandbox.harden import harden  # noqa: E402
 from gpuhost_agent.core.swarm_rewrite import SwarmPlacement, swarm_stack  # noqa: E402
 from gpuhost_agent.protocol import wire  # noqa: E402
 from gpuhost_agent.service.wiring import start_local_marketplace  # noqa: E402

@@ -74,7 +74,7 @@ ACCEPTED_BLOCKING = [
         " queued, so the record is never behind the marketplace (an order a thread hop would give up)",
     ),
     (
-        "gpuhost_agent/core/deployer.py",
+        "gpuhost_agent/core/stacks/deployer.py",
         {"_teardown", "remove", "_end_rental_once"},
         _RMTREE,
         "shutil.rmtree of a stack's working directory (two small files), in line with the ERROR/REMOVED report"
@@ -87,9 +87,9 @@ ACCEPTED_BLOCKING = [
         "the composition root, once at start-up before anything is served: opens the database, creates the state"
         " directories, imports the legacy GPU file",
     ),
-    ("gpuhost_agent/core/deployer.py", {"__init__"}, None, "creates the stacks directory, once at start-up"),
+    ("gpuhost_agent/core/stacks/deployer.py", {"__init__"}, None, "creates the stacks directory, once at start-up"),
     ("gpuhost_agent/runtime/compose.py", {"__init__"}, None, "creates Compose's config directory, once at start-up"),
-    ("gpuhost_agent/core/gpu_ledger.py", {"import_legacy"}, None, "reads the pre-database GPU file, once at start-up"),
+    ("gpuhost_agent/core/gpus/ledger.py", {"import_legacy"}, None, "reads the pre-database GPU file, once at start-up"),
     (
         "gpuhost_agent/service/status_server.py",
         {"_prepare_socket_path", "stop"},

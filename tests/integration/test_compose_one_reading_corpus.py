@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from support.sandbox_corpus import CORPUS, LEGIT
 
-from gpuhost_agent.core import compose_yaml
+from gpuhost_agent.core.sandbox import compose_yaml
 from gpuhost_agent.runtime.compose import ComposeError, ComposeRunner, find_compose_command
 
 PUBLISHED = sorted((CORPUS / "published").glob("*.yaml"))

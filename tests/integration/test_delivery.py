@@ -8,7 +8,7 @@ from support.engine import env_containers
 from support.stacks import SLEEPER as CONTENT
 from support.waiting import until
 
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire, wire_time
 
 
 async def test_job_delivered_again_after_completion_deploys_once(local_market, docker_client):
@@ -73,5 +73,5 @@ async def test_waiting_long_poll_is_woken_by_a_new_job(local_market):
     stack_id = await renter.stack(rental_id, CONTENT)
     job = next(j for j in renter.store.jobs.values() if j.stackId == stack_id)
     await until(lambda: job.deliveries == 1, timeout=5)
-    pickup = wire.parse_iso(job.firstDeliveredAt) - wire.parse_iso(renter.store.stacks[stack_id]["createdAt"])
+    pickup = wire_time.parse_iso(job.firstDeliveredAt) - wire_time.parse_iso(renter.store.stacks[stack_id]["createdAt"])
     assert pickup.total_seconds() < 1.0, pickup

@@ -28,7 +28,7 @@ from support.renter import Renter
 from support.stacks import TEST_IMAGE
 from support.waiting import until
 
-from gpuhost_agent.core.containers import seed_containers
+from gpuhost_agent.core.containers.seed_list import seed_containers
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.service.daemon import stop_agent
 

@@ -24,7 +24,7 @@ from support.sandbox_corpus import assert_container_sandboxed
 from support.stacks import TEST_IMAGE
 from support.waiting import until
 
-from gpuhost_agent.core.sandbox_harden import GPU_LABEL
+from gpuhost_agent.core.sandbox.harden import GPU_LABEL
 from gpuhost_agent.local_marketplace.channel_hub import StreamRefused
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.service.daemon import stop_agent

@@ -15,7 +15,7 @@ from support.openapi_check import AGENT_DOC, check_named, load
 from gpuhost_agent.local_marketplace.server import build_app
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.store import Store
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire, wire_time
 
 # ---- the marketplace's line ----------------------------------------------------------------
 
@@ -74,7 +74,7 @@ async def test_the_marketplace_line_installs_the_agent_and_reports_init_state(sc
             "install",
             "done",
         )
-        assert wire.is_iso(install_phase["finishedAt"]) and wire.is_iso(init["updatedAt"])
+        assert wire_time.is_iso(install_phase["finishedAt"]) and wire_time.is_iso(init["updatedAt"])
         assert await asyncio.to_thread(scenario.read, "/etc/gpuhost-agent/api-key") == store.envApiKey + "\n"
         conf = conf_values(await asyncio.to_thread(scenario.read, "/etc/gpuhost-agent/agent.conf"))
         assert (conf["GPUHOST_MARKETPLACE_URL"], conf["GPUHOST_ENV_ID"]) == (base, store.envId)

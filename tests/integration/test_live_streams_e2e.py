@@ -20,7 +20,7 @@ from support.renter_streams import STDERR, STDOUT, SYSTEM, Demux, create_termina
 from support.stacks import TEST_IMAGE
 from support.waiting import until
 
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire, wire_time
 
 PRINTER = f"""
 services:
@@ -81,7 +81,7 @@ async def test_logs_tail_since_timestamps_exact(local_market, docker_client):
     # since: a second after the last line before the pause, only what came after it.
     _, all_stamped, _ = await read_logs(renter.http, renter.base_url, key, path, timestamps=True)
     last_before = next(line for line in reversed(all_stamped.lines(STDOUT)) if line.endswith("out-300"))
-    since = int(wire.parse_iso(last_before.split(" ", 1)[0][:26] + "Z").timestamp()) + 1
+    since = int(wire_time.parse_iso(last_before.split(" ", 1)[0][:26] + "Z").timestamp()) + 1
     status, demux, _ = await read_logs(renter.http, renter.base_url, key, path, since=since)
     assert status == 200
     assert (demux.lines(STDOUT), demux.lines(STDERR)) == (["after-pause"], [])

@@ -30,7 +30,7 @@ import yaml
 from support.sandbox_corpus import CORPUS, assert_container_sandboxed
 from support.stacks import TEST_IMAGE
 
-from gpuhost_agent.core.sandbox import review_raw
+from gpuhost_agent.core.sandbox.apply import review_raw
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
 

@@ -20,7 +20,7 @@ from support.stacks import SLEEPER, TEST_IMAGE
 from support.waiting import until
 
 from gpuhost_agent.core.init_state import READY
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire, wire_time
 from gpuhost_agent.service.daemon import stop_agent
 
 END_AFTER = timedelta(seconds=9)  # room for the deploy (and the marketplace's stop) before the end
@@ -73,7 +73,7 @@ async def _watch_until_gone(docker_client, rental_id: str, timeout: float) -> tu
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while loop.time() < deadline:
-        now = wire.utcnow()
+        now = wire_time.utcnow()
         seen = await asyncio.to_thread(_rental_containers, docker_client, rental_id)
         samples.append((now, seen))
         if not seen:
@@ -87,13 +87,15 @@ async def test_rental_end_while_marketplace_down(gpu_world, docker_client):
     ledger = parts.reconciler.ledger
     await until(lambda: parts.host.init.state == READY, timeout=20)
 
-    end = wire.utcnow() + END_AFTER
+    end = wire_time.utcnow() + END_AFTER
     status, body = await renter.call(
-        "POST", "/rentals", {"envId": market.store.envId, "name": "ends soon", "gpuCount": 1, "endDate": wire.iso(end)}
+        "POST",
+        "/rentals",
+        {"envId": market.store.envId, "name": "ends soon", "gpuCount": 1, "endDate": wire_time.iso(end)},
     )
     assert status == 201, body
     rental_id = body["rentalId"]
-    end = wire.parse_iso(market.store.rentals[rental_id]["endDate"])
+    end = wire_time.parse_iso(market.store.rentals[rental_id]["endDate"])
     stack_id = await renter.stack(rental_id, SLEEPER)
     stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=20)
     assert stack["status"] == wire.APPLIED, stack["errorMsg"]
@@ -103,11 +105,11 @@ async def test_rental_end_while_marketplace_down(gpu_world, docker_client):
     assert len(gpus) == 1 and stack["assignedGPUs"] == gpus
 
     await market.stop()
-    assert wire.utcnow() < end - timedelta(seconds=1), "too slow: the end came before the marketplace was stopped"
+    assert wire_time.utcnow() < end - timedelta(seconds=1), "too slow: the end came before the marketplace was stopped"
     assert market.store.rentals[rental_id]["status"] == wire.RENTAL_ACTIVE
 
     samples, gone_at = await _watch_until_gone(
-        docker_client, rental_id, timeout=(end - wire.utcnow()).total_seconds() + 10
+        docker_client, rental_id, timeout=(end - wire_time.utcnow()).total_seconds() + 10
     )
     before_end = [seen for moment, seen in samples if moment < end]
     assert before_end and all(seen and all(state == "running" for _id, state in seen) for seen in before_end), (

@@ -22,7 +22,7 @@ from support.renter import Renter
 from support.stacks import SLEEPER, TEST_IMAGE
 from support.waiting import until
 
-from gpuhost_agent.core.reconcile_plan import DEPLOY, REMOVE
+from gpuhost_agent.core.reconcile.plan import DEPLOY, REMOVE
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.service.daemon import stop_agent
 from gpuhost_agent.storage.agent_db import DB_FILE

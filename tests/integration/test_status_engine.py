@@ -15,7 +15,7 @@ import pytest
 from support.stacks import TEST_IMAGE
 from support.waiting import until
 
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import ssh_login, wire
 from gpuhost_agent.service import status_cli
 from gpuhost_agent.service.status_server import StatusSource
 from gpuhost_agent.service.wiring import start_status_server
@@ -77,7 +77,7 @@ async def test_status_shows_names_tunnels_and_the_verdict(local_market, socket_d
         echo_entry = tunnels[("echo", 9000, "tcp")]
         assert echo_entry["containerId"] == echo["containerId"]  # the container the marketplace tunnels to
         assert tunnels[(None, None, "ssh")]["logins"] == sorted(
-            wire.ssh_login_name(service, stack_id) for service in ("echo", "web")
+            ssh_login.ssh_login_name(service, stack_id) for service in ("echo", "web")
         )
         verdict = status["compliance"]  # the agent's own probe of this machine, whatever it found
         assert isinstance(verdict["isCompliant"], bool) and verdict["checks"]

@@ -11,9 +11,9 @@ import pytest
 from support.sandbox_decide import RENTAL_GPUS
 from support.swarm import container_of, deploy, docker
 
-from gpuhost_agent.core.compose_rewrite import StackRejected
-from gpuhost_agent.core.sandbox_context import GIB, SandboxContext
-from gpuhost_agent.core.sandbox_harden import harden
+from gpuhost_agent.core.sandbox.context import GIB, SandboxContext
+from gpuhost_agent.core.sandbox.harden import harden
+from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
 from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
 
 pytestmark = pytest.mark.swarm

@@ -16,9 +16,9 @@ from support.sandbox_corpus import CORPUS
 from support.sandbox_decide import RENTAL_GPUS, decide_file
 from support.swarm import PREFIX, container_of, deploy, docker, remove_stack
 
-from gpuhost_agent.core.compose_rewrite import StackRejected
-from gpuhost_agent.core.sandbox_context import GIB, SandboxContext
-from gpuhost_agent.core.sandbox_harden import ALWAYS_DROP, harden
+from gpuhost_agent.core.sandbox.context import GIB, SandboxContext
+from gpuhost_agent.core.sandbox.harden import ALWAYS_DROP, harden
+from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
 from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
 from gpuhost_agent.inventory import compliance
 from gpuhost_agent.inventory.host_probe import docker_facts

@@ -15,11 +15,11 @@ import json
 import pytest
 from support.swarm import PREFIX, docker
 
-from gpuhost_agent.core.compose_rewrite import label_services
-from gpuhost_agent.core.containers import seed_containers
-from gpuhost_agent.core.gpu_allocation import environment_slots
-from gpuhost_agent.core.sandbox_context import GIB, SandboxContext
-from gpuhost_agent.core.sandbox_harden import harden
+from gpuhost_agent.core.containers.seed_list import seed_containers
+from gpuhost_agent.core.gpus.allocation import environment_slots
+from gpuhost_agent.core.sandbox.context import GIB, SandboxContext
+from gpuhost_agent.core.sandbox.harden import harden
+from gpuhost_agent.core.stacks.compose_rewrite import label_services
 from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
 from gpuhost_agent.inventory.swarm_nodes import environment_facts
 from gpuhost_agent.protocol import wire

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import time
 
-from gpuhost_agent.core.gpu_ledger import GpuLedger
+from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.host_reporter import HostReporter
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.protocol import intervals as wire_intervals
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire_time
 from support.fakes import FakeClient, FakeOutbox, FakeProber, FakeSchedule
 from support.settings import defaults
 
@@ -34,7 +34,7 @@ def session_reporter(
     reply = {
         "sessionId": "s",
         "envId": state.store.envId,
-        "serverTime": wire.iso(),
+        "serverTime": wire_time.iso(),
         "requeuedJobs": 0,
         "intervals": state.intervals,
         "requirements": state.requirements,

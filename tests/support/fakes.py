@@ -21,18 +21,18 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import ClassVar
 
-from gpuhost_agent.core.container_watch import ContainerWatch
-from gpuhost_agent.core.deployer import StackDeployer
-from gpuhost_agent.core.dispatcher import JobDispatcher
+from gpuhost_agent.core.containers.watch import ContainerWatch
 from gpuhost_agent.core.host_reporter import HostReporter
 from gpuhost_agent.core.init_state import InitState
 from gpuhost_agent.core.schedule import Schedule
-from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
+from gpuhost_agent.core.stacks.deployer import StackDeployer
+from gpuhost_agent.core.stacks.dispatcher import JobDispatcher
+from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.inventory.machines import Machines, OneMachine
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 from gpuhost_agent.inventory.system_data import Prober
 from gpuhost_agent.local_marketplace.state import MarketplaceState
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire, wire_jobs
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.streams.channel import StreamChannel
@@ -114,16 +114,16 @@ class FakeDeployer:
         self.ran: list[str] = []
         self.removed = asyncio.Event()
 
-    async def deploy(self, job: wire.StackJob) -> str:
+    async def deploy(self, job: wire_jobs.StackJob) -> str:
         self.ran.append(job.job_id)
         return ""
 
-    async def remove(self, job: wire.StackJob) -> str:
+    async def remove(self, job: wire_jobs.StackJob) -> str:
         self.ran.append(job.job_id)
         self.removed.set()
         return self.remove_error
 
-    async def end_rental(self, job: wire.StackJob) -> str:
+    async def end_rental(self, job: wire_jobs.StackJob) -> str:
         self.ran.append(job.job_id)
         return ""
 

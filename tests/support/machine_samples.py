@@ -10,7 +10,7 @@ checks of docs/agent-api.yaml.
 from __future__ import annotations
 
 from gpuhost_agent.inventory import netspeed
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire_time
 
 GIB = 1024**3
 
@@ -53,10 +53,10 @@ def healthy_system_data() -> dict:
         upload_mbps=941.2,
         download_bytes=25_000_000,
         upload_bytes=25_000_000,
-        measured_at=wire.iso(),
+        measured_at=wire_time.iso(),
     )
     return {
-        "probedAt": wire.iso(),
+        "probedAt": wire_time.iso(),
         "agentVersion": "0.1.0",
         "hostname": "gpu-host-7",
         "nvml": {
@@ -117,7 +117,7 @@ def healthy_system_data() -> dict:
 def broken_system_data() -> dict:
     """systemData of a machine with no driver, no Docker, no Compose, no toolkit."""
     return {
-        "probedAt": wire.iso(),
+        "probedAt": wire_time.iso(),
         "agentVersion": "0.1.0",
         "hostname": "new-host",
         "nvml": {

@@ -8,7 +8,7 @@ import functools
 import re
 from pathlib import Path
 
-from gpuhost_agent.core.sandbox_harden import GPU_LABEL, NO_EXTRA_DEVICES
+from gpuhost_agent.core.sandbox.harden import GPU_LABEL, NO_EXTRA_DEVICES
 from gpuhost_agent.protocol import wire
 
 CORPUS = Path(__file__).resolve().parents[1] / "sandbox_corpus"

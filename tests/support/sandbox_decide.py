@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from gpuhost_agent.core.compose_rewrite import StackRejected
-from gpuhost_agent.core.sandbox import decide, refuse_with_compose_error, review_raw
-from gpuhost_agent.core.sandbox_context import GIB, Registries, SandboxContext
+from gpuhost_agent.core.sandbox.apply import decide, refuse_with_compose_error, review_raw
+from gpuhost_agent.core.sandbox.context import GIB, Registries, SandboxContext
+from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
 from gpuhost_agent.runtime.compose import ComposeError, ComposeRunner
 from gpuhost_agent.streams.tunnel import read_host_networks
 

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuhost_agent.core.agent import Agent
-from gpuhost_agent.core.dispatcher import JobDispatcher
-from gpuhost_agent.core.gpu_ledger import GpuLedger
-from gpuhost_agent.core.rental_end_dates import RentalEndDates
-from gpuhost_agent.core.status_reporter import StatusReporter
+from gpuhost_agent.core.gpus.ledger import GpuLedger
+from gpuhost_agent.core.rentals.end_dates import RentalEndDates
+from gpuhost_agent.core.stacks.dispatcher import JobDispatcher
+from gpuhost_agent.core.stacks.status_reporter import StatusReporter
 from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.service import metrics
 from gpuhost_agent.storage.agent_db import AgentDB

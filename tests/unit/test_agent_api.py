@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from support.stacks import TEMPLATE
 
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire, wire_time
 
 CONTAINER = {"Name": "c", "Id": "i", "Created": 1, "Labels": [], "Ports": [], "State": "running"}
 
@@ -49,7 +49,7 @@ async def test_malformed_container_lists_are_refused(market, containers, fragmen
     status, body = await market.call(
         "PUT",
         f"/agent/stacks/{stack_id}/containers",
-        {"containers": containers, "observedAt": wire.iso()},
+        {"containers": containers, "observedAt": wire_time.iso()},
         key=market.store.envApiKey,
     )
     assert status == 400 and fragment in body["message"]

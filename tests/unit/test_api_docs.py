@@ -43,16 +43,16 @@ from support.openapi_check import (
 from support.settings import defaults, sandbox_settings
 from support.wiring import agent_for, dispatcher_for
 
-from gpuhost_agent.core import naming
-from gpuhost_agent.core.containers import to_seed_container
-from gpuhost_agent.core.deployer import StackDeployer
-from gpuhost_agent.core.gpu_ledger import GpuLedger
-from gpuhost_agent.core.sandbox import Sandbox
-from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
+from gpuhost_agent.core.containers.seed_list import to_seed_container
+from gpuhost_agent.core.gpus.ledger import GpuLedger
+from gpuhost_agent.core.sandbox.apply import Sandbox
+from gpuhost_agent.core.stacks import naming
+from gpuhost_agent.core.stacks.deployer import StackDeployer
+from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.local_marketplace.server import build_app
 from gpuhost_agent.local_marketplace.state import DEFAULT_INTERVALS, MarketplaceState
 from gpuhost_agent.local_marketplace.store import LEASE, Store
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire, wire_jobs, wire_time
 from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.uplink.outbox import CONTAINERS, JOB_COMPLETE, STATUS
 
@@ -194,7 +194,7 @@ def _raw_job(job_type: str, **overrides) -> dict:
         "template": None,
         "rental": {"rentalId": "rental-1", "gpuCount": 1, "endDate": None, "status": "ACTIVE"},
         "deliveries": 1,
-        "createdAt": wire.iso(),
+        "createdAt": wire_time.iso(),
     }
     if job_type == wire.JOB_DEPLOY:
         job["template"] = {
@@ -228,7 +228,7 @@ async def test_reports_the_deployer_sends_are_documented(agent_doc: dict, tmp_pa
     deployer = StackDeployer(
         None, None, reporter, sandbox, ledger.db, tmp_path / "stacks", tmp_path, **deployer_settings
     )  # type: ignore[arg-type]
-    job = wire.StackJob.from_wire(_raw_job(wire.JOB_DEPLOY, stackId="3f2504e0-4f89-11d3-9a0c-0305e82c3301"))
+    job = wire_jobs.StackJob.from_wire(_raw_job(wire.JOB_DEPLOY, stackId="3f2504e0-4f89-11d3-9a0c-0305e82c3301"))
     ledger.commit(job.rental_id, ["GPU-aacd9ec3-13e4-58c1-ada1-81eabee5fdaa"])  # as a deploy records it
     reporter.status(StackRef.of_job(job), wire.APPLIED, job_id=job.job_id)
     reporter.status(
@@ -294,7 +294,7 @@ def test_rental_end_job_the_marketplace_sends_is_documented(agent_doc: dict) -> 
         check_named(agent_doc, payload, "Job")
     end = payloads[-1]
     assert (end["stackId"], end["stackName"], end["template"]) == ("", "", None)
-    assert wire.StackJob.from_wire(end).type == wire.JOB_RENTAL_END
+    assert wire_jobs.StackJob.from_wire(end).type == wire.JOB_RENTAL_END
     with pytest.raises(jsonschema.ValidationError):  # only rental.end may name no stack
         check_named(agent_doc, {**end, "type": wire.JOB_REMOVE}, "Job")
 
@@ -353,7 +353,7 @@ async def test_local_marketplace_answers_as_documented(agent_doc: dict, local_do
                 json={
                     "agentVersion": "t",
                     "hostname": "h",
-                    "startedAt": wire.iso(),
+                    "startedAt": wire_time.iso(),
                     "capabilities": list(wire.JOB_TYPES),
                 },
             ),
@@ -373,7 +373,7 @@ async def test_local_marketplace_answers_as_documented(agent_doc: dict, local_do
             "pStackName": naming.project_name(template["name"], stack_id),
             "pStackId": naming.provider_stack_id(stack_id),
             "jobId": job["jobId"],
-            "reportedAt": wire.iso(),
+            "reportedAt": wire_time.iso(),
         }
         reply = await answer(
             A, await http.put(f"/v1/agent/stacks/{stack_id}/status", headers=agent, json=report), st_path, "put"
@@ -384,7 +384,7 @@ async def test_local_marketplace_answers_as_documented(agent_doc: dict, local_do
             A, await http.put(f"/v1/agent/stacks/{stack_id}/status", headers=agent, json=stale), st_path, "put"
         )
         assert reply["accepted"] is False
-        containers = {"containers": [to_seed_container(DOCKER_LIST_ENTRY)], "observedAt": wire.iso()}
+        containers = {"containers": [to_seed_container(DOCKER_LIST_ENTRY)], "observedAt": wire_time.iso()}
         reply = await answer(
             A, await http.put(f"/v1/agent/stacks/{stack_id}/containers", headers=agent, json=containers), co_path, "put"
         )
@@ -397,7 +397,7 @@ async def test_local_marketplace_answers_as_documented(agent_doc: dict, local_do
         )
         assert listed == containers["containers"]
         c_path = "/agent/jobs/{jobId}/complete"
-        done = {"outcome": wire.OUTCOME_SUCCEEDED, "errorMsg": None, "finishedAt": wire.iso()}
+        done = {"outcome": wire.OUTCOME_SUCCEEDED, "errorMsg": None, "finishedAt": wire_time.iso()}
         for _ in range(2):  # idempotent
             reply = await answer(
                 A, await http.post(f"/v1/agent/jobs/{job['jobId']}/complete", headers=agent, json=done), c_path, "post"
@@ -417,12 +417,12 @@ async def test_local_marketplace_answers_as_documented(agent_doc: dict, local_do
         )
         (job,) = jobs["jobs"]
         assert (job["type"], job["template"]) == (wire.JOB_REMOVE, None)
-        contradicting = {**report, "status": wire.APPLIED, "reportedAt": wire.iso()}
+        contradicting = {**report, "status": wire.APPLIED, "reportedAt": wire_time.iso()}
         reply = await answer(
             A, await http.put(f"/v1/agent/stacks/{stack_id}/status", headers=agent, json=contradicting), st_path, "put"
         )
         assert reply["accepted"] is False
-        removed = {**report, "status": wire.REMOVED, "reportedAt": wire.iso()}
+        removed = {**report, "status": wire.REMOVED, "reportedAt": wire_time.iso()}
         for accepted in (True, False):  # REMOVED for a stack already dropped: 200, accepted false
             reply = await answer(
                 A, await http.put(f"/v1/agent/stacks/{stack_id}/status", headers=agent, json=removed), st_path, "put"

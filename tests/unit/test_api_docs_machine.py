@@ -29,7 +29,7 @@ from gpuhost_agent.local_marketplace.server import build_app
 from gpuhost_agent.local_marketplace.state import DEFAULT_INTERVALS, OFFLINE_AFTER_MISSED_BEATS, MarketplaceState
 from gpuhost_agent.local_marketplace.store import Store
 from gpuhost_agent.protocol import intervals as wire_intervals
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire, wire_time
 from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.service.config import default_of
 from gpuhost_agent.uplink.outbox import INIT_STATE, SYSTEM_DATA
@@ -136,13 +136,13 @@ def test_environment_and_listing_the_marketplace_shows_are_documented(local_doc:
     check_named(local_doc, shapes.listing(store), "Listing")
 
     # after a report, a start-up state and a beat, with one GPU rented out
-    report = {**build_report(healthy_system_data(), Requirements(), 0.4), "reportedAt": wire.iso()}
+    report = {**build_report(healthy_system_data(), Requirements(), 0.4), "reportedAt": wire_time.iso()}
     assert state.accept_system_data(json.loads(json.dumps(report)))
     init = InitState()
     init.done("config")
     init.begin("marketplace")
     assert state.accept_init_state(init.as_wire())
-    beat = heartbeat(wire.iso(), initState="starting", fingerprint=report["fingerprint"])
+    beat = heartbeat(wire_time.iso(), initState="starting", fingerprint=report["fingerprint"])
     assert state.accept_heartbeat(beat)["systemDataWanted"] is False
     rental = store.create_rental(name="r", gpu_count=1, end_date=None)
     env = json.loads(json.dumps(shapes.environment(state)))
@@ -186,7 +186,7 @@ async def test_machine_endpoints_answer_as_documented(agent_doc: dict, local_doc
         assert reply["accepted"] is False
         reply = await answer(A, await http.put("/v1/agent/init-state", headers=agent, json=init), is_path, "put")
         assert reply == {"accepted": True}
-        beat = heartbeat(wire.iso(), initState="starting", fingerprint=report["fingerprint"])
+        beat = heartbeat(wire_time.iso(), initState="starting", fingerprint=report["fingerprint"])
         check(A, beat, request_schema(A, hb_path, "post"))
         reply = await answer(A, await http.post("/v1/agent/heartbeat", headers=agent, json=beat), hb_path, "post")
         assert reply["systemDataWanted"] is False

@@ -23,7 +23,7 @@ from support.machine_samples import GIB, GPU_BEATS, broken_system_data, healthy_
 from support.openapi_check import check, check_named, properties, request_schema, response_schema, schema
 
 from gpuhost_agent.core import init_state
-from gpuhost_agent.core.gpu_ledger import GpuLedger
+from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.init_state import InitState
 from gpuhost_agent.core.swarm.machines import SwarmEnvironment, no_disks
 from gpuhost_agent.core.swarm.watch import SwarmMachines
@@ -32,7 +32,7 @@ from gpuhost_agent.inventory.system_data import build_report
 from gpuhost_agent.local_marketplace import host_api
 from gpuhost_agent.local_marketplace.state import DEFAULT_INTERVALS, MarketplaceState
 from gpuhost_agent.local_marketplace.store import Store
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire_time
 from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.uplink.outbox import INIT_STATE, SYSTEM_DATA
@@ -43,7 +43,7 @@ async def test_system_data_and_init_state_the_agent_sends_are_documented(agent_d
     # build_report itself, for a rentable and for a broken machine
     for data in (healthy_system_data(), broken_system_data()):
         report = build_report(data, Requirements(), None)
-        check(agent_doc, {**report, "reportedAt": wire.iso()}, body_schema)
+        check(agent_doc, {**report, "reportedAt": wire_time.iso()}, body_schema)
     broken = build_report(broken_system_data(), Requirements(), None)
     assert broken["compliance"]["isCompliant"] is False and broken["listing"]["gpuVRAM"] is None
 
@@ -243,11 +243,11 @@ async def test_what_the_real_probes_report_is_documented(agent_doc: dict, tmp_pa
     beat_schema = request_schema(agent_doc, "/agent/heartbeat", "post")
     for machine, host in zip(machines, hosts, strict=True):
         data = {**healthy_system_data(), "nvml": machine["inventory"], "host": host}
-        check(agent_doc, {**build_report(data, Requirements(), 1.5), "reportedAt": wire.iso()}, body_schema)
+        check(agent_doc, {**build_report(data, Requirements(), 1.5), "reportedAt": wire_time.iso()}, body_schema)
         check(
             agent_doc,
             {
-                "sentAt": wire.iso(),
+                "sentAt": wire_time.iso(),
                 "agentVersion": "0.1.0",
                 "uptimeSeconds": 3.0,
                 "initState": "ready",

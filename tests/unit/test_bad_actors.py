@@ -49,13 +49,13 @@ def test_a_terminal_token_that_is_not_utf8_is_a_401() -> None:
 async def test_a_report_dated_in_the_future_is_refused_and_cannot_lock_out_real_ones(market) -> None:
     """Issue 17 finding 4: an initState of year 3628 was taken, and every
     later, real report then looked stale and was dropped."""
-    from gpuhost_agent.protocol import wire
+    from gpuhost_agent.protocol import wire_time
 
     key = market.store.envApiKey
     state = {"state": "starting", "phase": None, "error": None, "phases": [], "updatedAt": "3628-01-01T00:00:00Z"}
     status, body = await market.call("PUT", "/agent/init-state", state, key=key)
     assert status == 400 and "updatedAt is" in body["message"] and "ahead of the marketplace's clock" in body["message"]
-    status, _ = await market.call("PUT", "/agent/init-state", {**state, "updatedAt": wire.iso()}, key=key)
+    status, _ = await market.call("PUT", "/agent/init-state", {**state, "updatedAt": wire_time.iso()}, key=key)
     assert status in (200, 204)
     for path, field_name, extra in (
         ("/agent/stacks/s1/status", "reportedAt", {"status": "APPLYING"}),

@@ -21,7 +21,7 @@ from support.waiting import until
 from support.wiring import agent_for, dispatcher_for
 
 from gpuhost_agent.core import agent as agent_module
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire, wire_time
 from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.uplink.client import MarketplaceClient
 from gpuhost_agent.uplink.outbox import Outbox
@@ -43,7 +43,7 @@ def job(job_id: str, job_type: str = wire.JOB_DEPLOY, **overrides) -> dict:
         "template": TEMPLATE if job_type == wire.JOB_DEPLOY else None,
         "rental": {"rentalId": "rental-1", "gpuCount": 0, "endDate": None, "status": "ACTIVE"},
         "deliveries": 1,
-        "createdAt": wire.iso(),
+        "createdAt": wire_time.iso(),
     }
     raw.update(overrides)
     return raw

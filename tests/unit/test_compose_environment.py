@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost_agent.core.compose_rewrite import StackRejected, check_variables
+from gpuhost_agent.core.stacks.compose_rewrite import StackRejected, check_variables
 from gpuhost_agent.runtime.compose import VARIABLES_FILE, ComposeRunner, find_compose_command, host_environment
 
 ALLOWED = {"PATH", "HOME", "DOCKER_CONFIG", "DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH"}

@@ -20,8 +20,8 @@ import base64
 
 import pytest
 
-from gpuhost_agent.core import compose_yaml
-from gpuhost_agent.core.sandbox_raw import review
+from gpuhost_agent.core.sandbox import compose_yaml
+from gpuhost_agent.core.sandbox.raw import review
 
 READS_FILES = ("env_file", "include", "label_file", "file", "extends")
 BASE = "services:\n  app:\n    image: busybox\n"

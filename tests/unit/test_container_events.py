@@ -10,11 +10,9 @@ import asyncio
 from support.fakes import FakeDispatcher, FakeEngine, FakeReporter
 from support.waiting import until
 
-from gpuhost_agent.core.coalesce import Coalescer
-from gpuhost_agent.core.container_events import decode_event, error_to_report, list_behind
-from gpuhost_agent.core.container_states import ContainerStates
-from gpuhost_agent.core.container_watch import ContainerWatch
-from gpuhost_agent.core.containers import (
+from gpuhost_agent.core.containers.coalesce import Coalescer
+from gpuhost_agent.core.containers.events import decode_event, error_to_report, list_behind
+from gpuhost_agent.core.containers.seed_list import (
     ExitFacts,
     exit_facts,
     failed_containers,
@@ -23,6 +21,8 @@ from gpuhost_agent.core.containers import (
     stack_error,
     stop_reason,
 )
+from gpuhost_agent.core.containers.states import ContainerStates
+from gpuhost_agent.core.containers.watch import ContainerWatch
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.storage.agent_db import AgentDB
 

@@ -26,7 +26,7 @@ from support.wiring import dispatcher_for
 from gpuhost_agent.local_marketplace.agent_api import _containers_problem, _status_problem
 from gpuhost_agent.local_marketplace.host_api import heartbeat_problem, init_state_problem, system_data_problem
 from gpuhost_agent.local_marketplace.shapes import HARDWARE_FIELDS
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire, wire_jobs, wire_time, wire_values
 from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.uplink.outbox import JOB_COMPLETE, STATUS, Outbox
 
@@ -173,12 +173,12 @@ def valid_jobs(draw, types: tuple[str, ...] = wire.JOB_TYPES) -> dict:
         "template": draw(templates()) if job_type == wire.JOB_DEPLOY else None,
         "rental": {
             "rentalId": rental_id,
-            "gpuCount": draw(st.integers(0, wire.MAX_GPU_COUNT)),
+            "gpuCount": draw(st.integers(0, wire_jobs.MAX_GPU_COUNT)),
             "endDate": None,
             "status": wire.RENTAL_ACTIVE,
         },
         "deliveries": 1,
-        "createdAt": wire.iso(),
+        "createdAt": wire_time.iso(),
     }
     return job
 
@@ -216,7 +216,7 @@ def _encodable(text: str) -> bool:
         return False
 
 
-def _check_refusal(exc: wire.InvalidBody) -> None:
+def _check_refusal(exc: wire_jobs.InvalidBody) -> None:
     message = str(exc)
     assert message and len(message) <= MAX_MESSAGE, message
     assert _encodable(message), "a refusal goes into JSON reports and logs"
@@ -225,13 +225,13 @@ def _check_refusal(exc: wire.InvalidBody) -> None:
 def _decode(raw):
     """from_wire, with the one rule every input must keep: InvalidBody or a job."""
     try:
-        return wire.StackJob.from_wire(raw)
-    except wire.InvalidBody as exc:
+        return wire_jobs.StackJob.from_wire(raw)
+    except wire_jobs.InvalidBody as exc:
         _check_refusal(exc)
         return None
 
 
-def _assert_usable(job: wire.StackJob) -> None:
+def _assert_usable(job: wire_jobs.StackJob) -> None:
     """What the dispatcher, deployer and sandbox rely on in an accepted job."""
     assert job.type in wire.JOB_TYPES
     for value in (job.job_id, job.rental_id, job.env_id):
@@ -241,7 +241,7 @@ def _assert_usable(job: wire.StackJob) -> None:
     else:
         assert isinstance(job.stack_id, str) and SAFE_ID.fullmatch(job.stack_id)
     assert isinstance(job.stack_name, str) and _encodable(job.stack_name)
-    assert type(job.gpu_count) is int and 0 <= job.gpu_count <= wire.MAX_GPU_COUNT
+    assert type(job.gpu_count) is int and 0 <= job.gpu_count <= wire_jobs.MAX_GPU_COUNT
     if job.type == wire.JOB_DEPLOY:
         _assert_usable_template(job.template)
     else:
@@ -280,7 +280,7 @@ def test_job_decoder_on_damaged_jobs(raw):
     _assert_usable(job)
     assert job.job_id == raw["jobId"] and job.type == raw["type"]
     count = (raw.get("rental") or {}).get("gpuCount", 0)
-    if raw["type"] == wire.JOB_DEPLOY or wire.is_whole(count, wire.MAX_GPU_COUNT):
+    if raw["type"] == wire.JOB_DEPLOY or wire_values.is_whole(count, wire_jobs.MAX_GPU_COUNT):
         assert job.gpu_count == count
     else:
         assert job.gpu_count == 0  # a removal or rental end with a bad count goes through, handing nothing out
@@ -289,7 +289,7 @@ def test_job_decoder_on_damaged_jobs(raw):
 @FAST
 @given(valid_jobs())
 def test_job_decoder_accepts_every_valid_job(raw):
-    job = wire.StackJob.from_wire(raw)
+    job = wire_jobs.StackJob.from_wire(raw)
     _assert_usable(job)
     assert (job.job_id, job.type, job.stack_id, job.rental_id, job.env_id, job.stack_name, job.gpu_count) == (
         raw["jobId"],
@@ -301,7 +301,7 @@ def test_job_decoder_accepts_every_valid_job(raw):
         raw["rental"]["gpuCount"],
     )
     if job.type == wire.JOB_DEPLOY:
-        assert job.template == wire.validate_template(raw["template"])
+        assert job.template == wire_jobs.validate_template(raw["template"])
 
 
 @FAST
@@ -314,7 +314,7 @@ def test_job_decoder_accepts_every_valid_job(raw):
         st.none(),
         st.lists(st.integers()),
         st.integers(max_value=-1),
-        st.integers(min_value=wire.MAX_GPU_COUNT + 1),
+        st.integers(min_value=wire_jobs.MAX_GPU_COUNT + 1),
     ),
 )
 def test_a_gpu_count_that_is_not_a_sane_whole_number_is_refused(raw, count):
@@ -322,11 +322,11 @@ def test_a_gpu_count_that_is_not_a_sane_whole_number_is_refused(raw, count):
     through whatever the count (issue 17: a bad rental's stacks must still go)."""
     raw["rental"]["gpuCount"] = count
     if raw["type"] != wire.JOB_DEPLOY:
-        assert wire.StackJob.from_wire(raw).gpu_count == 0
+        assert wire_jobs.StackJob.from_wire(raw).gpu_count == 0
         return
     try:
-        wire.StackJob.from_wire(raw)
-    except wire.InvalidBody as exc:
+        wire_jobs.StackJob.from_wire(raw)
+    except wire_jobs.InvalidBody as exc:
         assert "rental.gpuCount" in str(exc)
     else:
         raise AssertionError(f"gpuCount {count!r} was taken")
@@ -339,8 +339,8 @@ def test_an_unsafe_id_is_refused(raw, bad, key):
         return  # rental.end names no stack; its stackId is not read
     raw[key] = bad
     try:
-        wire.StackJob.from_wire(raw)
-    except wire.InvalidBody as exc:
+        wire_jobs.StackJob.from_wire(raw)
+    except wire_jobs.InvalidBody as exc:
         assert key in str(exc)
     else:
         raise AssertionError(f"{key} {bad!r} was taken")
@@ -354,8 +354,8 @@ def test_an_unsafe_id_is_refused(raw, bad, key):
 def test_a_deploy_whose_template_is_not_an_object_is_refused(raw, template):
     raw["template"] = template
     try:
-        wire.StackJob.from_wire(raw)
-    except wire.InvalidBody as exc:
+        wire_jobs.StackJob.from_wire(raw)
+    except wire_jobs.InvalidBody as exc:
         assert str(exc) == "template must be an object"
     else:
         raise AssertionError("a template that is not an object was taken")
@@ -374,13 +374,13 @@ def test_a_deploy_whose_template_is_not_an_object_is_refused(raw, template):
 )
 def test_template_decoder_takes_anything(raw):
     try:
-        cleaned = wire.validate_template(raw)
-    except wire.InvalidBody as exc:
+        cleaned = wire_jobs.validate_template(raw)
+    except wire_jobs.InvalidBody as exc:
         _check_refusal(exc)
         return
     _assert_usable_template(cleaned)
     assert set(cleaned) == set(TEMPLATE_KEYS)
-    assert wire.validate_template(cleaned) == cleaned, "a cleaned template is taken as it is"
+    assert wire_jobs.validate_template(cleaned) == cleaned, "a cleaned template is taken as it is"
 
 
 @FAST
@@ -388,8 +388,8 @@ def test_template_decoder_takes_anything(raw):
 def test_every_variable_value_is_usable_text(template, name, value):
     template["environmentVariables"][name] = value
     try:
-        cleaned = wire.validate_template(template)
-    except wire.InvalidBody as exc:
+        cleaned = wire_jobs.validate_template(template)
+    except wire_jobs.InvalidBody as exc:
         _check_refusal(exc)
         assert "environmentVariables" in str(exc)
         return
@@ -407,13 +407,13 @@ def _valid_status() -> dict:
         "pStackId": 7,
         "jobId": "job-1",
         "assignedGPUs": ["GPU-1"],
-        "reportedAt": wire.iso(),
+        "reportedAt": wire_time.iso(),
     }
 
 
 def _valid_containers() -> dict:
     return {
-        "observedAt": wire.iso(),
+        "observedAt": wire_time.iso(),
         "containers": [{"Name": "/web", "Id": "abc", "State": "running", "Created": 1, "Labels": ["a=b"], "Ports": []}],
     }
 
@@ -422,7 +422,7 @@ def _valid_system_data() -> dict:
     return {
         "systemData": {"gpus": []},
         "fingerprint": "0123456789abcdef",
-        "reportedAt": wire.iso(),
+        "reportedAt": wire_time.iso(),
         "listing": {**dict.fromkeys(HARDWARE_FIELDS), "totalGPUs": 0, "totalRAM": 1.5},
         "compliance": {
             "isCompliant": False,
@@ -438,12 +438,12 @@ def _valid_init_state() -> dict:
         "phase": "config",
         "phases": [{"name": "config", "state": "done", "startedAt": None, "finishedAt": None, "detail": None}],
         "error": None,
-        "updatedAt": wire.iso(),
+        "updatedAt": wire_time.iso(),
     }
 
 
 def _valid_heartbeat() -> dict:
-    return heartbeat(wire.iso())
+    return heartbeat(wire_time.iso())
 
 
 REPORT_DECODERS = [

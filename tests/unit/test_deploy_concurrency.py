@@ -12,7 +12,7 @@ from support.stacks import job_payload
 from support.waiting import until
 from support.wiring import dispatcher_for
 
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire, wire_jobs
 from gpuhost_agent.service.status_render import render
 
 
@@ -25,7 +25,7 @@ class HeldDeployer:
         self.most = 0
         self.removed: list[str] = []
 
-    async def deploy(self, job: wire.StackJob) -> str:
+    async def deploy(self, job: wire_jobs.StackJob) -> str:
         self.running += 1
         self.most = max(self.most, self.running)
         try:
@@ -34,7 +34,7 @@ class HeldDeployer:
             self.running -= 1
         return ""
 
-    async def remove(self, job: wire.StackJob) -> str:
+    async def remove(self, job: wire_jobs.StackJob) -> str:
         self.removed.append(job.stack_id)
         return ""
 

@@ -4,9 +4,9 @@ own failures: tests/integration/test_deploy_errors.py.)"""
 
 from __future__ import annotations
 
-from gpuhost_agent.core.containers import RENTAL_MEMORY_REACHED
-from gpuhost_agent.core.containers import SERVICE_LABEL as SERVICE
-from gpuhost_agent.core.deploy_failures import (
+from gpuhost_agent.core.containers.seed_list import RENTAL_MEMORY_REACHED
+from gpuhost_agent.core.containers.seed_list import SERVICE_LABEL as SERVICE
+from gpuhost_agent.core.stacks.deploy_failures import (
     describe_container,
     failure_reason,
     pull_failure,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from support.fakes import FakeEngine, FakeReporter
 
 from gpuhost_agent.core.disk_watch import GIB, DiskWatch, machine_disks
-from gpuhost_agent.core.gpu_ledger import GpuLedger
+from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.inventory.machines import OneMachine
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.swarm_stacks import NAMESPACE_LABEL

@@ -5,11 +5,11 @@ tests/integration/test_gpu_faults_engine.py.)"""
 
 from __future__ import annotations
 
-from gpuhost_agent.core.container_events import error_to_report
-from gpuhost_agent.core.gpu_allocation import GpuSlot
-from gpuhost_agent.core.gpu_faults import fault_note, with_fault
-from gpuhost_agent.core.gpu_ledger import GpuLedger
-from gpuhost_agent.core.sandbox import notices_message
+from gpuhost_agent.core.containers.events import error_to_report
+from gpuhost_agent.core.gpus.allocation import GpuSlot
+from gpuhost_agent.core.gpus.faults import fault_note, with_fault
+from gpuhost_agent.core.gpus.ledger import GpuLedger
+from gpuhost_agent.core.sandbox.apply import notices_message
 from gpuhost_agent.inventory.gpu_events import DOUBLE_BIT_ECC, UNAVAILABLE, XID, GpuFault, fault_of
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.storage.agent_db import AgentDB

@@ -10,12 +10,12 @@ from datetime import timedelta
 
 from support.machine_samples import heartbeat
 
-from gpuhost_agent.core.gpu_allocation import GpuSlot
-from gpuhost_agent.core.gpu_ledger import GpuLedger
+from gpuhost_agent.core.gpus.allocation import GpuSlot
+from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.local_marketplace.host_api import heartbeat_problem
 from gpuhost_agent.local_marketplace.shapes import available_gpus
 from gpuhost_agent.local_marketplace.store import Store
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire_time
 from gpuhost_agent.storage.agent_db import AgentDB
 
 SLOTS = [GpuSlot("G0"), GpuSlot("G1"), GpuSlot("G2"), GpuSlot("G3", healthy=False, reason="ECC")]
@@ -90,10 +90,12 @@ def test_ended_rentals_are_remembered_for_a_week_then_forgotten(tmp_path) -> Non
     ledger.commit("last-month", ["G0"])
     ledger.release("last-month")
     ledger.release("yesterday")
-    month_ago = wire.iso(wire.utcnow() - timedelta(days=30))
+    month_ago = wire_time.iso(wire_time.utcnow() - timedelta(days=30))
     db._write("UPDATE rentals SET ended_at = ? WHERE rental_id = ?", month_ago, "last-month")
     db._write(
-        "UPDATE rentals SET ended_at = ? WHERE rental_id = ?", wire.iso(wire.utcnow() - timedelta(days=1)), "yesterday"
+        "UPDATE rentals SET ended_at = ? WHERE rental_id = ?",
+        wire_time.iso(wire_time.utcnow() - timedelta(days=1)),
+        "yesterday",
     )
     assert ledger.has_ended("last-month") and ledger.has_ended("yesterday")
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 from support.machine_samples import good_host
 
-from gpuhost_agent.core.compose_rewrite import label_services
-from gpuhost_agent.core.naming import stack_labels
-from gpuhost_agent.core.sandbox import decide
-from gpuhost_agent.core.sandbox_context import GIB, SandboxContext
-from gpuhost_agent.core.sandbox_gpu_forms import DEVICE_VARIABLES
-from gpuhost_agent.core.sandbox_harden import GPU_LABEL
-from gpuhost_agent.core.sandbox_raw import RawReview
+from gpuhost_agent.core.sandbox.apply import decide
+from gpuhost_agent.core.sandbox.context import GIB, SandboxContext
+from gpuhost_agent.core.sandbox.gpu_forms import DEVICE_VARIABLES
+from gpuhost_agent.core.sandbox.harden import GPU_LABEL
+from gpuhost_agent.core.sandbox.raw import RawReview
+from gpuhost_agent.core.stacks.compose_rewrite import label_services
+from gpuhost_agent.core.stacks.naming import stack_labels
 from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
 from gpuhost_agent.inventory import toolkit
 from gpuhost_agent.inventory.compliance import evaluate
@@ -55,7 +55,7 @@ def test_every_label_of_the_agents_namespace_is_set_even_when_it_means_no() -> N
 
 def test_no_label_of_the_namespace_is_read_that_the_agent_does_not_write() -> None:
     """Any `io.gpuhost.*` name in the agent's code is one it sets on every
-    container (core/naming.py, the hardening's GPU label): a new label read
+    container (core/stacks/naming.py, the hardening's GPU label): a new label read
     somewhere and left unset would be the image's to choose."""
     written = set(stack_labels("s", "r", "e")) | {GPU_LABEL}
     named = set()

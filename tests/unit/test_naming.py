@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuhost_agent.core import naming
+from gpuhost_agent.core.stacks import naming
 
 
 def test_project_name_is_compose_safe_unique_and_stable():

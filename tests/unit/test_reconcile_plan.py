@@ -11,8 +11,15 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from gpuhost_agent.core.desired_state import ABSENT, PRESENT, DesiredRental, DesiredStack, DesiredState, decode
-from gpuhost_agent.core.reconcile_plan import (
+from gpuhost_agent.core.reconcile.desired_state import (
+    ABSENT,
+    PRESENT,
+    DesiredRental,
+    DesiredStack,
+    DesiredState,
+    decode,
+)
+from gpuhost_agent.core.reconcile.plan import (
     DEPLOY,
     END_RENTAL,
     REMOVE,
@@ -23,13 +30,13 @@ from gpuhost_agent.core.reconcile_plan import (
     ended_rentals,
     plan,
 )
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire, wire_jobs, wire_time
 
-TEMPLATE = wire.validate_template(
+TEMPLATE = wire_jobs.validate_template(
     {"name": "n", "description": "d", "content": "services: {}\n", "environmentVariables": {}}
 )
 GRACE = 60.0
-NOW = wire.utcnow()
+NOW = wire_time.utcnow()
 PAST = NOW - timedelta(hours=1)
 FUTURE = NOW + timedelta(hours=1)
 
@@ -63,9 +70,9 @@ def record(status=wire.APPLIED, error_msg="", rental_id="r1") -> dict:
 
 def rental_row(end_date=None, gpus=("GPU-1",), ended_at=None) -> dict:
     return {
-        "end_date": wire.iso(end_date) if end_date else None,
+        "end_date": wire_time.iso(end_date) if end_date else None,
         "gpus": list(gpus),
-        "ended_at": wire.iso(ended_at) if ended_at else None,
+        "ended_at": wire_time.iso(ended_at) if ended_at else None,
     }
 
 
@@ -475,7 +482,7 @@ def test_decode_a_valid_reply():
     assert state.env_id == "env-1"
     assert set(state.stacks) == {"s1", "s2"} and set(state.rentals) == {"r1", "r2"}
     s1, s2 = state.stacks["s1"], state.stacks["s2"]
-    assert s1 == DesiredStack("s1", "r1", "web", PRESENT, wire.APPLIED, 2, wire.validate_template(RAW_TEMPLATE))
+    assert s1 == DesiredStack("s1", "r1", "web", PRESENT, wire.APPLIED, 2, wire_jobs.validate_template(RAW_TEMPLATE))
     assert s1.template["environmentVariables"] == {"A": "1"} and s1.template["insecure"] is False
     assert (s2.stack_name, s2.desired, s2.status, s2.open_jobs) == ("", ABSENT, wire.REMOVING, 0)
     assert s2.template is None  # no template: kept, but cannot be redeployed
@@ -576,7 +583,7 @@ def _whole(case: str) -> bool:
 
 @pytest.mark.parametrize("case", [c for c in MALFORMED if _whole(c)])
 def test_decode_refuses_a_reply_that_is_not_a_desired_state(case):
-    with pytest.raises(wire.InvalidBody):
+    with pytest.raises(wire_jobs.InvalidBody):
         decode(MALFORMED[case](valid_body()))
 
 
@@ -625,7 +632,7 @@ def test_an_id_with_a_trailing_newline_is_refused(where):
     body = valid_body()
     if where == "envId":
         body["envId"] = "env-1\n"
-        with pytest.raises(wire.InvalidBody):
+        with pytest.raises(wire_jobs.InvalidBody):
             decode(body)
         return
     if where == "stackId":
@@ -640,15 +647,15 @@ def test_an_id_with_a_trailing_newline_is_refused(where):
 
 def test_decode_leaves_out_a_rental_with_a_gpu_count_no_host_has():
     body = valid_body()
-    body["rentals"][0]["gpuCount"] = wire.MAX_GPU_COUNT + 1
+    body["rentals"][0]["gpuCount"] = wire_jobs.MAX_GPU_COUNT + 1
     state = decode(body)
     assert "r1" not in state.rentals and "r1" in state.held
 
 
 def test_decode_accepts_the_largest_gpu_count():
     body = valid_body()
-    body["rentals"][0]["gpuCount"] = wire.MAX_GPU_COUNT
-    assert decode(body).rentals["r1"].gpu_count == wire.MAX_GPU_COUNT
+    body["rentals"][0]["gpuCount"] = wire_jobs.MAX_GPU_COUNT
+    assert decode(body).rentals["r1"].gpu_count == wire_jobs.MAX_GPU_COUNT
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from support.settings import sandbox_settings
 
-from gpuhost_agent.core.sandbox_context import SandboxContext
-from gpuhost_agent.core.sandbox_harden import harden
+from gpuhost_agent.core.sandbox.context import SandboxContext
+from gpuhost_agent.core.sandbox.harden import harden
 from gpuhost_agent.runtime.rental_cgroups import CgroupError, RentalCgroups, RentalLimits
 from gpuhost_agent.runtime.rental_slices import RentalSlices
 
@@ -98,9 +98,9 @@ async def test_deploys_at_the_same_moment_all_get_their_rentals_cgroup(tmp_path)
     one, at the same moment, went on with none (its container had no parent)."""
     import asyncio
 
-    from gpuhost_agent.core.gpu_ledger import GpuLedger
-    from gpuhost_agent.core.rental_shares import CgroupShares
-    from gpuhost_agent.core.sandbox import Sandbox
+    from gpuhost_agent.core.gpus.ledger import GpuLedger
+    from gpuhost_agent.core.rentals.shares import CgroupShares
+    from gpuhost_agent.core.sandbox.apply import Sandbox
     from gpuhost_agent.storage.agent_db import AgentDB
 
     async def no_facts() -> dict:

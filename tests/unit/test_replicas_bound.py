@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from gpuhost_agent.core.compose_rewrite import StackRejected
-from gpuhost_agent.core.sandbox import decide
-from gpuhost_agent.core.sandbox_context import GIB, SandboxContext
-from gpuhost_agent.core.sandbox_harden import harden
-from gpuhost_agent.core.sandbox_raw import RawReview
-from gpuhost_agent.core.sandbox_rewrite import rewrite
+from gpuhost_agent.core.sandbox.apply import decide
+from gpuhost_agent.core.sandbox.context import GIB, SandboxContext
+from gpuhost_agent.core.sandbox.harden import harden
+from gpuhost_agent.core.sandbox.raw import RawReview
+from gpuhost_agent.core.sandbox.rewrite import rewrite
+from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
 from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
 
 CTX = SandboxContext(project="p", gpu_uuids=("GPU-a", "GPU-b"), cpus=8.0, memory_bytes=8 * GIB, pids_limit=4096)

@@ -1,7 +1,7 @@
 """The renter never chooses an address, and a tunnel never dials the host
 (issue 31, finding 5; and the NVIDIA device-list mounts of finding 9).
 
-The policy on Compose's normalised model (core/sandbox_networks.py), the pure
+The policy on Compose's normalised model (core/sandbox/networks.py), the pure
 judgement of a container's address (streams/sandbox_addresses.py), and the
 tunnel's refusal before it dials (streams/tunnel.py). On the real engine
 through the local marketplace: tests/integration/test_tunnel_addresses_engine.py;
@@ -14,8 +14,8 @@ import ipaddress
 
 import pytest
 
-from gpuhost_agent.core.sandbox_context import SandboxContext
-from gpuhost_agent.core.sandbox_policy import policy_violations
+from gpuhost_agent.core.sandbox.context import SandboxContext
+from gpuhost_agent.core.sandbox.policy import policy_violations
 from gpuhost_agent.runtime.engine_streams import ContainerAt
 from gpuhost_agent.streams import sandbox_addresses
 from gpuhost_agent.streams.admission import connect_tunnel

@@ -17,7 +17,7 @@ import pytest
 from support.sandbox_corpus import CORPUS, HOSTILE, LEGIT, header
 from support.sandbox_decide import FOREIGN, RENTAL_GPUS, assert_sandboxed, decide_file
 
-from gpuhost_agent.core.sandbox_context import GIB
+from gpuhost_agent.core.sandbox.context import GIB
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
 
 

@@ -1,7 +1,7 @@
 """What the host's engine does on its own network for a renter (issue 31):
 no image from a registry at an address of the host or a special address,
 unless the host allows that registry; a bounded number of published ports
-per stack. core/sandbox_host_network.py; the corpus files 160-169 and
+per stack. core/sandbox/host_network.py; the corpus files 160-169 and
 tests/integration/test_registry_ssrf_engine.py hold the same on the real
 Compose and engine."""
 
@@ -12,8 +12,8 @@ import ipaddress
 
 import pytest
 
-from gpuhost_agent.core.sandbox_context import Registries
-from gpuhost_agent.core.sandbox_host_network import (
+from gpuhost_agent.core.sandbox.context import Registries
+from gpuhost_agent.core.sandbox.host_network import (
     MAX_PUBLISHED_PORTS,
     image_problem,
     image_problems,

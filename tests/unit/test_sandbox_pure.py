@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from gpuhost_agent.core.gpu_allocation import GpuSlot, NotEnoughGpus, allocate, slots_from_inventory
-from gpuhost_agent.core.gpu_ledger import GpuLedger
-from gpuhost_agent.core.sandbox_context import GIB, Machine, SandboxContext, rental_share
-from gpuhost_agent.core.sandbox_harden import NO_EXTRA_DEVICES, assigned_uuids, harden
-from gpuhost_agent.core.sandbox_policy import policy_violations
+from gpuhost_agent.core.gpus.allocation import GpuSlot, NotEnoughGpus, allocate, slots_from_inventory
+from gpuhost_agent.core.gpus.ledger import GpuLedger
+from gpuhost_agent.core.sandbox.context import GIB, Machine, SandboxContext, rental_share
+from gpuhost_agent.core.sandbox.harden import NO_EXTRA_DEVICES, assigned_uuids, harden
+from gpuhost_agent.core.sandbox.policy import policy_violations
 from gpuhost_agent.storage.agent_db import AgentDB
 
 UUIDS = [f"GPU-{i}" for i in range(8)]
@@ -160,7 +160,7 @@ def test_policy_edges(service, allowed) -> None:
 
 
 def test_the_disk_floor_problem_names_the_disk_and_the_floor() -> None:
-    from gpuhost_agent.core.sandbox_context import disk_floor_problem
+    from gpuhost_agent.core.sandbox.context import disk_floor_problem
 
     gib = 1024**3
     low = {"path": "/var/lib/docker", "freeBytes": 5 * gib}
@@ -176,7 +176,7 @@ def test_the_disk_floor_problem_names_the_disk_and_the_floor() -> None:
 def test_a_stack_may_not_take_more_than_its_share_of_the_address_pools() -> None:
     """Issue 17 finding 5: one rental's stacks, each with networks, used up
     Docker's address pools and every other renter's deploy failed."""
-    from gpuhost_agent.core.sandbox_policy import MAX_NETWORKS_PER_STACK
+    from gpuhost_agent.core.sandbox.policy import MAX_NETWORKS_PER_STACK
 
     def model(networks: int) -> dict:
         return {"services": {"app": {"image": "x"}}, "networks": {f"n{i}": {} for i in range(networks)}}
@@ -187,7 +187,7 @@ def test_a_stack_may_not_take_more_than_its_share_of_the_address_pools() -> None
 
 
 def test_a_rental_may_have_so_many_stacks_on_the_host() -> None:
-    from gpuhost_agent.core.sandbox_context import crowded_rental_problem
+    from gpuhost_agent.core.sandbox.context import crowded_rental_problem
 
     stacks = {f"s{i}": {"rental_id": "r1"} for i in range(3)} | {"o1": {"rental_id": "r2"}}
     assert crowded_rental_problem(stacks, "r1", "new", 4) is None

@@ -10,12 +10,12 @@ from support.machine_samples import good_host
 from support.sandbox_decide import RENTAL_GPUS, decide_file
 from support.settings import sandbox_settings
 
-from gpuhost_agent.core.compose_rewrite import StackRejected
-from gpuhost_agent.core.gpu_ledger import GpuLedger
-from gpuhost_agent.core.sandbox import Sandbox, review_raw
-from gpuhost_agent.core.sandbox_context import SandboxContext
+from gpuhost_agent.core.gpus.ledger import GpuLedger
+from gpuhost_agent.core.sandbox.apply import Sandbox, review_raw
+from gpuhost_agent.core.sandbox.context import SandboxContext
+from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
 from gpuhost_agent.core.swarm.placement import SwarmPlacer
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire, wire_jobs
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
 from gpuhost_agent.storage.agent_db import AgentDB
 
@@ -130,7 +130,9 @@ async def test_services_all_behind_profiles_are_refused_before_any_gpu_is_taken(
 
     sandbox = Sandbox(ledger, facts, **sandbox_settings())
     raw = review_raw(text)
-    job = wire.StackJob("job-1", wire.JOB_DEPLOY, "stack-1", "rental-1", "env-1", "s", {"content": text}, gpu_count=2)
+    job = wire_jobs.StackJob(
+        "job-1", wire.JOB_DEPLOY, "stack-1", "rental-1", "env-1", "s", {"content": text}, gpu_count=2
+    )
     with pytest.raises(StackRejected, match="COMPOSE_PROFILES to the profiles to start \\(cuda, or \\*\\)"):
         await sandbox.apply(job, {"name": "p", "services": {}}, raw, SandboxContext(project="p"))
     assert ledger.assignments == {}  # nothing committed for a refused stack
@@ -209,7 +211,7 @@ async def test_a_swarm_stack_s_overlays_are_encrypted_when_the_host_asks(tmp_pat
         "services": {"app": {"image": "busybox", "networks": {"default": None}}},
         "networks": {"default": {"name": "p_default"}},
     }
-    job = wire.StackJob("job-1", wire.JOB_DEPLOY, "stack-1", "rental-1", "env-1", "s", {"content": text})
+    job = wire_jobs.StackJob("job-1", wire.JOB_DEPLOY, "stack-1", "rental-1", "env-1", "s", {"content": text})
     hardened, _, _ = await sandbox.apply(job, model, review_raw(text), SandboxContext(project="p"))
     (network,) = hardened["networks"].values()
     assert network["driver"] == "overlay" and ("driver_opts" in network) is encrypted, network

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import ssh_login, wire
 from gpuhost_agent.streams import ssh_access
 from gpuhost_agent.streams.requests import Refusal, SshRequest, parse_request
 from gpuhost_agent.streams.ssh_access import RentalKeys, parse_login, pick_any, pick_container
@@ -32,7 +32,7 @@ def _container(service: str = "web", number: str = "1", state: str = "running", 
 
 
 def test_login_names_name_a_service_of_this_stack_only():
-    assert wire.ssh_login_name("web", STACK) == "web.3f2a9c1d"
+    assert ssh_login.ssh_login_name("web", STACK) == "web.3f2a9c1d"
     assert parse_login("web.3f2a9c1d", STACK) == "web"
     assert parse_login("my.dotted.svc.3f2a9c1d", STACK) == "my.dotted.svc"
     for name in ("web", "web.3f2a9c1e", ".3f2a9c1d", "web.", "root"):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire, wire_jobs, wire_time
 from gpuhost_agent.storage import agent_db as state_db
 from gpuhost_agent.storage.agent_db import DB_FILE, AgentDB
 
@@ -21,8 +21,10 @@ TEMPLATE = {"name": "n", "description": "d", "content": "services: {}\n", "envir
 CORRUPT_NAME = re.compile(r"^agent\.db\.corrupt-\d{8}T\d{6}-\d{9}$")
 
 
-def job(job_id: str, stack_id: str = "s1", rental_id: str = "r1") -> wire.StackJob:
-    return wire.StackJob(job_id, wire.JOB_DEPLOY, stack_id, rental_id, "env1", "web", wire.validate_template(TEMPLATE))
+def job(job_id: str, stack_id: str = "s1", rental_id: str = "r1") -> wire_jobs.StackJob:
+    return wire_jobs.StackJob(
+        job_id, wire.JOB_DEPLOY, stack_id, rental_id, "env1", "web", wire_jobs.validate_template(TEMPLATE)
+    )
 
 
 @pytest.fixture
@@ -270,7 +272,7 @@ def test_stacks_are_recorded_updated_and_forgotten(db_path):
             wire.ERROR,
             "compose failed",
         )
-        assert wire.is_iso(s1["updated_at"])
+        assert wire_time.is_iso(s1["updated_at"])
         assert stacks["s2"]["status"] == wire.APPLIED and stacks["s2"]["error_msg"] == ""
         db.stack_status("s1", "r1", "env1", "p1b", wire.APPLIED)  # error cleared
         assert db.stacks()["s1"]["error_msg"] == ""
@@ -323,10 +325,10 @@ def test_rental_gpus_and_end(db_path):
         db.rental_ended("r3")  # never seen before: recorded as ended
         db = reopen(db)
         rentals = db.rentals()
-        assert rentals["r1"]["gpus"] == [] and wire.is_iso(rentals["r1"]["ended_at"])
+        assert rentals["r1"]["gpus"] == [] and wire_time.is_iso(rentals["r1"]["ended_at"])
         assert rentals["r1"]["end_date"] == "2030-06-01T00:00:00Z"
         assert rentals["r2"]["gpus"] == ["GPU-3"] and rentals["r2"]["ended_at"] is None
-        assert rentals["r3"]["gpus"] == [] and wire.is_iso(rentals["r3"]["ended_at"])
+        assert rentals["r3"]["gpus"] == [] and wire_time.is_iso(rentals["r3"]["ended_at"])
     finally:
         db.close()
 

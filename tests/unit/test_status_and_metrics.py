@@ -23,8 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.agent_config import make_config
 
 from gpuhost_agent.common import logs
-from gpuhost_agent.core.reconcile_plan import Action
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.core.reconcile.plan import Action
+from gpuhost_agent.protocol import wire_time
 from gpuhost_agent.service import metrics, status_cli, status_server
 from gpuhost_agent.service.wiring import build_agent, start_status_server
 
@@ -364,7 +364,7 @@ def test_render_shows_last_error_and_no_stacks():
         {
             "version": "0.1.0",
             "pid": 1,
-            "since": wire.iso(),
+            "since": wire_time.iso(),
             "connected": False,
             "initState": {"state": "failed", "phase": "docker", "error": "docker: down"},
             "lastError": {

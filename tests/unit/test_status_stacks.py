@@ -15,9 +15,9 @@ import pytest
 from support.agent_config import make_config
 from support.machine_samples import broken_system_data, healthy_system_data
 
-from gpuhost_agent.core import naming
-from gpuhost_agent.core.status_reporter import StackRef
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.core.stacks import naming
+from gpuhost_agent.core.stacks.status_reporter import StackRef
+from gpuhost_agent.protocol import ssh_login, wire
 from gpuhost_agent.service import status_cli
 from gpuhost_agent.service.status_stacks import stack_entries
 from gpuhost_agent.service.wiring import build_agent, start_status_server
@@ -100,7 +100,7 @@ def test_tunnels_follow_the_containers_and_count_connections():
         ("web", 8080, "tcp", True, 2),
         (None, None, "ssh", True, 1),
     ]
-    assert tunnels[2]["logins"] == [wire.ssh_login_name("web", "stk-web")]
+    assert tunnels[2]["logins"] == [ssh_login.ssh_login_name("web", "stk-web")]
     # a stack that is not APPLIED has no open tunnel, running container or not
     rows["stk-web"]["status"] = wire.ERROR
     assert not any(t["open"] for t in stack_entries(rows, {}, lists.get, requests)[1]["tunnels"])

@@ -12,11 +12,11 @@ from support.machine_samples import good_host
 from support.settings import sandbox_settings
 
 from gpuhost_agent.core.disk_watch import disk_share
-from gpuhost_agent.core.gpu_ledger import GpuLedger
-from gpuhost_agent.core.sandbox import Sandbox, review_raw
-from gpuhost_agent.core.sandbox_context import SandboxContext
+from gpuhost_agent.core.gpus.ledger import GpuLedger
+from gpuhost_agent.core.sandbox.apply import Sandbox, review_raw
+from gpuhost_agent.core.sandbox.context import SandboxContext
 from gpuhost_agent.inventory.storage_quota import mount_of, storage_quota
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire, wire_jobs
 from gpuhost_agent.storage.agent_db import AgentDB
 
 EXT4 = {
@@ -62,7 +62,9 @@ async def test_each_container_gets_the_rentals_disk_share_as_its_size_only_with_
     ledger = GpuLedger(await asyncio.to_thread(AgentDB, tmp_path / "agent.db"))
     sandbox = Sandbox(ledger, machine, **sandbox_settings(disk_floor_bytes=20 * 1024**3))
     text = "services:\n  a:\n    image: busybox\n  b:\n    image: busybox\n"
-    job = wire.StackJob("job-1", wire.JOB_DEPLOY, "stack-1", "rental-1", "env-1", "s", {"content": text}, gpu_count=1)
+    job = wire_jobs.StackJob(
+        "job-1", wire.JOB_DEPLOY, "stack-1", "rental-1", "env-1", "s", {"content": text}, gpu_count=1
+    )
     model = {"name": "p", "services": {"a": {"image": "busybox"}, "b": {"image": "busybox"}}}
     hardened, uuids, _ = await sandbox.apply(job, model, review_raw(text), SandboxContext(project="p"))
     sizes = {service.get("storage_opt", {}).get("size") for service in hardened["services"].values()}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuhost_agent.local_marketplace.store import Store
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire, wire_time
 
 
 def _store_with_stack():
@@ -28,11 +28,11 @@ def test_reports_cannot_undo_a_requested_removal():
     store, rental, stack = _store_with_stack()
     sid = stack["stackId"]
     store.remove_stack(rental["rentalId"], sid)
-    assert not store.apply_status(sid, {"status": wire.APPLIED, "reportedAt": wire.iso()})
+    assert not store.apply_status(sid, {"status": wire.APPLIED, "reportedAt": wire_time.iso()})
     assert store.stacks[sid]["status"] == wire.REMOVING
-    assert store.apply_status(sid, {"status": wire.REMOVED, "reportedAt": wire.iso()})
+    assert store.apply_status(sid, {"status": wire.REMOVED, "reportedAt": wire_time.iso()})
     assert sid not in store.stacks
-    assert store.apply_status(sid, {"status": wire.REMOVED, "reportedAt": wire.iso()}) is False
+    assert store.apply_status(sid, {"status": wire.REMOVED, "reportedAt": wire_time.iso()}) is False
 
 
 def test_jobs_are_redelivered_to_a_new_session_until_completed():

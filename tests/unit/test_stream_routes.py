@@ -20,7 +20,7 @@ from gpuhost_agent.common import logs
 from gpuhost_agent.local_marketplace import channel_api, channel_hub, server, terminal_tickets
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.store import Store
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire, wire_time
 
 CONTAINER_ID = "4c01db0b339c4a4e0b5e9d0b1f4e8c6f0a7b9d2e3f4a5b6c7d8e9f0a1b2c3d4e"
 AGENT_DOC_LOADED = load(AGENT_DOC)
@@ -56,7 +56,7 @@ class World:
         status, _ = await self.call(
             "PUT",
             f"/agent/stacks/{stack_id}/containers",
-            {"containers": [container(name, container_id)], "observedAt": wire.iso()},
+            {"containers": [container(name, container_id)], "observedAt": wire_time.iso()},
             self.agent_key,
         )
         assert status == 200
@@ -355,7 +355,7 @@ async def test_terminal_relays_both_ways(world):
     assert set(created) == {"terminalId", "url", "expiresAt"}
     host = world.base.removeprefix("http://").removesuffix("/v1")
     assert created["url"].startswith(f"ws://{host}/v1/terminals/{created['terminalId']}?token=")
-    assert 50 < (wire.parse_iso(created["expiresAt"]).timestamp() - time.time()) <= 60
+    assert 50 < (wire_time.parse_iso(created["expiresAt"]).timestamp() - time.time()) <= 60
     await agent.nothing_asked()  # an unopened URL costs the host nothing
     renter = asyncio.create_task(world.http.ws_connect(created["url"]))  # no API key
     request = await agent.request()
@@ -518,7 +518,7 @@ async def test_a_newer_channel_replaces_the_older(world):
 
 
 async def test_a_superseded_session_cannot_open_the_channel(world):
-    info = {"agentVersion": "t", "hostname": "h", "startedAt": wire.iso(), "capabilities": []}
+    info = {"agentVersion": "t", "hostname": "h", "startedAt": wire_time.iso(), "capabilities": []}
     _, old = await world.call("POST", "/agent/sessions", info, world.agent_key)
     agent = await world.agent(old["sessionId"])
     _, new = await world.call("POST", "/agent/sessions", info, world.agent_key)
@@ -557,7 +557,7 @@ async def test_a_terminal_on_a_container_that_is_not_running_is_refused_at_once(
     status, _ = await world.call(
         "PUT",
         f"/agent/stacks/{stack_id}/containers",
-        {"containers": [stopped], "observedAt": wire.iso()},
+        {"containers": [stopped], "observedAt": wire_time.iso()},
         world.agent_key,
     )
     assert status == 200

@@ -13,13 +13,13 @@ import pytest
 from support.machine_samples import good_host
 from support.settings import sandbox_settings
 
-from gpuhost_agent.core.compose_rewrite import StackRejected
-from gpuhost_agent.core.gpu_ledger import GpuLedger
-from gpuhost_agent.core.sandbox import Sandbox, review_raw
-from gpuhost_agent.core.sandbox_context import GIB, SandboxContext
+from gpuhost_agent.core.gpus.ledger import GpuLedger
+from gpuhost_agent.core.sandbox.apply import Sandbox, review_raw
+from gpuhost_agent.core.sandbox.context import GIB, SandboxContext
+from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
 from gpuhost_agent.core.swarm.placement import SwarmPlacer
 from gpuhost_agent.core.swarm.rewrite import stack_nodes
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire, wire_jobs
 from gpuhost_agent.storage.agent_db import AgentDB
 
 GPU_SERVICE = {
@@ -64,7 +64,7 @@ async def _apply(ledger: GpuLedger, worker_free: int, service: dict, gpus: int) 
     )
     text = "services:\n  app:\n    image: busybox\n"
     model = {"name": "p", "services": {"app": service}, "networks": {"default": {"name": "p_default"}}}
-    job = wire.StackJob("job-1", wire.JOB_DEPLOY, "stack-1", "rental-1", "env-1", "s", {"content": text}, gpus)
+    job = wire_jobs.StackJob("job-1", wire.JOB_DEPLOY, "stack-1", "rental-1", "env-1", "s", {"content": text}, gpus)
     hardened, _, _ = await sandbox.apply(job, model, review_raw(text), SandboxContext(project="p"))
     return hardened
 

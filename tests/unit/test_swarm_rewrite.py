@@ -11,9 +11,9 @@ import pytest
 from support.sandbox_corpus import CORPUS
 from support.sandbox_decide import RENTAL_GPUS, decide_file
 
-from gpuhost_agent.core.compose_rewrite import StackRejected
-from gpuhost_agent.core.sandbox_context import GIB, SandboxContext, machine_shares
-from gpuhost_agent.core.sandbox_harden import ALWAYS_DROP, harden
+from gpuhost_agent.core.sandbox.context import GIB, SandboxContext, machine_shares
+from gpuhost_agent.core.sandbox.harden import ALWAYS_DROP, harden
+from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
 from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
 

@@ -1,13 +1,13 @@
 """Reading a Swarm manager's answers (inventory/swarm_nodes.py,
-core/gpu_allocation.py, runtime/swarm_tasks.py) without a cluster:
+core/gpus/allocation.py, runtime/swarm_tasks.py) without a cluster:
 the shapes are the Engine API's (`GET /nodes`, `/services`, `/tasks`), as
 Engine 20.10 gave them on the test cluster (tests/integration/
 test_swarm_stacks_engine.py runs the same code against it)."""
 
 from __future__ import annotations
 
-from gpuhost_agent.core.containers import seed_containers
-from gpuhost_agent.core.gpu_allocation import GpuSlot, allocate, environment_slots
+from gpuhost_agent.core.containers.seed_list import seed_containers
+from gpuhost_agent.core.gpus.allocation import GpuSlot, allocate, environment_slots
 from gpuhost_agent.inventory.swarm_nodes import nodes_facts
 from gpuhost_agent.runtime.swarm_tasks import NODE_LABEL, stack_containers
 

@@ -19,7 +19,7 @@ SWARM_SIDE = (
     "inventory/swarm_nodes.py",  # the manager's nodes in systemData
     "streams/door",  # a worker's door: streams/door.py and its door_* modules
     "service/swarm_tls.py",
-    "service/worker.py",  # the agent on another machine
+    "service/swarm_worker.py",  # the agent on another machine
     "service/wiring.py",  # the composition root
     "service/topology.py",  # where the topology is decided
     "service/config.py",  # the settings: GPUHOST_SWARM declared, read and shown
@@ -34,7 +34,7 @@ SWARM_MODULES = (
     "gpuhost_agent.core.swarm",
     "gpuhost_agent.inventory.swarm_nodes",
     "gpuhost_agent.service.swarm_tls",
-    "gpuhost_agent.service.worker",
+    "gpuhost_agent.service.swarm_worker",
 )
 MODE_WORDS = {"leader", "worker"}
 

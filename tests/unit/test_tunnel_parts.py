@@ -13,7 +13,7 @@ from support.fakes import MemorySink
 from gpuhost_agent.local_marketplace import tunnel_relay
 from gpuhost_agent.local_marketplace.store import Store
 from gpuhost_agent.local_marketplace.tunnels import wanted
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire, wire_time
 from gpuhost_agent.runtime.engine_streams import ContainerAt, EngineStreams
 from gpuhost_agent.streams.admission import connect_tunnel
 from gpuhost_agent.streams.requests import Refusal, TunnelRequest, parse_request
@@ -150,7 +150,7 @@ def test_the_marketplace_wants_a_tunnel_per_declared_port_of_running_applied_sta
     }
     stopped = {**running, "Id": "b" * 64, "State": "exited (1)"}
     unhealthy = {**running, "Id": "c" * 64, "State": "running (unhealthy)", "Ports": [{"PrivatePort": 7860}]}
-    store.containers[stack["stackId"]] = {"observedAt": wire.iso(), "containers": [running, stopped, unhealthy]}
+    store.containers[stack["stackId"]] = {"observedAt": wire_time.iso(), "containers": [running, stopped, unhealthy]}
     assert wanted(store) == {}  # not APPLIED yet
     stack["status"] = wire.APPLIED
     found = {(key.container_id[:1], key.port): value for key, value in wanted(store).items()}

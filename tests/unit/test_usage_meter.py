@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 from support.fakes import never_called
 
-from gpuhost_agent.core.gpu_ledger import GpuLedger
-from gpuhost_agent.core.usage_meter import UsageMeter
-from gpuhost_agent.core.usage_slots import SLOT_SECONDS, accrue, split
+from gpuhost_agent.core.gpus.ledger import GpuLedger
+from gpuhost_agent.core.rentals.usage_meter import UsageMeter
+from gpuhost_agent.core.rentals.usage_slots import SLOT_SECONDS, accrue, split
 from gpuhost_agent.service.config import default_of
 from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.uplink.outbox import Outbox

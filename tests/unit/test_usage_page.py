@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from support.openapi_check import check, check_named, request_schema, response_schema
 
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire_time
 
 SLOT = 900
 USAGE_PATH = "/environments/{envId}/usage"
@@ -17,7 +17,7 @@ USAGE_PATH = "/environments/{envId}/usage"
 
 def _slot(day: str, hour: int, quarter: int = 0) -> str:
     moment = datetime.fromisoformat(day).replace(tzinfo=timezone.utc) + timedelta(hours=hour, minutes=15 * quarter)
-    return wire.iso(moment)
+    return wire_time.iso(moment)
 
 
 def _report(rental_id: str, slot_start: str, **gpus: tuple[float, float, float, float]) -> dict:
@@ -53,16 +53,16 @@ async def test_a_price_set_by_the_host_values_the_hours_used_after_it(market, ag
     check(local_doc, patch, request_schema(local_doc, "/environments/{envId}/listing", "patch"))
     status, body = await market.call("PATCH", f"/environments/{env}/listing", patch)
     assert (status, body) == (200, "listing updated")
-    now = wire.utcnow().timestamp()
+    now = wire_time.utcnow().timestamp()
     status, _ = await _put(
-        market, agent_doc, _report(rental, wire.iso_from_timestamp(now - now % SLOT), a=(600, 0, 0, 0))
+        market, agent_doc, _report(rental, wire_time.iso_from_timestamp(now - now % SLOT), a=(600, 0, 0, 0))
     )
     assert status == 200
 
     _, listing = await market.call("GET", f"/environments/{env}/listing")
     check_named(local_doc, listing, "Listing")
     assert listing["pricing"]["pricePerGpu"] == 2.0 and listing["isListed"] is True
-    today = wire.utcnow().date()
+    today = wire_time.utcnow().date()
     page = await _usage(market, local_doc, f"from=2026-11-20&to={today.isoformat()}")
     assert page["total"]["hours"] == pytest.approx(0.5 + 600 / 3600, abs=1e-6)
     assert page["total"]["earned"] == pytest.approx(

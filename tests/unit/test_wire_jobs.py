@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire, wire_jobs
 
 
 def test_validate_template_fills_defaults_and_rejects_wrong_types():
-    t = wire.validate_template({"name": "n", "description": "", "content": "c", "environmentVariables": {"A": "1"}})
+    t = wire_jobs.validate_template(
+        {"name": "n", "description": "", "content": "c", "environmentVariables": {"A": "1"}}
+    )
     assert t["insecure"] is False and t["isSSHEnabled"] is False and t["isBasicAuthEnabled"] is False
-    with pytest.raises(wire.InvalidBody, match="name must not be empty"):
-        wire.validate_template({**t, "name": "  "})
-    with pytest.raises(wire.InvalidBody, match="larger than"):
-        wire.validate_template({**t, "content": "x" * (wire.MAX_CONTENT_BYTES + 1)})
+    with pytest.raises(wire_jobs.InvalidBody, match="name must not be empty"):
+        wire_jobs.validate_template({**t, "name": "  "})
+    with pytest.raises(wire_jobs.InvalidBody, match="larger than"):
+        wire_jobs.validate_template({**t, "content": "x" * (wire_jobs.MAX_CONTENT_BYTES + 1)})
 
 
 @pytest.mark.parametrize(
@@ -28,6 +30,6 @@ def test_stack_job_refuses_malformed_jobs(bad):
         "envId": "e1",
         "template": {"name": "n", "description": "", "content": "c", "environmentVariables": {}},
     }
-    assert wire.StackJob.from_wire(good).stack_id == "s1"
-    with pytest.raises(wire.InvalidBody):
-        wire.StackJob.from_wire({**good, **bad})
+    assert wire_jobs.StackJob.from_wire(good).stack_id == "s1"
+    with pytest.raises(wire_jobs.InvalidBody):
+        wire_jobs.StackJob.from_wire({**good, **bad})

@@ -19,17 +19,17 @@ from typing import Protocol
 
 from gpuhost_agent import __version__
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.core.container_watch import ContainerWatch
+from gpuhost_agent.core.containers.watch import ContainerWatch
 from gpuhost_agent.core.disk_watch import DiskWatch
-from gpuhost_agent.core.dispatcher import JobDispatcher
 from gpuhost_agent.core.host_reporter import HostReporter
-from gpuhost_agent.core.reconciler import Reconciler
-from gpuhost_agent.core.rental_clock import RentalClock
+from gpuhost_agent.core.reconcile.reconciler import Reconciler
+from gpuhost_agent.core.rentals.clock import RentalClock
+from gpuhost_agent.core.rentals.usage_meter import UsageMeter
 from gpuhost_agent.core.schedule import Schedule
-from gpuhost_agent.core.usage_meter import UsageMeter
+from gpuhost_agent.core.stacks.dispatcher import JobDispatcher
 from gpuhost_agent.inventory.gpu_events import GpuEventWatch
 from gpuhost_agent.protocol import intervals as wire_intervals
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire, wire_time, wire_values
 from gpuhost_agent.runtime.engine_watch import EngineWatch
 from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.streams.channel import StreamChannel
@@ -147,7 +147,7 @@ class Agent:
         info = {
             "agentVersion": __version__,
             "hostname": socket.gethostname(),
-            "startedAt": wire.iso(),
+            "startedAt": wire_time.iso(),
             "capabilities": list(wire.JOB_TYPES),
             **self.streams.session_info(),
         }
@@ -164,7 +164,7 @@ class Agent:
                 await asyncio.sleep(delay)
         self.intervals = wire_intervals.from_reply(reply.get("intervals"))
         self.schedule.every("container_resync", self.intervals["containerResyncSeconds"], self.resync_containers)
-        env_id = reply.get("envId") if wire.is_safe_id(reply.get("envId")) else self.session.env_id
+        env_id = reply.get("envId") if wire_values.is_safe_id(reply.get("envId")) else self.session.env_id
         if env_id:
             self.db.set_meta("env_id", env_id)
             self.container_watch.follow(env_id)

@@ -28,9 +28,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.core.gpu_ledger import GpuLedger
-from gpuhost_agent.core.stack_backend import StackBackend
-from gpuhost_agent.core.status_reporter import StackRef, StatusReporter
+from gpuhost_agent.core.gpus.ledger import GpuLedger
+from gpuhost_agent.core.stacks.backend import StackBackend
+from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.inventory.environment import node_host
 from gpuhost_agent.inventory.machines import Machines
 from gpuhost_agent.protocol import wire

@@ -16,15 +16,15 @@ from collections.abc import Callable
 
 from gpuhost_agent import __version__
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.core.gpu_allocation import slots_from_facts
-from gpuhost_agent.core.gpu_ledger import GpuLedger
+from gpuhost_agent.core.gpus.allocation import slots_from_facts
+from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.init_state import InitState
 from gpuhost_agent.core.schedule import Schedule
 from gpuhost_agent.inventory import netspeed, telemetry
 from gpuhost_agent.inventory.environment import other_nodes
 from gpuhost_agent.inventory.system_data import Prober, as_sent, build_report
 from gpuhost_agent.protocol import intervals as wire_intervals
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire_time, wire_values
 from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.runtime.compose import ComposeNotFound
 from gpuhost_agent.runtime.engine import EngineError
@@ -116,7 +116,7 @@ class HostReporter:
         if not isinstance(server_time, str):
             return
         try:
-            server = wire.parse_iso(server_time).timestamp()
+            server = wire_time.parse_iso(server_time).timestamp()
         except ValueError:
             return
         self.clock_skew = round((sent_at + received_at) / 2 - server, 3)
@@ -230,7 +230,7 @@ class HostReporter:
         storage = ((self.last_report or {}).get("systemData") or {}).get("host", {}).get("storage", {}).get("path")
         figures = await asyncio.to_thread(telemetry.snapshot, self.prober.nvml, storage)
         body = {
-            "sentAt": wire.iso(),
+            "sentAt": wire_time.iso(),
             "agentVersion": __version__,
             "uptimeSeconds": round(time.monotonic() - self._started, 1),
             "initState": self.init.as_wire()["state"],
@@ -258,7 +258,7 @@ class HostReporter:
             self.outbox.retry_now()  # the reports held back meanwhile need not wait out their back-off
         self._note_server_time(reply.get("serverTime"), sent_at, time.time())
         interval = reply.get("heartbeatIntervalSeconds")
-        if wire.is_number(interval) and interval > 0 and interval != self.intervals["heartbeatSeconds"]:
+        if wire_values.is_number(interval) and interval > 0 and interval != self.intervals["heartbeatSeconds"]:
             self.intervals["heartbeatSeconds"] = float(interval)
             self.schedule.every("heartbeat", max(MIN_HEARTBEAT, float(interval)), self.beat)
             log.info("heartbeat_interval_changed", interval_s=interval)

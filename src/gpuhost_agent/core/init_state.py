@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire_time
 
 PHASES = ("config", "marketplace", "docker", "compose", "hardware", "compliance")
 PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
@@ -32,12 +32,12 @@ class InitState:
         entry = self.phases[phase]
         if entry["state"] != RUNNING or entry["detail"] != detail:
             entry.update(state=RUNNING, detail=detail, finishedAt=None)
-            entry["startedAt"] = entry["startedAt"] or wire.iso()
+            entry["startedAt"] = entry["startedAt"] or wire_time.iso()
             self.current = phase
             self._emit()
 
     def done(self, phase: str, detail: str | None = None) -> None:
-        self.phases[phase].update(state=DONE, finishedAt=wire.iso(), detail=detail)
+        self.phases[phase].update(state=DONE, finishedAt=wire_time.iso(), detail=detail)
         if self.current == phase and self.error is not None:
             self.error = None
         self._emit()
@@ -48,7 +48,7 @@ class InitState:
         if entry["state"] == FAILED and self.error == error:
             return  # same failure again: nothing new to tell
         entry.update(state=FAILED, detail=error, finishedAt=None)
-        entry["startedAt"] = entry["startedAt"] or wire.iso()
+        entry["startedAt"] = entry["startedAt"] or wire_time.iso()
         self.current, self.error = phase, f"{phase}: {error}"
         self._emit()
 
@@ -63,7 +63,7 @@ class InitState:
             "phase": self.current,
             "error": self.error,
             "phases": [dict(entry) for entry in self.phases.values()],
-            "updatedAt": wire.iso(),
+            "updatedAt": wire_time.iso(),
         }
 
     def _emit(self) -> None:

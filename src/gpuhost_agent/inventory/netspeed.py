@@ -41,7 +41,7 @@ import aiohttp
 import psutil
 from yarl import URL
 
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire_time
 
 CHUNK_BYTES = 256 * 1024
 _BLOCK = os.urandom(CHUNK_BYTES)  # incompressible, made once
@@ -78,7 +78,7 @@ async def measure_speed(
 
     `base_url` is the marketplace API root (".../v1"); `http` carries the auth header.
     """
-    measured_at = wire.iso()
+    measured_at = wire_time.iso()
     base = base_url.rstrip("/")
     limit = max_seconds + _GRACE_SECONDS
     here = await marketplace_on_this_machine(base)

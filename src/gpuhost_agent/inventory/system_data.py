@@ -22,7 +22,7 @@ from gpuhost_agent.inventory.environment import machines_check
 from gpuhost_agent.inventory.host_probe import probe_host
 from gpuhost_agent.inventory.machines import Machines, OneMachine
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire_time
 from gpuhost_agent.runtime.engine import DockerEngine
 
 
@@ -51,7 +51,7 @@ class Prober:
             ),
         )
         data = {
-            "probedAt": wire.iso(),
+            "probedAt": wire_time.iso(),
             "agentVersion": __version__,
             "hostname": socket.gethostname(),
             "nvml": nvml,
@@ -91,7 +91,7 @@ def build_report(data: dict, requirements: compliance.Requirements, clock_skew_s
 def as_sent(report: dict) -> dict:
     """The body of PUT /agent/system-data: the report and when it went out.
     `gpuhost-agent probe --json` prints this too, so a host sees what is sent."""
-    return {**report, "reportedAt": wire.iso()}
+    return {**report, "reportedAt": wire_time.iso()}
 
 
 def fingerprint(report: dict) -> str:

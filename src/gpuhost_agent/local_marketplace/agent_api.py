@@ -9,7 +9,7 @@ from aiohttp import web
 from gpuhost_agent.local_marketplace import ssh_keys
 from gpuhost_agent.local_marketplace.http_errors import json_body, json_error, too_far_ahead
 from gpuhost_agent.local_marketplace.state import MarketplaceState
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire, wire_time, wire_values
 
 MAX_POLL_WAIT = wire.MAX_POLL_WAIT_SECONDS
 MAX_POLL_JOBS = 100
@@ -36,7 +36,7 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
         for key in ("sshHostKey", "sshHostKeyFingerprint", "agentVersion", "hostname"):
             if key in body and not isinstance(body[key], str):
                 return json_error(400, f"{key} must be a string")
-        if "startedAt" in body and not wire.is_iso(body["startedAt"]):
+        if "startedAt" in body and not wire_time.is_iso(body["startedAt"]):
             return json_error(400, "startedAt must be an ISO 8601 date-time")
         capabilities = body.get("capabilities", [])
         if (
@@ -52,7 +52,7 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
             {
                 "sessionId": session_id,
                 "envId": store.envId,
-                "serverTime": wire.iso(),
+                "serverTime": wire_time.iso(),
                 "requeuedJobs": requeued,
                 "intervals": state.intervals,
                 "requirements": state.requirements,
@@ -141,7 +141,7 @@ def _status_problem(body: Any) -> str | None:
         return "body must be an object"
     if body.get("status") not in wire.REPORTED_STATUSES:
         return f"status must be one of {', '.join(wire.REPORTED_STATUSES)}"
-    if not wire.is_iso(body.get("reportedAt")):
+    if not wire_time.is_iso(body.get("reportedAt")):
         return "reportedAt must be an ISO 8601 date-time"
     if ahead := too_far_ahead("reportedAt", body["reportedAt"]):
         return ahead
@@ -153,7 +153,7 @@ def _status_problem(body: Any) -> str | None:
     gpus = body.get("assignedGPUs", [])
     if not isinstance(gpus, list) or not all(isinstance(uuid, str) for uuid in gpus):
         return "assignedGPUs must be an array of GPU UUIDs"
-    if wire.whole(body.get("pStackId", 0), 2**31 - 1) is None:
+    if wire_values.whole(body.get("pStackId", 0), 2**31 - 1) is None:
         return "pStackId must be an integer from 0 to 2^31-1"
     return None
 
@@ -161,7 +161,7 @@ def _status_problem(body: Any) -> str | None:
 def _containers_problem(body: Any) -> str | None:
     if not isinstance(body, dict) or not isinstance(body.get("containers"), list):
         return "body must be an object with a containers array"
-    if not wire.is_iso(body.get("observedAt")):
+    if not wire_time.is_iso(body.get("observedAt")):
         return "observedAt must be an ISO 8601 date-time"
     if ahead := too_far_ahead("observedAt", body["observedAt"]):
         return ahead
@@ -191,10 +191,10 @@ def _port_problem(port: Any) -> str | None:
     """ContainerPort: PrivatePort and Type always; IP and PublicPort together, for a published port."""
     if not isinstance(port, dict) or not isinstance(port.get("Type"), str):
         return "each must have PrivatePort (integer) and Type (string)"
-    if wire.whole(port.get("PrivatePort")) is None:
+    if wire_values.whole(port.get("PrivatePort")) is None:
         return "each must have PrivatePort (integer) and Type (string)"
     if ("IP" in port) != ("PublicPort" in port):
         return "IP and PublicPort come together"
-    if "IP" in port and (not isinstance(port["IP"], str) or wire.whole(port["PublicPort"]) is None):
+    if "IP" in port and (not isinstance(port["IP"], str) or wire_values.whole(port["PublicPort"]) is None):
         return "IP must be a string and PublicPort an integer"
     return None

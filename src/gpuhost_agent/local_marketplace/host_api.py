@@ -18,7 +18,7 @@ from aiohttp import web
 from gpuhost_agent.local_marketplace import usage
 from gpuhost_agent.local_marketplace.http_errors import json_body, json_error, too_far_ahead
 from gpuhost_agent.local_marketplace.state import MarketplaceState
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire_time, wire_values
 
 LISTING_NUMBERS = ("gpuBandwidth", "totalRAM", "networkUploadSpeed", "networkDownloadSpeed")
 LISTING_WHOLE = ("totalGPUs", "gpuVRAM", "totalCPUs", "totalStorage")  # integers in the document
@@ -34,13 +34,13 @@ FINGERPRINT = re.compile(r"[0-9a-f]{16}")
 
 
 def _number(value: object) -> bool:
-    return wire.is_number(value) and value >= 0
+    return wire_values.is_number(value) and value >= 0
 
 
 def system_data_problem(body: Any) -> str | None:
     if not isinstance(body, dict) or not isinstance(body.get("systemData"), dict):
         return "body must be an object with a systemData object"
-    if not isinstance(body.get("fingerprint"), str) or not wire.is_iso(body.get("reportedAt")):
+    if not isinstance(body.get("fingerprint"), str) or not wire_time.is_iso(body.get("reportedAt")):
         return "fingerprint (string) and reportedAt (date-time) are required"
     if not FINGERPRINT.fullmatch(body["fingerprint"]):
         return "fingerprint must be 16 lowercase hex digits"
@@ -53,7 +53,7 @@ def system_data_problem(body: Any) -> str | None:
         if listing.get(key) is not None and not _number(listing[key]):
             return f"listing.{key} must be a non-negative number or null"
     for key in LISTING_WHOLE:
-        if listing.get(key) is not None and wire.whole(listing[key]) is None:
+        if listing.get(key) is not None and wire_values.whole(listing[key]) is None:
             return f"listing.{key} must be a whole number or null"
     for key in LISTING_STRINGS:
         if listing.get(key) is not None and not isinstance(listing[key], str):
@@ -63,9 +63,9 @@ def system_data_problem(body: Any) -> str | None:
         return f"listing must have {', '.join(missing)} (null when not measured)"
     if listing.get("gpuInterconnect") not in INTERCONNECTS:
         return "listing.gpuInterconnect must be NVLink, PCIe or null"
-    if wire.whole(listing.get("totalGPUs")) is None:
+    if wire_values.whole(listing.get("totalGPUs")) is None:
         return "listing.totalGPUs must be a whole number"
-    listing["totalGPUs"] = wire.whole(listing["totalGPUs"])
+    listing["totalGPUs"] = wire_values.whole(listing["totalGPUs"])
     compliance = body.get("compliance")
     if (
         not isinstance(compliance, dict)
@@ -92,7 +92,7 @@ def system_data_problem(body: Any) -> str | None:
 def init_state_problem(body: Any) -> str | None:
     if not isinstance(body, dict) or body.get("state") not in INIT_STATES:
         return f"body must be an object with state one of {', '.join(INIT_STATES)}"
-    if not isinstance(body.get("phases"), list) or not wire.is_iso(body.get("updatedAt")):
+    if not isinstance(body.get("phases"), list) or not wire_time.is_iso(body.get("updatedAt")):
         return "phases (array) and updatedAt (date-time) are required"
     if ahead := too_far_ahead("updatedAt", body["updatedAt"]):
         return ahead
@@ -110,7 +110,9 @@ def _is_phase(phase: Any) -> bool:
         isinstance(phase, dict)
         and isinstance(phase.get("name"), str)
         and phase.get("state") in PHASE_STATES
-        and all(key in phase and (phase[key] is None or wire.is_iso(phase[key])) for key in ("startedAt", "finishedAt"))
+        and all(
+            key in phase and (phase[key] is None or wire_time.is_iso(phase[key])) for key in ("startedAt", "finishedAt")
+        )
         and "detail" in phase
         and (phase["detail"] is None or isinstance(phase["detail"], str))
     )
@@ -125,13 +127,13 @@ def _host_problem(host: dict) -> str | None:
         value = host[key]
         if key == "diskFreeBytes" and value is None:
             continue
-        if not _number(value) or (key in HOST_WHOLE or key == "diskFreeBytes") and wire.whole(value) is None:
+        if not _number(value) or (key in HOST_WHOLE or key == "diskFreeBytes") and wire_values.whole(value) is None:
             return f"host.{key} must be a non-negative {'whole ' if key in HOST_WHOLE else ''}number"
     return None
 
 
 def heartbeat_problem(body: Any) -> str | None:
-    if not isinstance(body, dict) or not wire.is_iso(body.get("sentAt")):
+    if not isinstance(body, dict) or not wire_time.is_iso(body.get("sentAt")):
         return "body must be an object with sentAt (date-time)"
     host, gpus = body.get("host"), body.get("gpus")
     if not isinstance(host, dict) or not isinstance(gpus, list):
@@ -143,7 +145,9 @@ def heartbeat_problem(body: Any) -> str | None:
     if "fingerprint" not in body or (body["fingerprint"] is not None and not isinstance(body["fingerprint"], str)):
         return "fingerprint is required: the last systemData's, or null before the first"
     reports = body.get("reports", {"pending": 0, "dropped": 0})
-    if not isinstance(reports, dict) or any(wire.whole(reports.get(key)) is None for key in ("pending", "dropped")):
+    if not isinstance(reports, dict) or any(
+        wire_values.whole(reports.get(key)) is None for key in ("pending", "dropped")
+    ):
         return "reports must be an object with pending and dropped, whole numbers"
     if problem := _host_problem(host):
         return problem
@@ -174,7 +178,7 @@ def _machines_problem(machines: Any) -> str | None:
 
 def _gpu_problem(gpu: Any) -> str | None:
     """One GPU's figures (HeartbeatGpu), or NVML's error for one it cannot read."""
-    if not isinstance(gpu, dict) or wire.whole(gpu.get("index")) is None:
+    if not isinstance(gpu, dict) or wire_values.whole(gpu.get("index")) is None:
         return " must be an object with an index"
     if "error" in gpu:
         return None if isinstance(gpu["error"], str) else ".error must be NVML's error text"
@@ -185,7 +189,7 @@ def _gpu_problem(gpu: Any) -> str | None:
     for key in GPU_FIGURES[1:]:
         if gpu[key] is not None and not _number(gpu[key]):
             return f".{key} must be a non-negative number or null"
-        if key in GPU_WHOLE and gpu[key] is not None and wire.whole(gpu[key]) is None:
+        if key in GPU_WHOLE and gpu[key] is not None and wire_values.whole(gpu[key]) is None:
             return f".{key} must be a whole number or null"
     if (gpu["utilizationPercent"] or 0) > 100:
         return ".utilizationPercent must be from 0 to 100"

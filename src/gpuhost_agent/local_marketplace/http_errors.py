@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire_time
 
 MAX_BODY_BYTES = 1024 * 1024
 # How far ahead of the marketplace's clock a report may be dated. A report
@@ -61,7 +61,7 @@ def same_secret(given: str | None, expected: str) -> bool:
 def too_far_ahead(key: str, value: str) -> str | None:
     """The problem with a report time (already a valid date-time) dated more
     than MAX_AHEAD_SECONDS after the marketplace's own clock."""
-    ahead = wire.parse_iso(value).timestamp() - time.time()
+    ahead = wire_time.parse_iso(value).timestamp() - time.time()
     if ahead <= MAX_AHEAD_SECONDS:
         return None
     return (

@@ -17,7 +17,7 @@ from aiohttp import web
 from gpuhost_agent.local_marketplace import usage
 from gpuhost_agent.local_marketplace.http_errors import json_body, json_error
 from gpuhost_agent.local_marketplace.state import MarketplaceState
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire_time, wire_values
 
 SETTINGS = ("availabilityWindows", "pricing", "isListed", "type")
 MAX_WINDOWS = 64
@@ -36,18 +36,18 @@ def settings_problem(body: Any) -> str | None:
     if not isinstance(windows, list) or len(windows) > MAX_WINDOWS:
         return f"availabilityWindows must be an array of at most {MAX_WINDOWS} {{start, end}} objects"
     for index, window in enumerate(windows):
-        if not isinstance(window, dict) or not all(wire.is_iso(window.get(key)) for key in ("start", "end")):
+        if not isinstance(window, dict) or not all(wire_time.is_iso(window.get(key)) for key in ("start", "end")):
             return f"availabilityWindows[{index}] must have start and end, ISO 8601 date-times"
-        if wire.parse_iso(window["start"]) >= wire.parse_iso(window["end"]):
+        if wire_time.parse_iso(window["start"]) >= wire_time.parse_iso(window["end"]):
             return f"availabilityWindows[{index}]: start must be before end"
     if "pricing" in body:
         price = body["pricing"].get("pricePerGpu") if isinstance(body["pricing"], dict) else None
-        if not wire.is_number(price) or not 0 <= price <= MAX_PRICE:
+        if not wire_values.is_number(price) or not 0 <= price <= MAX_PRICE:
             return f"pricing must be an object with pricePerGpu, a number from 0 to {MAX_PRICE} (per GPU-hour)"
     if "isListed" in body and not isinstance(body["isListed"], bool):
         return "isListed must be a boolean"
     kind = body.get("type", "on-demand")
-    if not isinstance(kind, str) or not 0 < len(kind) <= MAX_TYPE_CHARS or not wire.is_text(kind):
+    if not isinstance(kind, str) or not 0 < len(kind) <= MAX_TYPE_CHARS or not wire_values.is_text(kind):
         return f"type must be a string of 1 to {MAX_TYPE_CHARS} characters"
     return None
 
@@ -79,8 +79,8 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
             price = float(body["pricing"]["pricePerGpu"])
             if settings.get("pricePerGpu") != price:
                 settings["pricePerGpu"] = price
-                usage.record_price(store.priceHistory, price, wire.iso())
-        settings["updatedAt"] = wire.iso()
+                usage.record_price(store.priceHistory, price, wire_time.iso())
+        settings["updatedAt"] = wire_time.iso()
         state.changed()
         return web.json_response("listing updated")
 

@@ -22,7 +22,7 @@ from gpuhost_agent.local_marketplace.channel_hub import CLOSE_TIMEOUT, Stream, S
 from gpuhost_agent.local_marketplace.http_errors import BadRequest, json_error
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.stream_targets import find_container, first_done, rental_active, renter_gone
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire_time
 
 log = get_logger(__name__)
 
@@ -55,8 +55,8 @@ def logs_request(query: Mapping[str, str]) -> dict:
         since = query["since"]
         if _DIGITS.fullmatch(since):
             fields["since"] = int(since)
-        elif wire.is_iso(since) and wire.parse_iso(since).timestamp() >= 0:
-            fields["since"] = int(wire.parse_iso(since).timestamp())
+        elif wire_time.is_iso(since) and wire_time.parse_iso(since).timestamp() >= 0:
+            fields["since"] = int(wire_time.parse_iso(since).timestamp())
         else:
             raise BadRequest("since must be Unix seconds (a whole number) or an ISO 8601 date-time")
     for name in ("timestamps", "follow"):

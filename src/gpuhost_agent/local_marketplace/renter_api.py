@@ -8,7 +8,7 @@ from gpuhost_agent.local_marketplace import shapes
 from gpuhost_agent.local_marketplace.http_errors import json_body, json_error
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.stream_targets import find_container
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire_jobs, wire_time, wire_values
 
 
 def routes(state: MarketplaceState) -> list[web.RouteDef]:
@@ -36,9 +36,9 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
                 404 if isinstance(body.get("envId"), str) else 400,
                 f"envId must name this marketplace's environment ({store.envId})",
             )
-        gpu_count = wire.whole(body.get("gpuCount", 0), wire.MAX_GPU_COUNT)
+        gpu_count = wire_values.whole(body.get("gpuCount", 0), wire_jobs.MAX_GPU_COUNT)
         if gpu_count is None:
-            return json_error(400, f"gpuCount must be an integer from 0 to {wire.MAX_GPU_COUNT}")
+            return json_error(400, f"gpuCount must be an integer from 0 to {wire_jobs.MAX_GPU_COUNT}")
         listing = shapes.listing(store)
         reported = bool((store.host.get("report") or {}).get("listing"))  # before it, the machine is not known
         if reported and gpu_count > listing["availableGPUs"]:
@@ -50,11 +50,11 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
         name, end_date = body.get("name"), body.get("endDate")
         if name is not None and not isinstance(name, str):
             return json_error(400, "name must be a string")
-        if name is not None and not wire.is_text(name):
+        if name is not None and not wire_values.is_text(name):
             return json_error(400, "name is not valid Unicode text (it holds a lone surrogate)")
         if end_date is not None:
             try:
-                end_date = wire.iso(wire.parse_iso(end_date)) if isinstance(end_date, str) else None
+                end_date = wire_time.iso(wire_time.parse_iso(end_date)) if isinstance(end_date, str) else None
             except ValueError:
                 end_date = None
             if end_date is None:
@@ -74,7 +74,7 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
         body = await json_body(request)
         if not isinstance(body, dict) or not isinstance(body.get("name"), str):
             return json_error(400, "body must be an object with a string name")
-        rental["name"], rental["updatedAt"] = body["name"], wire.iso()
+        rental["name"], rental["updatedAt"] = body["name"], wire_time.iso()
         state.changed()
         return web.json_response("rental updated")
 
@@ -96,8 +96,8 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
         if not isinstance(body, dict) or "template" not in body:
             return json_error(400, "body must be an object with a template")
         try:
-            template = wire.validate_template(body["template"])
-        except wire.InvalidBody as exc:
+            template = wire_jobs.validate_template(body["template"])
+        except wire_jobs.InvalidBody as exc:
             return json_error(400, str(exc))
         stack = store.create_stack(rental_id, template)
         state.changed(jobs=True)

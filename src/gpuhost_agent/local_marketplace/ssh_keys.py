@@ -15,7 +15,7 @@ from typing import Any
 
 import asyncssh
 
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire_time
 
 MAX_KEYS = 100
 MAX_NAME = 100
@@ -65,7 +65,7 @@ def new_key(body: Any, existing: list[dict]) -> dict:
             raise KeyConflict(f"a key named {name!r} exists; choose another name or delete it first")
     if len(existing) >= MAX_KEYS:
         raise KeyRefused(f"at most {MAX_KEYS} SSH keys; delete one first")
-    return {"name": name, "publicKey": f"{stored[0]} {stored[1]} {name}", "createdAt": wire.iso()}
+    return {"name": name, "publicKey": f"{stored[0]} {stored[1]} {name}", "createdAt": wire_time.iso()}
 
 
 def host_key(text: object) -> dict | None:

@@ -14,7 +14,7 @@ from gpuhost_agent.local_marketplace.channel_hub import ChannelHub
 from gpuhost_agent.local_marketplace.store import Job, Store
 from gpuhost_agent.local_marketplace.terminal_tickets import TicketBook
 from gpuhost_agent.local_marketplace.tunnels import TunnelBook
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire_time
 from gpuhost_agent.protocol.intervals import DEFAULT_INTERVALS
 from gpuhost_agent.protocol.requirements import Requirements
 
@@ -128,7 +128,9 @@ class MarketplaceState:
     # ---- the machine -----------------------------------------------------------
     def accept_system_data(self, body: dict) -> bool:
         previous = self.store.host.get("report") or {}
-        if previous.get("reportedAt") and wire.parse_iso(previous["reportedAt"]) > wire.parse_iso(body["reportedAt"]):
+        if previous.get("reportedAt") and wire_time.parse_iso(previous["reportedAt"]) > wire_time.parse_iso(
+            body["reportedAt"]
+        ):
             return False  # an older report arriving late
         self.store.host["report"] = body
         self.system_data_received += 1
@@ -137,7 +139,9 @@ class MarketplaceState:
 
     def accept_init_state(self, body: dict) -> bool:
         previous = self.store.host.get("initState") or {}
-        if previous.get("updatedAt") and wire.parse_iso(previous["updatedAt"]) > wire.parse_iso(body["updatedAt"]):
+        if previous.get("updatedAt") and wire_time.parse_iso(previous["updatedAt"]) > wire_time.parse_iso(
+            body["updatedAt"]
+        ):
             return False
         self.store.host["initState"] = body
         self.changed()
@@ -153,7 +157,7 @@ class MarketplaceState:
         self.beats_received += 1
         report = self.store.host.get("report") or {}
         wanted = body.get("fingerprint") is not None and report.get("fingerprint") != body.get("fingerprint")
-        return {"heartbeatIntervalSeconds": interval, "systemDataWanted": wanted, "serverTime": wire.iso()}
+        return {"heartbeatIntervalSeconds": interval, "systemDataWanted": wanted, "serverTime": wire_time.iso()}
 
     def liveness(self, now: float | None = None) -> dict:
         """Environment.heartbeat: online until OFFLINE_AFTER_MISSED_BEATS beats are missed."""
@@ -175,7 +179,7 @@ class MarketplaceState:
         body = self.heartbeat["body"]
         return {
             "online": missed < OFFLINE_AFTER_MISSED_BEATS,
-            "lastBeatAt": wire.iso_from_timestamp(self.heartbeat["receivedAt"]),
+            "lastBeatAt": wire_time.iso_from_timestamp(self.heartbeat["receivedAt"]),
             "intervalSeconds": interval,
             "missedBeats": missed,
             "agentVersion": body.get("agentVersion"),

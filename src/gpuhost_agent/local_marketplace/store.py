@@ -27,7 +27,7 @@ from gpuhost_agent.local_marketplace.store_records import (  # Job and the error
     new_rental,
     new_stack,
 )
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire, wire_time, wire_values
 
 LEASE = timedelta(minutes=10)
 DESIRED_ENDED_FOR = timedelta(hours=24)  # how long an ended rental stays in the desired state
@@ -40,7 +40,7 @@ class Store:
     renterApiKey: str
     userId: str = "local-user"
     envName: str = "local"
-    createdAt: str = field(default_factory=wire.iso)
+    createdAt: str = field(default_factory=wire_time.iso)
     rentals: dict = field(default_factory=dict)
     stacks: dict = field(default_factory=dict)
     live: dict = field(default_factory=dict)  # news from the last heartbeat (gpuAssignments); never saved
@@ -94,7 +94,7 @@ class Store:
         rental = self.rental(rental_id)
         if rental["status"] != wire.RENTAL_COMPLETE:
             rental["status"] = wire.RENTAL_COMPLETE
-            rental["endDate"] = wire.iso()
+            rental["endDate"] = wire_time.iso()
             rental["updatedAt"] = rental["endDate"]
             for stack in list(self.stacks.values()):
                 if stack["rentalId"] == rental_id:
@@ -106,13 +106,13 @@ class Store:
     def expire_rentals(self, now: datetime | None = None) -> list[str]:
         """End the ACTIVE rentals whose endDate has passed, as a real
         marketplace's billing would; returns their ids."""
-        now = now or wire.utcnow()
+        now = now or wire_time.utcnow()
         due = [
             rental_id
             for rental_id, rental in self.rentals.items()
             if rental["status"] == wire.RENTAL_ACTIVE
             and rental.get("endDate")
-            and wire.parse_iso(rental["endDate"]) <= now
+            and wire_time.parse_iso(rental["endDate"]) <= now
         ]
         for rental_id in due:
             end_date = self.rentals[rental_id]["endDate"]
@@ -141,7 +141,7 @@ class Store:
             }
             for stack in self.stacks.values()
         ]
-        recent = wire.utcnow() - DESIRED_ENDED_FOR
+        recent = wire_time.utcnow() - DESIRED_ENDED_FOR
         rentals = [
             {
                 "rentalId": rental["rentalId"],
@@ -150,9 +150,9 @@ class Store:
                 "gpuCount": rental.get("gpuCount", 0),
             }
             for rental in self.rentals.values()
-            if rental["status"] == wire.RENTAL_ACTIVE or wire.parse_iso(rental["updatedAt"]) >= recent
+            if rental["status"] == wire.RENTAL_ACTIVE or wire_time.parse_iso(rental["updatedAt"]) >= recent
         ]
-        return {"envId": self.envId, "generatedAt": wire.iso(), "stacks": stacks, "rentals": rentals}
+        return {"envId": self.envId, "generatedAt": wire_time.iso(), "stacks": stacks, "rentals": rentals}
 
     # ---- stacks ------------------------------------------------------------
     def create_stack(self, rental_id: str, template: dict) -> dict:
@@ -184,7 +184,7 @@ class Store:
     def _set_status(self, stack: dict, status: str, error_msg: str) -> None:
         stack["status"] = status
         stack["errorMsg"] = error_msg
-        stack["updatedAt"] = wire.iso()
+        stack["updatedAt"] = wire_time.iso()
         stack["history"].append([status, stack["updatedAt"]])
 
     # ---- jobs --------------------------------------------------------------
@@ -196,14 +196,14 @@ class Store:
     def deliverable(self, max_jobs: int) -> list[Job]:
         """Jobs to hand out now, marked delivered; a delivered job whose lease ran
         out (an agent that vanished mid-job) is handed out again."""
-        now = wire.utcnow()
+        now = wire_time.utcnow()
         ready = [
             job
             for job in self.jobs.values()
-            if job.state == QUEUED or (job.state == DELIVERED and wire.parse_iso(job.deliveredAt) + LEASE < now)
+            if job.state == QUEUED or (job.state == DELIVERED and wire_time.parse_iso(job.deliveredAt) + LEASE < now)
         ]
         for job in ready[:max_jobs]:
-            job.state, job.deliveredAt, job.deliveries = DELIVERED, wire.iso(now), job.deliveries + 1
+            job.state, job.deliveredAt, job.deliveries = DELIVERED, wire_time.iso(now), job.deliveries + 1
             job.firstDeliveredAt = job.firstDeliveredAt or job.deliveredAt
         return ready[:max_jobs]
 
@@ -240,7 +240,7 @@ class Store:
         if job is None:
             raise NotFound(f"job {job_id} not found")
         if job.state != COMPLETED:
-            job.state, job.completedAt, job.outcome, job.errorMsg = COMPLETED, wire.iso(), outcome, error_msg
+            job.state, job.completedAt, job.outcome, job.errorMsg = COMPLETED, wire_time.iso(), outcome, error_msg
         return job
 
     # ---- agent reports -----------------------------------------------------
@@ -254,13 +254,15 @@ class Store:
             if status == wire.REMOVED:
                 return False
             raise NotFound(f"stack {stack_id} not found")
-        if stack["lastReportAt"] and wire.parse_iso(report["reportedAt"]) < wire.parse_iso(stack["lastReportAt"]):
+        if stack["lastReportAt"] and wire_time.parse_iso(report["reportedAt"]) < wire_time.parse_iso(
+            stack["lastReportAt"]
+        ):
             return False
         if stack["desired"] == "absent" and status in (wire.APPLYING, wire.APPLIED):
             return False
         stack["lastReportAt"] = report["reportedAt"]
         stack["pStackName"] = report.get("pStackName") or stack["pStackName"]
-        stack["pStackId"] = wire.whole(report.get("pStackId")) or stack["pStackId"]
+        stack["pStackId"] = wire_values.whole(report.get("pStackId")) or stack["pStackId"]
         if isinstance(report.get("assignedGPUs"), list):
             stack["assignedGPUs"] = list(report["assignedGPUs"])
         if status == wire.REMOVED:
@@ -275,7 +277,7 @@ class Store:
         if stack_id not in self.stacks:
             raise NotFound(f"stack {stack_id} not found")
         previous = self.containers.get(stack_id)
-        if previous and wire.parse_iso(observed_at) < wire.parse_iso(previous["observedAt"]):
+        if previous and wire_time.parse_iso(observed_at) < wire_time.parse_iso(previous["observedAt"]):
             return False
         self.containers[stack_id] = {"observedAt": observed_at, "containers": containers}
         return True

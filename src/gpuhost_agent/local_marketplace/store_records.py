@@ -13,7 +13,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire, wire_time
 
 QUEUED, DELIVERED, COMPLETED = "queued", "delivered", "completed"
 
@@ -33,7 +33,7 @@ class Job:
     stackId: str
     rentalId: str
     state: str = QUEUED
-    createdAt: str = field(default_factory=wire.iso)
+    createdAt: str = field(default_factory=wire_time.iso)
     deliveredAt: str | None = None
     firstDeliveredAt: str | None = None
     deliveries: int = 0
@@ -44,7 +44,7 @@ class Job:
 
 def new_rental(user_id: str, *, name: str | None, gpu_count: int, end_date: str | None) -> dict:
     """A rental the renter just made: ACTIVE from now."""
-    now = wire.iso()
+    now = wire_time.iso()
     return {
         "rentalId": str(uuid.uuid4()),
         "userId": user_id,
@@ -63,7 +63,7 @@ def new_stack(env_id: str, rental_id: str, user_id: str, template: dict) -> dict
     """A stack the renter just asked for: APPLYING until the agent reports.
     `desired`, `lastReportAt` and `history` are the store's own bookkeeping
     (shapes.py leaves them out of what the renter sees)."""
-    now = wire.iso()
+    now = wire_time.iso()
     return {
         "stackId": str(uuid.uuid4()),
         "envId": env_id,

@@ -18,7 +18,7 @@ from typing import Any
 
 from gpuhost_agent.common.logs import SECRETS
 from gpuhost_agent.local_marketplace.http_errors import BadRequest, same_secret
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire_time, wire_values
 
 TICKET_SECONDS = 60.0
 DEFAULT_COMMAND = ["/bin/sh"]
@@ -47,7 +47,7 @@ class Ticket:
 
 
 def dimension(value: object) -> int | None:
-    number = wire.whole(value, MAX_DIMENSION)
+    number = wire_values.whole(value, MAX_DIMENSION)
     return number if number else None
 
 
@@ -96,7 +96,7 @@ class TicketBook:
             container_id=container_id,
             options=options,
             expires=time.monotonic() + self.ttl,
-            expires_at=wire.iso_from_timestamp(time.time() + self.ttl),
+            expires_at=wire_time.iso_from_timestamp(time.time() + self.ttl),
         )
         SECRETS.add(ticket.token)
         self._tickets[ticket.terminal_id] = ticket

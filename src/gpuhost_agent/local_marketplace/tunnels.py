@@ -31,7 +31,7 @@ from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.local_marketplace import tunnel_auth, tunnel_relay
 from gpuhost_agent.local_marketplace.channel_hub import ChannelHub, StreamRefused
 from gpuhost_agent.local_marketplace.store import Store
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import ssh_login, wire
 
 log = get_logger(__name__)
 
@@ -89,7 +89,7 @@ class Tunnel:
 def ssh_entry(tunnel: Tunnel, container: dict, host_key: dict | None) -> dict:
     """The SSH endpoint as one container's tunnel info shows it."""
     service = _service(container)
-    user = wire.ssh_login_name(service, tunnel.key.stack_id)
+    user = ssh_login.ssh_login_name(service, tunnel.key.stack_id)
     port = tunnel.listen_port
     return {
         "tunnelId": hashlib.sha256(f"{tunnel.key.stack_id}/{container['Id']}/ssh".encode()).hexdigest()[:16],

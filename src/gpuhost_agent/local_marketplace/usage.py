@@ -19,11 +19,11 @@ from datetime import date, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire_jobs, wire_time, wire_values
 
 SLOT_SECONDS = 900  # the agent's slots (core.usage_slots); every zone's offset is a multiple of it
 FIGURES = ("seconds", "busySeconds", "lostSeconds", "offlineSeconds")
-MAX_GPUS_PER_REPORT = wire.MAX_GPU_COUNT
+MAX_GPUS_PER_REPORT = wire_jobs.MAX_GPU_COUNT
 MAX_DAYS = 366
 DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")  # RFC 3339's full-date; fromisoformat takes more
 
@@ -32,9 +32,9 @@ def report_problem(body: Any) -> str | None:
     """Why a usage report cannot be kept, or None."""
     if not isinstance(body, dict) or not isinstance(body.get("rentalId"), str):
         return "body must be an object with rentalId (string) and slotStart (date-time)"
-    if not wire.is_iso(body.get("slotStart")):
+    if not wire_time.is_iso(body.get("slotStart")):
         return "body must be an object with rentalId (string) and slotStart (date-time)"
-    start = wire.parse_iso(body["slotStart"]).timestamp()
+    start = wire_time.parse_iso(body["slotStart"]).timestamp()
     if start % SLOT_SECONDS or body.get("slotSeconds") != SLOT_SECONDS:
         return f"slotStart must be a multiple of {SLOT_SECONDS} s on the UTC epoch and slotSeconds {SLOT_SECONDS}"
     gpus = body.get("gpus")
@@ -43,7 +43,7 @@ def report_problem(body: Any) -> str | None:
     for index, gpu in enumerate(gpus):
         if not isinstance(gpu, dict) or not isinstance(gpu.get("uuid"), str) or not 0 < len(gpu["uuid"]) <= 128:
             return f"gpus[{index}].uuid must be a string of 1 to 128 characters"
-        if not all(wire.is_number(gpu.get(key)) and 0 <= gpu[key] <= SLOT_SECONDS for key in FIGURES):
+        if not all(wire_values.is_number(gpu.get(key)) and 0 <= gpu[key] <= SLOT_SECONDS for key in FIGURES):
             return f"gpus[{index}]: {', '.join(FIGURES)} must be numbers from 0 to {SLOT_SECONDS}"
         used, busy, lost, offline = (float(gpu[key]) for key in FIGURES)
         if used + lost + offline > SLOT_SECONDS + 1 or busy > used + 0.001:
@@ -61,12 +61,12 @@ def merge(kept: dict, body: dict) -> dict:
     for gpu in body["gpus"]:
         before = gpus.get(gpu["uuid"], [0.0] * len(FIGURES))
         gpus[gpu["uuid"]] = [max(old, float(gpu[key])) for old, key in zip(before, FIGURES, strict=True)]
-    slot = int(wire.parse_iso(body["slotStart"]).timestamp())
+    slot = int(wire_time.parse_iso(body["slotStart"]).timestamp())
     return {"rentalId": body["rentalId"], "slot": slot, "gpus": gpus}
 
 
 def record_key(body: dict) -> str:
-    return f"{body['rentalId']}@{int(wire.parse_iso(body['slotStart']).timestamp())}"
+    return f"{body['rentalId']}@{int(wire_time.parse_iso(body['slotStart']).timestamp())}"
 
 
 def record_price(history: list, price: float, now: str) -> None:
@@ -74,8 +74,8 @@ def record_price(history: list, price: float, now: str) -> None:
     counts for it, so one set in the same slot as the one before replaces it:
     the history holds at most one price per quarter hour however often a
     host changes it."""
-    slot = wire.parse_iso(now).timestamp() // SLOT_SECONDS
-    if history and wire.parse_iso(history[-1][0]).timestamp() // SLOT_SECONDS == slot:
+    slot = wire_time.parse_iso(now).timestamp() // SLOT_SECONDS
+    if history and wire_time.parse_iso(history[-1][0]).timestamp() // SLOT_SECONDS == slot:
         history.pop()
     history.append([now, price])
 
@@ -86,7 +86,7 @@ class Prices:
     first one)."""
 
     def __init__(self, history: list):
-        self.since = [wire.parse_iso(since).timestamp() for since, _ in history]
+        self.since = [wire_time.parse_iso(since).timestamp() for since, _ in history]
         self.values = [float(value) for _, value in history]
 
     def of(self, slot: float) -> float:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire_values
 
 DEFAULT_INTERVALS: dict[str, int] = {
     "jobPollWaitSeconds": 25,
@@ -29,6 +29,6 @@ def from_reply(raw: Any) -> dict[str, float]:
     intervals = {name: float(value) for name, value in DEFAULT_INTERVALS.items()}
     for name in DEFAULT_INTERVALS:
         value = given.get(name)
-        if wire.is_number(value) and value > 0:
+        if wire_values.is_number(value) and value > 0:
             intervals[name] = float(value)
     return intervals

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any
 
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire_values
 
 # The NVIDIA Container Toolkit release that fixed the known container escapes.
 TOOLKIT_SAFE_VERSION = "1.17.8"
@@ -54,7 +54,7 @@ class Requirements:
             value = (raw or {}).get(spec.name)
             if spec.type == "str" and isinstance(value, str) and version_tuple(value):
                 values[spec.name] = value
-            elif spec.type == "float" and wire.is_number(value) and value >= 0:
+            elif spec.type == "float" and wire_values.is_number(value) and value >= 0:
                 values[spec.name] = float(value)
         return cls(**values)
 

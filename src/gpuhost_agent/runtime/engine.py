@@ -21,7 +21,7 @@ import docker.errors
 import docker.types
 import requests.exceptions
 
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire, wire_time
 
 
 class EngineError(RuntimeError):
@@ -146,7 +146,7 @@ class DockerEngine:
         if state.get("Running") or not text or text.startswith("0001-"):
             return None
         # Docker gives nanoseconds; Python's parser takes exactly six digits at most.
-        return wire.parse_iso(re.sub(r"\.(\d+)", lambda m: "." + (m.group(1) + "000000")[:6], text))
+        return wire_time.parse_iso(re.sub(r"\.(\d+)", lambda m: "." + (m.group(1) + "000000")[:6], text))
 
     async def image_labels(self, image_id: str) -> dict | None:
         """An image's own labels (what its containers inherit); None if the engine cannot say."""

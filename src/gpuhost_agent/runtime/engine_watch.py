@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire_time
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 
 log = get_logger(__name__)
@@ -26,7 +26,7 @@ OnBack = Callable[[datetime, datetime], Awaitable[None]]  # (last seen up, seen 
 class EngineWatch:
     def __init__(self, engine: DockerEngine, on_back: OnBack, *, period: float = 2.0):
         """`on_back` is what must be redone when the engine answers again
-        (core/engine_recovery.py)."""
+        (core/reconcile/engine_recovery.py)."""
         self.engine = engine
         self.on_back = on_back
         self.period = period
@@ -37,7 +37,7 @@ class EngineWatch:
         self._events_broke = asyncio.Event()
 
     def stats(self) -> dict:
-        return {"up": self.up, "outages": self.outages, "lastUp": wire.iso(self.last_up) if self.last_up else None}
+        return {"up": self.up, "outages": self.outages, "lastUp": wire_time.iso(self.last_up) if self.last_up else None}
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -83,12 +83,12 @@ class EngineWatch:
                 )
             self.up = False
             return
-        now = wire.utcnow()
+        now = wire_time.utcnow()
         came_back = self.up is False
         self.up = True
         last_up, self.last_up = self.last_up, now
         if came_back:
-            log.info("docker_back", down_since=wire.iso(last_up) if last_up else None)
+            log.info("docker_back", down_since=wire_time.iso(last_up) if last_up else None)
             try:
                 await self.on_back(last_up or now, now)
             except Exception:  # a failing recovery must not stop the watch

@@ -24,7 +24,7 @@ import os
 import shutil
 from pathlib import Path
 
-from gpuhost_agent.common import faults
+from gpuhost_agent.common import crash_points
 
 _PASSED_THROUGH = ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH")
 DIE_WITH_AGENT = ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
@@ -75,12 +75,12 @@ class HostProcesses:
         """(exit code, stdout, stderr) once it exits; `text` is written to its
         stdin first. Past `timeout` it is killed and asyncio.TimeoutError
         raised; cancelled, it is killed too. `crash_point` names the fault
-        the crash tests arm while the process runs (common/faults.py)."""
+        the crash tests arm while the process runs (common/crash_points.py)."""
         communicating = asyncio.ensure_future(process.communicate(None if text is None else text.encode()))
         try:
-            if crash_point and faults.armed(crash_point):
+            if crash_point and crash_points.armed(crash_point):
                 await asyncio.sleep(0.5)
-                faults.crash_point(crash_point)
+                crash_points.crash_point(crash_point)
             stdout, stderr = await asyncio.wait_for(communicating, timeout)
         except asyncio.TimeoutError:
             await kill(process)

@@ -1,12 +1,12 @@
 """A Swarm stack's containers on every machine, from the manager's answers
 (`GET /services`, `/tasks`). Pure. (The environment's GPUs, from `GET
-/nodes`: inventory/swarm_nodes.py and core/gpu_allocation.py.)
+/nodes`: inventory/swarm_nodes.py and core/gpus/allocation.py.)
 
 A task is one container of a service on one machine. The
 manager knows every task, including those on other machines, so the
 container list is built from tasks (the newest of each service's slot) in
 the shape of Docker's container list, and then goes through the same
-seed shaping as on one machine (core/containers.py).
+seed shaping as on one machine (core/containers/seed_list.py).
 """
 
 from __future__ import annotations

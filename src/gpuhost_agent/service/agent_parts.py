@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuhost_agent.core.agent import Agent
-from gpuhost_agent.core.deployer import StackDeployer
-from gpuhost_agent.core.dispatcher import JobDispatcher
 from gpuhost_agent.core.host_reporter import HostReporter
-from gpuhost_agent.core.reconciler import Reconciler
-from gpuhost_agent.core.status_reporter import StatusReporter
+from gpuhost_agent.core.reconcile.reconciler import Reconciler
+from gpuhost_agent.core.stacks.deployer import StackDeployer
+from gpuhost_agent.core.stacks.dispatcher import JobDispatcher
+from gpuhost_agent.core.stacks.status_reporter import StatusReporter
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 from gpuhost_agent.runtime.engine import DockerEngine
 from gpuhost_agent.runtime.engine_watch import EngineWatch

@@ -58,7 +58,7 @@ async def serve(config: AgentConfig, stop: asyncio.Event) -> None:
 
 async def _serve_locked(config: AgentConfig, stop: asyncio.Event) -> None:
     if config.swarm is SwarmRole.WORKER:  # another machine of a Swarm environment: it serves the leader only
-        from gpuhost_agent.service.worker import serve_worker
+        from gpuhost_agent.service.swarm_worker import serve_worker
 
         await serve_worker(config, stop)
         return

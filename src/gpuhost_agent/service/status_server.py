@@ -28,7 +28,7 @@ from aiohttp import web
 
 from gpuhost_agent import __version__
 from gpuhost_agent.common.logs import LAST_ERROR, SECRETS, get_logger
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire_time
 from gpuhost_agent.service import metrics
 from gpuhost_agent.service.agent_parts import AgentParts
 from gpuhost_agent.service.status_stacks import stack_entries
@@ -96,7 +96,7 @@ class StatusSource:
             "running": True,
             "pid": os.getpid(),
             "version": __version__,
-            "since": wire.iso_from_timestamp(self.started_at),
+            "since": wire_time.iso_from_timestamp(self.started_at),
             "uptimeSeconds": round(time.time() - self.started_at, 1),
             **session,
             **parts.client.stats(),

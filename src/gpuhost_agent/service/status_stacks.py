@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from gpuhost_agent.core import naming
-from gpuhost_agent.core.containers import SERVICE_LABEL
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.core.containers.seed_list import SERVICE_LABEL
+from gpuhost_agent.core.stacks import naming
+from gpuhost_agent.protocol import ssh_login, wire
 from gpuhost_agent.streams.requests import SshRequest, StreamRequest, TunnelRequest
 
 
@@ -70,7 +70,7 @@ def tunnels(stack_id: str, containers: list[dict], applied: bool, requests: list
         service = labels.get(SERVICE_LABEL) or name
         running = str(container.get("State", "")).startswith("running")  # "running (unhealthy)" serves too
         if labels.get(wire.LABEL_SSH) == "true" and running:
-            logins.append(wire.ssh_login_name(service, stack_id))
+            logins.append(ssh_login.ssh_login_name(service, stack_id))
         ids = {container.get("Id"), name, f"/{name}"} - {None, "", "/"}  # a request names it by Id or Name
         ports = sorted({int(p["PrivatePort"]) for p in container.get("Ports") or [] if p.get("Type", "tcp") == "tcp"})
         for port in ports:

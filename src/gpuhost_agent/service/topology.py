@@ -15,11 +15,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from gpuhost_agent.core.agent import PeriodicWatch
-from gpuhost_agent.core.compose_backend import ComposeBackend
-from gpuhost_agent.core.container_watch import ContainerWatch
-from gpuhost_agent.core.placement import OneMachinePlacement, Placement
-from gpuhost_agent.core.rental_shares import CgroupShares, NoRentalCgroups, RentalShares
-from gpuhost_agent.core.stack_backend import StackBackend
+from gpuhost_agent.core.containers.watch import ContainerWatch
+from gpuhost_agent.core.rentals.shares import CgroupShares, NoRentalCgroups, RentalShares
+from gpuhost_agent.core.sandbox.placement import OneMachinePlacement, Placement
+from gpuhost_agent.core.stacks.backend import StackBackend
+from gpuhost_agent.core.stacks.compose_backend import ComposeBackend
 from gpuhost_agent.core.swarm.backend import SwarmBackend
 from gpuhost_agent.core.swarm.machines import SwarmEnvironment, no_disks, no_reports
 from gpuhost_agent.core.swarm.placement import SwarmPlacer

@@ -15,21 +15,21 @@ from typing import TYPE_CHECKING
 
 from gpuhost_agent.common.logs import SECRETS, get_logger
 from gpuhost_agent.core.agent import Agent
-from gpuhost_agent.core.container_watch import ContainerWatch
-from gpuhost_agent.core.deployer import StackDeployer
+from gpuhost_agent.core.containers.watch import ContainerWatch
 from gpuhost_agent.core.disk_watch import DiskWatch
-from gpuhost_agent.core.dispatcher import JobDispatcher
-from gpuhost_agent.core.engine_recovery import EngineRecovery
-from gpuhost_agent.core.gpu_faults import GpuFaults
-from gpuhost_agent.core.gpu_ledger import GpuLedger
+from gpuhost_agent.core.gpus.faults import GpuFaults
+from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.host_reporter import HostReporter
-from gpuhost_agent.core.reconciler import Reconciler
-from gpuhost_agent.core.rental_clock import RentalClock
-from gpuhost_agent.core.rental_end_dates import RentalEndDates
-from gpuhost_agent.core.sandbox import Sandbox
+from gpuhost_agent.core.reconcile.engine_recovery import EngineRecovery
+from gpuhost_agent.core.reconcile.reconciler import Reconciler
+from gpuhost_agent.core.rentals.clock import RentalClock
+from gpuhost_agent.core.rentals.end_dates import RentalEndDates
+from gpuhost_agent.core.rentals.usage_meter import UsageMeter
+from gpuhost_agent.core.sandbox.apply import Sandbox
 from gpuhost_agent.core.schedule import Schedule
-from gpuhost_agent.core.status_reporter import StatusReporter
-from gpuhost_agent.core.usage_meter import UsageMeter
+from gpuhost_agent.core.stacks.deployer import StackDeployer
+from gpuhost_agent.core.stacks.dispatcher import JobDispatcher
+from gpuhost_agent.core.stacks.status_reporter import StatusReporter
 from gpuhost_agent.inventory import telemetry
 from gpuhost_agent.inventory.gpu_events import GpuEventWatch
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire_jobs, wire_time
 
 log = get_logger(__name__)
 
@@ -134,7 +134,7 @@ class AgentDB:
         self._write("UPDATE jobs SET state = ? WHERE state = ?", JOB_INTERRUPTED, JOB_RUNNING)
         return rows
 
-    def job_started(self, job: wire.StackJob) -> None:
+    def job_started(self, job: wire_jobs.StackJob) -> None:
         self._write(
             "INSERT INTO jobs (job_id, type, stack_id, rental_id, state, received_at) VALUES (?,?,?,?,?,?)"
             " ON CONFLICT(job_id) DO UPDATE SET state = excluded.state",
@@ -143,7 +143,7 @@ class AgentDB:
             job.stack_id,
             job.rental_id,
             JOB_RUNNING,
-            wire.iso(),
+            wire_time.iso(),
         )
 
     def job_finished(self, job_id: str, completion: dict) -> None:
@@ -156,7 +156,7 @@ class AgentDB:
             " completion = excluded.completion, finished_seq = excluded.finished_seq",
             job_id,
             JOB_FINISHED,
-            wire.iso(),
+            wire_time.iso(),
             json.dumps(completion),
             seq,
         )
@@ -180,7 +180,7 @@ class AgentDB:
             project,
             status,
             error_msg,
-            wire.iso(),
+            wire_time.iso(),
         )
 
     def forget_stack(self, stack_id: str) -> None:
@@ -216,12 +216,12 @@ class AgentDB:
             "INSERT INTO rentals (rental_id, gpus, ended_at) VALUES (?, '[]', ?)"
             " ON CONFLICT(rental_id) DO UPDATE SET gpus = '[]', ended_at = excluded.ended_at",
             rental_id,
-            wire.iso(),
+            wire_time.iso(),
         )
 
     def forget_rentals_ended_before(self, moment: str) -> list[str]:
         """Drop the rows of rentals that ended before `moment` (ISO, UTC, as
-        wire.iso writes it, so the text order is the time order); their ids."""
+        wire_time.iso writes it, so the text order is the time order); their ids."""
         rows = self._rows("SELECT rental_id FROM rentals WHERE ended_at IS NOT NULL AND ended_at < ?", moment)
         self._write("DELETE FROM rentals WHERE ended_at IS NOT NULL AND ended_at < ?", moment)
         return [row["rental_id"] for row in rows]

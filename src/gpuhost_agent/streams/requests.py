@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire_values
 
 DEFAULT_COMMAND = ("/bin/sh",)
 DEFAULT_COLS, DEFAULT_ROWS = 80, 24
@@ -146,14 +146,19 @@ def parse_resize(message: Any) -> tuple[int, int] | None:
     if not isinstance(message, dict) or message.get("type") != "resize":
         return None
     cols, rows = message.get("cols"), message.get("rows")
-    if wire.is_whole(cols, MAX_TERMINAL_SIDE) and wire.is_whole(rows, MAX_TERMINAL_SIDE) and cols and rows:
+    if (
+        wire_values.is_whole(cols, MAX_TERMINAL_SIDE)
+        and wire_values.is_whole(rows, MAX_TERMINAL_SIDE)
+        and cols
+        and rows
+    ):
         return cols, rows
     return None
 
 
 def _stack(message: dict) -> tuple[str, str]:
     for key in ("rentalId", "stackId"):
-        if not wire.is_safe_id(message.get(key)):
+        if not wire_values.is_safe_id(message.get(key)):
             raise _Bad(f"{key} is missing or not an id")
     return message["rentalId"], message["stackId"]
 
@@ -168,7 +173,7 @@ def _target(message: dict) -> tuple[str, str, str]:
 
 def _port(message: dict) -> int:
     port = message.get("port")
-    if not (wire.is_whole(port, 65535) and port >= 1):
+    if not (wire_values.is_whole(port, 65535) and port >= 1):
         raise _Bad("port must be a TCP port, 1 to 65535")
     return port
 
@@ -177,7 +182,7 @@ def _whole(message: dict, key: str) -> int | None:
     value = message.get(key)
     if value is None:
         return None
-    if not wire.is_whole(value, 2**53):
+    if not wire_values.is_whole(value, 2**53):
         raise _Bad(f"{key} must be a whole number >= 0")
     return value
 
@@ -206,6 +211,6 @@ def _side(message: dict, key: str, default: int) -> int:
     value = message.get(key)
     if value is None:
         return default
-    if not (wire.is_whole(value, MAX_TERMINAL_SIDE) and value >= 1):
+    if not (wire_values.is_whole(value, MAX_TERMINAL_SIDE) and value >= 1):
         raise _Bad(f"{key} must be a whole number from 1 to {MAX_TERMINAL_SIDE}")
     return value

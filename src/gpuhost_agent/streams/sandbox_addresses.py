@@ -2,7 +2,7 @@
 engine's records and the host's own addresses in, a reason to refuse out.
 
 The policy already refuses every address a renter could choose
-(core/sandbox_networks.py); this holds whatever the engine recorded anyway (a
+(core/sandbox/networks.py); this holds whatever the engine recorded anyway (a
 network attached from outside the agent, an engine that honoured something
 the policy did not see). A tunnel is a connection the host makes, so an
 address is dialled only when it is none of the host's own (any address of any
@@ -117,7 +117,7 @@ def special_address(ip: IPAddress) -> str | None:
     """Why `ip` is none of a remote machine's own addresses (loopback,
     link-local, unspecified, multicast, reserved), IPv4-mapped IPv6 and
     0.0.0.0/8 (this network: the host itself) included; None when it may
-    be one. Also judges image registries (core/sandbox_host_network.py)."""
+    be one. Also judges image registries (core/sandbox/host_network.py)."""
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
     if isinstance(ip, ipaddress.IPv4Address) and ip in THIS_NETWORK:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import ssh_login, wire
 from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.streams.ssh_channels import ChannelLedger
 from gpuhost_agent.streams.ssh_host_key import HostKey
@@ -33,9 +33,9 @@ MAX_CACHED_RENTALS = 1024
 
 
 def parse_login(name: str, stack_id: str) -> str | None:
-    """The service a login name (wire.ssh_login_name) asks for in this stack, or None."""
+    """The service a login name (ssh_login.ssh_login_name) asks for in this stack, or None."""
     service, dot, prefix = name.rpartition(".")
-    if not dot or not service or prefix != stack_id[: wire.SSH_STACK_PREFIX]:
+    if not dot or not service or prefix != stack_id[: ssh_login.SSH_STACK_PREFIX]:
         return None
     return service
 

@@ -28,7 +28,7 @@ from gpuhost_agent.uplink.replies import (
 from gpuhost_agent.uplink.reports import CONTAINERS, INIT_STATE, JOB_COMPLETE, STATUS, SYSTEM_DATA, USAGE, Report
 
 # The largest reply the agent reads into memory. One job always fits (its Compose
-# file is at most wire.MAX_CONTENT_BYTES, a few MiB even fully escaped); a list of
+# file is at most wire_jobs.MAX_CONTENT_BYTES, a few MiB even fully escaped); a list of
 # many large ones may not, and poll_jobs then asks for one job at a time.
 MAX_BODY_BYTES = 8 * 1024 * 1024
 # After a job list over the cap, poll for one job at a time for longer than the

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire_time
 
 
 class SessionState:
@@ -31,7 +31,7 @@ class SessionState:
         """A session opened; a reply without a usable id keeps the one we had."""
         if env_id:
             self.env_id = env_id
-        self.connected_since = wire.iso()
+        self.connected_since = wire_time.iso()
         self.connected.set()
 
     def lost(self) -> None:
@@ -41,7 +41,7 @@ class SessionState:
     def back(self) -> None:
         """The marketplace answers again after failures."""
         self.reconnects += 1
-        self.connected_since = wire.iso()
+        self.connected_since = wire_time.iso()
         self.connected.set()
 
     def stats(self) -> dict:

@@ -1,7 +1,7 @@
 """The stack backend of a Swarm environment's leader: `docker stack`
-(core/stack_backend.py).
+(core/stacks/backend.py).
 
-The same deploy as on one machine (core/deployer.py): the renter's file is
+The same deploy as on one machine (core/stacks/deployer.py): the renter's file is
 read by Compose (`config`), judged and hardened by the same sandbox, given
 the rental's GPUs from the environment's ledger, and written for Swarm
 (core/swarm/rewrite.py, inside the sandbox); this backend hands it to
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.core.containers import SERVICE_LABEL, failed_containers
-from gpuhost_agent.core.sandbox import refuse_with_compose_error
-from gpuhost_agent.core.sandbox_raw import RawReview
-from gpuhost_agent.core.stack_backend import ListContainers, StackFailed
+from gpuhost_agent.core.containers.seed_list import SERVICE_LABEL, failed_containers
+from gpuhost_agent.core.sandbox.apply import refuse_with_compose_error
+from gpuhost_agent.core.sandbox.raw import RawReview
+from gpuhost_agent.core.stacks.backend import ListContainers, StackFailed
 from gpuhost_agent.runtime.compose import ComposeError, ComposeRunner
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 from gpuhost_agent.runtime.swarm_stacks import NAMESPACE_LABEL, SwarmStacks

@@ -1,4 +1,4 @@
-"""The placement of a Swarm environment's stack (core/placement.py): each
+"""The placement of a Swarm environment's stack (core/sandbox/placement.py): each
 GPU service pinned to the machine of its GPUs, every other service to the
 leader's, with the rental's share of each machine (core/swarm/rewrite.py).
 The rental's services already running per machine (other stacks) share
@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-from gpuhost_agent.core.compose_rewrite import StackRejected
-from gpuhost_agent.core.placement import Share
-from gpuhost_agent.core.sandbox_context import SandboxContext, machine_shares, machines_floor_problem
+from gpuhost_agent.core.sandbox.context import SandboxContext, machine_shares, machines_floor_problem
+from gpuhost_agent.core.sandbox.placement import Share
+from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
 from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, stack_nodes, swarm_stack
 
 RentalPeers = Callable[[str, str], Awaitable[dict[str, int]]]  # (rental, project) -> its other containers per node

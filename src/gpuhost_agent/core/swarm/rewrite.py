@@ -38,11 +38,11 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpuhost_agent.core.compose_rewrite import StackRejected, as_mapping
-from gpuhost_agent.core.sandbox_context import SandboxContext
-from gpuhost_agent.core.sandbox_harden import GPU_LABEL
-from gpuhost_agent.core.sandbox_policy import to_bytes
-from gpuhost_agent.core.sandbox_rewrite import replicas_of
+from gpuhost_agent.core.sandbox.context import SandboxContext
+from gpuhost_agent.core.sandbox.harden import GPU_LABEL
+from gpuhost_agent.core.sandbox.policy import to_bytes
+from gpuhost_agent.core.sandbox.rewrite import replicas_of
+from gpuhost_agent.core.stacks.compose_rewrite import StackRejected, as_mapping
 
 POLICY_PREFIX = "refused by the sandbox policy: "
 # Service keys Swarm applies as the hardened model states them.

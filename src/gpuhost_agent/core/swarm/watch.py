@@ -17,7 +17,7 @@ often costs little.
   `restart: "no"` is Swarm's `none`) the leader forces a new task
   (`docker service update --force`). Once all run, the message is cleared.
 - A container on another machine that stops by itself is reported as on one
-  machine (core/container_watch.py pushes the list and the errorMsg), at
+  machine (core/containers/watch.py pushes the list and the errorMsg), at
   once when that machine's agent serves its events (core/swarm/worker_events.py,
   followed for every ready machine but this one), else at the next look.
 
@@ -32,8 +32,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.core.container_watch import ContainerWatch
-from gpuhost_agent.core.containers import service_name, stack_id_of
+from gpuhost_agent.core.containers.seed_list import service_name, stack_id_of
+from gpuhost_agent.core.containers.watch import ContainerWatch
 from gpuhost_agent.core.swarm.worker_events import WorkerEvents
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 from gpuhost_agent.runtime.swarm_tasks import NODE_LABEL

@@ -1,7 +1,7 @@
 """The other machines' container events, followed by a Swarm environment's leader.
 
 On one machine the container watch follows the engine's event stream, so a
-container that stops is reported at once (core/container_watch.py). A Swarm
+container that stops is reported at once (core/containers/watch.py). A Swarm
 manager's events cover only its own containers; each other machine's
 engine tells its own, and its agent serves them to the leader (`GET
 /events` on the door, cut to the agent's containers: streams/door.py).

@@ -1,0 +1,1 @@
+"""Containers as the marketplace sees them: their list, their states, the engine's events."""

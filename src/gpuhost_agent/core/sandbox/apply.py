@@ -1,0 +1,252 @@
+"""The sandbox around one stack deploy: the safe rewrites, the pure policy,
+the rental's GPUs and share of the machine, and the hardened model that
+Compose will run.
+
+The renter hears every problem of the file at once: what the raw pass took
+out before Compose read the file (sandbox_raw), what the rewrites could not
+make safe (sandbox_rewrite), and what the policy refuses (sandbox_policy), in
+one message. What was rewritten comes back as notices.
+
+The GPU decision is made and recorded without an `await` in between (plan,
+check, commit), and only once the stack passes, so two rentals deploying at
+once can never be given the same GPU, and a refused stack takes none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable
+
+from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.core.disk_watch import disk_share
+from gpuhost_agent.core.gpus.allocation import GpuSlot, NotEnoughGpus, slots_from_facts, slots_from_inventory
+from gpuhost_agent.core.gpus.ledger import GpuLedger
+from gpuhost_agent.core.rentals.shares import NoRentalCgroups, RentalShares
+from gpuhost_agent.core.sandbox.context import (
+    Registries,
+    SandboxContext,
+    disk_floor_problem,
+    machine_of,
+    rental_share,
+)
+from gpuhost_agent.core.sandbox.harden import harden
+from gpuhost_agent.core.sandbox.host_network import Absent, resolve_registries
+from gpuhost_agent.core.sandbox.placement import OneMachinePlacement, Placement
+from gpuhost_agent.core.sandbox.policy import policy_violations
+from gpuhost_agent.core.sandbox.raw import RawReview, review
+from gpuhost_agent.core.sandbox.rewrite import rewrite
+from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
+from gpuhost_agent.inventory.host_probe import storage
+from gpuhost_agent.protocol import wire_jobs
+from gpuhost_agent.runtime.rental_cgroups import CgroupError, RentalLimits
+from gpuhost_agent.streams.tunnel import read_host_networks
+
+log = get_logger(__name__)
+GPU_FAULT_PREFIX = "out of service: GPU "  # core/gpus/faults.py writes it; kept like the sandbox's changes
+RELEASE_WAIT_SECONDS = 120.0  # how long a deploy waits for GPUs an ending rental still holds
+
+POLICY_PREFIX = "refused by the sandbox policy: "
+MachineFacts = Callable[[], Awaitable[dict]]  # a systemData dict: {"nvml": ..., "host": ...}
+
+
+def review_raw(content: str, profiles: str = "") -> RawReview:
+    """The file Compose may read, with what was taken out of it; StackRejected
+    when it is not YAML that Compose and this parser read alike."""
+    try:
+        return review(content, profiles)
+    except ValueError as exc:
+        raise StackRejected(f"invalid Compose file: {exc}") from None
+
+
+def refuse_with_compose_error(raw: RawReview, compose_error: str) -> StackRejected:
+    """Compose could not read the rest of the file: its error, after the raw pass's problems."""
+    if raw.problems:
+        return StackRejected(POLICY_PREFIX + "; ".join([*raw.problems, f"and Compose says: {compose_error}"]))
+    return StackRejected(f"invalid Compose file: {compose_error}")
+
+
+CHANGES_PREFIX = "deployed with changes by the sandbox: "
+
+
+def notices_message(notices: list[str]) -> str:
+    """An APPLIED stack's errorMsg: what the sandbox changed in the file, or ""."""
+    return CHANGES_PREFIX + "; ".join(notices) if notices else ""
+
+
+def kept_notes(error_msg: str) -> str:
+    """The part of an APPLIED stack's errorMsg that stays when a later report
+    names stopped containers or clears them: a GPU taken out of service
+    (core/gpus/faults.py) and what the sandbox changed."""
+    starts = [at for at in (error_msg.find(GPU_FAULT_PREFIX), error_msg.find(CHANGES_PREFIX)) if at >= 0]
+    return error_msg[min(starts) :] if starts else ""
+
+
+def decide(model: dict, raw: RawReview, ctx: SandboxContext) -> tuple[dict, list[str]]:
+    """(the hardened model, notices) or StackRejected listing every problem. Pure."""
+    rewritten, notices, problems = rewrite(model, ctx)
+    problems = [*raw.problems, *problems, *policy_violations(rewritten, ctx)]
+    if not (model.get("services") or {}) and not raw.profiled:
+        problems.append("the Compose file defines no services")
+    if problems:
+        raise StackRejected(POLICY_PREFIX + "; ".join(problems))
+    return harden(rewritten, ctx), [*raw.notices, *notices]
+
+
+class Sandbox:
+    def __init__(
+        self,
+        ledger: GpuLedger,
+        machine_facts: MachineFacts,
+        *,
+        publish_address: str,
+        pids_limit: int,
+        log_max_size: str,
+        log_max_files: int,
+        shares: RentalShares | None = None,
+        placement: Placement | None = None,
+        release_wait_seconds: float = RELEASE_WAIT_SECONDS,
+        disk_floor_bytes: int,
+        rental_disk_bytes: int | None,
+        allowed_registries: tuple[str, ...],
+        images_absent: Absent | None = None,
+    ):
+        """`shares` holds each rental's share in a cgroup of its own
+        (core/rentals/shares.py; by default none: each container has the
+        rental's limits only). `placement` decides where the stack's services
+        run (core/sandbox/placement.py; by default all on this machine)."""
+        self.log_max_size, self.log_max_files = log_max_size, log_max_files
+        self.shares: RentalShares = shares if shares is not None else NoRentalCgroups()
+        self.placement: Placement = placement if placement is not None else OneMachinePlacement()
+        self.release_wait_seconds = release_wait_seconds
+        self.disk_floor_bytes = disk_floor_bytes
+        self.rental_disk_bytes = rental_disk_bytes  # the host's fixed disk share per rental (disk_watch.py)
+        # Registries local on purpose, and which images the engine lacks (whose registry it would contact).
+        self.allowed_registries, self.images_absent = allowed_registries, images_absent
+        self.ledger = ledger
+        self.machine_facts = machine_facts
+        self.publish_address = publish_address
+        self.pids_limit = pids_limit
+
+    async def apply(
+        self,
+        job: wire_jobs.StackJob,
+        model: dict,
+        raw: RawReview,
+        stack_context: SandboxContext,
+        waiting: Callable[[str], None] | None = None,
+    ) -> tuple[dict, list[str], list[str]]:
+        """(the hardened model, the rental's GPUs, notices) or StackRejected with
+        every reason. `stack_context` carries the project name and where Compose
+        resolved the file's paths; the rest of the context is decided here.
+        `waiting` hears why the deploy waits, when it waits for GPUs."""
+        if self.ledger.is_over(job.rental_id):
+            raise StackRejected("the rental has ended; its stacks cannot be deployed again")
+        facts = await self.machine_facts()
+        slots = slots_from_facts(facts)
+        host = facts.get("host") or {}
+        machine_gpus = len(slots_from_inventory(facts.get("nvml") or {}))  # a share is of one machine
+        machine = machine_of(host, machine_gpus)
+        if self.disk_floor_bytes:  # measured now: the last probe may be minutes old
+            root = (host.get("docker") or {}).get("rootDir") or "/var/lib/docker"
+            full = disk_floor_problem(await asyncio.to_thread(storage, root), self.disk_floor_bytes)
+            if full:
+                raise StackRejected(full)
+        parent = await self.shares.parent(host.get("docker") or {}, job.rental_id)
+        await self._until_released(job, slots, waiting)
+        plan = await self.placement.plan(job.rental_id, stack_context.project)
+        registries = Registries(
+            self.allowed_registries,
+            tuple(await asyncio.to_thread(read_host_networks)),
+            await resolve_registries(model, self.allowed_registries, self.images_absent),
+        )
+        # From here to commit: no await, so the decision is atomic.
+        try:
+            uuids = self.ledger.plan(slots, job.rental_id, job.gpu_count)
+        except NotEnoughGpus as exc:
+            raise StackRejected(str(exc)) from None
+        cpus, memory = base_share = rental_share(machine, len(uuids))
+        gpu_nodes = {slot.uuid: slot.machine for slot in slots}
+        shares = plan.shares(facts, gpu_nodes, uuids)
+        if shares:  # machines differ: the hardening caps at the largest share, the rewrite gives each its own
+            cpus = max(cpus, *(share[0] for share in shares.values()))
+            memory = max(memory, *(share[1] for share in shares.values()))
+        storage_bytes = 0
+        if ((host.get("docker") or {}).get("storageQuota") or {}).get("available"):
+            total = int((host.get("storage") or {}).get("totalBytes") or 0)
+            storage_bytes = disk_share(total, self.disk_floor_bytes, len(uuids), machine_gpus, self.rental_disk_bytes)
+        ctx = dataclasses.replace(
+            stack_context,
+            gpu_uuids=tuple(uuids),
+            cpus=cpus,
+            memory_bytes=memory,
+            pids_limit=self.pids_limit,
+            publish_address=self.publish_address,
+            log_max_size=self.log_max_size,
+            log_max_files=self.log_max_files,
+            cgroup_parent=parent,
+            storage_bytes=storage_bytes,
+            registries=registries,
+        )
+        hardened, notices = decide(model, raw, ctx)
+        hardened, more = plan.place(hardened, ctx, facts, gpu_nodes, base_share, shares)
+        notices = [*notices, *more]
+        self.ledger.commit(job.rental_id, uuids)
+        if parent:
+            limits = RentalLimits(memory_bytes=memory, cpus=cpus, pids=self.pids_limit)
+            try:
+                await self.shares.apply(job.rental_id, limits)
+            except CgroupError as exc:
+                raise StackRejected(f"{exc}; nothing of the stack was started") from None
+        return hardened, uuids, notices
+
+    async def _until_released(
+        self, job: wire_jobs.StackJob, slots: list[GpuSlot], waiting: Callable[[str], None] | None
+    ) -> None:
+        """A rental that ended a moment ago holds its GPUs while its containers
+        stop (up to their stop timeout): a deploy that needs them waits for
+        that release, bounded, instead of failing. Returns at once when the
+        GPUs are there or no release would make them so."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.release_wait_seconds
+        said = False
+        while loop.time() < deadline:
+            try:
+                self.ledger.plan(slots, job.rental_id, job.gpu_count)
+                return
+            except NotEnoughGpus:
+                if not self.ledger.fits_after_release(slots, job.rental_id, job.gpu_count):
+                    return
+            if not said and waiting is not None:
+                waiting(
+                    f"waiting for {job.gpu_count} GPU(s) that an ended rental is releasing "
+                    f"(its containers are stopping); at most {self.release_wait_seconds:.0f} s"
+                )
+                said = True
+            await self.ledger.wait_for_release(min(1.0, deadline - loop.time()))
+
+    async def keep_limits(self, rental_ids: set[str]) -> None:
+        """Write each rental's cgroup limits again (reconcile calls this for the
+        rentals whose containers it sees): after a reboot dockerd restarts
+        containers into their rental's cgroup before the agent runs, and runc
+        makes it without limits. Idempotent, a few small writes per rental."""
+        if not rental_ids:
+            return
+        facts = await self.machine_facts()
+        host = facts.get("host") or {}
+        machine = machine_of(host, len(slots_from_inventory(facts.get("nvml") or {})))
+        for rental_id in sorted(rental_ids):
+            try:
+                if await self.shares.parent(host.get("docker") or {}, rental_id) is None:
+                    return
+                cpus, memory = rental_share(machine, len(self.ledger.assignments.get(rental_id, [])))
+                limits = RentalLimits(memory_bytes=memory, cpus=cpus, pids=self.pids_limit)
+                await self.shares.apply(rental_id, limits)
+            except (StackRejected, CgroupError) as exc:
+                log.warning("rental_limits_not_restored", rental_id=rental_id, error=str(exc))
+
+    async def release(self, rental_id: str) -> list[str]:
+        """The rental has ended and its containers are gone: its GPUs are free
+        again and its cgroup goes."""
+        await self.shares.remove(rental_id)
+        return self.ledger.release(rental_id)

@@ -1,0 +1,1 @@
+"""A stack's life: jobs dispatched, deployed and removed through a backend, every step reported."""

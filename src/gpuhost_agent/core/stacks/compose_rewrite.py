@@ -1,0 +1,81 @@
+"""Pure decisions about a renter's Compose project before it runs.
+
+Input is Compose's own normalised model (`docker compose config --format json`),
+so interpolation and YAML anchors are already resolved by the real Compose
+implementation and no YAML trick survives to this point.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterable
+
+from gpuhost_agent.core.stacks.naming import stack_labels
+
+# Compose reads its own settings (project name, files, profiles, the Docker host)
+# from these variables; a renter must not steer the agent's compose run.
+_RESERVED_EXACT = {
+    "PATH",
+    "HOME",
+    "DOCKER_HOST",
+    "DOCKER_CONFIG",
+    "DOCKER_CONTEXT",
+    "DOCKER_CERT_PATH",
+    "DOCKER_TLS_VERIFY",
+}
+_RESERVED_PREFIXES = ("COMPOSE_", "DOCKER_", "BUILDKIT_")
+# Compose settings a renter may choose: which profiles' services start.
+_ALLOWED_COMPOSE = {"COMPOSE_PROFILES"}
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class StackRejected(ValueError):
+    """The stack cannot run as submitted; the message is meant for the renter."""
+
+
+def check_variables(variables: dict[str, str]) -> None:
+    """Refuse template variables that are not usable names or that steer Compose."""
+    for name in variables:
+        if not _VARIABLE_NAME.fullmatch(name):
+            raise StackRejected(
+                f"environment variable name {name!r} is invalid: use letters, digits and '_', not starting with a digit"
+            )
+        if name in _ALLOWED_COMPOSE:
+            continue
+        if name in _RESERVED_EXACT or name.startswith(_RESERVED_PREFIXES):
+            raise StackRejected(f"environment variable {name!r} is reserved for the host agent; rename it")
+
+
+def as_mapping(value: dict | Iterable[object] | None, missing: str | None = "") -> dict:
+    """Compose's environment and labels come as a mapping or as a list of
+    "KEY=value" items; the list form becomes a mapping (a bare KEY gets
+    `missing`)."""
+    if isinstance(value, dict):
+        return dict(value)
+    pairs: list[tuple[str, str | None]] = []
+    for item in value or []:
+        key, sep, rest = str(item).partition("=")
+        pairs.append((key, rest) if sep else (key, missing))
+    return dict(pairs)
+
+
+def label_services(
+    model: dict, stack_id: str, rental_id: str, env_id: str, gpus: list[str] | None = None, *, ssh: bool = False
+) -> dict:
+    """A copy of the model with the agent's labels on every service.
+
+    The project name comes from the agent (`-p`), so a `name:` in the file is
+    dropped rather than left to disagree with it.
+    """
+    services = model.get("services")
+    if not isinstance(services, dict) or not services:
+        raise StackRejected("the Compose file defines no services")
+    rewritten = copy.deepcopy(model)
+    rewritten.pop("name", None)
+    labels = stack_labels(stack_id, rental_id, env_id, gpus or (), ssh=ssh)
+    for service_name, service in rewritten["services"].items():
+        if not isinstance(service, dict):
+            raise StackRejected(f"service {service_name!r} is not a mapping")
+        service["labels"] = {**as_mapping(service.get("labels")), **labels}
+    return rewritten

@@ -1,0 +1,294 @@
+"""Deploy and remove one stack, reporting every step.
+
+The steps are the same on one machine and on a Swarm environment's leader;
+how a stack starts, runs and goes is the backend's (core/stacks/backend.py:
+Compose, or `docker stack`), chosen by the composition root.
+
+A failed deploy never leaves half-started containers: whatever the backend
+started is taken down before ERROR is reported, so the renter can simply try
+again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from pathlib import Path
+
+from gpuhost_agent.common import crash_points
+from gpuhost_agent.common.logs import SECRETS, get_logger
+from gpuhost_agent.core.containers.seed_list import failed_containers, seed_containers
+from gpuhost_agent.core.sandbox.apply import Sandbox, notices_message, review_raw
+from gpuhost_agent.core.sandbox.context import SandboxContext, crowded_rental_problem
+from gpuhost_agent.core.sandbox.raw import RawReview
+from gpuhost_agent.core.stacks import naming
+from gpuhost_agent.core.stacks.backend import StackBackend, StackFailed
+from gpuhost_agent.core.stacks.compose_rewrite import StackRejected, check_variables, label_services
+from gpuhost_agent.core.stacks.deploy_failures import LimitReached, describe_container
+from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
+from gpuhost_agent.protocol import wire, wire_jobs
+from gpuhost_agent.runtime.compose import COMPOSE_PROJECT_LABEL, ComposeError
+from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.storage.agent_db import AgentDB
+
+log = get_logger(__name__)
+
+ORIGINAL_FILE = "compose.yaml"
+AGENT_FILE = "compose.agent.json"
+
+
+class StackDeployer:
+    def __init__(
+        self,
+        backend: StackBackend,
+        engine: DockerEngine,
+        reporter: StatusReporter,
+        sandbox: Sandbox,
+        db: AgentDB,
+        stacks_dir: Path,
+        home_dir: Path,
+        *,
+        settle_seconds: float,
+        stop_timeout: int,
+        stacks_per_rental: int,
+        rental_limit_reached: LimitReached | None = None,
+    ):
+        """`backend` starts, watches and takes down stacks (Compose, or
+        `docker stack`); `home_dir` is the HOME it resolves a file's `~` in.
+        `rental_limit_reached` (RentalCgroups.memory_limit_reached) tells a
+        container OOM-killed at the rental's shared limit from one killed at
+        its own, for the failed deploy's errorMsg."""
+        self.backend, self.engine, self.reporter, self.sandbox = backend, engine, reporter, sandbox
+        self.db, self.stacks_dir, self.home_dir = db, stacks_dir, home_dir
+        self.settle_seconds, self.stop_timeout = settle_seconds, stop_timeout
+        self.stacks_per_rental, self.rental_limit_reached = stacks_per_rental, rental_limit_reached
+        self._stack_secrets: dict[str, list[str]] = {}  # what each stack added to the log redactor
+        stacks_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    # ---- reports -------------------------------------------------------------
+    def _report(self, job: wire_jobs.StackJob, status: str, error_msg: str = "") -> None:
+        self.reporter.status(StackRef.of_job(job), status, error_msg, job_id=job.job_id)
+
+    async def push_containers(self, stack_id: str, raw: list[dict] | None = None) -> list[dict]:
+        raw = await self.engine.stack_containers(stack_id) if raw is None else raw
+        containers = seed_containers(raw)
+        self.reporter.containers(stack_id, containers)
+        return containers
+
+    # ---- deploy --------------------------------------------------------------
+    def _begin(self, job: wire_jobs.StackJob) -> tuple[dict, dict[str, str], str, Path]:
+        """(template, variables, project, stack folder); the variables' values stay out of the logs."""
+        template = job.template or {}
+        variables = dict(template.get("environmentVariables") or {})
+        self._forget_secrets(job.stack_id)
+        self._stack_secrets[job.stack_id] = list(variables.values())
+        SECRETS.add_many(variables.values())
+        project, workdir = StackRef.of_job(job).project, self.stacks_dir / job.stack_id
+        self._report(job, wire.APPLYING)
+        log.info("stack_applying", stack_id=job.stack_id, rental_id=job.rental_id, job_id=job.job_id, project=project)
+        return template, variables, project, workdir
+
+    async def _renter_file(
+        self, job: wire_jobs.StackJob, template: dict, variables: dict[str, str], workdir: Path
+    ) -> RawReview:
+        """The renter's file as Compose may read it, checked (off the loop: 512 KiB of YAML takes seconds)."""
+        if crowded := crowded_rental_problem(self.db.stacks(), job.rental_id, job.stack_id, self.stacks_per_rental):
+            raise StackRejected(crowded)
+        check_variables(variables)
+        raw = await asyncio.to_thread(review_raw, template.get("content", ""), variables.get("COMPOSE_PROFILES", ""))
+        await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True, mode=0o700)
+        await asyncio.to_thread(_write_private, workdir / ORIGINAL_FILE, raw.text)
+        return raw
+
+    async def _failed(self, job: wire_jobs.StackJob, project: str, workdir: Path, exc: Exception) -> str:
+        """Whatever was started goes, then ERROR with the reason; returns it."""
+        message = str(exc) if not isinstance(exc, EngineError) else f"Docker Engine error: {exc}"
+        await self._teardown(project, workdir, job.stack_id)
+        self._report(job, wire.ERROR, message)
+        await self._push_quietly(job.stack_id)
+        log.warning("stack_failed", stack_id=job.stack_id, job_id=job.job_id, error=message)
+        return message
+
+    async def deploy(self, job: wire_jobs.StackJob) -> str:
+        """Run the job's stack; returns "" on success, else the errorMsg reported."""
+        template, variables, project, workdir = self._begin(job)
+        try:
+            raw = await self._renter_file(job, template, variables, workdir)
+            start = await self.backend.prepare(project, workdir / ORIGINAL_FILE, variables, raw)
+            try:
+                stack_context = SandboxContext(
+                    project=project,
+                    project_dir=str(await asyncio.to_thread(workdir.resolve)),
+                    home_dir=str(self.home_dir),
+                    agent_dir=str(self.stacks_dir.parent),
+                    foreign_names=start.foreign_names,
+                )
+                hardened, gpus, notices = await self.sandbox.apply(
+                    job,
+                    start.model,
+                    raw,
+                    stack_context,
+                    waiting=lambda reason: self._report(job, wire.APPLYING, reason),
+                )
+                rewritten = self.backend.stack_file(
+                    label_services(
+                        hardened,
+                        job.stack_id,
+                        job.rental_id,
+                        job.env_id,
+                        gpus,
+                        ssh=template.get("isSSHEnabled") is True,
+                    )
+                )
+                text = json.dumps(rewritten, indent=1)
+                await asyncio.to_thread(_write_private, workdir / AGENT_FILE, text)  # the record of what ran
+                crash_points.crash_point("deploy.before_compose_up")
+                await start.run(job.stack_id, text, rewritten)
+            finally:
+                await start.discard()
+            containers = await self.backend.until_running(job.stack_id)
+            await self._check_running(job.stack_id, containers)
+            crash_points.crash_point("deploy.before_applied_report")
+            self._report(job, wire.APPLIED, notices_message(notices))  # sent at once: the outbox is woken
+            await self.push_containers(job.stack_id, containers)
+            log.info("stack_applied", stack_id=job.stack_id, job_id=job.job_id, changes=len(notices))
+            await self._settle(job.stack_id)
+            return ""
+        except (StackRejected, StackFailed, EngineError) as exc:
+            return await self._failed(job, project, workdir, exc)
+
+    async def _check_running(self, stack_id: str, raw: list[dict] | None = None) -> None:
+        raw = await self.engine.stack_containers(stack_id) if raw is None else raw
+        if not raw:
+            raise StackFailed("deploy failed: Compose reported success but no container of the stack exists")
+        for container in failed_containers(raw):
+            raise StackFailed(
+                await describe_container(self.engine, container, " right after it started", self.rental_limit_reached)
+            )
+
+    async def _settle(self, stack_id: str) -> None:
+        """Watch the first seconds after start: a container that dies right away
+        is a failed deploy, not a running stack."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settle_seconds
+        while loop.time() < deadline:
+            await asyncio.sleep(min(0.25, max(0.0, deadline - loop.time())))
+            await self._check_running(stack_id)
+
+    async def _teardown(self, project: str, workdir: Path, stack_id: str) -> None:
+        try:
+            await self.backend.take_down_failed(project, workdir, stack_id)
+        except (ComposeError, EngineError) as exc:
+            log.error("stack_teardown_failed", stack_id=stack_id, project=project, error=str(exc))
+        await asyncio.to_thread(shutil.rmtree, workdir, ignore_errors=True)
+
+    # ---- remove --------------------------------------------------------------
+    async def remove(self, job: wire_jobs.StackJob) -> str:
+        workdir = self.stacks_dir / job.stack_id
+        if await self._known_here(job.stack_id):
+            self._report(job, wire.REMOVING)  # else only REMOVED: the marketplace may have forgotten it
+        log.info("stack_removing", stack_id=job.stack_id, rental_id=job.rental_id, job_id=job.job_id)
+        crash_points.crash_point("remove.before_compose_down")
+        try:
+            await self.backend.take_down(
+                lambda: self.engine.stack_containers(job.stack_id), workdir, {StackRef.of_job(job).project}
+            )
+        except (ComposeError, EngineError) as exc:
+            message = f"remove failed: {exc}"
+            self._report(job, wire.ERROR, message)
+            log.error("stack_remove_failed", stack_id=job.stack_id, job_id=job.job_id, error=message)
+            return message
+        crash_points.crash_point("remove.before_removed_report")
+        shutil.rmtree(workdir, ignore_errors=True)
+        self._forget_secrets(job.stack_id)
+        self._report(job, wire.REMOVED)
+        log.info("stack_removed", stack_id=job.stack_id, job_id=job.job_id)
+        return ""
+
+    async def _known_here(self, stack_id: str) -> bool:
+        try:
+            if await self.engine.stack_containers(stack_id):
+                return True
+        except EngineError:
+            return True  # cannot tell: say what we are doing
+        return await asyncio.to_thread((self.stacks_dir / stack_id).exists) or stack_id in self.db.stacks()
+
+    # ---- rental end ------------------------------------------------------------
+    def rental_ending(self, rental_id: str) -> None:
+        """The rental's end job arrived: its GPUs are being released (a deploy
+        that needs them waits for it, and the heartbeat says so)."""
+        self.sandbox.ledger.begin_release(rental_id)
+
+    async def end_rental(self, job: wire_jobs.StackJob) -> str:
+        """After a rental's stacks were removed: take down anything of it still
+        there (a stack the marketplace had already forgotten), then free its GPUs.
+        Tried a few times: GPUs stay assigned while containers may still use them."""
+        error = ""
+        for attempt in range(3):
+            error = await self._end_rental_once(job)
+            if not error:
+                return ""
+            await asyncio.sleep(2**attempt)
+        return error
+
+    async def _end_rental_once(self, job: wire_jobs.StackJob) -> str:
+        workdir = self.stacks_dir / f".end-{job.rental_id}"
+        try:
+            stacks = await self._rental_stacks(job.rental_id)
+            projects = await self.backend.take_down(
+                lambda: self.engine.rental_containers(job.rental_id), workdir, set()
+            )
+        except (ComposeError, EngineError) as exc:
+            message = f"rental cleanup failed: {exc}"
+            log.error("rental_end_failed", rental_id=job.rental_id, job_id=job.job_id, error=message)
+            return message  # GPUs stay assigned while its containers may still run
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        freed = await self.sandbox.release(job.rental_id)
+        for stack_id, project in sorted(stacks.items()):  # the marketplace may not know they are gone
+            shutil.rmtree(self.stacks_dir / stack_id, ignore_errors=True)
+            self._forget_secrets(stack_id)
+            gone = StackRef(stack_id, job.rental_id, job.env_id, project or naming.project_name("", stack_id))
+            self.reporter.status(gone, wire.REMOVED, job_id=job.job_id)
+        log.info(
+            "rental_ended",
+            rental_id=job.rental_id,
+            job_id=job.job_id,
+            leftover_stacks=len(projects),
+            gpus_freed=len(freed),
+        )
+        return ""
+
+    async def _rental_stacks(self, rental_id: str) -> dict[str, str]:
+        """The rental's stacks still here, by Docker's labels and the record: stack id -> project."""
+        stacks = {
+            c["Labels"][wire.LABEL_STACK]: c["Labels"].get(COMPOSE_PROJECT_LABEL, "")
+            for c in await self.engine.rental_containers(rental_id)
+            if (c.get("Labels") or {}).get(wire.LABEL_STACK)
+        }
+        stacks.update(
+            {
+                stack_id: row["project"]
+                for stack_id, row in self.db.stacks().items()
+                if row["rental_id"] == rental_id and stack_id not in stacks
+            }
+        )
+        return stacks
+
+    async def _push_quietly(self, stack_id: str) -> None:
+        try:
+            await self.push_containers(stack_id)
+        except EngineError as exc:
+            log.warning("container_list_failed", stack_id=stack_id, error=str(exc))
+
+    def _forget_secrets(self, stack_id: str) -> None:
+        SECRETS.discard_many(self._stack_secrets.pop(stack_id, []))
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Owner-only: the agent's file holds the template's interpolated values."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)

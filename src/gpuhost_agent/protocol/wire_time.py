@@ -1,0 +1,37 @@
+"""Times on the wire: always UTC with a Z, as the marketplace's documents say, and read back
+whatever offset they were written with."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def iso(moment: datetime | None = None) -> str:
+    """Always UTC with a Z, as the documents say, whatever offset the moment had
+    (a naive moment is taken as UTC)."""
+    moment = moment or utcnow()
+    moment = moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
+    return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def iso_from_timestamp(seconds: float) -> str:
+    return iso(datetime.fromtimestamp(seconds, timezone.utc))
+
+
+def parse_iso(text: str) -> datetime:
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def is_iso(value: Any) -> bool:
+    """Whether a received value is an ISO 8601 date-time."""
+    try:
+        parse_iso(value)
+        return True
+    except (TypeError, ValueError, AttributeError):
+        return False
