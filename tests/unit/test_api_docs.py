@@ -226,7 +226,15 @@ async def test_reports_the_deployer_sends_are_documented(agent_doc: dict, tmp_pa
     sandbox = Sandbox(ledger, None, **sandbox_settings())  # type: ignore[arg-type]
     reporter = StatusReporter(outbox, ledger.db, ledger)  # type: ignore[arg-type]
     deployer = StackDeployer(
-        None, None, reporter, sandbox, ledger.db, tmp_path / "stacks", tmp_path, **deployer_settings
+        None,
+        None,
+        reporter,
+        sandbox,
+        ledger.db,
+        tmp_path / "stacks",
+        tmp_path,
+        rental_limit_reached=lambda _rental: False,
+        **deployer_settings,
     )  # type: ignore[arg-type]
     job = wire_jobs.StackJob.from_wire(_raw_job(wire.JOB_DEPLOY, stackId="3f2504e0-4f89-11d3-9a0c-0305e82c3301"))
     ledger.commit(job.rental_id, ["GPU-aacd9ec3-13e4-58c1-ada1-81eabee5fdaa"])  # as a deploy records it

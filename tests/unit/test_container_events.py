@@ -23,6 +23,7 @@ from gpuhost_agent.core.containers.seed_list import (
 )
 from gpuhost_agent.core.containers.states import ContainerStates
 from gpuhost_agent.core.containers.watch import ContainerWatch
+from gpuhost_agent.inventory.machines import OneMachine
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.storage.agent_db import AgentDB
 
@@ -145,7 +146,9 @@ async def test_a_burst_of_1000_events_gives_a_handful_of_pushes():
     reporter = FakeReporter(db)
     db.stack_status("s1", "r1", "env", "p-s1", wire.APPLIED)
     dispatcher = FakeDispatcher()
-    watch = ContainerWatch(engine, reporter, db, dispatcher, window=0.02)  # type: ignore[arg-type]
+    watch = ContainerWatch(
+        engine, reporter, db, dispatcher, window=0.02, rental_limit_reached=lambda _rental: False, machines=OneMachine()
+    )  # type: ignore[arg-type]
     watch._env_id = "env"  # as follow() would set it, without a stream
     for i in range(1000):
         watch._on_event(watch._generation, _event("die" if i % 2 else "start"))
@@ -177,7 +180,7 @@ async def test_a_burst_of_1000_events_gives_a_handful_of_pushes():
 
 async def test_exit_facts_are_read_once_per_exit():
     engine = FakeEngine([])
-    states = ContainerStates(engine)
+    states = ContainerStates(engine, rental_limit_reached=lambda _rental: False)
     exited = _raw("exited", "Exited (137) 1 second ago")
     assert await states.facts([exited, _raw("running")]) == {"c1": ExitFacts(137, True)}
     await states.facts([{**exited, "Status": "Exited (137) 5 seconds ago"}])

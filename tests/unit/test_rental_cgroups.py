@@ -108,7 +108,7 @@ async def test_deploys_at_the_same_moment_all_get_their_rentals_cgroup(tmp_path)
 
     ledger = await asyncio.to_thread(lambda: GpuLedger(AgentDB(tmp_path / "a.db")))
     shares = CgroupShares(RentalCgroups(await asyncio.to_thread(v1_tree, tmp_path / "cg")))
-    sandbox = Sandbox(ledger, no_facts, shares=shares, **sandbox_settings())
+    sandbox = Sandbox(ledger, no_facts, **sandbox_settings(shares=shares))
     docker = {"cgroupDriver": "cgroupfs", "cgroupVersion": "1"}
     parents = await asyncio.gather(*(sandbox.shares.parent(docker, f"r{n}") for n in range(5)))
     assert parents == [f"/gpuhost-agent/r-r{n}" for n in range(5)]

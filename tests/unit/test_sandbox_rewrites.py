@@ -204,7 +204,7 @@ async def test_a_swarm_stack_s_overlays_are_encrypted_when_the_host_asks(tmp_pat
     async def peers(rental_id: str, project: str) -> dict[str, int]:
         return {}
 
-    sandbox = Sandbox(ledger, facts, placement=SwarmPlacer(peers, encrypted=encrypted), **sandbox_settings())
+    sandbox = Sandbox(ledger, facts, **sandbox_settings(placement=SwarmPlacer(peers, encrypted=encrypted)))
     text = "services:\n  app:\n    image: busybox\n"
     model = {
         "name": "p",

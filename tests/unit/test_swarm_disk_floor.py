@@ -60,7 +60,7 @@ async def _apply(ledger: GpuLedger, worker_free: int, service: dict, gpus: int) 
         return {}
 
     sandbox = Sandbox(
-        ledger, facts, placement=SwarmPlacer(peers, disk_floor_bytes=GIB), **sandbox_settings(disk_floor_bytes=GIB)
+        ledger, facts, **sandbox_settings(placement=SwarmPlacer(peers, disk_floor_bytes=GIB), disk_floor_bytes=GIB)
     )
     text = "services:\n  app:\n    image: busybox\n"
     model = {"name": "p", "services": {"app": service}, "networks": {"default": {"name": "p_default"}}}

@@ -31,7 +31,7 @@ class ContainerStates:
         engine: DockerEngine,
         *,
         max_kept: int = MAX_KEPT,
-        rental_limit_reached: Callable[[str], bool] | None = None,
+        rental_limit_reached: Callable[[str], bool],
     ):
         """`rental_limit_reached` says whether a rental's containers together
         reached the rental's memory limit since it was last asked
@@ -69,7 +69,7 @@ class ContainerStates:
         return found
 
     async def _with_rental_limit(self, rental_id: str, facts: ExitFacts) -> ExitFacts:
-        if self.rental_limit_reached is None or not await asyncio.to_thread(self.rental_limit_reached, rental_id):
+        if not await asyncio.to_thread(self.rental_limit_reached, rental_id):
             return facts
         return dataclasses.replace(facts, rental_limit=True)
 

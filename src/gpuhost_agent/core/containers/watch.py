@@ -31,7 +31,7 @@ from gpuhost_agent.core.containers.seed_list import seed_containers, stack_error
 from gpuhost_agent.core.containers.states import ContainerStates
 from gpuhost_agent.core.stacks.dispatcher import JobDispatcher
 from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
-from gpuhost_agent.inventory.machines import Machines, OneMachine
+from gpuhost_agent.inventory.machines import Machines
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 from gpuhost_agent.storage.agent_db import AgentDB
@@ -53,11 +53,11 @@ class ContainerWatch:
         dispatcher: JobDispatcher,
         *,
         window: float = COALESCE,
-        rental_limit_reached: Callable[[str], bool] | None = None,
-        machines: Machines | None = None,
+        rental_limit_reached: Callable[[str], bool],
+        machines: Machines,
     ):
         # The environment's machines: their words for containers on unwell ones (none on one machine).
-        self.machines: Machines = machines if machines is not None else OneMachine()
+        self.machines = machines
         self.engine, self.reporter, self.db, self.dispatcher, self.window = engine, reporter, db, dispatcher, window
         self.pushed: dict[str, list] = {}  # the last list pushed per stack, shared by events and the resync
         self.states = ContainerStates(self.engine, rental_limit_reached=rental_limit_reached)

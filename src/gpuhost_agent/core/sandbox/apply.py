@@ -22,7 +22,7 @@ from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.disk_watch import disk_share
 from gpuhost_agent.core.gpus.allocation import GpuSlot, NotEnoughGpus, slots_from_facts, slots_from_inventory
 from gpuhost_agent.core.gpus.ledger import GpuLedger
-from gpuhost_agent.core.rentals.shares import NoRentalCgroups, RentalShares
+from gpuhost_agent.core.rentals.shares import RentalShares
 from gpuhost_agent.core.sandbox.context import (
     Registries,
     SandboxContext,
@@ -32,7 +32,7 @@ from gpuhost_agent.core.sandbox.context import (
 )
 from gpuhost_agent.core.sandbox.harden import harden
 from gpuhost_agent.core.sandbox.host_network import Absent, resolve_registries
-from gpuhost_agent.core.sandbox.placement import OneMachinePlacement, Placement
+from gpuhost_agent.core.sandbox.placement import Placement
 from gpuhost_agent.core.sandbox.policy import policy_violations
 from gpuhost_agent.core.sandbox.raw import RawReview, review
 from gpuhost_agent.core.sandbox.rewrite import rewrite
@@ -103,21 +103,21 @@ class Sandbox:
         pids_limit: int,
         log_max_size: str,
         log_max_files: int,
-        shares: RentalShares | None = None,
-        placement: Placement | None = None,
+        shares: RentalShares,
+        placement: Placement,
         release_wait_seconds: float = RELEASE_WAIT_SECONDS,
         disk_floor_bytes: int,
         rental_disk_bytes: int | None,
         allowed_registries: tuple[str, ...],
-        images_absent: Absent | None = None,
+        images_absent: Absent,
     ):
         """`shares` holds each rental's share in a cgroup of its own
-        (core/rentals/shares.py; by default none: each container has the
-        rental's limits only). `placement` decides where the stack's services
-        run (core/sandbox/placement.py; by default all on this machine)."""
+        (core/rentals/shares.py), or none (a Swarm leader: each container has
+        the rental's limits only). `placement` decides where the stack's
+        services run (core/sandbox/placement.py). `images_absent` says which
+        images the engine lacks: only for those is a registry contacted."""
         self.log_max_size, self.log_max_files = log_max_size, log_max_files
-        self.shares: RentalShares = shares if shares is not None else NoRentalCgroups()
-        self.placement: Placement = placement if placement is not None else OneMachinePlacement()
+        self.shares, self.placement = shares, placement
         self.release_wait_seconds = release_wait_seconds
         self.disk_floor_bytes = disk_floor_bytes
         self.rental_disk_bytes = rental_disk_bytes  # the host's fixed disk share per rental (disk_watch.py)

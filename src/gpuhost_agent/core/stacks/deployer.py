@@ -53,7 +53,7 @@ class StackDeployer:
         settle_seconds: float,
         stop_timeout: int,
         stacks_per_rental: int,
-        rental_limit_reached: LimitReached | None = None,
+        rental_limit_reached: LimitReached,
     ):
         """`backend` starts, watches and takes down stacks (Compose, or
         `docker stack`); `home_dir` is the HOME it resolves a file's `~` in.
