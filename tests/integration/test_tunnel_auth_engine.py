@@ -9,6 +9,7 @@ lock the renter out: the right password still gets the page."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 
 import aiohttp
@@ -60,3 +61,61 @@ async def test_wrong_logins_neither_block_the_loop_nor_lock_the_renter_out(local
             assert (await _get(http, url, user, guess))[0] in (401, 429)
         assert await _get(http, url, "renter", password) == (200, "behind a password")
         assert await _get(http, url, "renter", password) == (200, "behind a password")
+
+
+def _curl(*args: str) -> tuple[int, str]:
+    """curl as a renter runs it: (HTTP status, body)."""
+    done = subprocess.run(
+        ["curl", "-sS", "--max-time", "10", "-o", "-", "-w", "\n%{http_code}", *args],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=True,
+    )
+    body, _, status = done.stdout.rpartition("\n")
+    return int(status), body
+
+
+async def test_the_sign_in_link_works_once_and_a_new_password_revokes_its_session(local_market, tmp_path):
+    """Issue 34, item 7: the link was the cookie itself and worked again on
+    reuse. With curl's cookie jar and with aiohttp's: the link signs in once
+    (a session cookie of its own), a second use is refused with a page that
+    says so, and a new password ends the session."""
+    renter, _parts, _local = local_market
+    rental_id = await renter.rental()
+    stack_id = await renter.stack(rental_id, WEB, name="link", isBasicAuthEnabled=True)
+    stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
+    assert stack["status"] == wire.APPLIED, stack["errorMsg"]
+    (web,) = await renter.tunnels(rental_id, stack_id, 1)
+    url, link = web["url"], web["auth"]["link"]
+    token = link.split(f"{tunnel_auth.TOKEN_PARAM}=")[1]
+
+    jar = tmp_path / "jar"
+    status, body = await asyncio.to_thread(_curl, "-c", str(jar), "-b", str(jar), "-L", link)
+    assert (status, body.strip()) == (200, "behind a password")
+    cookie = [line.split("\t") for line in jar.read_text().splitlines() if "\tgpuhost_tunnel\t" in line]
+    assert len(cookie) == 1 and cookie[0][-1] != token, "a session cookie of its own, not the link's token"
+    status, body = await asyncio.to_thread(_curl, "-L", link)
+    assert status == 403 and "already used" in body, (status, body)
+    status, body = await asyncio.to_thread(_curl, "-b", str(jar), url)
+    assert (status, body.strip()) == (200, "behind a password"), "the session goes on"
+
+    (again,) = await renter.tunnels(rental_id, stack_id, 1)
+    assert again["auth"]["link"] != link, "every read mints a new link"
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        async with browser.get(again["auth"]["link"]) as response:
+            assert (response.status, (await response.text()).strip()) == (200, "behind a password")
+        async with browser.get(url) as response:  # the cookie alone, as a browser's next request
+            assert (response.status, (await response.text()).strip()) == (200, "behind a password")
+        async with browser.get(again["auth"]["link"]) as response:
+            assert response.status == 403
+
+    status, credentials = await renter.call("POST", f"/rentals/{rental_id}/stacks/{stack_id}/tunnel-password", {})
+    assert status == 200 and credentials["password"] != web["auth"]["password"], credentials
+    assert (await asyncio.to_thread(_curl, "-b", str(jar), url))[0] == 401, "the session ended with the password"
+    old = url.replace("http://", f"http://renter:{web['auth']['password']}@")
+    assert (await asyncio.to_thread(_curl, old))[0] == 401
+    new = url.replace("http://", f"http://renter:{credentials['password']}@")
+    assert await asyncio.to_thread(_curl, new) == (200, "behind a password\n")
+    (shown,) = await renter.tunnels(rental_id, stack_id, 1)
+    assert shown["auth"]["password"] == credentials["password"]

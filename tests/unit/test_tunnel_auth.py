@@ -19,7 +19,7 @@ SECRET = "marketplace-secret"
 
 def _gate(hasher: tunnel_auth._Hasher = tunnel_auth.HASHER) -> Gate:
     plain = tunnel_auth.password(SECRET, "stack-1")
-    return Gate(tunnel_auth.hash_password(plain), tunnel_auth.link_token(SECRET, "t1"), "tunnel t1", hasher)
+    return Gate(tunnel_auth.hash_password(plain), "tunnel t1", hasher)
 
 
 class CountingHasher(tunnel_auth._Hasher):
@@ -78,17 +78,51 @@ async def test_a_websocket_upgrade_keeps_its_connection_header() -> None:
     assert forward is not None and forward.get("Connection") == "Upgrade" and forward.get("Upgrade") == "websocket"
 
 
-async def test_the_link_sets_a_cookie_and_the_cookie_goes_through_stripped() -> None:
-    gate, link = _gate(), tunnel_auth.link_token(SECRET, "t1")
-    decision = await gate.decide(_head(target=f"/lab?{tunnel_auth.TOKEN_PARAM}={link}&tab=2"), "10.0.0.1", now=0.0)
+def _set_cookie(decision: tunnel_auth.Decision) -> str:
+    value = dict(decision.headers)["Set-Cookie"]
+    assert value.endswith("; Path=/; HttpOnly; SameSite=Lax"), value
+    return value.split(";")[0]
+
+
+async def test_the_link_signs_in_once_with_a_session_cookie_of_its_own() -> None:
+    gate = _gate()
+    link, _expires = gate.new_link(now=0.0)
+    decision = await gate.decide(_head(target=f"/lab?{tunnel_auth.TOKEN_PARAM}={link}&tab=2"), "10.0.0.1", now=1.0)
     assert decision.status == 302 and ("Location", "/lab?tab=2") in decision.headers
-    assert ("Set-Cookie", f"{COOKIE}={link}; Path=/; HttpOnly; SameSite=Lax") in decision.headers
-    wrong = await gate.decide(_head(target=f"/lab?{tunnel_auth.TOKEN_PARAM}=nope"), "10.0.0.1", now=0.0)
-    assert wrong.status == 401
-    forward = (await gate.decide(_head(("Cookie", f"theme=dark; {COOKIE}={link}")), "10.0.0.1", now=0.0)).forward
+    cookie = _set_cookie(decision)
+    assert cookie.startswith(f"{COOKIE}=") and link not in cookie, "the session is not the link's token"
+    again = await gate.decide(_head(target=f"/lab?{tunnel_auth.TOKEN_PARAM}={link}"), "10.0.0.1", now=2.0)
+    assert again.status == 403 and "already used" in again.text
+    wrong = await gate.decide(_head(target=f"/lab?{tunnel_auth.TOKEN_PARAM}=nope"), "10.0.0.1", now=2.0)
+    assert wrong.status == 403
+    forward = (await gate.decide(_head(("Cookie", f"theme=dark; {cookie}")), "10.0.0.1", now=3.0)).forward
     assert forward is not None and forward.get("Cookie") == "theme=dark"
-    only_ours = (await gate.decide(_head(("Cookie", f"{COOKIE}={link}")), "10.0.0.1", now=0.0)).forward
+    only_ours = (await gate.decide(_head(("Cookie", cookie)), "10.0.0.1", now=3.0)).forward
     assert only_ours is not None and only_ours.get("Cookie") is None
+    link_as_cookie = await gate.decide(_head(("Cookie", f"{COOKIE}={link}")), "10.0.0.1", now=3.0)
+    assert link_as_cookie.status == 401, "the link's token is no cookie"
+    late = await gate.decide(_head(("Cookie", cookie)), "10.0.0.1", now=tunnel_auth.SESSION_SECONDS + 2.0)
+    assert late.status == 401, "a session ends"
+
+
+async def test_a_link_expires_and_belongs_to_its_gate_alone() -> None:
+    gate, other = _gate(), _gate()
+    link, expires = gate.new_link(now=0.0)
+    assert expires == tunnel_auth.LINK_SECONDS
+    elsewhere = await other.decide(_head(target=f"/?{tunnel_auth.TOKEN_PARAM}={link}"), "10.0.0.1", now=1.0)
+    assert elsewhere.status == 403, "another tunnel's (or another marketplace run's) gate does not know it"
+    late = await gate.decide(_head(target=f"/?{tunnel_auth.TOKEN_PARAM}={link}"), "10.0.0.1", now=expires + 1)
+    assert late.status == 403
+    forged = link.rsplit(".", 1)[0].replace(link.split(".")[0], str(10**9)) + "." + link.rsplit(".", 1)[1]
+    assert (await gate.decide(_head(target=f"/?{tunnel_auth.TOKEN_PARAM}={forged}"), "10.0.0.1", now=1.0)).status == 403
+    fresh, _ = gate.new_link(now=expires + 1)
+    decision = await gate.decide(_head(target=f"/?{tunnel_auth.TOKEN_PARAM}={fresh}"), "10.0.0.1", now=expires + 2)
+    assert decision.status == 302
+
+
+def test_a_new_generation_is_a_new_password() -> None:
+    assert tunnel_auth.password(SECRET, "stack-1", 0) == tunnel_auth.password(SECRET, "stack-1")
+    assert tunnel_auth.password(SECRET, "stack-1", 1) != tunnel_auth.password(SECRET, "stack-1")
 
 
 async def test_the_same_wrong_credential_is_limited_per_address_and_not_hashed_again() -> None:
@@ -115,7 +149,7 @@ async def test_a_correct_login_is_never_locked_out_by_others_at_the_same_address
             assert decision.status in (401, 429)
     decision = await gate.decide(_head(_basic("renter", right)), "203.0.113.7", now=31.0)
     assert decision.forward is not None
-    link = tunnel_auth.link_token(SECRET, "t1")
+    link, _ = gate.new_link()
     assert (await gate.decide(_head(target=f"/?{tunnel_auth.TOKEN_PARAM}={link}"), "203.0.113.7")).status == 302
 
 
@@ -179,5 +213,6 @@ async def test_credentials_that_are_not_ascii_are_wrong_credentials_not_a_crash(
         _head(target="/app?gpuhost_token=caf\xe9"),
         _head(("Cookie", f"{COOKIE}=\xe9\xff")),
         _head(_basic("r\xe9nter", "pw")),
+        _head(target="/app?gpuhost_token=1.\xe9.caf\xe9"),
     ):
-        assert (await gate.decide(head, "client")).status == 401, head
+        assert (await gate.decide(head, "client")).status in (401, 403), head

@@ -154,7 +154,11 @@ def test_the_marketplace_wants_a_tunnel_per_declared_port_of_running_applied_sta
     assert wanted(store) == {}  # not APPLIED yet
     stack["status"] = wire.APPLIED
     found = {(key.container_id[:1], key.port): value for key, value in wanted(store).items()}
-    assert found == {("a", 8080): ("web", "http"), ("a", 9000): ("web", "tcp"), ("c", 7860): ("web", "http")}
+    assert found == {
+        ("a", 8080): ("web", "http", "p-web-1"),
+        ("a", 9000): ("web", "tcp", "p-web-1"),
+        ("c", 7860): ("web", "http", "p-web-1"),
+    }
     store.end_rental(rental["rentalId"])
     assert wanted(store) == {}
 
@@ -191,3 +195,16 @@ def test_only_a_service_that_does_not_listen_yet_is_starting() -> None:
     assert not tunnel_relay.is_not_listening(
         403, "the agent refused: port 22 is not a TCP port this container declares"
     )
+
+
+def test_the_ssh_command_pins_the_host_key_under_one_alias() -> None:
+    from gpuhost_agent.local_marketplace.tunnels import host_key_alias, ssh_command
+
+    alias = host_key_alias("0123456789abcdef")
+    command = ssh_command(41233, "web.3f2a9c1d", alias, "ssh-ed25519 AAAAC3")
+    assert alias == "gpuhost-01234567"
+    assert command == (
+        "ssh -i ~/.ssh/id_ed25519 -p 41233 -o HostKeyAlias=gpuhost-01234567 -o StrictHostKeyChecking=yes"
+        ' -o "KnownHostsCommand=/bin/echo gpuhost-01234567 ssh-ed25519 AAAAC3" web.3f2a9c1d@127.0.0.1'
+    )
+    assert ssh_command(41233, "web.3f2a9c1d", alias, None) == "ssh -i ~/.ssh/id_ed25519 -p 41233 web.3f2a9c1d@127.0.0.1"

@@ -25,6 +25,7 @@ from gpuhost_agent.local_marketplace import (
     script_api,
     speedtest_api,
     terminal_api,
+    tunnel_password_api,
     users_api,
 )
 from gpuhost_agent.local_marketplace.http_errors import BadRequest, json_error, same_secret
@@ -91,6 +92,7 @@ def build_app(state: MarketplaceState) -> web.Application:
     app.add_routes(speedtest_api.routes())
     app.add_routes(script_api.routes(state))
     app.add_routes(users_api.routes(state))
+    app.add_routes(tunnel_password_api.routes(state))
     return app
 
 

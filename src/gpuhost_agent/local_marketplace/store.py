@@ -52,6 +52,7 @@ class Store:
     priceHistory: list = field(default_factory=list)  # [since (date-time), price per GPU-hour], oldest first
     usage: dict = field(default_factory=dict)  # "<rentalId>@<slot epoch>" -> the agent's usage (usage.py)
     tunnelSecret: str = field(default_factory=lambda: secrets.token_urlsafe(32))  # tunnel_auth.py derives from it
+    endpoints: dict = field(default_factory=dict)  # a tunnel's or SSH endpoint's key: its port (tunnels.py)
     path: Path | None = field(default=None, repr=False, compare=False)
 
     # ---- persistence -------------------------------------------------------
@@ -172,6 +173,24 @@ class Store:
         if stack is None or stack["rentalId"] != rental_id:
             raise NotFound(f"stack {stack_id} not found in rental {rental_id}")
         return stack
+
+    def next_tunnel_password(self, rental_id: str, stack_id: str) -> tuple[int, str]:
+        """The stack's next basic-auth password and its generation (nothing changes yet)."""
+        stack = self.stack(rental_id, stack_id)
+        credentials = stack.get("basicAuth")
+        if not credentials:
+            raise Conflict(f"stack {stack_id} has no basic auth (its template's isBasicAuthEnabled is false)")
+        generation = int(credentials.get("generation", 0)) + 1
+        return generation, tunnel_auth.password(self.tunnelSecret, stack_id, generation)
+
+    def set_tunnel_password(self, rental_id: str, stack_id: str, generation: int, password_hash: str) -> dict:
+        """The new password in force: the old one, every session cookie and
+        every unused sign-in link of the stack's tunnels stop working
+        (tunnel_auth.py). Returns the stack's credentials record."""
+        stack = self.stack(rental_id, stack_id)
+        stack["basicAuth"] = {**stack["basicAuth"], "generation": generation, "passwordHash": password_hash}
+        self.save()
+        return stack["basicAuth"]
 
     def remove_stack(self, rental_id: str, stack_id: str) -> dict:
         stack = self.stack(rental_id, stack_id)

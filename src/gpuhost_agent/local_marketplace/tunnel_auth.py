@@ -6,9 +6,21 @@ Credentials per stack: the user `renter` and a password derived from the
 marketplace's secret and the stack id (HMAC), so the renter's tunnel info can
 show it again without the marketplace keeping it; what the stack record keeps
 is a salted PBKDF2 hash, and a login is checked against that hash, in
-constant time. A token link (`?gpuhost_token=`, also derived) sets a cookie
-for the tunnel and redirects to the same path without it, so a browser and
-its WebSockets work without a password prompt.
+constant time.
+
+A sign-in link (`?gpuhost_token=`) lets a browser and its WebSockets in
+without a password prompt. The link is not a standing credential (issue 34):
+each tunnel-info read mints a new one, good for one use within LINK_SECONDS,
+signed with a key this gate holds in memory only (a token from before a
+marketplace restart or from another tunnel means nothing). Its first use
+marks it used and answers with a redirect that sets a separate session
+cookie, a random value the gate knows by its digest, good for
+SESSION_SECONDS; a second use of the link is refused with a page that says
+so. A new stack password (POST .../tunnel-password) replaces the gate, so
+every session and unused link of the stack's tunnels ends with it. Used
+links are remembered until they expire (at most MAX_USED_LINKS per tunnel,
+past that a link is refused as used) and sessions are bounded too
+(MAX_SESSIONS per tunnel, the oldest dropped first).
 
 Checking a password is PBKDF2, tens of milliseconds of CPU: it runs on
 threads of its own (HASH_THREADS, so a flood of logins can neither stall the
@@ -56,6 +68,14 @@ PBKDF2_ROUNDS = 100_000
 HASH_THREADS = 2  # password checks at once, for every tunnel together
 HASH_WAITING = 64  # checks waiting for a thread; past that, 503 and Retry-After
 BUSY_RETRY_SECONDS = 1
+LINK_SECONDS = 300  # a sign-in link's life
+SESSION_SECONDS = 12 * 3600  # a session cookie's life, from its link's use
+MAX_USED_LINKS = 4096  # per tunnel; links live LINK_SECONDS, so only a flood of reads fills it
+MAX_SESSIONS = 256  # per tunnel; the oldest session goes first
+LINK_REFUSED = (
+    "This sign-in link was already used or has expired: a link signs in once, within 5 minutes. "
+    "Read the tunnel info again for a new link, or log in with the stack's user and password."
+)
 
 
 def _mac(secret: str, purpose: str, subject: str) -> str:
@@ -63,12 +83,10 @@ def _mac(secret: str, purpose: str, subject: str) -> str:
     return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
 
-def password(secret: str, stack_id: str) -> str:
-    return _mac(secret, "basic", stack_id)[:24]
-
-
-def link_token(secret: str, tunnel_id: str) -> str:
-    return _mac(secret, "link", tunnel_id)[:32]
+def password(secret: str, stack_id: str, generation: int = 0) -> str:
+    """The stack's password; a new `generation` (POST .../tunnel-password) is a new password."""
+    subject = stack_id if not generation else f"{stack_id}#{generation}"
+    return _mac(secret, "basic", subject)[:24]
 
 
 def hash_password(plain: str) -> str:
@@ -160,22 +178,62 @@ def _digest(user: str, given: str) -> bytes:
 class Gate:
     """One tunnel's door: which first requests go through."""
 
-    def __init__(self, password_hash: str, link: str, realm: str, hasher: _Hasher = HASHER):
-        self.password_hash, self.link, self.realm, self._hasher = password_hash, link, realm, hasher
+    def __init__(self, password_hash: str, realm: str, hasher: _Hasher = HASHER):
+        self.password_hash, self.realm, self._hasher = password_hash, realm, hasher
         self._failures: dict[tuple[str, bytes], list[float]] = {}  # (address, credential digest): when
         self._passed: bytes | None = None  # the digest of the credential that passed PBKDF2
+        self._link_key = secrets.token_bytes(32)  # this gate's alone: its links mean nothing elsewhere
+        self._used: dict[str, float] = {}  # a used link's nonce: when it expires
+        self._sessions: dict[bytes, float] = {}  # a session cookie's digest: when it expires
+
+    def new_link(self, now: float | None = None) -> tuple[str, float]:
+        """A one-time sign-in token and the monotonic time it expires."""
+        expires = (time.monotonic() if now is None else now) + LINK_SECONDS
+        body = f"{expires:.3f}.{secrets.token_urlsafe(12)}"
+        return f"{body}.{self._sign(body)}", expires
+
+    def _sign(self, body: str) -> str:
+        digest = hmac.new(self._link_key, body.encode(), hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(digest).decode().rstrip("=")[:32]
+
+    def _use_link(self, token: str, now: float) -> bool:
+        """Whether `token` is this gate's, unexpired and unused; if so, it is used now."""
+        body, _, signature = token.rpartition(".")
+        expires_text, _, nonce = body.partition(".")
+        if not (nonce and same_secret(signature, self._sign(body))):
+            return False
+        try:
+            expires = float(expires_text)
+        except ValueError:
+            return False
+        self._used = {n: t for n, t in self._used.items() if t > now}
+        if expires <= now or nonce in self._used or len(self._used) >= MAX_USED_LINKS:
+            return False
+        self._used[nonce] = expires
+        return True
+
+    def _new_session(self, now: float) -> str:
+        session = secrets.token_urlsafe(32)
+        self._sessions = {d: t for d, t in self._sessions.items() if t > now}
+        while len(self._sessions) >= MAX_SESSIONS:
+            self._sessions.pop(next(iter(self._sessions)))
+        self._sessions[_session_digest(session)] = now + SESSION_SECONDS
+        return session
 
     async def decide(self, head: Head, client: str, now: float | None = None) -> Decision:
+        now = time.monotonic() if now is None else now
         split = urlsplit(head.target)
         query = parse_qsl(split.query, keep_blank_values=True)
         token = next((value for key, value in query if key == TOKEN_PARAM), None)
-        if same_secret(token, self.link):
+        if token is not None:
+            if not self._use_link(token, now):
+                return Decision(status=403, text=LINK_REFUSED)
             kept = urlunsplit(
                 ("", "", split.path or "/", urlencode([(k, v) for k, v in query if k != TOKEN_PARAM]), "")
             )
-            cookie = f"{COOKIE}={self.link}; Path=/; HttpOnly; SameSite=Lax"
+            cookie = f"{COOKIE}={self._new_session(now)}; Path=/; HttpOnly; SameSite=Lax"
             return Decision(status=302, headers=[("Location", kept), ("Set-Cookie", cookie)], text="signed in")
-        if self._cookie_ok(head):
+        if self._cookie_ok(head, now):
             return Decision(forward=_stripped(head))
         credential = _basic(head)
         if credential is None:
@@ -184,7 +242,6 @@ class Gate:
         digest = _digest(user, given)
         if self._passed is not None and hmac.compare_digest(digest, self._passed):
             return Decision(forward=_stripped(head))
-        now = time.monotonic() if now is None else now
         key = (client, digest)
         recent = [t for t in self._failures.pop(key, []) if now - t < FAILURE_WINDOW]
         if len(recent) >= MAX_FAILURES:
@@ -212,14 +269,20 @@ class Gate:
         while len(self._failures) > MAX_REMEMBERED:
             self._failures.pop(next(iter(self._failures)))
 
-    def _cookie_ok(self, head: Head) -> bool:
+    def _cookie_ok(self, head: Head, now: float) -> bool:
         for key, value in head.headers:
             if key.lower() == "cookie":
                 for part in value.split(";"):
                     name, _, given = part.strip().partition("=")
-                    if name == COOKIE and same_secret(given, self.link):
+                    if name == COOKIE and self._sessions.get(_session_digest(given), 0.0) > now:
                         return True
         return False
+
+
+def _session_digest(session: str) -> bytes:
+    """What the gate keeps of a session cookie: looked up by digest, so no
+    comparison of the secret itself can leak its bytes by timing."""
+    return hashlib.sha256(session.encode("utf-8", "surrogatepass")).digest()
 
 
 def _basic(head: Head) -> tuple[str, str] | None:

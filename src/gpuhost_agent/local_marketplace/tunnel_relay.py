@@ -137,6 +137,7 @@ TITLES = {
     302: "Found",
     400: "Bad Request",
     401: "Unauthorized",
+    403: "Forbidden",
     429: "Too Many Requests",
     502: "Bad Gateway",
     503: "Service Unavailable",

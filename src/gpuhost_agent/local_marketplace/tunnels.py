@@ -25,13 +25,14 @@ import asyncio
 import contextlib
 import hashlib
 from dataclasses import dataclass, field
+from datetime import timedelta
 from functools import partial
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.local_marketplace import tunnel_auth, tunnel_relay
 from gpuhost_agent.local_marketplace.channel_hub import ChannelHub, StreamRefused
 from gpuhost_agent.local_marketplace.store import Store
-from gpuhost_agent.protocol import ssh_login, wire
+from gpuhost_agent.protocol import ssh_login, wire, wire_time
 
 log = get_logger(__name__)
 
@@ -41,6 +42,9 @@ SERVICE_LABEL = "com.docker.compose.service"
 SYNC_PERIOD = 0.5  # seconds between looks at the container lists
 SSH = "ssh"
 SSH_KEY_CONTAINER, SSH_KEY_PORT = "", 0  # a stack's SSH endpoint is keyed on the stack alone
+PROBES_PER_STACK = 24  # background probes of a stack's `starting` tunnels, all together
+PROBE_FIRST_DELAY = 0.5  # seconds before the second round; doubled each round
+PROBE_MAX_DELAY = 30.0
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,19 @@ class Tunnel:
     error: str | None = None
     connections: set[asyncio.Task] = field(default_factory=set)
     gate: tunnel_auth.Gate | None = None  # basic auth, for an http tunnel of a stack that asks for it
-    auth: dict | None = None  # what the renter's tunnel info shows of it
+    auth: dict | None = None  # what the renter's tunnel info shows of it, but the link (minted per read)
+    name: str = ""  # the container's name: with the port, what its address is kept under (endpoint_key)
+    notice: str | None = None  # why the tunnel is not on the port it had before
+
+    @property
+    def endpoint_key(self) -> str:
+        """What the store keeps the listening port under: stable across
+        restarts of the agent and of the marketplace (a container's name is,
+        its id is not once it is recreated)."""
+        key = self.key
+        if self.protocol == SSH:
+            return f"{key.stack_id}/ssh"
+        return f"{key.stack_id}/{self.name or key.container_id}/{key.port}"
 
     @property
     def tunnel_id(self) -> str:
@@ -80,17 +96,30 @@ class Tunnel:
             "url": f"http://127.0.0.1:{self.listen_port}/" if http else None,
             "host": "127.0.0.1",
             "port": self.listen_port,
-            "auth": self.auth,
+            "auth": self._auth(),
             "status": self.status,
             "error": self.error,
+            "notice": self.notice,
         }
 
+    def _auth(self) -> dict | None:
+        """The credentials, with a new one-time sign-in link (tunnel_auth.py)."""
+        if self.auth is None or self.gate is None:
+            return self.auth
+        token, _expires = self.gate.new_link()
+        expires_at = wire_time.iso(wire_time.utcnow() + timedelta(seconds=tunnel_auth.LINK_SECONDS))
+        link = f"http://127.0.0.1:{self.listen_port}/?{tunnel_auth.TOKEN_PARAM}={token}"
+        return {**self.auth, "link": link, "linkExpiresAt": expires_at}
 
-def ssh_entry(tunnel: Tunnel, container: dict, host_key: dict | None) -> dict:
-    """The SSH endpoint as one container's tunnel info shows it."""
+
+def ssh_entry(tunnel: Tunnel, container: dict, host_key: dict | None, env_id: str) -> dict:
+    """The SSH endpoint as one container's tunnel info shows it, with a
+    command that pins the host key as pasted (ssh_command)."""
     service = _service(container)
     user = ssh_login.ssh_login_name(service, tunnel.key.stack_id)
     port = tunnel.listen_port
+    public = (host_key or {}).get("hostKey")
+    alias = host_key_alias(env_id)
     return {
         "tunnelId": hashlib.sha256(f"{tunnel.key.stack_id}/{container['Id']}/ssh".encode()).hexdigest()[:16],
         "service": service,
@@ -101,17 +130,39 @@ def ssh_entry(tunnel: Tunnel, container: dict, host_key: dict | None) -> dict:
         "host": "127.0.0.1",
         "port": port,
         "auth": None,
-        "status": tunnel.status,
+        # The listener exists only while a running container is open to SSH: ready once the host key is known.
+        "status": tunnel.status if tunnel.status == "error" else ("ready" if host_key else "starting"),
         "error": tunnel.error,
+        "notice": tunnel.notice,
         "ssh": {
             "host": "127.0.0.1",
             "port": port,
             "user": user,
             "hostKeyFingerprint": (host_key or {}).get("hostKeyFingerprint"),
-            "hostKey": (host_key or {}).get("hostKey"),
-            "command": f"ssh -p {port} {user}@127.0.0.1",
+            "hostKey": public,
+            "hostKeyAlias": alias,
+            "knownHostsLine": f"{alias} {public}" if public else None,
+            "command": ssh_command(port, user, alias, public),
         },
     }
+
+
+def host_key_alias(env_id: str) -> str:
+    """The name the host key is pinned under, whatever the port: one pin for
+    every SSH endpoint of the environment (the agent has one host key)."""
+    return f"gpuhost-{env_id[:8]}"
+
+
+def ssh_command(port: int, user: str, alias: str, public: str | None) -> str:
+    """What a renter pastes: their key, and the host key pinned without a
+    known_hosts file to edit: OpenSSH (8.5 and later) reads the
+    KnownHostsCommand's output as known_hosts lines, under HostKeyAlias, and
+    StrictHostKeyChecking=yes refuses any other key. `~/.ssh/id_ed25519` is
+    ssh-keygen's default file: a renter with another key changes `-i`."""
+    pin = ""
+    if public:
+        pin = f'-o HostKeyAlias={alias} -o StrictHostKeyChecking=yes -o "KnownHostsCommand=/bin/echo {alias} {public}" '
+    return f"ssh -i ~/.ssh/id_ed25519 -p {port} {pin}{user}@127.0.0.1"
 
 
 def _service(container: dict) -> str:
@@ -127,21 +178,22 @@ def _running(store: Store, stack_id: str) -> list[dict]:
     ]
 
 
-def wanted(store: Store) -> dict[TunnelKey, tuple[str, str]]:
-    """(service, protocol) of every tunnel there should be now."""
-    tunnels: dict[TunnelKey, tuple[str, str]] = {}
+def wanted(store: Store) -> dict[TunnelKey, tuple[str, str, str]]:
+    """(service, protocol, container name) of every tunnel there should be now."""
+    tunnels: dict[TunnelKey, tuple[str, str, str]] = {}
     for stack_id, stack in store.stacks.items():
         rental = store.rentals.get(stack["rentalId"]) or {}
         if stack.get("status") != wire.APPLIED or rental.get("status") != "ACTIVE":
             continue
         running = _running(store, stack_id)
         if running and (stack.get("template") or {}).get("isSSHEnabled") is True:
-            tunnels[TunnelKey(stack["rentalId"], stack_id, SSH_KEY_CONTAINER, SSH_KEY_PORT)] = ("", SSH)
+            tunnels[TunnelKey(stack["rentalId"], stack_id, SSH_KEY_CONTAINER, SSH_KEY_PORT)] = ("", SSH, "")
         for container in running:
             service = _service(container)
             for port in {p["PrivatePort"] for p in container.get("Ports") or [] if p.get("Type", "tcp") == "tcp"}:
                 key = TunnelKey(stack["rentalId"], stack_id, container["Id"], int(port))
-                tunnels[key] = (service, "http" if port in HTTP_PORTS else "tcp")
+                name = str(container.get("Name") or "").lstrip("/")
+                tunnels[key] = (service, "http" if port in HTTP_PORTS else "tcp", name)
     return tunnels
 
 
@@ -149,6 +201,8 @@ class TunnelBook:
     def __init__(self, store: Store, hub: ChannelHub, host: str = "127.0.0.1"):
         self.store, self.hub, self.host = store, hub, host
         self.tunnels: dict[TunnelKey, Tunnel] = {}
+        self._probers: dict[str, asyncio.Task] = {}  # stack id: the task probing its `starting` tunnels
+        self._probes_left: dict[str, int] = {}  # stack id: probes it may still make
 
     def for_stack(self, stack_id: str) -> list[dict]:
         return [entry for _, entry in sorted(self._entries(stack_id), key=lambda pair: pair[0])]
@@ -171,7 +225,7 @@ class TunnelBook:
                 continue
             host_key = self.store.host.get("sshHostKey")
             for container in _running(self.store, stack_id):
-                entries.append(((container["Id"], -1), ssh_entry(tunnel, container, host_key)))
+                entries.append(((container["Id"], -1), ssh_entry(tunnel, container, host_key, self.store.envId)))
         return entries
 
     async def run(self, period: float = SYNC_PERIOD) -> None:
@@ -186,43 +240,150 @@ class TunnelBook:
         want = wanted(self.store)
         for key in [key for key in self.tunnels if key not in want]:
             await self._close(self.tunnels.pop(key))
-        for key, (service, protocol) in want.items():
-            if key not in self.tunnels:
-                tunnel = Tunnel(key, service, protocol)
-                tunnel.server = await asyncio.start_server(
-                    partial(self._serve, tunnel), self.host, 0, limit=tunnel_relay.CHUNK
-                )
-                tunnel.listen_port = tunnel.server.sockets[0].getsockname()[1]
+        stacks = {key.stack_id for key in want}
+        for stack_id in [s for s in self._probes_left if s not in stacks]:
+            self._probes_left.pop(stack_id)
+            if (prober := self._probers.pop(stack_id, None)) is not None:
+                prober.cancel()
+        for key, (service, protocol, name) in want.items():
+            if key in self.tunnels:
+                self._arm(self.tunnels[key])  # a new password since (POST .../tunnel-password)
+            else:
+                tunnel = Tunnel(key, service, protocol, name=name)
+                await self._listen(tunnel)
                 self._arm(tunnel)
                 self.tunnels[key] = tunnel
-                log.info(
-                    "tunnel_opened",
-                    tunnel_id=tunnel.tunnel_id,
-                    stack_id=key.stack_id,
-                    container_port=key.port,
-                    protocol=protocol,
-                    listen_port=tunnel.listen_port,
-                )
+        self._forget_endpoints()
+        self._start_probers()
+
+    async def _listen(self, tunnel: Tunnel) -> None:
+        """A listener on the port the tunnel had before (the store keeps it),
+        so bookmarks, ssh configs and known_hosts pins survive restarts; on
+        another port, said in the log and the tunnel info, when that one is
+        taken."""
+        serve = partial(self._serve, tunnel)
+        kept = int(self.store.endpoints.get(tunnel.endpoint_key, 0))
+        server = None
+        if kept:
+            try:
+                server = await asyncio.start_server(serve, self.host, kept, limit=tunnel_relay.CHUNK)
+            except OSError as exc:
+                log.warning("tunnel_port_taken", stack_id=tunnel.key.stack_id, port=kept, error=str(exc)[:200])
+        if server is None:
+            server = await asyncio.start_server(serve, self.host, 0, limit=tunnel_relay.CHUNK)
+        tunnel.server = server
+        tunnel.listen_port = server.sockets[0].getsockname()[1]
+        if kept and tunnel.listen_port != kept:
+            tunnel.notice = (
+                f"port {kept}, this tunnel's before, was taken when it reopened: it moved to {tunnel.listen_port}"
+            )
+        if tunnel.listen_port != kept:
+            self.store.endpoints[tunnel.endpoint_key] = tunnel.listen_port
+            self.store.save()
+        log.info(
+            "tunnel_opened",
+            tunnel_id=tunnel.tunnel_id,
+            stack_id=tunnel.key.stack_id,
+            container_port=tunnel.key.port,
+            protocol=tunnel.protocol,
+            listen_port=tunnel.listen_port,
+            kept=tunnel.listen_port == kept,
+        )
+
+    def _forget_endpoints(self) -> None:
+        """The kept ports of stacks the store no longer has."""
+        gone = [key for key in self.store.endpoints if key.partition("/")[0] not in self.store.stacks]
+        for key in gone:
+            del self.store.endpoints[key]
+        if gone:
+            self.store.save()
 
     def _insecure(self, stack_id: str) -> bool:
         return ((self.store.stacks.get(stack_id) or {}).get("template") or {}).get("insecure") is True
 
     def _arm(self, tunnel: Tunnel) -> None:
-        """Basic auth for an http tunnel of a stack created with isBasicAuthEnabled."""
+        """Basic auth for an http tunnel of a stack created with isBasicAuthEnabled.
+        A new gate for a new password: the old one's sessions and links end with it."""
         credentials = (self.store.stacks.get(tunnel.key.stack_id) or {}).get("basicAuth")
         if tunnel.protocol != "http" or not credentials:
             return
-        secret = self.store.tunnelSecret
-        link = tunnel_auth.link_token(secret, tunnel.tunnel_id)
-        tunnel.gate = tunnel_auth.Gate(credentials["passwordHash"], link, f"tunnel {tunnel.tunnel_id}")
+        if tunnel.gate is not None and tunnel.gate.password_hash == credentials["passwordHash"]:
+            return
+        tunnel.gate = tunnel_auth.Gate(credentials["passwordHash"], f"tunnel {tunnel.tunnel_id}")
+        generation = int(credentials.get("generation", 0))
         tunnel.auth = {
             "type": "basic",
             "username": credentials["username"],
-            "password": tunnel_auth.password(secret, tunnel.key.stack_id),
-            "link": f"http://127.0.0.1:{tunnel.listen_port}/?{tunnel_auth.TOKEN_PARAM}={link}",
+            "password": tunnel_auth.password(self.store.tunnelSecret, tunnel.key.stack_id, generation),
         }
 
+    def _start_probers(self) -> None:
+        """One prober per stack with `starting` tunnels, while its probes last."""
+        for tunnel in self.tunnels.values():
+            stack_id = tunnel.key.stack_id
+            if tunnel.protocol == SSH or tunnel.status != "starting" or stack_id in self._probers:
+                continue
+            if self._probes_left.setdefault(stack_id, PROBES_PER_STACK) > 0:
+                prober = asyncio.create_task(self._probe_stack(stack_id), name=f"probe {stack_id[:8]}")
+                self._probers[stack_id] = prober
+                prober.add_done_callback(partial(self._prober_done, stack_id))
+
+    def _prober_done(self, stack_id: str, prober: asyncio.Task) -> None:
+        if self._probers.get(stack_id) is prober:
+            del self._probers[stack_id]
+
+    async def _probe_stack(self, stack_id: str) -> None:
+        """Probe the stack's `starting` tunnels, one at a time, the rounds
+        further apart each time, until none is starting or the probes are spent."""
+        delay = PROBE_FIRST_DELAY
+        while True:
+            starting = [
+                t
+                for t in self.tunnels.values()
+                if t.key.stack_id == stack_id and t.protocol != SSH and t.status == "starting"
+            ]
+            for tunnel in starting:
+                if self._probes_left.get(stack_id, 0) <= 0:
+                    log.info("tunnel_probes_spent", stack_id=stack_id, starting=len(starting))
+                    return
+                self._probes_left[stack_id] -= 1
+                await self._probe(tunnel)
+            if not starting:
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, PROBE_MAX_DELAY)
+
+    async def _probe(self, tunnel: Tunnel) -> None:
+        """One TCP connection to the service through the agent's tunnel path,
+        closed at once: `ready` when it opens. Only a refusal that says the
+        service does not listen yet keeps `starting`; any other (no agent
+        connected, too many streams) changes nothing, the next probe or
+        client will tell."""
+        try:
+            stream = await self.hub.open("tunnel", tunnel.key.rental_id, self._fields(tunnel))
+        except StreamRefused as refused:
+            if not tunnel_relay.is_not_listening(refused.status, refused.message):
+                log.info("tunnel_probe_refused", tunnel_id=tunnel.tunnel_id, status=refused.status)
+            return
+        if tunnel.status == "starting":
+            tunnel.status, tunnel.error = "ready", None
+            log.info("tunnel_ready", tunnel_id=tunnel.tunnel_id, stack_id=tunnel.key.stack_id)
+        await self.hub.finish(stream)
+
+    def _fields(self, tunnel: Tunnel) -> dict[str, str | int]:
+        """The stream request for one connection of the tunnel."""
+        key = tunnel.key
+        if tunnel.protocol == SSH:
+            return {"stackId": key.stack_id}
+        fields: dict[str, str | int] = {"stackId": key.stack_id, "containerId": key.container_id, "port": key.port}
+        if tunnel.protocol == "http" and self._insecure(key.stack_id):
+            fields["tls"] = True  # HTTPS to a self-signed service
+        return fields
+
     async def close_all(self) -> None:
+        for prober in list(self._probers.values()):
+            prober.cancel()
+        await asyncio.gather(*self._probers.values(), return_exceptions=True)
         tunnels, self.tunnels = list(self.tunnels.values()), {}
         for tunnel in tunnels:
             await self._close(tunnel)
@@ -256,15 +417,9 @@ class TunnelBook:
                     await tunnel_relay.write_answer(writer, decision.status, decision.headers, decision.text)
                     return
                 first = decision.forward.render()
-            fields: dict[str, str | int]
-            if tunnel.protocol == SSH:
-                kind, fields = SSH, {"stackId": key.stack_id}
-            else:
-                kind, fields = "tunnel", {"stackId": key.stack_id, "containerId": key.container_id, "port": key.port}
-                if tunnel.protocol == "http" and self._insecure(key.stack_id):
-                    fields["tls"] = True  # HTTPS to a self-signed service
+            kind = SSH if tunnel.protocol == SSH else "tunnel"
             try:
-                stream = await self.hub.open(kind, key.rental_id, fields)
+                stream = await self.hub.open(kind, key.rental_id, self._fields(tunnel))
             except StreamRefused as refused:
                 log.info("tunnel_refused", tunnel_id=tunnel.tunnel_id, status=refused.status, error=refused.message)
                 starting = tunnel_relay.is_not_listening(refused.status, refused.message)

@@ -1,0 +1,27 @@
+"""How a renter revokes access to a stack's basic-auth tunnels: a new password
+(issue 34). Every session cookie a sign-in link set, every link not yet used
+and the old password stop working at the tunnels' next look at the store
+(tunnels.py, within half a second); the new password is in the answer and in
+the tunnel info from then on."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from gpuhost_agent.local_marketplace import tunnel_auth
+from gpuhost_agent.local_marketplace.state import MarketplaceState
+
+
+def routes(state: MarketplaceState) -> list[web.RouteDef]:
+    async def new_password(request: web.Request) -> web.Response:
+        rental_id, stack_id = request.match_info["rentalId"], request.match_info["stackId"]
+        generation, plain = state.store.next_tunnel_password(rental_id, stack_id)
+        # PBKDF2 takes tens of milliseconds: off the event loop that serves every tunnel.
+        password_hash = await asyncio.to_thread(tunnel_auth.hash_password, plain)
+        credentials = state.store.set_tunnel_password(rental_id, stack_id, generation, password_hash)
+        await state.tunnels.sync()
+        return web.json_response({"username": credentials["username"], "password": plain})
+
+    return [web.post("/v1/rentals/{rentalId}/stacks/{stackId}/tunnel-password", new_password)]

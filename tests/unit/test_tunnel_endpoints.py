@@ -1,0 +1,80 @@
+"""A tunnel keeps its port across restarts of the marketplace (and so of the
+agent, whose reports only reopen the listeners): the store keeps each
+endpoint's port (issue 34, item 2). A port taken meanwhile is said, in the
+tunnel info, and another is used."""
+
+from __future__ import annotations
+
+import socket
+
+from gpuhost_agent.local_marketplace.channel_hub import ChannelHub
+from gpuhost_agent.local_marketplace.store import Store
+from gpuhost_agent.local_marketplace.tunnels import TunnelBook
+from gpuhost_agent.protocol import wire, wire_time
+
+TEMPLATE = {"name": "n", "description": "d", "content": "services: {}\n", "environmentVariables": {}}
+
+
+def _applied(store: Store) -> str:
+    rental = store.create_rental(name="r", gpu_count=0, end_date=None)
+    stack = store.create_stack(rental["rentalId"], {**TEMPLATE, "isSSHEnabled": True})
+    stack["status"] = wire.APPLIED
+    container = {
+        "Id": "a" * 64,
+        "Name": "p-web-1",
+        "State": "running",
+        "Labels": ["com.docker.compose.service=web"],
+        "Ports": [{"PrivatePort": 9000, "Type": "tcp"}],
+    }
+    store.containers[stack["stackId"]] = {"observedAt": wire_time.iso(), "containers": [container]}
+    store.save()
+    return stack["stackId"]
+
+
+async def _ports(store: Store) -> tuple[TunnelBook, dict[str, dict]]:
+    book = TunnelBook(store, ChannelHub())
+    await book.sync()
+    stack_id = next(iter(store.stacks))
+    return book, {entry["protocol"]: entry for entry in book.for_stack(stack_id)}
+
+
+async def test_ports_are_kept_across_a_restart_and_a_taken_one_is_said(tmp_path) -> None:
+    path = tmp_path / "market.json"
+    store = Store.load_or_create(path)
+    _applied(store)
+    book, first = await _ports(store)
+    assert first["tcp"]["notice"] is None and first["ssh"]["notice"] is None
+    await book.close_all()
+
+    again = Store.load_or_create(path)  # the marketplace started again from its file
+    book, second = await _ports(again)
+    assert {p: e["port"] for p, e in second.items()} == {p: e["port"] for p, e in first.items()}
+    assert second["ssh"]["ssh"]["command"].startswith(f"ssh -i ~/.ssh/id_ed25519 -p {first['ssh']['port']} ")
+    await book.close_all()
+
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", first["tcp"]["port"]))
+        squatter.listen()
+        book, third = await _ports(Store.load_or_create(path))
+        await book.close_all()
+    assert third["tcp"]["port"] != first["tcp"]["port"]
+    assert third["tcp"]["notice"] == (
+        f"port {first['tcp']['port']}, this tunnel's before, was taken when it reopened: "
+        f"it moved to {third['tcp']['port']}"
+    )
+    assert third["ssh"]["port"] == first["ssh"]["port"] and third["ssh"]["notice"] is None
+    assert (
+        Store.load_or_create(path).endpoints[next(k for k in again.endpoints if k.endswith("/9000"))]
+        == (third["tcp"]["port"])
+    ), "the new port is kept from then on"
+
+
+async def test_a_removed_stack_forgets_its_ports(tmp_path) -> None:
+    store = Store.load_or_create(tmp_path / "market.json")
+    stack_id = _applied(store)
+    book, _ = await _ports(store)
+    assert len(store.endpoints) == 2
+    store.apply_status(stack_id, {"status": wire.REMOVED, "reportedAt": wire_time.iso()})
+    await book.sync()
+    assert store.endpoints == {}
+    await book.close_all()
