@@ -927,8 +927,11 @@ do_install() {
     swarm_tls
     make_state_dir
     install_unit
-    start_service
+    # Reported before the start: the agent reports its own phases as soon as it
+    # runs, and a report of ours after the start could land after them and undo
+    # its "ready" (seen on the Debian 13 host, tests/integration/test_modern_host.py).
     report_init "done" "installed ${INSTALLED_VERSION:-$PACKAGE}; the agent takes over"
+    start_service
     if [ "$DRY_RUN" = 1 ]; then
         say "[dry-run] done; nothing was changed"
     else
