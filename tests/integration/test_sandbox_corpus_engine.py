@@ -7,6 +7,8 @@ file ends in ERROR with no container created, every legitimate file deploys.
 from __future__ import annotations
 
 import asyncio
+import uuid
+from pathlib import Path
 
 from support.sandbox_corpus import HOSTILE, LEGIT, assert_container_sandboxed, header
 from support.stacks import TEST_IMAGE
@@ -118,3 +120,73 @@ async def test_two_rentals_deploy_the_same_container_names(local_market, docker_
                 break
             await asyncio.sleep(0.1)
         assert printed.strip() == mark  # its own stack's server, not the other rental's
+
+
+# What published GPU files ask of the host (issue 34, items 3 and 10), all in one service.
+HOST_ASKS = f"""
+services:
+  server:
+    image: {TEST_IMAGE}
+    network_mode: host
+    ports: ["8787:8080"]
+    env_file: ../../.env
+    environment:
+      HF_TOKEN: ${{HF_TOKEN}}
+    volumes:
+      - ${{MODEL_DIRECTORY}}:/opt/nim/.cache
+    deploy: {{resources: {{reservations: {{memory: 64g}}}}}}
+    command:
+      - sh
+      - -c
+      - mkdir -p /www && touch /opt/nim/.cache/mine && echo ok > /www/index.html && exec httpd -f -p 8080 -h /www
+"""
+
+
+async def test_published_host_asks_run_on_the_stack_own_terms(local_market, docker_client) -> None:
+    """The stack runs, each change is said in errorMsg, and `docker inspect`
+    shows the sandbox held: no host path mounted (nor created), not the
+    host's network, a reservation within the limit, the host port the
+    engine's; curl reaches the server on the port the container list shows.
+    On the agent before: refused (host network, absolute bind, env_file
+    above the file), and once those were gone the engine refused the
+    reservation; the host port and the unset HF_TOKEN were silent."""
+    renter, _parts, _local = local_market
+    host_dir = Path(f"/srv/gpuhost-models-{uuid.uuid4().hex[:8]}")  # a data directory the host would have
+    rental = await renter.rental()
+    stack_id = await renter.stack(rental, HOST_ASKS, {"MODEL_DIRECTORY": str(host_dir)})
+    stack = await renter.wait_stack(rental, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
+    assert stack["status"] == wire.APPLIED, stack["errorMsg"]
+    said = stack["errorMsg"]
+    for notice in (
+        "env_file '../../.env' dropped",
+        "network_mode host became the stack's own network",
+        "port(s) 8080 are reached",
+        "host port 8787 dropped; container port 8080 is published on a free host port",
+        f"volumes {host_dir} became the stack's named volume 'host_",
+        "deploy.resources.reservations.memory 64.0 GiB lowered",
+        'Compose warns: The "HF_TOKEN" variable is not set',
+    ):
+        assert notice in said, (notice, said)
+    (container,) = await asyncio.to_thread(
+        docker_client.containers.list, filters={"label": f"{wire.LABEL_STACK}={stack_id}"}
+    )
+    assert_container_sandboxed(container.attrs, allowed_gpus=0)
+    host = container.attrs["HostConfig"]
+    assert host["NetworkMode"] not in ("host", "default", "bridge"), host["NetworkMode"]
+    assert all(mount["Type"] == "volume" for mount in container.attrs["Mounts"]), container.attrs["Mounts"]
+    assert not await asyncio.to_thread(host_dir.exists)  # never mounted, never created
+    assert 0 < host["MemoryReservation"] <= host["Memory"]
+    _, listed = await renter.call("GET", f"/rentals/{rental}/stacks/{stack_id}/containers")
+    (port,) = [p for c in listed for p in c.get("Ports") or [] if p.get("PublicPort")]
+    assert port["PrivatePort"] == 8080
+    for _ in range(50):
+        curl = await asyncio.create_subprocess_exec(
+            "curl", "-s", "--max-time", "2", f"http://127.0.0.1:{port['PublicPort']}/", stdout=asyncio.subprocess.PIPE
+        )
+        out, _ = await curl.communicate()
+        if out.strip() == b"ok":
+            break
+        await asyncio.sleep(0.1)
+    assert out.strip() == b"ok"
+    status, _ = await renter.call("DELETE", f"/rentals/{rental}")
+    assert status == 200

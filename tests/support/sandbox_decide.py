@@ -34,7 +34,9 @@ async def decide_file(
         await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
         await asyncio.to_thread((workdir / "compose.yaml").write_text, raw.text)
         try:
-            model = await compose.config("corpus", workdir, "compose.yaml", variables)
+            model, raw.compose_warnings = await compose.config_and_warnings(
+                "corpus", workdir, "compose.yaml", variables
+            )
         except ComposeError as exc:
             raise refuse_with_compose_error(raw, str(exc)) from None
         ctx = SandboxContext(

@@ -102,12 +102,13 @@ async def test_binds_beside_the_file_and_in_home_become_named_volumes(compose, t
     text = (
         "services:\n  app:\n    image: busybox\n    volumes:\n"
         "      - ./data:/data\n      - ~/.cache/huggingface:/root/.cache/huggingface:ro\n"
-        "      - /etc/localtime:/etc/localtime:ro\n      - ../../etc:/x\n"
+        "      - /etc/localtime:/etc/localtime:ro\n      - /var/run/docker.sock:/x\n"
     )
     problems, _, _ = await decide_file(compose, text, tmp_path / "stacks" / "s")
-    assert len(problems) == 1 and "bind mount of the host path '../../etc'" in problems[0]
+    assert len(problems) == 1 and "bind mount of the host path '/var/run/docker.sock'" in problems[0]
     assert str(tmp_path) not in problems[0]
-    problems, hardened, notices = await decide_file(compose, text.replace("      - ../../etc:/x\n", ""), tmp_path / "b")
+    text = text.replace("      - /var/run/docker.sock:/x\n", "")
+    problems, hardened, notices = await decide_file(compose, text, tmp_path / "b")
     assert problems == []
     mounts = hardened["services"]["app"]["volumes"]
     assert [(m["type"], m["source"], m["target"]) for m in mounts] == [
@@ -139,11 +140,15 @@ async def test_services_all_behind_profiles_are_refused_before_any_gpu_is_taken(
     assert review_raw(text, "cuda").problems == []
 
 
-def test_env_file_beside_the_file_is_dropped_and_others_refused() -> None:
-    raw = review_raw("services:\n  app:\n    image: busybox\n    env_file: [.env, /etc/shadow, ../x.env]\n")
+def test_env_file_named_from_the_file_is_dropped_and_host_files_refused() -> None:
+    """`../../.env` (a project's tree, issue 34) is dropped like `./.env`:
+    Compose reads neither; a host path, `~` or a variable stays refused."""
+    raw = review_raw(
+        "services:\n  app:\n    image: busybox\n    env_file: [.env, /etc/shadow, ../../.env, '~/.env', '${X}/a.env']\n"
+    )
     assert "env_file" not in raw.text and ".env" not in raw.text
-    assert [n for n in raw.notices if "'.env' dropped" in n]
-    assert len(raw.problems) == 2 and "'/etc/shadow'" in raw.problems[0] and "'../x.env'" in raw.problems[1]
+    assert [n for n in raw.notices if "'.env' dropped" in n] and [n for n in raw.notices if "'../../.env' dropped" in n]
+    assert len(raw.problems) == 3 and "'/etc/shadow'" in raw.problems[0] and "'~/.env'" in raw.problems[1]
 
 
 def test_plain_scalars_keep_their_text_when_the_file_is_rewritten() -> None:

@@ -52,6 +52,8 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
             return json_error(400, "name must be a string")
         if name is not None and not wire_values.is_text(name):
             return json_error(400, "name is not valid Unicode text (it holds a lone surrogate)")
+        if name is not None and (problem := wire_jobs.name_problem(name, "name")):
+            return json_error(400, problem)
         if end_date is not None:
             try:
                 end_date = wire_time.iso(wire_time.parse_iso(end_date)) if isinstance(end_date, str) else None
@@ -74,6 +76,8 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
         body = await json_body(request)
         if not isinstance(body, dict) or not isinstance(body.get("name"), str):
             return json_error(400, "body must be an object with a string name")
+        if problem := wire_jobs.name_problem(body["name"], "name"):
+            return json_error(400, problem)
         rental["name"], rental["updatedAt"] = body["name"], wire_time.iso()
         state.changed()
         return web.json_response("rental updated")
@@ -99,6 +103,8 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
             template = wire_jobs.validate_template(body["template"])
         except wire_jobs.InvalidBody as exc:
             return json_error(400, str(exc))
+        if problem := wire_jobs.name_problem(template["name"], "template.name"):
+            return json_error(400, problem)
         stack = store.create_stack(rental_id, template)
         state.changed(jobs=True)
         return web.json_response(stack["stackId"], status=201)

@@ -15,6 +15,14 @@ _TEMPLATE_FLAGS = ("insecure", "isBasicAuthEnabled", "isSSHEnabled")
 MAX_CONTENT_BYTES = 512 * 1024
 # rental.gpuCount above this is a marketplace bug, not a rental (no host has that many).
 MAX_GPU_COUNT = 1024
+# A rental's or stack's name, in characters: the local marketplace refuses a
+# longer one (400), and the agent shows at most this much of one it receives
+# (`gpuhost-agent status`), so that a 10 KB name cannot flood the operator's
+# screen. The agent does not refuse or cut a longer stackName when it decodes
+# a job: the stack's Compose project is a slug of the name, and the same
+# stack must keep the same project whichever path (a job, the desired state)
+# the name came by; only its display is bounded (display_name).
+MAX_NAME_CHARS = 128
 
 
 class InvalidBody(ValueError):
@@ -55,6 +63,18 @@ def validate_template(template: Any) -> dict:
     cleaned["environmentVariables"] = dict(variables)
     cleaned.update({flag: bool(template.get(flag, False)) for flag in _TEMPLATE_FLAGS})
     return cleaned
+
+
+def name_problem(name: str, what: str) -> str | None:
+    """Why a renter's name for a rental or stack cannot be taken, or None."""
+    if len(name) > MAX_NAME_CHARS:
+        return f"{what} is {len(name)} characters long, more than the {MAX_NAME_CHARS} a name may have"
+    return None
+
+
+def display_name(name: str) -> str:
+    """A received name as the agent shows it: at most MAX_NAME_CHARS, then "..."."""
+    return name if len(name) <= MAX_NAME_CHARS else name[:MAX_NAME_CHARS] + "..."
 
 
 def _check_variable(name: Any, value: Any) -> None:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.common.visible import visible
 from gpuhost_agent.runtime.compose_command import ComposeNotFound, find_compose_command
 from gpuhost_agent.runtime.host_process import HostProcesses, host_environment, kill
 
@@ -115,8 +116,10 @@ class ComposeRunner:
         cwd: Path,
         timeout: float,
         text: str | None = None,
+        warnings: list[str] | None = None,
     ) -> str:
-        """Compose's output once it exits; `text` is written to its stdin first."""
+        """Compose's output once it exits; `text` is written to its stdin
+        first; `warnings` gets what Compose warned of on its way to success."""
         verb = "up" if "up" in args else "down" if "down" in args else None
         try:
             code, stdout, stderr = await self.processes.finish(
@@ -128,23 +131,37 @@ class ComposeRunner:
             ) from None
         if code != 0:
             raise ComposeError(await asyncio.to_thread(clean_error, stderr, cwd, self.docker_config_dir))
+        if warnings is not None:
+            warnings += await asyncio.to_thread(compose_warnings, stderr, cwd, self.docker_config_dir)
         return stdout
 
-    async def _run(self, args: list[str], *, cwd: Path, timeout: float) -> str:
+    async def _run(self, args: list[str], *, cwd: Path, timeout: float, warnings: list[str] | None = None) -> str:
         process = await self._start(args, cwd=cwd)
-        return await self._finish(process, args, cwd=cwd, timeout=timeout)
+        return await self._finish(process, args, cwd=cwd, timeout=timeout, warnings=warnings)
 
     async def config(self, project: str, workdir: Path, compose_file: str, variables: dict[str, str]) -> dict:
-        """Compose's normalised model of the file, interpolated with the
-        template's variables (read from a private file that exists only
-        while this call runs; the model then holds every value it needs)."""
+        """Compose's normalised model of the file (see config_and_warnings)."""
+        model, _ = await self.config_and_warnings(project, workdir, compose_file, variables)
+        return model
+
+    async def config_and_warnings(
+        self, project: str, workdir: Path, compose_file: str, variables: dict[str, str]
+    ) -> tuple[dict, list[str]]:
+        """(Compose's normalised model of the file, interpolated with the
+        template's variables, what Compose warned of while reading it). The
+        variables are read from a private file that exists only while this
+        call runs; the model then holds every value it needs. The warnings
+        are for the renter (a variable not set, deployed as ""): see
+        compose_warnings."""
         env_file = workdir / VARIABLES_FILE
         await asyncio.to_thread(write_variables, env_file, variables)
+        warnings: list[str] = []
         try:
             output = await self._run(
                 ["-p", project, "-f", compose_file, "--env-file", VARIABLES_FILE, "config", "--format", "json"],
                 cwd=workdir,
                 timeout=60,
+                warnings=warnings,
             )
         finally:
             await asyncio.to_thread(env_file.unlink, missing_ok=True)
@@ -154,7 +171,7 @@ class ComposeRunner:
             raise ComposeError("Compose could not turn the file into a project (its output was not JSON)") from None
         if not isinstance(model, dict):
             raise ComposeError("Compose could not turn the file into a project")
-        return model
+        return model, warnings
 
     async def start_up(self, project: str, workdir: Path) -> PendingUp:
         """`up` started now, reading its file from stdin: see PendingUp."""
@@ -227,11 +244,44 @@ def clean_error(stderr: str, workdir: Path, home: Path | None = None) -> str:
     lines = [line for line in lines if line and "attribute `version` is obsolete" not in line]
     wanted = [line for line in lines if not line.startswith(("Container ", "Network ", "Volume ", "Image "))] or lines
     text = " | ".join(wanted[-4:]) or "docker compose failed without a message"
+    return _without_paths(text, workdir, home)[:2000]
+
+
+def _without_paths(text: str, workdir: Path, home: Path | None) -> str:
+    """`text` with the stack's folder written `.` and the agent's DOCKER_CONFIG
+    (Compose's `~`) written `~`: no path of the agent's reaches a renter."""
     for path in sorted({str(workdir), str(workdir.resolve())}, key=len, reverse=True):
         text = text.replace(path + os.sep, "").replace(path, ".")
-    if home is not None:  # the agent's DOCKER_CONFIG, which Compose also uses as `~`
+    if home is not None:
         text = text.replace(str(home), "~")
-    return text[:2000]
+    return text
+
+
+MAX_WARNINGS = 8  # of one `config`, shown to the renter; the rest are counted
+MAX_WARNING_CHARS = 300
+
+
+def compose_warnings(stderr: str, workdir: Path, home: Path | None = None) -> list[str]:
+    """What Compose warned of on a `config` that succeeded, for the renter's
+    notices: a variable the file uses that the template does not set
+    (deployed as an empty string, so a missing HF_TOKEN looks like the
+    application's bug) and any other warning, save the obsolete `version:`
+    one that every older file draws. The text quotes the renter's file, so
+    each is made visible (common/visible.py), bounded, said once, without
+    the agent's paths; at most MAX_WARNINGS, then how many more."""
+    found: list[str] = []
+    for line in stderr.splitlines():
+        match = _LOGRUS_WARNING.match(line.strip())
+        text = match.group(1).replace('\\"', '"') if match else ""
+        if not text or "attribute `version` is obsolete" in text:
+            continue
+        text = visible(_without_paths(text, workdir, home))
+        text = text if len(text) <= MAX_WARNING_CHARS else text[:MAX_WARNING_CHARS] + "..."
+        if text not in found:
+            found.append(text)
+    if len(found) > MAX_WARNINGS:
+        found[MAX_WARNINGS:] = [f"{len(found) - MAX_WARNINGS} more warning(s) of Compose not shown"]
+    return found
 
 
 _LOGRUS_WARNING = re.compile(r'^time="[^"]*" level=warning msg="(.*)"$')

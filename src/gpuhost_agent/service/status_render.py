@@ -142,9 +142,16 @@ def _compliance(verdict: dict | None, now: datetime | None) -> list[str]:
     return lines
 
 
+NAME_CHARS = 128  # protocol/wire_jobs.py MAX_NAME_CHARS; this module imports the standard library only
+
+
 def _stack_block(stack: dict, now: datetime | None) -> list[str]:
-    """`<stackId> "<name>" rental <rentalId> <state>`, its error, its tunnels."""
-    name = f'"{stack["name"]}"' if stack.get("name") else "(no name)"
+    """`<stackId> "<name>" rental <rentalId> <state>`, its error, its tunnels.
+    The name is bounded here too (whatever an older agent's socket sends),
+    after it was made visible: a cut can never let a control character through."""
+    name = str(stack.get("name") or "")
+    name = name if len(name) <= NAME_CHARS else name[:NAME_CHARS] + "..."
+    name = f'"{name}"' if name else "(no name)"
     lines = [
         f"  {stack.get('stackId', '?')} {name} rental {stack.get('rentalId') or '?'}"
         f" {stack.get('status') or '?'}, updated {_ago(stack.get('updatedAt'), now)}"

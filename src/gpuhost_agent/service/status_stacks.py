@@ -8,7 +8,8 @@ state), else read back from the project, and the tunnels are derived the way
 the marketplace derives them (docs/streams.md, section 4): every TCP port a
 container of the stack declares, in the container list the agent last
 reported, plus the stack's SSH endpoint when its containers carry the SSH
-label. A tunnel is open while its container runs in an APPLIED stack; its
+label. A name is shown at most 128 characters long (protocol/wire_jobs.py,
+display_name): the marketplace could send any length. A tunnel is open while its container runs in an APPLIED stack; its
 connections are the tunnel streams the agent relays now. The marketplace
 calls conventional web ports `http`; that is its label for the same TCP
 relay, so the agent says `tcp`.
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterable
 
 from gpuhost_agent.core.containers.seed_list import SERVICE_LABEL
 from gpuhost_agent.core.stacks import naming
-from gpuhost_agent.protocol import ssh_login, wire
+from gpuhost_agent.protocol import ssh_login, wire, wire_jobs
 from gpuhost_agent.streams.requests import SshRequest, StreamRequest, TunnelRequest
 
 
@@ -40,7 +41,7 @@ def stack_entries(
         entries.append(
             {
                 "stackId": stack_id,
-                "name": names.get(stack_id) or _name_of(row.get("project") or "", stack_id),
+                "name": wire_jobs.display_name(names.get(stack_id) or _name_of(row.get("project") or "", stack_id)),
                 "status": row.get("status"),
                 "errorMsg": row.get("error_msg") or None,
                 "project": row.get("project"),

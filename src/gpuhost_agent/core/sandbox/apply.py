@@ -90,7 +90,8 @@ def decide(model: dict, raw: RawReview, ctx: SandboxContext) -> tuple[dict, list
         problems.append("the Compose file defines no services")
     if problems:
         raise StackRejected(POLICY_PREFIX + "; ".join(problems))
-    return harden(rewritten, ctx), [*raw.notices, *notices]
+    said = [f"Compose warns: {warning}" for warning in raw.compose_warnings]
+    return harden(rewritten, ctx), [*raw.notices, *notices, *said]
 
 
 class Sandbox:

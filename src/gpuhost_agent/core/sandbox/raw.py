@@ -20,7 +20,6 @@ spellings, the one Compose reads is what this parser saw
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
 
 import yaml
 
@@ -35,6 +34,9 @@ class RawReview:
     notices: list[str] = field(default_factory=list)  # what was changed, for the renter
     problems: list[str] = field(default_factory=list)  # what must change before it can run
     profiled: list[str] = field(default_factory=list)  # services that only start with a profile
+    # What Compose warned of while it read the file (a variable not set), for
+    # the renter: runtime/compose.py compose_warnings, set by the backend.
+    compose_warnings: list[str] = field(default_factory=list)
 
 
 def review(text: str, profiles: str = "") -> RawReview:
@@ -121,13 +123,14 @@ def _service(result: RawReview, name: str, service: dict, node: yaml.Node | None
 
 
 def _env_file(result: RawReview, where: str, value: object) -> None:
-    """A file beside the Compose file is one the host does not have: dropped,
-    with a notice. Anything that could name another file is a problem."""
+    """A file named relative to the Compose file (`.env`, `speech.env`, or
+    `../../.env` above it, as a project's own tree has it) is one the host
+    does not have: dropped, with a notice; Compose never reads it either way.
+    An absolute path, `~` or a variable names a file of the host's: a problem."""
     items = value if isinstance(value, list) else [value]
     paths = [str(item.get("path", "")) if isinstance(item, dict) else str(item) for item in items]
     for path in paths:
-        parts = PurePosixPath(path).parts
-        if not path or path.startswith(("/", "~")) or ".." in parts or "$" in path:
+        if not path.strip() or path.startswith(("/", "~")) or "$" in path:
             result.problems.append(
                 f"{where}: env_file {path!r} is not allowed (it reads a file of the host); "
                 "set the variables in environment: or in the template's environmentVariables"

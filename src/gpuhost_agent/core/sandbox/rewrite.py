@@ -12,15 +12,13 @@ from __future__ import annotations
 import copy
 import re
 
-from gpuhost_agent.core.sandbox import gpu_forms
-from gpuhost_agent.core.sandbox.context import SandboxContext, shown_path, under
+from gpuhost_agent.core.sandbox import gpu_forms, host_asks
+from gpuhost_agent.core.sandbox.context import SandboxContext
 
-DROPPED_HOST_FILES = ("/etc/localtime", "/etc/timezone")
 # Containers one stack may make, replicas counted: each is a process tree, a
 # shim and network endpoints on the host (outside the rental's cgroup), and on
 # Swarm a share of the machine (core/swarm/rewrite.py divides it among them).
 MAX_CONTAINERS = 32
-_VOLUME_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_.-]+")
 
 
 def rewrite(model: dict, ctx: SandboxContext) -> tuple[dict, list[str], list[str]]:
@@ -32,11 +30,14 @@ def rewrite(model: dict, ctx: SandboxContext) -> tuple[dict, list[str], list[str
         if not isinstance(service, dict):
             continue
         where = f'service "{name}"'
-        _binds(model, service, ctx, where, notices)
+        host_asks.binds(model, service, ctx, where, notices)
+        host_asks.host_network(model, service, ctx, where, notices)
+        host_asks.host_ports(service, where, notices)
         _container_name(service, where, notices)
         _ipc(service, ctx, where, notices)
         _memlock(service, ctx, where, notices)
         _clamp_limits(service, ctx, where, notices)
+        host_asks.memory_reservation(service, ctx, where, notices)
         _selinux_type(service, where, notices)
         gpu_forms.normalise(service, ctx, where, notices, problems)
     _containers(model, problems)
@@ -106,31 +107,6 @@ def _scope_names(model: dict, ctx: SandboxContext, notices: list[str], problems:
             model[section][key] = spec
 
 
-def _binds(model: dict, service: dict, ctx: SandboxContext, where: str, notices: list[str]) -> None:
-    """Paths beside the file and in the home become named volumes of the
-    stack, with the same target; the host's clock files are dropped."""
-    kept = []
-    for mount in service.get("volumes") or []:
-        source = str(mount.get("source", "")) if isinstance(mount, dict) else ""
-        if not isinstance(mount, dict) or mount.get("type") != "bind":
-            kept.append(mount)
-        elif source in DROPPED_HOST_FILES:
-            notices.append(f"{where}: volumes {source} dropped: set the TZ variable for the time zone")
-        elif under(source, ctx.project_dir) or under(source, ctx.home_dir):
-            shown = shown_path(source, ctx)
-            volume = _volume_name(shown)
-            model.setdefault("volumes", {})[volume] = {"name": f"{ctx.project}_{volume}"}
-            new = {"type": "volume", "source": volume, "target": mount.get("target")}
-            if mount.get("read_only"):
-                new["read_only"] = True
-            kept.append(new)
-            notices.append(f"{where}: volumes {shown} became the stack's named volume {volume!r}")
-        else:
-            kept.append(mount)
-    if "volumes" in service:
-        service["volumes"] = kept
-
-
 def _container_name(service: dict, where: str, notices: list[str]) -> None:
     """Container names are one namespace for the whole host: two rentals that
     paste the same file (`container_name: ollama`) would collide, and a name
@@ -152,13 +128,6 @@ def _container_name(service: dict, where: str, notices: list[str]) -> None:
         f"{where}: container_name {name!r} dropped: container names are shared by every rental on the host; "
         f"the stack's services still reach it as {name!r}"
     )
-
-
-def _volume_name(shown: str) -> str:
-    """`./data` -> `data`, `~/.cache/huggingface` -> `home.cache_huggingface`."""
-    body = shown[1:].strip("/") if shown.startswith((".", "~")) else shown
-    stem = _VOLUME_NAME_CHARS.sub("_", body).strip("_") or "dir"
-    return f"{'home' if shown.startswith('~') else 'bind'}_{stem}"[:200]
 
 
 def _ipc(service: dict, ctx: SandboxContext, where: str, notices: list[str]) -> None:

@@ -35,7 +35,8 @@ async def start_compose(
     raw: RawReview,
 ) -> tuple[dict, frozenset[str], PendingUp]:
     """(Compose's model of `original`, the foreign names, a waiting `up` in
-    `original`'s folder). If any of the three fails, the waiting `up` is
+    `original`'s folder); what Compose warned of goes to `raw.compose_warnings`
+    for the renter's notices. If any of the three fails, the waiting `up` is
     stopped before it read anything and the first failure is raised: a
     Compose error on the renter's file as the sandbox's refusal, one starting
     `up` as StackFailed, an engine error as it is."""
@@ -43,9 +44,10 @@ async def start_compose(
 
     async def normalised() -> dict:
         try:
-            return await compose.config(project, workdir, original.name, variables)
+            model, raw.compose_warnings = await compose.config_and_warnings(project, workdir, original.name, variables)
         except ComposeError as exc:
             raise refuse_with_compose_error(raw, str(exc)) from None
+        return model
 
     async def waiting_up() -> PendingUp:
         try:

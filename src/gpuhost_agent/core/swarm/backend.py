@@ -61,7 +61,9 @@ class SwarmBackend:
 
     async def prepare(self, project: str, original: Path, variables: dict[str, str], raw: RawReview) -> SwarmStart:
         try:
-            model = await self.compose.config(project, original.parent, original.name, variables)
+            model, raw.compose_warnings = await self.compose.config_and_warnings(
+                project, original.parent, original.name, variables
+            )
         except ComposeError as exc:
             raise refuse_with_compose_error(raw, str(exc)) from None
         return SwarmStart(model, await self.engine.foreign_names(project), project, self.swarm)
