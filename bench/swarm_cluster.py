@@ -42,11 +42,20 @@ from gpuhost_agent.core.sandbox.context import GIB, SandboxContext  # noqa: E402
 from gpuhost_agent.core.sandbox.harden import harden  # noqa: E402
 from gpuhost_agent.core.swarm_rewrite import SwarmPlacement, swarm_stack  # noqa: E402
 from gpuhost_agent.protocol import wire  # noqa: E402
+from gpuhost_agent.service.config import default_of
 from gpuhost_agent.service.wiring import start_local_marketplace  # noqa: E402
 
 BOX = {"image": "gpuhost-test/busybox:1", "command": ["sh", "-c", "trap exit TERM; sleep 3600 & wait"]}
 PUBLISHED = {"services": {"web": BOX, "worker": BOX}}  # two services, the shape of most templates
-CTX = SandboxContext(project="bench", cpus=1.0, memory_bytes=GIB // 2, pids_limit=512)
+CTX = SandboxContext(
+    project="bench",
+    cpus=1.0,
+    memory_bytes=GIB // 2,
+    pids_limit=512,
+    publish_address="0.0.0.0",
+    log_max_size=default_of("log_max_size"),
+    log_max_files=default_of("log_max_files"),
+)
 
 
 def rewritten(home: str, other: str) -> dict:

@@ -9,15 +9,16 @@ import json
 
 import pytest
 from support.sandbox_decide import RENTAL_GPUS
+from support.settings import stack_context
 from support.swarm import container_of, deploy, docker
 
-from gpuhost_agent.core.sandbox.context import GIB, SandboxContext
+from gpuhost_agent.core.sandbox.context import GIB
 from gpuhost_agent.core.sandbox.harden import harden
 from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
 from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
 
 pytestmark = pytest.mark.swarm
-CTX = SandboxContext(project="p", gpu_uuids=RENTAL_GPUS, cpus=1.0, memory_bytes=GIB // 2, pids_limit=512)
+CTX = stack_context(project="p", gpu_uuids=RENTAL_GPUS, cpus=1.0, memory_bytes=GIB // 2, pids_limit=512)
 BOX = {"image": "gpuhost-test/busybox:1", "command": ["sh", "-c", "trap exit TERM; sleep 3600 & wait"]}
 
 

@@ -14,9 +14,10 @@ import pytest
 from support.machine_samples import good_host
 from support.sandbox_corpus import CORPUS
 from support.sandbox_decide import RENTAL_GPUS, decide_file
+from support.settings import stack_context
 from support.swarm import PREFIX, container_of, deploy, docker, remove_stack
 
-from gpuhost_agent.core.sandbox.context import GIB, SandboxContext
+from gpuhost_agent.core.sandbox.context import GIB
 from gpuhost_agent.core.sandbox.harden import ALWAYS_DROP, harden
 from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
 from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
@@ -27,7 +28,7 @@ from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
 from gpuhost_agent.runtime.engine import DockerEngine
 
 pytestmark = pytest.mark.swarm
-CTX = SandboxContext(project="p", gpu_uuids=RENTAL_GPUS, cpus=1.0, memory_bytes=GIB // 2, pids_limit=512)
+CTX = stack_context(project="p", gpu_uuids=RENTAL_GPUS, cpus=1.0, memory_bytes=GIB // 2, pids_limit=512)
 BOX = {"image": "gpuhost-test/busybox:1", "command": ["sh", "-c", "trap exit TERM; sleep 3600 & wait"]}
 GPU_ASK = {"resources": {"reservations": {"devices": [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]}}}
 

@@ -13,11 +13,12 @@ import asyncio
 import json
 
 import pytest
+from support.settings import stack_context
 from support.swarm import PREFIX, docker
 
 from gpuhost_agent.core.containers.seed_list import seed_containers
 from gpuhost_agent.core.gpus.allocation import environment_slots
-from gpuhost_agent.core.sandbox.context import GIB, SandboxContext
+from gpuhost_agent.core.sandbox.context import GIB
 from gpuhost_agent.core.sandbox.harden import harden
 from gpuhost_agent.core.stacks.compose_rewrite import label_services
 from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
@@ -71,7 +72,7 @@ async def test_a_stack_on_two_machines_is_listed_in_the_seed_shape_and_removed_f
     stacks = SwarmStacks(engine)
     where = {slot.uuid: slot.machine for slot in environment_slots(await environment_facts(engine))}
     gpu = cluster_gpu(2, 1)
-    ctx = SandboxContext(project="stk1", gpu_uuids=(gpu,), cpus=1.0, memory_bytes=GIB // 2, pids_limit=512)
+    ctx = stack_context(project="stk1", gpu_uuids=(gpu,), cpus=1.0, memory_bytes=GIB // 2, pids_limit=512)
     model = {
         "services": {
             "train": {**BOX, "deploy": GPU_ASK, "ports": [{"target": 8080}]},

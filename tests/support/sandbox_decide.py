@@ -9,10 +9,11 @@ import asyncio
 from pathlib import Path
 
 from gpuhost_agent.core.sandbox.apply import decide, refuse_with_compose_error, review_raw
-from gpuhost_agent.core.sandbox.context import GIB, Registries, SandboxContext
+from gpuhost_agent.core.sandbox.context import GIB, Registries
 from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
 from gpuhost_agent.runtime.compose import ComposeError, ComposeRunner
 from gpuhost_agent.streams.tunnel import read_host_networks
+from support.settings import stack_context
 
 # Networks and volumes outside the stack that hostile files try to join by name.
 FOREIGN = frozenset({"bridge", "host", "none", "data", "outside", "otherproject_data", "otherproject_default"})
@@ -39,7 +40,7 @@ async def decide_file(
             )
         except ComposeError as exc:
             raise refuse_with_compose_error(raw, str(exc)) from None
-        ctx = SandboxContext(
+        ctx = stack_context(
             project="corpus",
             gpu_uuids=RENTAL_GPUS,
             cpus=4.0,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuhost_agent.core.rentals.shares import NoRentalCgroups
+from gpuhost_agent.core.sandbox.context import SandboxContext
 from gpuhost_agent.core.sandbox.placement import OneMachinePlacement
 from gpuhost_agent.service.config import default_of
 
@@ -31,3 +32,13 @@ def sandbox_settings(**overrides: Any) -> dict[str, Any]:
     values.update(shares=NoRentalCgroups(), placement=OneMachinePlacement(), images_absent=every_image_absent)
     values.update(overrides)
     return values
+
+
+def stack_context(**fields: Any) -> SandboxContext:
+    """A stack's SandboxContext for the sandbox's pure parts: the host's
+    settings as declared (the publish address as without the local
+    marketplace), the rest as given."""
+    values: dict[str, Any] = defaults("pids_limit", "log_max_size", "log_max_files")
+    values.update(publish_address="0.0.0.0")
+    values.update(fields)
+    return SandboxContext(**values)

@@ -9,6 +9,7 @@ import ast
 from pathlib import Path
 
 from support.machine_samples import good_host
+from support.settings import stack_context
 
 from gpuhost_agent.core.sandbox.apply import decide
 from gpuhost_agent.core.sandbox.context import GIB, SandboxContext
@@ -24,7 +25,7 @@ from gpuhost_agent.protocol import wire
 from gpuhost_agent.protocol.requirements import Requirements
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "gpuhost_agent"
-CTX = SandboxContext(project="p", gpu_uuids=("GPU-a", "GPU-b"), cpus=8.0, memory_bytes=8 * GIB, pids_limit=4096)
+CTX = stack_context(project="p", gpu_uuids=("GPU-a", "GPU-b"), cpus=8.0, memory_bytes=8 * GIB, pids_limit=4096)
 # The toolkit's device variables at the values that add no device (sandbox_harden.NO_EXTRA_DEVICES).
 NO_EXTRA_DEVICES = {
     "NVIDIA_MIG_CONFIG_DEVICES": "",

@@ -8,9 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support.settings import sandbox_settings
+from support.settings import sandbox_settings, stack_context
 
-from gpuhost_agent.core.sandbox.context import SandboxContext
 from gpuhost_agent.core.sandbox.harden import harden
 from gpuhost_agent.runtime.rental_cgroups import CgroupError, RentalCgroups, RentalLimits
 from gpuhost_agent.runtime.rental_slices import RentalSlices
@@ -88,9 +87,9 @@ def test_a_rental_id_that_cannot_name_a_folder_is_refused(tmp_path) -> None:
 
 def test_every_service_of_the_rental_gets_its_cgroup_as_parent() -> None:
     model = {"services": {"a": {"image": "x"}, "b": {"image": "y"}}}
-    ctx = SandboxContext(project="p", cgroup_parent="/gpuhost-agent/r-r1")
+    ctx = stack_context(project="p", cgroup_parent="/gpuhost-agent/r-r1")
     assert {s["cgroup_parent"] for s in harden(model, ctx)["services"].values()} == {"/gpuhost-agent/r-r1"}
-    assert all("cgroup_parent" not in s for s in harden(model, SandboxContext(project="p"))["services"].values())
+    assert all("cgroup_parent" not in s for s in harden(model, stack_context(project="p"))["services"].values())
 
 
 async def test_deploys_at_the_same_moment_all_get_their_rentals_cgroup(tmp_path) -> None:

@@ -7,16 +7,17 @@ tests/integration/test_swarm_replicas_engine.py."""
 from __future__ import annotations
 
 import pytest
+from support.settings import stack_context
 
 from gpuhost_agent.core.sandbox.apply import decide
-from gpuhost_agent.core.sandbox.context import GIB, SandboxContext
+from gpuhost_agent.core.sandbox.context import GIB
 from gpuhost_agent.core.sandbox.harden import harden
 from gpuhost_agent.core.sandbox.raw import RawReview
 from gpuhost_agent.core.sandbox.rewrite import rewrite
 from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
 from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
 
-CTX = SandboxContext(project="p", gpu_uuids=("GPU-a", "GPU-b"), cpus=8.0, memory_bytes=8 * GIB, pids_limit=4096)
+CTX = stack_context(project="p", gpu_uuids=("GPU-a", "GPU-b"), cpus=8.0, memory_bytes=8 * GIB, pids_limit=4096)
 PLACED = SwarmPlacement(gpu_nodes={"GPU-a": "n1", "GPU-b": "n1"}, home_node="n1")
 MAX_CONTAINERS = 32  # sandbox_rewrite.MAX_CONTAINERS
 MIN_TASK_MIB = 64  # swarm_rewrite.MIN_TASK_MEMORY

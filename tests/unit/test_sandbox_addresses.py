@@ -13,8 +13,8 @@ from __future__ import annotations
 import ipaddress
 
 import pytest
+from support.settings import stack_context
 
-from gpuhost_agent.core.sandbox.context import SandboxContext
 from gpuhost_agent.core.sandbox.policy import policy_violations
 from gpuhost_agent.runtime.engine_streams import ContainerAt
 from gpuhost_agent.streams import sandbox_addresses
@@ -23,7 +23,7 @@ from gpuhost_agent.streams.requests import Refusal, TunnelRequest
 from gpuhost_agent.streams.sandbox_addresses import address_problem, host_networks, stack_networks
 from gpuhost_agent.streams.tunnel import address_judge, read_host_networks
 
-CTX = SandboxContext(project="p")
+CTX = stack_context(project="p")
 APP = {"image": "busybox"}
 
 

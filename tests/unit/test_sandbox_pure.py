@@ -4,6 +4,7 @@ rental shares, GPU allocation, the ledger, and what hardening writes."""
 from __future__ import annotations
 
 import pytest
+from support.settings import stack_context
 
 from gpuhost_agent.core.gpus.allocation import GpuSlot, NotEnoughGpus, allocate, slots_from_inventory
 from gpuhost_agent.core.gpus.ledger import GpuLedger
@@ -71,7 +72,7 @@ def test_ledger_survives_a_restart_and_remembers_ended_rentals(tmp_path) -> None
 
 
 def _ctx(gpus: int = 2) -> SandboxContext:
-    return SandboxContext(
+    return stack_context(
         project="p",
         gpu_uuids=tuple(UUIDS[:gpus]),
         cpus=4.0,

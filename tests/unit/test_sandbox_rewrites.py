@@ -12,7 +12,7 @@ from support.settings import sandbox_settings
 
 from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.sandbox.apply import Sandbox, review_raw
-from gpuhost_agent.core.sandbox.context import SandboxContext
+from gpuhost_agent.core.sandbox.context import StackSite
 from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
 from gpuhost_agent.core.swarm.placement import SwarmPlacer
 from gpuhost_agent.protocol import wire, wire_jobs
@@ -135,7 +135,7 @@ async def test_services_all_behind_profiles_are_refused_before_any_gpu_is_taken(
         "job-1", wire.JOB_DEPLOY, "stack-1", "rental-1", "env-1", "s", {"content": text}, gpu_count=2
     )
     with pytest.raises(StackRejected, match="COMPOSE_PROFILES to the profiles to start \\(cuda, or \\*\\)"):
-        await sandbox.apply(job, {"name": "p", "services": {}}, raw, SandboxContext(project="p"))
+        await sandbox.apply(job, {"name": "p", "services": {}}, raw, StackSite(project="p"))
     assert ledger.assignments == {}  # nothing committed for a refused stack
     assert review_raw(text, "cuda").problems == []
 
@@ -217,7 +217,7 @@ async def test_a_swarm_stack_s_overlays_are_encrypted_when_the_host_asks(tmp_pat
         "networks": {"default": {"name": "p_default"}},
     }
     job = wire_jobs.StackJob("job-1", wire.JOB_DEPLOY, "stack-1", "rental-1", "env-1", "s", {"content": text})
-    hardened, _, _ = await sandbox.apply(job, model, review_raw(text), SandboxContext(project="p"))
+    hardened, _, _ = await sandbox.apply(job, model, review_raw(text), StackSite(project="p"))
     (network,) = hardened["networks"].values()
     assert network["driver"] == "overlay" and ("driver_opts" in network) is encrypted, network
     if encrypted:

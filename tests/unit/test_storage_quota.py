@@ -14,7 +14,7 @@ from support.settings import sandbox_settings
 from gpuhost_agent.core.disk_watch import disk_share
 from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.sandbox.apply import Sandbox, review_raw
-from gpuhost_agent.core.sandbox.context import SandboxContext
+from gpuhost_agent.core.sandbox.context import StackSite
 from gpuhost_agent.inventory.storage_quota import mount_of, storage_quota
 from gpuhost_agent.protocol import wire, wire_jobs
 from gpuhost_agent.storage.agent_db import AgentDB
@@ -66,7 +66,7 @@ async def test_each_container_gets_the_rentals_disk_share_as_its_size_only_with_
         "job-1", wire.JOB_DEPLOY, "stack-1", "rental-1", "env-1", "s", {"content": text}, gpu_count=1
     )
     model = {"name": "p", "services": {"a": {"image": "busybox"}, "b": {"image": "busybox"}}}
-    hardened, uuids, _ = await sandbox.apply(job, model, review_raw(text), SandboxContext(project="p"))
+    hardened, uuids, _ = await sandbox.apply(job, model, review_raw(text), StackSite(project="p"))
     sizes = {service.get("storage_opt", {}).get("size") for service in hardened["services"].values()}
     share = disk_share(1000 * 1024**3, 20 * 1024**3, 1, len(facts["nvml"]["gpus"]), None)
     assert sizes == ({str(share)} if quota else {None}) and len(uuids) == 1

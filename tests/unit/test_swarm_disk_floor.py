@@ -15,7 +15,7 @@ from support.settings import sandbox_settings
 
 from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.sandbox.apply import Sandbox, review_raw
-from gpuhost_agent.core.sandbox.context import GIB, SandboxContext
+from gpuhost_agent.core.sandbox.context import GIB, StackSite
 from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
 from gpuhost_agent.core.swarm.placement import SwarmPlacer
 from gpuhost_agent.core.swarm.rewrite import stack_nodes
@@ -65,7 +65,7 @@ async def _apply(ledger: GpuLedger, worker_free: int, service: dict, gpus: int) 
     text = "services:\n  app:\n    image: busybox\n"
     model = {"name": "p", "services": {"app": service}, "networks": {"default": {"name": "p_default"}}}
     job = wire_jobs.StackJob("job-1", wire.JOB_DEPLOY, "stack-1", "rental-1", "env-1", "s", {"content": text}, gpus)
-    hardened, _, _ = await sandbox.apply(job, model, review_raw(text), SandboxContext(project="p"))
+    hardened, _, _ = await sandbox.apply(job, model, review_raw(text), StackSite(project="p"))
     return hardened
 
 

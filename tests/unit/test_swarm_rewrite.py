@@ -10,14 +10,15 @@ import asyncio
 import pytest
 from support.sandbox_corpus import CORPUS
 from support.sandbox_decide import RENTAL_GPUS, decide_file
+from support.settings import stack_context
 
-from gpuhost_agent.core.sandbox.context import GIB, SandboxContext, machine_shares
+from gpuhost_agent.core.sandbox.context import GIB, machine_shares
 from gpuhost_agent.core.sandbox.harden import ALWAYS_DROP, harden
 from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
 from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
 
-CTX = SandboxContext(project="p", gpu_uuids=("GPU-a", "GPU-b"), cpus=8.0, memory_bytes=32 * GIB, pids_limit=4096)
+CTX = stack_context(project="p", gpu_uuids=("GPU-a", "GPU-b"), cpus=8.0, memory_bytes=32 * GIB, pids_limit=4096)
 PLACED = SwarmPlacement(gpu_nodes={"GPU-a": "node-2", "GPU-b": "node-2"}, home_node="node-1")
 GPU_ASK = {"resources": {"reservations": {"devices": [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]}}}
 
@@ -77,7 +78,7 @@ def test_a_gpu_service_gets_its_share_of_its_own_machine_as_that_machine_reporte
     gpu_nodes = {**PLACED.gpu_nodes, "GPU-z": "node-3"}
     shares = machine_shares(facts, gpu_nodes, ["GPU-a", "GPU-b", "GPU-z"])
     assert shares == {"node-2": (16.0, 128 * GIB)}  # a quarter of (65 - 1) CPUs and (514 - 2) GiB; node-3 silent
-    largest = SandboxContext(project="p", gpu_uuids=("GPU-a", "GPU-b"), cpus=16.0, memory_bytes=128 * GIB)
+    largest = stack_context(project="p", gpu_uuids=("GPU-a", "GPU-b"), cpus=16.0, memory_bytes=128 * GIB)
     hardened = harden({"services": {"train": {"image": "x", "deploy": GPU_ASK}, "web": {"image": "y"}}}, largest)
     placed = SwarmPlacement(PLACED.gpu_nodes, "node-1", shares=shares, base_share=(CTX.cpus, CTX.memory_bytes))
     stack, _ = swarm_stack(hardened, largest, placed)

@@ -15,7 +15,6 @@ once can never be given the same GPU, and a refused stack takes none.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Awaitable, Callable
 
 from gpuhost_agent.common.logs import get_logger
@@ -26,6 +25,7 @@ from gpuhost_agent.core.rentals.shares import RentalShares
 from gpuhost_agent.core.sandbox.context import (
     Registries,
     SandboxContext,
+    StackSite,
     disk_floor_problem,
     machine_of,
     rental_share,
@@ -134,11 +134,11 @@ class Sandbox:
         job: wire_jobs.StackJob,
         model: dict,
         raw: RawReview,
-        stack_context: SandboxContext,
+        site: StackSite,
         waiting: Callable[[str], None] | None = None,
     ) -> tuple[dict, list[str], list[str]]:
         """(the hardened model, the rental's GPUs, notices) or StackRejected with
-        every reason. `stack_context` carries the project name and where Compose
+        every reason. `site` carries the project name and where Compose
         resolved the file's paths; the rest of the context is decided here.
         `waiting` hears why the deploy waits, when it waits for GPUs."""
         if self.ledger.is_over(job.rental_id):
@@ -155,7 +155,7 @@ class Sandbox:
                 raise StackRejected(full)
         parent = await self.shares.parent(host.get("docker") or {}, job.rental_id)
         await self._until_released(job, slots, waiting)
-        plan = await self.placement.plan(job.rental_id, stack_context.project)
+        plan = await self.placement.plan(job.rental_id, site.project)
         registries = Registries(
             self.allowed_registries,
             tuple(await asyncio.to_thread(read_host_networks)),
@@ -176,8 +176,12 @@ class Sandbox:
         if ((host.get("docker") or {}).get("storageQuota") or {}).get("available"):
             total = int((host.get("storage") or {}).get("totalBytes") or 0)
             storage_bytes = disk_share(total, self.disk_floor_bytes, len(uuids), machine_gpus, self.rental_disk_bytes)
-        ctx = dataclasses.replace(
-            stack_context,
+        ctx = SandboxContext(
+            project=site.project,
+            project_dir=site.project_dir,
+            home_dir=site.home_dir,
+            agent_dir=site.agent_dir,
+            foreign_names=site.foreign_names,
             gpu_uuids=tuple(uuids),
             cpus=cpus,
             memory_bytes=memory,

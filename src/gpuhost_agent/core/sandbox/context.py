@@ -18,7 +18,6 @@ from gpuhost_agent.streams.sandbox_addresses import IPNetwork
 GIB = 1024**3
 GPU_LESS_CPUS = 2.0
 GPU_LESS_MEMORY = 4 * GIB
-DEFAULT_PIDS_LIMIT = 4096
 # Memory kept for the host itself (agent, dockerd, the kernel) before sharing out.
 HOST_RESERVED_MEMORY = 2 * GIB
 HOST_RESERVED_CPUS = 1.0
@@ -34,15 +33,34 @@ class Registries:
 
 
 @dataclass(frozen=True)
+class StackSite:
+    """Where a stack is on the host, as the deployer knows it before the
+    sandbox judges it: its Compose project, where Compose resolved the file's
+    paths (`./`, `~` and the agent's own directory), and the networks and
+    volumes that exist outside it. The sandbox adds the rental's share and the
+    host's settings (SandboxContext)."""
+
+    project: str
+    project_dir: str = ""
+    home_dir: str = ""
+    agent_dir: str = ""
+    foreign_names: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True, kw_only=True)
 class SandboxContext:
+    """What judging and hardening one stack needs: its site, the rental's
+    share, and the host's settings (service/settings_table.py declares their
+    defaults; the sandbox passes the values in effect)."""
+
     project: str  # the stack's Compose project name
     gpu_uuids: tuple[str, ...] = ()  # the rental's GPUs, in the order renters number them
     cpus: float = GPU_LESS_CPUS
     memory_bytes: int = GPU_LESS_MEMORY
-    pids_limit: int = DEFAULT_PIDS_LIMIT
-    publish_address: str = "0.0.0.0"
-    log_max_size: str = "50m"  # Docker's max-size of each container's log file
-    log_max_files: int = 3
+    pids_limit: int
+    publish_address: str
+    log_max_size: str  # Docker's max-size of each container's log file
+    log_max_files: int
     cgroup_parent: str | None = None  # the rental's own cgroup, parent of all its containers
     storage_bytes: int = 0  # each writable layer's size cap, where Docker's disk has quotas (0: none)
     # Where Compose resolved the file's paths: `./` (the stack's directory),

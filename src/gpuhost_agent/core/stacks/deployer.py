@@ -21,7 +21,7 @@ from gpuhost_agent.common import crash_points
 from gpuhost_agent.common.logs import SECRETS, get_logger
 from gpuhost_agent.core.containers.seed_list import failed_containers, seed_containers
 from gpuhost_agent.core.sandbox.apply import Sandbox, notices_message, review_raw
-from gpuhost_agent.core.sandbox.context import SandboxContext, crowded_rental_problem
+from gpuhost_agent.core.sandbox.context import StackSite, crowded_rental_problem
 from gpuhost_agent.core.sandbox.raw import RawReview
 from gpuhost_agent.core.stacks import naming
 from gpuhost_agent.core.stacks.backend import StackBackend, StackFailed
@@ -118,7 +118,7 @@ class StackDeployer:
             raw = await self._renter_file(job, template, variables, workdir)
             start = await self.backend.prepare(project, workdir / ORIGINAL_FILE, variables, raw)
             try:
-                stack_context = SandboxContext(
+                site = StackSite(
                     project=project,
                     project_dir=str(await asyncio.to_thread(workdir.resolve)),
                     home_dir=str(self.home_dir),
@@ -129,7 +129,7 @@ class StackDeployer:
                     job,
                     start.model,
                     raw,
-                    stack_context,
+                    site,
                     waiting=lambda reason: self._report(job, wire.APPLYING, reason),
                 )
                 rewritten = self.backend.stack_file(
