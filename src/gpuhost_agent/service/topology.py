@@ -34,7 +34,7 @@ from gpuhost_agent.runtime.swarm_engine import SwarmEngine
 from gpuhost_agent.runtime.swarm_stacks import SwarmStacks
 from gpuhost_agent.runtime.swarm_streams import SwarmStreams
 from gpuhost_agent.service import swarm_tls
-from gpuhost_agent.service.config import AgentConfig
+from gpuhost_agent.service.config import AgentConfig, SwarmRole
 
 ListStack = Callable[[str], Awaitable[list[dict]]]
 
@@ -115,7 +115,7 @@ class SwarmLeaderTopology(Topology):
 
 def for_config(config: AgentConfig, docker_config_dir: Path) -> Topology:
     """The agent's topology, from the one setting that names it."""
-    if config.swarm == "leader":
+    if config.swarm is SwarmRole.LEADER:
         return SwarmLeaderTopology(config, docker_config_dir)
     return OneMachineTopology()
 
@@ -123,6 +123,6 @@ def for_config(config: AgentConfig, docker_config_dir: Path) -> Topology:
 def probe_machines(config: AgentConfig, engine: DockerEngine) -> Machines:
     """The machines the `probe` command reports: a leader's environment
     without its other machines' own reports (no agent is asked)."""
-    if config.swarm == "leader":
+    if config.swarm is SwarmRole.LEADER:
         return SwarmEnvironment(engine, no_reports, no_disks, SwarmMachines())
     return OneMachine()
