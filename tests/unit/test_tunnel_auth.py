@@ -12,14 +12,16 @@ import time
 from support.loop_lag import LoopLag
 
 from gpuhost_agent.local_marketplace import tunnel_auth
-from gpuhost_agent.local_marketplace.tunnel_auth import COOKIE, Gate, Head, parse_head
+from gpuhost_agent.local_marketplace.tunnel_auth import Gate, Head, cookie_name, parse_head
+
+COOKIE = cookie_name("t1")
 
 SECRET = "marketplace-secret"
 
 
 def _gate(hasher: tunnel_auth._Hasher = tunnel_auth.HASHER) -> Gate:
     plain = tunnel_auth.password(SECRET, "stack-1")
-    return Gate(tunnel_auth.hash_password(plain), "tunnel t1", hasher)
+    return Gate(tunnel_auth.hash_password(plain), "t1", hasher)
 
 
 class CountingHasher(tunnel_auth._Hasher):
@@ -216,3 +218,19 @@ async def test_credentials_that_are_not_ascii_are_wrong_credentials_not_a_crash(
         _head(target="/app?gpuhost_token=1.\xe9.caf\xe9"),
     ):
         assert (await gate.decide(head, "client")).status in (401, 403), head
+
+
+async def test_the_sign_in_redirect_stays_on_the_tunnel() -> None:
+    """`/\\evil.com` and `//evil.com` (tabs between, too) are another site to a
+    browser: the redirect goes to one leading `/`, nor can it split our headers."""
+    gate = _gate()
+    for path, location in [
+        ("/\\evil.com", "/evil.com"),
+        ("//evil.com/x", "/x"),  # read as a host by urlsplit, dropped
+        ("/\\/\tevil.com", "/evil.com"),
+        ("/lab\nSet-Cookie:x", "/labSet-Cookie:x"),
+        ("", "/"),
+    ]:
+        link, _expires = gate.new_link(now=0.0)
+        decision = await gate.decide(_head(target=f"{path}?{tunnel_auth.TOKEN_PARAM}={link}"), "10.0.0.1", now=1.0)
+        assert decision.status == 302 and ("Location", location) in decision.headers, (path, decision.headers)

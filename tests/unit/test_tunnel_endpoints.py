@@ -5,8 +5,10 @@ tunnel info, and another is used."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
+from gpuhost_agent.local_marketplace import tunnels
 from gpuhost_agent.local_marketplace.channel_hub import ChannelHub
 from gpuhost_agent.local_marketplace.store import Store
 from gpuhost_agent.local_marketplace.tunnels import TunnelBook
@@ -78,3 +80,36 @@ async def test_a_removed_stack_forgets_its_ports(tmp_path) -> None:
     await book.sync()
     assert store.endpoints == {}
     await book.close_all()
+
+
+async def test_a_new_port_skips_the_ports_kept_for_other_tunnels(tmp_path, monkeypatch) -> None:
+    """While a stack redeploys its tunnels are closed and their ports free: a
+    new tunnel of another stack must not take one. The system's pick is made
+    to be such a port first (it could be, any time), then left to the system."""
+    store = Store.load_or_create(tmp_path / "market.json")
+    with socket.socket() as probe:  # a port free now, as a closed tunnel's is
+        probe.bind(("127.0.0.1", 0))
+        kept = probe.getsockname()[1]
+    store.endpoints["another-stack/p-web-1/8888"] = kept
+    store.stacks["another-stack"] = {"rentalId": "none", "status": "DEPLOYING"}  # redeploying: no tunnel now
+    real = asyncio.start_server
+    picks: list[int] = []
+
+    async def system_picks_the_kept_port_first(serve, host, port, **kwargs):  # type: ignore[no-untyped-def]
+        if port == 0 and not picks:
+            port = kept
+        server = await real(serve, host, port, **kwargs)
+        picks.append(server.sockets[0].getsockname()[1])
+        return server
+
+    monkeypatch.setattr(tunnels.asyncio, "start_server", system_picks_the_kept_port_first)
+    _applied(store)
+    book = TunnelBook(store, ChannelHub())
+    await book.sync()
+    try:
+        ports = {entry["port"] for entry in book.for_stack(next(s for s in store.stacks if s != "another-stack"))}
+        assert picks[0] == kept and kept not in ports, (picks, ports)
+        with socket.socket() as owner:  # the refused listener was closed: the owner reopens on its port
+            owner.bind(("127.0.0.1", kept))
+    finally:
+        await book.close_all()

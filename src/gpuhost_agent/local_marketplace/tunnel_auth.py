@@ -36,11 +36,28 @@ credential never tried is always checked, so nobody behind the same address,
 with any other user name or password, can lock the renter out; guessing is
 held back by the hash threads alone, against a password of 144 bits.
 
+A session is a bearer credential scoped to ONE tunnel (issue 34, red team
+2026-11-27): its cookie is named after the tunnel (`gpuhost_tunnel_<tunnelId>`,
+so two tunnels' sessions never overwrite each other in a browser), the gate
+knows it by a digest of the tunnel id and the value (a session of tunnel A is
+never accepted by tunnel B, even under B's name), and every `http` tunnel,
+with or without basic auth, strips every `gpuhost_tunnel*` cookie from what
+it forwards. That matters because cookies do not separate ports (RFC 6265
+section 8.5) and every tunnel is 127.0.0.1:<port>: a browser sends each
+tunnel's session to every other tunnel of the host, and no container, the
+renter's own or another rental's, may ever see one. A session is not bound
+to the client's address: the listeners are on loopback, where every client
+is 127.0.0.1 (a binding would hold nobody back), and behind a proxy or a
+mobile network a renter's address changes while the browser is the same.
+What protects a session is that it never leaves the browser but to its own
+tunnel's gate (HttpOnly, stripped before any container), lives
+SESSION_SECONDS at most and ends with a new password.
+
 Only the first request of a connection is read: ours are stripped from it
-(our Authorization header, our cookie) and, unless it is an upgrade, it is
-sent with `Connection: close`, so every further request comes on a new
-connection and is checked again; the rest of the connection is the plain byte
-relay. Without basic auth nothing is read at all, and a service's own
+(our Authorization header when the tunnel has basic auth, our cookies
+always) and, unless it is an upgrade, it is sent with `Connection: close`, so
+every further request comes on a new connection and is read again; the rest
+of the connection is the plain byte relay. Without basic auth a service's own
 `Authorization` headers pass untouched.
 """
 
@@ -50,6 +67,7 @@ import asyncio
 import base64
 import hashlib
 import hmac
+import re
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -59,7 +77,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from gpuhost_agent.local_marketplace.http_errors import same_secret
 
 USERNAME = "renter"
-COOKIE = "gpuhost_tunnel"
+COOKIE_PREFIX = "gpuhost_tunnel"  # every cookie whose name starts so is ours, stripped by every http tunnel
 TOKEN_PARAM = "gpuhost_token"
 MAX_FAILURES = 10  # per tunnel, credential and client address, within FAILURE_WINDOW
 FAILURE_WINDOW = 60.0
@@ -76,6 +94,12 @@ LINK_REFUSED = (
     "This sign-in link was already used or has expired: a link signs in once, within 5 minutes. "
     "Read the tunnel info again for a new link, or log in with the stack's user and password."
 )
+
+
+def cookie_name(tunnel_id: str) -> str:
+    """The session cookie of one tunnel: a name of its own, since the browser
+    keeps every tunnel of the host (127.0.0.1, any port) in one cookie scope."""
+    return f"{COOKIE_PREFIX}_{tunnel_id}"
 
 
 def _mac(secret: str, purpose: str, subject: str) -> str:
@@ -178,8 +202,9 @@ def _digest(user: str, given: str) -> bytes:
 class Gate:
     """One tunnel's door: which first requests go through."""
 
-    def __init__(self, password_hash: str, realm: str, hasher: _Hasher = HASHER):
-        self.password_hash, self.realm, self._hasher = password_hash, realm, hasher
+    def __init__(self, password_hash: str, tunnel_id: str, hasher: _Hasher = HASHER):
+        self.password_hash, self.tunnel_id, self._hasher = password_hash, tunnel_id, hasher
+        self.realm, self.cookie = f"tunnel {tunnel_id}", cookie_name(tunnel_id)
         self._failures: dict[tuple[str, bytes], list[float]] = {}  # (address, credential digest): when
         self._passed: bytes | None = None  # the digest of the credential that passed PBKDF2
         self._link_key = secrets.token_bytes(32)  # this gate's alone: its links mean nothing elsewhere
@@ -217,7 +242,7 @@ class Gate:
         self._sessions = {d: t for d, t in self._sessions.items() if t > now}
         while len(self._sessions) >= MAX_SESSIONS:
             self._sessions.pop(next(iter(self._sessions)))
-        self._sessions[_session_digest(session)] = now + SESSION_SECONDS
+        self._sessions[_session_digest(self.tunnel_id, session)] = now + SESSION_SECONDS
         return session
 
     async def decide(self, head: Head, client: str, now: float | None = None) -> Decision:
@@ -229,19 +254,19 @@ class Gate:
             if not self._use_link(token, now):
                 return Decision(status=403, text=LINK_REFUSED)
             kept = urlunsplit(
-                ("", "", split.path or "/", urlencode([(k, v) for k, v in query if k != TOKEN_PARAM]), "")
+                ("", "", local_path(split.path), urlencode([(k, v) for k, v in query if k != TOKEN_PARAM]), "")
             )
-            cookie = f"{COOKIE}={self._new_session(now)}; Path=/; HttpOnly; SameSite=Lax"
+            cookie = f"{self.cookie}={self._new_session(now)}; Path=/; HttpOnly; SameSite=Lax"
             return Decision(status=302, headers=[("Location", kept), ("Set-Cookie", cookie)], text="signed in")
         if self._cookie_ok(head, now):
-            return Decision(forward=_stripped(head))
+            return Decision(forward=stripped(head, basic=True))
         credential = _basic(head)
         if credential is None:
             return self._challenge()
         user, given = credential
         digest = _digest(user, given)
         if self._passed is not None and hmac.compare_digest(digest, self._passed):
-            return Decision(forward=_stripped(head))
+            return Decision(forward=stripped(head, basic=True))
         key = (client, digest)
         recent = [t for t in self._failures.pop(key, []) if now - t < FAILURE_WINDOW]
         if len(recent) >= MAX_FAILURES:
@@ -255,7 +280,7 @@ class Gate:
                 return Decision(status=503, headers=busy, text="too many logins at once; try again")
             if ok:
                 self._passed = digest
-                return Decision(forward=_stripped(head))
+                return Decision(forward=stripped(head, basic=True))
         self._remember(key, [*recent, now])
         return self._challenge()
 
@@ -274,15 +299,27 @@ class Gate:
             if key.lower() == "cookie":
                 for part in value.split(";"):
                     name, _, given = part.strip().partition("=")
-                    if name == COOKIE and self._sessions.get(_session_digest(given), 0.0) > now:
+                    if name == self.cookie and self._sessions.get(_session_digest(self.tunnel_id, given), 0.0) > now:
                         return True
         return False
 
 
-def _session_digest(session: str) -> bytes:
+def _session_digest(tunnel_id: str, session: str) -> bytes:
     """What the gate keeps of a session cookie: looked up by digest, so no
-    comparison of the secret itself can leak its bytes by timing."""
-    return hashlib.sha256(session.encode("utf-8", "surrogatepass")).digest()
+    comparison of the secret itself can leak its bytes by timing; the tunnel
+    id is in it, so a session is its tunnel's alone."""
+    return hashlib.sha256(f"{tunnel_id}\0{session}".encode("utf-8", "surrogatepass")).digest()
+
+
+_UNSAFE = re.compile(r"[\x00-\x20\x7f]")
+
+
+def local_path(path: str) -> str:
+    """The sign-in redirect's target: a path on this same tunnel. Browsers
+    read `//host`, `/\\host` (and either with tabs or newlines between) as
+    another site, so the leading slashes and backslashes become one `/`;
+    control characters and spaces go (nor can they split our headers)."""
+    return "/" + _UNSAFE.sub("", path).lstrip("/\\")
 
 
 def _basic(head: Head) -> tuple[str, str] | None:
@@ -298,14 +335,17 @@ def _basic(head: Head) -> tuple[str, str] | None:
     return user, given
 
 
-def _stripped(head: Head) -> Head:
-    """Our credentials out; `Connection: close` unless it is an upgrade."""
+def stripped(head: Head, *, basic: bool) -> Head:
+    """The head to forward: our cookies (every `gpuhost_tunnel*`, any
+    tunnel's) out, our Basic Authorization out when the tunnel has basic
+    auth (`basic`), and `Connection: close` unless it is an upgrade, so the
+    next request comes on a new connection and is read again."""
     headers = []
     for key, value in head.headers:
-        if key.lower() == "authorization" and value.lower().startswith("basic "):
+        if basic and key.lower() == "authorization" and value.lower().startswith("basic "):
             continue
         if key.lower() == "cookie":
-            parts = [p for p in value.split(";") if p.strip().partition("=")[0] != COOKIE]
+            parts = [p for p in value.split(";") if not p.strip().startswith(COOKIE_PREFIX)]
             if not [p for p in parts if p.strip()]:
                 continue
             value = ";".join(parts).strip()

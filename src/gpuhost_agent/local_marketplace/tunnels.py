@@ -9,8 +9,11 @@ lists the agent reports: a port that appears gets a listener, one that goes
 restarts keeps its tunnel: the agent looks its address up for each connection.
 
 Which tunnels are `http`: the ports web services use by convention (below).
-An `http` tunnel is the same byte relay; it differs only in its `url` and in
-the answer a client gets while the service is not listening yet.
+An `http` tunnel is the same byte relay but for the head of each
+connection's first request, which it reads (bounded, as the gate does) to
+strip the tunnels' session cookies, every tunnel's, before any container sees
+one (tunnel_auth.py); it differs too in its `url` and in the answer a client
+gets while the service is not listening yet. A `tcp` tunnel reads nothing.
 
 A stack whose template has isSSHEnabled gets one more listener, its SSH
 endpoint: each connection is an `ssh` stream, which the agent's own SSH
@@ -24,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
@@ -45,6 +49,7 @@ SSH_KEY_CONTAINER, SSH_KEY_PORT = "", 0  # a stack's SSH endpoint is keyed on th
 PROBES_PER_STACK = 24  # background probes of a stack's `starting` tunnels, all together
 PROBE_FIRST_DELAY = 0.5  # seconds before the second round; doubled each round
 PROBE_MAX_DELAY = 30.0
+NEW_PORT_TRIES = 32  # system-picked ports tried before one kept for another tunnel is taken anyway
 
 
 @dataclass(frozen=True)
@@ -247,7 +252,8 @@ class TunnelBook:
                 prober.cancel()
         for key, (service, protocol, name) in want.items():
             if key in self.tunnels:
-                self._arm(self.tunnels[key])  # a new password since (POST .../tunnel-password)
+                if self._arm(self.tunnels[key]):  # a new password since (POST .../tunnel-password)
+                    await self._end_connections(self.tunnels[key])
             else:
                 tunnel = Tunnel(key, service, protocol, name=name)
                 await self._listen(tunnel)
@@ -270,7 +276,8 @@ class TunnelBook:
             except OSError as exc:
                 log.warning("tunnel_port_taken", stack_id=tunnel.key.stack_id, port=kept, error=str(exc)[:200])
         if server is None:
-            server = await asyncio.start_server(serve, self.host, 0, limit=tunnel_relay.CHUNK)
+            others = {int(port) for key, port in self.store.endpoints.items() if key != tunnel.endpoint_key}
+            server = await self._new_port(serve, others)
         tunnel.server = server
         tunnel.listen_port = server.sockets[0].getsockname()[1]
         if kept and tunnel.listen_port != kept:
@@ -290,6 +297,23 @@ class TunnelBook:
             kept=tunnel.listen_port == kept,
         )
 
+    async def _new_port(self, serve: Callable, others: set[int]) -> asyncio.base_events.Server:
+        """A listener on a port the system picks, but none kept for another
+        tunnel: that tunnel may be closed for a moment (its stack redeploying)
+        and reopens on its own port. A port refused stays bound until the
+        choice is made, so the system picks another each time."""
+        refused: list[asyncio.base_events.Server] = []
+        try:
+            for _ in range(NEW_PORT_TRIES):
+                server = await asyncio.start_server(serve, self.host, 0, limit=tunnel_relay.CHUNK)
+                if server.sockets[0].getsockname()[1] not in others:
+                    return server
+                refused.append(server)
+            return refused.pop()  # every try kept for another (never seen): the last one, rather than none
+        finally:
+            for server in refused:
+                server.close()
+
     def _forget_endpoints(self) -> None:
         """The kept ports of stacks the store no longer has."""
         gone = [key for key in self.store.endpoints if key.partition("/")[0] not in self.store.stacks]
@@ -301,21 +325,24 @@ class TunnelBook:
     def _insecure(self, stack_id: str) -> bool:
         return ((self.store.stacks.get(stack_id) or {}).get("template") or {}).get("insecure") is True
 
-    def _arm(self, tunnel: Tunnel) -> None:
+    def _arm(self, tunnel: Tunnel) -> bool:
         """Basic auth for an http tunnel of a stack created with isBasicAuthEnabled.
-        A new gate for a new password: the old one's sessions and links end with it."""
+        A new gate for a new password: the old one's sessions and links end
+        with it. Whether a gate was replaced (its connections must end too)."""
         credentials = (self.store.stacks.get(tunnel.key.stack_id) or {}).get("basicAuth")
         if tunnel.protocol != "http" or not credentials:
-            return
+            return False
         if tunnel.gate is not None and tunnel.gate.password_hash == credentials["passwordHash"]:
-            return
-        tunnel.gate = tunnel_auth.Gate(credentials["passwordHash"], f"tunnel {tunnel.tunnel_id}")
+            return False
+        replaced = tunnel.gate is not None
+        tunnel.gate = tunnel_auth.Gate(credentials["passwordHash"], tunnel.tunnel_id)
         generation = int(credentials.get("generation", 0))
         tunnel.auth = {
             "type": "basic",
             "username": credentials["username"],
             "password": tunnel_auth.password(self.store.tunnelSecret, tunnel.key.stack_id, generation),
         }
+        return replaced
 
     def _start_probers(self) -> None:
         """One prober per stack with `starting` tunnels, while its probes last."""
@@ -391,10 +418,19 @@ class TunnelBook:
     async def _close(self, tunnel: Tunnel) -> None:
         if tunnel.server is not None:
             tunnel.server.close()
-        for task in tunnel.connections:
-            task.cancel()
-        await asyncio.gather(*tunnel.connections, return_exceptions=True)
+        await self._end_connections(tunnel)
         log.info("tunnel_closed", tunnel_id=tunnel.tunnel_id, stack_id=tunnel.key.stack_id)
+
+    async def _end_connections(self, tunnel: Tunnel) -> None:
+        """Every open connection of the tunnel, ended: when it closes, and when
+        its password changes, since a connection the old gate let through (an
+        upgraded WebSocket, a long download) is not checked again."""
+        connections = list(tunnel.connections)
+        for task in connections:
+            task.cancel()
+        await asyncio.gather(*connections, return_exceptions=True)
+        if connections and tunnel.server is not None and tunnel.server.is_serving():
+            log.info("tunnel_connections_ended", tunnel_id=tunnel.tunnel_id, connections=len(connections))
 
     async def _serve(self, tunnel: Tunnel, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One client: a stream from the agent, relayed until either side ends.
@@ -405,18 +441,21 @@ class TunnelBook:
             tunnel.connections.add(task)
             task.add_done_callback(tunnel.connections.discard)
         try:
-            first = b""  # the first request's head, once the gate let it through
-            if tunnel.gate is not None:
+            first = b""  # an http tunnel's first request head, ours stripped (and let through by its gate)
+            if tunnel.protocol == "http":
                 head = tunnel_auth.parse_head(await tunnel_relay.read_head(reader) or b"")
                 if head is None:
                     await tunnel_relay.write_answer(writer, 400, [], "not an HTTP request")
                     return
-                peer = writer.get_extra_info("peername")
-                decision = await tunnel.gate.decide(head, str(peer[0]) if peer else "?")
-                if decision.forward is None:
-                    await tunnel_relay.write_answer(writer, decision.status, decision.headers, decision.text)
-                    return
-                first = decision.forward.render()
+                forward = tunnel_auth.stripped(head, basic=False)
+                if tunnel.gate is not None:
+                    peer = writer.get_extra_info("peername")
+                    decision = await tunnel.gate.decide(head, str(peer[0]) if peer else "?")
+                    if decision.forward is None:
+                        await tunnel_relay.write_answer(writer, decision.status, decision.headers, decision.text)
+                        return
+                    forward = decision.forward
+                first = forward.render()
             kind = SSH if tunnel.protocol == SSH else "tunnel"
             try:
                 stream = await self.hub.open(kind, key.rental_id, self._fields(tunnel))
@@ -436,10 +475,12 @@ class TunnelBook:
                     await stream.agent_ws.send_bytes(first)
                 relay = asyncio.ensure_future(tunnel_relay.relay(reader, writer, stream.agent_ws))
                 ended = asyncio.ensure_future(stream.ended.wait())
-                await asyncio.wait({relay, ended}, return_when=asyncio.FIRST_COMPLETED)
-                for task in (relay, ended):
-                    task.cancel()
-                await asyncio.gather(relay, ended, return_exceptions=True)
+                try:
+                    await asyncio.wait({relay, ended}, return_when=asyncio.FIRST_COMPLETED)
+                finally:  # ended here too (the connection cancelled): no byte relayed after it
+                    for task in (relay, ended):
+                        task.cancel()
+                    await asyncio.gather(relay, ended, return_exceptions=True)
             finally:
                 await self.hub.finish(stream)
         finally:

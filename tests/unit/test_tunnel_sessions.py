@@ -1,20 +1,19 @@
-"""Red team (2026-11-27, endpoints34): the tunnels' sign-in sessions, through
-the real TunnelBook listeners on 127.0.0.1, with a fake agent channel that
-records what each stack's "container" receives and answers 200.
+"""The tunnels' sign-in sessions (issue 34, after the red team of 2026-11-27),
+through the real TunnelBook listeners on 127.0.0.1, with a fake agent channel
+that records what each stack's "container" receives and answers 200.
 
-Findings (each test is xfail, strict, until fixed):
+What the red team proved, each test failing before the fix:
 
-1. The session cookie a sign-in link sets (`gpuhost_tunnel`, Path=/, no
-   per-tunnel name) is scoped by host only: cookies do not isolate ports
+1. The session cookie a sign-in link set (`gpuhost_tunnel`, Path=/, one name
+   for every tunnel) is scoped by host only: cookies do not isolate ports
    (RFC 6265 section 8.5), and every tunnel is 127.0.0.1:<port>. A browser
-   that signed in to stack A's basic-auth tunnel sends A's session to every
-   other tunnel on the host; a tunnel without basic auth reads nothing and
-   relays the Cookie header verbatim to its container (another rental's
-   image). The gate accepts the session from any client address, so that
-   container replays it and is in A's tunnel for 12 hours.
-2. A new stack password (POST .../tunnel-password) is said to end every
-   session; it does not end a connection already let through: an upgraded
-   (WebSocket) connection relays on after the password changed.
+   signed in to stack A's basic-auth tunnel sent A's session to every other
+   tunnel of the host, and a tunnel without basic auth relayed the Cookie
+   header verbatim to its container (another rental's image). Now the cookie
+   is the tunnel's own (`gpuhost_tunnel_<tunnelId>`), every http tunnel
+   strips every `gpuhost_tunnel*` cookie, and a session is its tunnel's alone.
+2. A new stack password (POST .../tunnel-password) did not end a connection
+   already let through: an upgraded (WebSocket) connection relayed on.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ import aiohttp
 import pytest
 from aiohttp import WSMessage, WSMsgType
 
-from gpuhost_agent.local_marketplace import tunnel_relay
+from gpuhost_agent.local_marketplace import tunnel_auth, tunnel_relay
 from gpuhost_agent.local_marketplace.channel_hub import ChannelHub
 from gpuhost_agent.local_marketplace.store import Store
 from gpuhost_agent.local_marketplace.tunnels import TunnelBook
@@ -75,7 +74,7 @@ class FakeHub(ChannelHub):
         return None
 
 
-def _stack(store: Store, port: int, *, basic_auth: bool) -> str:
+def _stack(store: Store, port: int, *, basic_auth: bool, ports: tuple[int, ...] = ()) -> str:
     rental = store.create_rental(name="r", gpu_count=0, end_date=None)
     template = {"name": "n", "description": "d", "content": "services: {}\n", "environmentVariables": {}}
     stack = store.create_stack(rental["rentalId"], {**template, "isBasicAuthEnabled": basic_auth})
@@ -85,7 +84,7 @@ def _stack(store: Store, port: int, *, basic_auth: bool) -> str:
         "Name": f"p{port}-web-1",
         "State": "running",
         "Labels": ["com.docker.compose.service=web"],
-        "Ports": [{"PrivatePort": port, "Type": "tcp"}],
+        "Ports": [{"PrivatePort": p, "Type": "tcp"} for p in (port, *ports)],
     }
     store.containers[stack["stackId"]] = {"observedAt": wire_time.iso(), "containers": [container]}
     return stack["stackId"]
@@ -108,52 +107,57 @@ def _entry(book: TunnelBook, stack_id: str) -> dict:
     return entry
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING (medium): the tunnel session cookie is host-wide, reaches other stacks' tunnels and replays "
-    "from anywhere",
-)
+SESSION = re.compile(rb"gpuhost_tunnel[A-Za-z0-9_]*=([A-Za-z0-9_-]+)")
+
+
 async def test_a_tunnel_session_does_not_reach_another_stacks_tunnel_nor_replay_there(book) -> None:
     book, hub, victim, other = book
     link = _entry(book, victim)["auth"]["link"]
     jar = aiohttp.CookieJar(unsafe=True)  # unsafe: cookies for an IP host, as a browser keeps them
     async with aiohttp.ClientSession(cookie_jar=jar) as browser:
         async with browser.get(link, allow_redirects=False) as signed_in:
-            assert signed_in.status == 302 and "gpuhost_tunnel=" in signed_in.headers["Set-Cookie"]
-        async with browser.get(_entry(book, victim)["url"]) as own:  # the renter's own use: fine
-            assert own.status == 200
+            cookie = f"gpuhost_tunnel_{_entry(book, victim)['tunnelId']}="
+            assert signed_in.status == 302 and signed_in.headers["Set-Cookie"].startswith(cookie)
+        async with browser.get(_entry(book, victim)["url"], headers={"Cookie": "theirs=1"}) as own:
+            assert own.status == 200  # the renter's own use: fine
+        assert b"theirs=1" in hub.received[victim][-1], "the service's own cookies pass"
+        assert not SESSION.search(b"".join(hub.received[victim])), "nor does its own container see the session"
         async with browser.get(_entry(book, other)["url"]) as elsewhere:  # the renter opens another tunnel
             assert elsewhere.status == 200
     seen = b"".join(hub.received.get(other, []))
-    stolen = re.search(rb"gpuhost_tunnel=([A-Za-z0-9_-]+)", seen)
-    # The hole: the other stack's container got the victim's session ...
-    assert stolen is None, f"another stack's container received the session: {seen[:200]!r}"
+    stolen = SESSION.search(seen)
+    # The hole was: the other stack's container got the victim's session
+    assert b"GET / HTTP/1.1" in seen and stolen is None, (
+        f"another stack's container received the session: {seen[:200]!r}"
+    )
 
 
-@pytest.mark.xfail(
-    strict=True, reason="FINDING (medium): a session replayed from another client address passes the gate"
-)
-async def test_a_stolen_session_is_refused_by_the_victims_tunnel(book) -> None:
-    book, hub, victim, other = book
-    link = _entry(book, victim)["auth"]["link"]
-    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
-        async with browser.get(link, allow_redirects=False) as signed_in:
-            assert signed_in.status == 302
-        async with browser.get(_entry(book, other)["url"]) as elsewhere:
-            assert elsewhere.status == 200
-    stolen = re.search(rb"gpuhost_tunnel=([A-Za-z0-9_-]+)", b"".join(hub.received[other]))
-    assert stolen is not None  # finding 1 (fails here once it is fixed: then this one passes by design)
-    async with aiohttp.ClientSession() as attacker:  # no jar: a fresh client replays the value
-        headers = {"Cookie": f"gpuhost_tunnel={stolen.group(1).decode()}"}
-        async with attacker.get(_entry(book, victim)["url"], headers=headers) as replay:
-            # ... and with it, anyone is in the victim's basic-auth tunnel.
-            assert replay.status == 401, f"the stolen session opened the victim's tunnel ({replay.status})"
+async def test_a_session_is_its_tunnels_alone(tmp_path) -> None:
+    """A session is a bearer credential scoped to one tunnel: the same stack's
+    other basic-auth tunnel (same password) refuses it under either name."""
+    store = Store.load_or_create(tmp_path / "market.json")
+    hub = FakeHub()
+    stack = _stack(store, 8888, basic_auth=True, ports=(6006,))
+    book = TunnelBook(store, hub)
+    await book.sync()
+    try:
+        jupyter, board = sorted(book.for_stack(stack), key=lambda entry: entry["containerPort"], reverse=True)
+        assert (jupyter["containerPort"], board["containerPort"]) == (8888, 6006)
+        async with aiohttp.ClientSession() as browser:
+            async with browser.get(jupyter["auth"]["link"], allow_redirects=False) as signed_in:
+                name, _, rest = signed_in.headers["Set-Cookie"].partition("=")
+                assert name == f"gpuhost_tunnel_{jupyter['tunnelId']}", "named after its tunnel"
+                session = rest.partition(";")[0]
+            for as_name in (name, f"gpuhost_tunnel_{board['tunnelId']}"):
+                async with browser.get(board["url"], headers={"Cookie": f"{as_name}={session}"}) as other:
+                    assert other.status == 401, f"tunnel B took tunnel A's session as {as_name}"
+            async with browser.get(jupyter["url"], headers={"Cookie": f"{name}={session}"}) as own:
+                assert own.status == 200, "the session opens its own tunnel"
+        assert not SESSION.search(b"".join(b"".join(sink) for sink in hub.received.values()))
+    finally:
+        await book.close_all()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING (low): a new tunnel password does not end connections (WebSockets) already let through",
-)
 async def test_a_new_password_ends_an_upgraded_connection(book) -> None:
     book, hub, victim, _ = book
     entry = _entry(book, victim)
@@ -177,14 +181,38 @@ async def test_a_new_password_ends_an_upgraded_connection(book) -> None:
     store = book.store
     rental_id = store.stacks[victim]["rentalId"]
     generation, plain = store.next_tunnel_password(rental_id, victim)
-    from gpuhost_agent.local_marketplace import tunnel_auth
-
     store.set_tunnel_password(rental_id, victim, generation, tunnel_auth.hash_password(plain))
     await book.sync()
     before = len(hub.received[victim])
     writer.write(b"after-revocation-frame")
     await writer.drain()
     await asyncio.sleep(0.3)
-    writer.close()
     after = b"".join(hub.received[victim][before:])
     assert b"after-revocation-frame" not in after, "the old credential's connection still reaches the service"
+    assert await asyncio.wait_for(reader.read(), 2) == b"", "the tunnel closed the connection"
+    writer.close()
+
+
+async def test_a_tunnel_without_basic_auth_strips_our_cookies_and_upgrades(book) -> None:
+    """Every http tunnel reads its first request's head to strip our cookies,
+    keeping the service's own Authorization, and a WebSocket upgrade still
+    relays on, bytes both ways, after the head."""
+    book, hub, _victim, other = book
+    hub.answer = False
+    entry = _entry(book, other)
+    reader, writer = await asyncio.open_connection("127.0.0.1", entry["port"])
+    writer.write(
+        b"GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer app-token\r\n"
+        b"Cookie: gpuhost_tunnel_0123456789abcdef=s1; app=2; gpuhost_tunnel=s2\r\n"
+        b"Upgrade: websocket\r\nConnection: Upgrade\r\n\r\nframe-1"
+    )
+    await writer.drain()
+    for _ in range(50):
+        if b"frame-1" in b"".join(hub.received.get(other, [])):
+            break
+        await asyncio.sleep(0.02)
+    seen = b"".join(hub.received[other])
+    writer.close()
+    assert seen.startswith(b"GET /ws HTTP/1.1\r\n") and b"frame-1" in seen, seen
+    assert b"Authorization: Bearer app-token" in seen and b"app=2" in seen and b"Connection: Upgrade" in seen
+    assert b"gpuhost_tunnel" not in seen, seen
