@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import shlex
 import subprocess
 import uuid
 
@@ -69,7 +70,14 @@ async def test_sessions_files_and_forwarding(local_market, local_doc, tmp_path):
     for tunnel in tunnels.values():
         check_named(local_doc, tunnel, "Tunnel")
     info = tunnels["shell"]["ssh"]
-    assert info["user"] == f"shell.{stack_id[:8]}" and info["command"].startswith(f"ssh -p {info['port']} ")
+    assert info["user"] == f"shell.{stack_id[:8]}" and info["command"].startswith("ssh -i ")
+    assert f" -p {info['port']} " in info["command"] and info["command"].endswith(f"{info['user']}@{info['host']}")
+    # The command as pasted (issue 34, item 2), the renter's key in place of ssh-keygen's default file: OpenSSH
+    # accepts the host key it pins, with no known_hosts of the renter's to read.
+    pasted = info["command"].replace("~/.ssh/id_ed25519", shlex.quote(str(key)), 1)
+    pasted = pasted.replace("ssh ", "ssh -o BatchMode=yes -o UserKnownHostsFile=/dev/null ", 1) + " echo pinned"
+    done = await asyncio.to_thread(subprocess.run, ["bash", "-c", pasted], capture_output=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, b"pinned\n"), done.stderr
     assert info["hostKeyFingerprint"] == await asyncio.to_thread(fingerprint, info["hostKey"], tmp_path)
     end = await asyncio.to_thread(Endpoint, info["host"], info["port"], info["hostKey"], tmp_path)
     user = info["user"]
