@@ -115,6 +115,7 @@ def test_readme_shell_blocks_work_as_pasted(make_run, tmp_path, docker_client):
     served = re.findall(r"^(?:\S+Z )?serving on port 8080$", out, re.MULTILINE)  # tail (timestamps), then follow
     assert len(served) == 2 and "response:200" in err, report
     assert "40 120" in out, report  # the terminal's `stty size`
+    assert out.count("a notebook on the loopback") == 2 and "logged in to " in out, report  # ssh -L and -D to localhost
     assert "gone\n" in out and "COMPLETE\n" in out and '"timezone": "Europe/Berlin"' in out, report
 
     (rental,) = re.findall(r"^README-RENTAL=(\S+)$", out, re.MULTILINE)

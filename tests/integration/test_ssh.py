@@ -124,7 +124,8 @@ async def test_sessions_files_and_forwarding(local_market, local_doc, tmp_path):
     done = await asyncio.to_thread(end.scp, key, end.remote(user, "/tmp/host"), str(tmp_path / "host"))
     assert done.returncode != 0 and not await asyncio.to_thread((tmp_path / "host").exists)
 
-    # -L to a sibling service of the stack; refused: an undeclared port, the host, anything outside
+    # -L to a sibling service of the stack; refused: an undeclared port, a port nothing listens on in the
+    # container's own loopback (tests/integration/test_ssh_loopback.py), the host, anything outside
     port = free_port()
     forward = await asyncio.to_thread(
         subprocess.Popen,

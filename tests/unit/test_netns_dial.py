@@ -21,7 +21,8 @@ import pytest
 from gpuhost_agent.runtime.netns_dial import NetnsError, dial_in_namespace
 
 SERVER = (
-    "import socket; s=socket.socket(); s.bind(('127.0.0.1', 47001)); s.listen(); print('up', flush=True); "
+    "import socket, sys; s=socket.socket(socket.AF_INET6 if ':' in sys.argv[1] else socket.AF_INET); "
+    "s.bind((sys.argv[1], 47001)); s.listen(); print('up', flush=True); "
     "c, _ = s.accept(); c.sendall(b'from-inside:' + c.recv(100)); c.close()"
 )
 HIERARCHY = Path("/sys/fs/cgroup/pids")
@@ -37,10 +38,15 @@ def _enter(group: Path, pid: int) -> None:
     (group / "cgroup.procs").write_text(str(pid))
 
 
-async def _server(container_id: str | None) -> tuple[asyncio.subprocess.Process, Path | None]:
+async def _server(
+    container_id: str | None, address: str = "127.0.0.1", own_namespace: bool = True
+) -> tuple[asyncio.subprocess.Process, Path | None]:
+    if own_namespace:
+        command = ("unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$0" -c "$1" "$2"')
+    else:  # in the host's (this process's) own namespace, as a container with network_mode host would be
+        command = ("sh", "-c", 'exec "$0" -c "$1" "$2"')
     server = await asyncio.create_subprocess_exec(
-        *("unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$0" -c "$1"', sys.executable, SERVER),
-        stdout=asyncio.subprocess.PIPE,
+        *command, sys.executable, SERVER, address, stdout=asyncio.subprocess.PIPE
     )
     group = None
     if container_id:
@@ -69,6 +75,33 @@ async def test_a_connection_is_made_inside_the_containers_namespace_and_only_the
         writer.write(b"hello")
         await writer.drain()
         assert await asyncio.wait_for(reader.read(), 5) == b"from-inside:hello"
+        writer.close()
+    finally:
+        await _end(server, group)
+
+
+async def test_ipv6_loopback_inside_the_namespace() -> None:
+    container_id = uuid.uuid4().hex * 2
+    server, group = await _server(container_id, "::1")
+    try:
+        reader, writer = await dial_in_namespace(server.pid, "::1", 47001, 5, container_id=container_id)
+        writer.write(b"six")
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 5) == b"from-inside:six"
+        writer.close()
+    finally:
+        await _end(server, group)
+
+
+async def test_a_container_in_the_hosts_own_namespace_is_never_dialled() -> None:
+    """An SSH `-L localhost:PORT` dials the container's loopback in its
+    namespace: one that is the host's would be the host's loopback."""
+    container_id = uuid.uuid4().hex * 2
+    server, group = await _server(container_id, own_namespace=False)
+    try:
+        with pytest.raises(NetnsError, match="shares the host's network"):
+            await dial_in_namespace(server.pid, "127.0.0.1", 47001, 5, container_id=container_id)
+        reader, writer = await asyncio.open_connection("127.0.0.1", 47001)  # it was there, on the host
         writer.close()
     finally:
         await _end(server, group)

@@ -19,13 +19,18 @@ The pid is the engine's answer to an inspect made a moment before; it is
 pinned (runtime/container_process.py): a pidfd first, then the namespace
 opened, then the process's cgroups must name the container's id and the
 pidfd must still be alive, so a pid recycled in between (a host process,
-another renter's container) is refused before the switch.
+another renter's container) is refused before the switch. A namespace that
+is the agent's own (the host's: a container sharing it) is refused too, so
+a dial made here never reaches what only the host's loopback serves; an SSH
+`-L localhost:PORT` dials the container's loopback this way
+(streams/admission.py, connect_own_loopback), IPv4 or IPv6 as the address is.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import errno
 import os
 import socket
 import ssl
@@ -48,18 +53,34 @@ def _setns(fd: int) -> None:
 
 
 def _namespace_of(pid: int, container_id: str) -> int:
-    """An fd of the network namespace of `pid`, once the pid is the container's."""
+    """An fd of the network namespace of `pid`, once the pid is the container's
+    and the namespace not the host's."""
     with PinnedProcess(pid, container_id) as process:
         target = process.open("ns/net")
         try:
             process.confirm()
+            if _is_hosts(os.fstat(target)):
+                raise NetnsError(errno.EPERM, "the container shares the host's network: no connection is made in it")
         except BaseException:
             os.close(target)
             raise
         return target
 
 
-def _socket_in(pid: int, container_id: str) -> socket.socket:
+def _is_hosts(namespace: os.stat_result) -> bool:
+    """Whether a namespace is the agent's own or the host's init's (the same
+    one, unless the agent runs in a namespace of its own)."""
+    for path in ("/proc/self/ns/net", "/proc/1/ns/net"):
+        try:
+            own = os.stat(path)
+        except OSError:
+            continue
+        if (own.st_dev, own.st_ino) == (namespace.st_dev, namespace.st_ino):
+            return True
+    return False
+
+
+def _socket_in(pid: int, container_id: str, family: socket.AddressFamily) -> socket.socket:
     """A TCP socket in the network namespace of process `pid`, the container's."""
     target = _namespace_of(pid, container_id)
     try:
@@ -70,7 +91,7 @@ def _socket_in(pid: int, container_id: str) -> socket.socket:
     try:
         _setns(target)
         try:
-            return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            return socket.socket(family, socket.SOCK_STREAM)
         finally:
             _setns(own)  # raises if it fails: the thread ends with the call either way
     finally:
@@ -78,13 +99,13 @@ def _socket_in(pid: int, container_id: str) -> socket.socket:
         os.close(own)
 
 
-def _on_own_thread(pid: int, container_id: str) -> socket.socket:
+def _on_own_thread(pid: int, container_id: str, family: socket.AddressFamily) -> socket.socket:
     made: list[socket.socket] = []
     failed: list[BaseException] = []
 
     def work() -> None:
         try:
-            made.append(_socket_in(pid, container_id))
+            made.append(_socket_in(pid, container_id, family))
         except BaseException as exc:  # noqa: BLE001 - handed to the caller below
             failed.append(exc)
 
@@ -111,7 +132,8 @@ async def dial_in_namespace(
     if pid <= 0:
         raise NetnsError(0, "the container has no process (not running)")
     try:
-        sock = await asyncio.to_thread(_on_own_thread, pid, container_id)
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        sock = await asyncio.to_thread(_on_own_thread, pid, container_id, family)
     except ContainerGone as exc:
         raise NetnsError(exc.errno or 0, exc.strerror or str(exc)) from None
     except PermissionError as exc:

@@ -9,9 +9,11 @@ container must be this rental's and on a machine the agent reaches, an SSH
 login needs a running container open to it, a tunnel's service must accept
 a connection), and last for a stream still being opened when its rental or
 the agent ends. The refusal is sent from here too, quietly when the channel
-closed meanwhile. Inside an SSH connection, a `-L` keeps the same access and
-tunnel rules (streams/ssh_server.py asks them here), and each session reads
-the same answer of where its container runs (streams/ssh_connection.py).
+closed meanwhile. Inside an SSH connection, a `-L` to another container
+keeps the same access and tunnel rules (streams/ssh_server.py asks them
+here), a `-L localhost:PORT` reaches the login's container's own loopback
+(connect_own_loopback), and each session reads the same answer of where its
+container runs (streams/ssh_connection.py).
 
 Kept apart from channel.py, which keeps the WebSocket open and runs the
 streams, so that what a renter can reach reads in one place, not between the
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import aiohttp
@@ -31,6 +33,7 @@ from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import ContainerAt, ContainerGone, EngineStreams
+from gpuhost_agent.runtime.netns_dial import dial_in_namespace
 from gpuhost_agent.streams import tunnel
 from gpuhost_agent.streams.limits import StreamLimits, is_connection
 from gpuhost_agent.streams.requests import (
@@ -188,6 +191,55 @@ async def connect_tunnel(
         return await tunnel.dial_service(container, allowed, request.port, dial=dial, tls=tls, timeout=timeout)
     except tunnel.NoService as exc:
         return Refusal(request.stream_id, 503, str(exc))
+
+
+LoopbackDial = Callable[..., Awaitable[Service]]  # runtime/netns_dial.py's dial_in_namespace
+ELSEWHERE = (
+    "the container runs on another machine of this environment: its own loopback is reached only from there;"
+    " forward to <service>:<declared port> instead"
+)
+
+
+async def connect_own_loopback(
+    container: ContainerAt,
+    request: TunnelRequest,
+    env_id: str | None,
+    addresses: Sequence[str],
+    *,
+    dial: LoopbackDial = dial_in_namespace,
+    timeout: float = tunnel.CONNECT_TIMEOUT,
+) -> Service | Refusal:
+    """An SSH login's `-L localhost:PORT` or `-D` to it: a connection to the
+    login's own container's loopback, on any port (Jupyter, TensorBoard and
+    VS Code's server listen there), or why not. It is made inside the
+    container's network namespace (runtime/netns_dial.py: its process pinned,
+    never the host's namespace), so it reaches what a shell in that container
+    reaches with `nc 127.0.0.1 PORT`, which the login may run anyway, and
+    never the host's loopback. `addresses` are tunnel.own_loopback's."""
+    info = container.info
+    refused = check_access((info.get("Config") or {}).get("Labels"), env_id, request)
+    if refused is not None:
+        return refused
+    if container.unreachable:
+        return Refusal(request.stream_id, 409, container.unreachable)
+    if container.machine:
+        return Refusal(request.stream_id, 501, ELSEWHERE)
+    state = info.get("State") or {}
+    pid = state.get("Pid")
+    if not state.get("Running") or not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return Refusal(request.stream_id, 503, "the container is not running")
+    problems = []
+    for address in addresses:
+        try:
+            return await dial(pid, address, request.port, timeout, container_id=container.id)
+        except ConnectionRefusedError:
+            problems.append(f"{address}: nothing listens there")
+        except asyncio.TimeoutError:
+            problems.append(f"{address}: no answer within {timeout:g} s")
+        except OSError as exc:  # NetnsError included: its reason, as runtime/netns_dial.py says it
+            problems.append(f"{address}: {exc.strerror or type(exc).__name__}")
+    where = f"port {request.port} on the container's own loopback"
+    return Refusal(request.stream_id, 503, f"cannot connect to {where}: {'; '.join(problems)}"[:300])
 
 
 def refusal_when_ended(stream_id: str, reason: str) -> Refusal:

@@ -9,10 +9,14 @@ SSH connection gets the same backpressure and half-close as any tunnel.
 What a connection may do: log in with a key the marketplace lists for the
 rental, to the container the login name picks (streams/ssh_access.py); run
 sessions there (streams/ssh_session.py); move files with SFTP or SCP
-(streams/ssh_files.py); `ssh -L` to a TCP port that a container of the same
-stack declares, on that container's own addresses (the tunnel rule). No
-password or keyboard-interactive login, no agent or X11 forwarding, no
-remote forwarding, no Unix socket forwarding.
+(streams/ssh_files.py); `ssh -L` (and `-D`, whose SOCKS connections are the
+same direct-tcpip channels) to `localhost`, 127.0.0.1 or ::1 on any port,
+which is the login's container's own loopback, dialled inside its network
+namespace (Jupyter, TensorBoard, VS Code Remote-SSH's server listen there),
+or to a TCP port that another container of the same stack declares, on that
+container's own addresses (the tunnel rule). Nothing else: not the host, not
+another stack. No password or keyboard-interactive login, no agent or X11
+forwarding, no remote forwarding, no Unix socket forwarding.
 """
 
 from __future__ import annotations
@@ -26,10 +30,11 @@ from asyncssh.stream import SSHTCPStreamSession
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.streams.admission import check_access, connect_tunnel
+from gpuhost_agent.streams.admission import check_access, connect_own_loopback, connect_tunnel
 from gpuhost_agent.streams.requests import Refusal, SshRequest, TunnelRequest
 from gpuhost_agent.streams.ssh_access import SERVICE_LABEL, SshServices, parse_login, pick_container
 from gpuhost_agent.streams.ssh_channels import FORWARD, SESSION, ChannelRefused, Slot
+from gpuhost_agent.streams.tunnel import own_loopback
 from gpuhost_agent.uplink.replies import MarketplaceRejected, MarketplaceUnavailable
 
 log = get_logger(__name__)
@@ -105,8 +110,12 @@ class Login(asyncssh.SSHServer):
             raise
 
     async def _connect(self, dest_host: str, dest_port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """`ssh -L`: a container of this stack, by service name, container name
-        or address, on a port it declares; anything else is refused."""
+        """`ssh -L`/`-D`: the login's container's own loopback, any port; or a
+        container of this stack, by service name, container name or address,
+        on a port it declares; anything else is refused."""
+        loopback = own_loopback(dest_host)
+        if loopback:
+            return await self._own_loopback(dest_host, dest_port, loopback)
         request = self._request
         try:
             containers = await self._services.stack_containers(request.stack_id)
@@ -126,6 +135,23 @@ class Login(asyncssh.SSHServer):
             )
         engine = self._services.engine
         service = await connect_tunnel(container, tunnel, dial=engine.dial, network=engine.network)
+        if isinstance(service, Refusal):
+            log.info("ssh_forward_refused", stream_id=request.stream_id, target=dest_host[:80], port=dest_port)
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, service.error)
+        return service
+
+    async def _own_loopback(
+        self, dest_host: str, dest_port: int, addresses: tuple[str, ...]
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        request, login = self._request, self.container
+        if login is None:  # a channel opens only after the login; never the host's loopback whatever happens
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, "not logged in")
+        try:
+            container = await self._services.engine.locate(login["Id"])
+        except EngineError as exc:
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, f"Docker Engine: {exc}"[:200]) from None
+        tunnel = TunnelRequest(request.stream_id, request.rental_id, request.stack_id, container.id, dest_port)
+        service = await connect_own_loopback(container, tunnel, self._env_id, addresses)
         if isinstance(service, Refusal):
             log.info("ssh_forward_refused", stream_id=request.stream_id, target=dest_host[:80], port=dest_port)
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, service.error)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import ssl
 from collections.abc import Awaitable, Callable
@@ -62,6 +63,21 @@ def container_addresses(info: dict) -> list[str]:
     """The container's own IP addresses, one per network it is on."""
     networks = (info.get("NetworkSettings") or {}).get("Networks") or {}
     return [net["IPAddress"] for net in networks.values() if isinstance(net, dict) and net.get("IPAddress")]
+
+
+def own_loopback(host: str) -> tuple[str, ...]:
+    """The loopback addresses an SSH `-L`/`-D` destination names, dialled on
+    the login's container's own loopback (streams/admission.py,
+    connect_own_loopback); () when it names none. `localhost` is IPv4's
+    then IPv6's, as a client would try them; 127.0.0.0/8 and ::1 as given."""
+    name = host.strip().lower().removesuffix(".")
+    if name == "localhost":
+        return ("127.0.0.1", "::1")
+    try:
+        address = ipaddress.ip_address(name.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        return ()
+    return (str(address),) if address.is_loopback else ()
 
 
 Dial = Callable[..., Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
