@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,8 @@ async def test_hostile_file_is_refused_or_made_safe(compose, path, tmp_path) -> 
     if outcome == "rewritten":
         assert any(expected["expect"] in notice for notice in notices), (path.name, notices)
     assert_sandboxed(hardened)
+    seen = json.dumps([hardened, notices])  # no value of the agent's own environment (170)
+    assert str(compose.home_dir) not in seen and os.environ["PATH"] not in seen, path.name
 
 
 @pytest.mark.parametrize("path", LEGIT, ids=[p.stem for p in LEGIT])

@@ -11,7 +11,11 @@ Compose only as data, for interpolation: a private `--env-file` written for
 the one `config` call that needs them (`write_variables`). Had they been the
 process's environment, `LD_PRELOAD`, `LD_AUDIT`, `GCONV_PATH` and the like
 would have made setpriv, the docker CLI or any dynamically linked program on
-the way load a library the renter planted in a volume, as root.
+the way load a library the renter planted in a volume, as root. And since
+Compose reads its own environment before the env file, the file's references
+are renamed to the template's spelling first (core/sandbox/interpolation.py,
+TEMPLATE_PREFIX), which only that env file defines: `${HOME}` is the
+template's HOME or empty, never the agent's.
 """
 
 from __future__ import annotations
@@ -44,6 +48,23 @@ COMPOSE_PROJECT_LABEL = "com.docker.compose.project"
 COMPOSE_SERVICE_LABEL = "com.docker.compose.service"
 STACK_NAMESPACE_LABEL = "com.docker.stack.namespace"  # what `docker stack deploy` labels a stack's parts with
 VARIABLES_FILE = ".variables.env"  # in the stack's own 0700 folder, 0600, only during `config`
+# How a renter's file names a template variable once the raw pass has renamed
+# its references (core/sandbox/interpolation.py): no process environment has it.
+TEMPLATE_PREFIX = "GPUHOST_TEMPLATE_"
+_TEMPLATE_NAME = re.compile(re.escape(TEMPLATE_PREFIX) + r"(?=[_A-Za-z])")
+
+
+def interpolation_variables(variables: dict[str, str]) -> dict[str, str]:
+    """What the env file for `config` holds: the template's variables under
+    their own names (Compose's own settings, COMPOSE_PROFILES, are read there)
+    and under the template's spelling, which the renamed file refers to."""
+    return {**variables, **{TEMPLATE_PREFIX + name: value for name, value in variables.items()}}
+
+
+def renter_names(text: str) -> str:
+    """Compose's message with the template's spelling of a name written as the
+    renter wrote it (`The "HOME" variable is not set`)."""
+    return _TEMPLATE_NAME.sub("", text)
 
 
 _ENV_FILE_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "$": "\\$", "\n": "\\n", "\r": "\\r"})
@@ -154,7 +175,7 @@ class ComposeRunner:
         are for the renter (a variable not set, deployed as ""): see
         compose_warnings."""
         env_file = workdir / VARIABLES_FILE
-        await asyncio.to_thread(write_variables, env_file, variables)
+        await asyncio.to_thread(write_variables, env_file, interpolation_variables(variables))
         warnings: list[str] = []
         try:
             output = await self._run(
@@ -244,7 +265,7 @@ def clean_error(stderr: str, workdir: Path, home: Path | None = None) -> str:
     lines = [line for line in lines if line and "attribute `version` is obsolete" not in line]
     wanted = [line for line in lines if not line.startswith(("Container ", "Network ", "Volume ", "Image "))] or lines
     text = " | ".join(wanted[-4:]) or "docker compose failed without a message"
-    return _without_paths(text, workdir, home)[:2000]
+    return renter_names(_without_paths(text, workdir, home))[:2000]
 
 
 def _without_paths(text: str, workdir: Path, home: Path | None) -> str:
@@ -275,7 +296,7 @@ def compose_warnings(stderr: str, workdir: Path, home: Path | None = None) -> li
         text = match.group(1).replace('\\"', '"') if match else ""
         if not text or "attribute `version` is obsolete" in text:
             continue
-        text = visible(_without_paths(text, workdir, home))
+        text = visible(renter_names(_without_paths(text, workdir, home)))
         text = text if len(text) <= MAX_WARNING_CHARS else text[:MAX_WARNING_CHARS] + "..."
         if text not in found:
             found.append(text)

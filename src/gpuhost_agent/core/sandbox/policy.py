@@ -10,6 +10,7 @@ docs/sandbox-policy.md.
 
 from __future__ import annotations
 
+import posixpath
 from typing import Any
 
 from gpuhost_agent.core.sandbox.context import SandboxContext, shown_path
@@ -162,7 +163,27 @@ def _volumes(service: dict, ctx: SandboxContext) -> list[str]:
             problems.append(f"volumes: bind mount of the host path {source!r} is not allowed; use a named volume")
         elif kind not in ("volume", "tmpfs"):
             problems.append(f"volumes: mount type {kind!r} is not allowed")
+        elif problem := _subpath_problem(mount):
+            problems.append(problem)
     return problems
+
+
+def _subpath_problem(mount: dict) -> str | None:
+    """A volume's `subpath` stays inside the volume: an absolute one, or one
+    with a `..` component once `.` and `//` are resolved, would climb out of it
+    (Docker 26 refuses it at the container's start, 20.10 ignores `subpath`
+    and mounts the whole volume); the renter hears it here, before anything runs."""
+    subpath = (mount.get("volume") or {}).get("subpath") if isinstance(mount.get("volume"), dict) else None
+    if subpath in (None, ""):
+        return None
+    text = str(subpath)
+    if text.startswith("/") or ".." in posixpath.normpath(text).split("/"):
+        where = f"volume {mount['source']!r}" if mount.get("source") else "an anonymous volume"
+        return (
+            f"volumes: subpath {text!r} of {where} is not allowed: "
+            "it must be a relative path inside the volume, without '..'"
+        )
+    return None
 
 
 def _agent_labels(labels: dict | list | None) -> list[str]:

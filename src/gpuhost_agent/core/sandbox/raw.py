@@ -14,7 +14,9 @@ every problem of the file in one message (core/sandbox/apply.py).
 Compose reads the agent's own serialisation of the node tree checked here,
 never the renter's bytes: whatever the two YAML parsers might make of odd
 spellings, the one Compose reads is what this parser saw
-(core/sandbox/compose_yaml.py refuses what could be read two ways).
+(core/sandbox/compose_yaml.py refuses what could be read two ways). Its
+variable references are renamed so that only the template's variables fill
+them (core/sandbox/interpolation.py).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from gpuhost_agent.core.sandbox import compose_yaml
+from gpuhost_agent.core.sandbox import compose_yaml, interpolation
 
 NO_IMAGE = "gpuhost-agent.invalid/add-an-image"  # stands in so that Compose reads the rest
 
@@ -69,6 +71,7 @@ def review(text: str, profiles: str = "") -> RawReview:
         if isinstance(service, dict):
             _service(result, name, service, compose_yaml.child(services_node, name))
     _profiles(result, document.get("services"), {p.strip() for p in profiles.split(",") if p.strip()})
+    interpolation.confine(root)  # the template's variables only, never the agent's environment
     result.text = compose_yaml.write(root)  # type: ignore[arg-type]
     return result
 

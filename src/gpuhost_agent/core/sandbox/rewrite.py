@@ -34,6 +34,7 @@ def rewrite(model: dict, ctx: SandboxContext) -> tuple[dict, list[str], list[str
         host_asks.host_network(model, service, ctx, where, notices)
         host_asks.host_ports(service, where, notices)
         _container_name(service, where, notices)
+        _develop(service, where, notices)
         _ipc(service, ctx, where, notices)
         _memlock(service, ctx, where, notices)
         _clamp_limits(service, ctx, where, notices)
@@ -105,6 +106,15 @@ def _scope_names(model: dict, ctx: SandboxContext, notices: list[str], problems:
             spec.pop("external", None)
             spec["name"] = own
             model[section][key] = spec
+
+
+def _develop(service: dict, where: str, notices: list[str]) -> None:
+    """`develop:` (Compose watch) names host paths (`path: /etc`) that only
+    `up --watch` would read or sync from. The agent never runs it, so this is
+    defence in depth: no host path of the renter's choosing stays in the
+    model Compose runs, whatever a later Compose or agent does with it."""
+    if service.pop("develop", None) is not None:
+        notices.append(f"{where}: develop dropped: the host does not watch files for a stack")
 
 
 def _container_name(service: dict, where: str, notices: list[str]) -> None:
