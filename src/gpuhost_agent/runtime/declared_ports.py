@@ -8,10 +8,11 @@ has no field for `expose`, so a container of it has ExposedPorts null and
 only its published ports in the task's PortStatus. The agent's Swarm rewrite
 (core/swarm/rewrite.py) therefore writes the `expose:` ports into a label of
 the container, LABEL, which Swarm keeps as it is; the ports a container
-declares are those of both records. A renter cannot set the label (every
-`io.gpuhost.` label is the agent's: core/sandbox/policy.py), and a tunnel
-reaches only the container's own addresses whatever the ports, so the label
-widens nothing.
+declares are those of both records. Neither the renter's file nor the image
+sets it: every `io.gpuhost.` label is the agent's (core/sandbox/policy.py), and
+the agent sets this one on every container, empty but where the Swarm
+rewrite fills it, over whatever the image's labels say. A tunnel reaches only
+the container's own addresses whatever the ports.
 
 The label's value: tcp ports and ranges as Compose writes them, comma
 separated (`8080,7000-7002`); a udp port gets no tunnel and is left out.
@@ -21,7 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-LABEL = "io.gpuhost.exposed-ports"
+from gpuhost_agent.protocol import wire
+
+LABEL = wire.LABEL_EXPOSED_PORTS  # set on every container (core/stacks/naming.py), empty but on a Swarm
 MAX_PORT = 65535
 
 
