@@ -13,8 +13,9 @@ from support.sandbox_decide import RENTAL_GPUS, decide_file
 
 from gpuhost_agent.core.sandbox.context import GIB, SandboxContext, machine_shares
 from gpuhost_agent.core.sandbox.harden import ALWAYS_DROP, harden
-from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
+from gpuhost_agent.core.stacks.compose_rewrite import StackRejected, label_services
 from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
+from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
 from gpuhost_agent.runtime.declared_ports import LABEL as EXPOSED_LABEL
 from gpuhost_agent.runtime.declared_ports import labelled_ports
@@ -166,7 +167,10 @@ def test_expose_ports_reach_the_container_as_the_agents_label_never_published() 
     assert web["labels"][EXPOSED_LABEL] == "8080,9000,7000-7002"
     assert labelled_ports(web["labels"]) == {8080, 9000, 7000, 7001, 7002}
     assert hardened["services"]["web"]["labels"].items() <= web["labels"].items()  # the agent's labels kept
+    # The deployer lays the agent's labels over the sandbox's output (core/stacks/deployer.py): the ports stay.
+    labelled = label_services(stack, "s", "r", "e")["services"]["web"]["labels"]
+    assert labelled[EXPOSED_LABEL] == "8080,9000,7000-7002" and labelled[wire.LABEL_STACK] == "s"
     plain, _ = swarm_stack(_stack({"web": {"image": "x"}}), CTX, PLACED)
-    assert EXPOSED_LABEL not in plain["services"]["web"]["labels"]
+    assert label_services(plain, "s", "r", "e")["services"]["web"]["labels"][EXPOSED_LABEL] == ""
     with pytest.raises(StackRejected, match="expose 'http' is not a container port"):
         swarm_stack({"services": {"web": {"image": "x", "expose": ["http"]}}}, CTX, PLACED)
