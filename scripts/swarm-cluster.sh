@@ -9,6 +9,13 @@
 #   scripts/swarm-cluster.sh stop I     stop node I's dockerd (its containers stop with it): a machine gone
 #   scripts/swarm-cluster.sh start I    start node I's dockerd again; it rejoins the Swarm by itself
 #
+# Environment: SWARM_PYTHON, the Python that writes each node's stand-in NVML
+# configuration (<run dir>/nI/nvml.conf, from tests/support/fake_nvml.py;
+# default .venv/bin/python, made by `make setup`: without one, up and start
+# stop before starting anything); SWARM_IMAGES, the images loaded into each
+# node (default gpuhost-test/busybox:1); SWARM_GPUS, stand-in GPUs per node
+# (default 2); SWARM_ROOT, the engines' data roots (default /var/lib/gpuhost-swarm).
+#
 # Each engine is a dockerd (with its own containerd) in a network namespace of
 # its own, with its own data root, exec root, pid file and socket. The nodes'
 # namespaces are joined by veth pairs to a bridge that lives in one more
@@ -62,9 +69,17 @@ gpu_flags() {
     for k in $(seq 0 $((GPUS - 1))); do printf -- '--node-generic-resource\nNVIDIA-GPU=%s\n' "$(gpu_uuid "$i" "$k")"; done
 }
 
+# Without it no node's agent would see a GPU (it would report none, silently):
+# said before anything starts.
+need_python() {
+    [ -x "$PYTHON" ] && "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null && return 0
+    say "no Python 3.10+ at $PYTHON to write each node's stand-in NVML configuration (nvml.conf);" \
+        "run 'make setup' once for .venv, or set SWARM_PYTHON=/path/to/python3" >&2
+    exit 2
+}
+
 write_nvml_config() {
     local i=$1
-    [ -x "$PYTHON" ] || return 0
     "$PYTHON" - "$RUN/n$i/nvml.conf" $(for k in $(seq 0 $((GPUS - 1))); do gpu_uuid "$i" "$k"; done) <<'PY'
 import os, sys
 sys.path.insert(0, os.environ["SWARM_TESTS"])
@@ -107,6 +122,7 @@ up() {
     local count=${1:-2} i
     [ -z "$(nodes)" ] || { say "a cluster is already up (nodes: $(nodes | tr '\n' ' ')); run down first" >&2; exit 1; }
     [ "$count" -ge 1 ] && [ "$count" -le 9 ] || { say "N must be 1 to 9" >&2; exit 2; }
+    need_python
     local started=$SECONDS
     ip netns add "$PREFIX-br"
     nsenter --net="/run/netns/$PREFIX-br" sh -c 'ip link set lo up && ip link add br0 type bridge && ip link set br0 up'
@@ -184,6 +200,6 @@ case "${1:-}" in
     env) echo "export DOCKER_HOST=unix://$(node_sock "${2:?node number}")" ;;
     status) status ;;
     stop) stop_engine "${2:?node number}" ;;
-    start) start_engine "${2:?node number}" && wait_engine "$2" && say "node $2 started" ;;
-    *) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    start) need_python && start_engine "${2:?node number}" && wait_engine "$2" && say "node $2 started" ;;
+    *) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -43,7 +43,7 @@ def _build(docker_client, tmp_path: Path) -> None:
     gpu = _claimed_gpu()
     (tmp_path / "Dockerfile").write_text(
         f"FROM {TEST_IMAGE}\n"
-        f"LABEL {wire.LABEL_SSH}=true {wire.LABEL_GPUS}={gpu} {GPU_LABEL}={gpu}\n"
+        f"LABEL {wire.LABEL_SSH}=true {wire.LABEL_GPUS}={gpu} {GPU_LABEL}={gpu} {wire.LABEL_EXPOSED_PORTS}=22\n"
         "ENV NVIDIA_DRIVER_CAPABILITIES=all NVIDIA_MOFED=enabled NVIDIA_GDS=enabled NVIDIA_NVSWITCH=enabled "
         "NVIDIA_GDRCOPY=enabled NVIDIA_IMEX_CHANNELS=all NVIDIA_MIG_CONFIG_DEVICES=all "
         "NVIDIA_MIG_MONITOR_DEVICES=all\n"
@@ -80,6 +80,7 @@ async def test_an_images_labels_and_toolkit_variables_do_not_reach_the_host(
     (container,) = await asyncio.to_thread(_containers, docker_client, stack_id)
     labels = container.attrs["Config"]["Labels"]
     assert (labels[wire.LABEL_SSH], labels[wire.LABEL_GPUS], labels[GPU_LABEL]) == ("", "", "")
+    assert labels[wire.LABEL_EXPOSED_PORTS] == ""  # no port 22 declared for a tunnel by the image
     env = dict(item.partition("=")[::2] for item in container.attrs["Config"]["Env"])
     assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility" and env["NVIDIA_MOFED"] == "disabled"
     assert env["NVIDIA_IMEX_CHANNELS"] == "" and env["NVIDIA_MIG_CONFIG_DEVICES"] == ""

@@ -188,7 +188,10 @@ def _check_stack(client, planted: Planted, hostile: Hostile, rental_id: str, sta
                 problems.append(f"{name}: label {key}={ours.get(key)!r}, the agent sets {value!r}")
         if ours.get(wire.LABEL_SSH) == "true":
             problems.append(f"{name}: io.gpuhost.ssh=true on a stack whose template did not ask for SSH")
-        for key in set(hostile.labels) & set(ours) - {*expected, wire.LABEL_ENV, wire.LABEL_GPUS, wire.LABEL_SSH}:
+        if ours.get(wire.LABEL_EXPOSED_PORTS):  # on one machine Compose records expose: ports itself
+            problems.append(f"{name}: {wire.LABEL_EXPOSED_PORTS}={ours[wire.LABEL_EXPOSED_PORTS]!r} on one machine")
+        said = {*expected, wire.LABEL_ENV, wire.LABEL_GPUS, wire.LABEL_SSH, wire.LABEL_EXPOSED_PORTS}
+        for key in set(hostile.labels) & set(ours) - said:
             problems.append(f"{name}: the file's own label {key}={ours[key]!r} is in the agent's namespace")
         if attrs["State"]["Running"]:
             found = _files_holding(container, planted.secret)

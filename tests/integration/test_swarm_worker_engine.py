@@ -8,7 +8,8 @@ SIGKILL and started again (it keeps nothing to lose); the worker's log
 holds none of the key. The environment's systemData holds machine 2's own
 report, made by its agent, and its compliance counts; the heartbeats carry
 its GPUs' live figures. A tunnel reaches a
-service on either machine."""
+service on either machine, on a port of its `ports:` and one of its
+`expose:`, which `docker stack deploy` drops (issue 34, item 9)."""
 
 from __future__ import annotations
 
@@ -94,8 +95,14 @@ WEB_ON_GPUS = f"""
 services:
   train:
     image: {TEST_IMAGE}
-    command: ["sh", "-c", "mkdir /www && echo served-by-$$(hostname) > /www/i && exec httpd -f -p 8080 -h /www"]
+    command:
+      - sh
+      - -c
+      - >-
+        mkdir /www && echo served-by-$$(hostname) > /www/i &&
+        httpd -p 8000 -h /www && exec httpd -f -p 8080 -h /www
     ports: ["8080"]
+    expose: ["8000"]
     deploy:
       resources:
         reservations:
@@ -119,8 +126,13 @@ async def test_a_tunnel_reaches_a_service_on_either_machine_over_its_overlay(swa
     stacks = {rental_id: await renter.stack(rental_id, WEB_ON_GPUS) for rental_id in rentals}
     served_from = []
     for rental_id, (stack_id, train) in (await applied_trains(renter, stacks)).items():
-        (tunnel,) = await renter.tunnels(rental_id, stack_id, 1, timeout=30)
-        assert tunnel["containerPort"] == 8080
-        assert await asyncio.to_thread(curl, tunnel["url"] + "i") == f"served-by-{train['Id'][:12]}"
+        tunnels = {t["containerPort"]: t for t in await renter.tunnels(rental_id, stack_id, 2, timeout=30)}
+        assert sorted(tunnels) == [8000, 8080]  # `ports:` and `expose:` (Swarm drops expose: the agent's label)
+        for tunnel in tunnels.values():
+            assert await asyncio.to_thread(curl, tunnel["url"] + "i") == f"served-by-{train['Id'][:12]}"
         served_from.append(machines[labelled(train)["com.docker.swarm.node.id"]])
     assert sorted(served_from) == [1, 2]
+    # A normal stop, with the leader's event stream open through the door: no traceback in the worker's log.
+    await swarm_worker.stop()
+    text = await asyncio.to_thread(swarm_worker.log_path.read_text)
+    assert "swarm_worker_stopped" in text and "Traceback" not in text and "CancelledError" not in text, text

@@ -28,7 +28,7 @@ def header(path: Path) -> dict:
 
 
 # Every label of the agent's namespace that it reads, set on every container whatever the image carries.
-AGENT_LABELS = (*wire.AGENT_LABELS, wire.LABEL_GPUS, wire.LABEL_SSH, GPU_LABEL)
+AGENT_LABELS = (*wire.AGENT_LABELS, wire.LABEL_GPUS, wire.LABEL_SSH, wire.LABEL_EXPOSED_PORTS, GPU_LABEL)
 
 for _path in HOSTILE + LEGIT:  # read once here, not on a test's event loop
     header(_path)

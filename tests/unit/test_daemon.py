@@ -5,8 +5,13 @@ tests/integration/test_daemon_engine.py.)"""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
+import time
+from pathlib import Path
+
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def test_bad_configuration_exits_with_a_clear_message(tmp_path):
@@ -57,3 +62,40 @@ def test_a_second_agent_on_the_same_state_says_so_before_its_banner(tmp_path):
     assert second.returncode == 1
     assert f"another gpuhost-agent (pid {first.pid}) runs on the state directory" in second.stderr
     assert "base URL" not in second.stdout
+
+
+def test_the_banner_prints_a_status_command_that_reads_this_agent(tmp_path):
+    """Issue 34, item 8: a plain `gpuhost-agent status` looks in the system
+    service's state directory and said "not running" while `make run` ran. The
+    banner's command reads this agent; and `status` with nothing named, run in
+    the checkout, finds `make run`'s state/ and says which socket it read."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("GPUHOST_")}
+    (tmp_path / "none.conf").write_text("# empty: no marketplace, the local one\n")
+    env["GPUHOST_CONFIG"] = str(tmp_path / "none.conf")
+    env["XDG_STATE_HOME"] = str(tmp_path / "xdg")  # a non-root user's default: empty here
+    command = [sys.executable, "-m", "gpuhost_agent", "run", "--state-dir", str(tmp_path / "state")]
+    command += ["--local-listen", "127.0.0.1:0", "--log-level", "warning"]
+    agent = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert agent.stdout is not None
+        banner = ""
+        while "  try: curl" not in banner:  # the banner's last line
+            banner += agent.stdout.readline()
+        (line,) = [line for line in banner.splitlines() if line.startswith("  status:")]
+        printed = shlex.split(line.split(":", 1)[1])
+        assert printed[-3:] == ["status", "--state-dir", str(tmp_path / "state")], banner
+        deadline = time.monotonic() + 30
+        while (done := subprocess.run(printed, env=env, capture_output=True, text=True, timeout=30)).returncode:
+            assert time.monotonic() < deadline and done.returncode == 3, done.stderr  # until its socket listens
+            time.sleep(0.2)
+        assert "running (pid" in done.stdout and str(agent.pid) in done.stdout, done.stdout
+        plain = [sys.executable, "-m", "gpuhost_agent", "status"]
+        found = subprocess.run(plain, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30)
+        assert found.returncode == 0 and str(agent.pid) in found.stdout, found.stderr
+        assert f"this is the development agent at {tmp_path / 'state' / 'agent.sock'}" in found.stderr
+    finally:
+        agent.terminate()
+        agent.wait(60)
+    if not (CHECKOUT / "state" / "agent.sock").exists():  # a developer's own `make run` would answer
+        gone = subprocess.run(plain, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30)
+        assert gone.returncode == 3 and "nor a development agent's (make run) at" in gone.stderr, gone.stderr

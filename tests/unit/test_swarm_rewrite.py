@@ -14,9 +14,12 @@ from support.settings import stack_context
 
 from gpuhost_agent.core.sandbox.context import GIB, machine_shares
 from gpuhost_agent.core.sandbox.harden import ALWAYS_DROP, harden
-from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
+from gpuhost_agent.core.stacks.compose_rewrite import StackRejected, label_services
 from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
+from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
+from gpuhost_agent.runtime.declared_ports import LABEL as EXPOSED_LABEL
+from gpuhost_agent.runtime.declared_ports import labelled_ports
 
 CTX = stack_context(project="p", gpu_uuids=("GPU-a", "GPU-b"), cpus=8.0, memory_bytes=32 * GIB, pids_limit=4096)
 PLACED = SwarmPlacement(gpu_nodes={"GPU-a": "node-2", "GPU-b": "node-2"}, home_node="node-1")
@@ -152,3 +155,23 @@ def test_every_published_file_the_sandbox_deploys_is_written_for_swarm(compose, 
             assert set(service["deploy"]["resources"]["limits"]) == {"memory", "cpus", "pids"}, (path.name, name)
         assert all(net["driver"] == "overlay" and net["attachable"] is False for net in stack["networks"].values())
     assert written >= 5
+
+
+def test_expose_ports_reach_the_container_as_the_agents_label_never_published() -> None:
+    """`docker stack deploy` drops `expose` (a service's spec has no field for it):
+    its tcp ports go into the label the tunnels read (runtime/declared_ports.py),
+    and nothing more is published (issue 34, item 9)."""
+    hardened = _stack({"web": {"image": "x", "expose": ["8080", "9000/tcp", "7000-7002", "53/udp"]}})
+    stack, _ = swarm_stack(hardened, CTX, PLACED)
+    web = stack["services"]["web"]
+    assert "expose" not in web and "ports" not in web
+    assert web["labels"][EXPOSED_LABEL] == "8080,9000,7000-7002"
+    assert labelled_ports(web["labels"]) == {8080, 9000, 7000, 7001, 7002}
+    assert hardened["services"]["web"]["labels"].items() <= web["labels"].items()  # the agent's labels kept
+    # The deployer lays the agent's labels over the sandbox's output (core/stacks/deployer.py): the ports stay.
+    labelled = label_services(stack, "s", "r", "e")["services"]["web"]["labels"]
+    assert labelled[EXPOSED_LABEL] == "8080,9000,7000-7002" and labelled[wire.LABEL_STACK] == "s"
+    plain, _ = swarm_stack(_stack({"web": {"image": "x"}}), CTX, PLACED)
+    assert label_services(plain, "s", "r", "e")["services"]["web"]["labels"][EXPOSED_LABEL] == ""
+    with pytest.raises(StackRejected, match="expose 'http' is not a container port"):
+        swarm_stack({"services": {"web": {"image": "x", "expose": ["http"]}}}, CTX, PLACED)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from gpuhost_agent.core.containers.seed_list import seed_containers
 from gpuhost_agent.core.gpus.allocation import GpuSlot, allocate, environment_slots
 from gpuhost_agent.inventory.swarm_nodes import nodes_facts
+from gpuhost_agent.runtime.declared_ports import LABEL as EXPOSED_LABEL
 from gpuhost_agent.runtime.swarm_tasks import NODE_LABEL, stack_containers
 
 
@@ -96,3 +97,20 @@ def test_the_newest_task_of_each_slot_as_a_container_of_dockers_list() -> None:
     assert web["Ports"] == [{"PrivatePort": 8080, "Type": "tcp", "IP": "0.0.0.0", "PublicPort": 32768}]
     assert {"com.docker.compose.service=web", f"{NODE_LABEL}=n2", "gpuhost.stack=s1"} <= set(web["Labels"])
     assert web["Created"] == 1795731005
+
+
+def test_a_tasks_expose_ports_are_listed_unpublished_as_on_one_machine() -> None:
+    """`expose:` ports reach the container list from the agent's label, as
+    Docker lists them on one machine (a PrivatePort alone), so each gets its
+    tunnel (issue 34, item 9); a published one is listed once."""
+    services = [{"ID": "svc-web", "Spec": {"Name": "p_web"}}]
+    port = {"Protocol": "tcp", "TargetPort": 8080, "PublishedPort": 32768, "PublishMode": "host"}
+    running = task("t", "svc-web", 1, "running", 20, ContainerStatus={"ContainerID": "c"}, PortStatus={"Ports": [port]})
+    running["Spec"]["ContainerSpec"]["Labels"][EXPOSED_LABEL] = "9000,8080,7000-7001"
+    (web,) = seed_containers(stack_containers(services, [running]))
+    assert web["Ports"] == [
+        {"PrivatePort": 7000, "Type": "tcp"},
+        {"PrivatePort": 7001, "Type": "tcp"},
+        {"PrivatePort": 8080, "Type": "tcp", "IP": "0.0.0.0", "PublicPort": 32768},
+        {"PrivatePort": 9000, "Type": "tcp"},
+    ]

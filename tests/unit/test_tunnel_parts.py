@@ -14,6 +14,7 @@ from gpuhost_agent.local_marketplace import tunnel_relay
 from gpuhost_agent.local_marketplace.store import Store
 from gpuhost_agent.local_marketplace.tunnels import wanted
 from gpuhost_agent.protocol import wire, wire_time
+from gpuhost_agent.runtime.declared_ports import LABEL as EXPOSED_LABEL
 from gpuhost_agent.runtime.engine_streams import ContainerAt, EngineStreams
 from gpuhost_agent.streams.admission import connect_tunnel
 from gpuhost_agent.streams.requests import Refusal, TunnelRequest, parse_request
@@ -63,6 +64,15 @@ def test_only_declared_tcp_ports_and_the_containers_own_addresses() -> None:
     assert declared_ports(info) == {8080, 9000}
     assert container_addresses(info) == ["172.18.0.5"]
     assert declared_ports({}) == set() and container_addresses({}) == []
+
+
+def test_a_swarm_containers_expose_ports_are_declared_by_the_agents_label() -> None:
+    """A Swarm task's container has ExposedPorts null for `expose:` (issue 34,
+    item 9): the ports the Swarm rewrite labelled are declared too."""
+    info = _info(["8080/tcp"], ["10.0.1.5"])
+    info["Config"]["Labels"] = {EXPOSED_LABEL: "9000,7000-7001,junk,0,70000"}
+    assert declared_ports(info) == {8080, 9000, 7000, 7001}
+    assert declared_ports({"Config": {"ExposedPorts": None, "Labels": {EXPOSED_LABEL: "8888"}}}) == {8888}
 
 
 async def test_connect_refuses_before_any_stream_opens() -> None:

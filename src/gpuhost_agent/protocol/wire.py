@@ -46,6 +46,10 @@ LABEL_GPUS = "io.gpuhost.rental-gpus"  # the rental's GPU UUIDs, comma-separated
 # On the containers of a stack whose template has isSSHEnabled: the agent's SSH
 # server opens only containers that carry it (streams/ssh_access.py).
 LABEL_SSH = "io.gpuhost.ssh"
+# The TCP ports of a container's `expose:` that the engine's record cannot hold
+# (a Swarm service has no ExposedPorts): its tunnels' ports too
+# (runtime/declared_ports.py). Empty on one machine, where Compose records them.
+LABEL_EXPOSED_PORTS = "io.gpuhost.exposed-ports"
 
 
 AGENT_LABELS = (LABEL_MANAGED, LABEL_STACK, LABEL_RENTAL, LABEL_ENV)

@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from gpuhost_agent.runtime.compose import COMPOSE_SERVICE_LABEL as SERVICE_LABEL
+from gpuhost_agent.runtime.declared_ports import labelled_ports
 from gpuhost_agent.runtime.swarm_stacks import NAMESPACE_LABEL
 
 NODE_LABEL = "com.docker.swarm.node.id"
@@ -56,7 +57,7 @@ def _container(task: Mapping[str, Any], service: str) -> dict[str, Any]:
         "Image": spec.get("Image", ""),
         "Created": _created(task),
         "Labels": labels,
-        "Ports": _ports((status.get("PortStatus") or {}).get("Ports") or []),
+        "Ports": _ports((status.get("PortStatus") or {}).get("Ports") or [], labelled_ports(spec.get("Labels") or {})),
     }
     if state == "running":
         raw["State"] = "running"
@@ -69,16 +70,21 @@ def _container(task: Mapping[str, Any], service: str) -> dict[str, Any]:
     return raw
 
 
-def _ports(published: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def _ports(published: list[Mapping[str, Any]], exposed: set[int]) -> list[dict[str, Any]]:
     """Each published port once: Swarm lists a host-mode port once per address
-    family it bound (seen on Engine 20.10: the same entry twice)."""
+    family it bound (seen on Engine 20.10: the same entry twice). Then each
+    `expose:` port the agent's label names (runtime/declared_ports.py) that
+    is not published, unpublished as Docker lists one on one machine: so it
+    gets its tunnel as it would there."""
     seen = {
         (port.get("TargetPort"), port.get("Protocol") or "tcp", port.get("PublishedPort")): None for port in published
     }
-    return [
+    listed: list[dict[str, Any]] = [
         {"PrivatePort": target, "PublicPort": public, "Type": protocol, "IP": "0.0.0.0"}
         for target, protocol, public in seen
     ]
+    tcp = {target for target, protocol, _ in seen if protocol == "tcp"}
+    return listed + [{"PrivatePort": port, "Type": "tcp"} for port in sorted(exposed - tcp)]
 
 
 def _pinned_node(task: Mapping[str, Any]) -> str:

@@ -18,6 +18,8 @@ from gpuhost_agent.service import daemon, host_check, settings_view, status_cli
 from gpuhost_agent.service.settings_doc import GROUPS, flag_help
 from gpuhost_agent.service.settings_table import SETTINGS
 
+SOCKET_SETTINGS = ("state_dir", "status_socket")  # status's: where the agent's socket is
+
 
 def _add_settings(parser: argparse.ArgumentParser, names: tuple[str, ...] | None = None, **options: str) -> None:
     """A flag for each setting named (every one when None), its help made from
@@ -69,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
         "status", help="is the agent running and connected: heartbeat, last error, compliance, stacks and tunnels"
     )
     status.add_argument("--json", action="store_true", help="machine-readable JSON instead of text")
-    _add_settings(status, ("config", "state_dir", "status_socket"), status_socket="--socket")
+    _add_settings(status, ("config", *SOCKET_SETTINGS), status_socket="--socket")
     commands.add_parser("version", help="print the agent's version")
     return parser
 
@@ -82,11 +84,15 @@ def main(argv: list[str] | None = None) -> int:
     flags = {key: value for key, value in vars(args).items() if key not in ("command", "json")}
     if args.command == "status":
         try:  # a dummy api_key: status never needs the key, and a non-root user cannot read its file
-            config = config_module.load({**flags, "api_key": "unused-by-status"})
+            chosen = config_module.choose({**flags, "api_key": "unused-by-status"})
+            config = config_module.build(chosen)
         except (config_module.ConfigError, ValueError) as exc:
             print(f"gpuhost-agent: configuration error: {exc}", file=sys.stderr)
             return 2
-        return status_cli.run(config.socket_path, args.json)
+        # Where no one named the agent, `make run`'s is looked for too (status_cli.development_sockets).
+        named = any(chosen[name].source not in (config_module.DEFAULT, config_module.UNSET) for name in SOCKET_SETTINGS)
+        fallbacks = () if named else status_cli.development_sockets()
+        return status_cli.run(config.socket_path, args.json, fallbacks=fallbacks)
     try:
         chosen = config_module.choose(flags)
         config = config_module.build(chosen)

@@ -5,6 +5,7 @@ to stop, and shut down in a bounded time with renters' containers left running.
 from __future__ import annotations
 
 import asyncio
+import shlex
 import signal
 import sys
 from collections.abc import Callable
@@ -66,7 +67,7 @@ async def _serve_locked(config: AgentConfig, stop: asyncio.Event) -> None:
     if config.uses_local_marketplace:
         local = await start_local_marketplace(config)
         base_url, api_key = local.base_url, local.state.store.envApiKey
-        _print_local_banner(local, config.state_dir)
+        _print_local_banner(local, config)
     else:
         base_url, api_key = str(config.marketplace_url), str(config.api_key)
     parts = build_agent(config, base_url, api_key)
@@ -101,18 +102,36 @@ async def _serve_locked(config: AgentConfig, stop: asyncio.Event) -> None:
     await watchdog.stop()
 
 
-def _print_local_banner(local: RunningMarketplace, state_dir: Path) -> None:
+def _print_local_banner(local: RunningMarketplace, config: AgentConfig) -> None:
     store = local.state.store
     print(
         "gpuhost-agent: no marketplace configured, serving the local marketplace\n"
         f"  base URL:        {local.base_url}\n"
         f"  environment id:  {store.envId}\n"
         f"  renter API key:  {store.renterApiKey}\n"
-        f"  state directory: {state_dir}\n"
+        f"  state directory: {config.state_dir}\n"
+        f"  status:          {status_command(config)}\n"
         f"  try: curl -s -H 'X-API-Key: {store.renterApiKey}' {local.base_url}/environments",
         file=sys.stdout,
         flush=True,
     )
+
+
+def status_command(config: AgentConfig, program: str | None = None) -> str:
+    """The `status` command that reads this agent: this program as it was
+    started (`make run` starts .venv/bin/gpuhost-agent, which is on no PATH),
+    and its state directory or socket, which a plain `gpuhost-agent status`
+    would not look in (it looks in the system service's first)."""
+    started = Path(program or sys.argv[0])
+    if started.name == "__main__.py":  # python -m gpuhost_agent
+        command = f"{shlex.quote(sys.executable)} -m gpuhost_agent"
+    elif started.name == "gpuhost-agent":
+        command = shlex.quote(str(started.absolute()))
+    else:
+        command = "gpuhost-agent"
+    if config.socket_path == config.state_dir / "agent.sock":
+        return f"{command} status --state-dir {shlex.quote(str(config.state_dir))}"
+    return f"{command} status --socket {shlex.quote(str(config.socket_path))}"
 
 
 def run(config: AgentConfig, reload: Callable[[], AgentConfig] | None = None) -> int:

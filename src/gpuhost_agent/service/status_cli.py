@@ -3,6 +3,12 @@
 Readable for people by default, the endpoint's JSON with --json. Exit status:
 0 running, 3 not running (no socket, or nobody answers on it), 4 not allowed
 to open the socket (it is root's), 1 anything else.
+
+With no state directory or socket named, and no agent on the default socket
+(the system service's), it reads the development agent's, that of `make run`
+(the Makefile gives it `state/` in the checkout: in the current directory, or
+in the checkout this code runs from), and says on stderr which socket it read:
+an operator's first look at `make run` finds the agent it started.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import json
 import os
 import socket
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -92,11 +99,65 @@ def _system_socket_is_roots(asked: Path, system: Path | None = None) -> bool:
     return False
 
 
-def run(socket_path: Path | str, as_json: bool = False, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """The `status` command; returns the exit status."""
+DEVELOPMENT_STATE = "state"  # `make run`'s --state-dir, in the checkout
+CHECKOUT = Path(__file__).resolve().parents[3]  # src/gpuhost_agent/service/ -> the checkout, when run from one
+
+
+def development_sockets(cwd: Path | None = None, checkout: Path = CHECKOUT) -> list[Path]:
+    """Where `make run`'s agent listens: state/agent.sock in the current
+    directory, and in the checkout of this code (an editable install or
+    PYTHONPATH=src), each once."""
+    places = [cwd or Path.cwd()]
+    if (checkout / "Makefile").is_file() and (checkout / "src" / "gpuhost_agent").is_dir():
+        places.append(checkout)
+    found: list[Path] = []
+    for place in places:
+        candidate = (place / DEVELOPMENT_STATE / "agent.sock").absolute()
+        if candidate not in found:
+            found.append(candidate)
+    return found
+
+
+def _fallback(asked: Path, fallbacks: Sequence[Path | str]) -> tuple[Path, dict] | StatusUnavailable | None:
+    """The first development socket that answers, or the refusal of one that
+    is there but not ours to read (root's), or None."""
+    for candidate in map(Path, fallbacks):
+        if candidate == asked or not candidate.exists():
+            continue
+        try:
+            return candidate, fetch_status(candidate)
+        except StatusUnavailable as exc:
+            if exc.exit_code != EXIT_NOT_RUNNING:
+                return exc
+    return None
+
+
+def run(
+    socket_path: Path | str,
+    as_json: bool = False,
+    *,
+    fallbacks: Sequence[Path | str] = (),
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """The `status` command; returns the exit status. `fallbacks`: the sockets
+    to read when none answers at socket_path (the development agent's)."""
     out, err = out or sys.stdout, err or sys.stderr
     try:
-        status = fetch_status(socket_path)
+        try:
+            status = fetch_status(socket_path)
+        except StatusUnavailable as exc:
+            found = _fallback(Path(socket_path), fallbacks) if exc.exit_code == EXIT_NOT_RUNNING else None
+            if found is None:
+                raise
+            if isinstance(found, StatusUnavailable):
+                raise found from None
+            read, status = found
+            print(
+                f"gpuhost-agent: no agent at {socket_path}; this is the development agent at {read}"
+                f" (make run's state directory; --state-dir or --socket names another)",
+                file=err,
+            )
     except StatusUnavailable as exc:
         if exc.exit_code == EXIT_NOT_RUNNING and _system_socket_is_roots(Path(socket_path)):
             exc = StatusUnavailable(
@@ -104,6 +165,9 @@ def run(socket_path: Path | str, as_json: bool = False, *, out: TextIO | None = 
                 f" {SYSTEM_SOCKET} is root's: run `sudo gpuhost-agent status`",
                 EXIT_DENIED,
             )
+        elif exc.exit_code == EXIT_NOT_RUNNING and fallbacks:
+            looked = ", ".join(str(path) for path in fallbacks)
+            exc = StatusUnavailable(f"{exc}, nor a development agent's (make run) at {looked}", EXIT_NOT_RUNNING)
         print(f"gpuhost-agent: {exc}" if exc.exit_code != EXIT_NOT_RUNNING else str(exc), file=err)
         return exc.exit_code
     if as_json:

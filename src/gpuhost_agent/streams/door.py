@@ -107,6 +107,7 @@ class WorkerDoor:
         self._networks = networks  # the engine's networks: a peer in one is a container, never served
         self._tls = tls  # the worker's certificate; the leader's asked of every client (service/swarm_tls.py)
         self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task] = set()  # ended by stop(): an event stream never ends by itself
         self.served = self.refused = 0  # for tests and the status
 
     async def start(self, host: str, port: int) -> int:
@@ -116,11 +117,32 @@ class WorkerDoor:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
+        """No new connection, and the open ones ended (the leader's event
+        stream is always one): a stop is bounded whatever the leader holds."""
         if self._server is not None:
             self._server.close()
+            for task in self._connections:
+                task.cancel()
+            await asyncio.gather(*self._connections, return_exceptions=True)
             await self._server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One connection, until its far side ends it or the door stops. A
+        stop's cancellation ends it here, quietly: the task must not end
+        cancelled, since Python 3.11's start_server reads a finished
+        connection's task.exception(), which raises for a cancelled one and
+        is logged as an error with its traceback, on every normal stop."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        try:
+            await self._serve(reader, writer)
+        except asyncio.CancelledError:
+            writer.close()
+        finally:
+            self._connections.discard(task)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if not await self._peer_allowed(writer):
             self.refused += 1
             writer.close()

@@ -6,7 +6,8 @@ behind NAT without a port opened on the host. What the agent connects to is
 decided from the engine's own record of the container, read here, never from
 the request (its refusals are streams/admission.py's, with every other
 refusal of a stream): only a TCP port the container declares
-(Config.ExposedPorts, which Compose fills from `ports:` and `expose:`), only
+(Config.ExposedPorts, which Compose fills from `ports:` and `expose:`; on a
+Swarm the agent's label holds the `expose:` ones: runtime/declared_ports.py), only
 on the container's own addresses on its networks. The host, 127.0.0.1 and other containers are out
 of reach whatever the marketplace asks, and whatever address the engine
 recorded: an address is dialled only inside the subnets of the networks the
@@ -38,6 +39,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.declared_ports import declared_ports as runtime_declared_ports
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import ContainerAt
 from gpuhost_agent.streams import sandbox_addresses
@@ -50,13 +52,10 @@ NOT_LISTENING = wire.TUNNEL_NOT_LISTENING
 
 
 def declared_ports(info: dict) -> set[int]:
-    """The TCP ports the container declares (from `docker inspect`)."""
-    ports = set()
-    for key in (info.get("Config") or {}).get("ExposedPorts") or {}:
-        number, _, protocol = str(key).partition("/")
-        if protocol in ("", "tcp") and number.isdigit():
-            ports.add(int(number))
-    return ports
+    """The TCP ports the container declares (from `docker inspect`): its
+    ExposedPorts, and on a Swarm its `expose:` ports in the agent's label
+    (runtime/declared_ports.py)."""
+    return runtime_declared_ports(info)
 
 
 def container_addresses(info: dict) -> list[str]:

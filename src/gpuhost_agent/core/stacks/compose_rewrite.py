@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable
 
 from gpuhost_agent.core.stacks.naming import stack_labels
+from gpuhost_agent.protocol import wire
 
 # Compose reads its own settings (project name, files, profiles, the Docker host)
 # from these variables; a renter must not steer the agent's compose run.
@@ -66,7 +67,9 @@ def label_services(
     """A copy of the model with the agent's labels on every service.
 
     The project name comes from the agent (`-p`), so a `name:` in the file is
-    dropped rather than left to disagree with it.
+    dropped rather than left to disagree with it. The `expose:` ports the
+    Swarm rewrite wrote (core/swarm/rewrite.py) stay: the sandbox ran first,
+    and no renter's file names a label of the agent's (core/sandbox/policy.py).
     """
     services = model.get("services")
     if not isinstance(services, dict) or not services:
@@ -77,5 +80,7 @@ def label_services(
     for service_name, service in rewritten["services"].items():
         if not isinstance(service, dict):
             raise StackRejected(f"service {service_name!r} is not a mapping")
-        service["labels"] = {**as_mapping(service.get("labels")), **labels}
+        own = as_mapping(service.get("labels"))
+        exposed = {wire.LABEL_EXPOSED_PORTS: own[wire.LABEL_EXPOSED_PORTS]} if own.get(wire.LABEL_EXPOSED_PORTS) else {}
+        service["labels"] = {**own, **labels, **exposed}
     return rewritten

@@ -5,14 +5,18 @@ On one machine Compose runs the hardened model as it is. `docker stack deploy`
 (Engine 20.10, measured on the test cluster: docs/design.md) applies only part
 of it: it ignores `security_opt`, `cgroup_parent`, `privileged`, `restart`,
 `shm_size` and `depends_on`, and refuses `mem_limit`, `cpus` and
-`pids_limit` outright. So every hardening the agent relies on is either
+`pids_limit` outright; it drops `expose` (a service's spec has no such
+field: the container's ExposedPorts is null). So every hardening the agent relies on is either
 written in a form Swarm applies (limits under `deploy.resources.limits`,
 `restart` as `deploy.restart_policy`, the shared-memory size as a tmpfs on
 /dev/shm), or held by the node itself (no-new-privileges by each dockerd's
 `--no-new-privileges`, which doctor checks on every node; Swarm never starts
 a privileged container), or the stack is refused with the reason, in the
 sandbox policy's words. Nothing is passed through that is not known to be safe
-on Swarm: a key not listed here is refused.
+on Swarm: a key not listed here is refused. The `expose:` ports, which get a
+tunnel as on one machine, are written into a label of the container that
+Swarm keeps and the tunnels read (runtime/declared_ports.py), never
+published: a port Swarm publishes is open on every address of its machine.
 
 The agent, not Swarm, decides where each service runs: a GPU service on the
 machine of its GPUs (Swarm cannot pin named GPUs), every other service on the
@@ -43,6 +47,8 @@ from gpuhost_agent.core.sandbox.harden import GPU_LABEL
 from gpuhost_agent.core.sandbox.policy import to_bytes
 from gpuhost_agent.core.sandbox.rewrite import replicas_of
 from gpuhost_agent.core.stacks.compose_rewrite import StackRejected, as_mapping
+from gpuhost_agent.runtime.declared_ports import LABEL as EXPOSED_LABEL
+from gpuhost_agent.runtime.declared_ports import label_value
 
 POLICY_PREFIX = "refused by the sandbox policy: "
 # Service keys Swarm applies as the hardened model states them.
@@ -50,7 +56,7 @@ KEPT = frozenset(
     {
         "image", "command", "entrypoint", "environment", "labels", "working_dir", "user", "hostname",
         "domainname", "stop_signal", "stop_grace_period", "healthcheck", "tty", "stdin_open", "read_only",
-        "init", "cap_drop", "ulimits", "logging", "extra_hosts", "dns", "dns_search", "expose",
+        "init", "cap_drop", "ulimits", "logging", "extra_hosts", "dns", "dns_search",
     }
 )  # fmt: skip
 # Keys the rewrite itself turns into Swarm's forms (or drops, being held otherwise).
@@ -58,7 +64,7 @@ TRANSLATED = frozenset(
     {
         "deploy", "ports", "networks", "volumes", "restart", "mem_limit", "memswap_limit", "cpus",
         "pids_limit", "shm_size", "security_opt", "privileged", "depends_on", "pull_policy", "ipc",
-        "storage_opt", "cgroup", "scale",
+        "storage_opt", "cgroup", "scale", "expose",
     }
 )  # fmt: skip
 RESTART_CONDITIONS = {"no": "none", "always": "any", "unless-stopped": "any", "on-failure": "on-failure"}
@@ -158,6 +164,10 @@ def _translate(
     }
     if service.get("ports"):
         out["ports"] = [_port(port, where, problems) for port in service["ports"]]
+    exposed, bad = label_value(service.get("expose") or [])
+    problems += [f"{where}: expose {entry!r} is not a container port" for entry in bad]
+    if exposed:
+        out["labels"] = {**as_mapping(out.get("labels")), EXPOSED_LABEL: exposed}
     if service.get("networks"):
         out["networks"] = {
             net: ({"aliases": list(spec["aliases"])} if isinstance(spec, dict) and spec.get("aliases") else None)
