@@ -11,13 +11,18 @@ import asyncio
 from aiohttp import web
 
 from gpuhost_agent.local_marketplace import tunnel_auth
+from gpuhost_agent.local_marketplace.http_errors import json_error
 from gpuhost_agent.local_marketplace.state import MarketplaceState
+from gpuhost_agent.local_marketplace.store_records import Conflict
 
 
 def routes(state: MarketplaceState) -> list[web.RouteDef]:
     async def new_password(request: web.Request) -> web.Response:
         rental_id, stack_id = request.match_info["rentalId"], request.match_info["stackId"]
-        generation, plain = state.store.next_tunnel_password(rental_id, stack_id)
+        try:
+            generation, plain = state.store.next_tunnel_password(rental_id, stack_id)
+        except Conflict as exc:  # a well-formed request the stack's state refuses: 409, not 400 (RFC 9110)
+            return json_error(409, str(exc))
         # PBKDF2 takes tens of milliseconds: off the event loop that serves every tunnel.
         password_hash = await asyncio.to_thread(tunnel_auth.hash_password, plain)
         credentials = state.store.set_tunnel_password(rental_id, stack_id, generation, password_hash)
