@@ -17,11 +17,10 @@ from pathlib import Path
 
 import asyncssh
 import pytest
-from support.ssh_clients import Endpoint, free_port, make_key
+from support.ssh_clients import Endpoint, free_port, make_key, ssh_stack
 from support.stacks import TEST_IMAGE
 from support.waiting import until
 
-from gpuhost_agent.protocol import wire
 from gpuhost_agent.streams.ssh_channels import ChannelCaps
 
 CAPS = ChannelCaps()
@@ -50,20 +49,11 @@ def short_dir():
 
 async def _endpoint(renter, key_public: str, workdir: Path) -> tuple[Endpoint, str]:
     """A new rental with an SSH-enabled stack; its `shell` endpoint and login name."""
-    status, body = await renter.call("POST", "/users/ssh-key", {"publicKey": key_public})
-    assert status == 200 or "registered already" in body["message"], body
-    rental_id = await renter.rental()
-    stack_id = await renter.stack(rental_id, STACK, name="ssh", isSSHEnabled=True)
-    stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
-    assert stack["status"] == wire.APPLIED, stack["errorMsg"]
-
-    def ready(tunnel: dict) -> bool:
-        return tunnel["protocol"] == "ssh" and bool(tunnel["ssh"]["hostKey"])
-
-    info = next(t for t in await renter.tunnels(rental_id, stack_id, 2, ready, timeout=30) if t["service"] == "shell")
+    _stack_id, ssh = await ssh_stack(renter, key_public, STACK, 2, "ssh")
+    info = ssh["shell"]
     await asyncio.to_thread(workdir.mkdir, exist_ok=True)
-    end = await asyncio.to_thread(Endpoint, info["ssh"]["host"], info["ssh"]["port"], info["ssh"]["hostKey"], workdir)
-    return end, info["ssh"]["user"]
+    end = await asyncio.to_thread(Endpoint, info["host"], info["port"], info["hostKey"], workdir)
+    return end, info["user"]
 
 
 def _in_thread(check):

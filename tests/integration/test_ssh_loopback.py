@@ -20,7 +20,7 @@ import asyncio
 import re
 import subprocess
 
-from support.ssh_clients import Endpoint, free_port, make_key
+from support.ssh_clients import Endpoint, free_port, make_key, ssh_stack
 from support.stacks import TEST_IMAGE
 
 from gpuhost_agent.protocol import wire
@@ -55,21 +55,6 @@ httpd -p 127.0.0.1:$PORT -h /tmp/vscode
 echo "listeningOn==$PORT=="
 cat
 """
-
-
-async def _ssh_stack(renter, key_public: str, content: str, services: int) -> tuple[str, dict]:
-    status, body = await renter.call("POST", "/users/ssh-key", {"publicKey": key_public})
-    assert status == 200 or "registered already" in body["message"], body
-    rental_id = await renter.rental()
-    stack_id = await renter.stack(rental_id, content, name="loopback", isSSHEnabled=True)
-    stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
-    assert stack["status"] == wire.APPLIED, stack["errorMsg"]
-
-    def ready(tunnel: dict) -> bool:
-        return tunnel["protocol"] == "ssh" and bool(tunnel["ssh"]["hostKey"])
-
-    tunnels = await renter.tunnels(rental_id, stack_id, services, ready, timeout=30)
-    return stack_id, {t["service"]: t["ssh"] for t in tunnels}
 
 
 def _curl(*args: str) -> subprocess.CompletedProcess:
@@ -118,12 +103,12 @@ async def test_localhost_is_the_containers_own_loopback_and_nothing_else(local_m
     renter, _parts, _local = local_market
     key = tmp_path / "renter"
     public = await asyncio.to_thread(make_key, key)
-    _other_stack, _ = await _ssh_stack(renter, public, OTHER, 1)
+    _other_stack, _ = await ssh_stack(renter, public, OTHER, 1, "loopback")
     (other,) = await asyncio.to_thread(
         docker_client.containers.list, filters={"label": f"{wire.LABEL_STACK}={_other_stack}"}
     )
     other_address = next(iter(other.attrs["NetworkSettings"]["Networks"].values()))["IPAddress"]
-    _stack_id, ssh = await _ssh_stack(renter, public, STACK, 2)
+    _stack_id, ssh = await ssh_stack(renter, public, STACK, 2, "loopback")
     info = ssh["box"]
     end = await asyncio.to_thread(Endpoint, info["host"], info["port"], info["hostKey"], tmp_path)
     user = info["user"]
@@ -176,7 +161,7 @@ async def test_vscode_remote_ssh_sequence(local_market, tmp_path):
     reached through the SOCKS proxy at 127.0.0.1:PORT, or through `ssh -L`."""
     renter, _parts, _local = local_market
     key = tmp_path / "renter"
-    _stack_id, ssh = await _ssh_stack(renter, await asyncio.to_thread(make_key, key), STACK, 2)
+    _stack_id, ssh = await ssh_stack(renter, await asyncio.to_thread(make_key, key), STACK, 2, "loopback")
     info = ssh["box"]
     end = await asyncio.to_thread(Endpoint, info["host"], info["port"], info["hostKey"], tmp_path)
     socks = free_port()

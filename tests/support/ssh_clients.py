@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuhost_agent.protocol import wire
+
 
 def free_port() -> int:
     with socket.socket() as probe:
@@ -40,6 +42,24 @@ async def registered_key(renter, path: Path) -> Path:
     status, body = await renter.call("POST", "/users/ssh-key", {"publicKey": await asyncio.to_thread(make_key, path)})
     assert status == 200, body
     return path
+
+
+async def ssh_stack(renter, key_public: str, content: str, services: int, name: str) -> tuple[str, dict]:
+    """The renter's key registered, a new rental with an SSH-enabled stack of
+    `content` APPLIED, and the SSH endpoint of each of its `services`
+    services once the agent's host key is known: (stack id, service -> ssh info)."""
+    status, body = await renter.call("POST", "/users/ssh-key", {"publicKey": key_public})
+    assert status == 200 or "registered already" in body["message"], body
+    rental_id = await renter.rental()
+    stack_id = await renter.stack(rental_id, content, name=name, isSSHEnabled=True)
+    stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
+    assert stack["status"] == wire.APPLIED, stack["errorMsg"]
+
+    def ready(tunnel: dict) -> bool:
+        return tunnel["protocol"] == "ssh" and bool(tunnel["ssh"]["hostKey"])
+
+    tunnels = await renter.tunnels(rental_id, stack_id, services, ready, timeout=30)
+    return stack_id, {t["service"]: t["ssh"] for t in tunnels}
 
 
 def fingerprint(public_line: str, workdir: Path) -> str:
