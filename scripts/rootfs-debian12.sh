@@ -41,32 +41,11 @@ if cached; then
     exit 0
 fi
 
-# The first Debian archive URI apt is configured with (deb822 .sources or
-# one-line sources.list), skipping the security archive.
-find_mirror() {
-    local file uri
-    for file in /etc/apt/sources.list.d/*.sources; do
-        [ -r "$file" ] || continue
-        uri=$(awk 'tolower($1) == "uris:" { for (i = 2; i <= NF; i++) print $i }' "$file" \
-              | grep -v -- '-security' | grep '/debian/\?$' | head -n1 || true)
-        if [ -n "$uri" ]; then echo "$uri"; return; fi
-    done
-    for file in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
-        [ -r "$file" ] || continue
-        uri=$(awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i ~ /^https?:/) { print $i; break } }' "$file" \
-              | grep -v -- '-security' | grep '/debian/\?$' | head -n1 || true)
-        if [ -n "$uri" ]; then echo "$uri"; return; fi
-    done
-    echo http://deb.debian.org/debian
-}
+# shellcheck source=scripts/rootfs-debian-lib.sh
+source "$(dirname "$0")/rootfs-debian-lib.sh"
 mirror=${GPUHOST_ROOTFS_MIRROR:-$(find_mirror)}
 
-if ! command -v debootstrap >/dev/null 2>&1; then
-    echo "rootfs-debian12: installing debootstrap with apt"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -qq --no-install-recommends debootstrap >/dev/null \
-        || { apt-get update -qq && apt-get install -y -qq --no-install-recommends debootstrap >/dev/null; }
-fi
+install_tool debootstrap rootfs-debian12
 keyring=/usr/share/keyrings/debian-archive-keyring.gpg
 keyring_args=()
 [ -r "$keyring" ] && keyring_args=(--keyring="$keyring")
