@@ -43,7 +43,6 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -92,15 +91,7 @@ exec /lib/systemd/systemd SYSTEMD_CGROUP_ENABLE_LEGACY_FORCE=1
 HOOK = "#!/bin/sh\n# stand-in: dockerd registers its nvidia device driver when this is on its PATH\nexit 0\n"
 
 
-@dataclass
-class Run:
-    code: int
-    out: str
-    err: str
-
-    @property
-    def both(self) -> str:
-        return self.out + self.err
+Run = install_chroot.Run  # a command's exit code and output, as the install tests read them
 
 
 def build() -> tuple[Path, Path]:
