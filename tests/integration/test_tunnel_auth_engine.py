@@ -17,7 +17,6 @@ from support.loop_lag import LoopLag
 from support.stacks import TEST_IMAGE
 
 from gpuhost_agent.local_marketplace import tunnel_auth
-from gpuhost_agent.protocol import wire
 
 WEB = f"""
 services:
@@ -37,10 +36,7 @@ async def _get(http: aiohttp.ClientSession, url: str, user: str, password: str) 
 
 async def test_wrong_logins_neither_block_the_loop_nor_lock_the_renter_out(local_market):
     renter, _parts, _local = local_market
-    rental_id = await renter.rental()
-    stack_id = await renter.stack(rental_id, WEB, name="auth", isBasicAuthEnabled=True)
-    stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
-    assert stack["status"] == wire.APPLIED, stack["errorMsg"]
+    rental_id, stack_id = await renter.applied(WEB, name="auth", isBasicAuthEnabled=True)
     (web,) = await renter.tunnels(rental_id, stack_id, 1)
     url, password = web["url"], web["auth"]["password"]
 
@@ -82,10 +78,7 @@ async def test_the_sign_in_link_works_once_and_a_new_password_revokes_its_sessio
     (a session cookie of its own), a second use is refused with a page that
     says so, and a new password ends the session."""
     renter, _parts, _local = local_market
-    rental_id = await renter.rental()
-    stack_id = await renter.stack(rental_id, WEB, name="link", isBasicAuthEnabled=True)
-    stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
-    assert stack["status"] == wire.APPLIED, stack["errorMsg"]
+    rental_id, stack_id = await renter.applied(WEB, name="link", isBasicAuthEnabled=True)
     (web,) = await renter.tunnels(rental_id, stack_id, 1)
     url, link = web["url"], web["auth"]["link"]
     token = link.split(f"{tunnel_auth.TOKEN_PARAM}=")[1]

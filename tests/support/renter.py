@@ -51,6 +51,14 @@ class Renter:
         assert status == 201, body
         return body
 
+    async def applied(self, content: str, name: str = "test stack", **flags: bool) -> tuple[str, str]:
+        """A new rental with one stack of `content`, APPLIED: (rental id, stack id)."""
+        rental_id = await self.rental()
+        stack_id = await self.stack(rental_id, content, name=name, **flags)
+        stack = await self.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
+        assert stack["status"] == wire.APPLIED, stack["errorMsg"]
+        return rental_id, stack_id
+
     async def deployed(self, content: str = SLEEPER):
         """A new rental with one stack, APPLIED and its deploy job completed: (rental id, stack id, job)."""
         rental_id = await self.rental()

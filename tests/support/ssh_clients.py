@@ -22,8 +22,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuhost_agent.protocol import wire
-
 
 def free_port() -> int:
     with socket.socket() as probe:
@@ -50,10 +48,7 @@ async def ssh_stack(renter, key_public: str, content: str, services: int, name: 
     services once the agent's host key is known: (stack id, service -> ssh info)."""
     status, body = await renter.call("POST", "/users/ssh-key", {"publicKey": key_public})
     assert status == 200 or "registered already" in body["message"], body
-    rental_id = await renter.rental()
-    stack_id = await renter.stack(rental_id, content, name=name, isSSHEnabled=True)
-    stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
-    assert stack["status"] == wire.APPLIED, stack["errorMsg"]
+    rental_id, stack_id = await renter.applied(content, name=name, isSSHEnabled=True)
 
     def ready(tunnel: dict) -> bool:
         return tunnel["protocol"] == "ssh" and bool(tunnel["ssh"]["hostKey"])
