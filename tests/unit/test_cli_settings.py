@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost_agent.service import cli, config
+from gpuhost_agent.service import cli, config, daemon
 from gpuhost_agent.service.settings_table import SETTINGS
 
 SRC = str(Path(cli.__file__).parents[2])
@@ -54,7 +54,7 @@ def test_each_flag_sets_its_setting(tmp_path, monkeypatch):
         seen.update(vars(loaded))
         return 0
 
-    monkeypatch.setattr(cli.daemon, "run", fake_run)
+    monkeypatch.setattr(daemon, "run", fake_run)
     monkeypatch.setenv("GPUHOST_CONFIG", "")
     argv = ["run", "--state-dir", str(tmp_path), "--pids-limit", "77", "--swarm", "leader", "--metrics", "on"]
     argv += ["--disk-floor", "1g", "--swarm-workers", "n1=10.0.0.2:7072", "--speed-max-bytes", "1000"]

@@ -24,6 +24,15 @@ def test_bad_configuration_exits_with_a_clear_message(tmp_path):
     )
     assert done.returncode == 2
     assert "GPUHOST_ENV_ID" in done.stderr and "GPUHOST_API_KEY" in done.stderr
+    level = subprocess.run(
+        [sys.executable, "-m", "gpuhost_agent", "run", "--log-level", "loud", "--state-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "GPUHOST_CONFIG": ""},
+        timeout=30,
+    )
+    assert level.returncode == 2 and "Traceback" not in level.stderr, level.stderr
+    assert "configuration error: unknown log level 'loud' (use debug, info, warning or error)" in level.stderr
 
 
 def test_a_state_directory_holds_one_agent(tmp_path):

@@ -66,3 +66,24 @@ def test_a_damaged_key_file_is_an_error_not_a_new_key(tmp_path) -> None:
     else:
         raise AssertionError("a damaged key was taken")
     assert path.read_text().startswith("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaA==")  # left for the operator
+
+
+LIGHT_COMMAND = """
+import sys
+from gpuhost_agent.service import cli
+code = cli.main(sys.argv[1:])
+print(sorted({name.split(".")[0] for name in sys.modules} & {"aiohttp", "docker", "structlog", "psutil", "yaml"}))
+raise SystemExit(code)
+"""
+
+
+def test_status_and_version_load_none_of_the_daemon(tmp_path) -> None:
+    """`status` and `version` are what an operator types to look: they import
+    the settings and the socket client, not the daemon's libraries (they took
+    1.3 s when they did)."""
+    for args in (["version"], ["status", "--state-dir", str(tmp_path)]):
+        done = subprocess.run(
+            [sys.executable, "-c", LIGHT_COMMAND, *args], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert done.returncode in (0, 3), done.stderr[-3000:]
+        assert done.stdout.strip().splitlines()[-1] == "[]", (args, done.stdout)
