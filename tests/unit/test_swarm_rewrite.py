@@ -1,15 +1,12 @@
 """The Swarm rewrite of a hardened stack (core/swarm/rewrite.py), as pure
-functions: on small stacks that show one rule each, and on every published
-Compose file the sandbox deploys (the real Compose CLI normalises them, as
-the agent does). On a real Swarm: tests/integration/test_swarm_cluster.py."""
+functions, on small stacks that show one rule each. Every published Compose
+file the sandbox deploys is written for Swarm in test_published_corpus.py
+(with its one run of the real Compose CLI). On a real Swarm:
+tests/integration/test_swarm_cluster.py."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
-from support.sandbox_corpus import CORPUS
-from support.sandbox_decide import RENTAL_GPUS, decide_file
 from support.settings import stack_context
 
 from gpuhost_agent.core.sandbox.context import GIB, machine_shares
@@ -17,7 +14,6 @@ from gpuhost_agent.core.sandbox.harden import ALWAYS_DROP, harden
 from gpuhost_agent.core.stacks.compose_rewrite import StackRejected, label_services
 from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
 from gpuhost_agent.runtime.declared_ports import LABEL as EXPOSED_LABEL
 from gpuhost_agent.runtime.declared_ports import labelled_ports
 
@@ -128,33 +124,6 @@ def test_what_swarm_cannot_hold_is_refused_with_the_reason(service, placement, s
 def test_depends_on_is_said_to_the_renter() -> None:
     _, notices = swarm_stack(_stack({"a": {"image": "x", "depends_on": {"b": {}}}, "b": {"image": "y"}}), CTX, PLACED)
     assert notices == ["service 'a': depends_on does not order a Swarm stack's start; its services start together"]
-
-
-@pytest.fixture(scope="module")
-def compose(tmp_path_factory) -> ComposeRunner:
-    return ComposeRunner(find_compose_command(), tmp_path_factory.mktemp("docker-config"))
-
-
-def test_every_published_file_the_sandbox_deploys_is_written_for_swarm(compose, tmp_path) -> None:
-    """No hardened key is passed through unknown, every service is pinned and
-    capped, every network is the stack's own overlay."""
-    written = 0
-    gpu_nodes = {uuid: f"node-{i}" for i, uuid in enumerate(RENTAL_GPUS)}
-    for path in sorted((CORPUS / "published").glob("[0-9]*.yaml")):
-        problems, hardened, _ = asyncio.run(decide_file(compose, path.read_text(), tmp_path / path.stem / "s" / "x"))
-        if hardened is None:
-            continue
-        try:
-            stack, _ = swarm_stack(hardened, CTX, SwarmPlacement(gpu_nodes, "node-0"))
-        except StackRejected as exc:  # only what Swarm cannot hold: one machine's files, GPUs across machines
-            assert "a bind mount" in str(exc) or "GPUs are on 2 machines" in str(exc), (path.name, str(exc))
-            continue
-        written += 1
-        for name, service in stack["services"].items():
-            assert service["deploy"]["placement"]["constraints"][0].startswith("node.id == node-"), (path.name, name)
-            assert set(service["deploy"]["resources"]["limits"]) == {"memory", "cpus", "pids"}, (path.name, name)
-        assert all(net["driver"] == "overlay" and net["attachable"] is False for net in stack["networks"].values())
-    assert written >= 5
 
 
 def test_expose_ports_reach_the_container_as_the_agents_label_never_published() -> None:
