@@ -30,18 +30,21 @@ from gpuhost_agent.protocol import wire, wire_jobs, wire_time, wire_values
 from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.uplink.outbox import JOB_COMPLETE, STATUS, Outbox
 
-# Modest example counts keep the file at a few seconds. No example database, and
-# Hypothesis's caches go to the temporary directory: the repository stays clean,
-# and a run does not depend on earlier ones.
+# Hypothesis's default 100 examples per property (50 for the dispatcher's, which
+# runs jobs) keep the file near ten seconds, CI's fixed slice within the fast
+# suite's minute; `make fuzz` runs twenty times as many (GPUHOST_PROPERTY_SCALE).
+# No example database, and Hypothesis's caches go to the temporary directory: the
+# repository stays clean, and a run does not depend on earlier ones.
 if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
     set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "gpuhost-agent-hypothesis")
+SCALE = float(os.environ.get("GPUHOST_PROPERTY_SCALE") or 1)
 FAST = settings(
-    max_examples=200,
+    max_examples=int(100 * SCALE),
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-SLOWER = settings(FAST, max_examples=100)
+SLOWER = settings(FAST, max_examples=int(50 * SCALE))
 
 # The ids the agent turns into directory names and labels (docs/agent-api.yaml HostSafeId).
 SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
