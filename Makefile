@@ -3,6 +3,15 @@
 # Label the agent puts on every container/network/volume it creates.
 MANAGED_LABEL := io.gpuhost.managed=true
 
+# The tests' Python keeps its bytecode caches (__pycache__, ignored by git), even
+# where the environment turns them off (PYTHONDONTWRITEBYTECODE): pytest rewrites
+# the asserts of ~380 test files on every start otherwise, and each agent process a
+# test starts recompiles the agent; with the caches, `make test-fast` takes 15 s less.
+PYTEST := env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest
+# The unit tests' workers: one more than the cores, since a few of them wait on
+# timers (an idle timeout, a throttled link) while the others can use the CPU.
+UNIT_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
+
 # Idempotent: fast when the machine is already set up.
 setup:
 	bash scripts/dev-env.sh
@@ -28,25 +37,28 @@ check:
 # they share one Docker Engine and one test Swarm. A PYTEST_ARGS that selects no test of a
 # half (pytest's exit status 5) is not a failure.
 test: setup check
-	.venv/bin/python -m pytest -q -n auto tests/unit $(PYTEST_ARGS) || [ $$? -eq 5 ]
-	.venv/bin/python -m pytest -q --durations=15 tests/integration $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(PYTEST) -q -n $(UNIT_WORKERS) tests/unit $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(PYTEST) -q --durations=15 tests/integration $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # tests/unit alone, on every core: no Docker Engine, under a minute on 2 cores. Needs .venv: `make setup` once
 # (and again after pyproject.toml changes).
 test-fast:
 	@test -x .venv/bin/python || { echo "test-fast: no .venv yet; run 'make setup' once" >&2; exit 2; }
-	.venv/bin/python -m pytest -q -n auto tests/unit $(PYTEST_ARGS)
+	$(PYTEST) -q -n $(UNIT_WORKERS) tests/unit $(PYTEST_ARGS)
 
 # The hostile Compose generator (tests/support/hostile_compose.py) for longer than
 # CI's fixed slice: FUZZ_EXAMPLES files judged by the sandbox (the raw pass, real
 # Compose, the policy) and a tenth of that number deployed by the agent on the real
 # engine, every container checked with docker inspect. A new random seed each run;
 # FUZZ_SEED=N repeats one. 3000 files: about a quarter of an hour on 2 cores.
+# First, the decoders' properties (tests/unit/test_decoders_property.py) with twenty
+# times CI's examples: about three minutes.
 FUZZ_EXAMPLES ?= 3000
 FUZZ_SEED ?=
 fuzz: setup
+	GPUHOST_PROPERTY_SCALE=20 $(PYTEST) -q -p no:cacheprovider tests/unit/test_decoders_property.py $(PYTEST_ARGS)
 	GPUHOST_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) GPUHOST_FUZZ_SEED=$(FUZZ_SEED) \
-		.venv/bin/python -m pytest -q -p no:cacheprovider tests/integration/test_sandbox_fuzz_engine.py $(PYTEST_ARGS)
+		$(PYTEST) -q -p no:cacheprovider tests/integration/test_sandbox_fuzz_engine.py $(PYTEST_ARGS)
 
 # Every benchmark, printing its table; about an hour and a half on 2 cores, most
 # of it the soak at the end (alone: make soak). ARGS go to pickup_latency.py.
