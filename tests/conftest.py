@@ -7,6 +7,7 @@ tests/integration/ runs against the real engine that `make test` starts.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import io
 import os
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from blockbuster import BlockingError, blockbuster_ctx
+from blockbuster import BlockBuster, BlockingError
 from support.openapi_check import AGENT_DOC, LOCAL_DOC, load
 from support.renter import Renter
 
@@ -131,6 +132,19 @@ _TESTS = types.ModuleType("tests")
 _TESTS.__path__ = [str(Path(__file__).resolve().parent) + os.sep]
 
 
+@functools.cache
+def _watcher() -> BlockBuster:
+    """One BlockBuster for the session, its exceptions set once: it is switched on
+    around each async test. Built per test, it cost a millisecond or two each,
+    over a thousand async tests."""
+    watcher = BlockBuster([gpuhost_agent, _TESTS])
+    for path, functions, calls, _why in ACCEPTED_BLOCKING:
+        for name, function in watcher.functions.items():
+            if calls is None or name in calls:
+                function.can_block_in(path, functions)
+    return watcher
+
+
 @pytest.fixture(autouse=True)
 def blockbuster(request, monkeypatch):
     """Fails an async test, or its async fixtures, when their code (or the agent's
@@ -152,11 +166,11 @@ def blockbuster(request, monkeypatch):
         raised.append(f"Blocking call to {func}\n" + "".join(traceback.format_stack(limit=14)[:-1]))
 
     monkeypatch.setattr(BlockingError, "__init__", remember)
-    with blockbuster_ctx([gpuhost_agent, _TESTS]) as bb:
-        for path, functions, calls, _why in ACCEPTED_BLOCKING:
-            for name, function in bb.functions.items():
-                if calls is None or name in calls:
-                    function.can_block_in(path, functions)
-        yield bb
+    watcher = _watcher()
+    watcher.activate()
+    try:
+        yield watcher
+    finally:
+        watcher.deactivate()
     if raised:
         pytest.fail(f"{len(raised)} blocking call(s) on the event loop; the first:\n{raised[0]}", pytrace=False)

@@ -13,12 +13,16 @@ from support.openapi_check import answer, check_named
 
 from gpuhost_agent.local_marketplace.store import Store
 
+# RSA at 2048 bits, a size renters still use: OpenSSH's default 3072 took
+# ssh-keygen up to three seconds here, and the size changes nothing the tests read.
+SIZE = {"rsa": ["-b", "2048"]}
+
 
 def _keygen(directory: Path, kind: str, comment: str) -> tuple[str, str]:
     """(public key line, private key text) from ssh-keygen."""
     path = directory / f"id_{kind}_{comment}"
     subprocess.run(
-        ["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", comment, "-f", str(path)],
+        ["ssh-keygen", "-q", "-t", kind, *SIZE.get(kind, []), "-N", "", "-C", comment, "-f", str(path)],
         check=True,
         capture_output=True,
         timeout=60,
@@ -26,12 +30,14 @@ def _keygen(directory: Path, kind: str, comment: str) -> tuple[str, str]:
     return path.with_suffix(".pub").read_text().strip(), path.read_text()
 
 
-@pytest.fixture
-async def keys(tmp_path: Path) -> dict[str, tuple[str, str]]:
-    made = {}
-    for kind, comment in (("ed25519", "me@laptop"), ("rsa", "ci"), ("ecdsa", "spare")):
-        made[kind] = await asyncio.to_thread(_keygen, tmp_path, kind, comment)
-    return made
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]]:
+    """Made once for the module: the tests only read them (an RSA key takes ssh-keygen a second)."""
+    directory = tmp_path_factory.mktemp("keys")
+    return {
+        kind: _keygen(directory, kind, comment)
+        for kind, comment in (("ed25519", "me@laptop"), ("rsa", "ci"), ("ecdsa", "spare"))
+    }
 
 
 async def test_keys_from_ssh_keygen_are_registered_listed_and_deleted(market, keys, local_doc) -> None:
