@@ -11,6 +11,9 @@ PYTEST := env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest
 # The unit tests' workers: one more than the cores, since a few of them wait on
 # timers (an idle timeout, a throttled link) while the others can use the CPU.
 UNIT_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
+# schemathesis's pytest plugin serves the integration tests' API fuzzing only;
+# each unit worker would import it (half a second) for nothing.
+UNIT_TESTS := $(PYTEST) -q -n $(UNIT_WORKERS) -p no:schemathesis tests/unit
 
 # Idempotent: fast when the machine is already set up.
 setup:
@@ -37,14 +40,14 @@ check:
 # they share one Docker Engine and one test Swarm. A PYTEST_ARGS that selects no test of a
 # half (pytest's exit status 5) is not a failure.
 test: setup check
-	$(PYTEST) -q -n $(UNIT_WORKERS) tests/unit $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(UNIT_TESTS) $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(PYTEST) -q --durations=15 tests/integration $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # tests/unit alone, on every core: no Docker Engine, under a minute on 2 cores. Needs .venv: `make setup` once
 # (and again after pyproject.toml changes).
 test-fast:
 	@test -x .venv/bin/python || { echo "test-fast: no .venv yet; run 'make setup' once" >&2; exit 2; }
-	$(PYTEST) -q -n $(UNIT_WORKERS) tests/unit $(PYTEST_ARGS)
+	$(UNIT_TESTS) $(PYTEST_ARGS)
 
 # The hostile Compose generator (tests/support/hostile_compose.py) for longer than
 # CI's fixed slice: FUZZ_EXAMPLES files judged by the sandbox (the raw pass, real
