@@ -20,7 +20,7 @@ from __future__ import annotations
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from gpuhost_agent.local_marketplace.http_errors import json_error
+from gpuhost_agent.local_marketplace.http_errors import json_error, other_methods
 
 # (the seed's operation name, method, path under /v1), as in the seed's endpoint table.
 OPERATIONS = (
@@ -57,18 +57,7 @@ def _not_here(operation: str) -> Handler:
 SHADOWING = ("/rentals/checkout",)
 
 
-def other_methods(path: str, methods: tuple[str, ...]) -> web.RouteDef:
-    """A catch-all after the path's own routes: 405, Allow its methods only."""
-
-    async def handler(request: web.Request) -> web.Response:
-        answer = json_error(405, f"{request.method} is not a method of {path}: it takes {', '.join(methods)}")
-        answer.headers["Allow"] = ",".join(methods)
-        return answer
-
-    return web.route("*", "/v1" + path, handler)
-
-
 def routes() -> list[web.RouteDef]:
     served = [web.route(method, "/v1" + path, _not_here(name)) for name, method, path in OPERATIONS]
-    fallbacks = [other_methods(path, tuple(m for _n, m, p in OPERATIONS if p == path)) for path in SHADOWING]
+    fallbacks = [other_methods("/v1" + path, tuple(m for _n, m, p in OPERATIONS if p == path)) for path in SHADOWING]
     return served + fallbacks

@@ -20,6 +20,7 @@ from gpuhost_agent.local_marketplace import (
     channel_api,
     host_api,
     listing_api,
+    listings_api,
     logs_api,
     marketplace_only_api,
     renter_api,
@@ -84,6 +85,7 @@ def build_app(state: MarketplaceState) -> web.Application:
 
     app = web.Application(middlewares=[auth_and_errors], client_max_size=2 * 1024 * 1024)
     app.add_routes(marketplace_only_api.routes())  # first: /rentals/checkout is not a {rentalId}
+    app.add_routes(listings_api.routes(state))  # first: listings is not an {envId}
     app.add_routes(renter_api.routes(state))
     app.add_routes(agent_api.routes(state))
     app.add_routes(channel_api.routes(state))

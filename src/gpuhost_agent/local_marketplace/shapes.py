@@ -93,7 +93,7 @@ def environment(state: MarketplaceState) -> dict:
         "envId": store.envId,
         "name": store.envName,
         "createdAt": store.createdAt,
-        "updatedAt": report.get("reportedAt") or store.createdAt,
+        "updatedAt": max(report.get("reportedAt") or store.createdAt, store.envUpdatedAt),
         "orgId": "local-org",
         "userId": store.userId,
         "pEnvId": 1,
