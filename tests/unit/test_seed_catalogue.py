@@ -37,8 +37,13 @@ async def _get(http: aiohttp.ClientSession, url: str, **params: str) -> tuple[in
 
 async def test_only_a_listed_environment_is_in_the_catalogue(market) -> None:
     base_url, store, http = market
+    url = f"{base_url}/environments/{store.envId}/listing"
+    status, page = await _get(http, base_url + "/environments/listings")  # listed from the start
+    assert [listing["envId"] for listing in page["listings"]] == [store.envId]
+    async with http.patch(url, json={"isListed": False}) as response:
+        assert response.status == 200
     assert await _get(http, base_url + "/environments/listings") == (200, {"listings": []})
-    async with http.patch(f"{base_url}/environments/{store.envId}/listing", json={"isListed": True}) as response:
+    async with http.patch(url, json={"isListed": True}) as response:
         assert response.status == 200
     status, page = await _get(http, base_url + "/environments/listings")
     assert status == 200
@@ -109,6 +114,8 @@ async def test_filters_are_the_listed_values(market) -> None:
         "minPrice": 0.0,
         "maxPrice": 0.0,
     }
+    async with http.patch(f"{base_url}/environments/{store.envId}/listing", json={"isListed": False}) as response:
+        assert response.status == 200
     assert await _get(http, base_url + "/environments/listings/filters") == (200, empty)
     body = {"isListed": True, "pricing": {"pricePerGpu": 2.25}, "type": "spot"}
     async with http.patch(f"{base_url}/environments/{store.envId}/listing", json=body) as response:

@@ -83,7 +83,8 @@ def matcher(query: dict[str, str]) -> Callable[[dict], bool]:
 
 def listed(store: Store) -> list[dict]:
     """The catalogue, in envId order: the one environment, if its host listed it."""
-    return [shapes.listing(store)] if store.listingSettings.get("isListed") else []
+    listing = shapes.listing(store)
+    return [listing] if listing["isListed"] else []
 
 
 def page(listings: list[dict], query: dict[str, str]) -> dict[str, Any]:

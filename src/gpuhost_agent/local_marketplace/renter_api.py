@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gpuhost_agent.local_marketplace import shapes
+from gpuhost_agent.local_marketplace import listing_api, shapes
 from gpuhost_agent.local_marketplace.http_errors import json_body, json_error
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.stream_targets import find_container
@@ -78,7 +78,11 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
                 end_date = None
             if end_date is None:
                 return json_error(400, "endDate must be an ISO 8601 date-time")
+        ends = wire_time.parse_iso(end_date) if end_date is not None else None
+        if problem := listing_api.rental_refusal(store.listingSettings, wire_time.utcnow(), ends):
+            return json_error(409, problem)
         rental = store.create_rental(name=name, gpu_count=gpu_count, end_date=end_date)
+        rental["listing"] = shapes.listing(store, selected_gpus=gpu_count)  # as rented: frozen
         state.changed()
         return web.json_response(shapes.rental(store, rental), status=201)
 
