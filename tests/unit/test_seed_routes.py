@@ -22,11 +22,12 @@ from pathlib import Path
 import aiohttp
 import asyncssh
 import pytest
+from support.openapi_check import check, response_schema
 
 from gpuhost_agent.local_marketplace import server
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.store import Store
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import wire, wire_jobs
 
 ROOT = Path(__file__).resolve().parents[2]
 COPY = ROOT / "tests" / "fixtures" / "seed-endpoints.md"
@@ -127,7 +128,7 @@ async def marketplace():
     running = await server.start(MarketplaceState(Store.load_or_create(None)), port=0)
     store = running.state.store
     rental = store.create_rental(name="r", gpu_count=0, end_date=None)
-    stack = store.create_stack(rental["rentalId"], dict(TEMPLATE, insecure=False))
+    stack = store.create_stack(rental["rentalId"], wire_jobs.validate_template(TEMPLATE))
     ids = {
         "envId": store.envId,
         "rentalId": rental["rentalId"],
@@ -148,10 +149,15 @@ def _url(base_url: str, path: str, ids: dict) -> str:
 
 
 @pytest.mark.parametrize(("name", "method", "path"), CASES)
-async def test_each_seed_operation_gets_its_documented_answer(marketplace, name: str, method: str, path: str) -> None:
+async def test_each_seed_operation_gets_its_documented_answer(
+    marketplace, local_doc: dict, name: str, method: str, path: str
+) -> None:
     base_url, ids, http = marketplace
     async with http.request(method, _url(base_url, path, ids), json=BODIES.get(name)) as response:
         body = await response.json()
+    operation = local_doc["paths"][path][method.lower()]
+    check(local_doc, body, response_schema(local_doc, path, method.lower(), response.status))
+    assert ("marketplace-only" in operation["tags"]) == (name in MARKETPLACE_ONLY), "the document says which is which"
     if name in MARKETPLACE_ONLY:
         assert response.status == 501, body
         assert body == {
