@@ -46,9 +46,12 @@ def documented_operations(doc: dict) -> set[tuple[str, str]]:
 
 
 async def served_operations() -> set[tuple[str, str]]:
-    """(METHOD, path) of every route of the local marketplace (HEAD left out: aiohttp adds it to every GET)."""
+    """(METHOD, path) of every route of the local marketplace (HEAD left out: aiohttp adds it to every GET;
+    "*" too: a catch-all answers the 405 of a path's other methods)."""
     app = build_app(MarketplaceState(Store.load_or_create(None)))
-    return {(route.method, route.resource.canonical) for route in app.router.routes() if route.method != "HEAD"}
+    return {
+        (route.method, route.resource.canonical) for route in app.router.routes() if route.method not in ("HEAD", "*")
+    }
 
 
 def schema(doc: dict, name: str) -> dict:

@@ -26,6 +26,21 @@ def json_error(status: int, message: str, **extra: Any) -> web.Response:
     return web.json_response({"status": status, "message": message, **extra}, status=status)
 
 
+def other_methods(path: str, methods: tuple[str, ...]) -> web.RouteDef:
+    """A catch-all registered after a literal path's own routes: 405 whose Allow
+    names that path's methods only. Without it a literal path that a served
+    path's variable also matches (/rentals/checkout and /rentals/{rentalId})
+    gets a 405 listing both paths' methods, or is looked up as an id."""
+    allowed = methods + (("HEAD",) if "GET" in methods else ())
+
+    async def handler(request: web.Request) -> web.Response:
+        answer = json_error(405, f"{request.method} is not a method of {path}: it takes {', '.join(methods)}")
+        answer.headers["Allow"] = ",".join(allowed)
+        return answer
+
+    return web.route("*", path, handler)
+
+
 async def json_body(request: web.Request) -> Any:
     if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
         raise BadRequest(f"body larger than {MAX_BODY_BYTES} bytes")

@@ -9,12 +9,13 @@ backwards.
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from aiohttp import web
 
-from gpuhost_agent.local_marketplace import usage
+from gpuhost_agent.local_marketplace import shapes, usage
 from gpuhost_agent.local_marketplace.http_errors import json_body, json_error
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.protocol import wire_time, wire_values
@@ -49,6 +50,30 @@ def settings_problem(body: Any) -> str | None:
     kind = body.get("type", "on-demand")
     if not isinstance(kind, str) or not 0 < len(kind) <= MAX_TYPE_CHARS or not wire_values.is_text(kind):
         return f"type must be a string of 1 to {MAX_TYPE_CHARS} characters"
+    return None
+
+
+def rental_refusal(settings: dict, start: datetime, end: datetime | None) -> str | None:
+    """Why what the host published refuses a rental from `start` to `end`
+    (None: open-ended), or None. Not listed: refused. Windows set: the rental
+    starts inside one and, if it has an end, ends inside the same one. No
+    windows: the host set no limit in time."""
+    if not settings.get("isListed", shapes.LISTED_BY_DEFAULT):
+        return "the environment is not listed: its host has taken it off the marketplace (isListed false)"
+    windows = [
+        (wire_time.parse_iso(w["start"]), wire_time.parse_iso(w["end"]))
+        for w in settings.get("availabilityWindows", [])
+    ]
+    if not windows:
+        return None
+    around = [(low, high) for low, high in windows if low <= start < high]
+    if not around:
+        coming = sorted(low for low, _high in windows if low > start)
+        then = f"; the next one starts at {wire_time.iso(coming[0])}" if coming else "; none is left to come"
+        return f"the environment is outside its host's availability windows now{then}"
+    if end is not None and not any(end <= high for _low, high in around):
+        latest = max(high for _low, high in around)
+        return f"endDate is after the end of the availability window the rental starts in ({wire_time.iso(latest)})"
     return None
 
 

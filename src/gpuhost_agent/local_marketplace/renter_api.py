@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gpuhost_agent.local_marketplace import shapes
+from gpuhost_agent.local_marketplace import listing_api, shapes
 from gpuhost_agent.local_marketplace.http_errors import json_body, json_error
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.stream_targets import find_container
-from gpuhost_agent.protocol import wire_jobs, wire_time, wire_values
+from gpuhost_agent.protocol import wire, wire_jobs, wire_time, wire_values
+
+RENTAL_STATUSES = (wire.RENTAL_ACTIVE, wire.RENTAL_COMPLETE)
 
 
 def routes(state: MarketplaceState) -> list[web.RouteDef]:
@@ -21,6 +23,21 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
         if request.match_info["envId"] != store.envId:
             return json_error(404, f"environment {request.match_info['envId']} not found")
         return web.json_response(shapes.environment(state))
+
+    async def update_environment(request: web.Request) -> web.Response:
+        """The seed's "Update environment": its name, the one field a renter-side key may set."""
+        if request.match_info["envId"] != store.envId:
+            return json_error(404, f"environment {request.match_info['envId']} not found")
+        body = await json_body(request)
+        if not isinstance(body, dict) or not isinstance(body.get("name"), str) or set(body) != {"name"}:
+            return json_error(400, "body must be an object with a string name, and nothing else")
+        if not wire_values.is_text(body["name"]):
+            return json_error(400, "name is not valid Unicode text (it holds a lone surrogate)")
+        if problem := wire_jobs.name_problem(body["name"], "name"):
+            return json_error(400, problem)
+        store.envName, store.envUpdatedAt = body["name"], wire_time.iso()
+        state.changed()
+        return web.json_response("environment updated")
 
     async def get_listing(request: web.Request) -> web.Response:
         if request.match_info["envId"] != store.envId:
@@ -61,12 +78,21 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
                 end_date = None
             if end_date is None:
                 return json_error(400, "endDate must be an ISO 8601 date-time")
+        ends = wire_time.parse_iso(end_date) if end_date is not None else None
+        if problem := listing_api.rental_refusal(store.listingSettings, wire_time.utcnow(), ends):
+            return json_error(409, problem)
         rental = store.create_rental(name=name, gpu_count=gpu_count, end_date=end_date)
+        rental["listing"] = shapes.listing(store, selected_gpus=gpu_count)  # as rented: frozen
         state.changed()
         return web.json_response(shapes.rental(store, rental), status=201)
 
-    async def list_rentals(_request: web.Request) -> web.Response:
-        return web.json_response([shapes.rental(store, r) for r in store.rentals.values()])
+    async def list_rentals(request: web.Request) -> web.Response:
+        """The seed's "List rentals", and "List rentals with a specific status" as ?status=."""
+        status = request.query.get("status")
+        if status is not None and status not in RENTAL_STATUSES:
+            return json_error(400, f"status must be one of {', '.join(RENTAL_STATUSES)}")
+        rentals = [r for r in store.rentals.values() if status is None or r["status"] == status]
+        return web.json_response([shapes.rental(store, r) for r in rentals])
 
     async def get_rental(request: web.Request) -> web.Response:
         return web.json_response(shapes.rental(store, store.rental(request.match_info["rentalId"])))
@@ -138,6 +164,7 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
     return [
         web.get("/v1/environments", list_environments),
         web.get("/v1/environments/{envId}", get_environment),
+        web.patch("/v1/environments/{envId}", update_environment),
         web.get("/v1/environments/{envId}/listing", get_listing),
         web.post("/v1/rentals", create_rental),
         web.get("/v1/rentals", list_rentals),

@@ -20,7 +20,9 @@ from gpuhost_agent.local_marketplace import (
     channel_api,
     host_api,
     listing_api,
+    listings_api,
     logs_api,
+    marketplace_only_api,
     renter_api,
     script_api,
     speedtest_api,
@@ -82,6 +84,8 @@ def build_app(state: MarketplaceState) -> web.Application:
             return json_error(500, "internal error in the local marketplace")
 
     app = web.Application(middlewares=[auth_and_errors], client_max_size=2 * 1024 * 1024)
+    app.add_routes(marketplace_only_api.routes())  # first: /rentals/checkout is not a {rentalId}
+    app.add_routes(listings_api.routes(state))  # first: listings is not an {envId}
     app.add_routes(renter_api.routes(state))
     app.add_routes(agent_api.routes(state))
     app.add_routes(channel_api.routes(state))

@@ -20,6 +20,9 @@ HARDWARE_FIELDS = (
     "networkDownloadSpeed",
     "location",
 )
+# The local marketplace serves the host it runs on: listed from the start, so
+# the host can rent its own machine at once; PATCH .../listing unlists it.
+LISTED_BY_DEFAULT = True
 NOT_REPORTED = "the agent has not reported this machine yet"
 
 
@@ -47,7 +50,7 @@ def listing(store: Store, selected_gpus: int | None = None) -> dict:
 def listing_settings(settings: dict) -> dict:
     """What the host set (listing_api.py), in the response's object shapes."""
     return {
-        "isListed": settings.get("isListed", False),
+        "isListed": settings.get("isListed", LISTED_BY_DEFAULT),
         "availabilityWindows": {"windows": settings.get("availabilityWindows", [])},
         "pricing": {"pricePerGpu": settings.get("pricePerGpu", 0.0), "unit": "GPU-hour"},
         "type": {"name": settings.get("type", "on-demand")},
@@ -93,7 +96,7 @@ def environment(state: MarketplaceState) -> dict:
         "envId": store.envId,
         "name": store.envName,
         "createdAt": store.createdAt,
-        "updatedAt": report.get("reportedAt") or store.createdAt,
+        "updatedAt": max(report.get("reportedAt") or store.createdAt, store.envUpdatedAt),
         "orgId": "local-org",
         "userId": store.userId,
         "pEnvId": 1,
@@ -122,7 +125,10 @@ def rental(store: Store, raw: dict) -> dict:
         key: raw[key]
         for key in ("rentalId", "userId", "startDate", "endDate", "name", "status", "createdAt", "updatedAt", "isSeed")
     }
-    shaped["listing"] = listing(store, selected_gpus=raw.get("gpuCount", 0))
+    # The listing as it was when the rental was made (renter_api keeps it with
+    # the rental), so a later price or window does not rewrite an old rental;
+    # rentals saved before it was kept show the listing as it is now.
+    shaped["listing"] = raw.get("listing") or listing(store, selected_gpus=raw.get("gpuCount", 0))
     return shaped
 
 

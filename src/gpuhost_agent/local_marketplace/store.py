@@ -40,6 +40,7 @@ class Store:
     renterApiKey: str
     userId: str = "local-user"
     envName: str = "local"
+    envUpdatedAt: str = ""  # when the renter last renamed it (PATCH /environments/{envId})
     createdAt: str = field(default_factory=wire_time.iso)
     rentals: dict = field(default_factory=dict)
     stacks: dict = field(default_factory=dict)
