@@ -15,11 +15,14 @@ strip the tunnels' session cookies, every tunnel's, before any container sees
 one (tunnel_auth.py); it differs too in its `url` and in the answer a client
 gets while the service is not listening yet. A `tcp` tunnel reads nothing.
 
-A stack whose template has isSSHEnabled gets one more listener, its SSH
-endpoint: each connection is an `ssh` stream, which the agent's own SSH
-server terminates (the login name picks the container), so only ciphertext
-passes here. Tunnel info lists it once per container, with the login name
-and the agent's host key (ssh_entry).
+A rental with a stack whose template has isSSHEnabled gets one more
+listener, its SSH endpoint, one for all its stacks: each connection is an
+`ssh` stream naming those stacks (ssh_stacks), which the agent's own SSH
+server terminates (the login name `<service>.<stack id prefix>` picks the
+stack and the container), so only ciphertext passes here and one
+host:port, one ssh config entry, serves every stack of the rental. Tunnel
+info lists it once per container, with the login name and the agent's host
+key (ssh_entry).
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ HTTP_PORTS = frozenset({80, 3000, 5000, 5173, 6006, 7860, 8000, 8080, 8081, 8188
 SERVICE_LABEL = "com.docker.compose.service"
 SYNC_PERIOD = 0.5  # seconds between looks at the container lists
 SSH = "ssh"
-SSH_KEY_CONTAINER, SSH_KEY_PORT = "", 0  # a stack's SSH endpoint is keyed on the stack alone
+SSH_KEY_STACK, SSH_KEY_CONTAINER, SSH_KEY_PORT = "", "", 0  # a rental's SSH endpoint is keyed on the rental alone
+SSH_ENDPOINT_PREFIX = "rental/"  # the store's key for a rental's SSH endpoint: rental/<rental id>/ssh
 PROBES_PER_STACK = 24  # background probes of a stack's `starting` tunnels, all together
 PROBE_FIRST_DELAY = 0.5  # seconds before the second round; doubled each round
 PROBE_MAX_DELAY = 30.0
@@ -82,7 +86,7 @@ class Tunnel:
         its id is not once it is recreated)."""
         key = self.key
         if self.protocol == SSH:
-            return f"{key.stack_id}/ssh"
+            return f"{SSH_ENDPOINT_PREFIX}{key.rental_id}/ssh"
         return f"{key.stack_id}/{self.name or key.container_id}/{key.port}"
 
     @property
@@ -117,16 +121,17 @@ class Tunnel:
         return {**self.auth, "link": link, "linkExpiresAt": expires_at}
 
 
-def ssh_entry(tunnel: Tunnel, container: dict, host_key: dict | None, env_id: str) -> dict:
-    """The SSH endpoint as one container's tunnel info shows it, with a
-    command that pins the host key as pasted (ssh_command)."""
+def ssh_entry(tunnel: Tunnel, stack_id: str, container: dict, host_key: dict | None, env_id: str) -> dict:
+    """The rental's SSH endpoint as one container's tunnel info shows it,
+    with its login name and a command that pins the host key as pasted
+    (ssh_command)."""
     service = _service(container)
-    user = ssh_login.ssh_login_name(service, tunnel.key.stack_id)
+    user = ssh_login.ssh_login_name(service, stack_id)
     port = tunnel.listen_port
     public = (host_key or {}).get("hostKey")
     alias = host_key_alias(env_id)
     return {
-        "tunnelId": hashlib.sha256(f"{tunnel.key.stack_id}/{container['Id']}/ssh".encode()).hexdigest()[:16],
+        "tunnelId": hashlib.sha256(f"{stack_id}/{container['Id']}/ssh".encode()).hexdigest()[:16],
         "service": service,
         "containerId": container["Id"],
         "containerPort": None,
@@ -183,16 +188,43 @@ def _running(store: Store, stack_id: str) -> list[dict]:
     ]
 
 
+def _serving(store: Store, stack: dict) -> bool:
+    """Whether the stack's tunnels are open: APPLIED, its rental active."""
+    rental = store.rentals.get(stack["rentalId"]) or {}
+    return stack.get("status") == wire.APPLIED and rental.get("status") == wire.RENTAL_ACTIVE
+
+
+def _ssh_enabled(stack: dict) -> bool:
+    return (stack.get("template") or {}).get("isSSHEnabled") is True
+
+
+def ssh_stacks(store: Store, rental_id: str) -> list[str]:
+    """The rental's stacks a login to its SSH endpoint may pick now: open,
+    SSH-enabled, a container running. The ssh request lists them; the agent
+    checks each against Docker's labels whatever this says."""
+    return [
+        stack_id
+        for stack_id, stack in store.stacks.items()
+        if stack["rentalId"] == rental_id
+        and _serving(store, stack)
+        and _ssh_enabled(stack)
+        and _running(store, stack_id)
+    ]
+
+
+def ssh_key(rental_id: str) -> TunnelKey:
+    return TunnelKey(rental_id, SSH_KEY_STACK, SSH_KEY_CONTAINER, SSH_KEY_PORT)
+
+
 def wanted(store: Store) -> dict[TunnelKey, tuple[str, str, str]]:
     """(service, protocol, container name) of every tunnel there should be now."""
     tunnels: dict[TunnelKey, tuple[str, str, str]] = {}
     for stack_id, stack in store.stacks.items():
-        rental = store.rentals.get(stack["rentalId"]) or {}
-        if stack.get("status") != wire.APPLIED or rental.get("status") != "ACTIVE":
+        if not _serving(store, stack):
             continue
         running = _running(store, stack_id)
-        if running and (stack.get("template") or {}).get("isSSHEnabled") is True:
-            tunnels[TunnelKey(stack["rentalId"], stack_id, SSH_KEY_CONTAINER, SSH_KEY_PORT)] = ("", SSH, "")
+        if running and _ssh_enabled(stack):
+            tunnels[ssh_key(stack["rentalId"])] = ("", SSH, "")
         for container in running:
             service = _service(container)
             for port in {p["PrivatePort"] for p in container.get("Ports") or [] if p.get("Type", "tcp") == "tcp"}:
@@ -220,17 +252,20 @@ class TunnelBook:
         ]
 
     def _entries(self, stack_id: str) -> list[tuple[tuple[str, int], dict]]:
-        """(order, tunnel info) of the stack's tunnels; its SSH endpoint once per running container."""
-        entries = []
-        for key, tunnel in self.tunnels.items():
-            if key.stack_id != stack_id:
-                continue
-            if tunnel.protocol != SSH:
-                entries.append(((key.container_id, key.port), tunnel.as_wire()))
-                continue
+        """(order, tunnel info) of the stack's tunnels; its rental's SSH
+        endpoint once per running container, when the stack is SSH-enabled."""
+        entries = [
+            ((key.container_id, key.port), tunnel.as_wire())
+            for key, tunnel in self.tunnels.items()
+            if key.stack_id == stack_id and tunnel.protocol != SSH
+        ]
+        stack = self.store.stacks.get(stack_id)
+        ssh = self.tunnels.get(ssh_key(stack["rentalId"])) if stack and _ssh_enabled(stack) else None
+        if ssh is not None and _serving(self.store, stack or {}):
             host_key = self.store.host.get("sshHostKey")
             for container in _running(self.store, stack_id):
-                entries.append(((container["Id"], -1), ssh_entry(tunnel, container, host_key, self.store.envId)))
+                entry = ssh_entry(ssh, stack_id, container, host_key, self.store.envId)
+                entries.append(((container["Id"], -1), entry))
         return entries
 
     async def run(self, period: float = SYNC_PERIOD) -> None:
@@ -315,8 +350,17 @@ class TunnelBook:
                 server.close()
 
     def _forget_endpoints(self) -> None:
-        """The kept ports of stacks the store no longer has."""
-        gone = [key for key in self.store.endpoints if key.partition("/")[0] not in self.store.stacks]
+        """The kept ports of stacks the store no longer has, and the SSH
+        endpoints of rentals that ended (an active rental's is kept while it
+        has no SSH stack: a stack removed and made again finds it)."""
+        active = {r for r, rental in self.store.rentals.items() if rental.get("status") == wire.RENTAL_ACTIVE}
+
+        def kept(key: str) -> bool:
+            if key.startswith(SSH_ENDPOINT_PREFIX):
+                return key[len(SSH_ENDPOINT_PREFIX) :].partition("/")[0] in active
+            return key.partition("/")[0] in self.store.stacks
+
+        gone = [key for key in self.store.endpoints if not kept(key)]
         for key in gone:
             del self.store.endpoints[key]
         if gone:
@@ -397,12 +441,12 @@ class TunnelBook:
             log.info("tunnel_ready", tunnel_id=tunnel.tunnel_id, stack_id=tunnel.key.stack_id)
         await self.hub.finish(stream)
 
-    def _fields(self, tunnel: Tunnel) -> dict[str, str | int]:
+    def _fields(self, tunnel: Tunnel) -> dict[str, object]:
         """The stream request for one connection of the tunnel."""
         key = tunnel.key
         if tunnel.protocol == SSH:
-            return {"stackId": key.stack_id}
-        fields: dict[str, str | int] = {"stackId": key.stack_id, "containerId": key.container_id, "port": key.port}
+            return {"stackIds": ssh_stacks(self.store, key.rental_id)}
+        fields: dict[str, object] = {"stackId": key.stack_id, "containerId": key.container_id, "port": key.port}
         if tunnel.protocol == "http" and self._insecure(key.stack_id):
             fields["tls"] = True  # HTTPS to a self-signed service
         return fields
@@ -457,8 +501,11 @@ class TunnelBook:
                     forward = decision.forward
                 first = forward.render()
             kind = SSH if tunnel.protocol == SSH else "tunnel"
+            fields = self._fields(tunnel)
+            if fields.get("stackIds") == []:  # its last SSH stack went since the last sync: closing
+                return
             try:
-                stream = await self.hub.open(kind, key.rental_id, self._fields(tunnel))
+                stream = await self.hub.open(kind, key.rental_id, fields)
             except StreamRefused as refused:
                 log.info("tunnel_refused", tunnel_id=tunnel.tunnel_id, status=refused.status, error=refused.message)
                 starting = tunnel_relay.is_not_listening(refused.status, refused.message)
