@@ -39,6 +39,7 @@ from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.local_marketplace import tunnel_auth, tunnel_relay
 from gpuhost_agent.local_marketplace.channel_hub import ChannelHub, StreamRefused
 from gpuhost_agent.local_marketplace.store import Store
+from gpuhost_agent.local_marketplace.tunnel_probes import TunnelProbes
 from gpuhost_agent.protocol import ssh_login, wire, wire_time
 
 log = get_logger(__name__)
@@ -50,9 +51,6 @@ SYNC_PERIOD = 0.5  # seconds between looks at the container lists
 SSH = "ssh"
 SSH_KEY_STACK, SSH_KEY_CONTAINER, SSH_KEY_PORT = "", "", 0  # a rental's SSH endpoint is keyed on the rental alone
 SSH_ENDPOINT_PREFIX = "rental/"  # the store's key for a rental's SSH endpoint: rental/<rental id>/ssh
-PROBES_PER_STACK = 24  # background probes of a stack's `starting` tunnels, all together
-PROBE_FIRST_DELAY = 0.5  # seconds before the second round; doubled each round
-PROBE_MAX_DELAY = 30.0
 NEW_PORT_TRIES = 32  # system-picked ports tried before one kept for another tunnel is taken anyway
 
 
@@ -238,8 +236,7 @@ class TunnelBook:
     def __init__(self, store: Store, hub: ChannelHub, host: str = "127.0.0.1"):
         self.store, self.hub, self.host = store, hub, host
         self.tunnels: dict[TunnelKey, Tunnel] = {}
-        self._probers: dict[str, asyncio.Task] = {}  # stack id: the task probing its `starting` tunnels
-        self._probes_left: dict[str, int] = {}  # stack id: probes it may still make
+        self.probes = TunnelProbes(hub, lambda: self.tunnels.values(), self._fields)  # of the `starting` tunnels
 
     def for_stack(self, stack_id: str) -> list[dict]:
         return [entry for _, entry in sorted(self._entries(stack_id), key=lambda pair: pair[0])]
@@ -280,11 +277,7 @@ class TunnelBook:
         want = wanted(self.store)
         for key in [key for key in self.tunnels if key not in want]:
             await self._close(self.tunnels.pop(key))
-        stacks = {key.stack_id for key in want}
-        for stack_id in [s for s in self._probes_left if s not in stacks]:
-            self._probes_left.pop(stack_id)
-            if (prober := self._probers.pop(stack_id, None)) is not None:
-                prober.cancel()
+        self.probes.forget({key.stack_id for key in want})
         for key, (service, protocol, name) in want.items():
             if key in self.tunnels:
                 if self._arm(self.tunnels[key]):  # a new password since (POST .../tunnel-password)
@@ -295,7 +288,7 @@ class TunnelBook:
                 self._arm(tunnel)
                 self.tunnels[key] = tunnel
         self._forget_endpoints()
-        self._start_probers()
+        self.probes.start()
 
     async def _listen(self, tunnel: Tunnel) -> None:
         """A listener on the port the tunnel had before (the store keeps it),
@@ -388,59 +381,6 @@ class TunnelBook:
         }
         return replaced
 
-    def _start_probers(self) -> None:
-        """One prober per stack with `starting` tunnels, while its probes last."""
-        for tunnel in self.tunnels.values():
-            stack_id = tunnel.key.stack_id
-            if tunnel.protocol == SSH or tunnel.status != "starting" or stack_id in self._probers:
-                continue
-            if self._probes_left.setdefault(stack_id, PROBES_PER_STACK) > 0:
-                prober = asyncio.create_task(self._probe_stack(stack_id), name=f"probe {stack_id[:8]}")
-                self._probers[stack_id] = prober
-                prober.add_done_callback(partial(self._prober_done, stack_id))
-
-    def _prober_done(self, stack_id: str, prober: asyncio.Task) -> None:
-        if self._probers.get(stack_id) is prober:
-            del self._probers[stack_id]
-
-    async def _probe_stack(self, stack_id: str) -> None:
-        """Probe the stack's `starting` tunnels, one at a time, the rounds
-        further apart each time, until none is starting or the probes are spent."""
-        delay = PROBE_FIRST_DELAY
-        while True:
-            starting = [
-                t
-                for t in self.tunnels.values()
-                if t.key.stack_id == stack_id and t.protocol != SSH and t.status == "starting"
-            ]
-            for tunnel in starting:
-                if self._probes_left.get(stack_id, 0) <= 0:
-                    log.info("tunnel_probes_spent", stack_id=stack_id, starting=len(starting))
-                    return
-                self._probes_left[stack_id] -= 1
-                await self._probe(tunnel)
-            if not starting:
-                return
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, PROBE_MAX_DELAY)
-
-    async def _probe(self, tunnel: Tunnel) -> None:
-        """One TCP connection to the service through the agent's tunnel path,
-        closed at once: `ready` when it opens. Only a refusal that says the
-        service does not listen yet keeps `starting`; any other (no agent
-        connected, too many streams) changes nothing, the next probe or
-        client will tell."""
-        try:
-            stream = await self.hub.open("tunnel", tunnel.key.rental_id, self._fields(tunnel))
-        except StreamRefused as refused:
-            if not tunnel_relay.is_not_listening(refused.status, refused.message):
-                log.info("tunnel_probe_refused", tunnel_id=tunnel.tunnel_id, status=refused.status)
-            return
-        if tunnel.status == "starting":
-            tunnel.status, tunnel.error = "ready", None
-            log.info("tunnel_ready", tunnel_id=tunnel.tunnel_id, stack_id=tunnel.key.stack_id)
-        await self.hub.finish(stream)
-
     def _fields(self, tunnel: Tunnel) -> dict[str, object]:
         """The stream request for one connection of the tunnel."""
         key = tunnel.key
@@ -452,9 +392,7 @@ class TunnelBook:
         return fields
 
     async def close_all(self) -> None:
-        for prober in list(self._probers.values()):
-            prober.cancel()
-        await asyncio.gather(*self._probers.values(), return_exceptions=True)
+        await self.probes.stop()
         tunnels, self.tunnels = list(self.tunnels.values()), {}
         for tunnel in tunnels:
             await self._close(tunnel)
