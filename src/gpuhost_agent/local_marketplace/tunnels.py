@@ -22,7 +22,7 @@ server terminates (the login name `<service>.<stack id prefix>` picks the
 stack and the container), so only ciphertext passes here and one
 host:port, one ssh config entry, serves every stack of the rental. Tunnel
 info lists it once per container, with the login name and the agent's host
-key (ssh_entry).
+key (ssh_endpoint.py).
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ from datetime import timedelta
 from functools import partial
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.local_marketplace import tunnel_auth, tunnel_relay
+from gpuhost_agent.local_marketplace import ssh_endpoint, tunnel_auth, tunnel_relay
 from gpuhost_agent.local_marketplace.channel_hub import ChannelHub, StreamRefused
 from gpuhost_agent.local_marketplace.store import Store
 from gpuhost_agent.local_marketplace.tunnel_probes import TunnelProbes
-from gpuhost_agent.protocol import ssh_login, wire, wire_time
+from gpuhost_agent.protocol import wire, wire_time
 
 log = get_logger(__name__)
 
@@ -48,7 +48,7 @@ log = get_logger(__name__)
 HTTP_PORTS = frozenset({80, 3000, 5000, 5173, 6006, 7860, 8000, 8080, 8081, 8188, 8501, 8888})
 SERVICE_LABEL = "com.docker.compose.service"
 SYNC_PERIOD = 0.5  # seconds between looks at the container lists
-SSH = "ssh"
+SSH = ssh_endpoint.SSH
 SSH_KEY_STACK, SSH_KEY_CONTAINER, SSH_KEY_PORT = "", "", 0  # a rental's SSH endpoint is keyed on the rental alone
 SSH_ENDPOINT_PREFIX = "rental/"  # the store's key for a rental's SSH endpoint: rental/<rental id>/ssh
 NEW_PORT_TRIES = 32  # system-picked ports tried before one kept for another tunnel is taken anyway
@@ -117,60 +117,6 @@ class Tunnel:
         expires_at = wire_time.iso(wire_time.utcnow() + timedelta(seconds=tunnel_auth.LINK_SECONDS))
         link = f"http://127.0.0.1:{self.listen_port}/?{tunnel_auth.TOKEN_PARAM}={token}"
         return {**self.auth, "link": link, "linkExpiresAt": expires_at}
-
-
-def ssh_entry(tunnel: Tunnel, stack_id: str, container: dict, host_key: dict | None, env_id: str) -> dict:
-    """The rental's SSH endpoint as one container's tunnel info shows it,
-    with its login name and a command that pins the host key as pasted
-    (ssh_command)."""
-    service = _service(container)
-    user = ssh_login.ssh_login_name(service, stack_id)
-    port = tunnel.listen_port
-    public = (host_key or {}).get("hostKey")
-    alias = host_key_alias(env_id)
-    return {
-        "tunnelId": hashlib.sha256(f"{stack_id}/{container['Id']}/ssh".encode()).hexdigest()[:16],
-        "service": service,
-        "containerId": container["Id"],
-        "containerPort": None,
-        "protocol": SSH,
-        "url": None,
-        "host": "127.0.0.1",
-        "port": port,
-        "auth": None,
-        # The listener exists only while a running container is open to SSH: ready once the host key is known.
-        "status": tunnel.status if tunnel.status == "error" else ("ready" if host_key else "starting"),
-        "error": tunnel.error,
-        "notice": tunnel.notice,
-        "ssh": {
-            "host": "127.0.0.1",
-            "port": port,
-            "user": user,
-            "hostKeyFingerprint": (host_key or {}).get("hostKeyFingerprint"),
-            "hostKey": public,
-            "hostKeyAlias": alias,
-            "knownHostsLine": f"{alias} {public}" if public else None,
-            "command": ssh_command(port, user, alias, public),
-        },
-    }
-
-
-def host_key_alias(env_id: str) -> str:
-    """The name the host key is pinned under, whatever the port: one pin for
-    every SSH endpoint of the environment (the agent has one host key)."""
-    return f"gpuhost-{env_id[:8]}"
-
-
-def ssh_command(port: int, user: str, alias: str, public: str | None) -> str:
-    """What a renter pastes: their key, and the host key pinned without a
-    known_hosts file to edit: OpenSSH (8.5 and later) reads the
-    KnownHostsCommand's output as known_hosts lines, under HostKeyAlias, and
-    StrictHostKeyChecking=yes refuses any other key. `~/.ssh/id_ed25519` is
-    ssh-keygen's default file: a renter with another key changes `-i`."""
-    pin = ""
-    if public:
-        pin = f'-o HostKeyAlias={alias} -o StrictHostKeyChecking=yes -o "KnownHostsCommand=/bin/echo {alias} {public}" '
-    return f"ssh -i ~/.ssh/id_ed25519 -p {port} {pin}{user}@127.0.0.1"
 
 
 def _service(container: dict) -> str:
@@ -261,7 +207,11 @@ class TunnelBook:
         if ssh is not None and _serving(self.store, stack or {}):
             host_key = self.store.host.get("sshHostKey")
             for container in _running(self.store, stack_id):
-                entry = ssh_entry(ssh, stack_id, container, host_key, self.store.envId)
+                status = ssh.status if ssh.status == "error" else ("ready" if host_key else "starting")
+                entry = ssh_endpoint.ssh_entry(
+                    stack_id, container["Id"], _service(container), ssh.listen_port, host_key, self.store.envId
+                )
+                entry.update(status=status, error=ssh.error, notice=ssh.notice)
                 entries.append(((container["Id"], -1), entry))
         return entries
 
