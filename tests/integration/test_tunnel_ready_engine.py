@@ -9,7 +9,7 @@ import subprocess
 
 from support.stacks import TEST_IMAGE
 
-from gpuhost_agent.local_marketplace import tunnels
+from gpuhost_agent.local_marketplace import tunnel_probes
 from gpuhost_agent.protocol import wire
 
 # One service listens four seconds after it starts, the other never does.
@@ -48,7 +48,7 @@ async def test_a_tunnel_turns_ready_without_a_client_and_the_probes_stop(local_m
     assert page.stdout.strip() == "late"
 
     book = local.state.tunnels
-    left = book._probes_left[stack_id]
-    assert 0 <= left < tunnels.PROBES_PER_STACK, "the probes are counted"
+    left = book.probes.left[stack_id]
+    assert 0 <= left < tunnel_probes.PROBES_PER_STACK, "the probes are counted"
     await asyncio.sleep(2)
-    assert book._probes_left[stack_id] <= left, "bounded: a budget that only goes down"
+    assert book.probes.left[stack_id] <= left, "bounded: a budget that only goes down"

@@ -31,12 +31,21 @@ def _container(service: str = "web", number: str = "1", state: str = "running", 
     return {"Id": f"{service}-{number}", "State": state, "Labels": {**base, **labels}}
 
 
-def test_login_names_name_a_service_of_this_stack_only():
+OTHER = "77e0b4aa-0000-4000-8000-000000000002"  # another stack of the same rental
+
+
+def test_login_names_pick_a_stack_of_the_endpoints_rental_and_its_service():
+    """One endpoint per rental (issue 34, item 2): the prefix picks the stack
+    among those the ssh request lists; any other prefix, another rental's
+    stack included, is refused as an unknown name is."""
+    both = (STACK, OTHER)
     assert ssh_login.ssh_login_name("web", STACK) == "web.3f2a9c1d"
-    assert parse_login("web.3f2a9c1d", STACK) == "web"
-    assert parse_login("my.dotted.svc.3f2a9c1d", STACK) == "my.dotted.svc"
-    for name in ("web", "web.3f2a9c1e", ".3f2a9c1d", "web.", "root"):
-        assert parse_login(name, STACK) is None, name
+    assert parse_login("web.3f2a9c1d", both) == ("web", STACK)
+    assert parse_login("web.77e0b4aa", both) == ("web", OTHER)
+    assert parse_login("my.dotted.svc.3f2a9c1d", both) == ("my.dotted.svc", STACK)
+    assert parse_login("web.77e0b4aa", (STACK,)) is None  # not a stack of this endpoint
+    for name in ("web", "web.3f2a9c1e", ".3f2a9c1d", "web.", "root", "web.3f2a9c1", "web.3f2a9c1d-"):
+        assert parse_login(name, both) is None, name
 
 
 def test_the_container_is_the_services_first_running_replica_with_every_label():
@@ -111,8 +120,11 @@ def test_session_commands_and_environment():
 
 
 def test_the_ssh_channel_request():
-    assert parse_request({"type": "ssh", "streamId": "s1", "rentalId": "r", "stackId": STACK}) == SshRequest(
-        "s1", "r", STACK
-    )
-    refused = parse_request({"type": "ssh", "streamId": "s1", "rentalId": "r", "stackId": "../x"})
+    ask = {"type": "ssh", "streamId": "s1", "rentalId": "r"}
+    assert parse_request({**ask, "stackIds": [STACK, OTHER, STACK]}) == SshRequest("s1", "r", (STACK, OTHER))
+    assert parse_request({**ask, "stackId": STACK}) == SshRequest("s1", "r", (STACK,))  # an endpoint per stack
+    refused = parse_request({**ask, "stackId": "../x"})
     assert isinstance(refused, Refusal) and refused.status == 400 and "stackId" in refused.error
+    for stack_ids in ([], ["../x"], STACK, [STACK] * 65, None):
+        refused = parse_request({**ask, "stackIds": stack_ids})
+        assert isinstance(refused, Refusal) and refused.status == 400 and "stackIds" in refused.error, stack_ids

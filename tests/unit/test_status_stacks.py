@@ -80,7 +80,7 @@ def test_tunnels_follow_the_containers_and_count_connections():
         _tunnel("a", "id-ui-stk-web-web-1", 8080),
         _tunnel("b", "ui-stk-web-web-1", 8080),  # by name: the same container
         _tunnel("c", "id-ui-stk-web-web-1", 8080, stack_id="stk-other"),  # another stack's: not counted
-        SshRequest("d", "rent-1", "stk-web"),
+        SshRequest("d", "rent-1", ("stk-web",)),
         LogsRequest("e", "rent-1", "stk-web", "id-ui-stk-web-web-1"),  # not a tunnel
     ]
     rows = {

@@ -34,7 +34,7 @@ def test_connections_are_counted_apart_from_streams() -> None:
     full_of_streams = [_logs("a", 1), _logs("a", 2), _logs("b", 1)]
     assert over_caps(_tunnel("a", 1), full_of_streams, LIMITS) is None  # a tunnel still opens
     connections = [_tunnel("a", n) for n in range(3)]
-    refused = over_caps(SshRequest("ssh-a", "a", "s"), connections, LIMITS)  # SSH counts with tunnels
+    refused = over_caps(SshRequest("ssh-a", "a", ("s",)), connections, LIMITS)  # SSH counts with tunnels
     assert refused is not None and "this rental has 3 open tunnel and SSH connections" in refused.error
     assert over_caps(_logs("a", 1), connections, LIMITS) is None  # and the renter's logs still open
     refused = over_caps(_tunnel("c", 1), [*connections, _tunnel("b", 1)], LIMITS)

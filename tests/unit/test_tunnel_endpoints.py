@@ -1,7 +1,7 @@
 """A tunnel keeps its port across restarts of the marketplace (and so of the
 agent, whose reports only reopen the listeners): the store keeps each
-endpoint's port (issue 34, item 2). A port taken meanwhile is said, in the
-tunnel info, and another is used."""
+endpoint's port (issue 34, item 2), one SSH endpoint per rental. A port
+taken meanwhile is said, in the tunnel info, and another is used."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ from gpuhost_agent.protocol import wire, wire_time
 TEMPLATE = {"name": "n", "description": "d", "content": "services: {}\n", "environmentVariables": {}}
 
 
-def _applied(store: Store) -> str:
-    rental = store.create_rental(name="r", gpu_count=0, end_date=None)
-    stack = store.create_stack(rental["rentalId"], {**TEMPLATE, "isSSHEnabled": True})
+def _applied(store: Store, rental_id: str | None = None) -> str:
+    """An APPLIED SSH-enabled stack with one running container, of a new rental unless one is named."""
+    rental_id = rental_id or store.create_rental(name="r", gpu_count=0, end_date=None)["rentalId"]
+    stack = store.create_stack(rental_id, {**TEMPLATE, "isSSHEnabled": True})
     stack["status"] = wire.APPLIED
     container = {
         "Id": "a" * 64,
@@ -71,15 +72,48 @@ async def test_ports_are_kept_across_a_restart_and_a_taken_one_is_said(tmp_path)
     ), "the new port is kept from then on"
 
 
-async def test_a_removed_stack_forgets_its_ports(tmp_path) -> None:
+async def test_a_removed_stack_forgets_its_ports_and_an_ended_rental_its_ssh_endpoint(tmp_path) -> None:
     store = Store.load_or_create(tmp_path / "market.json")
     stack_id = _applied(store)
+    rental_id = store.stacks[stack_id]["rentalId"]
     book, _ = await _ports(store)
     assert len(store.endpoints) == 2
     store.apply_status(stack_id, {"status": wire.REMOVED, "reportedAt": wire_time.iso()})
     await book.sync()
+    assert list(store.endpoints) == [f"rental/{rental_id}/ssh"]  # kept for the rental's next SSH stack
+    store.end_rental(rental_id)
+    await book.sync()
     assert store.endpoints == {}
     await book.close_all()
+
+
+async def test_one_ssh_endpoint_per_rental_the_login_name_picks_the_stack(tmp_path) -> None:
+    """Two SSH-enabled stacks of one rental share one port; each stack's
+    tunnel info names its own login, and the ssh request names both stacks
+    for the agent to pick from. Another rental's stack has an endpoint of its
+    own, and is not among the first rental's (issue 34, item 2)."""
+    store = Store.load_or_create(tmp_path / "market.json")
+    first = _applied(store)
+    rental_id = store.stacks[first]["rentalId"]
+    second = _applied(store, rental_id)
+    elsewhere = _applied(store)
+    book = TunnelBook(store, ChannelHub())
+    await book.sync()
+    try:
+        ssh = {s: next(e for e in book.for_stack(s) if e["protocol"] == "ssh") for s in (first, second, elsewhere)}
+        assert ssh[first]["port"] == ssh[second]["port"] != ssh[elsewhere]["port"]
+        assert ssh[first]["ssh"]["user"] == f"web.{first[:8]}" and ssh[second]["ssh"]["user"] == f"web.{second[:8]}"
+        assert ssh[first]["tunnelId"] != ssh[second]["tunnelId"]
+        [endpoint] = [t for t in book.tunnels.values() if t.protocol == "ssh" and t.key.rental_id == rental_id]
+        assert book._fields(endpoint) == {"stackIds": [first, second]}
+        assert sorted(k for k in store.endpoints if k.endswith("/ssh")) == sorted(
+            f"rental/{store.stacks[s]['rentalId']}/ssh" for s in (first, elsewhere)
+        )
+        store.apply_status(first, {"status": wire.REMOVED, "reportedAt": wire_time.iso()})
+        await book.sync()
+        assert book._fields(endpoint) == {"stackIds": [second]} and book.tunnels[endpoint.key] is endpoint
+    finally:
+        await book.close_all()
 
 
 async def test_a_new_port_skips_the_ports_kept_for_other_tunnels(tmp_path, monkeypatch) -> None:

@@ -208,7 +208,7 @@ def test_only_a_service_that_does_not_listen_yet_is_starting() -> None:
 
 
 def test_the_ssh_command_pins_the_host_key_under_one_alias() -> None:
-    from gpuhost_agent.local_marketplace.tunnels import host_key_alias, ssh_command
+    from gpuhost_agent.local_marketplace.ssh_endpoint import host_key_alias, ssh_command
 
     alias = host_key_alias("0123456789abcdef")
     command = ssh_command(41233, "web.3f2a9c1d", alias, "ssh-ed25519 AAAAC3")

@@ -15,11 +15,14 @@ strip the tunnels' session cookies, every tunnel's, before any container sees
 one (tunnel_auth.py); it differs too in its `url` and in the answer a client
 gets while the service is not listening yet. A `tcp` tunnel reads nothing.
 
-A stack whose template has isSSHEnabled gets one more listener, its SSH
-endpoint: each connection is an `ssh` stream, which the agent's own SSH
-server terminates (the login name picks the container), so only ciphertext
-passes here. Tunnel info lists it once per container, with the login name
-and the agent's host key (ssh_entry).
+A rental with a stack whose template has isSSHEnabled gets one more
+listener, its SSH endpoint, one for all its stacks: each connection is an
+`ssh` stream naming those stacks (ssh_stacks), which the agent's own SSH
+server terminates (the login name `<service>.<stack id prefix>` picks the
+stack and the container), so only ciphertext passes here and one
+host:port, one ssh config entry, serves every stack of the rental. Tunnel
+info lists it once per container, with the login name and the agent's host
+key (ssh_endpoint.py).
 """
 
 from __future__ import annotations
@@ -33,10 +36,11 @@ from datetime import timedelta
 from functools import partial
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.local_marketplace import tunnel_auth, tunnel_relay
+from gpuhost_agent.local_marketplace import ssh_endpoint, tunnel_auth, tunnel_relay
 from gpuhost_agent.local_marketplace.channel_hub import ChannelHub, StreamRefused
 from gpuhost_agent.local_marketplace.store import Store
-from gpuhost_agent.protocol import ssh_login, wire, wire_time
+from gpuhost_agent.local_marketplace.tunnel_probes import TunnelProbes
+from gpuhost_agent.protocol import wire, wire_time
 
 log = get_logger(__name__)
 
@@ -44,11 +48,9 @@ log = get_logger(__name__)
 HTTP_PORTS = frozenset({80, 3000, 5000, 5173, 6006, 7860, 8000, 8080, 8081, 8188, 8501, 8888})
 SERVICE_LABEL = "com.docker.compose.service"
 SYNC_PERIOD = 0.5  # seconds between looks at the container lists
-SSH = "ssh"
-SSH_KEY_CONTAINER, SSH_KEY_PORT = "", 0  # a stack's SSH endpoint is keyed on the stack alone
-PROBES_PER_STACK = 24  # background probes of a stack's `starting` tunnels, all together
-PROBE_FIRST_DELAY = 0.5  # seconds before the second round; doubled each round
-PROBE_MAX_DELAY = 30.0
+SSH = ssh_endpoint.SSH
+SSH_KEY_STACK, SSH_KEY_CONTAINER, SSH_KEY_PORT = "", "", 0  # a rental's SSH endpoint is keyed on the rental alone
+SSH_ENDPOINT_PREFIX = "rental/"  # the store's key for a rental's SSH endpoint: rental/<rental id>/ssh
 NEW_PORT_TRIES = 32  # system-picked ports tried before one kept for another tunnel is taken anyway
 
 
@@ -82,7 +84,7 @@ class Tunnel:
         its id is not once it is recreated)."""
         key = self.key
         if self.protocol == SSH:
-            return f"{key.stack_id}/ssh"
+            return f"{SSH_ENDPOINT_PREFIX}{key.rental_id}/ssh"
         return f"{key.stack_id}/{self.name or key.container_id}/{key.port}"
 
     @property
@@ -117,59 +119,6 @@ class Tunnel:
         return {**self.auth, "link": link, "linkExpiresAt": expires_at}
 
 
-def ssh_entry(tunnel: Tunnel, container: dict, host_key: dict | None, env_id: str) -> dict:
-    """The SSH endpoint as one container's tunnel info shows it, with a
-    command that pins the host key as pasted (ssh_command)."""
-    service = _service(container)
-    user = ssh_login.ssh_login_name(service, tunnel.key.stack_id)
-    port = tunnel.listen_port
-    public = (host_key or {}).get("hostKey")
-    alias = host_key_alias(env_id)
-    return {
-        "tunnelId": hashlib.sha256(f"{tunnel.key.stack_id}/{container['Id']}/ssh".encode()).hexdigest()[:16],
-        "service": service,
-        "containerId": container["Id"],
-        "containerPort": None,
-        "protocol": SSH,
-        "url": None,
-        "host": "127.0.0.1",
-        "port": port,
-        "auth": None,
-        # The listener exists only while a running container is open to SSH: ready once the host key is known.
-        "status": tunnel.status if tunnel.status == "error" else ("ready" if host_key else "starting"),
-        "error": tunnel.error,
-        "notice": tunnel.notice,
-        "ssh": {
-            "host": "127.0.0.1",
-            "port": port,
-            "user": user,
-            "hostKeyFingerprint": (host_key or {}).get("hostKeyFingerprint"),
-            "hostKey": public,
-            "hostKeyAlias": alias,
-            "knownHostsLine": f"{alias} {public}" if public else None,
-            "command": ssh_command(port, user, alias, public),
-        },
-    }
-
-
-def host_key_alias(env_id: str) -> str:
-    """The name the host key is pinned under, whatever the port: one pin for
-    every SSH endpoint of the environment (the agent has one host key)."""
-    return f"gpuhost-{env_id[:8]}"
-
-
-def ssh_command(port: int, user: str, alias: str, public: str | None) -> str:
-    """What a renter pastes: their key, and the host key pinned without a
-    known_hosts file to edit: OpenSSH (8.5 and later) reads the
-    KnownHostsCommand's output as known_hosts lines, under HostKeyAlias, and
-    StrictHostKeyChecking=yes refuses any other key. `~/.ssh/id_ed25519` is
-    ssh-keygen's default file: a renter with another key changes `-i`."""
-    pin = ""
-    if public:
-        pin = f'-o HostKeyAlias={alias} -o StrictHostKeyChecking=yes -o "KnownHostsCommand=/bin/echo {alias} {public}" '
-    return f"ssh -i ~/.ssh/id_ed25519 -p {port} {pin}{user}@127.0.0.1"
-
-
 def _service(container: dict) -> str:
     labels = dict(str(label).partition("=")[::2] for label in container.get("Labels") or [])
     return labels.get(SERVICE_LABEL) or container.get("Name", "")
@@ -183,16 +132,43 @@ def _running(store: Store, stack_id: str) -> list[dict]:
     ]
 
 
+def _serving(store: Store, stack: dict) -> bool:
+    """Whether the stack's tunnels are open: APPLIED, its rental active."""
+    rental = store.rentals.get(stack["rentalId"]) or {}
+    return stack.get("status") == wire.APPLIED and rental.get("status") == wire.RENTAL_ACTIVE
+
+
+def _ssh_enabled(stack: dict) -> bool:
+    return (stack.get("template") or {}).get("isSSHEnabled") is True
+
+
+def ssh_stacks(store: Store, rental_id: str) -> list[str]:
+    """The rental's stacks a login to its SSH endpoint may pick now: open,
+    SSH-enabled, a container running. The ssh request lists them; the agent
+    checks each against Docker's labels whatever this says."""
+    return [
+        stack_id
+        for stack_id, stack in store.stacks.items()
+        if stack["rentalId"] == rental_id
+        and _serving(store, stack)
+        and _ssh_enabled(stack)
+        and _running(store, stack_id)
+    ]
+
+
+def ssh_key(rental_id: str) -> TunnelKey:
+    return TunnelKey(rental_id, SSH_KEY_STACK, SSH_KEY_CONTAINER, SSH_KEY_PORT)
+
+
 def wanted(store: Store) -> dict[TunnelKey, tuple[str, str, str]]:
     """(service, protocol, container name) of every tunnel there should be now."""
     tunnels: dict[TunnelKey, tuple[str, str, str]] = {}
     for stack_id, stack in store.stacks.items():
-        rental = store.rentals.get(stack["rentalId"]) or {}
-        if stack.get("status") != wire.APPLIED or rental.get("status") != "ACTIVE":
+        if not _serving(store, stack):
             continue
         running = _running(store, stack_id)
-        if running and (stack.get("template") or {}).get("isSSHEnabled") is True:
-            tunnels[TunnelKey(stack["rentalId"], stack_id, SSH_KEY_CONTAINER, SSH_KEY_PORT)] = ("", SSH, "")
+        if running and _ssh_enabled(stack):
+            tunnels[ssh_key(stack["rentalId"])] = ("", SSH, "")
         for container in running:
             service = _service(container)
             for port in {p["PrivatePort"] for p in container.get("Ports") or [] if p.get("Type", "tcp") == "tcp"}:
@@ -206,8 +182,7 @@ class TunnelBook:
     def __init__(self, store: Store, hub: ChannelHub, host: str = "127.0.0.1"):
         self.store, self.hub, self.host = store, hub, host
         self.tunnels: dict[TunnelKey, Tunnel] = {}
-        self._probers: dict[str, asyncio.Task] = {}  # stack id: the task probing its `starting` tunnels
-        self._probes_left: dict[str, int] = {}  # stack id: probes it may still make
+        self.probes = TunnelProbes(hub, lambda: self.tunnels.values(), self._fields)  # of the `starting` tunnels
 
     def for_stack(self, stack_id: str) -> list[dict]:
         return [entry for _, entry in sorted(self._entries(stack_id), key=lambda pair: pair[0])]
@@ -220,17 +195,24 @@ class TunnelBook:
         ]
 
     def _entries(self, stack_id: str) -> list[tuple[tuple[str, int], dict]]:
-        """(order, tunnel info) of the stack's tunnels; its SSH endpoint once per running container."""
-        entries = []
-        for key, tunnel in self.tunnels.items():
-            if key.stack_id != stack_id:
-                continue
-            if tunnel.protocol != SSH:
-                entries.append(((key.container_id, key.port), tunnel.as_wire()))
-                continue
+        """(order, tunnel info) of the stack's tunnels; its rental's SSH
+        endpoint once per running container, when the stack is SSH-enabled."""
+        entries = [
+            ((key.container_id, key.port), tunnel.as_wire())
+            for key, tunnel in self.tunnels.items()
+            if key.stack_id == stack_id and tunnel.protocol != SSH
+        ]
+        stack = self.store.stacks.get(stack_id)
+        ssh = self.tunnels.get(ssh_key(stack["rentalId"])) if stack and _ssh_enabled(stack) else None
+        if ssh is not None and _serving(self.store, stack or {}):
             host_key = self.store.host.get("sshHostKey")
             for container in _running(self.store, stack_id):
-                entries.append(((container["Id"], -1), ssh_entry(tunnel, container, host_key, self.store.envId)))
+                status = ssh.status if ssh.status == "error" else ("ready" if host_key else "starting")
+                entry = ssh_endpoint.ssh_entry(
+                    stack_id, container["Id"], _service(container), ssh.listen_port, host_key, self.store.envId
+                )
+                entry.update(status=status, error=ssh.error, notice=ssh.notice)
+                entries.append(((container["Id"], -1), entry))
         return entries
 
     async def run(self, period: float = SYNC_PERIOD) -> None:
@@ -245,11 +227,7 @@ class TunnelBook:
         want = wanted(self.store)
         for key in [key for key in self.tunnels if key not in want]:
             await self._close(self.tunnels.pop(key))
-        stacks = {key.stack_id for key in want}
-        for stack_id in [s for s in self._probes_left if s not in stacks]:
-            self._probes_left.pop(stack_id)
-            if (prober := self._probers.pop(stack_id, None)) is not None:
-                prober.cancel()
+        self.probes.forget({key.stack_id for key in want})
         for key, (service, protocol, name) in want.items():
             if key in self.tunnels:
                 if self._arm(self.tunnels[key]):  # a new password since (POST .../tunnel-password)
@@ -260,7 +238,7 @@ class TunnelBook:
                 self._arm(tunnel)
                 self.tunnels[key] = tunnel
         self._forget_endpoints()
-        self._start_probers()
+        self.probes.start()
 
     async def _listen(self, tunnel: Tunnel) -> None:
         """A listener on the port the tunnel had before (the store keeps it),
@@ -315,8 +293,17 @@ class TunnelBook:
                 server.close()
 
     def _forget_endpoints(self) -> None:
-        """The kept ports of stacks the store no longer has."""
-        gone = [key for key in self.store.endpoints if key.partition("/")[0] not in self.store.stacks]
+        """The kept ports of stacks the store no longer has, and the SSH
+        endpoints of rentals that ended (an active rental's is kept while it
+        has no SSH stack: a stack removed and made again finds it)."""
+        active = {r for r, rental in self.store.rentals.items() if rental.get("status") == wire.RENTAL_ACTIVE}
+
+        def kept(key: str) -> bool:
+            if key.startswith(SSH_ENDPOINT_PREFIX):
+                return key[len(SSH_ENDPOINT_PREFIX) :].partition("/")[0] in active
+            return key.partition("/")[0] in self.store.stacks
+
+        gone = [key for key in self.store.endpoints if not kept(key)]
         for key in gone:
             del self.store.endpoints[key]
         if gone:
@@ -344,73 +331,18 @@ class TunnelBook:
         }
         return replaced
 
-    def _start_probers(self) -> None:
-        """One prober per stack with `starting` tunnels, while its probes last."""
-        for tunnel in self.tunnels.values():
-            stack_id = tunnel.key.stack_id
-            if tunnel.protocol == SSH or tunnel.status != "starting" or stack_id in self._probers:
-                continue
-            if self._probes_left.setdefault(stack_id, PROBES_PER_STACK) > 0:
-                prober = asyncio.create_task(self._probe_stack(stack_id), name=f"probe {stack_id[:8]}")
-                self._probers[stack_id] = prober
-                prober.add_done_callback(partial(self._prober_done, stack_id))
-
-    def _prober_done(self, stack_id: str, prober: asyncio.Task) -> None:
-        if self._probers.get(stack_id) is prober:
-            del self._probers[stack_id]
-
-    async def _probe_stack(self, stack_id: str) -> None:
-        """Probe the stack's `starting` tunnels, one at a time, the rounds
-        further apart each time, until none is starting or the probes are spent."""
-        delay = PROBE_FIRST_DELAY
-        while True:
-            starting = [
-                t
-                for t in self.tunnels.values()
-                if t.key.stack_id == stack_id and t.protocol != SSH and t.status == "starting"
-            ]
-            for tunnel in starting:
-                if self._probes_left.get(stack_id, 0) <= 0:
-                    log.info("tunnel_probes_spent", stack_id=stack_id, starting=len(starting))
-                    return
-                self._probes_left[stack_id] -= 1
-                await self._probe(tunnel)
-            if not starting:
-                return
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, PROBE_MAX_DELAY)
-
-    async def _probe(self, tunnel: Tunnel) -> None:
-        """One TCP connection to the service through the agent's tunnel path,
-        closed at once: `ready` when it opens. Only a refusal that says the
-        service does not listen yet keeps `starting`; any other (no agent
-        connected, too many streams) changes nothing, the next probe or
-        client will tell."""
-        try:
-            stream = await self.hub.open("tunnel", tunnel.key.rental_id, self._fields(tunnel))
-        except StreamRefused as refused:
-            if not tunnel_relay.is_not_listening(refused.status, refused.message):
-                log.info("tunnel_probe_refused", tunnel_id=tunnel.tunnel_id, status=refused.status)
-            return
-        if tunnel.status == "starting":
-            tunnel.status, tunnel.error = "ready", None
-            log.info("tunnel_ready", tunnel_id=tunnel.tunnel_id, stack_id=tunnel.key.stack_id)
-        await self.hub.finish(stream)
-
-    def _fields(self, tunnel: Tunnel) -> dict[str, str | int]:
+    def _fields(self, tunnel: Tunnel) -> dict[str, object]:
         """The stream request for one connection of the tunnel."""
         key = tunnel.key
         if tunnel.protocol == SSH:
-            return {"stackId": key.stack_id}
-        fields: dict[str, str | int] = {"stackId": key.stack_id, "containerId": key.container_id, "port": key.port}
+            return {"stackIds": ssh_stacks(self.store, key.rental_id)}
+        fields: dict[str, object] = {"stackId": key.stack_id, "containerId": key.container_id, "port": key.port}
         if tunnel.protocol == "http" and self._insecure(key.stack_id):
             fields["tls"] = True  # HTTPS to a self-signed service
         return fields
 
     async def close_all(self) -> None:
-        for prober in list(self._probers.values()):
-            prober.cancel()
-        await asyncio.gather(*self._probers.values(), return_exceptions=True)
+        await self.probes.stop()
         tunnels, self.tunnels = list(self.tunnels.values()), {}
         for tunnel in tunnels:
             await self._close(tunnel)
@@ -457,8 +389,11 @@ class TunnelBook:
                     forward = decision.forward
                 first = forward.render()
             kind = SSH if tunnel.protocol == SSH else "tunnel"
+            fields = self._fields(tunnel)
+            if fields.get("stackIds") == []:  # its last SSH stack went since the last sync: closing
+                return
             try:
-                stream = await self.hub.open(kind, key.rental_id, self._fields(tunnel))
+                stream = await self.hub.open(kind, key.rental_id, fields)
             except StreamRefused as refused:
                 log.info("tunnel_refused", tunnel_id=tunnel.tunnel_id, status=refused.status, error=refused.message)
                 starting = tunnel_relay.is_not_listening(refused.status, refused.message)

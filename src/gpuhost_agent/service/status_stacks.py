@@ -7,8 +7,10 @@ Compose project only. So the name is the marketplace's (the last desired
 state), else read back from the project, and the tunnels are derived the way
 the marketplace derives them (docs/streams.md, section 4): every TCP port a
 container of the stack declares, in the container list the agent last
-reported, plus the stack's SSH endpoint when its containers carry the SSH
-label. A name is shown at most 128 characters long (protocol/wire_jobs.py,
+reported, plus the rental's SSH endpoint when the stack's containers carry
+the SSH label (its connections counted for each stack the endpoint serves:
+which one a login picks, only the agent's SSH server knows). A name is shown
+at most 128 characters long (protocol/wire_jobs.py,
 display_name): the marketplace could send any length. A tunnel is open while its container runs in an APPLIED stack; its
 connections are the tunnel streams the agent relays now. The marketplace
 calls conventional web ports `http`; that is its label for the same TCP
@@ -104,7 +106,7 @@ def tunnels(stack_id: str, containers: list[dict], applied: bool, requests: list
                 "port": None,
                 "protocol": "ssh",
                 "open": applied,
-                "connections": sum(1 for r in requests if isinstance(r, SshRequest) and r.stack_id == stack_id),
+                "connections": sum(1 for r in requests if isinstance(r, SshRequest) and stack_id in r.stack_ids),
                 "logins": sorted(logins),
             }
         )

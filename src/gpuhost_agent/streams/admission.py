@@ -131,7 +131,7 @@ async def check_container(
     return refusal, container
 
 
-def check_access(labels: Any, env_id: str | None, request: StreamRequest) -> Refusal | None:
+def check_access(labels: Any, env_id: str | None, request: ContainerRequest) -> Refusal | None:
     """Only the agent's own containers, of this environment, of the request's
     rental and stack: Docker's labels alone say so. Every mismatch reads the
     same: what exists elsewhere is none of the asker's business."""
@@ -148,15 +148,16 @@ def check_access(labels: Any, env_id: str | None, request: StreamRequest) -> Ref
 
 
 async def check_ssh(list_stack: ListStack, session: SessionState, request: SshRequest) -> Refusal | None:
-    """A stack of this rental with a running container open to SSH; which
-    one is the login's choice."""
-    try:
-        containers = await list_stack(request.stack_id)
-    except EngineError as exc:
-        return Refusal(request.stream_id, 503, f"Docker Engine: {exc}"[:500])
-    if pick_any(containers, session.env_id, request.rental_id, request.stack_id) is None:
-        return Refusal(request.stream_id, 404, "no running container of this stack is open to SSH")
-    return None
+    """One of the request's stacks, of this rental, with a running container
+    open to SSH; which stack and container is the login's choice."""
+    for stack_id in request.stack_ids:
+        try:
+            containers = await list_stack(stack_id)
+        except EngineError as exc:
+            return Refusal(request.stream_id, 503, f"Docker Engine: {exc}"[:500])
+        if pick_any(containers, session.env_id, request.rental_id, stack_id) is not None:
+            return None
+    return Refusal(request.stream_id, 404, "no running container of these stacks is open to SSH")
 
 
 async def connect_tunnel(

@@ -20,6 +20,7 @@ DEFAULT_COLS, DEFAULT_ROWS = 80, 24
 MAX_COMMAND_ITEMS = 64
 MAX_COMMAND_CHARS = 4096
 MAX_TERMINAL_SIDE = 1000
+MAX_SSH_STACKS = 64  # stacks one SSH endpoint (one rental) may name
 _STREAM_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # A container's Id or Name (Docker's names may come with their leading "/").
 _CONTAINER = re.compile(r"^/?[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -62,12 +63,14 @@ class TunnelRequest:
 
 @dataclass(frozen=True)
 class SshRequest:
-    """One renter's SSH connection to the stack's SSH endpoint (streams/ssh_server.py).
-    No container: the login name picks it, after the handshake."""
+    """One renter's SSH connection to the rental's SSH endpoint (streams/ssh_server.py).
+    No stack and no container: the login name picks both, after the
+    handshake, among `stack_ids`, the rental's stacks the marketplace says are
+    open to SSH (the marketplace relays ciphertext and never sees the name)."""
 
     stream_id: str
     rental_id: str
-    stack_id: str
+    stack_ids: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,7 @@ def parse_request(message: Any) -> Request:
         if kind == "tunnel":
             return TunnelRequest(stream_id, *_target(message), port=_port(message), tls=_flag(message, "tls"))
         if kind == "ssh":
-            return SshRequest(stream_id, *_stack(message))
+            return SshRequest(stream_id, *_ssh_stacks(message))
     except _Bad as exc:
         return Refusal(stream_id, 400, str(exc))
     return Refusal(stream_id, 400, f"unknown request type {str(kind)[:40]!r}")
@@ -161,6 +164,25 @@ def _stack(message: dict) -> tuple[str, str]:
         if not wire_values.is_safe_id(message.get(key)):
             raise _Bad(f"{key} is missing or not an id")
     return message["rentalId"], message["stackId"]
+
+
+def _ssh_stacks(message: dict) -> tuple[str, tuple[str, ...]]:
+    """The rental and its stacks a login may pick: `stackIds`, or one
+    `stackId` (a marketplace that keeps an endpoint per stack)."""
+    if "stackIds" not in message:
+        rental_id, stack_id = _stack(message)
+        return rental_id, (stack_id,)
+    rental = message.get("rentalId")
+    if not wire_values.is_safe_id(rental):
+        raise _Bad("rentalId is missing or not an id")
+    stack_ids = message["stackIds"]
+    if not (
+        isinstance(stack_ids, list)
+        and 0 < len(stack_ids) <= MAX_SSH_STACKS
+        and all(wire_values.is_safe_id(stack_id) for stack_id in stack_ids)
+    ):
+        raise _Bad(f"stackIds must be 1 to {MAX_SSH_STACKS} stack ids")
+    return rental, tuple(dict.fromkeys(stack_ids))
 
 
 def _target(message: dict) -> tuple[str, str, str]:

@@ -1,9 +1,11 @@
 """Who may log in over SSH, and to which container (docs/streams.md, "ssh").
 
-The login name picks the container: `<service>.<first 8 characters of the
-stack id>`, e.g. `web.3f2a9c1d`. The prefix says which stack the renter meant,
-so a name copied from another stack's tunnel info fails plainly instead of
-opening a namesake service. The container must carry the agent's labels for
+One SSH endpoint per rental; the login name picks the stack and the
+container: `<service>.<first 8 characters of the stack id>`, e.g.
+`web.3f2a9c1d`. The prefix says which of the rental's stacks the renter
+meant (the ssh request lists them), so two stacks' namesake services are
+told apart, and a name copied from another rental's tunnel info fails as an
+unknown name does. The container must carry the agent's labels for
 this environment, rental and stack, and the SSH label the agent set because
 the stack's template has isSSHEnabled: the marketplace's request alone opens
 nothing.
@@ -32,12 +34,19 @@ KEYS_RECHECK_SECONDS = 2.0  # an unknown key asks again once the list is this ol
 MAX_CACHED_RENTALS = 1024
 
 
-def parse_login(name: str, stack_id: str) -> str | None:
-    """The service a login name (ssh_login.ssh_login_name) asks for in this stack, or None."""
+def parse_login(name: str, stack_ids: tuple[str, ...]) -> tuple[str, str] | None:
+    """(service, stack id) a login name (ssh_login.ssh_login_name) asks for
+    among the endpoint's stacks, or None. A prefix of a stack that is not
+    among them (another rental's, one without SSH) is None like any unknown
+    name: the renter learns nothing of what exists elsewhere. Two stacks of
+    one rental whose ids share 8 characters (uuid4s: about one rental in a
+    billion with a hundred stacks) give the first; the other keeps its
+    tunnels and terminals."""
     service, dot, prefix = name.rpartition(".")
-    if not dot or not service or prefix != stack_id[: ssh_login.SSH_STACK_PREFIX]:
+    if not dot or not service or len(prefix) != ssh_login.SSH_STACK_PREFIX:
         return None
-    return service
+    stack_id = next((s for s in stack_ids if s[: ssh_login.SSH_STACK_PREFIX] == prefix), None)
+    return (service, stack_id) if stack_id else None
 
 
 def _open_to_ssh(containers: list[dict], env_id: str | None, rental_id: str, stack_id: str) -> list[dict]:

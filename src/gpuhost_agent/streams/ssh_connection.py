@@ -94,7 +94,7 @@ class SshConnection:
             "ssh_login",
             stream_id=request.stream_id,
             rental_id=request.rental_id,
-            stack_id=request.stack_id,
+            stack_id=self._login.stack_id,
             user=conn.get_extra_info("username"),
             container_id=str(container.get("Id", ""))[:12],
         )

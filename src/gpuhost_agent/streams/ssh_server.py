@@ -1,6 +1,6 @@
 """SSH into a rental's containers, terminated in the agent (docs/streams.md, "ssh").
 
-An `ssh` stream carries one renter's TCP connection to the stack's SSH
+An `ssh` stream carries one renter's TCP connection to the rental's SSH
 endpoint, byte for byte: the marketplace relays ciphertext and never holds a
 key that could read it. The agent runs asyncssh on one end of a socket pair
 and relays the other end to the stream (streams/tunnel.TunnelRelay), so the
@@ -53,6 +53,7 @@ class Login(asyncssh.SSHServer):
         self._services, self._request, self._env_id = services, request, env_id
         self._sessions = sessions  # a session channel's handler, given its slot
         self.container: dict | None = None  # the `docker ps` entry the login picked
+        self.stack_id = ""  # the stack of the rental the login name picked
         self.channels = services.channels.connection(request.rental_id)
 
     def _take(self, kind: str) -> Slot:
@@ -77,19 +78,20 @@ class Login(asyncssh.SSHServer):
 
     async def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
         request = self._request
-        service = parse_login(username, request.stack_id)
-        if service is None:
-            return self._refuse(username, "the login name is not <service>.<stack id prefix> of this stack")
+        picked = parse_login(username, request.stack_ids)
+        if picked is None:
+            return self._refuse(username, "the login name is not <service>.<stack id prefix> of this rental's stacks")
+        service, stack_id = picked
         try:
-            containers = await self._services.stack_containers(request.stack_id)
-            container = pick_container(containers, service, self._env_id, request.rental_id, request.stack_id)
+            containers = await self._services.stack_containers(stack_id)
+            container = pick_container(containers, service, self._env_id, request.rental_id, stack_id)
             if container is None:
                 return self._refuse(username, f"no running container of service {service!r} open to SSH")
             if not await self._services.keys.allows(request.rental_id, key.export_public_key("openssh").decode()):
                 return self._refuse(username, "the key is not one of the renter's SSH keys")
         except (EngineError, MarketplaceUnavailable, MarketplaceRejected) as exc:
             return self._refuse(username, f"cannot check the login now: {exc}"[:300])
-        self.container = container
+        self.container, self.stack_id = container, stack_id
         return True
 
     def _refuse(self, username: str, reason: str) -> bool:
@@ -116,17 +118,17 @@ class Login(asyncssh.SSHServer):
         loopback = own_loopback(dest_host)
         if loopback:
             return await self._own_loopback(dest_host, dest_port, loopback)
-        request = self._request
+        request, stack_id = self._request, self.stack_id
+        if not stack_id:  # a channel opens only after the login
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, "not logged in")
         try:
-            containers = await self._services.stack_containers(request.stack_id)
+            containers = await self._services.stack_containers(stack_id)
             target = _named(containers, dest_host)
             container = await self._services.engine.locate(target["Id"]) if target else None
         except EngineError as exc:
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, f"Docker Engine: {exc}"[:200]) from None
         info = container.info if container is not None else {}
-        tunnel = TunnelRequest(
-            request.stream_id, request.rental_id, request.stack_id, str(info.get("Id", "")), dest_port
-        )
+        tunnel = TunnelRequest(request.stream_id, request.rental_id, stack_id, str(info.get("Id", "")), dest_port)
         labels = info.get("Config", {}).get("Labels")
         if container is None or check_access(labels, self._env_id, tunnel) is not None:  # the tunnel rule
             log.info("ssh_forward_refused", stream_id=request.stream_id, target=dest_host[:80], port=dest_port)
@@ -150,7 +152,7 @@ class Login(asyncssh.SSHServer):
             container = await self._services.engine.locate(login["Id"])
         except EngineError as exc:
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, f"Docker Engine: {exc}"[:200]) from None
-        tunnel = TunnelRequest(request.stream_id, request.rental_id, request.stack_id, container.id, dest_port)
+        tunnel = TunnelRequest(request.stream_id, request.rental_id, self.stack_id, container.id, dest_port)
         service = await connect_own_loopback(container, tunnel, self._env_id, addresses)
         if isinstance(service, Refusal):
             log.info("ssh_forward_refused", stream_id=request.stream_id, target=dest_host[:80], port=dest_port)
