@@ -29,7 +29,7 @@ services:
     stop_grace_period: 1s
   echo:
     image: {TEST_IMAGE}
-    command: ["sh", "-c", "while true; do nc -l -p 9000 -e cat; done"]
+    command: ["sh", "-c", "exec nc -ll -p 9000 -e cat"]
     expose: ["9000"]
     stop_grace_period: 1s
 """
@@ -54,8 +54,11 @@ async def test_status_shows_names_tunnels_and_the_verdict(local_market, socket_d
     stack_id = await renter.stack(rental_id, WEB_AND_ECHO, name="Status Check UI", isSSHEnabled=True)
     stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
     assert stack["status"] == wire.APPLIED, stack["errorMsg"]
-    listed = await renter.tunnels(rental_id, stack_id, 2, keep=lambda t: t["protocol"] != "ssh")
-    echo = next(t for t in listed if t["containerPort"] == 9000)
+    await renter.tunnels(rental_id, stack_id, 2, keep=lambda t: t["protocol"] != "ssh")
+    # Connect once the tunnel says ready (nc listens): a renter's connection before that met a closed port
+    (echo,) = await renter.tunnels(
+        rental_id, stack_id, 1, lambda t: t["containerPort"] == 9000 and t["status"] == "ready"
+    )
 
     sock = socket_dir / "agent.sock"
     server = await start_status_server(parts, sock)

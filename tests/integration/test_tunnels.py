@@ -30,7 +30,7 @@ services:
     stop_grace_period: 1s
   echo:
     image: {TEST_IMAGE}
-    command: ["sh", "-c", "while true; do nc -l -p 9000 -e cat; done"]
+    command: ["sh", "-c", "exec nc -ll -p 9000 -e cat"]
     expose: ["9000", "9001"]
     stop_grace_period: 1s
   late:
@@ -166,7 +166,7 @@ services:
     stop_grace_period: 1s
   mirror:
     image: {TEST_IMAGE}
-    command: ["sh", "-c", "while true; do nc -l -p 8000 -e cat; done"]
+    command: ["sh", "-c", "exec nc -ll -p 8000 -e cat"]
     expose: ["8000"]
     stop_grace_period: 1s
 """
