@@ -5,8 +5,8 @@ what a host does: the marketplace's install line, the agent under systemd,
 then the renter API. One booted host for the whole module; the tests run in
 order and each builds on the one before (install, deploy and limits, the
 watchdog while that deploy's job may still be open, a deploy into the
-restarted agent's slice, the storage probe, journal, stop, upgrade,
-uninstall). Needs root.
+restarted agent's slice, an OOM kill at a rental's limit, the storage probe,
+journal, stop, upgrade, uninstall). Needs root.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from support.install_chroot import needs_root
 from support.renter import Renter
 from support.stacks import TEST_IMAGE
 
+from gpuhost_agent.core.containers.seed_list import RENTAL_MEMORY_REACHED
 from gpuhost_agent.local_marketplace import server as local_server
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.store import Store
@@ -172,6 +173,63 @@ async def test_the_restarted_agent_deploys_into_a_rental_whose_slice_it_did_not_
     shown = await asyncio.to_thread(world.host.show, slice_name(rental_id), "MemoryLimit")
     assert shown["MemoryLimit"] == str(box["HostConfig"]["Memory"]), shown
     assert (await _sh(world, f"docker inspect -f '{{{{.State.Running}}}}' {world.container_id}")).out.strip() == "true"
+
+
+async def test_a_rental_over_its_memory_is_oom_killed_by_the_kernel_and_told_so(world: World) -> None:
+    """Services each under their own memory limit, together over the
+    rental's: the kernel kills in the rental's slice (systemd's cgroup, the
+    systemd driver), the count of its limit's refusals says so, and the agent tells the
+    renter the rental's limit was reached, not the container's own. A rental
+    of its own, so the stack the later tests hold is not the kernel's victim.
+    cgroup v1 here (this machine's kernel), where systemd says nothing of OOM
+    kills: the kernel's word is the slice's memory.failcnt, the times its own
+    limit refused a charge (v1 counts `oom_kill` in the victim's cgroup, the
+    container's, gone with it: the slice's stays 0; v2 hosts: memory.events)."""
+    renter = world.renter
+    rental_id = await renter.rental(gpu_count=1)
+    name = slice_name(rental_id)
+    probe = await renter.stack(rental_id, SLEEPER)
+    applied = await renter.wait_stack(rental_id, probe, (wire.APPLIED, wire.ERROR), timeout=120)
+    assert applied["status"] == wire.APPLIED, applied["errorMsg"]
+    limit = int((await asyncio.to_thread(world.host.show, name, "MemoryLimit"))["MemoryLimit"])
+    failures = f"/sys/fs/cgroup/memory/gpuhost.slice/{name}/memory.failcnt"
+    assert int((await _sh(world, f"cat '{failures}'")).out) == 0
+    stack_id = await renter.stack(rental_id, _filler(int(limit * 0.3)))
+
+    def states() -> list[str]:
+        return [c["State"] for c in (renter.store.containers.get(stack_id) or {}).get("containers", [])]
+
+    def told() -> bool:  # the stack's errorMsg, and the killed container's state in its list
+        said = (renter.store.stacks.get(stack_id) or {}).get("errorMsg", "")
+        return RENTAL_MEMORY_REACHED in said and "exited (137, OOM-killed)" in states()
+
+    deadline = time.monotonic() + 90
+    while not told():
+        if time.monotonic() > deadline:
+            said = await _sh(world, f"cat '{failures}'; docker ps -a", check=False)
+            raise AssertionError(f"{renter.store.stacks.get(stack_id)}\n{states()}\nlimit {limit}\n{said.both}")
+        await asyncio.sleep(0.5)
+    assert int((await _sh(world, f"cat '{failures}'")).out) >= 1
+    killed = (
+        await _sh(world, f"docker ps -aq --filter label={wire.LABEL_STACK}={stack_id} --filter status=exited")
+    ).out
+    for container in killed.split():
+        state = json.loads((await _sh(world, f"docker inspect -f '{{{{json .State}}}}' {container}")).out)
+        assert (state["OOMKilled"], state["ExitCode"]) == (True, 137), state
+    assert killed.split(), "no filler exited"
+
+
+def _filler(size_bytes: int) -> str:
+    """Four services whose main process (tail, reading `size_bytes` from a
+    FIFO) holds that much anonymous memory, then waits on a pipe nobody
+    reads (as test_rental_cgroups_engine's): each alone under its own limit,
+    together over the rental's."""
+    script = (
+        "mkfifo /w/in /w/out; exec 3<>/w/out; sleep 8; "
+        f"head -c {size_bytes} /dev/zero > /w/in & exec tail -c {size_bytes} /w/in >&3"
+    )
+    service = f'    image: {TEST_IMAGE}\n    command: ["sh", "-c", "{script}"]\n    tmpfs: ["/w"]\n'
+    return "services:\n" + "".join(f"  filler{n}:\n{service}" for n in range(4))
 
 
 def _usec(cpus: float) -> str:
