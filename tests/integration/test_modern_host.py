@@ -1,12 +1,12 @@
 """A modern host, real all the way down (issue 33): Debian 13 booted with
 systemd 257 as PID 1, Docker 26 with the systemd cgroup driver, the Compose
-plugin, /var/lib/docker on XFS (tests/support/modern_host.py). On it, exactly
+plugin, /var/lib/docker on btrfs (tests/support/modern_host.py). On it, exactly
 what a host does: the marketplace's install line, the agent under systemd,
 then the renter API. One booted host for the whole module; the tests run in
 order and each builds on the one before (install, deploy and limits, the
 watchdog while that deploy's job may still be open, a deploy into the
-restarted agent's slice, an OOM kill at a rental's limit, the storage probe,
-journal, stop, upgrade, uninstall). Needs root.
+restarted agent's slice, an OOM kill at a rental's limit, a write past its
+disk share, journal, stop, upgrade, uninstall). Needs root.
 """
 
 from __future__ import annotations
@@ -239,18 +239,25 @@ def _usec(cpus: float) -> str:
     return f"{text}s" if seconds >= 1 else f"{int(cpus * 1000)}ms"
 
 
-async def test_the_agents_probe_says_whether_dockers_disk_holds_a_size(world: World) -> None:
-    """/var/lib/docker is XFS here; with prjquota where the kernel has XFS
-    quotas (this machine's has not: CONFIG_XFS_QUOTA is off, docs/hosts.md),
-    and the agent's storage probe must tell which from the mount table."""
-    mounted = (await _sh(world, "findmnt -no FSTYPE,OPTIONS /var/lib/docker")).out.split()
-    assert mounted[0] == "xfs"
+async def test_a_container_writing_past_the_rentals_disk_share_gets_edquot_from_the_kernel(world: World) -> None:
+    """/var/lib/docker is btrfs with dockerd's btrfs driver (XFS project
+    quotas cannot be had with this machine's kernel, docs/hosts.md): the
+    agent's probe says a size holds there, the rental's container gets the
+    rental's disk share as its size, and the kernel refuses a write past it
+    (a btrfs quota group: EDQUOT, "Disk quota exceeded")."""
+    assert (await _sh(world, "findmnt -no FSTYPE /var/lib/docker")).out.strip() == "btrfs"
     facts = world.renter.store.host.get("facts") or world.renter.store.host
     quota = _find(facts, "storageQuota")
-    assert quota is not None, facts
-    assert quota["available"] == ("prjquota" in mounted[1]), (quota, mounted)
-    if not quota["available"]:
-        assert quota["detail"] == "XFS at /var/lib/docker is mounted without pquota: add it to the mount's options"
+    assert quota == {"available": True, "detail": "btrfs with quota groups at /var/lib/docker"}, facts
+    box = json.loads((await _sh(world, f"docker inspect {world.container_id}")).out)[0]
+    size = int((box["HostConfig"].get("StorageOpt") or {}).get("size") or 0)
+    assert size > 0, box["HostConfig"].get("StorageOpt")
+    past = size // (1 << 20) + 64  # MiB
+    wrote = await _sh(
+        world, f"docker exec {world.container_id} dd if=/dev/zero of=/fill bs=1M count={past}", check=False, timeout=300
+    )
+    assert wrote.code != 0 and "Disk quota exceeded" in wrote.both, (size, wrote.both)
+    await _sh(world, f"docker exec {world.container_id} rm /fill")
 
 
 def _find(tree, key: str):
