@@ -3,8 +3,10 @@
 # and cache it: tests/support/modern_host.py boots it with systemd as PID 1 in
 # a privileged container, so the agent meets what most GPU hosts run today:
 # systemd 257, Debian's own docker.io (26.x) with the systemd cgroup driver,
-# the Compose v2 plugin (docker-compose), XFS tools for a prjquota
-# /var/lib/docker, python3 + venv and curl for install.sh.
+# the Compose v2 plugin (docker-compose), btrfs tools for a /var/lib/docker
+# whose containers' sizes the kernel caps (btrfs quota groups, dockerd's btrfs
+# driver) and XFS tools for a prjquota one where the kernel has XFS quotas,
+# python3 + venv and curl for install.sh.
 #
 #   bash scripts/rootfs-debian13.sh [TARGET]     (default tests/.rootfs/debian13)
 #
@@ -24,7 +26,7 @@ suite=trixie
 # asks systemd for scopes over D-Bus; iptables: dockerd's bridge; procps:
 # /bin/kill for the unit's ExecReload=; sudo: the marketplace's install line
 # is `curl ... | sudo bash`; iproute2, util-linux: mounts and addresses.
-packages=systemd,systemd-sysv,dbus,docker.io,docker-cli,docker-compose,containerd,runc,iptables,xfsprogs,python3,python3-venv
+packages=systemd,systemd-sysv,dbus,docker.io,docker-cli,docker-compose,containerd,runc,iptables,xfsprogs,btrfs-progs,python3,python3-venv
 packages+=,curl,ca-certificates,procps,sudo,iproute2,util-linux,kmod
 stamp_value="$(sha256sum "$0" | cut -d' ' -f1)"
 stamp="$target/.gpuhost-rootfs-stamp"

@@ -4,9 +4,11 @@ tests/integration/test_modern_host.py (issue 33).
 The host is Debian 13 (scripts/rootfs-debian13.sh, cached in
 tests/.rootfs/debian13), imported once as an image and booted with systemd 257
 as PID 1 in a container: Debian's docker.io 26 started by systemd with
-`native.cgroupdriver=systemd`, its Compose v2 plugin, /var/lib/docker on an
-XFS file system in a loop file this module makes (mounted with prjquota where
-the kernel has XFS quotas: this machine's has not, docs/hosts.md), and
+`native.cgroupdriver=systemd`, its Compose v2 plugin, /var/lib/docker on a
+btrfs file system in a loop file this module makes, with dockerd's btrfs
+storage driver (its `storage_opt: size` is a btrfs quota group: the kernel
+caps each container's disk; XFS project quotas cannot be had with this
+machine's kernel, docs/hosts.md), and
 stand-in GPUs as the rest of the suite has them (the stand-in NVML library,
 nvidia-smi, nvidia-ctk and the runtime hook). The agent gets there as a host
 gets it: the marketplace's install line, pip finding the Debian 13 wheelhouse
@@ -61,7 +63,7 @@ GPUS = 64  # a 1-GPU rental is 1/64 of the machine: small enough to fill its mem
 BOOT_SECONDS = 90
 
 # The boot script, PID 1 until it execs systemd: the cgroup hierarchies as this
-# cgroup namespace sees them and writable, Docker's disk on XFS, dockerd's
+# cgroup namespace sees them and writable, Docker's disk on btrfs, dockerd's
 # settings, the stand-ins and pip's wheelhouse, then systemd.
 BOOT = r"""set -e
 mount -t tmpfs -o rw,nosuid,nodev,noexec,mode=755 cgroup /sys/fs/cgroup
@@ -73,10 +75,10 @@ mkdir -p /sys/fs/cgroup/systemd /sys/fs/cgroup/unified
 mount -t cgroup -o rw,nosuid,nodev,noexec,none,name=systemd cgroup /sys/fs/cgroup/systemd
 mount -t cgroup2 -o rw,nosuid,nodev,noexec cgroup2 /sys/fs/cgroup/unified
 mkdir -p /var/lib/docker /etc/docker
-[ "$(blkid -o value -s TYPE /dev/docker-disk || true)" = xfs ] || mkfs.xfs -q /dev/docker-disk
-mount -o prjquota /dev/docker-disk /var/lib/docker 2>/dev/null || mount /dev/docker-disk /var/lib/docker
+[ "$(blkid -o value -s TYPE /dev/docker-disk || true)" = btrfs ] || mkfs.btrfs -q /dev/docker-disk
+mount -t btrfs /dev/docker-disk /var/lib/docker
 cat >/etc/docker/daemon.json <<'EOF'
-{"exec-opts": ["native.cgroupdriver=systemd"],
+{"storage-driver": "btrfs", "exec-opts": ["native.cgroupdriver=systemd"],
  "proxies": {"http-proxy": "http://127.0.0.1:9", "https-proxy": "http://127.0.0.1:9",
              "no-proxy": "127.0.0.1,localhost"}}
 EOF
@@ -198,7 +200,7 @@ def booted(folder: Path, rootfs: Path, wheels: Path, agent_wheels: Path) -> Iter
     name = f"gpuhost-modern-{uuid.uuid4().hex[:8]}"
     tag = image(rootfs)
     stage = _stage(folder / "stage")
-    disk = folder / "docker.xfs"
+    disk = folder / "docker.btrfs"
     with disk.open("wb") as made:
         made.truncate(DISK_BYTES)
     loop = ""

@@ -18,22 +18,24 @@ from gpuhost_agent.runtime.rental_slices import RentalSlices
 
 LIMITS = RentalLimits(memory_bytes=2 * 1024**3, cpus=1.5, pids=512)
 ESCAPED = "gpuhost-rab\\x2dcd.slice"
+SYSTEMD_257_EXISTS = "Unit {} was already loaded or has a fragment file."
 
 
 class Systemd:
     """Records each command; answers StartTransientUnit like systemd does for
-    a unit that already exists when told so."""
+    a unit that already exists when told so (in systemd 257's words, as
+    Debian 13's systemd said them on the modern host; `exists` for others)."""
 
-    def __init__(self, existing: set[str] | None = None, refuse: str = ""):
+    def __init__(self, existing: set[str] | None = None, refuse: str = "", exists: str = SYSTEMD_257_EXISTS):
         self.calls: list[list[str]] = []
-        self.existing, self.refuse = existing or set(), refuse
+        self.existing, self.refuse, self.exists = existing or set(), refuse, exists
 
     def __call__(self, argv: list[str]) -> subprocess.CompletedProcess:
         self.calls.append(argv)
         if self.refuse:
             return subprocess.CompletedProcess(argv, 1, "", f"Call failed: {self.refuse}\n")
         if argv[:2] == ["busctl", "call"] and argv[7] in self.existing:
-            return subprocess.CompletedProcess(argv, 1, "", f"Call failed: Unit {argv[7]} already exists.\n")
+            return subprocess.CompletedProcess(argv, 1, "", f"Call failed: {self.exists.format(argv[7])}\n")
         return subprocess.CompletedProcess(argv, 0, "", "")
 
 
@@ -106,10 +108,12 @@ def test_the_limits_are_a_transient_slices_properties(tmp_path) -> None:
     ]
 
 
-def test_cgroup_v1_uses_memory_limit_and_a_slice_that_exists_is_limited_again(tmp_path) -> None:
+@pytest.mark.parametrize("exists", [SYSTEMD_257_EXISTS, "Unit {} already exists."])
+def test_cgroup_v1_uses_memory_limit_and_a_slice_that_exists_is_limited_again(tmp_path, exists: str) -> None:
     """After an agent restart the slice is still there (transient slices last
-    until reboot): its limits are set on it, in systemctl's words."""
-    systemd = Systemd(existing={ESCAPED})
+    until reboot): its limits are set on it, in systemctl's words, whichever
+    way systemd words that the unit exists."""
+    systemd = Systemd(existing={ESCAPED}, exists=exists)
     _cgroups(tmp_path, systemd, version="1").apply("ab-cd", LIMITS)
     assert [call[:2] for call in systemd.calls] == [["busctl", "call"], ["systemctl", "set-property"]]
     assert "MemoryLimit" in systemd.calls[0] and "MemorySwapMax" not in systemd.calls[0]

@@ -1,5 +1,5 @@
 """A real disk quota per container only where Docker's disk has one: overlay2
-on XFS mounted with project quotas. The `docker info` shapes are the
+on XFS mounted with project quotas, or the btrfs driver. The `docker info` shapes are the
 engine's own (this machine's is the first); the mount tables are lines as
 the kernel writes /proc/self/mountinfo."""
 
@@ -39,8 +39,19 @@ def test_only_overlay2_on_xfs_with_project_quotas_has_one() -> None:
     assert not plain["available"] and "/var/lib/docker is mounted without pquota" in plain["detail"]
     ext4 = storage_quota(EXT4, ROOT)
     assert not ext4["available"] and "overlay2 on extfs" in ext4["detail"]
-    other = storage_quota({**EXT4, "Driver": "btrfs"}, ROOT)
-    assert not other["available"] and "btrfs storage driver" in other["detail"]
+    other = storage_quota({**EXT4, "Driver": "vfs"}, ROOT)
+    assert not other["available"] and "vfs storage driver" in other["detail"]
+
+
+def test_the_btrfs_driver_has_one_its_quota_groups() -> None:
+    """dockerd's btrfs driver runs only on btrfs and caps a container's
+    subvolume with a qgroup (test_modern_host writes past one)."""
+    btrfs = {"Driver": "btrfs", "DockerRootDir": "/var/lib/docker", "DriverStatus": [["Btrfs", ""]]}
+    data = "95 22 0:40 / /var/lib/docker rw,relatime shared:40 - btrfs /dev/loop0 rw,space_cache=v2,subvol=/\n"
+    assert storage_quota(btrfs, ROOT + data) == {
+        "available": True,
+        "detail": "btrfs with quota groups at /var/lib/docker",
+    }
 
 
 def test_the_mount_is_the_longest_mount_point_above_the_data_root() -> None:

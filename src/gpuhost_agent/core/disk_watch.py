@@ -2,7 +2,8 @@
 
 A rental's containers write to their writable layers and to the stack's
 volumes, all on Docker's disk; nothing in Docker limits either on the common
-filesystems (a real quota needs overlay2 on XFS with project quotas). So the
+filesystems (a real quota needs overlay2 on XFS with project quotas, or the
+btrfs driver: inventory/storage_quota.py). So the
 agent measures: every `interval` it asks the engine what each container's
 writable layer and each volume holds (`GET /system/df`, the numbers of
 `docker system df -v`), adds them up per rental, and stops the running

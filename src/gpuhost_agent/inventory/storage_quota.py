@@ -2,8 +2,11 @@
 
 Docker's overlay2 driver takes `storage_opt: {size: ...}` only on XFS mounted
 with project quotas (`pquota`, shown by the kernel as `prjquota`); anywhere
-else the container is refused at creation. So the agent asks for that quota
-only where `docker info` and the mount table both say it will hold, and
+else the container is refused at creation. Its btrfs driver (which runs only
+with its data root on btrfs) takes it always: the size is a qgroup limit on
+the container's subvolume, and dockerd turns the file system's quotas on
+itself (seen on the modern host, docs/hosts.md). So the agent asks for that
+quota only where `docker info` and the mount table both say it will hold, and
 measures the rental's disk use on a schedule everywhere (core/disk_watch.py).
 Pure: `docker info` and /proc/self/mountinfo's text in, the verdict out.
 """
@@ -20,6 +23,9 @@ QUOTA_OPTIONS = frozenset({"prjquota", "pquota"})  # pqnoenforce counts but does
 def storage_quota(info: dict, mountinfo: str) -> dict:
     """{"available": bool, "detail": why}, from `docker info` and the mount table."""
     driver = info.get("Driver") or "unknown"
+    if driver == "btrfs":
+        root = str(info.get("DockerRootDir") or "/var/lib/docker")
+        return _verdict(True, f"btrfs with quota groups at {mount_of(root, mountinfo)[0]}")
     if driver != "overlay2":
         return _verdict(False, f"the {driver} storage driver: the rental's disk use is measured, not capped")
     status = {str(pair[0]): str(pair[1]) for pair in info.get("DriverStatus") or [] if len(pair) == 2}

@@ -32,6 +32,11 @@ SYSTEMD_RUNNING = Path("/run/systemd/system")  # sd_booted(3): systemd is PID 1
 COMMAND_SECONDS = 30
 USEC_PER_SEC = 1_000_000
 
+# systemd's words for org.freedesktop.systemd1.UnitExists, which busctl prints
+# without the error's name: systemd 257 (Debian 13) says the first, older
+# systemd the second. A restarted agent meets it for every rental's slice.
+UNIT_EXISTS = ("was already loaded or has a fragment file", "already exists")
+
 Runner = Callable[[list[str]], subprocess.CompletedProcess]
 Which = Callable[[str], "str | None"]
 
@@ -129,7 +134,7 @@ class RentalSlices:
         started = self._run(start_command(name, chosen))
         if started.returncode == 0:
             return
-        if "already exists" not in (started.stderr or ""):
+        if not any(words in (started.stderr or "") for words in UNIT_EXISTS):
             raise SliceError(f"systemd did not start {name}: {_said(started)}")
         updated = self._run(set_property_command(name, chosen))
         if updated.returncode != 0:

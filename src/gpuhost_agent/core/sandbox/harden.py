@@ -97,7 +97,7 @@ def _harden_service(service: dict, ctx: SandboxContext) -> None:
     _limits(service, ctx)
     if ctx.cgroup_parent:  # the rental's limits hold for all its containers together
         service["cgroup_parent"] = ctx.cgroup_parent
-    if ctx.storage_bytes:  # a real quota (overlay2 on XFS with pquota): inventory/storage_quota.py
+    if ctx.storage_bytes:  # a real quota (overlay2 on XFS with pquota, btrfs): inventory/storage_quota.py
         service["storage_opt"] = {"size": str(ctx.storage_bytes)}
     _logging(service, ctx)
     _gpus(service, ctx)
