@@ -166,3 +166,23 @@ async def test_rentals_are_listed_by_status(market) -> None:
     assert await ids(status="COMPLETE") == [ended["rentalId"]]
     status, body = await _get(http, base_url + "/rentals", status="ENDED")
     assert status == 400 and "ACTIVE" in body["message"]  # type: ignore[index]
+
+
+async def test_what_renters_read_counts_the_active_rentals_without_naming_them(market) -> None:
+    """The catalogue and a rental's own listing say how many rentals are active,
+    not their ids (other renters' rentals, and when each starts and ends); the
+    environment's own listing names them (red team RT2-4)."""
+    base_url, store, http = market
+    async with http.post(base_url + "/rentals", json={"envId": store.envId}) as response:
+        assert response.status == 201
+        first = (await response.json())["rentalId"]
+    async with http.post(base_url + "/rentals", json={"envId": store.envId}) as response:
+        assert response.status == 201
+        second = await response.json()
+    status, page = await _get(http, base_url + "/environments/listings")
+    assert status == 200 and page["listings"][0]["activeRentalIds"] == {"rentalIds": [], "count": 2}
+    assert second["listing"]["activeRentalIds"] == {"rentalIds": [], "count": 2}  # as rented, itself counted
+    status, own = await _get(http, f"{base_url}/rentals/{second['rentalId']}")
+    assert status == 200 and first not in str(own)
+    status, listing = await _get(http, f"{base_url}/environments/{store.envId}/listing")
+    assert status == 200 and listing["activeRentalIds"] == {"rentalIds": [first, second["rentalId"]], "count": 2}

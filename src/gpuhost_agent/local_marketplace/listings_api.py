@@ -84,7 +84,7 @@ def matcher(query: dict[str, str]) -> Callable[[dict], bool]:
 def listed(store: Store) -> list[dict]:
     """The catalogue, in envId order: the one environment, if its host listed it."""
     listing = shapes.listing(store)
-    return [listing] if listing["isListed"] else []
+    return [shapes.renters_listing(listing)] if listing["isListed"] else []
 
 
 def page(listings: list[dict], query: dict[str, str]) -> dict[str, Any]:

@@ -82,7 +82,7 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
         if problem := listing_api.rental_refusal(store.listingSettings, wire_time.utcnow(), ends):
             return json_error(409, problem)
         rental = store.create_rental(name=name, gpu_count=gpu_count, end_date=end_date)
-        rental["listing"] = shapes.listing(store, selected_gpus=gpu_count)  # as rented: frozen
+        rental["listing"] = shapes.renters_listing(shapes.listing(store, selected_gpus=gpu_count))  # as rented: frozen
         state.changed()
         return web.json_response(shapes.rental(store, rental), status=201)
 

@@ -39,12 +39,21 @@ def listing(store: Store, selected_gpus: int | None = None) -> dict:
         "totalGPUs": total,
         "availableGPUs": available_gpus(store, total, active),
         **listing_settings(store.listingSettings),
-        "activeRentalIds": {"rentalIds": [r["rentalId"] for r in active]},
+        "activeRentalIds": {"rentalIds": [r["rentalId"] for r in active], "count": len(active)},
         "updatedAt": max(report.get("reportedAt") or store.createdAt, store.listingSettings.get("updatedAt", "")),
     }
     if selected_gpus is not None:
         shaped["selectedGPUs"] = selected_gpus
     return shaped
+
+
+def renters_listing(shaped: dict) -> dict:
+    """The Listing as any renter may read it (the catalogue, a rental's own
+    copy): how many rentals are active, not their ids, which are other renters'
+    (and with them when each starts and ends). The host's views name them."""
+    active = shaped["activeRentalIds"]
+    count = active.get("count", len(active.get("rentalIds") or []))  # a copy kept before count existed
+    return {**shaped, "activeRentalIds": {"rentalIds": [], "count": count}}
 
 
 def listing_settings(settings: dict) -> dict:
@@ -128,7 +137,7 @@ def rental(store: Store, raw: dict) -> dict:
     # The listing as it was when the rental was made (renter_api keeps it with
     # the rental), so a later price or window does not rewrite an old rental;
     # rentals saved before it was kept show the listing as it is now.
-    shaped["listing"] = raw.get("listing") or listing(store, selected_gpus=raw.get("gpuCount", 0))
+    shaped["listing"] = renters_listing(raw.get("listing") or listing(store, selected_gpus=raw.get("gpuCount", 0)))
     return shaped
 
 
