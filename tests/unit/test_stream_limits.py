@@ -4,7 +4,7 @@ each capped for the agent and for one rental."""
 
 from __future__ import annotations
 
-from gpuhost_agent.streams.admission import over_caps
+from gpuhost_agent.streams.admission import over_caps, pre_login_to_drop
 from gpuhost_agent.streams.limits import StreamLimits
 from gpuhost_agent.streams.requests import LogsRequest, SshRequest, TerminalRequest, TunnelRequest
 
@@ -39,3 +39,42 @@ def test_connections_are_counted_apart_from_streams() -> None:
     assert over_caps(_logs("a", 1), connections, LIMITS) is None  # and the renter's logs still open
     refused = over_caps(_tunnel("c", 1), [*connections, _tunnel("b", 1)], LIMITS)
     assert refused is not None and "(4)" in refused.error
+
+
+def test_a_rental_that_holds_none_always_finds_room() -> None:
+    """RT2-3: rentals that each open all they may (one renter's or several)
+    leave a newcomer half of what is free: with the default caps, ten greedy
+    rentals never fill the host, and each got its first connection."""
+    caps = StreamLimits()
+    open_now: list = []
+    for rental in (f"r{n}" for n in range(10)):
+        assert over_caps(_tunnel(rental, 0), open_now, caps) is None, rental
+        while over_caps(request := _tunnel(rental, len(open_now)), open_now, caps) is None:
+            open_now.append(request)
+        refused = over_caps(_tunnel(rental, -1), open_now, caps)
+        assert refused is not None and refused.status == 429, rental
+    assert len(open_now) < caps.connections
+    assert sum(1 for r in open_now if r.rental_id == "r0") == caps.connections_per_rental
+    assert sum(1 for r in open_now if r.rental_id == "r2") == (caps.connections - 2 * 512 + 1) // 2
+
+
+def test_ssh_connections_not_logged_in_take_a_few_places_of_their_own() -> None:
+    """RT2-2: SSH connections that have not logged in count on the host's cap
+    only; past `ssh_logins_per_rental` of them the oldest is closed for the
+    newest, never a logged-in one; a logged-in one counts on the rental's cap."""
+    caps = StreamLimits(connections=100, connections_per_rental=10, ssh_logins_per_rental=3)
+    logged_in = SshRequest("in", "a", ("s",))
+    logged_in.login.logged_in = True
+    waiting = [SshRequest(f"w{n}", "a", ("s",)) for n in range(3)]
+    open_now = [logged_in, *waiting, *[_tunnel("a", n) for n in range(8)]]
+    assert over_caps(_tunnel("a", 9), open_now, caps) is None  # 9 of 10: the waiting ones are not counted
+    assert pre_login_to_drop(_tunnel("a", 9), open_now, caps) is None
+    assert pre_login_to_drop(SshRequest("new", "b", ("s",)), open_now, caps) is None  # another rental's places
+    assert pre_login_to_drop(SshRequest("new", "a", ("s",)), open_now, caps) is waiting[0]
+    waiting[0].login.dropped = True
+    assert pre_login_to_drop(SshRequest("new", "a", ("s",)), open_now, caps) is None
+    open_now.append(_tunnel("a", 9))
+    refused = over_caps(SshRequest("new", "a", ("s",)), open_now, caps)  # no login past the rental's cap
+    assert refused is not None and refused.status == 429
+    refused = over_caps(_tunnel("b", 0), [*open_now, *[SshRequest(f"x{n}", "a", ("s",)) for n in range(88)]], caps)
+    assert refused is not None and refused.status == 503  # the host's cap counts them all

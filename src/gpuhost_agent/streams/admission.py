@@ -35,7 +35,7 @@ from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import ContainerAt, ContainerGone, EngineStreams
 from gpuhost_agent.runtime.netns_dial import dial_in_namespace
 from gpuhost_agent.streams import tunnel
-from gpuhost_agent.streams.limits import StreamLimits, is_connection
+from gpuhost_agent.streams.limits import StreamLimits, is_connection, is_logging_in
 from gpuhost_agent.streams.requests import (
     ContainerRequest,
     LogsRequest,
@@ -74,12 +74,18 @@ def refusal_on_arrival(
 
 def over_caps(request: StreamRequest, open_requests: Iterable[StreamRequest], caps: StreamLimits) -> Refusal | None:
     """Why `request` may not open now, past a cap of limits.py, or None:
-    past the rental's cap 429 (the renter's own doing: close one), past the
-    host's 503 (the host is busy); both name the cap, and nothing already
-    open is touched."""
+    past the host's 503 (the host is busy); past the rental's, or past half
+    of what the other rentals leave free, 429 (the renter's own doing: close
+    one); each names the cap, and nothing already open is touched. The half
+    means a rental that holds none always finds room while the host has any,
+    however many rentals (one renter's or several) came first. SSH
+    connections not logged in yet count on the host's cap only (their own
+    per-rental cap is pre_login_to_drop's), so strangers holding them
+    refuse the renter nothing."""
     connection = is_connection(request)
     same_kind = [r for r in open_requests if is_connection(r) == connection]
-    mine = sum(1 for r in same_kind if r.rental_id == request.rental_id)
+    theirs = sum(1 for r in same_kind if r.rental_id != request.rental_id)
+    mine = sum(1 for r in same_kind if r.rental_id == request.rental_id and not is_logging_in(r))
     if connection:
         total, per_rental, what = caps.connections, caps.connections_per_rental, "tunnel and SSH connections"
     else:
@@ -92,7 +98,33 @@ def over_caps(request: StreamRequest, open_requests: Iterable[StreamRequest], ca
             429,
             f"this rental has {per_rental} open {what}, the most one rental may hold; close one and try again",
         )
+    share = (total - theirs + 1) // 2
+    if mine >= share:
+        return Refusal(
+            request.stream_id,
+            429,
+            f"this rental has {mine} open {what}, half of what other rentals leave free on this host"
+            f" ({total} in all, {theirs} theirs); close one and try again",
+        )
     return None
+
+
+def pre_login_to_drop(
+    request: StreamRequest, open_requests: Iterable[StreamRequest], caps: StreamLimits
+) -> SshRequest | None:
+    """The rental's oldest SSH connection not logged in yet, to close so that
+    `request` (a new one) fits in the rental's pre-login places, or None.
+    Oldest first, like OpenSSH's MaxStartups drop: strangers who keep
+    connections open without logging in only close each other's, and a
+    renter's login is lost only when more than `ssh_logins_per_rental` new
+    connections arrive during its handshake (then it retries). A logged-in
+    connection is never closed here."""
+    if not isinstance(request, SshRequest):
+        return None
+    waiting = [
+        r for r in open_requests if isinstance(r, SshRequest) and r.rental_id == request.rental_id and is_logging_in(r)
+    ]
+    return waiting[0] if len(waiting) >= caps.ssh_logins_per_rental else None
 
 
 async def admit(
@@ -247,6 +279,8 @@ def refusal_when_ended(stream_id: str, reason: str) -> Refusal:
     """The answer to a stream still being opened when its rental ended or the agent stops."""
     if reason == "rental-ended":
         return Refusal(stream_id, 404, "the rental ended")
+    if reason == "ssh-login-crowded":
+        return Refusal(stream_id, 503, "too many SSH connections to this rental are logging in; try again")
     return Refusal(stream_id, 503, "the agent is stopping")
 
 

@@ -22,7 +22,13 @@ import aiohttp
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.engine_streams import EngineStreams
-from gpuhost_agent.streams.admission import admit, refusal_on_arrival, refusal_when_ended, send_refusal
+from gpuhost_agent.streams.admission import (
+    admit,
+    pre_login_to_drop,
+    refusal_on_arrival,
+    refusal_when_ended,
+    send_refusal,
+)
 from gpuhost_agent.streams.limits import StreamLimits
 from gpuhost_agent.streams.log_pump import LOG_STALL_SECONDS, LogPump
 from gpuhost_agent.streams.requests import (
@@ -190,7 +196,11 @@ class StreamChannel:
             if stream is not None and stream.runner is None and stream.task is not None:
                 stream.task.cancel()
             return
-        open_requests = (s.request for s in self._streams.values())
+        open_requests = [s.request for s in self._streams.values()]
+        crowded = pre_login_to_drop(request, open_requests, self._limits)
+        if crowded is not None:  # a stranger's idle SSH connection makes room for a newer one
+            crowded.login.dropped = True
+            self._end_now(self._streams[crowded.stream_id], "ssh-login-crowded")
         stopping = self._closing.is_set()
         refusal = refusal_on_arrival(request, request.stream_id in self._streams, open_requests, self._limits, stopping)
         if refusal is not None:
@@ -250,17 +260,20 @@ class StreamChannel:
 
     async def _end(self, streams: list[_Stream], reason: str) -> None:
         for stream in streams:
-            stream.ended = stream.ended or reason
-            if stream.runner is not None:
-                stream.runner.stop(reason)
-            elif stream.task is not None:
-                stream.task.cancel()
-                self._refuse(refusal_when_ended(stream.request.stream_id, reason))
+            self._end_now(stream, reason)
         tasks = [s.task for s in streams if s.task is not None]
         if tasks:
             done, pending = await asyncio.wait(tasks, timeout=STOP_WAIT)
             for task in pending:
                 task.cancel()
+
+    def _end_now(self, stream: _Stream, reason: str) -> None:
+        stream.ended = stream.ended or reason
+        if stream.runner is not None:
+            stream.runner.stop(reason)
+        elif stream.task is not None:
+            stream.task.cancel()
+            self._refuse(refusal_when_ended(stream.request.stream_id, reason))
 
     # ---- connections ---------------------------------------------------------------
     def _session(self) -> aiohttp.ClientSession:

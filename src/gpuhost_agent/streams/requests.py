@@ -10,7 +10,7 @@ every other refusal, is streams/admission.py's.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuhost_agent.protocol import wire_values
@@ -61,6 +61,17 @@ class TunnelRequest:
     tls: bool = False  # the stack is `insecure`: TLS to the service, its certificate unverified
 
 
+@dataclass
+class SshLoginMark:
+    """Where an `ssh` stream stands with its login, for the caps
+    (streams/admission.py): until it logs in it holds one of the rental's few
+    pre-login places, not its connection cap; one the channel ends to make
+    room for a newer one is `dropped` and counts on neither."""
+
+    logged_in: bool = False
+    dropped: bool = False
+
+
 @dataclass(frozen=True)
 class SshRequest:
     """One renter's SSH connection to the rental's SSH endpoint (streams/ssh_server.py).
@@ -71,6 +82,7 @@ class SshRequest:
     stream_id: str
     rental_id: str
     stack_ids: tuple[str, ...]
+    login: SshLoginMark = field(default_factory=SshLoginMark, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

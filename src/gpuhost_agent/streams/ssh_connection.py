@@ -30,7 +30,7 @@ from gpuhost_agent.streams.tunnel import CHUNK, TunnelRelay
 
 log = get_logger(__name__)
 
-LOGIN_TIMEOUT = 30.0
+LOGIN_TIMEOUT = 10.0  # a connection holds one of its rental's few pre-login places until then
 KEEPALIVE_SECONDS = 30.0
 
 

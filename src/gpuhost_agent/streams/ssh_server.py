@@ -39,6 +39,8 @@ from gpuhost_agent.uplink.replies import MarketplaceRejected, MarketplaceUnavail
 
 log = get_logger(__name__)
 
+MAX_AUTH_TRIES = 6  # refused keys on one connection before it is closed (OpenSSH's MaxAuthTries)
+
 
 class Login(asyncssh.SSHServer):
     """asyncssh's per-connection callbacks: who logs in, where -L may go."""
@@ -55,6 +57,17 @@ class Login(asyncssh.SSHServer):
         self.container: dict | None = None  # the `docker ps` entry the login picked
         self.stack_id = ""  # the stack of the rental the login name picked
         self.channels = services.channels.connection(request.rental_id)
+        self._conn: asyncssh.SSHServerConnection | None = None
+        self._refused = 0  # refused login attempts on this connection
+        self._picked: dict[tuple[str, str], dict | None] = {}  # (service, stack): its container, once a key passed
+
+    def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+        self._conn = conn
+
+    def auth_completed(self) -> None:
+        """Logged in: the connection leaves the rental's few pre-login places
+        for its connection cap (streams/admission.py)."""
+        self._request.login.logged_in = True
 
     def _take(self, kind: str) -> Slot:
         try:
@@ -77,25 +90,37 @@ class Login(asyncssh.SSHServer):
         return True
 
     async def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+        """The key first: a refused key costs no Docker call (the rental's key
+        list is cached, streams/ssh_access.RentalKeys), so neither the time of
+        a refusal nor the engine's load tells a stranger which login names are
+        live. The container is looked up once a key is accepted, once per
+        name on the connection (asyncssh asks twice: the key, then its
+        signature). Past MAX_AUTH_TRIES refusals the connection is closed."""
         request = self._request
         picked = parse_login(username, request.stack_ids)
         if picked is None:
             return self._refuse(username, "the login name is not <service>.<stack id prefix> of this rental's stacks")
         service, stack_id = picked
         try:
-            containers = await self._services.stack_containers(stack_id)
-            container = pick_container(containers, service, self._env_id, request.rental_id, stack_id)
-            if container is None:
-                return self._refuse(username, f"no running container of service {service!r} open to SSH")
             if not await self._services.keys.allows(request.rental_id, key.export_public_key("openssh").decode()):
                 return self._refuse(username, "the key is not one of the renter's SSH keys")
+            if picked not in self._picked:
+                containers = await self._services.stack_containers(stack_id)
+                self._picked[picked] = pick_container(containers, service, self._env_id, request.rental_id, stack_id)
+            container = self._picked[picked]
+            if container is None:
+                return self._refuse(username, f"no running container of service {service!r} open to SSH")
         except (EngineError, MarketplaceUnavailable, MarketplaceRejected) as exc:
             return self._refuse(username, f"cannot check the login now: {exc}"[:300])
         self.container, self.stack_id = container, stack_id
         return True
 
     def _refuse(self, username: str, reason: str) -> bool:
+        self._refused += 1
         log.info("ssh_login_refused", stream_id=self._request.stream_id, user=username[:80], reason=reason)
+        if self._refused >= MAX_AUTH_TRIES and self._conn is not None:
+            log.info("ssh_login_closed", stream_id=self._request.stream_id, reason="too many refused logins")
+            self._conn.disconnect(asyncssh.DISC_NO_MORE_AUTH_METHODS_AVAILABLE, "too many authentication failures")
         return False
 
     def connection_requested(  # asyncssh takes a coroutine here, and awaits it

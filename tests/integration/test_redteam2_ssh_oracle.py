@@ -1,0 +1,123 @@
+"""Red team 2 (2026-11-27), ssh34b on the real engine: a client with no
+valid key, on the rental's one SSH endpoint, tells a login name of a running
+service from an unknown one by timing alone (RT2-1: the agent lists the
+stack's containers before it looked at the key), and every attempt cost a
+Docker call. Held since RT2-1's fix: the key is checked first, and a
+connection is closed after 6 refused keys."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+
+import asyncssh
+from support.agent_process import process_world
+from support.stacks import TEST_IMAGE
+
+from gpuhost_agent.protocol import wire
+
+ATTEMPTS = 100  # keys one connection offers; the agent closes it after 6 refused
+CONTENT = f"""
+services:
+  shell:
+    image: {TEST_IMAGE}
+    command: ["sleep", "100000"]
+    stop_grace_period: 1s
+"""
+
+
+async def _attempt(port: int, user: str, keys: list[asyncssh.SSHKey]) -> float:
+    """One connection offering every key: one USERAUTH_REQUEST each."""
+    started = time.perf_counter()
+    try:
+        async with asyncssh.connect(
+            "127.0.0.1",
+            port,
+            username=user,
+            client_keys=keys,
+            known_hosts=None,
+            agent_path=None,
+            preferred_auth="publickey",
+            connect_timeout=20,
+        ):
+            raise AssertionError("a stranger's key logged in")
+    except asyncssh.PermissionDenied:
+        pass
+    return time.perf_counter() - started
+
+
+async def test_held_rt2_1_a_stranger_cannot_tell_a_live_login_name_by_timing(tmp_path, docker_client):
+    async with process_world(tmp_path, docker_client) as (renter, market, agent):
+        await agent.start()
+        rental_id = await renter.rental()
+        stack_id = await renter.stack(rental_id, CONTENT, name="s", isSSHEnabled=True)
+        stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=90)
+        assert stack["status"] == wire.APPLIED, stack["errorMsg"]
+        [tunnel] = await renter.tunnels(
+            rental_id, stack_id, 1, lambda t: t["protocol"] == "ssh" and bool(t["ssh"]["hostKey"]), timeout=60
+        )
+        port, live = tunnel["ssh"]["port"], tunnel["ssh"]["user"]
+        stranger = [asyncssh.generate_private_key("ssh-ed25519") for _ in range(ATTEMPTS)]
+        await _attempt(port, live, stranger)  # warm: the key list cached
+        ghost = "shell.00000000"  # a prefix of no stack: refused before Docker
+        rounds: dict[str, list[float]] = {live: [], ghost: []}
+        for _ in range(5):
+            for user in rounds:
+                rounds[user].append(await _attempt(port, user, stranger))
+        medians = {user: statistics.median(times) for user, times in rounds.items()}
+        print("medians", medians)
+        await agent.stop()
+        live_ms, ghost_ms = medians[live] * 1000, medians[ghost] * 1000
+        assert live_ms < 1.25 * ghost_ms, (
+            f"{ATTEMPTS} refused keys: live name {live_ms:.0f} ms, a name of no stack {ghost_ms:.0f} ms"
+        )
+
+
+async def _login_works(port: int, user: str, key_path: str) -> bool:
+    try:
+        async with asyncssh.connect(
+            "127.0.0.1",
+            port,
+            username=user,
+            client_keys=[key_path],
+            known_hosts=None,
+            agent_path=None,
+            connect_timeout=20,
+        ) as conn:
+            return (await conn.run("echo in", check=False)).stdout == "in\n"
+    except (asyncssh.Error, OSError, asyncio.TimeoutError):
+        return False
+
+
+async def test_held_rt2_2_idle_connections_without_a_key_do_not_lock_the_renter_out(tmp_path, docker_client):
+    """1024 TCP connections to the rental's SSH endpoint that never send a
+    byte (no key, no banner) were 1024 admitted `ssh` streams of the rental:
+    its renter's own login was refused until they timed out (30 s,
+    renewable). Held since RT2-2's fix: they hold the rental's 32 pre-login
+    places, the oldest closed for each newer one, so the renter's logs in."""
+    from support.ssh_clients import registered_key
+
+    async with process_world(tmp_path, docker_client) as (renter, market, agent):
+        await agent.start()
+        key = str(await registered_key(renter, tmp_path / "renter"))
+        rental_id = await renter.rental()
+        stack_id = await renter.stack(rental_id, CONTENT, name="s", isSSHEnabled=True)
+        stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=90)
+        assert stack["status"] == wire.APPLIED, stack["errorMsg"]
+        [tunnel] = await renter.tunnels(
+            rental_id, stack_id, 1, lambda t: t["protocol"] == "ssh" and bool(t["ssh"]["hostKey"]), timeout=60
+        )
+        port, user = tunnel["ssh"]["port"], tunnel["ssh"]["user"]
+        assert await _login_works(port, user, key)
+        idle = []
+        for _ in range(1024):
+            idle.append(await asyncio.open_connection("127.0.0.1", port))
+        await asyncio.sleep(3)  # the marketplace asked the agent for each; the agent admitted them
+        try:
+            works = await _login_works(port, user, key)
+        finally:
+            for _, writer in idle:
+                writer.close()
+            await agent.stop()
+        assert works, "the renter's own key and login name refused while strangers hold idle connections"
