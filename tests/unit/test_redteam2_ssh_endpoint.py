@@ -1,12 +1,12 @@
 """Red team 2 (2026-11-27), ssh34b and seed35: proofs of concept.
 
-Each test either shows a hole (xfail, strict, naming the finding) or pins
-down an attack that held. Pure: no Docker, no network but loopback."""
+Each test pins down an attack that holds: those named test_held_rt2_N
+showed a hole (RT2-1 to RT2-4) until its fix, and failed against the code
+before it. Pure: no Docker, no network but loopback."""
 
 from __future__ import annotations
 
 import asyncssh
-import pytest
 from asyncssh.saslprep import saslprep
 
 from gpuhost_agent.protocol import wire
@@ -167,8 +167,7 @@ def test_held_rt2_3_two_rentals_cannot_take_every_connection_of_the_host():
     assert over_caps(TunnelRequest("victim", "victim", "s", "c", 80), mine, caps) is None
 
 
-@pytest.mark.xfail(strict=True, reason="RT2-4: the renters' catalogue lists every active rental's id")
-async def test_rt2_4_the_catalogue_does_not_name_other_rentals():
+async def test_held_rt2_4_the_catalogue_does_not_name_other_rentals():
     """GET /environments/listings (seed35) is what any renter browses; each
     Listing carries activeRentalIds, so a renter learns the ids of other
     renters' rentals (and when they start and end) on a host."""
