@@ -101,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     # here, not at the top: `status`, `version` and a configuration error answer
     # in a fifth of a second, where loading the whole agent took 1.3 s.
     from gpuhost_agent.common import logs
-    from gpuhost_agent.runtime.compose import ComposeNotFound
-    from gpuhost_agent.service import daemon, host_check, settings_view
+    from gpuhost_agent.service import host_check, settings_view
 
     try:
         logs.configure(config.log_level if args.command == "run" else "warning")
@@ -113,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         return host_check.probe(config, args.json)
     if args.command == "doctor":
         return host_check.doctor(config, args.json, settings_view.effective(chosen, config))
+    from gpuhost_agent.runtime.compose import ComposeNotFound
+    from gpuhost_agent.service import daemon  # the agent itself: probe and doctor do without it
+
     try:
         return daemon.run(config, reload=lambda: config_module.load(flags))
     except ComposeNotFound as exc:
