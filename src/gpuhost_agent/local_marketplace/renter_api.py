@@ -13,6 +13,13 @@ from gpuhost_agent.protocol import wire, wire_jobs, wire_time, wire_values
 RENTAL_STATUSES = (wire.RENTAL_ACTIVE, wire.RENTAL_COMPLETE)
 
 
+def _name_problem(name: str) -> str | None:
+    """Why a renter's name (of a rental or the environment) cannot be taken, or None."""
+    if not wire_values.is_text(name):
+        return "name is not valid Unicode text (it holds a lone surrogate)"
+    return wire_jobs.name_problem(name, "name")
+
+
 def routes(state: MarketplaceState) -> list[web.RouteDef]:
     store = state.store
 
@@ -31,9 +38,7 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
         body = await json_body(request)
         if not isinstance(body, dict) or not isinstance(body.get("name"), str) or set(body) != {"name"}:
             return json_error(400, "body must be an object with a string name, and nothing else")
-        if not wire_values.is_text(body["name"]):
-            return json_error(400, "name is not valid Unicode text (it holds a lone surrogate)")
-        if problem := wire_jobs.name_problem(body["name"], "name"):
+        if problem := _name_problem(body["name"]):
             return json_error(400, problem)
         store.envName, store.envUpdatedAt = body["name"], wire_time.iso()
         state.changed()
@@ -67,9 +72,7 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
         name, end_date = body.get("name"), body.get("endDate")
         if name is not None and not isinstance(name, str):
             return json_error(400, "name must be a string")
-        if name is not None and not wire_values.is_text(name):
-            return json_error(400, "name is not valid Unicode text (it holds a lone surrogate)")
-        if name is not None and (problem := wire_jobs.name_problem(name, "name")):
+        if name is not None and (problem := _name_problem(name)):
             return json_error(400, problem)
         if end_date is not None:
             try:

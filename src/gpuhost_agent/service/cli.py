@@ -74,6 +74,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _configuration_error(exc: Exception) -> int:
+    print(f"gpuhost-agent: configuration error: {exc}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "version":
@@ -85,8 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             chosen = config_module.choose({**flags, "api_key": "unused-by-status"})
             config = config_module.build(chosen)
         except (config_module.ConfigError, ValueError) as exc:
-            print(f"gpuhost-agent: configuration error: {exc}", file=sys.stderr)
-            return 2
+            return _configuration_error(exc)
         # Where no one named the agent, `make run`'s is looked for too (status_cli.development_sockets).
         named = any(chosen[name].source not in (config_module.DEFAULT, config_module.UNSET) for name in SOCKET_SETTINGS)
         fallbacks = () if named else status_cli.development_sockets()
@@ -95,9 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         chosen = config_module.choose(flags)
         config = config_module.build(chosen)
     except (config_module.ConfigError, ValueError) as exc:
-        print(f"gpuhost-agent: configuration error: {exc}", file=sys.stderr)
-        return 2
-    # The daemon's modules (aiohttp, the Docker SDK, the sandbox) are imported
+        return _configuration_error(exc)
+    # The agent's modules (aiohttp, the Docker SDK, the sandbox) are imported
     # here, not at the top: `status`, `version` and a configuration error answer
     # in a fifth of a second, where loading the whole agent took 1.3 s.
     from gpuhost_agent.common import logs
@@ -106,8 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         logs.configure(config.log_level if args.command == "run" else "warning")
     except ValueError as exc:  # the log level: logs.configure knows the names
-        print(f"gpuhost-agent: configuration error: {exc}", file=sys.stderr)
-        return 2
+        return _configuration_error(exc)
     if args.command == "probe":
         return host_check.probe(config, args.json)
     if args.command == "doctor":

@@ -171,11 +171,14 @@ def parse_resize(message: Any) -> tuple[int, int] | None:
     return None
 
 
+def _id(message: dict, key: str) -> str:
+    if not wire_values.is_safe_id(message.get(key)):
+        raise _Bad(f"{key} is missing or not an id")
+    return message[key]
+
+
 def _stack(message: dict) -> tuple[str, str]:
-    for key in ("rentalId", "stackId"):
-        if not wire_values.is_safe_id(message.get(key)):
-            raise _Bad(f"{key} is missing or not an id")
-    return message["rentalId"], message["stackId"]
+    return _id(message, "rentalId"), _id(message, "stackId")
 
 
 def _ssh_stacks(message: dict) -> tuple[str, tuple[str, ...]]:
@@ -184,9 +187,7 @@ def _ssh_stacks(message: dict) -> tuple[str, tuple[str, ...]]:
     if "stackIds" not in message:
         rental_id, stack_id = _stack(message)
         return rental_id, (stack_id,)
-    rental = message.get("rentalId")
-    if not wire_values.is_safe_id(rental):
-        raise _Bad("rentalId is missing or not an id")
+    rental = _id(message, "rentalId")
     stack_ids = message["stackIds"]
     if not (
         isinstance(stack_ids, list)
