@@ -36,7 +36,7 @@ from pathlib import Path
 
 import asyncssh
 import pytest
-from support.ssh_clients import Endpoint, registered_key
+from support.ssh_clients import Endpoint, registered_key, ssh_ready
 from support.stacks import TEST_IMAGE
 
 import gpuhost_agent.runtime.files_jail as files_jail
@@ -376,7 +376,7 @@ async def test_an_sftp_client_at_absurd_offsets_through_the_agents_ssh(local_mar
     stack_id = await renter.stack(rental_id, content, name="files", isSSHEnabled=True)
     stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
     assert stack["status"] == wire.APPLIED, stack["errorMsg"]
-    tunnels = await renter.tunnels(rental_id, stack_id, 1, lambda t: t["protocol"] == "ssh" and t["ssh"]["hostKey"])
+    tunnels = await renter.tunnels(rental_id, stack_id, 1, ssh_ready)
     info = tunnels[0]["ssh"]
     end = await asyncio.to_thread(Endpoint, info["host"], info["port"], info["hostKey"], tmp_path)
     user = info["user"]

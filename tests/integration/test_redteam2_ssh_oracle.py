@@ -13,9 +13,8 @@ import time
 
 import asyncssh
 from support.agent_process import process_world
+from support.ssh_clients import registered_key, ssh_ready
 from support.stacks import TEST_IMAGE
-
-from gpuhost_agent.protocol import wire
 
 ATTEMPTS = 100  # keys one connection offers; the agent closes it after 6 refused
 CONTENT = f"""
@@ -47,16 +46,17 @@ async def _attempt(port: int, user: str, keys: list[asyncssh.SSHKey]) -> float:
     return time.perf_counter() - started
 
 
+async def _ssh_endpoint(renter) -> dict:
+    """A new rental's SSH-enabled stack of CONTENT, APPLIED: its SSH tunnel info once the host key is known."""
+    rental_id, stack_id = await renter.applied(CONTENT, name="s", timeout=90, isSSHEnabled=True)
+    [tunnel] = await renter.tunnels(rental_id, stack_id, 1, ssh_ready, timeout=60)
+    return tunnel
+
+
 async def test_held_rt2_1_a_stranger_cannot_tell_a_live_login_name_by_timing(tmp_path, docker_client):
     async with process_world(tmp_path, docker_client) as (renter, market, agent):
         await agent.start()
-        rental_id = await renter.rental()
-        stack_id = await renter.stack(rental_id, CONTENT, name="s", isSSHEnabled=True)
-        stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=90)
-        assert stack["status"] == wire.APPLIED, stack["errorMsg"]
-        [tunnel] = await renter.tunnels(
-            rental_id, stack_id, 1, lambda t: t["protocol"] == "ssh" and bool(t["ssh"]["hostKey"]), timeout=60
-        )
+        tunnel = await _ssh_endpoint(renter)
         port, live = tunnel["ssh"]["port"], tunnel["ssh"]["user"]
         stranger = [asyncssh.generate_private_key("ssh-ed25519") for _ in range(ATTEMPTS)]
         await _attempt(port, live, stranger)  # warm: the key list cached
@@ -96,18 +96,10 @@ async def test_held_rt2_2_idle_connections_without_a_key_do_not_lock_the_renter_
     its renter's own login was refused until they timed out (30 s,
     renewable). Held since RT2-2's fix: they hold the rental's 32 pre-login
     places, the oldest closed for each newer one, so the renter's logs in."""
-    from support.ssh_clients import registered_key
-
     async with process_world(tmp_path, docker_client) as (renter, market, agent):
         await agent.start()
         key = str(await registered_key(renter, tmp_path / "renter"))
-        rental_id = await renter.rental()
-        stack_id = await renter.stack(rental_id, CONTENT, name="s", isSSHEnabled=True)
-        stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=90)
-        assert stack["status"] == wire.APPLIED, stack["errorMsg"]
-        [tunnel] = await renter.tunnels(
-            rental_id, stack_id, 1, lambda t: t["protocol"] == "ssh" and bool(t["ssh"]["hostKey"]), timeout=60
-        )
+        tunnel = await _ssh_endpoint(renter)
         port, user = tunnel["ssh"]["port"], tunnel["ssh"]["user"]
         assert await _login_works(port, user, key)
         idle = []

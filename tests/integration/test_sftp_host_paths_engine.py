@@ -11,7 +11,7 @@ import asyncio
 import stat
 from pathlib import Path
 
-from support.ssh_clients import Endpoint, make_key
+from support.ssh_clients import Endpoint, make_key, ssh_ready
 from support.stacks import TEST_IMAGE
 
 from gpuhost_agent.protocol import wire
@@ -34,9 +34,7 @@ async def test_sftp_link_and_chmod_h_never_reach_a_host_file(local_market, tmp_p
     stack_id = await renter.stack(rental_id, STACK, name="sftp-host", isSSHEnabled=True)
     stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=90)
     assert stack["status"] == wire.APPLIED, stack["errorMsg"]
-    tunnel = await renter.tunnels(
-        rental_id, stack_id, 1, lambda t: t["protocol"] == "ssh" and bool(t["ssh"]["hostKey"]), timeout=30
-    )
+    tunnel = await renter.tunnels(rental_id, stack_id, 1, ssh_ready, timeout=30)
     info = tunnel[0]["ssh"]
     end = await asyncio.to_thread(Endpoint, info["host"], info["port"], info["hostKey"], tmp_path)
     host_file = tmp_path / "root-only"

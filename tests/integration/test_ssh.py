@@ -16,7 +16,7 @@ import subprocess
 import uuid
 
 from support.openapi_check import check_named
-from support.ssh_clients import Endpoint, PtySsh, fingerprint, free_port, make_key
+from support.ssh_clients import Endpoint, PtySsh, fingerprint, free_port, make_key, ssh_ready
 from support.stacks import TEST_IMAGE
 from support.waiting import until
 
@@ -35,11 +35,6 @@ services:
     expose: ["8080"]
     stop_grace_period: 1s
 """
-
-
-def _ssh(tunnel: dict) -> bool:
-    """An SSH entry, once the agent's host key is known to the marketplace."""
-    return tunnel["protocol"] == "ssh" and bool(tunnel["ssh"]["hostKey"])
 
 
 async def _deploy(renter, content: str, **flags: bool) -> tuple[str, str]:
@@ -66,7 +61,7 @@ async def test_sessions_files_and_forwarding(local_market, local_doc, tmp_path):
     later_line = await asyncio.to_thread(make_key, later)
     await asyncio.to_thread(make_key, stranger)
     rental_id, stack_id = await _deploy(renter, STACK, isSSHEnabled=True)
-    tunnels = {t["service"]: t for t in await renter.tunnels(rental_id, stack_id, 2, _ssh, timeout=30)}
+    tunnels = {t["service"]: t for t in await renter.tunnels(rental_id, stack_id, 2, ssh_ready, timeout=30)}
     for tunnel in tunnels.values():
         check_named(local_doc, tunnel, "Tunnel")
     info = tunnels["shell"]["ssh"]
@@ -170,7 +165,7 @@ async def test_ssh_only_where_the_template_asks(local_market, tmp_path):
     await _add_key(renter, await asyncio.to_thread(make_key, tmp_path / "renter"))
     plain_rental, plain_stack = await _deploy(renter, STACK)
     ssh_rental, ssh_stack = await _deploy(renter, STACK, isSSHEnabled=True)
-    await renter.tunnels(ssh_rental, ssh_stack, 2, _ssh, timeout=30)
+    await renter.tunnels(ssh_rental, ssh_stack, 2, ssh_ready, timeout=30)
     stack = next(s for s in await renter.stacks(plain_rental) if s["stackId"] == plain_stack)
     assert [t for t in stack["tunnels"] if t["protocol"] == "ssh"] == []
 
@@ -191,9 +186,9 @@ async def test_the_channel_drops_and_comes_back(local_market, tmp_path):
     key = tmp_path / "renter"
     await _add_key(renter, await asyncio.to_thread(make_key, key))
     rental_id, stack_id = await _deploy(renter, STACK, isSSHEnabled=True)
-    info = next(t for t in await renter.tunnels(rental_id, stack_id, 2, _ssh, timeout=30) if t["service"] == "shell")[
-        "ssh"
-    ]
+    info = next(
+        t for t in await renter.tunnels(rental_id, stack_id, 2, ssh_ready, timeout=30) if t["service"] == "shell"
+    )["ssh"]
     end = await asyncio.to_thread(Endpoint, info["host"], info["port"], info["hostKey"], tmp_path)
     stack = next(s for s in await renter.stacks(rental_id) if s["stackId"] == stack_id)
     web = next(t for t in stack["tunnels"] if t["protocol"] == "http")

@@ -18,7 +18,7 @@ import subprocess
 
 from support.agent_process import Market, process_world
 from support.renter import Renter
-from support.ssh_clients import make_key
+from support.ssh_clients import make_key, ssh_ready
 from support.stacks import TEST_IMAGE
 
 from gpuhost_agent.protocol import wire
@@ -34,10 +34,6 @@ services:
 """
 
 
-def _ssh(tunnel: dict) -> bool:
-    return tunnel["protocol"] == "ssh" and bool(tunnel["ssh"]["hostKey"])
-
-
 async def _applied(renter: Renter, rental_id: str, marker: str) -> str:
     stack_id = await renter.stack(rental_id, _content(marker), name=marker, isSSHEnabled=True)
     stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=90)
@@ -46,7 +42,7 @@ async def _applied(renter: Renter, rental_id: str, marker: str) -> str:
 
 
 async def _ssh_info(renter: Renter, rental_id: str, stack_id: str) -> dict:
-    [tunnel] = await renter.tunnels(rental_id, stack_id, 1, _ssh, timeout=60)
+    [tunnel] = await renter.tunnels(rental_id, stack_id, 1, ssh_ready, timeout=60)
     return tunnel["ssh"]
 
 

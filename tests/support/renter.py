@@ -51,11 +51,13 @@ class Renter:
         assert status == 201, body
         return body
 
-    async def applied(self, content: str, name: str = "test stack", **flags: bool) -> tuple[str, str]:
+    async def applied(
+        self, content: str, name: str = "test stack", timeout: float = 60, **flags: bool
+    ) -> tuple[str, str]:
         """A new rental with one stack of `content`, APPLIED: (rental id, stack id)."""
         rental_id = await self.rental()
         stack_id = await self.stack(rental_id, content, name=name, **flags)
-        stack = await self.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
+        stack = await self.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=timeout)
         assert stack["status"] == wire.APPLIED, stack["errorMsg"]
         return rental_id, stack_id
 

@@ -42,6 +42,11 @@ async def registered_key(renter, path: Path) -> Path:
     return path
 
 
+def ssh_ready(tunnel: dict) -> bool:
+    """A tunnel info entry of an SSH endpoint, once the agent's host key is known to the marketplace."""
+    return tunnel["protocol"] == "ssh" and bool(tunnel["ssh"]["hostKey"])
+
+
 async def ssh_stack(renter, key_public: str, content: str, services: int, name: str) -> tuple[str, dict]:
     """The renter's key registered, a new rental with an SSH-enabled stack of
     `content` APPLIED, and the SSH endpoint of each of its `services`
@@ -49,11 +54,7 @@ async def ssh_stack(renter, key_public: str, content: str, services: int, name: 
     status, body = await renter.call("POST", "/users/ssh-key", {"publicKey": key_public})
     assert status == 200 or "registered already" in body["message"], body
     rental_id, stack_id = await renter.applied(content, name=name, isSSHEnabled=True)
-
-    def ready(tunnel: dict) -> bool:
-        return tunnel["protocol"] == "ssh" and bool(tunnel["ssh"]["hostKey"])
-
-    tunnels = await renter.tunnels(rental_id, stack_id, services, ready, timeout=30)
+    tunnels = await renter.tunnels(rental_id, stack_id, services, ssh_ready, timeout=30)
     return stack_id, {t["service"]: t["ssh"] for t in tunnels}
 
 
