@@ -34,6 +34,7 @@ from gpuhost_agent.inventory.system_data import Prober
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.protocol import wire, wire_jobs
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.service.upgrades import Upgrades
 from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.streams.channel import StreamChannel
 from gpuhost_agent.streams.sink import Sink
@@ -198,6 +199,23 @@ class FakeStreamChannel:
 
     def session_info(self) -> dict:
         return {"sshHostKey": "ssh-ed25519 AAAA-stand-in", "sshHostKeyFingerprint": "SHA256:stand-in"}
+
+
+class FakeReleases:
+    """Stands in for Upgrades in opening a session: what it adds to the
+    session's info, and the replies whose offers it was given."""
+
+    stands_in_for: ClassVar[type] = Upgrades
+    test_side: ClassVar[tuple[str, ...]] = ("replies",)
+
+    def __init__(self) -> None:
+        self.replies: list[dict] = []
+
+    def session_info(self) -> dict:
+        return {"upgrade": {"running": "0.1.0", "lastAttempt": None}}
+
+    def offered(self, reply: dict) -> None:
+        self.replies.append(reply)
 
 
 class FakeDispatcher:

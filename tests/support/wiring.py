@@ -23,7 +23,7 @@ from gpuhost_agent.streams import ssh_host_key
 from gpuhost_agent.streams.channel import StreamChannel
 from gpuhost_agent.streams.ssh_access import RentalKeys, SshServices
 from gpuhost_agent.uplink.session import SessionState
-from support.fakes import FakeContainerWatch, FakeHostReporter, FakeSchedule, FakeStreamChannel
+from support.fakes import FakeContainerWatch, FakeHostReporter, FakeReleases, FakeSchedule, FakeStreamChannel
 from support.settings import defaults
 
 
@@ -86,6 +86,7 @@ def agent_for(client: Any, *, outbox: Any = None, dispatcher: JobDispatcher | No
         disk_watch=idle,
         gpu_events=idle,
         usage=idle,
+        releases=FakeReleases(),
     )  # type: ignore[arg-type]
 
 

@@ -128,6 +128,7 @@ def test_environment_and_listing_the_marketplace_shows_are_documented(local_doc:
         "missedBeats": None,
         "intervalSeconds": DEFAULT_INTERVALS["heartbeatSeconds"],
         "agentVersion": None,
+        "upgrade": None,
         "uptimeSeconds": None,
         "initState": None,
         "host": None,

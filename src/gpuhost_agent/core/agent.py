@@ -54,6 +54,15 @@ class PeriodicWatch(Protocol):
     async def stop(self) -> None: ...
 
 
+class ReleaseOffers(Protocol):
+    """The agent's upgrades (service/upgrades.py): what a session opening
+    says of them, and a session reply's offer, acted on in the background."""
+
+    def session_info(self) -> dict: ...
+
+    def offered(self, reply: dict) -> None: ...
+
+
 class Agent:
     def __init__(
         self,
@@ -73,6 +82,7 @@ class Agent:
         disk_watch: DiskWatch,
         gpu_events: GpuEventWatch,
         usage: UsageMeter,
+        releases: ReleaseOffers,
         watches: Sequence[PeriodicWatch] = (),
     ):
         """`watches` are the environment's own, scheduled as they say (a
@@ -92,6 +102,7 @@ class Agent:
         self.disk_watch = disk_watch
         self.gpu_events = gpu_events
         self.usage = usage
+        self.releases = releases
         self.watches = list(watches)
         self._superseded_at: list[float] = []  # loop times our session was superseded, within the window
         self.intervals = wire_intervals.from_reply(None)
@@ -150,6 +161,7 @@ class Agent:
             "startedAt": wire_time.iso(),
             "capabilities": list(wire.JOB_TYPES),
             **self.streams.session_info(),
+            **self.releases.session_info(),
         }
         while True:
             try:
@@ -177,6 +189,7 @@ class Agent:
             env_id=reply.get("envId"),
             requeued_jobs=reply.get("requeuedJobs", 0),
         )
+        self.releases.offered(reply)
 
     async def _poll_forever(self) -> None:
         failures = 0

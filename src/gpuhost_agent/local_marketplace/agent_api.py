@@ -6,7 +6,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gpuhost_agent.local_marketplace import ssh_keys
+from gpuhost_agent.local_marketplace import releases, ssh_keys
 from gpuhost_agent.local_marketplace.http_errors import json_body, json_error, too_far_ahead
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.protocol import wire, wire_time, wire_values
@@ -45,19 +45,24 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
             or not all(isinstance(item, str) and 0 < len(item) <= 64 for item in capabilities)
         ):
             return json_error(400, f"capabilities must be an array of at most {MAX_CAPABILITIES} short names")
+        problem = releases.upgrade_problem(body.get("upgrade"))
+        if problem:
+            return json_error(400, problem)
         session_id, requeued = state.new_session()
         store.host["sshHostKey"] = ssh_keys.host_key(body.get("sshHostKey"))
+        store.host["agentUpgrade"] = body.get("upgrade")
         state.changed()
-        return web.json_response(
-            {
-                "sessionId": session_id,
-                "envId": store.envId,
-                "serverTime": wire_time.iso(),
-                "requeuedJobs": requeued,
-                "intervals": state.intervals,
-                "requirements": state.requirements,
-            }
-        )
+        reply = {
+            "sessionId": session_id,
+            "envId": store.envId,
+            "serverTime": wire_time.iso(),
+            "requeuedJobs": requeued,
+            "intervals": state.intervals,
+            "requirements": state.requirements,
+        }
+        if state.release is not None:
+            reply["agentRelease"] = state.release.offer()
+        return web.json_response(reply)
 
     async def poll_jobs(request: web.Request) -> web.Response:
         try:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 
 from gpuhost_agent.local_marketplace.channel_hub import ChannelHub
+from gpuhost_agent.local_marketplace.releases import Release
 from gpuhost_agent.local_marketplace.store import Job, Store
 from gpuhost_agent.local_marketplace.terminal_tickets import TicketBook
 from gpuhost_agent.local_marketplace.tunnels import TunnelBook
@@ -41,6 +42,7 @@ class MarketplaceState:
         self.streams = ChannelHub()  # the agent's channel and the live log and terminal streams
         self.terminals = TicketBook()
         self.tunnels = TunnelBook(store, self.streams)  # the stacks' tunnels (tunnels.py)
+        self.release: Release | None = None  # the agent release offered in session replies (releases.py)
 
     def changed(self, *, jobs: bool = False) -> None:
         """Persist, and if new jobs were queued wake every waiting long poll."""
@@ -168,6 +170,7 @@ class MarketplaceState:
                 "intervalSeconds": self.intervals["heartbeatSeconds"],
                 "missedBeats": None,
                 "agentVersion": None,
+                "upgrade": self.store.host.get("agentUpgrade"),
                 "uptimeSeconds": None,
                 "initState": None,
                 "host": None,
@@ -183,6 +186,7 @@ class MarketplaceState:
             "intervalSeconds": interval,
             "missedBeats": missed,
             "agentVersion": body.get("agentVersion"),
+            "upgrade": self.store.host.get("agentUpgrade"),
             "uptimeSeconds": body.get("uptimeSeconds"),
             "initState": body.get("initState"),
             "host": body.get("host"),

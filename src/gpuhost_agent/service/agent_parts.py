@@ -5,10 +5,13 @@ so that neither imports the other to name it."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
+from gpuhost_agent.core import upgrade_plan
 from gpuhost_agent.core.agent import Agent
 from gpuhost_agent.core.host_reporter import HostReporter
+from gpuhost_agent.core.init_state import READY
 from gpuhost_agent.core.reconcile.reconciler import Reconciler
 from gpuhost_agent.core.stacks.deployer import StackDeployer
 from gpuhost_agent.core.stacks.dispatcher import JobDispatcher
@@ -16,6 +19,7 @@ from gpuhost_agent.core.stacks.status_reporter import StatusReporter
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 from gpuhost_agent.runtime.engine import DockerEngine
 from gpuhost_agent.runtime.engine_watch import EngineWatch
+from gpuhost_agent.service.upgrades import Upgrades
 from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.streams.channel import StreamChannel
 from gpuhost_agent.uplink.client import MarketplaceClient
@@ -41,3 +45,11 @@ class AgentParts:
     engine_watch: EngineWatch
     streams: StreamChannel
     reporter: StatusReporter  # the status socket shows the container lists it last sent
+    upgrades: Upgrades
+    restart: asyncio.Event  # set when an installed upgrade wants systemd to start the agent again
+
+    def trial_health(self) -> str | None:
+        """What a version on trial still lacks (core/upgrade_plan.py)."""
+        return upgrade_plan.health_problem(
+            self.session.connected.is_set(), self.host.init.state == READY, self.reconciler.runs > 0
+        )

@@ -114,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         return host_check.probe(config, args.json)
     if args.command == "doctor":
         return host_check.doctor(config, args.json, settings_view.effective(chosen, config))
+    from gpuhost_agent.service import launcher
+
+    launcher.launch(config.state_dir, sys.argv[1:] if argv is None else argv)  # the version the upgrade record chooses
     from gpuhost_agent.runtime.compose import ComposeNotFound
     from gpuhost_agent.service import daemon  # the agent itself: probe and doctor do without it
 

@@ -84,16 +84,22 @@ async def _serve_locked(config: AgentConfig, stop: asyncio.Event) -> None:
     ready_task = asyncio.create_task(
         sd_notify.notify_ready_when(parts.session.connected, f"connected to {base_url}"), name="sd-ready"
     )
+    trial_task = asyncio.create_task(parts.upgrades.confirm_when_healthy(parts.trial_health), name="upgrade-trial")
     log.info("agent_started", marketplace=base_url, state_dir=str(config.state_dir))
     stop_task = asyncio.create_task(stop.wait())
-    done, _ = await asyncio.wait({agent_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+    restart_task = asyncio.create_task(parts.restart.wait())
+    done, _ = await asyncio.wait({agent_task, stop_task, restart_task}, return_when=asyncio.FIRST_COMPLETED)
     if agent_task in done:
         stop_task.cancel()
+        restart_task.cancel()
         await status.stop()
         agent_task.result()  # re-raise what stopped the agent
-    ready_task.cancel()
+    for task in (ready_task, trial_task, stop_task, restart_task):
+        task.cancel()
+    await parts.upgrades.stop()
+    why = "upgrade: systemd starts the new version" if restart_task in done else "signal"
     sd_notify.stopping("stopping: finishing jobs; containers keep running")
-    log.info("agent_stopping", reason="signal")
+    log.info("agent_stopping", reason=why)
     await status.stop()  # before stop_agent: it closes the database /status reads
     await stop_agent(parts, agent_task, config.shutdown_grace_seconds)
     if local is not None:

@@ -58,6 +58,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("speed_max_seconds", "GPUHOST_SPEEDTEST_MAX_SECONDS", kind.seconds,
             "network speed test: longest time per direction", default="10", unit="s",
             modes=DEPLOYING, group="marketplace"),
+    Setting("upgrade_health_seconds", "GPUHOST_UPGRADE_HEALTH_SECONDS", kind.at_least_one_second,
+            "how long a version the marketplace offered has, after its restart, to open a session, find the "
+            "engine ready and reconcile; otherwise the version before comes back (docs/operations.md, Upgrades)",
+            default="300", unit="s", modes=DEPLOYING, group="marketplace"),
+    Setting("local_release_wheel", "GPUHOST_LOCAL_RELEASE_WHEEL", kind.path,
+            "a wheel of the agent the local marketplace offers its agents as their release (agentRelease)",
+            unit="path", modes=(Mode.LOCAL,), group="marketplace"),
     Setting("reconcile_grace_seconds", "GPUHOST_RECONCILE_GRACE_SECONDS", kind.seconds,
             "how long a stack the marketplace does not list may stay", default="120", unit="s",
             modes=DEPLOYING, group="marketplace"),

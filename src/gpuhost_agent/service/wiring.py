@@ -13,6 +13,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpuhost_agent import __version__
 from gpuhost_agent.common.logs import SECRETS, get_logger
 from gpuhost_agent.core.agent import Agent
 from gpuhost_agent.core.containers.watch import ContainerWatch
@@ -41,6 +42,7 @@ from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.service.probe_parts import build_prober
 from gpuhost_agent.service.status_server import StatusServer, StatusSource
 from gpuhost_agent.service.topology import for_config
+from gpuhost_agent.service.upgrades import Upgrades, supervised
 from gpuhost_agent.storage.agent_db import DB_FILE, AgentDB
 from gpuhost_agent.streams import ssh_host_key
 from gpuhost_agent.streams.channel import StreamChannel
@@ -180,6 +182,10 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
     )
     ledger.on_change.append(usage.count)  # an assignment or a release counts to the second
     engine_watch = EngineWatch(engine, EngineRecovery(reconciler, container_watch, session).engine_back)
+    restart = asyncio.Event()
+    upgrades = Upgrades(
+        config.state_dir, client, __version__, config.upgrade_health_seconds, restart.set, supervised=supervised()
+    )
     agent = Agent(
         client,
         session,
@@ -196,6 +202,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         disk_watch=disk_watch,
         gpu_events=gpu_events,
         usage=usage,
+        releases=upgrades,
         watches=topology.watches(container_watch, lambda: session.env_id, host.environment_changed),
     )
     return AgentParts(
@@ -213,6 +220,8 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         engine_watch,
         streams,
         reporter=reporter,
+        upgrades=upgrades,
+        restart=restart,
     )
 
 
@@ -220,13 +229,17 @@ async def start_local_marketplace(config: AgentConfig) -> RunningMarketplace:
     """The embedded marketplace, imported only here: an agent with a real
     marketplace never loads it (nor asyncssh, which it checks keys with)."""
     from gpuhost_agent.local_marketplace import server as local_server
+    from gpuhost_agent.local_marketplace.releases import Release
     from gpuhost_agent.local_marketplace.state import MarketplaceState
     from gpuhost_agent.local_marketplace.store import Store
 
     store = Store.load_or_create(config.state_dir / "local-marketplace.json", config.local_api_key)
     SECRETS.add(store.envApiKey, store.renterApiKey)
     host, port = config.local_listen
-    return await local_server.start(MarketplaceState(store), host, port)
+    state = MarketplaceState(store)
+    if config.local_release_wheel is not None:
+        state.release = await asyncio.to_thread(Release.of_wheel, config.local_release_wheel)
+    return await local_server.start(state, host, port)
 
 
 async def start_status_server(

@@ -66,7 +66,14 @@ class MarketplaceClient:
         return self._http
 
     async def _request(
-        self, method: str, path: str, *, body: Any = None, params: dict | None = None, timeout: float | None = None
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        params: dict | None = None,
+        timeout: float | None = None,
+        raw_up_to: int | None = None,
     ) -> Any:
         """One call. Returns the decoded JSON (or the text of a non-JSON reply);
         raises only MarketplaceUnavailable or MarketplaceRejected, also for a
@@ -94,7 +101,9 @@ class MarketplaceClient:
                     )
                 if response.status >= 400:
                     raise MarketplaceRejected(response.status, await error_message(response))
-                raw = await read_capped(response, self._max_body_bytes, f"{method} {path}")
+                raw = await read_capped(response, raw_up_to or self._max_body_bytes, f"{method} {path}")
+                if raw_up_to is not None:
+                    return raw
                 if response.content_type == "application/json":
                     return decode_json(raw, response.status, f"{method} {path}")
                 return raw.decode("utf-8", "replace")
@@ -107,6 +116,13 @@ class MarketplaceClient:
             raise MarketplaceRejected(200, "POST /agent/sessions answered without a JSON object")
         self.session_id = reply.get("sessionId")
         return reply
+
+    async def download(self, path: str, size: int, timeout: float = 300) -> bytes:
+        """A file the marketplace serves under its own base URL (an agent
+        release), at most `size` bytes."""
+        got = await self._request("GET", path, timeout=timeout, raw_up_to=size)
+        assert isinstance(got, bytes)
+        return got
 
     async def poll_jobs(self, wait_seconds: float, max_jobs: int = 16) -> list:
         """The raw jobs of one long poll. Only the reply's shape is checked here;

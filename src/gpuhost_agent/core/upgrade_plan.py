@@ -1,0 +1,130 @@
+"""Upgrades a fleet can trust: the decisions, apart from their I/O.
+
+The marketplace offers a release in its session reply; the agent installs it
+beside the running version (storage/upgrade_state.py's record names both) and
+exits, and systemd starts it again. The launcher, the first thing `run` does,
+then starts the new version on trial, once. The version on trial confirms
+itself when it is healthy (session opened, engine reachable, reconcile done).
+If it is not within its bound, a guardian the launcher left stops it; if it
+crashes, hangs (systemd's watchdog or start timeout kills it) or is stopped,
+the next start finds the trial started and never confirmed, and the version
+that ran before comes back. Every way out of a trial that is not a
+confirmation is a rollback, decided by the version that was already trusted,
+never by the new one. Renters' containers belong to dockerd, not to the
+agent's unit: neither an upgrade nor a rollback touches them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuhost_agent.protocol.wire_release import ROLLED_BACK, UPGRADED, ReleaseOffer
+
+FAILED_KEPT = 10  # versions that failed here, remembered so that one is not tried again and again
+NOT_HEALTHY = (
+    "it stopped before it passed its health check (it crashed, exited, or was killed by systemd's "
+    "watchdog or start timeout): journalctl -u gpuhost-agent shows why"
+)
+
+
+@dataclass(frozen=True)
+class Start:
+    """What the launcher does: run `prefix`'s agent (None: the installed one,
+    itself), save `record`, and guard a trial for `guard_seconds`."""
+
+    prefix: str | None
+    record: dict
+    guard_seconds: float | None = None
+    said: str | None = None
+
+
+def offer_decision(offer: ReleaseOffer, running: str, record: dict, supervised: bool) -> tuple[str, str]:
+    """("none" | "skip" | "refuse" | "install", why) for an offer at a session's opening."""
+    if offer.version == running:
+        return "none", ""
+    if any(f.get("version") == offer.version and f.get("sha256") == offer.sha256 for f in record["failed"]):
+        return "skip", f"version {offer.version} failed on this host before; offer another build"
+    if record["trial"] is not None:
+        return "skip", f"version {record['trial']['version']} is on trial"
+    if not supervised:
+        return "refuse", "the agent does not run under systemd, which would start the new version: use install.sh"
+    return "install", ""
+
+
+def trial(record: dict, offer: ReleaseOffer, prefix: str, health_seconds: float) -> dict:
+    """The record once `offer` is installed at `prefix`: on trial at the next start."""
+    return {
+        **record,
+        "trial": {
+            "version": offer.version,
+            "sha256": offer.sha256,
+            "prefix": prefix,
+            "from": record["current"]["version"] if record["current"] else None,
+            "starts": 0,
+            "healthSeconds": health_seconds,
+            "failure": None,
+        },
+    }
+
+
+def start_choice(record: dict, now: str) -> Start:
+    """The launcher's choice at a start of the unit."""
+    on_trial = record["trial"]
+    if on_trial is None:
+        current = record["current"]
+        return Start(current["prefix"] if current else None, record)
+    if on_trial["starts"] >= 1:  # started before and never confirmed itself: roll back
+        reason = on_trial.get("failure") or NOT_HEALTHY
+        failure = {"version": on_trial["version"], "sha256": on_trial["sha256"], "reason": reason, "at": now}
+        failed = [*record["failed"], failure]
+        attempt = attempt_of(on_trial["version"], ROLLED_BACK, reason, now, on_trial["from"])
+        back = {**record, "trial": None, "failed": failed[-FAILED_KEPT:], "lastAttempt": attempt}
+        current = record["current"]
+        said = f"version {on_trial['version']} rolled back to {on_trial['from'] or 'the installed version'}: {reason}"
+        return Start(current["prefix"] if current else None, back, said=said)
+    started = {**record, "trial": {**on_trial, "starts": on_trial["starts"] + 1}}
+    said = f"version {on_trial['version']} on trial"
+    return Start(on_trial["prefix"], started, float(on_trial["healthSeconds"]), said)
+
+
+def confirmed(record: dict, prefix: str, now: str) -> dict | None:
+    """The record once the version on trial at `prefix` passed its health
+    check; None when `prefix` is not on trial (nothing to confirm)."""
+    on_trial = record["trial"]
+    if on_trial is None or on_trial["prefix"] != prefix:
+        return None
+    attempt = attempt_of(on_trial["version"], UPGRADED, "", now, on_trial["from"])
+    current = {"version": on_trial["version"], "prefix": prefix}
+    return {**record, "current": current, "trial": None, "lastAttempt": attempt}
+
+
+def expired(record: dict, prefix: str, why: str) -> dict | None:
+    """The record once the guardian found the trial at `prefix` still
+    unconfirmed at its bound (`why`: what was missing); None when it is not."""
+    on_trial = record["trial"]
+    if on_trial is None or on_trial["prefix"] != prefix:
+        return None
+    return {**record, "trial": {**on_trial, "failure": why}}
+
+
+def attempt_of(version: str, outcome: str, reason: str, now: str, previous: str | None) -> dict:
+    return {"version": version, "outcome": outcome, "reason": reason, "at": now, "from": previous}
+
+
+def health_problem(connected: bool, engine_ready: bool, reconciled: bool) -> str | None:
+    """What the version on trial still lacks, in the words the marketplace is told."""
+    missing = [
+        what
+        for what, ok in (
+            ("no session with the marketplace", connected),
+            ("the Docker Engine not ready", engine_ready),
+            ("no reconcile done", reconciled),
+        )
+        if not ok
+    ]
+    return ", ".join(missing) or None
+
+
+def kept_prefixes(record: dict) -> set[str]:
+    """The installed versions' folders still needed: the one that runs and the one on trial."""
+    return {part["prefix"] for part in (record["current"], record["trial"]) if part}

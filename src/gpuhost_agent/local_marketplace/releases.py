@@ -1,0 +1,90 @@
+"""The agent release the local marketplace offers (issue 33, upgrades): a
+wheel of the agent, its version read from the wheel's own metadata and its
+sha256 computed here, offered in every session reply as `agentRelease` and
+served at `GET /v1/agent/releases/{file}` to agents with the environment's
+key (docs/agent-api.yaml). What the agent reports back about its upgrades
+(`AgentInfo.upgrade`) is kept with the host and shown in the environment's
+heartbeat.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import hashlib
+import re
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from gpuhost_agent.local_marketplace.http_errors import json_error
+from gpuhost_agent.protocol.wire_release import MAX_WHEEL_BYTES, RELEASES_PATH, VERSION, WHEEL_NAME
+
+UPGRADE_TEXT = 1000  # characters of a reason kept
+
+
+@dataclass(frozen=True)
+class Release:
+    version: str
+    wheel: Path
+    sha256: str
+    size: int
+
+    @classmethod
+    def of_wheel(cls, wheel: Path) -> Release:
+        """ValueError naming what is wrong when `wheel` is not an agent wheel to offer."""
+        if not WHEEL_NAME.match(wheel.name) or not wheel.is_file():
+            raise ValueError(f"{wheel}: not a wheel file (…/gpuhost_agent-<version>-py3-none-any.whl)")
+        body = wheel.read_bytes()
+        if len(body) > MAX_WHEEL_BYTES:
+            raise ValueError(f"{wheel}: {len(body)} bytes, more than an agent takes ({MAX_WHEEL_BYTES})")
+        with zipfile.ZipFile(wheel) as archive:
+            names = [n for n in archive.namelist() if re.fullmatch(r"gpuhost_agent-[^/]+\.dist-info/METADATA", n)]
+            if len(names) != 1:
+                raise ValueError(f"{wheel}: not a wheel of gpuhost-agent (no gpuhost_agent-*.dist-info/METADATA)")
+            metadata = email.parser.HeaderParser().parsestr(archive.read(names[0]).decode("utf-8", "replace"))
+        version = str(metadata.get("Version") or "")
+        if not VERSION.match(version):
+            raise ValueError(f"{wheel}: its metadata's version {version[:80]!r} is not a version")
+        return cls(version, wheel, hashlib.sha256(body).hexdigest(), len(body))
+
+    def offer(self) -> dict:
+        """Session.agentRelease."""
+        path = RELEASES_PATH + self.wheel.name
+        return {"version": self.version, "path": path, "sha256": self.sha256, "size": self.size}
+
+
+def upgrade_problem(value: object) -> str | None:
+    """What is wrong with AgentInfo.upgrade, when an agent sent one."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("running"), str) or len(value["running"]) > 64:
+        return "upgrade must be an object with running (the agent's version) and lastAttempt"
+    attempt = value.get("lastAttempt")
+    if attempt is not None and (
+        not isinstance(attempt, dict)
+        or not all(isinstance(attempt.get(key), str) for key in ("version", "outcome", "reason", "at"))
+        or len(attempt["reason"]) > UPGRADE_TEXT
+        or not all(len(attempt[key]) <= 64 for key in ("version", "outcome", "at"))
+    ):
+        return "upgrade.lastAttempt must be null or an object with version, outcome, reason and at (strings)"
+    return None
+
+
+def routes(offered: Callable[[], Release | None]) -> list[web.RouteDef]:
+    """`offered`: the release on offer when a request comes (tests change it)."""
+
+    async def get_release(request: web.Request) -> web.StreamResponse:
+        name = request.match_info["file"]
+        current = offered()
+        if current is None or name != current.wheel.name:
+            return json_error(404, f"release {name[:200]} not found: this marketplace offers {_offered(current)}")
+        return web.FileResponse(current.wheel, headers={"Content-Type": "application/octet-stream"})
+
+    return [web.get("/v1" + RELEASES_PATH + "{file}", get_release)]
+
+
+def _offered(current: Release | None) -> str:
+    return current.wheel.name if current else "no release"

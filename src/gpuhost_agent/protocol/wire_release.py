@@ -1,0 +1,58 @@
+"""The agent release a marketplace offers in its session reply (`agentRelease`)
+and the account the agent gives of its upgrades when it opens a session
+(`AgentInfo.upgrade`), docs/agent-api.yaml.
+
+The offer is a marketplace message, so it is untrusted like every other: it
+may only name a wheel under the marketplace's own `/agent/releases/` path (the
+agent fetches it with its own key from its own marketplace, never from an
+address the message chose), a version that is a plain version string (it
+becomes a folder name), a sha256 the download must match, and a size the
+agent can bound its download by.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gpuhost_agent.protocol import wire_values
+
+RELEASES_PATH = "/agent/releases/"
+MAX_WHEEL_BYTES = 64 * 1024 * 1024  # the agent's wheel is about 1 MiB; its dependencies are not in it
+VERSION = re.compile(r"^[0-9][0-9A-Za-z.+!-]{0,63}$")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+WHEEL_NAME = re.compile(r"^[A-Za-z0-9_.+!-]{1,200}\.whl$")
+
+# Outcomes of an upgrade attempt, as AgentInfo.upgrade.lastAttempt.outcome says them.
+UPGRADED, ROLLED_BACK, REFUSED, SKIPPED, FAILED = "upgraded", "rolled-back", "refused", "skipped", "failed"
+
+
+@dataclass(frozen=True)
+class ReleaseOffer:
+    version: str
+    path: str  # under RELEASES_PATH, relative to the marketplace's base URL
+    sha256: str
+    size: int
+
+
+def decode_offer(value: object) -> ReleaseOffer | str | None:
+    """The offer, None when the reply has none, or what is wrong with it."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        return "agentRelease must be an object"
+    version, path, sha256, size = (value.get(key) for key in ("version", "path", "sha256", "size"))
+    problems = []
+    if not isinstance(version, str) or not VERSION.match(version):
+        problems.append("version must be a version such as 0.2.0")
+    name = path[len(RELEASES_PATH) :] if isinstance(path, str) and path.startswith(RELEASES_PATH) else ""
+    if not WHEEL_NAME.match(name):
+        problems.append(f"path must be {RELEASES_PATH}<wheel file name>")
+    if not isinstance(sha256, str) or not SHA256.match(sha256):
+        problems.append("sha256 must be 64 lowercase hex digits")
+    if wire_values.whole(size, MAX_WHEEL_BYTES) in (None, 0):
+        problems.append(f"size must be a byte count from 1 to {MAX_WHEEL_BYTES}")
+    if problems:
+        return "agentRelease refused: " + "; ".join(problems)
+    assert isinstance(version, str) and isinstance(path, str) and isinstance(sha256, str)
+    return ReleaseOffer(version, path, sha256, int(size))  # type: ignore[arg-type]

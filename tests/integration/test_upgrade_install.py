@@ -1,0 +1,134 @@
+"""An offered release, end to end short of systemd: the local marketplace
+offers a wheel (GPUHOST_LOCAL_RELEASE_WHEEL's Release), the agent's Upgrades
+fetches it over real HTTP with the environment's key, checks its sha256,
+installs it with pip beside the running agent, asks it its version, puts it
+on trial and asks for the restart. The restart, the trial and the rollbacks
+under real systemd are in test_modern_host.py."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+from support import agent_release
+
+from gpuhost_agent.local_marketplace import server as local_server
+from gpuhost_agent.local_marketplace.releases import Release
+from gpuhost_agent.local_marketplace.state import MarketplaceState
+from gpuhost_agent.local_marketplace.store import Store
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol.wire_release import FAILED, REFUSED
+from gpuhost_agent.service.upgrades import Upgrades
+from gpuhost_agent.storage import upgrade_state
+from gpuhost_agent.uplink.client import MarketplaceClient
+
+pytestmark = pytest.mark.asyncio
+
+
+async def _offer(tmp_path: Path, agent_wheels: Path, version: str, state_dir: Path, *, supervised: bool = True):
+    wheel = await asyncio.to_thread(
+        lambda: agent_release.variant(agent_release.agent_wheel(agent_wheels), tmp_path / "r", version)
+    )
+    state = MarketplaceState(Store.load_or_create(None))
+    state.release = await asyncio.to_thread(Release.of_wheel, wheel)
+    market = await local_server.start(state, "127.0.0.1", 0)
+    client = MarketplaceClient(market.base_url, state.store.envApiKey)
+    restarted = asyncio.Event()
+    upgrades = Upgrades(
+        state_dir, client, "0.1.0", 42.0, restarted.set, supervised=supervised, installed=Path(sys.prefix)
+    )
+    reply = await client.open_session({"agentVersion": "0.1.0", **upgrades.session_info()})
+    return market, client, upgrades, restarted, reply, state
+
+
+async def test_an_offered_release_is_fetched_checked_installed_and_put_on_trial(tmp_path, agent_wheels) -> None:
+    state_dir = tmp_path / "state"
+    market, client, upgrades, restarted, reply, state = await _offer(tmp_path, agent_wheels, "0.1.1", state_dir)
+    try:
+        assert reply["agentRelease"] == state.release.offer()
+        assert state.store.host["agentUpgrade"] == {"running": "0.1.0", "lastAttempt": None}
+        upgrades.offered(reply)
+        assert upgrades._task is not None
+        await asyncio.wait_for(upgrades._task, 180)
+        assert restarted.is_set(), await asyncio.to_thread(upgrade_state.load, state_dir)
+        trial = (await asyncio.to_thread(upgrade_state.load, state_dir))["trial"]
+        assert (trial["version"], trial["starts"], trial["healthSeconds"]) == ("0.1.1", 0, 42.0)
+        prefix = Path(trial["prefix"])
+        said = await asyncio.to_thread(
+            subprocess.run, [str(prefix / "bin" / "gpuhost-agent"), "version"], capture_output=True, text=True
+        )
+        assert said.stdout.strip() == "0.1.1"
+        where = await asyncio.to_thread(
+            subprocess.run,
+            [str(prefix / "bin" / "python"), "-c", "import gpuhost_agent, aiohttp; print(gpuhost_agent.__file__)"],
+            capture_output=True,
+            text=True,
+        )
+        assert where.stdout.startswith(str(prefix)), where  # its own code; the dependencies are the installed agent's
+        assert not await asyncio.to_thread(lambda: list(prefix.parent.glob(".download-*")))  # the download is not kept
+    finally:
+        await client.close()
+        await market.stop()
+
+
+async def test_a_wheel_that_is_not_the_offered_one_is_not_installed_and_the_marketplace_is_told(
+    tmp_path, agent_wheels
+) -> None:
+    state_dir = tmp_path / "state"
+    market, client, upgrades, restarted, reply, _state = await _offer(tmp_path, agent_wheels, "0.1.1", state_dir)
+    try:
+        reply["agentRelease"]["sha256"] = "0" * 64  # what a tampered file, or a lying mirror, looks like
+        upgrades.offered(reply)
+        assert upgrades._task is not None
+        await asyncio.wait_for(upgrades._task, 60)
+        assert not restarted.is_set()
+        attempt = (await asyncio.to_thread(upgrade_state.load, state_dir))["lastAttempt"]
+        assert attempt["outcome"] == FAILED and "sha256" in attempt["reason"]
+        assert not await asyncio.to_thread(lambda: list((state_dir / upgrade_state.VERSIONS).glob("*")))
+        reopened = await client.open_session({"agentVersion": "0.1.0", **upgrades.session_info()})
+        assert reopened["sessionId"]
+        assert _state.store.host["agentUpgrade"]["lastAttempt"]["outcome"] == FAILED
+    finally:
+        await client.close()
+        await market.stop()
+
+
+async def test_an_agent_not_under_systemd_refuses_and_says_why(tmp_path, agent_wheels) -> None:
+    state_dir = tmp_path / "state"
+    market, client, upgrades, restarted, reply, _state = await _offer(
+        tmp_path, agent_wheels, "0.1.1", state_dir, supervised=False
+    )
+    try:
+        upgrades.offered(reply)
+        assert upgrades._task is not None
+        await asyncio.wait_for(upgrades._task, 30)
+        attempt = (await asyncio.to_thread(upgrade_state.load, state_dir))["lastAttempt"]
+        assert attempt["outcome"] == REFUSED and "systemd" in attempt["reason"]
+        assert not restarted.is_set()
+    finally:
+        await client.close()
+        await market.stop()
+
+
+async def test_the_release_is_served_to_the_agents_key_only_and_by_its_name(tmp_path, agent_wheels) -> None:
+    market, client, _upgrades, _restarted, reply, state = await _offer(tmp_path, agent_wheels, "0.1.1", tmp_path / "s")
+    url = market.base_url + reply["agentRelease"]["path"]
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(url) as anonymous:
+                assert anonymous.status == 401
+            async with http.get(url, headers={wire.API_KEY_HEADER: state.store.renterApiKey}) as renter:
+                assert renter.status == 401
+            headers = {wire.API_KEY_HEADER: state.store.envApiKey}
+            async with http.get(url, headers=headers) as agent:
+                assert agent.status == 200
+                assert len(await agent.read()) == reply["agentRelease"]["size"]
+            async with http.get(url.replace("0.1.1", "0.1.2"), headers=headers) as other:
+                assert other.status == 404
+    finally:
+        await client.close()
+        await market.stop()
