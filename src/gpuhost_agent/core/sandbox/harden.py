@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 
-from gpuhost_agent.core.sandbox.context import SandboxContext
+from gpuhost_agent.core.sandbox.context import CDI_DELIVERY, SandboxContext
 from gpuhost_agent.core.sandbox.gpu_forms import NVIDIA_CAPABILITIES
 from gpuhost_agent.core.sandbox.policy import flat_capabilities, gpu_requests, to_bytes
 from gpuhost_agent.core.stacks.compose_rewrite import as_mapping
@@ -61,6 +61,7 @@ DRIVER_CAPABILITIES = "NVIDIA_DRIVER_CAPABILITIES"
 # The toolkit's own default when the variable is empty; unset in a "legacy"
 # image (CUDA_VERSION without NVIDIA_REQUIRE_CUDA) would mean all of them.
 DEFAULT_DRIVER_CAPABILITIES = "compute,utility"
+CDI_GPU_NAME = "nvidia.com/gpu={}"  # a GPU in NVIDIA's CDI spec, by UUID (inventory/gpu_delivery.py)
 
 
 def assigned_uuids(service: dict, ctx: SandboxContext) -> list[str]:
@@ -155,7 +156,7 @@ def _gpus(service: dict, ctx: SandboxContext) -> None:
     environment = as_mapping(service.get("environment"), missing=None)
     labels = as_mapping(service.get("labels"))
     if uuids:
-        reservations["devices"] = [{"driver": "nvidia", "device_ids": uuids, "capabilities": capabilities}]
+        reservations["devices"] = [_request(uuids, capabilities, ctx)]
         environment["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
     else:
         environment["NVIDIA_VISIBLE_DEVICES"] = NO_GPUS
@@ -166,6 +167,19 @@ def _gpus(service: dict, ctx: SandboxContext) -> None:
     labels[GPU_LABEL] = ",".join(uuids)
     service["environment"] = environment
     service["labels"] = labels
+
+
+def _request(uuids: list[str], capabilities: list[str], ctx: SandboxContext) -> dict:
+    """The one GPU request of a service, for the way GPUs reach containers here.
+    With CDI, dockerd applies the spec's edits for each name itself (no hook,
+    no runtime), and ignores a cdi request's capabilities (moby
+    daemon/devices.go); Compose 2.26 still wants the key (its schema: "capabilities
+    is required"), so they are written as for the hook. Either way the
+    rental's GPUs by UUID, whatever the renter spelled."""
+    if ctx.gpu_delivery == CDI_DELIVERY:
+        names = [CDI_GPU_NAME.format(uuid) for uuid in uuids]
+        return {"driver": "cdi", "device_ids": names, "capabilities": capabilities}
+    return {"driver": "nvidia", "device_ids": uuids, "capabilities": capabilities}
 
 
 def _driver_capabilities(asked: object, requested: list[str]) -> str:
