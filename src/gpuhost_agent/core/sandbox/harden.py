@@ -3,8 +3,10 @@
 Whatever the renter did not say is said by the agent, so nothing depends on
 Docker's defaults or on what the image carries: no new privileges, the
 capabilities no workload needs dropped, limits set to the rental's share, GPUs
-given by UUID to the services that asked and explicitly none to the others,
-a cgroup namespace of its own, ports published where the host decides.
+given by UUID to the services that asked and explicitly none to the others
+(through CDI or the NVIDIA runtime hook, whichever way the host's probe found:
+inventory/gpu_delivery.py), a cgroup namespace of its own, ports published
+where the host decides.
 
 The image is as untrusted as the file: its ENV and its labels are laid under
 what the agent sets, so every variable the NVIDIA Container Toolkit reads to
