@@ -43,7 +43,7 @@ RUNTIME_HOOK = "runtime-hook"
 NONE = "none"
 GPU_KIND = "nvidia.com/gpu"
 SPEC_SUFFIXES = (".yaml", ".yml", ".json")
-MAX_SPEC_FILES = 64
+MAX_SPEC_FILES = 16  # with MAX_SPEC_BYTES: at most 64 MiB read in one probe, whatever lies there
 MAX_SPEC_BYTES = 4 << 20
 UUID_PREFIXES = ("GPU-", "MIG-")
 REGENERATE = "nvidia-ctk cdi generate --device-name-strategy=uuid --output=/etc/cdi/nvidia.yaml"
