@@ -6,7 +6,8 @@ then the renter API. One booted host for the whole module; the tests run in
 order and each builds on the one before (install, deploy and limits, the
 watchdog while that deploy's job may still be open, a deploy into the
 restarted agent's slice, an OOM kill at a rental's limit, a write past its
-disk share, journal, stop, upgrade, uninstall). Needs root.
+disk share, journal, stop, upgrade, GPUs through CDI without the runtime
+hook, uninstall). Needs root.
 """
 
 from __future__ import annotations
@@ -311,6 +312,56 @@ async def test_an_upgrade_in_place_keeps_the_configuration_and_state(world: Worl
     await asyncio.to_thread(world.host.wait, f"systemctl is-active {UNIT}", 60, "the upgraded agent running")
     running = (await _sh(world, f"docker inspect -f '{{{{.State.Running}}}}' {world.container_id}")).out.strip()
     assert running == "true"
+
+
+async def test_gpus_reach_containers_through_cdi_without_the_runtime_hook(world: World) -> None:
+    """The host made CDI-only (modern_host.TO_CDI: a CDI spec for the
+    stand-in GPUs, dockerd's CDI feature on, no runtime hook, so dockerd has
+    no nvidia device driver): the restarted agent's probe says cdi, and a
+    1-GPU stack deploys with a `driver: cdi` request naming the rental's GPU by
+    UUID; inside, that GPU's CDI edits (its device node, its variable) and no
+    other GPU's. With the sandbox's `driver: nvidia` requests the engine
+    refuses the container ("could not select device driver"). The host stays
+    CDI-only: only the uninstall test comes after, and it needs no GPU."""
+    began = time.monotonic()
+    host, renter = world.host, world.renter
+    written = await asyncio.to_thread(
+        host.run, "sh", "-c", f"mkdir -p /etc/cdi && cat >{modern_host.CDI_SPEC}", input=modern_host.cdi_spec()
+    )
+    assert written.code == 0, written.both
+    await _sh(world, modern_host.TO_CDI, timeout=120)
+    info = json.loads((await _sh(world, "docker info --format '{{json .}}'")).out)
+    assert info.get("CDISpecDirs"), "dockerd's CDI feature is off"
+    deadline = time.monotonic() + 60
+    while (_find(renter.store.host, "gpuDelivery") or {}).get("method") != "cdi":
+        assert time.monotonic() < deadline, _find(renter.store.host, "gpuDelivery")
+        await asyncio.sleep(0.2)
+    probed = (await _sh(world, "gpuhost-agent probe")).out
+    assert re.search(r"^GPU delivery +cdi: dockerd's CDI feature on; /etc/cdi/nvidia.yaml names 64 GPU", probed, re.M)
+
+    rental_id = await renter.rental(gpu_count=1)
+    content = (
+        SLEEPER
+        + "    deploy: {resources: {reservations: {devices: [{driver: nvidia, count: 1, capabilities: [gpu]}]}}}\n"
+    )
+    stack_id = await renter.stack(rental_id, content, name="through CDI")
+    stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=120)
+    assert stack["status"] == wire.APPLIED, stack["errorMsg"]
+    listed = await _sh(world, f"docker ps -q --filter label={wire.LABEL_STACK}={stack_id}")
+    (container,) = listed.out.split()
+    box = json.loads((await _sh(world, f"docker inspect {container}")).out)[0]
+    (uuid,) = box["Config"]["Labels"]["io.gpuhost.gpus"].split(",")
+    (request,) = box["HostConfig"]["DeviceRequests"]
+    assert (request["Driver"], request["DeviceIDs"]) == ("cdi", [f"nvidia.com/gpu={uuid}"]), request
+    index = modern_host.gpu_index(uuid)
+    # The container's own environment (its first process's, NUL-separated): CDI edits the OCI spec, not the
+    # Config.Env that `docker exec` gets.
+    said = (await _sh(world, f"docker exec {container} sh -c 'ls /dev; cat /proc/1/environ'")).out
+    inside = said.replace("\0", "\n").split()
+    assert sorted(name for name in inside if name.startswith("nvidia")) == sorted([f"nvidia{index}", "nvidiactl"])
+    assert [line for line in inside if line.startswith(modern_host.CDI_ENV)] == [f"{modern_host.CDI_ENV}{index}={uuid}"]
+    assert f"NVIDIA_VISIBLE_DEVICES={uuid}" in inside
+    print(f"CDI test: {time.monotonic() - began:.1f} s")
 
 
 async def test_uninstall_with_purge_leaves_nothing(world: World) -> None:

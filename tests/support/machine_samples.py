@@ -90,6 +90,7 @@ def healthy_system_data() -> dict:
                 "cgroupVersion": "2",
                 "swarm": {"state": "inactive", "nodeId": None, "manager": False, "nodes": None},
                 "gpuContainers": {"ok": True, "method": "engine-info", "detail": "nvidia runtime registered"},
+                "gpuDelivery": {"method": "runtime-hook", "detail": "nvidia runtime registered"},
                 "noNewPrivileges": {"default": False, "detail": "dockerd pid 812: /etc/docker/daemon.json"},
                 "cgroupnsPrivate": {"default": True, "detail": "dockerd pid 812: /etc/docker/daemon.json"},
                 "storageQuota": {
@@ -143,6 +144,7 @@ def broken_system_data() -> dict:
                 "version": None,
                 "rootDir": None,
                 "gpuContainers": {"ok": False, "method": "none", "detail": "Docker Engine unreachable"},
+                "gpuDelivery": {"method": "none", "detail": "Docker Engine unreachable"},
             },
             "compose": {"available": False, "version": None, "command": None, "error": "Docker Compose v2 not found"},
             "nvidiaContainerToolkit": {
@@ -233,6 +235,7 @@ def good_host() -> dict:
                 "error": None,
                 "version": "27.3.1",
                 "gpuContainers": {"ok": True, "method": "container", "detail": None},
+                "gpuDelivery": {"method": "runtime-hook", "detail": "nvidia-container-runtime-hook at /usr/bin/x"},
                 "swarm": {"state": "inactive", "nodeId": None, "manager": False, "nodes": None},
                 "noNewPrivileges": {"default": False, "detail": "dockerd pid 812: /etc/docker/daemon.json"},
                 "cgroupnsPrivate": {"default": True, "detail": "dockerd pid 812: /etc/docker/daemon.json"},

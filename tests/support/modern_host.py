@@ -91,6 +91,47 @@ printf 'accept-nvidia-visible-devices-envvar-when-unprivileged = false\n' >/etc/
 exec /lib/systemd/systemd SYSTEMD_CGROUP_ENABLE_LEGACY_FORCE=1
 """
 HOOK = "#!/bin/sh\n# stand-in: dockerd registers its nvidia device driver when this is on its PATH\nexit 0\n"
+HOOK_PATH = "/usr/local/bin/nvidia-container-runtime-hook"
+CDI_SPEC = "/etc/cdi/nvidia.yaml"
+CDI_ENV = "GPUHOST_TEST_CDI_GPU"  # each stand-in GPU's CDI edits set CDI_ENV<index>=<its UUID>
+# The host made CDI-only (issue 33): the stand-in device nodes, dockerd's CDI
+# feature on, the runtime hook taken away (dockerd then has no nvidia device
+# driver), dockerd restarted (its containers killed first: busybox's sleep as
+# PID 1 would hold the restart for its 10 s stop timeout), the agent restarted
+# to probe again. The nodes have /dev/null's numbers: the host container's
+# device cgroup lets its dockerd give those, not a GPU's (195); CDI applies
+# them by path, which is what the test reads.
+TO_CDI = f"""set -e
+for i in $(seq 0 {GPUS - 1}) ctl; do [ -e /dev/nvidia$i ] || mknod -m 666 /dev/nvidia$i c 1 3; done
+python3 -c 'import json; p = "/etc/docker/daemon.json"; d = json.load(open(p)); d["features"] = {{"cdi": True}}; \
+json.dump(d, open(p, "w"))'
+rm -f {HOOK_PATH}
+docker ps -q | xargs -r docker kill >/dev/null
+systemctl restart docker.service
+systemctl restart gpuhost-agent.service
+"""
+
+
+def cdi_spec() -> str:
+    """A CDI spec for the stand-in GPUs, shaped as NVIDIA's generated one
+    (`nvidia-ctk cdi generate` with the index and uuid name strategies):
+    each GPU by index and by UUID with its device node, `all`, and the nodes
+    every GPU brings. Each GPU's edits also name it in an environment
+    variable, so a container shows which GPUs it was given. JSON, which is YAML."""
+    devices, nodes = [], []
+    for index, gpu in enumerate(h100_sxm(GPUS)):
+        node = {"path": f"/dev/nvidia{index}"}
+        edits = {"deviceNodes": [node], "env": [f"{CDI_ENV}{index}={gpu.uuid}"]}
+        devices += [{"name": str(index), "containerEdits": edits}, {"name": gpu.uuid, "containerEdits": edits}]
+        nodes.append(node)
+    devices.append({"name": "all", "containerEdits": {"deviceNodes": nodes}})
+    common = {"deviceNodes": [{"path": "/dev/nvidiactl"}]}
+    return json.dumps({"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": devices, "containerEdits": common})
+
+
+def gpu_index(uuid: str) -> int:
+    """A stand-in GPU's index (NVML's, and its CDI spec's) from its UUID."""
+    return [gpu.uuid for gpu in h100_sxm(GPUS)].index(uuid)
 
 
 Run = install_chroot.Run  # a command's exit code and output, as the install tests read them

@@ -185,7 +185,7 @@ def _docker_checks(docker: dict, compose: dict, kit: dict, req: Requirements) ->
         _version_check("compose", "Docker Compose", compose.get("version"), req.minComposeVersion, compose_remedy)
         if compose["available"]
         else Check("compose", False, f"Docker Compose unavailable: {compose.get('error')}", compose_remedy),
-        _gpu_containers_check(gpu_containers, docker["available"], kit["installed"]),
+        _gpu_containers_check(gpu_containers, docker.get("gpuDelivery") or {}, docker["available"], kit["installed"]),
         *_swarm_node_checks(docker),
     ]
 
@@ -232,19 +232,23 @@ def _swarm_default(docker: dict, names: tuple[str, str, str], risk: str, setting
     )
 
 
-def _gpu_containers_check(gpu_containers: dict, docker_up: bool, toolkit_installed: bool) -> Check:
-    """Whether Docker gives containers GPUs. With no engine, or no toolkit to
+def _gpu_containers_check(gpu_containers: dict, delivery: dict, docker_up: bool, toolkit_installed: bool) -> Check:
+    """Whether Docker gives containers GPUs, and which way (CDI or the runtime
+    hook: inventory/gpu_delivery.py). With no engine, or no toolkit to
     configure it with, the failure is already counted by those checks (one
     missing piece fails once), and the fix starts there."""
     if not gpu_containers.get("ok") and not docker_up:
         return _skip("gpu-containers", "Docker Engine unreachable, so no GPU container to start")
     if not gpu_containers.get("ok") and not toolkit_installed:
         return _skip("gpu-containers", "no NVIDIA Container Toolkit yet to give containers GPUs")
+    # The signs alone (no check container) may be a CDI spec dockerd does not read: no way in.
+    no_way = gpu_containers.get("method") == "engine-info" and delivery.get("method") == "none"
     return _check(
         "gpu-containers",
-        bool(gpu_containers.get("ok")),
-        f"Docker can give GPUs to containers ({gpu_containers.get('detail') or gpu_containers.get('method')})",
-        f"Docker cannot start GPU containers: {gpu_containers.get('detail')}",
+        bool(gpu_containers.get("ok")) and not no_way,
+        f"Docker can give GPUs to containers ({gpu_containers.get('detail') or gpu_containers.get('method')})"
+        + (f"; GPUs reach them through {delivery['method']}" if delivery.get("method") else ""),
+        f"Docker cannot start GPU containers: {delivery.get('detail') if no_way else gpu_containers.get('detail')}",
         "configure Docker for the toolkit: nvidia-ctk runtime configure --runtime=docker && systemctl restart docker",
     )
 

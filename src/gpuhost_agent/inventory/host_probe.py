@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from gpuhost_agent.inventory import clock, toolkit
+from gpuhost_agent.inventory import clock, gpu_delivery, toolkit
 from gpuhost_agent.inventory.storage_quota import read_mountinfo, storage_quota
 from gpuhost_agent.runtime import dockerd_settings
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
@@ -68,6 +68,7 @@ async def docker_facts(engine: DockerEngine, gpu_check_image: str | None) -> dic
             "version": None,
             "rootDir": None,
             "gpuContainers": {"ok": False, "method": "none", "detail": "Docker Engine unreachable"},
+            "gpuDelivery": {"method": gpu_delivery.NONE, "detail": "Docker Engine unreachable"},
         }
     runtimes = sorted((info.get("Runtimes") or {}).keys())
     version = info.get("Version") or {}
@@ -87,8 +88,22 @@ async def docker_facts(engine: DockerEngine, gpu_check_image: str | None) -> dic
     facts["storageQuota"] = storage_quota(info, await asyncio.to_thread(read_mountinfo))
     facts["rentalLimits"] = await asyncio.to_thread(rental_limits, info.get("CgroupDriver"), info.get("CgroupVersion"))
     facts["gpuContainers"] = await _gpu_containers(engine, facts, gpu_check_image)
+    facts["gpuDelivery"] = await asyncio.to_thread(delivery, facts)
     facts.update(await asyncio.to_thread(dockerd_settings.engine_defaults, None, info.get("CgroupVersion")))
     return facts
+
+
+def delivery(docker: dict) -> dict:
+    """Which way GPUs reach containers (inventory/gpu_delivery.py): the CDI
+    specs in dockerd's own folders, and the runtime hook's signs. Blocking reads."""
+    directories = tuple(docker.get("cdiSpecDirs") or ())
+    facts = gpu_delivery.DeliveryFacts(
+        cdi_spec_dirs=directories,
+        specs=gpu_delivery.read_specs(directories),
+        hook=toolkit.find_binaries().get("nvidia-container-runtime-hook", ""),
+        runtimes=tuple(docker.get("runtimes") or ()),
+    )
+    return gpu_delivery.decide(facts)
 
 
 def rental_limits(cgroup_driver: str | None, cgroup_version: str | None) -> dict:

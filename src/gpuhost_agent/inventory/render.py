@@ -50,6 +50,7 @@ def probe_table(report: dict) -> str:
             f"{'yes' if docker['gpuContainers'].get('ok') else 'no'}: "
             f"{_show(docker['gpuContainers'].get('detail'))} ({docker['gpuContainers'].get('method')})",
         ),
+        ("GPU delivery", _delivery(docker.get("gpuDelivery") or {})),
         ("Swarm", _swarm(docker)),
         ("Disk quota", _quota(docker.get("storageQuota") or {})),
         ("Rental limits", _rental_limits(docker.get("rentalLimits") or {})),
@@ -126,6 +127,13 @@ def _quota(quota: dict) -> str:
     if not quota:
         return "unknown"
     return f"{'per container' if quota.get('available') else 'none'}: {quota.get('detail')}"
+
+
+def _delivery(delivery: dict) -> str:
+    """Which way GPUs reach containers (inventory/gpu_delivery.py), and what was found."""
+    if not delivery:
+        return "unknown"
+    return f"{delivery.get('method')}: {delivery.get('detail')}"
 
 
 def _rental_limits(limits: dict) -> str:

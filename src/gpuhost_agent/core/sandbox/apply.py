@@ -23,6 +23,7 @@ from gpuhost_agent.core.gpus.allocation import GpuSlot, NotEnoughGpus, slots_fro
 from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.rentals.shares import RentalShares
 from gpuhost_agent.core.sandbox.context import (
+    HOOK_DELIVERY,
     Registries,
     SandboxContext,
     StackSite,
@@ -176,6 +177,7 @@ class Sandbox:
         if ((host.get("docker") or {}).get("storageQuota") or {}).get("available"):
             total = int((host.get("storage") or {}).get("totalBytes") or 0)
             storage_bytes = disk_share(total, self.disk_floor_bytes, len(uuids), machine_gpus, self.rental_disk_bytes)
+        delivery = ((host.get("docker") or {}).get("gpuDelivery") or {}).get("method") or HOOK_DELIVERY
         ctx = SandboxContext(
             project=site.project,
             project_dir=site.project_dir,
@@ -191,6 +193,7 @@ class Sandbox:
             log_max_files=self.log_max_files,
             cgroup_parent=parent,
             storage_bytes=storage_bytes,
+            gpu_delivery=delivery,
             registries=registries,
         )
         hardened, notices = decide(model, raw, ctx)

@@ -21,6 +21,11 @@ GPU_LESS_MEMORY = 4 * GIB
 # Memory kept for the host itself (agent, dockerd, the kernel) before sharing out.
 HOST_RESERVED_MEMORY = 2 * GIB
 HOST_RESERVED_CPUS = 1.0
+# How GPUs reach containers, in the probe's words (inventory/gpu_delivery.py):
+# CDI device requests, or the NVIDIA runtime hook's `nvidia` driver (also what
+# a host with neither is given: its GPU request then fails at the engine).
+CDI_DELIVERY = "cdi"
+HOOK_DELIVERY = "runtime-hook"
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,7 @@ class SandboxContext:
     log_max_files: int
     cgroup_parent: str | None = None  # the rental's own cgroup, parent of all its containers
     storage_bytes: int = 0  # each writable layer's size cap, where Docker's disk has quotas (0: none)
+    gpu_delivery: str = HOOK_DELIVERY  # the probe's gpuDelivery method: how harden writes GPU requests
     # Where Compose resolved the file's paths: `./` (the stack's directory),
     # `~` (the home the agent gives Compose), and the agent's own directory.
     project_dir: str = ""

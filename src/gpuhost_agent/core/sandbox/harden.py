@@ -3,8 +3,10 @@
 Whatever the renter did not say is said by the agent, so nothing depends on
 Docker's defaults or on what the image carries: no new privileges, the
 capabilities no workload needs dropped, limits set to the rental's share, GPUs
-given by UUID to the services that asked and explicitly none to the others,
-a cgroup namespace of its own, ports published where the host decides.
+given by UUID to the services that asked and explicitly none to the others
+(through CDI or the NVIDIA runtime hook, whichever way the host's probe found:
+inventory/gpu_delivery.py), a cgroup namespace of its own, ports published
+where the host decides.
 
 The image is as untrusted as the file: its ENV and its labels are laid under
 what the agent sets, so every variable the NVIDIA Container Toolkit reads to
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import copy
 
-from gpuhost_agent.core.sandbox.context import SandboxContext
+from gpuhost_agent.core.sandbox.context import CDI_DELIVERY, SandboxContext
 from gpuhost_agent.core.sandbox.gpu_forms import NVIDIA_CAPABILITIES
 from gpuhost_agent.core.sandbox.policy import flat_capabilities, gpu_requests, to_bytes
 from gpuhost_agent.core.stacks.compose_rewrite import as_mapping
@@ -61,6 +63,7 @@ DRIVER_CAPABILITIES = "NVIDIA_DRIVER_CAPABILITIES"
 # The toolkit's own default when the variable is empty; unset in a "legacy"
 # image (CUDA_VERSION without NVIDIA_REQUIRE_CUDA) would mean all of them.
 DEFAULT_DRIVER_CAPABILITIES = "compute,utility"
+CDI_GPU_NAME = "nvidia.com/gpu={}"  # a GPU in NVIDIA's CDI spec, by UUID (inventory/gpu_delivery.py)
 
 
 def assigned_uuids(service: dict, ctx: SandboxContext) -> list[str]:
@@ -155,7 +158,7 @@ def _gpus(service: dict, ctx: SandboxContext) -> None:
     environment = as_mapping(service.get("environment"), missing=None)
     labels = as_mapping(service.get("labels"))
     if uuids:
-        reservations["devices"] = [{"driver": "nvidia", "device_ids": uuids, "capabilities": capabilities}]
+        reservations["devices"] = [_request(uuids, capabilities, ctx)]
         environment["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
     else:
         environment["NVIDIA_VISIBLE_DEVICES"] = NO_GPUS
@@ -166,6 +169,19 @@ def _gpus(service: dict, ctx: SandboxContext) -> None:
     labels[GPU_LABEL] = ",".join(uuids)
     service["environment"] = environment
     service["labels"] = labels
+
+
+def _request(uuids: list[str], capabilities: list[str], ctx: SandboxContext) -> dict:
+    """The one GPU request of a service, for the way GPUs reach containers here.
+    With CDI, dockerd applies the spec's edits for each name itself (no hook,
+    no runtime), and ignores a cdi request's capabilities (moby
+    daemon/devices.go); Compose 2.26 still wants the key (its schema: "capabilities
+    is required"), so they are written as for the hook. Either way the
+    rental's GPUs by UUID, whatever the renter spelled."""
+    if ctx.gpu_delivery == CDI_DELIVERY:
+        names = [CDI_GPU_NAME.format(uuid) for uuid in uuids]
+        return {"driver": "cdi", "device_ids": names, "capabilities": capabilities}
+    return {"driver": "nvidia", "device_ids": uuids, "capabilities": capabilities}
 
 
 def _driver_capabilities(asked: object, requested: list[str]) -> str:
