@@ -135,7 +135,8 @@ What it writes:
   $SWARM_KEY_PATH                   with --swarm: the environment's key (0600, root only)
   $SWARM_TLS_DIR/             with --swarm: this machine's certificate and key (0600), the CA's
                                     certificate; on the leader the CA's key (0600) too
-  $STATE_DIR                    the agent's state (0700), kept on upgrade and uninstall
+  $STATE_DIR                    the agent's state (0700), kept on upgrade and uninstall; an
+                                    upgrade drops the versions the marketplace installed there
   $UNIT_PATH   the unit (Type=notify, watchdog, Restart=always)
   $DROPIN_DIR/  restart back-off (systemd >= 254 only)
 Then systemctl daemon-reload, enable and restart the service (when systemd is running).
@@ -848,6 +849,12 @@ make_state_dir() {
     if [ -d "$STATE_DIR" ]; then
         say "keeping the state directory $STATE_DIR"
         run chmod 0700 "$STATE_DIR"
+        # The versions the marketplace installed (docs/operations.md, Upgrades): the one
+        # installed now is the host's choice, so the launcher must not pick another.
+        if [ -e "$STATE_DIR/upgrade.json" ] || [ -e "$STATE_DIR/versions" ]; then
+            step "forgetting the versions the marketplace installed ($STATE_DIR/versions): this one runs"
+            run rm -rf "$STATE_DIR/versions" "$STATE_DIR/upgrade.json" "$STATE_DIR/upgrade.lock"
+        fi
     else
         step "creating the state directory $STATE_DIR (0700)"
         run install -d -m 0700 -o root -g root "$STATE_DIR"

@@ -6,8 +6,9 @@ then the renter API. One booted host for the whole module; the tests run in
 order and each builds on the one before (install, deploy and limits, the
 watchdog while that deploy's job may still be open, a deploy into the
 restarted agent's slice, an OOM kill at a rental's limit, a write past its
-disk share, journal, stop, upgrade, GPUs through CDI without the runtime
-hook, uninstall). Needs root.
+disk share, journal, upgrades the marketplace offers (one that works, one
+that crashes, one never healthy), stop, upgrade in place, GPUs through CDI
+without the runtime hook, uninstall). Needs root.
 """
 
 from __future__ import annotations
@@ -16,20 +17,23 @@ import asyncio
 import json
 import re
 import time
+from pathlib import Path
 
 import aiohttp
 import pytest
 import pytest_asyncio
-from support import modern_host
+from support import agent_release, modern_host
 from support.install_chroot import needs_root
 from support.renter import Renter
 from support.stacks import TEST_IMAGE
 
 from gpuhost_agent.core.containers.seed_list import RENTAL_MEMORY_REACHED
 from gpuhost_agent.local_marketplace import server as local_server
+from gpuhost_agent.local_marketplace.releases import Release
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.store import Store
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol.wire_release import ROLLED_BACK, UPGRADED
 from gpuhost_agent.runtime.rental_slices import slice_name
 
 pytestmark = [needs_root, pytest.mark.modern_host, pytest.mark.asyncio(loop_scope="module")]
@@ -45,6 +49,9 @@ class World:
         self.host, self.renter, self.base = host, renter, base
         self.rental_id = ""
         self.container_id = ""
+        self.state: MarketplaceState
+        self.wheel: Path  # the agent's wheel, as installed; the upgrade tests' releases are made from it
+        self.releases: Path
 
 
 @pytest.fixture(scope="module")
@@ -55,13 +62,17 @@ def booted_host(tmp_path_factory, agent_wheels):
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def world(booted_host):
+async def world(booted_host, agent_wheels, tmp_path_factory):
     """The local marketplace, listening on the host's network's gateway (this machine)."""
     store = Store.load_or_create(None)
-    market = await local_server.start(MarketplaceState(store), booted_host.gateway, 0)
+    state = MarketplaceState(store)
+    market = await local_server.start(state, booted_host.gateway, 0)
     http = aiohttp.ClientSession()
     try:
-        yield World(booted_host, Renter(http, market.base_url, store), market.base_url)
+        made = World(booted_host, Renter(http, market.base_url, store), market.base_url)
+        made.state, made.wheel = state, agent_release.agent_wheel(agent_wheels)
+        made.releases = tmp_path_factory.mktemp("releases")
+        yield made
     finally:
         await http.close()
         await market.stop()
@@ -289,6 +300,79 @@ async def test_the_journal_has_the_agents_json_lines_with_priorities_and_no_secr
     assert world.renter.store.renterApiKey not in whole
 
 
+# ---- upgrades the marketplace offers (issue 33, section 3) ---------------------------------------------------------
+HEALTH_SECONDS = 20  # the trial's bound here (GPUHOST_UPGRADE_HEALTH_SECONDS; 300 by default)
+
+
+async def _offer(world: World, version: str, appended: dict[str, str] | None = None) -> Release:
+    wheel = await asyncio.to_thread(agent_release.variant, world.wheel, world.releases / version, version, appended)
+    world.state.release = await asyncio.to_thread(Release.of_wheel, wheel)
+    return world.state.release
+
+
+async def _told(world: World, version: str, outcome: str, running: str, timeout: float = 180) -> dict:
+    """What the agent told the marketplace of its last attempt, once it is `outcome` for `version`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        said = world.renter.store.host.get("agentUpgrade") or {}
+        attempt = said.get("lastAttempt") or {}
+        if (attempt.get("version"), attempt.get("outcome"), said.get("running")) == (version, outcome, running):
+            return attempt
+        if time.monotonic() > deadline:
+            log = await _sh(world, f"journalctl --no-pager -u {UNIT} -n 60 -o cat", check=False)
+            raise AssertionError(f"not told {version} {outcome}, running {running}: {said}\n{log.out[-6000:]}")
+        await asyncio.sleep(0.5)
+
+
+async def _agent_program(world: World) -> str:
+    """The program the unit's main process runs (the launcher execs the chosen version in place)."""
+    return (await _sh(world, f"tr '\\0' ' ' </proc/{await _main_pid(world)}/cmdline")).out
+
+
+async def _started_at(world: World) -> str:
+    return (await _sh(world, f"docker inspect -f '{{{{.State.StartedAt}}}}' {world.container_id}")).out
+
+
+async def test_an_offered_release_is_installed_beside_the_agent_and_runs_after_its_health_check(world: World) -> None:
+    started = await _started_at(world)
+    await _sh(world, f"echo GPUHOST_UPGRADE_HEALTH_SECONDS={HEALTH_SECONDS} >>/etc/gpuhost-agent/agent.conf")
+    world.state.intervals["heartbeatSeconds"] = 3  # offers reach a running agent at its beats
+    await _offer(world, "0.1.1")
+    await _sh(world, f"systemctl restart {UNIT}")  # the setting above; the session reply then offers 0.1.1
+    await _told(world, "0.1.1", UPGRADED, "0.1.1")  # told at the session after its confirmation
+    assert "/var/lib/gpuhost-agent/versions/0.1.1-" in await _agent_program(world)
+    record = json.loads((await _sh(world, "cat /var/lib/gpuhost-agent/upgrade.json")).out)
+    assert record["current"]["version"] == "0.1.1" and record["trial"] is None
+    assert world.renter.store.host["agentUpgrade"]["lastAttempt"]["from"] is None  # from install.sh's version
+    assert await _started_at(world) == started  # the renter's container was never touched
+
+
+async def test_a_release_that_crashes_at_start_is_rolled_back_and_the_marketplace_told_why(world: World) -> None:
+    started = await _started_at(world)
+    await _offer(world, "0.1.2", {"gpuhost_agent/service/daemon.py": agent_release.CRASH_AT_START})
+    attempt = await _told(world, "0.1.2", ROLLED_BACK, "0.1.1")  # offered at a beat of 0.1.1
+    assert "stopped before it passed its health check" in attempt["reason"] and attempt["from"] == "0.1.1"
+    assert "/var/lib/gpuhost-agent/versions/0.1.1-" in await _agent_program(world)
+    journal = (await _sh(world, f"journalctl --no-pager -u {UNIT} -o cat")).out
+    assert "this release crashes at start" in journal and "rolled back to 0.1.1" in journal
+    assert await _started_at(world) == started
+    sessions = world.state.sessions_opened
+    await asyncio.sleep(8)  # beats that offer the same build again: not tried again
+    assert world.state.sessions_opened == sessions
+    assert "0.1.2" not in (await _sh(world, "ls /var/lib/gpuhost-agent/versions")).out
+
+
+async def test_a_release_that_never_becomes_healthy_is_stopped_at_its_bound_and_rolled_back(world: World) -> None:
+    started = await _started_at(world)
+    await _offer(world, "0.1.3", {"gpuhost_agent/core/agent.py": agent_release.NEVER_HEALTHY})
+    attempt = await _told(world, "0.1.3", ROLLED_BACK, "0.1.1")
+    assert f"within {HEALTH_SECONDS} s" in attempt["reason"], attempt
+    assert "/var/lib/gpuhost-agent/versions/0.1.1-" in await _agent_program(world)
+    assert await _started_at(world) == started
+    world.state.release = None
+    world.state.intervals["heartbeatSeconds"] = 30
+
+
 async def test_systemctl_stop_stops_the_agent_within_its_timeout_and_leaves_stacks(world: World) -> None:
     timeout = (await asyncio.to_thread(world.host.show, UNIT, "TimeoutStopUSec"))["TimeoutStopUSec"]
     seconds = int(re.fullmatch(r"(\d+)s", timeout).group(1))
@@ -305,11 +389,17 @@ async def test_systemctl_stop_stops_the_agent_within_its_timeout_and_leaves_stac
 async def test_an_upgrade_in_place_keeps_the_configuration_and_state(world: World) -> None:
     keep = "/etc/gpuhost-agent/agent.conf /etc/gpuhost-agent/api-key"
     # What a stopped agent leaves is kept; a running one adds its socket and SQLite's -wal and -shm files.
-    kept = f"sha256sum {keep}; ls /var/lib/gpuhost-agent | grep -v -e '-wal$' -e '-shm$' -e '[.]sock$'"
+    # The versions the marketplace installed are not: the host's own install is the one that runs.
+    upgrades = "-e '^upgrade[.]' -e '^versions$'"
+    kept = f"sha256sum {keep}; ls /var/lib/gpuhost-agent | grep -v -e '-wal$' -e '-shm$' -e '[.]sock$' {upgrades}"
     before = (await _sh(world, kept)).out
+    assert "versions" in (await _sh(world, "ls /var/lib/gpuhost-agent")).out  # the upgrade tests' 0.1.1
     await _sh(world, f"curl -fsSL {world.base}/install.sh | sudo bash -s --", timeout=600)
     assert (await _sh(world, kept)).out == before
+    left = (await _sh(world, "ls /var/lib/gpuhost-agent")).out.split()
+    assert "versions" not in left and "upgrade.json" not in left, left
     await asyncio.to_thread(world.host.wait, f"systemctl is-active {UNIT}", 60, "the upgraded agent running")
+    assert "/opt/gpuhost-agent/venv/bin/gpuhost-agent" in await _agent_program(world)
     running = (await _sh(world, f"docker inspect -f '{{{{.State.Running}}}}' {world.container_id}")).out.strip()
     assert running == "true"
 

@@ -28,8 +28,8 @@ LAUNCH = (
 )
 
 
-def _version(tmp_path: Path, name: str) -> Path:
-    prefix = tmp_path / "versions" / name
+def _version(state: Path, name: str) -> Path:
+    prefix = state / upgrade_state.VERSIONS / name
     (prefix / "bin").mkdir(parents=True)
     agent = prefix / "bin" / "gpuhost-agent"
     agent.write_text(AGENT)
@@ -55,7 +55,7 @@ def _launch(state: Path, said: Path, *, systemd: bool = True) -> subprocess.Pope
 def test_a_trial_not_confirmed_in_time_is_stopped_and_rolled_back_at_the_next_start(tmp_path: Path) -> None:
     state, said = tmp_path / "state", tmp_path / "said"
     state.mkdir()
-    prefix = _version(tmp_path, "0.2.0")
+    prefix = _version(state, "0.2.0")
     _on_trial(state, prefix, 0.5)
     launched = _launch(state, said)
     out, err = launched.communicate(timeout=20)  # the guardian's SIGTERM ends it
@@ -73,12 +73,13 @@ def test_a_trial_not_confirmed_in_time_is_stopped_and_rolled_back_at_the_next_st
     assert record["trial"] is None and record["lastAttempt"]["outcome"] == ROLLED_BACK
     assert "within 0.5 s" in record["lastAttempt"]["reason"]
     assert said.read_text().count("started") == 1
+    assert not prefix.exists()  # the rolled-back version's folder goes
 
 
 def test_a_confirmed_trial_is_left_running_by_its_guardian(tmp_path: Path) -> None:
     state, said = tmp_path / "state", tmp_path / "said"
     state.mkdir()
-    prefix = _version(tmp_path, "0.2.0")
+    prefix = _version(state, "0.2.0")
     _on_trial(state, prefix, 1.0)
     launched = _launch(state, said)
     try:
@@ -100,7 +101,7 @@ def test_a_confirmed_trial_is_left_running_by_its_guardian(tmp_path: Path) -> No
 def test_outside_systemd_the_launcher_runs_itself_and_changes_nothing(tmp_path: Path) -> None:
     state, said = tmp_path / "state", tmp_path / "said"
     state.mkdir()
-    _on_trial(state, _version(tmp_path, "0.2.0"), 0.5)
+    _on_trial(state, _version(state, "0.2.0"), 0.5)
     before = upgrade_state.load(state)
     out, _ = _launch(state, said, systemd=False).communicate(timeout=20)
     assert "the installed version runs" in out and not said.exists()

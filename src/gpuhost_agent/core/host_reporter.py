@@ -58,6 +58,10 @@ class HostReporter:
         change sends a beat at once (the marketplace's availableGPUs)."""
         self.ledger = ledger
         self._beat_soon: asyncio.Task | None = None
+        # Said in every beat, and hear every reply: the upgrades (AgentInfo.upgrade, and a
+        # reply's agentRelease), added by the composition root.
+        self.beat_facts: list[Callable[[], dict]] = []
+        self.heartbeat_replies: list[Callable[[dict], None]] = []
         if ledger is not None:
             ledger.on_change.append(self.beat_soon)
         self.client = client
@@ -238,6 +242,8 @@ class HostReporter:
             **figures,
             "reports": {"pending": self.outbox.pending(), "dropped": self.outbox.dropped},
         }
+        for facts in self.beat_facts:
+            body.update(facts())
         others = other_nodes((self.last_report or {}).get("systemData") or {})
         if others:  # an environment of several machines: the other machines' GPUs too
             body["machines"] = await self.prober.machines.live_figures(others, BEAT_MACHINE_SECONDS)
@@ -262,6 +268,8 @@ class HostReporter:
             self.intervals["heartbeatSeconds"] = float(interval)
             self.schedule.every("heartbeat", max(MIN_HEARTBEAT, float(interval)), self.beat)
             log.info("heartbeat_interval_changed", interval_s=interval)
+        for listener in self.heartbeat_replies:
+            listener(reply)
         if reply.get("systemDataWanted") and self.last_report is not None:
             # At most once per systemData interval: a marketplace that refuses
             # the report would otherwise ask for it again at every beat.

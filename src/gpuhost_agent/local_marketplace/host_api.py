@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gpuhost_agent.local_marketplace import usage
+from gpuhost_agent.local_marketplace import releases, usage
 from gpuhost_agent.local_marketplace.http_errors import json_body, json_error, too_far_ahead
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.protocol import wire_time, wire_values
@@ -155,6 +155,8 @@ def heartbeat_problem(body: Any) -> str | None:
         if problem := _gpu_problem(gpu):
             return f"gpus[{index}]{problem}"
     if problem := _machines_problem(body.get("machines", {})):
+        return problem
+    if problem := releases.upgrade_problem(body.get("upgrade")):
         return problem
     return _gpu_assignments_problem(body["gpuAssignments"]) if "gpuAssignments" in body else None
 

@@ -157,9 +157,14 @@ class MarketplaceState:
         if isinstance(body.get("gpuAssignments"), dict):
             self.store.live["gpuAssignments"] = body["gpuAssignments"]
         self.beats_received += 1
+        if isinstance(body.get("upgrade"), dict):  # checked by host_api.heartbeat_problem
+            self.store.host["agentUpgrade"] = body["upgrade"]
         report = self.store.host.get("report") or {}
         wanted = body.get("fingerprint") is not None and report.get("fingerprint") != body.get("fingerprint")
-        return {"heartbeatIntervalSeconds": interval, "systemDataWanted": wanted, "serverTime": wire_time.iso()}
+        reply = {"heartbeatIntervalSeconds": interval, "systemDataWanted": wanted, "serverTime": wire_time.iso()}
+        if self.release is not None:
+            reply["agentRelease"] = self.release.offer()
+        return reply
 
     def liveness(self, now: float | None = None) -> dict:
         """Environment.heartbeat: online until OFFLINE_AFTER_MISSED_BEATS beats are missed."""

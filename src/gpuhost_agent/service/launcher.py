@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import shutil
 import signal
 import sys
 import time
@@ -42,6 +43,9 @@ def launch(state_dir: Path, argv: list[str]) -> None:
                                         said=f"{choice.prefix} is gone: the installed version runs")  # fmt: skip
         if choice.record != record:
             upgrade_state.save(state_dir, choice.record)
+        rolled_back = record["trial"]["prefix"] if record["trial"] and choice.record["trial"] is None else None
+    if rolled_back and Path(rolled_back).parent == state_dir / upgrade_state.VERSIONS:
+        shutil.rmtree(rolled_back, ignore_errors=True)  # never started again: the same build is not retried
     if choice.said:
         print(f"gpuhost-agent launcher: {choice.said}", file=sys.stderr, flush=True)
     if choice.prefix is None or Path(choice.prefix) == Path(sys.prefix):

@@ -13,6 +13,7 @@ import hashlib
 import os
 import shutil
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core import upgrade_plan
 from gpuhost_agent.protocol import wire_release, wire_time
 from gpuhost_agent.protocol.wire_release import ReleaseOffer
-from gpuhost_agent.runtime import release_install
+from gpuhost_agent.runtime import own_unit, release_install
 from gpuhost_agent.service.launcher import LAUNCHED
 from gpuhost_agent.storage import upgrade_state
 from gpuhost_agent.uplink.client import MarketplaceClient
@@ -28,6 +29,7 @@ from gpuhost_agent.uplink.replies import MarketplaceRejected, MarketplaceUnavail
 
 log = get_logger(__name__)
 HEALTH_POLL_SECONDS = 1.0
+RETRY_SECONDS = 600.0  # an offer whose fetch or install failed is tried again after this
 
 
 def supervised() -> bool:
@@ -47,17 +49,20 @@ class Upgrades:
         client: MarketplaceClient,
         running: str,
         health_seconds: float,
-        request_restart: Callable[[], None],
+        restart: asyncio.Event,
         *,
         supervised: bool,
         prefix: Path | None = None,
         installed: Path | None = None,
     ):
         self.state_dir, self.client, self.running = state_dir, client, running
-        self.health_seconds, self.request_restart, self.supervised = health_seconds, request_restart, supervised
+        self.health_seconds, self.restart, self.supervised = health_seconds, restart, supervised
         self.prefix = prefix or Path(sys.prefix)
         self.installed = installed or installed_prefix()
         self._task: asyncio.Task | None = None
+        self._said: tuple[ReleaseOffer, str] | None = None  # the last offer and what was decided of it
+        self._malformed: str | None = None
+        self._failed: dict[ReleaseOffer, float] = {}  # offers whose fetch or install failed, and when (monotonic)
         # Read once here (the composition root, before the loop runs); every
         # change this process makes goes through _update, which keeps it.
         self.record = upgrade_state.load(state_dir)
@@ -67,18 +72,25 @@ class Upgrades:
         return {"upgrade": {"running": self.running, "lastAttempt": self.record["lastAttempt"]}}
 
     def offered(self, reply: dict) -> None:
-        """A session reply: act on its agentRelease, in the background."""
+        """A session's or a heartbeat's reply: act on its agentRelease, in the background."""
         offer = wire_release.decode_offer(reply.get("agentRelease"))
         if offer is None:
             return
         if isinstance(offer, str):
-            log.error("upgrade_refused", error=offer, hint="the marketplace's agentRelease is malformed")
+            if self._malformed != offer:  # said once, not at every beat
+                log.error("upgrade_refused", error=offer, hint="the marketplace's agentRelease is malformed")
+            self._malformed = offer
             return
         action, why = upgrade_plan.offer_decision(offer, self.running, self.record, self.supervised)
         if action == "none" or (self._task is not None and not self._task.done()):
             return
-        if action != "install":
+        failed = self._failed.get(offer)
+        if action == "install" and failed is not None and time.monotonic() - failed < RETRY_SECONDS:
+            return  # its fetch or install failed a moment ago: not again at every beat
+        said, self._said = self._said, (offer, action)
+        if action != "install" and said != self._said:  # said once, not at every beat
             log.warning("upgrade_not_installed", version=offer.version, outcome=action, reason=why)
+        if action != "install":
             if action == "refuse" and (self.record["lastAttempt"] or {}).get("reason") != why:
                 self._task = asyncio.create_task(self._attempt(offer.version, wire_release.REFUSED, why))
             return
@@ -96,14 +108,24 @@ class Upgrades:
             await asyncio.to_thread(_write, wheel, body)
             await release_install.install(wheel, offer.version, folder, self.installed)
         except (MarketplaceUnavailable, MarketplaceRejected, release_install.InstallFailed, OSError) as exc:
-            log.error("upgrade_failed", version=offer.version, error=str(exc))
+            log.error("upgrade_failed", version=offer.version, error=str(exc), retry_in_s=RETRY_SECONDS)
+            self._failed = {offer: time.monotonic()}
             await self._attempt(offer.version, wire_release.FAILED, str(exc)[:1000])
             return
         finally:
             await asyncio.to_thread(shutil.rmtree, wheel.parent, True)
         await self._update(lambda record: upgrade_plan.trial(record, offer, str(folder), self.health_seconds))
         log.info("upgrade_restarting", version=offer.version, running=self.running, health_bound_s=self.health_seconds)
-        self.request_restart()
+        await self._restart()
+
+    async def _restart(self) -> None:
+        """By a systemd job (runtime/own_unit.py); where that cannot be had,
+        the agent stops and systemd's Restart=always starts it again."""
+        unit = await asyncio.to_thread(own_unit.unit_name)
+        problem = await own_unit.restart(unit) if unit else "the agent is not in a systemd service's cgroup"
+        if problem:
+            log.info("upgrade_restart_by_exit", reason=problem)
+            self.restart.set()
 
     async def _attempt(self, version: str, outcome: str, reason: str) -> None:
         """An attempt that ended without a restart, told at the next session."""

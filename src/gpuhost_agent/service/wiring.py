@@ -184,8 +184,10 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
     engine_watch = EngineWatch(engine, EngineRecovery(reconciler, container_watch, session).engine_back)
     restart = asyncio.Event()
     upgrades = Upgrades(
-        config.state_dir, client, __version__, config.upgrade_health_seconds, restart.set, supervised=supervised()
+        config.state_dir, client, __version__, config.upgrade_health_seconds, restart, supervised=supervised()
     )
+    host.heartbeat_replies.append(upgrades.offered)  # a release offered at a beat, not only at a session
+    host.beat_facts.append(upgrades.session_info)  # and a confirmed upgrade told at once
     agent = Agent(
         client,
         session,
