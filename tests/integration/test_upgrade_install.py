@@ -38,9 +38,7 @@ async def _offer(tmp_path: Path, agent_wheels: Path, version: str, state_dir: Pa
     market = await local_server.start(state, "127.0.0.1", 0)
     client = MarketplaceClient(market.base_url, state.store.envApiKey)
     restarted = asyncio.Event()
-    upgrades = Upgrades(
-        state_dir, client, "0.1.0", 42.0, restarted, supervised=supervised, installed=Path(sys.prefix)
-    )
+    upgrades = Upgrades(state_dir, client, "0.1.0", 42.0, restarted, supervised=supervised, installed=Path(sys.prefix))
     reply = await client.open_session({"agentVersion": "0.1.0", **upgrades.session_info()})
     return market, client, upgrades, restarted, reply, state
 
