@@ -92,6 +92,7 @@ class AgentConfig:
     usage_seconds: float = default_of("usage_seconds")
     reconcile_grace_seconds: float = default_of("reconcile_grace_seconds")
     shutdown_grace_seconds: float = default_of("shutdown_grace_seconds")
+    pull_stall_seconds: float = default_of("pull_stall_seconds")
     status_socket: Path | None = default_of("status_socket")
     metrics: bool = default_of("metrics")
     metrics_listen: tuple[str, int] | None = default_of("metrics_listen")

@@ -20,6 +20,7 @@ from gpuhost_agent.core.disk_watch import DiskWatch
 from gpuhost_agent.core.gpus.faults import GpuFaults
 from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.host_reporter import HostReporter
+from gpuhost_agent.core.images.pulls import ImagePulls
 from gpuhost_agent.core.reconcile.engine_recovery import EngineRecovery
 from gpuhost_agent.core.reconcile.reconciler import Reconciler
 from gpuhost_agent.core.rentals.clock import RentalClock
@@ -35,6 +36,7 @@ from gpuhost_agent.inventory.gpu_events import GpuEventWatch
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
 from gpuhost_agent.runtime.engine_watch import EngineWatch
+from gpuhost_agent.runtime.image_pull import pull_image
 from gpuhost_agent.service import metrics
 from gpuhost_agent.service.agent_parts import AgentParts
 from gpuhost_agent.service.config import AgentConfig
@@ -114,6 +116,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         stop_timeout=config.stop_timeout,
         stacks_per_rental=config.stacks_per_rental,
         rental_limit_reached=limit_reached,
+        images=ImagePulls(pull_image, stall_seconds=config.pull_stall_seconds) if topology.pulls_here else None,
     )
     ssh = SshServices(
         stream_engine,
