@@ -123,3 +123,16 @@ async def test_a_stalled_pull_fails_the_stack_naming_image_and_registry(relayed,
     assert await renter.containers(rental_id, stack_id) == []
     with pytest.raises(docker.errors.ImageNotFound):
         await asyncio.to_thread(docker_client.images.get, image)
+
+
+async def test_an_image_larger_than_the_rentals_disk_share_is_refused_before_its_pull(relayed, docker_client):
+    renter, parts, relay, image = await relayed(rental_disk_bytes=20_000_000)
+    rental_id = await renter.rental()
+    stack_id = await renter.stack(rental_id, sleeper(image))
+    stack = await renter.wait_stack(rental_id, stack_id, (wire.ERROR, wire.APPLIED), timeout=30)
+    assert stack["status"] == wire.ERROR, stack
+    message = stack["errorMsg"]
+    assert f"'{image}' (0.06 GB)" in message and "more than this rental's disk share of 0.02 GB" in message, message
+    assert relay.bytes_down < 100_000 and parts.deployer.images.started == 0  # the manifest only
+    with pytest.raises(docker.errors.ImageNotFound):
+        await asyncio.to_thread(docker_client.images.get, image)

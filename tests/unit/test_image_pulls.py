@@ -4,13 +4,17 @@ one pull per image reference whoever waits on it (core/images)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 
 import pytest
 
 from gpuhost_agent.core.images.pull_progress import MAX_MESSAGE, PullProgress, progress_message
 from gpuhost_agent.core.images.pulls import ImagePulls, pullable_images, stalled_message
+from gpuhost_agent.core.images.room import GB, Room, room_problem
 from gpuhost_agent.core.stacks.backend import StackFailed
+from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
+from gpuhost_agent.runtime.image_manifest import insecure_registry, manifest_size
 from gpuhost_agent.runtime.image_pull import PullError, PullStalled
 
 IMAGE = "registry.example:5000/team/model:1"
@@ -148,3 +152,62 @@ async def test_another_failure_is_left_to_compose():
     fake.release.set()
     pulls = ImagePulls(fake, stall_seconds=5, report_seconds=0.05)
     await pulls.fetch([IMAGE], lambda _text: None)  # Compose's own pull then fails with its message
+
+
+# ---- d: the size before the pull ---------------------------------------------------------
+
+
+def test_the_size_is_the_sum_of_the_layers_for_linux_amd64():
+    manifest = {"layers": [{"size": 100}, {"size": 23}]}
+    plain = {"Descriptor": {"platform": {"os": "linux", "architecture": "amd64"}}, "SchemaV2Manifest": manifest}
+    assert manifest_size(json.dumps(plain)) == 123
+    arm = {
+        "Descriptor": {"platform": {"os": "linux", "architecture": "arm64"}},
+        "OCIManifest": {"layers": [{"size": 1}]},
+    }
+    oci = {
+        "Descriptor": {"platform": {"os": "linux", "architecture": "amd64"}},
+        "OCIManifest": {"layers": [{"size": 7}]},
+    }
+    assert manifest_size(json.dumps([arm, oci])) == 7
+    assert manifest_size(json.dumps([arm])) is None
+    assert manifest_size("not json") is None
+    assert manifest_size(json.dumps({"SchemaV2Manifest": {"layers": [{"size": "big"}]}})) is None
+
+
+def test_only_a_registry_the_engine_calls_insecure_is_asked_without_tls():
+    config = {"InsecureRegistryCIDRs": ["127.0.0.0/8"], "IndexConfigs": {"mirror.lan:5000": {"Secure": False}}}
+    assert insecure_registry("127.0.0.1:5000", config)
+    assert insecure_registry("mirror.lan:5000", config)
+    assert not insecure_registry("registry.example:5000", config)
+    assert not insecure_registry("10.0.0.1", config)
+    assert not insecure_registry("[::1]:5000", config)
+
+
+def test_a_refusal_names_the_image_the_size_and_the_share_or_the_floor():
+    sizes = {IMAGE: 6 * GB}
+    share = room_problem(sizes, Room(free=500 * GB, floor=20 * GB, share=4 * GB))
+    assert share is not None and IMAGE in share and "6.00 GB" in share and "share of 4.00 GB" in share
+    floor = room_problem(sizes, Room(free=25 * GB, floor=20 * GB, share=100 * GB))
+    assert floor is not None and "25.00 GB free" in floor and "floor of 20.00 GB" in floor
+    assert room_problem(sizes, Room(free=26 * GB, floor=20 * GB, share=6 * GB)) is None
+    assert room_problem(sizes, Room(free=None, floor=20 * GB, share=0)) is None
+    assert room_problem({}, Room(free=0, floor=20 * GB, share=1)) is None
+
+
+async def test_a_pull_that_does_not_fit_is_refused_before_it_starts():
+    fake = FakePulls()
+    asked: list[tuple[str, str | None]] = []
+
+    async def sizes(image: str, registry: str | None) -> int | None:
+        asked.append((image, registry))
+        return 6 * GB if image == IMAGE else None
+
+    async def room(_rental_id: str) -> Room:
+        return Room(free=500 * GB, floor=20 * GB, share=4 * GB)
+
+    pulls = ImagePulls(fake, stall_seconds=5, sizes=sizes, room=room)
+    with pytest.raises(StackRejected, match="share of 4.00 GB"):
+        await pulls.check_room("r1", [IMAGE])
+    await pulls.check_room("r1", ["unknown:1"])  # size not told: the pull goes ahead
+    assert asked == [(IMAGE, "registry.example:5000"), ("unknown:1", None)] and fake.calls == []

@@ -27,13 +27,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.images.pull_progress import PullProgress, progress_message
+from gpuhost_agent.core.images.room import Room, room_problem
 from gpuhost_agent.core.sandbox.host_network import registry_of
 from gpuhost_agent.core.stacks.backend import StackFailed
+from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
 from gpuhost_agent.runtime.image_pull import PullError, PullStalled
 
 log = get_logger(__name__)
@@ -90,9 +92,23 @@ def stalled_message(image: str, stall_seconds: float) -> str:
     )
 
 
+Sizer = Callable[[str, str | None], Awaitable[int | None]]  # reference, registry -> compressed size or None
+Roomer = Callable[[str], Awaitable[Room]]  # rental id -> its room on Docker's disk now
+
+
 class ImagePulls:
-    def __init__(self, pull: PullFn, *, stall_seconds: float, report_seconds: float = 2.0):
+    def __init__(
+        self,
+        pull: PullFn,
+        *,
+        stall_seconds: float,
+        report_seconds: float = 2.0,
+        sizes: Sizer | None = None,
+        room: Roomer | None = None,
+    ):
+        """`sizes` and `room` check that the images fit before they are pulled (core/images/room.py)."""
         self.pull, self.stall_seconds, self.report_seconds = pull, stall_seconds, report_seconds
+        self.sizes, self.room = sizes, room
         self._flights: dict[str, Flight] = {}
         self.started = 0  # pulls begun since the agent started (tests, the status socket)
 
@@ -131,6 +147,19 @@ class ImagePulls:
 
         threading.Thread(target=run, daemon=True, name=f"pull-{image[:40]}").start()
         return flight
+
+    async def check_room(self, rental_id: str, images: list[str]) -> None:
+        """StackRejected when the images to pull (none already being pulled)
+        do not fit the rental's share or the disk above the floor."""
+        new = [image for image in images if image not in self._flights]
+        if not new or self.sizes is None or self.room is None:
+            return
+        found = await asyncio.gather(*(self.sizes(image, registry_of(image)) for image in new))
+        sizes = {image: size for image, size in zip(new, found, strict=True) if size}
+        problem = room_problem(sizes, await self.room(rental_id)) if sizes else None
+        if problem:
+            log.info("image_pull_refused", images=sorted(sizes), reason=problem)
+            raise StackRejected(problem)
 
     async def fetch(self, images: list[str], progress: Callable[[str], None]) -> None:
         """Pull each of `images` (those missing here), or wait on its pull in

@@ -166,13 +166,15 @@ class StackDeployer:
             return await self._failed(job, project, workdir, exc)
 
     async def _pull(self, job: wire_jobs.StackJob, stack: dict) -> None:
-        """The stack's missing images, pulled with progress in APPLYING's errorMsg (core/images/pulls.py)."""
+        """The stack's missing images, checked to fit (core/images/room.py), then
+        pulled with progress in APPLYING's errorMsg (core/images/pulls.py)."""
         if self.images is None:
             return
         try:
             missing = await self.engine.missing_images(pullable_images(stack))
         except EngineError:  # a reference the engine cannot read: Compose says why
             return
+        await self.images.check_room(job.rental_id, missing)
         await self.images.fetch(missing, lambda text: self._report(job, wire.APPLYING, text))
 
     async def _check_running(self, stack_id: str, raw: list[dict] | None = None) -> None:
