@@ -3,7 +3,9 @@ pulls a stack's missing images itself, so the renter reads the pull's
 progress while the stack is APPLYING; two stacks needing one image share one
 pull; a pull that stalls fails the stack naming the image and its registry,
 leaving nothing that blocks a retry; an image is kept when its stack goes,
-so the next deploy of it starts without a pull.
+so the next deploy of it starts without a pull, and the images the agent
+pulled are evicted least recently used when the disk floor needs room, never
+one a container uses.
 
 The image (tests/support/big_image.py) is the test busybox plus a GiB of
 zeros (a few MB compressed) and 48 MiB of random bytes; it is fetched
@@ -23,6 +25,7 @@ from support import big_image
 from support.agent_config import make_config
 from support.engine import remove_env_resources
 from support.renter import Renter
+from support.stacks import TEST_IMAGE
 from support.throttle_relay import ThrottleRelay
 
 from gpuhost_agent.protocol import wire
@@ -36,7 +39,7 @@ def forget_big_image(client) -> None:
     """Every local tag of the big image (relays of earlier runs had other ports): its layers go with them."""
     for image in client.images.list():
         for tag in image.tags:
-            if tag.endswith(f"/{big_image.NAME}:{big_image.TAG}"):
+            if tag.endswith((f"/{big_image.NAME}:{big_image.TAG}", f"/{big_image.SMALL}:{big_image.TAG}")):
                 with contextlib.suppress(docker.errors.APIError):
                     client.images.remove(tag, force=True)
 
@@ -45,6 +48,7 @@ def forget_big_image(client) -> None:
 async def relayed(tmp_path, docker_client):
     """start(**config overrides) -> (renter, parts, relay, image reference through the relay)."""
     await asyncio.to_thread(big_image.ensure)
+    await asyncio.to_thread(big_image.ensure, big_image.SMALL)
     await asyncio.to_thread(forget_big_image, docker_client)
     running = []
     async with ThrottleRelay(bytes_per_second=RATE) as relay:
@@ -74,7 +78,7 @@ def sleeper(image: str) -> str:
     return f"services:\n  model:\n    image: {image}\n    command: ['sleep', '3600']\n"
 
 
-async def test_progress_one_pull_for_two_stacks_and_a_kept_image(relayed, docker_client):
+async def test_progress_one_pull_for_two_stacks_a_kept_image_and_eviction(relayed, docker_client):
     renter, parts, relay, image = await relayed()
     first, second = await renter.rental(), await renter.rental()
     one = await renter.stack(first, sleeper(image))
@@ -109,6 +113,26 @@ async def test_progress_one_pull_for_two_stacks_and_a_kept_image(relayed, docker
     assert (await renter.wait_stack(first, again, (wire.APPLIED, wire.ERROR)))["status"] == wire.APPLIED
     assert loop.time() - started < 10
     assert (relay.bytes_down, relay.connections, parts.deployer.images.started) == (fetched, connections, 1)
+
+    # Eviction: a small image the agent pulled, its stack gone, goes when the floor needs room; the big
+    # one, which a running stack uses, stays; the host's own (the test busybox) is never recorded.
+    small = f"{relay.address}/{big_image.SMALL}:1"
+    brief = await renter.stack(second, sleeper(small))
+    assert (await renter.wait_stack(second, brief, (wire.APPLIED, wire.ERROR)))["status"] == wire.APPLIED
+    status, _ = await renter.call("DELETE", f"/rentals/{second}/stacks/{brief}")
+    assert await renter.wait_stack(second, brief, (), timeout=30) is None
+    cache = parts.deployer.images.cache
+    assert set(await cache.recorded()) == {image, small}
+    room = cache.room.__self__  # the DiskRoom: its floor raised above the disk's free space (the sandbox's stays 0)
+    free, _floor = await cache.room()
+    room.floor_bytes = free + 10 * 1000**3
+    trigger = await renter.stack(second, sleeper(TEST_IMAGE))
+    assert (await renter.wait_stack(second, trigger, (wire.APPLIED, wire.ERROR)))["status"] == wire.APPLIED
+    with pytest.raises(docker.errors.ImageNotFound):
+        await asyncio.to_thread(docker_client.images.get, small)
+    assert await asyncio.to_thread(docker_client.images.get, image)
+    assert await asyncio.to_thread(docker_client.images.get, TEST_IMAGE)
+    assert set(await cache.recorded()) == {image}
 
 
 async def test_a_stalled_pull_fails_the_stack_naming_image_and_registry(relayed, docker_client):

@@ -37,8 +37,11 @@ def _request(method: str, path: str, body=None, headers: dict | None = None) -> 
     return response
 
 
-def present() -> bool:
-    return _request("HEAD", f"/v2/{NAME}/manifests/{TAG}", headers={"Accept": MANIFEST}).status == 200
+SMALL = "gpuhost-test/small"  # busybox and one small layer of its own: an image id no other test uses
+
+
+def present(name: str = NAME) -> bool:
+    return _request("HEAD", f"/v2/{name}/manifests/{TAG}", headers={"Accept": MANIFEST}).status == 200
 
 
 class _Hashing(io.RawIOBase):
@@ -82,10 +85,10 @@ def _layer(folder: Path, name: str, size: int, random: bool) -> tuple[Path, str,
     return path, "sha256:" + compressed.sha.hexdigest(), "sha256:" + plain.sha.hexdigest(), compressed.size
 
 
-def _upload(digest: str, body, size: int) -> None:
-    if _request("HEAD", f"/v2/{NAME}/blobs/{digest}").status == 200:
+def _upload(name: str, digest: str, body, size: int) -> None:
+    if _request("HEAD", f"/v2/{name}/blobs/{digest}").status == 200:
         return
-    started = _request("POST", f"/v2/{NAME}/blobs/uploads/")
+    started = _request("POST", f"/v2/{name}/blobs/uploads/")
     location = started.getheader("Location") or ""
     location = location.split(REGISTRY, 1)[-1]
     glue = "&" if "?" in location else "?"
@@ -98,37 +101,41 @@ def _upload(digest: str, body, size: int) -> None:
     assert done.status == 201, (done.status, done.read_body)  # type: ignore[attr-defined]
 
 
-def ensure() -> str:
-    """The image's reference at the registry (made now if absent)."""
-    if present():
-        return f"{REGISTRY}/{NAME}:{TAG}"
+def ensure(name: str = NAME) -> str:
+    """The image's reference at the registry (made now if absent): NAME, or
+    SMALL (a layer of 4 KiB of random bytes instead of the big ones)."""
+    if present(name):
+        return f"{REGISTRY}/{name}:{TAG}"
     base = json.loads(_request("GET", f"/v2/{BASE}/manifests/1", headers={"Accept": MANIFEST}).read_body)  # type: ignore[attr-defined]
     config = json.loads(_request("GET", f"/v2/{BASE}/blobs/{base['config']['digest']}").read_body)  # type: ignore[attr-defined]
     for layer in base["layers"]:
-        mounted = _request("POST", f"/v2/{NAME}/blobs/uploads/?mount={layer['digest']}&from={BASE}")
+        mounted = _request("POST", f"/v2/{name}/blobs/uploads/?mount={layer['digest']}&from={BASE}")
         assert mounted.status == 201, mounted.status
     layers = list(base["layers"])
     with tempfile.TemporaryDirectory() as folder:
-        for name, size, random in (("zeros", ZERO_BYTES, False), ("random", RANDOM_BYTES, True)):
-            path, digest, diff_id, length = _layer(Path(folder), name, size, random)
+        made = (
+            (("zeros", ZERO_BYTES, False), ("random", RANDOM_BYTES, True)) if name == NAME else (("own", 4096, True),)
+        )
+        for layer_name, size, random in made:
+            path, digest, diff_id, length = _layer(Path(folder), layer_name, size, random)
             with path.open("rb") as body:
-                _upload(digest, body, length)
+                _upload(name, digest, body, length)
             layers.append({"mediaType": LAYER, "size": length, "digest": digest})
             config["rootfs"]["diff_ids"].append(diff_id)
-            config.setdefault("history", []).append({"created_by": f"gpuhost-test: {name} layer"})
+            config.setdefault("history", []).append({"created_by": f"gpuhost-test: {layer_name} layer"})
     config_bytes = json.dumps(config).encode()
     config_digest = "sha256:" + hashlib.sha256(config_bytes).hexdigest()
-    _upload(config_digest, config_bytes, len(config_bytes))
+    _upload(name, config_digest, config_bytes, len(config_bytes))
     manifest = {
         "schemaVersion": 2,
         "mediaType": MANIFEST,
         "config": {"mediaType": base["config"]["mediaType"], "size": len(config_bytes), "digest": config_digest},
         "layers": layers,
     }
-    put = _request("PUT", f"/v2/{NAME}/manifests/{TAG}", json.dumps(manifest).encode(), {"Content-Type": MANIFEST})
+    put = _request("PUT", f"/v2/{name}/manifests/{TAG}", json.dumps(manifest).encode(), {"Content-Type": MANIFEST})
     assert put.status == 201, (put.status, put.read_body)  # type: ignore[attr-defined]
-    return f"{REGISTRY}/{NAME}:{TAG}"
+    return f"{REGISTRY}/{name}:{TAG}"
 
 
 if __name__ == "__main__":
-    print(ensure())
+    print(ensure(), ensure(SMALL))

@@ -113,7 +113,8 @@ SETTINGS: tuple[Setting, ...] = (
             "registry (at least 1)", default="120", unit="s", modes=DEPLOYING, group="deploys"),
     # The disk.
     Setting("disk_floor", "GPUHOST_DISK_FLOOR", kind.size_bytes,
-            "free space on Docker's disk below which no stack is deployed (0: no floor)", default="20g",
+            "free space on Docker's disk below which no stack is deployed (0: no floor); images the agent "
+            "pulled for renters and no container uses are evicted, least recently used, to keep it", default="20g",
             unit=SIZES, modes=DEPLOYING, group="disk", fills="disk_floor_bytes"),
     Setting("rental_disk", "GPUHOST_RENTAL_DISK", kind.size_bytes, "one rental's share of Docker's disk",
             unit=SIZES, modes=DEPLOYING, group="disk", fills="rental_disk_bytes",

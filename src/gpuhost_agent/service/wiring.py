@@ -21,6 +21,7 @@ from gpuhost_agent.core.disk_watch import DiskWatch
 from gpuhost_agent.core.gpus.faults import GpuFaults
 from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.host_reporter import HostReporter
+from gpuhost_agent.core.images.cache import ImageCache
 from gpuhost_agent.core.images.pulls import ImagePulls
 from gpuhost_agent.core.images.room import DiskRoom
 from gpuhost_agent.core.reconcile.engine_recovery import EngineRecovery
@@ -241,6 +242,7 @@ def image_pulls(
         stall_seconds=config.pull_stall_seconds,
         sizes=ManifestSizes(engine, docker_config_dir, timeout=config.pull_stall_seconds).size,
         room=room.room,
+        cache=ImageCache(engine, config.state_dir / "images.json", room.free),
     )
 
 

@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.core.images.cache import ImageCache
 from gpuhost_agent.core.images.pull_progress import PullProgress, progress_message
 from gpuhost_agent.core.images.room import Room, room_problem
 from gpuhost_agent.core.sandbox.host_network import registry_of
@@ -105,10 +106,14 @@ class ImagePulls:
         report_seconds: float = 2.0,
         sizes: Sizer | None = None,
         room: Roomer | None = None,
+        cache: ImageCache | None = None,
     ):
-        """`sizes` and `room` check that the images fit before they are pulled (core/images/room.py)."""
+        """`sizes` and `room` check that the images fit before they are
+        pulled (core/images/room.py); `cache` records what was pulled and
+        evicts the least recently used when the floor needs room
+        (core/images/cache.py)."""
         self.pull, self.stall_seconds, self.report_seconds = pull, stall_seconds, report_seconds
-        self.sizes, self.room = sizes, room
+        self.sizes, self.room, self.cache = sizes, room, cache
         self._flights: dict[str, Flight] = {}
         self.started = 0  # pulls begun since the agent started (tests, the status socket)
 
@@ -156,10 +161,22 @@ class ImagePulls:
             return
         found = await asyncio.gather(*(self.sizes(image, registry_of(image)) for image in new))
         sizes = {image: size for image, size in zip(new, found, strict=True) if size}
+        if sizes and self.cache is not None:
+            await self.cache.make_room(sum(sizes.values()))
         problem = room_problem(sizes, await self.room(rental_id)) if sizes else None
         if problem:
             log.info("image_pull_refused", images=sorted(sizes), reason=problem)
             raise StackRejected(problem)
+
+    async def make_room(self) -> None:
+        """Before a deploy's floor check: evict what the floor needs, if anything."""
+        if self.cache is not None:
+            await self.cache.make_room()
+
+    async def used(self, images: list[str]) -> None:
+        """A deploy is about to start these (kept ones become the most recently used)."""
+        if self.cache is not None:
+            await self.cache.used(images)
 
     async def fetch(self, images: list[str], progress: Callable[[str], None]) -> None:
         """Pull each of `images` (those missing here), or wait on its pull in
@@ -178,6 +195,9 @@ class ImagePulls:
             if not waiting:
                 break
             _done, waiting = await asyncio.wait(waiting, timeout=self.report_seconds)
+        pulled = [flight.progress.image for flight in flights if flight.done.exception() is None]
+        if self.cache is not None:
+            await self.cache.pulled(pulled)
         for flight in flights:
             error = flight.done.exception()
             if isinstance(error, PullStalled):

@@ -74,11 +74,19 @@ class DiskRoom:
         self.machine_facts, self.ledger = machine_facts, ledger
         self.floor_bytes, self.rental_disk_bytes = floor_bytes, rental_disk_bytes
 
-    async def room(self, rental_id: str) -> Room:
+    async def _disk(self) -> tuple[dict, dict]:
         facts = await self.machine_facts()
-        host = facts.get("host") or {}
-        root = (host.get("docker") or {}).get("rootDir") or "/var/lib/docker"
-        disk = await asyncio.to_thread(storage, root)
+        root = (((facts.get("host") or {}).get("docker") or {}).get("rootDir")) or "/var/lib/docker"
+        return facts, await asyncio.to_thread(storage, root)
+
+    async def free(self) -> tuple[int | None, int]:
+        """(bytes free on Docker's disk now, the floor): what eviction needs (core/images/cache.py)."""
+        _facts, disk = await self._disk()
+        free = disk.get("freeBytes")
+        return (free if isinstance(free, int) else None), self.floor_bytes
+
+    async def room(self, rental_id: str) -> Room:
+        facts, disk = await self._disk()
         free, total = disk.get("freeBytes"), disk.get("totalBytes")
         machine_gpus = len(slots_from_inventory(facts.get("nvml") or {}))
         rental_gpus = len(self.ledger.assignments.get(rental_id) or ())

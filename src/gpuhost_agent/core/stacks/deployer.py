@@ -121,6 +121,8 @@ class StackDeployer:
         template, variables, project, workdir = self._begin(job)
         try:
             raw = await self._renter_file(job, template, variables, workdir)
+            if self.images is not None:  # kept images the floor needs room from go first (core/images/cache.py)
+                await self.images.make_room()
             start = await self.backend.prepare(project, workdir / ORIGINAL_FILE, variables, raw)
             try:
                 site = StackSite(
@@ -170,12 +172,14 @@ class StackDeployer:
         pulled with progress in APPLYING's errorMsg (core/images/pulls.py)."""
         if self.images is None:
             return
+        images = pullable_images(stack)
         try:
-            missing = await self.engine.missing_images(pullable_images(stack))
+            missing = await self.engine.missing_images(images)
         except EngineError:  # a reference the engine cannot read: Compose says why
             return
         await self.images.check_room(job.rental_id, missing)
         await self.images.fetch(missing, lambda text: self._report(job, wire.APPLYING, text))
+        await self.images.used(images)
 
     async def _check_running(self, stack_id: str, raw: list[dict] | None = None) -> None:
         raw = await self.engine.stack_containers(stack_id) if raw is None else raw
