@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from gpuhost_agent.core.images.pull_progress import MAX_MESSAGE, PullProgress, progress_message
-from gpuhost_agent.core.images.pulls import ImagePulls, pullable_images, stalled_message
+from gpuhost_agent.core.images.pulls import ImagePulls, pullable_images, roomy, stalled_message
 from gpuhost_agent.core.images.room import GB, Room, room_problem
 from gpuhost_agent.core.stacks.backend import StackFailed
 from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
@@ -207,7 +207,20 @@ async def test_a_pull_that_does_not_fit_is_refused_before_it_starts():
         return Room(free=500 * GB, floor=20 * GB, share=4 * GB)
 
     pulls = ImagePulls(fake, stall_seconds=5, sizes=sizes, room=room)
+    assert roomy(Room(free=None, floor=0, share=0), 1) and roomy(Room(free=900 * GB, floor=20 * GB, share=0), 2)
+    assert not roomy(Room(free=900 * GB, floor=20 * GB, share=4 * GB), 1)
+    assert not roomy(Room(free=300 * GB, floor=20 * GB, share=0), 2)
     with pytest.raises(StackRejected, match="share of 4.00 GB"):
         await pulls.check_room("r1", [IMAGE])
     await pulls.check_room("r1", ["unknown:1"])  # size not told: the pull goes ahead
     assert asked == [(IMAGE, "registry.example:5000"), ("unknown:1", None)] and fake.calls == []
+
+
+async def test_the_registry_is_not_asked_when_no_size_could_matter():
+    async def sizes(image: str, registry: str | None) -> int | None:
+        raise AssertionError("asked")
+
+    async def room(_rental_id: str) -> Room:
+        return Room(free=5000 * GB, floor=20 * GB, share=0)
+
+    await ImagePulls(FakePulls(), stall_seconds=5, sizes=sizes, room=room).check_room("r1", [IMAGE])

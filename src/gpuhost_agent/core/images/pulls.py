@@ -97,6 +97,18 @@ Sizer = Callable[[str, str | None], Awaitable[int | None]]  # reference, registr
 Roomer = Callable[[str], Awaitable[Room]]  # rental id -> its room on Docker's disk now
 
 
+LARGEST_IMAGE = 200 * 1000**3  # compressed: no published image comes near (GPU images are 5 to 30 GB)
+
+
+def roomy(room: Room, images: int) -> bool:
+    """Whether `images` images could not fail the check whatever their size:
+    then the registry is not asked (a manifest GET counts against a
+    registry's pull limits, Docker Hub's among them)."""
+    needed = LARGEST_IMAGE * images
+    room_above_floor = None if room.free is None else room.free - room.floor
+    return (not room.share or room.share >= needed) and (room_above_floor is None or room_above_floor >= needed)
+
+
 class ImagePulls:
     def __init__(
         self,
@@ -159,6 +171,8 @@ class ImagePulls:
         new = [image for image in images if image not in self._flights]
         if not new or self.sizes is None or self.room is None:
             return
+        if roomy(await self.room(rental_id), len(new)):
+            return  # no size these could have matters: the registry is not asked
         found = await asyncio.gather(*(self.sizes(image, registry_of(image)) for image in new))
         sizes = {image: size for image, size in zip(new, found, strict=True) if size}
         if sizes and self.cache is not None:
