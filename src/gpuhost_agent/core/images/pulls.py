@@ -21,6 +21,10 @@ A pull whose registry sends no byte for `stall_seconds`
 registry. Any other failure of the agent's pull (an unknown tag, a refused
 registry) is left to Compose, whose own pull then fails with the message
 the deploy errors have always given (core/stacks/deploy_failures.py).
+
+Before a pull the images' size is checked against the rental's share and
+the disk floor (core/images/room.py), after evicting kept images the floor
+needs room from (core/images/cache.py).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.images.cache import ImageCache
 from gpuhost_agent.core.images.pull_progress import PullProgress, progress_message
-from gpuhost_agent.core.images.room import Room, room_problem
+from gpuhost_agent.core.images.room import Room, room_problem, roomy
 from gpuhost_agent.core.sandbox.host_network import registry_of
 from gpuhost_agent.core.stacks.backend import StackFailed
 from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
@@ -64,7 +68,7 @@ class Flight:
         with self.lock:
             return self.progress.mark()
 
-    def text_of(self) -> PullProgress:
+    def snapshot(self) -> PullProgress:
         with self.lock:  # a copy the loop may read while the thread folds on
             return PullProgress(self.progress.image, {k: replace(v) for k, v in self.progress.layers.items()})
 
@@ -97,18 +101,6 @@ Sizer = Callable[[str, str | None], Awaitable[int | None]]  # reference, registr
 Roomer = Callable[[str], Awaitable[Room]]  # rental id -> its room on Docker's disk now
 
 
-LARGEST_IMAGE = 200 * 1000**3  # compressed: no published image comes near (GPU images are 5 to 30 GB)
-
-
-def roomy(room: Room, images: int) -> bool:
-    """Whether `images` images could not fail the check whatever their size:
-    then the registry is not asked (a manifest GET counts against a
-    registry's pull limits, Docker Hub's among them)."""
-    needed = LARGEST_IMAGE * images
-    room_above_floor = None if room.free is None else room.free - room.floor
-    return (not room.share or room.share >= needed) and (room_above_floor is None or room_above_floor >= needed)
-
-
 class ImagePulls:
     def __init__(
         self,
@@ -127,7 +119,7 @@ class ImagePulls:
         self.pull, self.stall_seconds, self.report_seconds = pull, stall_seconds, report_seconds
         self.sizes, self.room, self.cache = sizes, room, cache
         self._flights: dict[str, Flight] = {}
-        self.started = 0  # pulls begun since the agent started (tests, the status socket)
+        self.started = 0  # pulls begun since the agent started (the tests count them)
 
     def _flight(self, image: str) -> Flight:
         """The pull of `image` in progress, begun now if none is."""
@@ -202,7 +194,7 @@ class ImagePulls:
         waiting = {flight.done for flight in flights}
         said = ""
         while True:
-            text = progress_message([flight.text_of() for flight in flights])
+            text = progress_message([flight.snapshot() for flight in flights])
             if text != said:
                 progress(text)
                 said = text

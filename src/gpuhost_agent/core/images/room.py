@@ -59,6 +59,18 @@ def room_problem(sizes: Mapping[str, int], room: Room) -> str | None:
     return None
 
 
+LARGEST_IMAGE = 200 * 1000**3  # compressed: no published image comes near (GPU images are 5 to 30 GB)
+
+
+def roomy(room: Room, images: int) -> bool:
+    """Whether `images` images could not fail the check whatever their size:
+    then the registry is not asked (a manifest GET counts against a
+    registry's pull limits, Docker Hub's among them)."""
+    needed = LARGEST_IMAGE * images
+    room_above_floor = None if room.free is None else room.free - room.floor
+    return (not room.share or room.share >= needed) and (room_above_floor is None or room_above_floor >= needed)
+
+
 class DiskRoom:
     """The room a rental's pull has now: Docker's disk measured at the call,
     the rental's share as the sandbox computes it (core/disk_watch.py)."""
