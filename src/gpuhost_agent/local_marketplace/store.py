@@ -289,8 +289,9 @@ class Store:
             del self.stacks[stack_id]
             self.containers.pop(stack_id, None)
             return True
-        # ERROR says what failed; APPLIED may name a container that stopped since (cleared by one without).
-        self._set_status(stack, status, (report.get("errorMsg") or "") if status in (wire.ERROR, wire.APPLIED) else "")
+        # ERROR says what failed; APPLIED may name a container that stopped since (cleared by one without);
+        # APPLYING may say why it waits or how far its images are pulled (issue 34).
+        self._set_status(stack, status, (report.get("errorMsg") or "") if status != wire.REMOVING else "")
         return True
 
     def apply_containers(self, stack_id: str, containers: list, observed_at: str) -> bool:

@@ -174,6 +174,28 @@ class DockerEngine:
 
         return await self._call(absent)
 
+    async def image_inventory(self) -> tuple[dict[str, tuple[str, int]], set[str]]:
+        """({reference: (image id, unpacked size)} of every tagged image,
+        the ids of images any container uses, running or stopped), read in
+        that order: an image a container started from in between counts as
+        used."""
+
+        def read(api: docker.APIClient) -> tuple[dict[str, tuple[str, int]], set[str]]:
+            images = {
+                tag: (str(image.get("Id")), int(image.get("Size") or 0))
+                for image in api.images()
+                for tag in image.get("RepoTags") or []
+            }
+            used = {str(container.get("ImageID")) for container in api.containers(all=True)}
+            return images, used
+
+        return await self._call(read)
+
+    async def remove_image(self, reference: str) -> None:
+        """Untag `reference`, and remove the image when no other tag holds it;
+        never forced: the engine refuses while a container uses it."""
+        await self._call(lambda api: api.remove_image(reference, force=False, noprune=False))
+
     async def disk_usage(self) -> dict:
         """`GET /system/df`: each container's writable layer (SizeRw) and each
         volume's size, as `docker system df -v` shows them."""

@@ -115,9 +115,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("shutdown_grace_seconds", "GPUHOST_SHUTDOWN_GRACE_SECONDS", kind.seconds,
             "on SIGTERM, how long running jobs may finish before they are abandoned", default="20", unit="s",
             modes=DEPLOYING, group="deploys"),
+    Setting("pull_stall_seconds", "GPUHOST_PULL_STALL_SECONDS", kind.at_least_one_second,
+            "a renter's image pull that moves no byte for this long fails the deploy, naming the image and its "
+            "registry (at least 1)", default="120", unit="s", modes=DEPLOYING, group="deploys"),
     # The disk.
     Setting("disk_floor", "GPUHOST_DISK_FLOOR", kind.size_bytes,
-            "free space on Docker's disk below which no stack is deployed (0: no floor)", default="20g",
+            "free space on Docker's disk below which no stack is deployed (0: no floor); images the agent "
+            "pulled for renters and no container uses are evicted, least recently used, to keep it", default="20g",
             unit=SIZES, modes=DEPLOYING, group="disk", fills="disk_floor_bytes"),
     Setting("rental_disk", "GPUHOST_RENTAL_DISK", kind.size_bytes, "one rental's share of Docker's disk",
             unit=SIZES, modes=DEPLOYING, group="disk", fills="rental_disk_bytes",

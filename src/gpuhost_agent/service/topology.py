@@ -48,6 +48,7 @@ class Topology:
     placement: Placement  # where a stack's services run
     machines: Machines  # the environment's machines
     list_stack: ListStack  # a stack's containers for SSH, wherever they run
+    pulls_here = True  # renters' images are pulled by this machine's engine (a Swarm's: by each machine's)
 
     def stack_backend(self, compose: ComposeRunner, stop_timeout: int) -> StackBackend:
         raise NotImplementedError
@@ -77,6 +78,8 @@ class OneMachineTopology(Topology):
 
 class SwarmLeaderTopology(Topology):
     """Stacks go to every machine (docs/swarm.md)."""
+
+    pulls_here = False
 
     def __init__(self, config: AgentConfig, docker_config_dir: Path) -> None:
         tls = swarm_tls.context_or_exit("leader", config.swarm_tls_dir) if config.swarm_key else None

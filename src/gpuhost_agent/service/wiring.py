@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +22,9 @@ from gpuhost_agent.core.disk_watch import DiskWatch
 from gpuhost_agent.core.gpus.faults import GpuFaults
 from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.host_reporter import HostReporter
+from gpuhost_agent.core.images.cache import ImageCache
+from gpuhost_agent.core.images.pulls import ImagePulls
+from gpuhost_agent.core.images.room import DiskRoom
 from gpuhost_agent.core.reconcile.engine_recovery import EngineRecovery
 from gpuhost_agent.core.reconcile.reconciler import Reconciler
 from gpuhost_agent.core.rentals.clock import RentalClock
@@ -35,7 +39,10 @@ from gpuhost_agent.inventory import telemetry
 from gpuhost_agent.inventory.gpu_events import GpuEventWatch
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
+from gpuhost_agent.runtime.engine import DockerEngine
 from gpuhost_agent.runtime.engine_watch import EngineWatch
+from gpuhost_agent.runtime.image_manifest import ManifestSizes
+from gpuhost_agent.runtime.image_pull import pull_image
 from gpuhost_agent.service import metrics
 from gpuhost_agent.service.agent_parts import AgentParts
 from gpuhost_agent.service.config import AgentConfig
@@ -116,6 +123,9 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         stop_timeout=config.stop_timeout,
         stacks_per_rental=config.stacks_per_rental,
         rental_limit_reached=limit_reached,
+        images=image_pulls(config, engine, compose.docker_config_dir, host.machine_facts, ledger)
+        if topology.pulls_here
+        else None,
     )
     ssh = SshServices(
         stream_engine,
@@ -224,6 +234,26 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
         reporter=reporter,
         upgrades=upgrades,
         restart=restart,
+    )
+
+
+def image_pulls(
+    config: AgentConfig,
+    engine: DockerEngine,
+    docker_config_dir: Path,
+    machine_facts: Callable[[], Awaitable[dict]],
+    ledger: GpuLedger,
+) -> ImagePulls:
+    """Renters' images pulled by the agent, with progress, checked to fit first (one machine)."""
+    room = DiskRoom(
+        machine_facts, ledger, floor_bytes=config.disk_floor_bytes, rental_disk_bytes=config.rental_disk_bytes
+    )
+    return ImagePulls(
+        pull_image,
+        stall_seconds=config.pull_stall_seconds,
+        sizes=ManifestSizes(engine, docker_config_dir, timeout=config.pull_stall_seconds).size,
+        room=room.room,
+        cache=ImageCache(engine, config.state_dir / "images.json", room.free),
     )
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from gpuhost_agent.common import crash_points
 from gpuhost_agent.common.logs import SECRETS, get_logger
 from gpuhost_agent.core.containers.seed_list import failed_containers, seed_containers
+from gpuhost_agent.core.images.pulls import ImagePulls, pullable_images
 from gpuhost_agent.core.sandbox.apply import Sandbox, notices_message, review_raw
 from gpuhost_agent.core.sandbox.context import StackSite, crowded_rental_problem
 from gpuhost_agent.core.sandbox.raw import RawReview
@@ -54,16 +55,20 @@ class StackDeployer:
         stop_timeout: int,
         stacks_per_rental: int,
         rental_limit_reached: LimitReached,
+        images: ImagePulls | None = None,
     ):
         """`backend` starts, watches and takes down stacks (Compose, or
         `docker stack`); `home_dir` is the HOME it resolves a file's `~` in.
         `rental_limit_reached` (RentalCgroups.memory_limit_reached) tells a
         container OOM-killed at the rental's shared limit from one killed at
-        its own, for the failed deploy's errorMsg."""
+        its own, for the failed deploy's errorMsg. `images` pulls a stack's
+        missing images before it starts, with progress (one machine; on a
+        Swarm each machine's engine pulls its own)."""
         self.backend, self.engine, self.reporter, self.sandbox = backend, engine, reporter, sandbox
         self.db, self.stacks_dir, self.home_dir = db, stacks_dir, home_dir
         self.settle_seconds, self.stop_timeout = settle_seconds, stop_timeout
         self.stacks_per_rental, self.rental_limit_reached = stacks_per_rental, rental_limit_reached
+        self.images = images
         self._stack_secrets: dict[str, list[str]] = {}  # what each stack added to the log redactor
         stacks_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
 
@@ -116,6 +121,8 @@ class StackDeployer:
         template, variables, project, workdir = self._begin(job)
         try:
             raw = await self._renter_file(job, template, variables, workdir)
+            if self.images is not None:  # kept images the floor needs room from go first (core/images/cache.py)
+                await self.images.make_room()
             start = await self.backend.prepare(project, workdir / ORIGINAL_FILE, variables, raw)
             try:
                 site = StackSite(
@@ -144,6 +151,7 @@ class StackDeployer:
                 )
                 text = json.dumps(rewritten, indent=1)
                 await asyncio.to_thread(_write_private, workdir / AGENT_FILE, text)  # the record of what ran
+                await self._pull(job, rewritten)
                 crash_points.crash_point("deploy.before_compose_up")
                 await start.run(job.stack_id, text, rewritten)
             finally:
@@ -158,6 +166,20 @@ class StackDeployer:
             return ""
         except (StackRejected, StackFailed, EngineError) as exc:
             return await self._failed(job, project, workdir, exc)
+
+    async def _pull(self, job: wire_jobs.StackJob, stack: dict) -> None:
+        """The stack's missing images, checked to fit (core/images/room.py), then
+        pulled with progress in APPLYING's errorMsg (core/images/pulls.py)."""
+        if self.images is None:
+            return
+        images = pullable_images(stack)
+        try:
+            missing = await self.engine.missing_images(images)
+        except EngineError:  # a reference the engine cannot read: Compose says why
+            return
+        await self.images.check_room(job.rental_id, missing)
+        await self.images.fetch(missing, lambda text: self._report(job, wire.APPLYING, text))
+        await self.images.used(images)
 
     async def _check_running(self, stack_id: str, raw: list[dict] | None = None) -> None:
         raw = await self.engine.stack_containers(stack_id) if raw is None else raw

@@ -1,0 +1,142 @@
+"""An image's size before it is pulled, from its registry's manifest (issue
+34): the sum of its layers' compressed sizes, for linux/amd64 where the
+reference names a list of platforms.
+
+The engine has no endpoint that says it (`/distribution/{name}/json` gives
+the manifest's own descriptor and platforms, not its layers), so the docker
+CLI asks the registry: `docker manifest inspect --verbose`, run as every
+host program of the agent's is (runtime/host_process.py: its own empty
+DOCKER_CONFIG, so no credential of the host's is sent), through the
+engine's own proxy settings. It contacts only the
+registry the sandbox already let the engine contact (and the token service
+that registry names, as the engine's own pull would), `--insecure` only for
+a registry the engine itself treats as insecure (its RegistryConfig), and
+nothing it reads reaches the renter but the number. Anything that goes
+wrong (no docker CLI, a registry that refuses, a format it cannot read)
+means "size unknown": the pull then goes ahead unchecked, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import shutil
+from pathlib import Path
+
+from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.runtime.host_process import DIE_WITH_AGENT, host_environment, kill
+
+log = get_logger(__name__)
+
+INSPECT_SECONDS = 20.0
+
+
+def _layers_size(manifest: object) -> int | None:
+    layers = manifest.get("layers") if isinstance(manifest, dict) else None
+    if not isinstance(layers, list) or not layers:
+        return None
+    sizes = [layer.get("size") for layer in layers if isinstance(layer, dict)]
+    if len(sizes) != len(layers) or not all(isinstance(s, int) and s >= 0 for s in sizes):
+        return None
+    return sum(sizes)  # type: ignore[arg-type]
+
+
+def manifest_size(printed: str, arch: str = "amd64") -> int | None:
+    """The compressed size of the image `docker manifest inspect --verbose`
+    printed: one entry (a plain manifest), or a list of them (a manifest
+    list: the linux/`arch` one). None when it cannot be told."""
+    try:
+        found = json.loads(printed)
+    except ValueError:
+        return None
+    entries = found if isinstance(found, list) else [found]
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        platform = (entry.get("Descriptor") or {}).get("platform") or {}
+        if isinstance(found, list) and (platform.get("os"), platform.get("architecture")) != ("linux", arch):
+            continue
+        manifest = entry.get("SchemaV2Manifest") or entry.get("OCIManifest")
+        return _layers_size(manifest)
+    return None
+
+
+def insecure_registry(registry: str, registry_config: dict) -> bool:
+    """Whether the engine speaks plain HTTP (or unverified TLS) to `registry`:
+    it is listed as not secure, or its address is in an insecure range
+    (dockerd's default: 127.0.0.0/8)."""
+    index = (registry_config.get("IndexConfigs") or {}).get(registry) or {}
+    if index.get("Secure") is False:
+        return True
+    if registry.startswith("["):
+        host = registry[1:].partition("]")[0]
+    else:
+        name, _, port = registry.rpartition(":")
+        host = name if name and port.isdigit() else registry
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    for cidr in registry_config.get("InsecureRegistryCIDRs") or []:
+        try:
+            if address in ipaddress.ip_network(str(cidr), strict=False):
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def proxy_environment(info: dict) -> dict[str, str]:
+    """The engine's own proxy settings (`docker info`), for the CLI's request:
+    the registry is asked the way the engine's pull would ask it."""
+    names = {"HTTPProxy": "HTTP_PROXY", "HTTPSProxy": "HTTPS_PROXY", "NoProxy": "NO_PROXY"}
+    return {env: str(info[key]) for key, env in names.items() if info.get(key)}
+
+
+class ManifestSizes:
+    def __init__(
+        self,
+        engine: DockerEngine,
+        docker_config_dir: Path,
+        *,
+        timeout: float = INSPECT_SECONDS,
+        docker_cli: str | None = None,
+    ):
+        """`timeout`: at most INSPECT_SECONDS, less where a pull's stall bound is shorter."""
+        self.engine, self.docker_config_dir, self.timeout = engine, docker_config_dir, min(timeout, INSPECT_SECONDS)
+        self.docker_cli = docker_cli or shutil.which("docker") or "docker"
+
+    async def size(self, reference: str, registry: str | None) -> int | None:
+        """The image's compressed size, or None when it cannot be told now."""
+        try:
+            info = await self.engine.info()
+        except EngineError:
+            return None
+        insecure = registry is not None and insecure_registry(registry, info.get("RegistryConfig") or {})
+        args = [self.docker_cli, "manifest", "inspect", "--verbose", *(["--insecure"] if insecure else []), reference]
+        env = {**host_environment(self.docker_config_dir), **proxy_environment(info)}
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *DIE_WITH_AGENT,
+                *args,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        except OSError as exc:
+            log.info("image_size_unknown", image=reference, error=str(exc))
+            return None
+        try:
+            printed, errors = await asyncio.wait_for(process.communicate(), self.timeout)
+        except asyncio.TimeoutError:
+            log.info("image_size_unknown", image=reference, error=f"no answer within {self.timeout:g} s")
+            return None
+        finally:
+            await kill(process)
+        size = manifest_size(printed.decode(errors="replace")) if process.returncode == 0 else None
+        if size is None:
+            log.info("image_size_unknown", image=reference, error=errors.decode(errors="replace").strip()[-200:])
+        return size

@@ -1,0 +1,83 @@
+"""Issue 34 item 4: images kept between rentals, evicted least recently used
+when the disk floor needs room, never while a container uses them (core/images/cache.py)."""
+
+from __future__ import annotations
+
+from gpuhost_agent.core.images.cache import ImageCache, Kept, evictions
+from gpuhost_agent.runtime.engine import EngineError
+
+GB = 1000**3
+
+
+def kept(reference: str, image_id: str, size: int, last_used: float) -> Kept:
+    return Kept(reference, image_id, size, last_used)
+
+
+def test_the_least_recently_used_go_first_and_only_as_many_as_needed():
+    images = [kept("new:1", "n", 5 * GB, 300), kept("old:1", "o", 2 * GB, 100), kept("mid:1", "m", 4 * GB, 200)]
+    assert [k.reference for k in evictions(images, set(), 1 * GB)] == ["old:1"]
+    assert [k.reference for k in evictions(images, set(), 3 * GB)] == ["old:1", "mid:1"]
+    assert evictions(images, set(), 0) == []
+
+
+def test_an_image_a_container_uses_never_goes_even_when_room_is_short():
+    images = [kept("old:1", "o", 2 * GB, 100), kept("mid:1", "m", 4 * GB, 200), kept("new:1", "n", 5 * GB, 300)]
+    assert [k.reference for k in evictions(images, {"o", "n"}, 100 * GB)] == ["mid:1"]
+
+
+def test_two_references_to_one_image_count_its_size_once():
+    images = [kept("a:1", "x", 2 * GB, 100), kept("b:1", "x", 2 * GB, 101), kept("c:1", "y", 2 * GB, 102)]
+    assert [k.reference for k in evictions(images, set(), 3 * GB)] == ["a:1", "b:1", "c:1"]
+
+
+class FakeEngine:
+    def __init__(self, images: dict[str, tuple[str, int]], in_use: set[str]):
+        self.images, self.in_use, self.removed = images, in_use, []
+
+    async def image_inventory(self):
+        return dict(self.images), set(self.in_use)
+
+    async def remove_image(self, reference: str) -> None:
+        if self.images[reference][0] in self.in_use:
+            raise EngineError("conflict: image is being used by a container")
+        self.removed.append(reference)
+        del self.images[reference]
+
+
+async def test_eviction_removes_only_what_the_agent_pulled_and_keeps_the_order_across_restarts(tmp_path):
+    engine = FakeEngine(
+        {"host-own:1": ("h", 9 * GB), "a:1": ("a", 3 * GB), "b:1": ("b", 3 * GB), "c:1": ("c", 3 * GB)}, {"a"}
+    )
+    free = [10 * GB]
+
+    async def room():
+        return free[0], 20 * GB
+
+    record = tmp_path / "images.json"
+    cache = ImageCache(engine, record, room)  # type: ignore[arg-type]
+    await cache.pulled(["a:1"])
+    await cache.pulled(["b:1"])
+    await cache.pulled(["c:1"])
+    await cache.used(["b:1", "host-own:1"])  # the host's own image is never recorded
+    assert set(await cache.recorded()) == {"a:1", "b:1", "c:1"}
+
+    again = ImageCache(engine, record, room)  # type: ignore[arg-type]  # after a restart
+    free[0] = 18 * GB  # 2 GB short of the floor
+    await again.make_room()
+    assert engine.removed == ["c:1"]  # a:1 is older but in use; b:1 was used after c:1
+    free[0] = 25 * GB
+    await again.make_room(10 * GB)  # a pull of 10 GB: 5 GB short
+    assert engine.removed == ["c:1", "b:1"] and "host-own:1" in engine.images and "a:1" in engine.images
+    assert set(await again.recorded()) == {"a:1"}
+
+
+async def test_nothing_goes_while_the_floor_is_kept(tmp_path):
+    engine = FakeEngine({"a:1": ("a", 3 * GB)}, set())
+
+    async def room():
+        return 30 * GB, 20 * GB
+
+    cache = ImageCache(engine, tmp_path / "images.json", room)  # type: ignore[arg-type]
+    await cache.pulled(["a:1"])
+    await cache.make_room(5 * GB)
+    assert engine.removed == []
