@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from support import fake_nvml  # the stand-in NVML library's helper, imported here and not on the loop
 from support.doc_reporter import outbox_bodies, session_reporter
-from support.fakes import FakeEngine
+from support.fakes import FakeEngine, FakeReleases
 from support.machine_samples import GIB, GPU_BEATS, broken_system_data, healthy_system_data
 from support.openapi_check import check, check_named, properties, request_schema, response_schema, schema
 
@@ -122,6 +122,7 @@ async def test_heartbeats_the_agent_sends_are_documented(agent_doc: dict, tmp_pa
     state = MarketplaceState(Store.load_or_create(None))
     ledger = GpuLedger(AgentDB(tmp_path / "agent.db"))
     reporter, outbox, client = session_reporter(state, healthy_system_data(), ledger)
+    reporter.beat_facts.append(FakeReleases().session_info)  # the composition root adds the upgrades' account
     await reporter.beat()  # before any systemData: no fingerprint to compare, nothing asked for
     await reporter.refresh(force=True)
     await reporter.beat()  # the marketplace has no systemData yet: it asks, and the agent sends it again
