@@ -45,7 +45,7 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
             or not all(isinstance(item, str) and 0 < len(item) <= 64 for item in capabilities)
         ):
             return json_error(400, f"capabilities must be an array of at most {MAX_CAPABILITIES} short names")
-        problem = releases.upgrade_problem(body.get("upgrade"))
+        problem = releases.upgrade_problem(body["upgrade"]) if "upgrade" in body else None
         if problem:
             return json_error(400, problem)
         session_id, requeued = state.new_session()

@@ -156,7 +156,7 @@ def heartbeat_problem(body: Any) -> str | None:
             return f"gpus[{index}]{problem}"
     if problem := _machines_problem(body.get("machines", {})):
         return problem
-    if problem := releases.upgrade_problem(body.get("upgrade")):
+    if "upgrade" in body and (problem := releases.upgrade_problem(body["upgrade"])):
         return problem
     return _gpu_assignments_problem(body["gpuAssignments"]) if "gpuAssignments" in body else None
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from aiohttp import web
 
 from gpuhost_agent.local_marketplace.http_errors import json_error
-from gpuhost_agent.protocol.wire_release import MAX_WHEEL_BYTES, RELEASES_PATH, VERSION, WHEEL_NAME
+from gpuhost_agent.protocol.wire_release import MAX_WHEEL_BYTES, OUTCOMES, RELEASES_PATH, VERSION, WHEEL_NAME
 
 UPGRADE_TEXT = 1000  # characters of a reason kept
 
@@ -57,19 +57,27 @@ class Release:
 
 
 def upgrade_problem(value: object) -> str | None:
-    """What is wrong with AgentInfo.upgrade, when an agent sent one."""
-    if value is None:
-        return None
-    if not isinstance(value, dict) or not isinstance(value.get("running"), str) or len(value["running"]) > 64:
+    """What is wrong with AgentInfo.upgrade, when an agent sent one (null is not one)."""
+    if (
+        not isinstance(value, dict)
+        or not isinstance(value.get("running"), str)
+        or len(value["running"]) > 64
+        or "lastAttempt" not in value
+    ):
         return "upgrade must be an object with running (the agent's version) and lastAttempt"
     attempt = value.get("lastAttempt")
     if attempt is not None and (
         not isinstance(attempt, dict)
         or not all(isinstance(attempt.get(key), str) for key in ("version", "outcome", "reason", "at"))
         or len(attempt["reason"]) > UPGRADE_TEXT
-        or not all(len(attempt[key]) <= 64 for key in ("version", "outcome", "at"))
+        or not all(len(attempt[key]) <= 64 for key in ("version", "at"))
+        or attempt["outcome"] not in OUTCOMES
+        or not (attempt.get("from") is None or isinstance(attempt["from"], str) and len(attempt["from"]) <= 64)
     ):
-        return "upgrade.lastAttempt must be null or an object with version, outcome, reason and at (strings)"
+        return (
+            "upgrade.lastAttempt must be null or an object with version, outcome "
+            f"({', '.join(OUTCOMES)}), reason, at (strings) and from (a version or null)"
+        )
     return None
 
 

@@ -24,7 +24,8 @@ SHA256 = re.compile(r"^[0-9a-f]{64}$")
 WHEEL_NAME = re.compile(r"^[A-Za-z0-9_.+!-]{1,200}\.whl$")
 
 # Outcomes of an upgrade attempt, as AgentInfo.upgrade.lastAttempt.outcome says them.
-UPGRADED, ROLLED_BACK, REFUSED, SKIPPED, FAILED = "upgraded", "rolled-back", "refused", "skipped", "failed"
+UPGRADED, ROLLED_BACK, REFUSED, FAILED = "upgraded", "rolled-back", "refused", "failed"
+OUTCOMES = (UPGRADED, ROLLED_BACK, FAILED, REFUSED)
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,8 @@ class Upgrades:
             await release_install.install(wheel, offer.version, folder, self.installed)
         except (MarketplaceUnavailable, MarketplaceRejected, release_install.InstallFailed, OSError) as exc:
             log.error("upgrade_failed", version=offer.version, error=str(exc), retry_in_s=RETRY_SECONDS)
-            self._failed = {offer: time.monotonic()}
+            now = time.monotonic()  # every offer that failed within the pause waits it out (offers may alternate)
+            self._failed = {**{o: at for o, at in self._failed.items() if now - at < RETRY_SECONDS}, offer: now}
             await self._attempt(offer.version, wire_release.FAILED, str(exc)[:1000])
             return
         finally:

@@ -88,7 +88,15 @@ class MarketplaceClient:
                 params=params,
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=timeout or self._request_timeout),
+                allow_redirects=False,  # the key and session go to the marketplace's URL, never where a reply points
             ) as response:
+                if 300 <= response.status < 400:
+                    where = str(response.headers.get("Location", ""))[:200]
+                    raise MarketplaceRejected(
+                        response.status,
+                        f"{method} {path} answered a redirect to {where!r}: the agent follows none (its key would go "
+                        "with it); set GPUHOST_MARKETPLACE_URL to the address the marketplace really answers on",
+                    )
                 if response.status == 429 or response.status >= 500:
                     raise MarketplaceUnavailable(
                         f"{method} {path}: HTTP {response.status}",
