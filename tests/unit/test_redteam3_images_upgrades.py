@@ -122,13 +122,7 @@ async def test_rt3_2b_one_rental_cannot_hold_every_pull_slot():
 # RT3-3: the agent's API key follows a redirect to another origin.
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="RT3-3: MarketplaceClient's session sends X-API-Key as a default header and aiohttp follows "
-    "redirects, dropping only Authorization across origins: a 30x on /agent/releases/<wheel> (or any agent "
-    "request: a CDN, an open redirect, a proxy) hands the environment's API key and session id to the other "
-    "origin, and the wheel is fetched from an address the offer did not name",
-)
+# Fixed in bcc23e4: the client follows no redirect.
 async def test_rt3_3_a_redirect_never_carries_the_api_key_elsewhere():
     seen: list[dict] = []
     body = b"wheel"
@@ -188,11 +182,7 @@ def _offer(version: str) -> dict:
     return {"version": version, "path": f"/agent/releases/a-{version}.whl", "sha256": sha, "size": 1000}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="RT3-4 (low): Upgrades._failed keeps only the LAST failed offer, so heartbeat replies that "
-    "alternate two offers re-fetch (up to 64 MiB) and re-install at every beat instead of once per RETRY_SECONDS",
-)
+# Fixed in bcc23e4: every failed offer waits out the pause.
 async def test_rt3_4_alternating_offers_are_still_retried_once_per_pause(tmp_path: Path):
     client = _FailingClient()
     upgrades = Upgrades(tmp_path, client, "0.1.0", 60, asyncio.Event(), supervised=True)  # type: ignore[arg-type]
