@@ -36,12 +36,13 @@ check:
 
 # Everything: the checks, then unit and integration tests against the real engine (what CI runs).
 # The 15 slowest tests are listed at the end: the whole of .ci/run must stay under 30 minutes on 2 cores.
-# The unit tests run on every core (pytest-xdist), the integration tests in one process:
-# they share one Docker Engine and one test Swarm. A PYTEST_ARGS that selects no test of a
-# half (pytest's exit status 5) is not a failure.
+# The unit tests run on every core (pytest-xdist), the integration tests in one process (they
+# share one Docker Engine and one test Swarm) with the modern host's beside it in another
+# (scripts/integration-tests.sh says why). A PYTEST_ARGS that selects no test of a half
+# (pytest's exit status 5) is not a failure.
 test: setup check
 	$(UNIT_TESTS) $(PYTEST_ARGS) || [ $$? -eq 5 ]
-	$(PYTEST) -q --durations=15 tests/integration $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	bash scripts/integration-tests.sh $(PYTEST_ARGS)
 
 # tests/unit alone, on every core: no Docker Engine, under a minute on 2 cores. Needs .venv: `make setup` once
 # (and again after pyproject.toml changes).

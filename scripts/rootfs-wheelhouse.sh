@@ -22,6 +22,11 @@ agent_dir=
 if [ "${1:-}" = --agent-wheel ]; then agent_dir=${2:?--agent-wheel needs a directory}; fi
 
 [ -x "$python" ] || { echo "rootfs-wheelhouse: no $python (run scripts/dev-env.sh)" >&2; exit 1; }
+# One build at a time: `make test` runs the modern host's tests beside the others
+# (scripts/integration-tests.sh), and both may ask for the wheelhouse.
+mkdir -p "$(dirname "$out")"
+exec 9>"$out.lock"
+flock 9
 # Binary wheels are built for .venv's Python; the rootfs has Debian 12's 3.11.
 if [ "$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" != 3.11 ]; then
     echo "rootfs-wheelhouse: .venv must be CPython 3.11 (Debian 12's) to build wheels for the rootfs" >&2
