@@ -15,7 +15,10 @@
 # under GPU_RUN_DIR (default /tmp/gpuhost-gpu-run, removed first and at the
 # end); the engine listens on its own socket, so it never meets another dockerd
 # or containerd. GPU_RUN_DOCKERD_ARGS adds dockerd options (the test here:
-# --bridge=none), GPU_RUN_LISTEN moves the local marketplace.
+# --bridge=none), GPU_RUN_LISTEN moves the local marketplace; the agent takes
+# its settings' variables from the environment too (the test here points it at
+# the stand-in NVML with GPUHOST_NVML_LIBRARY and FAKE_NVML_CONFIG, and names
+# the stand-in's UUID in GPU_RUN_GPU_UUID).
 set -uo pipefail
 
 bundle=$(cd "${1:?usage: run.sh BUNDLE_DIR OUT_DIR}" && pwd)
@@ -28,7 +31,8 @@ listen=${GPU_RUN_LISTEN:-127.0.0.1:8787}
 key=gpu-machine-check-key
 
 model=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1)
-uuid=$(nvidia-smi -L 2>/dev/null | sed -n '1s/.*(UUID: \(GPU-[^)]*\)).*/\1/p')
+# GPU_RUN_GPU_UUID: the UUID a stand-in NVML answers with, where no nvidia-smi is (the test here).
+uuid=${GPU_RUN_GPU_UUID:-$(nvidia-smi -L 2>/dev/null | sed -n '1s/.*(UUID: \(GPU-[^)]*\)).*/\1/p')}
 tag=$(echo "${model:-no-GPU}" | tr -c 'A-Za-z0-9\n' '-' | tr -s '-' | sed 's/-$//')
 log="$out/gpu-machine-$tag.log"
 summary="$out/gpu-machine-$tag.md"

@@ -3,8 +3,11 @@ here without a GPU: the bundle builds from Debian's packages and its binaries
 run, and run.sh itself, in a network namespace made for it, starts its own
 containerd and dockerd (`--iptables=false --ip-masq=false --bridge=none`, own
 socket, data root, exec root, pid file), the agent from the bundle's wheels
-with its local marketplace, and passes every check but the GPU's, which it
-skips with the reason. The one-GPU check needs the machine: docs/hosts.md
+with its local marketplace, and passes every check: with the stand-in NVML
+(one H100) and the stand-in hook, the one-GPU stack's NVIDIA_VISIBLE_DEVICES
+is the stand-in's UUID, so the GPU check's own code has run before a device
+call spends the machine's minutes on it; and without a GPU, that check is
+skipped with the reason. The real GPU needs the machine: docs/hosts.md
 ("The GPU test machine") has the device call.
 
 The bundle is built for this machine's python3 and with xz's fastest level
@@ -23,6 +26,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.fake_nvml import build_lib, h100_sxm, write_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts" / "gpu-machine"
@@ -91,19 +95,25 @@ def test_the_bundles_binaries_run_and_its_wheels_are_the_agents(bundle: Path, tm
     assert "file engine.tar.xz " in manifest and "image gpuhost-test/busybox:1 sha256:" in manifest
 
 
-def test_run_sh_without_a_gpu_passes_all_but_the_gpu_check(bundle: Path, tmp_path: Path) -> None:
+def test_run_sh_passes_every_check_with_a_stand_in_gpu(bundle: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
+    [gpu] = h100_sxm(1)
+    nvml_config = write_config(tmp_path / "nvml.conf", [gpu])
+    env = {
+        # Nothing of the tests' own engine or agent settings reaches run.sh; the stand-ins are named.
+        **{k: v for k, v in os.environ.items() if not k.startswith(("GPUHOST_", "DOCKER_", "LD_", "FAKE_NVML"))},
+        "GPU_RUN_DIR": str(tmp_path / "run"),
+        "GPU_RUN_DOCKERD_ARGS": "--bridge=none",
+        "GPU_RUN_GPU_UUID": gpu.uuid,
+        "GPUHOST_NVML_LIBRARY": str(build_lib()),
+        "FAKE_NVML_CONFIG": str(nvml_config),
+    }
     subprocess.run(["ip", "netns", "add", NETNS], check=True)
     try:
         subprocess.run(["nsenter", f"--net=/run/netns/{NETNS}", "ip", "link", "set", "lo", "up"], check=True)
         done = subprocess.run(
             ["nsenter", f"--net=/run/netns/{NETNS}", "bash", str(SCRIPTS / "run.sh"), str(bundle), str(out)],
-            env={
-                # Nothing of the tests' own engine or agent settings (their stand-in NVML...) reaches run.sh.
-                **{k: v for k, v in os.environ.items() if not k.startswith(("GPUHOST_", "DOCKER_", "LD_"))},
-                "GPU_RUN_DIR": str(tmp_path / "run"),
-                "GPU_RUN_DOCKERD_ARGS": "--bridge=none",
-            },
+            env=env,
             capture_output=True,
             text=True,
             timeout=300,
@@ -114,19 +124,22 @@ def test_run_sh_without_a_gpu_passes_all_but_the_gpu_check(bundle: Path, tmp_pat
         for pid in pids:  # only what run.sh started is in this namespace
             subprocess.run(["kill", "-KILL", pid], capture_output=True)
         subprocess.run(["ip", "netns", "del", NETNS], check=True)
-    log = (out / "gpu-machine-no-GPU.log").read_text() if (out / "gpu-machine-no-GPU.log").exists() else ""
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
     assert not pids, f"run.sh left processes running in its namespace: {pids}"
+    log = (out / "gpu-machine-no-GPU.log").read_text()
     summary = (out / "gpu-machine-no-GPU.md").read_text()
     for check in (
         "| README stack deploys | PASS |",
         "| README stack: its published port serves it | PASS |",
         "| README stack: served through its tunnel | PASS |",
         "| README stack: the rental's cgroup limits (container and parent) | PASS |",
-        "| one-GPU stack gets the real GPU's UUID | SKIP |",
+        "| one-GPU stack gets the real GPU's UUID | PASS |",
+        "| one-GPU stack: the rental's cgroup limits (container and parent) | PASS |",
+        "| a GPU device inside the container | INFO |",
         "| rentals ended: containers and cgroups gone | PASS |",
     ):
         assert check in summary, summary
+    assert f"the container's NVIDIA_VISIBLE_DEVICES: {gpu.uuid}" in summary
     assert "hello from a rental" in summary and "NVIDIA Container Toolkit" in summary
     assert "cgroup driver cgroupfs" in summary
     assert "API listen on " + str(tmp_path / "run" / "docker.sock") in log, "its own engine, on its own socket"
