@@ -245,7 +245,9 @@ def readme_checks(renter: Renter, env_id: str, client: docker.DockerClient) -> t
     return checks, rental
 
 
-def gpu_checks(renter: Renter, env_id: str, client: docker.DockerClient, uuid: str) -> tuple[list[Check], str | None]:
+def gpu_checks(
+    renter: Renter, env_id: str, client: docker.DockerClient, uuid: str, source: str
+) -> tuple[list[Check], str | None]:
     if not uuid:
         return [
             Check("one-GPU stack gets the real GPU's UUID", "SKIP", ["no GPU here: `nvidia-smi -L` names none"])
@@ -263,10 +265,10 @@ def gpu_checks(renter: Renter, env_id: str, client: docker.DockerClient, uuid: s
     visible = environ.get("NVIDIA_VISIBLE_DEVICES", "(unset)")
     requests = container.attrs["HostConfig"].get("DeviceRequests")
     check.verdict = "PASS" if visible == uuid else "FAIL"
-    check.evidence.append(f"nvidia-smi -L: {uuid}")
+    check.evidence.append(f"{source}: {uuid}")
     check.evidence.append(f"the container's NVIDIA_VISIBLE_DEVICES: {visible}")
     check.evidence.append(f"HostConfig.DeviceRequests: {json.dumps(requests)}")
-    device = Check("a GPU device inside the container", "INFO", [TOOLKIT_NOTE])
+    device = Check("a GPU device inside the container", "INFO", ["needs the NVIDIA Container Toolkit (below)"])
     device.evidence.append("ls /dev/nvidia* in the container: " + run_in(container, "ls /dev/nvidia* 2>&1 || true"))
     return [check, cgroup_check(client, rental, "one-GPU stack"), device], rental
 
@@ -319,6 +321,7 @@ def main() -> int:
     parser.add_argument("--key", required=True, help="its renter API key")
     parser.add_argument("--summary", required=True, type=Path, help="the markdown file to write")
     parser.add_argument("--gpu-uuid", default="", help="the real GPU's UUID (nvidia-smi -L); empty: no GPU")
+    parser.add_argument("--gpu-uuid-source", default="nvidia-smi -L", help="where --gpu-uuid came from")
     parser.add_argument("--fact", action="append", default=[], help="a line for the Machine section")
     args = parser.parse_args()
     start = time.monotonic()
@@ -330,7 +333,7 @@ def main() -> int:
     checks, rentals = [], []
     for step in (
         lambda: readme_checks(renter, env_id, client),
-        lambda: gpu_checks(renter, env_id, client, args.gpu_uuid),
+        lambda: gpu_checks(renter, env_id, client, args.gpu_uuid, args.gpu_uuid_source),
     ):
         try:
             found, rental = step()

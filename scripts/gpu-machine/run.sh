@@ -33,10 +33,13 @@ key=gpu-machine-check-key
 model=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1)
 # GPU_RUN_GPU_UUID: the UUID a stand-in NVML answers with, where no nvidia-smi is (the test here).
 uuid=${GPU_RUN_GPU_UUID:-$(nvidia-smi -L 2>/dev/null | sed -n '1s/.*(UUID: \(GPU-[^)]*\)).*/\1/p')}
+uuid_source="nvidia-smi -L"
+[ -z "${GPU_RUN_GPU_UUID:-}" ] || uuid_source="GPU_RUN_GPU_UUID (a stand-in NVML's)"
 tag=$(echo "${model:-no-GPU}" | tr -c 'A-Za-z0-9\n' '-' | tr -s '-' | sed 's/-$//')
 log="$out/gpu-machine-$tag.log"
 summary="$out/gpu-machine-$tag.md"
 exec > >(tee "$log") 2>&1
+tee_pid=$!
 say() { echo "[$(date -u +%T)] run.sh: $*"; }
 fail() { say "FAILED: $*"; exit 1; }
 [ "$(id -u)" -eq 0 ] || fail "needs root (dockerd, cgroups)"
@@ -59,6 +62,9 @@ cleanup() {
         tail -n 80 "$work/$file"
     done
     rm -rf "$work"
+    # The log is whole before the call's files are taken: tee ends once run.sh's output closes.
+    exec >&- 2>&-
+    wait "$tee_pid" 2>/dev/null || true
 }
 trap cleanup EXIT
 
@@ -144,10 +150,14 @@ sys.exit(0 if u.urlopen(r, timeout=2).status == 200 else 1)' "$base" "$key" 2>/d
     kill -0 "$agent_pid" 2>/dev/null || fail "the agent exited (its log is below)"
     sleep 0.5
 done
+env_url=$(printf '%s/environments' "$base")
+"$py" -c 'import sys, urllib.request as u
+u.urlopen(u.Request(sys.argv[1], headers={"X-API-Key": sys.argv[2]}), timeout=5)' "$env_url" "$key" \
+    || fail "the local marketplace did not answer on $listen in 60 s (the agent's log is below)"
 
 say "the checks (scripts/gpu-machine/checks.py)"
 "$py" "$repo/scripts/gpu-machine/checks.py" --base "$base" --key "$key" --summary "$summary" \
-    --gpu-uuid "${uuid:-}" \
+    --gpu-uuid "${uuid:-}" --gpu-uuid-source "$uuid_source" \
     --fact "GPU: ${model:-none}${model:+ ($(nvidia-smi --query-gpu=uuid,driver_version,memory.total --format=csv,noheader | head -n1))}" \
     --fact "kernel: $(uname -r) ($(. /etc/os-release 2>/dev/null; echo "${PRETTY_NAME:-?}"))" \
     --fact "cgroup: $cgroup; PID 1: $(cat /proc/1/comm)" \

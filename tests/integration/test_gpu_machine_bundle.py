@@ -139,6 +139,7 @@ def test_run_sh_passes_every_check_with_a_stand_in_gpu(bundle: Path, tmp_path: P
         "| rentals ended: containers and cgroups gone | PASS |",
     ):
         assert check in summary, summary
+    assert f"GPU_RUN_GPU_UUID (a stand-in NVML's): {gpu.uuid}" in summary
     assert f"the container's NVIDIA_VISIBLE_DEVICES: {gpu.uuid}" in summary
     assert "hello from a rental" in summary and "NVIDIA Container Toolkit" in summary
     assert "cgroup driver cgroupfs" in summary
