@@ -78,26 +78,31 @@ for tool in python3 xz tar; do command -v "$tool" >/dev/null || fail "no $tool o
 rm -rf "$work"
 mkdir -p "$work/engine" "$work/docker-config/cli-plugins" "$work/state"
 
-say "unpacking $bundle/engine.tar.xz"
-xz -dc "$bundle/engine.tar.xz" | tar -C "$work/engine" -xf - || fail "engine.tar.xz did not unpack"
+say "unpacking $bundle/engine.tar.xz (beside the wheels' install)"
+{ xz -dc "$bundle/engine.tar.xz" | tar -C "$work/engine" -xf -; } &
+unpack_pid=$!
+
+say "installing the agent's $(ls "$bundle"/wheels/*.whl | wc -l) wheels in $work/venv"
+# The machine's own pip installs into a venv without one (pip 22.3 and newer:
+# --python), 4 s where ensurepip takes 9; the venv's own pip otherwise.
+python3 -m venv --without-pip "$work/venv" || fail "python3 -m venv failed"
+if python3 -m pip --python "$work/venv/bin/python" --version >/dev/null 2>&1; then
+    pip=(python3 -m pip --python "$work/venv/bin/python")
+else
+    "$work/venv/bin/python" -m ensurepip >/dev/null 2>&1 \
+        || fail "no pip 22.3 or newer on this machine, and no ensurepip for the venv"
+    pip=("$work/venv/bin/python" -m pip)
+fi
+"${pip[@]}" install -q --no-index --no-deps --no-compile --disable-pip-version-check "$bundle"/wheels/*.whl \
+    || fail "the wheels did not install"
+"$work/venv/bin/gpuhost-agent" version
+wait "$unpack_pid" || fail "engine.tar.xz did not unpack"
 cat "$work/engine/VERSIONS"
 ln -s "$work/engine/cli-plugins/docker-compose" "$work/docker-config/cli-plugins/docker-compose"
 # The stand-in NVIDIA hook on dockerd's PATH registers its `nvidia` device driver
 # (checks.py's summary says what that does and does not give a container).
 export PATH="$work/engine/bin:$repo/scripts/fake-nvidia:$PATH"
 export DOCKER_HOST="unix://$work/docker.sock" DOCKER_CONFIG="$work/docker-config"
-
-say "installing the agent's $(ls "$bundle"/wheels/*.whl | wc -l) wheels in $work/venv"
-if python3 -m venv "$work/venv" >/dev/null 2>&1 && [ -x "$work/venv/bin/pip" ]; then
-    pip=("$work/venv/bin/python" -m pip)
-else  # no ensurepip (Debian/Ubuntu without python3-venv): the system pip installs into it
-    rm -rf "$work/venv"
-    python3 -m venv --without-pip "$work/venv" || fail "python3 -m venv failed"
-    pip=(python3 -m pip --python "$work/venv/bin/python")
-fi
-"${pip[@]}" install -q --no-index --no-deps --no-compile --disable-pip-version-check "$bundle"/wheels/*.whl \
-    || fail "the wheels did not install"
-"$work/venv/bin/gpuhost-agent" version
 
 say "starting containerd and dockerd (--iptables=false --ip-masq=false ${GPU_RUN_DOCKERD_ARGS:-})"
 # Configuration files of their own: a machine's /etc/containerd/config.toml or
