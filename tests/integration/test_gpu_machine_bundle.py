@@ -14,7 +14,7 @@ The bundle is built for this machine's python3 and with xz's fastest level
 (a real one is CPython 3.12 at -9e: minutes), once, into
 tests/.rootfs/gpu-bundle-test (about 30 s on 2 cores; kept while the script
 and the package versions stay, the agent's wheel rebuilt every run). run.sh
-takes about 33 s (49 s for the module with the bundle cached, 79 s without).
+takes about 33 s (49 s for the module with the bundle cached, 74 s without).
 """
 
 from __future__ import annotations
