@@ -1,0 +1,242 @@
+"""Red team 3 (2026-11-28): proofs of concept against the big-images pulls
+(issue 34) and the marketplace upgrades (issue 33). Each xfail is a hole
+found; it passes once the hole is closed (strict: an unexpected pass says so)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import stat
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from gpuhost_agent.core.images.pulls import ImagePulls
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.image_manifest import ManifestSizes
+from gpuhost_agent.service.upgrades import Upgrades
+from gpuhost_agent.uplink.client import MarketplaceClient
+from gpuhost_agent.uplink.replies import MarketplaceUnavailable
+
+# ---------------------------------------------------------------------------
+# RT3-1: `docker manifest inspect --verbose` output read whole into the agent.
+
+
+class _Engine:
+    async def info(self) -> dict:
+        return {"RegistryConfig": {}}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="RT3-1: ManifestSizes.size reads the docker CLI's whole stdout (process.communicate()) and "
+    "json.loads it: a renter's registry answering a huge manifest list (with --verbose the CLI fetches and "
+    "prints every entry) puts all of it in the root agent's memory, 20 s per image, every image of the stack "
+    "at once (asyncio.gather)",
+)
+async def test_rt3_1_manifest_output_is_bounded(tmp_path: Path):
+    cli = await asyncio.to_thread(_fake_cli, tmp_path)
+    sizes = ManifestSizes(_Engine(), tmp_path, docker_cli=str(cli))  # type: ignore[arg-type]
+    size = await sizes.size("registry.example/team/huge:1", "registry.example")
+    # A bounded reader gives up on an output this large ("size unknown"); the agent parsed all 48 MiB.
+    assert size is None
+
+
+def _fake_cli(tmp_path: Path) -> Path:
+    padding = 48 * 1024 * 1024  # what a registry's oversized manifest list makes the CLI print
+    cli = tmp_path / "docker"
+    cli.write_text(
+        "#!/usr/bin/env python3\nimport sys\n"
+        'sys.stdout.write(\'{"SchemaV2Manifest": {"layers": [{"size": 1}]}, "pad": "\')\n'
+        f"sys.stdout.write('A' * {padding})\nsys.stdout.write('\"}}')\n"
+    )
+    cli.chmod(cli.stat().st_mode | stat.S_IXUSR)
+    return cli
+
+
+# ---------------------------------------------------------------------------
+# RT3-2: a pull nobody waits on any more runs on, unbounded in time and number.
+
+
+def _drip(stop: threading.Event):
+    """A registry that sends a byte now and then: never a stall, never an end."""
+
+    def pull(reference, on_event, progress_mark, stall_seconds):
+        current = 0
+        while not stop.is_set():
+            current += 1
+            on_event({"status": "Downloading", "id": "l1", "progressDetail": {"current": current, "total": 10**12}})
+            time.sleep(0.02)
+
+    return pull
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="RT3-2: a pull that moves a byte within every GPUHOST_PULL_STALL_SECONDS never ends (no overall "
+    "deadline), and it runs on after the deploy that started it is cancelled, its stack removed or its rental "
+    "ended (the thread is owned by nobody). dockerd's download slots (max-concurrent-downloads, 3, daemon-wide) "
+    "stay held, so other renters' layers sit 'Waiting' and their deploys fail as stalled",
+)
+async def test_rt3_2_a_pull_no_deploy_waits_on_ends():
+    stop = threading.Event()
+    pulls = ImagePulls(_drip(stop), stall_seconds=0.3, report_seconds=0.05)
+    try:
+        deploy = asyncio.create_task(pulls.fetch(["evil.example/drip:1"], lambda text: None))
+        await asyncio.sleep(0.2)
+        deploy.cancel()  # the renter removes the stack / the rental ends
+        await asyncio.gather(deploy, return_exceptions=True)
+        await asyncio.sleep(1.5)  # five stall bounds later
+        assert "evil.example/drip:1" not in pulls._flights  # noqa: SLF001
+    finally:
+        stop.set()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="RT3-2b: one rental may have any number of pulls in flight at once (one thread and one engine "
+    "pull per distinct reference, e.g. 32 services x tags, redeployed after each cancel); nothing bounds "
+    "them per rental or per host",
+)
+async def test_rt3_2b_one_rental_cannot_hold_every_pull_slot():
+    stop = threading.Event()
+    pulls = ImagePulls(_drip(stop), stall_seconds=0.3, report_seconds=0.05)
+    deploys = []
+    try:
+        for round_ in range(4):  # four deploys of one rental, each cancelled, 32 new tags each
+            images = [f"evil.example/drip:{round_}-{i}" for i in range(32)]
+            deploys.append(asyncio.create_task(pulls.fetch(images, lambda text: None)))
+            await asyncio.sleep(0.05)
+            deploys[-1].cancel()
+        await asyncio.gather(*deploys, return_exceptions=True)
+        await asyncio.sleep(0.5)
+        assert len(pulls._flights) <= 16  # noqa: SLF001 - any per-host bound would do
+    finally:
+        stop.set()
+
+
+# ---------------------------------------------------------------------------
+# RT3-3: the agent's API key follows a redirect to another origin.
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="RT3-3: MarketplaceClient's session sends X-API-Key as a default header and aiohttp follows "
+    "redirects, dropping only Authorization across origins: a 30x on /agent/releases/<wheel> (or any agent "
+    "request: a CDN, an open redirect, a proxy) hands the environment's API key and session id to the other "
+    "origin, and the wheel is fetched from an address the offer did not name",
+)
+async def test_rt3_3_a_redirect_never_carries_the_api_key_elsewhere():
+    seen: list[dict] = []
+    body = b"wheel"
+
+    async def other(request: web.Request) -> web.Response:
+        seen.append(dict(request.headers))
+        return web.Response(body=body)
+
+    other_app = web.Application()
+    other_app.router.add_get("/steal", other)
+    other_runner = web.AppRunner(other_app)
+    await other_runner.setup()
+    other_site = web.TCPSite(other_runner, "127.0.0.1", 0)
+    await other_site.start()
+    other_port = other_site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+
+    async def release(request: web.Request) -> web.Response:
+        raise web.HTTPFound(f"http://127.0.0.1:{other_port}/steal")
+
+    app = web.Application()
+    app.router.add_get("/agent/releases/gpuhost_agent-9.9.9-py3-none-any.whl", release)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+    client = MarketplaceClient(f"http://127.0.0.1:{port}", "SECRET-ENV-KEY")
+    client.session_id = "SESSION-1"
+    try:
+        try:
+            await client.download("/agent/releases/gpuhost_agent-9.9.9-py3-none-any.whl", 100)
+        except Exception:  # noqa: BLE001 - refusing the redirect is the fix
+            pass
+        leaked = [h for h in seen if h.get(wire.API_KEY_HEADER) or h.get(wire.SESSION_HEADER)]
+        assert not leaked, leaked
+    finally:
+        await client.close()
+        await runner.cleanup()
+        await other_runner.cleanup()
+
+
+# ---------------------------------------------------------------------------
+# RT3-4: two alternating offers defeat the retry pause of a failed fetch.
+
+
+class _FailingClient:
+    def __init__(self) -> None:
+        self.fetches: list[str] = []
+
+    async def download(self, path: str, size: int) -> bytes:
+        self.fetches.append(path)
+        raise MarketplaceUnavailable("no")
+
+
+def _offer(version: str) -> dict:
+    sha = hashlib.sha256(version.encode()).hexdigest()
+    return {"version": version, "path": f"/agent/releases/a-{version}.whl", "sha256": sha, "size": 1000}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="RT3-4 (low): Upgrades._failed keeps only the LAST failed offer, so heartbeat replies that "
+    "alternate two offers re-fetch (up to 64 MiB) and re-install at every beat instead of once per RETRY_SECONDS",
+)
+async def test_rt3_4_alternating_offers_are_still_retried_once_per_pause(tmp_path: Path):
+    client = _FailingClient()
+    upgrades = Upgrades(tmp_path, client, "0.1.0", 60, asyncio.Event(), supervised=True)  # type: ignore[arg-type]
+    for beat in range(6):
+        upgrades.offered({"agentRelease": _offer("1.0.0" if beat % 2 else "2.0.0")})
+        if upgrades._task is not None:  # noqa: SLF001
+            await upgrades._task  # noqa: SLF001
+    assert len(client.fetches) <= 2, client.fetches
+
+
+# ---------------------------------------------------------------------------
+# RT3-5: a kept image recorded under the renter's spelling is never evicted.
+
+
+class _TagsEngine:
+    """The engine's inventory keys images by RepoTags, normalised by dockerd."""
+
+    def __init__(self) -> None:
+        self.images = {"busybox:latest": ("sha256:b", 5 * 10**9), "python:3.12": ("sha256:p", 5 * 10**9)}
+        self.removed: list[str] = []
+
+    async def image_inventory(self):
+        return dict(self.images), set()
+
+    async def remove_image(self, reference: str) -> None:
+        self.removed.append(reference)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="RT3-5: ImageCache records the reference as the renter spelt it ('busybox', "
+    "'docker.io/library/python:3.12') but make_room looks it up in RepoTags ('busybox:latest', "
+    "'python:3.12'): it is taken as 'gone by other means' and forgotten, never evicted. A renter naming "
+    "images this way fills Docker's disk with kept images; the floor then refuses every renter's deploy",
+)
+async def test_rt3_5_images_recorded_in_any_spelling_can_be_evicted(tmp_path: Path):
+    from gpuhost_agent.core.images.cache import ImageCache
+
+    engine = _TagsEngine()
+
+    async def room():
+        return 1 * 10**9, 20 * 10**9  # 1 GB free, floor 20 GB: everything kept should go
+
+    cache = ImageCache(engine, tmp_path / "images.json", room)  # type: ignore[arg-type]
+    await cache.pulled(["busybox", "docker.io/library/python:3.12"])
+    await cache.make_room()
+    assert engine.removed, "nothing evicted: both references were forgotten"
