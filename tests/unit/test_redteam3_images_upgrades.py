@@ -30,13 +30,6 @@ class _Engine:
         return {"RegistryConfig": {}}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="RT3-1: ManifestSizes.size reads the docker CLI's whole stdout (process.communicate()) and "
-    "json.loads it: a renter's registry answering a huge manifest list (with --verbose the CLI fetches and "
-    "prints every entry) puts all of it in the root agent's memory, 20 s per image, every image of the stack "
-    "at once (asyncio.gather)",
-)
 async def test_rt3_1_manifest_output_is_bounded(tmp_path: Path):
     cli = await asyncio.to_thread(_fake_cli, tmp_path)
     sizes = ManifestSizes(_Engine(), tmp_path, docker_cli=str(cli))  # type: ignore[arg-type]
