@@ -199,17 +199,15 @@ class _TagsEngine:
     async def image_inventory(self):
         return dict(self.images), set()
 
+    async def image_id(self, reference: str) -> str | None:
+        """What inspect answers: the engine resolves any spelling (added with the fix, RT3-5)."""
+        spellings = {"busybox": "sha256:b", "docker.io/library/python:3.12": "sha256:p"}
+        return spellings.get(reference)
+
     async def remove_image(self, reference: str) -> None:
         self.removed.append(reference)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="RT3-5: ImageCache records the reference as the renter spelt it ('busybox', "
-    "'docker.io/library/python:3.12') but make_room looks it up in RepoTags ('busybox:latest', "
-    "'python:3.12'): it is taken as 'gone by other means' and forgotten, never evicted. A renter naming "
-    "images this way fills Docker's disk with kept images; the floor then refuses every renter's deploy",
-)
 async def test_rt3_5_images_recorded_in_any_spelling_can_be_evicted(tmp_path: Path):
     from gpuhost_agent.core.images.cache import ImageCache
 
@@ -222,3 +220,4 @@ async def test_rt3_5_images_recorded_in_any_spelling_can_be_evicted(tmp_path: Pa
     await cache.pulled(["busybox", "docker.io/library/python:3.12"])
     await cache.make_room()
     assert engine.removed, "nothing evicted: both references were forgotten"
+    assert sorted(engine.removed) == ["sha256:b", "sha256:p"]  # by id, each once
