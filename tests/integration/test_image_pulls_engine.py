@@ -160,3 +160,34 @@ async def test_an_image_larger_than_the_rentals_disk_share_is_refused_before_its
     assert relay.bytes_down < 100_000 and parts.deployer.images.started == 0  # the manifest only
     with pytest.raises(docker.errors.ImageNotFound):
         await asyncio.to_thread(docker_client.images.get, image)
+
+
+async def test_a_pull_no_deploy_waits_on_stops_and_a_slow_one_meets_its_deadline(relayed, docker_client):
+    """Red team 3, RT3-2, on the real engine: when the only deploy waiting on a pull is cancelled, the
+    engine's pull stops (the registry passes nothing more); a pull past GPUHOST_PULL_MAX_SECONDS fails
+    the stack naming the image and its registry."""
+    renter, parts, relay, image = await relayed()
+    pulls = parts.deployer.images
+    loop = asyncio.get_running_loop()
+    deploy = asyncio.create_task(pulls.fetch([image], lambda _text: None, "r1"))  # a deploy's own wait
+    deadline = loop.time() + 30
+    while relay.bytes_down < 5_000_000:  # the pull is under way
+        assert loop.time() < deadline, relay.bytes_down
+        await asyncio.sleep(0.05)
+    deploy.cancel()
+    await asyncio.gather(deploy, return_exceptions=True)
+    await asyncio.sleep(1.0)  # the engine's pull is closed at the agent's next event
+    passed = relay.bytes_down
+    await asyncio.sleep(1.5)
+    assert relay.bytes_down == passed < 50_000_000, (passed, relay.bytes_down)  # stopped, not finished
+    assert not pulls._running  # noqa: SLF001
+    with pytest.raises(docker.errors.ImageNotFound):
+        await asyncio.to_thread(docker_client.images.get, image)
+
+    pulls.max_seconds = 2.0  # as GPUHOST_PULL_MAX_SECONDS=2 would (the cancel above ran without it)
+    rental_id = await renter.rental()
+    slow = await renter.stack(rental_id, sleeper(image))  # 55 MB at 12 MB/s: past the 2 s deadline
+    stack = await renter.wait_stack(rental_id, slow, (wire.ERROR, wire.APPLIED), timeout=30)
+    assert stack["status"] == wire.ERROR, stack
+    assert f"pulling image '{image}' from registry '{relay.address}' took longer than 2 s" in stack["errorMsg"]
+    assert "GPUHOST_PULL_MAX_SECONDS" in stack["errorMsg"]

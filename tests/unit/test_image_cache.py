@@ -3,6 +3,9 @@ when the disk floor needs room, never while a container uses them (core/images/c
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 from gpuhost_agent.core.images.cache import ImageCache, Kept, evictions
 from gpuhost_agent.runtime.engine import EngineError
 
@@ -37,11 +40,17 @@ class FakeEngine:
     async def image_inventory(self):
         return dict(self.images), set(self.in_use)
 
-    async def remove_image(self, reference: str) -> None:
-        if self.images[reference][0] in self.in_use:
+    async def image_id(self, reference: str) -> str | None:
+        return self.images[reference][0] if reference in self.images else None
+
+    async def remove_image(self, image_id: str) -> None:
+        if image_id in self.in_use:
             raise EngineError("conflict: image is being used by a container")
-        self.removed.append(reference)
-        del self.images[reference]
+        tags = [tag for tag, (found, _size) in self.images.items() if found == image_id]
+        if len(tags) > 1:
+            raise EngineError("conflict: image is referenced in multiple repositories")
+        self.removed.append(tags[0])
+        del self.images[tags[0]]
 
 
 async def test_eviction_removes_only_what_the_agent_pulled_and_keeps_the_order_across_restarts(tmp_path):
@@ -81,3 +90,36 @@ async def test_nothing_goes_while_the_floor_is_kept(tmp_path):
     await cache.pulled(["a:1"])
     await cache.make_room(5 * GB)
     assert engine.removed == []
+
+
+async def test_images_are_recorded_by_id_and_evicted_by_it_after_a_restart(tmp_path):
+    """RT3-5: the renter's spelling is not the engine's tag; the id recorded at the pull is what goes."""
+    engine = FakeEngine({"busybox:latest": ("sha256:b", 3 * GB), "python:3.12": ("sha256:p", 3 * GB)}, set())
+    spellings = {"busybox": "sha256:b", "docker.io/library/python:3.12": "sha256:p", "x@sha256:d": "sha256:b"}
+    engine.image_id = lambda reference: _answer(spellings.get(reference))  # type: ignore[method-assign]
+
+    async def room():
+        return 18 * GB, 20 * GB
+
+    record = tmp_path / "images.json"
+    await ImageCache(engine, record, room).pulled(["docker.io/library/python:3.12", "busybox"])  # type: ignore[arg-type]
+    again = ImageCache(engine, record, room)  # type: ignore[arg-type]  # after a restart
+    await again.make_room()
+    assert engine.removed == ["busybox:latest"]  # one needed: the first by name (both used at once)
+    assert set(await again.recorded()) == {"docker.io/library/python:3.12"}
+
+
+async def test_a_record_from_before_ids_still_evicts_by_tag(tmp_path):
+    engine = FakeEngine({"a:1": ("a", 3 * GB)}, set())
+
+    async def room():
+        return 18 * GB, 20 * GB
+
+    record = tmp_path / "images.json"
+    await asyncio.to_thread(record.write_text, json.dumps({"a:1": 100.0, "gone:1": 50.0}))
+    await ImageCache(engine, record, room).make_room()  # type: ignore[arg-type]
+    assert engine.removed == ["a:1"]
+
+
+async def _answer(value):
+    return value

@@ -156,6 +156,16 @@ class DockerEngine:
             return None
         return dict((attrs.get("Config") or {}).get("Labels") or {})
 
+    async def image_id(self, reference: str) -> str | None:
+        """The id of the local image `reference` names, in any spelling the
+        engine accepts (`busybox`, `docker.io/library/busybox:latest`, a
+        digest); None when there is none or the engine cannot say."""
+        try:
+            attrs = await self._call(lambda api: api.inspect_image(reference))
+        except EngineError:
+            return None
+        return str(attrs.get("Id") or "") or None
+
     async def log_tail(self, container_id: str, lines: int = 5) -> str:
         raw = await self._call(lambda api: api.logs(container_id, stdout=True, stderr=True, tail=lines))
         return raw.decode(errors="replace").strip()
@@ -175,16 +185,16 @@ class DockerEngine:
         return await self._call(absent)
 
     async def image_inventory(self) -> tuple[dict[str, tuple[str, int]], set[str]]:
-        """({reference: (image id, unpacked size)} of every tagged image,
-        the ids of images any container uses, running or stopped), read in
-        that order: an image a container started from in between counts as
-        used."""
+        """({reference: (image id, unpacked size)} of every image, by each of
+        its tags and by its id (an image pulled by digest has no tag), the
+        ids of images any container uses, running or stopped), read in that
+        order: an image a container started from in between counts as used."""
 
         def read(api: docker.APIClient) -> tuple[dict[str, tuple[str, int]], set[str]]:
             images = {
-                tag: (str(image.get("Id")), int(image.get("Size") or 0))
+                reference: (str(image.get("Id")), int(image.get("Size") or 0))
                 for image in api.images()
-                for tag in image.get("RepoTags") or []
+                for reference in [*(image.get("RepoTags") or []), str(image.get("Id"))]
             }
             used = {str(container.get("ImageID")) for container in api.containers(all=True)}
             return images, used

@@ -14,6 +14,12 @@ a registry the engine itself treats as insecure (its RegistryConfig), and
 nothing it reads reaches the renter but the number. Anything that goes
 wrong (no docker CLI, a registry that refuses, a format it cannot read)
 means "size unknown": the pull then goes ahead unchecked, as before.
+
+The registry is the renter's to choose, so what the CLI prints is read
+through a cap (MAX_OUTPUT: a manifest list the registry made huge kills the
+CLI, size unknown), only the tail of its errors is kept, at most
+CONCURRENT_CHECKS run at once whatever the stacks ask, and the reference
+comes after `--` (red team 3, RT3-1).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import asyncio
 import ipaddress
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from gpuhost_agent.common.logs import get_logger
@@ -31,6 +38,42 @@ from gpuhost_agent.runtime.host_process import DIE_WITH_AGENT, host_environment,
 log = get_logger(__name__)
 
 INSPECT_SECONDS = 20.0
+MAX_OUTPUT = 4 * 1024 * 1024  # bytes of the CLI's output; Docker Hub's largest manifest lists print well under 1 MiB
+ERROR_TAIL = 2000  # bytes of the CLI's errors kept (the log line quotes 200 characters)
+CONCURRENT_CHECKS = 4  # size checks at once, for every deploy together
+CHUNK = 65536
+
+
+async def read_capped(stream: asyncio.StreamReader, cap: int, over: Callable[[], object]) -> bytes | None:
+    """The whole stream, or None when it passed `cap` bytes: `over` is then
+    called (it kills the writer) and the rest read to its end and dropped,
+    so the pipe closes and the process can be reaped."""
+    chunks: list[bytes] | None = []
+    size = 0
+    while chunk := await stream.read(CHUNK):
+        size += len(chunk)
+        if chunks is not None and size > cap:
+            chunks = None
+            over()
+        elif chunks is not None:
+            chunks.append(chunk)
+    return None if chunks is None else b"".join(chunks)
+
+
+def _kill_quietly(process: asyncio.subprocess.Process) -> None:
+    if process.returncode is None:
+        try:
+            process.kill()
+        except ProcessLookupError:
+            pass
+
+
+async def read_tail(stream: asyncio.StreamReader, keep: int) -> bytes:
+    """The stream's last `keep` bytes (all of it read, none of it kept past that)."""
+    tail = b""
+    while chunk := await stream.read(CHUNK):
+        tail = (tail + chunk)[-keep:]
+    return tail
 
 
 def _layers_size(manifest: object) -> int | None:
@@ -107,15 +150,28 @@ class ManifestSizes:
         """`timeout`: at most INSPECT_SECONDS, less where a pull's stall bound is shorter."""
         self.engine, self.docker_config_dir, self.timeout = engine, docker_config_dir, min(timeout, INSPECT_SECONDS)
         self.docker_cli = docker_cli or shutil.which("docker") or "docker"
+        self._checks = asyncio.Semaphore(CONCURRENT_CHECKS)
 
     async def size(self, reference: str, registry: str | None) -> int | None:
         """The image's compressed size, or None when it cannot be told now."""
+        async with self._checks:
+            return await self._size(reference, registry)
+
+    async def _size(self, reference: str, registry: str | None) -> int | None:
         try:
             info = await self.engine.info()
         except EngineError:
             return None
         insecure = registry is not None and insecure_registry(registry, info.get("RegistryConfig") or {})
-        args = [self.docker_cli, "manifest", "inspect", "--verbose", *(["--insecure"] if insecure else []), reference]
+        args = [
+            self.docker_cli,
+            "manifest",
+            "inspect",
+            "--verbose",
+            *(["--insecure"] if insecure else []),
+            "--",
+            reference,
+        ]
         env = {**host_environment(self.docker_config_dir), **proxy_environment(info)}
         try:
             process = await asyncio.create_subprocess_exec(
@@ -129,13 +185,36 @@ class ManifestSizes:
         except OSError as exc:
             log.info("image_size_unknown", image=reference, error=str(exc))
             return None
+        assert process.stdout is not None and process.stderr is not None
+        # The bound kills the CLI, whose pipes then close: the readers end, never left paused on a full pipe.
+        timed_out: list[bool] = []
+
+        def bound() -> None:
+            timed_out.append(True)
+            _kill_quietly(process)
+
+        timer = asyncio.get_running_loop().call_later(self.timeout, bound)
         try:
-            printed, errors = await asyncio.wait_for(process.communicate(), self.timeout)
+            printed, errors, _ = await asyncio.wait_for(
+                asyncio.gather(
+                    read_capped(process.stdout, MAX_OUTPUT, lambda: _kill_quietly(process)),
+                    read_tail(process.stderr, ERROR_TAIL),
+                    process.wait(),
+                ),
+                self.timeout + 5,  # a last resort: something else holding the CLI's pipes open
+            )
         except asyncio.TimeoutError:
+            timed_out.append(True)
+            printed, errors = b"", b""
+        finally:
+            timer.cancel()
+            await kill(process)
+        if timed_out:
             log.info("image_size_unknown", image=reference, error=f"no answer within {self.timeout:g} s")
             return None
-        finally:
-            await kill(process)
+        if printed is None:
+            log.info("image_size_unknown", image=reference, error=f"the manifest printed more than {MAX_OUTPUT} bytes")
+            return None
         size = manifest_size(printed.decode(errors="replace")) if process.returncode == 0 else None
         if size is None:
             log.info("image_size_unknown", image=reference, error=errors.decode(errors="replace").strip()[-200:])

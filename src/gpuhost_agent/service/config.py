@@ -95,6 +95,7 @@ class AgentConfig:
     upgrade_health_seconds: float = default_of("upgrade_health_seconds")
     local_release_wheel: Path | None = default_of("local_release_wheel")
     pull_stall_seconds: float = default_of("pull_stall_seconds")
+    pull_max_seconds: float = default_of("pull_max_seconds")
     status_socket: Path | None = default_of("status_socket")
     metrics: bool = default_of("metrics")
     metrics_listen: tuple[str, int] | None = default_of("metrics_listen")

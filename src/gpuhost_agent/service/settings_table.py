@@ -118,6 +118,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("pull_stall_seconds", "GPUHOST_PULL_STALL_SECONDS", kind.at_least_one_second,
             "a renter's image pull that moves no byte for this long fails the deploy, naming the image and its "
             "registry (at least 1)", default="120", unit="s", modes=DEPLOYING, group="deploys"),
+    Setting("pull_max_seconds", "GPUHOST_PULL_MAX_SECONDS", kind.at_least_one_second,
+            "the longest a renter's image pull may take when its size is unknown (a known size gets 120 s plus "
+            "1 s per MB, never more than this); past it the pull is stopped and the deploy fails, naming the image "
+            "and its registry", default="10800", unit="s", modes=DEPLOYING, group="deploys"),
     # The disk.
     Setting("disk_floor", "GPUHOST_DISK_FLOOR", kind.size_bytes,
             "free space on Docker's disk below which no stack is deployed (0: no floor); images the agent "

@@ -251,6 +251,7 @@ def image_pulls(
     return ImagePulls(
         pull_image,
         stall_seconds=config.pull_stall_seconds,
+        max_seconds=config.pull_max_seconds,
         sizes=ManifestSizes(engine, docker_config_dir, timeout=config.pull_stall_seconds).size,
         room=room.room,
         cache=ImageCache(engine, config.state_dir / "images.json", room.free),

@@ -10,6 +10,14 @@ order survives a restart); the host's own images and any image it did not
 pull are never touched. An image any container uses, running or stopped,
 is never evicted (and the engine itself refuses to remove one).
 
+Each reference is recorded with the id of the image it pulled (asked of the
+engine right after the pull) and evicted by that id: the renter's spelling
+(`busybox`, `docker.io/library/python:3.12`, a digest) is never the engine's
+tag (`busybox:latest`, `python:3.12`), so looking the reference up among the
+tags took such images as gone and kept them for ever (red team 3, RT3-5).
+The removal is never forced: an image that has since got another tag (the
+host's own, say) stays.
+
 Eviction runs when the disk floor needs room: before a deploy's own floor
 check (the sandbox refuses every deploy while Docker's disk is below it)
 and before a pull whose size would take the disk below it. Which images go
@@ -66,31 +74,50 @@ class ImageCache:
     def __init__(self, engine: DockerEngine, record: Path, room: FileRoom):
         self.engine, self.path, self.room = engine, record, room
         self._used: dict[str, float] = {}
+        self._ids: dict[str, str] = {}  # the image each reference pulled
         self._loaded = False
         self._lock = asyncio.Lock()  # one eviction at a time
         self._saving = asyncio.Lock()  # one write of the record at a time (they share a temporary file)
 
     async def _load_once(self) -> None:
         if not self._loaded:
-            self._used = {**await asyncio.to_thread(self._load), **self._used}
+            used, ids = await asyncio.to_thread(self._load)
+            self._used, self._ids = {**used, **self._used}, {**ids, **self._ids}
             self._loaded = True
 
-    def _load(self) -> dict[str, float]:
+    def _load(self) -> tuple[dict[str, float], dict[str, str]]:
+        """{reference: last used}, {reference: image id}; a record of before
+        ids (a bare time) has none: such a reference is looked up by tag."""
         try:
             data = json.loads(self.path.read_text())
         except (OSError, ValueError):
-            return {}
+            return {}, {}
         if not isinstance(data, dict):
-            return {}
-        return {str(k): float(v) for k, v in data.items() if isinstance(v, (int, float))}
+            return {}, {}
+        used, ids = {}, {}
+        for key, value in data.items():
+            entry = value if isinstance(value, dict) else {"used": value}
+            at, image_id = entry.get("used"), entry.get("id")
+            if isinstance(at, (int, float)) and not isinstance(at, bool):
+                used[str(key)] = float(at)
+                if isinstance(image_id, str) and image_id:
+                    ids[str(key)] = image_id
+        return used, ids
+
+    def _record(self) -> dict:
+        return {
+            reference: {"used": at, "id": self._ids[reference]} if reference in self._ids else at
+            for reference, at in self._used.items()
+        }
 
     async def _save(self) -> None:
         """The record written; a failure is logged (the order is then lost at a restart, nothing else)."""
         if len(self._used) > MAX_RECORDED:
             self._used = dict(sorted(self._used.items(), key=lambda item: item[1])[-MAX_RECORDED:])
+            self._ids = {reference: self._ids[reference] for reference in self._used if reference in self._ids}
         async with self._saving:
             try:
-                await asyncio.to_thread(write_json_atomically, self.path, dict(self._used))
+                await asyncio.to_thread(write_json_atomically, self.path, self._record())
             except OSError as exc:
                 log.warning("image_record_not_saved", path=str(self.path), error=str(exc))
 
@@ -99,18 +126,25 @@ class ImageCache:
         return dict(self._used)
 
     async def pulled(self, references: list[str]) -> None:
-        """Images the agent pulled for a renter: its to evict, used now."""
+        """Images the agent pulled for a renter: its to evict, used now, each
+        with the id of the image the engine now has under it."""
+        for reference in references:
+            image_id = await self.engine.image_id(reference)
+            if image_id:
+                self._ids[reference] = image_id
+        await self._touch(references)
+
+    async def used(self, references: list[str]) -> None:
+        """A deploy used these: the ones the agent pulled are used now."""
+        await self._load_once()
+        await self._touch([reference for reference in references if reference in self._used])
+
+    async def _touch(self, references: list[str]) -> None:
         await self._load_once()
         if references:
             now = time.time()
             self._used.update({reference: now for reference in references})
             await self._save()
-
-    async def used(self, references: list[str]) -> None:
-        """A deploy used these: the ones the agent pulled are used now."""
-        await self._load_once()
-        known = [reference for reference in references if reference in self._used]
-        await self.pulled(known)
 
     async def make_room(self, needed: int = 0) -> None:
         """Evict until Docker's disk keeps its floor with `needed` bytes more
@@ -125,20 +159,28 @@ class ImageCache:
             except EngineError as exc:
                 log.warning("image_eviction_failed", error=str(exc))
                 return
-            for reference in [r for r in self._used if r not in images]:  # gone by other means
+            by_id = {image_id: size for image_id, size in images.values()}
+            known = {r: self._ids.get(r) or (images[r][0] if r in images else "") for r in self._used}
+            for reference in [r for r, image_id in known.items() if image_id not in by_id]:  # gone by other means
                 del self._used[reference]
-            kept = [Kept(r, images[r][0], images[r][1], at) for r, at in self._used.items()]
+                self._ids.pop(reference, None)
+            kept = [Kept(r, known[r], by_id[known[r]], at) for r, at in self._used.items()]
             missing = floor - (free - needed)
+            removed: set[str] = set()
             for image in evictions(kept, in_use, missing):
-                try:
-                    await self.engine.remove_image(image.reference)
-                except EngineError as exc:  # a container started from it since: it stays
-                    log.info("image_eviction_skipped", image=image.reference, error=str(exc))
-                    continue
+                if image.image_id not in removed:
+                    try:
+                        await self.engine.remove_image(image.image_id)
+                    except EngineError as exc:  # a container started from it since, or another tag: it stays
+                        log.info("image_eviction_skipped", image=image.reference, error=str(exc))
+                        continue
+                    removed.add(image.image_id)
                 self._used.pop(image.reference, None)
+                self._ids.pop(image.reference, None)
                 log.info(
                     "image_evicted",
                     image=image.reference,
+                    image_id=image.image_id,
                     size_bytes=image.size,
                     last_used=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(image.last_used)),
                     reason=f"Docker's disk below the floor by {missing} bytes",

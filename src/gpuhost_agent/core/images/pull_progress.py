@@ -35,6 +35,7 @@ class PullProgress:
     image: str
     layers: dict[str, Layer] = field(default_factory=dict)
     error: str = ""  # the engine's own message, when it sent one
+    waiting: bool = False  # queued: not started, for want of a pull slot (pull_slots.py)
 
     def add(self, event: dict) -> None:
         """Fold one event of the engine's stream in."""
@@ -86,6 +87,8 @@ class PullProgress:
     def text(self) -> str:
         """`image 'x': 120.0 of 450.0 MB, 2 of 5 layers` (the total counts the
         layers whose size the engine said so far; `starting` before any)."""
+        if self.waiting:
+            return f"image {self.image!r}: waiting for a pull slot"
         if not self.layers:
             return f"image {self.image!r}: starting"
         return (

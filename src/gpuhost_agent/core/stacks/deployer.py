@@ -178,7 +178,7 @@ class StackDeployer:
         except EngineError:  # a reference the engine cannot read: Compose says why
             return
         await self.images.check_room(job.rental_id, missing)
-        await self.images.fetch(missing, lambda text: self._report(job, wire.APPLYING, text))
+        await self.images.fetch(missing, lambda text: self._report(job, wire.APPLYING, text), job.rental_id)
         await self.images.used(images)
 
     async def _check_running(self, stack_id: str, raw: list[dict] | None = None) -> None:
