@@ -11,7 +11,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 from aiohttp import web
 
 from gpuhost_agent.core.images.pulls import ImagePulls
