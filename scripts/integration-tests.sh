@@ -13,8 +13,11 @@
 # network carry their own label; its dockerd, agent and stacks live inside
 # it; the bundle's dockerd has its own socket, data and namespace), and
 # together they keep `.ci/run` under its 30 minutes on 2 cores. The second
-# half's output follows the first's. Arguments go to both (a -k, a path); a
-# half that selects no test (pytest's status 5) is not a failure.
+# half's output follows the first's. One module runs after both, alone:
+# test_engine_restart.py restarts the test engine's dockerd, which stops
+# every container it runs, the modern host's among them. Arguments go to all
+# (a -k, a path); a part that selects no test (pytest's status 5) is not a
+# failure.
 #
 #   bash scripts/integration-tests.sh [PYTEST_ARGS...]
 set -uo pipefail
@@ -25,14 +28,18 @@ log=$(mktemp -t gpuhost-beside.XXXXXX)
 trap 'rm -f "$log"' EXIT
 
 BESIDE=(tests/integration/test_modern_host.py tests/integration/test_gpu_machine_bundle.py)
+AFTER=(tests/integration/test_engine_restart.py)
 "${pytest[@]}" -q -p no:cacheprovider --durations=5 "${BESIDE[@]}" "$@" >"$log" 2>&1 &
 beside=$!
-"${pytest[@]}" -q --durations=15 "${BESIDE[@]/#/--ignore=}" tests/integration "$@"
+"${pytest[@]}" -q --durations=15 "${BESIDE[@]/#/--ignore=}" "${AFTER[@]/#/--ignore=}" tests/integration "$@"
 others=$?
 wait "$beside"
 host=$?
 
 echo "---- beside them: ${BESIDE[*]} ----"
 cat "$log"
+echo "---- after both: ${AFTER[*]} ----"
+"${pytest[@]}" -q -p no:cacheprovider "${AFTER[@]}" "$@"
+after=$?
 passed() { [ "$1" -eq 0 ] || [ "$1" -eq 5 ]; }
-passed "$others" && passed "$host"
+passed "$others" && passed "$host" && passed "$after"

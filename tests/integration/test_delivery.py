@@ -66,6 +66,9 @@ async def test_waiting_long_poll_is_woken_by_a_new_job(local_market):
     marketplace, and a new job is handed to that poll at once."""
     renter, _parts, local = local_market
     rental_id = await renter.rental()
+    await until(
+        lambda: local.state.polls_started >= 1, timeout=10
+    )  # the first poll parked (a loaded machine starts late)
     await asyncio.sleep(0.2)
     parked = local.state.polls_started
     await asyncio.sleep(1.5)
