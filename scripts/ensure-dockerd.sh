@@ -31,13 +31,19 @@ log=/var/log/gpuhost-dockerd.log
 { : >>"$log"; } 2>/dev/null || log=/tmp/gpuhost-dockerd.log
 echo "ensure-dockerd: starting dockerd (log: $log)"
 
+# The hook is copied out of the checkout first: dockerd runs it at every GPU
+# container's start, and outlives the checkout that started it (a clone that
+# ran test_engine_restart and was then deleted left every GPU container failing).
+hooks=/run/gpuhost-test/fake-nvidia
+"${SUDO[@]}" install -D -m 0755 "$here/fake-nvidia/nvidia-container-runtime-hook" "$hooks/nvidia-container-runtime-hook"
+
 # HTTP(S)_PROXY points at the discard port, so any pull from a public registry
 # fails at once; NO_PROXY keeps the local registry on 127.0.0.1:5000 reachable.
 # setsid: own session, so dockerd outlives this script and its terminal.
 setsid "${SUDO[@]}" env \
     HTTP_PROXY=http://127.0.0.1:9 HTTPS_PROXY=http://127.0.0.1:9 NO_PROXY=127.0.0.1,localhost \
     http_proxy=http://127.0.0.1:9 https_proxy=http://127.0.0.1:9 no_proxy=127.0.0.1,localhost \
-    PATH="$here/fake-nvidia:$PATH" \
+    PATH="$hooks:$PATH" \
     dockerd --pidfile "$pidfile" >>"$log" 2>&1 </dev/null &
 dpid=$!
 
