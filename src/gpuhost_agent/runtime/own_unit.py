@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from gpuhost_agent.runtime.host_process import kill
+
 COMMAND_SECONDS = 30.0
 
 
@@ -43,8 +45,7 @@ async def restart(unit: str) -> str | None:
     try:
         out, _ = await asyncio.wait_for(process.communicate(), COMMAND_SECONDS)
     except asyncio.TimeoutError:
-        process.kill()
-        await process.wait()
+        await kill(process)
         return f"systemctl restart {unit}: no answer within {COMMAND_SECONDS:.0f} s"
     if process.returncode != 0:
         return f"systemctl restart {unit}: {out.decode('utf-8', 'replace').strip()[:300]}"

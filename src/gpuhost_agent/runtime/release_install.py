@@ -19,6 +19,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from gpuhost_agent.runtime.host_process import kill
+
 STEP_SECONDS = 300.0  # one step (venv, pip, version check) of an install
 OUTPUT_KEPT = 2000  # characters of a failed step's output in its message
 
@@ -72,8 +74,7 @@ async def _step(what: str, *argv: str) -> str:
     try:
         out, _ = await asyncio.wait_for(process.communicate(), STEP_SECONDS)
     except asyncio.TimeoutError:
-        process.kill()
-        await process.wait()
+        await kill(process)
         raise InstallFailed(f"{what}: no end within {STEP_SECONDS:.0f} s") from None
     text = out.decode("utf-8", "replace")
     if process.returncode != 0:

@@ -12,12 +12,11 @@ writes why and stops the agent (SIGTERM); systemd starts the unit again and
 this launcher rolls back. When the agent exits for any reason, systemd kills
 the guardian with the rest of the unit.
 
-Only the standard library and the record's module are loaded before the exec.
+Only the standard library, the record's module and the wire's clock are loaded before the exec.
 """
 
 from __future__ import annotations
 
-import datetime
 import os
 import shutil
 import signal
@@ -26,6 +25,7 @@ import time
 from pathlib import Path
 
 from gpuhost_agent.core import upgrade_plan
+from gpuhost_agent.protocol import wire_time
 from gpuhost_agent.storage import upgrade_state
 
 LAUNCHED = "GPUHOST_LAUNCHED_FROM"  # service/upgrades.py reads it: the installed agent's prefix
@@ -37,7 +37,7 @@ def launch(state_dir: Path, argv: list[str]) -> None:
         return  # already launched, or not under systemd (no restarts: no upgrades)
     with upgrade_state.locked(state_dir):
         record = upgrade_state.load(state_dir)
-        choice = upgrade_plan.start_choice(record, _now())
+        choice = upgrade_plan.start_choice(record, wire_time.iso())
         if choice.prefix is not None and not _agent(choice.prefix).is_file():
             choice = upgrade_plan.Start(None, {**choice.record, "current": None, "trial": None},
                                         said=f"{choice.prefix} is gone: the installed version runs")  # fmt: skip
@@ -58,10 +58,6 @@ def launch(state_dir: Path, argv: list[str]) -> None:
 
 def _agent(prefix: str) -> Path:
     return Path(prefix) / "bin" / "gpuhost-agent"
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _leave_guardian(state_dir: Path, prefix: str, seconds: float, agent_pid: int) -> None:

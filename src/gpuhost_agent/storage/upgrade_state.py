@@ -7,8 +7,9 @@ Three processes write it, one at a time under `upgrade.lock`: the launcher
 version), the guardian it leaves for a version on trial, and the running
 agent (an upgrade installed, a trial confirmed). A write is a new file renamed
 over the old one after fsync, so a crash or power loss leaves the old record
-or the new, never half of one. Only the standard library: the launcher reads
-it before anything of the agent is loaded.
+or the new, never half of one (common/json_files.py, and the folder fsync'd).
+Only the standard library besides: the launcher reads it before anything of
+the agent is loaded.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+
+from gpuhost_agent.common.json_files import write_json_atomically
 
 FILE, LOCK = "upgrade.json", "upgrade.lock"
 VERSIONS = "versions"  # <state dir>/versions/<version>-<sha256[:12]>/: a virtual environment each
@@ -41,13 +44,9 @@ def load(state_dir: Path) -> dict:
 
 
 def save(state_dir: Path, record: dict) -> None:
-    path = state_dir / FILE
-    fresh = path.with_name(f".{FILE}.new")
-    with open(fresh, "w") as out:
-        json.dump(record, out, indent=1, sort_keys=True)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(fresh, path)
+    write_json_atomically(state_dir / FILE, record)
+    # The rename itself made durable: a power loss right after a trial was
+    # written must not bring back the record without it.
     folder = os.open(state_dir, os.O_RDONLY)
     try:
         os.fsync(folder)
