@@ -82,6 +82,16 @@ async def _sh(world: World, script: str, **kwargs) -> modern_host.Run:
     return await asyncio.to_thread(world.host.sh, script, **kwargs)
 
 
+async def _deployed(world: World, rental_id: str, content: str, name: str) -> tuple[str, dict]:
+    """A one-container stack deployed through the renter API and APPLIED: its container's id and docker inspect."""
+    stack_id = await world.renter.stack(rental_id, content, name=name)
+    stack = await world.renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=120)
+    assert stack["status"] == wire.APPLIED, stack["errorMsg"]
+    listed = await _sh(world, f"docker ps -q --filter label={wire.LABEL_STACK}={stack_id}")
+    (container,) = listed.out.split()
+    return container, json.loads((await _sh(world, f"docker inspect {container}")).out)[0]
+
+
 async def _main_pid(world: World) -> int:
     return int((await asyncio.to_thread(world.host.show, UNIT, "MainPID"))["MainPID"])
 
@@ -174,13 +184,8 @@ async def test_the_restarted_agent_deploys_into_a_rental_whose_slice_it_did_not_
     file", and the limits go on the existing slice. The agent knew only older
     systemd's "already exists": the stack failed, and a deploy job handed out
     again after the watchdog's kill took the running stack down with it."""
-    renter, rental_id = world.renter, world.rental_id
-    stack_id = await renter.stack(rental_id, SLEEPER, name="after the restart")
-    stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=120)
-    assert stack["status"] == wire.APPLIED, stack["errorMsg"]
-    listed = await _sh(world, f"docker ps -q --filter label={wire.LABEL_STACK}={stack_id}")
-    (container,) = listed.out.split()
-    box = json.loads((await _sh(world, f"docker inspect {container}")).out)[0]
+    rental_id = world.rental_id
+    _container, box = await _deployed(world, rental_id, SLEEPER, "after the restart")
     assert box["HostConfig"]["CgroupParent"] == slice_name(rental_id)
     shown = await asyncio.to_thread(world.host.show, slice_name(rental_id), "MemoryLimit")
     assert shown["MemoryLimit"] == str(box["HostConfig"]["Memory"]), shown
@@ -434,12 +439,7 @@ async def test_gpus_reach_containers_through_cdi_without_the_runtime_hook(world:
         SLEEPER
         + "    deploy: {resources: {reservations: {devices: [{driver: nvidia, count: 1, capabilities: [gpu]}]}}}\n"
     )
-    stack_id = await renter.stack(rental_id, content, name="through CDI")
-    stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=120)
-    assert stack["status"] == wire.APPLIED, stack["errorMsg"]
-    listed = await _sh(world, f"docker ps -q --filter label={wire.LABEL_STACK}={stack_id}")
-    (container,) = listed.out.split()
-    box = json.loads((await _sh(world, f"docker inspect {container}")).out)[0]
+    container, box = await _deployed(world, rental_id, content, "through CDI")
     (uuid,) = box["Config"]["Labels"]["io.gpuhost.gpus"].split(",")
     (request,) = box["HostConfig"]["DeviceRequests"]
     assert (request["Driver"], request["DeviceIDs"]) == ("cdi", [f"nvidia.com/gpu={uuid}"]), request

@@ -103,6 +103,17 @@ async def test_rt3_2b_one_rental_cannot_hold_every_pull_slot():
 # RT3-3: the agent's API key follows a redirect to another origin.
 
 
+async def _serve(path: str, handler) -> tuple[web.AppRunner, int]:
+    """One GET route on a loopback port of its own."""
+    app = web.Application()
+    app.router.add_get(path, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, runner.addresses[0][1]
+
+
 # Fixed in bcc23e4: the client follows no redirect.
 async def test_rt3_3_a_redirect_never_carries_the_api_key_elsewhere():
     seen: list[dict] = []
@@ -112,24 +123,12 @@ async def test_rt3_3_a_redirect_never_carries_the_api_key_elsewhere():
         seen.append(dict(request.headers))
         return web.Response(body=body)
 
-    other_app = web.Application()
-    other_app.router.add_get("/steal", other)
-    other_runner = web.AppRunner(other_app)
-    await other_runner.setup()
-    other_site = web.TCPSite(other_runner, "127.0.0.1", 0)
-    await other_site.start()
-    other_port = other_site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+    other_runner, other_port = await _serve("/steal", other)
 
     async def release(request: web.Request) -> web.Response:
         raise web.HTTPFound(f"http://127.0.0.1:{other_port}/steal")
 
-    app = web.Application()
-    app.router.add_get("/agent/releases/gpuhost_agent-9.9.9-py3-none-any.whl", release)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+    runner, port = await _serve("/agent/releases/gpuhost_agent-9.9.9-py3-none-any.whl", release)
     client = MarketplaceClient(f"http://127.0.0.1:{port}", "SECRET-ENV-KEY")
     client.session_id = "SESSION-1"
     try:
