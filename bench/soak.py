@@ -52,8 +52,11 @@ RSS_GROWTH_MIB = 5.0
 # last week; 2000 cycles make some 4400 jobs, so the job table fills and is
 # pruned within the run.
 DB_MAX_KIB = 2048
-# Kept-alive connections to the engine and the marketplace, and idle pool
-# threads, come and go by one or two between samples; a leak grows past that.
+# Kept-alive connections to the engine and the marketplace, idle pool threads,
+# and tasks in flight when a sample is taken (a heartbeat, a stream closing)
+# come and go by one or two between samples; a leak grows past that. (A CI run
+# judged from a sample of 11 tasks failed on a last one of 12, the count of
+# every warm-up sample before it.)
 POOL_SLACK = 2
 WAL_MAX_KIB = 4200  # SQLite checkpoints at 1000 pages of 4 KiB; the file is reused, not grown
 
@@ -199,7 +202,7 @@ def verdicts(samples: list[dict], warm_up: int) -> dict[str, bool]:
         f"RSS growth < {RSS_GROWTH_MIB} MiB": last["rssMiB"] - base["rssMiB"] < RSS_GROWTH_MIB,
         "open files not growing": last["openFiles"] <= base["openFiles"] + POOL_SLACK,
         "threads not growing": last["threads"] <= base["threads"] + POOL_SLACK,
-        "asyncio tasks not growing": last["tasks"] <= base["tasks"],
+        "asyncio tasks not growing": last["tasks"] <= base["tasks"] + POOL_SLACK,
         f"database <= {DB_MAX_KIB} KiB": max(sample["dbKiB"] for sample in samples) <= DB_MAX_KIB,
         f"job records <= {REMEMBERED_JOBS}": max(sample["jobRecords"] for sample in samples) <= REMEMBERED_JOBS,
         f"write-ahead log <= {WAL_MAX_KIB} KiB": max(sample["walKiB"] for sample in samples) <= WAL_MAX_KIB,

@@ -162,9 +162,11 @@ async def swarm_worker(tmp_path, shared_swarm, worker_port, swarm_tls):
 
 
 @pytest.fixture
-async def local_market(tmp_path, docker_client):
-    """Local marketplace + agent in this event loop; yields (renter, parts, running marketplace)."""
-    config = make_config(tmp_path / "state")
+async def local_market(request, tmp_path, docker_client):
+    """Local marketplace + agent in this event loop; yields (renter, parts, running marketplace).
+    A test's `@pytest.mark.agent_config(name=value)` overrides the agent's configuration."""
+    marker = request.node.get_closest_marker("agent_config")
+    config = make_config(tmp_path / "state", **(marker.kwargs if marker else {}))
     local = await start_local_marketplace(config)
     parts = build_agent(config, local.base_url, local.state.store.envApiKey)
     agent_task = asyncio.create_task(parts.agent.run())
