@@ -64,12 +64,16 @@ async def test_no_or_wrong_credentials_are_challenged() -> None:
         assert ("WWW-Authenticate", 'Basic realm="tunnel t1"') in decision.headers
 
 
-async def test_the_right_password_goes_through_without_our_header_and_with_connection_close() -> None:
+async def test_the_right_password_goes_through_without_our_header_and_keeps_http11_alive() -> None:
     head = _head(_basic("renter", tunnel_auth.password(SECRET, "stack-1")), ("Connection", "keep-alive"))
     decision = await _gate().decide(head, "10.0.0.1", now=0.0)
     assert decision.forward is not None
-    assert decision.forward.get("Authorization") is None and decision.forward.get("Connection") == "close"
+    assert decision.forward.get("Authorization") is None and decision.forward.get("Connection") == "keep-alive"
     assert decision.forward.target == "/app?x=1"
+    # HTTP/1.0's keep-alive is not read request by request: its connection closes after one
+    old = tunnel_auth.Head(head.method, head.target, "HTTP/1.0", head.headers)
+    decision = await _gate().decide(old, "10.0.0.1", now=0.0)
+    assert decision.forward is not None and decision.forward.get("Connection") == "close"
 
 
 async def test_a_websocket_upgrade_keeps_its_connection_header() -> None:

@@ -41,12 +41,14 @@ class FakeWS:
 
     def __init__(self, sink: list[bytes], answer: bool) -> None:
         self.sink, self.queue = sink, asyncio.Queue()
+        self.own: list[bytes] = []
         if answer:
             self.queue.put_nowait(WSMessage(WSMsgType.BINARY, ANSWER, None))
             self.queue.put_nowait(WSMessage(WSMsgType.TEXT, tunnel_relay.EOF_MESSAGE, None))
 
     async def send_bytes(self, data: bytes) -> None:
         self.sink.append(bytes(data))
+        self.own.append(bytes(data))
 
     async def send_str(self, _data: str) -> None:
         return None
@@ -65,10 +67,14 @@ class FakeHub(ChannelHub):
         super().__init__()
         self.received: dict[str, list[bytes]] = {}
         self.answer = True
+        self.streams: list[list[bytes]] = []  # what each stream received, in the order they opened
 
     async def open(self, kind: str, rental_id: str, fields: dict):  # type: ignore[override]
         sink = self.received.setdefault(str(fields.get("stackId")), [])
-        return SimpleNamespace(agent_ws=FakeWS(sink, self.answer), ended=asyncio.Event())
+        stream = FakeWS(sink, self.answer)
+        self.streams.append([])
+        stream.own = self.streams[-1]
+        return SimpleNamespace(agent_ws=stream, ended=asyncio.Event())
 
     async def finish(self, stream, code=None, message=b"") -> None:  # type: ignore[override]
         return None
@@ -216,3 +222,48 @@ async def test_a_tunnel_without_basic_auth_strips_our_cookies_and_upgrades(book)
     assert seen.startswith(b"GET /ws HTTP/1.1\r\n") and b"frame-1" in seen, seen
     assert b"Authorization: Bearer app-token" in seen and b"app=2" in seen and b"Connection: Upgrade" in seen
     assert b"gpuhost_tunnel" not in seen, seen
+
+
+async def _pipelined(port: int, requests: bytes) -> None:
+    """`requests` written at once on one connection, which is then read to its end."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(requests)
+    await writer.drain()
+    writer.write_eof()
+    await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+
+
+async def test_a_kept_alive_connection_is_one_stream_and_each_request_is_stripped(book) -> None:
+    """Two requests on one connection of a tunnel without basic auth: one
+    stream through the agent, our cookie stripped from both."""
+    book, hub, _victim, other = book
+    ours = b"Cookie: gpuhost_tunnel_0123456789abcdef=s1; app=2\r\n"
+    await _pipelined(
+        _entry(book, other)["port"],
+        b"GET /one HTTP/1.1\r\nHost: x\r\n" + ours + b"\r\nGET /two HTTP/1.1\r\nHost: x\r\n" + ours + b"\r\n",
+    )
+    for _ in range(50):
+        if b"/two" in b"".join(hub.received.get(other, [])):
+            break
+        await asyncio.sleep(0.02)
+    seen = b"".join(hub.received[other])
+    (stream,) = [b"".join(own) for own in hub.streams if b"GET /one" in b"".join(own)]
+    assert b"GET /two" in stream, f"the second request came on another stream: {stream!r}"
+    assert b"gpuhost_tunnel" not in seen and seen.count(b"app=2") == 2
+
+
+async def test_a_later_request_without_credentials_never_reaches_a_basic_auth_service(book) -> None:
+    book, hub, victim, _other = book
+    entry = _entry(book, victim)
+    basic = base64.b64encode(f"{entry['auth']['username']}:{entry['auth']['password']}".encode())
+    await _pipelined(
+        entry["port"],
+        b"GET /allowed HTTP/1.1\r\nHost: x\r\nAuthorization: Basic " + basic + b"\r\n\r\n"
+        b"GET /sneaked HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"GET /after HTTP/1.1\r\nHost: x\r\nAuthorization: Basic " + basic + b"\r\n\r\n",
+    )
+    await asyncio.sleep(0.3)
+    seen = b"".join(hub.received[victim])
+    assert b"GET /allowed" in seen, seen
+    assert b"/sneaked" not in seen and b"/after" not in seen, "the gate's refusal ends the connection"

@@ -53,12 +53,12 @@ What protects a session is that it never leaves the browser but to its own
 tunnel's gate (HttpOnly, stripped before any container), lives
 SESSION_SECONDS at most and ends with a new password.
 
-Only the first request of a connection is read: ours are stripped from it
-(our Authorization header when the tunnel has basic auth, our cookies
-always) and, unless it is an upgrade, it is sent with `Connection: close`, so
-every further request comes on a new connection and is read again; the rest
-of the connection is the plain byte relay. Without basic auth a service's own
-`Authorization` headers pass untouched.
+Every request of a connection is read and judged (tunnel_requests.py), and
+ours are stripped from each (our Authorization header when the tunnel has
+basic auth, our cookies always); an HTTP/1.0 request is sent with
+`Connection: close`, so a further one comes on a new connection. After an
+upgrade the rest of the connection is the plain byte relay. Without basic
+auth a service's own `Authorization` headers pass untouched.
 """
 
 from __future__ import annotations
@@ -155,9 +155,9 @@ def parse_head(raw: bytes) -> Head | None:
     headers = []
     for line in rest:
         name, sep, value = line.partition(":")
-        if not sep or not name.strip():
+        if not sep or not name or name != name.strip():  # no space before the colon, no folded line (RFC 9112 5.1)
             return None
-        headers.append((name.strip(), value.strip()))
+        headers.append((name, value.strip()))
     return Head(method, target, version, headers)
 
 
@@ -338,8 +338,8 @@ def _basic(head: Head) -> tuple[str, str] | None:
 def stripped(head: Head, *, basic: bool) -> Head:
     """The head to forward: our cookies (every `gpuhost_tunnel*`, any
     tunnel's) out, our Basic Authorization out when the tunnel has basic
-    auth (`basic`), and `Connection: close` unless it is an upgrade, so the
-    next request comes on a new connection and is read again."""
+    auth (`basic`), and `Connection: close` on an HTTP/1.0 request that is
+    not an upgrade (tunnel_requests.py reads HTTP/1.1's next requests)."""
     headers = []
     for key, value in head.headers:
         if basic and key.lower() == "authorization" and value.lower().startswith("basic "):
@@ -350,7 +350,7 @@ def stripped(head: Head, *, basic: bool) -> Head:
                 continue
             value = ";".join(parts).strip()
         headers.append((key, value))
-    if head.get("Upgrade") is None:
+    if head.get("Upgrade") is None and head.version != "HTTP/1.1":
         headers = [(k, v) for k, v in headers if k.lower() not in ("connection", "keep-alive")]
         headers.append(("Connection", "close"))
     return Head(head.method, head.target, head.version, headers)

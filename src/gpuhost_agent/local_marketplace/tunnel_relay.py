@@ -22,10 +22,12 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import Awaitable, Callable
 from html import escape
 
 from aiohttp import WSMsgType, web
 
+from gpuhost_agent.local_marketplace import tunnel_requests
 from gpuhost_agent.protocol import wire
 
 CHUNK = 64 * 1024
@@ -54,17 +56,24 @@ class _Activity:
             await asyncio.sleep(left)
 
 
+Forward = Callable[[Callable[[], None]], Awaitable[None]]
+
+
 async def relay(
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
     agent: web.WebSocketResponse,
     *,
     idle_seconds: float = IDLE_SECONDS,
+    forward: Forward | None = None,
 ) -> None:
     """Until the agent closes the stream, both sides shut down sending, or
-    nothing moved for `idle_seconds`."""
+    nothing moved for `idle_seconds`. The client's bytes go as they come,
+    or through `forward` (an http tunnel's requests: tunnel_requests.py),
+    which is given the activity's touch; either way the agent is told when
+    the client's side is done."""
     activity = _Activity()
-    up = asyncio.create_task(_client_to_agent(reader, agent, activity))
+    up = asyncio.create_task(_client_to_agent(reader, agent, activity, forward))
     down = asyncio.create_task(_agent_to_client(agent, writer, activity))
     idle = asyncio.create_task(activity.until_idle(idle_seconds))
     try:
@@ -78,10 +87,18 @@ async def relay(
         await asyncio.gather(up, down, idle, return_exceptions=True)
 
 
-async def _client_to_agent(reader: asyncio.StreamReader, agent: web.WebSocketResponse, activity: _Activity) -> None:
-    while chunk := await reader.read(CHUNK):
-        activity.touch()
-        await agent.send_bytes(chunk)  # waits while the agent's side is full: the backpressure
+async def _client_to_agent(
+    reader: asyncio.StreamReader, agent: web.WebSocketResponse, activity: _Activity, forward: Forward | None
+) -> None:
+    if forward is not None:
+        try:
+            await forward(activity.touch)
+        except tunnel_requests.Unframed:
+            pass  # nothing more is forwarded: the service answers what it has and closes
+    else:
+        while chunk := await reader.read(CHUNK):
+            activity.touch()
+            await agent.send_bytes(chunk)  # waits while the agent's side is full: the backpressure
     await agent.send_str(EOF_MESSAGE)
 
 

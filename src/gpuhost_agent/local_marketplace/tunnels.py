@@ -36,7 +36,7 @@ from datetime import timedelta
 from functools import partial
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.local_marketplace import ssh_endpoint, tunnel_auth, tunnel_relay
+from gpuhost_agent.local_marketplace import ssh_endpoint, tunnel_auth, tunnel_relay, tunnel_requests
 from gpuhost_agent.local_marketplace.channel_hub import ChannelHub, StreamRefused
 from gpuhost_agent.local_marketplace.store import Store
 from gpuhost_agent.local_marketplace.tunnel_probes import TunnelProbes
@@ -374,20 +374,25 @@ class TunnelBook:
             task.add_done_callback(tunnel.connections.discard)
         try:
             first = b""  # an http tunnel's first request head, ours stripped (and let through by its gate)
+            framing: tunnel_requests.Framing | None = None  # how its body ends, for its next requests
+            client = "?"
             if tunnel.protocol == "http":
                 head = tunnel_auth.parse_head(await tunnel_relay.read_head(reader) or b"")
                 if head is None:
                     await tunnel_relay.write_answer(writer, 400, [], "not an HTTP request")
                     return
-                forward = tunnel_auth.stripped(head, basic=False)
-                if tunnel.gate is not None:
-                    peer = writer.get_extra_info("peername")
-                    decision = await tunnel.gate.decide(head, str(peer[0]) if peer else "?")
-                    if decision.forward is None:
-                        await tunnel_relay.write_answer(writer, decision.status, decision.headers, decision.text)
-                        return
-                    forward = decision.forward
-                first = forward.render()
+                try:
+                    framing = tunnel_requests.framing(head)
+                except tunnel_requests.Unframed as exc:
+                    await tunnel_relay.write_answer(writer, 400, [], f"not a request this tunnel passes on: {exc}")
+                    return
+                peer = writer.get_extra_info("peername")
+                client = str(peer[0]) if peer else "?"
+                decision = await tunnel_requests.judged(tunnel.gate, head, client)
+                if decision.forward is None:
+                    await tunnel_relay.write_answer(writer, decision.status, decision.headers, decision.text)
+                    return
+                first = decision.forward.render()
             kind = SSH if tunnel.protocol == SSH else "tunnel"
             fields = self._fields(tunnel)
             if fields.get("stackIds") == []:  # its last SSH stack went since the last sync: closing
@@ -408,7 +413,14 @@ class TunnelBook:
                 assert stream.agent_ws is not None  # set when the agent's stream socket opened
                 if first:
                     await stream.agent_ws.send_bytes(first)
-                relay = asyncio.ensure_future(tunnel_relay.relay(reader, writer, stream.agent_ws))
+                forward = (
+                    None
+                    if framing is None
+                    else tunnel_requests.next_requests(
+                        lambda: tunnel.gate, reader, stream.agent_ws.send_bytes, framing, client
+                    )
+                )
+                relay = asyncio.ensure_future(tunnel_relay.relay(reader, writer, stream.agent_ws, forward=forward))
                 ended = asyncio.ensure_future(stream.ended.wait())
                 try:
                     await asyncio.wait({relay, ended}, return_when=asyncio.FIRST_COMPLETED)
