@@ -24,6 +24,7 @@ import json
 import os
 import re
 import ssl
+from collections import OrderedDict
 from typing import Any
 
 import aiohttp
@@ -40,6 +41,8 @@ from gpuhost_agent.runtime.engine_errors import response_error as _error
 __all__ = ["ContainerAt", "ContainerGone", "EngineStreams", "EngineUnreachable", "LogReader", "parse_docker_host"]
 
 CHUNK_BYTES = 64 * 1024
+SERVICE_READ_LIMIT = 256 * 1024  # a tunnel's service connection: streams/tunnel.py's CHUNK
+NETWORKS_KEPT = 256  # network inspects kept by id (EngineStreams.network)
 # Container ids and names, exec ids: no '/', '?', '%' or spaces can reach a path.
 _ID = re.compile(r"^/?[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -77,6 +80,7 @@ class EngineStreams:
         self._headers = dict(headers or {})  # sent with every request (a worker's key: streams/door.py)
         self._http: aiohttp.ClientSession | None = None
         self._endpoint: Endpoint | None = None
+        self._networks: OrderedDict[str, dict] = OrderedDict()  # network inspects by id: network()
 
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None or self._http.closed:
@@ -131,10 +135,22 @@ class EngineStreams:
 
     async def network(self, network_id: str) -> dict:
         """`docker network inspect`: Labels and IPAM.Config, which a tunnel's
-        last hop is judged on (streams/sandbox_addresses.py)."""
+        last hop is judged on (streams/sandbox_addresses.py). Both are fixed
+        when a network is made and an id is never given twice, so an
+        inspect is kept by full id (the last NETWORKS_KEPT): each new tunnel
+        connection then costs one engine call, the container's inspect,
+        which says whether it is still on that network (issue 36)."""
+        kept = self._networks.get(network_id)
+        if kept is not None:
+            self._networks.move_to_end(network_id)
+            return kept
         reply = await self._call("GET", f"/networks/{checked_id(network_id)}")
         if not isinstance(reply, dict):
             raise EngineError("Docker Engine answered a network inspect without an object")
+        if reply.get("Id") == network_id:  # asked by its full id, as a container's inspect names it
+            self._networks[network_id] = reply
+            while len(self._networks) > NETWORKS_KEPT:
+                self._networks.popitem(last=False)
         return reply
 
     async def open_logs(
@@ -243,8 +259,9 @@ class EngineStreams:
         self, container: ContainerAt, address: str, port: int, *, tls: ssl.SSLContext | None, timeout: float
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """A tunnel's last hop (streams/tunnel.py): the host routes to a bridge network's addresses."""
+        hostname = "" if tls else None
         return await asyncio.wait_for(
-            asyncio.open_connection(address, port, ssl=tls, server_hostname="" if tls else None), timeout
+            asyncio.open_connection(address, port, limit=SERVICE_READ_LIMIT, ssl=tls, server_hostname=hostname), timeout
         )
 
     async def hang_up(self, exec_id: str, container_id: str) -> None:

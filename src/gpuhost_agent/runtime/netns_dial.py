@@ -37,6 +37,7 @@ import ssl
 import threading
 
 from gpuhost_agent.runtime.container_process import ContainerGone, PinnedProcess
+from gpuhost_agent.runtime.engine_streams import SERVICE_READ_LIMIT
 
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -142,7 +143,8 @@ async def dial_in_namespace(
         sock.setblocking(False)
         await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, (address, port)), timeout)
         return await asyncio.wait_for(
-            asyncio.open_connection(sock=sock, limit=64 * 1024, ssl=tls, server_hostname="" if tls else None), timeout
+            asyncio.open_connection(sock=sock, limit=SERVICE_READ_LIMIT, ssl=tls, server_hostname="" if tls else None),
+            timeout,
         )
     except BaseException:
         sock.close()
