@@ -49,7 +49,7 @@ async def _seen(hub, stack_id: str, marker: bytes) -> bytes:
     return b"".join(hub.received.get(stack_id, []))
 
 
-@pytest.mark.xfail(strict=True, reason="RT4-1: an Upgrade/CONNECT/HTTP-1.0 request turns off judging for the rest")
+# RT4-1 (fixed)
 @pytest.mark.parametrize(
     "first",
     [
@@ -98,7 +98,7 @@ async def _forward(client: bytes, first: str) -> list[bytes]:
     return sent
 
 
-@pytest.mark.xfail(strict=True, reason="RT4-2: three agent messages per chunk, 6 client bytes each")
+# RT4-2 (fixed)
 async def test_rt4_many_tiny_chunks_are_not_one_agent_message_each() -> None:
     chunks = 10_000
     client = b"1\r\na\r\n" * chunks + b"0\r\n\r\n"
@@ -108,7 +108,7 @@ async def test_rt4_many_tiny_chunks_are_not_one_agent_message_each() -> None:
     assert len(sent) <= 64, f"{len(client)} bytes from the client became {len(sent)} messages to the agent"
 
 
-@pytest.mark.xfail(strict=True, reason="RT4-3: a sign-in link on a kept-alive connection is burnt unanswered")
+# RT4-3 (fixed)
 async def test_rt4_a_sign_in_link_on_a_kept_alive_connection_still_signs_in(book) -> None:  # noqa: F811
     book, hub, victim, _other = book
     entry = _entry(book, victim)
@@ -134,7 +134,7 @@ async def test_rt4_a_sign_in_link_on_a_kept_alive_connection_still_signs_in(book
     assert retried.startswith(b"HTTP/1.1 302"), f"the link was used by a request nobody answered: {retried[:80]!r}"
 
 
-@pytest.mark.xfail(strict=True, reason="RT4-4: Gate.decide's urlsplit raises ValueError, unanswered and logged")
+# RT4-4 (fixed)
 async def test_rt4_a_target_urlsplit_refuses_gets_an_answer_not_an_exception(book) -> None:  # noqa: F811
     book, _hub, victim, _other = book
     entry = _entry(book, victim)
@@ -158,7 +158,7 @@ async def test_rt4_a_target_urlsplit_refuses_gets_an_answer_not_an_exception(boo
     assert answer.startswith(b"HTTP/1.1 4"), answer
 
 
-@pytest.mark.xfail(strict=True, reason="RT4-5: chunked trailers are forwarded unstripped")
+# RT4-5 (fixed)
 async def test_rt4_trailers_carry_neither_our_cookie_nor_our_basic_credentials() -> None:
     client = (
         b"3\r\nabc\r\n0\r\n" + f"Cookie: {OURS}\r\n".encode() + b"Authorization: Basic cmVudGVyOnNlY3JldA==\r\n\r\n"

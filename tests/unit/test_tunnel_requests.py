@@ -28,9 +28,10 @@ def head(text: str) -> Head:
         ("POST / HTTP/1.1\nContent-Length: 12", Framing("length", 12)),
         ("POST / HTTP/1.1\nContent-Length: 12\nContent-Length: 12", Framing("length", 12)),
         ("POST / HTTP/1.1\nTransfer-Encoding: Chunked", Framing("chunked")),
-        ("GET /ws HTTP/1.1\nUpgrade: websocket\nConnection: Upgrade", Framing("rest")),
-        ("CONNECT host:443 HTTP/1.1", Framing("rest")),
-        ("GET / HTTP/1.0\nContent-Length: 3", Framing("rest")),
+        ("GET /ws HTTP/1.1\nUpgrade: websocket\nConnection: keep-alive, Upgrade", Framing("none", then="switch")),
+        ("GET /ws HTTP/1.1\nUpgrade: websocket", Framing("none")),  # no `upgrade` token: no server switches
+        ("CONNECT host:443 HTTP/1.1", Framing("none", then="switch")),
+        ("GET / HTTP/1.0\nContent-Length: 3", Framing("length", 3, then="last")),
     ],
 )
 def test_framing_as_http11_reads_it(text: str, expected: Framing) -> None:
@@ -139,8 +140,31 @@ async def test_a_request_the_gate_refuses_ends_the_connection() -> None:
 
 
 async def test_an_upgrade_hands_the_rest_to_the_byte_relay() -> None:
-    sent, judged = await relay(b"\x81\x05hello-frames", "GET /ws HTTP/1.1\nUpgrade: websocket")
-    assert sent == b"\x81\x05hello-frames" and judged == []
+    upgrade = "GET /ws HTTP/1.1\nUpgrade: websocket\nConnection: Upgrade"
+    frames = b"\x81\x85masks" + b"GET / HTTP/1.1\r\n\r\n"  # a masked text frame, whatever it carries
+    sent, judged = await relay(frames, upgrade)
+    assert sent == frames and judged == []
+    compressed = b"\x41\x85masks"  # a first fragment with permessage-deflate's bit: 'A', then a masked length
+    assert (await relay(compressed, upgrade))[0] == compressed
+
+
+@pytest.mark.parametrize("start", [b"", b"\r\n", b" ", b"\x0b", b"\t\x1c"])
+async def test_after_an_upgrade_bytes_that_start_a_request_are_judged_as_one(start: bytes) -> None:
+    """The service may have refused the upgrade and still read requests;
+    what a lenient server would take for one is read, judged, stripped."""
+    upgrade = "GET /ws HTTP/1.1\nUpgrade: websocket\nConnection: Upgrade"
+    client = start + f"GET /next HTTP/1.1\r\nCookie: {OURS}\r\n\r\n".encode()
+    sent, judged = await relay(client, upgrade)
+    assert judged == ["/next"] and sent == b"GET /next HTTP/1.1\r\n\r\n"
+    sent, judged = await relay(b"X" * 40 + b" /long HTTP/1.1\r\n\r\n", upgrade)
+    assert judged == ["/long"], "a long method is still a request"
+
+
+async def test_after_a_request_other_than_http11_nothing_more_is_forwarded() -> None:
+    sent, judged = await relay(
+        b"abc" + f"GET /next HTTP/1.1\r\nCookie: {OURS}\r\n\r\n".encode(), "POST / HTTP/1.0\nContent-Length: 3"
+    )
+    assert sent == b"abc" and judged == []
 
 
 async def test_a_client_gone_in_the_middle_of_a_body_is_an_incomplete_read() -> None:

@@ -247,8 +247,11 @@ class Gate:
 
     async def decide(self, head: Head, client: str, now: float | None = None) -> Decision:
         now = time.monotonic() if now is None else now
-        split = urlsplit(head.target)
-        query = parse_qsl(split.query, keep_blank_values=True)
+        try:
+            split = urlsplit(head.target)
+            query = parse_qsl(split.query, keep_blank_values=True)
+        except ValueError:  # a target urllib cannot split (`//[`): no service gets it either
+            return Decision(status=400, text="not a request target this tunnel passes on")
         token = next((value for key, value in query if key == TOKEN_PARAM), None)
         if token is not None:
             if not self._use_link(token, now):
@@ -338,8 +341,8 @@ def _basic(head: Head) -> tuple[str, str] | None:
 def stripped(head: Head, *, basic: bool) -> Head:
     """The head to forward: our cookies (every `gpuhost_tunnel*`, any
     tunnel's) out, our Basic Authorization out when the tunnel has basic
-    auth (`basic`), and `Connection: close` on an HTTP/1.0 request that is
-    not an upgrade (tunnel_requests.py reads HTTP/1.1's next requests)."""
+    auth (`basic`), and `Connection: close` on a request that is not HTTP/1.1
+    (tunnel_requests.py reads HTTP/1.1's next requests, no other's)."""
     headers = []
     for key, value in head.headers:
         if basic and key.lower() == "authorization" and value.lower().startswith("basic "):
@@ -350,7 +353,7 @@ def stripped(head: Head, *, basic: bool) -> Head:
                 continue
             value = ";".join(parts).strip()
         headers.append((key, value))
-    if head.get("Upgrade") is None and head.version != "HTTP/1.1":
+    if head.version != "HTTP/1.1":
         headers = [(k, v) for k, v in headers if k.lower() not in ("connection", "keep-alive")]
         headers.append(("Connection", "close"))
     return Head(head.method, head.target, head.version, headers)

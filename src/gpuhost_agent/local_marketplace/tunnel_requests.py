@@ -35,7 +35,7 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from gpuhost_agent.local_marketplace.tunnel_auth import Decision, Gate, Head, parse_head, stripped
+from gpuhost_agent.local_marketplace.tunnel_auth import TOKEN_PARAM, Decision, Gate, Head, parse_head, stripped
 
 CHUNK = 64 * 1024
 LINE_LIMIT = 4096  # a chunk-size line or a trailer line
@@ -43,6 +43,13 @@ TRAILERS_LIMIT = 64 * 1024
 TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # a tab is allowed in a field value
 CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,15})(;[\x20-\x7e\t]*)?\r\n")
+# What a lenient server skips before a request line (Python's str.split() takes
+# all of these for whitespace) and the letters of a method: after an upgrade,
+# client bytes that start so are read as the next request, not relayed.
+SKIPPED = frozenset(b" \t\r\n\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0")
+METHOD_LETTERS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+PEEK_LIMIT = 32
+OUR_TRAILERS = ("cookie", "authorization")
 
 Send = Callable[[bytes], Awaitable[None]]
 Forwardable = Callable[[Head], Awaitable[Head | None]]  # the head to send on, or None: end the connection
@@ -54,12 +61,15 @@ class Unframed(Exception):
 
 @dataclass(frozen=True)
 class Framing:
-    """How the request's body ends: "none", "length" (`length` bytes),
-    "chunked", or "rest" (the connection's remaining bytes, relayed as they
-    come: upgrades, CONNECT, HTTP/1.0)."""
+    """How the request's body ends ("none", "length" of `length` bytes,
+    "chunked"), and what follows it: "next" (the next request, read),
+    "last" (nothing more is forwarded: a request other than HTTP/1.1, sent
+    with `Connection: close`), or "switch" (an upgrade or CONNECT: the
+    service may speak another protocol from here)."""
 
     kind: str
     length: int = 0
+    then: str = "next"
 
 
 def framing(head: Head) -> Framing:
@@ -73,20 +83,27 @@ def framing(head: Head) -> Framing:
             raise Unframed(f"header name {name[:40]!r} is not a token")
         if CONTROL.search(value):
             raise Unframed(f"header {name[:40]!r} holds a control character")
-    if head.version != "HTTP/1.1" or head.get("Upgrade") is not None or head.method.upper() == "CONNECT":
-        return Framing("rest")
+    then = "next"
+    if head.version != "HTTP/1.1":
+        then = "last"
+    elif head.method.upper() == "CONNECT" or (head.get("Upgrade") and "upgrade" in _tokens(head.get("Connection"))):
+        then = "switch"
     codings = [value for key, value in head.headers if key.lower() == "transfer-encoding"]
     lengths = {value.strip() for key, value in head.headers if key.lower() == "content-length"}
     if codings:
-        if lengths or len(codings) != 1 or codings[0].strip().lower() != "chunked":
-            raise Unframed("Transfer-Encoding other than a lone `chunked`, or with Content-Length")
-        return Framing("chunked")
+        if lengths or len(codings) != 1 or codings[0].strip().lower() != "chunked" or then == "last":
+            raise Unframed("Transfer-Encoding other than a lone `chunked` in HTTP/1.1, or with Content-Length")
+        return Framing("chunked", then=then)
     if lengths:
         (length,) = lengths if len(lengths) == 1 else (None,)
         if length is None or not (length.isascii() and length.isdigit()) or len(length) > 15:
             raise Unframed("Content-Length is not one decimal number")
-        return Framing("length", int(length))
-    return Framing("none")
+        return Framing("length", int(length), then=then)
+    return Framing("none", then=then)
+
+
+def _tokens(value: str | None) -> set[str]:
+    return {token.strip().lower() for token in (value or "").split(",")}
 
 
 async def judged(gate: Gate | None, head: Head, client: str) -> Decision:
@@ -102,9 +119,14 @@ def next_requests(
 ) -> Callable[[Callable[[], None]], Awaitable[None]]:
     """The relay's client side of an http tunnel after its first head: that
     request's body, then each next request judged by the tunnel's gate of
-    the moment (`gate`), as the first was."""
+    the moment (`gate`), as the first was. A sign-in link on a later request
+    ends the connection before the gate sees it: the link would be used up
+    by a request whose answer (ours) cannot be sent; the client's retry on a
+    new connection gets it."""
 
     async def forwardable(head: Head) -> Head | None:
+        if f"{TOKEN_PARAM}=" in head.target:
+            return None
         return (await judged(gate(), head, client)).forward
 
     async def forward(touch: Callable[[], None]) -> None:
@@ -121,15 +143,34 @@ async def forward_requests(
     with its body, until the client stops sending or a request may not pass.
     Returns with nothing more to forward; IncompleteReadError when the
     client went away in the middle of a request."""
-    current = first
+    out = _Batched(reader, send)
+    try:
+        await _forward(reader, out, first, forwardable, touch)
+    finally:
+        await out.flush()
+
+
+async def _forward(
+    reader: asyncio.StreamReader, out: _Batched, current: Framing, forwardable: Forwardable, touch: Callable[[], None]
+) -> None:
     while True:
-        if current.kind == "rest":
-            while data := await reader.read(CHUNK):
+        await copy_body(reader, out, current, touch)
+        prefix = b""
+        if current.then == "last":
+            await out.flush()
+            while await reader.read(CHUNK):  # what follows a closing request is no one's: dropped
                 touch()
-                await send(data)
             return
-        await copy_body(reader, send, current, touch)
-        raw = await next_head(reader)
+        if current.then == "switch":
+            await out.flush()
+            start = await _request_start(reader)
+            if start is None:
+                return
+            if not _starts_a_request(start):
+                await _relay_rest(reader, out, start, touch)
+                return
+            prefix = start
+        raw = await next_head(reader, prefix)
         if raw is None:
             return
         touch()
@@ -143,58 +184,133 @@ async def forward_requests(
         forward = await forwardable(head)
         if forward is None:
             return
-        await send(forward.render())
+        await out.add(forward.render())
 
 
-async def next_head(reader: asyncio.StreamReader) -> bytes | None:
-    """The next request's head; None at the end of the client's sending, or
-    for a head over the reader's limit. Empty lines before it are skipped
-    (RFC 9112 section 2.2)."""
+async def _request_start(reader: asyncio.StreamReader) -> bytes | None:
+    """After an upgrade's head: the client's first bytes up to the first
+    that tells whether they start a request (what a lenient server skips,
+    then letters, then a space). The service answers the upgrade before it
+    switches, and an answer other than 101 leaves it reading requests, so
+    such bytes are read as one (judged, stripped), never relayed. A
+    WebSocket client's first byte is a frame's (0x00-0x0f, 0x80-0x8f,
+    with extension bits 0x40-0x4f or 0xc0-0xcf, then a masked length of
+    0x80 up), which never does. None at the end of the client's sending."""
+    seen = bytearray()
+    while len(seen) < PEEK_LIMIT:
+        try:
+            byte = await reader.readexactly(1)
+        except asyncio.IncompleteReadError:
+            return bytes(seen) if seen else None
+        seen += byte
+        if byte[0] in METHOD_LETTERS or (byte[0] in SKIPPED and not bytes(seen).lstrip(bytes(SKIPPED))):
+            continue
+        return bytes(seen)  # _starts_a_request tells which
+    return bytes(seen)
+
+
+def _starts_a_request(start: bytes) -> bool:
+    """Letters after what a lenient server skips, up to a byte it skips or
+    the peek's end: read as a request (which, if it is none, ends the
+    connection). Any other byte starts the upgraded protocol. One letter
+    then 0x85 or 0xa0 is a WebSocket frame's start (extension bits, then a
+    masked length of 5 or 32), which no server takes for a method."""
+    rest = start.lstrip(bytes(SKIPPED))
+    if not rest or rest[-1] in METHOD_LETTERS:
+        return bool(rest)
+    return rest[-1] in SKIPPED and (len(rest) > 2 or rest[-1] < 0x80)
+
+
+async def _relay_rest(reader: asyncio.StreamReader, out: _Batched, start: bytes, touch: Callable[[], None]) -> None:
+    if start:
+        await out.add(start)
+        await out.flush()
+    while data := await reader.read(CHUNK):
+        touch()
+        await out.add(data)
+        await out.flush()
+
+
+async def next_head(reader: asyncio.StreamReader, prefix: bytes = b"") -> bytes | None:
+    """The next request's head (after `prefix`, its first bytes already
+    read); None at the end of the client's sending, or for a head over the
+    reader's limit. What a lenient server skips before it is dropped
+    (RFC 9112 section 2.2 allows empty lines)."""
     while True:
         try:
-            raw = await reader.readuntil(b"\r\n\r\n")
+            raw = prefix + await reader.readuntil(b"\r\n\r\n")
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             return None
-        head = raw.lstrip(b"\r\n")
+        prefix = b""
+        head = raw.lstrip(bytes(SKIPPED))
         if head:
             return head
 
 
-async def copy_body(reader: asyncio.StreamReader, send: Send, frame: Framing, touch: Callable[[], None]) -> None:
+class _Batched:
+    """The client's bytes on their way to the agent, sent as one message
+    when the reader has nothing more at hand or CHUNK is reached: a body of
+    many tiny chunks, or many tiny pipelined requests, is then a few
+    messages, not three per chunk (each message costs both event loops)."""
+
+    def __init__(self, reader: asyncio.StreamReader, send: Send) -> None:
+        self._reader, self._send = reader, send
+        self._pending = bytearray()
+
+    async def add(self, data: bytes) -> None:
+        self._pending += data
+        if len(self._pending) >= CHUNK or not _buffered(self._reader):
+            await self.flush()
+
+    async def flush(self) -> None:
+        if self._pending:
+            data, self._pending = bytes(self._pending), bytearray()
+            await self._send(data)
+
+
+def _buffered(reader: asyncio.StreamReader) -> int:
+    """How many client bytes the reader holds already read: when none, the
+    next read waits, and what is pending goes first. StreamReader keeps them
+    in `_buffer` (CPython since 3.4); without it, every add is sent."""
+    return len(getattr(reader, "_buffer", b""))
+
+
+async def copy_body(reader: asyncio.StreamReader, out: _Batched, frame: Framing, touch: Callable[[], None]) -> None:
     if frame.kind == "length":
-        await _copy_exactly(reader, send, frame.length, touch)
+        await _copy_exactly(reader, out, frame.length, touch)
     elif frame.kind == "chunked":
-        await _copy_chunked(reader, send, touch)
+        await _copy_chunked(reader, out, touch)
 
 
-async def _copy_exactly(reader: asyncio.StreamReader, send: Send, count: int, touch: Callable[[], None]) -> None:
+async def _copy_exactly(reader: asyncio.StreamReader, out: _Batched, count: int, touch: Callable[[], None]) -> None:
     while count > 0:
         data = await reader.read(min(count, CHUNK))
         if not data:
             raise asyncio.IncompleteReadError(b"", count)
         touch()
         count -= len(data)
-        await send(data)
+        await out.add(data)
 
 
-async def _copy_chunked(reader: asyncio.StreamReader, send: Send, touch: Callable[[], None]) -> None:
+async def _copy_chunked(reader: asyncio.StreamReader, out: _Batched, touch: Callable[[], None]) -> None:
     """Chunks as RFC 9112 section 7.1 writes them, checked strictly (one
     size in hex, an extension of printable characters, CRLF everywhere),
-    then the trailers up to their blank line."""
+    then the trailers up to their blank line; a trailer named like our
+    credentials (Cookie, Authorization) is refused, as a head's are stripped."""
     while True:
         line = await _line(reader)
         match = CHUNK_LINE.fullmatch(line)
         if match is None:
             raise Unframed("a chunk-size line that is not HEX[;extension]CRLF")
-        await send(line)
+        await out.add(line)
         size = int(match.group(1), 16)
         if size == 0:
             break
-        await _copy_exactly(reader, send, size, touch)
+        await _copy_exactly(reader, out, size, touch)
         end = await reader.readexactly(2)
         if end != b"\r\n":
             raise Unframed("a chunk not followed by CRLF")
-        await send(end)
+        await out.add(end)
     total = 0
     while True:
         line = await _line(reader)
@@ -205,7 +321,9 @@ async def _copy_chunked(reader: asyncio.StreamReader, send: Send, touch: Callabl
             name, colon, _ = line.partition(b":")
             if not colon or not TOKEN.fullmatch(name) or b"\r" in line[:-2] or b"\n" in line[:-2]:
                 raise Unframed("a trailer line that is not a field")
-        await send(line)
+            if name.decode("latin-1").lower() in OUR_TRAILERS:
+                raise Unframed(f"a {name.decode('latin-1')} trailer")
+        await out.add(line)
         if line == b"\r\n":
             return
 
