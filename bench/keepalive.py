@@ -1,6 +1,7 @@
 """The keep-alive row of bench/tunnel.py: requests per second and latency with
 --connections kept-alive connections, measured by wrk (a load generator we did
-not write) against the direct port and the tunnel in turn.
+not write) against the direct port, two bare Python relays in front of it
+(bench/python_floor.py) and the tunnel, in turn.
 
 wrk runs closed-loop: each connection sends its next request as soon as the
 last answer arrives, so the figures are at saturation and a path that answers
@@ -44,11 +45,11 @@ def run_wrk(url: str, connections: int, seconds: int) -> dict[str, float]:
     return figures
 
 
-def measure(direct: str, tunnel: str, connections: int, seconds: int, runs: int) -> dict[str, list[dict]]:
-    """wrk on each path, alternating, `runs` times each."""
-    results: dict[str, list[dict]] = {"direct": [], "tunnel": []}
+def measure(paths: dict[str, str], connections: int, seconds: int, runs: int) -> dict[str, list[dict]]:
+    """wrk on each path (name -> URL), alternating, `runs` times each."""
+    results: dict[str, list[dict]] = {name: [] for name in paths}
     for _ in range(runs):
-        for name, url in (("direct", direct), ("tunnel", tunnel)):
+        for name, url in paths.items():
             results[name].append(run_wrk(url, connections, seconds))
     return results
 
@@ -60,10 +61,13 @@ def report(results: dict[str, list[dict]], connections: int, seconds: int) -> No
 
     print(f"\n{connections} keep-alive connections (wrk, {seconds} s a run, median of {len(results['direct'])} runs)")
     print(f"{'path':8} {'req/s':>10} {'p50 ms':>8} {'p99 ms':>8}")
-    for name in ("direct", "tunnel"):
+    for name in results:
         print(f"{name:8} {median(name, 'rps'):10.0f} {median(name, 'p50'):8.2f} {median(name, 'p99'):8.2f}")
     added_p50 = median("tunnel", "p50") - median("direct", "p50")
     added_p99 = median("tunnel", "p99") - median("direct", "p99")
     ratio = median("tunnel", "rps") / median("direct", "rps")
     print(f"tunnel/direct requests a second {ratio:.2f}; added at p50 {added_p50:.2f} ms, p99 {added_p99:.2f} ms")
+    if "floor" in results:
+        direct, floor = median("direct", "rps"), median("floor", "rps")
+        print(f"two bare Python relays/direct {floor / direct:.2f}; tunnel/relays {ratio * direct / floor:.2f}")
     print("(goal: under 2 ms added at p50)")

@@ -49,6 +49,7 @@ import agent_runner  # noqa: E402 - bench/ is on the path when run as a script
 import aiohttp
 import held_connections  # noqa: E402
 import keepalive  # noqa: E402
+import python_floor  # noqa: E402
 import ssh_bench  # noqa: E402
 import terminal_echo  # noqa: E402
 from pickup_latency import local_config, pct  # noqa: E402
@@ -131,6 +132,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> None:
         )
     else:
         agent = agent_runner.InProcessAgent(config, local)
+    floor: python_floor.Floor | None = None
     try:
         await agent.start()
         headers = {wire.API_KEY_HEADER: store.renterApiKey}
@@ -140,17 +142,18 @@ async def bench(args: argparse.Namespace, workdir: Path) -> None:
                 resp.raise_for_status()
             direct, tunnel, stack_id = await deploy(http, store, args.mb)
             ssh = await ssh_bench.endpoint(http, store, stack_id, workdir, key[0])
-        speeds: dict[str, list[float]] = {"direct": [], "tunnel": []}
+        floor = python_floor.Floor(direct.split("//")[1].rstrip("/"))
+        paths = {"direct": direct, "floor": floor.start(), "tunnel": tunnel}
+        speeds: dict[str, list[float]] = {name: [] for name in paths}
         for _ in range(args.runs):
-            for name, url in (("direct", direct), ("tunnel", tunnel)):
+            for name, url in paths.items():
                 speeds[name].append(await asyncio.to_thread(curl_seconds, url + "big", "%{speed_download}") / 1e6)
-        times: dict[str, list[float]] = {"direct": [], "tunnel": []}
+        times: dict[str, list[float]] = {name: [] for name in paths}
         for _ in range(args.requests):
-            for name, url in (("direct", direct), ("tunnel", tunnel)):
+            for name, url in paths.items():
                 times[name].append(await asyncio.to_thread(curl_seconds, url + "small", "%{time_total}") * 1000)
-        kept = await asyncio.to_thread(
-            keepalive.measure, direct + "small", tunnel + "small", args.connections, args.wrk_seconds, args.runs
-        )
+        small = {name: url + "small" for name, url in paths.items()}
+        kept = await asyncio.to_thread(keepalive.measure, small, args.connections, args.wrk_seconds, args.runs)
         ssh_rows = await asyncio.to_thread(ssh_bench.measure, ssh, args.ssh_runs, args.runs, workdir)
         held_row = await held_rows(tunnel, args, agent.pids)
         async with aiohttp.ClientSession(local.base_url + "/", headers=headers) as http:
@@ -158,16 +161,20 @@ async def bench(args: argparse.Namespace, workdir: Path) -> None:
                 http, store, store.stacks[stack_id]["rentalId"], stack_id, tunnel + "big", args.echoes
             )
     finally:
+        if floor is not None:
+            floor.stop()
         await agent.stop()
         await local.stop()
     where = "the agent in its own process" if args.agent == "separate" else "agent and marketplace in one process"
     print(f"\n({where})")
-    direct_mbs, tunnel_mbs = statistics.median(speeds["direct"]), statistics.median(speeds["tunnel"])
+    mbs = {name: statistics.median(values) for name, values in speeds.items()}
     print(f"\ntunnel vs direct, {args.mb} MiB download x{args.runs}, {args.requests} requests (new connection each)")
+    print("(floor: two bare Python relays in their own processes before the direct port, bench/python_floor.py)")
     print(f"{'path':8} {'MB/s (median)':>14} {'req p50 ms':>11} {'req p99 ms':>11}")
-    for name, mbs in (("direct", direct_mbs), ("tunnel", tunnel_mbs)):
-        print(f"{name:8} {mbs:14.1f} {pct(times[name], 0.5):11.2f} {pct(times[name], 0.99):11.2f}")
-    print(f"throughput ratio tunnel/direct: {tunnel_mbs / direct_mbs:.2f} (goal >= 0.8)")
+    for name, speed in mbs.items():
+        print(f"{name:8} {speed:14.1f} {pct(times[name], 0.5):11.2f} {pct(times[name], 0.99):11.2f}")
+    print(f"throughput ratio tunnel/direct: {mbs['tunnel'] / mbs['direct']:.2f} (goal >= 0.8);", end=" ")
+    print(f"floor/direct {mbs['floor'] / mbs['direct']:.2f}; tunnel/floor {mbs['tunnel'] / mbs['floor']:.2f}")
     added_p50 = pct(times["tunnel"], 0.5) - pct(times["direct"], 0.5)
     added_p99 = pct(times["tunnel"], 0.99) - pct(times["direct"], 0.99)
     print(f"added per new connection: p50 {added_p50:.2f} ms, p99 {added_p99:.2f} ms")
