@@ -1,6 +1,7 @@
-"""asyncssh (about 15 MB of the agent's resting memory, bench/idle_cost.py) and
-the embedded marketplace are loaded only when used: an agent built for a real
-marketplace has imported neither, on its first start (when it makes its host
+"""asyncssh (about 15 MB of the agent's resting memory, bench/idle_cost.py),
+`cryptography` (about 8 MB, for a Swarm's TLS) and the embedded marketplace
+are loaded only when used: an agent built for a real marketplace has imported
+none of them, on its first start (when it makes its host
 key) as on later ones; the host key's public line and fingerprint, read
 without asyncssh, are asyncssh's own."""
 
@@ -28,6 +29,7 @@ parts = build_agent(loaded, loaded.marketplace_url, "k")
 print(parts.streams.session_info()["sshHostKeyFingerprint"])
 print(sorted(name for name in sys.modules if name.split(".")[0] == "asyncssh")[:3])
 print(sorted(name for name in sys.modules if ".local_marketplace" in name)[:3])
+print(sorted(name for name in sys.modules if name.split(".")[0] == "cryptography")[:3])
 """
 
 
@@ -38,8 +40,9 @@ def test_an_agent_built_for_a_real_marketplace_loads_neither_asyncssh_nor_the_lo
             [sys.executable, "-c", BUILD, str(tmp_path)], capture_output=True, text=True, timeout=60, check=False
         )
         assert built.returncode == 0, built.stderr[-3000:]
-        fingerprint, asyncssh_modules, marketplace_modules = built.stdout.strip().splitlines()[-3:]
+        fingerprint, asyncssh_modules, marketplace_modules, tls_modules = built.stdout.strip().splitlines()[-4:]
         assert asyncssh_modules == "[]", (start, asyncssh_modules)
+        assert tls_modules == "[]", (start, "cryptography, for the Swarm's TLS alone", tls_modules)
         assert marketplace_modules == "[]", (start, marketplace_modules)
         fingerprints.append(fingerprint)
     real = asyncssh.read_private_key(str(tmp_path / ssh_host_key.FILE_NAME))

@@ -33,7 +33,6 @@ from gpuhost_agent.runtime.rental_cgroups import RentalCgroups
 from gpuhost_agent.runtime.swarm_engine import SwarmEngine
 from gpuhost_agent.runtime.swarm_stacks import SwarmStacks
 from gpuhost_agent.runtime.swarm_streams import SwarmStreams
-from gpuhost_agent.service import swarm_tls
 from gpuhost_agent.service.config import AgentConfig, SwarmRole
 
 ListStack = Callable[[str], Awaitable[list[dict]]]
@@ -82,6 +81,10 @@ class SwarmLeaderTopology(Topology):
     pulls_here = False
 
     def __init__(self, config: AgentConfig, docker_config_dir: Path) -> None:
+        # Imported here: `cryptography` (its own OpenSSL) is about 8 MB of resting
+        # memory that an agent alone on its machine never uses (issue 36).
+        from gpuhost_agent.service import swarm_tls
+
         tls = swarm_tls.context_or_exit("leader", config.swarm_tls_dir) if config.swarm_key else None
         self.door = SwarmStreams(
             key=config.swarm_key, workers=config.swarm_workers, worker_port=config.swarm_listen[1], tls=tls
