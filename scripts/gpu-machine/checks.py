@@ -292,7 +292,12 @@ def end_rentals(renter: Renter, rentals: list[str], client: docker.DockerClient)
                 break
             time.sleep(0.5)
     homes = [SYSFS, SYSFS / "memory", SYSFS / "pids", SYSFS / "cpu", SYSFS / "cpu,cpuacct"]  # v2, then v1
-    left = [str(p) for home in homes for r in rentals if (p := home / "gpuhost-agent" / f"r-{r}").exists()]
+    # The agent removes a rental's cgroup once its stacks are down, a moment after
+    # the last container went (a run of 2026-11-28 looked in between and failed).
+    while left := [str(p) for home in homes for r in rentals if (p := home / "gpuhost-agent" / f"r-{r}").exists()]:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     if left:
         check.verdict = "FAIL"
         check.evidence.append(f"cgroups left: {left}")

@@ -124,7 +124,9 @@ def test_run_sh_passes_every_check_with_a_stand_in_gpu(bundle: Path, tmp_path: P
         for pid in pids:  # only what run.sh started is in this namespace
             subprocess.run(["kill", "-KILL", pid], capture_output=True)
         subprocess.run(["ip", "netns", "del", NETNS], check=True)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    summary_file = out / "gpu-machine-no-GPU.md"  # which check failed, before the output's tail
+    said = summary_file.read_text() if summary_file.exists() else "(no summary written)\n"
+    assert done.returncode == 0, said + (done.stdout + done.stderr)[-4000:]
     assert not pids, f"run.sh left processes running in its namespace: {pids}"
     log = (out / "gpu-machine-no-GPU.log").read_text()
     summary = (out / "gpu-machine-no-GPU.md").read_text()
