@@ -1,6 +1,6 @@
 """The keep-alive row of bench/tunnel.py: requests per second and latency with
 --connections kept-alive connections, measured by wrk (a load generator we did
-not write) against the direct port, two bare Python relays in front of it
+not write) against the direct port, two bare Python relays to the service
 (bench/python_floor.py) and the tunnel, in turn.
 
 wrk runs closed-loop: each connection sends its next request as soon as the

@@ -3,8 +3,9 @@
 A tunnel's bytes go through two Python processes (the marketplace's listener,
 the agent) before they reach the service. How fast can two Python processes
 relay at all on this machine, doing nothing else? Two bare asyncio relays,
-each its own process, chained: client -> relay 1 -> relay 2 -> the service's
-published port. No WebSocket, no framing, no admission: plain
+each its own process, chained: client -> relay 1 -> relay 2 -> the service on
+the container's own address, the hop the agent dials (the direct path's
+published port goes through docker-proxy, a third process). No WebSocket, no framing, no admission: plain
 `StreamReader.read(256 KiB)` and `write` both ways, as the tunnel's hops do.
 Whatever the tunnel loses beyond this row is ours (framing, masking, the
 stream's set-up); what this row loses against the direct path is the floor

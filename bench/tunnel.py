@@ -113,6 +113,18 @@ async def deploy(http: aiohttp.ClientSession, store, mb: int) -> tuple[str, str,
     raise TimeoutError("the stack and its tunnel did not come up")
 
 
+def service_address(container_id: str) -> str:
+    """host:port of the web service on the container's own address: the last
+    hop the agent dials, where the published port goes through docker-proxy."""
+    done = subprocess.run(
+        ["docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}", container_id],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return f"{done.stdout.split()[0]}:8080"
+
+
 def _answers(url: str) -> bool:
     try:
         return curl_seconds(url + "small", "%{http_code}") == 200
@@ -142,7 +154,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> None:
                 resp.raise_for_status()
             direct, tunnel, stack_id = await deploy(http, store, args.mb)
             ssh = await ssh_bench.endpoint(http, store, stack_id, workdir, key[0])
-        floor = python_floor.Floor(direct.split("//")[1].rstrip("/"))
+        floor = python_floor.Floor(await asyncio.to_thread(service_address, ssh.container_id))
         paths = {"direct": direct, "floor": floor.start(), "tunnel": tunnel}
         speeds: dict[str, list[float]] = {name: [] for name in paths}
         for _ in range(args.runs):
@@ -169,7 +181,8 @@ async def bench(args: argparse.Namespace, workdir: Path) -> None:
     print(f"\n({where})")
     mbs = {name: statistics.median(values) for name, values in speeds.items()}
     print(f"\ntunnel vs direct, {args.mb} MiB download x{args.runs}, {args.requests} requests (new connection each)")
-    print("(floor: two bare Python relays in their own processes before the direct port, bench/python_floor.py)")
+    print("(floor: two bare Python relays in their own processes, to the container's address as the agent dials it:")
+    print(" bench/python_floor.py; direct is the published port, through docker-proxy)")
     print(f"{'path':8} {'MB/s (median)':>14} {'req p50 ms':>11} {'req p99 ms':>11}")
     for name, speed in mbs.items():
         print(f"{name:8} {speed:14.1f} {pct(times[name], 0.5):11.2f} {pct(times[name], 0.99):11.2f}")
