@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from html import escape
@@ -38,14 +39,31 @@ RETRY_AFTER_SECONDS = 2
 IDLE_SECONDS = 600.0
 
 
-class _Activity:
-    """When a byte last went either way."""
+QUICK_ACK = getattr(socket, "TCP_QUICKACK", None)  # Linux's
 
-    def __init__(self) -> None:
+
+class _Activity:
+    """When a byte last went either way; and, on the client's socket, an
+    acknowledgement sent at once for what it sent (TCP_QUICKACK, renewed at
+    each read: the kernel falls back to delayed ACKs by itself). A client
+    that writes two small messages in a row, as OpenSSH does during its key
+    exchange and its login, holds the second (Nagle) until the first is
+    acknowledged, and Linux delays that by up to 40 ms: `ssh host true`
+    through the local marketplace took 182 ms with delayed ACKs, 103 ms
+    without (issue 36)."""
+
+    def __init__(self, client_socket: object | None = None) -> None:
         self.last = time.monotonic()
+        self._socket = client_socket if QUICK_ACK is not None else None
+        self.touch()
 
     def touch(self) -> None:
         self.last = time.monotonic()
+        if self._socket is not None:
+            try:
+                self._socket.setsockopt(socket.IPPROTO_TCP, QUICK_ACK, 1)  # type: ignore[attr-defined]
+            except OSError:  # closed, or not TCP: nothing to hurry
+                self._socket = None
 
     async def until_idle(self, idle_seconds: float) -> None:
         """A deadline that moves with each byte: one timer, not one per chunk."""
@@ -72,7 +90,7 @@ async def relay(
     or through `forward` (an http tunnel's requests: tunnel_requests.py),
     which is given the activity's touch; either way the agent is told when
     the client's side is done."""
-    activity = _Activity()
+    activity = _Activity(writer.get_extra_info("socket"))
     up = asyncio.create_task(_client_to_agent(reader, agent, activity, forward))
     down = asyncio.create_task(_agent_to_client(agent, writer, activity))
     idle = asyncio.create_task(activity.until_idle(idle_seconds))
