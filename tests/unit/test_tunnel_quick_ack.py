@@ -1,18 +1,23 @@
-"""The marketplace's relay acknowledges a tunnel client's bytes at once
+"""The relays acknowledge at once: the marketplace's a tunnel client's bytes
 (TCP_QUICKACK at each read): OpenSSH writes two small messages in a row
 during its key exchange and its login, and Nagle holds the second until the
 first is acknowledged, which Linux's delayed ACK puts off by up to 40 ms
-(bench/tunnel.py's `ssh host true`: 182 -> 107 ms). Checked on a real socket
-pair through the real relay; the time saved is the bench's to show."""
+(bench/tunnel.py's `ssh host true`: 182 -> 107 ms); the agent's a service's
+answer, for a service that writes it in two pieces. Checked on real sockets
+through the real relays; the time saved is the bench's to show."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 
 import pytest
+from support.fakes import MemorySink
 
 from gpuhost_agent.local_marketplace import tunnel_relay
+from gpuhost_agent.streams import tunnel
+from gpuhost_agent.streams.tunnel import TunnelRelay
 
 pytestmark = pytest.mark.skipif(tunnel_relay.QUICK_ACK is None, reason="TCP_QUICKACK is Linux's")
 
@@ -73,3 +78,33 @@ async def test_each_read_of_the_clients_bytes_asks_for_an_immediate_ack() -> Non
     assert b"".join(agent.got) == b"SSH-2.0-client\r\nkexinitecdh-init"
     quick = [entry for entry in recorded[0].set if entry == (socket.IPPROTO_TCP, tunnel_relay.QUICK_ACK, 1)]
     assert len(quick) >= 1 + len(agent.got), recorded[0].set  # at the start, then at each read
+
+
+async def test_the_agent_acknowledges_a_services_answer_at_once() -> None:
+    """The agent's side: a service that writes its head and its body apart
+    with Nagle on (Python's http.server does) is acknowledged at each read."""
+
+    async def nagle_service(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 0)
+        await reader.readuntil(b"\r\n\r\n")
+        for piece in (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n", b"ok"):
+            writer.write(piece)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(nagle_service, "127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+    recording = Recording(writer.get_extra_info("socket"))
+    writer.get_extra_info = lambda name, default=None: recording if name == "socket" else default  # type: ignore[method-assign]
+    sink = MemorySink()
+    relay = TunnelRelay(sink, reader, writer)
+    try:
+        running = asyncio.create_task(relay.run())
+        sink.type(b"GET / HTTP/1.1\r\n\r\n")
+        await sink.until(lambda: bytes(sink.binary).endswith(b"ok"))
+        sink.type(json.dumps({"type": "eof"}))  # the client is done sending
+        await asyncio.wait_for(running, 5)
+    finally:
+        server.close()
+    quick = [entry for entry in recording.set if entry == (socket.IPPROTO_TCP, tunnel.QUICK_ACK, 1)]
+    assert quick, recording.set
