@@ -55,9 +55,14 @@ class _Activity:
     def __init__(self, client_socket: object | None = None) -> None:
         self.last = time.monotonic()
         self._socket = client_socket if QUICK_ACK is not None else None
-        self.touch()
+        self.received()
 
     def touch(self) -> None:
+        """A byte went to the client."""
+        self.last = time.monotonic()
+
+    def received(self) -> None:
+        """Bytes came from the client: acknowledged at once."""
         self.last = time.monotonic()
         if self._socket is not None:
             try:
@@ -110,12 +115,12 @@ async def _client_to_agent(
 ) -> None:
     if forward is not None:
         try:
-            await forward(activity.touch)
+            await forward(activity.received)
         except tunnel_requests.Unframed:
             pass  # nothing more is forwarded: the service answers what it has and closes
     else:
         while chunk := await reader.read(CHUNK):
-            activity.touch()
+            activity.received()
             await agent.send_bytes(chunk)  # waits while the agent's side is full: the backpressure
     await agent.send_str(EOF_MESSAGE)
 
