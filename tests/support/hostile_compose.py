@@ -388,7 +388,7 @@ _HOST_READS = {
 _MINIMAL = {"services": {"app": {"image": TEST_IMAGE, "command": ["sleep", "3600"], "stop_grace_period": "1s"}}}
 
 
-class _BaseLoader(yaml.SafeLoader):
+class _BaseLoader(yaml.CSafeLoader):
     """Compose's own tags (`!override`, `!reset`) in a published base are read as the untagged value."""
 
 
