@@ -21,7 +21,7 @@ import pytest
 from gpuhost_agent.core.stacks.compose_rewrite import StackRejected, check_variables
 from gpuhost_agent.runtime.compose import VARIABLES_FILE, ComposeRunner, find_compose_command, host_environment
 
-ALLOWED = {"PATH", "HOME", "DOCKER_CONFIG", "DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH"}
+ALLOWED = {"PATH", "HOME", "DOCKER_CONFIG", "DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH", "GOGC"}
 HOSTILE = {
     "LD_PRELOAD": "/var/lib/docker/volumes/p_v/_data/x.so",
     "LD_AUDIT": "/renter/audit.so",
@@ -77,6 +77,7 @@ def test_host_environment_holds_nothing_but_the_agents_own(monkeypatch: pytest.M
     env = host_environment(tmp_path)
     assert set(env) <= ALLOWED
     assert env["DOCKER_HOST"] == "unix:///run/other.sock"
+    assert env["GOGC"] == "400"  # Go's collector sized for a short-lived CLI (runtime/host_process.py)
     assert "DOCKER_CONFIG" not in host_environment(None)
 
 

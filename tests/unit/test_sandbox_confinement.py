@@ -22,7 +22,7 @@ def compose(tmp_path_factory) -> ComposeRunner:
     return ComposeRunner(find_compose_command(), tmp_path_factory.mktemp("docker-config"))
 
 
-AGENT_NAMES = "${HOME}:${PATH}:${DOCKER_CONFIG}:${DOCKER_HOST}:$HOME:${X:-$PATH}"
+AGENT_NAMES = "${HOME}:${PATH}:${DOCKER_CONFIG}:${DOCKER_HOST}:$HOME:${X:-$PATH}:${GOGC}"
 
 
 async def test_the_agents_environment_never_fills_a_renters_variable(compose, tmp_path, monkeypatch) -> None:
@@ -30,11 +30,11 @@ async def test_the_agents_environment_never_fills_a_renters_variable(compose, tm
     text = f'services:\n  app:\n    image: busybox\n    environment:\n      X: "{AGENT_NAMES}"\n'
     problems, hardened, notices = await decide_file(compose, text, tmp_path / "stacks" / "s")
     assert problems == [] and hardened is not None
-    assert hardened["services"]["app"]["environment"]["X"] == ":::::"
+    assert hardened["services"]["app"]["environment"]["X"] == "::::::"
     seen = json.dumps([hardened, notices])
     for agents in (str(compose.home_dir), os.environ["PATH"], "agent-only-docker.sock"):
         assert agents not in seen
-    for name in ("HOME", "PATH", "DOCKER_CONFIG", "DOCKER_HOST"):  # X has a default
+    for name in ("HOME", "PATH", "DOCKER_CONFIG", "DOCKER_HOST", "GOGC"):  # X has a default
         assert f'Compose warns: The "{name}" variable is not set. Defaulting to a blank string.' in notices
     assert "GPUHOST_TEMPLATE_" not in seen
     assert_sandboxed(hardened)
