@@ -52,7 +52,7 @@ import keepalive  # noqa: E402
 import python_floor  # noqa: E402
 import ssh_bench  # noqa: E402
 import terminal_echo  # noqa: E402
-from pickup_latency import local_config, pct  # noqa: E402
+from pickup_latency import local_config, pct, wait_until  # noqa: E402
 
 from gpuhost_agent.common import logs
 from gpuhost_agent.protocol import wire
@@ -111,6 +111,15 @@ async def deploy(http: aiohttp.ClientSession, store, mb: int) -> tuple[str, str,
                 return direct, tunnel, stack_id
         await asyncio.sleep(0.2)
     raise TimeoutError("the stack and its tunnel did not come up")
+
+
+async def end_rental(http: aiohttp.ClientSession, store, stack_id: str) -> None:
+    """The bench's rental ended and its stack gone before the agent stops: a
+    bench that stopped the agent first left its container behind, stopped,
+    on every run."""
+    async with http.delete(f"rentals/{store.stacks[stack_id]['rentalId']}") as resp:
+        resp.raise_for_status()
+    await wait_until(lambda: stack_id not in store.stacks, 60, "the bench's stack to be removed")
 
 
 def service_address(container_id: str) -> str:
@@ -172,6 +181,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> None:
             echo_row = await terminal_echo.measure(
                 http, store, store.stacks[stack_id]["rentalId"], stack_id, tunnel + "big", args.echoes
             )
+            await end_rental(http, store, stack_id)
     finally:
         if floor is not None:
             floor.stop()
