@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import asyncssh_floor  # noqa: E402 - bench/ is on the path when run as a script
 from pickup_latency import pct  # noqa: E402 - bench/ is on the path when run as a script
 
 
@@ -54,6 +55,11 @@ async def endpoint(http: aiohttp.ClientSession, store, stack_id: str, workdir: P
     raise TimeoutError("the stack's SSH endpoint did not come up")
 
 
+# The bare server's host key is made at its start: nothing to pin.
+FLOOR_OPTIONS = ["-F", "/dev/null", "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR"]
+FLOOR_OPTIONS += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+
+
 def _timed(command: list[str]) -> float:
     """Milliseconds of one run of `command`, which must succeed."""
     started = time.perf_counter()
@@ -62,16 +68,34 @@ def _timed(command: list[str]) -> float:
 
 
 def measure(target: SshTarget, runs: int, copies: int, workdir: Path) -> dict[str, list[float]]:
-    """Alternating runs of each pair, so both see the same machine."""
+    """Alternating runs of each pair, so both see the same machine; the copy
+    also from a bare asyncssh server (bench/asyncssh_floor.py) serving the
+    same file, asyncssh's floor."""
     ssh = ["ssh", *target.options, "-p", str(target.port), f"{target.user}@127.0.0.1"]
-    rows: dict[str, list[float]] = {"ssh true": [], "docker exec true": [], "scp out": [], "docker cp out": []}
+    rows: dict[str, list[float]] = {
+        "ssh true": [],
+        "docker exec true": [],
+        "scp out": [],
+        "docker cp out": [],
+        "scp out, asyncssh": [],
+    }
     for _ in range(runs):
         rows["ssh true"].append(_timed([*ssh, "true"]))
         rows["docker exec true"].append(_timed(["docker", "exec", target.container_id, "true"]))
-    for _ in range(copies):
-        scp = ["scp", *target.options, "-P", str(target.port), f"{target.user}@127.0.0.1:/www/big"]
-        rows["scp out"].append(_timed([*scp, str(workdir / "scp.bin")]))
-        rows["docker cp out"].append(_timed(["docker", "cp", f"{target.container_id}:/www/big", str(workdir)]))
+    served = workdir / "asyncssh-floor"
+    served.mkdir(exist_ok=True)
+    subprocess.run(["docker", "cp", f"{target.container_id}:/www/big", str(served)], check=True)
+    floor = asyncssh_floor.Floor(served, workdir / "bench_key.pub")
+    floor_scp = ["scp", *FLOOR_OPTIONS, "-i", str(workdir / "bench_key"), "-P", str(floor.start())]
+    floor_scp.append("bench@127.0.0.1:/big")
+    try:
+        for _ in range(copies):
+            scp = ["scp", *target.options, "-P", str(target.port), f"{target.user}@127.0.0.1:/www/big"]
+            rows["scp out"].append(_timed([*scp, str(workdir / "scp.bin")]))
+            rows["docker cp out"].append(_timed(["docker", "cp", f"{target.container_id}:/www/big", str(workdir)]))
+            rows["scp out, asyncssh"].append(_timed([*floor_scp, str(workdir / "floor.bin")]))
+    finally:
+        floor.stop()
     return rows
 
 
@@ -82,7 +106,11 @@ def report(rows: dict[str, list[float]], mb: int) -> None:
         speed = f"{mb * 1.048576 / (statistics.median(values) / 1000):14.1f}" if "out" in name else f"{'':14}"
         print(f"{name:18} {pct(values, 0.5):9.1f} {pct(values, 0.99):9.1f} {speed}")
     ratio = statistics.median(rows["docker cp out"]) / statistics.median(rows["scp out"])
+    floor = statistics.median(rows["docker cp out"]) / statistics.median(rows["scp out, asyncssh"])
+    through = statistics.median(rows["scp out, asyncssh"]) / statistics.median(rows["scp out"])
     print(
         f"ssh true / docker exec true at p50: {pct(rows['ssh true'], 0.5) / pct(rows['docker exec true'], 0.5):.1f}x;"
         f" scp / docker cp throughput: {ratio:.2f}"
     )
+    print(f"bare asyncssh / docker cp: {floor:.2f} (asyncssh's floor);", end=" ")
+    print(f"scp through the agent / bare asyncssh: {through:.2f}")
