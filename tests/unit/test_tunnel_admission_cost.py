@@ -1,9 +1,13 @@
 """What a new tunnel connection costs the agent before it dials (issue 36):
 one engine call, the container's inspect. A network's inspect is kept by its
 full id (its labels and subnets are fixed for its life, and an id is never
-given twice); the host's addresses are read at most once a second."""
+given twice). The host's addresses are not kept: they are read for every
+connection (a second's cache let a tunnel reach an address the host had
+just gained; tests/integration/test_tunnel_addresses_engine.py)."""
 
 from __future__ import annotations
+
+import ipaddress
 
 from aiohttp import web
 
@@ -52,18 +56,21 @@ async def test_a_networks_inspect_is_asked_once_by_its_full_id_and_the_kept_ones
         await runner.cleanup()
 
 
-async def test_the_hosts_addresses_are_read_at_most_once_a_second(monkeypatch) -> None:
-    reads: list[int] = []
+async def test_the_hosts_addresses_are_read_for_every_connection(monkeypatch) -> None:
+    """An address the host gains is refused from the next connection on."""
+    host: list = []
+    monkeypatch.setattr(tunnel, "read_host_networks", lambda: list(host))
+    info = {
+        "Id": "c" * 64,
+        "NetworkSettings": {"Networks": {"extra": {"IPAddress": "10.231.32.1", "NetworkID": NET}}},
+        "Config": {"Labels": {"com.docker.compose.project": "p"}},
+    }
 
-    def read() -> list:
-        reads.append(1)
-        return []
+    async def network(_network_id: str) -> dict:
+        labels = {"com.docker.compose.project": "p"}
+        return {"Id": NET, "Labels": labels, "IPAM": {"Config": [{"Subnet": "10.231.32.0/24"}]}}
 
-    monkeypatch.setattr(tunnel, "read_host_networks", read)
-    recent = tunnel._RecentHostNetworks()
-    for _ in range(20):
-        await recent.current()
-    assert len(reads) == 1
-    monkeypatch.setattr(tunnel, "HOST_NETWORKS_SECONDS", 0.0)
-    await recent.current()
-    assert len(reads) == 2
+    assert (await tunnel.address_judge(info, network))("10.231.32.1") is None
+    host.append(ipaddress.ip_network("10.231.32.1/32"))  # the host takes that address
+    why = (await tunnel.address_judge(info, network))("10.231.32.1")
+    assert why is not None and "an address of the host itself" in why

@@ -36,7 +36,6 @@ import ipaddress
 import json
 import socket
 import ssl
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -54,7 +53,6 @@ from gpuhost_agent.streams.sink import Sink, SinkClosed, finish
 CHUNK = 256 * 1024
 CONNECT_TIMEOUT = 5.0
 QUICK_ACK = getattr(socket, "TCP_QUICKACK", None)  # Linux's
-HOST_NETWORKS_SECONDS = 1.0  # how long a read of the host's addresses is used (_RecentHostNetworks)
 EOF_MESSAGE = {"type": "eof"}
 NOT_LISTENING = wire.TUNNEL_NOT_LISTENING
 
@@ -103,36 +101,16 @@ async def address_judge(info: dict, network: NetworkInspect) -> sandbox_addresse
             described.append(await network(network_id))
         except (EngineError, OSError, asyncio.TimeoutError):
             continue
-    return sandbox_addresses.judge(info, described, await _HOST_NETWORKS.current())
+    # Read for every connection, never kept: an address the host gained a
+    # moment ago (an interface up, a network made) is the host's at once. A
+    # read kept for a second let a tunnel dial the host's own server through
+    # an address added within that second (test_tunnel_addresses_engine.py).
+    return sandbox_addresses.judge(info, described, await asyncio.to_thread(read_host_networks))
 
 
 async def no_network(network_id: str) -> dict:
     """For a caller without an engine: no network described, so no address is dialled."""
     raise EngineError(f"no engine to describe network {network_id[:12]}")
-
-
-class _RecentHostNetworks:
-    """This machine's addresses, read at most once a HOST_NETWORKS_SECONDS:
-    a new tunnel connection would otherwise pay a read of /proc on a worker
-    thread (about 1 ms of its latency here, issue 36). The host's own
-    addresses change when a network is made or an interface comes up; a
-    second's delay in seeing one only matters for an address that a
-    container already holds in its stack's subnets, which the engine never
-    gives the host (a subnet's gateway is refused by the subnet rule)."""
-
-    def __init__(self) -> None:
-        self._read_at = float("-inf")
-        self._networks: list[sandbox_addresses.IPNetwork] = []
-
-    async def current(self) -> list[sandbox_addresses.IPNetwork]:
-        now = time.monotonic()
-        if now - self._read_at >= HOST_NETWORKS_SECONDS:
-            self._networks = await asyncio.to_thread(read_host_networks)
-            self._read_at = time.monotonic()
-        return self._networks
-
-
-_HOST_NETWORKS = _RecentHostNetworks()
 
 
 def read_host_networks() -> list[sandbox_addresses.IPNetwork]:
