@@ -5,8 +5,7 @@ stream and SSH server (asyncssh), and the file helper in the container. How
 fast does asyncssh serve SFTP at all on this machine, doing nothing else? A
 bare asyncssh server in its own process, with the agent's ciphers
 (streams/ssh_connection.py CIPHERS), serving a local copy of the same file
-from its own folder (chroot) to the same OpenSSH scp on loopback, on the
-agent's own event loop: no relay,
+from its own folder (chroot) to the same OpenSSH scp on loopback: no relay,
 no WebSocket, no helper. Whatever scp through the agent loses beyond this
 row is ours; what this row loses against `docker cp` is asyncssh's (its
 packet layer is Python, one packet of up to 32 KiB at a time).
@@ -17,13 +16,13 @@ packet layer is Python, one packet of up to 32 KiB at a time).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
 
 import asyncssh
 
-from gpuhost_agent.service.daemon import run_event_loop
 from gpuhost_agent.streams.ssh_connection import CIPHERS
 
 
@@ -79,7 +78,7 @@ def main() -> int:
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--authorized", type=Path, required=True)
     args = parser.parse_args()
-    run_event_loop(_serve(args.root, args.authorized.read_text()))  # the agent's own loop
+    asyncio.run(_serve(args.root, args.authorized.read_text()))
     return 0
 
 

@@ -6,8 +6,7 @@ relay at all on this machine, doing nothing else? Two bare asyncio relays,
 each its own process, chained: client -> relay 1 -> relay 2 -> the service on
 the container's own address, the hop the agent dials (the direct path's
 published port goes through docker-proxy, a third process). No WebSocket, no framing, no admission: plain
-`StreamReader.read(256 KiB)` and `write` both ways, as the tunnel's hops do,
-on the agent's own event loop (uvloop's where it is installed).
+`StreamReader.read(256 KiB)` and `write` both ways, as the tunnel's hops do.
 Whatever the tunnel loses beyond this row is ours (framing, masking, the
 stream's set-up); what this row loses against the direct path is the floor
 of two Python relays on two cores shared with the client and the service.
@@ -22,8 +21,6 @@ import asyncio
 import contextlib
 import subprocess
 import sys
-
-from gpuhost_agent.service.daemon import run_event_loop
 
 CHUNK = 256 * 1024
 
@@ -89,7 +86,7 @@ def main() -> int:
     args = parser.parse_args()
     host, port = args.to.rsplit(":", 1)
     with contextlib.suppress(KeyboardInterrupt):
-        run_event_loop(_relay(host, int(port)))  # the agent's own loop: uvloop's where installed
+        asyncio.run(_relay(host, int(port)))
     return 0
 
 

@@ -56,7 +56,6 @@ from pickup_latency import local_config, pct, wait_until  # noqa: E402
 
 from gpuhost_agent.common import logs
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.service.daemon import run_event_loop
 from gpuhost_agent.service.wiring import start_local_marketplace
 
 IMAGE = "gpuhost-test/nginx:1"  # scripts/build-bench-images.sh
@@ -248,7 +247,7 @@ def main() -> int:
     args = parser.parse_args()
     logs.configure("warning")
     with tempfile.TemporaryDirectory(prefix="gpuhost-tunnelbench-") as tmp:
-        run_event_loop(bench(args, Path(tmp)))  # the agent's loop, for the marketplace here too (make run embeds it)
+        asyncio.run(bench(args, Path(tmp)))
     return 0
 
 

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-import uvloop
 from blockbuster import BlockBuster, BlockingError
 from support.openapi_check import AGENT_DOC, LOCAL_DOC, load
 from support.renter import Renter
@@ -30,14 +29,6 @@ from gpuhost_agent.local_marketplace.store import Store
 from gpuhost_agent.storage.agent_db import AgentDB
 
 logs.configure(os.environ.get("GPUHOST_TEST_LOG_LEVEL", "warning"), json_lines=True)
-
-
-def pytest_asyncio_loop_factories(config, item):
-    """Every async test runs on the event loop `gpuhost-agent run` runs on
-    (service/daemon.py run_event_loop): uvloop's, so the agent the tests
-    build in-process meets the same loop as the daemon (its sockets, its
-    subprocesses, its signals). tests/unit/test_event_loop.py checks both."""
-    return {"uvloop": uvloop.new_event_loop}
 
 
 @pytest.fixture

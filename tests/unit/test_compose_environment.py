@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import stat
 import subprocess
@@ -20,6 +21,7 @@ import pytest
 
 from gpuhost_agent.core.stacks.compose_rewrite import StackRejected, check_variables
 from gpuhost_agent.runtime.compose import VARIABLES_FILE, ComposeRunner, find_compose_command, host_environment
+from gpuhost_agent.runtime.host_process import HostProcesses
 
 ALLOWED = {"PATH", "HOME", "DOCKER_CONFIG", "DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH", "GOGC"}
 HOSTILE = {
@@ -157,3 +159,22 @@ def test_a_name_is_a_whole_name(name: str) -> None:
     env file."""
     with pytest.raises(StackRejected, match="invalid"):
         check_variables({name: "x"})
+
+
+async def test_a_host_process_inherits_no_descriptor_of_the_agent(tmp_path: Path) -> None:
+    """A descriptor the agent holds without close-on-exec (a C library's: the
+    NVIDIA driver's device files, opened by NVML) must not reach Compose, the
+    docker CLI or setpriv: Python's own spawn closes every descriptor past
+    stdio. uvloop was tried as the daemon's loop (issue 36) and dropped:
+    libuv's spawn left such a descriptor, and copies of stdio, open in the
+    child, and this test fails on it."""
+    held, other_end = os.pipe()
+    os.set_inheritable(held, True)
+    try:
+        process = await HostProcesses(tmp_path).start(["ls", "/proc/self/fd"])
+        out, _ = await process.communicate()
+    finally:
+        os.close(held)
+        os.close(other_end)
+    open_in_child = {int(name) for name in out.split()}
+    assert open_in_child <= {0, 1, 2, 3}, open_in_child  # stdio, and ls's own listing of the folder

@@ -8,9 +8,9 @@ import asyncio
 import shlex
 import signal
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.service import sd_notify
@@ -85,12 +85,7 @@ async def _serve_locked(config: AgentConfig, stop: asyncio.Event) -> None:
         sd_notify.notify_ready_when(parts.session.connected, f"connected to {base_url}"), name="sd-ready"
     )
     trial_task = asyncio.create_task(parts.upgrades.confirm_when_healthy(parts.trial_health), name="upgrade-trial")
-    log.info(
-        "agent_started",
-        marketplace=base_url,
-        state_dir=str(config.state_dir),
-        event_loop=type(asyncio.get_running_loop()).__module__.split(".")[0],
-    )
+    log.info("agent_started", marketplace=base_url, state_dir=str(config.state_dir))
     stop_task = asyncio.create_task(stop.wait())
     restart_task = asyncio.create_task(parts.restart.wait())
     done, _ = await asyncio.wait({agent_task, stop_task, restart_task}, return_when=asyncio.FIRST_COMPLETED)
@@ -185,21 +180,5 @@ def run(config: AgentConfig, reload: Callable[[], AgentConfig] | None = None) ->
         loop.add_signal_handler(signal.SIGHUP, on_sighup)
         await serve(config, stop)
 
-    run_event_loop(main())
+    asyncio.run(main())
     return 0
-
-
-def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
-    """The daemon's event loop: uvloop's (libuv) where it is installed, a
-    dependency of the agent on Linux, else asyncio's own. Every tunnel and
-    SSH byte goes through this loop's socket calls and wakeups: with uvloop a
-    new connection through a tunnel costs about 1 ms less (7.5 -> 6.5 ms
-    added) and the keep-alive tail is halved on this project's 2-core
-    machine (docs/design.md, "Tunnels and SSH: where the CPU goes"). The
-    test suite runs on the same loop (tests/conftest.py)."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main)
-        return
-    uvloop.run(main)
