@@ -156,7 +156,11 @@ async def test_a_burst_of_events_is_coalesced(local_market, docker_client):
     assert events >= 300
     # At most one read of the stack per window (plus the time the read takes), however many events.
     assert flushes <= lasted / watch.window + 5, (flushes, lasted, events)
-    assert 1 <= len(lists) <= events // 10, (len(lists), flushes, events)
+    # Far fewer lists than events (one per event would be hundreds). Under
+    # load the burst lasts longer, so more windows fall within it: CI once
+    # saw 37 lists for 364 events in 138 flushes beside the modern host's
+    # tests, one over the tenth this said before.
+    assert 1 <= len(lists) <= events // 5, (len(lists), flushes, events)
     assert [c["State"] for c in await renter.containers(rental_id, stack_id)] == ["running"]
     assert renter.store.stacks[stack_id]["errorMsg"] == ""  # paused is not stopped
 
