@@ -21,6 +21,10 @@ import aiohttp
 import asyncssh_floor  # noqa: E402 - bench/ is on the path when run as a script
 from pickup_latency import pct  # noqa: E402 - bench/ is on the path when run as a script
 
+KEY_FILE = "bench_key"  # in the bench's work folder, made by make_key
+# Every client run: no user config, only the bench's key, never a prompt.
+CLIENT_OPTIONS = ["-F", "/dev/null", "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes"]
+
 
 @dataclass
 class SshTarget:
@@ -31,7 +35,7 @@ class SshTarget:
 
 
 def make_key(workdir: Path) -> tuple[Path, str]:
-    path = workdir / "bench_key"
+    path = workdir / KEY_FILE
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
     return path, path.with_suffix(".pub").read_text().strip()
 
@@ -48,7 +52,7 @@ async def endpoint(http: aiohttp.ClientSession, store, stack_id: str, workdir: P
             info = found[0]["ssh"]
             known = workdir / "known_hosts"
             known.write_text(f"[{info['host']}]:{info['port']} {info['hostKey']}\n")
-            options = ["-F", "/dev/null", "-i", str(key), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes"]
+            options = [*CLIENT_OPTIONS, "-i", str(key)]
             options += ["-o", f"UserKnownHostsFile={known}", "-o", "StrictHostKeyChecking=yes"]
             return SshTarget(info["port"], info["user"], found[0]["containerId"], options)
         await asyncio.sleep(0.2)
@@ -56,8 +60,8 @@ async def endpoint(http: aiohttp.ClientSession, store, stack_id: str, workdir: P
 
 
 # The bare server's host key is made at its start: nothing to pin.
-FLOOR_OPTIONS = ["-F", "/dev/null", "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR"]
-FLOOR_OPTIONS += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+FLOOR_OPTIONS = [*CLIENT_OPTIONS, "-o", "LogLevel=ERROR", "-o", "StrictHostKeyChecking=no"]
+FLOOR_OPTIONS += ["-o", "UserKnownHostsFile=/dev/null"]
 
 
 def _timed(command: list[str]) -> float:
@@ -85,8 +89,9 @@ def measure(target: SshTarget, runs: int, copies: int, workdir: Path) -> dict[st
     served = workdir / "asyncssh-floor"
     served.mkdir(exist_ok=True)
     subprocess.run(["docker", "cp", f"{target.container_id}:/www/big", str(served)], check=True)
-    floor = asyncssh_floor.Floor(served, workdir / "bench_key.pub")
-    floor_scp = ["scp", *FLOOR_OPTIONS, "-i", str(workdir / "bench_key"), "-P", str(floor.start())]
+    key = workdir / KEY_FILE
+    floor = asyncssh_floor.Floor(served, key.with_suffix(".pub"))
+    floor_scp = ["scp", *FLOOR_OPTIONS, "-i", str(key), "-P", str(floor.start())]
     floor_scp.append("bench@127.0.0.1:/big")
     try:
         for _ in range(copies):
