@@ -45,7 +45,10 @@ except ImportError:
 env = {"python_version": "3.11", "python_full_version": "3.11.2", "sys_platform": "linux",
        "platform_system": "Linux", "os_name": "posix", "implementation_name": "cpython",
        "platform_python_implementation": "CPython", "extra": ""}
-seen, todo = {}, ["gpuhost-agent"]
+# docker-py is no dependency of the agent's (it speaks the Engine API over aiohttp),
+# but the GPU machine's checks (scripts/gpu-machine/checks.py, run.sh) use it as
+# their own client of the engine, and they run from the bundle's wheels.
+seen, todo = {"docker": md.version("docker")}, ["gpuhost-agent", "docker"]
 while todo:
     name = todo.pop()
     for text in md.requires(name) or []:

@@ -399,7 +399,7 @@ async def test_no_container_reaches_the_door_on_any_address_of_its_host(docker_c
         await asyncio.to_thread(network.remove)
         await served.stop()
         await local.close()
-        engine.close()
+        await engine.close()
 
 
 async def _raw_to(host: str, port: int) -> bytes:

@@ -18,7 +18,7 @@ async def test_probe_of_this_host_against_the_real_engine(docker_client) -> None
     try:
         host = await probe_host(engine, await asyncio.to_thread(find_compose_command), gpu_check_image=TEST_IMAGE)
     finally:
-        engine.close()
+        await engine.close()
     info = await asyncio.to_thread(docker_client.info)
     assert host["docker"]["available"] and host["docker"]["version"] == info["ServerVersion"]
     assert host["storage"]["path"] == info["DockerRootDir"] and host["storage"]["freeBytes"] > 0
@@ -37,7 +37,7 @@ async def test_gpu_check_with_an_image_that_is_not_on_the_host(docker_client) ->
     try:
         host = await probe_host(engine, None, gpu_check_image="127.0.0.1:5000/not/here:1")
     finally:
-        engine.close()
+        await engine.close()
     check = host["docker"]["gpuContainers"]
     assert check["ok"] is False and "not/here" in check["detail"]
     assert host["compose"] == {

@@ -6,6 +6,7 @@ Listing show what it sent; heartbeats, their interval, and going offline."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 from support.fake_nvml import h100_sxm, write_config
 from support.renter import Renter
@@ -94,7 +95,9 @@ async def test_init_state_walks_every_phase_to_ready(gpu_agent) -> None:
 
 
 async def test_startup_blocked_by_docker_is_reported_and_resumes(gpu_agent, monkeypatch, tmp_path) -> None:
-    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/stopped-docker.sock")
+    engine_socket = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock").removeprefix("unix://")
+    stopped = tmp_path / "stopped-docker.sock"  # no engine answers there until the host starts Docker
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{stopped}")
     renter, _parts, local, _ = await gpu_agent(heartbeat_seconds=0.3)
 
     async def stuck():
@@ -111,7 +114,7 @@ async def test_startup_blocked_by_docker_is_reported_and_resumes(gpu_agent, monk
 
     await until(beat_says_failed, 5)
 
-    monkeypatch.delenv("DOCKER_HOST")  # the host starts Docker
+    await asyncio.to_thread(stopped.symlink_to, engine_socket)  # the host starts Docker: its socket appears
     env = await _ready(renter, timeout=30)
     docker_phase = env["initState"]["phases"][2]
     assert docker_phase["state"] == "done" and docker_phase["detail"].startswith("Docker Engine ")

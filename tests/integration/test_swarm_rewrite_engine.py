@@ -111,7 +111,7 @@ async def test_doctor_tells_a_swarm_node_whose_engine_holds_no_new_privileges(no
     try:
         facts = await docker_facts(engine, None)
     finally:
-        engine.close()
+        await engine.close()
     assert facts["swarm"] == {"state": "active", "nodeId": manager, "manager": True, "nodes": 2}
     assert facts["noNewPrivileges"]["default"] is True and "--no-new-privileges" in facts["noNewPrivileges"]["detail"]
     check = next(c for c in compliance.evaluate(_host(facts), Requirements()) if c.id == "swarm-no-new-privileges")
@@ -130,7 +130,7 @@ async def test_doctor_tells_a_swarm_node_whose_engine_holds_no_new_privileges(no
     try:
         own = await docker_facts(engine, None)
     finally:
-        engine.close()
+        await engine.close()
     assert own["swarm"]["state"] == "inactive" and own["noNewPrivileges"]["default"] is False
     assert own["cgroupnsPrivate"]["default"] is (own["cgroupVersion"] == "2")  # the engine's own default
 

@@ -82,7 +82,7 @@ async def test_engine_unreachable_is_reported_not_raised(monkeypatch, tmp_path) 
     try:
         host = await probe_host(engine, None)
     finally:
-        engine.close()
+        await engine.close()
     assert host["docker"]["available"] is False and "no-docker.sock" in host["docker"]["error"]
     assert host["docker"]["gpuContainers"]["ok"] is False
     assert host["storage"]["path"] == "/var/lib/docker"  # Docker's default, measured all the same

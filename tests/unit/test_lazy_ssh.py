@@ -1,6 +1,7 @@
 """asyncssh (about 15 MB of the agent's resting memory, bench/idle_cost.py),
 `cryptography` (about 8 MB, for a Swarm's TLS) and the embedded marketplace
-are loaded only when used: an agent built for a real marketplace has imported
+are loaded only when used, and docker-py with requests (7.5 MB) not at all
+(the engine is spoken to over aiohttp: runtime/engine_calls.py): an agent built for a real marketplace has imported
 none of them, on its first start (when it makes its host
 key) as on later ones; the host key's public line and fingerprint, read
 without asyncssh, are asyncssh's own."""
@@ -30,6 +31,7 @@ print(parts.streams.session_info()["sshHostKeyFingerprint"])
 print(sorted(name for name in sys.modules if name.split(".")[0] == "asyncssh")[:3])
 print(sorted(name for name in sys.modules if ".local_marketplace" in name)[:3])
 print(sorted(name for name in sys.modules if name.split(".")[0] == "cryptography")[:3])
+print(sorted(name for name in sys.modules if name.split(".")[0] in ("docker", "requests", "urllib3"))[:3])
 """
 
 
@@ -40,10 +42,12 @@ def test_an_agent_built_for_a_real_marketplace_loads_neither_asyncssh_nor_the_lo
             [sys.executable, "-c", BUILD, str(tmp_path)], capture_output=True, text=True, timeout=60, check=False
         )
         assert built.returncode == 0, built.stderr[-3000:]
-        fingerprint, asyncssh_modules, marketplace_modules, tls_modules = built.stdout.strip().splitlines()[-4:]
+        lines = built.stdout.strip().splitlines()[-5:]
+        fingerprint, asyncssh_modules, marketplace_modules, tls_modules, docker_py_modules = lines
         assert asyncssh_modules == "[]", (start, asyncssh_modules)
         assert tls_modules == "[]", (start, "cryptography, for the Swarm's TLS alone", tls_modules)
         assert marketplace_modules == "[]", (start, marketplace_modules)
+        assert docker_py_modules == "[]", (start, "docker-py is the tests' client, not the agent's", docker_py_modules)
         fingerprints.append(fingerprint)
     real = asyncssh.read_private_key(str(tmp_path / ssh_host_key.FILE_NAME))
     assert fingerprints == [real.get_fingerprint("sha256")] * 2  # made once, then kept

@@ -38,7 +38,7 @@ async def parts(tmp_path):
     built = build_agent(make_config(tmp_path / "state"), "http://127.0.0.1:9/v1", "status-stacks-api-key")
     yield built
     await built.client.close()
-    built.engine.close()
+    await built.engine.close()
     built.nvml.close()
     built.db.close()
 

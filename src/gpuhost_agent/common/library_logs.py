@@ -1,6 +1,6 @@
 """Other libraries' standard-library logging, written by the agent's own pipeline.
 
-APScheduler, aiohttp, asyncio, the Docker SDK and urllib3 log through the
+APScheduler, aiohttp, asyncio and asyncssh log through the
 standard `logging` module.  Left alone, their records reach stderr as plain text
 through logging's last-resort handler: outside the JSON lines an operator's
 tools parse, without a journald priority, and past the secret scrubber (an

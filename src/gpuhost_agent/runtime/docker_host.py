@@ -7,7 +7,7 @@ from __future__ import annotations
 import urllib.parse
 from dataclasses import dataclass
 
-from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.engine_errors import EngineError
 
 DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 

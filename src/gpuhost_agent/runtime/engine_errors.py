@@ -11,7 +11,9 @@ import re
 
 import aiohttp
 
-from gpuhost_agent.runtime.engine import EngineError
+
+class EngineError(RuntimeError):
+    """The Docker Engine refused or did not answer."""
 
 
 class ContainerGone(EngineError):

@@ -21,11 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import re
 import ssl
 from collections import OrderedDict
-from typing import Any
 
 import aiohttp
 
@@ -33,24 +30,25 @@ from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime import exec_hangup
 from gpuhost_agent.runtime.container_at import ContainerAt
 from gpuhost_agent.runtime.container_files import ContainerFiles
-from gpuhost_agent.runtime.docker_host import Endpoint, parse_docker_host
-from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.docker_host import parse_docker_host
+from gpuhost_agent.runtime.engine import EngineError, checked_id
+from gpuhost_agent.runtime.engine_calls import EngineCalls
 from gpuhost_agent.runtime.engine_errors import ContainerGone, EngineUnreachable, upgrade_answer, upgrade_request
 from gpuhost_agent.runtime.engine_errors import response_error as _error
 
-__all__ = ["ContainerAt", "ContainerGone", "EngineStreams", "EngineUnreachable", "LogReader", "parse_docker_host"]
+__all__ = [
+    "ContainerAt",
+    "ContainerGone",
+    "EngineStreams",
+    "EngineUnreachable",
+    "LogReader",
+    "checked_id",
+    "parse_docker_host",
+]
 
 CHUNK_BYTES = 64 * 1024
 SERVICE_READ_LIMIT = 256 * 1024  # a tunnel's service connection: streams/tunnel.py's CHUNK
 NETWORKS_KEPT = 256  # network inspects kept by id (EngineStreams.network)
-# Container ids and names, exec ids: no '/', '?', '%' or spaces can reach a path.
-_ID = re.compile(r"^/?[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-
-
-def checked_id(value: str) -> str:
-    if not isinstance(value, str) or not _ID.fullmatch(value):
-        raise EngineError(f"not a container or exec id: {value!r}"[:200])
-    return value.lstrip("/")
 
 
 class LogReader:
@@ -70,54 +68,14 @@ class LogReader:
         self._response.close()
 
 
-class EngineStreams:
-    """An aiohttp session on the engine's socket, made on first use (in the
-    running loop); DOCKER_HOST is read then, and a bad one fails each call."""
+class EngineStreams(EngineCalls):
+    """The engine's streams, on the agent's HTTP client of the engine
+    (runtime/engine_calls.py); DOCKER_HOST is read on first use, and a bad
+    one fails each call."""
 
     def __init__(self, docker_host: str | None = None, *, timeout: float = 30, headers: dict[str, str] | None = None):
-        self._docker_host = docker_host
-        self._timeout = timeout
-        self._headers = dict(headers or {})  # sent with every request (a worker's key: streams/door.py)
-        self._http: aiohttp.ClientSession | None = None
-        self._endpoint: Endpoint | None = None
+        super().__init__(docker_host, timeout=timeout, headers=headers)
         self._networks: OrderedDict[str, dict] = OrderedDict()  # network inspects by id: network()
-
-    def _session(self) -> aiohttp.ClientSession:
-        if self._http is None or self._http.closed:
-            self._endpoint = parse_docker_host(
-                self._docker_host or os.environ.get("DOCKER_HOST"), tls=bool(os.environ.get("DOCKER_TLS_VERIFY"))
-            )
-            connector = (
-                aiohttp.UnixConnector(path=self._endpoint.unix_path, limit=0)
-                if self._endpoint.unix_path
-                else aiohttp.TCPConnector(limit=0)
-            )
-            self._http = aiohttp.ClientSession(
-                base_url=self._endpoint.base_url, connector=connector, auto_decompress=False, headers=self._headers
-            )
-        return self._http
-
-    async def close(self) -> None:
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
-
-    async def _call(
-        self, method: str, path: str, *, body: Any = None, params: dict | None = None, timeout: float | None = None
-    ) -> Any:
-        """One short request; the decoded JSON reply (None when it has none)."""
-        try:
-            async with self._session().request(
-                method, path, json=body, params=params, timeout=aiohttp.ClientTimeout(total=timeout or self._timeout)
-            ) as response:
-                if response.status >= 400:
-                    raise await _error(response)
-                raw = await response.read()
-                return json.loads(raw) if raw and response.content_type == "application/json" else None
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-            raise EngineUnreachable(f"Docker Engine unreachable: {type(exc).__name__}: {exc}") from exc
-        except ValueError as exc:
-            raise EngineError(f"Docker Engine answered {method} {path} with malformed JSON") from exc
 
     async def inspect(self, container_id: str) -> dict:
         """`docker inspect`: Config.Tty, Config.Labels, State, Id."""

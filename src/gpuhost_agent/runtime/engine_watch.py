@@ -10,7 +10,6 @@ business during the outage; the agent only reports what it finds after.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 
@@ -35,22 +34,24 @@ class EngineWatch:
         self.outages = 0
         self._following = False
         self._events_broke = asyncio.Event()
+        self._follower: asyncio.Task | None = None
 
     def stats(self) -> dict:
         return {"up": self.up, "outages": self.outages, "lastUp": wire_time.iso(self.last_up) if self.last_up else None}
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
+        try:
+            await self._watch()
+        finally:
+            if self._follower is not None:
+                self._follower.cancel()
+
+    async def _watch(self) -> None:
         while True:
             await self.check()
             if self.up and not self._following:
                 self._following = True
-                threading.Thread(
-                    target=self.engine.follow_daemon_events,
-                    daemon=True,
-                    name="docker-events-watch",
-                    args=(lambda: loop.call_soon_threadsafe(self._stream_broke),),
-                ).start()
+                self._follower = asyncio.create_task(self._follow(), name="docker-events-watch")
             self._events_broke.clear()
             if not self.up:  # down: look again soon, whatever the period
                 await asyncio.sleep(min(self.period, 1.0))
@@ -59,6 +60,10 @@ class EngineWatch:
                 await asyncio.wait_for(self._events_broke.wait(), self.period)
             except asyncio.TimeoutError:
                 pass
+
+    async def _follow(self) -> None:
+        if await self.engine.follow_daemon_events():
+            self._stream_broke()
 
     def _stream_broke(self) -> None:
         """dockerd went away (maybe only for a moment): the next answer counts as coming back."""

@@ -3,29 +3,37 @@ adapter for core/images/pulls.py).
 
 `docker pull`'s own endpoint, `POST /images/create`, with an empty
 credential header: a renter's pull never uses registry credentials the host
-keeps (docker-py would otherwise send those of ~/.docker/config.json, as
-Compose would without the agent's own DOCKER_CONFIG). docker-py's `pull`
-reads its stream without a timeout, so the request is made here with a read
-timeout of the stall bound: an engine that sends nothing for that long (its
-registry sends no byte) ends the request, and closing it cancels the
-engine's pull, so nothing half-fetched stays registered and a retry starts
-afresh. Events that come without a byte moving (a layer `Waiting`, a
-`Retrying in 5 seconds`) do not reset the bound: `progress_mark` says what
-counts.
+keeps (a client that reads ~/.docker/config.json, as docker-py or Compose
+without the agent's own DOCKER_CONFIG, would send those). The request is
+read with a socket timeout of the stall bound: an engine that sends nothing
+for that long (its registry sends no byte) ends the request, and closing it
+cancels the engine's pull, so nothing half-fetched stays registered and a
+retry starts afresh. Events that come without a byte moving (a layer
+`Waiting`, a `Retrying in 5 seconds`) do not reset the bound:
+`progress_mark` says what counts.
+
+It blocks, in a thread of its own (core/images/pulls.py): the standard
+library's HTTP client on the engine's socket, so a pull that runs for an hour
+holds no task of the agent's loop.
 """
 
 from __future__ import annotations
 
+import base64
+import http.client
 import json
+import os
+import socket
 import time
+import urllib.parse
 from collections.abc import Callable
 
-import docker
-import docker.auth
-import docker.errors
-import docker.utils
-import requests.exceptions
-import urllib3.exceptions
+from gpuhost_agent.runtime.docker_host import Endpoint, parse_docker_host
+from gpuhost_agent.runtime.engine_errors import EngineError, error_message
+
+CONNECT_SECONDS = 10.0
+NO_CREDENTIAL = base64.urlsafe_b64encode(b"{}").decode()  # X-Registry-Auth of an empty auth config
+EVENT_LINE_LIMIT = 1024 * 1024
 
 
 class PullStalled(RuntimeError):
@@ -34,6 +42,39 @@ class PullStalled(RuntimeError):
 
 class PullError(RuntimeError):
     """The engine refused the pull or the registry failed it; the message is the engine's."""
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    """HTTP over the engine's unix socket."""
+
+    def __init__(self, path: str, timeout: float):
+        super().__init__("docker", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(CONNECT_SECONDS)
+        sock.connect(self._path)
+        sock.settimeout(self.timeout)
+        self.sock = sock
+
+
+def repository_and_tag(reference: str) -> tuple[str, str]:
+    """`fromImage` and `tag` of `POST /images/create`: a digest stays in the
+    name (`name@sha256:...`, tag empty); a tag follows the last ':' that
+    comes after the last '/' (a registry's port is not a tag)."""
+    if "@" in reference:
+        return reference, ""
+    name, sep, tag = reference.rpartition(":")
+    if sep and "/" not in tag:
+        return name, tag
+    return reference, "latest"
+
+
+def _connection(endpoint: Endpoint, stall_seconds: float) -> http.client.HTTPConnection:
+    if endpoint.unix_path:
+        return _UnixConnection(endpoint.unix_path, stall_seconds)
+    return http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=stall_seconds)
 
 
 def pull_image(
@@ -46,45 +87,36 @@ def pull_image(
     `on_event` gets each decoded event; `progress_mark` (read after each)
     changes whenever the pull moved."""
     try:
-        api = docker.APIClient(timeout=stall_seconds, **docker.utils.kwargs_from_env())
-    except docker.errors.DockerException as exc:
+        endpoint = parse_docker_host(os.environ.get("DOCKER_HOST"), tls=bool(os.environ.get("DOCKER_TLS_VERIFY")))
+    except EngineError as exc:
         raise PullError(f"Docker Engine unreachable: {exc}") from exc
-    repository, tag = docker.utils.parse_repository_tag(reference)
-    params = {"fromImage": repository, "tag": tag or "latest"}
-    headers = {"X-Registry-Auth": docker.auth.encode_header({})}  # no credential of the host's
+    repository, tag = repository_and_tag(reference)
+    query = urllib.parse.urlencode({"fromImage": repository, "tag": tag} if tag else {"fromImage": repository})
+    connection = _connection(endpoint, stall_seconds)
     try:
-        response = api._post(  # noqa: SLF001 - docker-py's pull has no read timeout to give
-            api._url("/images/create"), params=params, headers=headers, stream=True, timeout=(10, stall_seconds)
-        )
-        api._raise_for_status(response)  # noqa: SLF001
+        connection.request("POST", f"/images/create?{query}", headers={"X-Registry-Auth": NO_CREDENTIAL})
+        response = connection.getresponse()
+        if response.status >= 400:
+            raise PullError(error_message(response.read(16 * 1024)) or f"HTTP {response.status} {response.reason}")
         mark, moved = progress_mark(), time.monotonic()
-        try:
-            for line in response.iter_lines(chunk_size=65536):
-                if not line.strip():
-                    continue
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                on_event(event)
-                if isinstance(event, dict) and event.get("error"):
-                    raise PullError(str(event["error"]))
-                now, new_mark = time.monotonic(), progress_mark()
-                if new_mark != mark:
-                    mark, moved = new_mark, now
-                elif now - moved > stall_seconds:
-                    raise PullStalled(f"no byte for {stall_seconds:g} s")
-        finally:
-            response.close()  # the engine cancels a pull whose client went
-    except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
-        if isinstance(exc, (requests.exceptions.Timeout, urllib3.exceptions.TimeoutError, TimeoutError)) or (
-            "timed out" in str(exc).lower()
-        ):
-            raise PullStalled(f"no byte for {stall_seconds:g} s") from None
-        raise PullError(f"Docker Engine unreachable: {exc}") from None
-    except docker.errors.APIError as exc:
-        raise PullError(str(exc.explanation or exc)) from None
-    except docker.errors.DockerException as exc:
-        raise PullError(str(exc)) from None
+        while line := response.readline(EVENT_LINE_LIMIT):
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            on_event(event)
+            if isinstance(event, dict) and event.get("error"):
+                raise PullError(str(event["error"]))
+            now, new_mark = time.monotonic(), progress_mark()
+            if new_mark != mark:
+                mark, moved = new_mark, now
+            elif now - moved > stall_seconds:
+                raise PullStalled(f"no byte for {stall_seconds:g} s")
+    except TimeoutError:
+        raise PullStalled(f"no byte for {stall_seconds:g} s") from None
+    except (OSError, http.client.HTTPException) as exc:
+        raise PullError(f"Docker Engine unreachable: {type(exc).__name__}: {exc}") from None
     finally:
-        api.close()
+        connection.close()  # the engine cancels a pull whose client went

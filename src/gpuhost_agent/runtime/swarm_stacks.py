@@ -8,7 +8,7 @@ of a Compose file into services, networks and volumes is the reference
 (`-c -`), with `--resolve-image never` (nodes run the images they have;
 no registry is asked for a digest) and `--prune` (a service the new file
 no longer has goes). Everything else (nodes, services, tasks) is the Engine
-API through docker-py, like the rest of the agent (runtime/engine.py).
+API, like the rest of the agent (runtime/engine.py).
 
 A Swarm refuses its first deploys for a few seconds after it forms or a
 node joins ("node is missing network attachments"); that answer is tried

@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         config = config_module.build(chosen)
     except (config_module.ConfigError, ValueError) as exc:
         return _configuration_error(exc)
-    # The agent's modules (aiohttp, the Docker SDK, the sandbox) are imported
+    # The agent's modules (aiohttp, the engine's client, the sandbox) are imported
     # here, not at the top: `status`, `version` and a configuration error answer
     # in a fifth of a second, where loading the whole agent took 1.3 s.
     from gpuhost_agent.common import logs

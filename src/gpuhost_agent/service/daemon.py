@@ -42,7 +42,7 @@ async def stop_agent(
     agent_task.cancel()
     await asyncio.gather(agent_task, return_exceptions=True)
     await parts.client.close()
-    parts.engine.close()
+    await parts.engine.close()
     parts.nvml.close()
     parts.db.close()
 

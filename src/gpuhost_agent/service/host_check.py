@@ -36,7 +36,7 @@ async def _report(config: AgentConfig) -> dict:
     try:
         data = await probe.prober.system_data()
     finally:
-        probe.close()
+        await probe.close()
     return build_report(data, Requirements(), None)
 
 

@@ -22,8 +22,8 @@ class ProbeParts:
     nvml: NvmlProbe
     prober: Prober
 
-    def close(self) -> None:
-        self.engine.close()
+    async def close(self) -> None:
+        await self.engine.close()
         self.nvml.close()
 
 
