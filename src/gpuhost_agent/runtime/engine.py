@@ -66,6 +66,8 @@ def demultiplexed(raw: bytes) -> bytes:
     out, at = [], 0
     while at + 8 <= len(raw) and raw[at] in (0, 1, 2) and raw[at + 1 : at + 4] == b"\0\0\0":
         length = int.from_bytes(raw[at + 4 : at + 8], "big")
+        if at + 8 + length > len(raw):
+            return raw  # not whole frames
         out.append(raw[at + 8 : at + 8 + length])
         at += 8 + length
     return b"".join(out) if at >= len(raw) and out else raw
