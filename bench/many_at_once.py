@@ -5,7 +5,10 @@ at the same moment and times until the last is APPLIED, from the agent's own
 reports as the local marketplace received them. The same round is run by a
 script: N `docker compose up -d` of the same file, started at once, by the
 same Compose binary, timed until the last exits. The two alternate which goes
-first, and each round's stacks and projects are gone before the next.
+first, and each round's stacks and projects are gone before the next. A third
+script run is the design's floor: the same N, each run as the agent runs it,
+Compose's `config` piped into `up -d -f -` (both started together), with no
+agent (pickup_latency.config_into_up).
 
 The agent runs as its own process (`gpuhost-agent run` against this process's
 local marketplace), with GPUHOST_DEPLOY_CONCURRENCY as given: with
@@ -29,7 +32,7 @@ from pathlib import Path
 
 import agent_runner  # noqa: E402 - bench/ is on the path when run as a script
 import aiohttp
-from pickup_latency import COMPOSE, cleanup, local_config, wait_until  # noqa: E402
+from pickup_latency import COMPOSE, cleanup, config_into_up, local_config, wait_until  # noqa: E402
 
 from gpuhost_agent.common import logs
 from gpuhost_agent.core.stacks import naming
@@ -41,12 +44,18 @@ from gpuhost_agent.service.wiring import start_local_marketplace
 RATIO_GOAL = 1.1  # all APPLIED over all raw `up -d` exited, ratio of medians (issue 20)
 
 
-async def raw_round(compose: list[str], n: int, raw_file: Path, round_no: int, projects: set[str]) -> float:
-    """Seconds until N `up -d` started together have all exited; then all down."""
-    names = [f"bench-many-{round_no}-{i}" for i in range(n)]
+async def raw_round(
+    compose: list[str], n: int, raw_file: Path, round_no: int, projects: set[str], *, piped: bool = False
+) -> float:
+    """Seconds until N `up -d` started together have all exited; then all
+    down. `piped`: each is the agent's pair without the agent, `config`
+    piped into `up -d -f -` (pickup_latency.config_into_up)."""
+    names = [f"bench-many-{round_no}-{i}{'-piped' if piped else ''}" for i in range(n)]
     projects.update(names)
 
     async def up(name: str) -> None:
+        if piped:
+            return await config_into_up(compose, name, raw_file)
         process = await asyncio.create_subprocess_exec(
             *compose, "-p", name, "-f", str(raw_file), "up", "-d",
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -138,14 +147,19 @@ async def run_setting(
         async with aiohttp.ClientSession(local.base_url + "/", headers=headers) as http:
             rounds_of_agent = AgentRounds(http, local.state.store, n, projects)
             for round_no in range(rounds):
-                raw_s = await raw_round(compose, n, raw_file, round_no, projects) if round_no % 2 else None
-                agent_s = await rounds_of_agent.round(round_no)
-                if raw_s is None:
+                raw_s = floor_s = None
+                if round_no % 2:
                     raw_s = await raw_round(compose, n, raw_file, round_no, projects)
-                rows.append({"concurrency": concurrency, "round": round_no, "agent_s": agent_s, "raw_s": raw_s})
+                    floor_s = await raw_round(compose, n, raw_file, round_no, projects, piped=True)
+                agent_s = await rounds_of_agent.round(round_no)
+                if raw_s is None or floor_s is None:
+                    raw_s = await raw_round(compose, n, raw_file, round_no, projects)
+                    floor_s = await raw_round(compose, n, raw_file, round_no, projects, piped=True)
+                row = {"concurrency": concurrency, "round": round_no, "agent_s": agent_s, "raw_s": raw_s}
+                rows.append({**row, "floor_s": floor_s})
                 print(
                     f"  concurrency {concurrency}, round {round_no + 1}/{rounds}: all APPLIED {agent_s:.2f} s,"
-                    f" raw {raw_s:.2f} s",
+                    f" raw {raw_s:.2f} s, raw config into up {floor_s:.2f} s",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -159,15 +173,19 @@ def report(rows: list[dict], n: int, command: str) -> str:
     lines = [
         f"command: {command}",
         "",
-        f"{'concurrency':>11} {'rounds':>6} {'agent p50 s':>12} {'raw p50 s':>10} {'ratio':>6}",
+        f"{'concurrency':>11} {'rounds':>6} {'agent p50 s':>12} {'raw p50 s':>10} {'ratio':>6} {'floor p50 s':>12}"
+        f" {'floor/raw':>9} {'agent/floor':>11}",
     ]
     for concurrency in sorted({row["concurrency"] for row in rows}):
         mine = [row for row in rows if row["concurrency"] == concurrency]
-        agent = statistics.median(row["agent_s"] for row in mine)
-        raw = statistics.median(row["raw_s"] for row in mine)
+        agent, raw, floor = (statistics.median(row[key] for row in mine) for key in ("agent_s", "raw_s", "floor_s"))
         verdict = "MET" if agent / raw <= RATIO_GOAL else "NOT MET"
-        lines.append(f"{concurrency:>11} {len(mine):>6} {agent:>12.2f} {raw:>10.2f} {agent / raw:>6.2f}  {verdict}")
+        lines.append(
+            f"{concurrency:>11} {len(mine):>6} {agent:>12.2f} {raw:>10.2f} {agent / raw:>6.2f} {floor:>12.2f}"
+            f" {floor / raw:>9.2f} {agent / floor:>11.2f}  {verdict}"
+        )
     lines.append(f"\n{n} stacks at once in {n} rentals; goal: ratio of medians <= {RATIO_GOAL}")
+    lines.append("floor: the same N run as the agent runs each, `config` piped into `up -d -f -`, without the agent")
     return "\n".join(lines)
 
 
