@@ -5,9 +5,12 @@ it parses as one, and never as another endpoint's path."""
 
 from __future__ import annotations
 
+import asyncio
+
+import aiohttp
 import pytest
 
-from gpuhost_agent.runtime.engine import EngineError, checked_reference, demultiplexed
+from gpuhost_agent.runtime.engine import EVENT_LINE_LIMIT, EngineError, _read_events, checked_reference, demultiplexed
 from gpuhost_agent.runtime.image_pull import repository_and_tag
 
 DIGEST = "sha256:" + "ab" * 32
@@ -65,3 +68,22 @@ def test_a_log_without_a_tty_is_read_out_of_its_frames_and_a_tty_s_as_it_came() 
 )
 def test_a_pull_asks_for_the_repository_and_tag_the_reference_names(reference, expected) -> None:
     assert repository_and_tag(reference) == expected
+
+
+async def test_an_event_line_over_the_limit_is_skipped_and_the_stream_goes_on() -> None:
+    """Every event carries its container's labels, which a renter writes: one
+    renter's huge labels must not end the events of every other (red team,
+    2026-11-28: the stream broke at each healthcheck probe of such a container)."""
+
+    class Transport:
+        def pause_reading(self, **_kwargs: object) -> None: ...
+        def resume_reading(self, **_kwargs: object) -> None: ...
+
+    content = aiohttp.StreamReader(Transport(), 64 * 1024, loop=asyncio.get_running_loop())  # type: ignore[arg-type]
+    huge = b'{"Actor": {"Attributes": {"x": "' + b"A" * (3 * EVENT_LINE_LIMIT) + b'"}}}\n'
+    for piece in (b'{"id": "before"}\n', huge[:100], huge[100:], b'{"id": "after"}\n', b'{"id": "la', b'st"}\n'):
+        content.feed_data(piece)
+    content.feed_eof()
+    seen: list[dict] = []
+    await _read_events(content, seen.append)
+    assert [event.get("id") for event in seen] == ["before", "after", "last"]

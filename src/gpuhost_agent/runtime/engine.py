@@ -73,6 +73,31 @@ def demultiplexed(raw: bytes) -> bytes:
     return b"".join(out) if at >= len(raw) and out else raw
 
 
+async def _read_events(content: aiohttp.StreamReader, on_event: Callable[[dict], object]) -> None:
+    """Each event line to `on_event` until the stream ends. A line over the
+    limit is skipped, never the end of the stream: every event carries its
+    container's labels, which a renter writes, so one renter's huge labels
+    must not stop the events of every other (red team, 2026-11-28: the
+    stream broke at each of a healthchecked container's probes). What a
+    skipped line said, the periodic resync reads from the engine's lists."""
+    partial, skipping = b"", False
+    while chunk := await content.readany():
+        *lines, rest = (partial + chunk).split(b"\n")
+        for line in lines:
+            if skipping or len(line) > EVENT_LINE_LIMIT:  # (the end of) an overlong line
+                skipping = False
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                on_event(event)
+        partial = rest
+        if len(partial) > EVENT_LINE_LIMIT:
+            partial, skipping = b"", True
+
+
 class DockerEngine(EngineCalls):
     """The engine's short calls, each bounded by `timeout` seconds."""
 
@@ -89,17 +114,10 @@ class DockerEngine(EngineCalls):
                 "/events",
                 params=_filters(**kinds),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._timeout),
-                read_bufsize=EVENT_LINE_LIMIT,
             ) as response:
                 if response.status >= 400:
                     return not self._closed
-                while line := await response.content.readline():
-                    try:
-                        event = json.loads(line)
-                    except ValueError:
-                        continue
-                    if isinstance(event, dict):
-                        on_event(event)
+                await _read_events(response.content, on_event)
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - any end of the stream is a break, never a dead task
