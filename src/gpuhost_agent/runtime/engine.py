@@ -21,24 +21,16 @@ from datetime import datetime
 import aiohttp
 
 from gpuhost_agent.protocol import wire, wire_time
-from gpuhost_agent.runtime.engine_calls import EngineCalls
+from gpuhost_agent.runtime.engine_calls import EngineCalls, checked_id, filters_param
 from gpuhost_agent.runtime.engine_errors import ContainerGone, EngineError
 
 __all__ = ["DockerEngine", "EngineError", "checked_id", "checked_reference"]
 
-# Container ids and names, exec ids: no '/', '?', '%' or spaces can reach a path.
-_ID = re.compile(r"^/?[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 # An image reference as Docker spells one (name[:tag][@digest], a registry
 # with its port first); '.' and '..' never make a path segment of it.
 _REFERENCE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,511}$")
-EVENT_LINE_LIMIT = 1024 * 1024  # an event with a renter's labels in it; a longer line breaks the stream
+EVENT_LINE_LIMIT = 1024 * 1024  # an event with a renter's labels in it; a longer line is skipped (_read_events)
 GPU_CHECK_SECONDS = 60
-
-
-def checked_id(value: str) -> str:
-    if not isinstance(value, str) or not _ID.fullmatch(value):
-        raise EngineError(f"not a container or exec id: {value!r}"[:200])
-    return value.lstrip("/")
 
 
 def checked_reference(value: str) -> str:
@@ -51,12 +43,6 @@ def checked_reference(value: str) -> str:
     ):
         raise EngineError(f"not an image reference: {value!r}"[:200])
     return urllib.parse.quote(value, safe="/:")
-
-
-def _filters(**kinds: list[str] | str | None) -> dict[str, str]:
-    """The Engine API's `filters` parameter: each kind to its values."""
-    chosen = {kind: [values] if isinstance(values, str) else list(values) for kind, values in kinds.items() if values}
-    return {"filters": json.dumps(chosen)} if chosen else {}
 
 
 def demultiplexed(raw: bytes) -> bytes:
@@ -112,7 +98,7 @@ class DockerEngine(EngineCalls):
         try:
             async with self._session().get(
                 "/events",
-                params=_filters(**kinds),
+                params=filters_param(**kinds),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._timeout),
             ) as response:
                 if response.status >= 400:
@@ -154,29 +140,25 @@ class DockerEngine(EngineCalls):
         """EngineError unless the engine answers now."""
         await self._call_raw("GET", "/_ping")
 
-    async def _containers(self, labels: list[str]) -> list[dict]:
-        reply = await self._call("GET", "/containers/json", params={"all": "1", **_filters(label=labels)})
-        return [item for item in reply if isinstance(item, dict)] if isinstance(reply, list) else []
-
     async def stack_containers(self, stack_id: str) -> list[dict]:
         """Docker's list entries for every container (running or not) of the stack."""
-        return await self._containers([f"{wire.LABEL_STACK}={stack_id}"])
+        return await self._containers_here([f"{wire.LABEL_STACK}={stack_id}"])
 
     async def environment_containers(self, env_id: str) -> list[dict]:
         """Containers this environment's agent owns: another agent on the same
         engine (another environment) owns its own."""
-        return await self._containers([f"{wire.LABEL_MANAGED}=true", f"{wire.LABEL_ENV}={env_id}"])
+        return await self._containers_here([f"{wire.LABEL_MANAGED}=true", f"{wire.LABEL_ENV}={env_id}"])
 
     async def swarm_list(self, kind: str, labels: str | list[str] | None = None) -> list[dict]:
         """The manager's view of a Swarm: its `nodes`, or the `services`,
         `tasks` or `networks` that carry every one of `labels`."""
         if kind not in ("nodes", "services", "tasks", "networks"):
             raise ValueError(f"not a Swarm object: {kind}")
-        reply = await self._call("GET", f"/{kind}", params=_filters(label=labels))
+        reply = await self._call("GET", f"/{kind}", params=filters_param(label=labels))
         return [item for item in reply if isinstance(item, dict)] if isinstance(reply, list) else []
 
     async def rental_containers(self, rental_id: str) -> list[dict]:
-        return await self._containers([f"{wire.LABEL_MANAGED}=true", f"{wire.LABEL_RENTAL}={rental_id}"])
+        return await self._containers_here([f"{wire.LABEL_MANAGED}=true", f"{wire.LABEL_RENTAL}={rental_id}"])
 
     async def foreign_names(self, project: str) -> frozenset[str]:
         """Names of the engine's networks and volumes that are not the Compose
@@ -189,15 +171,9 @@ class DockerEngine(EngineCalls):
             if isinstance(item, dict) and (item.get("Labels") or {}).get("com.docker.compose.project") != project
         )
 
-    async def _inspect(self, container_id: str) -> dict:
-        reply = await self._call("GET", f"/containers/{checked_id(container_id)}/json")
-        if not isinstance(reply, dict):
-            raise EngineError("Docker Engine answered a container inspect without an object")
-        return reply
-
     async def finished_at(self, container_id: str) -> datetime | None:
         """When the container last stopped; None if it is running or never ran."""
-        state = (await self._inspect(container_id)).get("State") or {}
+        state = (await self._inspect_here(container_id)).get("State") or {}
         text = state.get("FinishedAt") or ""
         if state.get("Running") or not text or text.startswith("0001-"):
             return None
@@ -255,7 +231,7 @@ class DockerEngine(EngineCalls):
             if isinstance(image, dict)
             for reference in [*(image.get("RepoTags") or []), str(image.get("Id"))]
         }
-        used = {str(container.get("ImageID")) for container in await self._containers([])}
+        used = {str(container.get("ImageID")) for container in await self._containers_here([])}
         return images, used
 
     async def remove_image(self, reference: str) -> None:
@@ -312,4 +288,4 @@ class DockerEngine(EngineCalls):
 
     async def container_state(self, container_id: str) -> dict:
         """The `State` object of Docker's inspect (ExitCode, OOMKilled, FinishedAt...)."""
-        return (await self._inspect(container_id)).get("State") or {}
+        return (await self._inspect_here(container_id)).get("State") or {}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 from typing import Any
 
 import aiohttp
@@ -25,6 +26,21 @@ import aiohttp
 from gpuhost_agent.runtime.docker_host import Endpoint, parse_docker_host
 from gpuhost_agent.runtime.engine_errors import EngineError, EngineUnreachable
 from gpuhost_agent.runtime.engine_errors import response_error as _error
+
+# Container ids and names, exec ids: no '/', '?', '%' or spaces can reach a path.
+_ID = re.compile(r"^/?[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def checked_id(value: str) -> str:
+    if not isinstance(value, str) or not _ID.fullmatch(value):
+        raise EngineError(f"not a container or exec id: {value!r}"[:200])
+    return value.lstrip("/")
+
+
+def filters_param(**kinds: list[str] | str | None) -> dict[str, str]:
+    """The Engine API's `filters` parameter: each kind to its values."""
+    chosen = {kind: [values] if isinstance(values, str) else list(values) for kind, values in kinds.items() if values}
+    return {"filters": json.dumps(chosen)} if chosen else {}
 
 
 class EngineCalls:
@@ -85,3 +101,15 @@ class EngineCalls:
                 return await response.read(), response.content_type
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             raise EngineUnreachable(f"Docker Engine unreachable: {type(exc).__name__}: {exc}") from exc
+
+    async def _inspect_here(self, container_id: str) -> dict:
+        """`docker inspect` of a container of this engine."""
+        reply = await self._call("GET", f"/containers/{checked_id(container_id)}/json")
+        if not isinstance(reply, dict):
+            raise EngineError("Docker Engine answered a container inspect without an object")
+        return reply
+
+    async def _containers_here(self, labels: list[str]) -> list[dict]:
+        """`docker ps -a` on this engine of the containers carrying every one of `labels`."""
+        reply = await self._call("GET", "/containers/json", params={"all": "1", **filters_param(label=labels)})
+        return [item for item in reply if isinstance(item, dict)] if isinstance(reply, list) else []

@@ -31,8 +31,8 @@ from gpuhost_agent.runtime import exec_hangup
 from gpuhost_agent.runtime.container_at import ContainerAt
 from gpuhost_agent.runtime.container_files import ContainerFiles
 from gpuhost_agent.runtime.docker_host import parse_docker_host
-from gpuhost_agent.runtime.engine import EngineError, checked_id
-from gpuhost_agent.runtime.engine_calls import EngineCalls
+from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.engine_calls import EngineCalls, checked_id
 from gpuhost_agent.runtime.engine_errors import ContainerGone, EngineUnreachable, upgrade_answer, upgrade_request
 from gpuhost_agent.runtime.engine_errors import response_error as _error
 
@@ -84,12 +84,6 @@ class EngineStreams(EngineCalls):
     async def locate(self, container_id: str) -> ContainerAt:
         """The container's inspect and where it runs: on one machine, here."""
         return ContainerAt(await self._inspect_here(container_id))
-
-    async def _inspect_here(self, container_id: str) -> dict:
-        reply = await self._call("GET", f"/containers/{checked_id(container_id)}/json")
-        if not isinstance(reply, dict):
-            raise EngineError("Docker Engine answered a container inspect without an object")
-        return reply
 
     async def network(self, network_id: str) -> dict:
         """`docker network inspect`: Labels and IPAM.Config, which a tunnel's
@@ -149,9 +143,7 @@ class EngineStreams(EngineCalls):
 
     async def containers(self, labels: dict[str, str]) -> list[dict]:
         """`docker ps -a` of the containers carrying every one of `labels`."""
-        filters = json.dumps({"label": [f"{key}={value}" for key, value in labels.items()]})
-        reply = await self._call("GET", "/containers/json", params={"all": "1", "filters": filters})
-        return [item for item in reply if isinstance(item, dict)] if isinstance(reply, list) else []
+        return await self._containers_here([f"{key}={value}" for key, value in labels.items()])
 
     async def stack_containers(self, stack_id: str) -> list[dict]:
         """The stack's containers on this machine's engine, by the agent's label."""
