@@ -43,3 +43,16 @@ def test_secret_registry_counts_shared_values():
     assert registry.scrub("shared-value only-a") == "*** only-a"
     registry.discard_many(["shared-value"])
     assert "shared-value" not in registry
+
+
+def test_a_short_value_is_masked_as_a_word_never_inside_an_id():
+    """A renter's PORT=8000 once turned a container id in the status answer into
+    64eb8***af1...: a short value inside a run of letters and digits is left alone,
+    a long one is masked wherever it appears."""
+    registry = logs.SecretRegistry()
+    registry.add_many(["8000", "hunter22"])
+    container_id = "64eb88000af174883187ea3a3eb44d6bf719bf44b98d3d94c2463d07baecab9e"
+    assert registry.scrub(container_id) == container_id
+    assert registry.scrub("bind 0.0.0.0:8000 failed; 8000/tcp") == "bind 0.0.0.0:*** failed; ***/tcp"
+    assert registry.scrub("PORT_8000=1 x8000") == "PORT_***=1 x8000"
+    assert registry.scrub("image repo/hunter22app:1") == "image repo/***app:1"

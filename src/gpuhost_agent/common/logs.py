@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import threading
 from collections import Counter
@@ -26,6 +27,13 @@ MASK = "***"
 # Values shorter than this are too common to scrub without mangling every line
 # ("1", "true", "web"); they are also too short to be credentials.
 MIN_SECRET_LEN = 4
+# A value shorter than this ("8000", "admin") is masked only as a whole word: found
+# inside a longer run of letters and digits it is a coincidence, not the secret (CI
+# saw a renter's PORT=8000 turn a container id 64eb88000af1... into 64eb8***af1...
+# in the status answer). Longer values are masked wherever they appear: the chance
+# that 8 given characters sit in a 64-hex-digit id is below 10^-8.
+WHOLE_WORD_BELOW = 8
+_WORD_CHAR = "A-Za-z0-9"
 _SECRET_KEY_HINTS = ("api_key", "apikey", "secret", "password", "token", "environmentvariables", "env_values")
 
 
@@ -65,8 +73,13 @@ class SecretRegistry:
         with self._lock:
             values = sorted(self._values, key=len, reverse=True)
         for value in values:
-            if value in text:
+            if value not in text:
+                continue
+            if len(value) >= WHOLE_WORD_BELOW:
                 text = text.replace(value, MASK)
+            else:
+                word = rf"(?<![{_WORD_CHAR}]){re.escape(value)}(?![{_WORD_CHAR}])"
+                text = re.sub(word, MASK, text)
         return text
 
 
