@@ -278,13 +278,22 @@ async def test_the_engines_events_reach_the_leader_for_the_agents_containers_alo
     door, containers, docker_client
 ) -> None:
     """The leader's follow of a machine's events (core/swarm/worker_events.py): the
-    host's own container dies first, the agent's after; only the agent's is told."""
+    host's own container dies first, then one of the agent's with a renter's 700 KB
+    of labels (one line over aiohttp's readline cap once ended the stream for every
+    renter of that machine), then the agent's; the agent's are told, the stream goes on."""
     managed, unmanaged = containers
+    bulky = await asyncio.to_thread(
+        docker_client.containers.run,
+        TEST_IMAGE,
+        ["sleep", "600"],
+        detach=True,
+        labels={wire.LABEL_MANAGED: "true", "gpuhost-test": "door", "renter.notes": "A" * 700_000},
+    )
     seen: list[dict] = []
     follow = asyncio.create_task(door.follow_events(seen.append))
     try:
         await asyncio.sleep(1)  # the stream is open (events before it are not replayed)
-        for container_id in (unmanaged, managed):
+        for container_id in (unmanaged, bulky.id, managed):
             await asyncio.to_thread(docker_client.api.kill, container_id)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 20
@@ -293,9 +302,12 @@ async def test_the_engines_events_reach_the_leader_for_the_agents_containers_alo
             await asyncio.sleep(0.1)
         # other tests' agent containers on this shared engine may speak too; the host's own never
         assert unmanaged not in {e.get("id") for e in seen} and {e.get("Type") for e in seen} == {"container"}
+        print("LENS", [len(json.dumps(e)) for e in seen if e.get("id") == bulky.id])
+        assert any(e.get("Action") == "die" and e.get("id") == bulky.id for e in seen)  # under the 1 MiB limit
     finally:
         follow.cancel()
         await asyncio.gather(follow, return_exceptions=True)
+        await asyncio.to_thread(bulky.remove, force=True)
 
 
 async def _raw(port: int, data: bytes) -> bytes:

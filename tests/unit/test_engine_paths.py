@@ -10,7 +10,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from gpuhost_agent.runtime.engine import EVENT_LINE_LIMIT, EngineError, _read_events, checked_reference, demultiplexed
+from gpuhost_agent.runtime.engine import EVENT_LINE_LIMIT, EngineError, checked_reference, demultiplexed, read_events
 from gpuhost_agent.runtime.image_pull import repository_and_tag
 
 DIGEST = "sha256:" + "ab" * 32
@@ -85,5 +85,5 @@ async def test_an_event_line_over_the_limit_is_skipped_and_the_stream_goes_on() 
         content.feed_data(piece)
     content.feed_eof()
     seen: list[dict] = []
-    await _read_events(content, seen.append)
+    await read_events(content, seen.append)
     assert [event.get("id") for event in seen] == ["before", "after", "last"]

@@ -15,7 +15,6 @@ only from inside its containers' namespaces.
 from __future__ import annotations
 
 import asyncio
-import json
 import ssl
 import urllib.parse
 from collections.abc import Callable, Iterable
@@ -24,7 +23,7 @@ import aiohttp
 
 from gpuhost_agent.runtime.container_at import ContainerAt
 from gpuhost_agent.runtime.container_files import ContainerFiles
-from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.engine import EngineError, read_events
 from gpuhost_agent.runtime.engine_errors import upgrade_answer, upgrade_request
 from gpuhost_agent.runtime.engine_streams import EngineStreams, EngineUnreachable, checked_id
 
@@ -142,12 +141,11 @@ class DoorClient(EngineStreams):
             ) as response:
                 if response.status >= 400:
                     raise EngineError(f"the agent refused its events: HTTP {response.status}")
-                while line := await response.content.readline():
-                    if line.strip():
-                        event = json.loads(line)
-                        if isinstance(event, dict):
-                            on_event(event)
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError) as exc:
+                # Split as the engine's own stream is (runtime/engine.py): the lines
+                # carry renters' labels, and a readline's cap would end the events
+                # of every renter on that machine at one renter's long line.
+                await read_events(response.content, on_event)
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             raise EngineUnreachable(f"the events stream broke: {type(exc).__name__}: {exc}") from exc
 
     async def hang_up(self, exec_id: str, container_id: str) -> None:

@@ -29,7 +29,7 @@ __all__ = ["DockerEngine", "EngineError", "checked_id", "checked_reference"]
 # An image reference as Docker spells one (name[:tag][@digest], a registry
 # with its port first); '.' and '..' never make a path segment of it.
 _REFERENCE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,511}$")
-EVENT_LINE_LIMIT = 1024 * 1024  # an event with a renter's labels in it; a longer line is skipped (_read_events)
+EVENT_LINE_LIMIT = 1024 * 1024  # an event with a renter's labels in it; a longer line is skipped (read_events)
 GPU_CHECK_SECONDS = 60
 
 
@@ -59,7 +59,7 @@ def demultiplexed(raw: bytes) -> bytes:
     return b"".join(out) if at >= len(raw) and out else raw
 
 
-async def _read_events(content: aiohttp.StreamReader, on_event: Callable[[dict], object]) -> None:
+async def read_events(content: aiohttp.StreamReader, on_event: Callable[[dict], object]) -> None:
     """Each event line to `on_event` until the stream ends. A line over the
     limit is skipped, never the end of the stream: every event carries its
     container's labels, which a renter writes, so one renter's huge labels
@@ -103,7 +103,7 @@ class DockerEngine(EngineCalls):
             ) as response:
                 if response.status >= 400:
                     return not self._closed
-                await _read_events(response.content, on_event)
+                await read_events(response.content, on_event)
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - any end of the stream is a break, never a dead task
