@@ -27,6 +27,7 @@ from support.engine import remove_env_resources
 from support.renter import Renter
 from support.stacks import TEST_IMAGE
 from support.throttle_relay import ThrottleRelay
+from support.waiting import until
 
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.service.daemon import stop_agent
@@ -191,3 +192,41 @@ async def test_a_pull_no_deploy_waits_on_stops_and_a_slow_one_meets_its_deadline
     assert stack["status"] == wire.ERROR, stack
     assert f"pulling image '{image}' from registry '{relay.address}' took longer than 2 s" in stack["errorMsg"]
     assert "GPUHOST_PULL_MAX_SECONDS" in stack["errorMsg"]
+
+
+async def test_a_stack_removed_while_its_image_pulls_goes_at_once_and_its_pull_stops(relayed, docker_client):
+    """The renter deletes a stack whose pull is under way and slowed to 0.5 MB/s (the 55 MB would take
+    about 100 s): the removal does not wait for the pull, the engine's pull stops (the registry passes
+    nothing more), nothing of the stack is left, and the marketplace hears why the deploy stopped
+    (core/stacks/deploy_stops.py)."""
+    renter, parts, relay, image = await relayed()
+    rental_id = await renter.rental()
+    stack_id = await renter.stack(rental_id, sleeper(image))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while relay.bytes_down < 5_000_000:  # the pull is under way
+        assert loop.time() < deadline, relay.bytes_down
+        await asyncio.sleep(0.05)
+    relay.rate = 500_000
+    status, _ = await renter.call("DELETE", f"/rentals/{rental_id}/stacks/{stack_id}")
+    assert status in (200, 202)
+    started = loop.time()
+    assert await renter.wait_stack(rental_id, stack_id, (), timeout=30) is None
+    assert loop.time() - started < 10
+    jobs = {job.type: job for job in renter.store.jobs.values() if job.stackId == stack_id}
+    deploy = jobs[wire.JOB_DEPLOY]  # the marketplace's record of the deploy's answer
+    assert (deploy.outcome, deploy.errorMsg) == (
+        wire.OUTCOME_FAILED,
+        "deploy stopped: the stack's removal came before the deploy finished",
+    )
+    await until(lambda: not parts.deployer.images._running, timeout=20)  # noqa: SLF001 - closed at its next event
+    await asyncio.sleep(1.0)  # dockerd stops its download a moment after its client went
+    passed = relay.bytes_down
+    await asyncio.sleep(1.5)
+    assert relay.bytes_down == passed < 50_000_000, (passed, relay.bytes_down)  # stopped, not finished
+    left = await asyncio.to_thread(
+        docker_client.containers.list, all=True, filters={"label": f"{wire.LABEL_STACK}={stack_id}"}
+    )
+    assert left == []
+    with pytest.raises(docker.errors.ImageNotFound):
+        await asyncio.to_thread(docker_client.images.get, image)

@@ -25,7 +25,7 @@ class HeldDeployer:
         self.most = 0
         self.removed: list[str] = []
 
-    async def deploy(self, job: wire_jobs.StackJob) -> str:
+    async def deploy(self, job: wire_jobs.StackJob, stops: object = None) -> str:
         self.running += 1
         self.most = max(self.most, self.running)
         try:

@@ -124,7 +124,7 @@ class LoggingDeployer:
     def __init__(self):
         self.log = logs.get_logger("fake-deployer")
 
-    async def deploy(self, job):
+    async def deploy(self, job, stops=None):
         self.log.info("fake_deploy_step", step=1)
         await asyncio.create_task(self._inner())
         await asyncio.to_thread(lambda: self.log.info("fake_deploy_thread"))

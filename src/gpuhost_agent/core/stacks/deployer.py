@@ -28,6 +28,7 @@ from gpuhost_agent.core.stacks import naming
 from gpuhost_agent.core.stacks.backend import StackBackend, StackFailed
 from gpuhost_agent.core.stacks.compose_rewrite import StackRejected, check_variables, label_services
 from gpuhost_agent.core.stacks.deploy_failures import LimitReached, describe_container
+from gpuhost_agent.core.stacks.deploy_stops import DeployStops
 from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.protocol import wire, wire_jobs
 from gpuhost_agent.runtime.compose import COMPOSE_PROJECT_LABEL, ComposeError
@@ -116,8 +117,11 @@ class StackDeployer:
         log.warning("stack_failed", stack_id=job.stack_id, job_id=job.job_id, error=message)
         return message
 
-    async def deploy(self, job: wire_jobs.StackJob) -> str:
-        """Run the job's stack; returns "" on success, else the errorMsg reported."""
+    async def deploy(self, job: wire_jobs.StackJob, stops: DeployStops | None = None) -> str:
+        """Run the job's stack; returns "" on success, else the errorMsg reported.
+        `stops` ends the image pull, or the deploy before its `up`, when a removal
+        of the stack or its rental's end overtook the job (deploy_stops.py)."""
+        stops = stops or DeployStops()
         template, variables, project, workdir = self._begin(job)
         try:
             raw = await self._renter_file(job, template, variables, workdir)
@@ -151,7 +155,8 @@ class StackDeployer:
                 )
                 text = json.dumps(rewritten, indent=1)
                 await asyncio.to_thread(_write_private, workdir / AGENT_FILE, text)  # the record of what ran
-                await self._pull(job, rewritten)
+                await stops.unless_stopped(job, self._pull(job, rewritten))
+                stops.check(job)  # past this point the deploy finishes: its removal takes down what it made
                 crash_points.crash_point("deploy.before_compose_up")
                 await start.run(job.stack_id, text, rewritten)
             finally:

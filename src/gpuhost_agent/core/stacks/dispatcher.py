@@ -16,7 +16,8 @@ renters creating stacks in the same second, or a reconcile after a restart,
 must not start them all together on a machine whose cores the renters' own
 work needs. A deploy waiting for its turn is APPLYING with a reason that says
 so. Removals and rental ends are not held back: they free what waiting
-deploys may need (a GPU being released).
+deploys may need (a GPU being released). A deploy they overtake stops early,
+while it waits or pulls (deploy_stops.py).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from prometheus_client import Histogram
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.rentals.end_dates import RentalEndDates
+from gpuhost_agent.core.stacks.deploy_stops import DeployStopped, DeployStops
 from gpuhost_agent.core.stacks.deployer import StackDeployer
 from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.protocol import wire, wire_jobs, wire_time, wire_values
@@ -76,6 +78,7 @@ class JobDispatcher:
         self.deploy_concurrency = deploy_concurrency
         self._deploy_slots = asyncio.Semaphore(deploy_concurrency)
         self._deploys_waiting = 0
+        self._stops = DeployStops()  # a deploy that a later removal or rental end overtook stops early
 
     def submit(self, raw: object) -> None:
         raw_id = raw.get("jobId") if isinstance(raw, dict) else None
@@ -133,6 +136,7 @@ class JobDispatcher:
     def _start(self, job: wire_jobs.StackJob) -> None:
         if job.type == wire.JOB_RENTAL_END:
             self.deployer.rental_ending(job.rental_id)
+        self._stops.arrived(job)
         self._rental_counter(job)[job.rental_id] += 1
         self._stacks_busy[job.stack_id] += 1
         if job.job_id not in self._internal:
@@ -146,6 +150,7 @@ class JobDispatcher:
 
     def _done(self, job: wire_jobs.StackJob) -> None:
         self._running.pop(job.job_id, None)
+        self._stops.finished(job)
         self._internal.discard(job.job_id)
         _decrement(self._rental_counter(job), job.rental_id)
         if not _decrement(self._stacks_busy, job.stack_id):
@@ -184,11 +189,16 @@ class JobDispatcher:
     async def _run_stack_job(self, job: wire_jobs.StackJob) -> None:
         async with self._stack_locks.setdefault(job.stack_id, asyncio.Lock()):
             if job.type == wire.JOB_DEPLOY:
-                async with self._deploy_turn(job):
-                    started = time.monotonic()
-                    error = await self._execute(job)
-                outcome = wire.OUTCOME_FAILED if error else wire.OUTCOME_SUCCEEDED
-                self.deploy_durations.labels(outcome=outcome).observe(time.monotonic() - started)
+                try:
+                    async with self._deploy_turn(job):
+                        started = time.monotonic()
+                        error = await self._execute(job)
+                except DeployStopped as exc:  # overtaken before it started: nothing of it to take down
+                    error = str(exc)
+                    log.info("deploy_stopped", job_id=job.job_id, stack_id=job.stack_id, reason=error)
+                else:
+                    outcome = wire.OUTCOME_FAILED if error else wire.OUTCOME_SUCCEEDED
+                    self.deploy_durations.labels(outcome=outcome).observe(time.monotonic() - started)
             else:
                 error = await self._execute(job)
         self._finish(job.job_id, error)
@@ -201,7 +211,9 @@ class JobDispatcher:
 
     @contextlib.asynccontextmanager
     async def _deploy_turn(self, job: wire_jobs.StackJob) -> AsyncIterator[None]:
-        """A deploy slot for the block; when none is free the stack says why it waits."""
+        """A deploy slot for the block; when none is free the stack says why it
+        waits. DeployStopped when a removal or rental end overtook it first."""
+        self._stops.check(job)
         if self._deploy_slots.locked():
             reason = (
                 f"waiting for its turn: {self.deploy_concurrency} deploys are running on this host"
@@ -211,7 +223,10 @@ class JobDispatcher:
             log.info("deploy_waiting_for_turn", job_id=job.job_id, stack_id=job.stack_id)
         self._deploys_waiting += 1
         try:
-            await self._deploy_slots.acquire()
+            if self._deploy_slots.locked():
+                await self._stops.unless_stopped(job, self._deploy_slots.acquire())
+            else:
+                await self._deploy_slots.acquire()  # at once: the next deploy's locked() must see it taken
         finally:
             self._deploys_waiting -= 1
         try:
@@ -223,7 +238,7 @@ class JobDispatcher:
         log.info("job_started", job_id=job.job_id, job_type=job.type, stack_id=job.stack_id, rental_id=job.rental_id)
         try:
             if job.type == wire.JOB_DEPLOY:
-                return await self.deployer.deploy(job)
+                return await self.deployer.deploy(job, self._stops)
             if job.type == wire.JOB_RENTAL_END:
                 return await self.deployer.end_rental(job)
             return await self.deployer.remove(job)
