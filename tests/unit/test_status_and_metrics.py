@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.agent_config import make_config
 
 from gpuhost_agent.common import logs
+from gpuhost_agent.common.unix_http import UnixHTTPConnection
 from gpuhost_agent.core.reconcile.plan import Action
 from gpuhost_agent.protocol import wire_time
 from gpuhost_agent.service import metrics, status_cli, status_server
@@ -282,7 +283,7 @@ def test_permission_denied_says_root(monkeypatch, short_dir):
     def refuse(self):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(status_cli._UnixConnection, "connect", refuse)
+    monkeypatch.setattr(status_cli.UnixHTTPConnection, "connect", refuse)
     err = io.StringIO()
     assert status_cli.run(short_dir / "agent.sock", err=err) == status_cli.EXIT_DENIED == 4
     assert "root" in err.getvalue() and "sudo" in err.getvalue()
@@ -401,3 +402,16 @@ def test_non_root_is_told_the_system_socket_is_roots(monkeypatch, short_dir):
     err = io.StringIO()
     assert status_cli.run(short_dir / "mine.sock", err=err) == 4
     assert "sudo gpuhost-agent status" in err.getvalue()
+
+
+def test_a_failed_connect_leaves_no_socket_open(short_dir):
+    """The shared unix HTTP connection (common/unix_http.py) closes the socket a
+    connect failed on: the pull's thread and the status command both retry."""
+    before = set(os.listdir("/proc/self/fd"))
+    failures = []  # held: their tracebacks keep connect's frame, and a socket it did not close, alive
+    for _ in range(20):
+        connection = UnixHTTPConnection(str(short_dir / "nobody-here.sock"), 1.0, connect_timeout=0.5)
+        with pytest.raises(FileNotFoundError) as failed:
+            connection.connect()
+        failures.append(failed.value)
+    assert set(os.listdir("/proc/self/fd")) <= before

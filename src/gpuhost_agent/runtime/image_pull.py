@@ -23,11 +23,11 @@ import base64
 import http.client
 import json
 import os
-import socket
 import time
 import urllib.parse
 from collections.abc import Callable
 
+from gpuhost_agent.common.unix_http import UnixHTTPConnection
 from gpuhost_agent.runtime.docker_host import Endpoint, parse_docker_host
 from gpuhost_agent.runtime.engine_errors import EngineError, error_message
 
@@ -44,21 +44,6 @@ class PullError(RuntimeError):
     """The engine refused the pull or the registry failed it; the message is the engine's."""
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    """HTTP over the engine's unix socket."""
-
-    def __init__(self, path: str, timeout: float):
-        super().__init__("docker", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(CONNECT_SECONDS)
-        sock.connect(self._path)
-        sock.settimeout(self.timeout)
-        self.sock = sock
-
-
 def repository_and_tag(reference: str) -> tuple[str, str]:
     """`fromImage` and `tag` of `POST /images/create`: a digest stays in the
     name (`name@sha256:...`, tag empty); a tag follows the last ':' that
@@ -73,7 +58,7 @@ def repository_and_tag(reference: str) -> tuple[str, str]:
 
 def _connection(endpoint: Endpoint, stall_seconds: float) -> http.client.HTTPConnection:
     if endpoint.unix_path:
-        return _UnixConnection(endpoint.unix_path, stall_seconds)
+        return UnixHTTPConnection(endpoint.unix_path, stall_seconds, connect_timeout=CONNECT_SECONDS, host="docker")
     return http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=stall_seconds)
 
 

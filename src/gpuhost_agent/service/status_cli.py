@@ -16,12 +16,12 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from gpuhost_agent.common.unix_http import UnixHTTPConnection
 from gpuhost_agent.service.config import ROOT_STATE_DIR
 from gpuhost_agent.service.status_render import render
 
@@ -37,26 +37,10 @@ class StatusUnavailable(Exception):
         self.exit_code = exit_code
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float):
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self._path)
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
-
-
 def fetch(socket_path: Path | str, path: str = "/status", timeout: float = 10.0) -> tuple[int, bytes]:
     """GET path over the socket; raises StatusUnavailable with the message and exit code to use."""
     socket_path = str(socket_path)
-    connection = _UnixConnection(socket_path, timeout)
+    connection = UnixHTTPConnection(socket_path, timeout)
     try:
         connection.request("GET", path)
         response = connection.getresponse()
