@@ -122,6 +122,25 @@ async def end_rental(http: aiohttp.ClientSession, store, stack_id: str) -> None:
     await wait_until(lambda: stack_id not in store.stacks, 60, "the bench's stack to be removed")
 
 
+def remove_leftovers(env_id: str) -> None:
+    """A run that failed before its rental ended leaves its stack behind: its
+    containers and networks go by the agent's environment label, as the tests'
+    clean-up does, so the next run starts from an empty engine."""
+
+    def docker(*args: str) -> list[str]:
+        return subprocess.run(["docker", *args], capture_output=True, text=True, check=False).stdout.split()
+
+    label = f"label={wire.LABEL_ENV}={env_id}"
+    projects = set(docker("ps", "-a", "--filter", label, "--format", '{{.Label "com.docker.compose.project"}}'))
+    if containers := docker("ps", "-aq", "--filter", label):
+        docker("rm", "-f", "-v", *containers)
+    for project in projects:
+        if networks := docker("network", "ls", "-q", "--filter", f"label=com.docker.compose.project={project}"):
+            docker("network", "rm", *networks)
+    if containers:
+        print(f"removed what the failed run left: {len(containers)} container(s), projects {sorted(projects)}")
+
+
 def service_address(container_id: str) -> str:
     """host:port of the web service on the container's own address: the last
     hop the agent dials, where the published port goes through docker-proxy."""
@@ -154,6 +173,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> None:
     else:
         agent = agent_runner.InProcessAgent(config, local)
     floor: python_floor.Floor | None = None
+    ended = False
     try:
         await agent.start()
         headers = {wire.API_KEY_HEADER: store.renterApiKey}
@@ -182,11 +202,14 @@ async def bench(args: argparse.Namespace, workdir: Path) -> None:
                 http, store, store.stacks[stack_id]["rentalId"], stack_id, tunnel + "big", args.echoes
             )
             await end_rental(http, store, stack_id)
+            ended = True
     finally:
         if floor is not None:
             floor.stop()
         await agent.stop()
         await local.stop()
+        if not ended:
+            await asyncio.to_thread(remove_leftovers, store.envId)
     where = "the agent in its own process" if args.agent == "separate" else "agent and marketplace in one process"
     print(f"\n({where})")
     mbs = {name: statistics.median(values) for name, values in speeds.items()}
