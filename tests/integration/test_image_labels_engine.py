@@ -164,3 +164,34 @@ async def test_a_rebuilt_ledger_never_gives_an_images_claimed_gpu(hostile_image,
     full = await renter.rental(gpu_count=2)
     stack = await renter.wait_stack(full, await renter.stack(full, STACK), (wire.APPLIED, wire.ERROR), timeout=60)
     assert stack["status"] == wire.APPLIED and len(stack["assignedGPUs"]) == 2, stack
+
+
+HEAVY_IMAGE = "gpuhost-test/heavy-labels:1"
+
+
+async def test_an_image_or_file_with_too_many_bytes_of_labels_fails_and_leaves_nothing(
+    local_market, docker_client, tmp_path
+) -> None:
+    """Every event and container list carries a container's labels, for every renter
+    (core/sandbox/label_size.py): 96 KiB of them from the image fail the stack right
+    after it started, with nothing left; the same in the file is refused before."""
+    renter, _parts, _local = local_market
+    dockerfile = f"FROM {TEST_IMAGE}\n" + "".join(f"LABEL renter.notes.{i}={'n' * 32_000}\n" for i in range(3))
+    await asyncio.to_thread((tmp_path / "Dockerfile").write_text, dockerfile)
+    await asyncio.to_thread(docker_client.images.build, path=str(tmp_path), tag=HEAVY_IMAGE, rm=True)
+    try:
+        rental_id = await renter.rental()
+        heavy = STACK.replace(HOSTILE_IMAGE, HEAVY_IMAGE)
+        stack_id = await renter.stack(rental_id, heavy, name="heavy-image")
+        stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
+        assert stack["status"] == wire.ERROR, stack
+        assert "app-1 carries 96," in stack["errorMsg"] and "use an image with fewer labels" in stack["errorMsg"], stack
+        assert await asyncio.to_thread(_containers, docker_client, stack_id) == []
+
+        in_file = STACK.replace(HOSTILE_IMAGE, TEST_IMAGE) + f"    labels:\n      notes: {'n' * 70_000}\n"
+        stack_id = await renter.stack(rental_id, in_file, name="heavy-file")
+        stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
+        assert stack["status"] == wire.ERROR and "at most 65,536 bytes (64 KiB) a service" in stack["errorMsg"], stack
+        assert await asyncio.to_thread(_containers, docker_client, stack_id) == []
+    finally:
+        await asyncio.to_thread(docker_client.images.remove, HEAVY_IMAGE, force=True)

@@ -196,3 +196,28 @@ def test_a_rental_may_have_so_many_stacks_on_the_host() -> None:
     problem = crowded_rental_problem(stacks, "r1", "new", 3)
     assert problem is not None and "already has 3 stacks" in problem and "GPUHOST_STACKS_PER_RENTAL" in problem
     assert crowded_rental_problem(stacks, "r2", "new", 3) is None  # another renter is not held back
+
+
+def test_a_service_may_carry_so_many_bytes_of_labels() -> None:
+    """Every event and container list of the engine carries a container's labels,
+    for all renters, and the agent keeps and sends them (core/sandbox/label_size.py)."""
+    from gpuhost_agent.core.sandbox.label_size import MAX_LABEL_BYTES, oversized_container
+
+    def model(labels: dict | list) -> dict:
+        return {"services": {"app": {"image": "x", "labels": labels}}}
+
+    half = "v" * (MAX_LABEL_BYTES // 2 - 10)
+    assert policy_violations(model({"a": half, "b": half}), _ctx()) == []
+    (problem,) = policy_violations(model({"a": half, "b": half, "c": "v" * 100}), _ctx())
+    assert problem == (
+        'service "app": labels are 65,619 bytes in all, at most 65,536 bytes (64 KiB) a service: '
+        "every event and container list of the engine carries them"
+    )
+    (problem,) = policy_violations(model([f"a={half}", f"b={half}", "c=" + "é" * 60]), _ctx())  # bytes, not characters
+    assert "at most 65,536 bytes (64 KiB) a service" in problem
+
+    fine = {"Names": ["/p-app-1"], "Labels": {"a": half}}
+    heavy = {"Names": ["/p-web-1"], "Labels": {"a": half, "b": half, "from-the-image": "x" * 200}}
+    assert oversized_container([fine]) is None
+    message = oversized_container([fine, heavy])
+    assert message is not None and message.startswith("deploy failed: container p-web-1 carries 65,732 bytes of labels")

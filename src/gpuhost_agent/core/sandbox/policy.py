@@ -16,6 +16,7 @@ from typing import Any
 from gpuhost_agent.core.sandbox.context import SandboxContext, shown_path
 from gpuhost_agent.core.sandbox.gpu_forms import NVIDIA_CAPABILITIES, PASSED_VARIABLES, is_toolkit_variable
 from gpuhost_agent.core.sandbox.host_network import image_problems, published_ports_problem
+from gpuhost_agent.core.sandbox.label_size import file_labels_problem
 from gpuhost_agent.core.sandbox.networks import attachment_problems, device_list_mounts, network_problems
 from gpuhost_agent.core.stacks.compose_rewrite import as_mapping
 
@@ -206,6 +207,8 @@ def _environment_and_labels(service: dict) -> list[str]:
         problems.append(f"environment NVIDIA_DRIVER_CAPABILITIES {', '.join(unknown)} is not a driver capability")
     if _agent_labels(service.get("labels")):
         problems.append(f"labels {', '.join(_agent_labels(service.get('labels')))} are the agent's own")
+    if too_many := file_labels_problem(as_mapping(service.get("labels"))):
+        problems.append(too_many)
     return problems
 
 

@@ -23,6 +23,7 @@ from gpuhost_agent.core.containers.seed_list import failed_containers, seed_cont
 from gpuhost_agent.core.images.pulls import ImagePulls, pullable_images
 from gpuhost_agent.core.sandbox.apply import Sandbox, notices_message, review_raw
 from gpuhost_agent.core.sandbox.context import StackSite, crowded_rental_problem
+from gpuhost_agent.core.sandbox.label_size import oversized_container
 from gpuhost_agent.core.sandbox.raw import RawReview
 from gpuhost_agent.core.stacks import naming
 from gpuhost_agent.core.stacks.backend import StackBackend, StackFailed
@@ -190,6 +191,8 @@ class StackDeployer:
         raw = await self.engine.stack_containers(stack_id) if raw is None else raw
         if not raw:
             raise StackFailed("deploy failed: Compose reported success but no container of the stack exists")
+        if too_many := oversized_container(raw):
+            raise StackFailed(too_many)
         for container in failed_containers(raw):
             raise StackFailed(
                 await describe_container(self.engine, container, " right after it started", self.rental_limit_reached)
