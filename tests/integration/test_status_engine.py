@@ -12,7 +12,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from support.stacks import TEST_IMAGE
+from support.ssh_clients import Endpoint, registered_key, ssh_ready
+from support.stacks import SLEEPER, TEST_IMAGE
 from support.waiting import until
 
 from gpuhost_agent.protocol import ssh_login, wire
@@ -96,3 +97,37 @@ async def test_status_shows_names_tunnels_and_the_verdict(local_market, socket_d
         writer.close()
         await server.stop()
     await until(lambda: _echo_connections(parts, stack_id) == 0, timeout=10)  # the stream ended with the connection
+
+
+def _ssh_row(parts, stack_id: str) -> dict:
+    entry = next(s for s in StatusSource(parts).status()["stacks"] if s["stackId"] == stack_id)
+    return next(t for t in entry["tunnels"] or [] if t["protocol"] == "ssh")
+
+
+async def test_an_ssh_login_counts_under_the_stack_its_name_picked(local_market, tmp_path):
+    """Two SSH-enabled stacks of one rental share its SSH endpoint; a real `ssh`
+    logged in to one of them counts there, not under the other."""
+    renter, parts, _local = local_market
+    key = tmp_path / "renter"
+    await registered_key(renter, key)
+    rental_id = await renter.rental()
+    stacks = []
+    for name in ("Picked", "Other"):
+        stack_id = await renter.stack(rental_id, SLEEPER, name=name, isSSHEnabled=True)
+        stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
+        assert stack["status"] == wire.APPLIED, stack["errorMsg"]
+        stacks.append(stack_id)
+    picked, other = stacks
+    (tunnel,) = await renter.tunnels(rental_id, picked, 1, ssh_ready, timeout=30)
+    info = tunnel["ssh"]
+    end = await asyncio.to_thread(Endpoint, info["host"], info["port"], info["hostKey"], tmp_path)
+    command = ["ssh", *end.options(key), "-p", str(end.port), f"{info['user']}@{end.host}", "sleep", "30"]
+    held = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.DEVNULL)
+    try:
+        await until(lambda: _ssh_row(parts, picked)["connections"] == 1, timeout=20)
+        assert (_ssh_row(parts, other)["connections"], _ssh_row(parts, other)["loggingIn"]) == (0, 0)
+        assert _ssh_row(parts, picked)["loggingIn"] == 0
+    finally:
+        held.kill()
+        await held.wait()
+    await until(lambda: _ssh_row(parts, picked)["connections"] == 0, timeout=10)

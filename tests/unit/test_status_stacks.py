@@ -75,12 +75,19 @@ def _tunnel(stream_id: str, container_id: str, port: int, stack_id: str = "stk-w
     return TunnelRequest(stream_id, "rent-1", stack_id, container_id, port)
 
 
+def _logged_in(request: SshRequest, stack_id: str) -> SshRequest:
+    request.login.logged_in, request.login.stack_id = True, stack_id
+    return request
+
+
 def test_tunnels_follow_the_containers_and_count_connections():
     requests = [
         _tunnel("a", "id-ui-stk-web-web-1", 8080),
         _tunnel("b", "ui-stk-web-web-1", 8080),  # by name: the same container
         _tunnel("c", "id-ui-stk-web-web-1", 8080, stack_id="stk-other"),  # another stack's: not counted
-        SshRequest("d", "rent-1", ("stk-web",)),
+        SshRequest("d", "rent-1", ("stk-web", "stk-other")),  # not logged in yet: may pick either
+        _logged_in(SshRequest("f", "rent-1", ("stk-web", "stk-other")), "stk-web"),
+        _logged_in(SshRequest("g", "rent-1", ("stk-web", "stk-other")), "stk-other"),  # another stack's login
         LogsRequest("e", "rent-1", "stk-web", "id-ui-stk-web-web-1"),  # not a tunnel
     ]
     rows = {
@@ -98,9 +105,10 @@ def test_tunnels_follow_the_containers_and_count_connections():
     assert [(t["service"], t["port"], t["protocol"], t["open"], t["connections"]) for t in tunnels] == [
         ("db", 5432, "tcp", False, 0),  # its container exited: closed
         ("web", 8080, "tcp", True, 2),
-        (None, None, "ssh", True, 1),
+        (None, None, "ssh", True, 1),  # the login to this stack, not the one to stk-other
     ]
     assert tunnels[2]["logins"] == [ssh_login.ssh_login_name("web", "stk-web")]
+    assert tunnels[2]["loggingIn"] == 1  # the connection whose login name has not come yet
     # a stack that is not APPLIED has no open tunnel, running container or not
     rows["stk-web"]["status"] = wire.ERROR
     assert not any(t["open"] for t in stack_entries(rows, {}, lists.get, requests)[1]["tunnels"])

@@ -183,6 +183,8 @@ def _tunnel_row(tunnel: dict, stack: dict) -> list[str]:
         state = f"closed (stack {stack.get('status') or '?'})"
     count = tunnel.get("connections") or 0
     connections = f"{count} connection{'' if count == 1 else 's'}"
+    if waiting := tunnel.get("loggingIn"):
+        connections += f" ({waiting} more logging in)"
     if tunnel.get("logins"):
         connections += f"; logins {', '.join(tunnel['logins'])}"
     return [where, port, state, connections]

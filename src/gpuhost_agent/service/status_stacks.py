@@ -97,6 +97,7 @@ def tunnels(stack_id: str, containers: list[dict], applied: bool, requests: list
                 }
             )
     if logins:
+        ssh = [r for r in requests if isinstance(r, SshRequest) and not r.login.dropped]
         found.append(
             {
                 "service": None,
@@ -106,7 +107,9 @@ def tunnels(stack_id: str, containers: list[dict], applied: bool, requests: list
                 "port": None,
                 "protocol": "ssh",
                 "open": applied,
-                "connections": sum(1 for r in requests if isinstance(r, SshRequest) and stack_id in r.stack_ids),
+                "connections": sum(1 for r in ssh if r.login.logged_in and r.login.stack_id == stack_id),
+                # not logged in yet: the login name, which picks the stack, comes after the handshake
+                "loggingIn": sum(1 for r in ssh if not r.login.logged_in and stack_id in r.stack_ids),
                 "logins": sorted(logins),
             }
         )

@@ -70,6 +70,7 @@ class SshLoginMark:
 
     logged_in: bool = False
     dropped: bool = False
+    stack_id: str = ""  # the stack the login name picked, once logged in (the status socket counts it there)
 
 
 @dataclass(frozen=True)

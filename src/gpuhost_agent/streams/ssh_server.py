@@ -66,7 +66,9 @@ class Login(asyncssh.SSHServer):
 
     def auth_completed(self) -> None:
         """Logged in: the connection leaves the rental's few pre-login places
-        for its connection cap (streams/admission.py)."""
+        for its connection cap (streams/admission.py), and counts under the
+        stack its login name picked."""
+        self._request.login.stack_id = self.stack_id
         self._request.login.logged_in = True
 
     def _take(self, kind: str) -> Slot:
