@@ -6,6 +6,8 @@ follows the agent's own account of its GPUs (the heartbeat's gpuAssignments)."""
 
 from __future__ import annotations
 
+import asyncio
+
 from support.stacks import TEST_IMAGE
 from support.waiting import until
 
@@ -93,3 +95,31 @@ async def test_a_rental_no_release_can_serve_is_refused_at_once(gpu_agent):
         "0 of its 2 GPU(s) are available"
         in (await renter.call("POST", "/rentals", {"envId": renter.store.envId, "gpuCount": 1}))[1]["message"]
     )
+
+
+async def test_a_stack_removed_while_it_waits_for_released_gpus_goes_at_once(gpu_agent):
+    """The renter deletes a stack that waits for GPUs an ended rental's stubborn
+    container holds for 20 s: the removal does not wait for them (core/stacks/deploy_stops.py)."""
+    renter, parts, _local, _ = await gpu_agent(gpus=2, stop_timeout=20)
+    ending = await renter.rental(gpu_count=2)
+    stubborn = await renter.stack(ending, STUBBORN)
+    assert (await renter.wait_stack(ending, stubborn, (wire.APPLIED, wire.ERROR), timeout=30))["status"] == (
+        wire.APPLIED
+    )
+    status, _ = await renter.call("DELETE", f"/rentals/{ending}")
+    assert status == 200
+    await until(lambda: ending in (renter.store.live.get("gpuAssignments") or {}).get("releasing", {}), timeout=5)
+    new = await renter.rental(gpu_count=2)
+    stack_id = await renter.stack(new, SLEEPER)
+    reports = _statuses(renter.store, {stack_id})
+    await until(lambda: any("ended rental is releasing" in (r.get("errorMsg") or "") for r in reports), timeout=10)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    status, _ = await renter.call("DELETE", f"/rentals/{new}/stacks/{stack_id}")
+    assert status in (200, 202)
+    assert await renter.wait_stack(new, stack_id, (), timeout=30) is None
+    assert loop.time() - started < 10  # the ended rental's container still holds the GPUs
+    assert ending in (renter.store.live.get("gpuAssignments") or {}).get("releasing", {})
+    (deploy,) = [job for job in renter.store.jobs.values() if job.stackId == stack_id and job.type == wire.JOB_DEPLOY]
+    assert deploy.errorMsg == "deploy stopped: the stack's removal came before the deploy finished"
+    assert new not in parts.deployer.sandbox.ledger.assignments

@@ -7,7 +7,8 @@ renter who deleted the stack saw it APPLYING for minutes, and the next
 renter waited for GPUs nobody was going to use. A deploy that a later
 removal or end has overtaken has no reason to go on: it stops where
 stopping leaves nothing half made, that is before it starts, while it waits
-for a deploy slot, and while its images are pulled (core/images/pulls.py
+for a deploy slot, while it waits for GPUs an ended rental is releasing
+(up to two minutes), and while its images are pulled (core/images/pulls.py
 stops a pull no other deploy waits on). Once Compose's `up` runs, the
 deploy finishes; the removal behind it takes down what it made.
 

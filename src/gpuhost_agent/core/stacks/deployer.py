@@ -120,8 +120,9 @@ class StackDeployer:
 
     async def deploy(self, job: wire_jobs.StackJob, stops: DeployStops | None = None) -> str:
         """Run the job's stack; returns "" on success, else the errorMsg reported.
-        `stops` ends the image pull, or the deploy before its `up`, when a removal
-        of the stack or its rental's end overtook the job (deploy_stops.py)."""
+        `stops` ends the wait for GPUs, the image pull, or the deploy before its
+        `up`, when a removal of the stack or its rental's end overtook the job
+        (deploy_stops.py)."""
         stops = stops or DeployStops()
         template, variables, project, workdir = self._begin(job)
         try:
@@ -137,12 +138,11 @@ class StackDeployer:
                     agent_dir=str(self.stacks_dir.parent),
                     foreign_names=start.foreign_names,
                 )
-                hardened, gpus, notices = await self.sandbox.apply(
+                hardened, gpus, notices = await stops.unless_stopped(  # it may wait for GPUs being released
                     job,
-                    start.model,
-                    raw,
-                    site,
-                    waiting=lambda reason: self._report(job, wire.APPLYING, reason),
+                    self.sandbox.apply(
+                        job, start.model, raw, site, waiting=lambda reason: self._report(job, wire.APPLYING, reason)
+                    ),
                 )
                 rewritten = self.backend.stack_file(
                     label_services(
