@@ -221,3 +221,58 @@ def test_a_service_may_carry_so_many_bytes_of_labels() -> None:
     assert oversized_container([fine]) is None
     message = oversized_container([fine, heavy])
     assert message is not None and message.startswith("deploy failed: container p-web-1 carries 65,732 bytes of labels")
+
+
+def test_labels_count_as_the_engines_json_writes_them_and_networks_and_volumes_share_a_stacks_limit() -> None:
+    """Red team, 2026-11-29: 300 volumes sharing one 400 KiB label by YAML alias made
+    `GET /volumes` 123 MB for every renter's deploy; `<` is six bytes in the engine's JSON;
+    an image's command is in every container list."""
+    from gpuhost_agent.core.sandbox.label_size import MAX_LABEL_BYTES, json_bytes, oversized_container
+
+    assert (json_bytes("a<é\n"), json_bytes("plain")) == (1 + 6 + 2 + 6, 5)
+    escaped = {"services": {"app": {"image": "x", "labels": {"notes": "<" * 12_000}}}}
+    (problem,) = policy_violations(escaped, _ctx())
+    assert "labels are 72,005 bytes in all" in problem
+
+    label = {"notes": "n" * 20_000}
+    for section in ("volumes", "networks"):
+        three = {"services": {"app": {"image": "x"}}, section: {f"data-{i}": {"labels": label} for i in range(3)}}
+        assert policy_violations(three, _ctx()) == []
+        four = {"services": {"app": {"image": "x"}}, section: {f"data-{i}": {"labels": label} for i in range(4)}}
+        (problem,) = policy_violations(four, _ctx())
+        assert problem.startswith("networks and volumes: their labels are 80,020 bytes in all, at most 65,536")
+        one = {"services": {"app": {"image": "x"}}, section: {"big": {"labels": {"n": "n" * MAX_LABEL_BYTES}}}}
+        problems = policy_violations(one, _ctx())
+        assert f'{section[:-1]} "big": labels are 65,537 bytes in all' in problems[0], problems
+        assert f"a {section[:-1]}: every {section[:-1]} list of the engine carries them" in problems[0]
+
+    script = {"Names": ["/p-app-1"], "Labels": {}, "Command": "sh -c '" + "echo x; " * 9000 + "'"}
+    message = oversized_container([script])
+    assert message is not None and message.startswith("deploy failed: container p-app-1's command is 72,008 bytes")
+    assert oversized_container([{**script, "Command": "sh -c 'echo x'"}]) is None
+
+
+def test_a_refusal_names_a_dozen_problems_then_how_many_more() -> None:
+    """A file of a thousand forbidden volumes must not make an errorMsg (and a log
+    line) of megabytes (red team, 2026-11-29: 35 problems, 14 KB)."""
+    from gpuhost_agent.core.sandbox.apply import POLICY_PREFIX
+    from gpuhost_agent.core.sandbox.raw import review
+    from gpuhost_agent.core.stacks.compose_rewrite import MAX_PROBLEMS_SAID, StackRejected, problems_said
+
+    assert problems_said(["a", "b"]) == "a; b"
+    assert problems_said(["x" * 10_000]) == "x" * 397 + "..."
+    many = [f"volume v{i}: driver_opts is not allowed" for i in range(1000)]
+    said = problems_said(many)
+    assert said.endswith(f"; and {1000 - MAX_PROBLEMS_SAID} more") and len(said) < 1000
+    assert said.count("driver_opts") == MAX_PROBLEMS_SAID
+
+    from gpuhost_agent.core.sandbox.apply import decide
+
+    model = {
+        "services": {"app": {"image": "x"}},
+        "volumes": {f"v{i}": {"driver_opts": {"o": "bind"}} for i in range(50)},
+    }
+    with pytest.raises(StackRejected) as refused:
+        decide(model, review("services: {app: {image: x}}\n"), _ctx())
+    message = str(refused.value)
+    assert message.startswith(POLICY_PREFIX) and message.endswith(f"and {50 - MAX_PROBLEMS_SAID} more")

@@ -37,7 +37,7 @@ from gpuhost_agent.core.sandbox.placement import Placement
 from gpuhost_agent.core.sandbox.policy import policy_violations
 from gpuhost_agent.core.sandbox.raw import RawReview, review
 from gpuhost_agent.core.sandbox.rewrite import rewrite
-from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
+from gpuhost_agent.core.stacks.compose_rewrite import StackRejected, problems_said
 from gpuhost_agent.inventory.host_probe import storage
 from gpuhost_agent.protocol import wire_jobs
 from gpuhost_agent.runtime.rental_cgroups import CgroupError, RentalLimits
@@ -63,7 +63,7 @@ def review_raw(content: str, profiles: str = "") -> RawReview:
 def refuse_with_compose_error(raw: RawReview, compose_error: str) -> StackRejected:
     """Compose could not read the rest of the file: its error, after the raw pass's problems."""
     if raw.problems:
-        return StackRejected(POLICY_PREFIX + "; ".join([*raw.problems, f"and Compose says: {compose_error}"]))
+        return StackRejected(f"{POLICY_PREFIX}{problems_said(raw.problems)}; and Compose says: {compose_error}")
     return StackRejected(f"invalid Compose file: {compose_error}")
 
 
@@ -90,7 +90,7 @@ def decide(model: dict, raw: RawReview, ctx: SandboxContext) -> tuple[dict, list
     if not (model.get("services") or {}) and not raw.profiled:
         problems.append("the Compose file defines no services")
     if problems:
-        raise StackRejected(POLICY_PREFIX + "; ".join(problems))
+        raise StackRejected(POLICY_PREFIX + problems_said(problems))
     said = [f"Compose warns: {warning}" for warning in raw.compose_warnings]
     return harden(rewritten, ctx), [*raw.notices, *notices, *said]
 

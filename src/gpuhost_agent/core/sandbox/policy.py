@@ -16,7 +16,7 @@ from typing import Any
 from gpuhost_agent.core.sandbox.context import SandboxContext, shown_path
 from gpuhost_agent.core.sandbox.gpu_forms import NVIDIA_CAPABILITIES, PASSED_VARIABLES, is_toolkit_variable
 from gpuhost_agent.core.sandbox.host_network import image_problems, published_ports_problem
-from gpuhost_agent.core.sandbox.label_size import file_labels_problem
+from gpuhost_agent.core.sandbox.label_size import file_labels_problem, stack_resources_problem
 from gpuhost_agent.core.sandbox.networks import attachment_problems, device_list_mounts, network_problems
 from gpuhost_agent.core.stacks.compose_rewrite import as_mapping
 
@@ -94,8 +94,12 @@ def _top_level(model: dict, ctx: SandboxContext) -> list[str]:
                 problems.append(f"{where}: driver_opts is not allowed: it can bind host paths or interfaces")
             if _agent_labels(spec.get("labels")):
                 problems.append(f"{where}: labels {', '.join(_agent_labels(spec.get('labels')))} are the agent's own")
+            if too_many := file_labels_problem(as_mapping(spec.get("labels")), section[:-1]):
+                problems.append(f"{where}: {too_many}")
             if section == "networks":
                 problems += network_problems(where, spec)
+    if too_many := stack_resources_problem(model):
+        problems.append(too_many)
     for section in ("secrets", "configs"):
         for key, spec in (model.get(section) or {}).items():
             spec = spec or {}

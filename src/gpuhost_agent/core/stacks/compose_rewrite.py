@@ -35,6 +35,22 @@ class StackRejected(ValueError):
     """The stack cannot run as submitted; the message is meant for the renter."""
 
 
+# A refusal names at most this many problems, each cut at PROBLEM_CHARS, then
+# how many more: a file of a thousand forbidden volumes (or one with a name of
+# a megabyte) must not make an errorMsg, and a log line, of megabytes (red
+# team, 2026-11-29: 35 label problems made one of 14 KB).
+MAX_PROBLEMS_SAID = 20
+PROBLEM_CHARS = 400
+
+
+def problems_said(problems: list[str]) -> str:
+    """`problems` joined for an errorMsg, the first MAX_PROBLEMS_SAID of them."""
+    shown = [p if len(p) <= PROBLEM_CHARS else p[: PROBLEM_CHARS - 3] + "..." for p in problems[:MAX_PROBLEMS_SAID]]
+    if len(problems) > len(shown):
+        shown.append(f"and {len(problems) - len(shown)} more")
+    return "; ".join(shown)
+
+
 def check_variables(variables: dict[str, str]) -> None:
     """Refuse template variables that are not usable names or that steer Compose."""
     for name in variables:

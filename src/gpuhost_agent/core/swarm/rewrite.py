@@ -46,7 +46,7 @@ from gpuhost_agent.core.sandbox.context import SandboxContext
 from gpuhost_agent.core.sandbox.harden import GPU_LABEL
 from gpuhost_agent.core.sandbox.policy import to_bytes
 from gpuhost_agent.core.sandbox.rewrite import replicas_of
-from gpuhost_agent.core.stacks.compose_rewrite import StackRejected, as_mapping
+from gpuhost_agent.core.stacks.compose_rewrite import StackRejected, as_mapping, problems_said
 from gpuhost_agent.runtime.declared_ports import LABEL as EXPOSED_LABEL
 from gpuhost_agent.runtime.declared_ports import label_value
 
@@ -113,7 +113,7 @@ def swarm_stack(hardened: dict, ctx: SandboxContext, placement: SwarmPlacement) 
         if service.get("depends_on"):
             notices.append(f"{where}: depends_on does not order a Swarm stack's start; its services start together")
     if problems:
-        raise StackRejected(POLICY_PREFIX + "; ".join(problems))
+        raise StackRejected(POLICY_PREFIX + problems_said(problems))
     stack = {"services": stack_services, "networks": _networks(hardened, placement.encrypted)}
     volumes = {name: _volume(spec) for name, spec in (hardened.get("volumes") or {}).items()}
     if volumes:
