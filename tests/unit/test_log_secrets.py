@@ -45,14 +45,22 @@ def test_secret_registry_counts_shared_values():
     assert "shared-value" not in registry
 
 
-def test_a_short_value_is_masked_as_a_word_never_inside_an_id():
+def test_a_short_value_is_masked_everywhere_but_inside_an_id() -> None:
     """A renter's PORT=8000 once turned a container id in the status answer into
-    64eb8***af1...: a short value inside a run of letters and digits is left alone,
-    a long one is masked wherever it appears."""
+    64eb8***af1...: a short value inside a run of 12 or more hex digits (an id, a
+    digest) is left alone; anywhere else it is masked, glued to letters or after an
+    escape too (red team, 2026-11-29); a long one is masked wherever it appears."""
+    from gpuhost_agent.common.visible import visible
+
     registry = logs.SecretRegistry()
-    registry.add_many(["8000", "hunter22"])
+    registry.add_many(["8000", "hunter22", "Hx72q", "admin", "beef"])
     container_id = "64eb88000af174883187ea3a3eb44d6bf719bf44b98d3d94c2463d07baecab9e"
-    assert registry.scrub(container_id) == container_id
+    assert registry.scrub(f"container {container_id} sha256:{container_id}") == (
+        f"container {container_id} sha256:{container_id}"
+    )
     assert registry.scrub("bind 0.0.0.0:8000 failed; 8000/tcp") == "bind 0.0.0.0:*** failed; ***/tcp"
-    assert registry.scrub("PORT_8000=1 x8000") == "PORT_***=1 x8000"
+    assert registry.scrub("PORT_8000=1 x8000 abc8000def") == "PORT_***=1 x*** abc***def"  # runs under 12 digits
     assert registry.scrub("image repo/hunter22app:1") == "image repo/***app:1"
+    for escaped in (repr("password:\nHx72q"), visible("pw:\tHx72q"), "account=admin%3AHx72q", "adminHx72q"):
+        assert "Hx72q" not in registry.scrub(escaped) and "admin" not in registry.scrub(escaped), escaped
+    assert registry.scrub("deadbeef00 beef") == "dead***00 ***"

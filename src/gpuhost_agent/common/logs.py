@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import sys
 import threading
 from collections import Counter
@@ -27,13 +26,17 @@ MASK = "***"
 # Values shorter than this are too common to scrub without mangling every line
 # ("1", "true", "web"); they are also too short to be credentials.
 MIN_SECRET_LEN = 4
-# A value shorter than this ("8000", "admin") is masked only as a whole word: found
-# inside a longer run of letters and digits it is a coincidence, not the secret (CI
-# saw a renter's PORT=8000 turn a container id 64eb88000af1... into 64eb8***af1...
-# in the status answer). Longer values are masked wherever they appear: the chance
-# that 8 given characters sit in a 64-hex-digit id is below 10^-8.
-WHOLE_WORD_BELOW = 8
-_WORD_CHAR = "A-Za-z0-9"
+# A value shorter than this ("8000", "admin") is left alone only where it sits
+# inside a run of at least ID_RUN lowercase hex digits: a container or image id,
+# a digest. There it is a coincidence, not the secret (CI saw a renter's
+# PORT=8000 turn a container id 64eb88000af1... into 64eb8***af1... in the status
+# answer). Anywhere else, glued to letters or after an escape (`\nHx72q`,
+# `%3AHx72q`), it is masked (red team, 2026-11-29). Longer values are masked
+# wherever they appear: 8 given characters sit in a 64-digit id by chance
+# with odds below 10^-8.
+SHORT_BELOW = 8
+ID_RUN = 12
+_HEX = frozenset("0123456789abcdef")
 _SECRET_KEY_HINTS = ("api_key", "apikey", "secret", "password", "token", "environmentvariables", "env_values")
 
 
@@ -75,12 +78,31 @@ class SecretRegistry:
         for value in values:
             if value not in text:
                 continue
-            if len(value) >= WHOLE_WORD_BELOW:
+            if len(value) >= SHORT_BELOW or not _HEX.issuperset(value):
                 text = text.replace(value, MASK)
             else:
-                word = rf"(?<![{_WORD_CHAR}]){re.escape(value)}(?![{_WORD_CHAR}])"
-                text = re.sub(word, MASK, text)
+                text = _mask_outside_ids(text, value)
         return text
+
+
+def _mask_outside_ids(text: str, value: str) -> str:
+    """`value` (short, hex digits only) masked in `text` wherever it is not
+    inside a run of ID_RUN or more lowercase hex digits."""
+    out, at = [], 0
+    while (found := text.find(value, at)) >= 0:
+        start, end = found, found + len(value)
+        while start > 0 and text[start - 1] in _HEX:
+            start -= 1
+        while end < len(text) and text[end] in _HEX:
+            end += 1
+        if end - start >= ID_RUN:  # an id or a digest: keep the whole run as it is
+            out.append(text[at:end])
+            at = end
+        else:
+            out.append(text[at:found] + MASK)
+            at = found + len(value)
+    out.append(text[at:])
+    return "".join(out)
 
 
 SECRETS = SecretRegistry()
