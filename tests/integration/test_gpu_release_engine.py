@@ -99,8 +99,8 @@ async def test_a_rental_no_release_can_serve_is_refused_at_once(gpu_agent):
 
 async def test_a_stack_removed_while_it_waits_for_released_gpus_goes_at_once(gpu_agent):
     """The renter deletes a stack that waits for GPUs an ended rental's stubborn
-    container holds for 20 s: the removal does not wait for them (core/stacks/deploy_stops.py)."""
-    renter, parts, _local, _ = await gpu_agent(gpus=2, stop_timeout=20)
+    container holds for 10 s: the removal does not wait for them (core/stacks/deploy_stops.py)."""
+    renter, parts, _local, _ = await gpu_agent(gpus=2, stop_timeout=10)
     ending = await renter.rental(gpu_count=2)
     stubborn = await renter.stack(ending, STUBBORN)
     assert (await renter.wait_stack(ending, stubborn, (wire.APPLIED, wire.ERROR), timeout=30))["status"] == (
@@ -118,7 +118,7 @@ async def test_a_stack_removed_while_it_waits_for_released_gpus_goes_at_once(gpu
     status, _ = await renter.call("DELETE", f"/rentals/{new}/stacks/{stack_id}")
     assert status in (200, 202)
     assert await renter.wait_stack(new, stack_id, (), timeout=30) is None
-    assert loop.time() - started < 10  # the ended rental's container still holds the GPUs
+    assert loop.time() - started < 6  # the ended rental's container still holds the GPUs
     assert ending in (renter.store.live.get("gpuAssignments") or {}).get("releasing", {})
     (deploy,) = [job for job in renter.store.jobs.values() if job.stackId == stack_id and job.type == wire.JOB_DEPLOY]
     assert deploy.errorMsg == "deploy stopped: the stack's removal came before the deploy finished"
