@@ -186,7 +186,7 @@ async def test_stops_the_agent_causes_set_no_error(local_market, docker_client):
     assert parts.outbox.rejected == 0  # no list sent for a stack the marketplace dropped
 
 
-# Healthy only while /healthy exists; checked every 200 ms, unhealthy after one failure.
+# Healthy only while /healthy exists; checked every second (the policy's floor), unhealthy after one failure.
 HEALTH_ON_DEMAND = f"""
 services:
   app:
@@ -194,7 +194,7 @@ services:
     command: ["sleep", "3600"]
     healthcheck:
       test: ["CMD", "test", "-e", "/healthy"]
-      interval: 200ms
+      interval: 1s
       timeout: 1s
       retries: 1
 """
@@ -216,3 +216,38 @@ async def test_an_unhealthy_container_says_so(local_market, docker_client):
     assert touched.exit_code == 0, touched.output
     await until(lambda: _states(renter.store, stack_id) == ["running"], timeout=5)
     await until(lambda: renter.store.stacks[stack_id]["errorMsg"] == "", timeout=5)
+
+
+async def test_the_engine_sends_the_agent_only_the_actions_it_follows(docker_client) -> None:
+    """A renter's healthcheck every 10 ms makes exec_create, exec_start and exec_die
+    events, each with its command and every label, dozens a second: the agent asks
+    the engine for the actions it follows alone (wire.CONTAINER_EVENTS), so none
+    of those reach its loop (red team, 2026-11-29)."""
+    from gpuhost_agent.runtime.engine import DockerEngine
+
+    env_id = f"events-{time.monotonic_ns()}"
+    engine, seen = DockerEngine(), []
+    end = engine.watch_container_events(env_id, seen.append, lambda: None)
+    container = None
+    try:
+        await asyncio.sleep(0.5)  # the stream is open
+        container = await asyncio.to_thread(
+            docker_client.containers.run,
+            TEST_IMAGE,
+            ["sleep", "600"],
+            detach=True,
+            labels={wire.LABEL_MANAGED: "true", wire.LABEL_ENV: env_id},
+            healthcheck={"test": ["CMD", "true"], "interval": 10_000_000},
+        )
+        await until(lambda: any(str(e.get("Action")).startswith("health_status") for e in seen), timeout=10)
+        await asyncio.sleep(1.0)  # some hundred probes
+        await asyncio.to_thread(container.kill)
+        await until(lambda: any(e.get("Action") == "die" for e in seen), timeout=10)
+        actions = {str(e.get("Action")).split(":")[0] for e in seen}
+        assert actions <= set(wire.CONTAINER_EVENTS), actions
+        assert {"create", "start", "health_status", "kill", "die"} <= actions, actions
+    finally:
+        end()
+        if container is not None:
+            await asyncio.to_thread(container.remove, force=True)
+        await engine.close()

@@ -53,7 +53,7 @@ CASES = {
         f"services:\n  app:\n    image: {TEST_IMAGE}\n    command: ['sleep', '3600']\n"
         "    depends_on:\n      db:\n        condition: service_healthy\n"
         f"  db:\n    image: {TEST_IMAGE}\n    command: ['sh', '-c', 'echo db: data directory is corrupt; sleep 3600']\n"
-        "    healthcheck:\n      test: ['CMD', 'false']\n      interval: 200ms\n      retries: 1\n",
+        "    healthcheck:\n      test: ['CMD', 'false']\n      interval: 1s\n      retries: 1\n",
         {},
         ["deploy failed", "unhealthy", "service 'db'", "db: data directory is corrupt"],
     ),

@@ -288,6 +288,7 @@ async def test_the_engines_events_reach_the_leader_for_the_agents_containers_alo
         ["sleep", "600"],
         detach=True,
         labels={wire.LABEL_MANAGED: "true", "gpuhost-test": "door", "renter.notes": "A" * 700_000},
+        healthcheck={"test": ["CMD", "true"], "interval": 10_000_000},  # 10 ms: exec events the door never asks for
     )
     seen: list[dict] = []
     follow = asyncio.create_task(door.follow_events(seen.append))
@@ -304,6 +305,8 @@ async def test_the_engines_events_reach_the_leader_for_the_agents_containers_alo
         assert unmanaged not in {e.get("id") for e in seen} and {e.get("Type") for e in seen} == {"container"}
         print("LENS", [len(json.dumps(e)) for e in seen if e.get("id") == bulky.id])
         assert any(e.get("Action") == "die" and e.get("id") == bulky.id for e in seen)  # under the 1 MiB limit
+        actions = {str(e.get("Action")).split(":")[0] for e in seen}
+        assert actions <= set(wire.CONTAINER_EVENTS) and "health_status" in actions, actions  # no exec_* events
     finally:
         follow.cancel()
         await asyncio.gather(follow, return_exceptions=True)

@@ -276,3 +276,35 @@ def test_a_refusal_names_a_dozen_problems_then_how_many_more() -> None:
         decide(model, review("services: {app: {image: x}}\n"), _ctx())
     message = str(refused.value)
     assert message.startswith(POLICY_PREFIX) and message.endswith(f"and {50 - MAX_PROBLEMS_SAID} more")
+
+
+def test_a_healthcheck_probes_at_most_once_a_second_with_a_short_command() -> None:
+    """Each probe is an exec the host's engine runs outside the rental's share, and
+    its events carry the command (red team, 2026-11-29: 1 ms and 500 KiB were accepted)."""
+    from gpuhost_agent.core.sandbox.healthcheck import duration_seconds
+
+    assert [duration_seconds(v) for v in ("1m30s", "1.5s", "500ms", "0s", "1h", "10", "x", "1s2")] == [
+        90.0,
+        1.5,
+        0.5,
+        0.0,
+        3600.0,
+        None,
+        None,
+        None,
+    ]
+
+    def model(check: dict) -> dict:
+        return {"services": {"app": {"image": "x", "healthcheck": {"test": ["CMD", "true"], **check}}}}
+
+    assert policy_violations(model({"interval": "1s", "start_interval": "5s", "timeout": "100ms"}), _ctx()) == []
+    assert policy_violations(model({"interval": "1ms", "disable": True}), _ctx()) == []
+    (problem,) = policy_violations(model({"interval": "1ms"}), _ctx())
+    assert problem == (
+        "service \"app\": healthcheck interval '1ms' is below 1 s: each probe is an exec the host's engine runs, "
+        "outside the rental's share"
+    )
+    (problem,) = policy_violations(model({"start_interval": "999ms"}), _ctx())
+    assert "healthcheck start_interval '999ms' is below 1 s" in problem
+    (problem,) = policy_violations(model({"test": ["CMD-SHELL", "x" * 5000]}), _ctx())
+    assert "healthcheck test is 5,010 bytes, at most 4,096" in problem

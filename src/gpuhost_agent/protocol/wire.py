@@ -54,4 +54,15 @@ LABEL_EXPOSED_PORTS = "io.gpuhost.exposed-ports"
 
 AGENT_LABELS = (LABEL_MANAGED, LABEL_STACK, LABEL_RENTAL, LABEL_ENV)
 
+# The container events the agent follows: those that change what a stack's list
+# shows. They are asked of the engine by name, so that the others never reach
+# the agent: a renter's healthcheck at a 1 ms interval makes exec_create,
+# exec_start and exec_die events, each with the command and every label, dozens
+# a second per container (red team, 2026-11-29). The engine matches
+# `health_status` as a prefix of `health_status: healthy`.
+CONTAINER_EVENTS = (
+    *("create", "start", "restart", "stop", "die", "kill", "oom", "pause", "unpause", "destroy"),
+    "health_status",
+)
+
 MAX_POLL_WAIT_SECONDS = 60  # GET /agent/jobs holds a request at most this long (docs/agent-api.yaml)

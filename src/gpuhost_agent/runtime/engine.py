@@ -126,7 +126,8 @@ class DockerEngine(EngineCalls):
         the follow without on_break; closing the engine ends it too."""
 
         async def follow() -> None:
-            if await self._follow({"type": ["container"], "label": [f"{wire.LABEL_ENV}={env_id}"]}, on_event):
+            kinds = {"type": ["container"], "label": [f"{wire.LABEL_ENV}={env_id}"], "event": [*wire.CONTAINER_EVENTS]}
+            if await self._follow(kinds, on_event):
                 on_break()
 
         task = asyncio.get_running_loop().create_task(follow(), name="docker-container-events")

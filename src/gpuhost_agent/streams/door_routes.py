@@ -90,8 +90,11 @@ def dial_target(approved: Approved) -> Dial:
 
 def events_head() -> bytes:
     """The engine's event stream as the door asks it, whatever the leader's
-    query said: container events of the agent's containers alone."""
-    filters = json.dumps({"type": ["container"], "label": [f"{wire.LABEL_MANAGED}=true"]})
+    query said: container events of the agent's containers alone, the
+    actions the agent follows alone (wire.CONTAINER_EVENTS)."""
+    filters = json.dumps(
+        {"type": ["container"], "label": [f"{wire.LABEL_MANAGED}=true"], "event": [*wire.CONTAINER_EVENTS]}
+    )
     target = f"{EVENTS_PATH}?filters={urllib.parse.quote(filters)}"
     return f"GET {target} HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n\r\n".encode()
 

@@ -18,10 +18,9 @@ from __future__ import annotations
 from gpuhost_agent.core.sandbox.apply import kept_notes
 from gpuhost_agent.protocol import wire
 
-# The actions that change what a stack's list shows; the others (exec, attach, ...) are not followed.
-WATCHED = frozenset(
-    {"create", "start", "restart", "stop", "die", "kill", "oom", "pause", "unpause", "destroy", "health_status"}
-)
+# The actions that change what a stack's list shows; the others (exec, attach, ...)
+# are not followed, and not even asked of the engine (wire.CONTAINER_EVENTS).
+WATCHED = frozenset(wire.CONTAINER_EVENTS)
 
 
 def error_to_report(record: dict | None, error: str, *, may_set: bool = True) -> str | None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from gpuhost_agent.core.sandbox.context import SandboxContext, shown_path
 from gpuhost_agent.core.sandbox.gpu_forms import NVIDIA_CAPABILITIES, PASSED_VARIABLES, is_toolkit_variable
+from gpuhost_agent.core.sandbox.healthcheck import healthcheck_problems
 from gpuhost_agent.core.sandbox.host_network import image_problems, published_ports_problem
 from gpuhost_agent.core.sandbox.label_size import file_labels_problem, stack_resources_problem
 from gpuhost_agent.core.sandbox.networks import attachment_problems, device_list_mounts, network_problems
@@ -126,7 +127,7 @@ def _service(service: dict, stack: set[str], ctx: SandboxContext) -> list[str]:
     problems += _volumes(service, ctx)
     problems += device_list_mounts(service)
     problems += attachment_problems(service)
-    problems += _environment_and_labels(service)
+    problems += _environment_and_labels(service) + healthcheck_problems(service)
     problems += _resources(service, ctx)
     problems += _gpu_requests(service, ctx)
     if (service.get("oom_score_adj") or 0) < 0:

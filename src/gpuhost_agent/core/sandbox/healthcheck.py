@@ -1,0 +1,67 @@
+"""A renter's healthcheck, bounded where its cost falls on the host. Pure.
+
+Each probe of a healthcheck is an exec: the engine, containerd and runc set
+it up on the host's CPU, outside the rental's cgroup, and the engine tells
+every follower of its events (exec_create, exec_start, exec_die, each with
+the command and every label). Docker accepts an interval of 1 ms, which runs
+probes back to back: one renter's file could keep the host's engine busy for
+every renter (red team, 2026-11-29). So the interval, and the start interval
+used during the start period, are at least a second, and the command at most
+4 KiB. Compose's normalised model writes durations as Go does ("1m30s",
+"1.5s", "500ms").
+
+An image's own HEALTHCHECK is not seen here (the image is not pulled yet);
+the agent asks the engine for the actions it follows alone, so its probes'
+events never reach the agent (protocol/wire.py, CONTAINER_EVENTS).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+MIN_INTERVAL_SECONDS = 1.0
+MAX_TEST_BYTES = 4096
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def duration_seconds(value: Any) -> float | None:
+    """A Go duration string ("1m30s", "1.5s", "0s") or a number of seconds,
+    in seconds; None when it is neither."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = str(value).strip()
+    if text in ("", "0"):
+        return 0.0
+    parts = _PART.findall(text)
+    if not parts or "".join(number + unit for number, unit in parts) != text:
+        return None
+    return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+
+
+def healthcheck_problems(service: dict) -> list[str]:
+    check = service.get("healthcheck")
+    if not isinstance(check, dict) or check.get("disable"):
+        return []
+    problems = []
+    for key in ("interval", "start_interval"):
+        if check.get(key) in (None, ""):
+            continue
+        seconds = duration_seconds(check[key])
+        if seconds is None or 0 < seconds < MIN_INTERVAL_SECONDS:
+            problems.append(
+                f"healthcheck {key} {check[key]!r} is below {MIN_INTERVAL_SECONDS:g} s: each probe is an exec "
+                "the host's engine runs, outside the rental's share"
+            )
+    test = check.get("test")
+    text = " ".join(map(str, test)) if isinstance(test, list) else str(test or "")
+    size = len(text.encode())
+    if size > MAX_TEST_BYTES:
+        problems.append(
+            f"healthcheck test is {size:,} bytes, at most {MAX_TEST_BYTES:,}: every probe's events carry it; "
+            "put a long check in a script of the image"
+        )
+    return problems
