@@ -308,3 +308,27 @@ def test_a_healthcheck_probes_at_most_once_a_second_with_a_short_command() -> No
     assert "healthcheck start_interval '999ms' is below 1 s" in problem
     (problem,) = policy_violations(model({"test": ["CMD-SHELL", "x" * 5000]}), _ctx())
     assert "healthcheck test is 5,010 bytes, at most 4,096" in problem
+
+
+def test_a_stack_declares_so_many_ports_counted_port_by_port() -> None:
+    """`expose: ["1-65535"]` made one container's list entry 7.7 MB and 2.7 s of the
+    agent's CPU to shape (red team, 2026-11-29); an image's EXPOSE is judged once the
+    container runs."""
+    from gpuhost_agent.core.sandbox.host_network import MAX_EXPOSED_PORTS, exposed_count
+    from gpuhost_agent.core.sandbox.label_size import MAX_LISTED_PORTS, oversized_container
+
+    assert [exposed_count(e) for e in ("8080", "8000-8009/udp", 9000, "1-65535", "x")] == [1, 10, 1, 65535, 1]
+
+    def model(expose: list, replicas: int = 1) -> dict:
+        return {"services": {"app": {"image": "x", "expose": expose, "deploy": {"replicas": replicas}}}}
+
+    assert policy_violations(model(["8080", f"9000-{9000 + MAX_EXPOSED_PORTS - 2}"]), _ctx()) == []
+    (problem,) = policy_violations(model(["1-65535", "1-65535/udp"]), _ctx())
+    assert problem.startswith("expose: the stack would declare 131070 ports, more than the 256 one stack may")
+    (problem,) = policy_violations(model(["8000-8099"], replicas=3), _ctx())
+    assert "would declare 300 ports" in problem
+
+    listed = {"Names": ["/p-app-1"], "Labels": {}, "Command": "x", "Ports": [{"PrivatePort": p} for p in range(600)]}
+    message = oversized_container([listed])
+    assert message is not None and message.startswith("deploy failed: container p-app-1 declares 600 ports")
+    assert oversized_container([{**listed, "Ports": listed["Ports"][:MAX_LISTED_PORTS]}]) is None

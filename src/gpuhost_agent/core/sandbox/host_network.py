@@ -36,6 +36,12 @@ from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.streams.sandbox_addresses import IPAddress, IPNetwork, special_address
 
 MAX_PUBLISHED_PORTS = 64  # per stack; a rental has at most GPUHOST_STACKS_PER_RENTAL stacks
+# Declared (exposed) ports a stack may have, ranges counted port by port: each is
+# an entry of its container's Ports in every container list the agent reads and
+# sends, and a tunnel; `expose: ["1-65535"]` made one container's entry 7.7 MB
+# and 2.7 s of the agent's CPU to shape (red team, 2026-11-29).
+MAX_EXPOSED_PORTS = 256
+_EXPOSE = re.compile(r"^(\d+)(?:-(\d+))?(?:/\w+)?$")
 RESOLVE_SECONDS = 3.0
 SETTING = "GPUHOST_ALLOWED_REGISTRIES"
 _NUMERIC = re.compile(r"(0x[0-9a-f]*|[0-9]+)(\.(0x[0-9a-f]*|[0-9]+)){0,3}")
@@ -146,6 +152,29 @@ def published_ports_problem(model: dict) -> str | None:
     return (
         f"ports: the stack would publish {total} ports ({each}), more than the {MAX_PUBLISHED_PORTS} one stack may "
         "publish: each is a process of the host's and a port of the host's range, which all rentals share"
+    )
+
+
+def exposed_count(entry: object) -> int:
+    """How many ports an `expose:` entry declares ("8080", "8000-8009/udp");
+    one that is not a port or a range counts as one (Compose refuses it)."""
+    match = _EXPOSE.match(str(entry).strip())
+    if not match or not match.group(2):
+        return 1
+    return max(1, int(match.group(2)) - int(match.group(1)) + 1)
+
+
+def exposed_ports_problem(model: dict) -> str | None:
+    """Why the stack declares too many ports; None when it does not."""
+    total = sum(
+        sum(exposed_count(entry) for entry in (service or {}).get("expose") or []) * max(1, replicas_of(service) or 1)
+        for service in (model.get("services") or {}).values()
+    )
+    if total <= MAX_EXPOSED_PORTS:
+        return None
+    return (
+        f"expose: the stack would declare {total} ports, more than the {MAX_EXPOSED_PORTS} one stack may: each is "
+        "an entry of every container list the agent reads for all renters, and a tunnel"
     )
 
 

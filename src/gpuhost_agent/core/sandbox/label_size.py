@@ -37,6 +37,7 @@ from typing import Any
 from gpuhost_agent.core.stacks.compose_rewrite import as_mapping
 
 MAX_LABEL_BYTES = 64 * 1024
+MAX_LISTED_PORTS = 512  # a container's Ports entries (an image's EXPOSE too; a published port is listed twice)
 
 
 _SIX_BYTES = frozenset("<>&\u2028\u2029") | {chr(code) for code in range(32)}
@@ -97,6 +98,13 @@ def oversized_container(raw_list: Iterable[Mapping[str, Any]]) -> str | None:
                 f"deploy failed: container {name} carries {_bytes(size)} of labels (its image's and the file's), "
                 f"at most {_bytes(MAX_LABEL_BYTES)} (64 KiB): every event and container list of the engine "
                 "carries them; use an image with fewer labels"
+            )
+        ports = len(raw.get("Ports") or [])
+        if ports > MAX_LISTED_PORTS:
+            return (
+                f"deploy failed: container {name} declares {ports:,} ports (its image's EXPOSE and the file's), "
+                f"at most {MAX_LISTED_PORTS}: every container list of the engine carries them; "
+                "use an image that exposes fewer"
             )
         size = json_bytes(str(raw.get("Command") or ""))
         if size > MAX_LABEL_BYTES:

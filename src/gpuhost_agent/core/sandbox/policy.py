@@ -16,7 +16,7 @@ from typing import Any
 from gpuhost_agent.core.sandbox.context import SandboxContext, shown_path
 from gpuhost_agent.core.sandbox.gpu_forms import NVIDIA_CAPABILITIES, PASSED_VARIABLES, is_toolkit_variable
 from gpuhost_agent.core.sandbox.healthcheck import healthcheck_problems
-from gpuhost_agent.core.sandbox.host_network import image_problems, published_ports_problem
+from gpuhost_agent.core.sandbox.host_network import exposed_ports_problem, image_problems, published_ports_problem
 from gpuhost_agent.core.sandbox.label_size import file_labels_problem, stack_resources_problem
 from gpuhost_agent.core.sandbox.networks import attachment_problems, device_list_mounts, network_problems
 from gpuhost_agent.core.stacks.compose_rewrite import as_mapping
@@ -67,8 +67,7 @@ def policy_violations(model: dict, ctx: SandboxContext) -> list[str]:
     for name, service in services.items():
         problems += [f'service "{name}": {text}' for text in _service(service, set(services), ctx)]
     problems += image_problems(model, ctx.registries)  # the host's engine fetches them on the host's network
-    if ports := published_ports_problem(model):
-        problems.append(ports)
+    problems += [problem for problem in (published_ports_problem(model), exposed_ports_problem(model)) if problem]
     return problems
 
 
