@@ -332,3 +332,28 @@ def test_a_stack_declares_so_many_ports_counted_port_by_port() -> None:
     message = oversized_container([listed])
     assert message is not None and message.startswith("deploy failed: container p-app-1 declares 600 ports")
     assert oversized_container([{**listed, "Ports": listed["Ports"][:MAX_LISTED_PORTS]}]) is None
+
+
+def test_what_a_file_or_template_multiplies_is_bounded() -> None:
+    """Red team, 2026-11-29: 2,000 services by one YAML alias (replicas: 0 runs none,
+    the Swarm's lists carry them all), 100,000 variables (each looked for in every
+    log line), a variable name of 200 KB and an APPLIED notice of 705 KB in an errorMsg."""
+    from gpuhost_agent.core.sandbox.apply import CHANGES_PREFIX, notices_message
+    from gpuhost_agent.core.sandbox.policy import MAX_SERVICES_PER_STACK
+    from gpuhost_agent.core.stacks.compose_rewrite import MAX_VARIABLES, StackRejected, check_variables
+
+    def services(count: int) -> dict:
+        return {"services": {f"s{i}": {"image": "x", "deploy": {"replicas": 0}} for i in range(count)}}
+
+    assert policy_violations(services(MAX_SERVICES_PER_STACK), _ctx()) == []
+    assert f"services: 65 are defined, at most {MAX_SERVICES_PER_STACK} per stack" in policy_violations(
+        services(65), _ctx()
+    )
+    check_variables({f"V{i}": "x" for i in range(MAX_VARIABLES)})
+    with pytest.raises(StackRejected, match="sets 257 variables, at most 256"):
+        check_variables({f"V{i}": "x" for i in range(MAX_VARIABLES + 1)})
+    with pytest.raises(StackRejected) as refused:
+        check_variables({"-" * 200_000: "x"})
+    assert len(str(refused.value)) < 200
+    said = notices_message([f"container_name of s{i} dropped" for i in range(2000)])
+    assert said.startswith(CHANGES_PREFIX) and said.endswith("and 1980 more") and len(said) < 2000

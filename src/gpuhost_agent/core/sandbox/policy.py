@@ -55,6 +55,7 @@ ALLOWED_SECURITY_OPTS = ("no-new-privileges", "no-new-privileges:true", "no-new-
 ULIMIT_CEILINGS = {"nofile": 1_048_576, "core": None, "stack": 1 << 30, "nproc": None, "memlock": None}
 ALLOWED_LOG_DRIVERS = ("json-file", "local")
 MAX_NETWORKS_PER_STACK = 4  # each network takes a subnet from the address pools every rental shares
+MAX_SERVICES_PER_STACK = 64  # with replicas: 0 a service runs nothing, but the engine's lists carry it (Swarm)
 
 
 def policy_violations(model: dict, ctx: SandboxContext) -> list[str]:
@@ -64,6 +65,8 @@ def policy_violations(model: dict, ctx: SandboxContext) -> list[str]:
         if model.get(name):
             problems.append(f"{name} is not allowed: it runs programs on the host")
     problems += _top_level(model, ctx)
+    if len(services) > MAX_SERVICES_PER_STACK:
+        problems.append(f"services: {len(services)} are defined, at most {MAX_SERVICES_PER_STACK} per stack")
     for name, service in services.items():
         problems += [f'service "{name}": {text}' for text in _service(service, set(services), ctx)]
     problems += image_problems(model, ctx.registries)  # the host's engine fetches them on the host's network

@@ -51,12 +51,22 @@ def problems_said(problems: list[str]) -> str:
     return "; ".join(shown)
 
 
+# Every value is registered with the log redactor, which looks for each one in
+# every log line (common/logs.py): 100,000 of them cost 232 ms a line (red team,
+# 2026-11-29). Published templates set a few dozen.
+MAX_VARIABLES = 256
+
+
 def check_variables(variables: dict[str, str]) -> None:
-    """Refuse template variables that are not usable names or that steer Compose."""
+    """Refuse template variables that are not usable names, too many, or that steer Compose."""
+    if len(variables) > MAX_VARIABLES:
+        raise StackRejected(f"the template sets {len(variables)} variables, at most {MAX_VARIABLES}")
     for name in variables:
         if not _VARIABLE_NAME.fullmatch(name):
+            shown = name if len(name) <= 64 else name[:61] + "..."
             raise StackRejected(
-                f"environment variable name {name!r} is invalid: use letters, digits and '_', not starting with a digit"
+                f"environment variable name {shown!r} is invalid: use letters, digits and '_', "
+                "not starting with a digit"
             )
         if name in _ALLOWED_COMPOSE:
             continue

@@ -27,7 +27,7 @@ from gpuhost_agent.core.sandbox.label_size import oversized_container
 from gpuhost_agent.core.sandbox.raw import RawReview
 from gpuhost_agent.core.stacks import naming
 from gpuhost_agent.core.stacks.backend import StackBackend, StackFailed
-from gpuhost_agent.core.stacks.compose_rewrite import StackRejected, check_variables, label_services
+from gpuhost_agent.core.stacks.compose_rewrite import MAX_VARIABLES, StackRejected, check_variables, label_services
 from gpuhost_agent.core.stacks.deploy_failures import LimitReached, describe_container
 from gpuhost_agent.core.stacks.deploy_stops import DeployStops
 from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
@@ -90,8 +90,9 @@ class StackDeployer:
         template = job.template or {}
         variables = dict(template.get("environmentVariables") or {})
         self._forget_secrets(job.stack_id)
-        self._stack_secrets[job.stack_id] = list(variables.values())
-        SECRETS.add_many(variables.values())
+        if len(variables) <= MAX_VARIABLES:  # more are refused (check_variables) before a value is used
+            self._stack_secrets[job.stack_id] = list(variables.values())
+            SECRETS.add_many(variables.values())
         project, workdir = StackRef.of_job(job).project, self.stacks_dir / job.stack_id
         self._report(job, wire.APPLYING)
         log.info("stack_applying", stack_id=job.stack_id, rental_id=job.rental_id, job_id=job.job_id, project=project)
