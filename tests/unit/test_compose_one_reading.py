@@ -124,3 +124,17 @@ def test_a_mapping_merged_along_many_paths_is_edited_once() -> None:
 def test_a_value_of_the_wrong_kind_is_left_to_compose_not_a_crash() -> None:
     """`profiles: 5` raised TypeError in the raw pass ("internal agent error")."""
     assert review(BASE + "    profiles: 5\n").problems == []
+
+
+def test_a_long_text_behind_many_aliases_is_refused() -> None:
+    """2,000 nodes, but 800 MB once Compose writes its model out, which the agent
+    reads (red team, 2026-11-29); the same text once is a plain file."""
+    big = "n" * 400_000
+    once = f'x-big: &big "{big}"\n' + BASE
+    assert review(once).problems == []
+    many = once + "".join(f"x-{i}: *big\n" for i in range(20))
+    with pytest.raises(ValueError, match="expand to more than 4 MiB of text"):
+        review(many)
+    with pytest.raises(ValueError) as refused:
+        review("services: !" + "t" * 100_000 + " {}\n")
+    assert len(str(refused.value)) < 300

@@ -104,7 +104,7 @@ def _check_tags(text: str) -> None:
         tag = getattr(event, "tag", None)
         if isinstance(event, yaml.NodeEvent) and tag is not None and tag not in COMPOSE_TAGS:
             raise ValueError(
-                f"not acceptable YAML (line {line}): the tag {tag!r} is not allowed "
+                f"not acceptable YAML (line {line}): the tag {tag[:64]!r} is not allowed "
                 f"(only Compose's {' and '.join(COMPOSE_TAGS)}): it can make Compose read another file than this one"
             )
 
@@ -114,6 +114,10 @@ def _check_tags(text: str) -> None:
 # walk over it, here or in Compose, would take hours while the renter waits
 # for nothing. Real Compose files are a few thousand nodes at most.
 MAX_EXPANDED_NODES = 50_000
+# And bytes: one scalar of 400 KiB behind 2,000 aliases is 2,000 nodes but
+# 800 MB once Compose writes its model out, which the agent reads (red team,
+# 2026-11-29: a 492 KB file of 2,000 services).
+MAX_EXPANDED_BYTES = 4 * 1024 * 1024
 
 
 MAX_DEPTH = 64  # collections inside collections; a Compose file needs about ten
@@ -149,16 +153,25 @@ def _check_expanded_size(root: yaml.Node) -> None:
     to themselves. Each node is sized once (iteratively: a deep file cannot
     exhaust the stack)."""
     sizes: dict[int, int] = {}
+    weights: dict[int, int] = {}  # characters of the scalars, aliases written out
     open_: set[int] = set()
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     while stack:
         node, children_sized = stack.pop()
         if children_sized:
             open_.discard(id(node))
-            sizes[id(node)] = 1 + sum(sizes[id(part)] for part in _children(node))
+            parts = _children(node)
+            sizes[id(node)] = 1 + sum(sizes[id(part)] for part in parts)
+            own = len(node.value) if isinstance(node, yaml.ScalarNode) else 0
+            weights[id(node)] = own + sum(weights[id(part)] for part in parts)
             if sizes[id(node)] > MAX_EXPANDED_NODES:
                 raise ValueError(
                     f"not acceptable YAML: its anchors and aliases expand to more than {MAX_EXPANDED_NODES} nodes"
+                )
+            if weights[id(node)] > MAX_EXPANDED_BYTES:
+                raise ValueError(
+                    "not acceptable YAML: its anchors and aliases expand to more than "
+                    f"{MAX_EXPANDED_BYTES // (1024 * 1024)} MiB of text"
                 )
             continue
         if id(node) in sizes:
