@@ -14,6 +14,7 @@ from support.waiting import until
 from support.wiring import dispatcher_for
 
 from gpuhost_agent.core.stacks.deploy_stops import DeployStopped, DeployStops
+from gpuhost_agent.core.stacks.dispatcher import JobDispatcher
 from gpuhost_agent.protocol import wire, wire_jobs
 
 REMOVAL_CAME = "deploy stopped: the stack's removal came before the deploy finished"
@@ -67,12 +68,20 @@ def _outcomes(outbox: FakeOutbox) -> dict[str, tuple[str, str | None]]:
     }
 
 
-async def test_a_removal_stops_the_pull_of_the_deploy_it_overtook_and_runs_at_once() -> None:
+async def _two_pulling(*deploys: tuple[str, str, str]) -> tuple[PullingDeployer, FakeOutbox, JobDispatcher]:
+    """A real dispatcher whose deploys (job, stack, rental) both pull, held."""
     deployer, outbox = PullingDeployer(), FakeOutbox()
     dispatcher = dispatcher_for(deployer, outbox)
-    dispatcher.submit(job_payload("deploy-1", "stack-a", rental_id="rental-1"))
-    dispatcher.submit(job_payload("deploy-other", "stack-b", rental_id="rental-1"))
-    await until(lambda: len(deployer.pulling) == 2)
+    for job_id, stack_id, rental_id in deploys:
+        dispatcher.submit(job_payload(job_id, stack_id, rental_id=rental_id))
+    await until(lambda: len(deployer.pulling) == len(deploys))
+    return deployer, outbox, dispatcher
+
+
+async def test_a_removal_stops_the_pull_of_the_deploy_it_overtook_and_runs_at_once() -> None:
+    deployer, outbox, dispatcher = await _two_pulling(
+        ("deploy-1", "stack-a", "rental-1"), ("deploy-other", "stack-b", "rental-1")
+    )
     dispatcher.submit(job_payload("remove-1", "stack-a", wire.JOB_REMOVE, rental_id="rental-1"))
     await until(lambda: "remove-1" in _outcomes(outbox))
     assert deployer.pull_cancelled == ["deploy-1"] and deployer.removed == ["remove-1"]
@@ -105,11 +114,9 @@ async def test_a_deploy_waiting_for_a_slot_is_stopped_without_starting() -> None
 
 
 async def test_a_rental_end_stops_its_rentals_pulls_alone() -> None:
-    deployer, outbox = PullingDeployer(), FakeOutbox()
-    dispatcher = dispatcher_for(deployer, outbox)
-    dispatcher.submit(job_payload("deploy-ending", "stack-a", rental_id="rental-ending"))
-    dispatcher.submit(job_payload("deploy-staying", "stack-b", rental_id="rental-staying"))
-    await until(lambda: len(deployer.pulling) == 2)
+    deployer, outbox, dispatcher = await _two_pulling(
+        ("deploy-ending", "stack-a", "rental-ending"), ("deploy-staying", "stack-b", "rental-staying")
+    )
     end = {
         **job_payload("end-1", "", wire.JOB_RENTAL_END, rental_id="rental-ending"),
         "stackName": "",

@@ -27,6 +27,8 @@ from typing import Any
 
 import yaml
 
+from gpuhost_agent.protocol.wire_values import clipped
+
 # Compose's own tags for merging; anything else could mean something to one
 # parser and another thing to the other.
 COMPOSE_TAGS = ("!reset", "!override")
@@ -104,7 +106,7 @@ def _check_tags(text: str) -> None:
         tag = getattr(event, "tag", None)
         if isinstance(event, yaml.NodeEvent) and tag is not None and tag not in COMPOSE_TAGS:
             raise ValueError(
-                f"not acceptable YAML (line {line}): the tag {tag[:64]!r} is not allowed "
+                f"not acceptable YAML (line {line}): the tag {clipped(tag, 61)!r} is not allowed "
                 f"(only Compose's {' and '.join(COMPOSE_TAGS)}): it can make Compose read another file than this one"
             )
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from gpuhost_agent.core.stacks.naming import stack_labels
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol.wire_values import clipped
 
 # Compose reads its own settings (project name, files, profiles, the Docker host)
 # from these variables; a renter must not steer the agent's compose run.
@@ -45,7 +46,7 @@ PROBLEM_CHARS = 400
 
 def problems_said(problems: list[str]) -> str:
     """`problems` joined for an errorMsg, the first MAX_PROBLEMS_SAID of them."""
-    shown = [p if len(p) <= PROBLEM_CHARS else p[: PROBLEM_CHARS - 3] + "..." for p in problems[:MAX_PROBLEMS_SAID]]
+    shown = [clipped(problem, PROBLEM_CHARS - 3) for problem in problems[:MAX_PROBLEMS_SAID]]
     if len(problems) > len(shown):
         shown.append(f"and {len(problems) - len(shown)} more")
     return "; ".join(shown)
@@ -63,9 +64,8 @@ def check_variables(variables: dict[str, str]) -> None:
         raise StackRejected(f"the template sets {len(variables)} variables, at most {MAX_VARIABLES}")
     for name in variables:
         if not _VARIABLE_NAME.fullmatch(name):
-            shown = name if len(name) <= 64 else name[:61] + "..."
             raise StackRejected(
-                f"environment variable name {shown!r} is invalid: use letters, digits and '_', "
+                f"environment variable name {clipped(name, 61)!r} is invalid: use letters, digits and '_', "
                 "not starting with a digit"
             )
         if name in _ALLOWED_COMPOSE:

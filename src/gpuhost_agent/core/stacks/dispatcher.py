@@ -214,7 +214,8 @@ class JobDispatcher:
         """A deploy slot for the block; when none is free the stack says why it
         waits. DeployStopped when a removal or rental end overtook it first."""
         self._stops.check(job)
-        if self._deploy_slots.locked():
+        waits = self._deploy_slots.locked()
+        if waits:
             reason = (
                 f"waiting for its turn: {self.deploy_concurrency} deploys are running on this host"
                 " (GPUHOST_DEPLOY_CONCURRENCY)"
@@ -223,7 +224,7 @@ class JobDispatcher:
             log.info("deploy_waiting_for_turn", job_id=job.job_id, stack_id=job.stack_id)
         self._deploys_waiting += 1
         try:
-            if self._deploy_slots.locked():
+            if waits:
                 await self._stops.unless_stopped(job, self._deploy_slots.acquire())
             else:
                 await self._deploy_slots.acquire()  # at once: the next deploy's locked() must see it taken
