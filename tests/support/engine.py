@@ -32,9 +32,10 @@ def env_containers(client, env_id: str, attempts: int = 5) -> list:
 def remove_env_resources(client, env_id: str, attempts: int = 5) -> None:
     """Whatever a test left behind in the engine, found by the agent's own label.
     The prune is retried while another prune runs on the same engine (409)."""
-    projects = set()
+    projects, rentals = set(), set()
     for container in env_containers(client, env_id):
         projects.add(container.labels.get("com.docker.compose.project"))
+        rentals.add(container.labels.get(wire.LABEL_RENTAL) or "")
         with contextlib.suppress(docker.errors.NotFound):
             container.remove(force=True, v=True)
     for volume in client.volumes.list(filters={"label": "com.docker.compose.project"}):
@@ -49,15 +50,19 @@ def remove_env_resources(client, env_id: str, attempts: int = 5) -> None:
             if exc.status_code != 409 or attempt == attempts - 1:
                 raise
             time.sleep(0.5)
-    remove_empty_rental_cgroups()
+    remove_empty_rental_cgroups(rentals - {""})
 
 
-def remove_empty_rental_cgroups() -> None:
-    """The rentals' cgroups a test left (a rental that never ended): only the
-    empty ones go, and an agent makes a rental's again at its next deploy."""
-    for folder in Path("/sys/fs/cgroup").glob("*/gpuhost-agent/r-*"):
-        with contextlib.suppress(OSError):
-            folder.rmdir()
+def remove_empty_rental_cgroups(rentals: set[str]) -> None:
+    """The cgroups of the test's own rentals that never ended, once empty.
+    Only these: another test's agent, or the GPU-machine run beside this
+    session, may have just made and limited its rental's cgroup, empty until
+    Compose starts the first container in it; removed then, runc makes it
+    again without the rental's limits (the CI failure of 2026-11-29)."""
+    for rental in sorted(rentals):
+        for folder in Path("/sys/fs/cgroup").glob(f"*/gpuhost-agent/r-{rental}"):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def labels(env_id: str, rental_id: str, stack_id: str) -> dict:
