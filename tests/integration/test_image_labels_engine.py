@@ -195,3 +195,39 @@ async def test_an_image_or_file_with_too_many_bytes_of_labels_fails_and_leaves_n
         assert await asyncio.to_thread(_containers, docker_client, stack_id) == []
     finally:
         await asyncio.to_thread(docker_client.images.remove, HEAVY_IMAGE, force=True)
+
+
+PROBING_IMAGE = "gpuhost-test/probing:1"
+
+
+async def test_an_images_healthcheck_that_probes_every_millisecond_fails_and_leaves_nothing(
+    local_market, docker_client, tmp_path
+) -> None:
+    """Each probe is an exec the host's engine runs, outside the rental's share
+    (core/sandbox/healthcheck.py). The file's own healthcheck is bounded before
+    the start; the image's is merged in by the engine, so a container of an
+    image probing every 1 ms fails the stack right after it started, with nothing
+    left, even under a file that sets only the healthcheck's test; the same
+    image deploys with the interval set in the file."""
+    renter, _parts, _local = local_market
+    dockerfile = f"FROM {TEST_IMAGE}\nHEALTHCHECK --interval=1ms --timeout=1s CMD true\n"
+    await asyncio.to_thread((tmp_path / "Dockerfile").write_text, dockerfile)
+    await asyncio.to_thread(docker_client.images.build, path=str(tmp_path), tag=PROBING_IMAGE, rm=True)
+    try:
+        rental_id = await renter.rental()
+        probing = STACK.replace(HOSTILE_IMAGE, PROBING_IMAGE)
+        for name, text in (("image", probing), ("test-only", probing + "    healthcheck:\n      test: ['CMD', 'true']\n")):
+            stack_id = await renter.stack(rental_id, text, name=name)
+            stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
+            assert stack["status"] == wire.ERROR, stack
+            assert "probes its health every 1 ms" in stack["errorMsg"], stack
+            assert await asyncio.to_thread(_containers, docker_client, stack_id) == []
+
+        bounded = probing + "    healthcheck:\n      interval: 2s\n"
+        stack_id = await renter.stack(rental_id, bounded, name="bounded")
+        stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
+        assert stack["status"] == wire.APPLIED, stack
+        (container,) = await asyncio.to_thread(_containers, docker_client, stack_id)
+        assert container.attrs["Config"]["Healthcheck"]["Interval"] == 2_000_000_000
+    finally:
+        await asyncio.to_thread(docker_client.images.remove, PROBING_IMAGE, force=True)

@@ -310,6 +310,27 @@ def test_a_healthcheck_probes_at_most_once_a_second_with_a_short_command() -> No
     assert "healthcheck test is 5,010 bytes, at most 4,096" in problem
 
 
+def test_a_started_containers_healthcheck_is_judged_with_its_images() -> None:
+    """The engine merges an image's HEALTHCHECK into the container field by field
+    (a file's `test` alone keeps the image's 1 ms interval): the started
+    container's `Config.Healthcheck` is judged with the file's bounds."""
+    from gpuhost_agent.core.sandbox.healthcheck import started_healthcheck_problem
+
+    probe = ["CMD-SHELL", "true"]
+    for within in (None, {}, {"Test": ["NONE"], "Interval": 1_000_000}, {"Test": probe, "Interval": 0}):
+        assert started_healthcheck_problem("app-1", within) is None, within
+    assert started_healthcheck_problem("app-1", {"Test": probe, "Interval": 1_000_000_000}) is None
+    assert started_healthcheck_problem("app-1", {"Test": probe, "Interval": 1_000_000}) == (
+        "deploy failed: container app-1 probes its health every 1 ms (its image's HEALTHCHECK), at least 1 s: "
+        "each probe is an exec the host's engine runs, outside the rental's share; set healthcheck.interval "
+        "in the file, or healthcheck.disable"
+    )
+    slow_start = started_healthcheck_problem("app-1", {"Test": probe, "Interval": 0, "StartInterval": 999_000_000})
+    assert slow_start is not None and "every 999 ms" in slow_start and "healthcheck.start_interval" in slow_start
+    long_test = started_healthcheck_problem("app-1", {"Test": ["CMD-SHELL", "x" * 5000]})
+    assert long_test is not None and "test is 5,010 bytes" in long_test
+
+
 def test_a_stack_declares_so_many_ports_counted_port_by_port() -> None:
     """`expose: ["1-65535"]` made one container's list entry 7.7 MB and 2.7 s of the
     agent's CPU to shape (red team, 2026-11-29); an image's EXPOSE is judged once the

@@ -287,6 +287,10 @@ class DockerEngine(EngineCalls):
         self._closed = True
         await super().close()
 
+    async def container_healthcheck(self, container_id: str) -> dict:
+        """`Config.Healthcheck` of Docker's inspect: the file's merged over the image's."""
+        return ((await self._inspect_here(container_id)).get("Config") or {}).get("Healthcheck") or {}
+
     async def container_state(self, container_id: str) -> dict:
         """The `State` object of Docker's inspect (ExitCode, OOMKilled, FinishedAt...)."""
         return (await self._inspect_here(container_id)).get("State") or {}

@@ -10,14 +10,18 @@ used during the start period, are at least a second, and the command at most
 4 KiB. Compose's normalised model writes durations as Go does ("1m30s",
 "1.5s", "500ms").
 
-An image's own HEALTHCHECK is not seen here (the image is not pulled yet);
-the agent asks the engine for the actions it follows alone, so its probes'
+An image's own HEALTHCHECK is not seen in the file (the image is not
+pulled yet): the engine merges it into each container at create time, field
+by field, so the started container's is judged with the same bounds
+(`started_healthcheck_problem`, on one machine: core/stacks/compose_backend.py).
+The agent asks the engine for the actions it follows alone, so probes'
 events never reach the agent (protocol/wire.py, CONTAINER_EVENTS).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 MIN_INTERVAL_SECONDS = 1.0
@@ -65,3 +69,28 @@ def healthcheck_problems(service: dict) -> list[str]:
             "put a long check in a script of the image"
         )
     return problems
+
+
+def started_healthcheck_problem(name: str, check: Mapping[str, Any] | None) -> str | None:
+    """A started container's healthcheck (`Config.Healthcheck` of Docker's
+    inspect: the file's over its image's; durations in nanoseconds) over the
+    bounds above, said for the renter; None when it has none or is within."""
+    test = (check or {}).get("Test") or []
+    if not isinstance(check, Mapping) or not test or test == ["NONE"]:
+        return None
+    for key, said in (("Interval", "interval"), ("StartInterval", "start_interval")):
+        nanoseconds = check.get(key) or 0
+        if isinstance(nanoseconds, int) and 0 < nanoseconds < MIN_INTERVAL_SECONDS * 1e9:
+            return (
+                f"deploy failed: container {name} probes its health every {nanoseconds / 1e6:g} ms "
+                f"(its image's HEALTHCHECK), at least {MIN_INTERVAL_SECONDS:g} s: each probe is an exec the "
+                f"host's engine runs, outside the rental's share; set healthcheck.{said} in the file, "
+                "or healthcheck.disable"
+            )
+    size = len(" ".join(map(str, test)).encode())
+    if size > MAX_TEST_BYTES:
+        return (
+            f"deploy failed: container {name}'s healthcheck test is {size:,} bytes (its image's HEALTHCHECK), "
+            f"at most {MAX_TEST_BYTES:,}; set healthcheck.test in the file, or healthcheck.disable"
+        )
+    return None
