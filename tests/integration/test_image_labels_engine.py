@@ -216,7 +216,10 @@ async def test_an_images_healthcheck_that_probes_every_millisecond_fails_and_lea
     try:
         rental_id = await renter.rental()
         probing = STACK.replace(HOSTILE_IMAGE, PROBING_IMAGE)
-        for name, text in (("image", probing), ("test-only", probing + "    healthcheck:\n      test: ['CMD', 'true']\n")):
+        for name, text in (
+            ("image", probing),
+            ("test-only", probing + "    healthcheck:\n      test: ['CMD', 'true']\n"),
+        ):
             stack_id = await renter.stack(rental_id, text, name=name)
             stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
             assert stack["status"] == wire.ERROR, stack
