@@ -51,12 +51,14 @@ class SecretRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._values: Counter[str] = Counter()
+        self._longest_first: tuple[str, ...] | None = None  # sorted once per change, not per log line
 
     def add(self, *values: str | None) -> None:
         with self._lock:
             for value in values:
                 if value and len(value) >= MIN_SECRET_LEN:
                     self._values[value] += 1
+            self._longest_first = None
 
     def add_many(self, values: Iterable[str]) -> None:
         self.add(*values)
@@ -68,13 +70,16 @@ class SecretRegistry:
                     self._values[value] -= 1
                 else:
                     self._values.pop(value, None)
+            self._longest_first = None
 
     def __contains__(self, value: str) -> bool:
         return value in self._values
 
     def scrub(self, text: str) -> str:
         with self._lock:
-            values = sorted(self._values, key=len, reverse=True)
+            if self._longest_first is None:
+                self._longest_first = tuple(sorted(self._values, key=len, reverse=True))
+            values = self._longest_first
         for value in values:
             if value not in text:
                 continue
