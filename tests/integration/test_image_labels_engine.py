@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from support.agent_process import Market, start_in_process
 from support.engine import remove_env_resources
+from support.hand_made_image import load_with_config
 from support.renter import Renter
 from support.sandbox_corpus import assert_container_sandboxed
 from support.stacks import TEST_IMAGE
@@ -198,17 +200,25 @@ async def test_an_image_or_file_with_too_many_bytes_of_labels_fails_and_leaves_n
 
 
 PROBING_IMAGE = "gpuhost-test/probing:1"
+HAND_MADE = "gpuhost-test/hand-made:1"
+REGISTRY_MADE = "127.0.0.1:5000/gpuhost-test/hand-made:1"
 
 
-async def test_an_images_healthcheck_that_probes_every_millisecond_fails_and_leaves_nothing(
+async def _outcome(renter: Renter, rental_id: str, text: str, name: str) -> dict:
+    stack_id = await renter.stack(rental_id, text, name=name)
+    stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=90)
+    return {**stack, "stackId": stack_id}
+
+
+async def test_an_images_healthcheck_that_probes_every_millisecond_is_refused_before_its_start(
     local_market, docker_client, tmp_path
 ) -> None:
     """Each probe is an exec the host's engine runs, outside the rental's share
-    (core/sandbox/healthcheck.py). The file's own healthcheck is bounded before
-    the start; the image's is merged in by the engine, so a container of an
-    image probing every 1 ms fails the stack right after it started, with nothing
-    left, even under a file that sets only the healthcheck's test; the same
-    image deploys with the interval set in the file."""
+    (core/sandbox/healthcheck.py). The engine merges an image's HEALTHCHECK into
+    the container field by field, so the pulled image is judged before `up`
+    with the file's healthcheck over it: an image probing every 1 ms is refused
+    with no container, even under a file that sets only the test, and deploys
+    with the interval set in the file."""
     renter, _parts, _local = local_market
     dockerfile = f"FROM {TEST_IMAGE}\nHEALTHCHECK --interval=1ms --timeout=1s CMD true\n"
     await asyncio.to_thread((tmp_path / "Dockerfile").write_text, dockerfile)
@@ -219,18 +229,76 @@ async def test_an_images_healthcheck_that_probes_every_millisecond_fails_and_lea
         for name, text in (
             ("image", probing),
             ("test-only", probing + "    healthcheck:\n      test: ['CMD', 'true']\n"),
+            ("zero", probing + "    healthcheck:\n      interval: 0s\n"),
         ):
-            stack_id = await renter.stack(rental_id, text, name=name)
-            stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
+            stack = await _outcome(renter, rental_id, text, name)
             assert stack["status"] == wire.ERROR, stack
-            assert "probes its health every 1 ms" in stack["errorMsg"], stack
-            assert await asyncio.to_thread(_containers, docker_client, stack_id) == []
+            assert 'service "app" probes its health every 1 ms' in stack["errorMsg"], stack
+            assert await asyncio.to_thread(_containers, docker_client, stack["stackId"]) == []
 
-        bounded = probing + "    healthcheck:\n      interval: 2s\n"
-        stack_id = await renter.stack(rental_id, bounded, name="bounded")
-        stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=60)
+        stack = await _outcome(renter, rental_id, probing + "    healthcheck:\n      interval: 2s\n", "bounded")
         assert stack["status"] == wire.APPLIED, stack
-        (container,) = await asyncio.to_thread(_containers, docker_client, stack_id)
+        (container,) = await asyncio.to_thread(_containers, docker_client, stack["stackId"])
         assert container.attrs["Config"]["Healthcheck"]["Interval"] == 2_000_000_000
     finally:
         await asyncio.to_thread(docker_client.images.remove, PROBING_IMAGE, force=True)
+
+
+def _negative_interval(config: dict) -> None:
+    config["Healthcheck"] = {"Test": ["CMD", "true"], "Interval": -1}
+
+
+def _stop_signal(size: int) -> Callable[[dict], None]:
+    def edit(config: dict) -> None:
+        config["StopSignal"] = "SIG" + "T" * size
+
+    return edit
+
+
+async def test_a_hand_made_image_configuration_is_refused_before_its_start(local_market, docker_client) -> None:
+    """What `docker build` refuses, a registry serves (red team, 2026-11-29): a
+    negative healthcheck interval, which the engine takes from an image and
+    probes back to back; a 300 KiB STOPSIGNAL, copied into every container
+    (20 MB of it made every container list of the engine take seconds); a 2 MB
+    one, over what the agent reads of an inspect. Each is refused before `up`."""
+    renter, _parts, _local = local_market
+    rental_id = await renter.rental()
+    stack = STACK.replace(HOSTILE_IMAGE, HAND_MADE)
+    try:
+        for edit, said in (
+            (_negative_interval, 'service "app" probes its health back to back (Interval -1)'),
+            (
+                _stop_signal(300 * 1024),
+                "KiB (its image's ENV, CMD, labels, healthcheck, STOPSIGNAL...), at most 256 KiB",
+            ),
+            (_stop_signal(2 * 1024 * 1024), "configuration is over 1,024 KiB"),
+        ):
+            await asyncio.to_thread(load_with_config, docker_client, TEST_IMAGE, HAND_MADE, edit)
+            outcome = await _outcome(renter, rental_id, stack, "hand-made")
+            assert outcome["status"] == wire.ERROR and said in outcome["errorMsg"], (said, outcome)
+            assert outcome["errorMsg"].startswith("refused by the sandbox policy: "), outcome
+            assert await asyncio.to_thread(_containers, docker_client, outcome["stackId"]) == []
+    finally:
+        await asyncio.to_thread(docker_client.images.remove, HAND_MADE, force=True)
+
+
+async def test_an_image_compose_pulls_itself_is_judged_once_started(local_market, docker_client) -> None:
+    """`pull_policy: always`: Compose pulls the image at `up`, after the agent's
+    check of the local images; the started container's merged healthcheck is
+    judged, and the stack fails with nothing left."""
+    renter, _parts, _local = local_market
+    await asyncio.to_thread(load_with_config, docker_client, TEST_IMAGE, REGISTRY_MADE, _negative_interval)
+    try:
+        await asyncio.to_thread(docker_client.images.push, REGISTRY_MADE)
+    finally:
+        await asyncio.to_thread(docker_client.images.remove, REGISTRY_MADE, force=True)
+    rental_id = await renter.rental()
+    text = STACK.replace(HOSTILE_IMAGE, REGISTRY_MADE) + "    pull_policy: always\n"
+    try:
+        outcome = await _outcome(renter, rental_id, text, "pulled-at-up")
+        assert outcome["status"] == wire.ERROR, outcome
+        assert outcome["errorMsg"].startswith("deploy failed: container "), outcome
+        assert "probes its health back to back (Interval -1)" in outcome["errorMsg"], outcome
+        assert await asyncio.to_thread(_containers, docker_client, outcome["stackId"]) == []
+    finally:
+        await asyncio.to_thread(docker_client.images.remove, REGISTRY_MADE, force=True)

@@ -312,23 +312,55 @@ def test_a_healthcheck_probes_at_most_once_a_second_with_a_short_command() -> No
 
 def test_a_started_containers_healthcheck_is_judged_with_its_images() -> None:
     """The engine merges an image's HEALTHCHECK into the container field by field
-    (a file's `test` alone keeps the image's 1 ms interval): the started
-    container's `Config.Healthcheck` is judged with the file's bounds."""
-    from gpuhost_agent.core.sandbox.healthcheck import started_healthcheck_problem
+    (a file's `test` alone keeps the image's 1 ms interval); an image may carry a
+    negative interval, which the engine takes from it and probes back to back."""
+    from gpuhost_agent.core.sandbox.healthcheck import file_over_image, started_healthcheck_problem
 
     probe = ["CMD-SHELL", "true"]
     for within in (None, {}, {"Test": ["NONE"], "Interval": 1_000_000}, {"Test": probe, "Interval": 0}):
-        assert started_healthcheck_problem("app-1", within) is None, within
-    assert started_healthcheck_problem("app-1", {"Test": probe, "Interval": 1_000_000_000}) is None
-    assert started_healthcheck_problem("app-1", {"Test": probe, "Interval": 1_000_000}) == (
-        "deploy failed: container app-1 probes its health every 1 ms (its image's HEALTHCHECK), at least 1 s: "
+        assert started_healthcheck_problem("container app-1", within) is None, within
+    assert started_healthcheck_problem("container app-1", {"Test": probe, "Interval": 1_000_000_000}) is None
+    assert started_healthcheck_problem("container app-1", {"Test": probe, "Interval": 1_000_000}) == (
+        "container app-1 probes its health every 1 ms (its image's HEALTHCHECK), at least 1 s: "
         "each probe is an exec the host's engine runs, outside the rental's share; set healthcheck.interval "
         "in the file, or healthcheck.disable"
     )
-    slow_start = started_healthcheck_problem("app-1", {"Test": probe, "Interval": 0, "StartInterval": 999_000_000})
+    for negative in (-1, -(2**63)):
+        said = started_healthcheck_problem("container app-1", {"Test": probe, "Interval": negative})
+        assert said is not None and f"back to back (Interval {negative})" in said
+    slow_start = started_healthcheck_problem(
+        "container app-1", {"Test": probe, "Interval": 0, "StartInterval": 999_000_000}
+    )
     assert slow_start is not None and "every 999 ms" in slow_start and "healthcheck.start_interval" in slow_start
-    long_test = started_healthcheck_problem("app-1", {"Test": ["CMD-SHELL", "x" * 5000]})
+    long_test = started_healthcheck_problem("container app-1", {"Test": ["CMD-SHELL", "x" * 5000]})
     assert long_test is not None and "test is 5,010 bytes" in long_test
+
+    image = {"Test": probe, "Interval": 1_000_000}
+    assert file_over_image(None, image) == image
+    assert file_over_image({"disable": True}, image) == {"Test": ["NONE"]}
+    assert file_over_image({"test": ["CMD", "true"]}, image) == {
+        "Test": ["CMD", "true"],
+        "Interval": 1_000_000,
+        "StartInterval": 0,
+    }
+    assert file_over_image({"interval": "0s"}, image)["Interval"] == 1_000_000  # zero takes the image's
+    assert file_over_image({"interval": "2s"}, image) == {"Test": probe, "Interval": 2_000_000_000, "StartInterval": 0}
+
+
+def test_an_images_configuration_is_judged_before_its_start() -> None:
+    """Copied into every container: 20 MB of STOPSIGNAL made every container list of the
+    engine take seconds (red team, 2026-11-29)."""
+    from gpuhost_agent.core.sandbox.image_config import service_image_problem
+
+    service = {"image": "x", "healthcheck": {"interval": "2s"}}
+    slow = {"Cmd": ["sleep", "1"], "Healthcheck": {"Test": ["CMD", "true"], "Interval": -1}}
+    assert service_image_problem("app", service, slow) is None  # the file's interval is what runs
+    said = service_image_problem("app", {"image": "x"}, slow)
+    assert said is not None and said.startswith('service "app" probes its health back to back')
+    big = {"StopSignal": "SIG" + "T" * 300_000}
+    said = service_image_problem("app", service, big)
+    assert said is not None and said.startswith("service \"app\" (image 'x')'s configuration is 293 KiB")
+    assert service_image_problem("app", service, {"StopSignal": "SIG" + "T" * 200_000}) is None
 
 
 def test_a_stack_declares_so_many_ports_counted_port_by_port() -> None:

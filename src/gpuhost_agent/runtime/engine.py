@@ -287,9 +287,19 @@ class DockerEngine(EngineCalls):
         self._closed = True
         await super().close()
 
-    async def container_healthcheck(self, container_id: str) -> dict:
-        """`Config.Healthcheck` of Docker's inspect: the file's merged over the image's."""
-        return ((await self._inspect_here(container_id)).get("Config") or {}).get("Healthcheck") or {}
+    async def container_config(self, container_id: str, max_bytes: int) -> dict:
+        """`Config` of Docker's inspect (the file's merged over the image's);
+        AnswerTooLarge when the inspect is over `max_bytes`."""
+        return (await self._inspect_here(container_id, max_bytes)).get("Config") or {}
+
+    async def image_config(self, reference: str, max_bytes: int) -> dict | None:
+        """`Config` of a local image (what its containers start from); None
+        when there is no such image; AnswerTooLarge over `max_bytes`."""
+        try:
+            reply = await self._call("GET", f"/images/{checked_reference(reference)}/json", max_bytes=max_bytes)
+        except ContainerGone:  # the engine's 404
+            return None
+        return (reply.get("Config") or {}) if isinstance(reply, dict) else {}
 
     async def container_state(self, container_id: str) -> dict:
         """The `State` object of Docker's inspect (ExitCode, OOMKilled, FinishedAt...)."""

@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 
 from gpuhost_agent.runtime.docker_host import Endpoint, parse_docker_host
-from gpuhost_agent.runtime.engine_errors import EngineError, EngineUnreachable
+from gpuhost_agent.runtime.engine_errors import AnswerTooLarge, EngineError, EngineUnreachable
 from gpuhost_agent.runtime.engine_errors import response_error as _error
 
 # Container ids and names, exec ids: no '/', '?', '%' or spaces can reach a path.
@@ -79,32 +79,52 @@ class EngineCalls:
             await http.close()
 
     async def _call(
-        self, method: str, path: str, *, body: Any = None, params: dict | None = None, timeout: float | None = None
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        params: dict | None = None,
+        timeout: float | None = None,
+        max_bytes: int | None = None,
     ) -> Any:
         """One short request; the decoded JSON reply (None when it has none)."""
-        raw, content_type = await self._call_raw(method, path, body=body, params=params, timeout=timeout)
+        raw, content_type = await self._call_raw(
+            method, path, body=body, params=params, timeout=timeout, max_bytes=max_bytes
+        )
         try:
             return json.loads(raw) if raw and content_type == "application/json" else None
         except ValueError as exc:
             raise EngineError(f"Docker Engine answered {method} {path} with malformed JSON") from exc
 
     async def _call_raw(
-        self, method: str, path: str, *, body: Any = None, params: dict | None = None, timeout: float | None = None
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        params: dict | None = None,
+        timeout: float | None = None,
+        max_bytes: int | None = None,
     ) -> tuple[bytes, str]:
-        """One short request; its body and content type."""
+        """One short request; its body and content type. With `max_bytes`,
+        AnswerTooLarge once the body is longer: an answer a renter's image
+        made (its configuration, copied into each container) is not read whole."""
         try:
             async with self._session().request(
                 method, path, json=body, params=params, timeout=aiohttp.ClientTimeout(total=timeout or self._timeout)
             ) as response:
                 if response.status >= 400:
                     raise await _error(response)
-                return await response.read(), response.content_type
+                if max_bytes is None:
+                    return await response.read(), response.content_type
+                return await _bounded_body(response, max_bytes, f"{method} {path}"), response.content_type
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             raise EngineUnreachable(f"Docker Engine unreachable: {type(exc).__name__}: {exc}") from exc
 
-    async def _inspect_here(self, container_id: str) -> dict:
+    async def _inspect_here(self, container_id: str, max_bytes: int | None = None) -> dict:
         """`docker inspect` of a container of this engine."""
-        reply = await self._call("GET", f"/containers/{checked_id(container_id)}/json")
+        reply = await self._call("GET", f"/containers/{checked_id(container_id)}/json", max_bytes=max_bytes)
         if not isinstance(reply, dict):
             raise EngineError("Docker Engine answered a container inspect without an object")
         return reply
@@ -113,3 +133,15 @@ class EngineCalls:
         """`docker ps -a` on this engine of the containers carrying every one of `labels`."""
         reply = await self._call("GET", "/containers/json", params={"all": "1", **filters_param(label=labels)})
         return [item for item in reply if isinstance(item, dict)] if isinstance(reply, list) else []
+
+
+async def _bounded_body(response: aiohttp.ClientResponse, max_bytes: int, what: str) -> bytes:
+    if (response.content_length or 0) > max_bytes:
+        raise AnswerTooLarge(f"Docker Engine answered {what} with {response.content_length:,} bytes")
+    chunks, size = [], 0
+    async for chunk in response.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > max_bytes:
+            raise AnswerTooLarge(f"Docker Engine answered {what} with over {max_bytes:,} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -24,6 +24,11 @@ class EngineUnreachable(EngineError):
     """No answer: the engine is down, restarting, or the connection broke."""
 
 
+class AnswerTooLarge(EngineError):
+    """The engine's answer was over the bytes the call reads: what a renter's
+    image or container made of it (runtime/engine_calls.py, `max_bytes`)."""
+
+
 def error_message(raw: bytes) -> str:
     """The `message` of the engine's JSON error body (or the body itself), cut to 500 characters."""
     try:

@@ -71,26 +71,47 @@ def healthcheck_problems(service: dict) -> list[str]:
     return problems
 
 
-def started_healthcheck_problem(name: str, check: Mapping[str, Any] | None) -> str | None:
-    """A started container's healthcheck (`Config.Healthcheck` of Docker's
-    inspect: the file's over its image's; durations in nanoseconds) over the
-    bounds above, said for the renter; None when it has none or is within."""
+def file_over_image(file_check: Any, image_check: Mapping[str, Any] | None) -> dict:
+    """The healthcheck a container of the service gets, as the engine writes
+    it (`Config.Healthcheck`, durations in nanoseconds): the file's (Compose's
+    normalised model) over its image's, field by field, a field the file
+    leaves empty or zero taking the image's; `disable` is no probe at all."""
+    image = dict(image_check or {})
+    if not isinstance(file_check, Mapping):
+        return image
+    if file_check.get("disable"):
+        return {"Test": ["NONE"]}
+    test = file_check.get("test")
+    merged = {"Test": ([test] if isinstance(test, str) else list(test or [])) or image.get("Test") or []}
+    for key, said in (("Interval", "interval"), ("StartInterval", "start_interval")):
+        seconds = duration_seconds(file_check.get(said)) or 0.0
+        merged[key] = int(seconds * 1e9) or image.get(key) or 0
+    return merged
+
+
+def started_healthcheck_problem(who: str, check: Mapping[str, Any] | None) -> str | None:
+    """A container's healthcheck (`Config.Healthcheck` of Docker's inspect,
+    or `file_over_image` before the start: durations in nanoseconds) over the
+    bounds above, said for the renter of `who` (a container or a service); None when it has none or is within.
+    Zero is the engine's default (30 s); an image may carry a negative
+    interval, which the engine's API refuses in a file but takes from an
+    image, and which runs probes back to back (red team, 2026-11-29)."""
     test = (check or {}).get("Test") or []
-    if not isinstance(check, Mapping) or not test or test == ["NONE"]:
+    if not isinstance(check, Mapping) or not isinstance(test, list) or not test or test == ["NONE"]:
         return None
     for key, said in (("Interval", "interval"), ("StartInterval", "start_interval")):
         nanoseconds = check.get(key) or 0
-        if isinstance(nanoseconds, int) and 0 < nanoseconds < MIN_INTERVAL_SECONDS * 1e9:
+        if isinstance(nanoseconds, int) and nanoseconds != 0 and nanoseconds < MIN_INTERVAL_SECONDS * 1e9:
+            every = f"every {nanoseconds / 1e6:g} ms" if nanoseconds > 0 else f"back to back ({key} {nanoseconds})"
             return (
-                f"deploy failed: container {name} probes its health every {nanoseconds / 1e6:g} ms "
-                f"(its image's HEALTHCHECK), at least {MIN_INTERVAL_SECONDS:g} s: each probe is an exec the "
-                f"host's engine runs, outside the rental's share; set healthcheck.{said} in the file, "
-                "or healthcheck.disable"
+                f"{who} probes its health {every} (its image's HEALTHCHECK), at least "
+                f"{MIN_INTERVAL_SECONDS:g} s: each probe is an exec the host's engine runs, outside the rental's "
+                f"share; set healthcheck.{said} in the file, or healthcheck.disable"
             )
     size = len(" ".join(map(str, test)).encode())
     if size > MAX_TEST_BYTES:
         return (
-            f"deploy failed: container {name}'s healthcheck test is {size:,} bytes (its image's HEALTHCHECK), "
+            f"{who}'s healthcheck test is {size:,} bytes (its image's HEALTHCHECK), "
             f"at most {MAX_TEST_BYTES:,}; set healthcheck.test in the file, or healthcheck.disable"
         )
     return None

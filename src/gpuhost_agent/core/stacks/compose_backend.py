@@ -12,14 +12,13 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuhost_agent.core.sandbox.healthcheck import started_healthcheck_problem
 from gpuhost_agent.core.sandbox.raw import RawReview
 from gpuhost_agent.core.stacks.backend import ListContainers, StackFailed
 from gpuhost_agent.core.stacks.deploy_failures import LimitReached, describe_up_failure
 from gpuhost_agent.core.stacks.deploy_start import start_compose
+from gpuhost_agent.core.stacks.image_checks import started_problem
 from gpuhost_agent.runtime.compose import COMPOSE_PROJECT_LABEL, ComposeError, ComposeRunner, PendingUp
 from gpuhost_agent.runtime.engine import DockerEngine
-from gpuhost_agent.runtime.engine_errors import ContainerGone
 
 
 @dataclass
@@ -66,16 +65,10 @@ class ComposeBackend:
 
     async def until_running(self, stack_id: str) -> list[dict]:
         """The stack's containers (`up --detach` returned: they were started),
-        each one's healthcheck judged as the engine merged its image's in."""
+        each one's configuration judged as the engine merged its image's in."""
         containers = await self.engine.stack_containers(stack_id)
-        for container in containers:
-            try:
-                check = await self.engine.container_healthcheck(container["Id"])
-            except ContainerGone:  # the settle check says why it went
-                continue
-            name = str((container.get("Names") or [container["Id"][:12]])[0]).lstrip("/")
-            if problem := started_healthcheck_problem(name, check):
-                raise StackFailed(problem)
+        if problem := await started_problem(self.engine, containers):
+            raise StackFailed(f"deploy failed: {problem}")
         return containers
 
     async def take_down_failed(self, project: str, workdir: Path, stack_id: str) -> None:

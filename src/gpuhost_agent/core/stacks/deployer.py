@@ -21,15 +21,22 @@ from gpuhost_agent.common import crash_points
 from gpuhost_agent.common.logs import SECRETS, get_logger
 from gpuhost_agent.core.containers.seed_list import failed_containers, seed_containers
 from gpuhost_agent.core.images.pulls import ImagePulls, pullable_images
-from gpuhost_agent.core.sandbox.apply import Sandbox, notices_message, review_raw
+from gpuhost_agent.core.sandbox.apply import POLICY_PREFIX, Sandbox, notices_message, review_raw
 from gpuhost_agent.core.sandbox.context import StackSite, crowded_rental_problem
 from gpuhost_agent.core.sandbox.label_size import oversized_container
 from gpuhost_agent.core.sandbox.raw import RawReview
 from gpuhost_agent.core.stacks import naming
 from gpuhost_agent.core.stacks.backend import StackBackend, StackFailed
-from gpuhost_agent.core.stacks.compose_rewrite import MAX_VARIABLES, StackRejected, check_variables, label_services
+from gpuhost_agent.core.stacks.compose_rewrite import (
+    MAX_VARIABLES,
+    StackRejected,
+    check_variables,
+    label_services,
+    problems_said,
+)
 from gpuhost_agent.core.stacks.deploy_failures import LimitReached, describe_container
 from gpuhost_agent.core.stacks.deploy_stops import DeployStops
+from gpuhost_agent.core.stacks.image_checks import image_problems
 from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.protocol import wire, wire_jobs
 from gpuhost_agent.runtime.compose import COMPOSE_PROJECT_LABEL, ComposeError
@@ -158,6 +165,8 @@ class StackDeployer:
                 text = json.dumps(rewritten, indent=1)
                 await asyncio.to_thread(_write_private, workdir / AGENT_FILE, text)  # the record of what ran
                 await stops.unless_stopped(job, self._pull(job, rewritten))
+                if problems := await image_problems(self.engine, rewritten):
+                    raise StackRejected(POLICY_PREFIX + problems_said(problems))
                 stops.check(job)  # past this point the deploy finishes: its removal takes down what it made
                 crash_points.crash_point("deploy.before_compose_up")
                 await start.run(job.stack_id, text, rewritten)

@@ -1,0 +1,71 @@
+"""A renter's image judged before its containers start, and again once they
+run. Pure.
+
+An image's configuration (ENV, CMD, labels, HEALTHCHECK, STOPSIGNAL, volumes,
+exposed ports...) is copied by the engine into every container of it, and a
+registry serves whatever configuration was pushed: `docker build` refuses a
+20 MB STOPSIGNAL or a negative healthcheck interval, a hand-written image
+config does not. Copied into containers, 20 MB of it made every container
+list of the engine take seconds, for every renter, and the agent's calls
+time out (red team, 2026-11-29). So an image's configuration is at most
+256 KiB as the engine's JSON counts it (labels, 64 KiB at most, among it:
+core/sandbox/label_size.py), and its healthcheck, merged with the file's as
+the engine merges them, probes at most once a second
+(core/sandbox/healthcheck.py). Both are judged on the pulled images before
+`up`, so no such container starts; and on the started containers, for an
+image Compose pulled itself (`pull_policy: always`): the healthcheck, and an
+inspect of at most 1 MiB (the image's configuration and the file's).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from gpuhost_agent.core.sandbox.healthcheck import file_over_image, started_healthcheck_problem
+from gpuhost_agent.core.sandbox.label_size import json_bytes
+
+MAX_IMAGE_CONFIG_BYTES = 256 * 1024
+MAX_INSPECT_BYTES = 1024 * 1024  # what the agent reads of an image's or a container's inspect
+
+
+def _kib(size: int) -> str:
+    return f"{size / 1024:,.0f} KiB"
+
+
+def config_size_problem(what: str, config: Mapping[str, Any]) -> str | None:
+    """An image's configuration (or a container's, which carries its image's) over the limit."""
+    size = json_bytes(json.dumps(config, ensure_ascii=False))
+    if size <= MAX_IMAGE_CONFIG_BYTES:
+        return None
+    return (
+        f"{what}'s configuration is {_kib(size)} (its image's ENV, CMD, labels, healthcheck, STOPSIGNAL...), at most "
+        f"{_kib(MAX_IMAGE_CONFIG_BYTES)}: the engine copies it into every container and its lists read it for "
+        "every renter; use an image with a smaller configuration"
+    )
+
+
+def too_large_problem(what: str) -> str:
+    """The engine's inspect of `what` was over what the agent reads (a
+    container's: its image's configuration and the file's together)."""
+    return (
+        f"{what}'s configuration is over {_kib(MAX_INSPECT_BYTES)} (its image's ENV, CMD, labels, healthcheck... "
+        "and the file's): the engine copies it into every container and its lists read it for every renter; "
+        "use an image with a smaller configuration"
+    )
+
+
+def service_image_problem(name: str, service: Mapping[str, Any], image_config: Mapping[str, Any]) -> str | None:
+    """A service of the hardened file against its pulled image's configuration."""
+    what = f'service "{name}" (image {str(service.get("image"))[:200]!r})'
+    if problem := config_size_problem(what, image_config):
+        return problem
+    merged = file_over_image(service.get("healthcheck"), image_config.get("Healthcheck"))
+    return started_healthcheck_problem(f'service "{name}"', merged)
+
+
+def started_container_problem(name: str, config: Mapping[str, Any]) -> str | None:
+    """A started container's `Config` (its image's with the file's merged in;
+    its size is bounded by what the agent reads of the inspect)."""
+    return started_healthcheck_problem(f"container {name}", config.get("Healthcheck"))
