@@ -86,3 +86,29 @@ async def test_deploys_within_the_setting_start_without_waiting() -> None:
     assert not _waiting_reports(outbox)
     deployer.release.set()
     await until(lambda: not dispatcher._running)
+
+
+async def test_one_rental_never_holds_every_turn() -> None:
+    """A deploy may hold its turn for minutes (`up` waits for a healthcheck its
+    dependents need), and a renter can hold one on purpose: five stacks of one
+    rental whose services never become healthy held every turn, and another
+    renter's deploy waited for the bound on `up` (red team, 2026-11-29). One turn
+    is left for the other rentals; the rental's next deploy waits for its own."""
+    deployer, outbox = HeldDeployer(), FakeOutbox()
+    dispatcher = dispatcher_for(deployer, outbox, deploy_concurrency=3)
+    for i in range(5):
+        dispatcher.submit(job_payload(f"job-{i}", f"stack-{i}", rental_id="rental-held"))
+    await until(lambda: deployer.running == 2)
+    await asyncio.sleep(0.05)
+    assert deployer.running == 2 and dispatcher.stats()["deploysWaiting"] == 3
+    assert _waiting_reports(outbox) == {"stack-2", "stack-3", "stack-4"}
+    message = next(body["errorMsg"] for _k, t, body in outbox.reports if t == "stack-2" and body.get("errorMsg"))
+    assert "its rental runs 2 deploys at once at most on this host" in message, message
+
+    dispatcher.submit(job_payload("job-other", "stack-other", rental_id="rental-other"))
+    await until(lambda: deployer.running == 3)
+    assert "stack-other" not in _waiting_reports(outbox)
+
+    deployer.release.set()
+    await until(lambda: not dispatcher._running)
+    assert deployer.most == 3 and dispatcher.stats()["deploysWaiting"] == 0 and not dispatcher._turns._rentals

@@ -10,7 +10,8 @@ running when the agent died is simply run again (deploy and remove converge).
 Reconcile submits its own work as internal jobs: the same per-stack order and
 locks, but no completion is sent for them (the marketplace never issued them).
 
-At most `deploy_concurrency` deploys run at once (GPUHOST_DEPLOY_CONCURRENCY):
+At most `deploy_concurrency` deploys run at once (GPUHOST_DEPLOY_CONCURRENCY),
+one fewer for any one rental (deploy_turns.py):
 each runs two Compose processes and makes networks and containers, and twenty
 renters creating stacks in the same second, or a reconcile after a restart,
 must not start them all together on a machine whose cores the renters' own
@@ -36,6 +37,7 @@ from prometheus_client import Histogram
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.rentals.end_dates import RentalEndDates
 from gpuhost_agent.core.stacks.deploy_stops import DeployStopped, DeployStops
+from gpuhost_agent.core.stacks.deploy_turns import DeployTurns
 from gpuhost_agent.core.stacks.deployer import StackDeployer
 from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.protocol import wire, wire_jobs, wire_time, wire_values
@@ -76,8 +78,7 @@ class JobDispatcher:
         self.outcomes: Counter[str] = Counter()  # marketplace jobs finished since start, for the metrics
         self.deploy_durations = deploy_durations
         self.deploy_concurrency = deploy_concurrency
-        self._deploy_slots = asyncio.Semaphore(deploy_concurrency)
-        self._deploys_waiting = 0
+        self._turns = DeployTurns(deploy_concurrency)
         self._stops = DeployStops()  # a deploy that a later removal or rental end overtook stops early
 
     def submit(self, raw: object) -> None:
@@ -124,7 +125,7 @@ class JobDispatcher:
         those running now (deploys waiting for a slot among them)."""
         return {
             "running": self.running_jobs(),
-            "deploysWaiting": self._deploys_waiting,
+            "deploysWaiting": self._turns.waiting,
             "deployConcurrency": self.deploy_concurrency,
             "outcomes": {str(k): int(v) for k, v in self.outcomes.items()},
             "duplicatesIgnored": self.duplicates_ignored,
@@ -211,29 +212,17 @@ class JobDispatcher:
 
     @contextlib.asynccontextmanager
     async def _deploy_turn(self, job: wire_jobs.StackJob) -> AsyncIterator[None]:
-        """A deploy slot for the block; when none is free the stack says why it
-        waits. DeployStopped when a removal or rental end overtook it first."""
+        """A deploy turn for the block (deploy_turns.py); when none is free the
+        stack says why it waits. DeployStopped when a removal or rental end
+        overtook it first."""
         self._stops.check(job)
-        waits = self._deploy_slots.locked()
-        if waits:
-            reason = (
-                f"waiting for its turn: {self.deploy_concurrency} deploys are running on this host"
-                " (GPUHOST_DEPLOY_CONCURRENCY)"
-            )
+
+        def waiting(reason: str) -> None:
             self.reporter.status(StackRef.of_job(job), wire.APPLYING, reason, job_id=job.job_id)
             log.info("deploy_waiting_for_turn", job_id=job.job_id, stack_id=job.stack_id)
-        self._deploys_waiting += 1
-        try:
-            if waits:
-                await self._stops.unless_stopped(job, self._deploy_slots.acquire())
-            else:
-                await self._deploy_slots.acquire()  # at once: the next deploy's locked() must see it taken
-        finally:
-            self._deploys_waiting -= 1
-        try:
+
+        async with self._turns.turn(job.rental_id, waiting, partial(self._stops.unless_stopped, job)):
             yield
-        finally:
-            self._deploy_slots.release()
 
     async def _execute(self, job: wire_jobs.StackJob) -> str:
         log.info("job_started", job_id=job.job_id, job_type=job.type, stack_id=job.stack_id, rental_id=job.rental_id)
