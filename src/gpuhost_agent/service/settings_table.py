@@ -87,7 +87,8 @@ SETTINGS: tuple[Setting, ...] = (
             "how long a container may take to stop before it is killed", default="10", unit="s",
             modes=DEPLOYING, group="deploys"),
     Setting("deploy_concurrency", "GPUHOST_DEPLOY_CONCURRENCY", kind.at_least_one,
-            "deploys run at once; the others wait, APPLYING, with a reason saying so (removals never wait; "
+            "deploys run at once, one fewer for any one rental; the others wait, APPLYING, with a reason saying so "
+            "(removals never wait; "
             "README, Performance)",
             default="8", unit="deploys", modes=DEPLOYING, group="deploys"),
     Setting("stacks_per_rental", "GPUHOST_STACKS_PER_RENTAL", kind.at_least_one,
