@@ -13,6 +13,7 @@ agent labelled them before this change (no GPU label at all).
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -27,8 +28,13 @@ from support.stacks import TEST_IMAGE
 from support.waiting import until
 
 from gpuhost_agent.core.sandbox.harden import GPU_LABEL
+from gpuhost_agent.core.stacks.backend import StackFailed
+from gpuhost_agent.core.stacks.compose_backend import ComposeBackend
+from gpuhost_agent.core.stacks.deployer import AGENT_FILE
 from gpuhost_agent.local_marketplace.channel_hub import StreamRefused
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
+from gpuhost_agent.runtime.engine import DockerEngine
 from gpuhost_agent.service.daemon import stop_agent
 from gpuhost_agent.storage.agent_db import DB_FILE
 
@@ -248,6 +254,13 @@ def _negative_interval(config: dict) -> None:
     config["Healthcheck"] = {"Test": ["CMD", "true"], "Interval": -1}
 
 
+def _volumes(count: int) -> Callable[[dict], None]:
+    def edit(config: dict) -> None:
+        config["Volumes"] = {f"/data/{i}": {} for i in range(count)}
+
+    return edit
+
+
 def _stop_signal(size: int) -> Callable[[dict], None]:
     def edit(config: dict) -> None:
         config["StopSignal"] = "SIG" + "T" * size
@@ -272,6 +285,7 @@ async def test_a_hand_made_image_configuration_is_refused_before_its_start(local
                 "KiB (its image's ENV, CMD, labels, healthcheck, STOPSIGNAL...), at most 256 KiB",
             ),
             (_stop_signal(2 * 1024 * 1024), "configuration is over 1,024 KiB"),
+            (_volumes(40), "declares 40 VOLUME paths (each an anonymous volume the engine makes and removes)"),
         ):
             await asyncio.to_thread(load_with_config, docker_client, TEST_IMAGE, HAND_MADE, edit)
             outcome = await _outcome(renter, rental_id, stack, "hand-made")
@@ -282,10 +296,14 @@ async def test_a_hand_made_image_configuration_is_refused_before_its_start(local
         await asyncio.to_thread(docker_client.images.remove, HAND_MADE, force=True)
 
 
-async def test_an_image_compose_pulls_itself_is_judged_once_started(local_market, docker_client) -> None:
-    """`pull_policy: always`: Compose pulls the image at `up`, after the agent's
-    check of the local images; the started container's merged healthcheck is
-    judged, and the stack fails with nothing left."""
+async def test_an_image_the_renter_asks_pulled_always_is_pulled_and_judged_by_the_agent(
+    local_market, docker_client, tmp_path
+) -> None:
+    """`pull_policy: always` once let Compose pull the image at `up`, after the
+    agent's check of the local images: a container probing back to back ran
+    while `up` waited on a dependent's healthcheck (red team, 2026-11-29). The
+    agent pulls it itself, at each deploy, judges it before `up`, and Compose
+    pulls nothing (`pull_policy: never` in the file it reads)."""
     renter, _parts, _local = local_market
     await asyncio.to_thread(load_with_config, docker_client, TEST_IMAGE, REGISTRY_MADE, _negative_interval)
     try:
@@ -293,12 +311,44 @@ async def test_an_image_compose_pulls_itself_is_judged_once_started(local_market
     finally:
         await asyncio.to_thread(docker_client.images.remove, REGISTRY_MADE, force=True)
     rental_id = await renter.rental()
-    text = STACK.replace(HOSTILE_IMAGE, REGISTRY_MADE) + "    pull_policy: always\n"
+    waiter = "  waiter:\n    image: gpuhost-test/busybox:1\n    command: ['sleep', '3600']\n"
+    waiter += "    depends_on:\n      app:\n        condition: service_healthy\n"
+    text = STACK.replace(HOSTILE_IMAGE, REGISTRY_MADE) + "    pull_policy: always\n" + waiter
     try:
-        outcome = await _outcome(renter, rental_id, text, "pulled-at-up")
+        outcome = await _outcome(renter, rental_id, text, "always")
         assert outcome["status"] == wire.ERROR, outcome
-        assert outcome["errorMsg"].startswith("deploy failed: container "), outcome
-        assert "probes its health back to back (Interval -1)" in outcome["errorMsg"], outcome
+        assert outcome["errorMsg"].startswith("refused by the sandbox policy: "), outcome
+        assert 'service "app" probes its health back to back (Interval -1)' in outcome["errorMsg"], outcome
         assert await asyncio.to_thread(_containers, docker_client, outcome["stackId"]) == []
     finally:
         await asyncio.to_thread(docker_client.images.remove, REGISTRY_MADE, force=True)
+
+    fine = f"127.0.0.1:5000/{TEST_IMAGE}"
+    outcome = await _outcome(renter, rental_id, STACK.replace(HOSTILE_IMAGE, fine) + "    pull_policy: always\n", "ok")
+    assert outcome["status"] == wire.APPLIED, outcome
+    agent_file = json.loads(
+        await asyncio.to_thread((tmp_path / "state" / "stacks" / outcome["stackId"] / AGENT_FILE).read_text)
+    )
+    assert agent_file["services"]["app"]["pull_policy"] == "never"
+
+
+async def test_a_started_container_is_judged_as_the_engine_merged_it(docker_client, tmp_path) -> None:
+    """After `up`, each container once more: what started from a tag another deploy
+    pulled again between the agent's check and `up`. A container of an image
+    probing back to back, labelled as the stack's, fails it."""
+    stack_id = f"stack-{uuid.uuid4().hex[:8]}"
+    await asyncio.to_thread(load_with_config, docker_client, TEST_IMAGE, HAND_MADE, _negative_interval)
+    engine = DockerEngine()
+    try:
+        await asyncio.to_thread(
+            docker_client.containers.run, HAND_MADE, ["sleep", "3600"], labels={wire.LABEL_STACK: stack_id}, detach=True
+        )
+        compose = await asyncio.to_thread(lambda: ComposeRunner(find_compose_command(), tmp_path))
+        backend = ComposeBackend(compose, engine, None, stop_timeout=1)
+        with pytest.raises(StackFailed, match=r"^deploy failed: container .* probes its health back to back"):
+            await backend.until_running(stack_id)
+    finally:
+        await engine.close()
+        for container in await asyncio.to_thread(_containers, docker_client, stack_id):
+            await asyncio.to_thread(container.remove, force=True)
+        await asyncio.to_thread(docker_client.images.remove, HAND_MADE, force=True)

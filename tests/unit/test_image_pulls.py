@@ -147,11 +147,13 @@ async def test_a_stalled_pull_fails_the_deploy_naming_image_and_registry():
     assert "'docker.io'" in stalled_message("busybox:1", 5)
 
 
-async def test_another_failure_is_left_to_compose():
+async def test_another_failure_is_returned_with_the_engines_message():
+    """Compose pulls nothing on one machine (every image is judged as the agent
+    pulled it): the deployer says the failure, with the service it was for."""
     fake = FakePulls(PullError("manifest unknown"))
     fake.release.set()
     pulls = ImagePulls(fake, stall_seconds=5, report_seconds=0.05)
-    await pulls.fetch([IMAGE], lambda _text: None)  # Compose's own pull then fails with its message
+    assert await pulls.fetch([IMAGE], lambda _text: None) == {IMAGE: "manifest unknown"}
 
 
 # ---- d: the size before the pull ---------------------------------------------------------

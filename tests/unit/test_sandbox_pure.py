@@ -361,6 +361,13 @@ def test_an_images_configuration_is_judged_before_its_start() -> None:
     said = service_image_problem("app", service, big)
     assert said is not None and said.startswith("service \"app\" (image 'x')'s configuration is 293 KiB")
     assert service_image_problem("app", service, {"StopSignal": "SIG" + "T" * 200_000}) is None
+    volumes = {f"/v{i}": {} for i in range(33)}
+    said = service_image_problem("app", service, {"Volumes": volumes})
+    assert said is not None and "declares 33 VOLUME paths" in said and "at most 32" in said
+    ports = {f"{port}/tcp": {} for port in range(1000, 1257)}
+    said = service_image_problem("app", service, {"ExposedPorts": ports})
+    assert said is not None and "declares 257 EXPOSE ports" in said
+    assert service_image_problem("app", service, {"Volumes": dict(list(volumes.items())[:32])}) is None
 
 
 def test_a_stack_declares_so_many_ports_counted_port_by_port() -> None:

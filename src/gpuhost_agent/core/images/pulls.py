@@ -22,9 +22,12 @@ pulls run at once (per host, per rental) and for how long is pull_slots.py.
 A pull whose registry sends no byte for `stall_seconds`
 (GPUHOST_PULL_STALL_SECONDS), or that outlasts its deadline
 (GPUHOST_PULL_MAX_SECONDS, or the minimum rate over its known size), fails
-the deploy naming the image and the registry. Any other failure of the agent's pull (an unknown tag, a refused
-registry) is left to Compose, whose own pull then fails with the message
-the deploy errors have always given (core/stacks/deploy_failures.py).
+the deploy naming the image and the registry. Any other failure of the
+agent's pull (an unknown tag, a refused registry) is returned to the
+deployer, which says it as the deploy errors always have, naming the service
+(core/stacks/deploy_failures.py): on one machine Compose pulls nothing, so
+what starts is what the agent judged (core/stacks/image_checks.py); images
+with `pull_policy: always` (or daily, weekly) are pulled at each deploy.
 
 Before a pull the images' size is checked against the rental's share and
 the disk floor (core/images/room.py), after evicting kept images the floor
@@ -54,6 +57,7 @@ log = get_logger(__name__)
 # reference, on_event, progress_mark, stall_seconds: blocks until pulled (runtime/image_pull.py, pull_image)
 PullFn = Callable[[str, Callable[[dict], object], Callable[[], object], float], None]
 NO_CONTACT_POLICIES = (None, "missing", "if_not_present")  # the policies under which Compose pulls only what is missing
+FRESH_POLICIES = ("always", "daily", "weekly")  # pulled by the agent at each deploy (a day or a week: at each one too)
 SETTING = "GPUHOST_PULL_STALL_SECONDS"
 MAX_SETTING = "GPUHOST_PULL_MAX_SECONDS"
 
@@ -101,15 +105,16 @@ class Flight:
             return PullProgress(self.progress.image, layers, waiting=not self.running and not self.done.done())
 
 
-def pullable_images(model: dict) -> list[str]:
-    """The images of the stack Compose would pull only when missing: the
-    ones the agent may pull first."""
+def pullable_images(model: dict, policies: tuple = NO_CONTACT_POLICIES) -> list[str]:
+    """The images of the stack whose `pull_policy` is one of `policies`: by
+    default those Compose would pull only when missing, which the agent pulls
+    when missing; with FRESH_POLICIES, those it pulls at every deploy."""
     images = {
         str(service["image"])
         for service in (model.get("services") or {}).values()
         if isinstance(service, dict)
         and isinstance(service.get("image"), str)
-        and service.get("pull_policy") in NO_CONTACT_POLICIES
+        and service.get("pull_policy") in policies
     }
     return sorted(images)
 
@@ -263,25 +268,26 @@ class ImagePulls:
         if self.cache is not None:
             await self.cache.used(images)
 
-    async def fetch(self, images: list[str], progress: Callable[[str], None], rental_id: str = "") -> None:
+    async def fetch(self, images: list[str], progress: Callable[[str], None], rental_id: str = "") -> dict[str, str]:
         """Pull each of `images` (those missing here), or wait on its pull in
         progress; `progress` hears the text every `report_seconds` when it
-        changed. StackFailed when one stalled or timed out; other failures
-        are left to Compose. A pull this deploy alone waited on is cancelled
-        when the deploy is."""
+        changed. StackFailed when one stalled or timed out; the other failed
+        pulls are returned, image -> the engine's message (the deployer says
+        them: Compose pulls nothing on one machine). A pull this deploy alone
+        waited on is cancelled when the deploy is."""
         if not images:
-            return
+            return {}
         flights = []
         for image in images:
             flights.append(self._flight(image, rental_id))
             flights[-1].waiters += 1
         try:
-            await self._wait(flights, progress)
+            return await self._wait(flights, progress)
         finally:
             for flight in flights:
                 self._release(flight)
 
-    async def _wait(self, flights: list[Flight], progress: Callable[[str], None]) -> None:
+    async def _wait(self, flights: list[Flight], progress: Callable[[str], None]) -> dict[str, str]:
         waiting = {flight.done for flight in flights}
         said = ""
         while True:
@@ -301,5 +307,9 @@ class ImagePulls:
                 raise StackFailed(stalled_message(flight.progress.image, self.stall_seconds))
             if isinstance(error, PullTimedOut):
                 raise StackFailed(timed_out_message(flight.progress.image, flight.deadline_s))
-            if error is not None:
-                log.warning("image_pull_left_to_compose", image=flight.progress.image, error=str(error))
+        failed = {}
+        for flight in flights:
+            if (error := flight.done.exception()) is not None:
+                log.warning("image_pull_failed", image=flight.progress.image, error=str(error))
+                failed[flight.progress.image] = str(error)
+        return failed

@@ -9,12 +9,14 @@ config does not. Copied into containers, 20 MB of it made every container
 list of the engine take seconds, for every renter, and the agent's calls
 time out (red team, 2026-11-29). So an image's configuration is at most
 256 KiB as the engine's JSON counts it (labels, 64 KiB at most, among it:
-core/sandbox/label_size.py), and its healthcheck, merged with the file's as
+core/sandbox/label_size.py), with at most 32 VOLUME paths and 256 EXPOSE
+ports, and its healthcheck, merged with the file's as
 the engine merges them, probes at most once a second
 (core/sandbox/healthcheck.py). Both are judged on the pulled images before
-`up`, so no such container starts; and on the started containers, for an
-image Compose pulled itself (`pull_policy: always`): the healthcheck, and an
-inspect of at most 1 MiB (the image's configuration and the file's).
+`up`, so no such container starts (on one machine the agent pulls every
+image and Compose none: core/stacks/image_checks.py); and once more on the
+started containers: the healthcheck, and an inspect of at most 1 MiB (the
+image's configuration and the file's).
 """
 
 from __future__ import annotations
@@ -27,6 +29,14 @@ from gpuhost_agent.core.sandbox.healthcheck import file_over_image, started_heal
 from gpuhost_agent.core.sandbox.label_size import json_bytes
 
 MAX_IMAGE_CONFIG_BYTES = 256 * 1024
+# Within those bytes, counts that cost the engine per entry: each VOLUME is an
+# anonymous volume made at create and removed at `down` (18,000 fit in 256 KiB;
+# 5,000 took the engine 30 s to make and 38 s to remove, and another renter's
+# container create twice as long meanwhile), each EXPOSE an entry of every
+# container list (15,000: 525 KB of one container's list entry). Images
+# declare a few of each.
+MAX_IMAGE_VOLUMES = 32
+MAX_IMAGE_EXPOSED_PORTS = 256  # as a stack's file may expose (core/sandbox/host_network.py)
 MAX_INSPECT_BYTES = 1024 * 1024  # what the agent reads of an image's or a container's inspect
 
 
@@ -61,6 +71,13 @@ def service_image_problem(name: str, service: Mapping[str, Any], image_config: M
     what = f'service "{name}" (image {str(service.get("image"))[:200]!r})'
     if problem := config_size_problem(what, image_config):
         return problem
+    for key, said, most in (
+        ("Volumes", "VOLUME paths (each an anonymous volume the engine makes and removes)", MAX_IMAGE_VOLUMES),
+        ("ExposedPorts", "EXPOSE ports (each in every container list of the engine)", MAX_IMAGE_EXPOSED_PORTS),
+    ):
+        count = len(image_config.get(key) or {})
+        if count > most:
+            return f"{what} declares {count:,} {said}, at most {most}; use an image that declares fewer"
     merged = file_over_image(service.get("healthcheck"), image_config.get("Healthcheck"))
     return started_healthcheck_problem(f'service "{name}"', merged)
 

@@ -61,7 +61,15 @@ class ComposeBackend:
         return ComposeStart(model, foreign_names, up, self)
 
     def stack_file(self, labelled: dict) -> dict:
-        return labelled  # Compose reads the hardened model as it is
+        """The hardened model as Compose reads it, every image as the agent
+        pulled and judged it: Compose pulls none itself (a `pull_policy:
+        always` image pulled at `up` was never judged before its start, and a
+        tag pulled again could differ; core/stacks/image_checks.py)."""
+        services = {
+            name: {**service, "pull_policy": "never"} if isinstance(service, dict) and "image" in service else service
+            for name, service in (labelled.get("services") or {}).items()
+        }
+        return {**labelled, "services": services}
 
     async def until_running(self, stack_id: str) -> list[dict]:
         """The stack's containers (`up --detach` returned: they were started),

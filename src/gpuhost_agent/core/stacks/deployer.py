@@ -20,7 +20,7 @@ from pathlib import Path
 from gpuhost_agent.common import crash_points
 from gpuhost_agent.common.logs import SECRETS, get_logger
 from gpuhost_agent.core.containers.seed_list import failed_containers, seed_containers
-from gpuhost_agent.core.images.pulls import ImagePulls, pullable_images
+from gpuhost_agent.core.images.pulls import FRESH_POLICIES, ImagePulls, pullable_images
 from gpuhost_agent.core.sandbox.apply import POLICY_PREFIX, Sandbox, notices_message, review_raw
 from gpuhost_agent.core.sandbox.context import StackSite, crowded_rental_problem
 from gpuhost_agent.core.sandbox.label_size import oversized_container
@@ -34,7 +34,13 @@ from gpuhost_agent.core.stacks.compose_rewrite import (
     label_services,
     problems_said,
 )
-from gpuhost_agent.core.stacks.deploy_failures import LimitReached, describe_container
+from gpuhost_agent.core.stacks.deploy_failures import (
+    LimitReached,
+    describe_container,
+    pull_failure,
+    service_images,
+    without_registry_reply,
+)
 from gpuhost_agent.core.stacks.deploy_stops import DeployStops
 from gpuhost_agent.core.stacks.image_checks import image_problems
 from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
@@ -152,20 +158,14 @@ class StackDeployer:
                         job, start.model, raw, site, waiting=lambda reason: self._report(job, wire.APPLYING, reason)
                     ),
                 )
-                rewritten = self.backend.stack_file(
-                    label_services(
-                        hardened,
-                        job.stack_id,
-                        job.rental_id,
-                        job.env_id,
-                        gpus,
-                        ssh=template.get("isSSHEnabled") is True,
-                    )
+                labelled = label_services(
+                    hardened, job.stack_id, job.rental_id, job.env_id, gpus, ssh=template.get("isSSHEnabled") is True
                 )
+                rewritten = self.backend.stack_file(labelled)  # one machine: every image as the agent pulled it
                 text = json.dumps(rewritten, indent=1)
                 await asyncio.to_thread(_write_private, workdir / AGENT_FILE, text)  # the record of what ran
-                await stops.unless_stopped(job, self._pull(job, rewritten))
-                if problems := await image_problems(self.engine, rewritten):
+                await stops.unless_stopped(job, self._pull(job, labelled))  # by the pull policies asked
+                if problems := await image_problems(self.engine, rewritten, local=self.images is not None):
                     raise StackRejected(POLICY_PREFIX + problems_said(problems))
                 stops.check(job)  # past this point the deploy finishes: its removal takes down what it made
                 crash_points.crash_point("deploy.before_compose_up")
@@ -188,14 +188,17 @@ class StackDeployer:
         pulled with progress in APPLYING's errorMsg (core/images/pulls.py)."""
         if self.images is None:
             return
-        images = pullable_images(stack)
+        images, fresh = pullable_images(stack), pullable_images(stack, FRESH_POLICIES)
         try:
-            missing = await self.engine.missing_images(images)
+            missing = sorted({*await self.engine.missing_images(images), *fresh})
         except EngineError:  # a reference the engine cannot read: Compose says why
             return
         await self.images.check_room(job.rental_id, missing)
-        await self.images.fetch(missing, lambda text: self._report(job, wire.APPLYING, text), job.rental_id)
-        await self.images.used(images)
+        failed = await self.images.fetch(missing, lambda text: self._report(job, wire.APPLYING, text), job.rental_id)
+        if failed:  # Compose pulls nothing here (compose_backend.py, stack_file): it is said now
+            said = "; ".join(without_registry_reply(message) for message in failed.values())
+            raise StackFailed(pull_failure(service_images(stack), sorted(failed), said) or said)
+        await self.images.used(sorted({*images, *fresh}))
 
     async def _check_running(self, stack_id: str, raw: list[dict] | None = None) -> None:
         raw = await self.engine.stack_containers(stack_id) if raw is None else raw

@@ -1,10 +1,13 @@
 """The stack's pulled images judged before `up`, and its started containers
 after (core/sandbox/image_config.py decides; this asks the engine).
 
-Before `up`: each service's image as the engine holds it now (the agent
-pulled it, or it was there); an image that is not local yet is judged on the
-started container instead (Compose pulls it, `pull_policy: always`). The
-engine's answers are read to 1 MiB at most: a renter's image made them.
+Before `up`: each service's image as the engine holds it now. On one machine
+the agent pulled every image (at each deploy for `pull_policy: always`) and
+Compose pulls none (core/stacks/compose_backend.py, stack_file), so what is
+judged is what starts; on a Swarm the machines pull their own, and only the
+leader's local images are judged. After the start, each container once more
+(a tag another deploy pulled again in between). The engine's answers are
+read to 1 MiB at most: a renter's image made them.
 """
 
 from __future__ import annotations
@@ -19,8 +22,11 @@ from gpuhost_agent.runtime.engine import DockerEngine
 from gpuhost_agent.runtime.engine_errors import AnswerTooLarge, ContainerGone
 
 
-async def image_problems(engine: DockerEngine, stack: dict) -> list[str]:
-    """What is wrong with the images of the (hardened) stack, one line per service."""
+async def image_problems(engine: DockerEngine, stack: dict, *, local: bool) -> list[str]:
+    """What is wrong with the images of the (hardened) stack, one line per
+    service. `local`: the agent pulled every image here (one machine), so an
+    image still absent is one its pull did not bring; else (a Swarm's
+    machines pull their own) an absent image is not judged here."""
     problems: list[str] = []
     configs: dict[str, dict | None] = {}  # an image several services share is asked once
     for name, service in sorted((stack.get("services") or {}).items()):
@@ -35,7 +41,9 @@ async def image_problems(engine: DockerEngine, stack: dict) -> list[str]:
                 configs[image] = None
                 continue
         config = configs[image]
-        if config is not None and (problem := service_image_problem(name, service, config)):
+        if config is None and local:
+            problems.append(f'service "{name}": its image {image[:200]!r} is not on this host after its pull')
+        elif config is not None and (problem := service_image_problem(name, service, config)):
             problems.append(problem)
     return problems
 
