@@ -14,7 +14,7 @@ import json
 
 import pytest
 from support.settings import stack_context
-from support.swarm import PREFIX, docker
+from support.swarm import PREFIX, docker, set_availability
 
 from gpuhost_agent.core.containers.seed_list import seed_containers
 from gpuhost_agent.core.gpus.allocation import environment_slots
@@ -56,14 +56,14 @@ async def test_the_environments_gpus_are_every_nodes_and_a_drained_machine_takes
         cluster_gpu(2, 1): worker,
     }
     assert all(slot.healthy for slot in slots)
-    await asyncio.to_thread(docker, 1, "node", "update", "--availability", "drain", worker)
+    await asyncio.to_thread(set_availability, worker, "drain")
     try:
         slots = environment_slots(await environment_facts(engine))
         out = {slot.uuid: slot.reason for slot in slots if not slot.healthy}
         assert set(out) == {cluster_gpu(2, 0), cluster_gpu(2, 1)}
         assert all(reason.endswith("is drain in the Swarm") for reason in out.values())
     finally:
-        await asyncio.to_thread(docker, 1, "node", "update", "--availability", "active", worker)
+        await asyncio.to_thread(set_availability, worker, "active")
 
 
 async def test_a_stack_on_two_machines_is_listed_in_the_seed_shape_and_removed_from_both(nodes) -> None:

@@ -147,12 +147,19 @@ def clear() -> None:
         node_ref, availability = line.split()
         if availability == "Active":
             continue
-        for _ in range(10):  # "update out of sequence" while Swarm itself updates the node: again
-            out = docker(1, "node", "update", "--availability", "active", node_ref, check=False)
-            if "out of sequence" not in out:
-                break
-            time.sleep(0.5)
-        assert "Error" not in out, out
+        set_availability(node_ref, "active")
+
+
+def set_availability(node_ref: str, availability: str) -> None:
+    """`docker node update --availability`, again on "update out of sequence":
+    Swarm updates the node itself (its status, its description) between the
+    CLI's read of the node's version and its write (a CI failure, 2026-11-29)."""
+    for _ in range(20):
+        out = docker(1, "node", "update", "--availability", availability, node_ref, check=False)
+        if "out of sequence" not in out:
+            break
+        time.sleep(0.5)
+    assert "Error" not in out, out
 
 
 def leftovers() -> list[str]:
