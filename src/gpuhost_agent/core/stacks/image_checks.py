@@ -29,6 +29,7 @@ async def image_problems(engine: DockerEngine, stack: dict, *, local: bool) -> l
     machines pull their own) an absent image is not judged here."""
     problems: list[str] = []
     configs: dict[str, dict | None] = {}  # an image several services share is asked once
+    too_large: set[str] = set()
     for name, service in sorted((stack.get("services") or {}).items()):
         image = service.get("image") if isinstance(service, dict) else None
         if not isinstance(image, str):
@@ -37,11 +38,12 @@ async def image_problems(engine: DockerEngine, stack: dict, *, local: bool) -> l
             try:
                 configs[image] = await engine.image_config(image, MAX_INSPECT_BYTES)
             except AnswerTooLarge:
-                problems.append(too_large_problem(f'service "{name}" (image {image[:200]!r})'))
                 configs[image] = None
-                continue
+                too_large.add(image)
         config = configs[image]
-        if config is None and local:
+        if image in too_large:
+            problems.append(too_large_problem(f'service "{name}" (image {image[:200]!r})'))
+        elif config is None and local:
             problems.append(f'service "{name}": its image {image[:200]!r} is not on this host after its pull')
         elif config is not None and (problem := service_image_problem(name, service, config)):
             problems.append(problem)
