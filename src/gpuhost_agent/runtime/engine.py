@@ -181,8 +181,8 @@ class DockerEngine(EngineCalls):
         # Docker gives nanoseconds; Python's parser takes exactly six digits at most.
         return wire_time.parse_iso(re.sub(r"\.(\d+)", lambda m: "." + (m.group(1) + "000000")[:6], text))
 
-    async def _inspect_image(self, reference: str) -> dict:
-        reply = await self._call("GET", f"/images/{checked_reference(reference)}/json")
+    async def _inspect_image(self, reference: str, max_bytes: int | None = None) -> dict:
+        reply = await self._call("GET", f"/images/{checked_reference(reference)}/json", max_bytes=max_bytes)
         return reply if isinstance(reply, dict) else {}
 
     async def image_labels(self, image_id: str) -> dict | None:
@@ -296,10 +296,9 @@ class DockerEngine(EngineCalls):
         """`Config` of a local image (what its containers start from); None
         when there is no such image; AnswerTooLarge over `max_bytes`."""
         try:
-            reply = await self._call("GET", f"/images/{checked_reference(reference)}/json", max_bytes=max_bytes)
+            return (await self._inspect_image(reference, max_bytes)).get("Config") or {}
         except ContainerGone:  # the engine's 404
             return None
-        return (reply.get("Config") or {}) if isinstance(reply, dict) else {}
 
     async def container_state(self, container_id: str) -> dict:
         """The `State` object of Docker's inspect (ExitCode, OOMKilled, FinishedAt...)."""

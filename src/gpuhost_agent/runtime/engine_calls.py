@@ -23,6 +23,7 @@ from typing import Any
 
 import aiohttp
 
+from gpuhost_agent.common.capped_body import read_up_to
 from gpuhost_agent.runtime.docker_host import Endpoint, parse_docker_host
 from gpuhost_agent.runtime.engine_errors import AnswerTooLarge, EngineError, EngineUnreachable
 from gpuhost_agent.runtime.engine_errors import response_error as _error
@@ -118,7 +119,9 @@ class EngineCalls:
                     raise await _error(response)
                 if max_bytes is None:
                     return await response.read(), response.content_type
-                return await _bounded_body(response, max_bytes, f"{method} {path}"), response.content_type
+                if (raw := await read_up_to(response, max_bytes)) is None:
+                    raise AnswerTooLarge(f"Docker Engine answered {method} {path} with over {max_bytes:,} bytes")
+                return raw, response.content_type
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             raise EngineUnreachable(f"Docker Engine unreachable: {type(exc).__name__}: {exc}") from exc
 
@@ -133,15 +136,3 @@ class EngineCalls:
         """`docker ps -a` on this engine of the containers carrying every one of `labels`."""
         reply = await self._call("GET", "/containers/json", params={"all": "1", **filters_param(label=labels)})
         return [item for item in reply if isinstance(item, dict)] if isinstance(reply, list) else []
-
-
-async def _bounded_body(response: aiohttp.ClientResponse, max_bytes: int, what: str) -> bytes:
-    if (response.content_length or 0) > max_bytes:
-        raise AnswerTooLarge(f"Docker Engine answered {what} with {response.content_length:,} bytes")
-    chunks, size = [], 0
-    async for chunk in response.content.iter_chunked(1 << 16):
-        size += len(chunk)
-        if size > max_bytes:
-            raise AnswerTooLarge(f"Docker Engine answered {what} with over {max_bytes:,} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)

@@ -15,6 +15,8 @@ from typing import Any
 
 import aiohttp
 
+from gpuhost_agent.common.capped_body import read_up_to
+
 # Error replies are only read for their message.
 _MAX_ERROR_BODY_BYTES = 64 * 1024
 _MAX_ERROR_MESSAGE_CHARS = 500
@@ -66,18 +68,10 @@ async def read_capped(response: aiohttp.ClientResponse, cap: int, what: str) -> 
     """The reply's body, read up to `cap` bytes and no further: a marketplace
     that sends more (by its Content-Length or by what actually arrives, after
     decompression) is refused instead of filling the agent's memory."""
-    if response.content_length is not None and response.content_length > cap:
+    raw = await read_up_to(response, cap)
+    if raw is None:
         raise ReplyTooLarge(response.status, f"the reply to {what} is larger than {cap} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk = await response.content.read(cap + 1 - size)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > cap:
-            raise ReplyTooLarge(response.status, f"the reply to {what} is larger than {cap} bytes")
+    return raw
 
 
 def decode_json(raw: bytes, status: int, what: str) -> Any:

@@ -301,15 +301,14 @@ class ImagePulls:
         pulled = [flight.progress.image for flight in flights if flight.done.exception() is None]
         if self.cache is not None:
             await self.cache.pulled(pulled)
+        failed = {}
         for flight in flights:
             error = flight.done.exception()
             if isinstance(error, PullStalled):
                 raise StackFailed(stalled_message(flight.progress.image, self.stall_seconds))
             if isinstance(error, PullTimedOut):
                 raise StackFailed(timed_out_message(flight.progress.image, flight.deadline_s))
-        failed = {}
-        for flight in flights:
-            if (error := flight.done.exception()) is not None:
+            if error is not None:
                 log.warning("image_pull_failed", image=flight.progress.image, error=str(error))
                 failed[flight.progress.image] = str(error)
         return failed

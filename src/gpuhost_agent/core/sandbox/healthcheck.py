@@ -92,8 +92,9 @@ def file_over_image(file_check: Any, image_check: Mapping[str, Any] | None) -> d
 def started_healthcheck_problem(who: str, check: Mapping[str, Any] | None) -> str | None:
     """A container's healthcheck (`Config.Healthcheck` of Docker's inspect,
     or `file_over_image` before the start: durations in nanoseconds) over the
-    bounds above, said for the renter of `who` (a container or a service); None when it has none or is within.
-    Zero is the engine's default (30 s); an image may carry a negative
+    bounds above, said for the renter of `who` (a container or a service);
+    None when it has none or is within. Zero is the engine's default (30 s);
+    an image may carry a negative
     interval, which the engine's API refuses in a file but takes from an
     image, and which runs probes back to back (red team, 2026-11-29)."""
     test = (check or {}).get("Test") or []

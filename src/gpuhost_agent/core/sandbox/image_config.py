@@ -45,7 +45,7 @@ def _kib(size: int) -> str:
 
 
 def config_size_problem(what: str, config: Mapping[str, Any]) -> str | None:
-    """An image's configuration (or a container's, which carries its image's) over the limit."""
+    """An image's configuration over the limit."""
     size = json_bytes(json.dumps(config, ensure_ascii=False))
     if size <= MAX_IMAGE_CONFIG_BYTES:
         return None

@@ -43,35 +43,28 @@ class DeployTurns:
         """The block runs in a turn of the host's and of the rental's share."""
         own = self._rentals.setdefault(rental_id, asyncio.Semaphore(self.per_rental))
         self._users[rental_id] += 1
+        rental_full = (
+            f"waiting for its turn: its rental runs {self.per_rental} deploys at once at most on this host, "
+            "one turn being left for other rentals (GPUHOST_DEPLOY_CONCURRENCY)"
+        )
+        host_full = (
+            f"waiting for its turn: {self.concurrency} deploys are running on this host (GPUHOST_DEPLOY_CONCURRENCY)"
+        )
         try:
-            await self._take(
-                own,
-                f"waiting for its turn: its rental runs {self.per_rental} deploys at once at most on this host, "
-                "one turn being left for other rentals (GPUHOST_DEPLOY_CONCURRENCY)",
-                waiting,
-                stoppable,
-            )
-            try:
-                await self._take(
-                    self._host,
-                    f"waiting for its turn: {self.concurrency} deploys are running on this host"
-                    " (GPUHOST_DEPLOY_CONCURRENCY)",
-                    waiting,
-                    stoppable,
-                )
-                try:
+            async with self._held(own, rental_full, waiting, stoppable):
+                async with self._held(self._host, host_full, waiting, stoppable):
                     yield
-                finally:
-                    self._host.release()
-            finally:
-                own.release()
         finally:
             self._users[rental_id] -= 1
             if not self._users[rental_id]:
                 del self._users[rental_id]
                 self._rentals.pop(rental_id, None)
 
-    async def _take(self, slots: asyncio.Semaphore, reason: str, waiting: Waiting, stoppable: Stoppable) -> None:
+    @contextlib.asynccontextmanager
+    async def _held(
+        self, slots: asyncio.Semaphore, reason: str, waiting: Waiting, stoppable: Stoppable
+    ) -> AsyncIterator[None]:
+        """One of `slots` for the block; `waiting` hears `reason` when none is free."""
         waits = slots.locked()
         if waits:
             waiting(reason)
@@ -83,3 +76,7 @@ class DeployTurns:
                 await slots.acquire()  # at once: the next deploy's locked() must see it taken
         finally:
             self.waiting -= 1
+        try:
+            yield
+        finally:
+            slots.release()
