@@ -1,4 +1,4 @@
-.PHONY: setup run check test test-fast fuzz bench soak clean-test-docker
+.PHONY: setup run check test test-fast lock test-latest fuzz bench soak clean-test-docker
 
 # Label the agent puts on every container/network/volume it creates.
 MANAGED_LABEL := io.gpuhost.managed=true
@@ -49,6 +49,22 @@ test: setup check
 test-fast:
 	@test -x .venv/bin/python || { echo "test-fast: no .venv yet; run 'make setup' once" >&2; exit 2; }
 	$(UNIT_TESTS) $(PYTEST_ARGS)
+
+# Renew requirements/*.lock to the newest versions (scripts/lock.sh): then `make test`,
+# and commit the renewal alone. Until then every install takes the locked versions.
+lock:
+	bash scripts/lock.sh
+
+# The unit tests against the newest versions, without the lock, in a venv of their own
+# (.venv-latest): what the next `make lock` would bring, tried before it is taken.
+test-latest: setup
+	rm -rf .venv-latest
+	.venv/bin/uv venv -q --python .venv/bin/python .venv-latest
+	.venv/bin/uv pip install -q --python .venv-latest/bin/python -e '.[test]'
+	.venv-latest/bin/python scripts/check-lock.py requirements/dev.lock \
+		|| echo "test-latest: the versions above are newer than the lock's (make lock would take them)"
+	env -u PYTHONDONTWRITEBYTECODE .venv-latest/bin/python -m pytest -q -n $(UNIT_WORKERS) -p no:schemathesis \
+		tests/unit $(PYTEST_ARGS)
 
 # The hostile Compose generator (tests/support/hostile_compose.py) for longer than
 # CI's fixed slice: FUZZ_EXAMPLES files judged by the sandbox (the raw pass, real

@@ -15,17 +15,26 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 
-# Editable install: source edits need no reinstall, only pyproject.toml
-# changes do, so a stamp newer than pyproject.toml means "up to date".
-# Delete .venv/.dev-env-installed to force a reinstall.
+# The locked versions only (requirements/*.lock, `make lock` renews them), each
+# file checked against its sha256: first what builds the packages that are not
+# wheels, then the rest built with those (no unhashed build environment), then
+# the agent itself, editable (source edits need no reinstall). A stamp newer
+# than pyproject.toml and every lock means "up to date"; delete
+# .venv/.dev-env-installed to force a reinstall.
 stamp=.venv/.dev-env-installed
-if [ ! -f pyproject.toml ]; then
-    echo "dev-env: no pyproject.toml yet, skipping pip install"
-elif [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then
-    echo "dev-env: .venv up to date with pyproject.toml, skipping pip install"
+# (The grep drops pip's warnings about this machine's configured extra indexes.)
+pip() { .venv/bin/python -m pip install -q --disable-pip-version-check "$@" \
+    2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2); }
+if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && [ "$stamp" -nt requirements/dev.lock ] \
+    && [ "$stamp" -nt requirements/build.lock ]; then
+    echo "dev-env: .venv up to date with pyproject.toml and requirements/*.lock, skipping pip install"
 else
-    echo "dev-env: pip install -e '.[test]'"
-    .venv/bin/pip install -q -e '.[test]'
+    echo "dev-env: pip install --require-hashes -r requirements/build.lock, then -r requirements/dev.lock"
+    pip --require-hashes -r requirements/build.lock
+    pip --require-hashes --no-build-isolation -r requirements/dev.lock
+    echo "dev-env: pip install --no-deps -e . (the agent, editable)"
+    pip --no-deps --no-build-isolation -e .
+    .venv/bin/python scripts/check-lock.py requirements/dev.lock
     touch "$stamp"
 fi
 
