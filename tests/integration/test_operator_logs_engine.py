@@ -143,3 +143,79 @@ def test_sighup_reloads_the_log_level(tmp_path, docker_client):
             process.kill()
         if env_id:
             remove_env_resources(docker_client, env_id)
+
+
+# --- stderr holds the log's own format alone ---------------------------------
+
+# Loaded by the agent's Python at start (site imports `sitecustomize` from
+# PYTHONPATH): once asyncssh, a library the daemon imports, has run, it warns
+# twice from asyncssh's own file and prints a line to stderr, as a library may.
+FORCED = """
+import importlib.abc, importlib.util, sys, warnings
+
+class Hook(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "asyncssh":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def run_then_warn(module):
+            run(module)
+            for _ in range(2):
+                warnings.warn_explicit("forced by the test", UserWarning, module.__file__, 1)
+            print("a library's own line on stderr", file=sys.stderr)
+
+        spec.loader.exec_module = run_then_warn
+        return spec
+
+sys.meta_path.insert(0, Hook())
+"""
+
+
+def test_the_agents_stderr_is_its_log_format_alone(tmp_path, docker_client):
+    """Python's warnings, every library's (all shown: PYTHONWARNINGS=always), and
+    what a library prints become lines of the log's own format, a warning once."""
+    (tmp_path / "forced").mkdir()
+    (tmp_path / "forced" / "sitecustomize.py").write_text(FORCED)
+    conf = tmp_path / "agent.conf"
+    conf.write_text("GPUHOST_SETTLE_SECONDS=0.5\n")
+    env = {**os.environ, "GPUHOST_LOCAL_API_KEY": "stderr-test-key", "GPUHOST_CONFIG": str(conf)}
+    env.update(PYTHONWARNINGS="always", PYTHONPATH=str(tmp_path / "forced"))
+    env.pop("JOURNAL_STREAM", None)
+    stderr = tmp_path / "stderr"
+    argv = [sys.executable, "-m", "gpuhost_agent", "run", "--state-dir", str(tmp_path / "state")]
+    process = subprocess.Popen(
+        [*argv, "--local-listen", "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=open(stderr, "w"), text=True, env=env
+    )
+    env_id = None
+    try:
+        banner = "".join(process.stdout.readline() for _ in range(4))
+        env_id = re.search(r"environment id:\s+(\S+)", banner).group(1)
+        deadline = time.monotonic() + 30
+        while '"session_opened"' not in stderr.read_text():
+            assert time.monotonic() < deadline and process.poll() is None, stderr.read_text()[-3000:]
+            time.sleep(0.1)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+        if env_id:
+            remove_env_resources(docker_client, env_id)
+    lines = []
+    for text in stderr.read_text().splitlines():
+        try:
+            line = json.loads(text)
+        except ValueError:
+            raise AssertionError(f"not a line of the log's format on stderr: {text!r}") from None
+        assert isinstance(line, dict) and {"event", "level", "timestamp"} <= line.keys(), text
+        lines.append(line)
+    forced = [line for line in lines if line["event"] == "python_warning" and line["message"] == "forced by the test"]
+    assert len(forced) == 1, forced
+    assert forced[0]["category"] == "builtins.UserWarning" and forced[0]["level"] == "warning"
+    assert re.search(r"asyncssh/__init__\.py:1$", forced[0]["origin"]), forced
+    printed = [line for line in lines if line["event"] == "stderr_line"]
+    assert [line["line"] for line in printed] == ["a library's own line on stderr"], printed
+    assert lines[-1]["event"] == "agent_stopped"

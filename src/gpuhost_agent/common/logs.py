@@ -9,10 +9,12 @@ and every registered secret *value* is replaced wherever it appears in a string
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import sys
 import threading
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any, TextIO
@@ -230,14 +232,108 @@ class LastError:
 LAST_ERROR = LastError()
 
 
+# ---- warnings and stray prints: lines of the log's own format ---------------------
+WARNINGS_REMEMBERED = 1000  # distinct warnings said once each; past that, each is said again
+STDERR_LINE_KEPT = 4000  # characters of one line a library printed
+
+
+def capture_warnings() -> None:
+    """Python's warnings, the agent's and any library's, become one log line
+    each (`python_warning`, at warning level, with their category and origin)
+    instead of text on stderr among the JSON lines; a warning said once is not
+    said again whatever line raises it again. Python's filters still choose
+    which warnings are shown."""
+    said: set[tuple[type, str]] = set()
+    log = get_logger("py.warnings")
+
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        key = (category, str(message))
+        if key in said:
+            return
+        if len(said) < WARNINGS_REMEMBERED:
+            said.add(key)
+        log.warning(
+            "python_warning",
+            category=f"{category.__module__}.{category.__qualname__}",
+            origin=f"{filename}:{lineno}",
+            message=str(message)[:STDERR_LINE_KEPT],
+        )
+
+    warnings.showwarning = show
+
+
+class StderrLines(io.TextIOBase):
+    """sys.stderr while the agent runs: what a library prints there becomes a
+    log line (`stderr_line`, at warning level), so the agent's stderr, which
+    the journal keeps, holds the log's own format alone. The log itself writes
+    to the stream this replaced (`real`)."""
+
+    def __init__(self, real: TextIO) -> None:
+        super().__init__()
+        self.real = real
+        self._pending = ""
+        self._lock = threading.Lock()
+        self._log = get_logger("stderr")
+        self._inside = threading.local()  # a line said while saying one goes to the real stream
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self.real.fileno()
+
+    def write(self, text: str) -> int:
+        if getattr(self._inside, "busy", False):
+            return self.real.write(text)
+        with self._lock:
+            lines = (self._pending + text).split("\n")
+            self._pending = lines.pop()
+            if len(self._pending) > STDERR_LINE_KEPT:  # no end of line yet: bounded all the same
+                lines.append(self._pending)
+                self._pending = ""
+        self._inside.busy = True
+        try:
+            for line in lines:
+                if line.strip():
+                    self._log.warning("stderr_line", line=line[:STDERR_LINE_KEPT])
+        finally:
+            self._inside.busy = False
+        return len(text)
+
+
+def capture_stderr() -> None:
+    """Put StderrLines in sys.stderr's place (once: a second call keeps the first)."""
+    if not isinstance(sys.stderr, StderrLines):
+        sys.stderr = StderrLines(sys.stderr)
+
+
 def configure(
-    level: str = "info", *, json_lines: bool | None = None, stream: TextIO | None = None, journal: bool | None = None
+    level: str = "info",
+    *,
+    json_lines: bool | None = None,
+    stream: TextIO | None = None,
+    journal: bool | None = None,
+    stderr_only_log: bool = False,
 ) -> None:
     """JSON lines when not on a terminal (journald, files, CI), readable lines on
     one; on the journal, each line carries its priority prefix (see above).
-    Other libraries' standard-library records take the same path (library_logs)."""
+    Other libraries' standard-library records take the same path (library_logs),
+    and so do Python's warnings. `stderr_only_log` (the daemon): whatever else
+    is printed to sys.stderr becomes log lines too."""
     number = _level_number(level)
     stream = stream or sys.stderr
+    if isinstance(stream, StderrLines):
+        stream = stream.real
     if json_lines is None:
         json_lines = not stream.isatty()
     if journal is None:
@@ -264,6 +360,9 @@ def configure(
         cache_logger_on_first_use=False,
     )
     library_logs.route_root_logger(stream, [structlog.stdlib.add_logger_name, *shared], renderer, number)
+    capture_warnings()
+    if stderr_only_log:
+        capture_stderr()
 
 
 def set_level(level: str) -> None:

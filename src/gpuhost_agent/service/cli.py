@@ -107,7 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     from gpuhost_agent.service import host_check, settings_view
 
     try:
-        logs.configure(config.log_level if args.command == "run" else "warning")
+        if args.command == "run":
+            logs.configure(config.log_level, stderr_only_log=True)
+        else:
+            logs.configure("warning")
     except ValueError as exc:  # the log level: logs.configure knows the names
         return _configuration_error(exc)
     if args.command == "probe":
@@ -120,13 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     from gpuhost_agent.runtime.compose import ComposeNotFound
     from gpuhost_agent.service import daemon  # the agent itself: probe and doctor do without it
 
+    log = logs.get_logger(__name__)  # the daemon's stderr holds log lines alone
     try:
         return daemon.run(config, reload=lambda: config_module.load(flags))
     except ComposeNotFound as exc:
-        print(f"gpuhost-agent: {exc}", file=sys.stderr)
+        log.error("agent_cannot_start", error=str(exc))
         return 3
     except OSError as exc:
-        print(f"gpuhost-agent: cannot start: {exc}", file=sys.stderr)
+        log.error("agent_cannot_start", error=f"cannot start: {exc}")
         return 1
     except KeyboardInterrupt:
         return 130
