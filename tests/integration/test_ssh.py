@@ -88,6 +88,12 @@ async def test_sessions_files_and_forwarding(local_market, local_doc, tmp_path):
     done = await asyncio.to_thread(end.ssh, key, user, "true", options=("-v",))
     chosen = [line for line in done.stderr.decode().splitlines() if "server->client cipher:" in line]
     assert chosen and "chacha20" not in chosen[0] and "aes" in chosen[0], chosen or done.stderr[-500:]
+    # No DSA (issue 44): neither as the host's key nor among the signatures a login may use (server-sig-algs)
+    done = await asyncio.to_thread(end.ssh, key, user, "true", options=("-vv",))
+    said = done.stderr.decode().splitlines()
+    offered = [line for line in said if "host key algorithms:" in line or "server-sig-algs=" in line]
+    assert len(offered) >= 2 and any("ssh-ed25519" in line for line in offered), said[-40:]
+    assert not [line for line in offered if "ssh-dss" in line], offered
 
     # A shell on a PTY: the window size, a resize, the exit status
     terminal = await asyncio.to_thread(PtySsh, end, key, user, 30, 100)

@@ -67,8 +67,9 @@ async def test_keys_from_ssh_keygen_are_registered_listed_and_deleted(market, ke
     assert [key["name"] for key in me["sshKeys"]] == ["work"]
 
 
-async def test_what_is_not_a_public_key_is_refused_with_why(market, keys) -> None:
+async def test_what_is_not_a_public_key_is_refused_with_why(market, keys, tmp_path) -> None:
     public, private = keys["ed25519"]
+    dsa, _ = await asyncio.to_thread(_keygen, tmp_path, "dsa", "old")
     kind, blob, _comment = public.split()
     cases = {
         "a private key": ({"publicKey": private}, "private key"),
@@ -80,6 +81,7 @@ async def test_what_is_not_a_public_key_is_refused_with_why(market, keys) -> Non
         "a name that is not a string": ({"publicKey": public, "name": 7}, "name must be"),
         "an empty name": ({"publicKey": public, "name": "  "}, "name must be"),
         "not an object": (["ssh-ed25519"], "JSON object"),
+        "a DSA key, which the agent's SSH server never takes": ({"publicKey": dsa}, "ssh-keygen -t ed25519"),
     }
     for case, (body, reason) in cases.items():
         status, answered = await market.call("POST", "/users/ssh-key", body)

@@ -51,6 +51,8 @@ def new_key(body: Any, existing: list[dict]) -> dict:
         key = asyncssh.import_public_key(text)
     except (asyncssh.KeyImportError, ValueError) as exc:
         raise KeyRefused(f"publicKey is not a usable SSH public key: {exc}") from None
+    if key.algorithm.startswith(b"ssh-dss"):  # the agent's SSH server takes no DSA signature (OpenSSH dropped it)
+        raise KeyRefused("publicKey is a DSA key, which no longer logs in: make one with 'ssh-keygen -t ed25519'")
     name = body.get("name")
     if name is None:
         name = (text.split(maxsplit=2)[2:] or [""])[0].strip() or f"key-{len(existing) + 1}"

@@ -14,6 +14,7 @@ import socket
 from typing import Any
 
 import asyncssh
+from asyncssh.public_key import get_default_public_key_algs
 from asyncssh.sftp import MIN_SFTP_VERSION
 
 from gpuhost_agent.common.logs import get_logger
@@ -37,6 +38,11 @@ LOGIN_TIMEOUT = 10.0  # a connection holds one of its rental's few pre-login pla
 # scp out of a container went from about 75 to 100-107 MB/s here (issue 36,
 # `scp -c` against the same stack). Every OpenSSH and PuTTY client speaks these.
 CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr", "aes192-ctr", "aes256-ctr")
+# The signature algorithms the server accepts for a login and names in server-sig-algs:
+# asyncssh's defaults without DSA (ssh-dss, and its certificates), which OpenSSH
+# removed and cryptography deprecates. Left unset, asyncssh's server advertises
+# every algorithm it knows, DSA included.
+SIGNATURE_ALGS = tuple(alg.decode() for alg in get_default_public_key_algs() if not alg.startswith(b"ssh-dss"))
 KEEPALIVE_SECONDS = 30.0
 
 
@@ -90,6 +96,7 @@ class SshConnection:
                 login_timeout=LOGIN_TIMEOUT,
                 keepalive_interval=KEEPALIVE_SECONDS,
                 encryption_algs=CIPHERS,
+                signature_algs=SIGNATURE_ALGS,
             )
         except (asyncssh.Error, OSError, asyncio.TimeoutError) as exc:
             log.info("ssh_connection_ended", stream_id=request.stream_id, reason=f"{type(exc).__name__}: {exc}"[:300])
