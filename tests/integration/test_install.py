@@ -9,6 +9,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from support import locks
 from support.install_chroot import (
     CHECKOUT_IN_ROOT,
     ENV_ID,
@@ -57,8 +58,10 @@ def test_install_upgrade_and_uninstall_on_a_booted_host(scenario: Scenario) -> N
     assert dry.code == 0, dry.both
     for expected in (
         "would run: python3 -m venv /opt/gpuhost-agent/venv",
+        f"would run: /opt/gpuhost-agent/venv/bin/python -m pip install --quiet --disable-pip-version-check "
+        f"--require-hashes --no-build-isolation -r {CHECKOUT_IN_ROOT}/requirements/agent.lock",
         f"would run: /opt/gpuhost-agent/venv/bin/python -m pip install --upgrade --quiet "
-        f"--disable-pip-version-check {CHECKOUT_IN_ROOT}",
+        f"--disable-pip-version-check --no-deps --no-build-isolation {CHECKOUT_IN_ROOT}",
         "would: writing /etc/gpuhost-agent",
         "would: installing the unit",
         "would run: env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "
@@ -96,6 +99,8 @@ def test_install_upgrade_and_uninstall_on_a_booted_host(scenario: Scenario) -> N
     assert scenario.read("/etc/systemd/system/gpuhost-agent.service") == UNIT.read_text()
     assert "RestartSteps=" in scenario.read(INSTALLED[-1])  # the stand-in says systemd 255
     assert scenario.run("gpuhost-agent", "version").out.strip() == __version__
+    # Every dependency at the version requirements/agent.lock names for Debian 12's Python (issue 44)
+    assert locks.differences(scenario.run("/opt/gpuhost-agent/venv/bin/python", "-c", locks.DUMP).out) == []
     # The agent's own config loader reads what was written, key file included.
     loaded = scenario.run(
         "/opt/gpuhost-agent/venv/bin/python",

@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shlex
 import time
 from pathlib import Path
 
 import aiohttp
 import pytest
 import pytest_asyncio
-from support import agent_release, modern_host
+from support import agent_release, locks, modern_host
 from support.install_chroot import needs_root
 from support.renter import Renter
 from support.stacks import TEST_IMAGE
@@ -121,6 +122,10 @@ async def test_the_install_line_installs_and_starts_the_agent_under_systemd(worl
     info = json.loads((await _sh(world, "docker info --format '{{json .}}'")).out)
     assert (info["CgroupDriver"], info["ServerVersion"].split(".")[0]) == ("systemd", "26")
     assert (await _sh(world, "docker compose version --short")).out.strip().startswith("2.")
+    # Every dependency at the version requirements/agent.lock names for Debian 13's Python 3.13 (issue 44)
+    dumped = (await _sh(world, f"/opt/gpuhost-agent/venv/bin/python -c {shlex.quote(locks.DUMP)}")).out
+    assert json.loads(dumped)["python"].startswith("3.13.")
+    assert locks.differences(dumped) == []
 
 
 async def test_a_stack_deploys_in_the_rentals_slice_with_its_limits_as_systemd_reports_them(world: World) -> None:

@@ -250,7 +250,7 @@ def make_scenario(rootfs: Path, agent_wheels: Path, tmp_path: Path) -> Scenario:
         "install -m 0755 /stage/fakes/* /usr/local/share/fake/\n"
         f"mkdir -p {CHECKOUT_IN_ROOT}\n"
         f"tar -C /checkout --exclude=__pycache__ --exclude='*.egg-info' -cf - pyproject.toml README.md src "
-        f"install.sh systemd | tar -C {CHECKOUT_IN_ROOT} -xf -\n",
+        f"install.sh systemd requirements | tar -C {CHECKOUT_IN_ROOT} -xf -\n",
         binds={"/stage": stage, "/checkout": ROOT},
     )
     return made

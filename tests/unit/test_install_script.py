@@ -110,6 +110,8 @@ async def test_without_a_checkout_install_sh_is_not_served(tmp_path: Path) -> No
         response = await http.get("/v1/install.sh")
         assert response.status == 404
         assert "checkout" in (await response.json())["message"]
+        response = await http.get("/v1/install/agent.lock")
+        assert response.status == 404 and "agent.lock" in (await response.json())["message"]
 
 
 def test_the_checkout_install_script_is_found() -> None:
@@ -134,6 +136,12 @@ async def test_in_the_app_the_line_needs_the_user_key_and_install_sh_needs_none(
         assert await script.text() == await asyncio.to_thread(INSTALL_SH.read_text)
         # Only that exact path is public.
         assert (await http.get("/v1/install.sh/x")).status == 401
+        # ...and the locks its --lock default reads, the checkout's requirements/ (issue 44)
+        for name in ("build.lock", "agent.lock"):
+            lock = await http.get(f"/v1/install/{name}")
+            assert lock.status == 200, name
+            assert await lock.text() == await asyncio.to_thread((INSTALL_SH.parent / "requirements" / name).read_text)
+        assert (await http.get("/v1/install/dev.lock")).status == 401
 
 
 # ---- one list of minimums, one wording (issue 18, item 3) ------------------------------------

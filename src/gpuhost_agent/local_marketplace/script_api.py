@@ -15,6 +15,11 @@ user key, and whoever holds the line holds the environment's key.
 `curl | bash` sends no header; that is safe because the script holds no secret,
 the key travels in the line's arguments. The script is found in the checkout
 the agent runs from; an agent installed from a wheel has none, and says so.
+
+`GET /v1/install/build.lock` and `/v1/install/agent.lock` serve the locks of
+the release's dependencies (the checkout's requirements/), public as the
+script is: install.sh run from the line, with no checkout, installs exactly
+those versions and files (its --lock default, <url>/install).
 """
 
 from __future__ import annotations
@@ -29,14 +34,26 @@ from gpuhost_agent.local_marketplace.http_errors import json_error
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 
 INSTALL_SCRIPT_PATH = "/v1/install.sh"
+LOCKS = ("build.lock", "agent.lock")
+LOCK_PATHS = {f"/v1/install/{name}": name for name in LOCKS}
 # Paths the auth middleware must serve without an API key.
-PUBLIC_PATHS = frozenset({INSTALL_SCRIPT_PATH})
+PUBLIC_PATHS = frozenset({INSTALL_SCRIPT_PATH, *LOCK_PATHS})
 
 
 def checkout_install_script() -> Path | None:
     """install.sh at the root of the checkout this package runs from, if any."""
     candidate = Path(__file__).resolve().parents[3] / "install.sh"
     return candidate if candidate.is_file() else None
+
+
+def _file_or_404(path: Path | None, what: str) -> web.Response:
+    if path is None or not path.is_file():
+        return json_error(
+            404,
+            f"{what} is not part of this installation of the agent; "
+            "the local marketplace serves it when the agent runs from a checkout",
+        )
+    return web.Response(body=path.read_bytes(), content_type="text/plain", headers={"Cache-Control": "no-store"})
 
 
 def install_line(base_url: str, env_id: str, api_key: str) -> str:
@@ -75,19 +92,19 @@ def routes(state: MarketplaceState, install_script: Path | None = None) -> list[
         return web.json_response(install_line(base_url, env_id, state.store.envApiKey))
 
     async def get_install_script(_request: web.Request) -> web.Response:
-        if script is None or not await asyncio.to_thread(script.is_file):
-            return json_error(
-                404,
-                "install.sh is not part of this installation of the agent; "
-                "the local marketplace serves it when the agent runs from a checkout",
-            )
-        return web.Response(
-            body=await asyncio.to_thread(script.read_bytes),
-            content_type="text/x-shellscript",
-            headers={"Cache-Control": "no-store"},
-        )
+        answer = await asyncio.to_thread(_file_or_404, script, "install.sh")
+        if answer.status == 200:
+            answer.content_type = "text/x-shellscript"
+        return answer
+
+    locks = script.parent / "requirements" if script is not None else None
+
+    async def get_lock(request: web.Request) -> web.Response:
+        name = LOCK_PATHS[request.path]
+        return await asyncio.to_thread(_file_or_404, locks / name if locks else None, name)
 
     return [
         web.get("/v1/environments/{envId}/script", get_script),
         web.get(INSTALL_SCRIPT_PATH, get_install_script),
+        *(web.get(path, get_lock) for path in LOCK_PATHS),
     ]

@@ -1,12 +1,14 @@
 """Every package a lock names for this Python is installed at its locked version.
 
-    python scripts/check-lock.py LOCK [--installed FILE] [--python X.Y.Z]
+    python -m gpuhost_agent.common.lock_check LOCK [--installed FILE] [--python X.Y.Z]
 
 Reads the lock's `name==version ; marker` lines (hashes ignored), keeps those
 whose marker holds for the Python checked, and compares them with what is
 installed: this interpreter's distributions, or a JSON object {name: version}
 read from FILE (another environment's, as tests read a host's venv). Prints a
 line a package that differs and exits 1; 0 and one line when all match.
+`make setup` says so of dev.lock, an upgrade of its release's lock (the
+release's dependencies are the installed agent's), tests of a host's venv.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ import sys
 
 try:
     from packaging.markers import Marker
-except ImportError:  # a bare venv: pip's own copy
-    from pip._vendor.packaging.markers import Marker
+except ImportError:  # an environment without packaging: pip's own copy
+    from pip._vendor.packaging.markers import Marker  # type: ignore[assignment]
 
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;\\]+)\s*(?:;\s*([^\\]+?))?\s*\\?$")
 
@@ -60,9 +62,9 @@ def main() -> int:
     wrong = [f"{name}: locked {version}, installed {installed.get(name, 'nothing')}"
              for name, version in sorted(pins.items()) if installed.get(name) != version]  # fmt: skip
     for line in wrong:
-        print(f"check-lock: {args.lock}: {line}", file=sys.stderr)
+        print(f"lock_check: {args.lock}: {line}", file=sys.stderr)
     if not wrong:
-        print(f"check-lock: {len(pins)} packages of {args.lock} at their locked versions (Python {args.python})")
+        print(f"lock_check: {len(pins)} packages of {args.lock} at their locked versions (Python {args.python})")
     return 1 if wrong else 0
 
 
