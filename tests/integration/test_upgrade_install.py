@@ -29,9 +29,17 @@ from gpuhost_agent.uplink.client import MarketplaceClient
 pytestmark = pytest.mark.asyncio
 
 
-async def _offer(tmp_path: Path, agent_wheels: Path, version: str, state_dir: Path, *, supervised: bool = True):
+async def _offer(
+    tmp_path: Path,
+    agent_wheels: Path,
+    version: str,
+    state_dir: Path,
+    *,
+    supervised: bool = True,
+    appended: dict[str, str] | None = None,
+):
     wheel = await asyncio.to_thread(
-        lambda: agent_release.variant(agent_release.agent_wheel(agent_wheels), tmp_path / "r", version)
+        lambda: agent_release.variant(agent_release.agent_wheel(agent_wheels), tmp_path / "r", version, appended)
     )
     state = MarketplaceState(Store.load_or_create(None))
     state.release = await asyncio.to_thread(Release.of_wheel, wheel)
@@ -90,6 +98,28 @@ async def test_a_wheel_that_is_not_the_offered_one_is_not_installed_and_the_mark
         reopened = await client.open_session({"agentVersion": "0.1.0", **upgrades.session_info()})
         assert reopened["sessionId"]
         assert _state.store.host["agentUpgrade"]["lastAttempt"]["outcome"] == FAILED
+    finally:
+        await client.close()
+        await market.stop()
+
+
+async def test_a_release_locked_to_other_dependencies_is_not_put_on_trial(tmp_path, agent_wheels) -> None:
+    """Its lock (gpuhost_agent/agent.lock in the wheel) names a version the installed agent's
+    environment does not have: the install fails before any trial, naming it (issue 44)."""
+    state_dir = tmp_path / "state"
+    other = {"gpuhost_agent/agent.lock": "structlog==0.0.1 \\\n    --hash=sha256:" + "0" * 64 + "\n"}
+    market, client, upgrades, restarted, reply, _state = await _offer(
+        tmp_path, agent_wheels, "0.1.1", state_dir, appended=other
+    )
+    try:
+        upgrades.offered(reply)
+        assert upgrades._task is not None
+        await asyncio.wait_for(upgrades._task, 180)
+        assert not restarted.is_set()
+        attempt = (await asyncio.to_thread(upgrade_state.load, state_dir))["lastAttempt"]
+        assert attempt["outcome"] == FAILED and "checking its lock" in attempt["reason"], attempt
+        assert "structlog: locked 0.0.1, installed " in attempt["reason"], attempt
+        assert not await asyncio.to_thread(lambda: list((state_dir / upgrade_state.VERSIONS).glob("*")))
     finally:
         await client.close()
         await market.stop()

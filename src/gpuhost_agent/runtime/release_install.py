@@ -7,9 +7,12 @@ install.sh set up under /opt/gpuhost-agent/venv, the unit's `ExecStart`) and
 reads that environment's packages after its own (a `.pth` file): the wheel
 brings the agent's code, install.sh brought its dependencies. A release that
 needs a dependency the host lacks fails its trial start and is rolled back; a
-host installs those with install.sh. pip runs with `--isolated --no-index
---no-deps`: it reads no configuration of the host's, contacts no index, and
-installs exactly the file whose sha256 was checked.
+host installs those with install.sh. So before its trial the release's own
+lock (gpuhost_agent/agent.lock in the wheel) is checked against that
+environment: a release locked to other versions fails here, naming them,
+instead of starting on dependencies it was not built with. pip runs with
+`--isolated --no-index --no-deps`: it reads no configuration of the host's,
+contacts no index, and installs exactly the file whose sha256 was checked.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from gpuhost_agent.runtime.host_process import kill
 
 STEP_SECONDS = 300.0  # one step (venv, pip, version check) of an install
 OUTPUT_KEPT = 2000  # characters of a failed step's output in its message
+LOCK_CHECK = "gpuhost_agent.common.lock_check"  # run by the release's Python: its own copy
 
 
 class InstallFailed(Exception):
@@ -54,6 +58,11 @@ async def install(wheel: Path, version: str, folder: Path, base: Path) -> None:
             "--python", str(python_of(folder)),
             "install", "--no-deps", "--no-index", "--no-cache-dir", "--no-warn-script-location", str(wheel),
         )  # fmt: skip
+        lock = site / "gpuhost_agent" / "agent.lock"
+        try:
+            await _step("checking its lock", str(python_of(folder)), "-m", LOCK_CHECK, str(lock))
+        except InstallFailed as exc:
+            raise InstallFailed(f"{exc.args[0]} (install.sh installs a release with its lock)") from None
         said = await _step("asking its version", str(folder / "bin" / "gpuhost-agent"), "version")
         if said.strip() != version:
             raise InstallFailed(f"the installed release says it is version {said.strip()[:80]!r}, not {version}")
