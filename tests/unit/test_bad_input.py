@@ -245,6 +245,8 @@ async def test_the_poll_loop_survives_bad_replies_and_serves_the_good_jobs(polli
             "template.environmentVariables.A must be a string",
         ),
         "bad-stack": (job("bad-stack", stackId="../../etc"), "stackId must be an id"),
+        # Year 10000 once in UTC: it raised OverflowError, which ended the poll loop (issue 49)
+        "bad-end": (job("bad-end", rental={"endDate": "9999-12-31T23:00:00-05:00"}), "rental.endDate"),
     }
     market.replies += [
         raw_reply(b'{"jobs": [{"jobId": '),  # malformed JSON

@@ -124,7 +124,9 @@ dates = st.sampled_from(
         "yesterday",
         "",
         "9999-12-31T23:59:59Z",
+        "9999-12-31T23:00:00-05:00",
         "0001-01-01T00:00:00-23:59",
+        "0001-01-01T00:00:00+05:00",
     ]
 )
 texts = st.one_of(st.text(max_size=30), st.sampled_from(["\ud800", "a\x00b", "stack.deploy", "APPLIED", "x" * 300]))

@@ -175,6 +175,8 @@ class Agent:
                 log.warning("session_open_failed", error=str(exc), retry_in_s=round(delay, 1))
                 await asyncio.sleep(delay)
         self.intervals = wire_intervals.from_reply(reply.get("intervals"))
+        for problem in wire_intervals.problems(reply.get("intervals")):
+            log.warning("session_interval_refused", error=problem)
         self.schedule.every("container_resync", self.intervals["containerResyncSeconds"], self.resync_containers)
         env_id = reply.get("envId") if wire_values.is_safe_id(reply.get("envId")) else self.session.env_id
         if env_id:
@@ -227,7 +229,10 @@ class Agent:
                     self.session.conflict = None  # held long enough: the other agent is gone
                     log.info("environment_key_conflict_over")
             for raw in jobs:
-                self.dispatcher.submit(raw)
+                try:
+                    self.dispatcher.submit(raw)
+                except Exception:  # one job's failure costs neither the others nor the loop
+                    log.exception("job_submit_failed", hint="the job is left to the marketplace's next delivery")
 
     async def _superseded(self, why: str) -> None:
         """A newer session took this key's place: ours is opened again. Once

@@ -24,7 +24,7 @@ from gpuhost_agent.inventory import netspeed, telemetry
 from gpuhost_agent.inventory.environment import other_nodes
 from gpuhost_agent.inventory.system_data import Prober, as_sent, build_report
 from gpuhost_agent.protocol import intervals as wire_intervals
-from gpuhost_agent.protocol import wire_time, wire_values
+from gpuhost_agent.protocol import wire_time
 from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.runtime.compose import ComposeNotFound
 from gpuhost_agent.runtime.engine import EngineError
@@ -117,12 +117,10 @@ class HostReporter:
         self.schedule.every("heartbeat", max(MIN_HEARTBEAT, self.intervals["heartbeatSeconds"]), self.beat, now=True)
 
     def _note_server_time(self, server_time: object, sent_at: float, received_at: float) -> None:
-        if not isinstance(server_time, str):
+        if not wire_time.is_iso(server_time):
             return
-        try:
-            server = wire_time.parse_iso(server_time).timestamp()
-        except ValueError:
-            return
+        assert isinstance(server_time, str)
+        server = wire_time.parse_iso(server_time).timestamp()
         self.clock_skew = round((sent_at + received_at) / 2 - server, 3)
 
     # ---- start-up ------------------------------------------------------------
@@ -263,10 +261,10 @@ class HostReporter:
             self._beat_failures = 0
             self.outbox.retry_now()  # the reports held back meanwhile need not wait out their back-off
         self._note_server_time(reply.get("serverTime"), sent_at, time.time())
-        interval = reply.get("heartbeatIntervalSeconds")
-        if wire_values.is_number(interval) and interval > 0 and interval != self.intervals["heartbeatSeconds"]:
-            self.intervals["heartbeatSeconds"] = float(interval)
-            self.schedule.every("heartbeat", max(MIN_HEARTBEAT, float(interval)), self.beat)
+        interval = wire_intervals.seconds("heartbeatSeconds", reply.get("heartbeatIntervalSeconds"))
+        if interval is not None and interval != self.intervals["heartbeatSeconds"]:
+            self.intervals["heartbeatSeconds"] = interval
+            self.schedule.every("heartbeat", max(MIN_HEARTBEAT, interval), self.beat)
             log.info("heartbeat_interval_changed", interval_s=interval)
         for listener in self.heartbeat_replies:
             listener(reply)

@@ -47,11 +47,12 @@ class Requirements:
     maxClockSkewSeconds: float = 5.0
 
     @classmethod
-    def from_wire(cls, raw: dict | None) -> Requirements:
+    def from_wire(cls, raw: object) -> Requirements:
         """The marketplace's values where they are well formed, defaults elsewhere."""
         values: dict[str, Any] = {}
+        given = raw if isinstance(raw, dict) else {}
         for spec in fields(cls):
-            value = (raw or {}).get(spec.name)
+            value = given.get(spec.name)
             if spec.type == "str" and isinstance(value, str) and version_tuple(value):
                 values[spec.name] = value
             elif spec.type == "float" and wire_values.is_number(value) and value >= 0:
@@ -60,8 +61,9 @@ class Requirements:
 
 
 def version_tuple(text: str | None) -> tuple[int, ...]:
-    """ "550.54.15" -> (550, 54, 15); "v2.29.1-desktop.1" -> (2, 29, 1); junk -> ()."""
-    match = re.match(r"v?(\d+(?:\.\d+)*)", (text or "").strip())
+    """ "550.54.15" -> (550, 54, 15); "v2.29.1-desktop.1" -> (2, 29, 1); junk, or a
+    version of more than 8 parts of 9 digits each (no real one), -> ()."""
+    match = re.match(r"v?(\d{1,9}(?:\.\d{1,9}){0,7})(?![.\d])", (text or "").strip())
     return tuple(int(part) for part in match.group(1).split(".")) if match else ()
 
 

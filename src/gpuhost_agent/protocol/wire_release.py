@@ -44,12 +44,12 @@ def decode_offer(value: object) -> ReleaseOffer | str | None:
         return "agentRelease must be an object"
     version, path, sha256, size = (value.get(key) for key in ("version", "path", "sha256", "size"))
     problems = []
-    if not isinstance(version, str) or not VERSION.match(version):
+    if not isinstance(version, str) or not VERSION.fullmatch(version):
         problems.append("version must be a version such as 0.2.0")
     name = path[len(RELEASES_PATH) :] if isinstance(path, str) and path.startswith(RELEASES_PATH) else ""
-    if not WHEEL_NAME.match(name):
+    if not WHEEL_NAME.fullmatch(name):
         problems.append(f"path must be {RELEASES_PATH}<wheel file name>")
-    if not isinstance(sha256, str) or not SHA256.match(sha256):
+    if not isinstance(sha256, str) or not SHA256.fullmatch(sha256):
         problems.append("sha256 must be 64 lowercase hex digits")
     if wire_values.whole(size, MAX_WHEEL_BYTES) in (None, 0):
         problems.append(f"size must be a byte count from 1 to {MAX_WHEEL_BYTES}")

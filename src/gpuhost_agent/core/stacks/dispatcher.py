@@ -88,6 +88,10 @@ class JobDispatcher:
         except wire_jobs.InvalidBody as exc:
             self._refuse(raw, raw_id, str(exc))
             return
+        except Exception as exc:  # a decoder's bug refuses this job, never the poll loop with the others
+            log.exception("job_decode_failed", job_id=wire_values.clipped(str(raw_id)) if raw_id else None)
+            self._refuse(raw, raw_id, f"the job could not be decoded ({type(exc).__name__})")
+            return
         if job.rental_end:  # a job without an end says nothing of it (the desired state can clear one)
             self.end_dates.note(job.rental_id, job.rental_end)
         if job.job_id in self._running:
