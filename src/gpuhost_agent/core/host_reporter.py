@@ -117,7 +117,7 @@ class HostReporter:
         self.schedule.every("heartbeat", max(MIN_HEARTBEAT, self.intervals["heartbeatSeconds"]), self.beat, now=True)
 
     def _note_server_time(self, server_time: object, sent_at: float, received_at: float) -> None:
-        if not wire_time.is_iso(server_time):
+        if not wire_time.is_moment(server_time):
             return
         assert isinstance(server_time, str)
         server = wire_time.parse_iso(server_time).timestamp()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuhost_agent.protocol.wire import JOB_DEPLOY, JOB_RENTAL_END, JOB_TYPES
-from gpuhost_agent.protocol.wire_time import is_iso, iso, parse_iso
+from gpuhost_agent.protocol.wire_time import is_moment, iso, parse_iso
 from gpuhost_agent.protocol.wire_values import SAFE_ID, clipped, is_text, is_whole
 
 _TEMPLATE_STRINGS = ("name", "description", "content")
@@ -174,7 +174,7 @@ def _rental_end(rental: Any) -> str | None:
     end = rental.get("endDate") if isinstance(rental, dict) else None
     if end is None:
         return None
-    if not is_iso(end):
+    if not is_moment(end):
         raise InvalidBody("rental.endDate must be an ISO 8601 date-time or null")
     return iso(parse_iso(end))
 

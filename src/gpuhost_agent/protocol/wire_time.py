@@ -28,16 +28,27 @@ def parse_iso(text: str) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
-# A received date-time outside these is no date the agent acts on (a rental that
-# ends in the year 9999 has no end): taken in, it would overflow the arithmetic of
-# every later comparison with the clock (9999-12-31T23:00:00-05:00 is year 10000 in UTC).
+def is_iso(value: Any) -> bool:
+    """Whether a received value is an ISO 8601 date-time (its form only: a date
+    the agent acts on must also be is_moment)."""
+    try:
+        parse_iso(value)
+        return True
+    except (TypeError, ValueError, AttributeError):
+        return False
+
+
+# A date the agent acts on (a rental's end) outside these is none: taken in, it
+# would overflow the arithmetic of every later comparison with the clock
+# (9999-12-31T23:00:00-05:00 is year 10000 in UTC).
 EARLIEST = datetime(1970, 1, 1, tzinfo=timezone.utc)
 LATEST = datetime(9000, 1, 1, tzinfo=timezone.utc)
 
 
-def is_iso(value: Any) -> bool:
+def is_moment(value: Any) -> bool:
     """Whether a received value is an ISO 8601 date-time that turns into UTC
-    and back within EARLIEST and LATEST: what passes, parse_iso and iso take."""
+    and back within EARLIEST and LATEST: what passes, parse_iso and iso take
+    and the clock can be compared with."""
     try:
         moment = parse_iso(value).astimezone(timezone.utc)
     except (TypeError, ValueError, AttributeError, OverflowError):

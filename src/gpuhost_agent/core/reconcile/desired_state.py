@@ -128,7 +128,7 @@ def _rental(entry: Any, index: int) -> DesiredRental:
     status, end, gpus = entry.get("status"), entry.get("endDate"), entry.get("gpuCount", 0)
     if status not in (wire.RENTAL_ACTIVE, wire.RENTAL_COMPLETE):
         raise wire_jobs.InvalidBody(f"{where}.status must be {wire.RENTAL_ACTIVE} or {wire.RENTAL_COMPLETE}")
-    if end is not None and not wire_time.is_iso(end):
+    if end is not None and not wire_time.is_moment(end):
         raise wire_jobs.InvalidBody(f"{where}.endDate must be an ISO 8601 date-time or null")
     if not wire_values.is_whole(gpus, wire_jobs.MAX_GPU_COUNT):
         raise wire_jobs.InvalidBody(f"{where}.gpuCount must be an integer from 0 to {wire_jobs.MAX_GPU_COUNT}")

@@ -22,7 +22,7 @@ class RentalEndDates:
 
     def note(self, rental_id: str, end_date: str | None) -> None:
         """Record a rental's end (None: it has none); a malformed date is ignored."""
-        if end_date is not None and not wire_time.is_iso(end_date):
+        if end_date is not None and not wire_time.is_moment(end_date):
             return
         if self.db.rental_end_date(rental_id, wire_time.iso(wire_time.parse_iso(end_date)) if end_date else None):
             self.changed.set()
