@@ -18,6 +18,7 @@ readonly CONF_DIR=/etc/gpuhost-agent
 readonly CONF=$CONF_DIR/agent.conf
 readonly KEY_FILE=$CONF_DIR/api-key
 readonly SWARM_KEY_PATH=$CONF_DIR/swarm-key
+readonly RELEASE_KEY_FILE=$CONF_DIR/release-key.pub
 readonly SWARM_TLS_DIR=$CONF_DIR/swarm-tls
 readonly STATE_DIR=/var/lib/gpuhost-agent
 readonly UNIT_NAME=gpuhost-agent.service
@@ -101,6 +102,11 @@ Options:
                        package index. pip honours PIP_INDEX_URL, PIP_FIND_LINKS, PIP_NO_INDEX
                        (pass them through sudo: sudo PIP_INDEX_URL=... bash -s -- ...)
   --version X          install version X ($PACKAGE==X; with a path --source, check it is X)
+  --release-key KEY    the public key the marketplace signs its releases with (ed25519:<base64>;
+                       the installation line carries it): written to $RELEASE_KEY_FILE; the
+                       agent installs an offered release only when it verifies with it
+  --no-upgrades        never install a release the marketplace offers (GPUHOST_UPGRADES=off);
+                       running install.sh again upgrades. Without it an earlier choice is kept
   --lock DIR           where the locks of the agent's dependencies are (build.lock and
                        agent.lock): a folder or an http(s):// URL.
                        Default: the checkout's requirements/ when run from one, else
@@ -137,6 +143,7 @@ What it writes:
   $BIN_LINK                   link to the agent's command (status, probe, doctor)
   $CONF                   KEY=VALUE settings (0640); lines you add are kept
   $KEY_FILE                     the API key (0600, root only)
+  $RELEASE_KEY_FILE             with --release-key: the key offered releases must be signed with
   $SWARM_KEY_PATH                   with --swarm: the environment's key (0600, root only)
   $SWARM_TLS_DIR/             with --swarm: this machine's certificate and key (0600), the CA's
                                     certificate; on the leader the CA's key (0600) too
@@ -441,7 +448,7 @@ report_init() { # report_init STATE(running|done|failed) DETAIL [ERROR]
 
 # ---- arguments ---------------------------------------------------------------
 
-URL='' ENV_ID='' API_KEY='' API_KEY_FILE='' SOURCE='' VERSION='' LOCK='' SWARM='' SWARM_KEY='' SWARM_KEY_FILE=''
+URL='' ENV_ID='' API_KEY='' API_KEY_FILE='' SOURCE='' VERSION='' LOCK='' RELEASE_KEY='' NO_UPGRADES=0 SWARM='' SWARM_KEY='' SWARM_KEY_FILE=''
 SWARM_TLS_FILE='' SWARM_BUNDLE_OUT=''
 INSTALL_MISSING=0 ALLOW_NO_GPU=0 DRY_RUN=0 UNINSTALL=0 PURGE=0
 NEW_KEY=0
@@ -455,7 +462,7 @@ parse_args() {
             --*=*) value=${opt#*=}; opt=${opt%%=*} ;;
         esac
         case "$opt" in
-            --url|--env-id|--api-key|--api-key-file|--source|--version|--lock|--swarm|--swarm-key-file|--swarm-tls-file|--swarm-worker-bundle)
+            --url|--env-id|--api-key|--api-key-file|--source|--version|--lock|--release-key|--swarm|--swarm-key-file|--swarm-tls-file|--swarm-worker-bundle)
                 if [ -z "$value" ]; then
                     [ $# -ge 2 ] || die_usage "$opt needs a value"
                     value=$2
@@ -469,12 +476,14 @@ parse_args() {
                     --source) SOURCE=$value ;;
                     --version) VERSION=$value ;;
                     --lock) LOCK=${value%/} ;;
+                    --release-key) RELEASE_KEY=$value ;;
                     --swarm) SWARM=$value ;;
                     --swarm-key-file) SWARM_KEY_FILE=$value ;;
                     --swarm-tls-file) SWARM_TLS_FILE=$value ;;
                     --swarm-worker-bundle) SWARM_BUNDLE_OUT=$value ;;
                 esac ;;
             --install-missing) INSTALL_MISSING=1 ;;
+            --no-upgrades) NO_UPGRADES=1 ;;
             --allow-no-gpu) ALLOW_NO_GPU=1 ;;
             --dry-run) DRY_RUN=1 ;;
             --uninstall) UNINSTALL=1 ;;
@@ -533,6 +542,10 @@ resolve_settings() {
     fi
     if [ -n "$VERSION" ]; then
         [[ $VERSION =~ ^[0-9A-Za-z.+!-]+$ ]] || die_usage "--version must be a version such as 0.1.0"
+    fi
+    if [ -n "$RELEASE_KEY" ]; then
+        [[ $RELEASE_KEY =~ ^ed25519:[A-Za-z0-9+/]{43}=$ ]] \
+            || die_usage "--release-key must be the marketplace's release key, ed25519:<base64 of 32 bytes>"
     fi
     if [ -z "$SOURCE" ]; then
         if [ -n "$VERSION" ]; then SOURCE="$PACKAGE==$VERSION"
@@ -859,6 +872,10 @@ write_config() {
     fi
     local secret
     for secret in "$KEY_FILE" "$SWARM_KEY_PATH"; do [ ! -e "$secret" ] || chmod 0600 "$secret"; done
+    if [ -n "$RELEASE_KEY" ]; then  # public, but root's alone to change: it decides what runs as root
+        secret_file "$RELEASE_KEY_FILE" "$RELEASE_KEY"
+        chmod 0644 "$RELEASE_KEY_FILE"
+    fi
     if [ ! -f "$CONF" ]; then
         cat >"$CONF" <<EOF
 # gpuhost-agent settings (KEY=VALUE; names as in gpuhost-agent run --help and the README).
@@ -878,6 +895,7 @@ EOF
         [ -z "$SWARM_KEY" ] || conf_set "$CONF" GPUHOST_SWARM_KEY_FILE "$SWARM_KEY_PATH"
     fi
     [ -n "$(conf_get "$CONF" GPUHOST_STATE_DIR)" ] || conf_set "$CONF" GPUHOST_STATE_DIR "$STATE_DIR"
+    [ "$NO_UPGRADES" = 0 ] || conf_set "$CONF" GPUHOST_UPGRADES off
     chown root:root "$CONF"
     chmod 0640 "$CONF"
 }

@@ -200,9 +200,13 @@ def test_pinned_install_on_a_gpu_less_chroot_and_the_unit_verifies_as_installed(
     assert missing.code == 1
     assert "pip could not install gpuhost-agent==9.9.9" in missing.err
 
-    result = scenario.install(*args, "--version", __version__)
+    result = scenario.install(*args, "--version", __version__, "--no-upgrades")
     assert result.code == 0, result.both
     assert f"source: gpuhost-agent=={__version__}" in result.out
+    # The operator said no upgrades: the agent takes no offer, whatever its signature (issue 45)
+    assert conf_values(scenario.read("/etc/gpuhost-agent/agent.conf"))["GPUHOST_UPGRADES"] == "off"
+    refused = scenario.install(*args, "--release-key", "ed25519:not-a-key")
+    assert refused.code == 2 and "--release-key must be" in refused.err, refused.both
     assert f"install.sh: warning: {allowed(msg('NVIDIA driver not found'))}\n" in result.err
     assert f"install.sh: warning: {msg('systemd is not running here')}\n" in result.err
     assert f"install.sh: warning: {msg('Docker Compose v2 is missing')}\n" in result.err

@@ -50,7 +50,7 @@ async def test_the_marketplace_line_installs_the_agent_and_reports_init_state(sc
                 line = await response.json()
         assert line == (
             f"curl -fsSL {base}/install.sh | sudo bash -s -- --url {base} "
-            f"--env-id {store.envId} --api-key {store.envApiKey}"
+            f"--env-id {store.envId} --api-key {store.envApiKey} --release-key {state.release_public_key()}"
         )
 
         await asyncio.to_thread(add, scenario, "sudo", "curl")
@@ -76,6 +76,9 @@ async def test_the_marketplace_line_installs_the_agent_and_reports_init_state(sc
         )
         assert wire_time.is_iso(install_phase["finishedAt"]) and wire_time.is_iso(init["updatedAt"])
         assert await asyncio.to_thread(scenario.read, "/etc/gpuhost-agent/api-key") == store.envApiKey + "\n"
+        # The marketplace's release key, pinned: the agent installs only releases it signed (issue 45)
+        pinned = await asyncio.to_thread(scenario.read, "/etc/gpuhost-agent/release-key.pub")
+        assert pinned == state.release_public_key() + "\n"
         conf = conf_values(await asyncio.to_thread(scenario.read, "/etc/gpuhost-agent/agent.conf"))
         assert (conf["GPUHOST_MARKETPLACE_URL"], conf["GPUHOST_ENV_ID"]) == (base, store.envId)
         curls = [call for call in await asyncio.to_thread(scenario.calls) if call.startswith("curl ")]

@@ -16,11 +16,12 @@ import aiohttp
 import pytest
 from support import agent_release
 
+from gpuhost_agent.core import upgrade_offers, upgrade_plan
 from gpuhost_agent.local_marketplace import server as local_server
 from gpuhost_agent.local_marketplace.releases import Release
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.store import Store
-from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol import release_signature, wire, wire_release, wire_time
 from gpuhost_agent.protocol.wire_release import FAILED, REFUSED
 from gpuhost_agent.service.upgrades import Upgrades
 from gpuhost_agent.storage import upgrade_state
@@ -46,7 +47,19 @@ async def _offer(
     market = await local_server.start(state, "127.0.0.1", 0)
     client = MarketplaceClient(market.base_url, state.store.envApiKey)
     restarted = asyncio.Event()
-    upgrades = Upgrades(state_dir, client, "0.1.0", 42.0, restarted, supervised=supervised, installed=Path(sys.prefix))
+    policy = upgrade_offers.Policy(key=state.release_public_key())  # the key the install line pins
+    upgrades = await asyncio.to_thread(  # it reads the upgrade record from disk
+        lambda: Upgrades(
+            state_dir,
+            client,
+            "0.1.0",
+            42.0,
+            restarted,
+            supervised=supervised,
+            policy=policy,
+            installed=Path(sys.prefix),
+        )
+    )
     reply = await client.open_session({"agentVersion": "0.1.0", **upgrades.session_info()})
     return market, client, upgrades, restarted, reply, state
 
@@ -55,7 +68,7 @@ async def test_an_offered_release_is_fetched_checked_installed_and_put_on_trial(
     state_dir = tmp_path / "state"
     market, client, upgrades, restarted, reply, state = await _offer(tmp_path, agent_wheels, "0.1.1", state_dir)
     try:
-        assert reply["agentRelease"] == state.release.offer()
+        assert reply["agentRelease"] == state.release.offer(state.release_key())
         assert state.store.host["agentUpgrade"] == {"running": "0.1.0", "lastAttempt": None}
         upgrades.offered(reply)
         assert upgrades._task is not None
@@ -87,7 +100,9 @@ async def test_a_wheel_that_is_not_the_offered_one_is_not_installed_and_the_mark
     state_dir = tmp_path / "state"
     market, client, upgrades, restarted, reply, _state = await _offer(tmp_path, agent_wheels, "0.1.1", state_dir)
     try:
-        reply["agentRelease"]["sha256"] = "0" * 64  # what a tampered file, or a lying mirror, looks like
+        offered = reply["agentRelease"]  # signed, but not the file served: a tampered file, or a lying mirror
+        offered["sha256"] = "0" * 64
+        offered["signature"] = release_signature.sign(_state.release_key(), "0.1.1", "0" * 64, offered["size"])
         upgrades.offered(reply)
         assert upgrades._task is not None
         await asyncio.wait_for(upgrades._task, 60)
@@ -120,6 +135,62 @@ async def test_a_release_locked_to_other_dependencies_is_not_put_on_trial(tmp_pa
         assert attempt["outcome"] == FAILED and "checking its lock" in attempt["reason"], attempt
         assert "structlog: locked 0.0.1, installed " in attempt["reason"], attempt
         assert not await asyncio.to_thread(lambda: list((state_dir / upgrade_state.VERSIONS).glob("*")))
+    finally:
+        await client.close()
+        await market.stop()
+
+
+def _marker_code(marker: Path) -> dict[str, str]:
+    """Appended to the release's package: whatever of it runs (its `version` at install) leaves `marker`."""
+    return {"gpuhost_agent/__init__.py": f"\nopen({str(marker)!r}, 'w').write('ran')\n"}
+
+
+def _failed_before(state_dir: Path, version: str) -> None:
+    """The record of a host where `version` (another build of it) was on trial and rolled back."""
+    made = wire_release.ReleaseOffer(version, "/agent/releases/x.whl", "cd" * 32, 1)
+    now = wire_time.iso()
+    record = upgrade_plan.trial(upgrade_state.empty(), made, str(state_dir / "versions" / "old"), 1.0, now)
+    record = upgrade_plan.start_choice(upgrade_plan.start_choice(record, now).record, now).record
+    with upgrade_state.locked(state_dir):
+        upgrade_state.save(state_dir, record)
+
+
+@pytest.mark.parametrize(
+    ("case", "version", "said"),
+    [
+        ("unsigned", "0.1.1", "not signed"),
+        ("signed by another key", "0.1.1", "does not verify"),
+        ("a downgrade", "0.0.9", "not newer than 0.1.0"),
+        ("a rebuilt release that failed here", "0.1.1", "failed on this host before"),
+    ],
+)
+async def test_a_release_the_host_did_not_decide_on_runs_nothing_and_the_marketplace_is_told(
+    tmp_path, agent_wheels, case, version, said
+) -> None:
+    """Over real HTTP from the local marketplace: nothing of the wheel runs (its marker stays absent),
+    nothing is fetched or installed, and AgentInfo.upgrade says why (issue 45)."""
+    state_dir, marker = tmp_path / "state", tmp_path / "marker"
+    if case.startswith("a rebuilt"):
+        await asyncio.to_thread(_failed_before, state_dir, version)
+    market, client, upgrades, restarted, reply, state = await _offer(
+        tmp_path, agent_wheels, version, state_dir, appended=_marker_code(marker)
+    )
+    try:
+        if case == "unsigned":
+            del reply["agentRelease"]["signature"]
+        elif case == "signed by another key":
+            offered = reply["agentRelease"]
+            other = release_signature.new_private()
+            offered["signature"] = release_signature.sign(other, offered["version"], offered["sha256"], offered["size"])
+        upgrades.offered(reply)
+        assert upgrades._task is not None
+        await asyncio.wait_for(upgrades._task, 60)
+        assert not restarted.is_set() and not await asyncio.to_thread(marker.exists)
+        attempt = (await asyncio.to_thread(upgrade_state.load, state_dir))["lastAttempt"]
+        assert attempt["outcome"] == REFUSED and said in attempt["reason"], attempt
+        assert not await asyncio.to_thread(lambda: list((state_dir / upgrade_state.VERSIONS).glob("*")))
+        await client.open_session({"agentVersion": "0.1.0", **upgrades.session_info()})
+        assert state.store.host["agentUpgrade"]["lastAttempt"]["reason"] == attempt["reason"]
     finally:
         await client.close()
         await market.stop()

@@ -89,6 +89,8 @@ async def test_script_route_answers_the_installation_line(tmp_path: Path) -> Non
             store.envId,
             "--api-key",
             store.envApiKey,
+            "--release-key",  # the key its releases are signed with, pinned on the host (issue 45)
+            MarketplaceState(store).release_public_key(),
         ]
         # Issue 17 finding 6: a Host header without the port lost it from the line.
         for host in (str(response.url.host), f"{response.url.host}:{response.url.port}"):
@@ -119,8 +121,8 @@ def test_the_checkout_install_script_is_found() -> None:
 
 
 def test_install_line_quotes_what_needs_quoting() -> None:
-    line = script_api.install_line("http://h:1/v1", "env 1", "k'ey")
-    assert shlex.split(line)[-4:] == ["--env-id", "env 1", "--api-key", "k'ey"]
+    line = script_api.install_line("http://h:1/v1", "env 1", "k'ey", "ed25519:AAAA")
+    assert shlex.split(line)[-6:] == ["--env-id", "env 1", "--api-key", "k'ey", "--release-key", "ed25519:AAAA"]
 
 
 async def test_in_the_app_the_line_needs_the_user_key_and_install_sh_needs_none() -> None:

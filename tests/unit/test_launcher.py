@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from gpuhost_agent.core import upgrade_plan
+from gpuhost_agent.protocol import wire_time
 from gpuhost_agent.protocol.wire_release import ROLLED_BACK, ReleaseOffer
 from gpuhost_agent.storage import upgrade_state
 
@@ -39,7 +40,7 @@ def _version(state: Path, name: str) -> Path:
 
 def _on_trial(state: Path, prefix: Path, seconds: float) -> None:
     offer = ReleaseOffer("0.2.0", "/agent/releases/x.whl", SHA, 1)
-    upgrade_state.save(state, upgrade_plan.trial(upgrade_state.empty(), offer, str(prefix), seconds))
+    upgrade_state.save(state, upgrade_plan.trial(upgrade_state.empty(), offer, str(prefix), seconds, wire_time.iso()))
 
 
 def _launch(state: Path, said: Path, *, systemd: bool = True) -> subprocess.Popen:

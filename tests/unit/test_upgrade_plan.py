@@ -1,6 +1,6 @@
-"""Upgrades' decisions (core/upgrade_plan.py) and the offer's wire shape
-(protocol/wire_release.py): what is installed, what runs at a start, when a
-trial is rolled back and what the marketplace is told."""
+"""Upgrades' trials (core/upgrade_plan.py) and the offer's wire shape
+(protocol/wire_release.py): what runs at a start, when a trial is rolled back
+and what the marketplace is told. Which offers are taken: test_upgrade_offers.py."""
 
 from __future__ import annotations
 
@@ -17,31 +17,7 @@ NOW = "2026-11-28T00:00:00.000Z"
 
 
 def _on_trial(record: dict | None = None) -> dict:
-    return upgrade_plan.trial(record or upgrade_state.empty(), OFFER, "/state/versions/0.2.0-abab", 30.0)
-
-
-def test_an_offer_of_another_version_is_installed_under_systemd_only() -> None:
-    record = upgrade_state.empty()
-    assert upgrade_plan.offer_decision(OFFER, "0.1.0", record, supervised=True) == ("install", "")
-    assert upgrade_plan.offer_decision(OFFER, "0.2.0", record, supervised=True) == ("none", "")
-    action, why = upgrade_plan.offer_decision(OFFER, "0.1.0", record, supervised=False)
-    assert action == "refuse" and "systemd" in why and "install.sh" in why
-    older = ReleaseOffer("0.0.9", OFFER.path, SHA, 1)  # the marketplace decides: a downgrade is an upgrade too
-    assert upgrade_plan.offer_decision(older, "0.1.0", record, supervised=True)[0] == "install"
-
-
-def test_a_build_that_failed_here_is_not_tried_again_but_another_build_is() -> None:
-    started = upgrade_plan.start_choice(_on_trial(), NOW).record
-    rolled_back = upgrade_plan.start_choice(started, NOW).record
-    action, why = upgrade_plan.offer_decision(OFFER, "0.1.0", rolled_back, supervised=True)
-    assert action == "skip" and "failed on this host before" in why
-    rebuilt = ReleaseOffer(OFFER.version, OFFER.path, "cd" * 32, OFFER.size)
-    assert upgrade_plan.offer_decision(rebuilt, "0.1.0", rolled_back, supervised=True)[0] == "install"
-
-
-def test_no_second_install_while_one_is_on_trial() -> None:
-    other = ReleaseOffer("0.3.0", OFFER.path, SHA, 1)
-    assert upgrade_plan.offer_decision(other, "0.1.0", _on_trial(), supervised=True)[0] == "skip"
+    return upgrade_plan.trial(record or upgrade_state.empty(), OFFER, "/state/versions/0.2.0-abab", 30.0, NOW)
 
 
 def test_without_a_trial_the_current_version_or_the_installed_one_runs() -> None:
@@ -89,7 +65,7 @@ def test_the_failed_list_is_bounded() -> None:
     record = upgrade_state.empty()
     for n in range(upgrade_plan.FAILED_KEPT + 5):
         offer = ReleaseOffer(f"0.2.{n}", OFFER.path, SHA, 1)
-        started = upgrade_plan.start_choice(upgrade_plan.trial(record, offer, f"/v/{n}", 1.0), NOW).record
+        started = upgrade_plan.start_choice(upgrade_plan.trial(record, offer, f"/v/{n}", 1.0, NOW), NOW).record
         record = upgrade_plan.start_choice(started, NOW).record
     assert len(record["failed"]) == upgrade_plan.FAILED_KEPT
     assert record["failed"][-1]["version"] == f"0.2.{upgrade_plan.FAILED_KEPT + 4}"

@@ -12,12 +12,18 @@ that ran before comes back. Every way out of a trial that is not a
 confirmation is a rollback, decided by the version that was already trusted,
 never by the new one. Renters' containers belong to dockerd, not to the
 agent's unit: neither an upgrade nor a rollback touches them.
+
+Which offers are taken at all is core/upgrade_offers.py's. This module loads
+only the standard library and the wire's clock: the launcher decides with it
+before anything else of the agent is loaded.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
+from gpuhost_agent.protocol import wire_time
 from gpuhost_agent.protocol.wire_release import ROLLED_BACK, UPGRADED, ReleaseOffer
 
 FAILED_KEPT = 10  # versions that failed here, remembered so that one is not tried again and again
@@ -38,23 +44,18 @@ class Start:
     said: str | None = None
 
 
-def offer_decision(offer: ReleaseOffer, running: str, record: dict, supervised: bool) -> tuple[str, str]:
-    """("none" | "skip" | "refuse" | "install", why) for an offer at a session's opening."""
-    if offer.version == running:
-        return "none", ""
-    if any(f.get("version") == offer.version and f.get("sha256") == offer.sha256 for f in record["failed"]):
-        return "skip", f"version {offer.version} failed on this host before; offer another build"
-    if record["trial"] is not None:
-        return "skip", f"version {record['trial']['version']} is on trial"
-    if not supervised:
-        return "refuse", "the agent does not run under systemd, which would start the new version: use install.sh"
-    return "install", ""
+def restarts_since(record: dict, now: str) -> list[str]:
+    """The upgrade restarts of the last 24 hours before `now`."""
+    since = wire_time.parse_iso(now) - timedelta(days=1)
+    return [at for at in record.get("restarts") or [] if wire_time.is_moment(at) and wire_time.parse_iso(at) > since]
 
 
-def trial(record: dict, offer: ReleaseOffer, prefix: str, health_seconds: float) -> dict:
-    """The record once `offer` is installed at `prefix`: on trial at the next start."""
+def trial(record: dict, offer: ReleaseOffer, prefix: str, health_seconds: float, now: str) -> dict:
+    """The record once `offer` is installed at `prefix`: on trial at the next
+    start, which counts as an upgrade restart at `now`."""
     return {
         **record,
+        "restarts": [*restarts_since(record, now), now],
         "trial": {
             "version": offer.version,
             "sha256": offer.sha256,

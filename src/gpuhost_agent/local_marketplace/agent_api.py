@@ -61,7 +61,7 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
             "requirements": state.requirements,
         }
         if state.release is not None:
-            reply["agentRelease"] = state.release.offer()
+            reply["agentRelease"] = state.release.offer(state.release_key())
         return web.json_response(reply)
 
     async def poll_jobs(request: web.Request) -> web.Response:

@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from gpuhost_agent.local_marketplace.http_errors import json_error
+from gpuhost_agent.protocol import release_signature
 from gpuhost_agent.protocol.wire_release import MAX_WHEEL_BYTES, OUTCOMES, RELEASES_PATH, VERSION, WHEEL_NAME
 
 UPGRADE_TEXT = 1000  # characters of a reason kept
@@ -50,10 +52,11 @@ class Release:
             raise ValueError(f"{wheel}: its metadata's version {version[:80]!r} is not a version")
         return cls(version, wheel, hashlib.sha256(body).hexdigest(), len(body))
 
-    def offer(self) -> dict:
-        """Session.agentRelease."""
+    def offer(self, key: Ed25519PrivateKey) -> dict:
+        """Session.agentRelease, signed with the marketplace's release key."""
         path = RELEASES_PATH + self.wheel.name
-        return {"version": self.version, "path": path, "sha256": self.sha256, "size": self.size}
+        signature = release_signature.sign(key, self.version, self.sha256, self.size)
+        return {"version": self.version, "path": path, "sha256": self.sha256, "size": self.size, "signature": signature}
 
 
 def upgrade_problem(value: object) -> str | None:

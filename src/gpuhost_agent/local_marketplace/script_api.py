@@ -4,11 +4,14 @@
 "an installation command line for the environment". A host pastes it on the
 GPU machine:
 
-    curl -fsSL <base>/install.sh | sudo bash -s -- --url <base> --env-id <envId> --api-key <key>
+    curl -fsSL <base>/install.sh | sudo bash -s -- --url <base> --env-id <envId> --api-key <key> \
+        --release-key ed25519:<base64>
 
 It carries the environment's own API key (that is its purpose: the installer
 writes it to /etc/gpuhost-agent/api-key), so like every renter path it needs the
-user key, and whoever holds the line holds the environment's key.
+user key, and whoever holds the line holds the environment's key. It pins the
+public key this marketplace signs its releases with (`--release-key`): the host
+installs an offered release only when it verifies with that key.
 
 `GET /v1/install.sh` serves the repository's install.sh. It must be public
 (PUBLIC_PATHS: the application's auth middleware lets it through), because
@@ -56,12 +59,13 @@ def _file_or_404(path: Path | None, what: str) -> web.Response:
     return web.Response(body=path.read_bytes(), content_type="text/plain", headers={"Cache-Control": "no-store"})
 
 
-def install_line(base_url: str, env_id: str, api_key: str) -> str:
+def install_line(base_url: str, env_id: str, api_key: str, release_key: str) -> str:
     """The command line a host pastes; every value shell-quoted where it needs it."""
     quote = shlex.quote
     return (
         f"curl -fsSL {quote(base_url + '/install.sh')} | sudo bash -s -- "
-        f"--url {quote(base_url)} --env-id {quote(env_id)} --api-key {quote(api_key)}"
+        f"--url {quote(base_url)} --env-id {quote(env_id)} --api-key {quote(api_key)} "
+        f"--release-key {quote(release_key)}"
     )
 
 
@@ -89,7 +93,7 @@ def routes(state: MarketplaceState, install_script: Path | None = None) -> list[
         if env_id != state.store.envId:
             return json_error(404, f"environment {env_id} not found")
         base_url = f"{request.scheme}://{reached_as(request)}/v1"
-        return web.json_response(install_line(base_url, env_id, state.store.envApiKey))
+        return web.json_response(install_line(base_url, env_id, state.store.envApiKey, state.release_public_key()))
 
     async def get_install_script(_request: web.Request) -> web.Response:
         answer = await asyncio.to_thread(_file_or_404, script, "install.sh")

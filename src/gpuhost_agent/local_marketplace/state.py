@@ -10,12 +10,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from gpuhost_agent.local_marketplace.channel_hub import ChannelHub
 from gpuhost_agent.local_marketplace.releases import Release
 from gpuhost_agent.local_marketplace.store import Job, Store
 from gpuhost_agent.local_marketplace.terminal_tickets import TicketBook
 from gpuhost_agent.local_marketplace.tunnels import TunnelBook
-from gpuhost_agent.protocol import wire_time
+from gpuhost_agent.protocol import release_signature, wire_time
 from gpuhost_agent.protocol.intervals import DEFAULT_INTERVALS
 from gpuhost_agent.protocol.requirements import Requirements
 
@@ -163,8 +165,16 @@ class MarketplaceState:
         wanted = body.get("fingerprint") is not None and report.get("fingerprint") != body.get("fingerprint")
         reply = {"heartbeatIntervalSeconds": interval, "systemDataWanted": wanted, "serverTime": wire_time.iso()}
         if self.release is not None:
-            reply["agentRelease"] = self.release.offer()
+            reply["agentRelease"] = self.release.offer(self.release_key())
         return reply
+
+    def release_key(self) -> Ed25519PrivateKey:
+        """The key this marketplace signs its releases with (kept in its store)."""
+        return release_signature.parse_private(self.store.releaseKey)
+
+    def release_public_key(self) -> str:
+        """Its public half, as install.sh --release-key pins it: `ed25519:<base64>`."""
+        return release_signature.public_text(self.release_key().public_key())
 
     def liveness(self, now: float | None = None) -> dict:
         """Environment.heartbeat: online until OFFLINE_AFTER_MISSED_BEATS beats are missed."""

@@ -27,7 +27,7 @@ from gpuhost_agent.local_marketplace.store_records import (  # Job and the error
     new_rental,
     new_stack,
 )
-from gpuhost_agent.protocol import wire, wire_time, wire_values
+from gpuhost_agent.protocol import release_signature, wire, wire_time, wire_values
 
 LEASE = timedelta(minutes=10)
 DESIRED_ENDED_FOR = timedelta(hours=24)  # how long an ended rental stays in the desired state
@@ -53,6 +53,8 @@ class Store:
     priceHistory: list = field(default_factory=list)  # [since (date-time), price per GPU-hour], oldest first
     usage: dict = field(default_factory=dict)  # "<rentalId>@<slot epoch>" -> the agent's usage (usage.py)
     tunnelSecret: str = field(default_factory=lambda: secrets.token_urlsafe(32))  # tunnel_auth.py derives from it
+    # The key this marketplace signs the releases it offers with (protocol/release_signature.py).
+    releaseKey: str = field(default_factory=lambda: release_signature.private_text(release_signature.new_private()))
     endpoints: dict = field(default_factory=dict)  # a tunnel's or SSH endpoint's key: its port (tunnels.py)
     path: Path | None = field(default=None, repr=False, compare=False)
 

@@ -7,7 +7,8 @@ may only name a wheel under the marketplace's own `/agent/releases/` path (the
 agent fetches it with its own key from its own marketplace, never from an
 address the message chose), a version that is a plain version string (it
 becomes a folder name), a sha256 the download must match, and a size the
-agent can bound its download by.
+agent can bound its download by. It is signed (`signature`, release_signature.py):
+an offer without one is decoded, and refused by the agent's upgrade decision.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ class ReleaseOffer:
     path: str  # under RELEASES_PATH, relative to the marketplace's base URL
     sha256: str
     size: int
+    signature: str | None = None  # base64 of the Ed25519 signature (protocol/release_signature.py)
+
+
+MAX_SIGNATURE_CHARS = 200  # an Ed25519 signature is 88 characters of base64
 
 
 def decode_offer(value: object) -> ReleaseOffer | str | None:
@@ -53,7 +58,10 @@ def decode_offer(value: object) -> ReleaseOffer | str | None:
         problems.append("sha256 must be 64 lowercase hex digits")
     if wire_values.whole(size, MAX_WHEEL_BYTES) in (None, 0):
         problems.append(f"size must be a byte count from 1 to {MAX_WHEEL_BYTES}")
+    signature = value.get("signature")
+    if signature is not None and (not isinstance(signature, str) or len(signature) > MAX_SIGNATURE_CHARS):
+        problems.append("signature must be the base64 of an Ed25519 signature")
     if problems:
         return "agentRelease refused: " + "; ".join(problems)
     assert isinstance(version, str) and isinstance(path, str) and isinstance(sha256, str)
-    return ReleaseOffer(version, path, sha256, int(size))  # type: ignore[arg-type]
+    return ReleaseOffer(version, path, sha256, int(size), signature)  # type: ignore[arg-type]

@@ -67,10 +67,11 @@ async def _serve_locked(config: AgentConfig, stop: asyncio.Event) -> None:
     if config.uses_local_marketplace:
         local = await start_local_marketplace(config)
         base_url, api_key = local.base_url, local.state.store.envApiKey
+        release_key: str | None = local.state.release_public_key()
         _print_local_banner(local, config)
     else:
-        base_url, api_key = str(config.marketplace_url), str(config.api_key)
-    parts = build_agent(config, base_url, api_key)
+        base_url, api_key, release_key = str(config.marketplace_url), str(config.api_key), None
+    parts = build_agent(config, base_url, api_key, release_key)
     status = await start_status_server(
         parts,
         config.socket_path,

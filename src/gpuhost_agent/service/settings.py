@@ -157,6 +157,14 @@ def on_off(value: str, env: str) -> bool:
     return word in ("on", "true", "yes", "1")
 
 
+def upgrades_mode(value: str, env: str) -> str:
+    """GPUHOST_UPGRADES: off, or offered (the marketplace's signed offers are taken)."""
+    word = value.strip().lower()
+    if word not in ("off", "offered"):
+        raise ConfigError(f"{env} must be off or offered, not {word!r}")
+    return word
+
+
 def log_size(value: str, env: str) -> str:
     """Docker's size syntax for `max-size` (`50m`, `1g`, `200k`), checked here:
     a value Docker refuses would fail every deploy instead of the start."""

@@ -21,6 +21,7 @@ from gpuhost_agent.service.settings import (
 
 DEFAULT_CONFIG_FILE = "/etc/gpuhost-agent/agent.conf"
 ROOT_STATE_DIR = "/var/lib/gpuhost-agent"  # the state directory of an agent run as root (the system service's)
+DEFAULT_RELEASE_KEY_FILE = "/etc/gpuhost-agent/release-key.pub"  # install.sh --release-key writes it
 SWARM_TLS_DIR = "/etc/gpuhost-agent/swarm-tls"  # the machine's certificate for the Swarm (service/swarm_tls.py)
 SIZES = "size (k, m, g, t)"
 
@@ -62,6 +63,17 @@ SETTINGS: tuple[Setting, ...] = (
             "how long a version the marketplace offered has, after its restart, to open a session, find the "
             "engine ready and reconcile; otherwise the version before comes back (docs/operations.md, Upgrades)",
             default="300", unit="s", modes=DEPLOYING, group="marketplace"),
+    Setting("upgrades", "GPUHOST_UPGRADES", kind.upgrades_mode,
+            "offered: a release the marketplace offers is installed when it is signed with the pinned key and "
+            "newer; off: never (install.sh --no-upgrades)", default="offered", unit="off/offered",
+            modes=DEPLOYING, group="marketplace"),
+    Setting("release_key_file", "GPUHOST_RELEASE_KEY_FILE", kind.path,
+            "the public key an offered release must be signed with (install.sh --release-key writes it)",
+            default=DEFAULT_RELEASE_KEY_FILE, unit="path", modes=DEPLOYING, group="marketplace",
+            shown_default=f"{DEFAULT_RELEASE_KEY_FILE}; with the local marketplace, the key it signs with"),
+    Setting("upgrade_allow_version", "GPUHOST_UPGRADE_ALLOW_VERSION", kind.text,
+            "one version older than the running one that an offer may still install (versions only go forward)",
+            unit="version", modes=DEPLOYING, group="marketplace"),
     Setting("local_release_wheel", "GPUHOST_LOCAL_RELEASE_WHEEL", kind.path,
             "a wheel of the agent the local marketplace offers its agents as their release (agentRelease)",
             unit="path", modes=(Mode.LOCAL,), group="marketplace"),

@@ -1,5 +1,7 @@
-"""The agent's side of upgrades (core/upgrade_plan.py says how they go):
-an offered release fetched from the marketplace, checked against its sha256,
+"""The agent's side of upgrades (core/upgrade_offers.py says which offers are
+taken, core/upgrade_plan.py how they go): an offered release that the host's
+policy takes (signed with its pinned key, newer, allowed) fetched from the
+marketplace, checked against its sha256,
 installed beside the running version, put on trial, and the agent restarted
 into it by systemd; on trial, the confirmation once the new version is
 healthy; and the account of the last attempt, which every session opening
@@ -18,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.core import upgrade_plan
+from gpuhost_agent.core import upgrade_offers, upgrade_plan
 from gpuhost_agent.protocol import wire_release, wire_time
 from gpuhost_agent.protocol.wire_release import ReleaseOffer
 from gpuhost_agent.runtime import own_unit, release_install
@@ -52,17 +54,19 @@ class Upgrades:
         restart: asyncio.Event,
         *,
         supervised: bool,
+        policy: upgrade_offers.Policy | None = None,
         prefix: Path | None = None,
         installed: Path | None = None,
     ):
         self.state_dir, self.client, self.running = state_dir, client, running
+        self.policy = policy or upgrade_offers.Policy()
         self.health_seconds, self.restart, self.supervised = health_seconds, restart, supervised
         self.prefix = prefix or Path(sys.prefix)
         self.installed = installed or installed_prefix()
         self._task: asyncio.Task | None = None
         self._said: tuple[ReleaseOffer, str] | None = None  # the last offer and what was decided of it
         self._malformed: str | None = None
-        self._failed: dict[ReleaseOffer, float] = {}  # offers whose fetch or install failed, and when (monotonic)
+        self._failed: dict[str, float] = {}  # versions whose fetch or install failed, and when (monotonic)
         # Read once here (the composition root, before the loop runs); every
         # change this process makes goes through _update, which keeps it.
         self.record = upgrade_state.load(state_dir)
@@ -81,10 +85,12 @@ class Upgrades:
                 log.error("upgrade_refused", error=offer, hint="the marketplace's agentRelease is malformed")
             self._malformed = offer
             return
-        action, why = upgrade_plan.offer_decision(offer, self.running, self.record, self.supervised)
+        action, why = upgrade_offers.offer_decision(
+            offer, self.running, self.record, self.supervised, self.policy, wire_time.iso()
+        )
         if action == "none" or (self._task is not None and not self._task.done()):
             return
-        failed = self._failed.get(offer)
+        failed = self._failed.get(offer.version)
         if action == "install" and failed is not None and time.monotonic() - failed < RETRY_SECONDS:
             return  # its fetch or install failed a moment ago: not again at every beat
         said, self._said = self._said, (offer, action)
@@ -110,12 +116,14 @@ class Upgrades:
         except (MarketplaceUnavailable, MarketplaceRejected, release_install.InstallFailed, OSError) as exc:
             log.error("upgrade_failed", version=offer.version, error=str(exc), retry_in_s=RETRY_SECONDS)
             now = time.monotonic()  # every offer that failed within the pause waits it out (offers may alternate)
-            self._failed = {**{o: at for o, at in self._failed.items() if now - at < RETRY_SECONDS}, offer: now}
+            self._failed = {**{v: at for v, at in self._failed.items() if now - at < RETRY_SECONDS}, offer.version: now}
             await self._attempt(offer.version, wire_release.FAILED, str(exc)[:1000])
             return
         finally:
             await asyncio.to_thread(shutil.rmtree, wheel.parent, True)
-        await self._update(lambda record: upgrade_plan.trial(record, offer, str(folder), self.health_seconds))
+        await self._update(
+            lambda record: upgrade_plan.trial(record, offer, str(folder), self.health_seconds, wire_time.iso())
+        )
         log.info("upgrade_restarting", version=offer.version, running=self.running, health_bound_s=self.health_seconds)
         await self._restart()
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from gpuhost_agent import __version__
 from gpuhost_agent.common.logs import SECRETS, get_logger
+from gpuhost_agent.core import upgrade_offers
 from gpuhost_agent.core.agent import Agent
 from gpuhost_agent.core.containers.watch import ContainerWatch
 from gpuhost_agent.core.disk_watch import DiskWatch
@@ -64,9 +65,23 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 
-def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
+def upgrade_policy(config: AgentConfig, release_key: str | None = None) -> upgrade_offers.Policy:
+    """What the host decided of upgrades; `release_key`: the local
+    marketplace's own key (the agent that embeds it trusts it), else the
+    pinned file's (read here; judged when an offer comes)."""
+    if release_key is None:
+        try:
+            release_key = config.release_key_file.read_text()
+        except OSError as exc:
+            problem = f"no release key is pinned on this host ({config.release_key_file}: {exc.strerror})"
+            return upgrade_offers.Policy(config.upgrades, None, problem, config.upgrade_allow_version)
+    return upgrade_offers.Policy(config.upgrades, release_key.strip(), "", config.upgrade_allow_version)
+
+
+def build_agent(config: AgentConfig, base_url: str, api_key: str, release_key: str | None = None) -> AgentParts:
     """Every object of a running agent, each given its collaborators here and
-    nowhere else, in the order of their dependencies: nothing is attached later."""
+    nowhere else, in the order of their dependencies: nothing is attached later.
+    `release_key`: the local marketplace's, when the agent embeds it."""
     SECRETS.add(api_key, config.swarm_key)
     db = AgentDB(config.state_dir / DB_FILE)
     if db.rebuilt_because and db.rebuilt_because != "no state file yet":
@@ -194,7 +209,13 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str) -> AgentParts:
     engine_watch = EngineWatch(engine, EngineRecovery(reconciler, container_watch, session).engine_back)
     restart = asyncio.Event()
     upgrades = Upgrades(
-        config.state_dir, client, __version__, config.upgrade_health_seconds, restart, supervised=supervised()
+        config.state_dir,
+        client,
+        __version__,
+        config.upgrade_health_seconds,
+        restart,
+        supervised=supervised(),
+        policy=upgrade_policy(config, release_key),
     )
     host.heartbeat_replies.append(upgrades.offered)  # a release offered at a beat, not only at a session
     host.beat_facts.append(upgrades.session_info)  # and a confirmed upgrade told at once

@@ -28,7 +28,7 @@ VERSIONS = "versions"  # <state dir>/versions/<version>-<sha256[:12]>/: a virtua
 
 
 def empty() -> dict:
-    return {"current": None, "trial": None, "failed": [], "lastAttempt": None}
+    return {"current": None, "trial": None, "failed": [], "lastAttempt": None, "restarts": []}
 
 
 def load(state_dir: Path) -> dict:

@@ -1,0 +1,78 @@
+"""Which offered releases a host takes: only the host decides what runs as root.
+
+An offer is installed only when the host allows upgrades (GPUHOST_UPGRADES),
+its signature verifies with the key the host pinned (install.sh
+--release-key), its version is newer than the running one (or the one older
+version the operator named), no build of that version failed here, and fewer
+than MAX_RESTARTS_A_DAY upgrades restarted the agent in the last 24 hours.
+How a taken offer goes on trial and back is core/upgrade_plan.py's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from packaging.version import InvalidVersion, Version
+
+from gpuhost_agent.core.upgrade_plan import restarts_since
+from gpuhost_agent.protocol import release_signature
+from gpuhost_agent.protocol.wire_release import ReleaseOffer
+
+MAX_RESTARTS_A_DAY = 3  # upgrade restarts in any 24 hours: a marketplace cannot keep the agent restarting
+OFF, OFFERED = "off", "offered"  # GPUHOST_UPGRADES
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the host decided of upgrades: GPUHOST_UPGRADES, the pinned release
+    key's `ed25519:` line (None: `key_problem` says why there is none), and one
+    older version an operator allows (GPUHOST_UPGRADE_ALLOW_VERSION)."""
+
+    mode: str = OFFERED
+    key: str | None = None
+    key_problem: str = "no release key is pinned on this host"
+    allow_version: str | None = None
+
+
+def offer_decision(
+    offer: ReleaseOffer, running: str, record: dict, supervised: bool, policy: Policy, now: str
+) -> tuple[str, str]:
+    """("none" | "skip" | "refuse" | "install", why) for an offer at a session's opening or a beat."""
+    if offer.version == running:
+        return "none", ""
+    if policy.mode == OFF:
+        return "refuse", "upgrades are off on this host (GPUHOST_UPGRADES=off): install.sh installs a new version"
+    if policy.key is None:
+        return "refuse", f"{policy.key_problem}: install.sh --release-key pins the marketplace's"
+    if offer.signature is None:
+        return "refuse", "the release is not signed"
+    try:
+        signed = release_signature.verifies(policy.key, offer.signature, offer.version, offer.sha256, offer.size)
+    except ValueError as exc:
+        return "refuse", f"the pinned release key is unusable: {exc}"
+    if not signed:
+        return "refuse", "the release's signature does not verify with the release key pinned on this host"
+    backwards = _not_forward(offer.version, running, policy.allow_version)
+    if backwards:
+        return "refuse", backwards
+    if any(failed.get("version") == offer.version for failed in record["failed"]):
+        return "refuse", f"version {offer.version} failed on this host before (whatever its build): offer a newer one"
+    if record["trial"] is not None:
+        return "skip", f"version {record['trial']['version']} is on trial"
+    if not supervised:
+        return "refuse", "the agent does not run under systemd, which would start the new version: use install.sh"
+    recent = restarts_since(record, now)
+    if len(recent) >= MAX_RESTARTS_A_DAY:
+        return "skip", f"{len(recent)} upgrade restarts in the last 24 hours, the most a day allows"
+    return "install", ""
+
+
+def _not_forward(version: str, running: str, allowed: str | None) -> str | None:
+    """Why `version` may not replace `running`, or None: versions only go forward."""
+    try:
+        offered, current = Version(version), Version(running)
+    except InvalidVersion:
+        return f"version {version} or {running} is not a version that can be ordered (PEP 440)"
+    if offered > current or version == allowed:
+        return None
+    return f"version {version} is not newer than {running} (GPUHOST_UPGRADE_ALLOW_VERSION={version} allows it)"

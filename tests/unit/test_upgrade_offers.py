@@ -1,0 +1,93 @@
+"""Which offered releases a host takes (core/upgrade_offers.py): only the host
+decides what runs as root. Signed with the key it pinned, newer than what
+runs (or the one older version the operator named), never a version that
+failed here whatever its build, upgrades on, under systemd, a few a day."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from gpuhost_agent.core import upgrade_offers, upgrade_plan
+from gpuhost_agent.protocol import release_signature
+from gpuhost_agent.protocol.wire_release import ReleaseOffer
+from gpuhost_agent.storage import upgrade_state
+
+NOW = "2026-12-06T12:00:00.000000Z"
+KEY = release_signature.new_private()
+PINNED = release_signature.public_text(KEY.public_key())
+POLICY = upgrade_offers.Policy(key=PINNED)
+
+
+def offer(version: str = "0.2.0", sha256: str = "ab" * 32, key=KEY) -> ReleaseOffer:
+    path = f"/agent/releases/gpuhost_agent-{version}-py3-none-any.whl"
+    signature = release_signature.sign(key, version, sha256, 123456) if key is not None else None
+    return ReleaseOffer(version, path, sha256, 123456, signature)
+
+
+def decide(made: ReleaseOffer, record: dict | None = None, policy=POLICY, running: str = "0.1.0", **kw) -> tuple:
+    record = record or upgrade_state.empty()
+    return upgrade_offers.offer_decision(made, running, record, kw.get("supervised", True), policy, kw.get("now", NOW))
+
+
+def test_a_newer_release_signed_with_the_pinned_key_is_installed() -> None:
+    assert decide(offer()) == ("install", "")
+    assert decide(offer(), running="0.2.0") == ("none", "")
+
+
+@pytest.mark.parametrize(
+    ("made", "policy", "said"),
+    [
+        (offer(key=None), POLICY, "not signed"),
+        (offer(key=release_signature.new_private()), POLICY, "does not verify"),
+        (replace(offer(), sha256="cd" * 32), POLICY, "does not verify"),  # a wheel other than the one signed
+        (replace(offer(), version="0.3.0"), POLICY, "does not verify"),
+        (replace(offer(), signature="not base64!"), POLICY, "does not verify"),
+        (offer(), upgrade_offers.Policy(), "no release key is pinned"),
+        (offer(), upgrade_offers.Policy(key="ed25519:short"), "unusable"),
+        (offer(), upgrade_offers.Policy(mode=upgrade_offers.OFF, key=PINNED), "GPUHOST_UPGRADES=off"),
+        (offer("0.0.9"), POLICY, "not newer than 0.1.0"),
+        (offer("0.1.0rc1"), POLICY, "not newer than 0.1.0"),
+        (offer("0.1.0.post1", key=KEY), upgrade_offers.Policy(mode=upgrade_offers.OFF, key=PINNED), "off"),
+    ],
+)
+def test_what_the_host_did_not_decide_is_refused_saying_why(made, policy, said) -> None:
+    action, why = decide(made, policy=policy)
+    assert action == "refuse" and said in why, why
+
+
+def test_an_older_version_installs_only_when_the_operator_names_it() -> None:
+    allowed = upgrade_offers.Policy(key=PINNED, allow_version="0.0.9")
+    assert decide(offer("0.0.9"), policy=allowed) == ("install", "")
+    assert decide(offer("0.0.8"), policy=allowed)[0] == "refuse"
+
+
+def test_a_version_that_failed_here_is_refused_whatever_its_build() -> None:
+    tried = upgrade_plan.trial(upgrade_state.empty(), offer(), "/v/0.2.0-abab", 30.0, NOW)
+    rolled_back = upgrade_plan.start_choice(upgrade_plan.start_choice(tried, NOW).record, NOW).record
+    action, why = decide(offer(), rolled_back)
+    assert action == "refuse" and "failed on this host before" in why
+    assert decide(offer(sha256="cd" * 32), rolled_back)[0] == "refuse"  # rebuilt: the same version all the same
+    assert decide(offer("0.2.1"), rolled_back) == ("install", "")
+
+
+def test_no_second_install_while_one_is_on_trial_and_none_outside_systemd() -> None:
+    on_trial = upgrade_plan.trial(upgrade_state.empty(), offer(), "/v/0.2.0-abab", 30.0, NOW)
+    assert decide(offer("0.3.0"), on_trial)[0] == "skip"
+    action, why = decide(offer(), supervised=False)
+    assert action == "refuse" and "systemd" in why and "install.sh" in why
+
+
+def test_at_most_a_few_upgrade_restarts_a_day() -> None:
+    record = upgrade_state.empty()
+    for n in range(upgrade_offers.MAX_RESTARTS_A_DAY):
+        at = f"2026-12-06T0{n}:00:00.000000Z"
+        record = upgrade_plan.confirmed(
+            upgrade_plan.start_choice(upgrade_plan.trial(record, offer(f"0.2.{n}"), f"/v/{n}", 1.0, at), at).record,
+            f"/v/{n}",
+            at,
+        )
+    action, why = decide(offer("0.3.0"), record, running="0.2.2")
+    assert action == "skip" and "restarts in the last 24 hours" in why
+    assert decide(offer("0.3.0"), record, running="0.2.2", now="2026-12-07T00:30:00.000000Z") == ("install", "")
