@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
 from support.machine_samples import good_host
 from support.settings import stack_context
 
@@ -15,8 +16,9 @@ from gpuhost_agent.core.sandbox.apply import decide
 from gpuhost_agent.core.sandbox.context import GIB, SandboxContext
 from gpuhost_agent.core.sandbox.gpu_forms import DEVICE_VARIABLES
 from gpuhost_agent.core.sandbox.harden import GPU_LABEL
+from gpuhost_agent.core.sandbox.image_config import service_image_problem
 from gpuhost_agent.core.sandbox.raw import RawReview
-from gpuhost_agent.core.stacks.compose_rewrite import label_services
+from gpuhost_agent.core.stacks.compose_rewrite import StackRejected, label_services
 from gpuhost_agent.core.stacks.naming import stack_labels
 from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
 from gpuhost_agent.inventory import toolkit
@@ -92,6 +94,33 @@ def test_every_toolkit_variable_is_set_on_every_container_whatever_the_image_say
     assert all(not value.startswith("enabled") for value in NO_EXTRA_DEVICES.values())
 
 
+def test_the_toolkits_swarm_resource_variables_hold_the_rentals_gpus_alone() -> None:
+    """A toolkit with `swarm-resource` set takes GPUs from DOCKER_RESOURCE_* before
+    NVIDIA_VISIBLE_DEVICES: a file's value of them never stands (issue 49)."""
+    hardened = _decided(
+        {
+            "gpu": {"image": "x", "environment": {"DOCKER_RESOURCE_GPU": "all", "DOCKER_RESOURCE_MINE": "0,1"},
+                    "deploy": {"resources": {"reservations": {"devices": [{"driver": "nvidia", "count": 1}]}}}},
+            "plain": {"image": "x", "environment": ["DOCKER_RESOURCE_NVIDIA-GPU=all"]},
+        }
+    )  # fmt: skip
+    gpu, plain = (hardened["services"][name]["environment"] for name in ("gpu", "plain"))
+    assert {key: value for key, value in gpu.items() if key.startswith("DOCKER_RESOURCE_")} == {
+        "DOCKER_RESOURCE_GPU": "GPU-a",
+        "DOCKER_RESOURCE_NVIDIA-GPU": "GPU-a",
+        "DOCKER_RESOURCE_NVIDIA_GPU": "GPU-a",
+        "DOCKER_RESOURCE_MINE": "GPU-a",
+    }
+    assert all(value == "void" for key, value in plain.items() if key.startswith("DOCKER_RESOURCE_"))
+
+
+def test_an_image_that_sets_a_swarm_resource_variable_is_refused() -> None:
+    service = {"image": "x", "environment": {"DOCKER_RESOURCE_GPU": "void"}}
+    assert service_image_problem("a", service, {"Env": ["PATH=/bin", "DOCKER_RESOURCE_GPU=all"]}) is None
+    problem = service_image_problem("a", service, {"Env": ["DOCKER_RESOURCE_OTHER=all"]})
+    assert problem and "DOCKER_RESOURCE_OTHER" in problem
+
+
 # ---- finding 13: a cgroup namespace of its own ------------------------------------------
 
 
@@ -121,3 +150,11 @@ def test_compliance_fails_a_toolkit_that_takes_gpus_from_mounts() -> None:
     assert check.remedy.count(" = false") == 2
     kit["acceptsEnvvarFromUnprivileged"] = kit["acceptsDeviceListAsVolumeMounts"] = False
     assert all(c.ok for c in evaluate(data, Requirements()) if c.id == "toolkit-visible-devices")
+
+
+def test_a_gpu_index_is_ascii_digits_alone() -> None:
+    """'²' passed isdigit() and int() raised on it: the deploy crashed with a traceback (issue 49)."""
+    for device in ("²", "٣", "0" * 6):
+        services = {"app": {"image": "x", "environment": {"NVIDIA_VISIBLE_DEVICES": device}}}
+        with pytest.raises(StackRejected, match="is not one of the rental's 2 GPU"):
+            _decided(services)

@@ -9,7 +9,7 @@ from support.settings import stack_context
 from gpuhost_agent.core.gpus.allocation import GpuSlot, NotEnoughGpus, allocate, slots_from_inventory
 from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.sandbox.context import GIB, Machine, SandboxContext, rental_share
-from gpuhost_agent.core.sandbox.harden import NO_EXTRA_DEVICES, assigned_uuids, harden
+from gpuhost_agent.core.sandbox.harden import NO_EXTRA_DEVICES, TOOLKIT_RESOURCES, assigned_uuids, harden
 from gpuhost_agent.core.sandbox.policy import policy_violations
 from gpuhost_agent.storage.agent_db import AgentDB
 
@@ -126,7 +126,7 @@ def test_hardening_writes_everything_explicitly() -> None:
     assert gpu["ports"] == [{"target": 8080, "host_ip": "10.0.0.5", "protocol": "tcp"}]
     assert plain["environment"] == {"A": "1", "NVIDIA_VISIBLE_DEVICES": "void", **NO_EXTRA_DEVICES} | {
         "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"
-    }
+    } | dict.fromkeys(TOOLKIT_RESOURCES, "void")
     assert plain["labels"] == {"team": "ml", "io.gpuhost.gpus": ""}
     assert (plain["cpus"], plain["pids_limit"], plain["mem_limit"]) == (0.5, 50, str(8 * GIB))
     assert "limits" not in plain["deploy"]["resources"]

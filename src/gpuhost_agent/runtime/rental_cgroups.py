@@ -81,7 +81,7 @@ class RentalCgroups:
         """The `cgroup_parent` of the rental's containers, None when not available."""
         if self.version is None:
             return None
-        if not _SAFE_ID.match(rental_id):
+        if not _SAFE_ID.fullmatch(rental_id):  # match's $ takes a trailing newline
             raise CgroupError(f"rental id {rental_id[:40]!r} cannot name a cgroup")
         return slice_name(rental_id) if self.driver == "systemd" else f"/{TOP}/r-{rental_id}"
 

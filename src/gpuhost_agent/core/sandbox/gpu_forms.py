@@ -81,7 +81,8 @@ def _not_the_rentals(ask: object, ctx: SandboxContext) -> str:
     """Why an ask names a GPU that is not the rental's, or ""."""
     count = len(ctx.gpu_uuids)
     for device in ask if isinstance(ask, list) else []:
-        if device not in ctx.gpu_uuids and not (device.isdigit() and int(device) < count):
+        index = device.isascii() and device.isdigit() and len(device) < 5  # "²" and "٣" are digits to isdigit()
+        if device not in ctx.gpu_uuids and not (index and int(device) < count):
             allowed = f"use 0 to {count - 1}" if count else "it has none"
             return f"GPU {device!r} is not one of the rental's {count} GPU(s) ({allowed})"
     return ""

@@ -43,6 +43,12 @@ ALWAYS_DROP = (
     "DAC_READ_SEARCH",
 )  # not BPF/PERFMON: Docker 20.10 refuses those names
 NO_GPUS = "void"  # NVIDIA's value for "no GPU at all", stronger than an unset variable
+# The toolkit's `swarm-resource` setting makes it take GPUs from a variable of
+# these names (Swarm's generic resources) before NVIDIA_VISIBLE_DEVICES: each is
+# given the rental's GPUs too, and any other DOCKER_RESOURCE_* a file sets as well
+# (an image's own is refused: core/sandbox/image_config.py).
+TOOLKIT_RESOURCE_PREFIX = "DOCKER_RESOURCE_"
+TOOLKIT_RESOURCES = ("DOCKER_RESOURCE_GPU", "DOCKER_RESOURCE_NVIDIA-GPU", "DOCKER_RESOURCE_NVIDIA_GPU")
 GPU_LABEL = "io.gpuhost.gpus"
 # The toolkit's variables that add devices, each at the value that adds none:
 # it reads them from the process environment, the image's ENV included
@@ -159,9 +165,11 @@ def _gpus(service: dict, ctx: SandboxContext) -> None:
     labels = as_mapping(service.get("labels"))
     if uuids:
         reservations["devices"] = [_request(uuids, capabilities, ctx)]
-        environment["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
-    else:
-        environment["NVIDIA_VISIBLE_DEVICES"] = NO_GPUS
+    visible = ",".join(uuids) if uuids else NO_GPUS
+    environment["NVIDIA_VISIBLE_DEVICES"] = visible
+    asked = [str(name) for name in environment if str(name).upper().startswith(TOOLKIT_RESOURCE_PREFIX)]
+    for name in (*TOOLKIT_RESOURCES, *asked):
+        environment[name] = visible
     if not reservations:
         resources.pop("reservations")
     environment.update(NO_EXTRA_DEVICES)

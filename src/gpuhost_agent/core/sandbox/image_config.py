@@ -78,6 +78,14 @@ def service_image_problem(name: str, service: Mapping[str, Any], image_config: M
         count = len(image_config.get(key) or {})
         if count > most:
             return f"{what} declares {count:,} {said}, at most {most}; use an image that declares fewer"
+    environment = service.get("environment") if isinstance(service.get("environment"), Mapping) else {}
+    for entry in image_config.get("Env") or []:
+        variable = str(entry).split("=", 1)[0]
+        if variable.upper().startswith("DOCKER_RESOURCE_") and variable not in environment:
+            return (
+                f"{what} sets {variable[:80]} in its ENV, which the NVIDIA Container Toolkit may take as the GPUs "
+                "to give the container; use an image without it"
+            )
     merged = file_over_image(service.get("healthcheck"), image_config.get("Healthcheck"))
     return started_healthcheck_problem(f'service "{name}"', merged)
 
