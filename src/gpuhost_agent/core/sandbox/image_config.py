@@ -78,7 +78,8 @@ def service_image_problem(name: str, service: Mapping[str, Any], image_config: M
         count = len(image_config.get(key) or {})
         if count > most:
             return f"{what} declares {count:,} {said}, at most {most}; use an image that declares fewer"
-    environment = service.get("environment") if isinstance(service.get("environment"), Mapping) else {}
+    environment = service.get("environment")
+    environment = environment if isinstance(environment, Mapping) else {}
     for entry in image_config.get("Env") or []:
         variable = str(entry).split("=", 1)[0]
         if variable.upper().startswith("DOCKER_RESOURCE_") and variable not in environment:
