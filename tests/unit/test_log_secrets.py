@@ -64,3 +64,49 @@ def test_a_short_value_is_masked_everywhere_but_inside_an_id() -> None:
     for escaped in (repr("password:\nHx72q"), visible("pw:\tHx72q"), "account=admin%3AHx72q", "adminHx72q"):
         assert "Hx72q" not in registry.scrub(escaped) and "admin" not in registry.scrub(escaped), escaped
     assert registry.scrub("deadbeef00 beef") == "dead***00 ***"
+
+
+# ---- a renter's values never rewrite the host's journal (issue 49, item 2) -----------------------
+
+
+def test_only_values_that_can_be_secrets_are_registered() -> None:
+    assert not logs.might_be_secret("LOG_LEVEL", "warning") and not logs.might_be_secret("YEAR", "2026")
+    assert not logs.might_be_secret("PORT", "8000") and not logs.might_be_secret("API_KEY", "abc")
+    assert logs.might_be_secret("HF_TOKEN", "hf_x") and logs.might_be_secret("DB_PASSWORD", "Hx72q")
+    assert logs.might_be_secret("MODEL", "llama-3-70b")  # eight characters and more: anything may be a secret
+
+
+def test_a_renters_values_change_neither_a_lines_level_nor_its_event_time_or_ids() -> None:
+    """With "error", "warning" and "2026" masked everywhere, error lines went to the journal at
+    info priority, their event, ids and year masked, and `status`'s last error stopped updating."""
+    stream = io.StringIO()
+    logs.configure("info", json_lines=True, stream=stream, journal=True)
+    rental, stack = "rental-2026-error", "stack-warning-1"
+    try:
+        logs.SECRETS.add("error", "warning", "2026", rental, stack, scope=rental)
+        logs.get_logger("t").error("stack_failed", rental_id=rental, stack_id=stack, error="an error in 2026")
+        text = stream.getvalue()
+        assert text.startswith("<3>{"), text  # journald's priority: err, decided by the level as logged
+        line = json.loads(text[3:])
+        assert (line["level"], line["event"], line["rental_id"], line["stack_id"]) == (
+            "error",
+            "stack_failed",
+            rental,
+            stack,
+        )
+        assert line["timestamp"].startswith("2026") and line["error"] == "an *** in ***"
+        assert logs.LAST_ERROR.get()["event"] == "stack_failed" and logs.LAST_ERROR.get()["level"] == "error"
+    finally:
+        logs.SECRETS.discard_many(["error", "warning", "2026", rental, stack], scope=rental)
+        logs.configure("warning", json_lines=True)
+
+
+def test_a_rentals_values_are_masked_in_its_lines_and_those_that_name_none_not_in_anothers() -> None:
+    registry = logs.SecretRegistry()
+    registry.add("a-secret-value", scope="rental-a")
+    registry.add("host-api-key-1")  # the host's own: everywhere
+    assert registry.scrub("a-secret-value host-api-key-1", "rental-a") == "*** ***"
+    assert registry.scrub("a-secret-value host-api-key-1", "rental-b") == "a-secret-value ***"
+    assert registry.scrub("a-secret-value host-api-key-1") == "*** ***"  # a line that names no rental
+    registry.discard_many(["a-secret-value"], scope="rental-a")
+    assert registry.scrub("a-secret-value", "rental-a") == "a-secret-value"

@@ -5,6 +5,13 @@ environment's API key must never reach them.  Redaction happens in two places so
 that a careless call site cannot leak: keys whose *name* says secret are masked,
 and every registered secret *value* is replaced wherever it appears in a string
 (a compose error message can echo an interpolated value, for instance).
+
+A renter's values must not rewrite the host's journal either: the log's own
+fields (level, event, timestamp, logger) and validated ids are never masked, so
+neither a line's priority nor `status`'s last error can be changed by a value
+("error", "2026", a rental's own id); only a value that can be a secret is
+registered (`might_be_secret`); and a rental's values are masked in its own
+lines and in lines that name no rental, not in another rental's.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 import sys
 import threading
 import warnings
@@ -40,10 +48,32 @@ SHORT_BELOW = 8
 ID_RUN = 12
 _HEX = frozenset("0123456789abcdef")
 _SECRET_KEY_HINTS = ("api_key", "apikey", "secret", "password", "token", "environmentvariables", "env_values")
+# A template variable whose name says it holds a credential is a secret however
+# short its value; any other value is one from SHORT_BELOW characters on
+# (LOG_LEVEL=warning, PORT=8000 and YEAR=2026 are not).
+_SECRET_NAME = re.compile(r"secret|key|token|pass|pwd|credential|auth|cert|private|signature", re.IGNORECASE)
+# Fields the log writes itself, never masked: a renter's value "error" must not
+# change a line's level (its journald priority) nor its event or time. An event
+# is the agent's own when it is a snake_case name; a library's message in its
+# place is free text, and scrubbed.
+OWN_FIELDS = frozenset({"level", "timestamp", "logger"})
+_EVENT_NAME = re.compile(r"[a-z][a-z0-9_]{0,79}")
+# Ids the agent validated before it logs them (wire_values.SAFE_ID): never masked.
+ID_FIELDS = frozenset({"rental_id", "stack_id", "job_id", "env_id", "request_id", "stream_id", "container_id"})
+_SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+EVERY_SCOPE = "*"  # scrub with every rental's values (a line that names no rental, the status answer)
+
+
+def might_be_secret(name: str, value: str) -> bool:
+    """Whether a renter's variable is registered for masking: a name that says
+    credential (from MIN_SECRET_LEN characters), or a value of SHORT_BELOW or more."""
+    return len(value) >= SHORT_BELOW or (len(value) >= MIN_SECRET_LEN and bool(_SECRET_NAME.search(name)))
 
 
 class SecretRegistry:
-    """The secret strings known to this process (thread-safe).
+    """The secret strings known to this process (thread-safe), each under a
+    scope: None for the host's own (API keys: masked everywhere), a rental's
+    id for its renter's values.
 
     Counted, so that a value two stacks share stays scrubbed until both are
     gone, and a daemon that runs for months does not scan every value any
@@ -52,36 +82,54 @@ class SecretRegistry:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._values: Counter[str] = Counter()
-        self._longest_first: tuple[str, ...] | None = None  # sorted once per change, not per log line
+        self._values: dict[str | None, Counter[str]] = {}
+        # sorted once per change and scope, not per log line
+        self._longest_first: dict[str | None, tuple[str, ...]] = {}
 
-    def add(self, *values: str | None) -> None:
+    def add(self, *values: str | None, scope: str | None = None) -> None:
         with self._lock:
+            counted = self._values.setdefault(scope, Counter())
             for value in values:
                 if value and len(value) >= MIN_SECRET_LEN:
-                    self._values[value] += 1
-            self._longest_first = None
+                    counted[value] += 1
+            self._longest_first.clear()
 
-    def add_many(self, values: Iterable[str]) -> None:
-        self.add(*values)
+    def add_many(self, values: Iterable[str], scope: str | None = None) -> None:
+        self.add(*values, scope=scope)
 
-    def discard_many(self, values: Iterable[str]) -> None:
+    def discard_many(self, values: Iterable[str], scope: str | None = None) -> None:
         with self._lock:
+            counted = self._values.get(scope, Counter())
             for value in values:
-                if self._values.get(value, 0) > 1:
-                    self._values[value] -= 1
+                if counted.get(value, 0) > 1:
+                    counted[value] -= 1
                 else:
-                    self._values.pop(value, None)
-            self._longest_first = None
+                    counted.pop(value, None)
+            if not counted:
+                self._values.pop(scope, None)
+            self._longest_first.clear()
 
     def __contains__(self, value: str) -> bool:
-        return value in self._values
+        return any(value in counted for counted in self._values.values())
 
-    def scrub(self, text: str) -> str:
+    def _sorted(self, scope: str | None) -> tuple[str, ...]:
+        """The values a line of `scope` is scrubbed of (EVERY_SCOPE: all), longest first."""
         with self._lock:
-            if self._longest_first is None:
-                self._longest_first = tuple(sorted(self._values, key=len, reverse=True))
-            values = self._longest_first
+            found = self._longest_first.get(scope)
+            if found is None:
+                chosen = (
+                    self._values.values()
+                    if scope == EVERY_SCOPE
+                    else [self._values.get(None, Counter()), self._values.get(scope, Counter())]
+                )
+                found = tuple(sorted({value for counted in chosen for value in counted}, key=len, reverse=True))
+                self._longest_first[scope] = found
+            return found
+
+    def scrub(self, text: str, scope: str | None = EVERY_SCOPE) -> str:
+        """`text` without the registered values of `scope` (a rental's id: the host's
+        and that rental's; EVERY_SCOPE, the default: everyone's)."""
+        values = self._sorted(scope)
         for value in values:
             if value not in text:
                 continue
@@ -120,22 +168,33 @@ def _is_secret_key(key: str) -> bool:
     return any(hint in folded or hint in folded.replace("_", "") for hint in _SECRET_KEY_HINTS)
 
 
-def _scrub_value(value: Any, registry: SecretRegistry) -> Any:
+def _scrub_value(value: Any, registry: SecretRegistry, scope: str | None = EVERY_SCOPE) -> Any:
     if isinstance(value, str):
-        return registry.scrub(value)
+        return registry.scrub(value, scope)
     if isinstance(value, dict):
-        return {k: (MASK if _is_secret_key(str(k)) else _scrub_value(v, registry)) for k, v in value.items()}
+        return {k: (MASK if _is_secret_key(str(k)) else _scrub_value(v, registry, scope)) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_scrub_value(v, registry) for v in value)
+        return type(value)(_scrub_value(v, registry, scope) for v in value)
     if isinstance(value, BaseException):
-        return registry.scrub(f"{type(value).__name__}: {value}")
+        return registry.scrub(f"{type(value).__name__}: {value}", scope)
     return value
+
+
+def _kept(key: str, value: Any) -> bool:
+    """A field the redactor leaves as it is: the log's own, or a validated id."""
+    if key in OWN_FIELDS:
+        return True
+    pattern = _EVENT_NAME if key == "event" else _SAFE_ID if key in ID_FIELDS else None
+    return pattern is not None and isinstance(value, str) and bool(pattern.fullmatch(value))
 
 
 def redact_processor(registry: SecretRegistry = SECRETS) -> Callable[..., Any]:
     def processor(_logger: Any, _name: str, event_dict: dict) -> dict:
+        rental = event_dict.get("rental_id")
+        scope = rental if isinstance(rental, str) and _SAFE_ID.fullmatch(rental) else EVERY_SCOPE
         return {
-            key: (MASK if _is_secret_key(key) else _scrub_value(value, registry)) for key, value in event_dict.items()
+            key: (value if _kept(key, value) else MASK if _is_secret_key(key) else _scrub_value(value, registry, scope))
+            for key, value in event_dict.items()
         }
 
     return processor

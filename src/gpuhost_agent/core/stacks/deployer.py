@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 from gpuhost_agent.common import crash_points
-from gpuhost_agent.common.logs import SECRETS, get_logger
+from gpuhost_agent.common.logs import SECRETS, get_logger, might_be_secret
 from gpuhost_agent.core.containers.seed_list import failed_containers, seed_containers
 from gpuhost_agent.core.images.pulls import FRESH_POLICIES, ImagePulls, pullable_images
 from gpuhost_agent.core.sandbox.apply import POLICY_PREFIX, Sandbox, notices_message, review_raw
@@ -84,7 +84,7 @@ class StackDeployer:
         self.settle_seconds, self.stop_timeout = settle_seconds, stop_timeout
         self.stacks_per_rental, self.rental_limit_reached = stacks_per_rental, rental_limit_reached
         self.images = images
-        self._stack_secrets: dict[str, list[str]] = {}  # what each stack added to the log redactor
+        self._stack_secrets: dict[str, tuple[str, list[str]]] = {}  # what each stack added to the redactor, by rental
         stacks_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     # ---- reports -------------------------------------------------------------
@@ -104,8 +104,10 @@ class StackDeployer:
         variables = dict(template.get("environmentVariables") or {})
         self._forget_secrets(job.stack_id)
         if len(variables) <= MAX_VARIABLES:  # more are refused (check_variables) before a value is used
-            self._stack_secrets[job.stack_id] = list(variables.values())
-            SECRETS.add_many(variables.values())
+            # Only what can be a secret, and masked in this rental's lines and those that name none.
+            secrets = [value for name, value in variables.items() if might_be_secret(name, value)]
+            self._stack_secrets[job.stack_id] = (job.rental_id, secrets)
+            SECRETS.add_many(secrets, scope=job.rental_id)
         project, workdir = StackRef.of_job(job).project, self.stacks_dir / job.stack_id
         self._report(job, wire.APPLYING)
         log.info("stack_applying", stack_id=job.stack_id, rental_id=job.rental_id, job_id=job.job_id, project=project)
@@ -327,7 +329,8 @@ class StackDeployer:
             log.warning("container_list_failed", stack_id=stack_id, error=str(exc))
 
     def _forget_secrets(self, stack_id: str) -> None:
-        SECRETS.discard_many(self._stack_secrets.pop(stack_id, []))
+        rental_id, secrets = self._stack_secrets.pop(stack_id, (None, []))
+        SECRETS.discard_many(secrets, scope=rental_id)
 
 
 def _write_private(path: Path, text: str) -> None:
