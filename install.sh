@@ -814,22 +814,38 @@ install_agent() {
     say "installed $PACKAGE ${INSTALLED_VERSION:-?}"
 }
 
+# A lock is pins and their files' hashes, nothing else: a line pip would read as
+# an option (--index-url, --find-links, -e, a URL) is refused, so a lock cannot
+# send pip to another index. Prints the first line that is not one.
+lock_problem() {
+    grep -nvE '^[[:space:]]*(#.*)?$|^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?==[A-Za-z0-9.!+_-]+( ; [^\\]*)? \\$|^    --hash=sha256:[0-9a-f]{64}( \\)?$' "$1" | head -n1 || true
+}
+
 # The agent's dependencies, exactly as the lock names them (versions and sha256
 # of every file): first what builds the packages that are not wheels, then the
 # rest, built with those (no build environment fetched unchecked).
 install_locked() {
-    local dir=$LOCK name
+    local dir=$LOCK name problem
     if [[ $LOCK == *://* ]]; then
         dir=$TMP/lock
         mkdir -p "$dir"
         for name in build.lock agent.lock; do
-            if ! curl -fsSL --proto '=https,http' --max-time 60 -o "$dir/$name" "$LOCK/$name" </dev/null 2>"$TMP/curl.err"; then
+            if ! curl -fsSL --proto '=https,http' --proto-redir '=https' --max-time 60 -o "$dir/$name" "$LOCK/$name" \
+                </dev/null 2>"$TMP/curl.err"; then
                 err "cannot fetch $LOCK/$name: $(head -c 200 "$TMP/curl.err")"
                 report_init failed "lock not found" "cannot fetch the agent's lock $LOCK/$name"
                 exit "$EXIT_FAILED"
             fi
         done
     fi
+    for name in build.lock agent.lock; do
+        problem=$(lock_problem "$dir/$name")
+        if [ -n "$problem" ]; then
+            err "$LOCK/$name is not a lock of pinned, hashed packages (line ${problem:0:200})"
+            report_init failed "lock refused" "the agent's lock $LOCK/$name holds more than pinned, hashed packages"
+            exit "$EXIT_FAILED"
+        fi
+    done
     step "installing the agent's locked dependencies ($LOCK: build.lock, agent.lock)"
     if ! run "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --require-hashes --no-deps \
             -r "$dir/build.lock" </dev/null \

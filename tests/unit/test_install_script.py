@@ -203,3 +203,18 @@ def test_old_versions_warn_and_allow_no_gpu_drops_its_own_advice() -> None:
         f"error: {msg('nvidia-smi is installed but fails')}",
     ]
     assert "--allow-no-gpu" not in "".join(shown[2:4]) and shown[4].endswith("rerun with --allow-no-gpu")
+
+
+def test_a_lock_with_anything_but_pinned_hashed_packages_is_refused(tmp_path: Path) -> None:
+    """A lock is pins and hashes: a line pip would take as an option (another index, a
+    folder of wheels) is named, and install.sh stops before pip runs (issue 44, red team)."""
+    function = subprocess.run(
+        ["sed", "-n", "/^lock_problem() {/,/^}/p", str(INSTALL_SH)], capture_output=True, text=True, check=True
+    ).stdout
+    hostile = tmp_path / "agent.lock"
+    hostile.write_text("--find-links /tmp/evil\nevil==1.0 \\\n    --hash=sha256:" + "0" * 64 + "\n")
+    for lock, expected in [(INSTALL_SH.parent / "requirements" / name, "") for name in ("agent.lock", "build.lock")] + [
+        (hostile, "1:--find-links /tmp/evil")
+    ]:
+        said = subprocess.run(["bash", "-c", function + f'\nlock_problem "{lock}"'], capture_output=True, text=True)
+        assert said.stdout.strip() == expected, (lock, said.stdout, said.stderr)

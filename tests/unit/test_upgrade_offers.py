@@ -6,6 +6,7 @@ failed here whatever its build, upgrades on, under systemd, a few a day."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -48,7 +49,7 @@ def test_a_newer_release_signed_with_the_pinned_key_is_installed() -> None:
         (offer(), upgrade_offers.Policy(key="ed25519:short"), "unusable"),
         (offer(), upgrade_offers.Policy(mode=upgrade_offers.OFF, key=PINNED), "GPUHOST_UPGRADES=off"),
         (offer("0.0.9"), POLICY, "not newer than 0.1.0"),
-        (offer("0.1.0rc1"), POLICY, "not newer than 0.1.0"),
+        (offer("0.1.0rc1"), POLICY, "not a release"),
         (offer("0.1.0.post1", key=KEY), upgrade_offers.Policy(mode=upgrade_offers.OFF, key=PINNED), "off"),
     ],
 )
@@ -91,3 +92,35 @@ def test_at_most_a_few_upgrade_restarts_a_day() -> None:
     action, why = decide(offer("0.3.0"), record, running="0.2.2")
     assert action == "skip" and "restarts in the last 24 hours" in why
     assert decide(offer("0.3.0"), record, running="0.2.2", now="2026-12-07T00:30:00.000000Z") == ("install", "")
+
+
+def test_a_pre_dev_or_local_build_is_taken_only_when_named() -> None:
+    for version in ("0.2.0rc1", "0.2.0.dev3", "0.2.0+mine"):
+        action, why = decide(offer(version))
+        assert action == "refuse" and "not a release" in why, (version, why)
+    assert decide(offer("0.2.0rc1"), policy=upgrade_offers.Policy(key=PINNED, allow_version="0.2.0rc1"))[0] == "install"
+
+
+def test_a_failed_version_is_the_same_however_it_is_spelled() -> None:
+    tried = upgrade_plan.trial(upgrade_state.empty(), offer("0.6.0"), "/v/0.6.0-abab", 30.0, NOW)
+    rolled_back = upgrade_plan.start_choice(upgrade_plan.start_choice(tried, NOW).record, NOW).record
+    assert decide(offer("0.6"), rolled_back)[0] == "refuse"
+
+
+def test_a_signature_has_one_spelling() -> None:
+    made = offer()
+    assert decide(made)[0] == "install"
+    assert made.signature is not None and made.signature.endswith("==")
+    other = made.signature[:-3] + chr(ord(made.signature[-3]) ^ 1) + "=="  # the same bytes, the padding bits set
+    assert release_signature.verifies(PINNED, made.signature, made.version, made.sha256, made.size)
+    assert not release_signature.verifies(PINNED, other, made.version, made.sha256, made.size)
+
+
+def test_the_release_key_file_must_be_roots_alone(tmp_path) -> None:
+    from gpuhost_agent.service.wiring import key_file_problem
+
+    key = tmp_path / "release-key.pub"
+    key.write_text(PINNED)
+    problem = key_file_problem(key)  # /tmp is everyone's to write in
+    assert problem and "may be changed by another user than root" in problem
+    assert key_file_problem(Path("/etc/passwd")) is None

@@ -55,7 +55,7 @@ def offer_decision(
     backwards = _not_forward(offer.version, running, policy.allow_version)
     if backwards:
         return "refuse", backwards
-    if any(failed.get("version") == offer.version for failed in record["failed"]):
+    if any(_same_version(failed.get("version"), offer.version) for failed in record["failed"]):
         return "refuse", f"version {offer.version} failed on this host before (whatever its build): offer a newer one"
     if record["trial"] is not None:
         return "skip", f"version {record['trial']['version']} is on trial"
@@ -68,11 +68,24 @@ def offer_decision(
 
 
 def _not_forward(version: str, running: str, allowed: str | None) -> str | None:
-    """Why `version` may not replace `running`, or None: versions only go forward."""
+    """Why `version` may not replace `running`, or None: versions only go
+    forward, and only to releases (no pre-, dev- or local build) unless named."""
     try:
         offered, current = Version(version), Version(running)
     except InvalidVersion:
         return f"version {version} or {running} is not a version that can be ordered (PEP 440)"
-    if offered > current or version == allowed:
+    if version == allowed:
+        return None
+    if offered.is_prerelease or offered.is_devrelease or offered.local:
+        return f"version {version} is not a release (GPUHOST_UPGRADE_ALLOW_VERSION={version} allows it)"
+    if offered > current:
         return None
     return f"version {version} is not newer than {running} (GPUHOST_UPGRADE_ALLOW_VERSION={version} allows it)"
+
+
+def _same_version(failed: object, offered: str) -> bool:
+    """One version however spelled (0.6 is 0.6.0)."""
+    try:
+        return isinstance(failed, str) and Version(failed) == Version(offered)
+    except InvalidVersion:
+        return failed == offered

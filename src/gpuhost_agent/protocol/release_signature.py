@@ -84,7 +84,7 @@ def verifies(key: str, signature: str, version: str, sha256: str, size: int) -> 
         raw = base64.b64decode(signature, validate=True)
     except (binascii.Error, ValueError):
         return False
-    if len(raw) != SIGNATURE_BYTES:
+    if len(raw) != SIGNATURE_BYTES or base64.b64encode(raw).decode() != signature:  # one spelling only
         return False
     try:
         public.verify(raw, message(version, sha256, size))

@@ -8,6 +8,7 @@ the agent talks to it over real HTTP on loopback, as to the real one.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -69,13 +70,27 @@ def upgrade_policy(config: AgentConfig, release_key: str | None = None) -> upgra
     """What the host decided of upgrades; `release_key`: the local
     marketplace's own key (the agent that embeds it trusts it), else the
     pinned file's (read here; judged when an offer comes)."""
+    problem = None
     if release_key is None:
         try:
             release_key = config.release_key_file.read_text()
+            problem = key_file_problem(config.release_key_file)
         except OSError as exc:
             problem = f"no release key is pinned on this host ({config.release_key_file}: {exc.strerror})"
-            return upgrade_offers.Policy(config.upgrades, None, problem, config.upgrade_allow_version)
+    if problem or release_key is None:
+        return upgrade_offers.Policy(config.upgrades, None, problem or "", config.upgrade_allow_version)
     return upgrade_offers.Policy(config.upgrades, release_key.strip(), "", config.upgrade_allow_version)
+
+
+def key_file_problem(path: Path) -> str | None:
+    """Whoever can write the release key decides what runs as root: it and its
+    folders must be the agent's user's (root's) alone to change, as sshd asks of its keys."""
+    me = os.geteuid()
+    for part in (path, *path.parents):
+        info = part.stat()
+        if info.st_uid not in (0, me) or info.st_mode & 0o022:
+            return f"the release key {path} is not pinned: {part} may be changed by another user than root"
+    return None
 
 
 def build_agent(config: AgentConfig, base_url: str, api_key: str, release_key: str | None = None) -> AgentParts:
