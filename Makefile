@@ -62,7 +62,7 @@ test-latest: setup
 	.venv/bin/uv venv -q --python .venv/bin/python .venv-latest
 	.venv/bin/uv pip install -q --python .venv-latest/bin/python -e '.[test]'
 	.venv-latest/bin/python -m gpuhost_agent.common.lock_check requirements/dev.lock \
-		|| echo "test-latest: the versions above are newer than the lock's (make lock would take them)"
+		|| echo "test-latest: the packages above differ from the lock (a newer version is what make lock would take)"
 	env -u PYTHONDONTWRITEBYTECODE .venv-latest/bin/python -m pytest -q -n $(UNIT_WORKERS) -p no:schemathesis \
 		tests/unit $(PYTEST_ARGS)
 
