@@ -164,7 +164,7 @@ async def test_published_host_asks_run_on_the_stack_own_terms(local_market, dock
         "host port 8787 dropped; container port 8080 is published on a free host port",
         f"volumes {host_dir} became the stack's named volume 'host_",
         "deploy.resources.reservations.memory 64.0 GiB lowered",
-        'Compose warns: The "HF_TOKEN" variable is not set',
+        'deployed with Compose\'s warnings: The "HF_TOKEN" variable is not set',
     ):
         assert notice in said, (notice, said)
     (container,) = await asyncio.to_thread(

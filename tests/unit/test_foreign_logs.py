@@ -144,6 +144,19 @@ async def test_library_levels_follow_the_agent_and_sighup(agent_logs):
     assert logging.getLogger("apscheduler").getEffectiveLevel() == logging.WARNING
 
 
+def test_asyncssh_says_its_warnings_alone_unless_the_agent_runs_at_debug(agent_logs):
+    """asyncssh's info lines were 69 % of a busy agent's journal, free text with
+    renters' command lines among them (issue 47): held back but at debug."""
+    ssh = logging.getLogger("asyncssh")
+    ssh.info("[conn=1, chan=0] Command: HF_TOKEN=x sh -c train")
+    ssh.warning("[conn=1] a warning of asyncssh's")
+    logs.set_level("debug")
+    ssh.info("[conn=2] shown at debug")
+    logs.set_level("info")
+    events = [line["event"] for line in _from(agent_logs, "asyncssh")]
+    assert events == ["[conn=1] a warning of asyncssh's", "[conn=2] shown at debug"], events
+
+
 def test_configure_again_replaces_its_handler_and_keeps_others():
     root = logging.getLogger()
     other = logging.NullHandler()

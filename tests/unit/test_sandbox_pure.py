@@ -417,3 +417,15 @@ def test_what_a_file_or_template_multiplies_is_bounded() -> None:
     assert len(str(refused.value)) < 200
     said = notices_message([f"container_name of s{i} dropped" for i in range(2000)])
     assert said.startswith(CHANGES_PREFIX) and said.endswith("and 1980 more") and len(said) < 2000
+
+
+def test_an_applied_stack_tells_the_sandboxs_changes_from_composes_warnings() -> None:
+    """A stack whose variable was undefined said 'deployed with changes by the sandbox:
+    Compose warns: ...' although the sandbox changed nothing (issue 47)."""
+    from gpuhost_agent.core.sandbox.apply import CHANGES_PREFIX, WARNINGS_PREFIX, kept_notes, notices_message
+
+    warned = notices_message(['Compose warns: The "TOKEN" variable is not set. Defaulting to a blank string.'])
+    assert warned == WARNINGS_PREFIX + 'The "TOKEN" variable is not set. Defaulting to a blank string.'
+    both = notices_message(["ipc host became private", "Compose warns: x is not set"])
+    assert both == f"{CHANGES_PREFIX}ipc host became private; {WARNINGS_PREFIX}x is not set"
+    assert kept_notes("1 container stopped; " + warned) == warned and notices_message([]) == ""

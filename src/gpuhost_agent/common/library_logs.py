@@ -26,7 +26,10 @@ from aiohttp.http_exceptions import HttpProcessingError
 # (our servers pass access_log=None, this guards one that forgets).  Below
 # this floor they are heard only when the operator asks for debug: their
 # warnings and errors (a missed run, a failing handler) always come through.
-QUIET_LIBRARIES = {"apscheduler": logging.WARNING, "aiohttp.access": logging.WARNING}
+# asyncssh logs every connection, channel and command at INFO in free text (69 %
+# of a busy agent's lines, and a renter's command lines with them): the agent
+# logs its own stable events for SSH instead.
+QUIET_LIBRARIES = {"apscheduler": logging.WARNING, "aiohttp.access": logging.WARNING, "asyncssh": logging.WARNING}
 
 
 def set_levels(number: int) -> None:

@@ -208,13 +208,16 @@ class HostReporter:
         result = await netspeed.measure_speed(
             self.client.http(), self.client.base_url, max_bytes=max_bytes, max_seconds=max_seconds
         )
-        self.prober.speed = netspeed.as_wire(result)
-        log.info(
-            "network_speed_measured",
-            upload_mbps=result.upload_mbps,
-            download_mbps=result.download_mbps,
-            error=result.error,
-        )
+        published = self.prober.speed = netspeed.as_wire(result)
+        if published["error"]:  # not published, or not measured: the log says so, as the report does
+            log.info(
+                "network_speed_not_published",
+                error=published["error"],
+                measured_upload_mbps=result.upload_mbps,
+                measured_download_mbps=result.download_mbps,
+            )
+        else:
+            log.info("network_speed_measured", upload_mbps=result.upload_mbps, download_mbps=result.download_mbps)
         if self.init.state == "ready":
             await self.refresh()
 

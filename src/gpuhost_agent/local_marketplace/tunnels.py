@@ -351,7 +351,8 @@ class TunnelBook:
         if tunnel.server is not None:
             tunnel.server.close()
         await self._end_connections(tunnel)
-        log.info("tunnel_closed", tunnel_id=tunnel.tunnel_id, stack_id=tunnel.key.stack_id)
+        where = {"stack_id": tunnel.key.stack_id} if tunnel.key.stack_id else {"endpoint": "ssh"}  # the rental's SSH
+        log.info("tunnel_closed", tunnel_id=tunnel.tunnel_id, rental_id=tunnel.key.rental_id, **where)
 
     async def _end_connections(self, tunnel: Tunnel) -> None:
         """Every open connection of the tunnel, ended: when it closes, and when

@@ -68,18 +68,25 @@ def refuse_with_compose_error(raw: RawReview, compose_error: str) -> StackReject
 
 
 CHANGES_PREFIX = "deployed with changes by the sandbox: "
+WARNINGS_PREFIX = "deployed with Compose's warnings: "
+COMPOSE_WARNS = "Compose warns: "  # a notice that is Compose's word, not a change the sandbox made
 
 
 def notices_message(notices: list[str]) -> str:
-    """An APPLIED stack's errorMsg: what the sandbox changed in the file, or ""."""
-    return CHANGES_PREFIX + problems_said(notices) if notices else ""  # bounded: 2,000 services made 705 KB
+    """An APPLIED stack's errorMsg: what the sandbox changed in the file, then
+    what Compose warned of (an undefined variable...), each said apart; or ""."""
+    warnings = [notice.removeprefix(COMPOSE_WARNS) for notice in notices if notice.startswith(COMPOSE_WARNS)]
+    changes = [notice for notice in notices if not notice.startswith(COMPOSE_WARNS)]
+    told = ((CHANGES_PREFIX, changes), (WARNINGS_PREFIX, warnings))
+    return "; ".join(prefix + problems_said(said) for prefix, said in told if said)  # bounded: problems_said
 
 
 def kept_notes(error_msg: str) -> str:
     """The part of an APPLIED stack's errorMsg that stays when a later report
     names stopped containers or clears them: a GPU taken out of service
     (core/gpus/faults.py) and what the sandbox changed."""
-    starts = [at for at in (error_msg.find(GPU_FAULT_PREFIX), error_msg.find(CHANGES_PREFIX)) if at >= 0]
+    prefixes = (GPU_FAULT_PREFIX, CHANGES_PREFIX, WARNINGS_PREFIX)
+    starts = [at for at in (error_msg.find(prefix) for prefix in prefixes) if at >= 0]
     return error_msg[min(starts) :] if starts else ""
 
 
@@ -91,7 +98,7 @@ def decide(model: dict, raw: RawReview, ctx: SandboxContext) -> tuple[dict, list
         problems.append("the Compose file defines no services")
     if problems:
         raise StackRejected(POLICY_PREFIX + problems_said(problems))
-    said = [f"Compose warns: {warning}" for warning in raw.compose_warnings]
+    said = [f"{COMPOSE_WARNS}{warning}" for warning in raw.compose_warnings]
     return harden(rewritten, ctx), [*raw.notices, *notices, *said]
 
 
