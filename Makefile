@@ -22,8 +22,11 @@ setup:
 # A state directory of its own, inside the checkout (git ignores it): never the
 # production one a real install keeps, even as root. ARGS="--state-dir ..." overrides.
 # Renters' images may come from the local test registry (docs/operations.md, GPUHOST_ALLOWED_REGISTRIES).
+# The agent takes make's place (exec) and stops when make does (setpriv's parent-death
+# signal): `kill <pid of make run>`, as timeout or a supervisor sends it, stops the agent too.
 run: setup
-	GPUHOST_ALLOWED_REGISTRIES=$${GPUHOST_ALLOWED_REGISTRIES-127.0.0.1:5000} .venv/bin/gpuhost-agent run --state-dir $(CURDIR)/state $(ARGS)
+	GPUHOST_ALLOWED_REGISTRIES=$${GPUHOST_ALLOWED_REGISTRIES-127.0.0.1:5000} exec setpriv --pdeathsig TERM \
+		.venv/bin/gpuhost-agent run --state-dir $(CURDIR)/state $(ARGS)
 
 # The tools that keep the code's shape: style and format (ruff), types (mypy on
 # src/), and the layers' import contracts (import-linter, pyproject.toml).

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 from support.engine import remove_env_resources
 from support.stacks import TEST_IMAGE
@@ -86,3 +87,41 @@ def test_daemon_runs_local_marketplace_and_stops_cleanly(tmp_path, docker_client
             process.kill()
         if env_id:
             remove_env_resources(docker_client, env_id)
+
+
+def test_killing_make_run_stops_its_agent(tmp_path):
+    """`kill <pid of make run>` (SIGTERM, as timeout or a supervisor sends it) stopped make and
+    left the agent running, reparented to PID 1, holding the port and the state (issue 47)."""
+    import psutil
+
+    root = Path(__file__).resolve().parents[2]
+    env = {key: value for key, value in os.environ.items() if not key.startswith("GPUHOST_")}
+    (tmp_path / "none.conf").write_text("GPUHOST_SETTLE_SECONDS=0.5\n")
+    env["GPUHOST_CONFIG"] = str(tmp_path / "none.conf")
+    state = tmp_path / "state"
+    args = f"ARGS=--state-dir {state} --local-listen 127.0.0.1:0"
+    make = subprocess.Popen(
+        ["make", "-s", "run", args], cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    agents: list = []
+    try:
+        deadline = time.monotonic() + 300  # make run sets up first (fast once done)
+        while "base URL" not in make.stdout.readline():
+            assert time.monotonic() < deadline and make.poll() is None, "make run printed no banner"
+        agents = psutil.Process(make.pid).children(recursive=True)
+        assert [agent.name() for agent in agents] == ["gpuhost-agent"], agents
+        make.send_signal(signal.SIGTERM)
+        make.wait(timeout=30)
+        gone, alive = psutil.wait_procs(agents, timeout=30)
+        assert not alive, f"the agent outlived make: {alive}"
+    finally:
+        if make.poll() is None:
+            make.kill()
+        for agent in agents:
+            if agent.is_running():
+                agent.kill()
+    from gpuhost_agent.service.state_lock import StateLock
+
+    lock = StateLock(state)
+    lock.take()  # free: the agent stopped and let it go
+    lock.release()

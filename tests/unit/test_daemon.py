@@ -70,6 +70,8 @@ def test_a_second_agent_on_the_same_state_says_so_before_its_banner(tmp_path):
         first.wait(60)
     assert second.returncode == 1
     assert f"another gpuhost-agent (pid {first.pid}) runs on the state directory" in second.stderr
+    # How to stop it, as it was started: not systemctl for an agent outside systemd (issue 47)
+    assert f"stop it first (kill {first.pid}: it stops as systemd stops it)" in second.stderr, second.stderr
     assert "base URL" not in second.stdout
 
 

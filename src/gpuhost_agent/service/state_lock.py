@@ -37,7 +37,7 @@ class StateLock:
             os.close(fd)
             raise StateInUse(
                 f"another gpuhost-agent (pid {holder}) runs on the state directory {self.path.parent}: "
-                "stop it first (systemctl stop gpuhost-agent), or give this one its own with --state-dir"
+                f"stop it first ({how_to_stop(holder)}), or give this one its own with --state-dir"
             ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
@@ -47,3 +47,17 @@ class StateLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def how_to_stop(pid: str) -> str:
+    """The command that stops the agent `pid` the way it was started: its
+    systemd unit when it runs in one (its cgroup says which), else its pid."""
+    try:
+        cgroups = Path(f"/proc/{int(pid)}/cgroup").read_text()
+    except (OSError, ValueError):
+        return f"kill {pid}" if pid.isascii() and pid.isdigit() else "stop the agent that holds it"
+    for line in cgroups.splitlines():
+        unit = line.rsplit("/", 1)[-1]
+        if unit.endswith(".service") and unit.startswith("gpuhost-agent"):
+            return f"systemctl stop {unit.removesuffix('.service')}"
+    return f"kill {int(pid)}: it stops as systemd stops it"
