@@ -186,6 +186,11 @@ class AgentDB:
     def forget_stack(self, stack_id: str) -> None:
         self._write("DELETE FROM stacks WHERE stack_id = ?", stack_id)
 
+    def stack_rental(self, stack_id: str) -> str | None:
+        """The rental a stack on this host belongs to, None when the host has no such stack."""
+        rows = self._rows("SELECT rental_id FROM stacks WHERE stack_id = ?", stack_id)
+        return str(rows[0]["rental_id"]) if rows else None
+
     def stacks(self) -> dict[str, dict]:
         return {row["stack_id"]: row for row in self._rows("SELECT * FROM stacks")}
 

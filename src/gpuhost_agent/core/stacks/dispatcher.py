@@ -104,6 +104,14 @@ class JobDispatcher:
             log.info("job_duplicate_ignored", job_id=job.job_id, stack_id=job.stack_id, state="finished")
             self.outbox.put(JOB_COMPLETE, job.job_id, completion)
             return
+        owner = self.db.stack_rental(job.stack_id) if job.stack_id else None
+        if owner is not None and owner != job.rental_id:
+            # Another rental's stack (its Compose project, its volumes): the job is answered,
+            # the stack and its status are left as they are.
+            reason = f"stack {job.stack_id} belongs to another rental than {job.rental_id}"
+            log.warning("job_refused", job_id=job.job_id, stack_id=job.stack_id, rental_id=job.rental_id, error=reason)
+            self._finish(job.job_id, f"job refused by the agent: {reason}")
+            return
         self._start(job)
 
     def submit_internal(self, job: wire_jobs.StackJob) -> None:
