@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import asyncssh
@@ -21,6 +22,8 @@ from support.ssh_clients import Endpoint, free_port, make_key, ssh_stack
 from support.stacks import TEST_IMAGE
 from support.waiting import until
 
+from gpuhost_agent.protocol import wire
+from gpuhost_agent.streams.exec_rate import ExecRate
 from gpuhost_agent.streams.ssh_channels import ChannelCaps
 
 CAPS = ChannelCaps()
@@ -246,3 +249,37 @@ async def _reachable(conn: asyncssh.SSHClientConnection) -> bool:
     except asyncssh.ChannelOpenError:
         return False
     return done.stdout == "back\n"
+
+
+async def test_a_loop_of_sessions_starts_execs_at_the_rentals_rate(local_market, tmp_path):
+    """Each session is a Docker exec (dockerd, containerd and runc work outside the
+    rental's share): a loop of open-and-close sessions was never refused (issue 45).
+    Counted on the engine's own events: the execs it started for the rental."""
+    renter, _parts, _local = local_market
+    key = tmp_path / "renter"
+    public = await asyncio.to_thread(make_key, key)
+    stack_id, ssh = await ssh_stack(renter, public, STACK, 2, "ssh")
+    info = ssh["shell"]
+    end = await asyncio.to_thread(Endpoint, info["host"], info["port"], info["hostKey"], tmp_path)
+    user = info["user"]
+    since = int(time.time())
+    started = time.monotonic()
+    conn = await _connect(end, key, user)
+    outcomes = []
+    try:
+        for _ in range(ExecRate().burst + 30):
+            outcomes.append(await conn.run("true", timeout=30))
+    finally:
+        conn.close()
+        await conn.wait_closed()
+    elapsed = time.monotonic() - started
+    ran = [done for done in outcomes if done.exit_status == 0]
+    refused = [done for done in outcomes if done.exit_status != 0]
+    assert refused and all("too many sessions started" in str(done.stderr) for done in refused), refused[:1]
+    assert len(ran) <= ExecRate().burst + ExecRate().per_second * elapsed + 1, (len(ran), elapsed)
+    events = await asyncio.to_thread(
+        _run, "docker", "events", "--since", str(since), "--until", str(int(time.time()) + 1),
+        "--filter", "event=exec_create", "--filter", f"label={wire.LABEL_STACK}={stack_id}",
+        "--format", "{{.Actor.ID}}",
+    )  # fmt: skip
+    assert len(events.stdout.split()) == len(ran), "an exec for every session run, none for a refused one"

@@ -35,6 +35,7 @@ from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import ContainerAt, ContainerGone, EngineStreams
 from gpuhost_agent.runtime.netns_dial import dial_in_namespace
 from gpuhost_agent.streams import tunnel
+from gpuhost_agent.streams.exec_rate import ExecRate
 from gpuhost_agent.streams.limits import StreamLimits, is_connection, is_logging_in
 from gpuhost_agent.streams.requests import (
     ContainerRequest,
@@ -42,6 +43,7 @@ from gpuhost_agent.streams.requests import (
     Refusal,
     SshRequest,
     StreamRequest,
+    TerminalRequest,
     TunnelRequest,
 )
 from gpuhost_agent.streams.ssh_access import pick_any
@@ -273,6 +275,15 @@ async def connect_own_loopback(
             problems.append(f"{address}: {exc.strerror or type(exc).__name__}")
     where = f"port {request.port} on the container's own loopback"
     return Refusal(request.stream_id, 503, f"cannot connect to {where}: {'; '.join(problems)}"[:300])
+
+
+def over_exec_rate(request: StreamRequest, execs: ExecRate) -> Refusal | None:
+    """A terminal is a Docker exec, started within its rental's rate
+    (exec_rate.py), as its SSH sessions are; the refusal says why (429)."""
+    if not isinstance(request, TerminalRequest):
+        return None
+    said = execs.take(request.rental_id)
+    return Refusal(request.stream_id, 429, said) if said else None
 
 
 def refusal_when_ended(stream_id: str, reason: str) -> Refusal:

@@ -24,6 +24,7 @@ from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.streams.admission import (
     admit,
+    over_exec_rate,
     pre_login_to_drop,
     refusal_on_arrival,
     refusal_when_ended,
@@ -222,6 +223,7 @@ class StreamChannel:
         kind = kind_of(request)
         try:
             refusal, info, service = await admit(self._engine, self._agent_session, request, self._ssh.stack_containers)
+            refusal = refusal or over_exec_rate(request, self._ssh.execs)
             if refusal is not None:
                 return self._refuse(refusal)
             ws = await self._session().ws_connect(

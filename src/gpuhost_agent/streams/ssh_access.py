@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from gpuhost_agent.protocol import ssh_login, wire
 from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.streams.exec_rate import ExecRate
 from gpuhost_agent.streams.ssh_channels import ChannelLedger
 from gpuhost_agent.streams.ssh_host_key import HostKey
 
@@ -146,6 +147,7 @@ class SshServices:
     host_key: HostKey
     list_stack: Callable[[str], Awaitable[list[dict]]]
     channels: ChannelLedger = field(default_factory=ChannelLedger)  # open channels per rental (ssh_channels.py)
+    execs: ExecRate = field(default_factory=ExecRate)  # execs started per rental, SSH's and terminals' (exec_rate.py)
 
     async def stack_containers(self, stack_id: str) -> list[dict]:
         return await self.list_stack(stack_id)

@@ -136,6 +136,12 @@ class SshConnection:
         log.info(
             "ssh_session", stream_id=self._request.stream_id, kind=kind, tty=process.get_terminal_type() is not None
         )
+        refused = self._services.execs.take(self._request.rental_id)
+        if refused:
+            log.info("ssh_session_refused", stream_id=self._request.stream_id, reason=refused)
+            process.stderr.write(f"cannot start a session: {refused}\r\n".encode())
+            process.exit(255)
+            return
         await ExecSession(self._services.engine, container.info["Id"]).run(process)
 
     async def _sftp(self, chan: asyncssh.SSHServerChannel) -> ContainerSFTP:

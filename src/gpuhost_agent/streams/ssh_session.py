@@ -87,6 +87,8 @@ class ExecSession:
             await asyncio.wait({output, closed}, return_when=asyncio.FIRST_COMPLETED)
             if output.done() and not closed.done():
                 code = await self._engine.exec_exit_code(self._exec_id, EXIT_CODE_WAIT)
+                if code is None:  # its output ended and it runs on: no session holds it, so it ends
+                    await self._engine.hang_up(self._exec_id, self._container)
                 process.exit(code if code is not None else 255)
             else:
                 await self._engine.hang_up(self._exec_id, self._container)
