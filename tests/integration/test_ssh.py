@@ -165,9 +165,17 @@ async def test_sessions_files_and_forwarding(local_market, local_doc, tmp_path):
         await asyncio.sleep(0.25)
     assert done.stdout == b"in\n", done
 
-    # A login name of no service of this stack is refused
+    # A login name of no service of this stack: the renter's key passes, then the agent says there is none;
+    # a key query alone (PK_OK, no signature) tells nothing of which services run (issue 45)
     done = await asyncio.to_thread(end.ssh, key, f"nosuch.{stack_id[:8]}", "true")
-    assert done.returncode == 255 and b"Permission denied" in done.stderr
+    assert done.returncode == 255 and b"no running container of service 'nosuch'" in done.stderr, done.stderr
+    public_only = tmp_path / "public-only"  # the renter's public key, and no private one: only a key query
+    await asyncio.to_thread(lambda: public_only.write_bytes((tmp_path / "renter.pub").read_bytes()))
+    said = {}
+    for name in ("shell", "nosuch"):
+        done = await asyncio.to_thread(end.ssh, public_only, f"{name}.{stack_id[:8]}", "true", options=("-vv",))
+        said[name] = [line for line in done.stderr.decode().splitlines() if "Server accepts key" in line]
+    assert said["shell"] and said["nosuch"], said  # PK_OK for both: the query says nothing of what runs
 
 
 async def test_ssh_only_where_the_template_asks(local_market, tmp_path):

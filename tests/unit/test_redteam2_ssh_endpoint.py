@@ -69,9 +69,14 @@ async def test_held_another_rentals_stack_listed_by_the_marketplace_is_refused_o
     docker = _Docker([_container("rental-a", A_STACK), _container("rental-b", B_STACK)])
     keys = {"rental-a": [_line(a_key)], "rental-b": [_line(b_key)]}
     login = _login("rental-a", (A_STACK, B_STACK), docker, keys)
-    assert not await login.validate_public_key("web." + B_STACK[:8], a_key)
-    assert login.container is None and login.stack_id == ""
-    assert await login.validate_public_key("web." + A_STACK[:8], a_key)  # the renter's own stack opens
+    assert await login.validate_public_key("web." + B_STACK[:8], a_key)  # the key and the name alone (issue 45)
+    login.auth_completed()  # the signature passed: now the container, on Docker's labels
+    missing = await login.looked_up()
+    assert missing and "no running container of service 'web'" in missing and login.container is None
+    own = _login("rental-a", (A_STACK, B_STACK), docker, keys)
+    assert await own.validate_public_key("web." + A_STACK[:8], a_key)  # the renter's own stack opens
+    own.auth_completed()
+    assert await own.looked_up() is None and own.container is not None
     # B's renter's key on A's endpoint, with A's login name: the keys are the rental's
     assert not await _login("rental-a", (A_STACK,), docker, keys).validate_public_key("web." + A_STACK[:8], b_key)
 
@@ -135,12 +140,14 @@ async def test_held_rt2_1_a_connection_is_closed_after_six_refused_logins():
     login.connection_made(conn)  # type: ignore[arg-type]
     assert await login.validate_public_key("web." + A_STACK[:8], renter)
     assert await login.validate_public_key("web." + A_STACK[:8], renter)
-    assert docker.calls == 1
+    assert docker.calls == 0  # the key query and its signature: no Docker call (issue 45, PK_OK)
     for _ in range(5):
         assert not await login.validate_public_key("web." + A_STACK[:8], _key())
     assert conn.closed == []
     assert not await login.validate_public_key("nope", _key())
     assert conn.closed == [asyncssh.DISC_NO_MORE_AUTH_METHODS_AVAILABLE]
+    login.auth_completed()  # had the renter's signature passed: the stack listed once
+    assert await login.looked_up() is None and docker.calls == 1
 
 
 def test_held_rt2_2_strangers_cannot_fill_a_rentals_connection_cap():

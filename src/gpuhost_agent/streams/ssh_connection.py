@@ -19,7 +19,7 @@ from asyncssh.sftp import MIN_SFTP_VERSION
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.engine_streams import ContainerAt
+from gpuhost_agent.runtime.engine_streams import ContainerAt, ContainerGone
 from gpuhost_agent.streams.requests import SshRequest
 from gpuhost_agent.streams.sink import Sink
 from gpuhost_agent.streams.ssh_access import SshServices
@@ -103,6 +103,11 @@ class SshConnection:
             sock.close()
             return
         self._conn = conn
+        missing = await self._login.looked_up()  # its container, now that the signature passed
+        if missing:
+            conn.disconnect(asyncssh.DISC_BY_APPLICATION, missing)
+            await conn.wait_closed()
+            return
         container = self._login.container or {}
         log.info(
             "ssh_login",
@@ -117,8 +122,10 @@ class SshConnection:
         await conn.wait_closed()
 
     async def _locate(self) -> ContainerAt:
+        missing = await self._login.looked_up()  # a channel may open before _serve has read it
         container = self._login.container
-        assert container is not None  # sessions open only after a login chose one
+        if missing or container is None:
+            raise ContainerGone(missing or "no container")
         return await self._services.engine.locate(container["Id"])
 
     async def _session(self, process: asyncssh.SSHServerProcess) -> None:

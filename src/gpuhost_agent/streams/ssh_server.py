@@ -54,12 +54,13 @@ class Login(asyncssh.SSHServer):
     ):
         self._services, self._request, self._env_id = services, request, env_id
         self._sessions = sessions  # a session channel's handler, given its slot
-        self.container: dict | None = None  # the `docker ps` entry the login picked
+        self.container: dict | None = None  # the `docker ps` entry the login picked, once looked up
         self.stack_id = ""  # the stack of the rental the login name picked
+        self._service = ""  # the service it picked
+        self._looked_up: asyncio.Future[str | None] | None = None  # after the signature: why none, or None
         self.channels = services.channels.connection(request.rental_id)
         self._conn: asyncssh.SSHServerConnection | None = None
         self._refused = 0  # refused login attempts on this connection
-        self._picked: dict[tuple[str, str], dict | None] = {}  # (service, stack): its container, once a key passed
 
     def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
         self._conn = conn
@@ -67,9 +68,30 @@ class Login(asyncssh.SSHServer):
     def auth_completed(self) -> None:
         """Logged in: the connection leaves the rental's few pre-login places
         for its connection cap (streams/admission.py), and counts under the
-        stack its login name picked."""
+        stack its login name picked; its container is looked up now, after
+        the signature (looked_up)."""
         self._request.login.stack_id = self.stack_id
         self._request.login.logged_in = True
+        self._looked_up = asyncio.ensure_future(self._look_up())
+
+    async def looked_up(self) -> str | None:
+        """Once logged in: None when the login's container was found (`container`),
+        else why there is none, for the client."""
+        if self._looked_up is None:
+            return "not logged in"
+        return await asyncio.shield(self._looked_up)
+
+    async def _look_up(self) -> str | None:
+        try:
+            containers = await self._services.stack_containers(self.stack_id)
+        except EngineError as exc:
+            return f"cannot find the container now: {exc}"[:300]
+        request = self._request
+        self.container = pick_container(containers, self._service, self._env_id, request.rental_id, self.stack_id)
+        if self.container is None:
+            log.info("ssh_login_without_container", stream_id=request.stream_id, service=self._service[:80])
+            return f"no running container of service {self._service!r} open to SSH in this stack"
+        return None
 
     def _take(self, kind: str) -> Slot:
         try:
@@ -92,29 +114,23 @@ class Login(asyncssh.SSHServer):
         return True
 
     async def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
-        """The key first: a refused key costs no Docker call (the rental's key
-        list is cached, streams/ssh_access.RentalKeys), so neither the time of
-        a refusal nor the engine's load tells a stranger which login names are
-        live. The container is looked up once a key is accepted, once per
-        name on the connection (asyncssh asks twice: the key, then its
-        signature). Past MAX_AUTH_TRIES refusals the connection is closed."""
+        """The key and the name alone, no Docker call: the rental's key list is
+        cached (streams/ssh_access.RentalKeys), so neither the time of a
+        refusal nor the engine's load tells a stranger which login names are
+        live; and a key query without a signature (PK_OK) tells a holder of
+        the renter's public key nothing of which services run either. The
+        container is looked up once the signature passed (auth_completed).
+        Past MAX_AUTH_TRIES refusals the connection is closed."""
         request = self._request
         picked = parse_login(username, request.stack_ids)
         if picked is None:
             return self._refuse(username, "the login name is not <service>.<stack id prefix> of this rental's stacks")
-        service, stack_id = picked
         try:
             if not await self._services.keys.allows(request.rental_id, key.export_public_key("openssh").decode()):
                 return self._refuse(username, "the key is not one of the renter's SSH keys")
-            if picked not in self._picked:
-                containers = await self._services.stack_containers(stack_id)
-                self._picked[picked] = pick_container(containers, service, self._env_id, request.rental_id, stack_id)
-            container = self._picked[picked]
-            if container is None:
-                return self._refuse(username, f"no running container of service {service!r} open to SSH")
-        except (EngineError, MarketplaceUnavailable, MarketplaceRejected) as exc:
+        except (MarketplaceUnavailable, MarketplaceRejected) as exc:
             return self._refuse(username, f"cannot check the login now: {exc}"[:300])
-        self.container, self.stack_id = container, stack_id
+        self._service, self.stack_id = picked
         return True
 
     def _refuse(self, username: str, reason: str) -> bool:
@@ -172,7 +188,7 @@ class Login(asyncssh.SSHServer):
     async def _own_loopback(
         self, dest_host: str, dest_port: int, addresses: tuple[str, ...]
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        request, login = self._request, self.container
+        request, login = self._request, (self.container if await self.looked_up() is None else None)
         if login is None:  # a channel opens only after the login; never the host's loopback whatever happens
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, "not logged in")
         try:
