@@ -11,16 +11,17 @@ import asyncio
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from support.doc_reporter import session_reporter
 from test_decoders_property import FAST, dates, json_values
 
 from gpuhost_agent.core import schedule as schedule_module
+from gpuhost_agent.core.reconcile import desired_state
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.store import Store
 from gpuhost_agent.protocol import intervals as wire_intervals
-from gpuhost_agent.protocol import wire_release, wire_time
+from gpuhost_agent.protocol import wire, wire_jobs, wire_release, wire_time
 from gpuhost_agent.protocol.requirements import Requirements, version_tuple
 
 # Numbers as a marketplace may send them (JSON has no NaN: the client refuses those).
@@ -133,3 +134,38 @@ def test_the_heartbeat_takes_any_reply(reply):
     client.heartbeat = hostile  # type: ignore[method-assign]
     asyncio.run(reporter.beat())
     _within_bounds(reporter.intervals)
+
+
+rentals = st.fixed_dictionaries(
+    {"rentalId": st.sampled_from(["r1", "r2", "../x"]), "status": st.sampled_from([wire.RENTAL_ACTIVE, 7])},
+    optional={"endDate": st.one_of(dates, dates, json_values), "gpuCount": st.one_of(numbers, st.just(1))},
+)
+desired = st.fixed_dictionaries(
+    {
+        "envId": st.sampled_from(["e1", "e1", None]),
+        "stacks": st.lists(json_values, max_size=2),
+        "rentals": st.lists(st.one_of(rentals, rentals, json_values), max_size=4),
+    }  # fmt: skip
+)
+YEAR_10000 = {
+    "envId": "e1",
+    "stacks": [],
+    "rentals": [{"rentalId": "r1", "status": wire.RENTAL_ACTIVE, "endDate": "9999-12-31T23:00:00-05:00"}],
+}
+
+
+@FAST
+@example(YEAR_10000)
+@given(st.one_of(desired, json_values))
+def test_the_desired_state_of_any_reply_is_decoded_or_refused_and_its_dates_meet_the_clock(raw):
+    """Reconcile's input: a reply is a desired state (its bad entries left out) or InvalidBody,
+    and every end date kept can be compared with the clock (year 10000 failed every reconcile)."""
+    try:
+        state = desired_state.decode(raw)
+    except wire_jobs.InvalidBody:
+        return
+    now = wire_time.utcnow()
+    for rental in state.rentals.values():
+        if rental.end_date is not None:
+            assert isinstance(rental.end_date <= now, bool)
+            assert wire_time.parse_iso(wire_time.iso(rental.end_date)) == rental.end_date  # as reconcile records it
