@@ -29,9 +29,9 @@ class CountingHasher(tunnel_auth._Hasher):
         super().__init__()
         self.calls = 0
 
-    async def verify(self, stored: str, plain: str) -> bool | None:
+    async def verify(self, stored: str, plain: str, gate: str = "") -> bool | None:
         self.calls += 1
-        return await super().verify(stored, plain)
+        return await super().verify(stored, plain, gate)
 
 
 def _head(*headers: tuple[str, str], target: str = "/app?x=1") -> Head:
@@ -171,12 +171,44 @@ async def test_a_password_that_passed_is_not_hashed_again() -> None:
 async def test_checks_past_the_waiting_bound_are_told_to_retry_and_count_as_no_failure() -> None:
     gate, right = _gate(), tunnel_auth.password(SECRET, "stack-1")
     tunnel_auth.HASHER.waiting += tunnel_auth.HASH_THREADS + tunnel_auth.HASH_WAITING  # a flood in progress
+    tunnel_auth.HASHER.per_gate[gate.tunnel_id] = 1  # this gate's among it
     try:
         busy = await gate.decide(_head(_basic("renter", right)), "10.0.0.1")
     finally:
         tunnel_auth.HASHER.waiting -= tunnel_auth.HASH_THREADS + tunnel_auth.HASH_WAITING
+        del tunnel_auth.HASHER.per_gate[gate.tunnel_id]
     assert busy.status == 503 and ("Retry-After", "1") in busy.headers
     assert (await gate.decide(_head(_basic("renter", right)), "10.0.0.1")).forward is not None
+
+
+async def test_a_flood_of_wrong_passwords_at_one_tunnel_leaves_another_tunnels_login_its_check() -> None:
+    """66 wrong passwords in flight at the attacker's own tunnel made another renter's first
+    correct login a 503 (issue 49): each gate has its fair share, and its first check is taken."""
+    stored = tunnel_auth.hash_password("attackers-own")
+    real = tunnel_auth.verify_password
+    release = threading.Event()
+
+    def held(stored: str, plain: str) -> bool:
+        release.wait(10)  # the flood's checks stay in flight while the victim logs in
+        return real(stored, plain)
+
+    tunnel_auth.verify_password = held  # type: ignore[assignment]
+    flood = [asyncio.ensure_future(tunnel_auth.HASHER.verify(stored, f"x{i}", "attackers")) for i in range(66)]
+    try:
+        await asyncio.sleep(0.05)
+        assert tunnel_auth.HASHER.per_gate["attackers"] == tunnel_auth.GATE_WAITING  # its share, the rest refused
+        tunnel_auth.HASHER.waiting += tunnel_auth.HASH_WAITING  # and every other slot taken too
+        victim, right = _gate(), tunnel_auth.password(SECRET, "stack-1")
+        tunnel_auth.verify_password = real  # type: ignore[assignment]
+        login = asyncio.ensure_future(victim.decide(_head(_basic("renter", right)), "10.0.0.2"))
+        await asyncio.sleep(0.05)
+        tunnel_auth.HASHER.waiting -= tunnel_auth.HASH_WAITING
+        release.set()
+        assert (await login).forward is not None
+    finally:
+        release.set()
+        tunnel_auth.verify_password = real  # type: ignore[assignment]
+        await asyncio.gather(*flood)
 
 
 async def test_the_hash_runs_off_the_event_loop_on_bounded_threads() -> None:

@@ -85,6 +85,10 @@ MAX_REMEMBERED = 4096  # failures remembered per tunnel; the oldest are forgotte
 PBKDF2_ROUNDS = 100_000
 HASH_THREADS = 2  # password checks at once, for every tunnel together
 HASH_WAITING = 64  # checks waiting for a thread; past that, 503 and Retry-After
+# A fair share: one tunnel's gate has at most this many checks waiting, and its
+# first is always taken, so wrong passwords flooding one tunnel (the attacker's
+# own) never make another renter's first login a 503.
+GATE_WAITING = 4
 BUSY_RETRY_SECONDS = 1
 LINK_SECONDS = 300  # a sign-in link's life
 SESSION_SECONDS = 12 * 3600  # a session cookie's life, from its link's use
@@ -172,23 +176,32 @@ class Decision:
 
 
 class _Hasher:
-    """PBKDF2 checks on threads of their own, a bounded number waiting."""
+    """PBKDF2 checks on threads of their own, a bounded number waiting, each
+    gate its fair share (GATE_WAITING)."""
 
     def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
         self.waiting = 0  # checks asked for and not answered, on the event loop's thread
+        self.per_gate: dict[str, int] = {}  # the same, by gate (tunnel id); a gate with none is not kept
 
-    async def verify(self, stored: str, plain: str) -> bool | None:
-        """Whether `plain` matches; None when too many checks wait already."""
-        if self.waiting >= HASH_THREADS + HASH_WAITING:
+    async def verify(self, stored: str, plain: str, gate: str = "") -> bool | None:
+        """Whether `plain` matches; None when too many checks wait already: the
+        gate's share, or every gate's once the gate has one waiting."""
+        mine = self.per_gate.get(gate, 0)
+        full = self.waiting >= HASH_THREADS + HASH_WAITING
+        if (full and (mine or not gate)) or (gate and mine >= GATE_WAITING):  # no gate named: the bound alone
             return None
         if self._pool is None:
             self._pool = ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="tunnel-auth")
         self.waiting += 1
+        self.per_gate[gate] = mine + 1
         try:
             return await asyncio.get_running_loop().run_in_executor(self._pool, verify_password, stored, plain)
         finally:
             self.waiting -= 1
+            left = self.per_gate.pop(gate, 1) - 1
+            if left:
+                self.per_gate[gate] = left
 
 
 HASHER = _Hasher()
@@ -277,7 +290,7 @@ class Gate:
             wait = int(FAILURE_WINDOW - (now - recent[0])) + 1
             return Decision(status=429, headers=[("Retry-After", str(wait))], text="too many failed logins")
         if not recent and same_secret(user, USERNAME):  # a credential not yet found wrong: hash it
-            ok = await self._hasher.verify(self.password_hash, given)
+            ok = await self._hasher.verify(self.password_hash, given, self.tunnel_id)
             if ok is None:  # nobody's failure: the credential was not checked
                 busy = [("Retry-After", str(BUSY_RETRY_SECONDS))]
                 return Decision(status=503, headers=busy, text="too many logins at once; try again")
