@@ -67,10 +67,13 @@ def test_an_older_version_installs_only_when_the_operator_names_it() -> None:
 def test_a_version_that_failed_here_is_refused_whatever_its_build() -> None:
     tried = upgrade_plan.trial(upgrade_state.empty(), offer(), "/v/0.2.0-abab", 30.0, NOW)
     rolled_back = upgrade_plan.start_choice(upgrade_plan.start_choice(tried, NOW).record, NOW).record
-    action, why = decide(offer(), rolled_back)
-    assert action == "refuse" and "failed on this host before" in why
-    assert decide(offer(sha256="cd" * 32), rolled_back)[0] == "refuse"  # rebuilt: the same version all the same
+    action, why = decide(offer(), rolled_back)  # the marketplace was told it rolled back: that account stands
+    assert action == "skip" and "failed on this host before" in why
+    assert decide(offer(sha256="cd" * 32), rolled_back)[0] == "skip"  # rebuilt: the same version all the same
     assert decide(offer("0.2.1"), rolled_back) == ("install", "")
+    later = {**rolled_back, "lastAttempt": {"version": "0.2.1", "outcome": "upgraded"}}
+    action, why = decide(offer(sha256="cd" * 32), later, running="0.1.5")  # offered again after: refused, told
+    assert action == "refuse" and "failed on this host before" in why
 
 
 def test_no_second_install_while_one_is_on_trial_and_none_outside_systemd() -> None:
@@ -104,7 +107,7 @@ def test_a_pre_dev_or_local_build_is_taken_only_when_named() -> None:
 def test_a_failed_version_is_the_same_however_it_is_spelled() -> None:
     tried = upgrade_plan.trial(upgrade_state.empty(), offer("0.6.0"), "/v/0.6.0-abab", 30.0, NOW)
     rolled_back = upgrade_plan.start_choice(upgrade_plan.start_choice(tried, NOW).record, NOW).record
-    assert decide(offer("0.6"), rolled_back)[0] == "refuse"
+    assert decide(offer("0.6"), rolled_back)[0] == "skip"
 
 
 def test_a_signature_has_one_spelling() -> None:

@@ -56,7 +56,10 @@ def offer_decision(
     if backwards:
         return "refuse", backwards
     if any(_same_version(failed.get("version"), offer.version) for failed in record["failed"]):
-        return "refuse", f"version {offer.version} failed on this host before (whatever its build): offer a newer one"
+        why = f"version {offer.version} failed on this host before (whatever its build): offer a newer one"
+        told = record.get("lastAttempt") or {}
+        # The marketplace was told how it failed (rolled back, say): that account stands.
+        return ("skip" if _same_version(told.get("version"), offer.version) else "refuse"), why
     if record["trial"] is not None:
         return "skip", f"version {record['trial']['version']} is on trial"
     if not supervised:
