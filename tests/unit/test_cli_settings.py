@@ -50,7 +50,7 @@ def test_each_flag_sets_its_setting(tmp_path, monkeypatch):
     """What --help promises: a flag for each setting, read as that setting."""
     seen: dict[str, object] = {}
 
-    def fake_run(loaded, reload=None):
+    def fake_run(loaded, reload=None, settings=None):
         seen.update(vars(loaded))
         return 0
 

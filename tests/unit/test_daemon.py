@@ -4,6 +4,7 @@ tests/integration/test_daemon_engine.py.)"""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -110,3 +111,39 @@ def test_the_banner_prints_a_status_command_that_reads_this_agent(tmp_path):
     if not (CHECKOUT / "state" / "agent.sock").exists():  # a developer's own `make run` would answer
         gone = subprocess.run(plain, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30)
         assert gone.returncode == 3 and "nor a development agent's (make run) at" in gone.stderr, gone.stderr
+
+
+def test_doctor_shows_the_running_agents_settings_and_says_whose(tmp_path):
+    """doctor showed its own view of the settings (GPUHOST_LOG_LEVEL info, default) while
+    the agent it should diagnose ran with others (issue 47): it reads the running agent's
+    over the status socket, and says whose it shows."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("GPUHOST_")}
+    (tmp_path / "none.conf").write_text("# empty: no marketplace, the local one\n")
+    env["GPUHOST_CONFIG"] = str(tmp_path / "none.conf")
+    state = ["--state-dir", str(tmp_path / "state")]
+    agent = [sys.executable, "-m", "gpuhost_agent", "run", *state, "--local-listen", "127.0.0.1:0"]
+    doctor = [sys.executable, "-m", "gpuhost_agent", "doctor", *state, "--json"]
+
+    def settings_shown() -> tuple[str, dict]:
+        done = subprocess.run(doctor, env=env, capture_output=True, text=True, timeout=120)
+        shown = json.loads(done.stdout)
+        return shown["settingsOf"], {row["setting"]: row for row in shown["settings"]}
+
+    first = subprocess.Popen(
+        [*agent, "--log-level", "warning"], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert first.stdout is not None
+        "".join(first.stdout.readline() for _ in range(6))  # the banner; its socket listens a moment later
+        deadline, shown = time.monotonic() + 60, settings_shown()
+        while "running agent" not in shown[0] and time.monotonic() < deadline:
+            time.sleep(0.2)
+            shown = settings_shown()
+        whose, rows = shown
+    finally:
+        first.terminate()
+        first.wait(60)
+    assert f"running agent (pid {first.pid}" in whose, whose
+    assert (rows["GPUHOST_LOG_LEVEL"]["value"], rows["GPUHOST_LOG_LEVEL"]["source"]) == ("warning", "flag")
+    whose, rows = settings_shown()  # none runs now: doctor's own, and it says so
+    assert "doctor reads itself (no agent answers" in whose and rows["GPUHOST_LOG_LEVEL"]["value"] == "info"

@@ -8,6 +8,7 @@ The settings' flags are made from their declarations (service/settings_table.py)
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from gpuhost_agent import __version__
@@ -79,6 +80,20 @@ def _configuration_error(exc: Exception) -> int:
     return 2
 
 
+def _running_agents_settings(config: config_module.AgentConfig) -> tuple[list | None, str]:
+    """The settings of the agent running on doctor's state directory, read over
+    its status socket, and whose they are; (None, ...) when none answers: then
+    doctor shows the settings it would run with itself, and says so."""
+    try:
+        code, body = status_cli.fetch(config.socket_path, "/settings", timeout=5.0)
+        answer = json.loads(body) if code == 200 else None
+    except (status_cli.StatusUnavailable, ValueError):
+        answer = None
+    if not isinstance(answer, dict) or not isinstance(answer.get("settings"), list) or not answer["settings"]:
+        return None, f"settings doctor reads itself (no agent answers on {config.socket_path})"
+    return answer["settings"], f"settings of the running agent (pid {answer.get('pid')}, on {config.socket_path})"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "version":
@@ -116,7 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "probe":
         return host_check.probe(config, args.json)
     if args.command == "doctor":
-        return host_check.doctor(config, args.json, settings_view.effective(chosen, config))
+        settings, whose = _running_agents_settings(config)
+        if settings is None:
+            settings = settings_view.effective(chosen, config)
+        return host_check.doctor(config, args.json, settings, whose)
     from gpuhost_agent.service import launcher
 
     launcher.launch(config.state_dir, sys.argv[1:] if argv is None else argv)  # the version the upgrade record chooses
@@ -125,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
 
     log = logs.get_logger(__name__)  # the daemon's stderr holds log lines alone
     try:
-        return daemon.run(config, reload=lambda: config_module.load(flags))
+        return daemon.run(
+            config, reload=lambda: config_module.load(flags), settings=settings_view.effective(chosen, config)
+        )
     except ComposeNotFound as exc:
         log.error("agent_cannot_start", error=str(exc))
         return 3

@@ -47,17 +47,17 @@ async def stop_agent(
     parts.db.close()
 
 
-async def serve(config: AgentConfig, stop: asyncio.Event) -> None:
+async def serve(config: AgentConfig, stop: asyncio.Event, settings: list[dict[str, str]] | None = None) -> None:
     config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     lock = StateLock(config.state_dir)
     lock.take()  # before the banner and the session: a second agent on this state stops here
     try:
-        await _serve_locked(config, stop)
+        await _serve_locked(config, stop, settings)
     finally:
         lock.release()
 
 
-async def _serve_locked(config: AgentConfig, stop: asyncio.Event) -> None:
+async def _serve_locked(config: AgentConfig, stop: asyncio.Event, settings: list[dict[str, str]] | None) -> None:
     if config.swarm is SwarmRole.WORKER:  # another machine of a Swarm environment: it serves the leader only
         from gpuhost_agent.service.swarm_worker import serve_worker
 
@@ -78,6 +78,7 @@ async def _serve_locked(config: AgentConfig, stop: asyncio.Event) -> None:
         metrics_enabled=config.metrics,
         metrics_listen=config.metrics_listen,
         local_marketplace=config.uses_local_marketplace,
+        settings=settings,
     )
     agent_task = asyncio.create_task(parts.agent.run(), name="agent")
     watchdog = sd_notify.Watchdog()
@@ -141,7 +142,11 @@ def status_command(config: AgentConfig, program: str | None = None) -> str:
     return f"{command} status --socket {shlex.quote(str(config.socket_path))}"
 
 
-def run(config: AgentConfig, reload: Callable[[], AgentConfig] | None = None) -> int:
+def run(
+    config: AgentConfig,
+    reload: Callable[[], AgentConfig] | None = None,
+    settings: list[dict[str, str]] | None = None,
+) -> int:
     """Run until SIGTERM/SIGINT. SIGHUP re-reads the configuration (`reload`,
     by default the config file and environment without the command line's
     flags) and applies what can change at run time: the log level."""
@@ -179,7 +184,7 @@ def run(config: AgentConfig, reload: Callable[[], AgentConfig] | None = None) ->
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         loop.add_signal_handler(signal.SIGHUP, on_sighup)
-        await serve(config, stop)
+        await serve(config, stop, settings)
 
     asyncio.run(main())
     return 0

@@ -49,16 +49,18 @@ def probe(config: AgentConfig, as_json: bool) -> int:
     return 0
 
 
-def doctor(config: AgentConfig, as_json: bool, settings: list[dict[str, str]] | None = None) -> int:
+def doctor(config: AgentConfig, as_json: bool, settings: list[dict[str, str]] | None = None, whose: str = "") -> int:
     """Exit status 1 when the host is not compliant, so scripts can gate on it.
-    `settings` is the view of the settings in effect (service/settings_view.py):
-    printed after the checks, in JSON as `settings` beside the compliance's keys."""
+    `settings` is the view of the settings in effect (service/settings_view.py),
+    the running agent's when one answers (`whose` says): printed after the
+    checks, in JSON as `settings` (and `settingsOf`) beside the compliance's keys."""
     report = asyncio.run(_report(config))
     compliance = report["compliance"]
     if as_json:
-        print(json.dumps({**compliance, "settings": settings} if settings is not None else compliance, indent=2))
+        shown = {**compliance, "settings": settings, "settingsOf": whose} if settings is not None else compliance
+        print(json.dumps(shown, indent=2))
     else:
         print(render.doctor_lines(visible_tree(compliance["checks"])))
         if settings is not None:
-            print("\n" + settings_view.lines(settings))
+            print("\n" + settings_view.lines(settings, whose))
     return 0 if compliance["isCompliant"] else 1

@@ -51,9 +51,10 @@ def effective(chosen: dict[str, Chosen], config: AgentConfig) -> list[dict[str, 
     return [_row(setting, chosen[setting.name], config) for setting in SETTINGS]
 
 
-def lines(rows: list[dict[str, str]]) -> str:
+def lines(rows: list[dict[str, str]], whose: str = "") -> str:
+    """The rows under a title; `whose`: which process's settings they are, said first."""
     width = max(len(row["setting"]) for row in rows)
-    out = ["effective settings (value, and where it came from: flag, environment, file or default):"]
+    out = [f"{whose or 'effective settings'} (value, and where it came from: flag, environment, file or default):"]
     out += [
         f"  {row['setting']:<{width}}  {row['value']}" + ("" if row["source"] == UNSET else f"  ({row['source']})")
         for row in rows

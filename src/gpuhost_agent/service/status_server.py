@@ -67,8 +67,10 @@ class StatusSource:
         metrics_enabled: bool = False,
         local_marketplace: bool = False,
         last_error: Callable[[], dict | None] = LAST_ERROR.get,
+        settings: list[dict[str, str]] | None = None,
     ):
         self.parts = parts
+        self.settings = settings or []  # the settings it started with (settings_view.py), keys masked
         self.started_at = time.time() if started_at is None else started_at
         self._started_monotonic = time.monotonic() - (time.time() - self.started_at)
         self.metrics_enabled = metrics_enabled
@@ -160,8 +162,13 @@ def _app(source: StatusSource) -> web.Application:
         body["process"] = {**await asyncio.to_thread(process_figures), "asyncioTasks": len(asyncio.all_tasks())}
         return web.json_response(body)
 
+    async def settings(_request: web.Request) -> web.Response:
+        """What `doctor` shows of a running agent: its settings, not the command's own."""
+        return web.json_response({"pid": os.getpid(), "settings": source.settings})
+
     app = web.Application()
     app.router.add_get("/status", status)
+    app.router.add_get("/settings", settings)
     app.router.add_get("/metrics", source.metrics_response)
     return app
 

@@ -319,10 +319,16 @@ async def start_status_server(
     metrics_listen: tuple[str, int] | None = None,
     local_marketplace: bool = False,
     started_at: float | None = None,
+    settings: list[dict[str, str]] | None = None,
 ) -> StatusServer:
-    """The status socket (and /metrics) of a built agent; `await server.stop()` at shutdown."""
+    """The status socket (and /metrics) of a built agent; `await server.stop()` at shutdown.
+    `settings`: the view of the settings it started with, served at /settings for doctor."""
     source = StatusSource(
-        parts, started_at=started_at, metrics_enabled=metrics_enabled, local_marketplace=local_marketplace
+        parts,
+        started_at=started_at,
+        metrics_enabled=metrics_enabled,
+        local_marketplace=local_marketplace,
+        settings=settings,
     )
     server = StatusServer(source, socket_path, metrics_listen)
     await server.start()
