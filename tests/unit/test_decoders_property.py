@@ -510,12 +510,13 @@ def test_report_decoders_take_their_valid_bodies():
 # ---- the dispatcher: whatever arrives is run or refused, and the reply's other jobs run ----
 
 
-async def _dispatch(raws: list) -> tuple[FakeDeployer, dict, list]:
-    """Submit one poll's jobs; returns the deployer, the completions by job id
-    and the stack statuses the marketplace would have received."""
+async def _dispatch(raws: list, db: AgentDB | None = None) -> tuple[FakeDeployer, dict, list]:
+    """Submit one poll's jobs (to a dispatcher on `db`, a new one by default); returns
+    the deployer, the completions by job id and the stack statuses the marketplace would have received."""
     sent = Recorder()
-    outbox, deployer = Outbox(sent, AgentDB(None), base_delay=0.01), FakeDeployer()
-    dispatcher = dispatcher_for(deployer, outbox)
+    db = db if db is not None else AgentDB(None)
+    outbox, deployer = Outbox(sent, db, base_delay=0.01), FakeDeployer()
+    dispatcher = dispatcher_for(deployer, outbox, db=db)
     runner = asyncio.create_task(outbox.run())
     try:
         for raw in raws:

@@ -5,14 +5,10 @@ answered, and the stack and its status are left as they are."""
 
 from __future__ import annotations
 
-import asyncio
-
-from support.fakes import FakeDeployer, Recorder
-from support.wiring import dispatcher_for
+from test_decoders_property import _dispatch
 
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.storage.agent_db import AgentDB
-from gpuhost_agent.uplink.outbox import JOB_COMPLETE, STATUS, Outbox
 
 
 def _remove(job_id: str, rental_id: str) -> dict:
@@ -23,21 +19,11 @@ def _remove(job_id: str, rental_id: str) -> dict:
 async def test_a_job_for_another_rentals_stack_is_refused_and_the_stack_left_alone() -> None:
     db = AgentDB(None)
     db.stack_status("victims-stack", "rental-victim", "e1", "victims-project", wire.APPLIED)
-    sent = Recorder()
-    outbox, deployer = Outbox(sent, db, base_delay=0.01), FakeDeployer()
-    dispatcher = dispatcher_for(deployer, outbox, db=db)
-    runner = asyncio.create_task(outbox.run())
-    try:
-        dispatcher.submit(_remove("attack", "rental-attacker"))
-        dispatcher.submit(_remove("own", "rental-victim"))
-        await dispatcher.shutdown(5)
-        assert await outbox.drained(5)
-    finally:
-        runner.cancel()
-        await asyncio.gather(runner, return_exceptions=True)
-    completions = {target: body for kind, target, body in sent.got if kind == JOB_COMPLETE}
+    deployer, completions, statuses = await _dispatch(
+        [_remove("attack", "rental-attacker"), _remove("own", "rental-victim")], db
+    )
     assert completions["attack"]["outcome"] == wire.OUTCOME_FAILED
     assert "belongs to another rental" in completions["attack"]["errorMsg"]
     assert deployer.ran == ["own"]  # its own rental's job still runs
-    refused = [body for kind, target, body in sent.got if kind == STATUS and "another rental" in str(body)]
+    refused = [body for _target, body in statuses if "another rental" in str(body)]
     assert refused == [], "the victim's stack is not reported ERROR for the attacker's job"

@@ -8,7 +8,6 @@ The settings' flags are made from their declarations (service/settings_table.py)
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from gpuhost_agent import __version__
@@ -85,9 +84,8 @@ def _running_agents_settings(config: config_module.AgentConfig) -> tuple[list | 
     its status socket, and whose they are; (None, ...) when none answers: then
     doctor shows the settings it would run with itself, and says so."""
     try:
-        code, body = status_cli.fetch(config.socket_path, "/settings", timeout=5.0)
-        answer = json.loads(body) if code == 200 else None
-    except (status_cli.StatusUnavailable, ValueError):
+        answer = status_cli.fetch_json(config.socket_path, "/settings", timeout=5.0)
+    except status_cli.StatusUnavailable:
         answer = None
     if not isinstance(answer, dict) or not isinstance(answer.get("settings"), list) or not answer["settings"]:
         return None, f"settings doctor reads itself (no agent answers on {config.socket_path})"

@@ -19,7 +19,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from gpuhost_agent.common.unix_http import UnixHTTPConnection
 from gpuhost_agent.service.config import ROOT_STATE_DIR
@@ -60,14 +60,19 @@ def fetch(socket_path: Path | str, path: str = "/status", timeout: float = 10.0)
         connection.close()
 
 
-def fetch_status(socket_path: Path | str, timeout: float = 10.0) -> dict:
-    code, body = fetch(socket_path, "/status", timeout)
+def fetch_json(socket_path: Path | str, path: str, timeout: float = 10.0) -> Any:
+    """GET path over the socket, its JSON answer; StatusUnavailable otherwise."""
+    code, body = fetch(socket_path, path, timeout)
     if code != 200:
         raise StatusUnavailable(f"the agent answered {code} on {socket_path}", EXIT_ERROR)
     try:
         return json.loads(body)
     except ValueError:
-        raise StatusUnavailable(f"the agent's status on {socket_path} is not JSON", EXIT_ERROR) from None
+        raise StatusUnavailable(f"the agent's {path} on {socket_path} is not JSON", EXIT_ERROR) from None
+
+
+def fetch_status(socket_path: Path | str, timeout: float = 10.0) -> dict:
+    return fetch_json(socket_path, "/status", timeout)
 
 
 def _system_socket_is_roots(asked: Path, system: Path | None = None) -> bool:

@@ -25,6 +25,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from gpuhost_agent.core.sandbox.harden import TOOLKIT_RESOURCE_PREFIX
 from gpuhost_agent.core.sandbox.healthcheck import file_over_image, started_healthcheck_problem
 from gpuhost_agent.core.sandbox.label_size import json_bytes
 
@@ -82,7 +83,7 @@ def service_image_problem(name: str, service: Mapping[str, Any], image_config: M
     environment = environment if isinstance(environment, Mapping) else {}
     for entry in image_config.get("Env") or []:
         variable = str(entry).split("=", 1)[0]
-        if variable.upper().startswith("DOCKER_RESOURCE_") and variable not in environment:
+        if variable.upper().startswith(TOOLKIT_RESOURCE_PREFIX) and variable not in environment:
             return (
                 f"{what} sets {variable[:80]} in its ENV, which the NVIDIA Container Toolkit may take as the GPUs "
                 "to give the container; use an image without it"
