@@ -685,7 +685,9 @@ check_compose() {
 }
 
 nvml_library_present() {
-    if have ldconfig && ldconfig -p 2>/dev/null | grep -q 'libnvidia-ml\.so\.1 '; then return 0; fi
+    # grep reads the whole list: with -q it would stop at the match and, under
+    # pipefail, ldconfig's SIGPIPE would make a present library look missing.
+    if have ldconfig && ldconfig -p 2>/dev/null | grep 'libnvidia-ml\.so\.1 ' >/dev/null; then return 0; fi
     local dir
     for dir in /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64 /usr/lib \
                /usr/local/nvidia/lib64 /usr/local/lib /usr/lib/wsl/lib; do
@@ -695,13 +697,17 @@ nvml_library_present() {
 }
 
 check_nvidia() {
-    local gpus version cuda
+    local gpus first version cuda
     if ! have nvidia-smi || ! nvml_library_present; then
         need_gpu_piece "$MSG_DRIVER"
     elif gpus=$(timeout 60 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null </dev/null) \
             && [ -n "$gpus" ]; then
-        NOTES+=("NVIDIA: $(printf '%s\n' "$gpus" | wc -l) GPU(s), $(printf '%s\n' "$gpus" | head -n1)")
-        version=$(printf '%s\n' "$gpus" | head -n1 | awk -F', *' '{ print $NF }')
+        # The first line by expansion, not printf | head: bash writes line by line,
+        # and head's early exit cut printf with SIGPIPE, which pipefail made fatal.
+        first=${gpus%%$'\n'*}
+        NOTES+=("NVIDIA: $(printf '%s\n' "$gpus" | wc -l) GPU(s), $first")
+        version=${first##*,}
+        version=${version#"${version%%[! ]*}"}
         too_old "$version" "$MIN_DRIVER" "$MSG_DRIVER_OLD"
         cuda=$(timeout 60 nvidia-smi 2>/dev/null </dev/null | grep -o 'CUDA Version: *[0-9.]*' | head -n1 || true)
         too_old "${cuda##* }" "$MIN_CUDA" "$MSG_CUDA_OLD"

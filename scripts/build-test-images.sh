@@ -114,7 +114,7 @@ fi
 # --- push --------------------------------------------------------------------
 remote=$registry/$image
 if [ "$force" = 0 ] && curl -fsS "http://$registry/v2/${image%:*}/tags/list" 2>/dev/null \
-        | grep -q "\"${image##*:}\""; then
+        | grep "\"${image##*:}\"" >/dev/null; then
     echo "build-test-images: $remote already in registry, skipping push"
 else
     echo "build-test-images: pushing $remote"

@@ -218,3 +218,34 @@ def test_a_lock_with_anything_but_pinned_hashed_packages_is_refused(tmp_path: Pa
     ]:
         said = subprocess.run(["bash", "-c", function + f'\nlock_problem "{lock}"'], capture_output=True, text=True)
         assert said.stdout.strip() == expected, (lock, said.stdout, said.stderr)
+
+
+def test_a_machine_of_many_gpus_and_a_long_library_cache_is_read_whole(tmp_path: Path) -> None:
+    """Under pipefail, a reader that stops early (head -n1, grep -q) cut the writer with
+    SIGPIPE: install.sh then exited 141 with no word on a machine of several GPUs, or took
+    a present NVML for a missing driver when ldconfig's list was long (a CI failure)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # More lines than a pipe holds (64 KiB) make the cut certain; a few GPUs made it a race.
+    gpus = "".join(f"NVIDIA H100 80GB HBM3 number {index:04d}, 550.54.15\\n" for index in range(2000))
+    (bin_dir / "nvidia-smi").write_text(
+        "#!/bin/bash\n"
+        'if [ "$#" -gt 0 ]; then printf "%b" ' + shlex.quote(gpus) + "; exit 0; fi\n"
+        "echo '| NVIDIA-SMI 550.54.15   Driver Version: 550.54.15   CUDA Version: 12.4 |'\n"
+    )
+    (bin_dir / "ldconfig").write_text(
+        "#!/bin/bash\necho '\tlibnvidia-ml.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1'\n"
+        'for i in $(seq 20000); do echo "\tlibfiller$i.so.1 (libc6,x86-64) => /usr/lib/libfiller$i.so.1"; done\n'
+    )
+    (bin_dir / "nvidia-ctk").write_text("#!/bin/bash\necho 'NVIDIA Container Toolkit CLI version 1.17.8'\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    body = (
+        f"PATH={shlex.quote(str(bin_dir))}:$PATH\n"
+        "set -euo pipefail\n"
+        "check_nvidia\n"
+        'printf "note: %s\\n" "${NOTES[@]}"; printf "error: %s\\n" "${ERRORS[@]}"\n'
+    )
+    shown = _script_functions(body).stdout.splitlines()
+    assert shown[0] == "note: NVIDIA: 2000 GPU(s), NVIDIA H100 80GB HBM3 number 0000, 550.54.15", shown
+    assert shown[1:] == ["note: NVIDIA Container Toolkit: 1.17.8", "error: "], shown
