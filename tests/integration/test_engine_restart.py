@@ -30,6 +30,7 @@ from support.waiting import until
 
 from gpuhost_agent.core.containers.seed_list import seed_containers
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.host_firewall import HostFirewall
 from gpuhost_agent.service.daemon import stop_agent
 
 PIDFILE = Path("/run/gpuhost-dockerd.pid")
@@ -159,6 +160,9 @@ async def test_engine_restart_reconciled_without_agent_restart(world, docker_cli
     after = await _running_again(docker_client, stack_id, timeout=30)
     assert not task.done(), task  # the agent did not stop (or restart) for the engine's restart
     assert watch.outages == 1
+    # The egress rules the agent wrote at start are whole after the engine's restart, before its next check.
+    firewall = HostFirewall()
+    assert not await asyncio.to_thread(lambda: firewall.difference(firewall.wanted(()))), "egress rules lost"
 
     # The marketplace's list is Docker's: the same one container, running.
     await until(lambda: market.store.containers.get(stack_id, {}).get("containers") == [after], timeout=15)

@@ -12,6 +12,7 @@ from gpuhost_agent.core.sandbox.apply import decide, refuse_with_compose_error, 
 from gpuhost_agent.core.sandbox.context import GIB, Registries
 from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
 from gpuhost_agent.runtime.compose import ComposeError, ComposeRunner
+from gpuhost_agent.runtime.egress_rules import BRIDGE_OPTION, bridge_name
 from gpuhost_agent.streams.tunnel import read_host_networks
 from support.settings import stack_context
 
@@ -75,3 +76,5 @@ def assert_sandboxed(hardened: dict) -> None:
     for section in ("networks", "volumes"):
         for key, spec in (hardened.get(section) or {}).items():
             assert not (spec or {}).get("external") and (spec or {}).get("name") in (None, f"corpus_{key}"), key
+    for key, spec in (hardened.get("networks") or {}).items():  # the egress rules match every rental's bridge
+        assert spec["driver_opts"] == {BRIDGE_OPTION: bridge_name("corpus", key)}, key

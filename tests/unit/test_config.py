@@ -70,6 +70,8 @@ def test_the_environments_key_is_read_from_its_file(tmp_path):
         ({"swarm": "worker"}, "GPUHOST_SWARM=worker needs GPUHOST_SWARM_KEY"),
         ({"swarm": "worker", "swarm_key": "short"}, "GPUHOST_SWARM_KEY must have at least 16 characters"),
         ({"swarm_workers": "n1"}, "GPUHOST_SWARM_WORKERS entry 'n1' must be <node id>=<host>:<port>"),
+        ({"egress_allow": "10.0.0.5, proxy.lan"}, "GPUHOST_EGRESS_ALLOW: 'proxy.lan' is not an IPv4 address"),
+        ({"egress_allow": "fd00::/8"}, "GPUHOST_EGRESS_ALLOW: 'fd00::/8' is IPv6"),
     ],
 )
 def test_config_errors_say_what_to_fix(flags, fragment):

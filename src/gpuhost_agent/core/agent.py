@@ -21,6 +21,7 @@ from gpuhost_agent import __version__
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.containers.watch import ContainerWatch
 from gpuhost_agent.core.disk_watch import DiskWatch
+from gpuhost_agent.core.egress_keeper import EgressKeeper
 from gpuhost_agent.core.host_reporter import HostReporter
 from gpuhost_agent.core.reconcile.reconciler import Reconciler
 from gpuhost_agent.core.rentals.clock import RentalClock
@@ -83,6 +84,7 @@ class Agent:
         gpu_events: GpuEventWatch,
         usage: UsageMeter,
         releases: ReleaseOffers,
+        egress: EgressKeeper | None = None,
         watches: Sequence[PeriodicWatch] = (),
     ):
         """`watches` are the environment's own, scheduled as they say (a
@@ -103,6 +105,7 @@ class Agent:
         self.gpu_events = gpu_events
         self.usage = usage
         self.releases = releases
+        self.egress = egress
         self.watches = list(watches)
         self._superseded_at: list[float] = []  # loop times our session was superseded, within the window
         self.intervals = wire_intervals.from_reply(None)
@@ -125,6 +128,9 @@ class Agent:
         self.schedule.every("container_resync", self.intervals["containerResyncSeconds"], self.resync_containers)
         # counted from the start: GPU time runs on while the marketplace is away
         self.schedule.every("usage", self.usage.interval, self.usage.tick, now=True)
+        if self.egress:  # before anything runs or is reported: the last run's containers confined at once
+            await self.egress.run_once()
+            self.schedule.every("egress", self.egress.interval, self.egress.run_once)
         self.schedule.start()
         self._follow_containers()
         try:

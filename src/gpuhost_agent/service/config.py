@@ -109,6 +109,7 @@ class AgentConfig:
     swarm_tls_dir: Path = default_of("swarm_tls_dir")
     swarm_encrypted: bool = default_of("swarm_encrypted")
     allowed_registries: tuple[str, ...] = default_of("allowed_registries")
+    egress_allow: tuple[str, ...] = default_of("egress_allow")
 
     def __post_init__(self) -> None:
         self.swarm = SwarmRole(self.swarm)  # the mode is typed however the config was made

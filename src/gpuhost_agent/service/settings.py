@@ -24,6 +24,9 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from gpuhost_agent.runtime.egress_rules import SETTING as EGRESS_SETTING
+from gpuhost_agent.runtime.egress_rules import allowed_networks
+
 DEFAULT_LOCAL_LISTEN = "127.0.0.1:8787"
 SWARM_PORT = 7072  # a Swarm worker agent's port for the leader (docs/swarm.md)
 
@@ -228,6 +231,15 @@ def swarm_workers(value: str, env: str) -> dict[str, tuple[str, int]]:
             raise ConfigError(f"{env} entry {item!r} must be <node id>=<host>:<port>")
         found[node.strip()] = parse_listen(address.strip())
     return found
+
+
+def egress_networks(value: str, env: str) -> tuple[str, ...]:
+    """Comma-separated IPv4 addresses or networks a rental's containers may reach
+    beyond the internet (runtime/egress_rules.py)."""
+    networks, problems = allowed_networks(value)
+    if problems:
+        raise ConfigError(problems[0].replace(EGRESS_SETTING, env, 1))
+    return networks
 
 
 def registries(value: str, env: str) -> tuple[str, ...]:

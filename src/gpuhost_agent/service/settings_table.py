@@ -113,6 +113,10 @@ SETTINGS: tuple[Setting, ...] = (
             "registries on the host's own addresses renters may pull from, comma-separated (IPv6 in brackets; "
             "see Registries on the host itself; make run and the tests allow 127.0.0.1:5000)", default="",
             unit="host[:port],...", modes=DEPLOYING, group="deploys"),
+    Setting("egress_allow", "GPUHOST_EGRESS_ALLOW", kind.egress_networks,
+            "addresses or networks beyond the internet a rental's containers may reach, comma-separated (a registry "
+            "mirror, a proxy); the host itself never (see Where a rental's containers connect)", default="",
+            unit="address[/prefix],...", modes=DEPLOYING, group="deploys"),
     Setting("pids_limit", "GPUHOST_PIDS_LIMIT", kind.integer,
             "processes per container, and per rental (dockerd's cgroupfs or systemd driver)", default="4096",
             unit="processes", modes=DEPLOYING, group="deploys"),

@@ -21,6 +21,7 @@ from gpuhost_agent.core import upgrade_offers
 from gpuhost_agent.core.agent import Agent
 from gpuhost_agent.core.containers.watch import ContainerWatch
 from gpuhost_agent.core.disk_watch import DiskWatch
+from gpuhost_agent.core.egress_keeper import EgressKeeper
 from gpuhost_agent.core.gpus.faults import GpuFaults
 from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.host_reporter import HostReporter
@@ -43,6 +44,7 @@ from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
 from gpuhost_agent.runtime.engine import DockerEngine
 from gpuhost_agent.runtime.engine_watch import EngineWatch
+from gpuhost_agent.runtime.host_firewall import HostFirewall
 from gpuhost_agent.runtime.image_manifest import ManifestSizes
 from gpuhost_agent.runtime.image_pull import pull_image
 from gpuhost_agent.service import metrics
@@ -251,6 +253,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str, release_key: s
         gpu_events=gpu_events,
         usage=usage,
         releases=upgrades,
+        egress=EgressKeeper(HostFirewall(), config.egress_allow),
         watches=topology.watches(container_watch, lambda: session.env_id, host.environment_changed),
     )
     return AgentParts(

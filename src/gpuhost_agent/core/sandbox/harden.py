@@ -23,6 +23,7 @@ from gpuhost_agent.core.sandbox.context import CDI_DELIVERY, SandboxContext
 from gpuhost_agent.core.sandbox.gpu_forms import NVIDIA_CAPABILITIES
 from gpuhost_agent.core.sandbox.policy import flat_capabilities, gpu_requests, to_bytes
 from gpuhost_agent.core.stacks.compose_rewrite import as_mapping
+from gpuhost_agent.runtime.egress_rules import BRIDGE_OPTION, bridge_name
 
 NO_NEW_PRIVILEGES = "no-new-privileges:true"
 # Dropped from every container. Docker's default set keeps MKNOD, NET_RAW and
@@ -91,7 +92,19 @@ def harden(model: dict, ctx: SandboxContext) -> dict:
     hardened = copy.deepcopy(model)
     for service in (hardened.get("services") or {}).values():
         _harden_service(service, ctx)
+    _bridges(hardened, ctx)
     return hardened
+
+
+def _bridges(model: dict, ctx: SandboxContext) -> None:
+    """Every network of the stack is a bridge named by the agent, so the
+    host's egress rules (runtime/egress_rules.py) match every rental's traffic
+    by one prefix. The policy refuses a renter's own driver_opts."""
+    networks = model.get("networks") or {}
+    for name in networks:
+        spec = networks[name] or {}
+        spec["driver_opts"] = {BRIDGE_OPTION: bridge_name(ctx.project, name)}
+        networks[name] = spec
 
 
 def _harden_service(service: dict, ctx: SandboxContext) -> None:

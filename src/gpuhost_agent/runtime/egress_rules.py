@@ -1,0 +1,142 @@
+"""Where a rental's containers may connect: the firewall rules, as data. Pure.
+
+Every network of a rental's stack is a bridge whose name the agent sets
+(`bridge_name`: the prefix `gpuh` and a hash of project and network), so one
+set of rules, matched on that prefix, holds for every rental whatever its
+networks. Traffic a rental's container starts may go to its own stack (the
+same bridge; another rental's bridge is cut by Docker's own isolation chains)
+and to the internet. It may not reach:
+
+- the host itself, on any of its addresses (the bridge's gateway, its LAN or
+  public address, IPv6 link-local on the bridge): the INPUT chain;
+- the special-purpose ranges: private networks (the host's LAN, other
+  machines of a Swarm and their doors), carrier-grade NAT, link-local (the
+  cloud's metadata service at 169.254.169.254 and its credentials), loopback,
+  multicast and reserved space: the FORWARD chain, through DOCKER-USER, the
+  chain Docker leaves to the host and keeps at FORWARD's head.
+
+Replies to connections made into the container (published ports, the
+agent's tunnels, SSH sessions) pass; so do DNS queries to the host's own
+nameservers, which the engine forwards from the container's namespace; and
+whatever the operator opens (GPUHOST_EGRESS_ALLOW: a registry mirror, a proxy).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from dataclasses import dataclass
+
+BRIDGE_PREFIX = "gpuh"  # + 11 hex digits: 15 characters, the kernel's limit for an interface name
+BRIDGE_OPTION = "com.docker.network.bridge.name"
+FORWARD_CHAIN = "GPUHOST-EGRESS"  # what a rental's container may reach beyond the host
+HOST_CHAIN = "GPUHOST-HOST"  # what it may reach of the host: replies only
+DOCKER_USER = "DOCKER-USER"
+SETTING = "GPUHOST_EGRESS_ALLOW"
+IPV4_REFUSED = (
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.0.0.0/24",
+    "192.168.0.0/16",
+    "198.18.0.0/15",
+    "224.0.0.0/4",
+    "240.0.0.0/4",
+)
+REPLIES = ("-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "RETURN")
+REFUSE = ("-j", "REJECT")
+
+
+def bridge_name(project: str, network: str) -> str:
+    """The Linux bridge of one network of one stack: the rules' match."""
+    digest = hashlib.sha256(f"{project}\0{network}".encode()).hexdigest()
+    return BRIDGE_PREFIX + digest[:11]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One iptables rule: `<tool> -t filter -A <chain> <args>`; tool "iptables" or "ip6tables"."""
+
+    tool: str
+    chain: str
+    args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Jump:
+    """The rule that sends a rental's traffic into one of the agent's chains,
+    kept first in `parent` (DOCKER-USER, or FORWARD where the engine has none)."""
+
+    tool: str
+    parent: str
+    chain: str
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        return ("-i", BRIDGE_PREFIX + "+", "-j", self.chain)
+
+
+def allowed_networks(value: str) -> tuple[tuple[str, ...], list[str]]:
+    """GPUHOST_EGRESS_ALLOW, comma or space separated addresses or CIDR
+    networks (IPv4), as (networks, problems)."""
+    networks, problems = [], []
+    for word in value.replace(",", " ").split():
+        try:
+            network = ipaddress.ip_network(word, strict=False)
+        except ValueError:
+            example = "for example 10.0.0.5 or 10.0.8.0/24"
+            problems.append(f"{SETTING}: {word!r} is not an IPv4 address or network ({example})")
+            continue
+        if network.version != 4:
+            problems.append(f"{SETTING}: {word!r} is IPv6; a rental's networks are IPv4 only")
+            continue
+        networks.append(str(network))
+    return tuple(networks), problems
+
+
+def forward_rules(allowed: tuple[str, ...], nameservers: tuple[str, ...]) -> list[Rule]:
+    """The FORWARD side, in order: replies, the stack's own bridges, the
+    operator's openings, the host's DNS, then the refused ranges."""
+    rules = [Rule("iptables", FORWARD_CHAIN, REPLIES)]
+    rules.append(Rule("iptables", FORWARD_CHAIN, ("-o", BRIDGE_PREFIX + "+", "-j", "RETURN")))
+    rules += [Rule("iptables", FORWARD_CHAIN, ("-d", network, "-j", "RETURN")) for network in allowed]
+    for server in nameservers:
+        for protocol in ("udp", "tcp"):
+            dns = ("-d", server, "-p", protocol, "--dport", "53", "-j", "RETURN")
+            rules.append(Rule("iptables", FORWARD_CHAIN, dns))
+    rules += [Rule("iptables", FORWARD_CHAIN, ("-d", refused, *REFUSE)) for refused in IPV4_REFUSED]
+    return rules
+
+
+def host_rules() -> list[Rule]:
+    """The INPUT side, for IPv4 and IPv6 (the bridge's link-local address):
+    replies to what the host opened, nothing else."""
+    return [Rule(tool, HOST_CHAIN, args) for tool in ("iptables", "ip6tables") for args in (REPLIES, REFUSE)]
+
+
+def jumps(has_docker_user: bool) -> list[Jump]:
+    parent = DOCKER_USER if has_docker_user else "FORWARD"
+    return [
+        Jump("iptables", parent, FORWARD_CHAIN),
+        Jump("iptables", "INPUT", HOST_CHAIN),
+        Jump("ip6tables", "INPUT", HOST_CHAIN),
+    ]
+
+
+def nameservers_of(resolv_conf: str) -> tuple[str, ...]:
+    """The IPv4 nameservers of a resolv.conf text that are not loopback (for
+    a loopback resolver such as systemd-resolved's the engine uses its upstreams)."""
+    found = []
+    for line in resolv_conf.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0] == "nameserver":
+            try:
+                address = ipaddress.ip_address(words[1])
+            except ValueError:
+                continue
+            if address.version == 4 and not address.is_loopback and str(address) not in found:
+                found.append(str(address))
+    return tuple(found)

@@ -1,0 +1,202 @@
+"""The host's packet filter: the one adapter to iptables and ip6tables.
+
+The agent's rules (runtime/egress_rules.py) live in chains of its own, each
+written whole in one `iptables-restore --noflush` transaction, so no packet
+ever meets a half-written chain; a jump at the head of DOCKER-USER (or
+FORWARD, where the engine keeps no iptables rules of its own) and of INPUT
+sends a rental's traffic into them. The `iptables` on PATH is the one the
+engine uses, whichever backend it drives (nftables or legacy).
+
+What is in place is read rule by rule with `-C`, which compares rules as
+the kernel holds them whatever their spelling, and the chain's length: a
+rule added or removed by hand is seen as a difference and the chain is
+written again.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuhost_agent.runtime.egress_rules import (
+    DOCKER_USER,
+    FORWARD_CHAIN,
+    HOST_CHAIN,
+    Jump,
+    Rule,
+    forward_rules,
+    host_rules,
+    jumps,
+    nameservers_of,
+)
+
+TOOLS_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+TIMEOUT_SECONDS = 30
+# The engine forwards a container's DNS queries to the host's nameservers, or
+# to systemd-resolved's upstreams when the host's own is a loopback stub.
+RESOLV_CONFS = (Path("/etc/resolv.conf"), Path("/run/systemd/resolve/resolv.conf"))
+
+
+class FirewallError(Exception):
+    """iptables is missing, or refused a command (its own words)."""
+
+
+@dataclass(frozen=True)
+class Difference:
+    """What the host's rules lack against what the agent wants: empty when confined."""
+
+    chains: tuple[str, ...]  # "iptables GPUHOST-EGRESS": missing or not as written
+    jumps: tuple[str, ...]  # "iptables INPUT -> GPUHOST-HOST": missing
+
+    def __bool__(self) -> bool:
+        return bool(self.chains or self.jumps)
+
+    def said(self) -> str:
+        return "; ".join([*(f"chain {chain} differs" for chain in self.chains), *(f"no jump {j}" for j in self.jumps)])
+
+
+class HostFirewall:
+    def __init__(self, path: str = TOOLS_PATH, resolv_confs: tuple[Path, ...] = RESOLV_CONFS):
+        self.path = path
+        self.resolv_confs = resolv_confs
+
+    def wanted(self, allowed: tuple[str, ...]) -> list[Rule]:
+        """The rules for this host now, its nameservers read. Blocking."""
+        servers: list[str] = []
+        for path in self.resolv_confs:
+            try:
+                text = path.read_text(errors="replace")
+            except OSError:
+                continue
+            servers += [server for server in nameservers_of(text) if server not in servers]
+        return forward_rules(allowed, tuple(servers)) + host_rules()
+
+    def facts(self, allowed: tuple[str, ...]) -> dict:
+        """What the host probe reports: are a rental's containers confined now? Blocking."""
+        if problem := self.problem():
+            return {"confined": False, "differs": None, "error": problem}
+        try:
+            found = self.difference(self.wanted(allowed))
+        except FirewallError as exc:
+            return {"confined": None, "differs": None, "error": str(exc)}
+        return {"confined": not found, "differs": found.said() or None, "error": None}
+
+    def problem(self) -> str | None:
+        """Why the rules cannot be kept here, or None."""
+        for tool in ("iptables", "iptables-restore", "ip6tables", "ip6tables-restore"):
+            if not shutil.which(tool, path=self.path):
+                return f"{tool} is not installed: a rental's containers can reach the host and its networks"
+        return None
+
+    def working(self, rules: list[Rule]) -> list[Rule]:
+        """`rules` less those of ip6tables on a kernel without IPv6 (no filter
+        table to write to, and no IPv6 address to reach the host by)."""
+        if self._run("ip6tables", "-S", "INPUT", check=False).returncode == 0:
+            return rules
+        return [rule for rule in rules if rule.tool != "ip6tables"]
+
+    def difference(self, rules: list[Rule]) -> Difference:
+        """Compare the host's chains and jumps with `rules`. Blocking: run in a thread."""
+        self._check()
+        rules = self.working(rules)
+        chains = []
+        for tool, chain in _chains(rules):
+            wanted = [rule for rule in rules if (rule.tool, rule.chain) == (tool, chain)]
+            listed = self._run(tool, "-S", chain, check=False)
+            if listed.returncode != 0:
+                chains.append(f"{tool} {chain}")
+                continue
+            present = [line for line in listed.stdout.splitlines() if line.startswith("-A ")]
+            if len(present) != len(wanted) or not all(self._has(tool, rule.chain, rule.args) for rule in wanted):
+                chains.append(f"{tool} {chain}")
+        tools = {rule.tool for rule in rules}
+        missing = [
+            f"{j.tool} {j.parent} -> {j.chain}"
+            for j in self._jumps()
+            if j.tool in tools and not self._has(j.tool, j.parent, j.args)
+        ]
+        return Difference(tuple(chains), tuple(missing))
+
+    def ensure(self, rules: list[Rule]) -> Difference:
+        """Put the rules in place where they differ; what differed (empty: nothing
+        was done). Blocking: run in a thread."""
+        found = self.difference(rules)
+        for tool, chain in _chains(rules):
+            if f"{tool} {chain}" in found.chains:
+                wanted = [rule for rule in rules if (rule.tool, rule.chain) == (tool, chain)]
+                self._restore(tool, chain, wanted)
+        for jump in self._jumps():
+            if f"{jump.tool} {jump.parent} -> {jump.chain}" in found.jumps:
+                self._run(jump.tool, "-I", jump.parent, "1", *jump.args)
+        return found
+
+    def remove(self) -> list[str]:
+        """Take every rule of the agent's away (uninstall); what was removed.
+        Without iptables there is nothing of the agent's to remove."""
+        if not shutil.which("iptables", path=self.path):
+            return []
+        tools = ["iptables"]
+        if (
+            shutil.which("ip6tables", path=self.path)
+            and self._run("ip6tables", "-S", "INPUT", check=False).returncode == 0
+        ):
+            tools.append("ip6tables")
+        removed = []
+        for jump in jumps(True) + jumps(False):
+            while jump.tool in tools and self._has(jump.tool, jump.parent, jump.args):
+                self._run(jump.tool, "-D", jump.parent, *jump.args)
+                removed.append(f"{jump.tool} {jump.parent} -> {jump.chain}")
+        for tool, chain in (("iptables", FORWARD_CHAIN), ("iptables", HOST_CHAIN), ("ip6tables", HOST_CHAIN)):
+            if tool in tools and self._run(tool, "-S", chain, check=False).returncode == 0:
+                self._run(tool, "-F", chain)
+                self._run(tool, "-X", chain)
+                removed.append(f"{tool} {chain}")
+        return removed
+
+    def _jumps(self) -> list[Jump]:
+        return jumps(self._run("iptables", "-S", DOCKER_USER, check=False).returncode == 0)
+
+    def _check(self) -> None:
+        if problem := self.problem():
+            raise FirewallError(problem)
+
+    def _has(self, tool: str, chain: str, args: tuple[str, ...]) -> bool:
+        return self._run(tool, "-C", chain, *args, check=False).returncode == 0
+
+    def _restore(self, tool: str, chain: str, rules: list[Rule]) -> None:
+        """The chain made (or emptied) and written in one transaction."""
+        lines = ["*filter", f":{chain} - [0:0]", *(f"-A {chain} {' '.join(rule.args)}" for rule in rules), "COMMIT", ""]
+        self._run(f"{tool}-restore", "--noflush", "-w", stdin="\n".join(lines), table=False)
+
+    def _run(
+        self, tool: str, *args: str, check: bool = True, stdin: str | None = None, table: bool = True
+    ) -> subprocess.CompletedProcess:
+        program = shutil.which(tool, path=self.path)
+        if not program:
+            raise FirewallError(f"{tool} is not installed")
+        command = [program, *(("-w", "-t", "filter") if table else ()), *args]
+        try:
+            done = subprocess.run(
+                command,
+                input=stdin,
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT_SECONDS,
+                env={"PATH": self.path, "LC_ALL": "C"},
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise FirewallError(f"{tool} {' '.join(args[:2])} did not finish within {TIMEOUT_SECONDS} s") from None
+        if check and done.returncode != 0:
+            raise FirewallError(f"{tool} {' '.join(args[:2])} failed: {done.stderr.strip()[:300]}")
+        return done
+
+
+def _chains(rules: list[Rule]) -> list[tuple[str, str]]:
+    seen: list[tuple[str, str]] = []
+    for rule in rules:
+        if (rule.tool, rule.chain) not in seen:
+            seen.append((rule.tool, rule.chain))
+    return seen

@@ -1,0 +1,99 @@
+"""The egress rules as data (runtime/egress_rules.py) and the bridge names the
+sandbox gives every network of a stack, which those rules match (issue 45,
+item 2). On the real engine: tests/integration/test_egress_engine.py."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+
+from structlog.testing import capture_logs
+from support.settings import stack_context
+
+from gpuhost_agent.core.egress_keeper import EgressKeeper
+from gpuhost_agent.core.sandbox.harden import harden
+from gpuhost_agent.runtime.egress_rules import (
+    BRIDGE_OPTION,
+    BRIDGE_PREFIX,
+    FORWARD_CHAIN,
+    allowed_networks,
+    bridge_name,
+    forward_rules,
+    host_rules,
+    nameservers_of,
+)
+from gpuhost_agent.runtime.host_firewall import HostFirewall
+
+
+def test_bridge_names_fit_the_kernel_and_differ_per_project_and_network() -> None:
+    names = {bridge_name(project, network) for project in ("s-1", "s-2") for network in ("default", "back")}
+    assert len(names) == 4
+    assert all(len(name) <= 15 and name.startswith(BRIDGE_PREFIX) for name in names)
+    assert bridge_name("s-1", "default") == bridge_name("s-1", "default")
+
+
+def test_every_network_of_a_hardened_stack_is_a_bridge_of_the_agents_naming() -> None:
+    model = {
+        "services": {"app": {"image": "x", "networks": {"default": None, "back": None}}},
+        "networks": {"default": {"name": "p1_default"}, "back": None},
+    }
+    hardened = harden(model, stack_context(project="p1"))
+    assert hardened["networks"]["default"] == {
+        "name": "p1_default",
+        "driver_opts": {BRIDGE_OPTION: bridge_name("p1", "default")},
+    }
+    assert hardened["networks"]["back"] == {"driver_opts": {BRIDGE_OPTION: bridge_name("p1", "back")}}
+    assert "driver_opts" not in (model["networks"]["default"] or {}), "the input model is left as it was"
+
+
+def test_the_refused_ranges_cover_the_host_its_networks_and_the_metadata_service() -> None:
+    rules = forward_rules((), ())
+    refused = [ipaddress.ip_network(rule.args[1]) for rule in rules if rule.args[-2:] == ("-j", "REJECT")]
+    for address in ("169.254.169.254", "10.1.2.3", "172.17.0.1", "192.168.1.10", "100.100.100.200", "127.0.0.1"):
+        assert any(ipaddress.ip_address(address) in network for network in refused), address
+    for address in ("203.0.113.2", "8.8.8.8", "1.1.1.1"):
+        assert not any(ipaddress.ip_address(address) in network for network in refused), address
+    assert rules[0].args[-2:] == ("-j", "RETURN") and "RELATED,ESTABLISHED" in rules[0].args  # replies first
+
+
+def test_what_the_operator_opens_and_the_hosts_dns_pass_before_any_refusal() -> None:
+    rules = forward_rules(("10.0.8.0/24",), ("10.255.255.53",))
+    returns = [index for index, rule in enumerate(rules) if rule.args[-1] == "RETURN"]
+    rejects = [index for index, rule in enumerate(rules) if rule.args[-1] == "REJECT"]
+    assert max(returns) < min(rejects)
+    dns = [rule.args for rule in rules if "10.255.255.53" in rule.args]
+    assert all(args[args.index("--dport") + 1] == "53" for args in dns) and len(dns) == 2  # DNS alone, udp and tcp
+    assert all(rule.chain == FORWARD_CHAIN for rule in rules)
+    assert [(rule.tool, rule.args[-1]) for rule in host_rules()] == [
+        ("iptables", "RETURN"),
+        ("iptables", "REJECT"),
+        ("ip6tables", "RETURN"),
+        ("ip6tables", "REJECT"),
+    ]
+
+
+def test_the_setting_takes_ipv4_addresses_and_networks_and_names_what_is_not() -> None:
+    assert allowed_networks("10.0.0.5, 10.0.8.7/24 192.0.2.1") == (("10.0.0.5/32", "10.0.8.0/24", "192.0.2.1/32"), [])
+    networks, problems = allowed_networks("proxy.lan,fd00::1")
+    assert networks == () and len(problems) == 2 and "'proxy.lan'" in problems[0] and "IPv6" in problems[1]
+
+
+def test_nameservers_are_the_non_loopback_ipv4_ones() -> None:
+    text = "# comment\nnameserver 127.0.0.53\nnameserver 10.255.255.53\nnameserver ::1\nnameserver 10.255.255.53\n"
+    assert nameservers_of(text + "nameserver bogus\nsearch lan\n") == ("10.255.255.53",)
+
+
+async def test_a_host_without_iptables_is_said_once_and_the_agent_goes_on(tmp_path) -> None:
+    """A PATH without iptables stands for such a host (the GPU test machine's): the
+    keeper logs the error once, not every minute, and the probe reports it."""
+    firewall = HostFirewall(path=str(tmp_path))
+    keeper = EgressKeeper(firewall, ())
+    with capture_logs() as logged:
+        await keeper.run_once()
+        await keeper.run_once()
+    said = [line for line in logged if line["event"] == "egress_not_confined"]
+    assert len(said) == 1 and said[0]["log_level"] == "error", logged
+    assert keeper.problem and "iptables is not installed" in keeper.problem
+    facts = await asyncio.to_thread(firewall.facts, ())
+    assert facts == {"confined": False, "differs": None, "error": keeper.problem}
+    assert await asyncio.to_thread(firewall.remove) == []  # nothing of the agent's can be there to remove
