@@ -109,6 +109,7 @@ def healthy_system_data() -> dict:
                 "acceptsEnvvarFromUnprivileged": False,
             },
             "clock": {"synchronized": True, "maxErrorMs": 12.5, "source": "adjtimex"},
+            "egress": {"confined": True, "differs": None, "error": None},
         },
         "networkSpeed": netspeed.as_wire(speed),
         "location": "DE-Frankfurt",
@@ -156,6 +157,11 @@ def broken_system_data() -> dict:
                 "acceptsEnvvarFromUnprivileged": True,
             },
             "clock": {"synchronized": None, "maxErrorMs": None, "source": "unavailable"},
+            "egress": {
+                "confined": False,
+                "differs": None,
+                "error": "iptables is not installed: a rental's containers can reach the host and its networks",
+            },
         },
         "networkSpeed": None,
         "location": None,
@@ -255,5 +261,6 @@ def good_host() -> dict:
             },
             "storage": {"path": "/var/lib/docker", "totalBytes": 2000 * GIB, "freeBytes": 800 * GIB},
             "clock": {"synchronized": True, "maxErrorMs": 3.2, "source": "adjtimex"},
+            "egress": {"confined": True, "differs": None, "error": None},
         },
     }

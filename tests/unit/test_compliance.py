@@ -94,6 +94,24 @@ FAILURES = [
     ("disk-space", _set("host.storage.freeBytes", None), "cannot tell the free space", "docker system prune"),
     ("clock-sync", _set("host.clock.synchronized", False), "not synchronised", "timedatectl set-ntp true"),
     ("clock-sync", _set("host.clock.synchronized", None), "cannot tell", "timedatectl"),
+    (
+        "container-egress-confined",
+        _set("host.egress", {"confined": False, "differs": None, "error": "iptables is not installed: ..."}),
+        "iptables is not installed",
+        "apt install iptables",
+    ),
+    (
+        "container-egress-confined",
+        _set("host.egress", {"confined": False, "differs": "no jump iptables INPUT -> GPUHOST-HOST", "error": None}),
+        "not in place (no jump iptables INPUT -> GPUHOST-HOST)",
+        "systemctl start gpuhost-agent",
+    ),
+    (
+        "container-egress-confined",
+        _set("host.egress", {"confined": None, "differs": None, "error": "Permission denied (you must be root)"}),
+        "cannot read the host's firewall: Permission denied",
+        "as root",
+    ),
 ]
 
 

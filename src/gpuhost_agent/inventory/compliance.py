@@ -72,8 +72,34 @@ def evaluate(system_data: dict, req: Requirements, clock_skew_seconds: float | N
         *_docker_checks(host["docker"], host["compose"], host["nvidiaContainerToolkit"], req),
         _disk_check(host["storage"], req),
         *_clock_checks(host["clock"], clock_skew_seconds, req),
+        _egress_check(host.get("egress")),
     ]
     return checks
+
+
+EGRESS_CHECK = "container-egress-confined"
+
+
+def _egress_check(egress: dict | None) -> Check:
+    """A rental's containers reach the internet and their own stack, not the
+    host, its networks or the cloud's metadata service (runtime/egress_rules.py)."""
+    if not isinstance(egress, dict):
+        return _skip(EGRESS_CHECK, "the probe did not read the host's firewall")
+    if egress.get("confined") is True:
+        return Check(EGRESS_CHECK, True, "a rental's containers reach the internet and their own stack only")
+    if egress.get("differs"):
+        return Check(
+            EGRESS_CHECK,
+            False,
+            f"the agent's egress rules are not in place ({egress['differs']}): a rental's containers can reach "
+            "the host, its networks and the cloud's metadata service",
+            "start the agent (systemctl start gpuhost-agent): it writes them at start and puts them back every "
+            "minute; a firewall reload that flushes all chains (ufw, firewalld) removes them until then",
+        )
+    error = egress.get("error") or "unknown"
+    if egress.get("confined") is None:
+        return Check(EGRESS_CHECK, False, f"cannot read the host's firewall: {error}", "run doctor as root")
+    return Check(EGRESS_CHECK, False, error, "install iptables (apt install iptables) and restart the agent")
 
 
 def _driver_checks(nvml: dict, req: Requirements) -> list[Check]:

@@ -20,6 +20,7 @@ from gpuhost_agent.inventory import clock, gpu_delivery, toolkit
 from gpuhost_agent.inventory.storage_quota import read_mountinfo, storage_quota
 from gpuhost_agent.runtime import dockerd_settings
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.runtime.host_firewall import HostFirewall
 from gpuhost_agent.runtime.rental_cgroups import RentalCgroups
 
 CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
@@ -187,6 +188,7 @@ async def probe_host(
     *,
     gpu_check_image: str | None = None,
     toolkit_config: Path | None = None,
+    egress_allow: tuple[str, ...] = (),
 ) -> dict:
     docker, compose, nvidia_toolkit = await asyncio.gather(
         docker_facts(engine, gpu_check_image),
@@ -195,10 +197,10 @@ async def probe_host(
     )
     # /proc, /sys, /etc/os-release, statvfs and adjtimex (whose libc lookup runs
     # ldconfig): blocking reads, made in a thread.
-    return await asyncio.to_thread(_this_machine, docker, compose, nvidia_toolkit)
+    return await asyncio.to_thread(_this_machine, docker, compose, nvidia_toolkit, egress_allow)
 
 
-def _this_machine(docker: dict, compose: dict, nvidia_toolkit: dict) -> dict:
+def _this_machine(docker: dict, compose: dict, nvidia_toolkit: dict, egress_allow: tuple[str, ...]) -> dict:
     memory = psutil.virtual_memory()
     return {
         "cpu": {
@@ -213,4 +215,5 @@ def _this_machine(docker: dict, compose: dict, nvidia_toolkit: dict) -> dict:
         "compose": compose,
         "nvidiaContainerToolkit": nvidia_toolkit,
         "clock": clock.kernel_clock_state(),
+        "egress": HostFirewall().facts(egress_allow),
     }

@@ -39,6 +39,7 @@ class Prober:
     speed: dict | None = field(default=None)
     # The environment's machines: this one alone, or every machine of a Swarm environment.
     machines: Machines = field(default_factory=OneMachine)
+    egress_allow: tuple[str, ...] = ()  # GPUHOST_EGRESS_ALLOW: part of the rules the probe compares
 
     async def system_data(self) -> dict:
         nvml, host = await asyncio.gather(
@@ -48,6 +49,7 @@ class Prober:
                 self.compose_command,
                 gpu_check_image=self.gpu_check_image,
                 toolkit_config=self.toolkit_config,
+                egress_allow=self.egress_allow,
             ),
         )
         data = {

@@ -49,4 +49,5 @@ def build_prober(
         toolkit_config=config.toolkit_config,
         location=config.location,
         machines=machines,
+        egress_allow=config.egress_allow,
     )
