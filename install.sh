@@ -1070,6 +1070,13 @@ do_uninstall() {
             fi
         fi
         [ -d /run/systemd/system ] && run systemctl daemon-reload </dev/null
+        # The agent's firewall rules outlive it by design (rentals' containers stay
+        # confined while it restarts); with the agent gone they go too.
+        if [ -x "$VENV/bin/gpuhost-agent" ]; then
+            step "removing the agent's egress rules (chains GPUHOST-EGRESS and GPUHOST-HOST)"
+            run "$VENV/bin/gpuhost-agent" egress remove </dev/null \
+                || warn "gpuhost-agent egress remove failed: remove the chains GPUHOST-EGRESS and GPUHOST-HOST by hand"
+        fi
         if [ -L "$BIN_LINK" ] && [[ $(readlink "$BIN_LINK") == "$OPT_DIR"/* ]]; then
             step "removing $BIN_LINK"
             run rm -f "$BIN_LINK"

@@ -160,6 +160,8 @@ def test_install_upgrade_and_uninstall_on_a_booted_host(scenario: Scenario) -> N
     removed = scenario.install("--uninstall")
     assert removed.code == 0, removed.both
     assert f"install.sh: {msg('Renters')}\n" in removed.out
+    # The agent takes its own firewall rules away first (none here: the chroot has no iptables).
+    assert "removing the agent's egress rules" in removed.out and "no egress rule" in removed.out, removed.both
     files = scenario.files(*INSTALLED, "/opt/gpuhost-agent")
     gone = (
         "/opt/gpuhost-agent",

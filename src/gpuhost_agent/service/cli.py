@@ -71,6 +71,13 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="machine-readable JSON instead of text")
     _add_settings(status, ("config", *SOCKET_SETTINGS), status_socket="--socket")
     commands.add_parser("version", help="print the agent's version")
+    egress = commands.add_parser(
+        "egress",
+        help="the firewall rules that keep a rental's containers off the host and its networks",
+        description="The agent writes these rules at start and keeps them (docs/operations.md, Where a rental's "
+        "containers connect); they stay when it stops. `remove` takes them away (install.sh --uninstall runs it).",
+    )
+    egress.add_argument("action", choices=["remove"])
     return parser
 
 
@@ -92,11 +99,25 @@ def _running_agents_settings(config: config_module.AgentConfig) -> tuple[list | 
     return answer["settings"], f"settings of the running agent (pid {answer.get('pid')}, on {config.socket_path})"
 
 
+def _remove_egress_rules() -> int:
+    from gpuhost_agent.runtime.host_firewall import FirewallError, HostFirewall
+
+    try:
+        removed = HostFirewall().remove()
+    except FirewallError as exc:
+        print(f"gpuhost-agent: egress rules not removed: {exc}", file=sys.stderr)
+        return 1
+    print(f"removed: {', '.join(removed)}" if removed else "no egress rule of the agent's was in place")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "version":
         print(__version__)
         return 0
+    if args.command == "egress":
+        return _remove_egress_rules()
     flags = {key: value for key, value in vars(args).items() if key not in ("command", "json")}
     if args.command == "status":
         try:  # a dummy api_key: status never needs the key, and a non-root user cannot read its file
