@@ -239,7 +239,9 @@ ProtectSystem=strict
 # (runtime/rental_cgroups.py), and the SSH file helper joins the container's
 # cgroups (runtime/files_jail.py), so the container's device rules and limits
 # bind it too; the rest of /sys stays read-only (ProtectKernelTunables=).
-ReadWritePaths=/var/lib/gpuhost-agent /sys/fs/cgroup
+# /run/xtables.lock: iptables' lock, shared with dockerd (legacy iptables;
+# the nftables one takes none). The agent writes its egress rules with it.
+ReadWritePaths=/var/lib/gpuhost-agent /sys/fs/cgroup -/run/xtables.lock
 StateDirectory=gpuhost-agent
 StateDirectoryMode=0700
 ProtectHome=yes
@@ -274,12 +276,16 @@ SystemCallErrorNumber=EPERM
 # SETPCAP to drop its own bounding set); opening /proc/<pid>/root and
 # /proc/<pid>/ns/net of a container's process of another user (SYS_PTRACE);
 # setns into that network namespace (SYS_ADMIN); signals to an exec's
-# process, another user's (KILL). Gone with the rest: SYS_MODULE, SYS_RAWIO,
-# SYS_TIME, SYS_BOOT, MKNOD, NET_ADMIN, NET_RAW, NET_BIND_SERVICE (the agent
+# process, another user's (KILL); the host's packet filter, where the agent
+# keeps the rules that confine rentals' containers to the internet
+# (runtime/egress_rules.py: NET_ADMIN, and NET_RAW for legacy iptables'
+# socket; the agent already holds the engine's socket, which is root's
+# equivalent). Gone with the rest: SYS_MODULE, SYS_RAWIO,
+# SYS_TIME, SYS_BOOT, MKNOD, NET_BIND_SERVICE (the agent
 # listens on ports above 1023 only: choose GPUHOST_METRICS_LISTEN so too),
 # BPF, PERFMON, the MAC and audit ones. NVML needs none: /dev/nvidia* are
 # made at boot by the driver's own tools, not by the agent.
-CapabilityBoundingSet=CAP_CHOWN CAP_DAC_OVERRIDE CAP_DAC_READ_SEARCH CAP_FOWNER CAP_FSETID CAP_KILL CAP_SETGID CAP_SETUID CAP_SETPCAP CAP_SYS_ADMIN CAP_SYS_PTRACE
+CapabilityBoundingSet=CAP_CHOWN CAP_DAC_OVERRIDE CAP_DAC_READ_SEARCH CAP_FOWNER CAP_FSETID CAP_KILL CAP_SETGID CAP_SETUID CAP_SETPCAP CAP_SYS_ADMIN CAP_SYS_PTRACE CAP_NET_ADMIN CAP_NET_RAW
 UMask=0077
 # Left out on purpose:
 # - PrivateDevices=, DevicePolicy=/DeviceAllow= and ProtectClock= (which

@@ -119,6 +119,12 @@ async def test_the_install_line_installs_and_starts_the_agent_under_systemd(worl
     await _connected(world)
     shown = await asyncio.to_thread(world.host.show, UNIT, "ActiveState", "Type", "WatchdogUSec", "NotifyAccess")
     assert shown == {"ActiveState": "active", "Type": "notify", "WatchdogUSec": "30s", "NotifyAccess": "main"}
+    # Under the unit's confinement the agent wrote its egress rules (issue 45, item 2), and doctor judges them so.
+    assert "-A GPUHOST-EGRESS -d 169.254.0.0/16 -j REJECT" in (await _sh(world, "iptables -S GPUHOST-EGRESS")).out
+    assert "-A DOCKER-USER -i gpuh+ -j GPUHOST-EGRESS" in (await _sh(world, "iptables -S DOCKER-USER")).out
+    doctor = json.loads((await _sh(world, "gpuhost-agent doctor --json", check=False)).out)
+    (egress,) = [check for check in doctor["checks"] if check["id"] == "container-egress-confined"]
+    assert egress["ok"] and not egress["skipped"], egress
     info = json.loads((await _sh(world, "docker info --format '{{json .}}'")).out)
     assert (info["CgroupDriver"], info["ServerVersion"].split(".")[0]) == ("systemd", "26")
     assert (await _sh(world, "docker compose version --short")).out.strip().startswith("2.")

@@ -111,6 +111,8 @@ KEPT_CAPABILITIES = {
     "CAP_SETPCAP",
     "CAP_SYS_ADMIN",
     "CAP_SYS_PTRACE",
+    "CAP_NET_ADMIN",  # the egress rules (runtime/host_firewall.py): without it none is ever written
+    "CAP_NET_RAW",  # legacy iptables' socket
 }
 # What `systemd-analyze security` asks for that the unit does not set: each is
 # named in the unit's "Left out on purpose" comment with its reason.
@@ -141,7 +143,7 @@ def test_hardening_that_still_reaches_docker_and_nvml(unit: dict) -> None:
         ("ProtectHome", "yes"),
         ("PrivateTmp", "yes"),
         ("PrivateMounts", "yes"),
-        ("ReadWritePaths", "/var/lib/gpuhost-agent /sys/fs/cgroup"),
+        ("ReadWritePaths", "/var/lib/gpuhost-agent /sys/fs/cgroup -/run/xtables.lock"),
         ("StateDirectory", "gpuhost-agent"),
         ("StateDirectoryMode", "0700"),
         # A Swarm tunnel's socket made in the container's network namespace
@@ -175,7 +177,7 @@ def test_root_keeps_only_the_capabilities_the_agent_uses(unit: dict) -> None:
     kept = set(one(unit, "Service", "CapabilityBoundingSet").split())
     assert kept == KEPT_CAPABILITIES
     # What would turn a bug of the agent into the host's kernel, clock, devices or network.
-    assert not kept & {"CAP_SYS_MODULE", "CAP_SYS_RAWIO", "CAP_SYS_TIME", "CAP_MKNOD", "CAP_NET_ADMIN", "CAP_BPF"}
+    assert not kept & {"CAP_SYS_MODULE", "CAP_SYS_RAWIO", "CAP_SYS_TIME", "CAP_MKNOD", "CAP_BPF"}
     assert not values(unit, "Service", "AmbientCapabilities")
 
 
@@ -271,7 +273,10 @@ def test_restart_back_off_drop_in_only_where_systemd_knows_it(tmp_path: Path) ->
 
 def test_exposure_as_systemd_analyze_security_scores_it(tmp_path: Path) -> None:
     """6.5 MEDIUM before issue 31's hardening, 4.0 OK after (systemd 252's scale:
-    0 is fully confined, 10 is a service with no hardening)."""
+    0 is fully confined, 10 is a service with no hardening); 4.3 since the agent
+    keeps the egress rules that confine every rental's containers (NET_ADMIN,
+    NET_RAW: issue 45, item 2), a cost in the agent's own confinement paid for
+    the renters' and the host's."""
     analyze = _systemd_analyze()
     unit_dir = _copy_with_runnable_exec_start(tmp_path, UNIT.read_text())
     result = subprocess.run(
@@ -284,4 +289,4 @@ def test_exposure_as_systemd_analyze_security_scores_it(tmp_path: Path) -> None:
         pytest.skip("this systemd-analyze predates --offline (systemd 250)")
     score = re.search(r"Overall exposure level for gpuhost-agent\.service: (\d+\.\d+)", result.stdout)
     assert score, result.stdout + result.stderr
-    assert float(score.group(1)) <= 4.0, result.stdout
+    assert float(score.group(1)) <= 4.3, result.stdout
