@@ -77,4 +77,4 @@ def assert_sandboxed(hardened: dict) -> None:
         for key, spec in (hardened.get(section) or {}).items():
             assert not (spec or {}).get("external") and (spec or {}).get("name") in (None, f"corpus_{key}"), key
     for key, spec in (hardened.get("networks") or {}).items():  # the egress rules match every rental's bridge
-        assert spec["driver_opts"] == {BRIDGE_OPTION: bridge_name("corpus", key)}, key
+        assert spec["driver_opts"] == {BRIDGE_OPTION: bridge_name("corpus", key)} and spec["enable_ipv6"] is False, key

@@ -41,15 +41,29 @@ def test_every_network_of_a_hardened_stack_is_a_bridge_of_the_agents_naming() ->
     assert hardened["networks"]["default"] == {
         "name": "p1_default",
         "driver_opts": {BRIDGE_OPTION: bridge_name("p1", "default")},
+        "enable_ipv6": False,
     }
-    assert hardened["networks"]["back"] == {"driver_opts": {BRIDGE_OPTION: bridge_name("p1", "back")}}
+    assert hardened["networks"]["back"] == {
+        "driver_opts": {BRIDGE_OPTION: bridge_name("p1", "back")},
+        "enable_ipv6": False,
+    }
     assert "driver_opts" not in (model["networks"]["default"] or {}), "the input model is left as it was"
 
 
 def test_the_refused_ranges_cover_the_host_its_networks_and_the_metadata_service() -> None:
     rules = forward_rules((), ())
-    refused = [ipaddress.ip_network(rule.args[1]) for rule in rules if rule.args[-2:] == ("-j", "REJECT")]
-    for address in ("169.254.169.254", "10.1.2.3", "172.17.0.1", "192.168.1.10", "100.100.100.200", "127.0.0.1"):
+    refused = [
+        ipaddress.ip_network(rule.args[1]) for rule in rules if rule.args[0] == "-d" and rule.args[-1] == "REJECT"
+    ]
+    for address in (
+        "169.254.169.254",
+        "168.63.129.16",
+        "10.1.2.3",
+        "172.17.0.1",
+        "192.168.1.10",
+        "100.100.100.200",
+        "127.0.0.1",
+    ):
         assert any(ipaddress.ip_address(address) in network for network in refused), address
     for address in ("203.0.113.2", "8.8.8.8", "1.1.1.1"):
         assert not any(ipaddress.ip_address(address) in network for network in refused), address
@@ -59,8 +73,12 @@ def test_the_refused_ranges_cover_the_host_its_networks_and_the_metadata_service
 def test_what_the_operator_opens_and_the_hosts_dns_pass_before_any_refusal() -> None:
     rules = forward_rules(("10.0.8.0/24",), ("10.255.255.53",))
     returns = [index for index, rule in enumerate(rules) if rule.args[-1] == "RETURN"]
-    rejects = [index for index, rule in enumerate(rules) if rule.args[-1] == "REJECT"]
-    assert max(returns) < min(rejects)
+    ranges = [index for index, rule in enumerate(rules) if rule.args[0] == "-d" and rule.args[-1] == "REJECT"]
+    assert max(returns) < min(ranges)
+    # Before any opening: what the host's NAT sent elsewhere (a published port: another rental's container),
+    # and only bridged traffic to a rental's bridge (its own stack), never routed to another.
+    assert rules[1].args == ("-m", "conntrack", "--ctstate", "DNAT", "-j", "REJECT")
+    assert "--physdev-is-bridged" in rules[2].args and rules[2].args[:2] == ("-o", BRIDGE_PREFIX + "+")
     dns = [rule.args for rule in rules if "10.255.255.53" in rule.args]
     assert all(args[args.index("--dport") + 1] == "53" for args in dns) and len(dns) == 2  # DNS alone, udp and tcp
     assert all(rule.chain == FORWARD_CHAIN for rule in rules)

@@ -4,8 +4,11 @@ Every network of a rental's stack is a bridge whose name the agent sets
 (`bridge_name`: the prefix `gpuh` and a hash of project and network), so one
 set of rules, matched on that prefix, holds for every rental whatever its
 networks. Traffic a rental's container starts may go to its own stack (the
-same bridge; another rental's bridge is cut by Docker's own isolation chains)
-and to the internet. It may not reach:
+same bridge) and to the internet. It may not reach:
+
+- another rental's containers, routed to another bridge or through a port
+  the host publishes (the host's NAT rewrites it): refused here, whether or
+  not the engine keeps isolation chains of its own;
 
 - the host itself, on any of its addresses (the bridge's gateway, its LAN or
   public address, IPv6 link-local on the bridge): the INPUT chain;
@@ -45,6 +48,7 @@ IPV4_REFUSED = (
     "198.18.0.0/15",
     "224.0.0.0/4",
     "240.0.0.0/4",
+    "168.63.129.16/32",  # Azure's WireServer: a public address, the VM's goal state and extensions' settings
 )
 REPLIES = ("-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "RETURN")
 REFUSE = ("-j", "REJECT")
@@ -98,10 +102,15 @@ def allowed_networks(value: str) -> tuple[tuple[str, ...], list[str]]:
 
 
 def forward_rules(allowed: tuple[str, ...], nameservers: tuple[str, ...]) -> list[Rule]:
-    """The FORWARD side, in order: replies, the stack's own bridges, the
-    operator's openings, the host's DNS, then the refused ranges."""
+    """The FORWARD side, in order: replies; a connection the host's NAT sent
+    elsewhere (a published port of the host's, which leads to another rental's
+    container) refused; the stack's own bridge (bridged, not routed: another
+    bridge is another stack); the operator's openings, the host's DNS, then
+    the refused ranges."""
     rules = [Rule("iptables", FORWARD_CHAIN, REPLIES)]
-    rules.append(Rule("iptables", FORWARD_CHAIN, ("-o", BRIDGE_PREFIX + "+", "-j", "RETURN")))
+    rules.append(Rule("iptables", FORWARD_CHAIN, ("-m", "conntrack", "--ctstate", "DNAT", *REFUSE)))
+    own_bridge = ("-o", BRIDGE_PREFIX + "+", "-m", "physdev", "--physdev-is-bridged", "-j", "RETURN")
+    rules.append(Rule("iptables", FORWARD_CHAIN, own_bridge))
     rules += [Rule("iptables", FORWARD_CHAIN, ("-d", network, "-j", "RETURN")) for network in allowed]
     for server in nameservers:
         for protocol in ("udp", "tcp"):

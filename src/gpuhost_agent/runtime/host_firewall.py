@@ -48,13 +48,14 @@ class Difference:
     """What the host's rules lack against what the agent wants: empty when confined."""
 
     chains: tuple[str, ...]  # "iptables GPUHOST-EGRESS": missing or not as written
-    jumps: tuple[str, ...]  # "iptables INPUT -> GPUHOST-HOST": missing
+    jumps: tuple[str, ...]  # "iptables INPUT -> GPUHOST-HOST": missing, or not the chain's first rule
 
     def __bool__(self) -> bool:
         return bool(self.chains or self.jumps)
 
     def said(self) -> str:
-        return "; ".join([*(f"chain {chain} differs" for chain in self.chains), *(f"no jump {j}" for j in self.jumps)])
+        jumps = (f"no jump {jump} first" for jump in self.jumps)
+        return "; ".join([*(f"chain {chain} differs" for chain in self.chains), *jumps])
 
 
 class HostFirewall:
@@ -112,12 +113,15 @@ class HostFirewall:
             if len(present) != len(wanted) or not all(self._has(tool, rule.chain, rule.args) for rule in wanted):
                 chains.append(f"{tool} {chain}")
         tools = {rule.tool for rule in rules}
-        missing = [
-            f"{j.tool} {j.parent} -> {j.chain}"
-            for j in self._jumps()
-            if j.tool in tools and not self._has(j.tool, j.parent, j.args)
-        ]
+        missing = [f"{j.tool} {j.parent} -> {j.chain}" for j in self._jumps() if j.tool in tools and not self._first(j)]
         return Difference(tuple(chains), tuple(missing))
+
+    def _first(self, jump: Jump) -> bool:
+        """Is `jump` the first rule of its parent chain? A rule above it (an
+        ACCEPT of another tool's) would decide before the agent's."""
+        listed = self._run(jump.tool, "-S", jump.parent, check=False).stdout.splitlines()
+        rules = [line for line in listed if line.startswith("-A ")]
+        return bool(rules) and rules[0] == f"-A {jump.parent} {' '.join(jump.args)}"
 
     def ensure(self, rules: list[Rule]) -> Difference:
         """Put the rules in place where they differ; what differed (empty: nothing
@@ -129,6 +133,8 @@ class HostFirewall:
                 self._restore(tool, chain, wanted)
         for jump in self._jumps():
             if f"{jump.tool} {jump.parent} -> {jump.chain}" in found.jumps:
+                while self._has(jump.tool, jump.parent, jump.args):  # present but not first: moved to the head
+                    self._run(jump.tool, "-D", jump.parent, *jump.args)
                 self._run(jump.tool, "-I", jump.parent, "1", *jump.args)
         return found
 

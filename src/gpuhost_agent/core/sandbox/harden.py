@@ -99,11 +99,14 @@ def harden(model: dict, ctx: SandboxContext) -> dict:
 def _bridges(model: dict, ctx: SandboxContext) -> None:
     """Every network of the stack is a bridge named by the agent, so the
     host's egress rules (runtime/egress_rules.py) match every rental's traffic
-    by one prefix. The policy refuses a renter's own driver_opts."""
+    by one prefix. The policy refuses a renter's own driver_opts. IPv6 is off
+    whatever the engine's default-network-opts say: the rules are IPv4's
+    (and the host's INPUT for IPv6 link-local)."""
     networks = model.get("networks") or {}
     for name in networks:
         spec = networks[name] or {}
         spec["driver_opts"] = {BRIDGE_OPTION: bridge_name(ctx.project, name)}
+        spec["enable_ipv6"] = False
         networks[name] = spec
 
 
