@@ -218,4 +218,8 @@ def test_the_agents_stderr_is_its_log_format_alone(tmp_path, docker_client):
     assert re.search(r"asyncssh/__init__\.py:1$", forced[0]["origin"]), forced
     printed = [line for line in lines if line["event"] == "stderr_line"]
     assert [line["line"] for line in printed] == ["a library's own line on stderr"], printed
-    assert lines[-1]["event"] == "agent_stopped"
+    # The agent's stop is its last word; what the interpreter's exit may still warn of (a CI run once saw a
+    # python_warning after it, not seen again in dozens of runs) stays in the log's format, checked above.
+    events = [line["event"] for line in lines]
+    stopped = len(events) - 1 - events[::-1].index("agent_stopped")
+    assert set(events[stopped + 1 :]) <= {"python_warning"}, lines[stopped:]
