@@ -78,3 +78,33 @@ async def test_waiting_long_poll_is_woken_by_a_new_job(local_market):
     await until(lambda: job.deliveries == 1, timeout=5)
     pickup = wire_time.parse_iso(job.firstDeliveredAt) - wire_time.parse_iso(renter.store.stacks[stack_id]["createdAt"])
     assert pickup.total_seconds() < 1.0, pickup
+
+
+async def test_a_redelivered_deploy_that_fails_before_up_leaves_the_running_stack_and_says_so(
+    local_market, docker_client
+):
+    """Issue 45, item 5: a deploy job delivered again after a crash that fails for any reason
+    before Compose's `up` (here: the host lowered GPUHOST_STACKS_PER_RENTAL since) used to tear
+    down the stack that job had started. Its containers keep running, and the report says so."""
+    renter, parts, local = local_market
+    rental_id = await renter.rental()
+    stack_ids = [await renter.stack(rental_id, CONTENT) for _ in range(2)]
+    for stack_id in stack_ids:
+        await renter.wait_stack(rental_id, stack_id, (wire.APPLIED,))
+    job = next(j for j in renter.store.jobs.values() if j.stackId == stack_ids[0])
+    await until(lambda: job.state == "completed")
+
+    def running() -> list[str]:
+        listed = docker_client.containers.list(filters={"label": f"{wire.LABEL_STACK}={stack_ids[0]}"})
+        return sorted(container.id for container in listed)
+
+    before = await asyncio.to_thread(running)
+    assert len(before) == 1
+    parts.deployer.stacks_per_rental = 1
+    parts.db._write("DELETE FROM jobs")  # as after a crash before the job was recorded finished
+    local.state.redeliver(job.jobId)
+    await until(lambda: job.deliveries == 2 and job.state == "completed", timeout=15)
+    stack = await renter.wait_stack(rental_id, stack_ids[0], (wire.ERROR,))
+    assert "already has 1 stacks" in stack["errorMsg"], stack
+    assert "1 running container(s) from before this deploy were left running" in stack["errorMsg"], stack
+    assert await asyncio.to_thread(running) == before

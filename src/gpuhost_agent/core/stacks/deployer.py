@@ -140,7 +140,9 @@ class StackDeployer:
         `up`, when a removal of the stack or its rental's end overtook the job
         (deploy_stops.py)."""
         stops = stops or DeployStops()
+        running_before = await self._running(job.stack_id)  # a redelivered job's, or the last deploy's
         template, variables, project, workdir = self._begin(job)
+        changed = False  # has this deploy touched the engine's containers yet (Compose's `up`)?
         try:
             raw = await self._renter_file(job, template, variables, workdir)
             if self.images is not None:  # kept images the floor needs room from go first (core/images/cache.py)
@@ -164,13 +166,14 @@ class StackDeployer:
                     hardened, job.stack_id, job.rental_id, job.env_id, gpus, ssh=template.get("isSSHEnabled") is True
                 )
                 rewritten = self.backend.stack_file(labelled)  # one machine: every image as the agent pulled it
-                text = json.dumps(rewritten, indent=1)
-                await asyncio.to_thread(_write_private, workdir / AGENT_FILE, text)  # the record of what ran
                 await stops.unless_stopped(job, self._pull(job, labelled))  # by the pull policies asked
                 if problems := await image_problems(self.engine, rewritten, local=self.images is not None):
                     raise StackRejected(POLICY_PREFIX + problems_said(problems))
+                text = json.dumps(rewritten, indent=1)
+                await asyncio.to_thread(_write_private, workdir / AGENT_FILE, text)  # the record of what ran
                 stops.check(job)  # past this point the deploy finishes: its removal takes down what it made
                 crash_points.crash_point("deploy.before_compose_up")
+                changed = True
                 await start.run(job.stack_id, text, rewritten)
             finally:
                 await start.discard()
@@ -183,7 +186,27 @@ class StackDeployer:
             await self._settle(job.stack_id)
             return ""
         except (StackRejected, StackFailed, EngineError) as exc:
+            if running_before and not changed:
+                return await self._failed_beside(job, exc, running_before)
             return await self._failed(job, project, workdir, exc)
+
+    async def _running(self, stack_id: str) -> list[dict]:
+        try:
+            return [c for c in await self.engine.stack_containers(stack_id) if c.get("State") == "running"]
+        except EngineError:
+            return []
+
+    async def _failed_beside(self, job: wire_jobs.StackJob, exc: Exception, running: list[dict]) -> str:
+        """A deploy that failed before it changed anything, beside containers of
+        the stack that were running when it began (the same job's, delivered
+        again after a crash; or the deploy before it): they are left running,
+        and the report says both."""
+        message = str(exc) if not isinstance(exc, EngineError) else f"Docker Engine error: {exc}"
+        message += f"; the stack's {len(running)} running container(s) from before this deploy were left running"
+        self._report(job, wire.ERROR, message)
+        await self._push_quietly(job.stack_id)
+        log.warning("stack_failed", stack_id=job.stack_id, job_id=job.job_id, error=message, kept_running=len(running))
+        return message
 
     async def _pull(self, job: wire_jobs.StackJob, stack: dict) -> None:
         """The stack's missing images, checked to fit (core/images/room.py), then
