@@ -25,6 +25,7 @@ readonly UNIT_NAME=gpuhost-agent.service
 readonly UNIT_PATH=/etc/systemd/system/$UNIT_NAME
 readonly DROPIN_DIR=/etc/systemd/system/$UNIT_NAME.d
 readonly DROPIN=$DROPIN_DIR/10-install-restart-backoff.conf
+readonly DOCKER_DROPIN=/etc/systemd/system/docker.service.d/10-gpuhost-egress.conf
 readonly BIN_LINK=/usr/local/bin/gpuhost-agent
 readonly DOCKER_SOCKET=/var/run/docker.sock
 # The minimums: copies of the defaults of Requirements in
@@ -120,8 +121,8 @@ Options:
                        error (CPU-only or test hosts; such a host cannot rent out GPUs);
                        those warnings then leave out their advice to pass --allow-no-gpu
   --dry-run            check and print what would be done; change nothing
-  --uninstall          stop and remove the agent: service, unit, $OPT_DIR, $BIN_LINK;
-                       keeps $CONF_DIR and $STATE_DIR
+  --uninstall          stop and remove the agent: service, unit, $OPT_DIR, $BIN_LINK,
+                       its egress rules and Docker's drop-in; keeps $CONF_DIR and $STATE_DIR
   --purge              with --uninstall: also remove $CONF_DIR and $STATE_DIR
   --print-unit         print the systemd unit this script installs, and exit
   -h, --help           this text
@@ -151,6 +152,8 @@ What it writes:
                                     upgrade drops the versions the marketplace installed there
   $UNIT_PATH   the unit (Type=notify, watchdog, Restart=always)
   $DROPIN_DIR/  restart back-off (systemd >= 254 only)
+  $DOCKER_DROPIN  the agent's egress rules
+                                    written before dockerd starts, so at boot too
 Then systemctl daemon-reload, enable and restart the service (when systemd is running).
 A second run upgrades in place. With --url and an API key it reports its progress to
 the marketplace as the environment's initState (never failing when it cannot).
@@ -317,6 +320,18 @@ dropin_text() {
 [Service]
 RestartSteps=10
 RestartMaxDelaySec=5min
+EOF
+}
+
+# Docker's unit writes the agent's egress rules before dockerd starts, so the
+# containers it starts again at boot are confined from their first packet (the
+# agent, which keeps the rules from then on, starts after Docker). "-": never
+# stops Docker from starting.
+docker_dropin_text() {
+    cat <<EOF
+# Written by install.sh (gpuhost-agent); install.sh --uninstall removes it.
+[Service]
+ExecStartPre=-$VENV/bin/gpuhost-agent egress apply
 EOF
 }
 
@@ -994,6 +1009,12 @@ install_unit() {
         step "removing $DROPIN (systemd ${version:-absent} predates RestartSteps=)"
         run rm -f "$DROPIN"
     fi
+    step "installing $DOCKER_DROPIN (the egress rules before dockerd starts)"
+    if [ "$DRY_RUN" = 0 ]; then
+        install -d -m 0755 "$(dirname "$DOCKER_DROPIN")"
+        docker_dropin_text >"$DOCKER_DROPIN"
+        chmod 0644 "$DOCKER_DROPIN"
+    fi
 }
 
 start_service() {
@@ -1069,6 +1090,11 @@ do_uninstall() {
         fi
         if [ -e "$UNIT_PATH" ]; then step "removing $UNIT_PATH"; run rm -f "$UNIT_PATH"; fi
         if [ -e "$DROPIN" ]; then step "removing $DROPIN"; run rm -f "$DROPIN"; fi
+        if [ -e "$DOCKER_DROPIN" ]; then
+            step "removing $DOCKER_DROPIN"
+            run rm -f "$DOCKER_DROPIN"
+            if [ "$DRY_RUN" = 0 ]; then rmdir "$(dirname "$DOCKER_DROPIN")" 2>/dev/null || true; fi
+        fi
         if [ -d "$DROPIN_DIR" ]; then
             if [ "$PURGE" = 1 ]; then run rm -rf "$DROPIN_DIR"
             elif [ "$DRY_RUN" = 0 ] && ! rmdir "$DROPIN_DIR" 2>/dev/null; then

@@ -37,6 +37,7 @@ INSTALLED = (
     "/etc/gpuhost-agent/api-key",
     "/var/lib/gpuhost-agent",
     "/etc/systemd/system/gpuhost-agent.service",
+    "/etc/systemd/system/docker.service.d/10-gpuhost-egress.conf",
     "/etc/systemd/system/gpuhost-agent.service.d/10-install-restart-backoff.conf",
 )
 
@@ -98,6 +99,9 @@ def test_install_upgrade_and_uninstall_on_a_booted_host(scenario: Scenario) -> N
     }
     assert scenario.read("/etc/systemd/system/gpuhost-agent.service") == UNIT.read_text()
     assert "RestartSteps=" in scenario.read(INSTALLED[-1])  # the stand-in says systemd 255
+    # Docker's unit writes the egress rules before dockerd starts: at boot too (issue 45, item 2).
+    docker_dropin = scenario.read("/etc/systemd/system/docker.service.d/10-gpuhost-egress.conf")
+    assert "\nExecStartPre=-/opt/gpuhost-agent/venv/bin/gpuhost-agent egress apply\n" in docker_dropin
     assert scenario.run("gpuhost-agent", "version").out.strip() == __version__
     # Every dependency at the version requirements/agent.lock names for Debian 12's Python (issue 44)
     assert locks.differences(scenario.run("/opt/gpuhost-agent/venv/bin/python", "-c", locks.DUMP).out) == []
@@ -168,6 +172,7 @@ def test_install_upgrade_and_uninstall_on_a_booted_host(scenario: Scenario) -> N
         "/opt/gpuhost-agent/venv/bin/gpuhost-agent",
         "/usr/local/bin/gpuhost-agent",
         "/etc/systemd/system/gpuhost-agent.service",
+        "/etc/systemd/system/docker.service.d/10-gpuhost-egress.conf",
         INSTALLED[-1],
     )
     assert all(files[path] is None for path in gone), files

@@ -465,6 +465,19 @@ async def test_gpus_reach_containers_through_cdi_without_the_runtime_hook(world:
     print(f"CDI test: {time.monotonic() - began:.1f} s")
 
 
+async def test_after_a_reboot_dockerd_starts_behind_the_egress_rules(world: World) -> None:
+    """A reboot empties the kernel's rules, and dockerd, which starts renters' containers again, starts
+    before the agent: Docker's unit (install.sh's drop-in) writes them first, DOCKER-USER included."""
+    await _sh(world, f"systemctl stop {UNIT}; gpuhost-agent egress remove")
+    assert (await _sh(world, "iptables -S GPUHOST-EGRESS", check=False)).code != 0
+    await _sh(world, "systemctl restart docker", timeout=120)
+    assert "-A GPUHOST-EGRESS -d 169.254.0.0/16 -j REJECT" in (await _sh(world, "iptables -S GPUHOST-EGRESS")).out
+    listed = (await _sh(world, "iptables -S DOCKER-USER")).out.splitlines()
+    assert [line for line in listed if line.startswith("-A ")][0] == "-A DOCKER-USER -i gpuh+ -j GPUHOST-EGRESS"
+    await _sh(world, f"systemctl start --no-block {UNIT}")
+    await _connected(world)
+
+
 async def test_uninstall_with_purge_leaves_nothing(world: World) -> None:
     await _sh(world, f"curl -fsSL {world.base}/install.sh | sudo bash -s -- --uninstall --purge", timeout=300)
     left = await _sh(
@@ -474,5 +487,8 @@ async def test_uninstall_with_purge_leaves_nothing(world: World) -> None:
         "/etc/systemd/system/multi-user.target.wants/gpuhost-agent.service 2>&1 || true",
     )
     assert left.out.count("No such file or directory") == 7, left.out
+    assert (await _sh(world, "iptables -S GPUHOST-EGRESS", check=False)).code != 0  # the agent's rules went too
+    dropins = await _sh(world, "ls /etc/systemd/system/docker.service.d 2>&1 || true")
+    assert "No such file or directory" in dropins.out, dropins.out
     units = (await _sh(world, f"systemctl list-units --all --no-legend {UNIT} || true")).out
     assert "gpuhost-agent.service" not in units or "not-found" in units, units

@@ -287,6 +287,7 @@ def assert_not_installed(scenario: Scenario) -> None:
         "/etc/gpuhost-agent",
         "/var/lib/gpuhost-agent",
         "/etc/systemd/system/gpuhost-agent.service",
+        "/etc/systemd/system/docker.service.d",
         "/usr/local/bin/gpuhost-agent",
     )
     assert all(value is None for value in found.values()), found

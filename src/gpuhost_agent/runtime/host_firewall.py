@@ -62,6 +62,7 @@ class HostFirewall:
     def __init__(self, path: str = TOOLS_PATH, resolv_confs: tuple[Path, ...] = RESOLV_CONFS):
         self.path = path
         self.resolv_confs = resolv_confs
+        self.before_engine = False
 
     def wanted(self, allowed: tuple[str, ...]) -> list[Rule]:
         """The rules for this host now, its nameservers read. Blocking."""
@@ -123,9 +124,15 @@ class HostFirewall:
         rules = [line for line in listed if line.startswith("-A ")]
         return bool(rules) and rules[0] == f"-A {jump.parent} {' '.join(jump.args)}"
 
-    def ensure(self, rules: list[Rule]) -> Difference:
+    def ensure(self, rules: list[Rule], *, before_engine: bool = False) -> Difference:
         """Put the rules in place where they differ; what differed (empty: nothing
-        was done). Blocking: run in a thread."""
+        was done). Blocking: run in a thread. `before_engine`: at boot, before
+        dockerd starts (its unit's ExecStartPre, written by install.sh): DOCKER-USER
+        is made for the engine to find, so the rules hold from the first container
+        it starts again."""
+        if before_engine and not self._chain_exists("iptables", DOCKER_USER):
+            self._run("iptables", "-N", DOCKER_USER)
+        self.before_engine = before_engine
         found = self.difference(rules)
         for tool, chain in _chains(rules):
             if f"{tool} {chain}" in found.chains:
@@ -162,7 +169,16 @@ class HostFirewall:
         return removed
 
     def _jumps(self) -> list[Jump]:
-        return jumps(self._run("iptables", "-S", DOCKER_USER, check=False).returncode == 0)
+        """From DOCKER-USER where the engine sends FORWARD's traffic through it
+        (or will: before_engine), else from FORWARD itself (an engine without
+        iptables rules of its own)."""
+        if not self._chain_exists("iptables", DOCKER_USER):
+            return jumps(False)
+        used = self.before_engine or self._has("iptables", "FORWARD", ("-j", DOCKER_USER))
+        return jumps(used)
+
+    def _chain_exists(self, tool: str, chain: str) -> bool:
+        return self._run(tool, "-S", chain, check=False).returncode == 0
 
     def _check(self) -> None:
         if problem := self.problem():

@@ -77,7 +77,13 @@ def _parser() -> argparse.ArgumentParser:
         description="The agent writes these rules at start and keeps them (docs/operations.md, Where a rental's "
         "containers connect); they stay when it stops. `remove` takes them away (install.sh --uninstall runs it).",
     )
-    egress.add_argument("action", choices=["remove"])
+    egress.add_argument(
+        "action",
+        choices=["apply", "remove"],
+        help="apply: write them now, before the engine starts too (the Docker unit's ExecStartPre "
+        "install.sh writes runs it at boot); remove: take them away",
+    )
+    _add_settings(egress, ("config", "egress_allow"))
     return parser
 
 
@@ -111,14 +117,33 @@ def _remove_egress_rules() -> int:
     return 0
 
 
+def _apply_egress_rules(allowed: tuple[str, ...]) -> int:
+    from gpuhost_agent.runtime.host_firewall import FirewallError, HostFirewall
+
+    firewall = HostFirewall()
+    try:
+        found = firewall.ensure(firewall.wanted(allowed), before_engine=True)
+    except FirewallError as exc:
+        print(f"gpuhost-agent: egress rules not written: {exc}", file=sys.stderr)
+        return 1
+    print(f"written: {found.said()}" if found else "the egress rules were in place")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "version":
         print(__version__)
         return 0
+    flags = {key: value for key, value in vars(args).items() if key not in ("command", "json", "action")}
     if args.command == "egress":
-        return _remove_egress_rules()
-    flags = {key: value for key, value in vars(args).items() if key not in ("command", "json")}
+        if args.action == "remove":
+            return _remove_egress_rules()
+        try:  # the egress settings alone matter: no key needed, none read
+            allowed = config_module.build(config_module.choose({**flags, "api_key": "unused-by-egress"})).egress_allow
+        except (config_module.ConfigError, ValueError) as exc:
+            return _configuration_error(exc)
+        return _apply_egress_rules(allowed)
     if args.command == "status":
         try:  # a dummy api_key: status never needs the key, and a non-root user cannot read its file
             chosen = config_module.choose({**flags, "api_key": "unused-by-status"})
