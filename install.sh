@@ -3,8 +3,10 @@
 # GPU rental marketplace, on a Debian 12 / Ubuntu 22.04 / 24.04 GPU machine.
 #
 # The marketplace hands a host one line (GET /environments/{envId}/script):
-#   curl -fsSL <base>/install.sh | sudo bash -s -- --url <base_url> --env-id <envId> --api-key <key>
-# From a checkout the same works as: sudo ./install.sh --url ... --env-id ... --api-key ...
+#   (f=$(mktemp) && trap 'rm -f "$f"' EXIT && curl -fsSLo "$f" <base>/install.sh &&
+#    sudo bash "$f" --url <base_url> --env-id <envId> --api-key-stdin ...)
+# and asks for the API key (or reads it from a pipe): never on a command line.
+# From a checkout the same works as: sudo ./install.sh --url ... --env-id ... --api-key-stdin
 # `install.sh --help` has every option, the files it writes and every message
 # it can stop with. Everything runs from main(), called on the last line, so
 # that bash has read the whole script before any command that reads stdin runs
@@ -68,8 +70,9 @@ readonly MSG_UNINSTALLED="Renters' containers, networks and volumes (label $MANA
 usage() {
     cat <<EOF
 Usage:
-  curl -fsSL <base>/install.sh | sudo bash -s -- --url <base_url> --env-id <envId> --api-key <key> [options]
-  sudo ./install.sh --url <base_url> --env-id <envId> --api-key <key> [options]   (from a checkout)
+  sudo bash install.sh --url <base_url> --env-id <envId> --api-key-stdin [options]
+                                               the marketplace's line: the key asked for, or piped
+  sudo ./install.sh --url <base_url> --env-id <envId> --api-key-file <file> [options]   (from a checkout)
   sudo ./install.sh --swarm worker --swarm-key-file <file> --swarm-tls-file <bundle> [options]
                                                another machine of a Swarm environment (docs/swarm.md)
   sudo ./install.sh --swarm-worker-bundle <file>   on the leader: a new worker's TLS bundle
@@ -85,6 +88,9 @@ Options:
   --api-key KEY        the environment's API key; stored in $KEY_FILE (0600, root only),
                        never printed, never on the agent's command line
   --api-key-file FILE  read the API key from FILE instead (keeps it out of ps during the install)
+  --api-key-stdin      read the API key from standard input: asked for (not shown) on a
+                       terminal, else its first line (printf '%s\n' "\$KEY" | sudo bash ...).
+                       Not with curl | bash, whose standard input is the script itself
   --swarm ROLE         in a Swarm environment (docs/swarm.md): leader (on a manager; with
                        --url, --env-id and --api-key) or worker (every other machine; no
                        marketplace settings needed). GPUHOST_SWARM
@@ -472,7 +478,7 @@ report_init() { # report_init STATE(running|done|failed) DETAIL [ERROR]
 URL='' ENV_ID='' API_KEY='' API_KEY_FILE='' SOURCE='' VERSION='' LOCK='' RELEASE_KEY='' NO_UPGRADES=0 SWARM='' SWARM_KEY='' SWARM_KEY_FILE=''
 SWARM_TLS_FILE='' SWARM_BUNDLE_OUT=''
 INSTALL_MISSING=0 ALLOW_NO_GPU=0 DRY_RUN=0 UNINSTALL=0 PURGE=0
-NEW_KEY=0
+NEW_KEY=0 API_KEY_STDIN=0
 
 parse_args() {
     local opt value
@@ -504,6 +510,7 @@ parse_args() {
                     --swarm-worker-bundle) SWARM_BUNDLE_OUT=$value ;;
                 esac ;;
             --install-missing) INSTALL_MISSING=1 ;;
+            --api-key-stdin) API_KEY_STDIN=1 ;;
             --no-upgrades) NO_UPGRADES=1 ;;
             --allow-no-gpu) ALLOW_NO_GPU=1 ;;
             --dry-run) DRY_RUN=1 ;;
@@ -518,9 +525,28 @@ parse_args() {
     [ "$PURGE" = 0 ] || [ "$UNINSTALL" = 1 ] || die_usage "--purge only goes with --uninstall"
 }
 
+# The API key from standard input: a prompt with echo off on a terminal, else
+# the first line of what is piped in. Under curl | bash standard input is the
+# script, read to its end by now: nothing is left, and that is said.
+key_from_stdin() {
+    if [ -t 0 ]; then
+        printf 'install.sh: the environment'"'"'s API key (paste it, then Enter; it is not shown): ' >&2
+        IFS= read -rs API_KEY || true
+        printf '\n' >&2
+    else
+        IFS= read -r API_KEY || true
+    fi
+    API_KEY=${API_KEY%$'\r'}
+    [ -n "$API_KEY" ] || die_usage "--api-key-stdin read no key: paste it at the prompt, or pipe it in (printf '%s\\n' \"\$KEY\" | sudo bash install.sh ...); under curl | bash standard input is the script: download install.sh first"
+}
+
 # The settings this run installs: flags first, then what an earlier install
 # wrote (so a plain `install.sh` upgrades in place).
 resolve_settings() {
+    if [ "$API_KEY_STDIN" = 1 ]; then
+        key_from_stdin
+        NEW_KEY=1
+    fi
     if [ -n "$API_KEY_FILE" ]; then
         [ -r "$API_KEY_FILE" ] || die_usage "cannot read the API key file $API_KEY_FILE"
         API_KEY=$(head -n1 "$API_KEY_FILE" | tr -d '\r')
@@ -554,7 +580,7 @@ resolve_settings() {
     # A worker holds no marketplace session (the leader does): it needs no URL, id or key.
     if [ "$SWARM" != worker ] || [ -n "$URL$ENV_ID$API_KEY" ]; then
         if [ -z "$URL" ] || [ -z "$ENV_ID" ] || [ -z "$API_KEY" ]; then
-            die_usage "a first install needs --url, --env-id and --api-key (the marketplace's installation line for the environment has them)"
+            die_usage "a first install needs --url, --env-id and the API key (--api-key-stdin, --api-key-file or --api-key; the marketplace's installation line for the environment gives all three)"
         fi
         [[ $URL =~ ^https?://[^[:space:]\\\"\']+/v1$ ]] || die_usage "--url must be the marketplace's base URL, http(s)://HOST/.../v1"
         [[ $ENV_ID =~ ^[A-Za-z0-9._:-]+$ ]] || die_usage "--env-id may hold only letters, digits and . _ : -"

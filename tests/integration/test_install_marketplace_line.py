@@ -12,6 +12,7 @@ from aiohttp import web
 from support.install_chroot import Run, Scenario, add, conf_values, needs_root
 from support.openapi_check import AGENT_DOC, check_named, load
 
+from gpuhost_agent.local_marketplace.script_api import install_line
 from gpuhost_agent.local_marketplace.server import build_app
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.store import Store
@@ -48,10 +49,7 @@ async def test_the_marketplace_line_installs_the_agent_and_reports_init_state(sc
             ) as response:
                 assert response.status == 200
                 line = await response.json()
-        assert line == (
-            f"curl -fsSL {base}/install.sh | sudo bash -s -- --url {base} "
-            f"--env-id {store.envId} --api-key {store.envApiKey} --release-key {state.release_public_key()}"
-        )
+        assert line == install_line(base, store.envId, store.envApiKey, state.release_public_key())
 
         await asyncio.to_thread(add, scenario, "sudo", "curl")
         failed = await _run_async(scenario, line)  # no Docker, no NVIDIA here yet
@@ -84,6 +82,8 @@ async def test_the_marketplace_line_installs_the_agent_and_reports_init_state(sc
         curls = [call for call in await asyncio.to_thread(scenario.calls) if call.startswith("curl ")]
         assert any("/agent/init-state" in call for call in curls)
         assert not [call for call in curls if store.envApiKey in call], "the key was on curl's command line"
+        # Nor on sudo's, nor bash's: it reaches install.sh on its standard input (issue 45, item 5).
+        assert not [call for call in await asyncio.to_thread(scenario.calls) if store.envApiKey in call]
         assert store.envApiKey not in done.both and store.envApiKey not in failed.both
     finally:
         await runner.cleanup()

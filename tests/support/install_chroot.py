@@ -135,7 +135,7 @@ case "$1" in
     is-active) echo active ;;
 esac
 """
-FAKE_SUDO = '#!/bin/sh\nexec "$@"\n'
+FAKE_SUDO = '#!/bin/sh\necho "sudo $*" >>/var/log/fake-calls.log\nexec "$@"\n'
 FAKE_CURL = '#!/bin/sh\necho "curl $*" >>/var/log/fake-calls.log\nexec /usr/bin/curl "$@"\n'
 
 

@@ -74,24 +74,14 @@ async def test_script_route_answers_the_installation_line(tmp_path: Path) -> Non
         assert response.status == 200
         line = await response.json()
         base = f"http://{response.url.host}:{response.url.port}/v1"
-        assert shlex.split(line) == [
-            "curl",
-            "-fsSL",
-            f"{base}/install.sh",
-            "|",
-            "sudo",
-            "bash",
-            "-s",
-            "--",
-            "--url",
-            base,
-            "--env-id",
-            store.envId,
-            "--api-key",
-            store.envApiKey,
-            "--release-key",  # the key its releases are signed with, pinned on the host (issue 45)
-            MarketplaceState(store).release_public_key(),
-        ]
+        assert line == script_api.install_line(
+            base, store.envId, store.envApiKey, MarketplaceState(store).release_public_key()
+        )
+        words = shlex.split(line.split("| (", 1)[1])
+        assert words[words.index("--url") + 1] == base and words[words.index("--env-id") + 1] == store.envId
+        # the key its releases are signed with, pinned on the host (issue 45)
+        assert words[words.index("--release-key") + 1] == MarketplaceState(store).release_public_key()
+        assert f"{base}/install.sh" in words and store.envApiKey not in line.split("|", 1)[1]
         # Issue 17 finding 6: a Host header without the port lost it from the line.
         for host in (str(response.url.host), f"{response.url.host}:{response.url.port}"):
             portless = await http.get(f"/v1/environments/{store.envId}/script", headers={"Host": host})
@@ -120,9 +110,32 @@ def test_the_checkout_install_script_is_found() -> None:
     assert script_api.checkout_install_script() == INSTALL_SH
 
 
-def test_install_line_quotes_what_needs_quoting() -> None:
-    line = script_api.install_line("http://h:1/v1", "env 1", "k'ey", "ed25519:AAAA")
-    assert shlex.split(line)[-6:] == ["--env-id", "env 1", "--api-key", "k'ey", "--release-key", "ed25519:AAAA"]
+def test_the_line_gives_the_key_on_install_sh_stdin_and_on_no_command_line(tmp_path: Path) -> None:
+    """The line run by bash, with curl and sudo stand-ins that log their argv: install.sh
+    (a stand-in saying what it got) reads the key from its standard input, no program's
+    arguments hold it, the downloaded script is removed, and the line stays out of a
+    history that ignores lines starting with a space (issue 45, item 5)."""
+    stand_ins = tmp_path / "bin"
+    stand_ins.mkdir()
+    log = tmp_path / "argv.log"
+    (stand_ins / "curl").write_text(
+        f'#!/bin/bash\necho "curl $*" >>{log}\nwhile [ "$1" != -fsSLo ]; do shift; done\n'
+        'printf \'%s\\n\' \'IFS= read -r key; echo "args: $*"; echo "key: $key"; echo "at: $0"\' >"$2"\n'
+    )
+    (stand_ins / "sudo").write_text(f'#!/bin/bash\necho "sudo $*" >>{log}\nexec "$@"\n')
+    for tool in stand_ins.iterdir():
+        tool.chmod(0o755)
+    key = "env_k'ey$(touch /tmp/pwned)"
+    line = script_api.install_line("http://h:1/v1", "env 1", key, "ed25519:AAAA")
+    assert line.startswith(" printf ")
+    done = subprocess.run(
+        ["bash", "-c", line], capture_output=True, text=True, env={"PATH": f"{stand_ins}:/usr/bin:/bin"}, check=True
+    )
+    said = dict(entry.split(": ", 1) for entry in done.stdout.splitlines())
+    assert said["key"] == key
+    assert said["args"] == "--url http://h:1/v1 --env-id env 1 --release-key ed25519:AAAA --api-key-stdin"
+    assert not Path(said["at"]).exists(), "the downloaded script is removed"
+    assert key not in log.read_text() and "install.sh" in log.read_text()
 
 
 async def test_in_the_app_the_line_needs_the_user_key_and_install_sh_needs_none() -> None:

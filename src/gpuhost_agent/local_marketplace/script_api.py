@@ -4,19 +4,25 @@
 "an installation command line for the environment". A host pastes it on the
 GPU machine:
 
-    curl -fsSL <base>/install.sh | sudo bash -s -- --url <base> --env-id <envId> --api-key <key> \
-        --release-key ed25519:<base64>
+     printf '%s\n' <key> | (f=$(mktemp) && trap 'rm -f "$f"' EXIT &&
+        curl -fsSLo "$f" <base>/install.sh && sudo bash "$f" --url <base> --env-id <envId>
+        --release-key ed25519:<base64> --api-key-stdin)
 
-It carries the environment's own API key (that is its purpose: the installer
-writes it to /etc/gpuhost-agent/api-key), so like every renter path it needs the
-user key, and whoever holds the line holds the environment's key. It pins the
+(one line). It carries the environment's own API key (that is its purpose: the
+installer writes it to /etc/gpuhost-agent/api-key), so like every renter path it
+needs the user key, and whoever holds the line holds the environment's key. The
+key reaches install.sh on its standard input: printf is the shell's own command,
+so no process's command line (`ps`, /proc/<pid>/cmdline) ever holds it, as it
+did when the line passed `--api-key` to `sudo bash` for the whole install; and
+the line starts with a space, which keeps it out of bash's history where
+HISTCONTROL ignores such lines (Debian's and Ubuntu's default). It pins the
 public key this marketplace signs its releases with (`--release-key`): the host
 installs an offered release only when it verifies with that key.
 
 `GET /v1/install.sh` serves the repository's install.sh. It must be public
 (PUBLIC_PATHS: the application's auth middleware lets it through), because
-`curl | bash` sends no header; that is safe because the script holds no secret,
-the key travels in the line's arguments. The script is found in the checkout
+curl sends no header; that is safe because the script holds no secret, the key
+travels on install.sh's standard input. The script is found in the checkout
 the agent runs from; an agent installed from a wheel has none, and says so.
 
 `GET /v1/install/build.lock` and `/v1/install/agent.lock` serve the locks of
@@ -60,12 +66,14 @@ def _file_or_404(path: Path | None, what: str) -> web.Response:
 
 
 def install_line(base_url: str, env_id: str, api_key: str, release_key: str) -> str:
-    """The command line a host pastes; every value shell-quoted where it needs it."""
+    """The command line a host pastes; every value shell-quoted where it needs it.
+    The script is downloaded first, so its standard input is free for the key."""
     quote = shlex.quote
     return (
-        f"curl -fsSL {quote(base_url + '/install.sh')} | sudo bash -s -- "
-        f"--url {quote(base_url)} --env-id {quote(env_id)} --api-key {quote(api_key)} "
-        f"--release-key {quote(release_key)}"
+        f" printf '%s\\n' {quote(api_key)} | (f=$(mktemp) && trap 'rm -f \"$f\"' EXIT && "
+        f'curl -fsSLo "$f" {quote(base_url + "/install.sh")} && '
+        f'sudo bash "$f" --url {quote(base_url)} --env-id {quote(env_id)} '
+        f"--release-key {quote(release_key)} --api-key-stdin)"
     )
 
 
