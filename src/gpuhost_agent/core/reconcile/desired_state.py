@@ -20,6 +20,10 @@ from typing import Any, TypeVar
 from gpuhost_agent.protocol import wire, wire_jobs, wire_time, wire_values
 
 PRESENT, ABSENT = "present", "absent"
+# More stacks or rentals than one machine could ever hold (Docker's address pools
+# run out at a few hundred networks): a list longer than this is not this host's,
+# and reconcile goes on without it rather than work through it on every run.
+MAX_LISTED = 4096
 T = TypeVar("T")
 
 
@@ -61,6 +65,11 @@ def decode(raw: Any) -> DesiredState:
     stacks, rentals = raw.get("stacks"), raw.get("rentals")
     if not isinstance(stacks, list) or not isinstance(rentals, list):
         raise wire_jobs.InvalidBody("desired state needs stacks and rentals arrays")
+    for kind, listed in (("stacks", stacks), ("rentals", rentals)):
+        if len(listed) > MAX_LISTED:
+            raise wire_jobs.InvalidBody(
+                f"desired state lists {len(listed)} {kind}, more than the {MAX_LISTED} one host could hold"
+            )
     problems: list[str] = []
     held: set[str] = set()
     decoded_stacks = [s for s in (_kept(_stack, e, i, "stackId", problems, held) for i, e in enumerate(stacks)) if s]

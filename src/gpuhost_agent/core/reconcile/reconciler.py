@@ -17,7 +17,7 @@ from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.reconcile.desired_state import DesiredState, decode
 from gpuhost_agent.core.reconcile.plan import DEPLOY, END_RENTAL, REPORT, Action, Picture, SeenStack, plan
-from gpuhost_agent.core.rentals.end_dates import RentalEndDates
+from gpuhost_agent.core.rentals.end_dates import RentalEndDates, dates_of_this_host
 from gpuhost_agent.core.sandbox.harden import GPU_LABEL
 from gpuhost_agent.core.stacks import naming
 from gpuhost_agent.core.stacks.deployer import COMPOSE_PROJECT_LABEL
@@ -95,9 +95,11 @@ class Reconciler:
         except EngineError as exc:
             log.warning("reconcile_skipped", error=str(exc), reason="Docker Engine unavailable")
             return []
-        if desired is not None:
-            for rental in desired.rentals.values():
-                self.end_dates.note(rental.rental_id, wire_time.iso(rental.end_date) if rental.end_date else None)
+        if desired is not None:  # only this host's rentals: what it records, what it runs
+            here = set(self.db.rentals()) | {row["rental_id"] for row in self.db.stacks().values()}
+            here |= {stack.rental_id for stack in seen.values()}
+            listed = {rental.rental_id: rental.end_date for rental in desired.rentals.values()}
+            self.end_dates.note_many(dates_of_this_host(listed, here))
         picture = Picture(
             desired,
             seen,

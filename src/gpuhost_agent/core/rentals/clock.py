@@ -22,6 +22,7 @@ from gpuhost_agent.uplink.session import SessionState
 
 log = get_logger(__name__)
 MAX_SLEEP = 30.0  # a changed clock or a missed wake-up is caught this soon
+ENDINGS_AT_ONCE = 8  # rental-end jobs the clock has in flight; the rest start as these finish
 
 
 class RentalClock:
@@ -44,13 +45,23 @@ class RentalClock:
                 wait = left if wait is None else min(wait, left)
         return due, wait
 
+    def start_due(self, due: list[str]) -> None:
+        """Submit the ends of `due` rentals, at most ENDINGS_AT_ONCE in flight:
+        each takes down stacks, and a thousand at once would take the engine."""
+        env_id = self.session.env_id
+        busy = self.dispatcher.busy_rentals()
+        in_flight = len(busy & set(due))
+        for rental_id in due:
+            if in_flight >= ENDINGS_AT_ONCE or not env_id:
+                return
+            if rental_id not in busy:
+                self._end(rental_id, env_id)
+                in_flight += 1
+
     async def run(self) -> None:
         while True:
             due, wait = self.due()
-            for rental_id in due:
-                env_id = self.session.env_id
-                if rental_id not in self.dispatcher.busy_rentals() and env_id:
-                    self._end(rental_id, env_id)
+            self.start_due(due)
             self.end_dates.changed.clear()
             timeout = MAX_SLEEP if wait is None else min(MAX_SLEEP, wait + 0.05)
             if due:  # an ending still in progress: look again soon
