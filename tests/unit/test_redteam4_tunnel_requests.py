@@ -53,11 +53,11 @@ async def _seen(hub, stack_id: str, marker: bytes) -> bytes:
 @pytest.mark.parametrize(
     "first",
     [
-        b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: anything\r\n",  # no Connection: upgrade, no server switches
-        b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade:\r\n",  # an empty Upgrade counts as one
-        b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n",  # service answers 404
-        b"CONNECT x:443 HTTP/1.1\r\nHost: x\r\n",  # h11/uvicorn and Go answer it and read on
-        b"GET / HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\nUpgrade: x\r\n",  # 1.0 keep-alive, no close forced
+        b"GET / HTTP/1.1\r\nHost: localhost\r\nUpgrade: anything\r\n",  # no Connection: upgrade, no server switches
+        b"GET / HTTP/1.1\r\nHost: localhost\r\nUpgrade:\r\n",  # an empty Upgrade counts as one
+        b"GET / HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n",  # service answers 404
+        b"CONNECT x:443 HTTP/1.1\r\nHost: localhost\r\n",  # h11/uvicorn and Go answer it and read on
+        b"GET / HTTP/1.0\r\nHost: localhost\r\nConnection: keep-alive\r\nUpgrade: x\r\n",  # 1.0 keep-alive
     ],
 )
 async def test_rt4_a_request_after_an_upgrade_the_service_refused_passes_the_gate(book, first: bytes) -> None:  # noqa: F811
@@ -68,7 +68,7 @@ async def test_rt4_a_request_after_an_upgrade_the_service_refused_passes_the_gat
     await _pipelined(
         entry["port"],
         first + b"Authorization: Basic " + _basic(entry) + b"\r\n\r\n"
-        b"GET /sneaked HTTP/1.1\r\nHost: x\r\nCookie: " + OURS.encode() + b"\r\n\r\n",
+        b"GET /sneaked HTTP/1.1\r\nHost: localhost\r\nCookie: " + OURS.encode() + b"\r\n\r\n",
     )
     seen = await _seen(hub, victim, b"/sneaked")
     assert seen, "the first request reached the service"
@@ -117,8 +117,8 @@ async def test_rt4_a_sign_in_link_on_a_kept_alive_connection_still_signs_in(book
     # The renter's browser, already let in, opens a fresh sign-in link on its kept-alive connection.
     reader, writer = await asyncio.open_connection("127.0.0.1", entry["port"])
     writer.write(
-        b"GET /tree HTTP/1.1\r\nHost: x\r\nAuthorization: Basic " + _basic(entry) + b"\r\n\r\n"
-        b"GET " + target.encode() + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"GET /tree HTTP/1.1\r\nHost: localhost\r\nAuthorization: Basic " + _basic(entry) + b"\r\n\r\n"
+        b"GET " + target.encode() + b" HTTP/1.1\r\nHost: localhost\r\n\r\n"
     )
     await writer.drain()
     writer.write_eof()
@@ -127,7 +127,7 @@ async def test_rt4_a_sign_in_link_on_a_kept_alive_connection_still_signs_in(book
     assert b"signed in" not in answered, "our 302 is never put among the service's answers"
     # The browser retries the link on a new connection, as it does when a reused one closes unanswered.
     reader, writer = await asyncio.open_connection("127.0.0.1", entry["port"])
-    writer.write(b"GET " + target.encode() + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    writer.write(b"GET " + target.encode() + b" HTTP/1.1\r\nHost: localhost\r\n\r\n")
     await writer.drain()
     retried = await asyncio.wait_for(reader.read(), 5)
     writer.close()
@@ -144,7 +144,7 @@ async def test_rt4_a_target_urlsplit_refuses_gets_an_answer_not_an_exception(boo
     loop.set_exception_handler(lambda _loop, context: unhandled.append(context))
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", entry["port"])
-        writer.write(b"GET //[ HTTP/1.1\r\nHost: x\r\n\r\n")
+        writer.write(b"GET //[ HTTP/1.1\r\nHost: localhost\r\n\r\n")
         await writer.drain()
         try:
             answer = await asyncio.wait_for(reader.read(), 5)

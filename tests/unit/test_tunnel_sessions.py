@@ -224,14 +224,15 @@ async def test_a_tunnel_without_basic_auth_strips_our_cookies_and_upgrades(book)
     assert b"gpuhost_tunnel" not in seen, seen
 
 
-async def _pipelined(port: int, requests: bytes) -> None:
-    """`requests` written at once on one connection, which is then read to its end."""
+async def _pipelined(port: int, requests: bytes) -> bytes:
+    """`requests` written at once on one connection, which is then read to its end: what came back."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(requests)
     await writer.drain()
     writer.write_eof()
-    await asyncio.wait_for(reader.read(), 5)
+    answer = await asyncio.wait_for(reader.read(), 5)
     writer.close()
+    return answer
 
 
 async def test_a_kept_alive_connection_is_one_stream_and_each_request_is_stripped(book) -> None:
@@ -241,7 +242,11 @@ async def test_a_kept_alive_connection_is_one_stream_and_each_request_is_strippe
     ours = b"Cookie: gpuhost_tunnel_0123456789abcdef=s1; app=2\r\n"
     await _pipelined(
         _entry(book, other)["port"],
-        b"GET /one HTTP/1.1\r\nHost: x\r\n" + ours + b"\r\nGET /two HTTP/1.1\r\nHost: x\r\n" + ours + b"\r\n",
+        b"GET /one HTTP/1.1\r\nHost: localhost\r\n"
+        + ours
+        + b"\r\nGET /two HTTP/1.1\r\nHost: localhost\r\n"
+        + ours
+        + b"\r\n",
     )
     for _ in range(50):
         if b"/two" in b"".join(hub.received.get(other, [])):
@@ -259,11 +264,55 @@ async def test_a_later_request_without_credentials_never_reaches_a_basic_auth_se
     basic = base64.b64encode(f"{entry['auth']['username']}:{entry['auth']['password']}".encode())
     await _pipelined(
         entry["port"],
-        b"GET /allowed HTTP/1.1\r\nHost: x\r\nAuthorization: Basic " + basic + b"\r\n\r\n"
-        b"GET /sneaked HTTP/1.1\r\nHost: x\r\n\r\n"
-        b"GET /after HTTP/1.1\r\nHost: x\r\nAuthorization: Basic " + basic + b"\r\n\r\n",
+        b"GET /allowed HTTP/1.1\r\nHost: localhost\r\nAuthorization: Basic " + basic + b"\r\n\r\n"
+        b"GET /sneaked HTTP/1.1\r\nHost: localhost\r\n\r\n"
+        b"GET /after HTTP/1.1\r\nHost: localhost\r\nAuthorization: Basic " + basic + b"\r\n\r\n",
     )
     await asyncio.sleep(0.3)
     seen = b"".join(hub.received[victim])
     assert b"GET /allowed" in seen, seen
     assert b"/sneaked" not in seen and b"/after" not in seen, "the gate's refusal ends the connection"
+
+
+async def test_every_port_of_a_basic_auth_stack_is_gated(tmp_path) -> None:
+    """Issue 49, item 3: a basic-auth stack's port outside the usual web ports (a second
+    Jupyter on 8889) was a `tcp` tunnel with no gate: it answered without credentials."""
+    store = Store.load_or_create(tmp_path / "market.json")
+    hub = FakeHub()
+    stack_id = _stack(store, 8888, basic_auth=True, ports=(8889,))
+    book = TunnelBook(store, hub)
+    await book.sync()
+    try:
+        entries = {entry["containerPort"]: entry for entry in book.for_stack(stack_id)}
+        assert {port: entry["protocol"] for port, entry in entries.items()} == {8888: "http", 8889: "http"}
+        assert entries[8889]["auth"] is not None
+        answer = await _pipelined(entries[8889]["port"], b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 401"), answer
+        assert not hub.received.get(stack_id), "nothing reached the service without credentials"
+    finally:
+        await book.close_all()
+
+
+async def test_a_request_naming_another_host_is_refused_dns_rebinding(book) -> None:
+    """Issue 49, item 3: a page of the attacker's name made to resolve to 127.0.0.1 is
+    same-origin with an ungated tunnel's service; its requests carry its Host."""
+    book, hub, _victim, other = book
+    port = _entry(book, other)["port"]
+    for host in (
+        b"evil.example:" + str(port).encode(),
+        b"127.0.0.1:1",
+        b"localhost:" + str(port).encode() + b"\r\nHost: x",
+    ):
+        answer = await _pipelined(port, b"GET /rebound HTTP/1.1\r\nHost: " + host + b"\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 421"), (host, answer)
+    assert b"/rebound" not in b"".join(hub.received.get(other, []))
+    answer = await _pipelined(port, b"GET /own HTTP/1.1\r\nHost: 127.0.0.1:" + str(port).encode() + b"\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+    # A later request on a kept-alive connection is judged the same: the connection ends there.
+    await _pipelined(
+        port,
+        b"GET /first HTTP/1.1\r\nHost: localhost\r\n\r\nGET /second HTTP/1.1\r\nHost: evil.example\r\n\r\n",
+    )
+    await asyncio.sleep(0.2)
+    seen = b"".join(hub.received[other])
+    assert b"/first" in seen and b"/second" not in seen

@@ -106,16 +106,44 @@ def _tokens(value: str | None) -> set[str]:
     return {token.strip().lower() for token in (value or "").split(",")}
 
 
-async def judged(gate: Gate | None, head: Head, client: str) -> Decision:
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+
+
+def host_problem(head: Head, port: int) -> str | None:
+    """Why a request's Host is not this tunnel's, or None. A tunnel listens on
+    loopback, where a page of any other name reaches it only by DNS
+    rebinding (the attacker's name made to resolve to 127.0.0.1, its script
+    then same-origin with the tunnel's service): such a request is refused.
+    A request without Host (HTTP/1.0) comes from no browser."""
+    hosts = [value for name, value in head.headers if name.lower() == "host"]
+    if not hosts:
+        return None
+    if len(hosts) == 1 and hosts[0].strip().lower() in {
+        *LOOPBACK_NAMES,
+        *(f"{name}:{port}" for name in LOOPBACK_NAMES),
+    }:
+        return None
+    return f"this tunnel is http://127.0.0.1:{port}/: a request for another host name is not passed on"
+
+
+async def judged(gate: Gate | None, head: Head, client: str, port: int) -> Decision:
     """The gate's decision on one request of an http tunnel (ours stripped
-    from what goes on); without a gate, every request goes on, stripped."""
+    from what goes on); without a gate, every request goes on, stripped.
+    Before either, the Host must name the tunnel (host_problem): 421."""
+    if problem := host_problem(head, port):
+        return Decision(status=421, text=problem)
     if gate is None:
         return Decision(forward=stripped(head, basic=False))
     return await gate.decide(head, client)
 
 
 def next_requests(
-    gate: Callable[[], Gate | None], reader: asyncio.StreamReader, send: Send, first: Framing, client: str
+    gate: Callable[[], Gate | None],
+    reader: asyncio.StreamReader,
+    send: Send,
+    first: Framing,
+    client: str,
+    port: int,
 ) -> Callable[[Callable[[], None]], Awaitable[None]]:
     """The relay's client side of an http tunnel after its first head: that
     request's body, then each next request judged by the tunnel's gate of
@@ -127,7 +155,7 @@ def next_requests(
     async def forwardable(head: Head) -> Head | None:
         if f"{TOKEN_PARAM}=" in head.target:
             return None
-        return (await judged(gate(), head, client)).forward
+        return (await judged(gate(), head, client, port)).forward
 
     async def forward(touch: Callable[[], None]) -> None:
         await forward_requests(reader, send, first, forwardable, touch)

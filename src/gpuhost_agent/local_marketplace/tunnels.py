@@ -8,7 +8,10 @@ lists the agent reports: a port that appears gets a listener, one that goes
 (container removed, stack removed, rental ended) loses it. A container that
 restarts keeps its tunnel: the agent looks its address up for each connection.
 
-Which tunnels are `http`: the ports web services use by convention (below).
+Which tunnels are `http`: the ports web services use by convention (below),
+and every port of a stack with basic auth, so that none of its ports is
+reached ungated (a second Jupyter on 8889); such a port speaks HTTP or is
+refused (its raw TCP is the SSH endpoint's to forward).
 An `http` tunnel is the same byte relay but for the head of each
 connection's first request, which it reads (bounded, as the gate does) to
 strip the tunnels' session cookies, every tunnel's, before any container sees
@@ -174,7 +177,8 @@ def wanted(store: Store) -> dict[TunnelKey, tuple[str, str, str]]:
             for port in {p["PrivatePort"] for p in container.get("Ports") or [] if p.get("Type", "tcp") == "tcp"}:
                 key = TunnelKey(stack["rentalId"], stack_id, container["Id"], int(port))
                 name = str(container.get("Name") or "").lstrip("/")
-                tunnels[key] = (service, "http" if port in HTTP_PORTS else "tcp", name)
+                http = port in HTTP_PORTS or bool(stack.get("basicAuth"))  # basic auth gates every port
+                tunnels[key] = (service, "http" if http else "tcp", name)
     return tunnels
 
 
@@ -389,7 +393,7 @@ class TunnelBook:
                     return
                 peer = writer.get_extra_info("peername")
                 client = str(peer[0]) if peer else "?"
-                decision = await tunnel_requests.judged(tunnel.gate, head, client)
+                decision = await tunnel_requests.judged(tunnel.gate, head, client, tunnel.listen_port)
                 if decision.forward is None:
                     await tunnel_relay.write_answer(writer, decision.status, decision.headers, decision.text)
                     return
@@ -418,7 +422,7 @@ class TunnelBook:
                     None
                     if framing is None
                     else tunnel_requests.next_requests(
-                        lambda: tunnel.gate, reader, stream.agent_ws.send_bytes, framing, client
+                        lambda: tunnel.gate, reader, stream.agent_ws.send_bytes, framing, client, tunnel.listen_port
                     )
                 )
                 relay = asyncio.ensure_future(tunnel_relay.relay(reader, writer, stream.agent_ws, forward=forward))
