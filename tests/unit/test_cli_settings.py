@@ -29,7 +29,7 @@ def _help(command: str) -> str:
     return " ".join(done.stdout.split())  # argparse wraps lines; a default may span two
 
 
-@pytest.mark.parametrize("command", ["run", "doctor"])
+@pytest.mark.parametrize("command", ["run", "doctor", "support-bundle"])
 def test_help_names_every_settings_flag_variable_and_default(command):
     text = _help(command)
     for setting in SETTINGS:

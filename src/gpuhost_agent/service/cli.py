@@ -1,8 +1,9 @@
 """Command line: `gpuhost-agent run` (the daemon), `probe` and `doctor` (the machine,
-for its host), `status` and `version`.
+for its host), `status`, `support-bundle` (an archive for a ticket) and `version`.
 
 The settings' flags are made from their declarations (service/settings_table.py):
-`run`, `probe` and `doctor` have one for every setting, `status` the few it reads.
+`run`, `probe`, `doctor` and `support-bundle` have one for every setting, `status`
+the few it reads.
 """
 
 from __future__ import annotations
@@ -63,7 +64,19 @@ def _parser() -> argparse.ArgumentParser:
         help="run the compliance checks and show the settings in effect; exit status 1 when not compliant",
     )
     doctor.add_argument("--json", action="store_true", help="machine-readable JSON instead of text")
-    for sub in (probe, doctor):
+    bundle = commands.add_parser(
+        "support-bundle",
+        help="write one archive to attach to a support ticket: versions, doctor, probe, status, the agent's log, "
+        "the engine's info, the unit; secrets scrubbed, renters' data left out",
+        description="Write a .tar.gz (mode 0600) for a support ticket; its manifest.json says what each file is "
+        "and what could not be gathered. Every secret the configuration names is scrubbed (docs/operations.md, "
+        "A support bundle).",
+    )
+    bundle.add_argument("--since", default="24h", help="how far back the agent's log goes: 90m, 24h, 7d (default 24h)")
+    bundle.add_argument(
+        "--output", metavar="PATH", help="where to write it (default ./gpuhost-support-<host>-<UTC time>.tar.gz)"
+    )
+    for sub in (probe, doctor, bundle):
         _add_settings(sub)  # the same as run's: doctor shows the settings run would have
     status = commands.add_parser(
         "status", help="is the agent running and connected: heartbeat, last error, compliance, stacks and tunnels"
@@ -179,6 +192,13 @@ def main(argv: list[str] | None = None) -> int:
         if settings is None:
             settings = settings_view.effective(chosen, config)
         return host_check.doctor(config, args.json, settings, whose)
+    if args.command == "support-bundle":
+        from gpuhost_agent.service import support_bundle
+
+        settings, whose = _running_agents_settings(config)
+        if settings is None:
+            settings = settings_view.effective(chosen, config)
+        return support_bundle.run(config, chosen, since=args.since, output=args.output, settings=settings, whose=whose)
     from gpuhost_agent.service import launcher
 
     launcher.launch(config.state_dir, sys.argv[1:] if argv is None else argv)  # the version the upgrade record chooses
