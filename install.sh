@@ -3,8 +3,8 @@
 # GPU rental marketplace, on a Debian 12 / Ubuntu 22.04 / 24.04 GPU machine.
 #
 # The marketplace hands a host one line (GET /environments/{envId}/script):
-#   (f=$(mktemp) && trap 'rm -f "$f"' EXIT && curl -fsSLo "$f" <base>/install.sh &&
-#    sudo bash "$f" --url <base_url> --env-id <envId> --api-key-stdin ...)
+#   printf '%s\n' <key> | sudo bash -c '<download install.sh into a folder of root's own, run it>'
+#     install.sh <base>/install.sh --url <base_url> --env-id <envId> --api-key-stdin ...
 # and asks for the API key (or reads it from a pipe): never on a command line.
 # From a checkout the same works as: sudo ./install.sh --url ... --env-id ... --api-key-stdin
 # `install.sh --help` has every option, the files it writes and every message
@@ -619,9 +619,15 @@ resolve_settings() {
 
 # The checkout this script runs from, if any (empty under `curl | bash`).
 find_checkout() {
-    local self=${BASH_SOURCE[0]:-} dir
+    local self=${BASH_SOURCE[0]:-} dir owner mode
     [ -n "$self" ] && [ -f "$self" ] || return 0
     dir=$(cd "$(dirname "$self")" && pwd)
+    # A checkout only where nobody but root and the user who ran sudo could have
+    # put one: in a folder others may write to (/tmp) anyone could plant a
+    # "checkout" beside the script, and it would be installed, as root.
+    owner=$(stat -c %u "$dir") mode=$(stat -c %a "$dir")
+    if [ "$owner" != 0 ] && [ "$owner" != "${SUDO_UID:-0}" ]; then return 0; fi
+    if (( 8#$mode & 8#1002 )); then return 0; fi  # writable by anyone, or /tmp's sticky kind
     if [ -f "$dir/pyproject.toml" ] && [ -d "$dir/src/gpuhost_agent" ] \
         && grep -q "^name = \"$PACKAGE\"" "$dir/pyproject.toml"; then
         echo "$dir"

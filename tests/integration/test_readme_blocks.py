@@ -31,7 +31,7 @@ from gpuhost_agent.protocol import wire
 
 ROOT = Path(__file__).resolve().parents[2]
 BLOCK = re.compile(r"^```sh\n(.*?)^```", re.DOTALL | re.MULTILINE)
-NOT_PASTED_HERE = ("make run     #", "<base>/install.sh")  # the set-up commands; the install line
+NOT_PASTED_HERE = ("make run     #", "<base_url>/install.sh")  # the set-up commands; the install line
 KEY_LINE = "KEY=paste-the-renter-API-key"
 README_PORT = "127.0.0.1:8787"
 # Failures the README announces: doctor on a machine with no GPU, the ssh

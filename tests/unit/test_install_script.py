@@ -77,7 +77,7 @@ async def test_script_route_answers_the_installation_line(tmp_path: Path) -> Non
         assert line == script_api.install_line(
             base, store.envId, store.envApiKey, MarketplaceState(store).release_public_key()
         )
-        words = shlex.split(line.split("| (", 1)[1])
+        words = shlex.split(line.split("| ", 1)[1])
         assert words[words.index("--url") + 1] == base and words[words.index("--env-id") + 1] == store.envId
         # the key its releases are signed with, pinned on the host (issue 45)
         assert words[words.index("--release-key") + 1] == MarketplaceState(store).release_public_key()
@@ -262,3 +262,18 @@ def test_a_machine_of_many_gpus_and_a_long_library_cache_is_read_whole(tmp_path:
     shown = _script_functions(body).stdout.splitlines()
     assert shown[0] == "note: NVIDIA: 2000 GPU(s), NVIDIA H100 80GB HBM3 number 0000, 550.54.15", shown
     assert shown[1:] == ["note: NVIDIA Container Toolkit: 1.17.8", "error: "], shown
+
+
+def test_a_checkout_in_a_folder_anyone_may_write_to_is_none(tmp_path: Path) -> None:
+    """install.sh run from /tmp (the first form of the new install line downloaded it
+    there) took a `checkout` anyone could plant beside it and installed it, as root
+    (session red team). A folder writable by all, or sticky as /tmp, holds none."""
+    for mode, found in ((0o755, True), (0o775, True), (0o777, False), (0o1777, False)):
+        folder = tmp_path / f"mode-{mode:o}"
+        (folder / "src" / "gpuhost_agent").mkdir(parents=True)
+        (folder / "pyproject.toml").write_text('[project]\nname = "gpuhost-agent"\n')
+        (folder / "install.sh").write_text(INSTALL_SH.read_text().rsplit("\n", 2)[0] + "\n")  # all but `main "$@"`
+        folder.chmod(mode)
+        program = f"source {shlex.quote(str(folder / 'install.sh'))}\nfind_checkout"
+        said = subprocess.run(["bash", "-c", program], capture_output=True, text=True, check=True).stdout.strip()
+        assert said == (str(folder) if found else ""), (oct(mode), said)

@@ -4,9 +4,9 @@
 "an installation command line for the environment". A host pastes it on the
 GPU machine:
 
-     printf '%s\n' <key> | (f=$(mktemp) && trap 'rm -f "$f"' EXIT &&
-        curl -fsSLo "$f" <base>/install.sh && sudo bash "$f" --url <base> --env-id <envId>
-        --release-key ed25519:<base64> --api-key-stdin)
+     printf '%s\n' <key> | sudo bash -c '<download install.sh into a folder of
+        root's own, run it>' install.sh <base>/install.sh --url <base> --env-id <envId>
+        --release-key ed25519:<base64> --api-key-stdin
 
 (one line). It carries the environment's own API key (that is its purpose: the
 installer writes it to /etc/gpuhost-agent/api-key), so like every renter path it
@@ -65,15 +65,24 @@ def _file_or_404(path: Path | None, what: str) -> web.Response:
     return web.Response(body=path.read_bytes(), content_type="text/plain", headers={"Cache-Control": "no-store"})
 
 
+# What root runs: install.sh downloaded into a folder of root's own (mktemp -d:
+# 0700), never one another user can write to (in /tmp another user could plant a
+# checkout beside the script, which install.sh would install from, as root).
+# The values come as arguments, so none is quoted twice; the key on stdin.
+ROOT_STEPS = (
+    'd=$(mktemp -d) && trap \'rm -rf "$d"\' EXIT && curl -fsSLo "$d/install.sh" "$1" && shift && '
+    'bash "$d/install.sh" "$@"'
+)
+
+
 def install_line(base_url: str, env_id: str, api_key: str, release_key: str) -> str:
     """The command line a host pastes; every value shell-quoted where it needs it.
     The script is downloaded first, so its standard input is free for the key."""
     quote = shlex.quote
     return (
-        f" printf '%s\\n' {quote(api_key)} | (f=$(mktemp) && trap 'rm -f \"$f\"' EXIT && "
-        f'curl -fsSLo "$f" {quote(base_url + "/install.sh")} && '
-        f'sudo bash "$f" --url {quote(base_url)} --env-id {quote(env_id)} '
-        f"--release-key {quote(release_key)} --api-key-stdin)"
+        f" printf '%s\\n' {quote(api_key)} | sudo bash -c {quote(ROOT_STEPS)} install.sh "
+        f"{quote(base_url + '/install.sh')} --url {quote(base_url)} --env-id {quote(env_id)} "
+        f"--release-key {quote(release_key)} --api-key-stdin"
     )
 
 
