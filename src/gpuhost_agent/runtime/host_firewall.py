@@ -172,10 +172,11 @@ class HostFirewall:
         """From DOCKER-USER where the engine sends FORWARD's traffic through it
         (or will: before_engine), else from FORWARD itself (an engine without
         iptables rules of its own)."""
+        if self.before_engine:  # and from FORWARD too: an engine may never send traffic through DOCKER-USER
+            return [*jumps(True), *(jump for jump in jumps(False) if jump.parent == "FORWARD")]
         if not self._chain_exists("iptables", DOCKER_USER):
             return jumps(False)
-        used = self.before_engine or self._has("iptables", "FORWARD", ("-j", DOCKER_USER))
-        return jumps(used)
+        return jumps(self._has("iptables", "FORWARD", ("-j", DOCKER_USER)))
 
     def _chain_exists(self, tool: str, chain: str) -> bool:
         return self._run(tool, "-S", chain, check=False).returncode == 0

@@ -49,8 +49,8 @@ class RentalClock:
         """Submit the ends of `due` rentals, at most ENDINGS_AT_ONCE in flight:
         each takes down stacks, and a thousand at once would take the engine."""
         env_id = self.session.env_id
-        busy = self.dispatcher.busy_rentals()
-        in_flight = len(busy & set(due))
+        busy, ending = self.dispatcher.busy_rentals(), self.dispatcher.ending_rentals()
+        in_flight = len(ending)  # ends running, not rentals merely busy with a slow deploy
         for rental_id in due:
             if in_flight >= ENDINGS_AT_ONCE or not env_id:
                 return

@@ -140,7 +140,10 @@ class StackDeployer:
         `up`, when a removal of the stack or its rental's end overtook the job
         (deploy_stops.py)."""
         stops = stops or DeployStops()
-        running_before = await self._running(job.stack_id)  # a redelivered job's, or the last deploy's
+        # A redelivered job's, or the last deploy's: kept only when that deploy was seen through (APPLIED);
+        # containers of one that crashed between up and its checks were never judged running well.
+        applied = (self.db.stacks().get(job.stack_id) or {}).get("status") == wire.APPLIED
+        running_before = await self._running(job.stack_id) if applied else []
         template, variables, project, workdir = self._begin(job)
         changed = False  # has this deploy touched the engine's containers yet (Compose's `up`)?
         try:
