@@ -316,3 +316,40 @@ async def test_a_request_naming_another_host_is_refused_dns_rebinding(book) -> N
     await asyncio.sleep(0.2)
     seen = b"".join(hub.received[other])
     assert b"/first" in seen and b"/second" not in seen
+
+
+async def test_a_page_of_another_rentals_tunnel_or_of_a_website_cannot_drive_a_service(book) -> None:
+    """Session red team: 127.0.0.1:P1 and 127.0.0.1:P2 are the same site to a browser, so a
+    hostile image's page on another rental's tunnel (or any website) could open a WebSocket
+    to a terminal or post to a notebook of the renter's; its requests carry its Origin."""
+    book, hub, victim, other = book
+    port, foreign = _entry(book, other)["port"], _entry(book, victim)["port"]  # victim: another rental
+    for origin in (f"http://127.0.0.1:{foreign}", "https://evil.example", "null", f"http://evil.example:{port}"):
+        request = f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nOrigin: {origin}\r\nUpgrade: websocket\r\n\r\n"
+        answer = await _pipelined(port, request.encode())
+        assert answer.startswith(b"HTTP/1.1 403"), (origin, answer)
+    assert b"/ws" not in b"".join(hub.received.get(other, []))
+    for origin in (f"http://127.0.0.1:{port}", f"http://localhost:{port}"):  # its own pages
+        answer = await _pipelined(
+            port,
+            f"POST /own HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nOrigin: {origin}\r\nContent-Length: 0\r\n\r\n".encode(),
+        )
+        assert answer.startswith(b"HTTP/1.1 200"), (origin, answer)
+
+
+async def test_a_page_of_the_rentals_other_tunnel_may_call_it(tmp_path) -> None:
+    """A front end on one port calling its API on another port of the same rental passes."""
+    store = Store.load_or_create(tmp_path / "market.json")
+    hub = FakeHub()
+    stack_id = _stack(store, 5173, basic_auth=False, ports=(8000,))
+    book = TunnelBook(store, hub)
+    await book.sync()
+    try:
+        entries = {entry["containerPort"]: entry for entry in book.for_stack(stack_id)}
+        front, api = entries[5173]["port"], entries[8000]["port"]
+        answer = await _pipelined(
+            api, f"GET /api HTTP/1.1\r\nHost: 127.0.0.1:{api}\r\nOrigin: http://127.0.0.1:{front}\r\n\r\n".encode()
+        )
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+    finally:
+        await book.close_all()

@@ -34,6 +34,7 @@ import asyncio
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from gpuhost_agent.local_marketplace.tunnel_auth import TOKEN_PARAM, Decision, Gate, Head, parse_head, stripped
 
@@ -126,12 +127,41 @@ def host_problem(head: Head, port: int) -> str | None:
     return f"this tunnel is http://127.0.0.1:{port}/: a request for another host name is not passed on"
 
 
-async def judged(gate: Gate | None, head: Head, client: str, port: int) -> Decision:
+def origin_problem(head: Head, rental_ports: frozenset[int]) -> str | None:
+    """Why a browser request may not reach the service, or None. A page's
+    requests carry its Origin: a page of the rental's own tunnels (any of its
+    ports: a front end on 5173 calling its API on 8000) may drive the service;
+    another rental's tunnel on 127.0.0.1 (the same site to a browser, whose
+    cookies ignore ports), or any website the renter has open, may not: its
+    WebSocket to a terminal or its form to a notebook would act as the renter.
+    A request without Origin (a navigation, curl) comes from no other page."""
+    origins = [value.strip() for name, value in head.headers if name.lower() == "origin"]
+    if not origins:
+        return None
+    parts = urlsplit(origins[0]) if len(origins) == 1 else None
+    try:
+        port = parts.port if parts is not None else None
+    except ValueError:
+        port = None
+    hostname = (parts.hostname or "") if parts is not None else ""
+    if parts is not None and parts.scheme == "http" and hostname in ("127.0.0.1", "localhost", "::1"):
+        if port in rental_ports:
+            return None
+    return "a page of another origin may not send requests to this tunnel's service"
+
+
+async def judged(
+    gate: Gate | None, head: Head, client: str, port: int, rental_ports: frozenset[int] = frozenset()
+) -> Decision:
     """The gate's decision on one request of an http tunnel (ours stripped
     from what goes on); without a gate, every request goes on, stripped.
-    Before either, the Host must name the tunnel (host_problem): 421."""
+    Before either, the Host must name the tunnel (host_problem): 421; and a
+    page's Origin be the rental's own (origin_problem, `rental_ports` the
+    listening ports of the rental's tunnels): 403."""
     if problem := host_problem(head, port):
         return Decision(status=421, text=problem)
+    if problem := origin_problem(head, rental_ports | {port}):
+        return Decision(status=403, text=problem)
     if gate is None:
         return Decision(forward=stripped(head, basic=False))
     return await gate.decide(head, client)
@@ -144,6 +174,7 @@ def next_requests(
     first: Framing,
     client: str,
     port: int,
+    rental_ports: frozenset[int] = frozenset(),
 ) -> Callable[[Callable[[], None]], Awaitable[None]]:
     """The relay's client side of an http tunnel after its first head: that
     request's body, then each next request judged by the tunnel's gate of
@@ -155,7 +186,7 @@ def next_requests(
     async def forwardable(head: Head) -> Head | None:
         if f"{TOKEN_PARAM}=" in head.target:
             return None
-        return (await judged(gate(), head, client, port)).forward
+        return (await judged(gate(), head, client, port, rental_ports)).forward
 
     async def forward(touch: Callable[[], None]) -> None:
         await forward_requests(reader, send, first, forwardable, touch)

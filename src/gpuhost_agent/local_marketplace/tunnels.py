@@ -313,6 +313,10 @@ class TunnelBook:
         if gone:
             self.store.save()
 
+    def _rental_ports(self, rental_id: str) -> frozenset[int]:
+        """The listening ports of the rental's tunnels: the origins its pages may come from."""
+        return frozenset(t.listen_port for t in self.tunnels.values() if t.key.rental_id == rental_id and t.listen_port)
+
     def _insecure(self, stack_id: str) -> bool:
         return ((self.store.stacks.get(stack_id) or {}).get("template") or {}).get("insecure") is True
 
@@ -393,7 +397,8 @@ class TunnelBook:
                     return
                 peer = writer.get_extra_info("peername")
                 client = str(peer[0]) if peer else "?"
-                decision = await tunnel_requests.judged(tunnel.gate, head, client, tunnel.listen_port)
+                rental_ports = self._rental_ports(key.rental_id)
+                decision = await tunnel_requests.judged(tunnel.gate, head, client, tunnel.listen_port, rental_ports)
                 if decision.forward is None:
                     await tunnel_relay.write_answer(writer, decision.status, decision.headers, decision.text)
                     return
@@ -422,7 +427,13 @@ class TunnelBook:
                     None
                     if framing is None
                     else tunnel_requests.next_requests(
-                        lambda: tunnel.gate, reader, stream.agent_ws.send_bytes, framing, client, tunnel.listen_port
+                        lambda: tunnel.gate,
+                        reader,
+                        stream.agent_ws.send_bytes,
+                        framing,
+                        client,
+                        tunnel.listen_port,
+                        self._rental_ports(key.rental_id),
                     )
                 )
                 relay = asyncio.ensure_future(tunnel_relay.relay(reader, writer, stream.agent_ws, forward=forward))
