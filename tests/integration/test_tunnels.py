@@ -199,7 +199,7 @@ async def test_basic_auth_at_the_marketplace(local_market, local_doc, basic_auth
         assert web["auth"] is None
         status, body, _ = await asyncio.to_thread(_curl, web["url"])
         assert (status, body.strip()) == (200, "behind a password")
-        seen = await _mirror(mirror["port"], b"GET / HTTP/1.1\r\nHost: x\r\n" + service_auth + b"\r\n")
+        seen = await _mirror(mirror["port"], b"GET / HTTP/1.1\r\nHost: localhost\r\n" + service_auth + b"\r\n")
         assert service_auth in seen, "without basic auth the service's own Authorization passes untouched"
         return
 
@@ -237,7 +237,7 @@ async def test_basic_auth_at_the_marketplace(local_market, local_doc, basic_auth
     ours = base64.b64encode(f"renter:{mirror_password}".encode())
     seen = await _mirror(
         mirror["port"],
-        b"GET / HTTP/1.1\r\nHost: x\r\nAuthorization: Basic "
+        b"GET / HTTP/1.1\r\nHost: localhost\r\nAuthorization: Basic "
         + ours
         + b"\r\nCookie: theme=dark\r\nConnection: keep-alive\r\n\r\n",
         count=2,
