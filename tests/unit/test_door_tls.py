@@ -15,8 +15,9 @@ import pytest
 from support.door_tls import DoorTls, make_door_tls
 
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.runtime.door_client import DoorClient
+from gpuhost_agent.runtime.door_client import ANSWER_BYTES, DoorClient
 from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.engine_errors import AnswerTooLarge
 from gpuhost_agent.service import swarm_tls
 from gpuhost_agent.service.config import ConfigError
 from gpuhost_agent.streams.door import WorkerDoor
@@ -188,3 +189,37 @@ async def test_the_end_of_an_execs_stdin_crosses_tls_as_a_half_close_to_the_engi
         server.close()
         await server.wait_closed()
     assert proxy.served == 1
+
+
+async def test_an_answer_through_the_door_is_read_only_up_to_its_cap(door_tls) -> None:
+    """Issue 45, item 4: the leader read a door's answer whole (a 64 MiB machine report took
+    it from 47 to 300 MiB). A worker answering without end is read up to ANSWER_BYTES, then
+    refused; what it managed to send shows the leader stopped reading."""
+    sent = [0]
+
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n{"pad": "')
+        try:
+            for _ in range(4 * ANSWER_BYTES // 65536):
+                writer.write(b"a" * 65536)
+                await writer.drain()
+                sent[0] += 65536
+            writer.write(b'"}')
+            await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(endless, "127.0.0.1", 0, ssl=door_tls.server())
+    port = server.sockets[0].getsockname()[1]
+    door = DoorClient("127.0.0.1", port, KEY, door_tls.client())
+    try:
+        with pytest.raises(AnswerTooLarge, match="over"):
+            await door.machine(live=True)
+    finally:
+        await door.close()
+        server.close()
+        await server.wait_closed()
+    assert sent[0] < 2 * ANSWER_BYTES, sent

@@ -39,6 +39,10 @@ SERVICE_NO_TLS = "the service did not complete a TLS handshake"
 # that many bytes; a frame of length 0 ends the input (TLS has no half-close).
 FRAME_HEADER = 4
 FRAME_LIMIT = 64 * 1024
+# The most of one answer read from a door: a machine report is tens of KiB, a
+# machine's container list a few MiB at most. Another machine is untrusted (its
+# agent may be compromised): a 64 MiB report took the leader from 47 to 300 MiB.
+ANSWER_BYTES = 8 * 1024 * 1024
 
 
 class DoorClient(EngineStreams):
@@ -47,6 +51,20 @@ class DoorClient(EngineStreams):
     def __init__(self, host: str, port: int, key: str, tls: ssl.SSLContext):
         super().__init__(f"tcp://{host}:{port}", timeout=TIMEOUT, headers={"Authorization": f"Bearer {key}"})
         self._host, self._port, self._tls = host, port, tls
+
+    async def _call_raw(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: object = None,
+        params: dict | None = None,
+        timeout: float | None = None,
+        max_bytes: int | None = None,
+    ) -> tuple[bytes, str]:
+        """Every answer read up to ANSWER_BYTES (or the call's own, smaller, cap)."""
+        cap = min(max_bytes or ANSWER_BYTES, ANSWER_BYTES)
+        return await super()._call_raw(method, path, body=body, params=params, timeout=timeout, max_bytes=cap)
 
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None or self._http.closed:
