@@ -13,6 +13,7 @@ import subprocess
 import time
 
 import aiohttp
+from support.browser_names import BrowserNames, browser_session
 from support.loop_lag import LoopLag
 from support.stacks import TEST_IMAGE
 
@@ -46,7 +47,7 @@ async def test_wrong_logins_neither_block_the_loop_nor_lock_the_renter_out(local
     one = time.monotonic() - started  # one check, on this machine now
 
     guesses = [("renter", f"guess-{i}") if i % 2 else (f"admin{i}", password) for i in range(BURST)]
-    connector = aiohttp.TCPConnector(force_close=True, limit=0)
+    connector = aiohttp.TCPConnector(force_close=True, limit=0, resolver=BrowserNames())  # <id>.localhost
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as http:
         async with LoopLag() as lag:
             answers = await asyncio.gather(*(_get(http, url, user, guess) for user, guess in guesses))
@@ -84,7 +85,10 @@ async def test_the_sign_in_link_works_once_and_a_new_password_revokes_its_sessio
     token = link.split(f"{tunnel_auth.TOKEN_PARAM}=")[1]
 
     jar = tmp_path / "jar"
-    status, body = await asyncio.to_thread(_curl, "-c", str(jar), "-b", str(jar), "-L", link)
+    # A page that sets the session and goes on to the service (a meta refresh: curl stops there)
+    status, body = await asyncio.to_thread(_curl, "-c", str(jar), "-b", str(jar), link)
+    assert status == 200 and "signed in" in body and 'http-equiv="refresh" content="0; url=/"' in body, body
+    status, body = await asyncio.to_thread(_curl, "-b", str(jar), url)
     assert (status, body.strip()) == (200, "behind a password")
     jar_text = await asyncio.to_thread(jar.read_text)  # a file read, off the loop (blockbuster)
     cookie = [
@@ -98,9 +102,9 @@ async def test_the_sign_in_link_works_once_and_a_new_password_revokes_its_sessio
 
     (again,) = await renter.tunnels(rental_id, stack_id, 1)
     assert again["auth"]["link"] != link, "every read mints a new link"
-    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+    async with browser_session(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
         async with browser.get(again["auth"]["link"]) as response:
-            assert (response.status, (await response.text()).strip()) == (200, "behind a password")
+            assert response.status == 200 and "signed in" in await response.text()
         async with browser.get(url) as response:  # the cookie alone, as a browser's next request
             assert (response.status, (await response.text()).strip()) == (200, "behind a password")
         async with browser.get(again["auth"]["link"]) as response:

@@ -26,6 +26,7 @@ from types import SimpleNamespace
 import aiohttp
 import pytest
 from aiohttp import WSMessage, WSMsgType
+from support.browser_names import browser_session
 
 from gpuhost_agent.local_marketplace import tunnel_auth, tunnel_relay
 from gpuhost_agent.local_marketplace.channel_hub import ChannelHub
@@ -120,10 +121,10 @@ async def test_a_tunnel_session_does_not_reach_another_stacks_tunnel_nor_replay_
     book, hub, victim, other = book
     link = _entry(book, victim)["auth"]["link"]
     jar = aiohttp.CookieJar(unsafe=True)  # unsafe: cookies for an IP host, as a browser keeps them
-    async with aiohttp.ClientSession(cookie_jar=jar) as browser:
+    async with browser_session(cookie_jar=jar) as browser:
         async with browser.get(link, allow_redirects=False) as signed_in:
             cookie = f"gpuhost_tunnel_{_entry(book, victim)['tunnelId']}="
-            assert signed_in.status == 302 and signed_in.headers["Set-Cookie"].startswith(cookie)
+            assert signed_in.status == 200 and signed_in.headers["Set-Cookie"].startswith(cookie)
         async with browser.get(_entry(book, victim)["url"], headers={"Cookie": "theirs=1"}) as own:
             assert own.status == 200  # the renter's own use: fine
         assert b"theirs=1" in hub.received[victim][-1], "the service's own cookies pass"
@@ -149,7 +150,7 @@ async def test_a_session_is_its_tunnels_alone(tmp_path) -> None:
     try:
         jupyter, board = sorted(book.for_stack(stack), key=lambda entry: entry["containerPort"], reverse=True)
         assert (jupyter["containerPort"], board["containerPort"]) == (8888, 6006)
-        async with aiohttp.ClientSession() as browser:
+        async with browser_session() as browser:
             async with browser.get(jupyter["auth"]["link"], allow_redirects=False) as signed_in:
                 name, _, rest = signed_in.headers["Set-Cookie"].partition("=")
                 assert name == f"gpuhost_tunnel_{jupyter['tunnelId']}", "named after its tunnel"
@@ -351,5 +352,36 @@ async def test_a_page_of_the_rentals_other_tunnel_may_call_it(tmp_path) -> None:
             api, f"GET /api HTTP/1.1\r\nHost: 127.0.0.1:{api}\r\nOrigin: http://127.0.0.1:{front}\r\n\r\n".encode()
         )
         assert answer.startswith(b"HTTP/1.1 200"), answer
+    finally:
+        await book.close_all()
+
+
+async def test_a_browsers_session_never_goes_to_another_rentals_tcp_tunnel(tmp_path) -> None:
+    """Issue 49, item 3: a browser signed in to a basic-auth tunnel sent its session cookie
+    to every port of 127.0.0.1, a `tcp` tunnel of another rental's too, which reads nothing
+    to strip it from; the value replayed at the victim's tunnel let the thief in. The session
+    now lives under the tunnel's own host name (`<tunnel id>.localhost`), host-only, Strict."""
+    store = Store.load_or_create(tmp_path / "market.json")
+    hub = FakeHub()
+    victim = _stack(store, 8888, basic_auth=True)
+    thief = _stack(store, 9000, basic_auth=False)  # another rental's raw TCP service (an image it chose)
+    book = TunnelBook(store, hub)
+    await book.sync()
+    try:
+        entry, raw = _entry(book, victim), _entry(book, thief)
+        assert raw["protocol"] == "tcp" and entry["url"] == f"http://{entry['tunnelId']}.localhost:{entry['port']}/"
+        async with browser_session(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+            async with browser.get(entry["auth"]["link"]) as signed_in:
+                assert signed_in.status == 200 and "Domain" not in signed_in.headers["Set-Cookie"]
+                assert "SameSite=Strict" in signed_in.headers["Set-Cookie"]
+            async with browser.get(entry["url"]) as own:
+                assert own.status == 200, "the session opens its own tunnel"
+            reader, writer = await asyncio.open_connection("127.0.0.1", raw["port"])  # what the browser sends there
+            cookies = browser.cookie_jar.filter_cookies(f"http://127.0.0.1:{raw['port']}/")
+            writer.write(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            writer.write(b"".join(f"Cookie: {m.key}={m.value}\r\n".encode() for m in cookies.values()) + b"\r\n")
+            await writer.drain()
+            writer.close()
+        assert not cookies, f"the browser would send {list(cookies)} to another rental's tcp tunnel"
     finally:
         await book.close_all()

@@ -101,9 +101,22 @@ LINK_REFUSED = (
 
 
 def cookie_name(tunnel_id: str) -> str:
-    """The session cookie of one tunnel: a name of its own, since the browser
-    keeps every tunnel of the host (127.0.0.1, any port) in one cookie scope."""
+    """The session cookie of one tunnel: a name of its own as well as a host
+    of its own (host_name)."""
     return f"{COOKIE_PREFIX}_{tunnel_id}"
+
+
+def host_name(tunnel_id: str) -> str:
+    """The name a basic-auth tunnel is reached by in a browser, and its
+    session cookie kept under: `<tunnel id>.localhost`, which browsers resolve
+    to the loopback themselves. Cookies ignore ports, and every tunnel is
+    127.0.0.1:<port>: under one name, a tunnel's session went with the
+    browser's requests to every other tunnel of the host, a `tcp` one of
+    another rental's too, which reads no request to strip it from. Under a
+    name of its own (host-only, SameSite=Strict) it goes to its own tunnel
+    alone; the id is unguessable, and another tunnel's service can set no
+    cookie for it (`localhost` is a public suffix to browsers)."""
+    return f"{tunnel_id}.localhost"
 
 
 def _mac(secret: str, purpose: str, subject: str) -> str:
@@ -173,6 +186,7 @@ class Decision:
     status: int = 0
     headers: list[tuple[str, str]] = field(default_factory=list)
     text: str = ""
+    go_to: str = ""  # a path of this tunnel the answer's page goes on to (the sign-in's)
 
 
 class _Hasher:
@@ -272,8 +286,11 @@ class Gate:
             kept = urlunsplit(
                 ("", "", local_path(split.path), urlencode([(k, v) for k, v in query if k != TOKEN_PARAM]), "")
             )
-            cookie = f"{self.cookie}={self._new_session(now)}; Path=/; HttpOnly; SameSite=Lax"
-            return Decision(status=302, headers=[("Location", kept), ("Set-Cookie", cookie)], text="signed in")
+            cookie = f"{self.cookie}={self._new_session(now)}; Path=/; HttpOnly; SameSite=Strict"
+            # A page that goes on by itself, not a redirect: after a navigation from another
+            # site (the link in the marketplace's page) a redirect is that site's still, and
+            # the browser would not send the Strict cookie with it.
+            return Decision(status=200, headers=[("Set-Cookie", cookie)], text="signed in", go_to=kept)
         if self._cookie_ok(head, now):
             return Decision(forward=stripped(head, basic=True))
         credential = _basic(head)

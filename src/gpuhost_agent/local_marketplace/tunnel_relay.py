@@ -174,6 +174,7 @@ async def answer_unavailable(
 
 
 TITLES = {
+    200: "OK",
     302: "Found",
     400: "Bad Request",
     401: "Unauthorized",
@@ -185,11 +186,22 @@ TITLES = {
 
 
 async def write_answer(
-    writer: asyncio.StreamWriter, code: int, headers: list[tuple[str, str]], text: str, *, refresh: bool = False
+    writer: asyncio.StreamWriter,
+    code: int,
+    headers: list[tuple[str, str]],
+    text: str,
+    *,
+    refresh: bool = False,
+    go_to: str = "",
 ) -> None:
-    """A whole HTTP/1.1 response of ours (a small HTML page), then the connection closes."""
+    """A whole HTTP/1.1 response of ours (a small HTML page), then the
+    connection closes. `refresh`: the page reloads itself after a while;
+    `go_to`: it goes on at once to that path of the tunnel."""
     title = TITLES.get(code, "Error")
     meta = f'<meta http-equiv="refresh" content="{RETRY_AFTER_SECONDS}">' if refresh else ""
+    if go_to:
+        meta = f'<meta http-equiv="refresh" content="0; url={escape(go_to, quote=True)}">'
+        text = f"{text}: going on to {go_to}"
     body = (
         f"<!doctype html><html><head><title>{code} {title}</title>{meta}</head>"
         f"<body><h1>{title}</h1><p>{escape(text)}</p></body></html>\n"

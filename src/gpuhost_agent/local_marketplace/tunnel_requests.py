@@ -36,7 +36,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from gpuhost_agent.local_marketplace.tunnel_auth import TOKEN_PARAM, Decision, Gate, Head, parse_head, stripped
+from gpuhost_agent.local_marketplace.tunnel_auth import (
+    TOKEN_PARAM,
+    Decision,
+    Gate,
+    Head,
+    host_name,
+    parse_head,
+    stripped,
+)
 
 CHUNK = 64 * 1024
 LINE_LIMIT = 4096  # a chunk-size line or a trailer line
@@ -110,7 +118,7 @@ def _tokens(value: str | None) -> set[str]:
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 
 
-def host_problem(head: Head, port: int) -> str | None:
+def host_problem(head: Head, port: int, tunnel_id: str = "") -> str | None:
     """Why a request's Host is not this tunnel's, or None. A tunnel listens on
     loopback, where a page of any other name reaches it only by DNS
     rebinding (the attacker's name made to resolve to 127.0.0.1, its script
@@ -119,10 +127,8 @@ def host_problem(head: Head, port: int) -> str | None:
     hosts = [value for name, value in head.headers if name.lower() == "host"]
     if not hosts:
         return None
-    if len(hosts) == 1 and hosts[0].strip().lower() in {
-        *LOOPBACK_NAMES,
-        *(f"{name}:{port}" for name in LOOPBACK_NAMES),
-    }:
+    names = (*LOOPBACK_NAMES, host_name(tunnel_id)) if tunnel_id else LOOPBACK_NAMES
+    if len(hosts) == 1 and hosts[0].strip().lower() in {*names, *(f"{name}:{port}" for name in names)}:
         return None
     return f"this tunnel is http://127.0.0.1:{port}/: a request for another host name is not passed on"
 
@@ -144,21 +150,27 @@ def origin_problem(head: Head, rental_ports: frozenset[int]) -> str | None:
     except ValueError:
         port = None
     hostname = (parts.hostname or "") if parts is not None else ""
-    if parts is not None and parts.scheme == "http" and hostname in ("127.0.0.1", "localhost", "::1"):
+    loopback = hostname in ("127.0.0.1", "localhost", "::1") or hostname.endswith(".localhost")
+    if parts is not None and parts.scheme == "http" and loopback:
         if port in rental_ports:
             return None
     return "a page of another origin may not send requests to this tunnel's service"
 
 
 async def judged(
-    gate: Gate | None, head: Head, client: str, port: int, rental_ports: frozenset[int] = frozenset()
+    gate: Gate | None,
+    head: Head,
+    client: str,
+    port: int,
+    rental_ports: frozenset[int] = frozenset(),
+    tunnel_id: str = "",
 ) -> Decision:
     """The gate's decision on one request of an http tunnel (ours stripped
     from what goes on); without a gate, every request goes on, stripped.
     Before either, the Host must name the tunnel (host_problem): 421; and a
     page's Origin be the rental's own (origin_problem, `rental_ports` the
     listening ports of the rental's tunnels): 403."""
-    if problem := host_problem(head, port):
+    if problem := host_problem(head, port, tunnel_id):
         return Decision(status=421, text=problem)
     if problem := origin_problem(head, rental_ports | {port}):
         return Decision(status=403, text=problem)
@@ -175,6 +187,7 @@ def next_requests(
     client: str,
     port: int,
     rental_ports: frozenset[int] = frozenset(),
+    tunnel_id: str = "",
 ) -> Callable[[Callable[[], None]], Awaitable[None]]:
     """The relay's client side of an http tunnel after its first head: that
     request's body, then each next request judged by the tunnel's gate of
@@ -186,7 +199,7 @@ def next_requests(
     async def forwardable(head: Head) -> Head | None:
         if f"{TOKEN_PARAM}=" in head.target:
             return None
-        return (await judged(gate(), head, client, port, rental_ports)).forward
+        return (await judged(gate(), head, client, port, rental_ports, tunnel_id)).forward
 
     async def forward(touch: Callable[[], None]) -> None:
         await forward_requests(reader, send, first, forwardable, touch)

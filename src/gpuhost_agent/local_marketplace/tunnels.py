@@ -95,6 +95,12 @@ class Tunnel:
         key = self.key
         return hashlib.sha256(f"{key.stack_id}/{key.container_id}/{key.port}".encode()).hexdigest()[:16]
 
+    @property
+    def browser_host(self) -> str:
+        """The name a browser reaches it by: a basic-auth tunnel's own
+        (tunnel_auth.host_name, where its session cookie stays), else 127.0.0.1."""
+        return tunnel_auth.host_name(self.tunnel_id) if self.gate is not None else "127.0.0.1"
+
     def as_wire(self) -> dict:
         http = self.protocol == "http"
         return {
@@ -103,7 +109,7 @@ class Tunnel:
             "containerId": self.key.container_id,
             "containerPort": self.key.port,
             "protocol": self.protocol,
-            "url": f"http://127.0.0.1:{self.listen_port}/" if http else None,
+            "url": f"http://{self.browser_host}:{self.listen_port}/" if http else None,
             "host": "127.0.0.1",
             "port": self.listen_port,
             "auth": self._auth(),
@@ -118,7 +124,7 @@ class Tunnel:
             return self.auth
         token, _expires = self.gate.new_link()
         expires_at = wire_time.iso(wire_time.utcnow() + timedelta(seconds=tunnel_auth.LINK_SECONDS))
-        link = f"http://127.0.0.1:{self.listen_port}/?{tunnel_auth.TOKEN_PARAM}={token}"
+        link = f"http://{self.browser_host}:{self.listen_port}/?{tunnel_auth.TOKEN_PARAM}={token}"
         return {**self.auth, "link": link, "linkExpiresAt": expires_at}
 
 
@@ -398,9 +404,13 @@ class TunnelBook:
                 peer = writer.get_extra_info("peername")
                 client = str(peer[0]) if peer else "?"
                 rental_ports = self._rental_ports(key.rental_id)
-                decision = await tunnel_requests.judged(tunnel.gate, head, client, tunnel.listen_port, rental_ports)
+                decision = await tunnel_requests.judged(
+                    tunnel.gate, head, client, tunnel.listen_port, rental_ports, tunnel.tunnel_id
+                )
                 if decision.forward is None:
-                    await tunnel_relay.write_answer(writer, decision.status, decision.headers, decision.text)
+                    await tunnel_relay.write_answer(
+                        writer, decision.status, decision.headers, decision.text, go_to=decision.go_to
+                    )
                     return
                 first = decision.forward.render()
             kind = SSH if tunnel.protocol == SSH else "tunnel"
@@ -434,6 +444,7 @@ class TunnelBook:
                         client,
                         tunnel.listen_port,
                         self._rental_ports(key.rental_id),
+                        tunnel.tunnel_id,
                     )
                 )
                 relay = asyncio.ensure_future(tunnel_relay.relay(reader, writer, stream.agent_ws, forward=forward))
