@@ -27,6 +27,7 @@ import aiohttp
 import pytest
 from aiohttp import WSMessage, WSMsgType
 from support.browser_names import browser_session
+from yarl import URL
 
 from gpuhost_agent.local_marketplace import tunnel_auth, tunnel_relay
 from gpuhost_agent.local_marketplace.channel_hub import ChannelHub
@@ -377,7 +378,7 @@ async def test_a_browsers_session_never_goes_to_another_rentals_tcp_tunnel(tmp_p
             async with browser.get(entry["url"]) as own:
                 assert own.status == 200, "the session opens its own tunnel"
             reader, writer = await asyncio.open_connection("127.0.0.1", raw["port"])  # what the browser sends there
-            cookies = browser.cookie_jar.filter_cookies(f"http://127.0.0.1:{raw['port']}/")
+            cookies = browser.cookie_jar.filter_cookies(URL(f"http://127.0.0.1:{raw['port']}/"))
             writer.write(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n")
             writer.write(b"".join(f"Cookie: {m.key}={m.value}\r\n".encode() for m in cookies.values()) + b"\r\n")
             await writer.drain()
