@@ -386,3 +386,35 @@ async def test_a_browsers_session_never_goes_to_another_rentals_tcp_tunnel(tmp_p
         assert not cookies, f"the browser would send {list(cookies)} to another rental's tcp tunnel"
     finally:
         await book.close_all()
+
+
+async def test_an_http_request_on_a_tcp_tunnel_meets_the_host_and_origin_checks(tmp_path) -> None:
+    """Issue 49, item 3: a `tcp` tunnel read nothing, so DNS rebinding reached an HTTP
+    service on one (Ollama on 11434). A client whose first bytes start an HTTP request
+    has its head judged as an `http` tunnel's is; other bytes, and a client that waits
+    for the service to speak first, pass as before."""
+    store = Store.load_or_create(tmp_path / "market.json")
+    hub = FakeHub()
+    stack_id = _stack(store, 11434, basic_auth=False)
+    book = TunnelBook(store, hub)
+    await book.sync()
+    try:
+        entry = _entry(book, stack_id)
+        port = entry["port"]
+        assert entry["protocol"] == "tcp"
+        rebound = await _pipelined(port, f"GET /api/tags HTTP/1.1\r\nHost: evil.example:{port}\r\n\r\n".encode())
+        assert rebound.startswith(b"HTTP/1.1 421"), rebound
+        foreign = f"POST /api/pull HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nOrigin: https://evil.example\r\n\r\n"
+        assert (await _pipelined(port, foreign.encode())).startswith(b"HTTP/1.1 403")
+        assert not hub.received.get(stack_id), "neither reached the service"
+        own = await _pipelined(port, f"GET /api/tags HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+        assert own.startswith(b"HTTP/1.1 200") and b"GET /api/tags" in b"".join(hub.received[stack_id])
+        await _pipelined(port, b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03")  # a TLS hello: bytes, relayed
+        assert b"\x16\x03\x01\x00\xa5" in b"".join(hub.received[stack_id])
+        opened = len(hub.streams)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)  # a client waiting for a banner
+        await asyncio.sleep(0.6)
+        assert len(hub.streams) == opened + 1, "the stream opens although the client said nothing"
+        writer.close()
+    finally:
+        await book.close_all()

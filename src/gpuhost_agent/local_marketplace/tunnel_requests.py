@@ -116,6 +116,27 @@ def _tokens(value: str | None) -> set[str]:
 
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+SNIFF_BYTES = 8  # "OPTIONS " and "CONNECT " are the longest method words, with their space
+SNIFF_SECONDS = 0.25  # a client that says nothing so long waits for the server to speak first
+_REQUEST_START = re.compile(rb"(GET|HEAD|POST|PUT|DELETE|OPTIONS|PATCH|CONNECT|TRACE) ")
+
+
+async def sniffed(reader: asyncio.StreamReader) -> bytes:
+    """A `tcp` tunnel client's first bytes, up to SNIFF_BYTES within
+    SNIFF_SECONDS: b"" when it sent fewer in that time (nothing is taken
+    from the stream then, and the service may speak first); what it sent
+    when it closed sooner."""
+    try:
+        return await asyncio.wait_for(reader.readexactly(SNIFF_BYTES), SNIFF_SECONDS)
+    except asyncio.TimeoutError:
+        return b""
+    except asyncio.IncompleteReadError as exc:
+        return exc.partial
+
+
+def starts_a_request(first: bytes) -> bool:
+    """Do a client's first bytes start an HTTP/1 request line?"""
+    return _REQUEST_START.match(first) is not None
 
 
 def host_problem(head: Head, port: int, tunnel_id: str = "") -> str | None:

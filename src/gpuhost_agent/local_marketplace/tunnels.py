@@ -16,7 +16,9 @@ An `http` tunnel is the same byte relay but for the head of each
 connection's first request, which it reads (bounded, as the gate does) to
 strip the tunnels' session cookies, every tunnel's, before any container sees
 one (tunnel_auth.py); it differs too in its `url` and in the answer a client
-gets while the service is not listening yet. A `tcp` tunnel reads nothing.
+gets while the service is not listening yet. A `tcp` tunnel relays bytes
+unread, but for a first request head when its client starts with one: a
+browser's, judged for its Host and Origin as an `http` tunnel's (_raw_http_problem).
 
 A rental with a stack whose template has isSSHEnabled gets one more
 listener, its SSH endpoint, one for all its stacks: each connection is an
@@ -319,6 +321,23 @@ class TunnelBook:
         if gone:
             self.store.save()
 
+    def _raw_http_problem(
+        self, tunnel: Tunnel, head: tunnel_auth.Head | None
+    ) -> tuple[int, list[tuple[str, str]], str] | None:
+        """A `tcp` tunnel relays bytes unread, but a browser reaches an HTTP
+        service on one too (Ollama on 11434): when the client's first bytes
+        start an HTTP request, its head is judged as an `http` tunnel's Host
+        and Origin are (DNS rebinding, another rental's page). Its next
+        requests come on the same connection from the same page, which a
+        browser keeps to one origin. The answer to send instead, or None."""
+        if head is None:
+            return 400, [], "not an HTTP request"
+        if problem := tunnel_requests.host_problem(head, tunnel.listen_port):
+            return 421, [], problem
+        if problem := tunnel_requests.origin_problem(head, self._rental_ports(tunnel.key.rental_id)):
+            return 403, [], problem
+        return None
+
     def _rental_ports(self, rental_id: str) -> frozenset[int]:
         """The listening ports of the rental's tunnels: the origins its pages may come from."""
         return frozenset(t.listen_port for t in self.tunnels.values() if t.key.rental_id == rental_id and t.listen_port)
@@ -413,6 +432,15 @@ class TunnelBook:
                     )
                     return
                 first = decision.forward.render()
+            elif tunnel.protocol == "tcp":
+                first = await tunnel_requests.sniffed(reader)
+                if tunnel_requests.starts_a_request(first):
+                    rest = await tunnel_relay.read_head(reader)
+                    head = tunnel_auth.parse_head(first + rest) if rest is not None else None
+                    if problem := self._raw_http_problem(tunnel, head):
+                        await tunnel_relay.write_answer(writer, *problem)
+                        return
+                    first += rest or b""
             kind = SSH if tunnel.protocol == SSH else "tunnel"
             fields = self._fields(tunnel)
             if fields.get("stackIds") == []:  # its last SSH stack went since the last sync: closing
