@@ -3,7 +3,7 @@
 # GPU rental marketplace, on a Debian 12 / Ubuntu 22.04 / 24.04 GPU machine.
 #
 # The marketplace hands a host one line (GET /environments/{envId}/script):
-#   printf '%s\n' <key> | sudo bash -c '<download install.sh into a folder of root's own, run it>'
+#   printf '%s\n' <key> | $(command -v sudo) bash -c '<download install.sh into a folder of root's own, run it>'
 #     install.sh <base>/install.sh --url <base_url> --env-id <envId> --api-key-stdin ...
 # and asks for the API key (or reads it from a pipe): never on a command line.
 # From a checkout the same works as: sudo ./install.sh --url ... --env-id ... --api-key-stdin

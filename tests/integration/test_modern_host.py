@@ -113,7 +113,11 @@ async def test_the_install_line_installs_and_starts_the_agent_under_systemd(worl
     store = world.renter.store
     status, line = await world.renter.call("GET", f"/environments/{store.envId}/script")
     assert status == 200, line
-    assert line.startswith(" printf ") and " | sudo bash -c " in line and f" {world.base}/install.sh --url " in line
+    assert (
+        line.startswith(" printf ")
+        and " | $(command -v sudo) bash -c " in line
+        and f" {world.base}/install.sh --url " in line
+    )
     done = await _sh(world, line, timeout=600)  # pip finds the wheelhouse through /etc/pip.conf
     assert store.envApiKey not in done.both
     assert (await _sh(world, "cat /etc/gpuhost-agent/api-key")).out == store.envApiKey + "\n"  # through real sudo

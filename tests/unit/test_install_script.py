@@ -136,6 +136,16 @@ def test_the_line_gives_the_key_on_install_sh_stdin_and_on_no_command_line(tmp_p
     assert said["args"] == "--url http://h:1/v1 --env-id env 1 --release-key ed25519:AAAA --api-key-stdin"
     assert not Path(said["at"]).exists(), "the downloaded script is removed"
     assert key not in log.read_text() and "install.sh" in log.read_text()
+    assert "sudo bash -c" in log.read_text()
+
+    # A root shell on a host without sudo (issue 47: the line said sudo to root): it runs as is.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for tool in ("bash", "mktemp", "rm", "cat"):
+        (bare / tool).symlink_to(shutil.which(tool) or f"/bin/{tool}")
+    (bare / "curl").symlink_to(stand_ins / "curl")
+    done = subprocess.run(["bash", "-c", line], capture_output=True, text=True, env={"PATH": str(bare)}, check=True)
+    assert dict(entry.split(": ", 1) for entry in done.stdout.splitlines())["key"] == key
 
 
 async def test_in_the_app_the_line_needs_the_user_key_and_install_sh_needs_none() -> None:

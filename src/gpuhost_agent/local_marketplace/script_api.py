@@ -4,7 +4,7 @@
 "an installation command line for the environment". A host pastes it on the
 GPU machine:
 
-     printf '%s\n' <key> | sudo bash -c '<download install.sh into a folder of
+     printf '%s\n' <key> | $(command -v sudo) bash -c '<download install.sh into a folder of
         root's own, run it>' install.sh <base>/install.sh --url <base> --env-id <envId>
         --release-key ed25519:<base64> --api-key-stdin
 
@@ -77,10 +77,12 @@ ROOT_STEPS = (
 
 def install_line(base_url: str, env_id: str, api_key: str, release_key: str) -> str:
     """The command line a host pastes; every value shell-quoted where it needs it.
-    The script is downloaded first, so its standard input is free for the key."""
+    The script is downloaded first, so its standard input is free for the key.
+    sudo where there is one: a root shell on a host without sudo runs it as is
+    (install.sh says so to anyone else)."""
     quote = shlex.quote
     return (
-        f" printf '%s\\n' {quote(api_key)} | sudo bash -c {quote(ROOT_STEPS)} install.sh "
+        f" printf '%s\\n' {quote(api_key)} | $(command -v sudo) bash -c {quote(ROOT_STEPS)} install.sh "
         f"{quote(base_url + '/install.sh')} --url {quote(base_url)} --env-id {quote(env_id)} "
         f"--release-key {quote(release_key)} --api-key-stdin"
     )
