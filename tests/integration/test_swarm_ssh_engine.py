@@ -89,8 +89,11 @@ async def test_ssh_scp_and_sftp_reach_a_container_on_either_machine(swarm_leader
         terminal.process.kill()  # the renter's client gone, as a closed laptop lid
         await asyncio.to_thread(terminal.close)
     await until(lambda: not_(sleeping), timeout=20)
-    log = await asyncio.to_thread(worker.log_path.read_text)
-    assert '"what": "hangup"' in log
+
+    async def hung_up() -> bool:  # the worker logs its act once done: a moment after the process went
+        return '"what": "hangup"' in await asyncio.to_thread(worker.log_path.read_text)
+
+    await until(hung_up, timeout=10)
 
 
 async def not_(check) -> bool:
