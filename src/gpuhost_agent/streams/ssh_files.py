@@ -13,6 +13,16 @@ passwd), and a renter's `ln` or `chmod -h` in sftp reached host files that
 way (issue 31). What the helper does not do is refused (SFTPOpUnsupported);
 tests/unit/test_ssh_files_methods.py fails when asyncssh grows a method this
 class does not define.
+
+asyncssh serves the `copy-data` extension itself, as a loop of this class's
+read and write until a read comes back short. Within one file, copying
+forward (`remote_copy(f, f, 0, 0, n)`) never comes back short: each read
+finds what the last write put ahead, and the loop fills the rental's disk
+while it keeps a helper and the agent busy. Its writes are told apart from a
+client's by the data itself (the very object the last read returned, which a
+client's bytes from the network never are), and one onto the file it reads
+from, at or past where it reads, is refused (OpenSSH's sftp-server refuses an
+overlapping copy-data the same way).
 """
 
 from __future__ import annotations
@@ -59,6 +69,7 @@ class ContainerSFTP(asyncssh.SFTPServer):
     def __init__(self, chan: asyncssh.SSHServerChannel, files: ContainerFiles):
         super().__init__(chan)
         self._files = files
+        self._last_read: tuple[object, int, bytes] | None = None  # (file, offset, data): see the docstring
 
     async def _call(self, op: str, *args: Any) -> Any:
         result, _ = await self._files.call(op, *args)
@@ -98,15 +109,32 @@ class ContainerSFTP(asyncssh.SFTPServer):
 
     async def read(self, file_obj: object, offset: int, size: int) -> bytes:
         _, data = await self._files.call("read", file_obj, offset, min(size, MAX_DATA))
+        self._last_read = (file_obj, offset, data)
         return data
 
     async def write(self, file_obj: object, offset: int, data: bytes) -> int:
+        if self._last_read is not None and data is self._last_read[2] and data:
+            await self._copy_within_checked(file_obj, offset)
         written = 0
         while written < len(data):  # a client may send more than the helper takes at once
             piece = data[written : written + MAX_DATA]
             count, _ = await self._files.call("write", file_obj, offset + written, data=piece)
             written += int(count)
         return written
+
+    async def _copy_within_checked(self, file_obj: object, offset: int) -> None:
+        """A copy-data write (see the docstring): refused onto the file it
+        copies from at or past the read, where the copy would never end."""
+        assert self._last_read is not None
+        source, read_at, _data = self._last_read
+        if offset < read_at:
+            return
+        same = file_obj == source
+        if not same:
+            here, there = await self._call("fstat", file_obj), await self._call("fstat", source)
+            same = (here[1], here[2]) == (there[1], there[2])  # inode and device
+        if same:
+            raise asyncssh.SFTPFailure("copy-data forward within one file would never end: not served")
 
     async def close(self, file_obj: object) -> None:
         await self._call("close", file_obj)
