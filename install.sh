@@ -83,7 +83,8 @@ Installs gpuhost-agent into its own virtual environment, configures it for one
 marketplace environment, and runs it under systemd.
 
 Options:
-  --url URL            marketplace base URL, ending in /v1 (GPUHOST_MARKETPLACE_URL)
+  --url URL            marketplace base URL, ending in /v1 (GPUHOST_MARKETPLACE_URL); https://
+                       unless the marketplace is this machine (127.0.0.1, ::1, localhost)
   --env-id ID          this machine's environment id (GPUHOST_ENV_ID)
   --api-key KEY        the environment's API key; stored in $KEY_FILE (0600, root only),
                        never printed, never on the agent's command line
@@ -540,6 +541,18 @@ key_from_stdin() {
     [ -n "$API_KEY" ] || die_usage "--api-key-stdin read no key: paste it at the prompt, or pipe it in (printf '%s\\n' \"\$KEY\" | sudo bash install.sh ...); under curl | bash standard input is the script: download install.sh first"
 }
 
+# Is the URL's host this machine (127.0.0.0/8, ::1, localhost)? Plain http only then.
+url_is_loopback() {
+    local host=${1#*://}
+    host=${host%%/*}
+    host=${host##*@}
+    case "$host" in
+        \[::1\]|\[::1\]:*|localhost|localhost:*) return 0 ;;
+    esac
+    host=${host%:*}
+    [[ $host =~ ^127\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}$ ]]
+}
+
 # The settings this run installs: flags first, then what an earlier install
 # wrote (so a plain `install.sh` upgrades in place).
 resolve_settings() {
@@ -583,6 +596,8 @@ resolve_settings() {
             die_usage "a first install needs --url, --env-id and the API key (--api-key-stdin, --api-key-file or --api-key; the marketplace's installation line for the environment gives all three)"
         fi
         [[ $URL =~ ^https?://[^[:space:]\\\"\']+/v1$ ]] || die_usage "--url must be the marketplace's base URL, http(s)://HOST/.../v1"
+        [[ $URL == https://* ]] || url_is_loopback "$URL" \
+            || die_usage "--url must be https://: the API key goes with every request, and plain http is only for a marketplace on this machine (127.0.0.1, ::1, localhost)"
         [[ $ENV_ID =~ ^[A-Za-z0-9._:-]+$ ]] || die_usage "--env-id may hold only letters, digits and . _ : -"
         [[ $API_KEY =~ ^[[:graph:]]+$ ]] || die_usage "the API key must be one line of printable characters, no spaces"
         [[ $API_KEY != *\\* && $API_KEY != *\"* ]] || die_usage "the API key must not contain backslashes or double quotes"

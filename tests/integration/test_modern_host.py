@@ -25,6 +25,7 @@ import pytest
 import pytest_asyncio
 from support import agent_release, locks, modern_host
 from support.install_chroot import needs_root
+from support.market_tls import make_market_tls
 from support.renter import Renter
 from support.stacks import TEST_IMAGE
 
@@ -67,8 +68,16 @@ async def world(booted_host, agent_wheels, tmp_path_factory):
     """The local marketplace, listening on the host's network's gateway (this machine)."""
     store = Store.load_or_create(None)
     state = MarketplaceState(store)
-    market = await local_server.start(state, booted_host.gateway, 0)
-    http = aiohttp.ClientSession()
+    # Over HTTPS, its CA in the host's trust store: an agent takes plain http from its own machine alone.
+    tls = await asyncio.to_thread(make_market_tls, tmp_path_factory.mktemp("market-tls"), booted_host.gateway)
+    ca = await asyncio.to_thread(tls.ca.read_text)
+    await asyncio.to_thread(
+        booted_host.sh,
+        f"cat > /usr/local/share/ca-certificates/gpuhost-test.crt <<'EOF'\n{ca}EOF\nupdate-ca-certificates",
+    )
+    market = await local_server.start(state, booted_host.gateway, 0, tls=tls.server())
+    assert market.base_url.startswith("https://")
+    http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls.client()))
     try:
         made = World(booted_host, Renter(http, market.base_url, store), market.base_url)
         made.state, made.wheel = state, agent_release.agent_wheel(agent_wheels)

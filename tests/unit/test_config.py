@@ -72,6 +72,11 @@ def test_the_environments_key_is_read_from_its_file(tmp_path):
         ({"swarm_workers": "n1"}, "GPUHOST_SWARM_WORKERS entry 'n1' must be <node id>=<host>:<port>"),
         ({"egress_allow": "10.0.0.5, proxy.lan"}, "GPUHOST_EGRESS_ALLOW: 'proxy.lan' is not an IPv4 address"),
         ({"egress_allow": "fd00::/8"}, "GPUHOST_EGRESS_ALLOW: 'fd00::/8' is IPv6"),
+        (  # the key in clear on the network (issue 45, item 1)
+            {"marketplace_url": "http://market.example/v1", "env_id": "e", "api_key": "k"},
+            "GPUHOST_MARKETPLACE_URL 'http://market.example/v1' must be https://",
+        ),
+        ({"marketplace_url": "http://10.0.0.5:8787/v1", "env_id": "e", "api_key": "k"}, "must be https://"),
     ],
 )
 def test_config_errors_say_what_to_fix(flags, fragment):
@@ -157,7 +162,7 @@ def test_doctor_shows_each_settings_value_and_source_and_never_a_key(tmp_path, m
     empty_conf.write_text(f"GPUHOST_SWARM_KEY_FILE={key_file}\nGPUHOST_DISK_FLOOR=5g\n")
     monkeypatch.setenv("GPUHOST_API_KEY", API_KEY)
     monkeypatch.setenv("GPUHOST_SWARM", "leader")
-    argv = ["doctor", "--config", str(empty_conf), "--state-dir", str(tmp_path), "--marketplace-url", "http://m/v1"]
+    argv = ["doctor", "--config", str(empty_conf), "--state-dir", str(tmp_path), "--marketplace-url", "https://m/v1"]
     text = _doctor(monkeypatch, [*argv, "--env-id", "e1", "--pids-limit", "99"])
     assert API_KEY not in text and SWARM_KEY not in text
     rows = {line.split()[0]: line.split(None, 1)[1] for line in text.splitlines() if line.startswith("  GPUHOST_")}
@@ -182,3 +187,8 @@ def test_no_key_is_logged_or_shown_by_any_view():
     loaded = config.load({"swarm": "worker", "swarm_key": SWARM_KEY, "local_api_key": API_KEY}, environ={})
     shown = json.dumps(settings_view.effective(config.choose({"swarm_key": SWARM_KEY}, environ={}), loaded))
     assert SWARM_KEY not in shown and API_KEY not in shown
+
+
+def test_plain_http_is_for_a_marketplace_on_this_machine_alone():
+    for url in ("http://127.0.0.1:8787/v1", "http://[::1]:8787/v1", "http://localhost/v1", "https://m.example/v1"):
+        assert config.load({"marketplace_url": url, "env_id": "e", "api_key": "k"}, environ={}).marketplace_url == url

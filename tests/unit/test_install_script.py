@@ -287,3 +287,23 @@ def test_a_checkout_in_a_folder_anyone_may_write_to_is_none(tmp_path: Path) -> N
         program = f"source {shlex.quote(str(folder / 'install.sh'))}\nfind_checkout"
         said = subprocess.run(["bash", "-c", program], capture_output=True, text=True, check=True).stdout.strip()
         assert said == (str(folder) if found else ""), (oct(mode), said)
+
+
+def test_a_marketplace_url_in_clear_is_only_for_this_machine() -> None:
+    """Issue 45, item 1: the API key goes with every request, so --url is https:// unless
+    the marketplace is this machine; as the agent's own setting says (service/settings.py)."""
+    for url, refused in (
+        ("http://market.example/v1", True),
+        ("http://10.0.0.5:8787/v1", True),
+        ("http://127.0.0.1.evil.example/v1", True),
+        ("https://market.example/v1", False),
+        ("http://127.0.0.1:8787/v1", False),
+        ("http://[::1]:8787/v1", False),
+    ):
+        body = f"URL={shlex.quote(url)} ENV_ID=env-1 API_KEY=k\nresolve_settings\necho resolved"
+        program = f'source <(sed "$ d" {shlex.quote(str(INSTALL_SH))})\n{body}'
+        done = subprocess.run(["bash", "-c", program], capture_output=True, text=True)
+        if refused:
+            assert done.returncode == 2 and "--url must be https://" in done.stderr, (url, done.stderr)
+        else:
+            assert done.returncode == 0 and "resolved" in done.stdout, (url, done.stderr)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import ssl
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -122,21 +123,28 @@ class RunningMarketplace:
 
 
 async def start(
-    state: MarketplaceState, host: str = "127.0.0.1", port: int = 8787, *, idle_seconds: float = IDLE_SECONDS
+    state: MarketplaceState,
+    host: str = "127.0.0.1",
+    port: int = 8787,
+    *,
+    idle_seconds: float = IDLE_SECONDS,
+    tls: ssl.SSLContext | None = None,
 ) -> RunningMarketplace:
     """Serve on host:port (port 0 picks a free one) and return the base URL.
     A connection that sends nothing (no request yet, or none since the last
     answer, or a request line and headers that stop coming) is closed after
-    `idle_seconds`, so idle clients cannot hold the server's descriptors."""
+    `idle_seconds`, so idle clients cannot hold the server's descriptors.
+    With `tls`, over HTTPS: an agent takes plain http from this machine only
+    (service/settings.py), so a marketplace for other machines needs it."""
     state.streams.reopen()
     state.closing = False  # a marketplace started again after a stop (tests of outages) serves polls again
     runner = JsonErrorsRunner(build_app(state), access_log=None, shutdown_timeout=2, keepalive_timeout=idle_seconds)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=tls)
     await site.start()
     bound_port = runner.addresses[0][1]
     url_host = f"[{host}]" if ":" in host else host
-    base_url = f"http://{url_host}:{bound_port}/v1"
+    base_url = f"{'https' if tls else 'http'}://{url_host}:{bound_port}/v1"
     log.info("local_marketplace_listening", base_url=base_url, env_id=state.store.envId)
     expiry = asyncio.create_task(state.expire_rentals_forever(), name="rental-expiry")
     tunnels = asyncio.create_task(state.tunnels.run(), name="tunnels")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from gpuhost_agent.runtime.egress_rules import SETTING as EGRESS_SETTING
 from gpuhost_agent.runtime.egress_rules import allowed_networks
@@ -184,11 +185,28 @@ def size_bytes(value: str, env: str) -> int:
     return int(match.group(1)) * 1024 ** " kmgt".index(match.group(2) or " ")
 
 
-def marketplace_url(value: str, _env: str) -> str:
+def marketplace_url(value: str, env: str) -> str:
+    """https://HOST/.../v1; plain http only for this machine itself: every
+    request carries the environment's API key, and an offered release is
+    code the host runs as root, so neither crosses a network in clear."""
     url = value.rstrip("/")
     if not url.startswith(("http://", "https://")) or not url.endswith("/v1"):
         raise ConfigError(f"marketplace URL {url!r} must be http(s)://HOST/.../v1")
+    if url.startswith("http://") and not _is_loopback(urlsplit(url).hostname or ""):
+        raise ConfigError(
+            f"{env} {url!r} must be https://: the API key goes with every request, and plain http is "
+            "only for a marketplace on this machine (127.0.0.1, ::1, localhost)"
+        )
     return url
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def swarm_role(value: str, env: str) -> SwarmRole:

@@ -41,7 +41,8 @@ SETTINGS: tuple[Setting, ...] = (
             "else the bundled binary, else a docker-compose v2 on PATH"),
     # The marketplace.
     Setting("marketplace_url", "GPUHOST_MARKETPLACE_URL", kind.marketplace_url,
-            "marketplace base URL ending in /v1 (unset: the agent serves the local marketplace)",
+            "marketplace base URL ending in /v1, https:// unless the marketplace is this machine "
+            "(unset: the agent serves the local marketplace)",
             unit="URL", modes=MARKETPLACE, group="marketplace"),
     Setting("env_id", "GPUHOST_ENV_ID", kind.text, "this machine's environment id",
             modes=MARKETPLACE, group="marketplace"),
