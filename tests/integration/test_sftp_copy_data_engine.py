@@ -48,14 +48,14 @@ async def test_copy_data_forward_within_one_file_is_refused_and_between_files_se
         info["host"], info["port"], username=info["user"], client_keys=[client_key], known_hosts=known
     ) as connection:
         async with connection.start_sftp_client() as sftp:
-            async with sftp.open("/tmp/grow", "wb+") as handle:
+            async with sftp.open("/grow", "wb+") as handle:
                 await handle.write(b"x" * SIZE)
                 with pytest.raises(asyncssh.SFTPFailure, match="never end"):
                     await asyncio.wait_for(sftp.remote_copy(handle, handle, 0, 0, SIZE), 30)
                 with pytest.raises(asyncssh.SFTPFailure, match="never end"):  # two handles, one file
-                    async with sftp.open("/tmp/grow", "rb") as reader:
+                    async with sftp.open("/grow", "rb") as reader:
                         await asyncio.wait_for(sftp.remote_copy(reader, handle, 0, 0, 10), 30)
                 await asyncio.wait_for(sftp.remote_copy(handle, handle, 1000, 100, 0), 30)  # backward: served
-            assert (await sftp.stat("/tmp/grow")).size == SIZE, "the file is as it was"
-            await asyncio.wait_for(sftp.remote_copy("/tmp/grow", "/tmp/copy"), 30)
-            assert (await sftp.stat("/tmp/copy")).size == SIZE
+            assert (await sftp.stat("/grow")).size == SIZE, "the file is as it was"
+            await asyncio.wait_for(sftp.remote_copy("/grow", "/copy"), 30)
+            assert (await sftp.stat("/copy")).size == SIZE
