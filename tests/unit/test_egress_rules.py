@@ -94,6 +94,10 @@ def test_the_setting_takes_ipv4_addresses_and_networks_and_names_what_is_not() -
     assert allowed_networks("10.0.0.5, 10.0.8.7/24 192.0.2.1") == (("10.0.0.5/32", "10.0.8.0/24", "192.0.2.1/32"), [])
     networks, problems = allowed_networks("proxy.lan,fd00::1")
     assert networks == () and len(problems) == 2 and "'proxy.lan'" in problems[0] and "IPv6" in problems[1]
+    # What would undo the confinement is refused whatever the operator wrote (a session red team finding).
+    networks, problems = allowed_networks("169.254.169.254, 169.254.0.0/15, 0.0.0.0/0, 10.0.0.0/7")
+    assert networks == () and len(problems) == 4, problems
+    assert all("metadata" in problem for problem in problems[:3]) and "/8 at most" in problems[3]
 
 
 def test_nameservers_are_the_non_loopback_ipv4_ones() -> None:

@@ -50,6 +50,8 @@ IPV4_REFUSED = (
     "240.0.0.0/4",
     "168.63.129.16/32",  # Azure's WireServer: a public address, the VM's goal state and extensions' settings
 )
+LINK_LOCAL = ipaddress.ip_network("169.254.0.0/16")  # never opened: the metadata service's instance credentials
+MIN_OPENED_PREFIX = 8  # an opening wider than 10.0.0.0/8 would undo the confinement
 REPLIES = ("-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "RETURN")
 REFUSE = ("-j", "REJECT")
 
@@ -96,6 +98,12 @@ def allowed_networks(value: str) -> tuple[tuple[str, ...], list[str]]:
             continue
         if network.version != 4:
             problems.append(f"{SETTING}: {word!r} is IPv6; a rental's networks are IPv4 only")
+            continue
+        if network.overlaps(LINK_LOCAL):
+            problems.append(f"{SETTING}: {word!r} opens link-local addresses, the cloud's metadata service among them")
+            continue
+        if network.prefixlen < MIN_OPENED_PREFIX:
+            problems.append(f"{SETTING}: {word!r} opens more than a whole private range (/8 at most)")
             continue
         networks.append(str(network))
     return tuple(networks), problems
