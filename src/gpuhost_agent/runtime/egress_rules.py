@@ -84,6 +84,10 @@ class Jump:
     def args(self) -> tuple[str, ...]:
         return ("-i", BRIDGE_PREFIX + "+", "-j", self.chain)
 
+    @property
+    def label(self) -> str:
+        return f"{self.tool} {self.parent} -> {self.chain}"
+
 
 def allowed_networks(value: str) -> tuple[tuple[str, ...], list[str]]:
     """GPUHOST_EGRESS_ALLOW, comma or space separated addresses or CIDR

@@ -62,7 +62,6 @@ class HostFirewall:
     def __init__(self, path: str = TOOLS_PATH, resolv_confs: tuple[Path, ...] = RESOLV_CONFS):
         self.path = path
         self.resolv_confs = resolv_confs
-        self.before_engine = False
 
     def wanted(self, allowed: tuple[str, ...]) -> list[Rule]:
         """The rules for this host now, its nameservers read. Blocking."""
@@ -95,17 +94,14 @@ class HostFirewall:
     def working(self, rules: list[Rule]) -> list[Rule]:
         """`rules` less those of ip6tables on a kernel without IPv6 (no filter
         table to write to, and no IPv6 address to reach the host by)."""
-        if self._run("ip6tables", "-S", "INPUT", check=False).returncode == 0:
-            return rules
-        return [rule for rule in rules if rule.tool != "ip6tables"]
+        return rules if self._ipv6() else [rule for rule in rules if rule.tool != "ip6tables"]
 
-    def difference(self, rules: list[Rule]) -> Difference:
+    def difference(self, rules: list[Rule], *, before_engine: bool = False) -> Difference:
         """Compare the host's chains and jumps with `rules`. Blocking: run in a thread."""
         self._check()
         rules = self.working(rules)
         chains = []
-        for tool, chain in _chains(rules):
-            wanted = [rule for rule in rules if (rule.tool, rule.chain) == (tool, chain)]
+        for (tool, chain), wanted in _by_chain(rules).items():
             listed = self._run(tool, "-S", chain, check=False)
             if listed.returncode != 0:
                 chains.append(f"{tool} {chain}")
@@ -114,7 +110,7 @@ class HostFirewall:
             if len(present) != len(wanted) or not all(self._has(tool, rule.chain, rule.args) for rule in wanted):
                 chains.append(f"{tool} {chain}")
         tools = {rule.tool for rule in rules}
-        missing = [f"{j.tool} {j.parent} -> {j.chain}" for j in self._jumps() if j.tool in tools and not self._first(j)]
+        missing = [jump.label for jump in self._jumps(before_engine) if jump.tool in tools and not self._first(jump)]
         return Difference(tuple(chains), tuple(missing))
 
     def _first(self, jump: Jump) -> bool:
@@ -132,14 +128,12 @@ class HostFirewall:
         it starts again."""
         if before_engine and not self._chain_exists("iptables", DOCKER_USER):
             self._run("iptables", "-N", DOCKER_USER)
-        self.before_engine = before_engine
-        found = self.difference(rules)
-        for tool, chain in _chains(rules):
+        found = self.difference(rules, before_engine=before_engine)
+        for (tool, chain), wanted in _by_chain(rules).items():
             if f"{tool} {chain}" in found.chains:
-                wanted = [rule for rule in rules if (rule.tool, rule.chain) == (tool, chain)]
                 self._restore(tool, chain, wanted)
-        for jump in self._jumps():
-            if f"{jump.tool} {jump.parent} -> {jump.chain}" in found.jumps:
+        for jump in self._jumps(before_engine):
+            if jump.label in found.jumps:
                 while self._has(jump.tool, jump.parent, jump.args):  # present but not first: moved to the head
                     self._run(jump.tool, "-D", jump.parent, *jump.args)
                 self._run(jump.tool, "-I", jump.parent, "1", *jump.args)
@@ -151,32 +145,33 @@ class HostFirewall:
         if not shutil.which("iptables", path=self.path):
             return []
         tools = ["iptables"]
-        if (
-            shutil.which("ip6tables", path=self.path)
-            and self._run("ip6tables", "-S", "INPUT", check=False).returncode == 0
-        ):
+        if shutil.which("ip6tables", path=self.path) and self._ipv6():
             tools.append("ip6tables")
         removed = []
         for jump in jumps(True) + jumps(False):
             while jump.tool in tools and self._has(jump.tool, jump.parent, jump.args):
                 self._run(jump.tool, "-D", jump.parent, *jump.args)
-                removed.append(f"{jump.tool} {jump.parent} -> {jump.chain}")
+                removed.append(jump.label)
         for tool, chain in (("iptables", FORWARD_CHAIN), ("iptables", HOST_CHAIN), ("ip6tables", HOST_CHAIN)):
-            if tool in tools and self._run(tool, "-S", chain, check=False).returncode == 0:
+            if tool in tools and self._chain_exists(tool, chain):
                 self._run(tool, "-F", chain)
                 self._run(tool, "-X", chain)
                 removed.append(f"{tool} {chain}")
         return removed
 
-    def _jumps(self) -> list[Jump]:
+    def _jumps(self, before_engine: bool) -> list[Jump]:
         """From DOCKER-USER where the engine sends FORWARD's traffic through it
         (or will: before_engine), else from FORWARD itself (an engine without
         iptables rules of its own)."""
-        if self.before_engine:  # and from FORWARD too: an engine may never send traffic through DOCKER-USER
+        if before_engine:  # and from FORWARD too: an engine may never send traffic through DOCKER-USER
             return [*jumps(True), *(jump for jump in jumps(False) if jump.parent == "FORWARD")]
         if not self._chain_exists("iptables", DOCKER_USER):
             return jumps(False)
         return jumps(self._has("iptables", "FORWARD", ("-j", DOCKER_USER)))
+
+    def _ipv6(self) -> bool:
+        """Does the kernel have IPv6's filter table (not so without IPv6)?"""
+        return self._chain_exists("ip6tables", "INPUT")
 
     def _chain_exists(self, tool: str, chain: str) -> bool:
         return self._run(tool, "-S", chain, check=False).returncode == 0
@@ -217,9 +212,9 @@ class HostFirewall:
         return done
 
 
-def _chains(rules: list[Rule]) -> list[tuple[str, str]]:
-    seen: list[tuple[str, str]] = []
+def _by_chain(rules: list[Rule]) -> dict[tuple[str, str], list[Rule]]:
+    """The rules of each (tool, chain), in the order they come."""
+    chains: dict[tuple[str, str], list[Rule]] = {}
     for rule in rules:
-        if (rule.tool, rule.chain) not in seen:
-            seen.append((rule.tool, rule.chain))
-    return seen
+        chains.setdefault((rule.tool, rule.chain), []).append(rule)
+    return chains
