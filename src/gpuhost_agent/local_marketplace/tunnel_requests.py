@@ -165,17 +165,32 @@ def origin_problem(head: Head, rental_ports: frozenset[int]) -> str | None:
     origins = [value.strip() for name, value in head.headers if name.lower() == "origin"]
     if not origins:
         return None
-    parts = urlsplit(origins[0]) if len(origins) == 1 else None
+    refused = "a page of another origin may not send requests to this tunnel's service"
+    if len(origins) != 1:
+        return refused
+    parts = urlsplit(origins[0])
     try:
-        port = parts.port if parts is not None else None
+        port = parts.port
     except ValueError:
-        port = None
-    hostname = (parts.hostname or "") if parts is not None else ""
-    loopback = hostname in ("127.0.0.1", "localhost", "::1") or hostname.endswith(".localhost")
-    if parts is not None and parts.scheme == "http" and loopback:
-        if port in rental_ports:
-            return None
-    return "a page of another origin may not send requests to this tunnel's service"
+        return refused
+    hostname = parts.hostname or ""
+    loopback = hostname in {name.strip("[]") for name in LOOPBACK_NAMES} or hostname.endswith(".localhost")
+    if parts.scheme == "http" and loopback and port in rental_ports:
+        return None
+    return refused
+
+
+def page_refusal(head: Head, port: int, rental_ports: frozenset[int], tunnel_id: str = "") -> Decision | None:
+    """The answer to a request whose Host is not the tunnel's (host_problem,
+    421) or whose Origin is not a page of the rental's own tunnels
+    (origin_problem, 403; `rental_ports`: their listening ports), or None.
+    Every request of an `http` tunnel, and a `tcp` tunnel's first one when
+    it is HTTP, meet it."""
+    if problem := host_problem(head, port, tunnel_id):
+        return Decision(status=421, text=problem)
+    if problem := origin_problem(head, rental_ports | {port}):
+        return Decision(status=403, text=problem)
+    return None
 
 
 async def judged(
@@ -188,13 +203,10 @@ async def judged(
 ) -> Decision:
     """The gate's decision on one request of an http tunnel (ours stripped
     from what goes on); without a gate, every request goes on, stripped.
-    Before either, the Host must name the tunnel (host_problem): 421; and a
-    page's Origin be the rental's own (origin_problem, `rental_ports` the
-    listening ports of the rental's tunnels): 403."""
-    if problem := host_problem(head, port, tunnel_id):
-        return Decision(status=421, text=problem)
-    if problem := origin_problem(head, rental_ports | {port}):
-        return Decision(status=403, text=problem)
+    Before either, the page_refusal of a request not for this tunnel or
+    from another rental's page."""
+    if refusal := page_refusal(head, port, rental_ports, tunnel_id):
+        return refusal
     if gate is None:
         return Decision(forward=stripped(head, basic=False))
     return await gate.decide(head, client)

@@ -18,7 +18,7 @@ strip the tunnels' session cookies, every tunnel's, before any container sees
 one (tunnel_auth.py); it differs too in its `url` and in the answer a client
 gets while the service is not listening yet. A `tcp` tunnel relays bytes
 unread, but for a first request head when its client starts with one: a
-browser's, judged for its Host and Origin as an `http` tunnel's (_raw_http_problem).
+browser's, judged for its Host and Origin as an `http` tunnel's (page_refusal).
 
 A rental with a stack whose template has isSSHEnabled gets one more
 listener, its SSH endpoint, one for all its stacks: each connection is an
@@ -321,23 +321,6 @@ class TunnelBook:
         if gone:
             self.store.save()
 
-    def _raw_http_problem(
-        self, tunnel: Tunnel, head: tunnel_auth.Head | None
-    ) -> tuple[int, list[tuple[str, str]], str] | None:
-        """A `tcp` tunnel relays bytes unread, but a browser reaches an HTTP
-        service on one too (Ollama on 11434): when the client's first bytes
-        start an HTTP request, its head is judged as an `http` tunnel's Host
-        and Origin are (DNS rebinding, another rental's page). Its next
-        requests come on the same connection from the same page, which a
-        browser keeps to one origin. The answer to send instead, or None."""
-        if head is None:
-            return 400, [], "not an HTTP request"
-        if problem := tunnel_requests.host_problem(head, tunnel.listen_port):
-            return 421, [], problem
-        if problem := tunnel_requests.origin_problem(head, self._rental_ports(tunnel.key.rental_id)):
-            return 403, [], problem
-        return None
-
     def _rental_ports(self, rental_id: str) -> frozenset[int]:
         """The listening ports of the rental's tunnels: the origins its pages may come from."""
         return frozenset(t.listen_port for t in self.tunnels.values() if t.key.rental_id == rental_id and t.listen_port)
@@ -410,6 +393,7 @@ class TunnelBook:
             first = b""  # an http tunnel's first request head, ours stripped (and let through by its gate)
             framing: tunnel_requests.Framing | None = None  # how its body ends, for its next requests
             client = "?"
+            rental_ports = self._rental_ports(key.rental_id)  # the pages that may send requests (origin_problem)
             if tunnel.protocol == "http":
                 head = tunnel_auth.parse_head(await tunnel_relay.read_head(reader) or b"")
                 if head is None:
@@ -422,7 +406,6 @@ class TunnelBook:
                     return
                 peer = writer.get_extra_info("peername")
                 client = str(peer[0]) if peer else "?"
-                rental_ports = self._rental_ports(key.rental_id)
                 decision = await tunnel_requests.judged(
                     tunnel.gate, head, client, tunnel.listen_port, rental_ports, tunnel.tunnel_id
                 )
@@ -433,12 +416,18 @@ class TunnelBook:
                     return
                 first = decision.forward.render()
             elif tunnel.protocol == "tcp":
+                # Bytes relayed unread, but for a browser's request to an HTTP service on any port (Ollama on
+                # 11434): its first head meets the Host and Origin checks; its next come from the same origin,
+                # as a browser keeps a connection to one.
                 first = await tunnel_requests.sniffed(reader)
                 if tunnel_requests.starts_a_request(first):
                     rest = await tunnel_relay.read_head(reader)
                     head = tunnel_auth.parse_head(first + rest) if rest is not None else None
-                    if problem := self._raw_http_problem(tunnel, head):
-                        await tunnel_relay.write_answer(writer, *problem)
+                    if head is None:
+                        await tunnel_relay.write_answer(writer, 400, [], "not an HTTP request")
+                        return
+                    if refusal := tunnel_requests.page_refusal(head, tunnel.listen_port, rental_ports):
+                        await tunnel_relay.write_answer(writer, refusal.status, refusal.headers, refusal.text)
                         return
                     first += rest or b""
             kind = SSH if tunnel.protocol == SSH else "tunnel"
@@ -471,7 +460,7 @@ class TunnelBook:
                         framing,
                         client,
                         tunnel.listen_port,
-                        self._rental_ports(key.rental_id),
+                        rental_ports,
                         tunnel.tunnel_id,
                     )
                 )
