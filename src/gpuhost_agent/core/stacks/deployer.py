@@ -127,7 +127,7 @@ class StackDeployer:
 
     async def _failed(self, job: wire_jobs.StackJob, project: str, workdir: Path, exc: Exception) -> str:
         """Whatever was started goes, then ERROR with the reason; returns it."""
-        message = str(exc) if not isinstance(exc, EngineError) else f"Docker Engine error: {exc}"
+        message = _failure_said(exc)
         await self._teardown(project, workdir, job.stack_id)
         self._report(job, wire.ERROR, message)
         await self._push_quietly(job.stack_id)
@@ -204,8 +204,10 @@ class StackDeployer:
         the stack that were running when it began (the same job's, delivered
         again after a crash; or the deploy before it): they are left running,
         and the report says both."""
-        message = str(exc) if not isinstance(exc, EngineError) else f"Docker Engine error: {exc}"
-        message += f"; the stack's {len(running)} running container(s) from before this deploy were left running"
+        message = (
+            _failure_said(exc)
+            + f"; the stack's {len(running)} running container(s) from before this deploy were left running"
+        )
         self._report(job, wire.ERROR, message)
         await self._push_quietly(job.stack_id)
         log.warning("stack_failed", stack_id=job.stack_id, job_id=job.job_id, error=message, kept_running=len(running))
@@ -357,6 +359,11 @@ class StackDeployer:
     def _forget_secrets(self, stack_id: str) -> None:
         rental_id, secrets = self._stack_secrets.pop(stack_id, (None, []))
         SECRETS.discard_many(secrets, scope=rental_id)
+
+
+def _failure_said(exc: Exception) -> str:
+    """A failed deploy's errorMsg: the reason, an engine's named as one."""
+    return str(exc) if not isinstance(exc, EngineError) else f"Docker Engine error: {exc}"
 
 
 def _write_private(path: Path, text: str) -> None:
