@@ -149,7 +149,7 @@ def _doctor(monkeypatch, argv: list[str]) -> str:
     async def no_probe(_config):
         return {"compliance": {"isCompliant": True, "checks": []}}
 
-    monkeypatch.setattr(host_check, "_report", no_probe)
+    monkeypatch.setattr(host_check, "machine_report", no_probe)
     out = io.StringIO()
     with redirect_stdout(out):
         assert cli.main(argv) == 0

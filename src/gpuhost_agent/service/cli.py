@@ -118,6 +118,15 @@ def _running_agents_settings(config: config_module.AgentConfig) -> tuple[list | 
     return answer["settings"], f"settings of the running agent (pid {answer.get('pid')}, on {config.socket_path})"
 
 
+def _settings_shown(config: config_module.AgentConfig, chosen: dict) -> tuple[list, str]:
+    """The running agent's settings (_running_agents_settings), else the ones
+    this command would run with itself; and whose they are."""
+    from gpuhost_agent.service import settings_view
+
+    settings, whose = _running_agents_settings(config)
+    return (settings_view.effective(chosen, config) if settings is None else settings), whose
+
+
 def _remove_egress_rules() -> int:
     from gpuhost_agent.runtime.host_firewall import FirewallError, HostFirewall
 
@@ -148,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "version":
         print(__version__)
         return 0
-    flags = {key: value for key, value in vars(args).items() if key not in ("command", "json", "action")}
+    flags = {key: value for key, value in vars(args).items() if key not in ("command", "json")}
     if args.command == "egress":
         if args.action == "remove":
             return _remove_egress_rules()
@@ -188,16 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "probe":
         return host_check.probe(config, args.json)
     if args.command == "doctor":
-        settings, whose = _running_agents_settings(config)
-        if settings is None:
-            settings = settings_view.effective(chosen, config)
+        settings, whose = _settings_shown(config, chosen)
         return host_check.doctor(config, args.json, settings, whose)
     if args.command == "support-bundle":
         from gpuhost_agent.service import support_bundle
 
-        settings, whose = _running_agents_settings(config)
-        if settings is None:
-            settings = settings_view.effective(chosen, config)
+        settings, whose = _settings_shown(config, chosen)
         return support_bundle.run(config, chosen, since=args.since, output=args.output, settings=settings, whose=whose)
     from gpuhost_agent.service import launcher
 

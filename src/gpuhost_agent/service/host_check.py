@@ -27,7 +27,8 @@ from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.service.probe_parts import build_probe
 
 
-async def _report(config: AgentConfig) -> dict:
+async def machine_report(config: AgentConfig) -> dict:
+    """One probe and its compliance, as the daemon makes them (probe, doctor, support-bundle)."""
     try:
         compose = await asyncio.to_thread(find_compose_command, config.compose_command)
     except ComposeNotFound:
@@ -41,7 +42,7 @@ async def _report(config: AgentConfig) -> dict:
 
 
 def probe(config: AgentConfig, as_json: bool) -> int:
-    report = asyncio.run(_report(config))
+    report = asyncio.run(machine_report(config))
     if as_json:
         print(json.dumps(as_sent(report), indent=2, sort_keys=True))
     else:
@@ -54,7 +55,7 @@ def doctor(config: AgentConfig, as_json: bool, settings: list[dict[str, str]] | 
     `settings` is the view of the settings in effect (service/settings_view.py),
     the running agent's when one answers (`whose` says): printed after the
     checks, in JSON as `settings` (and `settingsOf`) beside the compliance's keys."""
-    report = asyncio.run(_report(config))
+    report = asyncio.run(machine_report(config))
     compliance = report["compliance"]
     if as_json:
         shown = {**compliance, "settings": settings, "settingsOf": whose} if settings is not None else compliance

@@ -46,7 +46,7 @@ from gpuhost_agent.runtime.engine import DockerEngine
 from gpuhost_agent.runtime.engine_errors import EngineError
 from gpuhost_agent.service import settings_view, status_cli
 from gpuhost_agent.service.config import AgentConfig, Chosen, ConfigError, read_config_file
-from gpuhost_agent.service.host_check import _report
+from gpuhost_agent.service.host_check import machine_report
 from gpuhost_agent.service.settings_table import SETTINGS
 
 UNIT_NAME = "gpuhost-agent"
@@ -245,7 +245,7 @@ def parse_since(text: str) -> timedelta:
 async def _probe_and_engine(config: AgentConfig) -> tuple[dict | str, dict | str]:
     """The probe's report and the engine's info, each or why not."""
     try:
-        report: dict | str = await _report(config)
+        report: dict | str = await machine_report(config)
     except Exception as exc:  # a bundle is made on broken hosts: say why, go on
         report = f"{type(exc).__name__}: {exc}"
     engine = DockerEngine(timeout=10)
