@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from types import SimpleNamespace
 
 import aiohttp
@@ -98,16 +100,28 @@ def _stack(store: Store, port: int, *, basic_auth: bool, ports: tuple[int, ...] 
     return stack["stackId"]
 
 
-@pytest.fixture
-async def book(tmp_path):
+@asynccontextmanager
+async def _serving(
+    tmp_path, *stacks: tuple[int, bool, tuple[int, ...]]
+) -> AsyncIterator[tuple[TunnelBook, FakeHub, list[str]]]:
+    """The real TunnelBook's listeners over a fresh store holding `stacks`, each
+    (port, basic_auth, more ports) as _stack takes them: (book, hub, stack ids)."""
     store = Store.load_or_create(tmp_path / "market.json")
     hub = FakeHub()
-    victim = _stack(store, 8888, basic_auth=True)  # a renter's Jupyter, behind basic auth
-    other = _stack(store, 8080, basic_auth=False)  # another rental's web service: an image it chose
+    ids = [_stack(store, port, basic_auth=basic_auth, ports=ports) for port, basic_auth, ports in stacks]
     book = TunnelBook(store, hub)
     await book.sync()
-    yield book, hub, victim, other
-    await book.close_all()
+    try:
+        yield book, hub, ids
+    finally:
+        await book.close_all()
+
+
+@pytest.fixture
+async def book(tmp_path):
+    # a renter's Jupyter, behind basic auth; another rental's web service: an image it chose
+    async with _serving(tmp_path, (8888, True, ()), (8080, False, ())) as (book, hub, (victim, other)):
+        yield book, hub, victim, other
 
 
 def _entry(book: TunnelBook, stack_id: str) -> dict:
@@ -143,12 +157,7 @@ async def test_a_tunnel_session_does_not_reach_another_stacks_tunnel_nor_replay_
 async def test_a_session_is_its_tunnels_alone(tmp_path) -> None:
     """A session is a bearer credential scoped to one tunnel: the same stack's
     other basic-auth tunnel (same password) refuses it under either name."""
-    store = Store.load_or_create(tmp_path / "market.json")
-    hub = FakeHub()
-    stack = _stack(store, 8888, basic_auth=True, ports=(6006,))
-    book = TunnelBook(store, hub)
-    await book.sync()
-    try:
+    async with _serving(tmp_path, (8888, True, (6006,))) as (book, hub, (stack,)):
         jupyter, board = sorted(book.for_stack(stack), key=lambda entry: entry["containerPort"], reverse=True)
         assert (jupyter["containerPort"], board["containerPort"]) == (8888, 6006)
         async with browser_session() as browser:
@@ -162,8 +171,6 @@ async def test_a_session_is_its_tunnels_alone(tmp_path) -> None:
             async with browser.get(jupyter["url"], headers={"Cookie": f"{name}={session}"}) as own:
                 assert own.status == 200, "the session opens its own tunnel"
         assert not SESSION.search(b"".join(b"".join(sink) for sink in hub.received.values()))
-    finally:
-        await book.close_all()
 
 
 async def test_a_new_password_ends_an_upgraded_connection(book) -> None:
@@ -279,20 +286,13 @@ async def test_a_later_request_without_credentials_never_reaches_a_basic_auth_se
 async def test_every_port_of_a_basic_auth_stack_is_gated(tmp_path) -> None:
     """Issue 49, item 3: a basic-auth stack's port outside the usual web ports (a second
     Jupyter on 8889) was a `tcp` tunnel with no gate: it answered without credentials."""
-    store = Store.load_or_create(tmp_path / "market.json")
-    hub = FakeHub()
-    stack_id = _stack(store, 8888, basic_auth=True, ports=(8889,))
-    book = TunnelBook(store, hub)
-    await book.sync()
-    try:
+    async with _serving(tmp_path, (8888, True, (8889,))) as (book, hub, (stack_id,)):
         entries = {entry["containerPort"]: entry for entry in book.for_stack(stack_id)}
         assert {port: entry["protocol"] for port, entry in entries.items()} == {8888: "http", 8889: "http"}
         assert entries[8889]["auth"] is not None
         answer = await _pipelined(entries[8889]["port"], b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
         assert answer.startswith(b"HTTP/1.1 401"), answer
         assert not hub.received.get(stack_id), "nothing reached the service without credentials"
-    finally:
-        await book.close_all()
 
 
 async def test_a_request_naming_another_host_is_refused_dns_rebinding(book) -> None:
@@ -341,20 +341,13 @@ async def test_a_page_of_another_rentals_tunnel_or_of_a_website_cannot_drive_a_s
 
 async def test_a_page_of_the_rentals_other_tunnel_may_call_it(tmp_path) -> None:
     """A front end on one port calling its API on another port of the same rental passes."""
-    store = Store.load_or_create(tmp_path / "market.json")
-    hub = FakeHub()
-    stack_id = _stack(store, 5173, basic_auth=False, ports=(8000,))
-    book = TunnelBook(store, hub)
-    await book.sync()
-    try:
+    async with _serving(tmp_path, (5173, False, (8000,))) as (book, hub, (stack_id,)):
         entries = {entry["containerPort"]: entry for entry in book.for_stack(stack_id)}
         front, api = entries[5173]["port"], entries[8000]["port"]
         answer = await _pipelined(
             api, f"GET /api HTTP/1.1\r\nHost: 127.0.0.1:{api}\r\nOrigin: http://127.0.0.1:{front}\r\n\r\n".encode()
         )
         assert answer.startswith(b"HTTP/1.1 200"), answer
-    finally:
-        await book.close_all()
 
 
 async def test_a_browsers_session_never_goes_to_another_rentals_tcp_tunnel(tmp_path) -> None:
@@ -362,13 +355,8 @@ async def test_a_browsers_session_never_goes_to_another_rentals_tcp_tunnel(tmp_p
     to every port of 127.0.0.1, a `tcp` tunnel of another rental's too, which reads nothing
     to strip it from; the value replayed at the victim's tunnel let the thief in. The session
     now lives under the tunnel's own host name (`<tunnel id>.localhost`), host-only, Strict."""
-    store = Store.load_or_create(tmp_path / "market.json")
-    hub = FakeHub()
-    victim = _stack(store, 8888, basic_auth=True)
-    thief = _stack(store, 9000, basic_auth=False)  # another rental's raw TCP service (an image it chose)
-    book = TunnelBook(store, hub)
-    await book.sync()
-    try:
+    # the thief: another rental's raw TCP service on 9000 (an image it chose)
+    async with _serving(tmp_path, (8888, True, ()), (9000, False, ())) as (book, hub, (victim, thief)):
         entry, raw = _entry(book, victim), _entry(book, thief)
         assert raw["protocol"] == "tcp" and entry["url"] == f"http://{entry['tunnelId']}.localhost:{entry['port']}/"
         async with browser_session(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
@@ -384,8 +372,6 @@ async def test_a_browsers_session_never_goes_to_another_rentals_tcp_tunnel(tmp_p
             await writer.drain()
             writer.close()
         assert not cookies, f"the browser would send {list(cookies)} to another rental's tcp tunnel"
-    finally:
-        await book.close_all()
 
 
 async def test_an_http_request_on_a_tcp_tunnel_meets_the_host_and_origin_checks(tmp_path) -> None:
@@ -393,12 +379,7 @@ async def test_an_http_request_on_a_tcp_tunnel_meets_the_host_and_origin_checks(
     service on one (Ollama on 11434). A client whose first bytes start an HTTP request
     has its head judged as an `http` tunnel's is; other bytes, and a client that waits
     for the service to speak first, pass as before."""
-    store = Store.load_or_create(tmp_path / "market.json")
-    hub = FakeHub()
-    stack_id = _stack(store, 11434, basic_auth=False)
-    book = TunnelBook(store, hub)
-    await book.sync()
-    try:
+    async with _serving(tmp_path, (11434, False, ())) as (book, hub, (stack_id,)):
         entry = _entry(book, stack_id)
         port = entry["port"]
         assert entry["protocol"] == "tcp"
@@ -416,5 +397,3 @@ async def test_an_http_request_on_a_tcp_tunnel_meets_the_host_and_origin_checks(
         await asyncio.sleep(0.6)
         assert len(hub.streams) == opened + 1, "the stream opens although the client said nothing"
         writer.close()
-    finally:
-        await book.close_all()
