@@ -16,10 +16,8 @@ from pathlib import Path
 
 import asyncssh
 import pytest
-from support.ssh_clients import make_key, ssh_ready
+from support.ssh_clients import make_key, ssh_stack
 from support.stacks import TEST_IMAGE
-
-from gpuhost_agent.protocol import wire
 
 STACK = f"""
 services:
@@ -34,14 +32,8 @@ SIZE = 300 * 1024  # more than one read of the copy loop (256 KiB)
 async def test_copy_data_forward_within_one_file_is_refused_and_between_files_served(local_market, tmp_path: Path):
     renter, _parts, _local = local_market
     key = tmp_path / "renter"
-    status, body = await renter.call("POST", "/users/ssh-key", {"publicKey": await asyncio.to_thread(make_key, key)})
-    assert status == 200, body
-    rental_id = await renter.rental()
-    stack_id = await renter.stack(rental_id, STACK, name="copy-data", isSSHEnabled=True)
-    stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=90)
-    assert stack["status"] == wire.APPLIED, stack["errorMsg"]
-    (tunnel,) = await renter.tunnels(rental_id, stack_id, 1, ssh_ready, timeout=30)
-    info = tunnel["ssh"]
+    _stack_id, endpoints = await ssh_stack(renter, await asyncio.to_thread(make_key, key), STACK, 1, "copy-data")
+    info = endpoints["shell"]
     known = asyncssh.import_known_hosts(f"[{info['host']}]:{info['port']} {info['hostKey']}\n")
     client_key = await asyncio.to_thread(asyncssh.read_private_key, str(key))
     async with asyncssh.connect(

@@ -11,10 +11,8 @@ import asyncio
 import stat
 from pathlib import Path
 
-from support.ssh_clients import Endpoint, make_key, ssh_ready
+from support.ssh_clients import Endpoint, make_key, ssh_stack
 from support.stacks import TEST_IMAGE
-
-from gpuhost_agent.protocol import wire
 
 STACK = f"""
 services:
@@ -28,14 +26,8 @@ services:
 async def test_sftp_link_and_chmod_h_never_reach_a_host_file(local_market, tmp_path: Path) -> None:
     renter, _parts, _local = local_market
     key = tmp_path / "renter"
-    status, body = await renter.call("POST", "/users/ssh-key", {"publicKey": await asyncio.to_thread(make_key, key)})
-    assert status == 200, body
-    rental_id = await renter.rental()
-    stack_id = await renter.stack(rental_id, STACK, name="sftp-host", isSSHEnabled=True)
-    stack = await renter.wait_stack(rental_id, stack_id, (wire.APPLIED, wire.ERROR), timeout=90)
-    assert stack["status"] == wire.APPLIED, stack["errorMsg"]
-    tunnel = await renter.tunnels(rental_id, stack_id, 1, ssh_ready, timeout=30)
-    info = tunnel[0]["ssh"]
+    _stack_id, endpoints = await ssh_stack(renter, await asyncio.to_thread(make_key, key), STACK, 1, "sftp-host")
+    info = endpoints["shell"]
     end = await asyncio.to_thread(Endpoint, info["host"], info["port"], info["hostKey"], tmp_path)
     host_file = tmp_path / "root-only"
     await asyncio.to_thread(host_file.write_text, "a host file\n")
