@@ -9,13 +9,14 @@ Checks go through each node's own engine (`docker -H`), never ours.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import re
 import time
 from pathlib import Path
 
 import pytest
-from support.swarm import PREFIX, container_of, deploy, docker, node_id, swarm
+from support.swarm import LOCK, PREFIX, cluster, container_of, deploy, docker, leftovers, node_id, swarm
 
 pytestmark = pytest.mark.swarm
 
@@ -73,3 +74,20 @@ def test_a_stack_spans_two_machines_over_its_overlay_others_cannot_reach_it_down
         web_ip = docker(1, "exec", container_of(1, "one_web"), "hostname", "-i").split()[0]
         deploy("two", _stack({"client": _service(REACH % f"echo {web_ip}", "n1")}))
         assert "hi-over-the-overlay" not in _client_says("two", f"tried={web_ip}")
+
+
+def test_a_cluster_a_killed_run_left_is_taken_down_and_one_a_live_run_holds_is_left_alone() -> None:
+    # A run killed between its `up` and its `down` leaves a cluster and no holder of the lock.
+    cluster("up", "1")
+    try:
+        with open(LOCK, "a") as held:  # another run, alive, holds it
+            fcntl.flock(held, fcntl.LOCK_EX)
+            with pytest.raises(AssertionError, match="another test run holds the test Swarm"), swarm(1):
+                pass
+            assert leftovers(), "the live run's cluster was touched"
+        with swarm(1):
+            assert docker(1, "node", "ls", "--format", "{{.Status}}").split() == ["Ready"]
+        assert leftovers() == []
+    finally:
+        if leftovers():
+            cluster("down")

@@ -5,6 +5,7 @@ and list what a cluster could leave behind on this machine."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import subprocess
 import time
@@ -19,6 +20,7 @@ from support.waiting import until
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "swarm-cluster.sh"
 PREFIX = "gpuhost-swarm"
+LOCK = Path("/run") / f"{PREFIX}.lock"  # held by the run whose cluster is up
 
 
 # A rental's stack for the leader's tests: one GPU service (all the rental's GPUs) and one without.
@@ -81,14 +83,24 @@ def cluster(*args: str, timeout: float = 120) -> str:
 
 @contextlib.contextmanager
 def swarm(nodes: int = 2) -> Iterator[None]:
-    """A cluster for the block; afterwards nothing of it is left."""
-    assert leftovers() == [], "a cluster from an earlier run is still up: scripts/swarm-cluster.sh down"
-    try:
-        cluster("up", str(nodes))
-        yield
-    finally:
-        cluster("down")
-    assert leftovers() == []
+    """A cluster for the block; afterwards nothing of it is left. The block
+    holds LOCK: a cluster found up while nobody holds it was left by a run
+    killed before its own `down` (a CI timeout, a stopped session), and is
+    taken down first; one whose run is alive is never touched."""
+    with open(LOCK, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise AssertionError(f"another test run holds the test Swarm ({LOCK}); wait for it to end") from None
+        if leftovers():
+            cluster("down")
+        assert leftovers() == [], "a cluster could not be taken down: scripts/swarm-cluster.sh down"
+        try:
+            cluster("up", str(nodes))
+            yield
+        finally:
+            cluster("down")
+        assert leftovers() == []
 
 
 def docker(node: int, *args: str, stdin: str | None = None, check: bool = True) -> str:
