@@ -53,6 +53,7 @@ readonly NO_GPU_HINT="; on a host without GPUs rerun with --allow-no-gpu"
 readonly NOT_COMPLIANT="until then the marketplace sees this host as not compliant (gpuhost-agent doctor says the same)"
 readonly MSG_NOT_ROOT="install.sh must run as root: sudo ./install.sh ... or curl -fsSL <url> | sudo bash -s -- ..."
 readonly MSG_PYTHON="python3 (3.10 or later) with its venv module is missing: apt-get install python3 python3-venv, or rerun with --install-missing"
+readonly MSG_OPENSSL="openssl 3 is missing: it checks the signature of the marketplace's release before anything of it is installed; apt-get install openssl, or rerun with --install-missing"
 readonly MSG_DOCKER_MISSING="Docker Engine is not installed (no docker command): install it from https://docs.docker.com/engine/install/ or with apt-get install docker.io, or rerun with --install-missing"
 readonly MSG_DOCKER_DOWN="Docker Engine does not answer on $DOCKER_SOCKET: start it with systemctl enable --now docker.service and check with docker info"
 readonly MSG_COMPOSE_BUNDLED="Docker Compose v2 is missing and apt has no docker-compose-plugin or docker-compose-v2 package: the agent will use the Compose v2 bundled with it; to use the host's own, add Docker's apt repository (https://docs.docker.com/engine/install/) and apt-get install docker-compose-plugin"
@@ -106,19 +107,26 @@ Options:
                        and the CA's certificate to FILE (0600), for that worker's
                        --swarm-tls-file; then exit
   --source SPEC        what pip installs: a path (checkout, wheel) or a requirement.
-                       Default: this checkout when run from one, else "$PACKAGE" from the
-                       package index. pip honours PIP_INDEX_URL, PIP_FIND_LINKS, PIP_NO_INDEX
+                       Default: this checkout when run from one, else the marketplace's
+                       signed release (<url>/agent/release: its Ed25519 signature checked
+                       with the release key before a byte of the wheel is fetched, the
+                       wheel's sha256 and size after, its dependencies from the locks
+                       inside it); never a name on the package index unless given here.
+                       pip honours PIP_INDEX_URL, PIP_FIND_LINKS, PIP_NO_INDEX
                        (pass them through sudo: sudo PIP_INDEX_URL=... bash -s -- ...)
-  --version X          install version X ($PACKAGE==X; with a path --source, check it is X)
+  --version X          install version X ($PACKAGE==X; with a path --source, check it is X;
+                       the marketplace's release must be X)
   --release-key KEY    the public key the marketplace signs its releases with (ed25519:<base64>;
-                       the installation line carries it): written to $RELEASE_KEY_FILE; the
-                       agent installs an offered release only when it verifies with it
+                       the installation line carries it): written to $RELEASE_KEY_FILE. The
+                       first install takes only a release that verifies with it, and so
+                       does the agent's every upgrade. Default: the key pinned already
   --no-upgrades        never install a release the marketplace offers (GPUHOST_UPGRADES=off);
                        running install.sh again upgrades. Without it an earlier choice is kept
   --lock DIR           where the locks of the agent's dependencies are (build.lock and
                        agent.lock): a folder or an http(s):// URL.
-                       Default: the checkout's requirements/ when run from one, else
-                       <url>/install, where the marketplace serves its release's lock.
+                       Default: the checkout's requirements/ when run from one, the
+                       locks inside the marketplace's signed release when installing it,
+                       else <url>/install, where the marketplace serves its release's lock.
                        pip installs exactly the versions and files (sha256) they name
   --install-missing    apt-get install what is missing: python3-venv, Docker Engine
                        (docker-ce if Docker's repository is set up, else docker.io),
@@ -168,6 +176,7 @@ the marketplace as the environment's initState (never failing when it cannot).
 Messages (install.sh: error: ... stops the install; warning: ... does not; VERSION is the version found):
   $MSG_NOT_ROOT
   $MSG_PYTHON
+  $MSG_OPENSSL
   $MSG_DOCKER_MISSING
   $MSG_DOCKER_DOWN
   $MSG_COMPOSE_BUNDLED
@@ -609,14 +618,26 @@ resolve_settings() {
         [[ $RELEASE_KEY =~ ^ed25519:[A-Za-z0-9+/]{43}=$ ]] \
             || die_usage "--release-key must be the marketplace's release key, ed25519:<base64 of 32 bytes>"
     fi
+    local pinned_key=$RELEASE_KEY
+    if [ -z "$pinned_key" ] && [ -r "$RELEASE_KEY_FILE" ]; then
+        pinned_key=$(tr -d '[:space:]' <"$RELEASE_KEY_FILE")
+        [[ $pinned_key =~ ^ed25519:[A-Za-z0-9+/]{43}=$ ]] || pinned_key=''
+    fi
     if [ -z "$SOURCE" ]; then
-        if [ -n "$VERSION" ]; then SOURCE="$PACKAGE==$VERSION"
+        if [ -n "$CHECKOUT" ] && [ -n "$VERSION" ]; then SOURCE="$PACKAGE==$VERSION"
         elif [ -n "$CHECKOUT" ]; then SOURCE=$CHECKOUT
-        else SOURCE=$PACKAGE
+        elif [ -n "$URL" ] && [ -n "$pinned_key" ]; then
+            FROM_RELEASE=1 SIGNED_BY=$pinned_key SOURCE="the marketplace's signed release"
+            [ -z "$LOCK" ] || die_usage "--lock is not for the marketplace's release: it carries its own locks, covered by its signature"
+        elif [ -n "$URL" ]; then
+            die_usage "without a checkout install.sh installs the marketplace's signed release, and needs the key it is signed with: --release-key (the marketplace's installation line gives it), or name what pip installs with --source"
+        else
+            die_usage "nothing to install: run install.sh from a checkout of the agent, or name a wheel with --source"
         fi
     elif [ -n "$VERSION" ] && [[ $SOURCE =~ ^[A-Za-z0-9._-]+$ ]] && [ ! -e "$SOURCE" ]; then
         SOURCE="$SOURCE==$VERSION"
     fi
+    [ "$FROM_RELEASE" = 1 ] && return 0  # its locks are inside it (fetch_release)
     if [ -z "$LOCK" ]; then
         if [ -n "$CHECKOUT" ] && [ -f "$CHECKOUT/requirements/agent.lock" ]; then LOCK=$CHECKOUT/requirements
         elif [ -n "$URL" ]; then LOCK=$URL/install
@@ -690,6 +711,17 @@ check_python() {
         APT_PKGS+=(python3 python3-venv)
     else
         ERRORS+=("$MSG_PYTHON")
+    fi
+}
+
+check_openssl() { # only the marketplace's release needs it: its signature is checked with it
+    [ "$FROM_RELEASE" = 1 ] || return 0
+    if have openssl && [[ $(openssl version 2>/dev/null) =~ ^OpenSSL\ ([3-9]|[1-9][0-9])\. ]]; then
+        NOTES+=("openssl: $(openssl version 2>/dev/null)")
+    elif [ "$INSTALL_MISSING" = 1 ]; then
+        APT_PKGS+=(openssl)
+    else
+        ERRORS+=("$MSG_OPENSSL")
     fi
 }
 
@@ -797,6 +829,7 @@ check_nvidia() {
 preflight() {
     check_os
     check_python
+    check_openssl
     check_docker
     check_compose
     check_nvidia
@@ -836,6 +869,112 @@ install_packages() {
             warn "$MSG_COMPOSE_BUNDLED"
         fi
     fi
+}
+
+# ---- the marketplace's signed release ------------------------------------------
+# Without a checkout (the marketplace's line) install.sh installs the release the
+# marketplace signed, never a name on the package index: GET <url>/agent/release
+# names its version, wheel, sha256, size and Ed25519 signature; the signature is
+# checked with the pinned key before a byte of the wheel is fetched, the wheel's
+# size and sha256 after, and the dependencies come from the locks inside the
+# wheel, which the signature covers. openssl checks the signature (python3's
+# standard library has no Ed25519); python3 -I reads the JSON and the wheel.
+
+release_refused() { # release_refused SUMMARY DETAIL: stop, changing nothing
+    err "$2"
+    report_init failed "$1" "$2"
+    exit "$EXIT_FAILED"
+}
+
+# marketplace_get URL FILE MAX_BYTES: GET with the environment's key (in a header
+# file, never in argv), no redirect followed, at most MAX_BYTES kept.
+marketplace_get() {
+    local headers=$TMP/get-headers status=0
+    (umask 077 && printf 'X-API-Key: %s\n' "$API_KEY" >"$headers")
+    curl -fsS --proto '=https,http' --max-redirs 0 --connect-timeout 10 --max-time 600 --max-filesize "$3" \
+        -H "@$headers" -o "$2" "$1" </dev/null 2>"$TMP/curl.err" || status=$?
+    rm -f "$headers"
+    if [ "$status" = 0 ] && [ "$(stat -c %s "$2")" -gt "$3" ]; then status=63; fi
+    return "$status"
+}
+
+# The offer's fields, one a line (version, wheel, sha256, size, signature), or
+# what is wrong with it on stderr; the rules of protocol/wire_release.py.
+release_fields() {
+    python3 -I - "$1" <<'PY'
+import json, re, sys
+try:
+    with open(sys.argv[1], encoding="utf-8") as answer:
+        offer = json.load(answer)
+except (OSError, ValueError) as exc:
+    sys.exit(f"the answer is not JSON ({exc})")
+if not isinstance(offer, dict):
+    sys.exit("the answer is not an object")
+version, path, sha256, size, signature = (offer.get(k) for k in ("version", "path", "sha256", "size", "signature"))
+problems = []
+if not (isinstance(version, str) and re.fullmatch(r"[0-9][0-9A-Za-z.+!-]{0,63}", version)):
+    problems.append("version is not a version")
+wheel = path[len("/agent/releases/"):] if isinstance(path, str) and path.startswith("/agent/releases/") else ""
+if not re.fullmatch(r"gpuhost_agent-[0-9][0-9A-Za-z_.+!]{0,63}-py3-none-any\.whl", wheel):
+    problems.append("path is not /agent/releases/gpuhost_agent-<version>-py3-none-any.whl")
+if not (isinstance(sha256, str) and re.fullmatch(r"[0-9a-f]{64}", sha256)):
+    problems.append("sha256 is not 64 lowercase hex digits")
+if not (type(size) is int and 0 < size <= 64 * 1024 * 1024):
+    problems.append("size is not a byte count up to 64 MiB")
+if not (isinstance(signature, str) and re.fullmatch(r"[A-Za-z0-9+/]{86}==", signature)):
+    problems.append("signature is missing or not the base64 of an Ed25519 signature")
+if problems:
+    sys.exit("; ".join(problems))
+print(version, wheel, sha256, size, signature, sep="\n")
+PY
+}
+
+# release_signed VERSION SHA256 SIZE SIGNATURE: whether the pinned key signed them
+# (the message of protocol/release_signature.py).
+release_signed() {
+    local dir=$TMP/signed
+    mkdir -p "$dir"
+    # The raw 32-byte key as DER (SubjectPublicKeyInfo, id-Ed25519), for openssl.
+    { printf '\x30\x2a\x30\x05\x06\x03\x2b\x65\x70\x03\x21\x00'; printf '%s' "${SIGNED_BY#ed25519:}" | base64 -d; } \
+        >"$dir/key.der" 2>/dev/null || return 1
+    printf 'gpuhost-agent release\nversion %s\nsha256 %s\nsize %s\n' "$1" "$2" "$3" >"$dir/message"
+    printf '%s' "$4" | base64 -d >"$dir/signature" 2>/dev/null || return 1
+    openssl pkeyutl -verify -pubin -keyform DER -inkey "$dir/key.der" -rawin -in "$dir/message" \
+        -sigfile "$dir/signature" >/dev/null 2>&1
+}
+
+fetch_release() {
+    local fields version wheel sha256 size signature got
+    if [ "$DRY_RUN" = 1 ] && ! have openssl; then say "[dry-run] would fetch the marketplace's release and check it"; return 0; fi
+    step "asking the marketplace for its release ($URL/agent/release)"
+    marketplace_get "$URL/agent/release" "$TMP/release.json" 65536 \
+        || release_refused "release not found" "cannot get the marketplace's release from $URL/agent/release: $(head -c 300 "$TMP/release.json" 2>/dev/null) $(head -c 200 "$TMP/curl.err")"
+    fields=$(release_fields "$TMP/release.json" 2>"$TMP/release.err") \
+        || release_refused "release refused" "the marketplace's release offer is refused: $(head -c 300 "$TMP/release.err")"
+    { read -r version; read -r wheel; read -r sha256; read -r size; read -r signature; } <<<"$fields"
+    release_signed "$version" "$sha256" "$size" "$signature" \
+        || release_refused "release not signed" "the marketplace's release $version is not signed with the release key pinned for this host ($SIGNED_BY): nothing of it was fetched"
+    if [ -n "$VERSION" ] && [ "$version" != "$VERSION" ]; then
+        release_refused "wrong version offered" "the marketplace offers release $version, not the --version $VERSION asked for"
+    fi
+    say "the marketplace's release $version is signed with the pinned key; fetching $wheel ($size bytes)"
+    mkdir -p "$TMP/release"
+    marketplace_get "$URL/agent/releases/$wheel" "$TMP/release/$wheel" "$size" \
+        || release_refused "release not fetched" "cannot fetch $URL/agent/releases/$wheel: $(head -c 200 "$TMP/curl.err")"
+    got=$(sha256sum "$TMP/release/$wheel") got=${got%% *}
+    if [ "$(stat -c %s "$TMP/release/$wheel")" != "$size" ] || [ "$got" != "$sha256" ]; then
+        release_refused "release damaged" "$wheel is not the file the signature names (sha256 $got, $(stat -c %s "$TMP/release/$wheel") bytes; signed: $sha256, $size bytes)"
+    fi
+    mkdir -p "$TMP/release-lock"
+    python3 -I - "$TMP/release/$wheel" "$TMP/release-lock" <<'PY' 2>"$TMP/release.err" \
+        || release_refused "release without locks" "$wheel carries no locks of its dependencies: $(head -c 300 "$TMP/release.err")"
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    for name in ("build.lock", "agent.lock"):
+        with open(f"{sys.argv[2]}/{name}", "wb") as out:
+            out.write(wheel.read(f"gpuhost_agent/{name}"))
+PY
+    SOURCE=$TMP/release/$wheel LOCK=$TMP/release-lock VERSION=$version
 }
 
 install_agent() {
@@ -1103,6 +1242,7 @@ do_install() {
     preflight
     install_packages
     report_init running "installing the agent"
+    if [ "$FROM_RELEASE" = 1 ]; then fetch_release; fi
     install_agent
     link_command
     write_config
@@ -1179,7 +1319,7 @@ do_uninstall() {
 
 # ---- main ------------------------------------------------------------------------
 
-CHECKOUT='' TMP='' INSTALLED_VERSION=''
+CHECKOUT='' TMP='' INSTALLED_VERSION='' FROM_RELEASE=0 SIGNED_BY=''
 
 main() {
     parse_args "$@"

@@ -6,12 +6,16 @@ initState. (The chroots: tests/support/install_chroot.py. Needs root.)
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
+from support.agent_release import agent_wheel
 from support.install_chroot import Run, Scenario, add, conf_values, needs_root
 from support.openapi_check import AGENT_DOC, check_named, load
 
+from gpuhost_agent.local_marketplace.install_release import InstallRelease
+from gpuhost_agent.local_marketplace.releases import Release
 from gpuhost_agent.local_marketplace.script_api import install_line
 from gpuhost_agent.local_marketplace.server import build_app
 from gpuhost_agent.local_marketplace.state import MarketplaceState
@@ -35,13 +39,25 @@ async def _run_async(scenario: Scenario, command: str) -> Run:
 
 
 @needs_root
-async def test_the_marketplace_line_installs_the_agent_and_reports_init_state(scenario: Scenario) -> None:
+async def test_the_marketplace_line_installs_the_agent_and_reports_init_state(
+    scenario: Scenario, agent_wheels: Path, tmp_path: Path
+) -> None:
     """The local marketplace's GET /environments/{envId}/script, pasted in the chroot:
-    install.sh comes from GET /install.sh (no key), and its progress arrives as
-    the environment's initState. NEEDS script_api wired into server.build_app."""
+    install.sh comes from GET /install.sh (no key), the agent from the release the
+    marketplace signed (GET /agent/release, checked with the key the line pins), and
+    its progress arrives as the environment's initState."""
     store = Store.load_or_create(None)
     state = MarketplaceState(store)
-    runner, base = await _serve(build_app(state))
+    release = await asyncio.to_thread(lambda: Release.of_wheel(agent_wheel(agent_wheels)))
+    state.install_release = InstallRelease(lambda: release, None, tmp_path / "built")
+    app = build_app(state)
+    asked: list[str] = []
+
+    async def record(request: web.Request, _response: web.StreamResponse) -> None:
+        asked.append(request.path)
+
+    app.on_response_prepare.append(record)
+    runner, base = await _serve(app)
     try:
         async with aiohttp.ClientSession() as http:
             async with http.get(
@@ -62,7 +78,12 @@ async def test_the_marketplace_line_installs_the_agent_and_reports_init_state(sc
         await asyncio.to_thread(add, scenario, "docker", "compose", "nvidia", "toolkit")
         done = await _run_async(scenario, line)
         assert done.code == 0, done.both
-        assert "source: gpuhost-agent)" in done.out  # from stdin: no checkout, so the package by name
+        # No checkout: the marketplace's release, its signature checked before its wheel was fetched (issue 45)
+        assert "(source: the marketplace's signed release)" in done.out
+        assert f"the marketplace's release {release.version} is signed with the pinned key" in done.out
+        assert asked.index("/v1/agent/release") < asked.index(f"/v1/agent/releases/{release.wheel.name}")
+        installed = await asyncio.to_thread(scenario.run, "/opt/gpuhost-agent/venv/bin/gpuhost-agent", "version")
+        assert installed.out.strip() == release.version
         init = store.host["initState"]
         check_named(await asyncio.to_thread(load, AGENT_DOC), init, "InitState")
         install_phase = init["phases"][0]

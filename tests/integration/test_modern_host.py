@@ -31,6 +31,7 @@ from support.stacks import TEST_IMAGE
 
 from gpuhost_agent.core.containers.seed_list import RENTAL_MEMORY_REACHED
 from gpuhost_agent.local_marketplace import server as local_server
+from gpuhost_agent.local_marketplace.install_release import InstallRelease
 from gpuhost_agent.local_marketplace.releases import Release
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.store import Store
@@ -75,6 +76,9 @@ async def world(booted_host, agent_wheels, tmp_path_factory):
         booted_host.sh,
         f"cat > /usr/local/share/ca-certificates/gpuhost-test.crt <<'EOF'\n{ca}EOF\nupdate-ca-certificates",
     )
+    # The release the install line installs: the agent's wheel, signed by this marketplace (issue 45).
+    installed = await asyncio.to_thread(lambda: Release.of_wheel(agent_release.agent_wheel(agent_wheels)))
+    state.install_release = InstallRelease(lambda: installed, None, tmp_path_factory.mktemp("built"))
     market = await local_server.start(state, booted_host.gateway, 0, tls=tls.server())
     assert market.base_url.startswith("https://")
     http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls.client()))
@@ -129,6 +133,8 @@ async def test_the_install_line_installs_and_starts_the_agent_under_systemd(worl
     )
     done = await _sh(world, line, timeout=600)  # pip finds the wheelhouse through /etc/pip.conf
     assert store.envApiKey not in done.both
+    # The agent itself: the marketplace's release, its signature checked over HTTPS with the key the line pinned.
+    assert "(source: the marketplace's signed release)" in done.out, done.both
     assert (await _sh(world, "cat /etc/gpuhost-agent/api-key")).out == store.envApiKey + "\n"  # through real sudo
     await _connected(world)
     shown = await asyncio.to_thread(world.host.show, UNIT, "ActiveState", "Type", "WatchdogUSec", "NotifyAccess")

@@ -300,7 +300,7 @@ def test_a_marketplace_url_in_clear_is_only_for_this_machine() -> None:
         ("http://127.0.0.1:8787/v1", False),
         ("http://[::1]:8787/v1", False),
     ):
-        body = f"URL={shlex.quote(url)} ENV_ID=env-1 API_KEY=k\nresolve_settings\necho resolved"
+        body = f"URL={shlex.quote(url)} ENV_ID=env-1 API_KEY=k SOURCE=gpuhost-agent\nresolve_settings\necho resolved"
         program = f'source <(sed "$ d" {shlex.quote(str(INSTALL_SH))})\n{body}'
         done = subprocess.run(["bash", "-c", program], capture_output=True, text=True)
         if refused:

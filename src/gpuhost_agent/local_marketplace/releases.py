@@ -2,7 +2,7 @@
 wheel of the agent, its version read from the wheel's own metadata and its
 sha256 computed here, offered in every session reply as `agentRelease` and
 served at `GET /v1/agent/releases/{file}` to agents with the environment's
-key (docs/agent-api.yaml). What the agent reports back about its upgrades
+key (release_api.py, docs/agent-api.yaml). What the agent reports back about its upgrades
 (`AgentInfo.upgrade`) is kept with the host and shown in the environment's
 heartbeat.
 """
@@ -13,14 +13,11 @@ import email.parser
 import hashlib
 import re
 import zipfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from gpuhost_agent.local_marketplace.http_errors import json_error
 from gpuhost_agent.protocol import release_signature
 from gpuhost_agent.protocol.wire_release import MAX_WHEEL_BYTES, OUTCOMES, RELEASES_PATH, VERSION, WHEEL_NAME
 
@@ -82,20 +79,3 @@ def upgrade_problem(value: object) -> str | None:
             f"({', '.join(OUTCOMES)}), reason, at (strings) and from (a version or null)"
         )
     return None
-
-
-def routes(offered: Callable[[], Release | None]) -> list[web.RouteDef]:
-    """`offered`: the release on offer when a request comes (tests change it)."""
-
-    async def get_release(request: web.Request) -> web.StreamResponse:
-        name = request.match_info["file"]
-        current = offered()
-        if current is None or name != current.wheel.name:
-            return json_error(404, f"release {name[:200]} not found: this marketplace offers {_offered(current)}")
-        return web.FileResponse(current.wheel, headers={"Content-Type": "application/octet-stream"})
-
-    return [web.get("/v1" + RELEASES_PATH + "{file}", get_release)]
-
-
-def _offered(current: Release | None) -> str:
-    return current.wheel.name if current else "no release"

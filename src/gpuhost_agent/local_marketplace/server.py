@@ -24,7 +24,7 @@ from gpuhost_agent.local_marketplace import (
     listings_api,
     logs_api,
     marketplace_only_api,
-    releases,
+    release_api,
     renter_api,
     script_api,
     speedtest_api,
@@ -90,7 +90,7 @@ def build_app(state: MarketplaceState) -> web.Application:
     app.add_routes(listings_api.routes(state))  # first: listings is not an {envId}
     app.add_routes(renter_api.routes(state))
     app.add_routes(agent_api.routes(state))
-    app.add_routes(releases.routes(lambda: state.release))
+    app.add_routes(release_api.routes(state))
     app.add_routes(channel_api.routes(state))
     app.add_routes(logs_api.routes(state))
     app.add_routes(terminal_api.routes(state))

@@ -13,6 +13,7 @@ from dataclasses import asdict
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from gpuhost_agent.local_marketplace.channel_hub import ChannelHub
+from gpuhost_agent.local_marketplace.install_release import InstallRelease
 from gpuhost_agent.local_marketplace.releases import Release
 from gpuhost_agent.local_marketplace.store import Job, Store
 from gpuhost_agent.local_marketplace.terminal_tickets import TicketBook
@@ -45,6 +46,7 @@ class MarketplaceState:
         self.terminals = TicketBook()
         self.tunnels = TunnelBook(store, self.streams)  # the stacks' tunnels (tunnels.py)
         self.release: Release | None = None  # the agent release offered in session replies (releases.py)
+        self.install_release: InstallRelease | None = None  # what the installation line installs
 
     def changed(self, *, jobs: bool = False) -> None:
         """Persist, and if new jobs were queued wake every waiting long poll."""

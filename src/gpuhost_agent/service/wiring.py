@@ -301,6 +301,7 @@ async def start_local_marketplace(config: AgentConfig) -> RunningMarketplace:
     """The embedded marketplace, imported only here: an agent with a real
     marketplace never loads it (nor asyncssh, which it checks keys with)."""
     from gpuhost_agent.local_marketplace import server as local_server
+    from gpuhost_agent.local_marketplace.install_release import InstallRelease, running_checkout
     from gpuhost_agent.local_marketplace.releases import Release
     from gpuhost_agent.local_marketplace.state import MarketplaceState
     from gpuhost_agent.local_marketplace.store import Store
@@ -311,6 +312,8 @@ async def start_local_marketplace(config: AgentConfig) -> RunningMarketplace:
     state = MarketplaceState(store)
     if config.local_release_wheel is not None:
         state.release = await asyncio.to_thread(Release.of_wheel, config.local_release_wheel)
+    built_in = config.state_dir / "local-release"  # the checkout's wheel, built when first asked for
+    state.install_release = InstallRelease(lambda: state.release, running_checkout(), built_in)
     return await local_server.start(state, host, port)
 
 
