@@ -230,6 +230,8 @@ def test_without_a_checkout_install_sh_takes_the_signed_release_and_never_a_name
     nothing = resolved("")
     assert nothing.returncode == 2 and "needs the key it is signed with: --release-key" in nothing.stderr
     named = resolved("SOURCE=gpuhost-agent")  # the operator's own choice, said in so many words
-    assert named.stdout.strip() == "from-release=0 signed-by= source=gpuhost-agent lock=https://market.example/v1/install"
+    assert (
+        named.stdout.strip() == "from-release=0 signed-by= source=gpuhost-agent lock=https://market.example/v1/install"
+    )
     with_lock = resolved(f"RELEASE_KEY={key} LOCK=/srv/locks")
     assert with_lock.returncode == 2 and "--lock is not for the marketplace's release" in with_lock.stderr
