@@ -898,8 +898,9 @@ marketplace_get() {
     return "$status"
 }
 
-# The offer's fields, one a line (version, wheel, sha256, size, signature), or
-# what is wrong with it on stderr; the rules of protocol/wire_release.py.
+# The offer's fields, one a line (version, wheel, sha256, size, notAfter,
+# nextKey or "-", signature), or what is wrong with it on stderr; the rules of
+# protocol/wire_release.py.
 release_fields() {
     python3 -I - "$1" <<'PY'
 import json, re, sys
@@ -910,7 +911,8 @@ except (OSError, ValueError) as exc:
     sys.exit(f"the answer is not JSON ({exc})")
 if not isinstance(offer, dict):
     sys.exit("the answer is not an object")
-version, path, sha256, size, signature = (offer.get(k) for k in ("version", "path", "sha256", "size", "signature"))
+version, path, sha256, size, not_after, next_key, signature = (
+    offer.get(k) for k in ("version", "path", "sha256", "size", "notAfter", "nextKey", "signature"))
 problems = []
 if not (isinstance(version, str) and re.fullmatch(r"[0-9][0-9A-Za-z.+!-]{0,63}", version)):
     problems.append("version is not a version")
@@ -921,39 +923,52 @@ if not (isinstance(sha256, str) and re.fullmatch(r"[0-9a-f]{64}", sha256)):
     problems.append("sha256 is not 64 lowercase hex digits")
 if not (type(size) is int and 0 < size <= 64 * 1024 * 1024):
     problems.append("size is not a byte count up to 64 MiB")
+if not (isinstance(not_after, str) and re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z", not_after)):
+    problems.append("notAfter is missing or not a UTC moment such as 2026-12-31T00:00:00Z")
+if next_key is not None and not (isinstance(next_key, str) and re.fullmatch(r"ed25519:[A-Za-z0-9+/]{43}=", next_key)):
+    problems.append("nextKey is not a release key")
 if not (isinstance(signature, str) and re.fullmatch(r"[A-Za-z0-9+/]{86}==", signature)):
     problems.append("signature is missing or not the base64 of an Ed25519 signature")
 if problems:
     sys.exit("; ".join(problems))
-print(version, wheel, sha256, size, signature, sep="\n")
+print(version, wheel, sha256, size, not_after, next_key or "-", signature, sep="\n")
 PY
 }
 
-# release_signed VERSION SHA256 SIZE SIGNATURE: whether the pinned key signed them
-# (the message of protocol/release_signature.py).
+# release_signed VERSION SHA256 SIZE NOT_AFTER NEXT_KEY|- SIGNATURE: whether the
+# pinned key signed them (the message of protocol/release_signature.py).
 release_signed() {
     local dir=$TMP/signed
     mkdir -p "$dir"
     # The raw 32-byte key as DER (SubjectPublicKeyInfo, id-Ed25519), for openssl.
     { printf '\x30\x2a\x30\x05\x06\x03\x2b\x65\x70\x03\x21\x00'; printf '%s' "${SIGNED_BY#ed25519:}" | base64 -d; } \
         >"$dir/key.der" 2>/dev/null || return 1
-    printf 'gpuhost-agent release\nversion %s\nsha256 %s\nsize %s\n' "$1" "$2" "$3" >"$dir/message"
-    printf '%s' "$4" | base64 -d >"$dir/signature" 2>/dev/null || return 1
+    printf 'gpuhost-agent release\nversion %s\nsha256 %s\nsize %s\nnot-after %s\n' "$1" "$2" "$3" "$4" >"$dir/message"
+    if [ "$5" != - ]; then printf 'next-key %s\n' "$5" >>"$dir/message"; fi
+    printf '%s' "$6" | base64 -d >"$dir/signature" 2>/dev/null || return 1
     openssl pkeyutl -verify -pubin -keyform DER -inkey "$dir/key.der" -rawin -in "$dir/message" \
         -sigfile "$dir/signature" >/dev/null 2>&1
 }
 
 fetch_release() {
-    local fields version wheel sha256 size signature got
+    local fields version wheel sha256 size not_after next_key signature got now
     if [ "$DRY_RUN" = 1 ] && ! have openssl; then say "[dry-run] would fetch the marketplace's release and check it"; return 0; fi
     step "asking the marketplace for its release ($URL/agent/release)"
     marketplace_get "$URL/agent/release" "$TMP/release.json" 65536 \
         || release_refused "release not found" "cannot get the marketplace's release from $URL/agent/release: $(head -c 300 "$TMP/release.json" 2>/dev/null) $(head -c 200 "$TMP/curl.err")"
     fields=$(release_fields "$TMP/release.json" 2>"$TMP/release.err") \
         || release_refused "release refused" "the marketplace's release offer is refused: $(head -c 300 "$TMP/release.err")"
-    { read -r version; read -r wheel; read -r sha256; read -r size; read -r signature; } <<<"$fields"
-    release_signed "$version" "$sha256" "$size" "$signature" \
+    { read -r version; read -r wheel; read -r sha256; read -r size; read -r not_after; read -r next_key; read -r signature; } <<<"$fields"
+    release_signed "$version" "$sha256" "$size" "$not_after" "$next_key" "$signature" \
         || release_refused "release not signed" "the marketplace's release $version is not signed with the release key pinned for this host ($SIGNED_BY): nothing of it was fetched"
+    now=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+    if [[ $now > $not_after ]]; then
+        release_refused "release offer void" "the marketplace's offer of release $version was void after $not_after (it is $now here; check the clock): a marketplace signs a fresh one"
+    fi
+    if [ "$next_key" != - ]; then  # the key holder names its successor: pinned in its place
+        say "the release names the marketplace's next release key, pinned in place of the one the line gave: $next_key"
+        RELEASE_KEY=$next_key
+    fi
     if [ -n "$VERSION" ] && [ "$version" != "$VERSION" ]; then
         release_refused "wrong version offered" "the marketplace offers release $version, not the --version $VERSION asked for"
     fi

@@ -102,7 +102,8 @@ async def test_a_wheel_that_is_not_the_offered_one_is_not_installed_and_the_mark
     try:
         offered = reply["agentRelease"]  # signed, but not the file served: a tampered file, or a lying mirror
         offered["sha256"] = "0" * 64
-        offered["signature"] = release_signature.sign(_state.release_key(), "0.1.1", "0" * 64, offered["size"])
+        signed = release_signature.Signed("0.1.1", "0" * 64, offered["size"], offered["notAfter"])
+        offered["signature"] = release_signature.sign(_state.release_key(), signed)
         upgrades.offered(reply)
         assert upgrades._task is not None
         await asyncio.wait_for(upgrades._task, 60)
@@ -181,7 +182,9 @@ async def test_a_release_the_host_did_not_decide_on_runs_nothing_and_the_marketp
         elif case == "signed by another key":
             offered = reply["agentRelease"]
             other = release_signature.new_private()
-            offered["signature"] = release_signature.sign(other, offered["version"], offered["sha256"], offered["size"])
+            version, sha256, size = offered["version"], offered["sha256"], offered["size"]
+            signed = release_signature.Signed(version, sha256, size, offered["notAfter"])
+            offered["signature"] = release_signature.sign(other, signed)
         upgrades.offered(reply)
         if upgrades._task is not None:  # a refusal is written; a skip (its rollback told) leaves the record
             await asyncio.wait_for(upgrades._task, 60)

@@ -14,6 +14,7 @@ import io
 import shlex
 import subprocess
 import zipfile
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,8 @@ from gpuhost_agent.local_marketplace.releases import Release
 from gpuhost_agent.local_marketplace.server import build_app
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.store import Store
-from gpuhost_agent.protocol import release_signature, wire
+from gpuhost_agent.protocol import release_signature, wire, wire_time
+from gpuhost_agent.protocol.release_signature import Signed
 
 ROOT = Path(__file__).resolve().parents[2]
 WHEEL = "gpuhost_agent-9.9.9-py3-none-any.whl"
@@ -56,7 +58,7 @@ def _fetch(url: str, api_key: str, pinned: str, version: str = "") -> subprocess
         "STARTED_AT=$(now_iso)\n"
         + "".join(f"{name}={shlex.quote(value)}\n" for name, value in settings.items())
         + 'fetch_release\necho "source: $(basename "$SOURCE") $(sha256sum <"$SOURCE")"\n'
-        + 'echo "version: $VERSION"\ncat "$LOCK/build.lock" "$LOCK/agent.lock"\n'
+        + 'echo "version: $VERSION"\necho "pinned: ${RELEASE_KEY:-}"\ncat "$LOCK/build.lock" "$LOCK/agent.lock"\n'
     )
     return subprocess.run(["bash", "-c", program], capture_output=True, text=True, timeout=60)
 
@@ -130,6 +132,9 @@ def _hostile_market(offer: dict, served: bytes) -> tuple[web.Application, list[s
     [
         ("unsigned", "signature is missing"),
         ("signed-for-another-version", "is not signed with the release key"),
+        ("signed-until-later", "is not signed with the release key"),
+        ("void", "was void after 2020-01-01T00:00:00Z"),
+        ("naming-a-next-key-it-did-not-sign", "is not signed with the release key"),
         ("signed-for-another-file", "is not signed with the release key"),
         ("a-path-elsewhere", "path is not /agent/releases/gpuhost_agent-<version>-py3-none-any.whl"),
         ("damaged-wheel", f"{WHEEL} is not the file the signature names"),
@@ -142,13 +147,21 @@ async def test_a_release_the_pinned_key_did_not_sign_is_never_handed_to_pip(
     key = release_signature.new_private()
     body = await asyncio.to_thread(lambda: _wheel(tmp_path).read_bytes())
     sha256, size = hashlib.sha256(body).hexdigest(), len(body)
+    not_after = (wire_time.utcnow() + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
     offer = {"version": "9.9.9", "path": f"/agent/releases/{WHEEL}", "sha256": sha256, "size": size}
-    offer["signature"] = release_signature.sign(key, "9.9.9", sha256, size)
+    offer |= {"notAfter": not_after, "signature": release_signature.sign(key, Signed("9.9.9", sha256, size, not_after))}
     served = body
     if case == "unsigned":
         del offer["signature"]
     elif case == "signed-for-another-version":  # an old release's signature, replayed under a new version
-        offer["signature"] = release_signature.sign(key, "9.9.8", sha256, size)
+        offer["signature"] = release_signature.sign(key, Signed("9.9.8", sha256, size, not_after))
+    elif case == "signed-until-later":  # a void offer's moment pushed on
+        offer["notAfter"] = "2099-01-01T00:00:00Z"
+    elif case == "void":  # a copy of an offer made long ago
+        offer["notAfter"] = "2020-01-01T00:00:00Z"
+        offer["signature"] = release_signature.sign(key, Signed("9.9.9", sha256, size, "2020-01-01T00:00:00Z"))
+    elif case == "naming-a-next-key-it-did-not-sign":
+        offer["nextKey"] = release_signature.public_text(release_signature.new_private().public_key())
     elif case == "signed-for-another-file":
         offer["sha256"] = "0" * 64
     elif case == "a-path-elsewhere":
@@ -186,7 +199,8 @@ async def test_the_local_marketplace_offers_its_checkout_built_once_to_the_envir
         built = await asyncio.to_thread(lambda: list((tmp_path / "built").glob("*.whl")))
         assert len(built) == 1  # one build for the three askers
         public = state.release_public_key()
-        assert release_signature.verifies(public, offer["signature"], offer["version"], offer["sha256"], offer["size"])
+        signed = Signed(offer["version"], offer["sha256"], offer["size"], offer["notAfter"])
+        assert release_signature.verifies(public, offer["signature"], signed)
         wheel = await (await http.get("/v1" + offer["path"], headers=key)).read()
         assert hashlib.sha256(wheel).hexdigest() == offer["sha256"] and len(wheel) == offer["size"]
         with zipfile.ZipFile(io.BytesIO(wheel)) as inside:
@@ -235,3 +249,24 @@ def test_without_a_checkout_install_sh_takes_the_signed_release_and_never_a_name
     )
     with_lock = resolved(f"RELEASE_KEY={key} LOCK=/srv/locks")
     assert with_lock.returncode == 2 and "--lock is not for the marketplace's release" in with_lock.stderr
+
+
+async def test_a_release_the_pinned_key_signed_naming_the_next_key_pins_that_one(tmp_path: Path) -> None:
+    """The marketplace moves to a new release key: the line may still carry the old
+    one, and install.sh pins the key the old one named, as the agent follows it."""
+    key, following = release_signature.new_private(), release_signature.new_private()
+    next_key = release_signature.public_text(following.public_key())
+    body = await asyncio.to_thread(lambda: _wheel(tmp_path).read_bytes())
+    sha256, size = hashlib.sha256(body).hexdigest(), len(body)
+    not_after = (wire_time.utcnow() + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    offer = {"version": "9.9.9", "path": f"/agent/releases/{WHEEL}", "sha256": sha256, "size": size}
+    offer |= {"notAfter": not_after, "nextKey": next_key}
+    offer["signature"] = release_signature.sign(key, Signed("9.9.9", sha256, size, not_after, next_key))
+    app, _asked = _hostile_market(offer, body)
+    server, url = await _serving(app)
+    try:
+        done = await asyncio.to_thread(_fetch, url, "env-key", release_signature.public_text(key.public_key()))
+    finally:
+        await server.close()
+    assert done.returncode == 0, done.stderr
+    assert f"pinned: {next_key}" in done.stdout

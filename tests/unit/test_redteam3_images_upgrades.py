@@ -9,13 +9,14 @@ import hashlib
 import stat
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 from aiohttp import web
 
 from gpuhost_agent.core import upgrade_offers
 from gpuhost_agent.core.images.pulls import ImagePulls
-from gpuhost_agent.protocol import release_signature, wire
+from gpuhost_agent.protocol import release_signature, wire, wire_time
 from gpuhost_agent.runtime.image_manifest import ManifestSizes
 from gpuhost_agent.service.upgrades import Upgrades
 from gpuhost_agent.uplink.client import MarketplaceClient
@@ -163,9 +164,10 @@ RELEASE_KEY = release_signature.new_private()
 
 def _offer(version: str) -> dict:
     sha = hashlib.sha256(version.encode()).hexdigest()
-    signature = release_signature.sign(RELEASE_KEY, version, sha, 1000)
+    not_after = (wire_time.utcnow() + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    signature = release_signature.sign(RELEASE_KEY, release_signature.Signed(version, sha, 1000, not_after))
     return {"version": version, "path": f"/agent/releases/a-{version}.whl", "sha256": sha, "size": 1000,
-            "signature": signature}  # fmt: skip
+            "notAfter": not_after, "signature": signature}  # fmt: skip
 
 
 # Fixed in bcc23e4: every failed offer waits out the pause.

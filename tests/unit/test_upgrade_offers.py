@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost_agent.core import upgrade_offers, upgrade_plan
+from gpuhost_agent.core import release_keys, upgrade_offers, upgrade_plan
 from gpuhost_agent.protocol import release_signature
 from gpuhost_agent.protocol.wire_release import ReleaseOffer
 from gpuhost_agent.storage import upgrade_state
@@ -21,10 +21,16 @@ PINNED = release_signature.public_text(KEY.public_key())
 POLICY = upgrade_offers.Policy(key=PINNED)
 
 
-def offer(version: str = "0.2.0", sha256: str = "ab" * 32, key=KEY) -> ReleaseOffer:
+VOID_AFTER = "2026-12-13T12:00:00Z"  # a week after NOW
+
+
+def offer(
+    version: str = "0.2.0", sha256: str = "ab" * 32, key=KEY, not_after: str = VOID_AFTER, next_key: str | None = None
+) -> ReleaseOffer:
     path = f"/agent/releases/gpuhost_agent-{version}-py3-none-any.whl"
-    signature = release_signature.sign(key, version, sha256, 123456) if key is not None else None
-    return ReleaseOffer(version, path, sha256, 123456, signature)
+    signed = release_signature.Signed(version, sha256, 123456, not_after, next_key)
+    signature = release_signature.sign(key, signed) if key is not None else None
+    return ReleaseOffer(version, path, sha256, 123456, signature, not_after, next_key)
 
 
 def decide(made: ReleaseOffer, record: dict | None = None, policy=POLICY, running: str = "0.1.0", **kw) -> tuple:
@@ -115,8 +121,46 @@ def test_a_signature_has_one_spelling() -> None:
     assert decide(made)[0] == "install"
     assert made.signature is not None and made.signature.endswith("==")
     other = made.signature[:-3] + chr(ord(made.signature[-3]) ^ 1) + "=="  # the same bytes, the padding bits set
-    assert release_signature.verifies(PINNED, made.signature, made.version, made.sha256, made.size)
-    assert not release_signature.verifies(PINNED, other, made.version, made.sha256, made.size)
+    signed = made.signed()
+    assert signed is not None
+    assert release_signature.verifies(PINNED, made.signature, signed)
+    assert not release_signature.verifies(PINNED, other, signed)
+
+
+def test_an_offer_is_void_after_the_moment_it_was_signed_with() -> None:
+    """A copy of an old offer (a release withdrawn since, a version with a known hole)
+    cannot be offered again: the moment it is void after is signed with it."""
+    void = decide(offer(not_after="2026-12-06T11:59:59Z"))
+    assert void[0] == "refuse" and void[1].startswith("the offer was void after 2026-12-06T11:59:59Z")
+    pushed_on = replace(offer(not_after="2026-12-06T11:59:59Z"), not_after="2099-01-01T00:00:00Z")
+    assert "does not verify" in decide(pushed_on)[1]
+    assert decide(replace(offer(), not_after=None))[1].startswith("the release is not signed")
+
+
+NEXT = release_signature.new_private()
+NEXT_KEY = release_signature.public_text(NEXT.public_key())
+
+
+def test_the_key_moves_only_by_a_release_the_key_in_force_signed() -> None:
+    assert upgrade_offers.next_key(offer(next_key=NEXT_KEY), POLICY, NOW) == NEXT_KEY
+    assert upgrade_offers.next_key(offer(), POLICY, NOW) is None  # names none
+    assert upgrade_offers.next_key(offer(key=NEXT, next_key=NEXT_KEY), POLICY, NOW) is None  # the new key's own word
+    named_after = replace(offer(), next_key=NEXT_KEY)  # a key added to an offer the pinned key signed without it
+    assert upgrade_offers.next_key(named_after, POLICY, NOW) is None
+    void = offer(not_after="2026-12-06T11:59:59Z", next_key=NEXT_KEY)
+    assert upgrade_offers.next_key(void, POLICY, NOW) is None
+
+
+def test_the_key_in_force_follows_each_signed_step_from_the_pin_and_no_other() -> None:
+    third = release_signature.new_private()
+    third_key = release_signature.public_text(third.public_key())
+    keys = release_keys.with_step(None, PINNED, offer(next_key=NEXT_KEY))
+    keys = release_keys.with_step(keys, PINNED, offer("0.3.0", key=NEXT, next_key=third_key))
+    assert release_keys.followed(PINNED, keys) == third_key
+    assert release_keys.followed(NEXT_KEY, keys) == NEXT_KEY  # the operator pinned another key since: the pin wins
+    forged = {**keys, "steps": [{**keys["steps"][0], "nextKey": third_key}, *keys["steps"][1:]]}
+    assert release_keys.followed(PINNED, forged) == PINNED  # a step its key did not sign ends the walk
+    assert release_keys.followed(PINNED, {"pinned": PINNED, "steps": "x"}) == PINNED
 
 
 def test_the_release_key_file_must_be_roots_alone(tmp_path) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from packaging.version import InvalidVersion, Version
 
 from gpuhost_agent.core.upgrade_plan import restarts_since
-from gpuhost_agent.protocol import release_signature
+from gpuhost_agent.protocol import release_signature, wire_time
 from gpuhost_agent.protocol.wire_release import ReleaseOffer
 
 MAX_RESTARTS_A_DAY = 3  # upgrade restarts in any 24 hours: a marketplace cannot keep the agent restarting
@@ -42,16 +42,9 @@ def offer_decision(
         return "none", ""
     if policy.mode == OFF:
         return "refuse", "upgrades are off on this host (GPUHOST_UPGRADES=off): install.sh installs a new version"
-    if policy.key is None:
-        return "refuse", f"{policy.key_problem}: install.sh --release-key pins the marketplace's"
-    if offer.signature is None:
-        return "refuse", "the release is not signed"
-    try:
-        signed = release_signature.verifies(policy.key, offer.signature, offer.version, offer.sha256, offer.size)
-    except ValueError as exc:
-        return "refuse", f"the pinned release key is unusable: {exc}"
-    if not signed:
-        return "refuse", "the release's signature does not verify with the release key pinned on this host"
+    unsigned = signature_problem(offer, policy, now)
+    if unsigned:
+        return "refuse", unsigned
     backwards = _not_forward(offer.version, running, policy.allow_version)
     if backwards:
         return "refuse", backwards
@@ -68,6 +61,33 @@ def offer_decision(
     if len(recent) >= MAX_RESTARTS_A_DAY:
         return "skip", f"{len(recent)} upgrade restarts in the last 24 hours, the most a day allows"
     return "install", ""
+
+
+def signature_problem(offer: ReleaseOffer, policy: Policy, now: str) -> str | None:
+    """Why the offer is not the pinned key's word, now; None when it is."""
+    if policy.key is None:
+        return f"{policy.key_problem}: install.sh --release-key pins the marketplace's"
+    signed = offer.signed()
+    if offer.signature is None or signed is None:
+        return "the release is not signed (signature and notAfter)"
+    try:
+        verified = release_signature.verifies(policy.key, offer.signature, signed)
+    except ValueError as exc:
+        return f"the pinned release key is unusable: {exc}"
+    if not verified:
+        return "the release's signature does not verify with the release key pinned on this host"
+    if wire_time.parse_iso(now) > wire_time.parse_iso(signed.not_after):
+        return f"the offer was void after {signed.not_after} (its notAfter): a marketplace signs a fresh one"
+    return None
+
+
+def next_key(offer: ReleaseOffer, policy: Policy, now: str) -> str | None:
+    """The key the marketplace signs with from now on, when an offer the pinned key
+    signed (and not void) names one: the only way, besides the operator's, a
+    host's release key changes."""
+    if offer.next_key is None or offer.next_key == policy.key or signature_problem(offer, policy, now):
+        return None
+    return offer.next_key
 
 
 def _not_forward(version: str, running: str, allowed: str | None) -> str | None:

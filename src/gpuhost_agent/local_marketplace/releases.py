@@ -14,14 +14,16 @@ import hashlib
 import re
 import zipfile
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from gpuhost_agent.protocol import release_signature
+from gpuhost_agent.protocol import release_signature, wire_time
 from gpuhost_agent.protocol.wire_release import MAX_WHEEL_BYTES, OUTCOMES, RELEASES_PATH, VERSION, WHEEL_NAME
 
 UPGRADE_TEXT = 1000  # characters of a reason kept
+OFFER_DAYS = 7  # an offer is void a week after it was made: a copy cannot be offered again later
 
 
 @dataclass(frozen=True)
@@ -49,11 +51,18 @@ class Release:
             raise ValueError(f"{wheel}: its metadata's version {version[:80]!r} is not a version")
         return cls(version, wheel, hashlib.sha256(body).hexdigest(), len(body))
 
-    def offer(self, key: Ed25519PrivateKey) -> dict:
-        """Session.agentRelease, signed with the marketplace's release key."""
-        path = RELEASES_PATH + self.wheel.name
-        signature = release_signature.sign(key, self.version, self.sha256, self.size)
-        return {"version": self.version, "path": path, "sha256": self.sha256, "size": self.size, "signature": signature}
+    def offer(self, key: Ed25519PrivateKey, now: datetime | None = None) -> dict:
+        """Session.agentRelease, signed with the marketplace's release key, void OFFER_DAYS after `now`."""
+        not_after = ((now or wire_time.utcnow()) + timedelta(days=OFFER_DAYS)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        signed = release_signature.Signed(self.version, self.sha256, self.size, not_after)
+        return {
+            "version": self.version,
+            "path": RELEASES_PATH + self.wheel.name,
+            "sha256": self.sha256,
+            "size": self.size,
+            "notAfter": not_after,
+            "signature": release_signature.sign(key, signed),
+        }
 
 
 def upgrade_problem(value: object) -> str | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gpuhost_agent.protocol import wire_values
+from gpuhost_agent.protocol import release_signature, wire_values
 
 RELEASES_PATH = "/agent/releases/"
 MAX_WHEEL_BYTES = 64 * 1024 * 1024  # the agent's wheel is about 1 MiB; its dependencies are not in it
@@ -36,6 +36,14 @@ class ReleaseOffer:
     sha256: str
     size: int
     signature: str | None = None  # base64 of the Ed25519 signature (protocol/release_signature.py)
+    not_after: str | None = None  # the offer is void after it (release_signature.NOT_AFTER); signed
+    next_key: str | None = None  # the marketplace's next release key, named by a release the pinned key signed
+
+    def signed(self) -> release_signature.Signed | None:
+        """What its signature must cover; None when it names no moment it is void after."""
+        if self.not_after is None:
+            return None
+        return release_signature.Signed(self.version, self.sha256, self.size, self.not_after, self.next_key)
 
 
 MAX_SIGNATURE_CHARS = 200  # an Ed25519 signature is 88 characters of base64
@@ -61,7 +69,12 @@ def decode_offer(value: object) -> ReleaseOffer | str | None:
     signature = value.get("signature")
     if signature is not None and (not isinstance(signature, str) or len(signature) > MAX_SIGNATURE_CHARS):
         problems.append("signature must be the base64 of an Ed25519 signature")
+    not_after, next_key = value.get("notAfter"), value.get("nextKey")
+    if not_after is not None and not (isinstance(not_after, str) and release_signature.NOT_AFTER.fullmatch(not_after)):
+        problems.append("notAfter must be a UTC moment to the second, 2026-12-31T00:00:00Z")
+    if next_key is not None and not (isinstance(next_key, str) and release_signature.KEY_LINE.fullmatch(next_key)):
+        problems.append("nextKey must be a release key, ed25519:<base64 of 32 bytes>")
     if problems:
         return "agentRelease refused: " + "; ".join(problems)
     assert isinstance(version, str) and isinstance(path, str) and isinstance(sha256, str)
-    return ReleaseOffer(version, path, sha256, int(size), signature)  # type: ignore[arg-type]
+    return ReleaseOffer(version, path, sha256, int(size), signature, not_after, next_key)  # type: ignore[arg-type]

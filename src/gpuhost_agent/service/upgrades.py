@@ -17,10 +17,11 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.core import upgrade_offers, upgrade_plan
+from gpuhost_agent.core import release_keys, upgrade_offers, upgrade_plan
 from gpuhost_agent.protocol import wire_release, wire_time
 from gpuhost_agent.protocol.wire_release import ReleaseOffer
 from gpuhost_agent.runtime import own_unit, release_install
@@ -70,6 +71,10 @@ class Upgrades:
         # Read once here (the composition root, before the loop runs); every
         # change this process makes goes through _update, which keeps it.
         self.record = upgrade_state.load(state_dir)
+        self.pinned = self.policy.key  # install.sh's; the key in force moves on from it (core/release_keys.py)
+        if self.pinned is not None:
+            self.policy = replace(self.policy, key=release_keys.followed(self.pinned, self.record["keys"]))
+        self._keys_task: asyncio.Task | None = None
 
     def session_info(self) -> dict:
         """AgentInfo.upgrade: the version that runs and how the last attempt ended."""
@@ -85,9 +90,9 @@ class Upgrades:
                 log.error("upgrade_refused", error=offer, hint="the marketplace's agentRelease is malformed")
             self._malformed = offer
             return
-        action, why = upgrade_offers.offer_decision(
-            offer, self.running, self.record, self.supervised, self.policy, wire_time.iso()
-        )
+        now = wire_time.iso()
+        action, why = upgrade_offers.offer_decision(offer, self.running, self.record, self.supervised, self.policy, now)
+        self._follow_key(offer, now)
         if action == "none" or (self._task is not None and not self._task.done()):
             return
         failed = self._failed.get(offer.version)
@@ -101,6 +106,19 @@ class Upgrades:
                 self._task = asyncio.create_task(self._attempt(offer.version, wire_release.REFUSED, why))
             return
         self._task = asyncio.create_task(self._install(offer), name="upgrade-install")
+
+    def _follow_key(self, offer: ReleaseOffer, now: str) -> None:
+        """The marketplace moves to a new release key in a release the key in force signed."""
+        moved = upgrade_offers.next_key(offer, self.policy, now)
+        if moved is None or self.pinned is None or (self._keys_task is not None and not self._keys_task.done()):
+            return
+        log.warning("release_key_moved", old=self.policy.key, new=moved, named_by_version=offer.version)
+        self.policy = replace(self.policy, key=moved)
+        pinned = self.pinned
+        self._keys_task = asyncio.create_task(
+            self._update(lambda record: {**record, "keys": release_keys.with_step(record["keys"], pinned, offer)}),
+            name="release-key-moved",
+        )
 
     async def _install(self, offer: ReleaseOffer) -> None:
         folder = self.state_dir / upgrade_state.VERSIONS / f"{offer.version}-{offer.sha256[:12]}"
@@ -177,6 +195,8 @@ class Upgrades:
                 shutil.rmtree(entry, ignore_errors=True)
 
     async def stop(self) -> None:
+        if self._keys_task is not None:  # a key followed is written whole, not cut off
+            await asyncio.gather(self._keys_task, return_exceptions=True)
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)

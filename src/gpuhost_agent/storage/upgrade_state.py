@@ -28,7 +28,8 @@ VERSIONS = "versions"  # <state dir>/versions/<version>-<sha256[:12]>/: a virtua
 
 
 def empty() -> dict:
-    return {"current": None, "trial": None, "failed": [], "lastAttempt": None, "restarts": []}
+    """`keys`: the release keys the host moved to since its pin (core/release_keys.py)."""
+    return {"current": None, "trial": None, "failed": [], "lastAttempt": None, "restarts": [], "keys": None}
 
 
 def load(state_dir: Path) -> dict:
