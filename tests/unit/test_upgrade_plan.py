@@ -74,6 +74,39 @@ def test_the_failed_list_is_bounded() -> None:
 def test_health_names_what_is_missing() -> None:
     assert upgrade_plan.health_problem(True, True, True) is None
     assert upgrade_plan.health_problem(False, True, False) == "no session with the marketplace, no reconcile done"
+    away = upgrade_plan.health_problem(False, True, True, unreachable="connection refused")
+    assert away == f"{upgrade_plan.UNREACHABLE} (connection refused)"
+
+
+def _bound_came(lacking: str | None) -> dict:
+    """The record after a trial's bound came while it lacked `lacking`, and the next start."""
+    prefix = "/state/versions/0.2.0-abab"
+    started = upgrade_plan.start_choice(_on_trial(), NOW).record
+    if lacking is not None:
+        started = upgrade_plan.waiting(started, prefix, lacking) or started
+    expired = upgrade_plan.expired(started, prefix, "not healthy within 30 s")
+    assert expired is not None
+    return upgrade_plan.start_choice(expired, NOW).record
+
+
+def test_a_trial_that_met_a_marketplace_outage_is_rolled_back_but_not_marked_failed() -> None:
+    """Issue 45 (red team): an outage of the marketplace during the health window
+    marked a good version failed for ever. Rolled back all the same (nothing unproven
+    runs), it may be offered again; a version that lacked anything else may not."""
+    away = _bound_came(upgrade_plan.health_problem(False, True, True, unreachable="connection refused"))
+    assert away["failed"] == [] and away["trial"] is None
+    assert away["lastAttempt"]["outcome"] == wire_release.ROLLED_BACK
+    assert "could not be reached (connection refused)" in away["lastAttempt"]["reason"]
+    assert away["lastAttempt"]["reason"].endswith("the marketplace was away, so the version may be offered again")
+    for lacking in (
+        upgrade_plan.health_problem(False, True, True),  # no session, and no word that the marketplace was away
+        upgrade_plan.health_problem(False, False, True, unreachable="refused"),  # and the engine was not ready either
+        None,
+    ):
+        assert [failed["version"] for failed in _bound_came(lacking)["failed"]] == ["0.2.0"], lacking
+    crashed = upgrade_plan.start_choice(_on_trial(), NOW).record  # crashed while the marketplace was away
+    crashed = upgrade_plan.waiting(crashed, "/state/versions/0.2.0-abab", f"{upgrade_plan.UNREACHABLE} (x)")
+    assert crashed is not None and upgrade_plan.start_choice(crashed, NOW).record["failed"] != []
 
 
 @pytest.mark.parametrize(

@@ -177,6 +177,7 @@ class Agent:
             except (MarketplaceUnavailable, MarketplaceRejected) as exc:
                 failures += 1
                 delay = retry_delay(failures, exc)
+                self.session.unreachable = str(exc) if isinstance(exc, MarketplaceUnavailable) else None
                 self.host.init.failed("marketplace", str(exc))
                 log.warning("session_open_failed", error=str(exc), retry_in_s=round(delay, 1))
                 await asyncio.sleep(delay)

@@ -27,6 +27,12 @@ from gpuhost_agent.protocol import wire_time
 from gpuhost_agent.protocol.wire_release import ROLLED_BACK, UPGRADED, ReleaseOffer
 
 FAILED_KEPT = 10  # versions that failed here, remembered so that one is not tried again and again
+# What a version on trial lacks when the marketplace itself did not answer: an
+# outage, not the version's fault. Such a trial is rolled back all the same,
+# but the version is not marked failed: it may be tried again (3 restarts a day).
+UNREACHABLE = "no session: the marketplace could not be reached"
+NO_ENGINE, NO_RECONCILE = "the Docker Engine not ready", "no reconcile done"
+LACKS = (f", {NO_ENGINE}", f", {NO_RECONCILE}")  # what health_problem says after the session, if missing
 NOT_HEALTHY = (
     "it stopped before it passed its health check (it crashed, exited, or was killed by systemd's "
     "watchdog or start timeout): journalctl -u gpuhost-agent shows why"
@@ -77,7 +83,10 @@ def start_choice(record: dict, now: str) -> Start:
     if on_trial["starts"] >= 1:  # started before and never confirmed itself: roll back
         reason = on_trial.get("failure") or NOT_HEALTHY
         failure = {"version": on_trial["version"], "sha256": on_trial["sha256"], "reason": reason, "at": now}
-        failed = [*record["failed"], failure]
+        outage = on_trial.get("failure") is not None and only_unreachable(on_trial.get("waiting"))
+        if outage:  # the bound came while the marketplace was away, and nothing else was missing
+            reason += "; the marketplace was away, so the version may be offered again"
+        failed = record["failed"] if outage else [*record["failed"], failure]
         attempt = attempt_of(on_trial["version"], ROLLED_BACK, reason, now, on_trial["from"])
         back = {**record, "trial": None, "failed": failed[-FAILED_KEPT:], "lastAttempt": attempt}
         current = record["current"]
@@ -105,25 +114,36 @@ def expired(record: dict, prefix: str, why: str) -> dict | None:
     on_trial = record["trial"]
     if on_trial is None or on_trial["prefix"] != prefix:
         return None
-    return {**record, "trial": {**on_trial, "failure": why}}
+    lacked = on_trial.get("waiting")
+    return {**record, "trial": {**on_trial, "failure": f"{why}: {lacked}" if lacked else why}}
 
 
 def attempt_of(version: str, outcome: str, reason: str, now: str, previous: str | None) -> dict:
     return {"version": version, "outcome": outcome, "reason": reason, "at": now, "from": previous}
 
 
-def health_problem(connected: bool, engine_ready: bool, reconciled: bool) -> str | None:
-    """What the version on trial still lacks, in the words the marketplace is told."""
+def health_problem(connected: bool, engine_ready: bool, reconciled: bool, unreachable: str | None = None) -> str | None:
+    """What the version on trial still lacks, in the words the marketplace is told;
+    `unreachable`: why the marketplace did not answer its last try, if it did not."""
+    no_session = f"{UNREACHABLE} ({unreachable[:200]})" if unreachable else "no session with the marketplace"
     missing = [
-        what
-        for what, ok in (
-            ("no session with the marketplace", connected),
-            ("the Docker Engine not ready", engine_ready),
-            ("no reconcile done", reconciled),
-        )
-        if not ok
+        what for what, ok in ((no_session, connected), (NO_ENGINE, engine_ready), (NO_RECONCILE, reconciled)) if not ok
     ]
     return ", ".join(missing) or None
+
+
+def only_unreachable(missing: object) -> bool:
+    """Whether a health_problem said the marketplace was away, and nothing else."""
+    return isinstance(missing, str) and missing.startswith(UNREACHABLE) and not missing.endswith(LACKS)
+
+
+def waiting(record: dict, prefix: str, missing: str) -> dict | None:
+    """The record with what the version on trial at `prefix` lacks now (the guardian
+    says it if the bound comes first); None when it is not on trial or said so already."""
+    on_trial = record["trial"]
+    if on_trial is None or on_trial["prefix"] != prefix or on_trial.get("waiting") == missing:
+        return None
+    return {**record, "trial": {**on_trial, "waiting": missing}}
 
 
 def kept_prefixes(record: dict) -> set[str]:

@@ -51,5 +51,8 @@ class AgentParts:
     def trial_health(self) -> str | None:
         """What a version on trial still lacks (core/upgrade_plan.py)."""
         return upgrade_plan.health_problem(
-            self.session.connected.is_set(), self.host.init.state == READY, self.reconciler.runs > 0
+            self.session.connected.is_set(),
+            self.host.init.state == READY,
+            self.reconciler.runs > 0,
+            unreachable=self.session.unreachable,
         )

@@ -11,6 +11,7 @@ carries to the marketplace (`AgentInfo.upgrade`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import os
 import shutil
@@ -178,8 +179,12 @@ class Upgrades:
         on_trial = self.record["trial"]
         if on_trial is None or on_trial["prefix"] != str(self.prefix):
             return
+        said = None
         while (missing := health()) is not None:
             log.debug("upgrade_trial_waiting", version=self.running, missing=missing)
+            if missing != said:  # for the guardian, should the bound come first
+                said = missing
+                await self._update(functools.partial(upgrade_plan.waiting, prefix=str(self.prefix), missing=missing))
             await asyncio.sleep(HEALTH_POLL_SECONDS)
         confirmed = await self._update(lambda record: upgrade_plan.confirmed(record, str(self.prefix), wire_time.iso()))
         if confirmed is None:

@@ -22,6 +22,7 @@ class SessionState:
         self.connected_since: str | None = None
         self.reconnects = 0
         self.conflict: str | None = None  # why the agent cannot hold its session (another agent on the key)
+        self.unreachable: str | None = None  # why the last try to open a session found no marketplace to answer
 
     def current_env_id(self) -> str | None:
         """For parts that take a callable: the id as it is when they ask."""
@@ -32,6 +33,7 @@ class SessionState:
         if env_id:
             self.env_id = env_id
         self.connected_since = wire_time.iso()
+        self.unreachable = None
         self.connected.set()
 
     def lost(self) -> None:
