@@ -31,6 +31,9 @@ command -v gcc >/dev/null 2>&1 || need gcc "gcc"
 command -v make >/dev/null 2>&1 || need make "make"
 command -v systemd-analyze >/dev/null 2>&1 || need systemd "systemd-analyze (unit check)"
 command -v debootstrap >/dev/null 2>&1 || need debootstrap "debootstrap (install.sh tests' Debian 12 rootfs)"
+# promtool checks and tests the shipped alerting rules (prometheus/); Debian
+# ships it in the server's package, whose service is kept stopped and disabled below.
+command -v promtool >/dev/null 2>&1 || need prometheus "promtool (the alerting rules' tests)"
 # Debian splits ensurepip out of python3 (python3-venv). Cheap check first
 # (0.1 s); only if it fails, confirm by really creating a venv (3 s).
 if ! python3 -c 'import ensurepip, venv; ensurepip.version()' >/dev/null 2>&1; then
@@ -63,3 +66,8 @@ echo "install-system-deps: apt-get update"
 "${SUDO[@]}" apt-get update -qq
 echo "install-system-deps: apt-get install ${pkgs[*]}"
 "${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${pkgs[@]}"
+# Only promtool was wanted: the Prometheus server the package brings stays off,
+# now and at the next boot (its init script was kept from starting it above).
+if [[ " ${pkgs[*]} " == *" prometheus "* ]] && command -v systemctl >/dev/null 2>&1; then
+    "${SUDO[@]}" systemctl disable prometheus >/dev/null 2>&1 || true
+fi

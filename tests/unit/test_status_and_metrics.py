@@ -122,6 +122,27 @@ def test_collect_from_figures():
     # figures not counted yet (no hook) are left out, the families still declared
     _, bare = parse_prometheus(metrics.render({"reports": {"pending": 0}}).decode())
     assert not [s for s in bare if s[0] == "gpuhost_marketplace_reconnects_total"]
+    assert not [s for s in bare if s[0] == "gpuhost_heartbeat_last_success_timestamp_seconds"]
+
+
+def test_the_figures_the_alerts_judge():
+    """What prometheus/gpuhost-agent-alerts.yml asks of the agent (issue 47, section 2)."""
+    figures = {
+        "heartbeat_last_at": "2026-12-07T10:00:00.000000Z",
+        "gpus_out_of_service": {"GPU-abc": "Xid 79 (the GPU has fallen off the bus)"},
+        "compliance": {
+            "checks": [{"id": "driver-version", "ok": True}, {"id": "container-egress-confined", "ok": False}]
+        },
+        "rentals_over_disk_share": 1,
+        "upgrade_last_attempt": {"version": "0.2.0", "outcome": "rolled-back", "at": "2026-12-07T09:00:00.000000Z"},
+    }
+    types, samples = parse_prometheus(metrics.render(figures).decode())
+    assert _value(samples, "gpuhost_heartbeat_last_success_timestamp_seconds") == 1796637600.0
+    assert _value(samples, "gpuhost_gpu_out_of_service", uuid="GPU-abc") == 1
+    assert _value(samples, "gpuhost_compliance_check_ok", check="driver-version") == 1
+    assert _value(samples, "gpuhost_compliance_check_ok", check="container-egress-confined") == 0
+    assert _value(samples, "gpuhost_rentals_over_disk_share") == 1
+    assert _value(samples, "gpuhost_upgrade_last_attempt_timestamp_seconds", outcome="rolled-back") == 1796634000.0
 
 
 # ---- the status socket ----------------------------------------------------------------------
@@ -221,6 +242,15 @@ async def test_metrics_over_the_socket(parts, short_dir):
         assert _value(samples, "gpuhost_marketplace_reconnects_total") == 1
         assert _value(samples, "gpuhost_deploy_duration_seconds_count", outcome="succeeded") == 1
         assert types["gpuhost_gpu_utilization_percent"] == "gauge"
+        # the figures the shipped alerts judge, read from the running parts
+        assert types["gpuhost_gpu_out_of_service"] == "gauge"
+        assert types["gpuhost_rentals_over_disk_share"] == "gauge"
+        parts.ledger.mark_out_of_service("GPU-x", "Xid 79")
+        parts.disk_watch.last_over = {"rental-1"}
+        code, body = await _get(sock, "/metrics")
+        _, samples = parse_prometheus(body.decode())
+        assert _value(samples, "gpuhost_gpu_out_of_service", uuid="GPU-x", reason="Xid 79") == 1
+        assert _value(samples, "gpuhost_rentals_over_disk_share") == 1
         # the same text on loopback
         reader, writer = await asyncio.open_connection("127.0.0.1", server.metrics_port)
         writer.write(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")

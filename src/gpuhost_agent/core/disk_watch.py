@@ -139,6 +139,7 @@ class DiskWatch:
         self.interval, self.floor_bytes, self.fixed = interval, floor_bytes, rental_disk_bytes
         self.machines, self.stacks = machines, stacks
         self.last_usage: dict[str, int] = {}  # for `status` and tests: bytes per rental, all machines
+        self.last_over: set[str] = set()  # rentals over their share at the last pass (metrics: an alert)
 
     async def run_once(self) -> None:
         machines = machine_disks(await self.machine_facts())
@@ -157,7 +158,7 @@ class DiskWatch:
                 share = disk_share(machine.total_bytes, self.floor_bytes, here, len(machine.gpus), self.fixed)
                 if share and used > share and rental_id not in busy:
                     over.setdefault(rental_id, (used, share, machine.name))
-        self.last_usage = totals
+        self.last_usage, self.last_over = totals, set(over)
         for rental_id, (used, share, disk) in sorted(over.items()):
             await self._stop(rental_id, used, share, disk)
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from gpuhost_agent.core import upgrade_plan
 from gpuhost_agent.core.agent import Agent
+from gpuhost_agent.core.disk_watch import DiskWatch
+from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.host_reporter import HostReporter
 from gpuhost_agent.core.init_state import READY
 from gpuhost_agent.core.reconcile.reconciler import Reconciler
@@ -47,6 +49,8 @@ class AgentParts:
     reporter: StatusReporter  # the status socket shows the container lists it last sent
     upgrades: Upgrades
     restart: asyncio.Event  # set when an installed upgrade wants systemd to start the agent again
+    ledger: GpuLedger | None = None  # the GPUs out of service (metrics)
+    disk_watch: DiskWatch | None = None  # the rentals over their disk share (metrics)
 
     def trial_health(self) -> str | None:
         """What a version on trial still lacks (core/upgrade_plan.py)."""

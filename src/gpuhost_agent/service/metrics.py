@@ -22,6 +22,8 @@ from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Histo
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpuhost_agent.protocol import wire_time
+
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # what generate_latest writes
 # Deploys pull images and wait for containers to settle: seconds to many minutes.
 DEPLOY_BUCKETS = (1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
@@ -108,12 +110,57 @@ class FiguresCollector(Collector):
             "gpuhost_engine_outages", "Times the Docker Engine stopped answering.", figures.get("engine_outages")
         )
         yield _counter("gpuhost_reconcile_runs", "Reconcile passes completed.", figures.get("reconcile_runs"))
+        yield from _alert_figures(figures)
         for name, help_text, key in GPU_FIGURES:
             family = GaugeMetricFamily(name, help_text, labels=["uuid", "index"])
             for gpu in figures.get("gpus") or []:
                 if "error" not in gpu and gpu.get(key) is not None:
                     family.add_metric([gpu.get("uuid") or "", str(gpu.get("index"))], float(gpu[key]))
             yield family
+
+
+def _alert_figures(figures: Mapping[str, Any]) -> Iterable[Metric]:
+    """What the shipped alerts (prometheus/gpuhost-agent-alerts.yml) judge besides
+    the figures above: the last heartbeat the marketplace took, GPUs out of
+    service, compliance by check, rentals over their disk share, the last upgrade."""
+    beat = figures.get("heartbeat_last_at")
+    yield _gauge(
+        "gpuhost_heartbeat_last_success_timestamp_seconds",
+        "When the marketplace last acknowledged a heartbeat, Unix seconds.",
+        wire_time.parse_iso(beat).timestamp() if isinstance(beat, str) and wire_time.is_moment(beat) else None,
+    )
+    out = GaugeMetricFamily(
+        "gpuhost_gpu_out_of_service",
+        "1 for each GPU taken out of service by a fault (an Xid).",
+        labels=["uuid", "reason"],
+    )
+    for uuid, reason in sorted((figures.get("gpus_out_of_service") or {}).items()):
+        out.add_metric([uuid, reason[:200]], 1.0)
+    yield out
+    verdict = figures.get("compliance") or {}
+    checks = GaugeMetricFamily(
+        "gpuhost_compliance_check_ok",
+        "1 when a compliance check passes (or does not apply), 0 when it fails.",
+        labels=["check"],
+    )
+    for check in verdict.get("checks") or []:
+        checks.add_metric([str(check.get("id"))], 1.0 if check.get("ok") else 0.0)
+    yield checks
+    yield _gauge(
+        "gpuhost_rentals_over_disk_share",
+        "Rentals found over their share of the disk at the last pass (their stacks are stopped).",
+        figures.get("rentals_over_disk_share"),
+    )
+    attempt = figures.get("upgrade_last_attempt")
+    last = GaugeMetricFamily(
+        "gpuhost_upgrade_last_attempt_timestamp_seconds",
+        "When the last upgrade attempt ended, Unix seconds, by its version and outcome.",
+        labels=["version", "outcome"],
+    )
+    if isinstance(attempt, dict) and wire_time.is_moment(attempt.get("at")):
+        moment = wire_time.parse_iso(attempt["at"]).timestamp()
+        last.add_metric([str(attempt.get("version"))[:64], str(attempt.get("outcome"))], moment)
+    yield last
 
 
 def render(figures: Mapping[str, Any]) -> bytes:

@@ -137,6 +137,11 @@ class StatusSource:
             "engine_outages": engine["outages"],
             "reconcile_runs": parts.reconciler.stats()["runs"],
             "gpus": gpus,
+            "heartbeat_last_at": parts.host.stats()["heartbeat"]["lastAt"],
+            "gpus_out_of_service": dict(parts.ledger.out_of_service) if parts.ledger else {},
+            "compliance": parts.host.compliance(),
+            "rentals_over_disk_share": len(parts.disk_watch.last_over) if parts.disk_watch else None,
+            "upgrade_last_attempt": parts.upgrades.record["lastAttempt"],
         }
 
     async def metrics_response(self, _request: web.Request) -> web.Response:

@@ -273,6 +273,8 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str, release_key: s
         reporter=reporter,
         upgrades=upgrades,
         restart=restart,
+        ledger=ledger,
+        disk_watch=disk_watch,
     )
 
 
