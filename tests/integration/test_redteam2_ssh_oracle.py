@@ -62,15 +62,16 @@ async def test_held_rt2_1_a_stranger_cannot_tell_a_live_login_name_by_timing(tmp
         await _attempt(port, live, stranger)  # warm: the key list cached
         ghost = "shell.00000000"  # a prefix of no stack: refused before Docker
         rounds: dict[str, list[float]] = {live: [], ghost: []}
-        for _ in range(5):
+        for _ in range(7):
             for user in rounds:
                 rounds[user].append(await _attempt(port, user, stranger))
-        medians = {user: statistics.median(times) for user, times in rounds.items()}
-        print("medians", medians)
+        print("medians", {user: statistics.median(times) for user, times in rounds.items()})
         await agent.stop()
-        live_ms, ghost_ms = medians[live] * 1000, medians[ghost] * 1000
+        # The fastest round of each: what a lookup would add shows in every round, while
+        # another process's load on the machine (CI's other lane) lands in some rounds only.
+        live_ms, ghost_ms = min(rounds[live]) * 1000, min(rounds[ghost]) * 1000
         assert live_ms < 1.25 * ghost_ms, (
-            f"{ATTEMPTS} refused keys: live name {live_ms:.0f} ms, a name of no stack {ghost_ms:.0f} ms"
+            f"{ATTEMPTS} refused keys: live name {live_ms:.0f} ms, a name of no stack {ghost_ms:.0f} ms (fastest rounds)"
         )
 
 
