@@ -71,7 +71,7 @@ async def test_held_rt2_1_a_stranger_cannot_tell_a_live_login_name_by_timing(tmp
         # another process's load on the machine (CI's other lane) lands in some rounds only.
         live_ms, ghost_ms = min(rounds[live]) * 1000, min(rounds[ghost]) * 1000
         assert live_ms < 1.25 * ghost_ms, (
-            f"{ATTEMPTS} refused keys: live name {live_ms:.0f} ms, a name of no stack {ghost_ms:.0f} ms (fastest rounds)"
+            f"{ATTEMPTS} refused keys: live name {live_ms:.0f} ms, no stack {ghost_ms:.0f} ms (fastest rounds)"
         )
 
 
