@@ -315,7 +315,8 @@ async def start_local_marketplace(config: AgentConfig) -> RunningMarketplace:
     if config.local_release_wheel is not None:
         state.release = await asyncio.to_thread(Release.of_wheel, config.local_release_wheel)
     built_in = config.state_dir / "local-release"  # the checkout's wheel, built when first asked for
-    state.install_release = InstallRelease(lambda: state.release, running_checkout(), built_in)
+    checkout = await asyncio.to_thread(running_checkout)
+    state.install_release = InstallRelease(lambda: state.release, checkout, built_in)
     return await local_server.start(state, host, port)
 
 
