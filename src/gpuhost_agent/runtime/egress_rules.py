@@ -18,6 +18,10 @@ same bridge) and to the internet. It may not reach:
   multicast and reserved space: the FORWARD chain, through DOCKER-USER, the
   chain Docker leaves to the host and keeps at FORWARD's head.
 
+A Swarm stack's containers are on overlays, which leave the machine
+through the engine's `docker_gwbridge`: the same rules hold for traffic
+from it (their own stack is reached over the overlay, never through it).
+
 Replies to connections made into the container (published ports, the
 agent's tunnels, SSH sessions) pass; so do DNS queries to the host's own
 nameservers, which the engine forwards from the container's namespace; and
@@ -31,6 +35,9 @@ import ipaddress
 from dataclasses import dataclass
 
 BRIDGE_PREFIX = "gpuh"  # + 11 hex digits: 15 characters, the kernel's limit for an interface name
+# A Swarm stack's containers leave their overlays through this bridge, which
+# the engine makes when the machine joins a Swarm (no stack bridge of ours).
+SWARM_GATEWAY = "docker_gwbridge"
 BRIDGE_OPTION = "com.docker.network.bridge.name"
 FORWARD_CHAIN = "GPUHOST-EGRESS"  # what a rental's container may reach beyond the host
 HOST_CHAIN = "GPUHOST-HOST"  # what it may reach of the host: replies only
@@ -73,20 +80,22 @@ class Rule:
 
 @dataclass(frozen=True)
 class Jump:
-    """The rule that sends a rental's traffic into one of the agent's chains,
-    kept first in `parent` (DOCKER-USER, or FORWARD where the engine has none)."""
+    """A rule that sends a rental's traffic from `interface` into one of the
+    agent's chains; the agent's jumps are kept the first rules of `parent`
+    (DOCKER-USER, or FORWARD where the engine has none; INPUT)."""
 
     tool: str
     parent: str
     chain: str
+    interface: str = BRIDGE_PREFIX + "+"
 
     @property
     def args(self) -> tuple[str, ...]:
-        return ("-i", BRIDGE_PREFIX + "+", "-j", self.chain)
+        return ("-i", self.interface, "-j", self.chain)
 
     @property
     def label(self) -> str:
-        return f"{self.tool} {self.parent} -> {self.chain}"
+        return f"{self.tool} {self.parent} -i {self.interface} -> {self.chain}"
 
 
 def allowed_networks(value: str) -> tuple[tuple[str, ...], list[str]]:
@@ -139,11 +148,16 @@ def host_rules() -> list[Rule]:
 
 
 def jumps(has_docker_user: bool) -> list[Jump]:
+    """From a stack's bridges and from SWARM_GATEWAY, in each parent chain."""
     parent = DOCKER_USER if has_docker_user else "FORWARD"
     return [
-        Jump("iptables", parent, FORWARD_CHAIN),
-        Jump("iptables", "INPUT", HOST_CHAIN),
-        Jump("ip6tables", "INPUT", HOST_CHAIN),
+        Jump(tool, chain_parent, chain, interface)
+        for tool, chain_parent, chain in (
+            ("iptables", parent, FORWARD_CHAIN),
+            ("iptables", "INPUT", HOST_CHAIN),
+            ("ip6tables", "INPUT", HOST_CHAIN),
+        )
+        for interface in (BRIDGE_PREFIX + "+", SWARM_GATEWAY)
     ]
 
 

@@ -110,15 +110,17 @@ class HostFirewall:
             if len(present) != len(wanted) or not all(self._has(tool, rule.chain, rule.args) for rule in wanted):
                 chains.append(f"{tool} {chain}")
         tools = {rule.tool for rule in rules}
-        missing = [jump.label for jump in self._jumps(before_engine) if jump.tool in tools and not self._first(jump)]
+        wanted_jumps = [jump for jump in self._jumps(before_engine) if jump.tool in tools]
+        missing = [jump.label for jump in wanted_jumps if not self._at_head(jump, _heads(wanted_jumps)[_parent(jump)])]
         return Difference(tuple(chains), tuple(missing))
 
-    def _first(self, jump: Jump) -> bool:
-        """Is `jump` the first rule of its parent chain? A rule above it (an
-        ACCEPT of another tool's) would decide before the agent's."""
+    def _at_head(self, jump: Jump, count: int) -> bool:
+        """Is `jump` among the first `count` rules of its parent chain (as many as
+        the agent keeps there)? A rule above it (an ACCEPT of another tool's)
+        would decide before the agent's."""
         listed = self._run(jump.tool, "-S", jump.parent, check=False).stdout.splitlines()
         rules = [line for line in listed if line.startswith("-A ")]
-        return bool(rules) and rules[0] == f"-A {jump.parent} {' '.join(jump.args)}"
+        return f"-A {jump.parent} {' '.join(jump.args)}" in rules[:count]
 
     def ensure(self, rules: list[Rule], *, before_engine: bool = False) -> Difference:
         """Put the rules in place where they differ; what differed (empty: nothing
@@ -132,11 +134,14 @@ class HostFirewall:
         for (tool, chain), wanted in _by_chain(rules).items():
             if f"{tool} {chain}" in found.chains:
                 self._restore(tool, chain, wanted)
-        for jump in self._jumps(before_engine):
-            if jump.label in found.jumps:
-                while self._has(jump.tool, jump.parent, jump.args):  # present but not first: moved to the head
+        all_jumps = self._jumps(before_engine)
+        for parent in {_parent(jump) for jump in all_jumps if jump.label in found.jumps}:
+            ours = [jump for jump in all_jumps if _parent(jump) == parent]
+            for jump in ours:  # every one of the parent's, present or not, moved to the head together
+                while self._has(jump.tool, jump.parent, jump.args):
                     self._run(jump.tool, "-D", jump.parent, *jump.args)
-                self._run(jump.tool, "-I", jump.parent, "1", *jump.args)
+            for position, jump in enumerate(ours, start=1):
+                self._run(jump.tool, "-I", jump.parent, str(position), *jump.args)
         return found
 
     def remove(self) -> list[str]:
@@ -210,6 +215,18 @@ class HostFirewall:
         if check and done.returncode != 0:
             raise FirewallError(f"{tool} {' '.join(args[:2])} failed: {done.stderr.strip()[:300]}")
         return done
+
+
+def _parent(jump: Jump) -> tuple[str, str]:
+    return (jump.tool, jump.parent)
+
+
+def _heads(jumps_kept: list[Jump]) -> dict[tuple[str, str], int]:
+    """How many of the agent's jumps each parent chain starts with."""
+    counts: dict[tuple[str, str], int] = {}
+    for jump in jumps_kept:
+        counts[_parent(jump)] = counts.get(_parent(jump), 0) + 1
+    return counts
 
 
 def _by_chain(rules: list[Rule]) -> dict[tuple[str, str], list[Rule]]:

@@ -7,7 +7,9 @@ SSH, a tunnel's last hop) it asks of this agent, through the door in
 streams/door.py, over mutual TLS (service/swarm_tls.py) with the
 environment's key; and this agent reports
 this machine (its GPUs, engine, toolkit, disk and clock) when the leader
-asks, for the environment's systemData and compliance. So a worker runs no session, keeps no state
+asks, for the environment's systemData and compliance; and it keeps this
+machine's egress rules, as every agent does (core/egress_keeper.py), since
+renters' containers run here. So a worker runs no session, keeps no state
 database and deploys nothing: it serves that door until it is stopped, and
 tells systemd it is ready once the door listens, on this machine's Swarm
 address alone (GPUHOST_SWARM_LISTEN names another, never every address).
@@ -19,11 +21,13 @@ import asyncio
 import os
 
 from gpuhost_agent.common.logs import SECRETS, get_logger
+from gpuhost_agent.core.egress_keeper import EgressKeeper
 from gpuhost_agent.inventory.machine_report import MachineReport
 from gpuhost_agent.runtime.compose import ComposeNotFound, find_compose_command
 from gpuhost_agent.runtime.docker_host import parse_docker_host
 from gpuhost_agent.runtime.engine import DockerEngine
 from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.runtime.host_firewall import HostFirewall
 from gpuhost_agent.runtime.swarm_stacks import rental_disk_figures
 from gpuhost_agent.service import sd_notify, swarm_tls
 from gpuhost_agent.service.config import AgentConfig
@@ -54,6 +58,10 @@ async def serve_worker(config: AgentConfig, stop: asyncio.Event) -> None:
     async def networks() -> list[dict]:
         return await disk_engine.swarm_list("networks")
 
+    # Renters' containers run here too: their egress rules first, then kept every minute.
+    egress = EgressKeeper(HostFirewall(), config.egress_allow)
+    await egress.run_once()
+    keeping = asyncio.create_task(_keep(egress), name="egress-keeper")
     tls = swarm_tls.context_or_exit("worker", config.swarm_tls_dir)
     proxy = WorkerDoor(
         config.swarm_key, engine, engine_path, machine=report, disk=disk_figures, networks=networks, tls=tls
@@ -76,7 +84,8 @@ async def serve_worker(config: AgentConfig, stop: asyncio.Event) -> None:
         await stop.wait()
     finally:
         first_probe.cancel()
-        await asyncio.gather(first_probe, return_exceptions=True)
+        keeping.cancel()
+        await asyncio.gather(first_probe, keeping, return_exceptions=True)
         await report.close()
         sd_notify.stopping("stopping")
         await proxy.stop()
@@ -85,3 +94,9 @@ async def serve_worker(config: AgentConfig, stop: asyncio.Event) -> None:
         await probe.close()
         await watchdog.stop()
         log.info("swarm_worker_stopped", served=proxy.served, refused=proxy.refused)
+
+
+async def _keep(egress: EgressKeeper) -> None:
+    while True:
+        await asyncio.sleep(egress.interval)
+        await egress.run_once()
