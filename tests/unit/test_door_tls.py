@@ -223,3 +223,55 @@ async def test_an_answer_through_the_door_is_read_only_up_to_its_cap(door_tls) -
         server.close()
         await server.wait_closed()
     assert sent[0] < 2 * ANSWER_BYTES, sent
+
+
+async def _stalled(port: int, source: str) -> asyncio.StreamWriter:
+    """A plain connection from `source` that never starts its TLS handshake."""
+    _, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+    return writer
+
+
+async def _closed_at_once(port: int, source: str) -> bool:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+    try:
+        return await asyncio.wait_for(reader.read(1), 2) == b""
+    except asyncio.TimeoutError:
+        return False
+    finally:
+        writer.close()
+
+
+async def test_connections_are_capped_per_source_and_handshakes_at_once_before_tls(door_tls) -> None:
+    """Issue 45, item 4: a handshake costs the worker CPU whoever asks, so the caps
+    count the plain connection before TLS begins: one address stalling handshakes
+    gets no more, and the leader's own, from its address, is still served."""
+    from gpuhost_agent.streams import door as door_module
+
+    if not door_module.TLS_AFTER_ACCEPT:
+        pytest.skip("Python 3.10: TLS at the accept, the caps count after it")
+    proxy = WorkerDoor(KEY, _Engine(), "/nonexistent", tls=door_tls.server())  # type: ignore[arg-type]
+    port = await proxy.start("127.0.0.1", 0)
+    held: list[asyncio.StreamWriter] = []
+    try:
+        held += [await _stalled(port, "127.0.0.9") for _ in range(door_module.HANDSHAKES_PER_SOURCE)]
+        await asyncio.sleep(0.2)
+        assert await _closed_at_once(port, "127.0.0.9")  # its fifth: closed before any byte
+        leader = await asyncio.open_connection("127.0.0.1", port, ssl=door_tls.client(), local_addr=("127.0.0.2", 0))
+        leader[1].write(ASK)
+        assert (await asyncio.wait_for(leader[0].read(), 10)).startswith(b"HTTP/1.1 404")  # served
+        leader[1].close()
+        # Many addresses together: at most HANDSHAKES_AT_ONCE in flight, whoever holds them.
+        sources = [f"127.0.1.{n}" for n in range(door_module.HANDSHAKES_AT_ONCE)]
+        held += [await _stalled(port, source) for source in sources[: door_module.HANDSHAKES_AT_ONCE - len(held)]]
+        await asyncio.sleep(0.2)
+        assert await _closed_at_once(port, "127.0.2.1")
+        assert proxy.capped == 2
+        for writer in held:  # gone: admitted again
+            writer.close()
+        held.clear()
+        await asyncio.sleep(0.2)
+        assert (await _ask(port, door_tls.client())).startswith(b"HTTP/1.1 404")
+    finally:
+        for writer in held:
+            writer.close()
+        await proxy.stop()

@@ -85,6 +85,15 @@ HEAD_LIMIT = 16 * 1024
 BODY_LIMIT = 64 * 1024
 CHUNK = 64 * 1024
 READ_SECONDS = 10.0
+# Counted on the plain connection, before its TLS handshake (a handshake costs the
+# worker CPU whoever asks): a flood from one address, or from many, cannot starve
+# the leader's own. The leader holds many at once (events, execs, tunnels).
+HANDSHAKES_AT_ONCE = 32  # TLS handshakes in flight, every source together
+HANDSHAKES_PER_SOURCE = 4  # in flight from one address
+OPEN_PER_SOURCE = 512  # connections one address holds open
+# Python 3.10's streams cannot start TLS on an accepted connection: there the
+# handshake comes first, at the accept, and the caps count it after.
+TLS_AFTER_ACCEPT = hasattr(asyncio.StreamWriter, "start_tls")
 
 
 class WorkerDoor:
@@ -108,12 +117,17 @@ class WorkerDoor:
         self._tls = tls  # the worker's certificate; the leader's asked of every client (service/swarm_tls.py)
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task] = set()  # ended by stop(): an event stream never ends by itself
-        self.served = self.refused = 0  # for tests and the status
+        self._open_by: dict[str, int] = {}  # connections open, by source address
+        self._handshaking: dict[str, int] = {}  # TLS handshakes in flight, by source address
+        self.served = self.refused = self.capped = 0  # for tests and the status
 
     async def start(self, host: str, port: int) -> int:
-        self._server = await asyncio.start_server(
-            self._handle, host, port, limit=HEAD_LIMIT, ssl=self._tls, ssl_handshake_timeout=READ_SECONDS
-        )
+        if TLS_AFTER_ACCEPT:
+            self._server = await asyncio.start_server(self._handle, host, port, limit=HEAD_LIMIT)
+        else:
+            self._server = await asyncio.start_server(
+                self._handle, host, port, limit=HEAD_LIMIT, ssl=self._tls, ssl_handshake_timeout=READ_SECONDS
+            )
         return int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
@@ -134,13 +148,45 @@ class WorkerDoor:
         is logged as an error with its traceback, on every normal stop."""
         task = asyncio.current_task()
         assert task is not None
+        peer = writer.get_extra_info("peername")
+        source = str(peer[0]) if peer else ""
+        if not self._admitted(source):
+            self.capped += 1
+            if self.capped in (1, 10, 100) or self.capped % 1000 == 0:  # a flood is said, not logged line by line
+                log.warning("swarm_door_connection_capped", source=source, capped=self.capped)
+            writer.close()
+            return
         self._connections.add(task)
+        self._open_by[source] = self._open_by.get(source, 0) + 1
         try:
+            if TLS_AFTER_ACCEPT and not await self._handshake(writer, source):
+                writer.close()
+                return
             await self._serve(reader, writer)
         except asyncio.CancelledError:
             writer.close()
         finally:
             self._connections.discard(task)
+            _less(self._open_by, source)
+
+    def _admitted(self, source: str) -> bool:
+        """Within the caps, counted before any byte is read or TLS begins."""
+        return (
+            self._open_by.get(source, 0) < OPEN_PER_SOURCE
+            and self._handshaking.get(source, 0) < HANDSHAKES_PER_SOURCE
+            and sum(self._handshaking.values()) < HANDSHAKES_AT_ONCE
+        )
+
+    async def _handshake(self, writer: asyncio.StreamWriter, source: str) -> bool:
+        """TLS on the accepted connection, within READ_SECONDS; whether it holds."""
+        self._handshaking[source] = self._handshaking.get(source, 0) + 1
+        try:
+            await writer.start_tls(self._tls, ssl_handshake_timeout=READ_SECONDS)  # type: ignore[attr-defined]
+            return True
+        except (OSError, asyncio.TimeoutError, ValueError):  # ssl.SSLError is an OSError
+            return False
+        finally:
+            _less(self._handshaking, source)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if not await self._peer_allowed(writer):
@@ -319,3 +365,12 @@ async def _relay_frames(source: asyncio.StreamReader, sink: asyncio.StreamWriter
     with contextlib.suppress(ConnectionError, OSError):
         if sink.can_write_eof():
             sink.write_eof()
+
+
+def _less(counts: dict[str, int], source: str) -> None:
+    """One fewer for `source`; none kept at zero (the map holds live sources only)."""
+    left = counts.get(source, 0) - 1
+    if left > 0:
+        counts[source] = left
+    else:
+        counts.pop(source, None)
