@@ -76,7 +76,9 @@ Usage:
   sudo ./install.sh --url <base_url> --env-id <envId> --api-key-file <file> [options]   (from a checkout)
   sudo ./install.sh --swarm worker --swarm-key-file <file> --swarm-tls-file <bundle> [options]
                                                another machine of a Swarm environment (docs/swarm.md)
-  sudo ./install.sh --swarm-worker-bundle <file>   on the leader: a new worker's TLS bundle
+  sudo ./install.sh --swarm-worker-bundle <file> --swarm-node-id <id>
+                                               on the leader: a new worker's TLS bundle
+  sudo ./install.sh --swarm-revoke-worker <id>  on the leader: a retired worker's certificates revoked
   sudo ./install.sh [options]                  upgrade in place, keeping the configuration
   sudo ./install.sh --uninstall [--purge]      remove the agent
 
@@ -104,8 +106,14 @@ Options:
                        A leader's install makes the environment's CA there (its key stays
                        on the leader) and the leader's certificate (mutual TLS, docs/swarm.md)
   --swarm-worker-bundle FILE  on the installed leader: write a new worker's key, certificate
-                       and the CA's certificate to FILE (0600), for that worker's
-                       --swarm-tls-file; then exit
+                       (valid a year, naming the worker's node: --swarm-node-id) and the
+                       CA's certificate to FILE (0600), for that worker's --swarm-tls-file;
+                       then exit. A new bundle is also how a worker's certificate is renewed
+  --swarm-node-id ID   with --swarm-worker-bundle: the worker's Swarm node id (docker node ls
+                       on the manager); the leader talks only to a door whose certificate names
+                       the node it dials
+  --swarm-revoke-worker ID  on the installed leader: revoke every certificate made for node ID
+                       (a retired or lost worker) in the CA's revocation list; then exit
   --source SPEC        what pip installs: a path (checkout, wheel) or a requirement.
                        Default: this checkout when run from one, else the marketplace's
                        signed release (<url>/agent/release: its Ed25519 signature checked
@@ -486,7 +494,7 @@ report_init() { # report_init STATE(running|done|failed) DETAIL [ERROR]
 # ---- arguments ---------------------------------------------------------------
 
 URL='' ENV_ID='' API_KEY='' API_KEY_FILE='' SOURCE='' VERSION='' LOCK='' RELEASE_KEY='' NO_UPGRADES=0 SWARM='' SWARM_KEY='' SWARM_KEY_FILE=''
-SWARM_TLS_FILE='' SWARM_BUNDLE_OUT=''
+SWARM_TLS_FILE='' SWARM_BUNDLE_OUT='' SWARM_NODE_ID='' SWARM_REVOKE=''
 INSTALL_MISSING=0 ALLOW_NO_GPU=0 DRY_RUN=0 UNINSTALL=0 PURGE=0
 NEW_KEY=0 API_KEY_STDIN=0
 
@@ -499,7 +507,7 @@ parse_args() {
             --*=*) value=${opt#*=}; opt=${opt%%=*} ;;
         esac
         case "$opt" in
-            --url|--env-id|--api-key|--api-key-file|--source|--version|--lock|--release-key|--swarm|--swarm-key-file|--swarm-tls-file|--swarm-worker-bundle)
+            --url|--env-id|--api-key|--api-key-file|--source|--version|--lock|--release-key|--swarm|--swarm-key-file|--swarm-tls-file|--swarm-worker-bundle|--swarm-node-id|--swarm-revoke-worker)
                 if [ -z "$value" ]; then
                     [ $# -ge 2 ] || die_usage "$opt needs a value"
                     value=$2
@@ -518,6 +526,8 @@ parse_args() {
                     --swarm-key-file) SWARM_KEY_FILE=$value ;;
                     --swarm-tls-file) SWARM_TLS_FILE=$value ;;
                     --swarm-worker-bundle) SWARM_BUNDLE_OUT=$value ;;
+                    --swarm-node-id) SWARM_NODE_ID=$value ;;
+                    --swarm-revoke-worker) SWARM_REVOKE=$value ;;
                 esac ;;
             --install-missing) INSTALL_MISSING=1 ;;
             --api-key-stdin) API_KEY_STDIN=1 ;;
@@ -1150,22 +1160,36 @@ swarm_tls() { # the Swarm's mutual TLS (service/swarm_tls.py): the leader's CA a
             step "making the leader's certificate in $SWARM_TLS_DIR (and the environment's CA, if none is there)"
             run "$VENV/bin/python" -m gpuhost_agent.service.swarm_tls leader "$SWARM_TLS_DIR" </dev/null \
                 || { err "could not make the Swarm's certificates in $SWARM_TLS_DIR"; exit "$EXIT_FAILED"; }
-            say "for each worker: sudo ./install.sh --swarm-worker-bundle worker.pem here, then on the worker --swarm-tls-file worker.pem"
+            say "for each worker: sudo ./install.sh --swarm-worker-bundle worker.pem --swarm-node-id <its node id> here, then on the worker --swarm-tls-file worker.pem"
             ;;
         worker)
             [ -n "$SWARM_TLS_FILE" ] || return 0
             step "installing the worker's certificate from $SWARM_TLS_FILE into $SWARM_TLS_DIR"
-            run "$VENV/bin/python" -m gpuhost_agent.service.swarm_tls worker "$SWARM_TLS_FILE" "$SWARM_TLS_DIR" </dev/null \
-                || die_usage "$SWARM_TLS_FILE is not a worker's bundle of this environment (install.sh --swarm-worker-bundle on the leader)"
+            local node  # this machine's node, when its engine is in the Swarm: the bundle must be made for it
+            node=$(docker info --format '{{.Swarm.NodeID}}' 2>/dev/null </dev/null || true)
+            run "$VENV/bin/python" -m gpuhost_agent.service.swarm_tls worker "$SWARM_TLS_FILE" "$SWARM_TLS_DIR" ${node:+"$node"} </dev/null \
+                || die_usage "$SWARM_TLS_FILE is not a worker's bundle of this environment made for this machine${node:+ (node $node)} (install.sh --swarm-worker-bundle FILE --swarm-node-id ID on the leader)"
             ;;
     esac
 }
 
-worker_bundle() { # --swarm-worker-bundle FILE, on the installed leader
+worker_bundle() { # --swarm-worker-bundle FILE --swarm-node-id ID, on the installed leader
     [ -s "$SWARM_TLS_DIR/ca.key" ] || die_usage "--swarm-worker-bundle runs on the leader after its install (no CA in $SWARM_TLS_DIR)"
-    "$VENV/bin/python" -m gpuhost_agent.service.swarm_tls bundle "$SWARM_TLS_DIR" "$SWARM_BUNDLE_OUT" </dev/null \
+    [[ $SWARM_NODE_ID =~ ^[a-z0-9]{10,64}$ ]] \
+        || die_usage "--swarm-worker-bundle needs --swarm-node-id ID: the worker's Swarm node id (docker node ls on the manager)"
+    "$VENV/bin/python" -m gpuhost_agent.service.swarm_tls bundle "$SWARM_TLS_DIR" "$SWARM_BUNDLE_OUT" "$SWARM_NODE_ID" </dev/null \
         || { err "could not write the worker's bundle $SWARM_BUNDLE_OUT"; exit "$EXIT_FAILED"; }
     say "wrote $SWARM_BUNDLE_OUT (0600): copy it to the worker with the environment's key, then install.sh --swarm worker --swarm-key-file ... --swarm-tls-file ...; delete it after"
+}
+
+revoke_worker() { # --swarm-revoke-worker ID, on the installed leader
+    [ -s "$SWARM_TLS_DIR/ca.key" ] || die_usage "--swarm-revoke-worker runs on the leader after its install (no CA in $SWARM_TLS_DIR)"
+    [[ $SWARM_REVOKE =~ ^[a-z0-9]{10,64}$ ]] || die_usage "--swarm-revoke-worker needs the worker's Swarm node id"
+    local serials
+    serials=$("$VENV/bin/python" -m gpuhost_agent.service.swarm_tls revoke "$SWARM_TLS_DIR" "$SWARM_REVOKE" </dev/null) \
+        || { err "could not revoke node $SWARM_REVOKE's certificates"; exit "$EXIT_FAILED"; }
+    say "revoked node $SWARM_REVOKE's certificates (serials $serials); restarting $UNIT_NAME, which reads the list at start"
+    if [ -d /run/systemd/system ]; then systemctl try-restart "$UNIT_NAME" </dev/null || warn "systemctl try-restart $UNIT_NAME failed"; fi
 }
 
 make_state_dir() {
@@ -1346,6 +1370,8 @@ main() {
         do_uninstall
     elif [ -n "$SWARM_BUNDLE_OUT" ]; then
         worker_bundle
+    elif [ -n "$SWARM_REVOKE" ]; then
+        revoke_worker
     else
         CHECKOUT=$(find_checkout)
         do_install

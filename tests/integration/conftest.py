@@ -105,11 +105,12 @@ def worker_port() -> int:
 
 
 @pytest.fixture
-def swarm_tls(tmp_path):
-    """The environment's CA and the leader's and machine 2's certificates, as install.sh makes them."""
+def swarm_tls(tmp_path, shared_swarm):
+    """The environment's CA and the leader's and machine 2's certificates, as install.sh
+    makes them: machine 2's names its node, which the leader checks when it dials it."""
     from support.door_tls import make_door_tls
 
-    return make_door_tls(tmp_path)
+    return make_door_tls(tmp_path, node=shared_swarm[1])
 
 
 @pytest.fixture

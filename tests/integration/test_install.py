@@ -250,7 +250,7 @@ def test_a_swarm_worker_installs_with_the_environments_key_and_no_marketplace(sc
 
     with tempfile.TemporaryDirectory() as leader:  # the leader's install, elsewhere: its CA writes the bundle
         swarm_tls.install_leader(Path(leader))
-        bundle = swarm_tls.bundle(Path(leader)).decode()
+        bundle = swarm_tls.bundle(Path(leader), "workernode000000000000002").decode()
     scenario.run("/bin/sh", "-ec", "umask 077; cat >/root/worker.pem", input=bundle)
     result = scenario.install("--swarm", "worker", "--swarm-key-file", "/root/swarm.key", "--swarm-tls-file", "/root/w")
     assert result.code == 2 and "cannot read the worker's TLS bundle" in result.err, result.both

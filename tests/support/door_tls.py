@@ -23,6 +23,10 @@ class DoorTls:
     def client(self) -> ssl.SSLContext:
         return self.contexts["leader"]
 
+    def checked_client(self) -> ssl.SSLContext:
+        """The leader's as the agent makes it: the door must name the node dialled."""
+        return self.contexts["leader-checked"]
+
     def curl(self) -> list[str]:
         """curl's options to speak to a door as the leader (-k: a worker's
         certificate names no address; the leader's own client checks the CA)."""
@@ -37,11 +41,21 @@ class DoorTls:
         ]
 
 
-def make_door_tls(base: Path) -> DoorTls:
+NODE = "testnode0000000000000000002"  # the worker's Swarm node id where no Swarm is up
+
+
+def make_door_tls(base: Path, node: str = NODE) -> DoorTls:
+    """`node`: the worker's Swarm node id, which its certificate names. The
+    "leader" context takes any worker's (raw connections in tests);
+    "leader-checked" asks the door to be `node`'s, as the agent's does."""
     leader, worker = base / "leader-tls", base / "worker-tls"
     swarm_tls.install_leader(leader)
     bundle = base / "worker-bundle.pem"
-    bundle.write_bytes(swarm_tls.bundle(leader))
-    swarm_tls.install_worker(bundle, worker)
-    contexts = {"worker": swarm_tls.server_context(worker), "leader": swarm_tls.client_context(leader)}
+    bundle.write_bytes(swarm_tls.bundle(leader, node))
+    swarm_tls.install_worker(bundle, worker, node)
+    contexts = {
+        "worker": swarm_tls.server_context(worker),
+        "leader": swarm_tls.client_context(leader, node_checked=False),
+        "leader-checked": swarm_tls.client_context(leader),
+    }
     return DoorTls(leader, worker, contexts)

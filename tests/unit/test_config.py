@@ -13,7 +13,7 @@ from contextlib import redirect_stdout
 
 import pytest
 
-from gpuhost_agent.service import cli, config, daemon, host_check, settings_view
+from gpuhost_agent.service import cli, config, daemon, host_check, settings_view, swarm_tls
 from gpuhost_agent.service.settings import SwarmRole
 from gpuhost_agent.service.settings_table import BY_FIELD, SETTINGS
 
@@ -162,6 +162,8 @@ def test_doctor_shows_each_settings_value_and_source_and_never_a_key(tmp_path, m
     empty_conf.write_text(f"GPUHOST_SWARM_KEY_FILE={key_file}\nGPUHOST_DISK_FLOOR=5g\n")
     monkeypatch.setenv("GPUHOST_API_KEY", API_KEY)
     monkeypatch.setenv("GPUHOST_SWARM", "leader")
+    swarm_tls.install_leader(tmp_path / "tls")  # doctor watches the leader's certificate too
+    monkeypatch.setenv("GPUHOST_SWARM_TLS_DIR", str(tmp_path / "tls"))
     argv = ["doctor", "--config", str(empty_conf), "--state-dir", str(tmp_path), "--marketplace-url", "https://m/v1"]
     text = _doctor(monkeypatch, [*argv, "--env-id", "e1", "--pids-limit", "99"])
     assert API_KEY not in text and SWARM_KEY not in text
@@ -179,6 +181,8 @@ def test_doctor_shows_each_settings_value_and_source_and_never_a_key(tmp_path, m
     settings = {row["setting"]: row for row in json.loads(printed)["settings"]}
     assert settings["GPUHOST_SWARM_KEY"] == {"setting": "GPUHOST_SWARM_KEY", "value": "***", "source": "flag"}
     assert json.loads(printed)["isCompliant"] is True  # the compliance's keys as before
+    (watched,) = [check for check in json.loads(printed)["checks"] if check["id"] == "swarm-certificate"]
+    assert watched["ok"] and "valid until" in watched["summary"]
 
 
 def test_no_key_is_logged_or_shown_by_any_view():

@@ -12,7 +12,7 @@ import ssl
 import subprocess
 
 import pytest
-from support.door_tls import DoorTls, make_door_tls
+from support.door_tls import NODE, DoorTls, make_door_tls
 
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.door_client import ANSWER_BYTES, DoorClient
@@ -114,7 +114,7 @@ def swarm_tls_leader_as_server(tls: DoorTls) -> ssl.SSLContext:
 
 def test_a_bundle_is_checked_before_a_worker_takes_it(door_tls, other, tmp_path) -> None:
     mixed = tmp_path / "mixed.pem"  # a worker's key and certificate with another environment's CA
-    key_cert = swarm_tls.bundle(door_tls.leader).split(b"-----BEGIN CERTIFICATE-----")
+    key_cert = swarm_tls.bundle(door_tls.leader, NODE).split(b"-----BEGIN CERTIFICATE-----")
     ca = (other.leader / swarm_tls.CA_CERT).read_bytes()
     mixed.write_bytes(key_cert[0] + b"-----BEGIN CERTIFICATE-----" + key_cert[1] + ca)
     with pytest.raises(ConfigError, match="not signed"):
@@ -140,8 +140,10 @@ def test_install_sh_runs_the_module_as_a_program(tmp_path) -> None:
 
     run = [sys.executable, "-m", "gpuhost_agent.service.swarm_tls"]
     subprocess.run([*run, "leader", str(tmp_path / "l")], check=True, timeout=60)
-    subprocess.run([*run, "bundle", str(tmp_path / "l"), str(tmp_path / "b.pem")], check=True, timeout=60)
-    subprocess.run([*run, "worker", str(tmp_path / "b.pem"), str(tmp_path / "w")], check=True, timeout=60)
+    subprocess.run([*run, "bundle", str(tmp_path / "l"), str(tmp_path / "b.pem"), NODE], check=True, timeout=60)
+    subprocess.run([*run, "worker", str(tmp_path / "b.pem"), str(tmp_path / "w"), NODE], check=True, timeout=60)
+    revoked = subprocess.run([*run, "revoke", str(tmp_path / "l"), NODE], capture_output=True, text=True, timeout=60)
+    assert revoked.returncode == 0 and revoked.stdout.strip(), revoked.stderr
     assert (tmp_path / "b.pem").stat().st_mode & 0o777 == 0o600
     swarm_tls.server_context(tmp_path / "w")
     swarm_tls.client_context(tmp_path / "l")
@@ -275,3 +277,67 @@ async def test_connections_are_capped_per_source_and_handshakes_at_once_before_t
         for writer in held:
             writer.close()
         await proxy.stop()
+
+
+async def _machine_through(port: int, context: ssl.SSLContext, node: str) -> str:
+    """What the leader's door client gets asking `node`'s door: "served", or the refusal."""
+    door = DoorClient("127.0.0.1", port, KEY, context, node)
+    try:
+        await door.machine(live=True)
+        return "served"
+    except EngineError as exc:
+        return "served" if "404" in str(exc) else str(exc)
+    finally:
+        await door.close()
+
+
+async def test_the_leader_talks_to_a_door_only_as_the_node_it_dials_and_never_to_a_revoked_one(
+    door_tls, tmp_path
+) -> None:
+    """Issue 45, item 4: a worker's certificate names its Swarm node, the leader asks the
+    door it dials for that node (one worker's certificate cannot stand in for another
+    machine's door), and a retired worker is revoked without a new CA."""
+    proxy = WorkerDoor(KEY, _Engine(), "/nonexistent", tls=door_tls.server())  # type: ignore[arg-type]
+    port = await proxy.start("127.0.0.1", 0)
+    try:
+        assert await _machine_through(port, door_tls.checked_client(), NODE) == "served"
+        other_node = "othernode000000000000000003"
+        refused = await _machine_through(port, door_tls.checked_client(), other_node)
+        assert "certificate" in refused and "mismatch" in refused.lower(), refused
+        # Revoked: the CA's list names every certificate made for the node; the leader reads it at start.
+        assert await asyncio.to_thread(swarm_tls.revoke, door_tls.leader, NODE)  # retired
+        revoked_context = await asyncio.to_thread(swarm_tls.client_context, door_tls.leader)
+        refused = await _machine_through(port, revoked_context, NODE)
+        assert "revoked" in refused, refused
+    finally:
+        await proxy.stop()
+    with pytest.raises(ConfigError, match="no certificate of this CA names node"):
+        await asyncio.to_thread(swarm_tls.revoke, door_tls.leader, "neverissued00000000000000")
+
+
+def test_certificates_last_a_year_name_their_node_and_doctor_sees_their_end(door_tls, tmp_path) -> None:
+    import datetime
+
+    from cryptography import x509
+
+    for directory in (door_tls.leader, door_tls.worker):
+        cert = x509.load_pem_x509_certificate((directory / swarm_tls.CERT).read_bytes())
+        assert cert.not_valid_after_utc - cert.not_valid_before_utc <= datetime.timedelta(days=366)
+    worker = x509.load_pem_x509_certificate((door_tls.worker / swarm_tls.CERT).read_bytes())
+    names = worker.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == [f"{NODE}.node.gpuhost.invalid"]
+    # A bundle made for another machine is refused by the worker it is not for.
+    elsewhere = tmp_path / "elsewhere.pem"
+    elsewhere.write_bytes(swarm_tls.bundle(door_tls.leader, "othernode000000000000000003"))
+    with pytest.raises(ConfigError, match="made for node"):
+        swarm_tls.install_worker(elsewhere, tmp_path / "w3", NODE)
+    with pytest.raises(ConfigError, match="names its Swarm node id"):
+        swarm_tls.bundle(door_tls.leader, "")
+    ends = swarm_tls.expires(door_tls.worker)
+    assert swarm_tls.expiry_problem(door_tls.worker) is None
+    soon = swarm_tls.expiry_problem(door_tls.worker, ends - datetime.timedelta(days=10))
+    assert soon is not None and ("ends in 9 day(s)" in soon or "ends in 10 day(s)" in soon), soon
+    assert "ended" in (swarm_tls.expiry_problem(door_tls.worker, ends + datetime.timedelta(days=1)) or "")
+    watched = swarm_tls.doctor_check("worker", door_tls.worker)  # what doctor adds on a Swarm machine
+    assert watched["ok"] and watched["summary"].startswith("this machine's Swarm certificate is valid until")
+    assert not swarm_tls.doctor_check("worker", tmp_path / "none")["ok"]

@@ -15,11 +15,14 @@ only from inside its containers' namespaces.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import socket
 import ssl
 import urllib.parse
 from collections.abc import Callable, Iterable
 
 import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
 
 from gpuhost_agent.runtime.container_at import ContainerAt
 from gpuhost_agent.runtime.container_files import ContainerFiles
@@ -45,12 +48,55 @@ FRAME_LIMIT = 64 * 1024
 ANSWER_BYTES = 8 * 1024 * 1024
 
 
-class DoorClient(EngineStreams):
-    """Over mutual TLS (`tls`: the leader's client context, service/swarm_tls.py)."""
+NODE_DOMAIN = "node.gpuhost.invalid"
 
-    def __init__(self, host: str, port: int, key: str, tls: ssl.SSLContext):
+
+class _DoorAddress(AbstractResolver):
+    """The door's address for its node's name, and no other lookup: the name is
+    what TLS checks, never a name any resolver is asked for."""
+
+    def __init__(self, address: str):
+        self._address = address
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        try:
+            addresses = [ipaddress.ip_address(self._address)]
+        except ValueError:  # GPUHOST_SWARM_WORKERS may name the machine
+            found = await asyncio.get_running_loop().getaddrinfo(self._address, port, type=socket.SOCK_STREAM)
+            addresses = [ipaddress.ip_address(info[4][0]) for info in found]
+        return [
+            ResolveResult(
+                hostname=host,
+                host=str(address),
+                port=port,
+                family=socket.AF_INET6 if address.version == 6 else socket.AF_INET,
+                proto=0,
+                flags=socket.AI_NUMERICHOST,
+            )
+            for address in addresses
+        ]
+
+    async def close(self) -> None:
+        return None
+
+
+def node_name(node: str) -> str:
+    """The name a worker's certificate holds for its Swarm node (service/swarm_tls.py),
+    which the leader asks of the door it dials for that node."""
+    return f"{node.lower()}.{NODE_DOMAIN}"
+
+
+class DoorClient(EngineStreams):
+    """Over mutual TLS (`tls`: the leader's client context, service/swarm_tls.py),
+    to the door of `node`: its certificate must name it (checked by OpenSSL when
+    the context checks names; a door of another machine is refused)."""
+
+    def __init__(self, host: str, port: int, key: str, tls: ssl.SSLContext, node: str | None = None):
         super().__init__(f"tcp://{host}:{port}", timeout=TIMEOUT, headers={"Authorization": f"Bearer {key}"})
         self._host, self._port, self._tls = host, port, tls
+        self._server_name = node_name(node) if node else None
 
     async def _call_raw(
         self,
@@ -67,11 +113,15 @@ class DoorClient(EngineStreams):
         return await super()._call_raw(method, path, body=body, params=params, timeout=timeout, max_bytes=cap)
 
     def _session(self) -> aiohttp.ClientSession:
+        """Requests name the node (the name TLS checks), resolved to the door's address here alone."""
         if self._http is None or self._http.closed:
             netloc = f"[{self._host}]" if ":" in self._host else self._host
+            resolver = None
+            if self._server_name:
+                netloc, resolver = self._server_name, _DoorAddress(self._host)
             self._http = aiohttp.ClientSession(
                 base_url=f"https://{netloc}:{self._port}",
-                connector=aiohttp.TCPConnector(limit=0, ssl=self._tls),
+                connector=aiohttp.TCPConnector(limit=0, ssl=self._tls, resolver=resolver),
                 auto_decompress=False,
                 headers=self._headers,
             )
@@ -86,7 +136,11 @@ class DoorClient(EngineStreams):
         try:
             transport, protocol = await asyncio.wait_for(
                 loop.create_connection(
-                    lambda: asyncio.StreamReaderProtocol(reader, loop=loop), self._host, self._port, ssl=self._tls
+                    lambda: asyncio.StreamReaderProtocol(reader, loop=loop),
+                    self._host,
+                    self._port,
+                    ssl=self._tls,
+                    server_hostname=self._server_name,
                 ),
                 self._timeout,
             )

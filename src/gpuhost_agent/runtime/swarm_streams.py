@@ -206,7 +206,7 @@ class SwarmStreams(EngineStreams):
                 if not addr or addr == "0.0.0.0":
                     return None
                 address = (addr, self._worker_port)
-            self._remotes[node] = DoorClient(*address, self._key, self._tls)
+            self._remotes[node] = DoorClient(*address, self._key, self._tls, node)
         return self._remotes[node]
 
     async def open_logs(

@@ -22,7 +22,7 @@ from gpuhost_agent.inventory import render
 from gpuhost_agent.inventory.system_data import as_sent, build_report
 from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.runtime.compose import ComposeNotFound, find_compose_command
-from gpuhost_agent.service import settings_view
+from gpuhost_agent.service import settings_view, topology
 from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.service.probe_parts import build_probe
 
@@ -57,6 +57,9 @@ def doctor(config: AgentConfig, as_json: bool, settings: list[dict[str, str]] | 
     checks, in JSON as `settings` (and `settingsOf`) beside the compliance's keys."""
     report = asyncio.run(machine_report(config))
     compliance = report["compliance"]
+    watched = topology.doctor_checks(config)  # doctor's own (a Swarm machine's certificate), not the marketplace's
+    compliance = {**compliance, "checks": [*compliance["checks"], *watched]}
+    compliance["isCompliant"] = compliance["isCompliant"] and all(check["ok"] for check in watched)
     if as_json:
         shown = {**compliance, "settings": settings, "settingsOf": whose} if settings is not None else compliance
         print(json.dumps(shown, indent=2))

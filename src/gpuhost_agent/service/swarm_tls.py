@@ -21,7 +21,9 @@ Run by install.sh: `python -m gpuhost_agent.service.swarm_tls leader DIR`,
 from __future__ import annotations
 
 import datetime
+import json
 import os
+import re
 import ssl
 import sys
 from pathlib import Path
@@ -32,11 +34,24 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.runtime.door_client import node_name
 from gpuhost_agent.service.config import ConfigError
 
+log = get_logger(__name__)
+NODE_ID = re.compile(r"^[a-z0-9]{10,64}$")  # Swarm's node ids: 25 lowercase letters and digits
+
 CA_CERT, CA_KEY, CERT, KEY = "ca.crt", "ca.key", "cert.pem", "key.pem"
+CRL, ISSUED, REVOKED = "revoked.crl", "issued.json", "revoked.json"  # the leader's: its CA's records
 USAGE = {"leader": ExtendedKeyUsageOID.CLIENT_AUTH, "worker": ExtendedKeyUsageOID.SERVER_AUTH}
-YEARS = 10  # the CA's and each machine's; rotated by re-installing
+CA_YEARS = 10  # the CA's; a new one needs new bundles on every worker
+MACHINE_DAYS = 365  # each machine's certificate: renewed by a new bundle (a worker) or a re-install (the leader)
+RENEW_DAYS = 30  # doctor fails, and the agent warns, this close to a certificate's end
+RENEWAL = {
+    "leader": "install.sh --swarm leader again on this machine makes it a new certificate",
+    "worker": "on the leader: install.sh --swarm-worker-bundle FILE --swarm-node-id <this node>; "
+    "here: install.sh --swarm worker --swarm-key-file ... --swarm-tls-file FILE",
+}
 
 
 def make_ca(directory: Path) -> None:
@@ -46,7 +61,7 @@ def make_ca(directory: Path) -> None:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"gpuhost-agent Swarm CA {os.urandom(6).hex()}")])
     cert = (
-        _builder(name, name, key.public_key())
+        _builder(name, name, key.public_key(), days=365 * CA_YEARS)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(_usage(cert_sign=True), critical=True)
         .sign(key, hashes.SHA256())
@@ -55,40 +70,96 @@ def make_ca(directory: Path) -> None:
     _write(directory / CA_CERT, cert.public_bytes(serialization.Encoding.PEM))
 
 
-def issue(directory: Path, role: str) -> tuple[bytes, bytes]:
-    """(key, certificate) in PEM for one machine of `role`, signed by the CA in `directory`."""
+def issue(directory: Path, role: str, node: str | None = None) -> tuple[bytes, bytes]:
+    """(key, certificate) in PEM for one machine of `role`, signed by the CA in
+    `directory`; a worker's names its Swarm node (node_name), and is recorded
+    under it so that it can be revoked."""
     ca_key = serialization.load_pem_private_key((directory / CA_KEY).read_bytes(), None)
     ca_cert = x509.load_pem_x509_certificate((directory / CA_CERT).read_bytes())
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    if role == "worker" and not (node and NODE_ID.fullmatch(node)):
+        raise ConfigError(f"a worker's certificate names its Swarm node id (docker node ls), not {node!r}")
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"gpuhost-agent Swarm {role}")])
-    cert = (
-        _builder(name, ca_cert.subject, key.public_key())
+    builder = (
+        _builder(name, ca_cert.subject, key.public_key(), days=MACHINE_DAYS)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(_usage(cert_sign=False), critical=True)
         .add_extension(x509.ExtendedKeyUsage([USAGE[role]]), critical=True)
-        .sign(ca_key, hashes.SHA256())
     )
+    if node:
+        builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(node_name(node))]), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    if node:
+        issued = _records(directory / ISSUED)
+        _write(directory / ISSUED, json.dumps({**issued, format(cert.serial_number, "x"): node}, indent=1).encode())
     return _key_pem(key), cert.public_bytes(serialization.Encoding.PEM)
 
 
 def install_leader(directory: Path) -> None:
-    """The leader's own: the CA (kept) and its client certificate."""
+    """The leader's own: the CA (kept), its client certificate (new at every
+    install: the leader's rotation), and the CA's revocation list."""
     make_ca(directory)
     key, cert = issue(directory, "leader")
     _write(directory / KEY, key, secret=True)
     _write(directory / CERT, cert)
+    write_crl(directory)
 
 
-def bundle(directory: Path) -> bytes:
-    """A new worker's key, certificate and the CA's certificate, in one PEM."""
-    key, cert = issue(directory, "worker")
+def bundle(directory: Path, node: str) -> bytes:
+    """A new worker's key, certificate (naming `node`) and the CA's certificate, in one PEM."""
+    key, cert = issue(directory, "worker", node)
     return key + cert + (directory / CA_CERT).read_bytes()
 
 
-def install_worker(source: Path, directory: Path) -> None:
+def revoke(directory: Path, node: str) -> list[str]:
+    """Every certificate issued to `node` revoked (a retired worker), without a new
+    CA: the serials added to the list the leader's TLS checks; those revoked now."""
+    issued = _records(directory / ISSUED)
+    serials = sorted(serial for serial, named in issued.items() if named == node)
+    if not serials:
+        raise ConfigError(f"no certificate of this CA names node {node!r} ({directory / ISSUED})")
+    _write(directory / REVOKED, json.dumps({**_records(directory / REVOKED), **dict.fromkeys(serials, node)}).encode())
+    write_crl(directory)
+    return serials
+
+
+def write_crl(directory: Path) -> None:
+    """The CA's revocation list, signed with its key, valid as long as the CA."""
+    ca_key = serialization.load_pem_private_key((directory / CA_KEY).read_bytes(), None)
+    ca_cert = x509.load_pem_x509_certificate((directory / CA_CERT).read_bytes())
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (
+        x509.CertificateRevocationListBuilder()
+        .issuer_name(ca_cert.subject)
+        .last_update(now - datetime.timedelta(hours=1))
+        .next_update(ca_cert.not_valid_after_utc)
+    )
+    for serial in _records(directory / REVOKED):
+        revoked = x509.RevokedCertificateBuilder().serial_number(int(serial, 16)).revocation_date(now).build()
+        builder = builder.add_revoked_certificate(revoked)
+    _write(directory / CRL, builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+
+
+def expires(directory: Path) -> datetime.datetime:
+    """When this machine's certificate ends."""
+    return x509.load_pem_x509_certificate((directory / CERT).read_bytes()).not_valid_after_utc
+
+
+def expiry_problem(directory: Path, now: datetime.datetime | None = None) -> str | None:
+    """Why this machine's certificate needs renewing (RENEW_DAYS before its end), or None."""
+    left = expires(directory) - (now or datetime.datetime.now(datetime.timezone.utc))
+    if left > datetime.timedelta(days=RENEW_DAYS):
+        return None
+    when = "ended" if left.total_seconds() <= 0 else f"ends in {left.days} day(s)"
+    return f"this machine's Swarm certificate ({directory / CERT}) {when}"
+
+
+def install_worker(source: Path, directory: Path, node: str | None = None) -> None:
     """A worker's bundle into `directory`, checked: the key is the
-    certificate's, the certificate a worker's, signed by the bundle's CA."""
+    certificate's, the certificate a worker's, signed by the bundle's CA, and
+    naming this machine's node (`node`, when known)."""
     data = source.read_bytes()
     certs = x509.load_pem_x509_certificates(data)
     if len(certs) != 2:
@@ -104,6 +175,14 @@ def install_worker(source: Path, directory: Path) -> None:
         raise ConfigError(f"{source}: the certificate is not signed by the bundle's CA") from None
     if usages != [USAGE["worker"]] or not isinstance(key, ec.EllipticCurvePrivateKey):
         raise ConfigError(f"{source}: not a worker's certificate and key")
+    try:
+        names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+            x509.DNSName
+        )
+    except x509.ExtensionNotFound:
+        names = []
+    if node and names != [node_name(node)]:
+        raise ConfigError(f"{source}: made for node {names or 'none'}, not this machine's ({node}): make one for it")
     _write(directory / KEY, _key_pem(key), secret=True)
     _write(directory / CERT, leaf.public_bytes(serialization.Encoding.PEM))
     _write(directory / CA_CERT, ca.public_bytes(serialization.Encoding.PEM))
@@ -118,12 +197,18 @@ def server_context(directory: Path) -> ssl.SSLContext:
     return context
 
 
-def client_context(directory: Path) -> ssl.SSLContext:
-    """The leader: its certificate; a door's must be a worker's (serverAuth),
-    by the CA alone (the leader reaches doors by address, no name to check)."""
+def client_context(directory: Path, *, node_checked: bool = True) -> ssl.SSLContext:
+    """The leader: its certificate; a door's must be a worker's (serverAuth)
+    of the CA, not revoked (the CA's list, checked by OpenSSL), and name the
+    node the leader dials (node_name, given as the server name: the leader
+    reaches doors by address). `node_checked=False`: any worker's (tests)."""
     _role(directory, "leader")
+    if not (directory / CRL).is_file():
+        raise ConfigError(f"no revocation list {directory / CRL}: install.sh --swarm leader (again) writes it")
     context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(directory / CA_CERT))
-    context.check_hostname = False
+    context.load_verify_locations(cafile=str(directory / CRL))
+    context.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
+    context.check_hostname = node_checked
     context.load_cert_chain(directory / CERT, directory / KEY)
     return context
 
@@ -131,9 +216,23 @@ def client_context(directory: Path) -> ssl.SSLContext:
 def context_or_exit(role: str, directory: Path) -> ssl.SSLContext:
     """The agent's start: the leader's or the worker's context, or an exit saying why not."""
     try:
-        return server_context(directory) if role == "worker" else client_context(directory)
+        context = server_context(directory) if role == "worker" else client_context(directory)
     except (ConfigError, OSError, ValueError) as exc:  # ssl.SSLError is an OSError
         raise SystemExit(f"GPUHOST_SWARM={role}: {exc}") from None
+    if problem := expiry_problem(directory):
+        log.warning("swarm_certificate_expiring", problem=problem, hint=RENEWAL[role])
+    return context
+
+
+def doctor_check(role: str, directory: Path) -> dict:
+    """Doctor's watch on this machine's Swarm certificate (a check's wire shape)."""
+    try:
+        problem = expiry_problem(directory)
+    except (OSError, ValueError) as exc:
+        problem = f"this machine's Swarm certificate cannot be read ({exc})"
+    summary = problem or f"this machine's Swarm certificate is valid until {expires(directory):%Y-%m-%d}"
+    remedy = RENEWAL[role] if problem else ""
+    return {"id": "swarm-certificate", "ok": problem is None, "skipped": False, "summary": summary, "remedy": remedy}
 
 
 def _role(directory: Path, role: str) -> None:
@@ -154,7 +253,9 @@ def _role(directory: Path, role: str) -> None:
         raise ConfigError(f"{directory / CERT} is not a Swarm {role}'s certificate")
 
 
-def _builder(subject: x509.Name, issuer: x509.Name, public: ec.EllipticCurvePublicKey) -> x509.CertificateBuilder:
+def _builder(
+    subject: x509.Name, issuer: x509.Name, public: ec.EllipticCurvePublicKey, *, days: int
+) -> x509.CertificateBuilder:
     now = datetime.datetime.now(datetime.timezone.utc)
     return (
         x509.CertificateBuilder()
@@ -163,8 +264,19 @@ def _builder(subject: x509.Name, issuer: x509.Name, public: ec.EllipticCurvePubl
         .public_key(public)
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=365 * YEARS))
+        .not_valid_after(now + datetime.timedelta(days=days))
     )
+
+
+def _records(path: Path) -> dict[str, str]:
+    """{serial (hex): node} of the CA's issued or revoked certificates."""
+    try:
+        found = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    if not isinstance(found, dict):
+        raise ConfigError(f"{path} is not the CA's record of certificates")
+    return {str(serial): str(node) for serial, node in found.items()}
 
 
 def _usage(*, cert_sign: bool) -> x509.KeyUsage:
@@ -201,12 +313,15 @@ def main(argv: list[str]) -> int:
     try:
         if argv[:1] == ["leader"] and len(argv) == 2:
             install_leader(Path(argv[1]))
-        elif argv[:1] == ["bundle"] and len(argv) == 3:
-            _write(Path(argv[2]), bundle(Path(argv[1])), secret=True)
-        elif argv[:1] == ["worker"] and len(argv) == 3:
-            install_worker(Path(argv[1]), Path(argv[2]))
+        elif argv[:1] == ["bundle"] and len(argv) == 4:
+            _write(Path(argv[2]), bundle(Path(argv[1]), argv[3]), secret=True)
+        elif argv[:1] == ["worker"] and len(argv) in (3, 4):
+            install_worker(Path(argv[1]), Path(argv[2]), argv[3] if len(argv) == 4 else None)
+        elif argv[:1] == ["revoke"] and len(argv) == 3:
+            print(" ".join(revoke(Path(argv[1]), argv[2])))
         else:
-            print("usage: swarm_tls leader DIR | bundle DIR OUT | worker BUNDLE DIR", file=sys.stderr)
+            usage = "leader DIR | bundle DIR OUT NODE_ID | worker BUNDLE DIR [NODE_ID] | revoke DIR NODE_ID"
+            print(f"usage: swarm_tls {usage}", file=sys.stderr)
             return 2
     except (ConfigError, OSError, ValueError, TypeError) as exc:
         print(f"Swarm TLS: {exc}", file=sys.stderr)

@@ -132,3 +132,13 @@ def probe_machines(config: AgentConfig, engine: DockerEngine) -> Machines:
     if config.swarm is SwarmRole.LEADER:
         return SwarmEnvironment(engine, no_reports, no_disks, SwarmMachines())
     return OneMachine()
+
+
+def doctor_checks(config: AgentConfig) -> list[dict]:
+    """What doctor adds on a machine of a Swarm environment: its door certificate's
+    end, a month ahead (service/swarm_tls.py); nothing on one machine."""
+    if not config.swarm:
+        return []
+    from gpuhost_agent.service import swarm_tls  # cryptography's x509: loaded on a Swarm machine alone
+
+    return [swarm_tls.doctor_check(config.swarm.value, config.swarm_tls_dir)]
