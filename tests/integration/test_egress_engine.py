@@ -174,3 +174,27 @@ async def test_a_rentals_container_reaches_the_internet_and_its_stack_and_nothin
 
 def _listed(chain: str) -> str:
     return subprocess.run(["iptables", "-S", chain], capture_output=True, text=True).stdout
+
+
+async def test_a_network_of_a_stack_deployed_before_the_rules_is_named_and_fails_compliance(docker_client) -> None:
+    """A stack deployed by an agent older than the rules kept its br- bridge, outside
+    them, until deployed again: the probe names its network, and compliance says so."""
+    from gpuhost_agent.inventory import compliance, host_probe
+    from gpuhost_agent.runtime.engine import DockerEngine
+
+    name = f"gpuhost-legacy-{os.getpid()}"
+    labels = {wire.LABEL_MANAGED: "true"}
+    legacy = await asyncio.to_thread(docker_client.networks.create, name, driver="bridge", labels=labels)
+    engine = DockerEngine()
+    try:
+        facts = await host_probe.probe_host(engine, None)
+        assert name in facts["egress"]["unconfinedNetworks"]
+        confined = {**facts["egress"], "confined": True, "differs": None, "error": None}  # the rules themselves held
+        check = compliance._egress_check(confined)  # noqa: SLF001
+        assert not check.ok and name in check.summary and "deploy those stacks again" in check.remedy
+        await asyncio.to_thread(legacy.remove)
+        after = await host_probe.probe_host(engine, None)
+        assert name not in (after["egress"]["unconfinedNetworks"] or [])
+    finally:
+        await engine.close()
+        await asyncio.to_thread(lambda: [network.remove() for network in docker_client.networks.list(names=[name])])

@@ -112,6 +112,12 @@ FAILURES = [
         "cannot read the host's firewall: Permission denied",
         "as root",
     ),
+    (  # a stack deployed before the rules: its br- bridge is outside them (issue 45)
+        "container-egress-confined",
+        _set("host.egress", {"confined": True, "differs": None, "error": None, "unconfinedNetworks": ["s-1_default"]}),
+        "1 network(s) of stacks deployed before the egress rules are outside them (s-1_default)",
+        "deploy those stacks again",
+    ),
 ]
 
 

@@ -21,6 +21,7 @@ from gpuhost_agent.runtime.egress_rules import (
     forward_rules,
     host_rules,
     nameservers_of,
+    unconfined,
 )
 from gpuhost_agent.runtime.host_firewall import HostFirewall
 
@@ -119,3 +120,14 @@ async def test_a_host_without_iptables_is_said_once_and_the_agent_goes_on(tmp_pa
     facts = await asyncio.to_thread(firewall.facts, ())
     assert facts == {"confined": False, "differs": None, "error": keeper.problem}
     assert await asyncio.to_thread(firewall.remove) == []  # nothing of the agent's can be there to remove
+
+
+def test_the_agents_networks_the_rules_do_not_hold_are_named() -> None:
+    """A stack deployed before stack networks were named gpuh…: its br- bridge."""
+    networks = [
+        {"Name": "new_default", "Driver": "bridge", "Options": {BRIDGE_OPTION: bridge_name("new", "default")}},
+        {"Name": "old_default", "Driver": "bridge", "Options": {}},
+        {"Name": "old_back", "Driver": "bridge", "Options": {BRIDGE_OPTION: "br-custom"}},
+        {"Name": "swarm_inside", "Driver": "overlay", "Options": {}},  # leaves through docker_gwbridge
+    ]
+    assert unconfined(networks) == ["old_back", "old_default"]

@@ -85,6 +85,16 @@ def _egress_check(egress: dict | None) -> Check:
     host, its networks or the cloud's metadata service (runtime/egress_rules.py)."""
     if not isinstance(egress, dict):
         return _skip(EGRESS_CHECK, "the probe did not read the host's firewall")
+    unconfined = egress.get("unconfinedNetworks") or []
+    if egress.get("confined") is True and unconfined:
+        return Check(
+            EGRESS_CHECK,
+            False,
+            f"{len(unconfined)} network(s) of stacks deployed before the egress rules are outside them "
+            f"({', '.join(map(str, unconfined))}): their containers can reach the host, its networks and the "
+            "cloud's metadata service",
+            "deploy those stacks again (remove, then deploy): the agent makes their networks anew, within the rules",
+        )
     if egress.get("confined") is True:
         return Check(EGRESS_CHECK, True, "a rental's containers reach the internet and their own stack only")
     if egress.get("differs"):

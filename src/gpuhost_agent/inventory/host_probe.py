@@ -18,7 +18,7 @@ import psutil
 
 from gpuhost_agent.inventory import clock, gpu_delivery, toolkit
 from gpuhost_agent.inventory.storage_quota import read_mountinfo, storage_quota
-from gpuhost_agent.runtime import dockerd_settings
+from gpuhost_agent.runtime import dockerd_settings, egress_rules
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 from gpuhost_agent.runtime.host_firewall import HostFirewall
 from gpuhost_agent.runtime.rental_cgroups import RentalCgroups
@@ -190,14 +190,25 @@ async def probe_host(
     toolkit_config: Path | None = None,
     egress_allow: tuple[str, ...] = (),
 ) -> dict:
-    docker, compose, nvidia_toolkit = await asyncio.gather(
+    docker, compose, nvidia_toolkit, unconfined = await asyncio.gather(
         docker_facts(engine, gpu_check_image),
         compose_facts(compose_command),
         toolkit.probe_toolkit(config_path=toolkit_config),
+        _unconfined_networks(engine),
     )
     # /proc, /sys, /etc/os-release, statvfs and adjtimex (whose libc lookup runs
     # ldconfig): blocking reads, made in a thread.
-    return await asyncio.to_thread(_this_machine, docker, compose, nvidia_toolkit, egress_allow)
+    machine = await asyncio.to_thread(_this_machine, docker, compose, nvidia_toolkit, egress_allow)
+    machine["egress"]["unconfinedNetworks"] = unconfined
+    return machine
+
+
+async def _unconfined_networks(engine: DockerEngine) -> list[str] | None:
+    """The agent's networks the egress rules do not hold (None: the engine did not answer)."""
+    try:
+        return egress_rules.unconfined(await engine.managed_networks())
+    except EngineError:
+        return None
 
 
 def _this_machine(docker: dict, compose: dict, nvidia_toolkit: dict, egress_allow: tuple[str, ...]) -> dict:

@@ -161,6 +161,22 @@ def jumps(has_docker_user: bool) -> list[Jump]:
     ]
 
 
+MAX_NAMED = 20  # networks named in a report
+
+
+def unconfined(networks: list[dict]) -> list[str]:
+    """The names of the agent's bridge networks (from the engine's list, its
+    managed label asked) whose Linux bridge the rules do not match: made before
+    stack networks were named `gpuh…` (a `br-` bridge), until their stack is
+    deployed again."""
+    found = []
+    for network in networks:
+        bridge = str((network.get("Options") or {}).get(BRIDGE_OPTION) or "")
+        if network.get("Driver") == "bridge" and not bridge.startswith(BRIDGE_PREFIX):
+            found.append(str(network.get("Name") or network.get("Id") or "?")[:128])
+    return sorted(found)[:MAX_NAMED]
+
+
 def nameservers_of(resolv_conf: str) -> tuple[str, ...]:
     """The IPv4 nameservers of a resolv.conf text that are not loopback (for
     a loopback resolver such as systemd-resolved's the engine uses its upstreams)."""

@@ -158,6 +158,11 @@ class DockerEngine(EngineCalls):
         reply = await self._call("GET", f"/{kind}", params=filters_param(label=labels))
         return [item for item in reply if isinstance(item, dict)] if isinstance(reply, list) else []
 
+    async def managed_networks(self) -> list[dict]:
+        """This engine's networks that carry the agent's label."""
+        reply = await self._call("GET", "/networks", params=filters_param(label=f"{wire.LABEL_MANAGED}=true"))
+        return [item for item in reply if isinstance(item, dict)] if isinstance(reply, list) else []
+
     async def rental_containers(self, rental_id: str) -> list[dict]:
         return await self._containers_here([f"{wire.LABEL_MANAGED}=true", f"{wire.LABEL_RENTAL}={rental_id}"])
 
