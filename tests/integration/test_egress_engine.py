@@ -15,9 +15,11 @@ rules taken away by hand are put back by the agent's next check.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -198,3 +200,34 @@ async def test_a_network_of_a_stack_deployed_before_the_rules_is_named_and_fails
     finally:
         await engine.close()
         await asyncio.to_thread(lambda: [network.remove() for network in docker_client.networks.list(names=[name])])
+
+
+def test_a_host_without_ip6tables_still_gets_its_ipv4_rules_and_is_said_not_confined(tmp_path) -> None:
+    """ip6tables missing used to stop every rule, IPv4's too (issue 45, a low finding of
+    the red team): now IPv4's are written and the IPv6 gap is what compliance says.
+    In a network namespace of the test's own, with a PATH that lacks ip6tables."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for tool in ("iptables", "iptables-restore"):
+        (tools / tool).symlink_to(subprocess.run(["which", tool], capture_output=True, text=True).stdout.strip())
+    program = (
+        "import asyncio, json\n"
+        "from gpuhost_agent.core.egress_keeper import EgressKeeper\n"
+        "from gpuhost_agent.runtime.host_firewall import HostFirewall\n"
+        f"firewall = HostFirewall(path={str(tools)!r})\n"
+        "asyncio.run(EgressKeeper(firewall, ()).run_once())\n"
+        "import subprocess\n"
+        "written = subprocess.run(['iptables', '-S', 'GPUHOST-EGRESS'], capture_output=True, text=True).stdout\n"
+        "print(json.dumps({**firewall.facts(()), 'written': written}))\n"
+    )
+    command = ["unshare", "--net", sys.executable, "-c", program]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "-A GPUHOST-EGRESS -d 169.254.0.0/16 -j REJECT" in facts["written"], facts  # IPv4's rules are in place
+    assert facts["confined"] is False and facts["differs"] is None, facts
+    assert (
+        facts["error"]
+        == "ip6tables is not installed: a rental's containers can reach the host over IPv6 (apt install iptables)"
+    )
+    assert "egress_not_confined" in done.stdout + done.stderr  # and the agent said so

@@ -27,6 +27,7 @@ class EgressKeeper:
         self.interval = interval
         self.problem: str | None = None  # why the rules are not in place, as last found
         self._checked = False
+        self._gap: str | None = None
 
     async def run_once(self) -> None:
         try:
@@ -44,6 +45,10 @@ class EgressKeeper:
             log.info("egress_rules_installed", allowed=list(self.allowed))
         self.problem = None
         self._checked = True
+        gap = await asyncio.to_thread(self.firewall.ipv6_gap)
+        if gap and gap != self._gap:  # IPv4's rules hold; IPv6's cannot be written here
+            log.error("egress_not_confined", reason=gap, hint="IPv4's rules are in place")
+        self._gap = gap
 
     def _ensure(self) -> Difference:
         return self.firewall.ensure(self.firewall.wanted(self.allowed))

@@ -37,6 +37,7 @@ TIMEOUT_SECONDS = 30
 # The engine forwards a container's DNS queries to the host's nameservers, or
 # to systemd-resolved's upstreams when the host's own is a loopback stub.
 RESOLV_CONFS = (Path("/etc/resolv.conf"), Path("/run/systemd/resolve/resolv.conf"))
+IPV6_ADDRESSES = Path("/proc/net/if_inet6")  # there when the kernel has IPv6
 
 
 class FirewallError(Exception):
@@ -82,18 +83,28 @@ class HostFirewall:
             found = self.difference(self.wanted(allowed))
         except FirewallError as exc:
             return {"confined": None, "differs": None, "error": str(exc)}
+        if gap := self.ipv6_gap():
+            return {"confined": False, "differs": found.said() or None, "error": gap}
         return {"confined": not found, "differs": found.said() or None, "error": None}
 
     def problem(self) -> str | None:
         """Why the rules cannot be kept here, or None."""
-        for tool in ("iptables", "iptables-restore", "ip6tables", "ip6tables-restore"):
+        for tool in ("iptables", "iptables-restore"):
             if not shutil.which(tool, path=self.path):
                 return f"{tool} is not installed: a rental's containers can reach the host and its networks"
         return None
 
+    def ipv6_gap(self) -> str | None:
+        """Why the host's IPv6 side is not held though IPv4's is, or None: a kernel
+        with IPv6 and no ip6tables (IPv4's rules are written all the same)."""
+        if not IPV6_ADDRESSES.exists() or self._has_ip6tables():
+            return None
+        return "ip6tables is not installed: a rental's containers can reach the host over IPv6 (apt install iptables)"
+
     def working(self, rules: list[Rule]) -> list[Rule]:
         """`rules` less those of ip6tables on a kernel without IPv6 (no filter
-        table to write to, and no IPv6 address to reach the host by)."""
+        table to write to, and no IPv6 address to reach the host by) or where
+        ip6tables is missing (ipv6_gap says so)."""
         return rules if self._ipv6() else [rule for rule in rules if rule.tool != "ip6tables"]
 
     def difference(self, rules: list[Rule], *, before_engine: bool = False) -> Difference:
@@ -175,8 +186,11 @@ class HostFirewall:
         return jumps(self._has("iptables", "FORWARD", ("-j", DOCKER_USER)))
 
     def _ipv6(self) -> bool:
-        """Does the kernel have IPv6's filter table (not so without IPv6)?"""
-        return self._chain_exists("ip6tables", "INPUT")
+        """Does the kernel have IPv6's filter table (not so without IPv6), and ip6tables to write it?"""
+        return self._has_ip6tables() and self._chain_exists("ip6tables", "INPUT")
+
+    def _has_ip6tables(self) -> bool:
+        return all(shutil.which(tool, path=self.path) for tool in ("ip6tables", "ip6tables-restore"))
 
     def _chain_exists(self, tool: str, chain: str) -> bool:
         return self._run(tool, "-S", chain, check=False).returncode == 0
