@@ -628,10 +628,17 @@ resolve_settings() {
         [[ $RELEASE_KEY =~ ^ed25519:[A-Za-z0-9+/]{43}=$ ]] \
             || die_usage "--release-key must be the marketplace's release key, ed25519:<base64 of 32 bytes>"
     fi
-    local pinned_key=$RELEASE_KEY
+    local pinned_key=$RELEASE_KEY moved
     if [ -z "$pinned_key" ] && [ -r "$RELEASE_KEY_FILE" ]; then
         pinned_key=$(tr -d '[:space:]' <"$RELEASE_KEY_FILE")
         [[ $pinned_key =~ ^ed25519:[A-Za-z0-9+/]{43}=$ ]] || pinned_key=''
+    fi
+    if [ -n "$pinned_key" ]; then
+        moved=$(followed_key "$pinned_key")
+        if [ -n "$moved" ]; then  # never back to a key the marketplace has left, leaked or not
+            say "the agent follows the release key that a release signed with $pinned_key named: $moved; pinned in its place"
+            pinned_key=$moved RELEASE_KEY=$moved
+        fi
     fi
     if [ -z "$SOURCE" ]; then
         if [ -n "$CHECKOUT" ] && [ -n "$VERSION" ]; then SOURCE="$PACKAGE==$VERSION"
@@ -661,6 +668,47 @@ resolve_settings() {
     elif [ ! -f "$LOCK/agent.lock" ] || [ ! -f "$LOCK/build.lock" ]; then
         die_usage "--lock $LOCK must be a folder holding build.lock and agent.lock (a release's requirements/)"
     fi
+}
+
+# The release key the installed agent follows from PIN: a release signed with PIN
+# named the next key (core/release_keys.py; the steps, each checked again here by
+# the installed agent's own code, are in upgrade.json, which this install clears).
+# Empty when it follows none, or there is no installed agent to ask.
+followed_key() {
+    [ -r "$STATE_DIR/upgrade.json" ] && [ -x "$VENV/bin/python" ] || return 0
+    "$VENV/bin/python" -I - "$STATE_DIR" "$1" <<'PY' 2>/dev/null || true
+import sys
+from pathlib import Path
+from gpuhost_agent.core.release_keys import followed
+from gpuhost_agent.storage import upgrade_state
+key = followed(sys.argv[2], upgrade_state.load(Path(sys.argv[1]))["keys"])
+if key != sys.argv[2]:
+    print(key)
+PY
+}
+
+# Why the installed agent would not take VERSION, or nothing: older than the one
+# installed, or a version that failed here (upgrade.json) - the marketplace's line
+# cannot take a host back; --version names such a release on purpose.
+not_forward() {
+    [ -x "$VENV/bin/gpuhost-agent" ] || return 0
+    local installed failed
+    installed=$("$VENV/bin/gpuhost-agent" version 2>/dev/null </dev/null || true)
+    if [ -n "$installed" ] && [ "$installed" != "$1" ] \
+        && [ "$(printf '%s\n%s\n' "$installed" "$1" | sort -V | tail -n1)" = "$installed" ]; then
+        echo "older than the installed $installed"
+        return 0
+    fi
+    [ -r "$STATE_DIR/upgrade.json" ] || return 0
+    failed=$("$VENV/bin/python" -I - "$STATE_DIR" "$1" <<'PY' 2>/dev/null || true
+import sys
+from pathlib import Path
+from gpuhost_agent.storage import upgrade_state
+if any(failed.get("version") == sys.argv[2] for failed in upgrade_state.load(Path(sys.argv[1]))["failed"]):
+    print("failed here before")
+PY
+)
+    [ -z "$failed" ] || echo "$failed"
 }
 
 # The checkout this script runs from, if any (empty under `curl | bash`).
@@ -897,14 +945,15 @@ release_refused() { # release_refused SUMMARY DETAIL: stop, changing nothing
 }
 
 # marketplace_get URL FILE MAX_BYTES: GET with the environment's key (in a header
-# file, never in argv), no redirect followed, at most MAX_BYTES kept.
+# file, never in argv), no redirect followed, at most MAX_BYTES kept: head cuts an
+# answer without a length (curl's --max-filesize lets a chunked one run on).
 marketplace_get() {
     local headers=$TMP/get-headers status=0
     (umask 077 && printf 'X-API-Key: %s\n' "$API_KEY" >"$headers")
     curl -fsS --proto '=https,http' --max-redirs 0 --connect-timeout 10 --max-time 600 --max-filesize "$3" \
-        -H "@$headers" -o "$2" "$1" </dev/null 2>"$TMP/curl.err" || status=$?
+        -H "@$headers" "$1" </dev/null 2>"$TMP/curl.err" | head -c "$(($3 + 1))" >"$2" || status=$?
     rm -f "$headers"
-    if [ "$status" = 0 ] && [ "$(stat -c %s "$2")" -gt "$3" ]; then status=63; fi
+    if [ "$(stat -c %s "$2")" -gt "$3" ]; then status=63; fi
     return "$status"
 }
 
@@ -981,6 +1030,11 @@ fetch_release() {
     fi
     if [ -n "$VERSION" ] && [ "$version" != "$VERSION" ]; then
         release_refused "wrong version offered" "the marketplace offers release $version, not the --version $VERSION asked for"
+    fi
+    local backwards
+    backwards=$(not_forward "$version")
+    if [ -n "$backwards" ] && [ "$VERSION" != "$version" ]; then
+        release_refused "release not forward" "the marketplace offers release $version, $backwards: --version $version installs it on purpose"
     fi
     say "the marketplace's release $version is signed with the pinned key; fetching $wheel ($size bytes)"
     mkdir -p "$TMP/release"

@@ -13,6 +13,7 @@ import hashlib
 import io
 import shlex
 import subprocess
+import sys
 import zipfile
 from datetime import timedelta
 from pathlib import Path
@@ -113,14 +114,26 @@ async def test_the_line_installs_the_release_the_marketplace_signed_with_the_loc
         await server.close()
 
 
+ENDLESS = b""  # served as a wheel: a chunked answer (no length) that never ends
+
+
 def _hostile_market(offer: dict, served: bytes) -> tuple[web.Application, list[str]]:
     """A marketplace that offers `offer` and serves `served` as its wheel."""
 
     async def get_offer(_request: web.Request) -> web.Response:
         return web.json_response(offer)
 
-    async def get_wheel(_request: web.Request) -> web.Response:
-        return web.Response(body=served, content_type="application/octet-stream")
+    async def get_wheel(request: web.Request) -> web.StreamResponse:
+        if served is not ENDLESS:
+            return web.Response(body=served, content_type="application/octet-stream")
+        answer = web.StreamResponse()
+        answer.enable_chunked_encoding()
+        await answer.prepare(request)
+        try:
+            while True:  # until install.sh stops reading
+                await answer.write(b"x" * 65536)
+        except (ConnectionError, RuntimeError):
+            return answer
 
     app = web.Application()
     app.add_routes([web.get("/v1/agent/release", get_offer), web.get("/v1/agent/releases/{file}", get_wheel)])
@@ -139,6 +152,7 @@ def _hostile_market(offer: dict, served: bytes) -> tuple[web.Application, list[s
         ("a-path-elsewhere", "path is not /agent/releases/gpuhost_agent-<version>-py3-none-any.whl"),
         ("damaged-wheel", f"{WHEEL} is not the file the signature names"),
         ("larger-than-signed", "cannot fetch"),
+        ("endless-without-a-length", "cannot fetch"),  # curl's --max-filesize alone let it run 600 s
     ],
 )
 async def test_a_release_the_pinned_key_did_not_sign_is_never_handed_to_pip(
@@ -170,6 +184,8 @@ async def test_a_release_the_pinned_key_did_not_sign_is_never_handed_to_pip(
         served = body[:-1] + bytes([body[-1] ^ 1])
     elif case == "larger-than-signed":
         served = body + b"x" * 4096
+    elif case == "endless-without-a-length":
+        served = ENDLESS
     app, asked = _hostile_market(offer, served)
     server, url = await _serving(app)
     try:
@@ -180,7 +196,7 @@ async def test_a_release_the_pinned_key_did_not_sign_is_never_handed_to_pip(
     assert said in done.stderr
     assert "source:" not in done.stdout
     fetched = f"/v1/agent/releases/{WHEEL}" in asked
-    assert fetched == (case in ("damaged-wheel", "larger-than-signed")), asked  # only after the signature passed
+    assert fetched == (case in ("damaged-wheel", "larger-than-signed", "endless-without-a-length")), asked
 
 
 async def test_the_local_marketplace_offers_its_checkout_built_once_to_the_environment_alone(tmp_path: Path) -> None:
@@ -270,3 +286,68 @@ async def test_a_release_the_pinned_key_signed_naming_the_next_key_pins_that_one
         await server.close()
     assert done.returncode == 0, done.stderr
     assert f"pinned: {next_key}" in done.stdout
+
+
+def _installed(tmp_path: Path, version: str, keys: dict | None = None, failed: tuple[str, ...] = ()) -> dict[str, str]:
+    """An installed agent as install.sh finds it on a second run: its venv (this
+    checkout's Python, and a `gpuhost-agent version` that says `version`) and its
+    state (upgrade.json: the release keys it followed, the versions that failed)."""
+    from gpuhost_agent.storage import upgrade_state
+
+    venv, state = tmp_path / "venv", tmp_path / "state"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    (venv / "bin" / "gpuhost-agent").write_text(f"#!/bin/sh\necho {version}\n")
+    for program in (venv / "bin").iterdir():
+        program.chmod(0o755)
+    record = {**upgrade_state.empty(), "keys": keys, "failed": [{"version": v} for v in failed]}
+    upgrade_state.save(state, record)
+    return {"VENV": str(venv), "STATE_DIR": str(state)}
+
+
+def _script_with(paths: dict[str, str]) -> str:
+    """install.sh's definitions with its root paths moved under the test's own folder."""
+    moved = " ".join(f"-e {shlex.quote(f's|^readonly {name}=.*|{name}={value}|')}" for name, value in paths.items())
+    return f'source <(sed -e "$ d" {moved} {shlex.quote(str(INSTALL_SH))})\n'
+
+
+def test_a_second_run_verifies_with_the_key_the_agent_moved_to_and_pins_it(tmp_path: Path) -> None:
+    """Red team of this session (high): install.sh cleared upgrade.json and took the pin
+    it had, so a re-run (the documented upgrade) went back to a key the marketplace had
+    left, leaked or not. It now asks the installed agent which key it follows."""
+    from gpuhost_agent.core import release_keys
+    from gpuhost_agent.protocol.wire_release import ReleaseOffer
+
+    old, new = release_signature.new_private(), release_signature.new_private()
+    old_key, new_key = (release_signature.public_text(key.public_key()) for key in (old, new))
+    not_after = (wire_time.utcnow() + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    signed = Signed("0.1.0", "ab" * 32, 1, not_after, new_key)
+    step = ReleaseOffer(
+        "0.1.0", "/agent/releases/x.whl", "ab" * 32, 1, release_signature.sign(old, signed), not_after, new_key
+    )
+    paths = _installed(tmp_path, "0.1.0", keys=release_keys.with_step(None, old_key, step))
+    program = _script_with(paths) + (
+        "URL=https://market.example/v1 ENV_ID=env-1 API_KEY=k CHECKOUT= RELEASE_KEY={key}\nresolve_settings\n"
+        'echo "signed-by=$SIGNED_BY pinned=$RELEASE_KEY"'
+    )
+    line = subprocess.run(["bash", "-c", program.format(key=old_key)], capture_output=True, text=True)
+    assert line.stdout.strip().endswith(f"signed-by={new_key} pinned={new_key}"), (line.stdout, line.stderr)
+    other = release_signature.public_text(release_signature.new_private().public_key())  # the operator's own new pin
+    line = subprocess.run(["bash", "-c", program.format(key=other)], capture_output=True, text=True)
+    assert line.stdout.strip() == f"signed-by={other} pinned={other}", line.stderr
+
+
+def test_the_line_never_takes_a_host_back(tmp_path: Path) -> None:
+    """What the installed agent would refuse of an offer, install.sh refuses of the
+    marketplace's release: an older version, or one that failed here (fetch_release
+    takes it when --version names it)."""
+    paths = _installed(tmp_path, "9.9.9", failed=("9.10.0",))
+    for offered, said in (
+        ("9.9.8", "older than the installed 9.9.9"),
+        ("9.10.0", "failed here before"),
+        ("9.9.9", ""),
+        ("9.10.1", ""),
+    ):
+        program = _script_with(paths) + f'backwards=$(not_forward {offered})\necho "[$backwards]"'
+        done = subprocess.run(["bash", "-c", program], capture_output=True, text=True)
+        assert done.stdout.strip() == f"[{said}]", (offered, done.stdout, done.stderr)
