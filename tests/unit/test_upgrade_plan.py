@@ -78,10 +78,10 @@ def test_health_names_what_is_missing() -> None:
     assert away == f"{upgrade_plan.UNREACHABLE} (connection refused)"
 
 
-def _bound_came(lacking: str | None) -> dict:
+def _bound_came(lacking: str | None, before: dict | None = None) -> dict:
     """The record after a trial's bound came while it lacked `lacking`, and the next start."""
     prefix = "/state/versions/0.2.0-abab"
-    started = upgrade_plan.start_choice(_on_trial(), NOW).record
+    started = upgrade_plan.start_choice(_on_trial(before), NOW).record
     if lacking is not None:
         started = upgrade_plan.waiting(started, prefix, lacking) or started
     expired = upgrade_plan.expired(started, prefix, "not healthy within 30 s")
@@ -94,10 +94,15 @@ def test_a_trial_that_met_a_marketplace_outage_is_rolled_back_but_not_marked_fai
     marked a good version failed for ever. Rolled back all the same (nothing unproven
     runs), it may be offered again; a version that lacked anything else may not."""
     away = _bound_came(upgrade_plan.health_problem(False, True, True, unreachable="connection refused"))
-    assert away["failed"] == [] and away["trial"] is None
+    assert [failure.get("outage") for failure in away["failed"]] == [True] and away["trial"] is None
+    assert not upgrade_plan.failed_here(away["failed"], "0.2.0")  # offered again, it may be tried
     assert away["lastAttempt"]["outcome"] == wire_release.ROLLED_BACK
     assert "could not be reached (connection refused)" in away["lastAttempt"]["reason"]
     assert away["lastAttempt"]["reason"].endswith("the marketplace was away, so the version may be offered again")
+    # But not without end (red team): a second trial away too, and the version counts as failed.
+    again = _bound_came(upgrade_plan.health_problem(False, True, True, unreachable="refused"), away)
+    assert upgrade_plan.failed_here(again["failed"], "0.2.0")
+    assert again["lastAttempt"]["reason"].endswith("it is not tried again")
     for lacking in (
         upgrade_plan.health_problem(False, True, True),  # no session, and no word that the marketplace was away
         upgrade_plan.health_problem(False, False, True, unreachable="refused"),  # and the engine was not ready either

@@ -36,7 +36,7 @@ from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.streams.channel import StreamChannel
 from gpuhost_agent.uplink.client import MarketplaceClient, retry_delay
 from gpuhost_agent.uplink.outbox import Outbox
-from gpuhost_agent.uplink.replies import MarketplaceRejected, MarketplaceUnavailable
+from gpuhost_agent.uplink.replies import MarketplaceAuthFailed, MarketplaceRejected, MarketplaceUnavailable
 from gpuhost_agent.uplink.session import SessionState
 
 log = get_logger(__name__)
@@ -177,7 +177,8 @@ class Agent:
             except (MarketplaceUnavailable, MarketplaceRejected) as exc:
                 failures += 1
                 delay = retry_delay(failures, exc)
-                self.session.unreachable = str(exc) if isinstance(exc, MarketplaceUnavailable) else None
+                away = isinstance(exc, MarketplaceUnavailable) and not isinstance(exc, MarketplaceAuthFailed)
+                self.session.unreachable = str(exc) if away else None  # a refused key is not an outage
                 self.host.init.failed("marketplace", str(exc))
                 log.warning("session_open_failed", error=str(exc), retry_in_s=round(delay, 1))
                 await asyncio.sleep(delay)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
+from gpuhost_agent.core import upgrade_plan
 from gpuhost_agent.core.upgrade_plan import restarts_since
 from gpuhost_agent.protocol import release_signature, wire_time
 from gpuhost_agent.protocol.wire_release import ReleaseOffer
@@ -48,7 +49,12 @@ def offer_decision(
     backwards = _not_forward(offer.version, running, policy.allow_version)
     if backwards:
         return "refuse", backwards
-    if any(_same_version(failed.get("version"), offer.version) for failed in record["failed"]):
+    same = [
+        {**failed, "version": offer.version}
+        for failed in record["failed"]
+        if _same_version(failed.get("version"), offer.version)
+    ]
+    if upgrade_plan.failed_here(same, offer.version):
         why = f"version {offer.version} failed on this host before (whatever its build): offer a newer one"
         told = record.get("lastAttempt") or {}
         # The marketplace was told how it failed (rolled back, say): that account stands.

@@ -31,6 +31,7 @@ FAILED_KEPT = 10  # versions that failed here, remembered so that one is not tri
 # outage, not the version's fault. Such a trial is rolled back all the same,
 # but the version is not marked failed: it may be tried again (3 restarts a day).
 UNREACHABLE = "no session: the marketplace could not be reached"
+OUTAGE_TRIALS = 2  # trials of one version that met an outage: after these it counts as failed
 NO_ENGINE, NO_RECONCILE = "the Docker Engine not ready", "no reconcile done"
 LACKS = (f", {NO_ENGINE}", f", {NO_RECONCILE}")  # what health_problem says after the session, if missing
 NOT_HEALTHY = (
@@ -85,8 +86,14 @@ def start_choice(record: dict, now: str) -> Start:
         failure = {"version": on_trial["version"], "sha256": on_trial["sha256"], "reason": reason, "at": now}
         outage = on_trial.get("failure") is not None and only_unreachable(on_trial.get("waiting"))
         if outage:  # the bound came while the marketplace was away, and nothing else was missing
-            reason += "; the marketplace was away, so the version may be offered again"
-        failed = record["failed"] if outage else [*record["failed"], failure]
+            failure["outage"] = True
+            again = outage_trials(record["failed"], on_trial["version"]) + 1 < OUTAGE_TRIALS
+            reason += (
+                "; the marketplace was away, so the version may be offered again"
+                if again
+                else (f"; the marketplace was away at each of its {OUTAGE_TRIALS} trials: it is not tried again")
+            )
+        failed = [*record["failed"], failure]
         attempt = attempt_of(on_trial["version"], ROLLED_BACK, reason, now, on_trial["from"])
         back = {**record, "trial": None, "failed": failed[-FAILED_KEPT:], "lastAttempt": attempt}
         current = record["current"]
@@ -130,6 +137,18 @@ def health_problem(connected: bool, engine_ready: bool, reconciled: bool, unreac
         what for what, ok in ((no_session, connected), (NO_ENGINE, engine_ready), (NO_RECONCILE, reconciled)) if not ok
     ]
     return ", ".join(missing) or None
+
+
+def outage_trials(failed: list[dict], version: str) -> int:
+    """The trials of `version` that ended while the marketplace was away."""
+    return sum(1 for failure in failed if failure.get("version") == version and failure.get("outage"))
+
+
+def failed_here(failed: list[dict], version: str) -> bool:
+    """Whether `version` counts as failed on this host: a trial of it failed, or
+    OUTAGE_TRIALS of them met a marketplace away (core/upgrade_offers.py)."""
+    mine = [failure for failure in failed if failure.get("version") == version]
+    return any(not failure.get("outage") for failure in mine) or len(mine) >= OUTAGE_TRIALS
 
 
 def only_unreachable(missing: object) -> bool:
