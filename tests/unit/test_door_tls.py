@@ -246,28 +246,44 @@ async def _closed_at_once(port: int, source: str) -> bool:
 async def test_connections_are_capped_per_source_and_handshakes_at_once_before_tls(door_tls) -> None:
     """Issue 45, item 4: a handshake costs the worker CPU whoever asks, so the caps
     count the plain connection before TLS begins: one address stalling handshakes
-    gets no more, and the leader's own, from its address, is still served."""
+    gets no more, nor do many together. The leader's address (a Swarm manager's)
+    has a pool of its own, which no flood uses up, and takes its bursts (the red
+    team saw the leader's own 16 connections at once cut to 4)."""
     from gpuhost_agent.streams import door as door_module
 
     if not door_module.TLS_AFTER_ACCEPT:
         pytest.skip("Python 3.10: TLS at the accept, the caps count after it")
-    proxy = WorkerDoor(KEY, _Engine(), "/nonexistent", tls=door_tls.server())  # type: ignore[arg-type]
+
+    async def managers() -> frozenset[str]:
+        return frozenset({"127.0.0.2"})
+
+    proxy = WorkerDoor(KEY, _Engine(), "/nonexistent", tls=door_tls.server(), leaders=managers)  # type: ignore[arg-type]
     port = await proxy.start("127.0.0.1", 0)
     held: list[asyncio.StreamWriter] = []
+
+    async def leader_asks() -> bytes:
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=door_tls.client(), local_addr=("127.0.0.2", 0)
+        )
+        writer.write(ASK)
+        try:
+            return await asyncio.wait_for(reader.read(), 10)
+        finally:
+            writer.close()
+
     try:
         held += [await _stalled(port, "127.0.0.9") for _ in range(door_module.HANDSHAKES_PER_SOURCE)]
         await asyncio.sleep(0.2)
         assert await _closed_at_once(port, "127.0.0.9")  # its fifth: closed before any byte
-        leader = await asyncio.open_connection("127.0.0.1", port, ssl=door_tls.client(), local_addr=("127.0.0.2", 0))
-        leader[1].write(ASK)
-        assert (await asyncio.wait_for(leader[0].read(), 10)).startswith(b"HTTP/1.1 404")  # served
-        leader[1].close()
         # Many addresses together: at most HANDSHAKES_AT_ONCE in flight, whoever holds them.
         sources = [f"127.0.1.{n}" for n in range(door_module.HANDSHAKES_AT_ONCE)]
         held += [await _stalled(port, source) for source in sources[: door_module.HANDSHAKES_AT_ONCE - len(held)]]
         await asyncio.sleep(0.2)
         assert await _closed_at_once(port, "127.0.2.1")
         assert proxy.capped == 2
+        # The leader, meanwhile: served, sixteen at once.
+        answers = await asyncio.gather(*(leader_asks() for _ in range(16)))
+        assert all(answer.startswith(b"HTTP/1.1 404") for answer in answers), answers
         for writer in held:  # gone: admitted again
             writer.close()
         held.clear()
@@ -341,3 +357,10 @@ def test_certificates_last_a_year_name_their_node_and_doctor_sees_their_end(door
     watched = swarm_tls.doctor_check("worker", door_tls.worker)  # what doctor adds on a Swarm machine
     assert watched["ok"] and watched["summary"].startswith("this machine's Swarm certificate is valid until")
     assert not swarm_tls.doctor_check("worker", tmp_path / "none")["ok"]
+
+
+def test_the_leaders_address_is_read_from_the_managers_addr() -> None:
+    from gpuhost_agent.service.swarm_worker import manager_host
+
+    assert manager_host("100.77.0.11:2377") == "100.77.0.11"
+    assert manager_host("[fd00::11]:2377") == "fd00::11"

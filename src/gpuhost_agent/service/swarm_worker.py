@@ -58,13 +58,26 @@ async def serve_worker(config: AgentConfig, stop: asyncio.Event) -> None:
     async def networks() -> list[dict]:
         return await disk_engine.swarm_list("networks")
 
+    async def leaders() -> frozenset[str]:  # the Swarm's managers: where the leader's connections come from
+        managers = ((await disk_engine.info()).get("Swarm") or {}).get("RemoteManagers") or []
+        return frozenset(
+            manager_host(str(manager.get("Addr") or "")) for manager in managers if isinstance(manager, dict)
+        )
+
     # Renters' containers run here too: their egress rules first, then kept every minute.
     egress = EgressKeeper(HostFirewall(), config.egress_allow)
     await egress.run_once()
     keeping = asyncio.create_task(_keep(egress), name="egress-keeper")
     tls = swarm_tls.context_or_exit("worker", config.swarm_tls_dir)
     proxy = WorkerDoor(
-        config.swarm_key, engine, engine_path, machine=report, disk=disk_figures, networks=networks, tls=tls
+        config.swarm_key,
+        engine,
+        engine_path,
+        machine=report,
+        disk=disk_figures,
+        networks=networks,
+        tls=tls,
+        leaders=leaders,
     )
     host, port = config.swarm_listen
     if not host:  # this machine's Swarm address: where the leader finds it, never a bridge of containers
@@ -100,3 +113,9 @@ async def _keep(egress: EgressKeeper) -> None:
     while True:
         await asyncio.sleep(egress.interval)
         await egress.run_once()
+
+
+def manager_host(addr: str) -> str:
+    """The address of a manager's `Addr` (`10.0.0.1:2377`, `[fd00::1]:2377`)."""
+    host = addr.rsplit(":", 1)[0] if addr.count(":") == 1 or addr.startswith("[") else addr
+    return host.strip("[]")

@@ -88,9 +88,15 @@ READ_SECONDS = 10.0
 # Counted on the plain connection, before its TLS handshake (a handshake costs the
 # worker CPU whoever asks): a flood from one address, or from many, cannot starve
 # the leader's own. The leader holds many at once (events, execs, tunnels).
-HANDSHAKES_AT_ONCE = 32  # TLS handshakes in flight, every source together
-HANDSHAKES_PER_SOURCE = 4  # in flight from one address
+# The leader's address (the Swarm's managers, or the door's own on one machine
+# for trying it) has a pool of its own, which no other address can use up: the
+# leader opens a connection per tunnel hop, exec and file session, in bursts.
+HANDSHAKES_AT_ONCE = 32  # TLS handshakes in flight, every other source together
+HANDSHAKES_PER_SOURCE = 4  # in flight from one other address
+LEADER_HANDSHAKES = 128  # in flight from the leader's address
 OPEN_PER_SOURCE = 512  # connections one address holds open
+OPEN_FROM_LEADER = 4096
+LEADERS_SECONDS = 30.0  # how long the managers' addresses, read from the engine, are kept
 # Python 3.10's streams cannot start TLS on an accepted connection: there the
 # handshake comes first, at the accept, and the caps count it after.
 TLS_AFTER_ACCEPT = hasattr(asyncio.StreamWriter, "start_tls")
@@ -107,7 +113,10 @@ class WorkerDoor:
         networks: Callable[[], Awaitable[list[dict]]] | None = None,
         *,
         tls: ssl.SSLContext,
+        leaders: Callable[[], Awaitable[frozenset[str]]] | None = None,
     ):
+        """`leaders`: the addresses the leader's connections come from (the
+        Swarm's managers, read from this machine's engine)."""
         if len(key) < 16:
             raise ValueError("the environment's key must have at least 16 characters")
         self._expected = f"Bearer {key}".encode()
@@ -119,9 +128,13 @@ class WorkerDoor:
         self._connections: set[asyncio.Task] = set()  # ended by stop(): an event stream never ends by itself
         self._open_by: dict[str, int] = {}  # connections open, by source address
         self._handshaking: dict[str, int] = {}  # TLS handshakes in flight, by source address
+        self._leaders_of = leaders
+        self._leaders: tuple[float, frozenset[str]] = (float("-inf"), frozenset())  # (read at, addresses)
+        self._own = ""  # the address the door listens on: on one machine, the leader's own
         self.served = self.refused = self.capped = 0  # for tests and the status
 
     async def start(self, host: str, port: int) -> int:
+        self._own = host
         if TLS_AFTER_ACCEPT:
             self._server = await asyncio.start_server(self._handle, host, port, limit=HEAD_LIMIT)
         else:
@@ -150,7 +163,7 @@ class WorkerDoor:
         assert task is not None
         peer = writer.get_extra_info("peername")
         source = str(peer[0]) if peer else ""
-        if not self._admitted(source):
+        if not self._admitted(source, await self._from_leader(source)):
             self.capped += 1
             if self.capped in (1, 10, 100) or self.capped % 1000 == 0:  # a flood is said, not logged line by line
                 log.warning("swarm_door_connection_capped", source=source, capped=self.capped)
@@ -169,13 +182,38 @@ class WorkerDoor:
             self._connections.discard(task)
             _less(self._open_by, source)
 
-    def _admitted(self, source: str) -> bool:
-        """Within the caps, counted before any byte is read or TLS begins."""
+    def _admitted(self, source: str, leader: bool) -> bool:
+        """Within the caps, counted before any byte is read or TLS begins: the
+        leader's address in a pool of its own, every other in theirs."""
+        if leader:
+            return (
+                self._open_by.get(source, 0) < OPEN_FROM_LEADER and self._handshaking.get(source, 0) < LEADER_HANDSHAKES
+            )
+        leaders = {*self._leaders[1], self._own}
+        others = sum(count for address, count in self._handshaking.items() if address not in leaders)
         return (
             self._open_by.get(source, 0) < OPEN_PER_SOURCE
             and self._handshaking.get(source, 0) < HANDSHAKES_PER_SOURCE
-            and sum(self._handshaking.values()) < HANDSHAKES_AT_ONCE
+            and others < HANDSHAKES_AT_ONCE
         )
+
+    async def _from_leader(self, source: str) -> bool:
+        """Whether `source` is the leader's address: a Swarm manager's (read from
+        the engine, kept LEADERS_SECONDS), or the door's own when it listens there."""
+        if source and source == self._own:
+            return True
+        if self._leaders_of is None:
+            return False
+        loop = asyncio.get_running_loop()
+        read_at, addresses = self._leaders
+        if loop.time() - read_at > LEADERS_SECONDS:
+            try:
+                addresses = await self._leaders_of()
+            except Exception as exc:  # no engine: no leader known, every address in the common pool
+                log.warning("swarm_door_leaders_unknown", error=f"{type(exc).__name__}: {exc}"[:300])
+                addresses = frozenset()
+            self._leaders = (loop.time(), addresses)
+        return source in addresses
 
     async def _handshake(self, writer: asyncio.StreamWriter, source: str) -> bool:
         """TLS on the accepted connection, within READ_SECONDS; whether it holds."""
