@@ -263,6 +263,12 @@ class FakeEngine:
     async def gpu_container_check(self, image: str) -> str | None:
         return "container exited with code 1: no CUDA-capable device is detected"
 
+    async def managed_networks(self) -> list[dict]:
+        """The agent's networks: none (as the engine answers, or fails like `info`)."""
+        if self._info is None:
+            raise EngineError("Cannot connect to the Docker daemon at unix:///var/run/docker.sock")
+        return []
+
     async def stack_containers(self, stack_id: str) -> list[dict]:
         self.lists += 1
         await asyncio.sleep(0.005)
