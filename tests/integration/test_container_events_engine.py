@@ -144,13 +144,16 @@ async def test_a_burst_of_events_is_coalesced(local_market, docker_client):
     started = time.monotonic()
     await asyncio.to_thread(burst)
     lasted = time.monotonic() - started
+    # Settled: the last window read and its list sent. An eventual condition, not a
+    # timing bound (that is the flushes' below): beside the modern host's tests the
+    # last report took more than 5 s once (CI at 01c2278).
     await until(
         lambda: (
             _states(renter.store, stack_id) == ["running"]
             and parts.outbox.pending() == 0
             and not watch._windows.pending()
         ),
-        timeout=5,
+        timeout=20,
     )
     events, flushes = watch.events - events_before, watch.flushes - flushes_before
     assert events >= 300
