@@ -164,7 +164,7 @@ RELEASE_KEY = release_signature.new_private()
 
 def _offer(version: str) -> dict:
     sha = hashlib.sha256(version.encode()).hexdigest()
-    not_after = (wire_time.utcnow() + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    not_after = release_signature.void_after(wire_time.utcnow() + timedelta(days=1))
     signature = release_signature.sign(RELEASE_KEY, release_signature.Signed(version, sha, 1000, not_after))
     return {"version": version, "path": f"/agent/releases/a-{version}.whl", "sha256": sha, "size": 1000,
             "notAfter": not_after, "signature": signature}  # fmt: skip

@@ -33,7 +33,7 @@ class _Client:
 
 def _offer(version: str, key, next_key: str | None = None) -> dict:
     sha = hashlib.sha256(version.encode()).hexdigest()
-    not_after = (wire_time.utcnow() + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    not_after = release_signature.void_after(wire_time.utcnow() + timedelta(days=1))
     signed = release_signature.Signed(version, sha, 1000, not_after, next_key)
     made = {"version": version, "path": f"/agent/releases/gpuhost_agent-{version}-py3-none-any.whl", "sha256": sha}
     made |= {"size": 1000, "notAfter": not_after, "signature": release_signature.sign(key, signed)}

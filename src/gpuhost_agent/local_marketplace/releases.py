@@ -53,7 +53,7 @@ class Release:
 
     def offer(self, key: Ed25519PrivateKey, now: datetime | None = None) -> dict:
         """Session.agentRelease, signed with the marketplace's release key, void OFFER_DAYS after `now`."""
-        not_after = ((now or wire_time.utcnow()) + timedelta(days=OFFER_DAYS)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        not_after = release_signature.void_after((now or wire_time.utcnow()) + timedelta(days=OFFER_DAYS))
         signed = release_signature.Signed(self.version, self.sha256, self.size, not_after)
         return {
             "version": self.version,

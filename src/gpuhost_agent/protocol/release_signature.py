@@ -18,6 +18,7 @@ import base64
 import binascii
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -28,6 +29,11 @@ SIGNATURE_BYTES = 64
 KEY_LINE = re.compile(r"^ed25519:[A-Za-z0-9+/]{43}=$")
 # One spelling of a moment (UTC, to the second), so that install.sh compares it with `date -u` as text.
 NOT_AFTER = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$")
+
+
+def void_after(moment: datetime) -> str:
+    """`moment` (UTC) in NOT_AFTER's one spelling."""
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)

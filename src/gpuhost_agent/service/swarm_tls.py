@@ -74,9 +74,7 @@ def issue(directory: Path, role: str, node: str | None = None) -> tuple[bytes, b
     """(key, certificate) in PEM for one machine of `role`, signed by the CA in
     `directory`; a worker's names its Swarm node (node_name), and is recorded
     under it so that it can be revoked."""
-    ca_key = serialization.load_pem_private_key((directory / CA_KEY).read_bytes(), None)
-    ca_cert = x509.load_pem_x509_certificate((directory / CA_CERT).read_bytes())
-    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    ca_key, ca_cert = _ca(directory)
     if role == "worker" and not (node and NODE_ID.fullmatch(node)):
         raise ConfigError(f"a worker's certificate names its Swarm node id (docker node ls), not {node!r}")
     key = ec.generate_private_key(ec.SECP256R1())
@@ -126,9 +124,7 @@ def revoke(directory: Path, node: str) -> list[str]:
 
 def write_crl(directory: Path) -> None:
     """The CA's revocation list, signed with its key, valid as long as the CA."""
-    ca_key = serialization.load_pem_private_key((directory / CA_KEY).read_bytes(), None)
-    ca_cert = x509.load_pem_x509_certificate((directory / CA_CERT).read_bytes())
-    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    ca_key, ca_cert = _ca(directory)
     now = datetime.datetime.now(datetime.timezone.utc)
     builder = (
         x509.CertificateRevocationListBuilder()
@@ -266,6 +262,13 @@ def _builder(
         .not_valid_before(now - datetime.timedelta(hours=1))
         .not_valid_after(now + datetime.timedelta(days=days))
     )
+
+
+def _ca(directory: Path) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """The environment CA's key and certificate (on the leader's machine alone)."""
+    ca_key = serialization.load_pem_private_key((directory / CA_KEY).read_bytes(), None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    return ca_key, x509.load_pem_x509_certificate((directory / CA_CERT).read_bytes())
 
 
 def _records(path: Path) -> dict[str, str]:
