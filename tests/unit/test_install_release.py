@@ -140,6 +140,17 @@ def _hostile_market(offer: dict, served: bytes) -> tuple[web.Application, list[s
     return app, _recording(app)
 
 
+async def _fetched_from_hostile(offer: dict, served: bytes, key) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """fetch_release against _hostile_market, with `key`'s public half pinned; and the paths asked."""
+    app, asked = _hostile_market(offer, served)
+    server, url = await _serving(app)
+    try:
+        done = await asyncio.to_thread(_fetch, url, "env-key", release_signature.public_text(key.public_key()))
+    finally:
+        await server.close()
+    return done, asked
+
+
 @pytest.mark.parametrize(
     ("case", "said"),
     [
@@ -161,7 +172,7 @@ async def test_a_release_the_pinned_key_did_not_sign_is_never_handed_to_pip(
     key = release_signature.new_private()
     body = await asyncio.to_thread(lambda: _wheel(tmp_path).read_bytes())
     sha256, size = hashlib.sha256(body).hexdigest(), len(body)
-    not_after = (wire_time.utcnow() + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    not_after = release_signature.void_after(wire_time.utcnow() + timedelta(days=1))
     offer = {"version": "9.9.9", "path": f"/agent/releases/{WHEEL}", "sha256": sha256, "size": size}
     offer |= {"notAfter": not_after, "signature": release_signature.sign(key, Signed("9.9.9", sha256, size, not_after))}
     served = body
@@ -186,12 +197,7 @@ async def test_a_release_the_pinned_key_did_not_sign_is_never_handed_to_pip(
         served = body + b"x" * 4096
     elif case == "endless-without-a-length":
         served = ENDLESS
-    app, asked = _hostile_market(offer, served)
-    server, url = await _serving(app)
-    try:
-        done = await asyncio.to_thread(_fetch, url, "env-key", release_signature.public_text(key.public_key()))
-    finally:
-        await server.close()
+    done, asked = await _fetched_from_hostile(offer, served, key)
     assert done.returncode == 1, (done.stdout, done.stderr)
     assert said in done.stderr
     assert "source:" not in done.stdout
@@ -274,16 +280,11 @@ async def test_a_release_the_pinned_key_signed_naming_the_next_key_pins_that_one
     next_key = release_signature.public_text(following.public_key())
     body = await asyncio.to_thread(lambda: _wheel(tmp_path).read_bytes())
     sha256, size = hashlib.sha256(body).hexdigest(), len(body)
-    not_after = (wire_time.utcnow() + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    not_after = release_signature.void_after(wire_time.utcnow() + timedelta(days=1))
     offer = {"version": "9.9.9", "path": f"/agent/releases/{WHEEL}", "sha256": sha256, "size": size}
     offer |= {"notAfter": not_after, "nextKey": next_key}
     offer["signature"] = release_signature.sign(key, Signed("9.9.9", sha256, size, not_after, next_key))
-    app, _asked = _hostile_market(offer, body)
-    server, url = await _serving(app)
-    try:
-        done = await asyncio.to_thread(_fetch, url, "env-key", release_signature.public_text(key.public_key()))
-    finally:
-        await server.close()
+    done, _asked = await _fetched_from_hostile(offer, body, key)
     assert done.returncode == 0, done.stderr
     assert f"pinned: {next_key}" in done.stdout
 
@@ -320,7 +321,7 @@ def test_a_second_run_verifies_with_the_key_the_agent_moved_to_and_pins_it(tmp_p
 
     old, new = release_signature.new_private(), release_signature.new_private()
     old_key, new_key = (release_signature.public_text(key.public_key()) for key in (old, new))
-    not_after = (wire_time.utcnow() + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    not_after = release_signature.void_after(wire_time.utcnow() + timedelta(days=1))
     signed = Signed("0.1.0", "ab" * 32, 1, not_after, new_key)
     step = ReleaseOffer(
         "0.1.0", "/agent/releases/x.whl", "ab" * 32, 1, release_signature.sign(old, signed), not_after, new_key
