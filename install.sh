@@ -28,6 +28,10 @@ readonly UNIT_PATH=/etc/systemd/system/$UNIT_NAME
 readonly DROPIN_DIR=/etc/systemd/system/$UNIT_NAME.d
 readonly DROPIN=$DROPIN_DIR/10-install-restart-backoff.conf
 readonly DOCKER_DROPIN=/etc/systemd/system/docker.service.d/10-gpuhost-egress.conf
+# Named to sort after an operator's own proxy drop-in (http-proxy.conf), whose proxy becomes the guard's upstream.
+readonly GUARD_DROPIN=/etc/systemd/system/docker.service.d/zz-gpuhost-pull-guard.conf
+readonly DOCKER_DAEMON_JSON=/etc/docker/daemon.json
+readonly DEFAULT_PULL_GUARD=127.0.0.1:47128
 readonly BIN_LINK=/usr/local/bin/gpuhost-agent
 readonly DOCKER_SOCKET=/var/run/docker.sock
 # The minimums: copies of the defaults of Requirements in
@@ -55,6 +59,7 @@ readonly MSG_NOT_ROOT="install.sh must run as root: sudo ./install.sh ... or cur
 readonly MSG_PYTHON="python3 (3.10 or later) with its venv module is missing: apt-get install python3 python3-venv, or rerun with --install-missing"
 readonly MSG_OPENSSL="openssl 3 is missing: it checks the signature of the marketplace's release before anything of it is installed; apt-get install openssl, or rerun with --install-missing"
 readonly MSG_DOCKER_MISSING="Docker Engine is not installed (no docker command): install it from https://docs.docker.com/engine/install/ or with apt-get install docker.io, or rerun with --install-missing"
+readonly MSG_GUARD_DAEMON_JSON="$DOCKER_DAEMON_JSON sets \"proxies\", which win over Docker's drop-in: dockerd's pulls do not go through the agent's pull guard. Set its http-proxy and https-proxy to the guard's address (http:// and GPUHOST_PULL_GUARD, 127.0.0.1:47128 by default), GPUHOST_PULL_GUARD_UPSTREAM in $CONF to the proxy they named, then systemctl restart docker"
 readonly MSG_DOCKER_DOWN="Docker Engine does not answer on $DOCKER_SOCKET: start it with systemctl enable --now docker.service and check with docker info"
 readonly MSG_COMPOSE_BUNDLED="Docker Compose v2 is missing and apt has no docker-compose-plugin or docker-compose-v2 package: the agent will use the Compose v2 bundled with it; to use the host's own, add Docker's apt repository (https://docs.docker.com/engine/install/) and apt-get install docker-compose-plugin"
 readonly MSG_DRIVER="NVIDIA driver not found (nvidia-smi, libnvidia-ml.so.1): install it (Ubuntu: ubuntu-drivers install; Debian: apt-get install nvidia-driver from non-free), reboot and check with nvidia-smi$NO_GPU_HINT"
@@ -177,6 +182,8 @@ What it writes:
   $DROPIN_DIR/  restart back-off (systemd >= 254 only)
   $DOCKER_DROPIN  the agent's egress rules
                                     written before dockerd starts, so at boot too
+  $GUARD_DROPIN  dockerd's pulls through the agent's pull guard
+                                    (from dockerd's next restart; a proxy it had becomes the guard's upstream)
 Then systemctl daemon-reload, enable and restart the service (when systemd is running).
 A second run upgrades in place. With --url and an API key it reports its progress to
 the marketplace as the environment's initState (never failing when it cannot).
@@ -186,6 +193,7 @@ Messages (install.sh: error: ... stops the install; warning: ... does not; VERSI
   $MSG_PYTHON
   $MSG_OPENSSL
   $MSG_DOCKER_MISSING
+  $MSG_GUARD_DAEMON_JSON
   $MSG_DOCKER_DOWN
   $MSG_COMPOSE_BUNDLED
   $MSG_DRIVER
@@ -356,6 +364,18 @@ docker_dropin_text() {
 # Written by install.sh (gpuhost-agent); install.sh --uninstall removes it.
 [Service]
 ExecStartPre=-$VENV/bin/gpuhost-agent egress apply
+EOF
+}
+
+# dockerd's pulls go through the agent's pull guard (streams/pull_guard.py):
+# it resolves each registry once and dials none of the host's own addresses.
+guard_dropin_text() { # $1: the guard's HOST:PORT
+    cat <<EOF
+# Written by install.sh (gpuhost-agent); install.sh --uninstall removes it.
+# dockerd's pulls go through the agent's pull guard, which dials none of the
+# host's own or link-local addresses (a registry's name rebound to the host).
+[Service]
+Environment="HTTP_PROXY=http://$1" "HTTPS_PROXY=http://$1"
 EOF
 }
 
@@ -1208,6 +1228,46 @@ EOF
     chmod 0640 "$CONF"
 }
 
+# Docker's drop-in for the pull guard at the address the agent reads
+# (GPUHOST_PULL_GUARD, else the default); a proxy dockerd already had becomes
+# the guard's upstream. Takes effect when dockerd restarts, which install.sh
+# leaves to the operator: it restarts the host's containers.
+pull_guard() {
+    local guard current
+    guard=$(conf_get "$CONF" GPUHOST_PULL_GUARD)
+    guard=${guard:-$DEFAULT_PULL_GUARD}
+    if [ "$guard" = off ]; then
+        if [ -e "$GUARD_DROPIN" ]; then
+            step "removing $GUARD_DROPIN (GPUHOST_PULL_GUARD=off)"
+            run rm -f "$GUARD_DROPIN"
+        fi
+        return 0
+    fi
+    current=$(docker info --format '{{.HTTPSProxy}}' 2>/dev/null </dev/null || true)
+    if [ -n "$current" ] && [ "$current" != "http://$guard" ] && [ -z "$(conf_get "$CONF" GPUHOST_PULL_GUARD_UPSTREAM)" ]; then
+        case "$current" in
+            *@*) warn "dockerd's proxy carries credentials (docker info hides them): set GPUHOST_PULL_GUARD_UPSTREAM in $CONF to it by hand" ;;
+            http://*)
+                step "dockerd's proxy $current becomes the pull guard's upstream (GPUHOST_PULL_GUARD_UPSTREAM)"
+                [ "$DRY_RUN" = 1 ] || conf_set "$CONF" GPUHOST_PULL_GUARD_UPSTREAM "$current"
+                ;;
+            *) warn "dockerd's proxy $current is not http://: the pull guard cannot go through it; set GPUHOST_PULL_GUARD_UPSTREAM by hand" ;;
+        esac
+    fi
+    if [ -r "$DOCKER_DAEMON_JSON" ] && grep -q '"proxies"' "$DOCKER_DAEMON_JSON"; then
+        warn "$MSG_GUARD_DAEMON_JSON"
+    fi
+    step "installing $GUARD_DROPIN (dockerd's pulls through the pull guard on $guard)"
+    if [ "$DRY_RUN" = 0 ]; then
+        install -d -m 0755 "$(dirname "$GUARD_DROPIN")"
+        guard_dropin_text "$guard" >"$GUARD_DROPIN"
+        chmod 0644 "$GUARD_DROPIN"
+    fi
+    if [ "$current" != "http://$guard" ]; then
+        say "restart Docker when its containers may restart, so that its pulls go through the pull guard: systemctl restart docker (doctor's registry-pulls-guarded says when it is done)"
+    fi
+}
+
 swarm_tls() { # the Swarm's mutual TLS (service/swarm_tls.py): the leader's CA and certificate, a worker's bundle
     case "$SWARM" in
         leader)
@@ -1342,6 +1402,7 @@ do_install() {
     swarm_tls
     make_state_dir
     install_unit
+    pull_guard
     # Reported before the start: the agent reports its own phases as soon as it
     # runs, and a report of ours after the start could land after them and undo
     # its "ready" (seen on the Debian 13 host, tests/integration/test_modern_host.py).
@@ -1370,6 +1431,11 @@ do_uninstall() {
         fi
         if [ -e "$UNIT_PATH" ]; then step "removing $UNIT_PATH"; run rm -f "$UNIT_PATH"; fi
         if [ -e "$DROPIN" ]; then step "removing $DROPIN"; run rm -f "$DROPIN"; fi
+        if [ -e "$GUARD_DROPIN" ]; then
+            step "removing $GUARD_DROPIN"
+            run rm -f "$GUARD_DROPIN"
+            say "restart Docker (systemctl restart docker) when its containers may restart: until then its pulls go to the pull guard, which left with the agent"
+        fi
         if [ -e "$DOCKER_DROPIN" ]; then
             step "removing $DOCKER_DROPIN"
             run rm -f "$DOCKER_DROPIN"

@@ -68,6 +68,7 @@ class AgentProcess:
             "GPUHOST_LOG_LEVEL": "info",
             "GPUHOST_DISK_FLOOR": "0",  # a test machine's free disk is not the point (test_disk_floor.py)
             "GPUHOST_ALLOWED_REGISTRIES": "127.0.0.1:5000",  # the local test registry
+            "GPUHOST_PULL_GUARD": "off",  # one port for many agents at once; test_pull_guard*.py turn it on
             **settings,
         }
         self.config.write_text("".join(f"{key}={value}\n" for key, value in lines.items()))

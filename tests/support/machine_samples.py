@@ -98,6 +98,7 @@ def healthy_system_data() -> dict:
                     "detail": "overlay2 on extfs: a size per container needs XFS with project quotas",
                 },
                 "rentalLimits": {"perRental": True, "detail": "a cgroup per rental (cgroupfs, cgroup v1)"},
+                "proxies": {"http": "http://127.0.0.1:47128", "https": "http://127.0.0.1:47128", "no": ""},
             },
             "compose": {"available": True, "version": "2.29.1", "command": "docker compose", "error": None},
             "nvidiaContainerToolkit": {
@@ -110,6 +111,7 @@ def healthy_system_data() -> dict:
             },
             "clock": {"synchronized": True, "maxErrorMs": 12.5, "source": "adjtimex"},
             "egress": {"confined": True, "differs": None, "error": None},
+            "pullGuard": {"listen": "127.0.0.1:47128", "error": None},
         },
         "networkSpeed": netspeed.as_wire(speed),
         "location": "DE-Frankfurt",
@@ -250,6 +252,7 @@ def good_host() -> dict:
                     "detail": "overlay2 on extfs: a size per container needs XFS with project quotas",
                 },
                 "rentalLimits": {"perRental": True, "detail": "a cgroup per rental (cgroupfs, cgroup v1)"},
+                "proxies": {"http": "http://127.0.0.1:47128", "https": "http://127.0.0.1:47128", "no": ""},
             },
             "compose": {"available": True, "version": "2.29.7", "error": None},
             "nvidiaContainerToolkit": {
@@ -262,5 +265,6 @@ def good_host() -> dict:
             "storage": {"path": "/var/lib/docker", "totalBytes": 2000 * GIB, "freeBytes": 800 * GIB},
             "clock": {"synchronized": True, "maxErrorMs": 3.2, "source": "adjtimex"},
             "egress": {"confined": True, "differs": None, "error": None},
+            "pullGuard": {"listen": "127.0.0.1:47128", "error": None},
         },
     }

@@ -118,6 +118,30 @@ FAILURES = [
         "1 network(s) of stacks deployed before the egress rules are outside them (s-1_default)",
         "deploy those stacks again",
     ),
+    (  # issue 45, item 5: dockerd resolves a renter's registry again when it pulls
+        "registry-pulls-guarded",
+        _set("host.pullGuard", {"listen": None, "error": None}),
+        "the pull guard is off",
+        "remove GPUHOST_PULL_GUARD=off",
+    ),
+    (
+        "registry-pulls-guarded",
+        _set("host.pullGuard.error", "127.0.0.1:47128 is another program's, not the pull guard"),
+        "does not answer on 127.0.0.1:47128 (127.0.0.1:47128 is another program's",
+        "pull_guard_not_listening",
+    ),
+    (
+        "registry-pulls-guarded",
+        _set("host.docker.proxies", {"http": "", "https": "http://127.0.0.1:9", "no": ""}),
+        "do not go through the pull guard (HTTP proxy none, HTTPS proxy http://127.0.0.1:9)",
+        "systemctl restart docker",
+    ),
+    (
+        "registry-pulls-guarded",
+        _set("host.docker.proxies.no", "localhost, *"),
+        "NO_PROXY * (no pull uses a proxy)",
+        "daemon.json",
+    ),
 ]
 
 

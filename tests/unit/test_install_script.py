@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import os
 import re
 import shlex
 import shutil
@@ -307,3 +308,37 @@ def test_a_marketplace_url_in_clear_is_only_for_this_machine() -> None:
             assert done.returncode == 2 and "--url must be https://" in done.stderr, (url, done.stderr)
         else:
             assert done.returncode == 0 and "resolved" in done.stdout, (url, done.stderr)
+
+
+def test_dockerd_is_pointed_at_the_pull_guard_and_its_own_proxy_becomes_the_upstream(tmp_path: Path) -> None:
+    """Issue 45, item 5: install.sh writes Docker's drop-in for the pull guard at the address
+    the agent reads, keeps a proxy dockerd had as the guard's upstream, says that Docker must
+    restart, and says that a proxy in daemon.json would win over the drop-in."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    docker = bin_dir / "docker"
+    docker.write_text('#!/bin/sh\ncat "$DOCKER_PROXY_FILE"\n')
+    docker.chmod(0o755)
+    dropin, conf, daemon_json, proxy_file = (tmp_path / n for n in ("guard.conf", "agent.conf", "daemon.json", "px"))
+    paths = {"GUARD_DROPIN": dropin, "CONF": conf, "DOCKER_DAEMON_JSON": daemon_json}
+    moved = " ".join(f"-e {shlex.quote(f's|^readonly {name}=.*|{name}={value}|')}" for name, value in paths.items())
+
+    def run(proxy: str, conf_text: str, daemon: str = "{}") -> subprocess.CompletedProcess:
+        proxy_file.write_text(proxy + "\n")
+        conf.write_text(conf_text)
+        daemon_json.write_text(daemon)
+        program = f"source <(sed {moved} -e '$ d' {shlex.quote(str(INSTALL_SH))})\nDRY_RUN=0\npull_guard"
+        env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "DOCKER_PROXY_FILE": str(proxy_file)}
+        return subprocess.run(["bash", "-c", program], capture_output=True, text=True, check=True, env=env)
+
+    done = run("", "")
+    assert 'Environment="HTTP_PROXY=http://127.0.0.1:47128" "HTTPS_PROXY=http://127.0.0.1:47128"' in dropin.read_text()
+    assert "systemctl restart docker" in done.stdout and "UPSTREAM" not in conf.read_text()
+    done = run("http://proxy.corp:3128", "GPUHOST_PULL_GUARD=127.0.0.1:5555\n")
+    assert "HTTPS_PROXY=http://127.0.0.1:5555" in dropin.read_text()
+    assert "GPUHOST_PULL_GUARD_UPSTREAM=http://proxy.corp:3128" in conf.read_text()
+    done = run("http://127.0.0.1:47128", "", '{"proxies": {"https-proxy": "http://proxy.corp:3128"}}')
+    assert "systemctl restart docker" not in done.stdout  # dockerd already pulls through it
+    assert "Set its http-proxy and https-proxy to the guard's address" in done.stderr, done.stderr
+    run("", "GPUHOST_PULL_GUARD=off\n")
+    assert not dropin.exists()

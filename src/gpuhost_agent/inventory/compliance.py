@@ -73,6 +73,7 @@ def evaluate(system_data: dict, req: Requirements, clock_skew_seconds: float | N
         _disk_check(host["storage"], req),
         *_clock_checks(host["clock"], clock_skew_seconds, req),
         _egress_check(host.get("egress")),
+        _pull_guard_check(host.get("pullGuard"), host["docker"]),
     ]
     return checks
 
@@ -110,6 +111,52 @@ def _egress_check(egress: dict | None) -> Check:
     if egress.get("confined") is None:
         return Check(EGRESS_CHECK, False, f"cannot read the host's firewall: {error}", "run doctor as root")
     return Check(EGRESS_CHECK, False, error, "install iptables (apt install iptables) and restart the agent")
+
+
+PULL_GUARD_CHECK = "registry-pulls-guarded"
+
+
+def _pull_guard_check(guard: dict | None, docker: dict) -> Check:
+    """dockerd's pulls go through the agent's pull guard (streams/pull_guard.py),
+    so a registry name that answers the host's address when dockerd pulls, or
+    a redirect there, reaches nothing of the host's."""
+    if not isinstance(guard, dict):
+        return _skip(PULL_GUARD_CHECK, "the probe did not look at the pull guard")
+    if not docker.get("available"):
+        return _skip(PULL_GUARD_CHECK, "Docker Engine unreachable")
+    risk = "a renter's registry name that answers the host's address when dockerd pulls reaches the host"
+    listen = guard.get("listen")
+    if not listen:
+        return Check(
+            PULL_GUARD_CHECK,
+            False,
+            f"the pull guard is off (GPUHOST_PULL_GUARD=off): {risk}",
+            "remove GPUHOST_PULL_GUARD=off, restart the agent and run install.sh again",
+        )
+    if guard.get("error"):
+        return Check(
+            PULL_GUARD_CHECK,
+            False,
+            f"the pull guard does not answer on {listen} ({guard['error']}): dockerd's pulls fail",
+            "see the agent's log (pull_guard_not_listening): free the port or set GPUHOST_PULL_GUARD to another "
+            "loopback address, then run install.sh again so that Docker's proxy names it",
+        )
+    want = f"http://{listen}"
+    proxies = docker.get("proxies") or {}
+    astray = [f"{name.upper()} proxy {proxies.get(name) or 'none'}" for name in ("http", "https")
+              if str(proxies.get(name) or "").rstrip("/") != want]  # fmt: skip
+    if "*" in [entry.strip() for entry in str(proxies.get("no") or "").split(",")]:
+        astray.append("NO_PROXY * (no pull uses a proxy)")
+    if astray:
+        return Check(
+            PULL_GUARD_CHECK,
+            False,
+            f"dockerd's pulls do not go through the pull guard ({', '.join(astray)}): {risk}",
+            "install.sh writes Docker's drop-in; restart Docker to take it (systemctl restart docker: it restarts "
+            f"the host's containers). A proxy in daemon.json wins over the drop-in: set its proxies to {want} and "
+            "GPUHOST_PULL_GUARD_UPSTREAM to the proxy it named",
+        )
+    return Check(PULL_GUARD_CHECK, True, f"dockerd's pulls go through the pull guard on {listen}")
 
 
 def _driver_checks(nvml: dict, req: Requirements) -> list[Check]:

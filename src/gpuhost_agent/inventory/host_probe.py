@@ -85,6 +85,12 @@ async def docker_facts(engine: DockerEngine, gpu_check_image: str | None) -> dic
         "cgroupDriver": info.get("CgroupDriver"),
         "cgroupVersion": info.get("CgroupVersion"),
         "swarm": swarm_facts(info.get("Swarm") or {}),
+        # dockerd's own proxies: whether its pulls go through the pull guard (docker info masks credentials).
+        "proxies": {
+            "http": info.get("HttpProxy") or "",
+            "https": info.get("HttpsProxy") or "",
+            "no": info.get("NoProxy") or "",
+        },
     }
     facts["storageQuota"] = storage_quota(info, await asyncio.to_thread(read_mountinfo))
     facts["rentalLimits"] = await asyncio.to_thread(rental_limits, info.get("CgroupDriver"), info.get("CgroupVersion"))

@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import json
 import socket
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,9 @@ class Prober:
     # The environment's machines: this one alone, or every machine of a Swarm environment.
     machines: Machines = field(default_factory=OneMachine)
     egress_allow: tuple[str, ...] = ()  # GPUHOST_EGRESS_ALLOW: part of the rules the probe compares
+    # GPUHOST_PULL_GUARD, and what asks it whether it answers (streams/pull_guard.answers).
+    pull_guard: tuple[str, int] | None = None
+    guard_answers: Callable[[str, int], Awaitable[str | None]] | None = None
 
     async def system_data(self) -> dict:
         nvml, host = await asyncio.gather(
@@ -52,6 +56,7 @@ class Prober:
                 egress_allow=self.egress_allow,
             ),
         )
+        host["pullGuard"] = await self._pull_guard()
         data = {
             "probedAt": wire_time.iso(),
             "agentVersion": __version__,
@@ -65,6 +70,14 @@ class Prober:
         if environment is not None:
             data["environment"] = environment
         return data
+
+    async def _pull_guard(self) -> dict:
+        """Where the pull guard listens, and whether it answers there."""
+        if self.pull_guard is None:
+            return {"listen": None, "error": None}
+        host, port = self.pull_guard
+        error = await self.guard_answers(host, port) if self.guard_answers else "not asked"
+        return {"listen": f"{host}:{port}", "error": error}
 
     async def report(self, requirements: compliance.Requirements, clock_skew_seconds: float | None = None) -> dict:
         data = await self.system_data()

@@ -110,6 +110,8 @@ class AgentConfig:
     swarm_encrypted: bool = default_of("swarm_encrypted")
     allowed_registries: tuple[str, ...] = default_of("allowed_registries")
     egress_allow: tuple[str, ...] = default_of("egress_allow")
+    pull_guard: tuple[str, int] | None = default_of("pull_guard")
+    pull_guard_upstream: tuple[str, int] | None = default_of("pull_guard_upstream")
 
     def __post_init__(self) -> None:
         self.swarm = SwarmRole(self.swarm)  # the mode is typed however the config was made

@@ -18,7 +18,7 @@ from gpuhost_agent.service.agent_parts import AgentParts
 from gpuhost_agent.service.config import AgentConfig, SwarmRole, default_of
 from gpuhost_agent.service.settings_table import SETTINGS
 from gpuhost_agent.service.state_lock import StateLock
-from gpuhost_agent.service.wiring import build_agent, start_local_marketplace, start_status_server
+from gpuhost_agent.service.wiring import build_agent, start_local_marketplace, start_pull_guard, start_status_server
 
 if TYPE_CHECKING:  # the embedded marketplace is imported only when it runs (service/wiring.py)
     from gpuhost_agent.local_marketplace.server import RunningMarketplace
@@ -72,6 +72,7 @@ async def _serve_locked(config: AgentConfig, stop: asyncio.Event, settings: list
     else:
         base_url, api_key, release_key = str(config.marketplace_url), str(config.api_key), None
     parts = build_agent(config, base_url, api_key, release_key)
+    guard = await start_pull_guard(config)
     status = await start_status_server(
         parts,
         config.socket_path,
@@ -106,6 +107,8 @@ async def _serve_locked(config: AgentConfig, stop: asyncio.Event, settings: list
     await stop_agent(parts, agent_task, config.shutdown_grace_seconds)
     if local is not None:
         await local.stop()
+    if guard is not None:
+        guard.close()
     log.info("agent_stopped", containers="left running")
     await watchdog.stop()
 

@@ -12,6 +12,7 @@ from gpuhost_agent.inventory.system_data import Prober
 from gpuhost_agent.runtime.engine import DockerEngine
 from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.service.topology import probe_machines
+from gpuhost_agent.streams import pull_guard
 
 
 @dataclass
@@ -50,4 +51,6 @@ def build_prober(
         location=config.location,
         machines=machines,
         egress_allow=config.egress_allow,
+        pull_guard=config.pull_guard,
+        guard_answers=pull_guard.answers,
     )

@@ -30,6 +30,7 @@ from gpuhost_agent.runtime.egress_rules import allowed_networks
 
 DEFAULT_LOCAL_LISTEN = "127.0.0.1:8787"
 SWARM_PORT = 7072  # a Swarm worker agent's port for the leader (docs/swarm.md)
+DEFAULT_PULL_GUARD = "127.0.0.1:47128"  # dockerd's HTTP(S) proxy (streams/pull_guard.py); install.sh names it
 
 
 class ConfigError(ValueError):
@@ -167,6 +168,34 @@ def upgrades_mode(value: str, env: str) -> str:
     if word not in ("off", "offered"):
         raise ConfigError(f"{env} must be off or offered, not {word!r}")
     return word
+
+
+def pull_guard(value: str, env: str) -> tuple[str, int] | None:
+    """GPUHOST_PULL_GUARD: off, or the loopback address the guard dockerd's
+    pulls go through listens on (never another: renters' containers reach
+    none of the host's loopback, and the host's other addresses are theirs to try)."""
+    if value.strip().lower() == "off":
+        return None
+    host, port = parse_listen(value.strip(), env)
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback and port > 0
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ConfigError(f"{env} {value!r} must be a loopback ADDRESS:PORT such as {DEFAULT_PULL_GUARD}, or off")
+    return host, port
+
+
+def proxy_url(value: str, env: str) -> tuple[str, int]:
+    """An operator's HTTP proxy, http://HOST:PORT (no credentials: they would be in every process listing)."""
+    url = urlsplit(value.strip())
+    if url.scheme != "http" or not url.hostname or url.username or url.path not in ("", "/") or url.query:
+        raise ConfigError(f"{env} {value!r} must be an HTTP proxy's URL, http://HOST:PORT")
+    try:
+        port = url.port or 80
+    except ValueError:
+        raise ConfigError(f"{env} {value!r} has a port out of range") from None
+    return url.hostname, port
 
 
 def log_size(value: str, env: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from gpuhost_agent.service import settings as kind
 from gpuhost_agent.service.settings import (
     DEFAULT_LOCAL_LISTEN,
+    DEFAULT_PULL_GUARD,
     DEPLOYING,
     MARKETPLACE,
     SWARM,
@@ -118,6 +119,13 @@ SETTINGS: tuple[Setting, ...] = (
             "addresses or networks beyond the internet a rental's containers may reach, comma-separated (a registry "
             "mirror, a proxy); the host itself never (see Where a rental's containers connect)", default="",
             unit="address[/prefix],...", modes=DEPLOYING, group="deploys"),
+    Setting("pull_guard", "GPUHOST_PULL_GUARD", kind.pull_guard,
+            "the loopback address of the proxy dockerd's pulls go through, which dials only addresses that are "
+            "not the host's (install.sh points Docker at it; see Registries and the pull guard); off: none",
+            default=DEFAULT_PULL_GUARD, unit="HOST:PORT or off", modes=DEPLOYING, group="deploys"),
+    Setting("pull_guard_upstream", "GPUHOST_PULL_GUARD_UPSTREAM", kind.proxy_url,
+            "the host's own HTTP proxy, which the pull guard asks for each judged address (install.sh moves "
+            "Docker's proxy here)", unit="http://HOST:PORT", modes=DEPLOYING, group="deploys"),
     Setting("pids_limit", "GPUHOST_PIDS_LIMIT", kind.integer,
             "processes per container, and per rental (dockerd's cgroupfs or systemd driver)", default="4096",
             unit="processes", modes=DEPLOYING, group="deploys"),

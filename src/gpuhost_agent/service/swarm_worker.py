@@ -32,6 +32,7 @@ from gpuhost_agent.runtime.swarm_stacks import rental_disk_figures
 from gpuhost_agent.service import sd_notify, swarm_tls
 from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.service.probe_parts import build_probe
+from gpuhost_agent.service.wiring import start_pull_guard
 from gpuhost_agent.streams.door import WorkerDoor
 
 log = get_logger(__name__)
@@ -68,6 +69,7 @@ async def serve_worker(config: AgentConfig, stop: asyncio.Event) -> None:
     egress = EgressKeeper(HostFirewall(), config.egress_allow)
     await egress.run_once()
     keeping = asyncio.create_task(_keep(egress), name="egress-keeper")
+    guard = await start_pull_guard(config)  # this machine's dockerd pulls the tasks' images
     tls = swarm_tls.context_or_exit("worker", config.swarm_tls_dir)
     proxy = WorkerDoor(
         config.swarm_key,
@@ -102,6 +104,8 @@ async def serve_worker(config: AgentConfig, stop: asyncio.Event) -> None:
         await report.close()
         sd_notify.stopping("stopping")
         await proxy.stop()
+        if guard is not None:
+            guard.close()
         await engine.close()
         await disk_engine.close()
         await probe.close()

@@ -34,6 +34,7 @@ from gpuhost_agent.core.rentals.clock import RentalClock
 from gpuhost_agent.core.rentals.end_dates import RentalEndDates
 from gpuhost_agent.core.rentals.usage_meter import UsageMeter
 from gpuhost_agent.core.sandbox.apply import Sandbox
+from gpuhost_agent.core.sandbox.host_network import allows
 from gpuhost_agent.core.schedule import Schedule
 from gpuhost_agent.core.stacks.deployer import StackDeployer
 from gpuhost_agent.core.stacks.dispatcher import JobDispatcher
@@ -57,7 +58,9 @@ from gpuhost_agent.service.upgrades import Upgrades, supervised
 from gpuhost_agent.storage.agent_db import DB_FILE, AgentDB
 from gpuhost_agent.streams import ssh_host_key
 from gpuhost_agent.streams.channel import StreamChannel
+from gpuhost_agent.streams.pull_guard import PullGuard
 from gpuhost_agent.streams.ssh_access import RentalKeys, SshServices
+from gpuhost_agent.streams.tunnel import read_host_networks
 from gpuhost_agent.uplink.client import MarketplaceClient
 from gpuhost_agent.uplink.outbox import Outbox
 from gpuhost_agent.uplink.session import SessionState
@@ -341,4 +344,31 @@ async def start_status_server(
     )
     server = StatusServer(source, socket_path, metrics_listen)
     await server.start()
+    return server
+
+
+async def start_pull_guard(config: AgentConfig) -> asyncio.Server | None:
+    """The proxy dockerd's pulls go through (streams/pull_guard.py), on
+    GPUHOST_PULL_GUARD; None when it is off or cannot listen (logged as an
+    error: compliance's `registry-pulls-guarded` fails and says why)."""
+    if config.pull_guard is None:
+        log.warning("pull_guard_off", setting="GPUHOST_PULL_GUARD", risk="dockerd resolves renters' registries itself")
+        return None
+
+    async def host_networks() -> list:
+        return await asyncio.to_thread(read_host_networks)
+
+    guard = PullGuard(allows(config.allowed_registries), host_networks, upstream=config.pull_guard_upstream)
+    host, port = config.pull_guard
+    try:
+        server = await guard.serve(host, port)
+    except OSError as exc:
+        log.error(
+            "pull_guard_not_listening",
+            listen=f"{host}:{port}",
+            error=str(exc),
+            fix="free the port, or set GPUHOST_PULL_GUARD to another loopback address and Docker's proxy with it",
+        )
+        return None
+    log.info("pull_guard_listening", listen=f"{host}:{port}", upstream=config.pull_guard_upstream)
     return server

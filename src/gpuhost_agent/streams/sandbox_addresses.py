@@ -128,6 +128,19 @@ def special_address(ip: IPAddress) -> str | None:
 THIS_NETWORK = ipaddress.IPv4Network("0.0.0.0/8")
 
 
+def registry_address_problem(ip: IPAddress, host: Iterable[IPNetwork]) -> str | None:
+    """Why the host's engine may not fetch images from `ip` (a special
+    address, or one of `host`, the host's own); None when it may. Judges a
+    renter's registry (core/sandbox/host_network.py) and every connection of
+    a pull (streams/pull_guard.py)."""
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    why = special_address(ip)
+    if why is None and any(ip in net for net in host if net.version == ip.version):
+        why = "an address of this host"
+    return why
+
+
 def _special(ip: IPAddress) -> str | None:
     if ip.is_loopback:
         return "a loopback address"

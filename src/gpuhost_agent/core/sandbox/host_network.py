@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from gpuhost_agent.core.sandbox.context import Registries
 from gpuhost_agent.core.sandbox.rewrite import replicas_of
 from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.streams.sandbox_addresses import IPAddress, IPNetwork, special_address
+from gpuhost_agent.streams.sandbox_addresses import IPAddress, registry_address_problem
 
 MAX_PUBLISHED_PORTS = 64  # per stack; a rental has at most GPUHOST_STACKS_PER_RENTAL stacks
 # Declared (exposed) ports a stack may have, ranges counted port by port: each is
@@ -92,13 +92,10 @@ def is_allowed(registry: str, allowed: Iterable[str]) -> bool:
     return any(h == host and p in ("", port) for h, p in map(split_host, (a.strip() for a in allowed if a.strip())))
 
 
-def _address_problem(ip: IPAddress, host: Iterable[IPNetwork]) -> str | None:
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    why = special_address(ip)
-    if why is None and any(ip in net for net in host if net.version == ip.version):
-        why = "an address of this host"
-    return why
+def allows(allowed: Iterable[str]) -> Callable[[str, int], bool]:
+    """is_allowed for a (host, port) the pull guard is asked for."""
+    kept = tuple(allowed)
+    return lambda host, port: is_allowed(f"[{host}]:{port}" if ":" in host else f"{host}:{port}", kept)
 
 
 def image_problem(image: str, registries: Registries) -> str | None:
@@ -111,13 +108,13 @@ def image_problem(image: str, registries: Registries) -> str | None:
     if is_localhost(host):
         why = "is this machine (localhost)"
     elif (ip := literal(host)) is not None:
-        why = f"is {problem}" if (problem := _address_problem(ip, registries.host)) else None
+        why = f"is {problem}" if (problem := registry_address_problem(ip, registries.host)) else None
     elif host in registries.resolved:
         addresses = registries.resolved[host]
         if addresses is None:
             why = "did not resolve in time, so where it is cannot be told"
         for address in addresses or ():
-            problem = _address_problem(ipaddress.ip_address(address.split("%")[0]), registries.host)
+            problem = registry_address_problem(ipaddress.ip_address(address.split("%")[0]), registries.host)
             if problem:
                 why = f"resolves to {address}, {problem}"
                 break
