@@ -498,6 +498,40 @@ async def test_after_a_reboot_dockerd_starts_behind_the_egress_rules(world: Worl
     await _connected(world)
 
 
+async def test_dockerd_pulls_through_the_pull_guard_and_a_name_of_the_host_reaches_nothing(world: World) -> None:
+    """Issue 45, item 5: dockerd resolves a renter's registry name again when it pulls. With Docker's drop-in
+    in force, dockerd asks the agent's pull guard, which refuses a name that resolves to the host (here the
+    machine's own host name) before any byte reaches the host's service, and asks the host's proxy (here the
+    discard port, as before) for the address it judged of any other."""
+    dropin = (await _sh(world, "cat /etc/systemd/system/docker.service.d/zz-gpuhost-pull-guard.conf")).out
+    assert 'Environment="HTTP_PROXY=http://127.0.0.1:47128" "HTTPS_PROXY=http://127.0.0.1:47128"' in dropin
+    # This host's daemon.json names a proxy, which wins over the drop-in: the host does what install.sh's
+    # warning says (its proxy becomes the guard's upstream), then restarts Docker and the agent.
+    python = "/opt/gpuhost-agent/venv/bin/python"
+    await _sh(
+        world,
+        f'{python} -c \'import json; p="/etc/docker/daemon.json"; d=json.load(open(p)); d.pop("proxies"); '
+        'json.dump(d, open(p, "w"))\' && echo GPUHOST_PULL_GUARD_UPSTREAM=http://127.0.0.1:9 >>'
+        "/etc/gpuhost-agent/agent.conf",
+    )
+    await _sh(world, f"systemctl restart docker && systemctl restart {UNIT}", timeout=180)
+    await _connected(world)
+    info = json.loads((await _sh(world, "docker info --format '{{json .}}'")).out)
+    assert (info["HttpProxy"], info["HttpsProxy"]) == ("http://127.0.0.1:47128",) * 2, info
+    await _sh(world, "cd /tmp && setsid python3 -m http.server 5999 >/tmp/host-service.log 2>&1 </dev/null & sleep 1")
+    assert "200 OK" in (await _sh(world, "curl -sS -i --noproxy '*' http://modern-host:5999/ | head -1")).out
+    await _sh(world, ": >/tmp/host-service.log")
+    pulled = await _sh(world, "docker pull modern-host:5999/renter/image:1", check=False, timeout=120)
+    assert pulled.code != 0 and "an address of this host: the host's engine does not go there" in pulled.both, pulled
+    assert "GET" not in (await _sh(world, "cat /tmp/host-service.log")).out  # nothing reached the host's service
+    pulled = await _sh(world, "docker pull 203.0.113.7:5000/renter/image:1", check=False, timeout=120)
+    assert pulled.code != 0 and "the upstream proxy 127.0.0.1:9 did not answer" in pulled.both, pulled
+    doctor = json.loads((await _sh(world, "gpuhost-agent doctor --json", check=False)).out)
+    (guarded,) = [check for check in doctor["checks"] if check["id"] == "registry-pulls-guarded"]
+    assert guarded["ok"] and not guarded["skipped"], guarded
+    await _sh(world, "pkill -f 'http.server 5999' || true")
+
+
 async def test_uninstall_with_purge_leaves_nothing(world: World) -> None:
     await _sh(world, f"curl -fsSL {world.base}/install.sh | sudo bash -s -- --uninstall --purge", timeout=300)
     left = await _sh(

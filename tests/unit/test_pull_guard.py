@@ -201,6 +201,16 @@ async def test_an_upstream_refusal_is_said() -> None:
     assert code == 0 and b"the upstream proxy answered 'HTTP/1.1 403 Forbidden by policy'" in out, out
 
 
+async def test_an_upstream_that_does_not_answer_is_said() -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    guard = PullGuard(allowed=allows(()), host_networks=_host_networks, upstream=("127.0.0.1", port))
+    async with _guard(guard) as proxy:
+        code, out, _ = await _curl("-x", proxy, "http://203.0.113.9/v2/")
+    assert code == 0 and f"the upstream proxy 127.0.0.1:{port} did not answer".encode() in out, out
+
+
 async def _raw(proxy: str, data: bytes) -> bytes:
     host, port = proxy.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))

@@ -164,7 +164,11 @@ class PullGuard:
     async def _dial(self, target: Target, address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self.upstream is None:
             return await asyncio.wait_for(asyncio.open_connection(address, target.port), DIAL_SECONDS)
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(*self.upstream), DIAL_SECONDS)
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(*self.upstream), DIAL_SECONDS)
+        except (OSError, asyncio.TimeoutError) as exc:
+            host, port = self.upstream
+            raise Refused(502, f"the upstream proxy {host}:{port} did not answer ({type(exc).__name__})") from None
         authority = target.authority(address)
         writer.write(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
         try:
