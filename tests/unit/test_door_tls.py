@@ -295,6 +295,39 @@ async def test_connections_are_capped_per_source_and_handshakes_at_once_before_t
         await proxy.stop()
 
 
+async def test_a_flood_of_connections_waits_on_no_engine_call_and_is_counted_at_once(door_tls) -> None:
+    """Red team, 2026-12-07: each connection asked the engine for the Swarm's managers
+    before any cap counted it (400 connections, 400 calls, none counted). Now the
+    managers are read once at the start and again by one task in the background."""
+    from gpuhost_agent.streams import door as door_module
+
+    calls = 0
+
+    async def managers() -> frozenset[str]:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0.5)  # a busy engine
+        return frozenset({"127.0.0.2"})
+
+    proxy = WorkerDoor(KEY, _Engine(), "/nonexistent", tls=door_tls.server(), leaders=managers)  # type: ignore[arg-type]
+    port = await proxy.start("127.0.0.1", 0)
+    proxy._leaders = (float("-inf"), proxy._leaders[1])  # stale from now on
+    writers = []
+    try:
+        for _ in range(100):
+            writers.append((await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.9", 0)))[1])
+        await asyncio.sleep(0.3)
+        assert calls == 2  # the start's, and one read for the whole flood
+        counted = sum(proxy._open_by.values())
+        if door_module.TLS_AFTER_ACCEPT:
+            assert counted == door_module.HANDSHAKES_PER_SOURCE, counted
+            assert proxy.capped == 100 - counted, proxy.capped
+    finally:
+        for writer in writers:
+            writer.close()
+        await proxy.stop()
+
+
 async def _machine_through(port: int, context: ssl.SSLContext, node: str) -> str:
     """What the leader's door client gets asking `node`'s door: "served", or the refusal."""
     door = DoorClient("127.0.0.1", port, KEY, context, node)

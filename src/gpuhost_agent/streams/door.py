@@ -130,11 +130,14 @@ class WorkerDoor:
         self._handshaking: dict[str, int] = {}  # TLS handshakes in flight, by source address
         self._leaders_of = leaders
         self._leaders: tuple[float, frozenset[str]] = (float("-inf"), frozenset())  # (read at, addresses)
+        self._reading: asyncio.Task | None = None  # the one read of the leaders' addresses in flight
         self._own = ""  # the address the door listens on: on one machine, the leader's own
         self.served = self.refused = self.capped = 0  # for tests and the status
 
     async def start(self, host: str, port: int) -> int:
         self._own = host
+        if self._leaders_of is not None:  # known before the first connection: the leader's come in its own pool
+            await self._read_leaders()
         if TLS_AFTER_ACCEPT:
             self._server = await asyncio.start_server(self._handle, host, port, limit=HEAD_LIMIT)
         else:
@@ -146,6 +149,8 @@ class WorkerDoor:
     async def stop(self) -> None:
         """No new connection, and the open ones ended (the leader's event
         stream is always one): a stop is bounded whatever the leader holds."""
+        if self._reading is not None:
+            self._reading.cancel()
         if self._server is not None:
             self._server.close()
             for task in self._connections:
@@ -163,7 +168,7 @@ class WorkerDoor:
         assert task is not None
         peer = writer.get_extra_info("peername")
         source = str(peer[0]) if peer else ""
-        if not self._admitted(source, await self._from_leader(source)):
+        if not self._admitted(source, self._from_leader(source)):
             self.capped += 1
             if self.capped in (1, 10, 100) or self.capped % 1000 == 0:  # a flood is said, not logged line by line
                 log.warning("swarm_door_connection_capped", source=source, capped=self.capped)
@@ -197,23 +202,29 @@ class WorkerDoor:
             and others < HANDSHAKES_AT_ONCE
         )
 
-    async def _from_leader(self, source: str) -> bool:
+    def _from_leader(self, source: str) -> bool:
         """Whether `source` is the leader's address: a Swarm manager's (read from
-        the engine, kept LEADERS_SECONDS), or the door's own when it listens there."""
+        the engine, kept LEADERS_SECONDS), or the door's own when it listens there.
+        Judged on what is known now, never awaited: a stale set is read again by
+        one task in the background, however many connections come meanwhile (a
+        flood that waited on the engine, one call each, was neither counted nor
+        capped: red team, 2026-12-07)."""
         if source and source == self._own:
             return True
-        if self._leaders_of is None:
-            return False
-        loop = asyncio.get_running_loop()
         read_at, addresses = self._leaders
-        if loop.time() - read_at > LEADERS_SECONDS:
-            try:
-                addresses = await self._leaders_of()
-            except Exception as exc:  # no engine: no leader known, every address in the common pool
-                log.warning("swarm_door_leaders_unknown", error=f"{type(exc).__name__}: {exc}"[:300])
-                addresses = frozenset()
-            self._leaders = (loop.time(), addresses)
+        stale = asyncio.get_running_loop().time() - read_at > LEADERS_SECONDS
+        if stale and self._leaders_of is not None and (self._reading is None or self._reading.done()):
+            self._reading = asyncio.create_task(self._read_leaders(), name="door-leaders")
         return source in addresses
+
+    async def _read_leaders(self) -> None:
+        assert self._leaders_of is not None
+        try:
+            addresses = await asyncio.wait_for(self._leaders_of(), READ_SECONDS)
+        except Exception as exc:  # no engine: no leader known, every address in the common pool
+            log.warning("swarm_door_leaders_unknown", error=f"{type(exc).__name__}: {exc}"[:300])
+            addresses = frozenset()
+        self._leaders = (asyncio.get_running_loop().time(), addresses)
 
     async def _handshake(self, writer: asyncio.StreamWriter, source: str) -> bool:
         """TLS on the accepted connection, within READ_SECONDS; whether it holds."""
