@@ -129,6 +129,12 @@ class SshConnection:
         return await self._services.engine.locate(container["Id"])
 
     async def _session(self, process: asyncssh.SSHServerProcess) -> None:
+        refused = self._services.execs.take(self._request.rental_id)  # before any engine call
+        if refused:
+            log.info("ssh_session_refused", stream_id=self._request.stream_id, reason=refused)
+            process.stderr.write(f"cannot start a session: {refused}\r\n".encode())
+            process.exit(255)
+            return
         try:
             container = await self._locate()
         except EngineError as exc:
@@ -143,15 +149,14 @@ class SshConnection:
         log.info(
             "ssh_session", stream_id=self._request.stream_id, kind=kind, tty=process.get_terminal_type() is not None
         )
-        refused = self._services.execs.take(self._request.rental_id)
-        if refused:
-            log.info("ssh_session_refused", stream_id=self._request.stream_id, reason=refused)
-            process.stderr.write(f"cannot start a session: {refused}\r\n".encode())
-            process.exit(255)
-            return
         await ExecSession(self._services.engine, container.info["Id"]).run(process)
 
     async def _sftp(self, chan: asyncssh.SSHServerChannel) -> ContainerSFTP:
+        # The file helper is a process of the host's, as an exec is: the same rental's bucket pays for it.
+        refused = self._services.execs.take(self._request.rental_id)
+        if refused:
+            log.info("ssh_session_refused", stream_id=self._request.stream_id, kind="files", reason=refused)
+            raise ValueError(f"cannot start a session: {refused}")
         try:
             files = await self._services.engine.open_files(await self._locate())
         except (EngineError, OSError, ValueError) as exc:
