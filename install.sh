@@ -583,7 +583,8 @@ key_from_stdin() {
 # Is the URL's host this machine (127.0.0.0/8, ::1, localhost)? Plain http only then.
 url_is_loopback() {
     local host=${1#*://}
-    host=${host%%/*}
+    [[ $host == *\\* ]] && return 1  # a backslash: parsers disagree on where the host ends
+    host=${host%%[/?#]*}  # the authority ends at the first / ? or # (RFC 3986), as curl reads it
     host=${host##*@}
     case "$host" in
         \[::1\]|\[::1\]:*|localhost|localhost:*) return 0 ;;

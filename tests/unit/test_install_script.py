@@ -297,6 +297,10 @@ def test_a_marketplace_url_in_clear_is_only_for_this_machine() -> None:
         ("http://market.example/v1", True),
         ("http://10.0.0.5:8787/v1", True),
         ("http://127.0.0.1.evil.example/v1", True),
+        # red team, 2026-12-07: curl sends these to evil.example, with the key in clear
+        ("http://evil.example?@127.0.0.1/v1", True),
+        ("http://evil.example#@127.0.0.1/v1", True),
+        ("http://user@127.0.0.1:8787/v1", False),
         ("https://market.example/v1", False),
         ("http://127.0.0.1:8787/v1", False),
         ("http://[::1]:8787/v1", False),
