@@ -386,6 +386,11 @@ warn() { printf 'install.sh: warning: %s\n' "$*" >&2; }
 err() { printf 'install.sh: error: %s\n' "$*" >&2; }
 die_usage() { err "$*"; echo "install.sh: see install.sh --help" >&2; exit "$EXIT_USAGE"; }
 
+# shown FILE N: FILE's first N bytes for a message, each byte a terminal would
+# act on (escapes, controls, line ends) as "?": what a marketplace or a tool
+# answered cannot rewrite the operator's screen.
+shown() { head -c "$2" "$1" 2>/dev/null | LC_ALL=C tr -c '[:print:]' '?'; }
+
 # run CMD...: run it, or under --dry-run only say it. Never pass it a secret.
 run() {
     if [ "$DRY_RUN" = 1 ]; then say "[dry-run] would run: $*"; else "$@"; fi
@@ -504,7 +509,7 @@ report_init() { # report_init STATE(running|done|failed) DETAIL [ERROR]
     if [ "$code" != 200 ]; then
         REPORT_OK=0
         if [ "$code" = 000 ]; then
-            warn "cannot reach the marketplace at $URL ($(head -c 200 "$TMP/curl.err")); continuing without progress reports"
+            warn "cannot reach the marketplace at $URL ($(shown "$TMP/curl.err" 200)); continuing without progress reports"
         else
             warn "the marketplace answered HTTP $code to the progress report (check --env-id and the API key); continuing"
         fi
@@ -1035,9 +1040,9 @@ fetch_release() {
     if [ "$DRY_RUN" = 1 ] && ! have openssl; then say "[dry-run] would fetch the marketplace's release and check it"; return 0; fi
     step "asking the marketplace for its release ($URL/agent/release)"
     marketplace_get "$URL/agent/release" "$TMP/release.json" 65536 \
-        || release_refused "release not found" "cannot get the marketplace's release from $URL/agent/release: $(head -c 300 "$TMP/release.json" 2>/dev/null) $(head -c 200 "$TMP/curl.err")"
+        || release_refused "release not found" "cannot get the marketplace's release from $URL/agent/release: $(shown "$TMP/release.json" 300) $(shown "$TMP/curl.err" 200)"
     fields=$(release_fields "$TMP/release.json" 2>"$TMP/release.err") \
-        || release_refused "release refused" "the marketplace's release offer is refused: $(head -c 300 "$TMP/release.err")"
+        || release_refused "release refused" "the marketplace's release offer is refused: $(shown "$TMP/release.err" 300)"
     { read -r version; read -r wheel; read -r sha256; read -r size; read -r not_after; read -r next_key; read -r signature; } <<<"$fields"
     release_signed "$version" "$sha256" "$size" "$not_after" "$next_key" "$signature" \
         || release_refused "release not signed" "the marketplace's release $version is not signed with the release key pinned for this host ($SIGNED_BY): nothing of it was fetched"
@@ -1060,14 +1065,14 @@ fetch_release() {
     say "the marketplace's release $version is signed with the pinned key; fetching $wheel ($size bytes)"
     mkdir -p "$TMP/release"
     marketplace_get "$URL/agent/releases/$wheel" "$TMP/release/$wheel" "$size" \
-        || release_refused "release not fetched" "cannot fetch $URL/agent/releases/$wheel: $(head -c 200 "$TMP/curl.err")"
+        || release_refused "release not fetched" "cannot fetch $URL/agent/releases/$wheel: $(shown "$TMP/curl.err" 200)"
     got=$(sha256sum "$TMP/release/$wheel") got=${got%% *}
     if [ "$(stat -c %s "$TMP/release/$wheel")" != "$size" ] || [ "$got" != "$sha256" ]; then
         release_refused "release damaged" "$wheel is not the file the signature names (sha256 $got, $(stat -c %s "$TMP/release/$wheel") bytes; signed: $sha256, $size bytes)"
     fi
     mkdir -p "$TMP/release-lock"
     python3 -I - "$TMP/release/$wheel" "$TMP/release-lock" <<'PY' 2>"$TMP/release.err" \
-        || release_refused "release without locks" "$wheel carries no locks of its dependencies: $(head -c 300 "$TMP/release.err")"
+        || release_refused "release without locks" "$wheel carries no locks of its dependencies: $(shown "$TMP/release.err" 300)"
 import sys, zipfile
 with zipfile.ZipFile(sys.argv[1]) as wheel:
     for name in ("build.lock", "agent.lock"):
@@ -1112,7 +1117,7 @@ install_agent() {
         exit "$EXIT_FAILED"
     fi
     if ! run "$VENV/bin/python" -m pip check --disable-pip-version-check </dev/null >"$TMP/pip-check" 2>&1; then
-        err "$SOURCE needs other versions than the lock in $LOCK gives: $(head -c 500 "$TMP/pip-check")"
+        err "$SOURCE needs other versions than the lock in $LOCK gives: $(shown "$TMP/pip-check" 500)"
         report_init failed "dependencies do not match" "$SOURCE needs other versions than its lock gives"
         exit "$EXIT_FAILED"
     fi
@@ -1145,7 +1150,7 @@ install_locked() {
         for name in build.lock agent.lock; do
             if ! curl -fsSL --proto '=https,http' --proto-redir '=https' --max-time 60 -o "$dir/$name" "$LOCK/$name" \
                 </dev/null 2>"$TMP/curl.err"; then
-                err "cannot fetch $LOCK/$name: $(head -c 200 "$TMP/curl.err")"
+                err "cannot fetch $LOCK/$name: $(shown "$TMP/curl.err" 200)"
                 report_init failed "lock not found" "cannot fetch the agent's lock $LOCK/$name"
                 exit "$EXIT_FAILED"
             fi

