@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import ssl
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 from support.door_tls import NODE, DoorTls, make_door_tls
@@ -397,3 +400,21 @@ def test_the_leaders_address_is_read_from_the_managers_addr() -> None:
 
     assert manager_host("100.77.0.11:2377") == "100.77.0.11"
     assert manager_host("[fd00::11]:2377") == "fd00::11"
+
+
+def test_a_bundle_written_to_a_shared_folder_goes_through_no_file_a_local_user_planted(door_tls) -> None:
+    """Red team, 2026-12-07: `bundle` wrote through `.<name>.new`, opened without O_EXCL: a local user who
+    made that name first (world-readable, theirs) got the worker's key. Now a new file of a random name."""
+    shared = Path(tempfile.mkdtemp(dir="/tmp"))  # reachable by another user, as /tmp is
+    try:
+        shared.chmod(0o1777)
+        planted = shared / ".worker.pem.new"
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        subprocess.run([*nobody, "sh", "-c", f"umask 000; : > {planted}"], check=True)
+        swarm_tls.main(["bundle", str(door_tls.leader), str(shared / "worker.pem"), NODE])
+        written = shared / "worker.pem"
+        assert written.stat().st_uid == 0 and written.stat().st_mode & 0o777 == 0o600
+        assert planted.read_bytes() == b""  # the planted file got nothing
+        assert b"PRIVATE KEY" in written.read_bytes()
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

@@ -20,12 +20,14 @@ Run by install.sh: `python -m gpuhost_agent.service.swarm_tls leader DIR`,
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 import re
 import ssl
 import sys
+import tempfile
 from pathlib import Path
 
 from cryptography import x509
@@ -303,13 +305,20 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 
 def _write(path: Path, data: bytes, *, secret: bool = False) -> None:
-    """Written whole then renamed; 0600 for a key, 0644 for a certificate."""
+    """Written whole then renamed; 0600 for a key, 0644 for a certificate. The
+    temporary file is a new one of a random name (mkstemp: O_EXCL), never one a
+    local user could have planted in a shared folder (red team, 2026-12-07)."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.new")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600 if secret else 0o644)
-    with os.fdopen(fd, "wb") as out:
-        out.write(data)
-    os.replace(temporary, path)
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            os.fchmod(out.fileno(), 0o600 if secret else 0o644)
+            out.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def main(argv: list[str]) -> int:
