@@ -718,23 +718,23 @@ PY
 # cannot take a host back; --version names such a release on purpose.
 not_forward() {
     [ -x "$VENV/bin/gpuhost-agent" ] || return 0
-    local installed failed
+    local installed
     installed=$("$VENV/bin/gpuhost-agent" version 2>/dev/null </dev/null || true)
-    if [ -n "$installed" ] && [ "$installed" != "$1" ] \
-        && [ "$(printf '%s\n%s\n' "$installed" "$1" | sort -V | tail -n1)" = "$installed" ]; then
-        echo "older than the installed $installed"
-        return 0
-    fi
-    [ -r "$STATE_DIR/upgrade.json" ] || return 0
-    failed=$("$VENV/bin/python" -I - "$STATE_DIR" "$1" <<'PY' 2>/dev/null || true
+    [ -n "$installed" ] && [ "$installed" != "$1" ] || return 0
+    # The installed agent's own rules (PEP 440: 0.2.0rc1 is not after 0.2.0), and its record of failures.
+    "$VENV/bin/python" -I - "$STATE_DIR" "$1" "$installed" <<'PY' 2>/dev/null && return 0
 import sys
 from pathlib import Path
+from gpuhost_agent.core.upgrade_offers import backwards
 from gpuhost_agent.storage import upgrade_state
-if any(failed.get("version") == sys.argv[2] for failed in upgrade_state.load(Path(sys.argv[1]))["failed"]):
-    print("failed here before")
+state = Path(sys.argv[1])
+failed = upgrade_state.load(state)["failed"] if (state / "upgrade.json").exists() else []
+print(backwards(sys.argv[2], sys.argv[3], failed) or "")
 PY
-)
-    [ -z "$failed" ] || echo "$failed"
+    # An agent older than `backwards`: versions as sort -V orders them.
+    if [ "$(printf '%s\n%s\n' "$installed" "$1" | sort -V | tail -n1)" = "$installed" ]; then
+        echo "older than the installed $installed"
+    fi
 }
 
 # The checkout this script runs from, if any (empty under `curl | bash`).

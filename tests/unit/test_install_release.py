@@ -344,10 +344,15 @@ def test_the_line_never_takes_a_host_back(tmp_path: Path) -> None:
     takes it when --version names it)."""
     paths = _installed(tmp_path, "9.9.9", failed=("9.10.0",))
     for offered, said in (
-        ("9.9.8", "older than the installed 9.9.9"),
+        ("9.9.8", "version 9.9.8 is not newer than 9.9.9"),
         ("9.10.0", "failed here before"),
+        ("9.10.0.0", "failed here before"),  # one version however spelled
         ("9.9.9", ""),
         ("9.10.1", ""),
+        # red team, 2026-12-07: sort -V put these after 9.9.9; the agent (PEP 440) does not take them
+        ("9.9.9rc1", "version 9.9.9rc1 is not a release"),
+        ("9.9.9.dev3", "version 9.9.9.dev3 is not a release"),
+        ("9.9.9+local", "version 9.9.9+local is not a release"),
     ):
         program = _script_with(paths) + f'backwards=$(not_forward {offered})\necho "[$backwards]"'
         done = subprocess.run(["bash", "-c", program], capture_output=True, text=True)

@@ -96,20 +96,37 @@ def next_key(offer: ReleaseOffer, policy: Policy, now: str) -> str | None:
     return offer.next_key
 
 
-def _not_forward(version: str, running: str, allowed: str | None) -> str | None:
+def _not_forward(version: str, running: str, allowed: str | None, hint: bool = True) -> str | None:
     """Why `version` may not replace `running`, or None: versions only go
-    forward, and only to releases (no pre-, dev- or local build) unless named."""
+    forward, and only to releases (no pre-, dev- or local build) unless named.
+    `hint`: say which setting names it (the agent's; install.sh has --version)."""
     try:
         offered, current = Version(version), Version(running)
     except InvalidVersion:
         return f"version {version} or {running} is not a version that can be ordered (PEP 440)"
     if version == allowed:
         return None
+    allows = f" (GPUHOST_UPGRADE_ALLOW_VERSION={version} allows it)" if hint else ""
     if offered.is_prerelease or offered.is_devrelease or offered.local:
-        return f"version {version} is not a release (GPUHOST_UPGRADE_ALLOW_VERSION={version} allows it)"
+        return f"version {version} is not a release{allows}"
     if offered > current:
         return None
-    return f"version {version} is not newer than {running} (GPUHOST_UPGRADE_ALLOW_VERSION={version} allows it)"
+    return f"version {version} is not newer than {running}{allows}"
+
+
+def backwards(offered: str, running: str, failed: list[dict]) -> str | None:
+    """Why the install line may not put `offered` in place of `running` unless
+    its --version names it: the agent's own rules (not forward, or failed here
+    before, however spelled), which install.sh asks of the installed agent."""
+    why = _not_forward(offered, running, None, hint=False)
+    if why:
+        return why
+    same = [
+        {**failure, "version": offered}
+        for failure in failed
+        if isinstance(failure, dict) and _same_version(failure.get("version"), offered)
+    ]
+    return "failed here before" if upgrade_plan.failed_here(same, offered) else None
 
 
 def _same_version(failed: object, offered: str) -> bool:
