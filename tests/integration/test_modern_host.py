@@ -529,7 +529,7 @@ async def test_dockerd_pulls_through_the_pull_guard_and_a_name_of_the_host_reach
     doctor = json.loads((await _sh(world, "gpuhost-agent doctor --json", check=False)).out)
     (guarded,) = [check for check in doctor["checks"] if check["id"] == "registry-pulls-guarded"]
     assert guarded["ok"] and not guarded["skipped"], guarded
-    await _sh(world, "pkill -f 'http.server 5999' || true")
+    await _sh(world, "pkill -f '[h]ttp.server 5999' || true")  # [h]: not this shell's own command line
 
 
 async def test_uninstall_with_purge_leaves_nothing(world: World) -> None:
