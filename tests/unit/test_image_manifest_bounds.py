@@ -66,3 +66,19 @@ async def test_only_a_few_size_checks_run_at_once(tmp_path: Path, monkeypatch):
     sizes = ManifestSizes(Engine(), tmp_path, docker_cli=str(cli))  # type: ignore[arg-type]
     found = await asyncio.gather(*(sizes.size(f"registry.example/x:{i}", None) for i in range(6)))
     assert all(size is not None and size - 4 <= 2 for size in found), found  # at most 2 CLIs at a time
+
+
+def test_the_size_checks_cli_goes_through_the_pull_guard_and_reads_the_engines_own_spelling() -> None:
+    """Red team, 2026-12-07 (high): the Engine API's /info spells its proxies HttpProxy and
+    HttpsProxy; the CLI was given none (HTTPProxy was read), so it resolved the renter's
+    registry itself, around the guard. With the guard on, the CLI goes through it."""
+    from gpuhost_agent.runtime.image_manifest import proxy_environment
+
+    info = {"HttpProxy": "http://proxy.corp:3128", "HttpsProxy": "http://proxy.corp:3129", "NoProxy": "10.0.0.0/8"}
+    assert proxy_environment(info) == {
+        "HTTP_PROXY": "http://proxy.corp:3128",
+        "HTTPS_PROXY": "http://proxy.corp:3129",
+        "NO_PROXY": "10.0.0.0/8",
+    }
+    guarded = proxy_environment(info, "http://127.0.0.1:47128")
+    assert (guarded["HTTP_PROXY"], guarded["HTTPS_PROXY"]) == ("http://127.0.0.1:47128",) * 2

@@ -131,11 +131,16 @@ def insecure_registry(registry: str, registry_config: dict) -> bool:
     return False
 
 
-def proxy_environment(info: dict) -> dict[str, str]:
-    """The engine's own proxy settings (`docker info`), for the CLI's request:
-    the registry is asked the way the engine's pull would ask it."""
-    names = {"HTTPProxy": "HTTP_PROXY", "HTTPSProxy": "HTTPS_PROXY", "NoProxy": "NO_PROXY"}
-    return {env: str(info[key]) for key, env in names.items() if info.get(key)}
+def proxy_environment(info: dict, guard: str | None = None) -> dict[str, str]:
+    """The proxies for the CLI's request: the agent's pull guard (`guard`,
+    http://HOST:PORT) when it runs, else the engine's own (the Engine API's
+    /info spells them HttpProxy, HttpsProxy, NoProxy), so that the registry is
+    asked the way the engine's pull asks it, through the guard."""
+    names = {"HttpProxy": "HTTP_PROXY", "HttpsProxy": "HTTPS_PROXY", "NoProxy": "NO_PROXY"}
+    found = {env: str(info[key]) for key, env in names.items() if info.get(key)}
+    if guard:
+        found |= {"HTTP_PROXY": guard, "HTTPS_PROXY": guard}
+    return found
 
 
 class ManifestSizes:
@@ -146,9 +151,12 @@ class ManifestSizes:
         *,
         timeout: float = INSPECT_SECONDS,
         docker_cli: str | None = None,
+        guard: str | None = None,
     ):
-        """`timeout`: at most INSPECT_SECONDS, less where a pull's stall bound is shorter."""
+        """`timeout`: at most INSPECT_SECONDS, less where a pull's stall bound is shorter;
+        `guard`: the pull guard's http://HOST:PORT, which the CLI's requests go through."""
         self.engine, self.docker_config_dir, self.timeout = engine, docker_config_dir, min(timeout, INSPECT_SECONDS)
+        self.guard = guard
         self.docker_cli = docker_cli or shutil.which("docker") or "docker"
         self._checks = asyncio.Semaphore(CONCURRENT_CHECKS)
 
@@ -172,7 +180,7 @@ class ManifestSizes:
             "--",
             reference,
         ]
-        env = {**host_environment(self.docker_config_dir), **proxy_environment(info)}
+        env = {**host_environment(self.docker_config_dir), **proxy_environment(info, self.guard)}
         try:
             process = await asyncio.create_subprocess_exec(
                 *DIE_WITH_AGENT,

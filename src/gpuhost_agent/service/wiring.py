@@ -296,7 +296,9 @@ def image_pulls(
         pull_image,
         stall_seconds=config.pull_stall_seconds,
         max_seconds=config.pull_max_seconds,
-        sizes=ManifestSizes(engine, docker_config_dir, timeout=config.pull_stall_seconds).size,
+        sizes=ManifestSizes(
+            engine, docker_config_dir, timeout=config.pull_stall_seconds, guard=guard_url(config.pull_guard)
+        ).size,
         room=room.room,
         cache=ImageCache(engine, config.state_dir / "images.json", room.free),
     )
@@ -345,6 +347,14 @@ async def start_status_server(
     server = StatusServer(source, socket_path, metrics_listen)
     await server.start()
     return server
+
+
+def guard_url(listen: tuple[str, int] | None) -> str | None:
+    """The pull guard's address as a proxy URL, or None when it is off."""
+    if listen is None:
+        return None
+    host, port = listen
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 async def start_pull_guard(config: AgentConfig) -> asyncio.Server | None:
