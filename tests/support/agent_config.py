@@ -23,7 +23,7 @@ def make_config(state_dir: Path, **overrides) -> AgentConfig:
         speed_max_seconds=1.0,
         disk_floor_bytes=0,  # a test machine's free disk is not the point (tests/integration/test_disk_floor.py)
         allowed_registries=("127.0.0.1:5000",),  # the local test registry (scripts/build-test-images.sh)
-        pull_guard=None,  # as tests/support/agent_process.py: one port for many agents; test_pull_guard*.py start their own
+        pull_guard=None,  # as in tests/support/agent_process.py: one port for many agents
     )
     values.update(overrides)
     return AgentConfig(**values)
