@@ -30,8 +30,10 @@ readonly DROPIN=$DROPIN_DIR/10-install-restart-backoff.conf
 readonly DOCKER_DROPIN=/etc/systemd/system/docker.service.d/10-gpuhost-egress.conf
 # Named to sort after an operator's own proxy drop-in (http-proxy.conf), whose proxy becomes the guard's upstream.
 readonly GUARD_DROPIN=/etc/systemd/system/docker.service.d/zz-gpuhost-pull-guard.conf
+readonly FENCE_DROPIN=/etc/systemd/system/docker.service.d/20-gpuhost-engine-fence.conf
 readonly DOCKER_DAEMON_JSON=/etc/docker/daemon.json
 readonly DEFAULT_PULL_GUARD=127.0.0.1:47128
+readonly ENGINE_GROUP=gpuhost-engine  # the engine fence's (runtime/egress_rules.py): dockerd and the agent
 readonly BIN_LINK=/usr/local/bin/gpuhost-agent
 readonly DOCKER_SOCKET=/var/run/docker.sock
 # The minimums: copies of the defaults of Requirements in
@@ -182,6 +184,8 @@ What it writes:
   $DROPIN_DIR/  restart back-off (systemd >= 254 only)
   $DOCKER_DROPIN  the agent's egress rules
                                     written before dockerd starts, so at boot too
+  $FENCE_DROPIN  dockerd in the group $ENGINE_GROUP (made here), whose
+                                    new connections to the host itself the kernel refuses
   $GUARD_DROPIN  dockerd's pulls through the agent's pull guard
                                     (from dockerd's next restart; a proxy it had becomes the guard's upstream)
 Then systemctl daemon-reload, enable and restart the service (when systemd is running).
@@ -258,6 +262,10 @@ TimeoutStopSec=45s
 LimitNOFILE=65536
 
 Environment=PYTHONUNBUFFERED=1
+# The engine fence's group (runtime/egress_rules.py; install.sh makes it): the
+# kernel refuses the agent's and dockerd's new connections to the host itself
+# but the pull guard, DNS and what the host allowed, wherever a pull is sent.
+SupplementaryGroups=gpuhost-engine
 StandardOutput=journal
 StandardError=journal
 SyslogIdentifier=gpuhost-agent
@@ -376,6 +384,19 @@ guard_dropin_text() { # $1: the guard's HOST:PORT
 # host's own or link-local addresses (a registry's name rebound to the host).
 [Service]
 Environment="HTTP_PROXY=http://$1" "HTTPS_PROXY=http://$1"
+EOF
+}
+
+# dockerd in the engine fence's group: the kernel refuses its new connections
+# to the host itself (Go never sends a loopback target to the guard).
+fence_dropin_text() {
+    cat <<EOF
+# Written by install.sh (gpuhost-agent); install.sh --uninstall removes it.
+# dockerd in the agent's engine fence: its new connections to the host itself
+# (loopback, the host's own addresses) and to link-local addresses are refused
+# but the pull guard's, DNS and the registries the host allowed.
+[Service]
+SupplementaryGroups=$ENGINE_GROUP
 EOF
 }
 
@@ -1360,6 +1381,15 @@ install_unit() {
         docker_dropin_text >"$DOCKER_DROPIN"
         chmod 0644 "$DOCKER_DROPIN"
     fi
+    if ! getent group "$ENGINE_GROUP" >/dev/null; then
+        step "making the group $ENGINE_GROUP (the engine fence: dockerd and the agent)"
+        run groupadd --system "$ENGINE_GROUP"
+    fi
+    step "installing $FENCE_DROPIN (dockerd in the engine fence, from its next restart)"
+    if [ "$DRY_RUN" = 0 ]; then
+        fence_dropin_text >"$FENCE_DROPIN"
+        chmod 0644 "$FENCE_DROPIN"
+    fi
 }
 
 start_service() {
@@ -1437,6 +1467,7 @@ do_uninstall() {
         fi
         if [ -e "$UNIT_PATH" ]; then step "removing $UNIT_PATH"; run rm -f "$UNIT_PATH"; fi
         if [ -e "$DROPIN" ]; then step "removing $DROPIN"; run rm -f "$DROPIN"; fi
+        if [ -e "$FENCE_DROPIN" ]; then step "removing $FENCE_DROPIN"; run rm -f "$FENCE_DROPIN"; fi
         if [ -e "$GUARD_DROPIN" ]; then
             step "removing $GUARD_DROPIN"
             run rm -f "$GUARD_DROPIN"
@@ -1474,6 +1505,10 @@ do_uninstall() {
         if [ -e "$STATE_DIR" ]; then
             step "removing $STATE_DIR (a new install will not know the stacks running now)"
             run rm -rf "$STATE_DIR"
+        fi
+        if getent group "$ENGINE_GROUP" >/dev/null; then
+            step "removing the group $ENGINE_GROUP"
+            run groupdel "$ENGINE_GROUP" || warn "groupdel $ENGINE_GROUP failed: remove it by hand"
         fi
     else
         [ -e "$CONF_DIR" ] && say "kept $CONF_DIR (configuration and API key); --purge removes it"

@@ -524,6 +524,13 @@ async def test_dockerd_pulls_through_the_pull_guard_and_a_name_of_the_host_reach
     pulled = await _sh(world, "docker pull modern-host:5999/renter/image:1", check=False, timeout=120)
     assert pulled.code != 0 and "an address of this host: the host's engine does not go there" in pulled.both, pulled
     assert "GET" not in (await _sh(world, "cat /tmp/host-service.log")).out  # nothing reached the host's service
+    # Go sends a loopback target to no proxy (a registry's redirect or token realm naming 127.0.0.1):
+    # dockerd is in the engine fence's group, and the kernel refuses its connection.
+    groups = (await _sh(world, "grep ^Groups: /proc/$(pidof dockerd)/status; getent group gpuhost-engine")).out
+    assert groups.split("\n")[1].split(":")[2] in groups.split("\n")[0].split(), groups
+    pulled = await _sh(world, "docker pull 127.0.0.1:5999/renter/image:1", check=False, timeout=120)
+    assert pulled.code != 0 and "connection refused" in pulled.both, pulled
+    assert "GET" not in (await _sh(world, "cat /tmp/host-service.log")).out
     pulled = await _sh(world, "docker pull 203.0.113.7:5000/renter/image:1", check=False, timeout=120)
     assert pulled.code != 0 and "the upstream proxy 127.0.0.1:9 did not answer" in pulled.both, pulled
     doctor = json.loads((await _sh(world, "gpuhost-agent doctor --json", check=False)).out)

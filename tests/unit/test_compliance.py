@@ -136,6 +136,18 @@ FAILURES = [
         "do not go through the pull guard (HTTP proxy none, HTTPS proxy http://127.0.0.1:9)",
         "systemctl restart docker",
     ),
+    (  # red team 2, H2: dockerd sends a loopback target to no proxy; the kernel fence holds it
+        "registry-pulls-guarded",
+        _set("host.docker.fence", {"group": None, "dockerd": None, "detail": None}),
+        "no group gpuhost-engine for the engine fence",
+        "makes the group",
+    ),
+    (
+        "registry-pulls-guarded",
+        _set("host.docker.fence", {"group": 990, "dockerd": False, "detail": None}),
+        "dockerd is not in the group gpuhost-engine",
+        "systemctl restart docker",
+    ),
     (
         "registry-pulls-guarded",
         _set("host.docker.proxies.no", "localhost, *"),

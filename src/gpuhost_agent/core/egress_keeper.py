@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 
 from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.runtime.egress_rules import Opening
 from gpuhost_agent.runtime.host_firewall import Difference, FirewallError, HostFirewall
 
 log = get_logger(__name__)
@@ -21,9 +22,17 @@ CHECK_SECONDS = 60.0
 
 
 class EgressKeeper:
-    def __init__(self, firewall: HostFirewall, allowed: tuple[str, ...], interval: float = CHECK_SECONDS):
+    def __init__(
+        self,
+        firewall: HostFirewall,
+        allowed: tuple[str, ...],
+        interval: float = CHECK_SECONDS,
+        openings: tuple[Opening, ...] = (),
+    ):
+        """`openings`: what the engine fence lets dockerd and the agent reach on the host."""
         self.firewall = firewall
         self.allowed = allowed
+        self.openings = openings
         self.interval = interval
         self.problem: str | None = None  # why the rules are not in place, as last found
         self._checked = False
@@ -51,4 +60,4 @@ class EgressKeeper:
         self._gap = gap
 
     def _ensure(self) -> Difference:
-        return self.firewall.ensure(self.firewall.wanted(self.allowed))
+        return self.firewall.ensure(self.firewall.wanted(self.allowed, self.openings))

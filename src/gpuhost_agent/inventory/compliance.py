@@ -114,6 +114,7 @@ def _egress_check(egress: dict | None) -> Check:
 
 
 PULL_GUARD_CHECK = "registry-pulls-guarded"
+FENCE_GROUP = "gpuhost-engine"  # runtime/egress_rules.ENGINE_GROUP: install.sh makes it, Docker's drop-in names it
 
 
 def _pull_guard_check(guard: dict | None, docker: dict) -> Check:
@@ -147,12 +148,19 @@ def _pull_guard_check(guard: dict | None, docker: dict) -> Check:
               if str(proxies.get(name) or "").rstrip("/") != want]  # fmt: skip
     if "*" in [entry.strip() for entry in str(proxies.get("no") or "").split(",")]:
         astray.append("NO_PROXY * (no pull uses a proxy)")
+    fence = docker.get("fence") or {}
+    if fence.get("group") is None:
+        astray.append(f"no group {FENCE_GROUP} for the engine fence")
+    elif fence.get("dockerd") is not True:
+        detail = f": {fence['detail']}" if fence.get("detail") else ""
+        astray.append(f"dockerd is not in the group {FENCE_GROUP}{detail}")
     if astray:
         return Check(
             PULL_GUARD_CHECK,
             False,
             f"dockerd's pulls do not go through the pull guard ({', '.join(astray)}): {risk}",
-            "install.sh writes Docker's drop-in; restart Docker to take it (systemctl restart docker: it restarts "
+            "install.sh makes the group and writes Docker's drop-ins; restart Docker to take them "
+            "(systemctl restart docker: it restarts "
             f"the host's containers). A proxy in daemon.json wins over the drop-in: set its proxies to {want} and "
             "GPUHOST_PULL_GUARD_UPSTREAM to the proxy it named",
         )

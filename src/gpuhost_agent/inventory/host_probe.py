@@ -19,6 +19,7 @@ import psutil
 from gpuhost_agent.inventory import clock, gpu_delivery, toolkit
 from gpuhost_agent.inventory.storage_quota import read_mountinfo, storage_quota
 from gpuhost_agent.runtime import dockerd_settings, egress_rules
+from gpuhost_agent.runtime.egress_rules import Opening
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 from gpuhost_agent.runtime.host_firewall import HostFirewall
 from gpuhost_agent.runtime.rental_cgroups import RentalCgroups
@@ -97,7 +98,19 @@ async def docker_facts(engine: DockerEngine, gpu_check_image: str | None) -> dic
     facts["gpuContainers"] = await _gpu_containers(engine, facts, gpu_check_image)
     facts["gpuDelivery"] = await asyncio.to_thread(delivery, facts)
     facts.update(await asyncio.to_thread(dockerd_settings.engine_defaults, None, info.get("CgroupVersion")))
+    facts["fence"] = await asyncio.to_thread(fence_facts)
     return facts
+
+
+def fence_facts() -> dict:
+    """Whether dockerd is in the engine fence's group (runtime/egress_rules.py):
+    {"group": its id or None where the host has none, "dockerd": True/False, or
+    None with `detail` when it cannot be told}. Blocking."""
+    gid = HostFirewall().engine_gid()
+    groups = dockerd_settings.engine_groups()
+    if isinstance(groups, str):
+        return {"group": gid, "dockerd": None, "detail": groups}
+    return {"group": gid, "dockerd": gid is not None and gid in groups, "detail": None}
 
 
 def delivery(docker: dict) -> dict:
@@ -195,6 +208,7 @@ async def probe_host(
     gpu_check_image: str | None = None,
     toolkit_config: Path | None = None,
     egress_allow: tuple[str, ...] = (),
+    egress_openings: tuple[Opening, ...] = (),
 ) -> dict:
     docker, compose, nvidia_toolkit, unconfined = await asyncio.gather(
         docker_facts(engine, gpu_check_image),
@@ -204,7 +218,7 @@ async def probe_host(
     )
     # /proc, /sys, /etc/os-release, statvfs and adjtimex (whose libc lookup runs
     # ldconfig): blocking reads, made in a thread.
-    machine = await asyncio.to_thread(_this_machine, docker, compose, nvidia_toolkit, egress_allow)
+    machine = await asyncio.to_thread(_this_machine, docker, compose, nvidia_toolkit, egress_allow, egress_openings)
     machine["egress"]["unconfinedNetworks"] = unconfined
     return machine
 
@@ -217,7 +231,9 @@ async def _unconfined_networks(engine: DockerEngine) -> list[str] | None:
         return None
 
 
-def _this_machine(docker: dict, compose: dict, nvidia_toolkit: dict, egress_allow: tuple[str, ...]) -> dict:
+def _this_machine(
+    docker: dict, compose: dict, nvidia_toolkit: dict, egress_allow: tuple[str, ...], openings: tuple[Opening, ...]
+) -> dict:
     memory = psutil.virtual_memory()
     return {
         "cpu": {
@@ -232,5 +248,5 @@ def _this_machine(docker: dict, compose: dict, nvidia_toolkit: dict, egress_allo
         "compose": compose,
         "nvidiaContainerToolkit": nvidia_toolkit,
         "clock": clock.kernel_clock_state(),
-        "egress": HostFirewall().facts(egress_allow),
+        "egress": HostFirewall().facts(egress_allow, openings),
     }

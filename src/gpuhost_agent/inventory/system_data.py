@@ -24,6 +24,7 @@ from gpuhost_agent.inventory.host_probe import probe_host
 from gpuhost_agent.inventory.machines import Machines, OneMachine
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 from gpuhost_agent.protocol import wire_time
+from gpuhost_agent.runtime.egress_rules import Opening
 from gpuhost_agent.runtime.engine import DockerEngine
 
 
@@ -41,6 +42,7 @@ class Prober:
     # The environment's machines: this one alone, or every machine of a Swarm environment.
     machines: Machines = field(default_factory=OneMachine)
     egress_allow: tuple[str, ...] = ()  # GPUHOST_EGRESS_ALLOW: part of the rules the probe compares
+    egress_openings: tuple[Opening, ...] = ()  # the engine fence's openings: part of them too
     # GPUHOST_PULL_GUARD, and what asks it whether it answers (streams/pull_guard.answers).
     pull_guard: tuple[str, int] | None = None
     guard_answers: Callable[[str, int], Awaitable[str | None]] | None = None
@@ -54,6 +56,7 @@ class Prober:
                 gpu_check_image=self.gpu_check_image,
                 toolkit_config=self.toolkit_config,
                 egress_allow=self.egress_allow,
+                egress_openings=self.egress_openings,
             ),
         )
         host["pullGuard"] = await self._pull_guard()

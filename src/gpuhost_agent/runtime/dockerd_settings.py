@@ -97,6 +97,29 @@ def engine_defaults(docker_host: str | None = None, cgroup_version: str | None =
     }
 
 
+def engine_groups(docker_host: str | None = None) -> set[int] | str:
+    """The group ids the engine at DOCKER_HOST runs with (its own and its
+    supplementary ones, as /proc says), or why they cannot be read. Blocking."""
+    path = engine_socket(docker_host if docker_host is not None else os.environ.get("DOCKER_HOST"))
+    if path is None:
+        return "the engine is not on a local unix socket"
+    pid = engine_pid(path)
+    if pid is None:
+        return f"no process answers on {path}"
+    try:
+        status = Path(f"/proc/{pid}/status").read_text(errors="replace")
+    except OSError as exc:
+        return f"cannot read dockerd's /proc/{pid}/status: {exc.strerror or exc}"
+    groups: set[int] = set()
+    for line in status.splitlines():
+        name, _, values = line.partition(":")
+        if name == "Gid":
+            groups.update(int(value) for value in values.split()[:1])
+        elif name == "Groups":
+            groups.update(int(value) for value in values.split() if value.isdigit())
+    return groups
+
+
 def engine_no_new_privileges(docker_host: str | None = None) -> tuple[bool | None, str]:
     """(whether the engine at DOCKER_HOST defaults to no-new-privileges or None
     when that cannot be told, how it was told). Blocking: run it in a thread."""

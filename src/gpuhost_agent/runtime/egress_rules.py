@@ -26,6 +26,14 @@ Replies to connections made into the container (published ports, the
 agent's tunnels, SSH sessions) pass; so do DNS queries to the host's own
 nameservers, which the engine forwards from the container's namespace; and
 whatever the operator opens (GPUHOST_EGRESS_ALLOW: a registry mirror, a proxy).
+
+The engine fence (issue 45, item 5) holds dockerd's and the agent's own
+connections, both in the group ENGINE_GROUP (install.sh): a pull follows a
+renter's registry's redirects and token realm, and Go's proxy choice never
+sends localhost or a loopback literal to the pull guard. So the kernel
+refuses their new connections to the host itself (the loopback interface,
+which carries the host's own addresses too) and to link-local addresses,
+except the pull guard, DNS, the Swarm's own ports and what the host allowed.
 """
 
 from __future__ import annotations
@@ -42,6 +50,9 @@ BRIDGE_OPTION = "com.docker.network.bridge.name"
 FORWARD_CHAIN = "GPUHOST-EGRESS"  # what a rental's container may reach beyond the host
 HOST_CHAIN = "GPUHOST-HOST"  # what it may reach of the host: replies only
 DOCKER_USER = "DOCKER-USER"
+ENGINE_CHAIN = "GPUHOST-ENGINE"  # where dockerd's and the agent's own new connections may go on the host
+ENGINE_GROUP = "gpuhost-engine"  # their supplementary group (install.sh): the fence's match
+SWARM_LOCAL = (("tcp", "2377,7946"), ("udp", "7946,4789"))  # a Swarm node's engine talks to itself on these
 SETTING = "GPUHOST_EGRESS_ALLOW"
 IPV4_REFUSED = (
     "0.0.0.0/8",
@@ -80,22 +91,91 @@ class Rule:
 
 @dataclass(frozen=True)
 class Jump:
-    """A rule that sends a rental's traffic from `interface` into one of the
-    agent's chains; the agent's jumps are kept the first rules of `parent`
-    (DOCKER-USER, or FORWARD where the engine has none; INPUT)."""
+    """A rule that sends a rental's traffic from `interface` (or what `match`
+    matches, as iptables -S prints it) into one of the agent's chains; the
+    agent's jumps are kept the first rules of `parent` (DOCKER-USER, or
+    FORWARD where the engine has none; INPUT; OUTPUT for the engine fence)."""
 
     tool: str
     parent: str
     chain: str
     interface: str = BRIDGE_PREFIX + "+"
+    match: tuple[str, ...] = ()
 
     @property
     def args(self) -> tuple[str, ...]:
-        return ("-i", self.interface, "-j", self.chain)
+        return (*(self.match or ("-i", self.interface)), "-j", self.chain)
 
     @property
     def label(self) -> str:
-        return f"{self.tool} {self.parent} -i {self.interface} -> {self.chain}"
+        return f"{self.tool} {self.parent} {' '.join(self.match or ('-i', self.interface))} -> {self.chain}"
+
+
+@dataclass(frozen=True)
+class Opening:
+    """An address (and port: None for every port) the engine fence lets
+    dockerd and the agent reach on the host: the pull guard, an allowed
+    registry, the host's proxy."""
+
+    address: str
+    port: int | None = None
+
+
+def engine_openings(
+    guard: tuple[str, int] | None, registries: tuple[str, ...], upstream: tuple[str, int] | None
+) -> tuple[Opening, ...]:
+    """The fence's openings from the settings: the guard's address, the
+    allowed registries and the upstream proxy given as addresses (a name is
+    not an address the kernel can match: such a registry on the host is
+    reached through its address)."""
+    found: list[tuple[str, int | None]] = [pair for pair in (guard, upstream) if pair]
+    for registry in registries:
+        text = registry.strip()
+        if text.startswith("["):
+            host, _, rest = text[1:].partition("]")
+            port_text = rest[1:] if rest.startswith(":") else ""
+        else:
+            host, sep, port_text = text.rpartition(":")
+            if not sep:
+                host, port_text = text, ""
+        found.append((host, int(port_text) if port_text.isdigit() else None))
+    openings = []
+    for host, port in found:
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            continue
+        if Opening(str(address), port) not in openings:
+            openings.append(Opening(str(address), port))
+    return tuple(openings)
+
+
+def engine_rules(openings: tuple[Opening, ...]) -> list[Rule]:
+    """The fence, for IPv4 and IPv6: replies to what came in (a published
+    port's proxy, the agent's listeners); the openings; DNS and the Swarm's
+    own ports on the host; then nothing else of the host, nor link-local."""
+    rules = []
+    for tool, version, link_local in (("iptables", 4, "169.254.0.0/16"), ("ip6tables", 6, "fe80::/10")):
+        rules.append(Rule(tool, ENGINE_CHAIN, REPLIES))
+        for opening in openings:
+            if ipaddress.ip_address(opening.address).version != version:
+                continue
+            port = ("-p", "tcp", "--dport", str(opening.port)) if opening.port else ()
+            rules.append(Rule(tool, ENGINE_CHAIN, ("-d", opening.address, *port, "-j", "RETURN")))
+        for protocol in ("udp", "tcp"):
+            rules.append(Rule(tool, ENGINE_CHAIN, ("-o", "lo", "-p", protocol, "--dport", "53", "-j", "RETURN")))
+        for protocol, ports in SWARM_LOCAL:
+            swarm = ("-o", "lo", "-p", protocol, "-m", "multiport", "--dports", ports, "-j", "RETURN")
+            rules.append(Rule(tool, ENGINE_CHAIN, swarm))
+        rules.append(Rule(tool, ENGINE_CHAIN, ("-o", "lo", *REFUSE)))
+        rules.append(Rule(tool, ENGINE_CHAIN, ("-d", link_local, *REFUSE)))
+    return rules
+
+
+def engine_jumps(gid: int) -> list[Jump]:
+    """From OUTPUT, for every process in the group `gid` (its supplementary groups counted)."""
+    match = ("-m", "owner", "--gid-owner", str(gid), "--suppl-groups")
+    return [Jump(tool, "OUTPUT", ENGINE_CHAIN, match=match) for tool in ("iptables", "ip6tables")]
 
 
 def allowed_networks(value: str) -> tuple[tuple[str, ...], list[str]]:

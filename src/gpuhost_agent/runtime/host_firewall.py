@@ -15,6 +15,8 @@ written again.
 
 from __future__ import annotations
 
+import grp
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -22,10 +24,15 @@ from pathlib import Path
 
 from gpuhost_agent.runtime.egress_rules import (
     DOCKER_USER,
+    ENGINE_CHAIN,
+    ENGINE_GROUP,
     FORWARD_CHAIN,
     HOST_CHAIN,
     Jump,
+    Opening,
     Rule,
+    engine_jumps,
+    engine_rules,
     forward_rules,
     host_rules,
     jumps,
@@ -60,12 +67,24 @@ class Difference:
 
 
 class HostFirewall:
-    def __init__(self, path: str = TOOLS_PATH, resolv_confs: tuple[Path, ...] = RESOLV_CONFS):
+    def __init__(
+        self, path: str = TOOLS_PATH, resolv_confs: tuple[Path, ...] = RESOLV_CONFS, group: str = ENGINE_GROUP
+    ):
+        """`group`: the engine fence's group; where the host has none (install.sh makes it), no fence."""
         self.path = path
         self.resolv_confs = resolv_confs
+        self.group = group
 
-    def wanted(self, allowed: tuple[str, ...]) -> list[Rule]:
-        """The rules for this host now, its nameservers read. Blocking."""
+    def engine_gid(self) -> int | None:
+        """The fence's group id, or None where the host has no such group."""
+        try:
+            return grp.getgrnam(self.group).gr_gid
+        except KeyError:
+            return None
+
+    def wanted(self, allowed: tuple[str, ...], openings: tuple[Opening, ...] = ()) -> list[Rule]:
+        """The rules for this host now, its nameservers read; the engine fence
+        with `openings` where the host has its group. Blocking."""
         servers: list[str] = []
         for path in self.resolv_confs:
             try:
@@ -73,14 +92,15 @@ class HostFirewall:
             except OSError:
                 continue
             servers += [server for server in nameservers_of(text) if server not in servers]
-        return forward_rules(allowed, tuple(servers)) + host_rules()
+        fence = engine_rules(openings) if self.engine_gid() is not None else []
+        return forward_rules(allowed, tuple(servers)) + host_rules() + fence
 
-    def facts(self, allowed: tuple[str, ...]) -> dict:
+    def facts(self, allowed: tuple[str, ...], openings: tuple[Opening, ...] = ()) -> dict:
         """What the host probe reports: are a rental's containers confined now? Blocking."""
         if problem := self.problem():
             return {"confined": False, "differs": None, "error": problem}
         try:
-            found = self.difference(self.wanted(allowed))
+            found = self.difference(self.wanted(allowed, openings))
         except FirewallError as exc:
             return {"confined": None, "differs": None, "error": str(exc)}
         if gap := self.ipv6_gap():
@@ -168,7 +188,13 @@ class HostFirewall:
             while jump.tool in tools and self._has(jump.tool, jump.parent, jump.args):
                 self._run(jump.tool, "-D", jump.parent, *jump.args)
                 removed.append(jump.label)
-        for tool, chain in (("iptables", FORWARD_CHAIN), ("iptables", HOST_CHAIN), ("ip6tables", HOST_CHAIN)):
+        for tool in tools:  # the fence's jumps, whatever group id they name (the group may be gone)
+            for line in self._run(tool, "-S", "OUTPUT", check=False).stdout.splitlines():
+                if line.startswith("-A OUTPUT ") and line.endswith(f" -j {ENGINE_CHAIN}"):
+                    self._run(tool, "-D", "OUTPUT", *shlex.split(line)[2:])
+                    removed.append(f"{tool} OUTPUT -> {ENGINE_CHAIN}")
+        chains = (("iptables", FORWARD_CHAIN), ("iptables", HOST_CHAIN), ("ip6tables", HOST_CHAIN))
+        for tool, chain in (*chains, ("iptables", ENGINE_CHAIN), ("ip6tables", ENGINE_CHAIN)):
             if tool in tools and self._chain_exists(tool, chain):
                 self._run(tool, "-F", chain)
                 self._run(tool, "-X", chain)
@@ -179,11 +205,13 @@ class HostFirewall:
         """From DOCKER-USER where the engine sends FORWARD's traffic through it
         (or will: before_engine), else from FORWARD itself (an engine without
         iptables rules of its own)."""
+        gid = self.engine_gid()
+        fence = engine_jumps(gid) if gid is not None else []
         if before_engine:  # and from FORWARD too: an engine may never send traffic through DOCKER-USER
-            return [*jumps(True), *(jump for jump in jumps(False) if jump.parent == "FORWARD")]
+            return [*jumps(True), *(jump for jump in jumps(False) if jump.parent == "FORWARD"), *fence]
         if not self._chain_exists("iptables", DOCKER_USER):
-            return jumps(False)
-        return jumps(self._has("iptables", "FORWARD", ("-j", DOCKER_USER)))
+            return jumps(False) + fence
+        return jumps(self._has("iptables", "FORWARD", ("-j", DOCKER_USER))) + fence
 
     def _ipv6(self) -> bool:
         """Does the kernel have IPv6's filter table (not so without IPv6), and ip6tables to write it?"""

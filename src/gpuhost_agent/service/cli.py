@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from gpuhost_agent import __version__
+from gpuhost_agent.runtime.egress_rules import Opening
 from gpuhost_agent.service import config as config_module
 from gpuhost_agent.service import status_cli
 from gpuhost_agent.service.settings_doc import GROUPS, flag_help
@@ -139,12 +140,12 @@ def _remove_egress_rules() -> int:
     return 0
 
 
-def _apply_egress_rules(allowed: tuple[str, ...]) -> int:
+def _apply_egress_rules(allowed: tuple[str, ...], openings: tuple[Opening, ...]) -> int:
     from gpuhost_agent.runtime.host_firewall import FirewallError, HostFirewall
 
     firewall = HostFirewall()
     try:
-        found = firewall.ensure(firewall.wanted(allowed), before_engine=True)
+        found = firewall.ensure(firewall.wanted(allowed, openings), before_engine=True)
     except FirewallError as exc:
         print(f"gpuhost-agent: egress rules not written: {exc}", file=sys.stderr)
         return 1
@@ -162,10 +163,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.action == "remove":
             return _remove_egress_rules()
         try:  # the egress settings alone matter: no key needed, none read
-            allowed = config_module.build(config_module.choose({**flags, "api_key": "unused-by-egress"})).egress_allow
+            egress = config_module.build(config_module.choose({**flags, "api_key": "unused-by-egress"}))
         except (config_module.ConfigError, ValueError) as exc:
             return _configuration_error(exc)
-        return _apply_egress_rules(allowed)
+        return _apply_egress_rules(egress.egress_allow, egress.engine_openings)
     if args.command == "status":
         try:  # a dummy api_key: status never needs the key, and a non-root user cannot read its file
             chosen = config_module.choose({**flags, "api_key": "unused-by-status"})

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuhost_agent.runtime.egress_rules import Opening, engine_openings
 from gpuhost_agent.service import settings_table
 from gpuhost_agent.service.settings import (
     DEFAULT_LOCAL_LISTEN,
@@ -115,6 +116,11 @@ class AgentConfig:
 
     def __post_init__(self) -> None:
         self.swarm = SwarmRole(self.swarm)  # the mode is typed however the config was made
+
+    @property
+    def engine_openings(self) -> tuple[Opening, ...]:
+        """What the engine fence lets dockerd and the agent reach on the host (runtime/egress_rules.py)."""
+        return engine_openings(self.pull_guard, self.allowed_registries, self.pull_guard_upstream)
 
     @property
     def socket_path(self) -> Path:

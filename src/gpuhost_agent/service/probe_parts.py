@@ -51,6 +51,7 @@ def build_prober(
         location=config.location,
         machines=machines,
         egress_allow=config.egress_allow,
+        egress_openings=config.engine_openings,
         pull_guard=config.pull_guard,
         guard_answers=pull_guard.answers,
     )

@@ -66,7 +66,7 @@ async def serve_worker(config: AgentConfig, stop: asyncio.Event) -> None:
         )
 
     # Renters' containers run here too: their egress rules first, then kept every minute.
-    egress = EgressKeeper(HostFirewall(), config.egress_allow)
+    egress = EgressKeeper(HostFirewall(), config.egress_allow, openings=config.engine_openings)
     await egress.run_once()
     keeping = asyncio.create_task(_keep(egress), name="egress-keeper")
     guard = await start_pull_guard(config)  # this machine's dockerd pulls the tasks' images

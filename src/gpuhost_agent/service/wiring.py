@@ -256,7 +256,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str, release_key: s
         gpu_events=gpu_events,
         usage=usage,
         releases=upgrades,
-        egress=EgressKeeper(HostFirewall(), config.egress_allow),
+        egress=EgressKeeper(HostFirewall(), config.egress_allow, openings=config.engine_openings),
         watches=topology.watches(container_watch, lambda: session.env_id, host.environment_changed),
     )
     return AgentParts(
