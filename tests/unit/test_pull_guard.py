@@ -120,10 +120,24 @@ async def test_link_local_and_mixed_answers_are_refused_by_the_address_judged() 
         ("fe80::1", 443, "link-local"),
         ("rebinding.example", 443, "127.0.0.1, a loopback address"),
         ("metadata.example", 443, "169.254.169.254, link-local"),
+        # red team 2, M3: what a rental's containers may not reach either
+        ("172.18.0.2", 5000, "private"),  # the host reaches its bridges: another rental's container
+        ("100.100.100.200", 80, "private"),  # Alibaba Cloud's metadata service
+        ("168.63.129.16", 32526, "private"),  # Azure's WireServer
+        ("fd00:ec2::254", 80, "private"),  # AWS's metadata service over IPv6
     ):
         with pytest.raises(Refused) as refused:
             await guard.address_for(Target(host, port))
         assert refused.value.status == 403 and why in refused.value.reason, refused.value.reason
+
+
+async def test_a_private_network_the_operator_opened_is_judged_open() -> None:
+    import ipaddress
+
+    guard = PullGuard(allows(()), _host_networks, opened=(ipaddress.ip_network("10.0.8.0/24"),))
+    assert await guard.address_for(Target("10.0.8.5", 5000)) == "10.0.8.5"
+    with pytest.raises(Refused):
+        await guard.address_for(Target("10.0.9.5", 5000))
 
 
 async def test_an_allowed_registry_is_carried_both_ways_byte_for_byte() -> None:

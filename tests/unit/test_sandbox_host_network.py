@@ -79,6 +79,12 @@ def test_the_registry_is_split_as_the_engine_splits_it(image, registry):
         ("192.0.2.10:8080/x", "an address of this host"),
         ("192.0.2.10/x", "an address of this host"),
         ("[2001:db8::10]:443/x", "an address of this host"),
+        # Red team 2, M3: what a rental's containers may not reach either (runtime/egress_rules.py)
+        ("10.0.0.5:5000/x", "private"),  # a LAN, or the host's bridges: other rentals' containers
+        ("172.18.0.2:5000/x", "private"),
+        ("100.100.100.200/x", "private"),  # Alibaba Cloud's metadata service (carrier-grade NAT space)
+        ("168.63.129.16/x", "private"),  # Azure's WireServer
+        ("[fd00:ec2::254]/x", "private"),  # AWS's metadata service over IPv6
     ],
 )
 def test_a_registry_at_the_host_or_a_special_address_is_refused(image, why):
@@ -93,7 +99,6 @@ def test_a_registry_at_the_host_or_a_special_address_is_refused(image, why):
         "alpine",
         "ghcr.io/x/y:1",
         "nvcr.io/nim/meta/llama3-8b-instruct:1.0.3",
-        "10.0.0.5:5000/x",  # a LAN registry, not the host's own: the engine asks it over HTTPS
         "192.0.2.11:8080/x",
         "registry.gpuhost-test.invalid/nothing/here:1",
         "127.0.0.1:5000/gpuhost-test/busybox:1",  # allowed by the host
@@ -101,6 +106,15 @@ def test_a_registry_at_the_host_or_a_special_address_is_refused(image, why):
 )
 def test_other_registries_and_the_allowed_one_pass(image):
     assert image_problem(image, TESTS) is None
+
+
+def test_a_private_registry_the_operator_opened_passes():
+    """GPUHOST_EGRESS_ALLOW opens a network to a rental's containers: a registry mirror there may be pulled from."""
+    import ipaddress
+
+    opened = Registries(host=HOST, opened=(ipaddress.ip_network("10.0.8.0/24"),))
+    assert image_problem("10.0.8.5:5000/x", opened) is None
+    assert "private" in (image_problem("10.0.9.5:5000/x", opened) or "")
 
 
 def test_the_allowed_list_takes_host_or_host_and_port():

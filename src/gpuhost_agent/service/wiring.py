@@ -8,6 +8,7 @@ the agent talks to it over real HTTP on loopback, as to the real one.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -144,6 +145,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str, release_key: s
         rental_disk_bytes=config.rental_disk_bytes,
         allowed_registries=config.allowed_registries,
         images_absent=engine.missing_images,
+        opened_networks=config.egress_allow,
     )
     stacks = topology.stack_backend(compose, config.stop_timeout)
     deployer = StackDeployer(
@@ -368,7 +370,10 @@ async def start_pull_guard(config: AgentConfig) -> asyncio.Server | None:
     async def host_networks() -> list:
         return await asyncio.to_thread(read_host_networks)
 
-    guard = PullGuard(allows(config.allowed_registries), host_networks, upstream=config.pull_guard_upstream)
+    opened = tuple(ipaddress.ip_network(net, strict=False) for net in config.egress_allow)
+    guard = PullGuard(
+        allows(config.allowed_registries), host_networks, upstream=config.pull_guard_upstream, opened=opened
+    )
     host, port = config.pull_guard
     try:
         server = await guard.serve(host, port)

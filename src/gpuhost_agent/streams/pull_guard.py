@@ -133,6 +133,7 @@ class PullGuard:
     host_networks: HostNetworks
     upstream: tuple[str, int] | None = None
     lookup: Lookup = system_lookup
+    opened: tuple[IPNetwork, ...] = ()  # private networks the operator opened (GPUHOST_EGRESS_ALLOW)
 
     def __post_init__(self) -> None:
         self.open = 0
@@ -156,7 +157,7 @@ class PullGuard:
             raise Refused(502, f"{target.host} does not resolve")
         networks = await self.host_networks()
         for address in addresses:
-            why = registry_address_problem(ipaddress.ip_address(address.split("%")[0]), networks)
+            why = registry_address_problem(ipaddress.ip_address(address.split("%")[0]), networks, self.opened)
             if why:
                 raise Refused(403, f"{target.host} resolves to {address}, {why}: the host's engine does not go there")
         return addresses[0]

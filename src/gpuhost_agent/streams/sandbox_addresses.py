@@ -19,6 +19,8 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable, Iterable
 
+from gpuhost_agent.runtime.egress_rules import IPV4_REFUSED
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 # The label that says which stack made a network, in the order the agent's containers carry them:
@@ -128,17 +130,31 @@ def special_address(ip: IPAddress) -> str | None:
 THIS_NETWORK = ipaddress.IPv4Network("0.0.0.0/8")
 
 
-def registry_address_problem(ip: IPAddress, host: Iterable[IPNetwork]) -> str | None:
+def registry_address_problem(ip: IPAddress, host: Iterable[IPNetwork], opened: Iterable[IPNetwork] = ()) -> str | None:
     """Why the host's engine may not fetch images from `ip` (a special
-    address, or one of `host`, the host's own); None when it may. Judges a
-    renter's registry (core/sandbox/host_network.py) and every connection of
-    a pull (streams/pull_guard.py)."""
+    address, one of `host`, the host's own, or a range a rental's containers
+    may not reach either: private networks, where the host's bridges and so
+    other rentals' containers are, carrier-grade NAT, a cloud's own services;
+    unless the operator opened it, `opened`: GPUHOST_EGRESS_ALLOW); None when
+    it may. Judges a renter's registry (core/sandbox/host_network.py) and
+    every connection of a pull (streams/pull_guard.py)."""
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
     why = special_address(ip)
     if why is None and any(ip in net for net in host if net.version == ip.version):
         why = "an address of this host"
+    if why is None and not any(ip in net for net in opened if net.version == ip.version):
+        if any(ip in net for net in PRIVATE_REFUSED if net.version == ip.version):
+            why = "private (the host's networks, other rentals' containers, a cloud's own services)"
     return why
+
+
+# What a rental's containers may not reach beyond the special addresses (runtime/egress_rules.py), and IPv6's
+# unique local addresses (fc00::/7: AWS's metadata service answers on fd00:ec2::254).
+PRIVATE_REFUSED: tuple[IPNetwork, ...] = (
+    *(ipaddress.ip_network(net) for net in IPV4_REFUSED),
+    ipaddress.ip_network("fc00::/7"),
+)
 
 
 def _special(ip: IPAddress) -> str | None:

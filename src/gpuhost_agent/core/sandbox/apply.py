@@ -15,6 +15,7 @@ once can never be given the same GPU, and a refused stack takes none.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 from collections.abc import Awaitable, Callable
 
 from gpuhost_agent.common.logs import get_logger
@@ -119,6 +120,7 @@ class Sandbox:
         rental_disk_bytes: int | None,
         allowed_registries: tuple[str, ...],
         images_absent: Absent,
+        opened_networks: tuple[str, ...] = (),
     ):
         """`shares` holds each rental's share in a cgroup of its own
         (core/rentals/shares.py), or none (a Swarm leader: each container has
@@ -132,6 +134,8 @@ class Sandbox:
         self.rental_disk_bytes = rental_disk_bytes  # the host's fixed disk share per rental (disk_watch.py)
         # Registries local on purpose, and which images the engine lacks (whose registry it would contact).
         self.allowed_registries, self.images_absent = allowed_registries, images_absent
+        # Private networks the operator opened (GPUHOST_EGRESS_ALLOW): a registry there is theirs to allow.
+        self.opened = tuple(ipaddress.ip_network(net, strict=False) for net in opened_networks)
         self.ledger = ledger
         self.machine_facts = machine_facts
         self.publish_address = publish_address
@@ -168,6 +172,7 @@ class Sandbox:
             self.allowed_registries,
             tuple(await asyncio.to_thread(read_host_networks)),
             await resolve_registries(model, self.allowed_registries, self.images_absent),
+            self.opened,
         )
         # From here to commit: no await, so the decision is atomic.
         try:

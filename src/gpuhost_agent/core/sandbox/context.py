@@ -35,6 +35,7 @@ class Registries:
     allowed: tuple[str, ...] = ()  # host[:port], local on purpose (GPUHOST_ALLOWED_REGISTRIES)
     host: tuple[IPNetwork, ...] = ()  # the host's own addresses (streams/tunnel.py read_host_networks)
     resolved: Mapping[str, tuple[str, ...] | None] = field(default_factory=dict)  # name -> addresses (None: late)
+    opened: tuple[IPNetwork, ...] = ()  # private networks the operator opened (GPUHOST_EGRESS_ALLOW)
 
 
 @dataclass(frozen=True)

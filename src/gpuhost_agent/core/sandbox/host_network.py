@@ -108,13 +108,14 @@ def image_problem(image: str, registries: Registries) -> str | None:
     if is_localhost(host):
         why = "is this machine (localhost)"
     elif (ip := literal(host)) is not None:
-        why = f"is {problem}" if (problem := registry_address_problem(ip, registries.host)) else None
+        why = f"is {problem}" if (problem := registry_address_problem(ip, registries.host, registries.opened)) else None
     elif host in registries.resolved:
         addresses = registries.resolved[host]
         if addresses is None:
             why = "did not resolve in time, so where it is cannot be told"
         for address in addresses or ():
-            problem = registry_address_problem(ipaddress.ip_address(address.split("%")[0]), registries.host)
+            ip = ipaddress.ip_address(address.split("%")[0])
+            problem = registry_address_problem(ip, registries.host, registries.opened)
             if problem:
                 why = f"resolves to {address}, {problem}"
                 break
