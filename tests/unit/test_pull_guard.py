@@ -252,10 +252,32 @@ async def test_reads_are_bounded_and_connections_capped(monkeypatch: pytest.Monk
         host, port = proxy.removeprefix("http://").split(":")
         held = [await asyncio.open_connection(host, int(port)) for _ in range(2)]
         await _until(lambda: guard.open == 2)
-        assert (await _raw(proxy, b"CONNECT x:1 HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 503 ")
+        # Over the cap: closed at the accept, before a byte is read (red team 2, M4: 4000 idle connections
+        # were held at once with a cap of 256, each a descriptor of the agent's).
+        reader, writer = await asyncio.open_connection(host, int(port))
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
         for _, writer in held:
             writer.close()
         await _until(lambda: guard.open == 0)
+
+
+async def test_another_user_of_the_host_is_not_served() -> None:
+    """Red team 2, M4: any local user could hold the guard's slots; only root's processes
+    (dockerd, the agent) are served, as the kernel names a loopback peer's owner."""
+    async with _service() as service:
+        guard_allowing = PullGuard(allowed=allows([f"127.0.0.1:{service.port}"]), host_networks=_host_networks)
+        async with _guard(guard_allowing) as allowing:
+            code, out, _ = await _curl("-p", "-x", allowing, f"http://127.0.0.1:{service.port}/v2/")
+            assert code == 0 and len(out) == len(BODY)  # root: served
+            nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "curl"]
+            done = await asyncio.create_subprocess_exec(
+                *nobody, "-sS", "--max-time", "5", "-p", "-x", allowing, f"http://127.0.0.1:{service.port}/v2/",
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            out, err = await done.communicate()
+            assert done.returncode != 0 and out == b"", err
+            assert guard_allowing.refused == 1
 
 
 async def _until(condition: Callable[[], bool]) -> None:
