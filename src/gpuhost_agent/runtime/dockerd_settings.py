@@ -24,12 +24,34 @@ from urllib.parse import urlparse
 
 DEFAULT_DAEMON_JSON = "/etc/docker/daemon.json"
 DEFAULT_SOCKET = "/var/run/docker.sock"
+DEFAULT_PIDFILE = "/var/run/docker.pid"  # dockerd's own, unless --pidfile says otherwise
 
 
 def engine_socket(docker_host: str | None) -> str | None:
     """The unix socket path of DOCKER_HOST (the default when unset); None for tcp:// and the like."""
     url = urlparse(docker_host or f"unix://{DEFAULT_SOCKET}")
     return url.path if url.scheme == "unix" and url.path else None
+
+
+def dockerd_pid(socket_path: str) -> int | None:
+    """dockerd's pid behind its socket: the process that made the socket, by the
+    kernel's word, unless that is not dockerd (systemd's docker.socket made it
+    and handed it over: then the pid 1), when dockerd's pid file says."""
+    pid = engine_pid(socket_path)
+    if pid is not None and _comm(pid) == "dockerd":
+        return pid
+    try:
+        written = int(Path(DEFAULT_PIDFILE).read_text().strip())
+    except (OSError, ValueError):
+        return pid
+    return written if _comm(written) == "dockerd" else pid
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def engine_pid(socket_path: str) -> int | None:
@@ -103,7 +125,7 @@ def engine_groups(docker_host: str | None = None) -> set[int] | str:
     path = engine_socket(docker_host if docker_host is not None else os.environ.get("DOCKER_HOST"))
     if path is None:
         return "the engine is not on a local unix socket"
-    pid = engine_pid(path)
+    pid = dockerd_pid(path)
     if pid is None:
         return f"no process answers on {path}"
     try:
@@ -133,7 +155,7 @@ def _engine_settings(docker_host: str | None) -> tuple[int, list[str], str, dict
     path = engine_socket(docker_host)
     if path is None:
         return "the engine is not on a local unix socket"
-    pid = engine_pid(path)
+    pid = dockerd_pid(path)
     if pid is None:
         return f"no process answers on {path}"
     try:
