@@ -382,8 +382,10 @@ guard_dropin_text() { # $1: the guard's HOST:PORT
 # Written by install.sh (gpuhost-agent); install.sh --uninstall removes it.
 # dockerd's pulls go through the agent's pull guard, which dials none of the
 # host's own or link-local addresses (a registry's name rebound to the host).
+# NO_PROXY: none but localhost (a name in it would go around the guard;
+# a registry the host allowed passes the guard).
 [Service]
-Environment="HTTP_PROXY=http://$1" "HTTPS_PROXY=http://$1"
+Environment="HTTP_PROXY=http://$1" "HTTPS_PROXY=http://$1" "NO_PROXY=localhost" "no_proxy=localhost"
 EOF
 }
 

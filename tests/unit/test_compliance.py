@@ -136,6 +136,12 @@ FAILURES = [
         "do not go through the pull guard (HTTP proxy none, HTTPS proxy http://127.0.0.1:9)",
         "systemctl restart docker",
     ),
+    (  # red team 2, M5: Go bypasses the proxy for each of these
+        "registry-pulls-guarded",
+        _set("host.docker.proxies.no", "127.0.0.1,::1,localhost,169.254.169.254,.com,0.0.0.0/0"),
+        "NO_PROXY sends 169.254.169.254, .com, 0.0.0.0/0 around it",
+        "systemctl restart docker",
+    ),
     (  # red team 2, H2: dockerd sends a loopback target to no proxy; the kernel fence holds it
         "registry-pulls-guarded",
         _set("host.docker.fence", {"group": None, "dockerd": None, "detail": None}),
@@ -151,7 +157,7 @@ FAILURES = [
     (
         "registry-pulls-guarded",
         _set("host.docker.proxies.no", "localhost, *"),
-        "NO_PROXY * (no pull uses a proxy)",
+        "NO_PROXY sends * around it",
         "daemon.json",
     ),
 ]

@@ -331,6 +331,24 @@ async def test_a_flood_of_connections_waits_on_no_engine_call_and_is_counted_at_
         await proxy.stop()
 
 
+async def test_a_failed_read_of_the_leaders_keeps_the_last_ones_known(door_tls) -> None:
+    """Red team 2, L8: one engine timeout put the leader in the common pool for 30 s."""
+    answers = [frozenset({"127.0.0.2"})]
+
+    async def managers() -> frozenset[str]:
+        if not answers:
+            raise TimeoutError("the engine is slow")
+        return answers.pop()
+
+    proxy = WorkerDoor(KEY, _Engine(), "/nonexistent", tls=door_tls.server(), leaders=managers)  # type: ignore[arg-type]
+    await proxy.start("127.0.0.1", 0)
+    try:
+        await proxy._read_leaders()  # fails
+        assert proxy._from_leader("127.0.0.2")
+    finally:
+        await proxy.stop()
+
+
 async def _machine_through(port: int, context: ssl.SSLContext, node: str) -> str:
     """What the leader's door client gets asking `node`'s door: "served", or the refusal."""
     door = DoorClient("127.0.0.1", port, KEY, context, node)

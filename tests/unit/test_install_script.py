@@ -336,7 +336,10 @@ def test_dockerd_is_pointed_at_the_pull_guard_and_its_own_proxy_becomes_the_upst
         return subprocess.run(["bash", "-c", program], capture_output=True, text=True, check=True, env=env)
 
     done = run("", "")
-    assert 'Environment="HTTP_PROXY=http://127.0.0.1:47128" "HTTPS_PROXY=http://127.0.0.1:47128"' in dropin.read_text()
+    assert (
+        'Environment="HTTP_PROXY=http://127.0.0.1:47128" "HTTPS_PROXY=http://127.0.0.1:47128" "NO_PROXY=localhost"'
+        in dropin.read_text()
+    )
     assert "systemctl restart docker" in done.stdout and "UPSTREAM" not in conf.read_text()
     done = run("http://proxy.corp:3128", "GPUHOST_PULL_GUARD=127.0.0.1:5555\n")
     assert "HTTPS_PROXY=http://127.0.0.1:5555" in dropin.read_text()

@@ -247,7 +247,6 @@ async def test_reads_are_bounded_and_connections_capped(monkeypatch: pytest.Monk
             b"CONNECT x:99999 HTTP/1.1",
         ):
             assert (await _raw(proxy, bad + b"\r\n\r\n")).startswith(b"HTTP/1.1 400 "), bad
-        assert (await _raw(proxy, b"GET /gpuhost-pull-guard HTTP/1.1\r\n\r\n")).endswith(pull_guard.PROBE_ANSWER)
         monkeypatch.setattr(pull_guard, "MAX_CONNECTIONS", 2)
         host, port = proxy.removeprefix("http://").split(":")
         held = [await asyncio.open_connection(host, int(port)) for _ in range(2)]
@@ -278,6 +277,47 @@ async def test_another_user_of_the_host_is_not_served() -> None:
             out, err = await done.communicate()
             assert done.returncode != 0 and out == b"", err
             assert guard_allowing.refused == 1
+
+
+async def test_the_probe_tells_the_agents_guard_from_a_program_that_took_its_port(tmp_path) -> None:
+    """Red team 2, M5: a program that took the guard's port (during a restart) answered the fixed
+    probe and passed compliance. The probe's challenge is answered with the agent's root-only key."""
+    key_file = tmp_path / "pull-guard.key"
+    key = await asyncio.to_thread(pull_guard.new_key, key_file)
+    guard = PullGuard(allowed=allows(()), host_networks=_host_networks, key=key)
+    assert (await asyncio.to_thread(key_file.stat)).st_mode & 0o777 == 0o600
+    async with _guard(guard) as proxy:
+        host, port = proxy.removeprefix("http://").split(":")
+        assert await pull_guard.answers(host, int(port), key_file) is None
+
+    async def squatter(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 25\r\n\r\n" + pull_guard.PROBE_ANSWER)
+        writer.close()
+
+    server = await asyncio.start_server(squatter, "127.0.0.1", 0)
+    try:
+        said = await pull_guard.answers("127.0.0.1", server.sockets[0].getsockname()[1], key_file)
+    finally:
+        server.close()
+    assert said is not None and "another program's" in said
+    assert "nothing answers" in (await pull_guard.answers("127.0.0.1", 9, key_file) or "")
+
+
+async def test_a_lookup_waits_on_no_thread_of_the_agents_shared_pool() -> None:
+    """Red team 2, L6: the guard's lookups ran in the event loop's shared pool, so slow
+    resolvers delayed every to_thread of the agent. With that pool all busy, a lookup answers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    loop = asyncio.get_running_loop()
+    busy, release = ThreadPoolExecutor(max_workers=1), asyncio.Event()
+    loop.set_default_executor(busy)
+    held = loop.run_in_executor(None, lambda: asyncio.run_coroutine_threadsafe(release.wait(), loop).result())
+    try:
+        assert "127.0.0.1" in await asyncio.wait_for(pull_guard.system_lookup("localhost", 80), 5)
+    finally:
+        release.set()
+        await held
 
 
 async def _until(condition: Callable[[], bool]) -> None:

@@ -16,6 +16,7 @@ a skipped check never counts against compliance (`ok` stays true).
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 
 from gpuhost_agent.protocol.requirements import TOOLKIT_SAFE_VERSION, Requirements, older_than, version_tuple
@@ -146,8 +147,9 @@ def _pull_guard_check(guard: dict | None, docker: dict) -> Check:
     proxies = docker.get("proxies") or {}
     astray = [f"{name.upper()} proxy {proxies.get(name) or 'none'}" for name in ("http", "https")
               if str(proxies.get(name) or "").rstrip("/") != want]  # fmt: skip
-    if "*" in [entry.strip() for entry in str(proxies.get("no") or "").split(",")]:
-        astray.append("NO_PROXY * (no pull uses a proxy)")
+    around = [entry for entry in str(proxies.get("no") or "").replace(" ", ",").split(",") if _around_guard(entry)]
+    if around:
+        astray.append(f"NO_PROXY sends {', '.join(around[:5])} around it")
     fence = docker.get("fence") or {}
     if fence.get("group") is None:
         astray.append(f"no group {FENCE_GROUP} for the engine fence")
@@ -165,6 +167,18 @@ def _pull_guard_check(guard: dict | None, docker: dict) -> Check:
             "GPUHOST_PULL_GUARD_UPSTREAM to the proxy it named",
         )
     return Check(PULL_GUARD_CHECK, True, f"dockerd's pulls go through the pull guard on {listen}")
+
+
+def _around_guard(entry: str) -> bool:
+    """Whether a NO_PROXY entry sends some pull around the guard: any but the
+    loopback names (which Go never proxies anyway, and the fence holds)."""
+    entry = entry.strip().strip("[]")
+    if not entry or entry.lower() == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_network(entry, strict=False).is_loopback
+    except ValueError:
+        return True
 
 
 def _driver_checks(nvml: dict, req: Requirements) -> list[Check]:

@@ -5,6 +5,8 @@ the two never judge a host differently."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 
 from gpuhost_agent.inventory.machines import Machines
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
@@ -26,6 +28,11 @@ class ProbeParts:
     async def close(self) -> None:
         await self.engine.close()
         self.nvml.close()
+
+
+def guard_key_file(config: AgentConfig) -> Path:
+    """Where the pull guard's key for this start lies (root's alone, in the state directory)."""
+    return config.state_dir / "pull-guard.key"
 
 
 def build_probe(config: AgentConfig, compose_command: list[str] | None) -> ProbeParts:
@@ -53,5 +60,5 @@ def build_prober(
         egress_allow=config.egress_allow,
         egress_openings=config.engine_openings,
         pull_guard=config.pull_guard,
-        guard_answers=pull_guard.answers,
+        guard_answers=partial(pull_guard.answers, key_file=guard_key_file(config)),
     )

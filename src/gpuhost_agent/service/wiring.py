@@ -52,14 +52,14 @@ from gpuhost_agent.runtime.image_pull import pull_image
 from gpuhost_agent.service import metrics
 from gpuhost_agent.service.agent_parts import AgentParts
 from gpuhost_agent.service.config import AgentConfig
-from gpuhost_agent.service.probe_parts import build_prober
+from gpuhost_agent.service.probe_parts import build_prober, guard_key_file
 from gpuhost_agent.service.status_server import StatusServer, StatusSource
 from gpuhost_agent.service.topology import for_config
 from gpuhost_agent.service.upgrades import Upgrades, supervised
 from gpuhost_agent.storage.agent_db import DB_FILE, AgentDB
 from gpuhost_agent.streams import ssh_host_key
 from gpuhost_agent.streams.channel import StreamChannel
-from gpuhost_agent.streams.pull_guard import PullGuard
+from gpuhost_agent.streams.pull_guard import PullGuard, new_key
 from gpuhost_agent.streams.ssh_access import RentalKeys, SshServices
 from gpuhost_agent.streams.tunnel import read_host_networks
 from gpuhost_agent.uplink.client import MarketplaceClient
@@ -371,8 +371,9 @@ async def start_pull_guard(config: AgentConfig) -> asyncio.Server | None:
         return await asyncio.to_thread(read_host_networks)
 
     opened = tuple(ipaddress.ip_network(net, strict=False) for net in config.egress_allow)
+    key = await asyncio.to_thread(new_key, guard_key_file(config))
     guard = PullGuard(
-        allows(config.allowed_registries), host_networks, upstream=config.pull_guard_upstream, opened=opened
+        allows(config.allowed_registries), host_networks, upstream=config.pull_guard_upstream, opened=opened, key=key
     )
     host, port = config.pull_guard
     try:

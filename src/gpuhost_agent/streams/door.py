@@ -218,13 +218,18 @@ class WorkerDoor:
         return source in addresses
 
     async def _read_leaders(self) -> None:
+        """The managers' addresses read again; a failed read keeps the last ones
+        known (a slow engine must not put the leader in the common pool a flood
+        fills) and is tried again after a tenth of LEADERS_SECONDS."""
         assert self._leaders_of is not None
+        now = asyncio.get_running_loop().time
         try:
             addresses = await asyncio.wait_for(self._leaders_of(), READ_SECONDS)
-        except Exception as exc:  # no engine: no leader known, every address in the common pool
+        except Exception as exc:  # no engine: the last addresses known stand (none at the start)
             log.warning("swarm_door_leaders_unknown", error=f"{type(exc).__name__}: {exc}"[:300])
-            addresses = frozenset()
-        self._leaders = (asyncio.get_running_loop().time(), addresses)
+            self._leaders = (now() - LEADERS_SECONDS * 0.9, self._leaders[1])
+            return
+        self._leaders = (now(), addresses)
 
     async def _handshake(self, writer: asyncio.StreamWriter, source: str) -> bool:
         """TLS on the accepted connection, within READ_SECONDS; whether it holds."""

@@ -25,12 +25,20 @@ connection idle in both directions for IDLE_SECONDS is closed.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import ipaddress
+import os
 import re
+import secrets
 import socket
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.streams.sandbox_addresses import IPNetwork, registry_address_problem
@@ -45,8 +53,10 @@ IDLE_SECONDS = 300.0
 MAX_CONNECTIONS = 256
 PER_TARGET = 32  # open at once to one registry host: a slow one cannot hold every slot
 CHUNK = 64 * 1024
-PROBE_PATH = "/gpuhost-pull-guard"  # a plain GET here answers PROBE_ANSWER: how doctor knows the guard listens
-PROBE_ANSWER = b"gpuhost-agent pull guard\n"
+# A plain GET of PROBE_PATH?<challenge> answers PROBE_ANSWER and the challenge's HMAC with the guard's key
+# (root's file): how doctor knows the guard listens there, and not a program that took its port.
+PROBE_PATH = "/gpuhost-pull-guard"
+PROBE_ANSWER = b"gpuhost-agent pull guard "
 # A host name's labels, or an IPv4 literal; IPv6 comes in brackets.
 _NAME = re.compile(r"(?:[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62})\.)*[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62})\.?")
 _HOP_HEADERS = {b"proxy-connection", b"proxy-authorization", b"connection", b"keep-alive"}
@@ -121,8 +131,24 @@ def parse_head(head: bytes) -> Request:
     return Request(parse_authority(authority, 80), False, forwarded + b"\r\n\r\n")
 
 
+# Lookups of the guard's own: a resolver that hangs holds one of these threads, never one of the
+# event loop's shared pool (red team 2, L6: 20 slow lookups delayed every to_thread of the agent).
+LOOKUP_THREADS = 8
+LOOKUPS = ThreadPoolExecutor(max_workers=LOOKUP_THREADS, thread_name_prefix="pull-guard-lookup")
+_lookups_pending = [0]
+
+
 async def system_lookup(host: str, port: int) -> list[str]:
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    """The system resolver's answer, in the guard's own threads; refused at once when they are all busy."""
+    if _lookups_pending[0] >= 2 * LOOKUP_THREADS:
+        raise OSError("every lookup thread of the pull guard is busy")
+    _lookups_pending[0] += 1
+    try:
+        infos = await asyncio.get_running_loop().run_in_executor(
+            LOOKUPS, partial(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+        )
+    finally:
+        _lookups_pending[0] -= 1
     return [str(info[4][0]) for info in infos]
 
 
@@ -140,6 +166,7 @@ class PullGuard:
     opened: tuple[IPNetwork, ...] = ()  # private networks the operator opened (GPUHOST_EGRESS_ALLOW)
 
     peer_uid: Callable[[tuple, tuple], int | None] | None = None  # (peer, own address) -> the peer's uid
+    key: bytes = b""  # answers the probe's challenge (the agent's root-only file)
 
     def __post_init__(self) -> None:
         self.open = 0
@@ -217,8 +244,9 @@ class PullGuard:
             return
         except (asyncio.IncompleteReadError, asyncio.TimeoutError):
             return
-        if head.startswith(f"GET {PROBE_PATH} ".encode()):
-            await _answer(writer, 200, "", PROBE_ANSWER)
+        if head.startswith(f"GET {PROBE_PATH}?".encode()):
+            challenge = head.split(b" ", 2)[1].partition(b"?")[2][:64]
+            await _answer(writer, 200, "", PROBE_ANSWER + _proof(self.key, challenge))
             return
         try:
             request = parse_head(head[:-4])
@@ -289,22 +317,43 @@ def _endpoint(text: str) -> tuple[str, int]:
     return str(ip), int(port, 16)
 
 
-async def answers(host: str, port: int) -> str | None:
-    """Whether the guard answers on host:port (None), else why not: how the
-    probe, in the agent or in doctor, tells a listening guard from a port
-    that another program holds."""
+def _proof(key: bytes, challenge: bytes) -> bytes:
+    return hmac.new(key, challenge, hashlib.sha256).hexdigest().encode()
+
+
+def new_key(path: Path) -> bytes:
+    """A new key for this start, written where root alone reads it (the state directory). Blocking."""
+    key = secrets.token_bytes(32)
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "wb") as out:
+        out.write(key)
+    os.replace(temporary, path)
+    return key
+
+
+async def answers(host: str, port: int, key_file: Path) -> str | None:
+    """Whether the agent's guard answers on host:port (None), else why not: the
+    probe, in the agent or in doctor, sends a new challenge, which only a guard
+    holding the key in `key_file` answers (a program that took the port cannot)."""
+    try:
+        key = await asyncio.to_thread(key_file.read_bytes)
+    except OSError as exc:
+        return f"cannot read the pull guard's key {key_file}: {exc.strerror or exc} (run doctor as root)"
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 2)
     except (OSError, asyncio.TimeoutError) as exc:
         return f"nothing answers on {host}:{port} ({type(exc).__name__}: {exc})"
+    challenge = secrets.token_hex(16).encode()
     try:
-        writer.write(f"GET {PROBE_PATH} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        writer.write(f"GET {PROBE_PATH}?{challenge.decode()} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
         said = await asyncio.wait_for(reader.read(1024), 2)
     except (OSError, asyncio.TimeoutError) as exc:
         said = f"{type(exc).__name__}".encode()
     finally:
         writer.close()
-    return None if said.endswith(PROBE_ANSWER) else f"{host}:{port} is another program's, not the pull guard"
+    if said.endswith(PROBE_ANSWER + _proof(key, challenge)):
+        return None
+    return f"{host}:{port} is another program's, not the agent's pull guard (it cannot answer the agent's key)"
 
 
 def _shown(head: bytes) -> str:
