@@ -91,6 +91,7 @@ bench: setup
 	.venv/bin/python bench/log_throughput.py
 	.venv/bin/python bench/event_latency.py
 	.venv/bin/python bench/host_limits.py
+	.venv/bin/python bench/pull_guard.py
 	.venv/bin/python bench/idle_cost.py
 	.venv/bin/python bench/many_at_once.py
 	bash scripts/build-bench-images.sh

@@ -52,7 +52,7 @@ DIAL_SECONDS = 10.0
 IDLE_SECONDS = 300.0
 MAX_CONNECTIONS = 256
 PER_TARGET = 32  # open at once to one registry host: a slow one cannot hold every slot
-CHUNK = 64 * 1024
+CHUNK = 256 * 1024
 # A plain GET of PROBE_PATH?<challenge> answers PROBE_ANSWER and the challenge's HMAC with the guard's key
 # (root's file): how doctor knows the guard listens there, and not a program that took its port.
 PROBE_PATH = "/gpuhost-pull-guard"
@@ -200,9 +200,9 @@ class PullGuard:
 
     async def _dial(self, target: Target, address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self.upstream is None:
-            return await asyncio.wait_for(asyncio.open_connection(address, target.port), DIAL_SECONDS)
+            return await asyncio.wait_for(asyncio.open_connection(address, target.port, limit=CHUNK), DIAL_SECONDS)
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(*self.upstream), DIAL_SECONDS)
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(*self.upstream, limit=CHUNK), DIAL_SECONDS)
         except (OSError, asyncio.TimeoutError) as exc:
             host, port = self.upstream
             raise Refused(502, f"the upstream proxy {host}:{port} did not answer ({type(exc).__name__})") from None
