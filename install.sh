@@ -284,7 +284,9 @@ ProtectSystem=strict
 # bind it too; the rest of /sys stays read-only (ProtectKernelTunables=).
 # /run/xtables.lock: iptables' lock, shared with dockerd (legacy iptables;
 # the nftables one takes none). The agent writes its egress rules with it.
-ReadWritePaths=/var/lib/gpuhost-agent /sys/fs/cgroup -/run/xtables.lock
+# /etc/cdi: the agent's own CDI spec of the GPUs (inventory/driver_cdi.py), where
+# the toolkit has none naming them by UUID (install.sh makes the folder).
+ReadWritePaths=/var/lib/gpuhost-agent /sys/fs/cgroup -/run/xtables.lock -/etc/cdi
 StateDirectory=gpuhost-agent
 StateDirectoryMode=0700
 ProtectHome=yes
@@ -1383,6 +1385,8 @@ install_unit() {
         docker_dropin_text >"$DOCKER_DROPIN"
         chmod 0644 "$DOCKER_DROPIN"
     fi
+    # The agent's own CDI spec goes here (the unit's ReadWritePaths= needs the folder to exist).
+    [ "$DRY_RUN" = 1 ] || install -d -m 0755 /etc/cdi
     if ! getent group "$ENGINE_GROUP" >/dev/null; then
         step "making the group $ENGINE_GROUP (the engine fence: dockerd and the agent)"
         run groupadd --system "$ENGINE_GROUP"

@@ -268,6 +268,7 @@ static const struct {
     {"nvmlDeviceGetUtilizationRates", 1},
     {"nvmlDeviceGetTemperature", 1},
     {"nvmlDeviceGetIndex", 1},
+    {"nvmlDeviceGetMinorNumber", 1},
 };
 
 #define COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
@@ -897,6 +898,15 @@ NVML_API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *inde
     DEVICE_ENTRY(device);
     REQUIRE(index);
     *index = device->index;
+    return NVML_SUCCESS;
+}
+
+/* The GPU's /dev/nvidia<minor>: here its index, as the driver numbers them on most machines. */
+NVML_API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor)
+{
+    DEVICE_ENTRY(device);
+    REQUIRE(minor);
+    *minor = device->index;
     return NVML_SUCCESS;
 }
 

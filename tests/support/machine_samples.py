@@ -100,6 +100,7 @@ def healthy_system_data() -> dict:
                 "rentalLimits": {"perRental": True, "detail": "a cgroup per rental (cgroupfs, cgroup v1)"},
                 "proxies": {"http": "http://127.0.0.1:47128", "https": "http://127.0.0.1:47128", "no": ""},
                 "fence": {"group": 990, "dockerd": True, "detail": None},
+                "cdiSpec": {"path": None, "detail": "dockerd's CDI feature is off: no spec written"},
             },
             "compose": {"available": True, "version": "2.29.1", "command": "docker compose", "error": None},
             "nvidiaContainerToolkit": {
@@ -255,6 +256,7 @@ def good_host() -> dict:
                 "rentalLimits": {"perRental": True, "detail": "a cgroup per rental (cgroupfs, cgroup v1)"},
                 "proxies": {"http": "http://127.0.0.1:47128", "https": "http://127.0.0.1:47128", "no": ""},
                 "fence": {"group": 990, "dockerd": True, "detail": None},
+                "cdiSpec": {"path": None, "detail": "dockerd's CDI feature is off: no spec written"},
             },
             "compose": {"available": True, "version": "2.29.7", "error": None},
             "nvidiaContainerToolkit": {

@@ -143,7 +143,7 @@ def test_hardening_that_still_reaches_docker_and_nvml(unit: dict) -> None:
         ("ProtectHome", "yes"),
         ("PrivateTmp", "yes"),
         ("PrivateMounts", "yes"),
-        ("ReadWritePaths", "/var/lib/gpuhost-agent /sys/fs/cgroup -/run/xtables.lock"),
+        ("ReadWritePaths", "/var/lib/gpuhost-agent /sys/fs/cgroup -/run/xtables.lock -/etc/cdi"),
         ("StateDirectory", "gpuhost-agent"),
         ("StateDirectoryMode", "0700"),
         # A Swarm tunnel's socket made in the container's network namespace

@@ -181,6 +181,7 @@ class NvmlProbe:
         power_limit = read("powerLimitW", pynvml.nvmlDeviceGetPowerManagementLimit, handle)
         return {
             "index": index,
+            "minorNumber": read("minorNumber", pynvml.nvmlDeviceGetMinorNumber, handle),  # its /dev/nvidia<minor>
             "uuid": _text(uuid) if uuid is not None else None,
             "name": _text(name) if name is not None else None,
             "pciBusId": _text(pci.busId) if pci is not None else None,

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuhost_agent import __version__
-from gpuhost_agent.inventory import compliance, listing
+from gpuhost_agent.inventory import compliance, gpu_delivery, listing
 from gpuhost_agent.inventory.environment import machines_check
-from gpuhost_agent.inventory.host_probe import probe_host
+from gpuhost_agent.inventory.host_probe import delivery, probe_host
 from gpuhost_agent.inventory.machines import Machines, OneMachine
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 from gpuhost_agent.protocol import wire_time
@@ -46,6 +46,8 @@ class Prober:
     # GPUHOST_PULL_GUARD, and what asks it whether it answers (streams/pull_guard.answers).
     pull_guard: tuple[str, int] | None = None
     guard_answers: Callable[[str, int], Awaitable[str | None]] | None = None
+    # The agent's own CDI spec kept at each probe (inventory/driver_cdi.keep): the daemon's, not doctor's.
+    cdi: Callable[[dict, dict], dict] | None = None
 
     async def system_data(self) -> dict:
         nvml, host = await asyncio.gather(
@@ -60,6 +62,11 @@ class Prober:
             ),
         )
         host["pullGuard"] = await self._pull_guard()
+        docker = host["docker"]
+        if self.cdi is not None and docker.get("available"):
+            docker["cdiSpec"] = await asyncio.to_thread(self.cdi, nvml, docker)
+            if docker["cdiSpec"]["path"] or docker["gpuDelivery"]["method"] == gpu_delivery.CDI:
+                docker["gpuDelivery"] = await asyncio.to_thread(delivery, docker)  # as the spec is now
         data = {
             "probedAt": wire_time.iso(),
             "agentVersion": __version__,

@@ -4,6 +4,7 @@ the two never judge a host differently."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -46,6 +47,7 @@ def build_prober(
     nvml: NvmlProbe,
     compose_command: list[str] | None,
     machines: Machines,
+    cdi: Callable[[dict, dict], dict] | None = None,
 ) -> Prober:
     """`machines`: the environment's machines (service/topology.py), whose
     reports the probe includes."""
@@ -61,4 +63,5 @@ def build_prober(
         egress_openings=config.engine_openings,
         pull_guard=config.pull_guard,
         guard_answers=partial(pull_guard.answers, key_file=guard_key_file(config)),
+        cdi=cdi,
     )

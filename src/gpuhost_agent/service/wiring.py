@@ -40,7 +40,7 @@ from gpuhost_agent.core.schedule import Schedule
 from gpuhost_agent.core.stacks.deployer import StackDeployer
 from gpuhost_agent.core.stacks.dispatcher import JobDispatcher
 from gpuhost_agent.core.stacks.status_reporter import StatusReporter
-from gpuhost_agent.inventory import telemetry
+from gpuhost_agent.inventory import driver_cdi, telemetry
 from gpuhost_agent.inventory.gpu_events import GpuEventWatch
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
@@ -121,7 +121,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str, release_key: s
     host = HostReporter(
         client,
         outbox,
-        build_prober(config, engine, nvml, None, topology.machines),
+        build_prober(config, engine, nvml, None, topology.machines, cdi=driver_cdi.keep),
         schedule,
         find_compose,
         compose.use,

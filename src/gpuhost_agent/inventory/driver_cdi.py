@@ -1,0 +1,131 @@
+"""The agent's own CDI spec of the host's GPUs, kept where dockerd reads
+specs (issue 46, section 1): written when no spec there names the GPUs by
+UUID (a spec of the toolkit's own that does is used as it is, and the
+agent's is then removed), and again when the driver's version or the GPUs
+change. The driver's files are found as the driver installs them
+(inventory/cdi_spec.py says which); `root` moves every path under a test's
+folder. Blocking: run in a thread.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from gpuhost_agent.inventory import cdi_spec, gpu_delivery
+from gpuhost_agent.inventory.cdi_spec import DriverFiles, Mount
+
+# Where the driver's installers put its libraries (Debian and Ubuntu's multiarch folder first) and tools.
+LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib64")
+BINARY_DIRS = ("/usr/bin", "/usr/local/bin")
+PREFERRED_DIR = "/etc/cdi"  # where the agent writes, when dockerd reads it (the unit may write there)
+_GPU_NODE = re.compile(r"nvidia(\d+)")
+
+
+def find_driver_files(root: Path, version: str) -> DriverFiles:
+    """The driver's device nodes, libraries of `version` and tools under `root`."""
+    dev = root / "dev"
+    nodes: dict[int, Mount] = {}
+    try:
+        names = sorted(entry.name for entry in dev.iterdir())
+    except OSError:
+        names = []
+    for name in names:
+        found = _GPU_NODE.fullmatch(name)
+        if found and _is_char_device(dev / name):
+            nodes[int(found.group(1))] = Mount(str(dev / name), f"/dev/{name}")
+    shared = tuple(
+        Mount(str(dev / name), f"/dev/{name}") for name in cdi_spec.SHARED_NODES if _is_char_device(dev / name)
+    )
+    libraries: list[Mount] = []
+    for folder in LIBRARY_DIRS:
+        for name in cdi_spec.LIBRARIES:
+            real = root / folder.lstrip("/") / f"{name}.so.{version}"
+            if not real.is_file() or any(mount.container.endswith(f"/{real.name}") for mount in libraries):
+                continue
+            libraries.append(Mount(str(real), f"{folder}/{real.name}"))
+            soname = real.with_name(f"{name}.so.1")
+            if soname.is_symlink() and soname.resolve() == real.resolve():  # the loader's name for it
+                libraries.append(Mount(str(real), f"{folder}/{soname.name}"))
+    binaries = []
+    for name in cdi_spec.BINARIES:
+        for folder in BINARY_DIRS:
+            path = root / folder.lstrip("/") / name
+            if path.is_file():
+                binaries.append(Mount(str(path), f"{folder}/{name}"))
+                break
+    return DriverFiles(version, nodes, shared, tuple(libraries), tuple(binaries))
+
+
+def _is_char_device(path: Path) -> bool:
+    try:
+        return stat.S_ISCHR(path.stat().st_mode)
+    except OSError:
+        return False
+
+
+def keep(nvml: dict, docker: dict, root: Path = Path("/")) -> dict:
+    """The agent's spec made true for this host now: {"path": where it is, or
+    None; "detail": what was done or why not}."""
+    directories = tuple(str(d) for d in docker.get("cdiSpecDirs") or ())
+    if not directories:
+        return {"path": None, "detail": "dockerd's CDI feature is off: no spec written"}
+    folder = PREFERRED_DIR if PREFERRED_DIR in directories else directories[0]
+    ours = root / folder.lstrip("/") / cdi_spec.SPEC_FILE
+    gpus = [
+        (str(gpu["uuid"]), int(gpu["minorNumber"]))
+        for gpu in nvml.get("gpus") or []
+        if not gpu.get("error") and gpu.get("uuid") and isinstance(gpu.get("minorNumber"), int)
+    ]
+    others = [
+        spec
+        for spec in gpu_delivery.read_specs(tuple(str(root / d.lstrip("/")) for d in directories))
+        if Path(spec.path) != ours and spec.kind == cdi_spec.KIND
+    ]
+    named = {name for spec in others for name in spec.names}
+    if gpus and all(uuid in named for uuid, _ in gpus):
+        _remove(ours)
+        owner = next(spec.path for spec in others if set(spec.names) & {uuid for uuid, _ in gpus})
+        return {"path": None, "detail": f"{owner} names the GPUs by UUID: used as it is"}
+    version = str(nvml.get("driverVersion") or "")
+    files = find_driver_files(root, version)
+    why = "no NVIDIA driver version" if not version else cdi_spec.problem(gpus, files)
+    if why:
+        _remove(ours)
+        return {"path": None, "detail": f"no spec written: {why}"}
+    text = yaml.safe_dump(cdi_spec.build(gpus, files), sort_keys=False)
+    try:
+        if not ours.is_file() or ours.read_text() != text:
+            _write(ours, text)
+            done = f"written for {len(gpus)} GPU(s), driver {version}"
+        else:
+            done = f"in place for {len(gpus)} GPU(s), driver {version}"
+    except OSError as exc:
+        return {"path": None, "detail": f"cannot write {ours}: {exc.strerror or exc}"}
+    return {"path": str(ours), "detail": done}
+
+
+def _write(path: Path, text: str) -> None:
+    """Whole or not at all: dockerd may read the folder at any moment."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as out:
+            os.fchmod(out.fileno(), 0o644)
+            out.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass

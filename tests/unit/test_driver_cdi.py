@@ -1,0 +1,160 @@
+"""The agent's own CDI spec (inventory/cdi_spec.py, inventory/driver_cdi.py;
+issue 46, section 1) from a stand-in driver root: device nodes made with
+mknod in the test's folder (the real kernel's character devices, /dev/null's
+numbers), the driver's libraries as its installer lays them out (the versioned
+file and the loader's soname link) and its tools. The spec's devices, mounts
+and environment are exactly the expected ones; it is rewritten when the
+driver changes, left alone while nothing does, and given up for a spec of the
+toolkit's own that names the GPUs by UUID."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuhost_agent.inventory import cdi_spec, driver_cdi, gpu_delivery
+
+VERSION = "550.54.15"
+LIBDIR = "usr/lib/x86_64-linux-gnu"
+UUIDS = ["GPU-00000000-0000-0000-0000-000000000000", "GPU-11111111-1111-1111-1111-111111111111"]
+
+
+def _driver_root(root: Path, version: str = VERSION, gpus: int = 2) -> None:
+    (root / "dev").mkdir(exist_ok=True)
+    for name in [*(f"nvidia{minor}" for minor in range(gpus)), "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]:
+        node = root / "dev" / name
+        if not node.exists():
+            os.mknod(node, 0o666 | 0o020000, os.makedev(1, 3))  # S_IFCHR, /dev/null's numbers
+    (root / "dev" / "nvidia-caps").mkdir(exist_ok=True)  # a folder of that prefix: not a GPU
+    libs = root / LIBDIR
+    libs.mkdir(parents=True, exist_ok=True)
+    for name in ("libcuda", "libnvidia-ml", "libnvidia-ptxjitcompiler"):
+        (libs / f"{name}.so.{version}").write_bytes(b"\x7fELF stand-in")
+        link = libs / f"{name}.so.1"
+        link.unlink(missing_ok=True)
+        link.symlink_to(f"{name}.so.{version}")
+    (libs / "libcuda.so").unlink(missing_ok=True)
+    (libs / "libcuda.so").symlink_to("libcuda.so.1")  # the development link: not mounted
+    (root / "usr/bin").mkdir(parents=True, exist_ok=True)
+    (root / "usr/bin/nvidia-smi").write_text("#!/bin/sh\n")
+
+
+def _nvml(version: str = VERSION, gpus: int = 2) -> dict:
+    return {
+        "driverVersion": version,
+        "gpus": [{"index": i, "minorNumber": i, "uuid": UUIDS[i]} for i in range(gpus)],
+    }
+
+
+DOCKER = {"cdiSpecDirs": ["/etc/cdi", "/var/run/cdi"]}
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    if os.geteuid() != 0:
+        pytest.skip("mknod needs root")
+    _driver_root(tmp_path)
+    return tmp_path
+
+
+def test_the_spec_names_each_gpu_by_uuid_with_its_node_and_the_drivers_files(root: Path) -> None:
+    kept = driver_cdi.keep(_nvml(), DOCKER, root)
+    assert kept == {
+        "path": str(root / "etc/cdi/gpuhost-nvidia.yaml"),
+        "detail": f"written for 2 GPU(s), driver {VERSION}",
+    }
+    spec = yaml.safe_load(Path(kept["path"]).read_text())
+    lib = f"{root}/{LIBDIR}"
+
+    def mount(host: str, container: str) -> dict:
+        return {"hostPath": host, "containerPath": container, "options": ["ro", "nosuid", "nodev", "bind"]}
+
+    assert spec == {
+        "cdiVersion": "0.5.0",
+        "kind": "nvidia.com/gpu",
+        "devices": [
+            {
+                "name": UUIDS[0],
+                "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0", "hostPath": f"{root}/dev/nvidia0"}]},
+            },
+            {
+                "name": UUIDS[1],
+                "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia1", "hostPath": f"{root}/dev/nvidia1"}]},
+            },
+        ],
+        "containerEdits": {
+            "env": ["NVIDIA_VISIBLE_DEVICES=void"],
+            "deviceNodes": [
+                {"path": f"/dev/{name}", "hostPath": f"{root}/dev/{name}"}
+                for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+            ],
+            "mounts": [
+                mount(f"{lib}/libcuda.so.{VERSION}", f"/{LIBDIR}/libcuda.so.{VERSION}"),
+                mount(f"{lib}/libcuda.so.{VERSION}", f"/{LIBDIR}/libcuda.so.1"),
+                mount(f"{lib}/libnvidia-ml.so.{VERSION}", f"/{LIBDIR}/libnvidia-ml.so.{VERSION}"),
+                mount(f"{lib}/libnvidia-ml.so.{VERSION}", f"/{LIBDIR}/libnvidia-ml.so.1"),
+                mount(
+                    f"{lib}/libnvidia-ptxjitcompiler.so.{VERSION}", f"/{LIBDIR}/libnvidia-ptxjitcompiler.so.{VERSION}"
+                ),
+                mount(f"{lib}/libnvidia-ptxjitcompiler.so.{VERSION}", f"/{LIBDIR}/libnvidia-ptxjitcompiler.so.1"),
+                mount(f"{root}/usr/bin/nvidia-smi", "/usr/bin/nvidia-smi"),
+            ],
+        },
+    }
+    # What the probe then decides: CDI, by the agent's spec.
+    specs = gpu_delivery.read_specs((str(root / "etc/cdi"),))
+    decided = gpu_delivery.decide(gpu_delivery.DeliveryFacts(cdi_spec_dirs=("/etc/cdi",), specs=specs))
+    assert decided["method"] == "cdi" and "gpuhost-nvidia.yaml names 2 GPU(s) by UUID" in decided["detail"]
+
+
+def test_the_spec_is_rewritten_when_the_driver_changes_and_left_alone_otherwise(root: Path) -> None:
+    path = Path(driver_cdi.keep(_nvml(), DOCKER, root)["path"])
+    written = path.stat().st_mtime_ns
+    assert driver_cdi.keep(_nvml(), DOCKER, root)["detail"].startswith("in place")
+    assert path.stat().st_mtime_ns == written
+    _driver_root(root, version="570.86.10", gpus=3)
+    three = {"driverVersion": "570.86.10", "gpus": [*_nvml()["gpus"], {"minorNumber": 2, "uuid": "GPU-2"}]}
+    kept = driver_cdi.keep(three, DOCKER, root)
+    assert kept["detail"] == "written for 3 GPU(s), driver 570.86.10"
+    text = path.read_text()
+    assert "libcuda.so.570.86.10" in text and "libcuda.so.550" not in text and "/dev/nvidia2" in text
+
+
+def test_a_spec_of_the_toolkits_that_names_the_gpus_wins_and_the_agents_goes(root: Path) -> None:
+    ours = Path(driver_cdi.keep(_nvml(), DOCKER, root)["path"])
+    toolkit = root / "var/run/cdi/nvidia.yaml"
+    toolkit.parent.mkdir(parents=True)
+    toolkit.write_text(
+        yaml.safe_dump({"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": [{"name": u} for u in UUIDS]})
+    )
+    kept = driver_cdi.keep(_nvml(), DOCKER, root)
+    assert kept == {"path": None, "detail": f"{toolkit} names the GPUs by UUID: used as it is"}
+    assert not ours.exists()
+
+
+@pytest.mark.parametrize(
+    ("breakage", "said"),
+    [
+        (lambda root: (root / "dev/nvidia1").unlink(), "no device node /dev/nvidia1"),
+        (lambda root: (root / LIBDIR / "libcuda.so.1").unlink(), "no libcuda.so.1 of driver 550.54.15"),
+        (lambda root: (root / "dev/nvidiactl").unlink(), "no /dev/nvidiactl"),
+        (
+            lambda root: (root / "dev/nvidia0").unlink() or (root / "dev/nvidia0").write_text(""),
+            "no device node /dev/nvidia0",
+        ),
+    ],
+)
+def test_a_driver_missing_a_piece_gets_no_spec_and_says_which(root: Path, breakage, said) -> None:
+    driver_cdi.keep(_nvml(), DOCKER, root)
+    breakage(root)
+    kept = driver_cdi.keep(_nvml(), DOCKER, root)
+    assert kept["path"] is None and said in kept["detail"], kept
+    assert not (root / "etc/cdi" / cdi_spec.SPEC_FILE).exists()  # a half-true spec is none
+
+
+def test_without_dockerds_cdi_feature_nothing_is_written(root: Path) -> None:
+    assert driver_cdi.keep(_nvml(), {"cdiSpecDirs": []}, root)["path"] is None
+    assert not (root / "etc/cdi").exists()
