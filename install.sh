@@ -62,6 +62,7 @@ readonly MSG_PYTHON="python3 (3.10 or later) with its venv module is missing: ap
 readonly MSG_OPENSSL="openssl 3 is missing: it checks the signature of the marketplace's release before anything of it is installed; apt-get install openssl, or rerun with --install-missing"
 readonly MSG_DOCKER_MISSING="Docker Engine is not installed (no docker command): install it from https://docs.docker.com/engine/install/ or with apt-get install docker.io, or rerun with --install-missing"
 readonly MSG_GUARD_DAEMON_JSON="$DOCKER_DAEMON_JSON sets \"proxies\", which win over Docker's drop-in: dockerd's pulls do not go through the agent's pull guard. Set its http-proxy and https-proxy to the guard's address (http:// and GPUHOST_PULL_GUARD, 127.0.0.1:47128 by default), GPUHOST_PULL_GUARD_UPSTREAM in $CONF to the proxy they named, then systemctl restart docker"
+readonly MSG_CDI_OFF="dockerd's CDI feature is off: GPUs then reach containers only through the NVIDIA toolkit's runtime hook (a root program that reads the container's settings). Turn it on with \"features\": {\"cdi\": true} in /etc/docker/daemon.json and systemctl restart docker: the agent then writes a CDI spec of the GPUs itself (doctor's gpu-containers check says which way GPUs go)"
 readonly MSG_DOCKER_DOWN="Docker Engine does not answer on $DOCKER_SOCKET: start it with systemctl enable --now docker.service and check with docker info"
 readonly MSG_COMPOSE_BUNDLED="Docker Compose v2 is missing and apt has no docker-compose-plugin or docker-compose-v2 package: the agent will use the Compose v2 bundled with it; to use the host's own, add Docker's apt repository (https://docs.docker.com/engine/install/) and apt-get install docker-compose-plugin"
 readonly MSG_DRIVER="NVIDIA driver not found (nvidia-smi, libnvidia-ml.so.1): install it (Ubuntu: ubuntu-drivers install; Debian: apt-get install nvidia-driver from non-free), reboot and check with nvidia-smi$NO_GPU_HINT"
@@ -198,6 +199,7 @@ Messages (install.sh: error: ... stops the install; warning: ... does not; VERSI
   $MSG_OPENSSL
   $MSG_DOCKER_MISSING
   $MSG_GUARD_DAEMON_JSON
+  $MSG_CDI_OFF
   $MSG_DOCKER_DOWN
   $MSG_COMPOSE_BUNDLED
   $MSG_DRIVER
@@ -853,6 +855,13 @@ check_docker() {
     if server=$(timeout 30 docker version --format '{{.Server.Version}}' 2>/dev/null </dev/null) && [ -n "$server" ]; then
         NOTES+=("Docker Engine: $server")
         too_old "$server" "$MIN_DOCKER" "$MSG_DOCKER_OLD"
+        case "$server" in
+            26.*|27.*)  # CDI is off by default before Docker 28: GPUs then need the toolkit's runtime hook
+                if [ "$(timeout 30 docker info --format '{{json .CDISpecDirs}}' 2>/dev/null </dev/null)" = "[]" ]; then
+                    WARNINGS+=("$MSG_CDI_OFF")
+                fi
+                ;;
+        esac
     else
         ERRORS+=("$MSG_DOCKER_DOWN")
     fi
