@@ -43,9 +43,10 @@ for port in (47128, 5999):
 
 CLIENT = ("import socket, sys; s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3); "
           "print(s.recv(5).decode())")
-def reaches(address, port, member):
+def reaches(address, port, member, user=None):
     groups = [f"--groups={gid}"] if member else ["--clear-groups"]
-    done = subprocess.run(["setpriv", *groups, "--", sys.executable, "-c", CLIENT, address, str(port)],
+    who = [f"--reuid={user}", f"--regid={user}"] if user else []
+    done = subprocess.run(["setpriv", *who, *groups, "--", sys.executable, "-c", CLIENT, address, str(port)],
                           capture_output=True, text=True, timeout=20)
     return done.stdout.strip() == "hello"
 
@@ -61,13 +62,15 @@ print(json.dumps({
     "member": {f"{a}:{p}": reaches(a, p, True) for a, p in TARGETS},
     "other": {f"{a}:{p}": reaches(a, p, False) for a, p in TARGETS},
     "answered": answered,
+    # The guard's door: another user of the host reaches no guard, and another port still.
+    "nobody": {f"127.0.0.1:{p}": reaches("127.0.0.1", p, False, user=65534) for p in (47128, 5999)},
 }))
 """
 APPLY = (
     "from gpuhost_agent.runtime.egress_rules import Opening\n"
     "from gpuhost_agent.runtime.host_firewall import HostFirewall\n"
     f"firewall = HostFirewall(group={GROUP!r})\n"
-    "print(firewall.ensure(firewall.wanted((), (Opening('127.0.0.1', 47128),))).said())\n"
+    "print(firewall.ensure(firewall.wanted((), (Opening('127.0.0.1', 47128, guard=True),))).said())\n"
 )
 
 
@@ -114,10 +117,11 @@ def test_a_member_of_the_fences_group_reaches_the_guard_and_nothing_else_of_the_
     }, seen
     assert all(seen["other"].values()), seen  # a process outside the group: untouched
     assert seen["answered"], seen  # a member's replies go out
+    assert seen["nobody"] == {"127.0.0.1:47128": False, "127.0.0.1:5999": True}, seen  # red team 3: the kernel
     remove = f"from gpuhost_agent.runtime.host_firewall import HostFirewall; print(HostFirewall({GROUP=}).remove())"
     removed = subprocess.run(
         ["ip", "netns", "exec", namespace, sys.executable, "-c", remove.replace("GROUP=", "group=")],
         capture_output=True, text=True, env=env,
     )  # fmt: skip
-    assert "GPUHOST-ENGINE" in removed.stdout, removed.stderr
-    assert "GPUHOST-ENGINE" not in _ns(namespace, "iptables", "-S").stdout
+    assert "GPUHOST-ENGINE" in removed.stdout and "GPUHOST-GUARD" in removed.stdout, removed.stderr
+    assert "GPUHOST-" not in _ns(namespace, "iptables", "-S").stdout

@@ -131,3 +131,39 @@ def test_the_agents_networks_the_rules_do_not_hold_are_named() -> None:
         {"Name": "swarm_inside", "Driver": "overlay", "Options": {}},  # leaves through docker_gwbridge
     ]
     assert unconfined(networks) == ["old_back", "old_default"]
+
+
+def test_the_engine_fences_openings_name_a_port_each_and_names_are_resolved_when_written() -> None:
+    """Red team 3: the fence refused what a host legitimately needs on loopback (the marketplace on this
+    machine, a proxy or registry given by name, a log collector), and a registry written without a port
+    opened every port of its address. Each opening is now a TCP port, its name resolved when the rules
+    are written; the guard's alone is also closed to every user but root."""
+    from gpuhost_agent.runtime.egress_rules import Opening, engine_openings
+    from gpuhost_agent.runtime.host_firewall import HostFirewall
+
+    openings = engine_openings(
+        ("127.0.0.1", 47128),
+        ("localhost:5000", "10.0.0.5"),
+        ("127.0.0.1", 3128),
+        ("localhost", 8787),
+        ("127.0.0.1:24224",),
+    )
+    assert openings == (
+        Opening("127.0.0.1", 47128, guard=True),
+        Opening("127.0.0.1", 3128),
+        Opening("localhost", 8787),
+        Opening("localhost", 5000),
+        Opening("10.0.0.5", 443),
+        Opening("10.0.0.5", 80),
+        Opening("127.0.0.1", 24224),
+    )
+    rules = [(rule.tool, rule.chain, " ".join(rule.args)) for rule in HostFirewall(group="daemon").wanted((), openings)]
+    fence = [(tool, args) for tool, chain, args in rules if chain == "GPUHOST-ENGINE"]
+    for address, port in (("127.0.0.1", 8787), ("127.0.0.1", 5000), ("10.0.0.5", 443), ("127.0.0.1", 24224)):
+        assert ("iptables", f"-d {address} -p tcp --dport {port} -j RETURN") in fence, (address, port)
+    assert not any("10.0.0.5 -j RETURN" in args for _, args in fence)  # never every port of an address
+    assert ("iptables", "-d 168.63.129.16/32 -j REJECT") in fence  # a metadata service off link-local
+    guard = [(tool, args) for tool, chain, args in rules if chain == "GPUHOST-GUARD"]
+    assert guard == [
+        ("iptables", "-d 127.0.0.1 -p tcp --dport 47128 -m owner ! --uid-owner 0 -j REJECT --reject-with tcp-reset")
+    ]

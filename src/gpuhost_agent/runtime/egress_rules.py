@@ -52,6 +52,7 @@ HOST_CHAIN = "GPUHOST-HOST"  # what it may reach of the host: replies only
 DOCKER_USER = "DOCKER-USER"
 ENGINE_CHAIN = "GPUHOST-ENGINE"  # where dockerd's and the agent's own new connections may go on the host
 ENGINE_GROUP = "gpuhost-engine"  # their supplementary group (install.sh): the fence's match
+GUARD_CHAIN = "GPUHOST-GUARD"  # who may connect to the pull guard: root's processes alone
 SWARM_LOCAL = (("tcp", "2377,7946"), ("udp", "7946,4789"))  # a Swarm node's engine talks to itself on these
 SETTING = "GPUHOST_EGRESS_ALLOW"
 IPV4_REFUSED = (
@@ -113,63 +114,102 @@ class Jump:
 
 @dataclass(frozen=True)
 class Opening:
-    """An address (and port: None for every port) the engine fence lets
-    dockerd and the agent reach on the host: the pull guard, an allowed
-    registry, the host's proxy."""
+    """An address (or a name the firewall resolves when it writes the rules)
+    and TCP port the engine fence lets dockerd and the agent reach on the
+    host: the pull guard (`guard`: the one only root's processes may reach),
+    an allowed registry, the host's proxy, the marketplace on this machine,
+    what the operator opened (GPUHOST_FENCE_ALLOW: a log collector)."""
 
-    address: str
-    port: int | None = None
+    host: str
+    port: int
+    guard: bool = False
+
+
+REGISTRY_PORTS = (443, 80)  # a registry named without a port: HTTPS, or HTTP where it is insecure
+# Metadata services that are not link-local, refused to dockerd and the agent too (the guard refuses them
+# already; this holds for whatever does not go through it): Alibaba's, Azure's WireServer, AWS's over IPv6.
+FENCE_REFUSED = {4: ("169.254.0.0/16", "100.100.100.200/32", "168.63.129.16/32"), 6: ("fe80::/10", "fd00:ec2::254/128")}
+
+
+def split_host_port(text: str) -> tuple[str, int | None]:
+    """`host[:port]` or `[v6][:port]` as (host, port or None)."""
+    text = text.strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep:
+            host, port_text = text, ""
+    return host, int(port_text) if port_text.isdigit() and 0 < int(port_text) < 65536 else None
 
 
 def engine_openings(
-    guard: tuple[str, int] | None, registries: tuple[str, ...], upstream: tuple[str, int] | None
+    guard: tuple[str, int] | None,
+    registries: tuple[str, ...],
+    upstream: tuple[str, int] | None,
+    marketplace: tuple[str, int] | None = None,
+    opened: tuple[str, ...] = (),
 ) -> tuple[Opening, ...]:
-    """The fence's openings from the settings: the guard's address, the
-    allowed registries and the upstream proxy given as addresses (a name is
-    not an address the kernel can match: such a registry on the host is
-    reached through its address)."""
-    found: list[tuple[str, int | None]] = [pair for pair in (guard, upstream) if pair]
-    for registry in registries:
-        text = registry.strip()
-        if text.startswith("["):
-            host, _, rest = text[1:].partition("]")
-            port_text = rest[1:] if rest.startswith(":") else ""
-        else:
-            host, sep, port_text = text.rpartition(":")
-            if not sep:
-                host, port_text = text, ""
-        found.append((host, int(port_text) if port_text.isdigit() else None))
-    openings = []
-    for host, port in found:
-        try:
-            address = ipaddress.ip_address(host)
-        except ValueError:
-            continue
-        if Opening(str(address), port) not in openings:
-            openings.append(Opening(str(address), port))
-    return tuple(openings)
+    """The fence's openings from the settings: the guard; the allowed
+    registries (their port, or HTTPS's and HTTP's); the upstream proxy; the
+    marketplace's address (on this machine, it is on loopback); what the
+    operator opened. Names stay names: the firewall resolves them."""
+    found = [Opening(*guard, guard=True)] if guard else []
+    for pair in (upstream, marketplace):
+        if pair:
+            found.append(Opening(*pair))
+    for entry in (*registries, *opened):
+        host, port = split_host_port(entry)
+        found += [Opening(host, port)] if port else [Opening(host, default) for default in REGISTRY_PORTS]
+    unique: list[Opening] = []
+    for opening in found:
+        if opening.host and opening not in unique:
+            unique.append(opening)
+    return tuple(unique)
 
 
-def engine_rules(openings: tuple[Opening, ...]) -> list[Rule]:
+def engine_rules(openings: tuple[tuple[str, int], ...]) -> list[Rule]:
     """The fence, for IPv4 and IPv6: replies to what came in (a published
-    port's proxy, the agent's listeners); the openings; DNS and the Swarm's
-    own ports on the host; then nothing else of the host, nor link-local."""
+    port's proxy, the agent's listeners); the openings (addresses, ports);
+    DNS to a loopback resolver and the Swarm's own ports on the host; then
+    nothing else of the host, nor link-local and the metadata services."""
     rules = []
-    for tool, version, link_local in (("iptables", 4, "169.254.0.0/16"), ("ip6tables", 6, "fe80::/10")):
+    for tool, version, loopback in (("iptables", 4, "127.0.0.0/8"), ("ip6tables", 6, "::1/128")):
         rules.append(Rule(tool, ENGINE_CHAIN, REPLIES))
-        for opening in openings:
-            if ipaddress.ip_address(opening.address).version != version:
-                continue
-            port = ("-p", "tcp", "--dport", str(opening.port)) if opening.port else ()
-            rules.append(Rule(tool, ENGINE_CHAIN, ("-d", opening.address, *port, "-j", "RETURN")))
+        for address, port in openings:
+            if ipaddress.ip_address(address).version == version:
+                rules.append(
+                    Rule(tool, ENGINE_CHAIN, ("-d", address, "-p", "tcp", "--dport", str(port), "-j", "RETURN"))
+                )
         for protocol in ("udp", "tcp"):
-            rules.append(Rule(tool, ENGINE_CHAIN, ("-o", "lo", "-p", protocol, "--dport", "53", "-j", "RETURN")))
+            dns = ("-d", loopback, "-o", "lo", "-p", protocol, "--dport", "53", "-j", "RETURN")
+            rules.append(Rule(tool, ENGINE_CHAIN, dns))
         for protocol, ports in SWARM_LOCAL:
             swarm = ("-o", "lo", "-p", protocol, "-m", "multiport", "--dports", ports, "-j", "RETURN")
             rules.append(Rule(tool, ENGINE_CHAIN, swarm))
         rules.append(Rule(tool, ENGINE_CHAIN, ("-o", "lo", *REFUSE)))
-        rules.append(Rule(tool, ENGINE_CHAIN, ("-d", link_local, *REFUSE)))
+        rules += [Rule(tool, ENGINE_CHAIN, ("-d", refused, *REFUSE)) for refused in FENCE_REFUSED[version]]
     return rules
+
+
+def guard_rules(guards: tuple[tuple[str, int], ...]) -> list[Rule]:
+    """The pull guard's door: only root's processes (dockerd, the agent) may
+    open a connection to it; another user of the host is refused by the
+    kernel, before the guard holds a descriptor for it (red team 3)."""
+    rules = []
+    for address, port in guards:
+        tool = "iptables" if ipaddress.ip_address(address).version == 4 else "ip6tables"
+        match = ("-d", address, "-p", "tcp", "--dport", str(port), "-m", "owner", "!", "--uid-owner", "0")
+        rules.append(Rule(tool, GUARD_CHAIN, (*match, "-j", "REJECT", "--reject-with", "tcp-reset")))
+    return rules
+
+
+def guard_jumps(tools: set[str]) -> list[Jump]:
+    """From OUTPUT, every process's TCP: the guard's chain judges its own port alone."""
+    return [
+        Jump(tool, "OUTPUT", GUARD_CHAIN, match=("-p", "tcp")) for tool in ("iptables", "ip6tables") if tool in tools
+    ]
 
 
 def engine_jumps(gid: int) -> list[Jump]:

@@ -16,8 +16,10 @@ written again.
 from __future__ import annotations
 
 import grp
+import ipaddress
 import shlex
 import shutil
+import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +29,7 @@ from gpuhost_agent.runtime.egress_rules import (
     ENGINE_CHAIN,
     ENGINE_GROUP,
     FORWARD_CHAIN,
+    GUARD_CHAIN,
     HOST_CHAIN,
     Jump,
     Opening,
@@ -34,6 +37,8 @@ from gpuhost_agent.runtime.egress_rules import (
     engine_jumps,
     engine_rules,
     forward_rules,
+    guard_jumps,
+    guard_rules,
     host_rules,
     jumps,
     nameservers_of,
@@ -83,8 +88,9 @@ class HostFirewall:
             return None
 
     def wanted(self, allowed: tuple[str, ...], openings: tuple[Opening, ...] = ()) -> list[Rule]:
-        """The rules for this host now, its nameservers read; the engine fence
-        with `openings` where the host has its group. Blocking."""
+        """The rules for this host now, its nameservers read; the pull guard's
+        door, and the engine fence with `openings` where the host has its
+        group (each opening's name resolved now). Blocking."""
         servers: list[str] = []
         for path in self.resolv_confs:
             try:
@@ -92,8 +98,12 @@ class HostFirewall:
             except OSError:
                 continue
             servers += [server for server in nameservers_of(text) if server not in servers]
-        fence = engine_rules(openings) if self.engine_gid() is not None else []
-        return forward_rules(allowed, tuple(servers)) + host_rules() + fence
+        resolved = {opening: _addresses(opening.host) for opening in openings}
+        guards = tuple((address, o.port) for o in openings if o.guard for address in resolved[o])
+        fence = []
+        if self.engine_gid() is not None:
+            fence = engine_rules(tuple(dict.fromkeys((a, o.port) for o in openings for a in resolved[o])))
+        return forward_rules(allowed, tuple(servers)) + host_rules() + fence + guard_rules(guards)
 
     def facts(self, allowed: tuple[str, ...], openings: tuple[Opening, ...] = ()) -> dict:
         """What the host probe reports: are a rental's containers confined now? Blocking."""
@@ -141,7 +151,7 @@ class HostFirewall:
             if len(present) != len(wanted) or not all(self._has(tool, rule.chain, rule.args) for rule in wanted):
                 chains.append(f"{tool} {chain}")
         tools = {rule.tool for rule in rules}
-        wanted_jumps = [jump for jump in self._jumps(before_engine) if jump.tool in tools]
+        wanted_jumps = [jump for jump in self._jumps(before_engine, rules) if jump.tool in tools]
         missing = [jump.label for jump in wanted_jumps if not self._at_head(jump, _heads(wanted_jumps)[_parent(jump)])]
         return Difference(tuple(chains), tuple(missing))
 
@@ -165,8 +175,11 @@ class HostFirewall:
         for (tool, chain), wanted in _by_chain(rules).items():
             if f"{tool} {chain}" in found.chains:
                 self._restore(tool, chain, wanted)
-        all_jumps = self._jumps(before_engine)
-        for parent in {_parent(jump) for jump in all_jumps if jump.label in found.jumps}:
+        all_jumps = self._jumps(before_engine, self.working(rules))
+        # The rentals' parents first, OUTPUT (the fence, the guard's door) last, always in one order:
+        # a jump that cannot be written (an old kernel's owner match) leaves the others in place.
+        differing = {_parent(jump) for jump in all_jumps if jump.label in found.jumps}
+        for parent in sorted(differing, key=lambda pair: (pair[1] == "OUTPUT", pair)):
             ours = [jump for jump in all_jumps if _parent(jump) == parent]
             for jump in ours:  # every one of the parent's, present or not, moved to the head together
                 while self._has(jump.tool, jump.parent, jump.args):
@@ -190,23 +203,26 @@ class HostFirewall:
                 removed.append(jump.label)
         for tool in tools:  # the fence's jumps, whatever group id they name (the group may be gone)
             for line in self._run(tool, "-S", "OUTPUT", check=False).stdout.splitlines():
-                if line.startswith("-A OUTPUT ") and line.endswith(f" -j {ENGINE_CHAIN}"):
+                if line.startswith("-A OUTPUT ") and line.endswith((f" -j {ENGINE_CHAIN}", f" -j {GUARD_CHAIN}")):
                     self._run(tool, "-D", "OUTPUT", *shlex.split(line)[2:])
-                    removed.append(f"{tool} OUTPUT -> {ENGINE_CHAIN}")
+                    removed.append(f"{tool} OUTPUT -> {line.rsplit(' ', 1)[1]}")
         chains = (("iptables", FORWARD_CHAIN), ("iptables", HOST_CHAIN), ("ip6tables", HOST_CHAIN))
-        for tool, chain in (*chains, ("iptables", ENGINE_CHAIN), ("ip6tables", ENGINE_CHAIN)):
+        ours = ((tool, chain) for tool in ("iptables", "ip6tables") for chain in (ENGINE_CHAIN, GUARD_CHAIN))
+        for tool, chain in (*chains, *ours):
             if tool in tools and self._chain_exists(tool, chain):
                 self._run(tool, "-F", chain)
                 self._run(tool, "-X", chain)
                 removed.append(f"{tool} {chain}")
         return removed
 
-    def _jumps(self, before_engine: bool) -> list[Jump]:
+    def _jumps(self, before_engine: bool, rules: list[Rule]) -> list[Jump]:
         """From DOCKER-USER where the engine sends FORWARD's traffic through it
         (or will: before_engine), else from FORWARD itself (an engine without
         iptables rules of its own)."""
         gid = self.engine_gid()
-        fence = engine_jumps(gid) if gid is not None else []
+        chains = {(rule.tool, rule.chain) for rule in rules}
+        fence = [j for j in engine_jumps(gid) if (j.tool, j.chain) in chains] if gid is not None else []
+        fence += guard_jumps({tool for tool, chain in chains if chain == GUARD_CHAIN})
         if before_engine:  # and from FORWARD too: an engine may never send traffic through DOCKER-USER
             return [*jumps(True), *(jump for jump in jumps(False) if jump.parent == "FORWARD"), *fence]
         if not self._chain_exists("iptables", DOCKER_USER):
@@ -257,6 +273,21 @@ class HostFirewall:
         if check and done.returncode != 0:
             raise FirewallError(f"{tool} {' '.join(args[:2])} failed: {done.stderr.strip()[:300]}")
         return done
+
+
+def _addresses(host: str) -> tuple[str, ...]:
+    """An opening's addresses: itself when it is one, else what the resolver
+    answers now (the operator's own names: a registry, a proxy), none when
+    it answers nothing."""
+    try:
+        return (str(ipaddress.ip_address(host.strip("[]"))),)
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return ()
+    return tuple(dict.fromkeys(str(info[4][0]).split("%")[0] for info in infos))
 
 
 def _parent(jump: Jump) -> tuple[str, str]:

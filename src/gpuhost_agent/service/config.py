@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from gpuhost_agent.runtime.egress_rules import Opening, engine_openings
 from gpuhost_agent.service import settings_table
@@ -113,6 +114,7 @@ class AgentConfig:
     egress_allow: tuple[str, ...] = default_of("egress_allow")
     pull_guard: tuple[str, int] | None = default_of("pull_guard")
     pull_guard_upstream: tuple[str, int] | None = default_of("pull_guard_upstream")
+    fence_allow: tuple[str, ...] = default_of("fence_allow")
 
     def __post_init__(self) -> None:
         self.swarm = SwarmRole(self.swarm)  # the mode is typed however the config was made
@@ -120,7 +122,15 @@ class AgentConfig:
     @property
     def engine_openings(self) -> tuple[Opening, ...]:
         """What the engine fence lets dockerd and the agent reach on the host (runtime/egress_rules.py)."""
-        return engine_openings(self.pull_guard, self.allowed_registries, self.pull_guard_upstream)
+        marketplace = urlsplit(self.marketplace_url or "")
+        try:
+            port = marketplace.port or (443 if marketplace.scheme == "https" else 80)
+        except ValueError:
+            port = 0
+        where = (marketplace.hostname, port) if marketplace.hostname and port else None
+        return engine_openings(
+            self.pull_guard, self.allowed_registries, self.pull_guard_upstream, where, self.fence_allow
+        )
 
     @property
     def socket_path(self) -> Path:

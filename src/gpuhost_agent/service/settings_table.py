@@ -126,6 +126,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("pull_guard_upstream", "GPUHOST_PULL_GUARD_UPSTREAM", kind.proxy_url,
             "the host's own HTTP proxy, which the pull guard asks for each judged address (install.sh moves "
             "Docker's proxy here)", unit="http://HOST:PORT", modes=DEPLOYING, group="deploys"),
+    Setting("fence_allow", "GPUHOST_FENCE_ALLOW", kind.registries,
+            "what dockerd and the agent may also reach on this host itself, comma-separated host:port (a log "
+            "collector such as fluentd's 127.0.0.1:24224, a loopback registry mirror); the engine fence refuses "
+            "the rest (see The pull guard)", default="", unit="host:port,...", modes=DEPLOYING, group="deploys"),
     Setting("pids_limit", "GPUHOST_PIDS_LIMIT", kind.integer,
             "processes per container, and per rental (dockerd's cgroupfs or systemd driver)", default="4096",
             unit="processes", modes=DEPLOYING, group="deploys"),

@@ -15,8 +15,8 @@ shows in its error.
 
 An operator's own proxy stays in force as the guard's upstream: the guard asks
 it (CONNECT) for the judged address, never for the name. Only root's processes
-are served (dockerd and the agent; the kernel names a loopback peer's owner in
-/proc/net/tcp): another user of the host is closed on at once. Reads are
+may connect (dockerd and the agent): the kernel refuses another user of the
+host before the guard sees it (runtime/egress_rules.guard_rules). Reads are
 bounded (a request head of HEAD_LIMIT bytes), at most MAX_CONNECTIONS are open
 at once (counted at the accept), PER_TARGET to one registry host, and a
 connection idle in both directions for IDLE_SECONDS is closed.
@@ -165,15 +165,12 @@ class PullGuard:
     lookup: Lookup = system_lookup
     opened: tuple[IPNetwork, ...] = ()  # private networks the operator opened (GPUHOST_EGRESS_ALLOW)
 
-    peer_uid: Callable[[tuple, tuple], int | None] | None = None  # (peer, own address) -> the peer's uid
     key: bytes = b""  # answers the probe's challenge (the agent's root-only file)
 
     def __post_init__(self) -> None:
         self.open = 0
         self.refused = 0
         self._by_target: dict[str, int] = {}
-        if self.peer_uid is None:
-            self.peer_uid = loopback_peer_uid
 
     async def serve(self, host: str, port: int) -> asyncio.Server:
         return await asyncio.start_server(self._connection, host, port, limit=HEAD_LIMIT)
@@ -224,11 +221,6 @@ class PullGuard:
         try:
             if self.open > MAX_CONNECTIONS:  # at the accept: a flood holds no descriptor past it
                 return
-            peer, own = writer.get_extra_info("peername"), writer.get_extra_info("sockname")
-            assert self.peer_uid is not None
-            if await asyncio.to_thread(self.peer_uid, peer, own) != 0:
-                self.refused += 1
-                return
             await self._carry(reader, writer)
         except (ConnectionError, OSError):
             pass
@@ -276,45 +268,6 @@ class PullGuard:
             self._by_target[host] -= 1
             if not self._by_target[host]:
                 del self._by_target[host]
-
-
-def loopback_peer_uid(peer: tuple, own: tuple) -> int | None:
-    """The uid owning the other end of a TCP connection on this machine (the
-    client's socket in /proc/net/tcp or tcp6: its local address is our peer,
-    its remote ours), or None when it is not found. Blocking."""
-    if not peer or not own:
-        return None
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table, encoding="ascii") as listed:
-                lines = listed.read().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) > 7 and _endpoint(fields[1]) == _key(peer) and _endpoint(fields[2]) == _key(own):
-                return int(fields[7])
-    return None
-
-
-def _key(address: tuple) -> tuple[str, int]:
-    ip = ipaddress.ip_address(str(address[0]).split("%")[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return str(ip), int(address[1])
-
-
-def _endpoint(text: str) -> tuple[str, int]:
-    """/proc/net/tcp's ADDR:PORT (the address in the kernel's byte order, hex) as (address, port)."""
-    hexed, _, port = text.partition(":")
-    raw = bytes.fromhex(hexed)
-    if len(raw) == 4:
-        ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.IPv4Address(raw[::-1])
-    else:
-        ip = ipaddress.IPv6Address(b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4)))
-        if ip.ipv4_mapped is not None:
-            return str(ip.ipv4_mapped), int(port, 16)
-    return str(ip), int(port, 16)
 
 
 def _proof(key: bytes, challenge: bytes) -> bytes:
