@@ -135,6 +135,7 @@ async def test_the_install_line_installs_and_starts_the_agent_under_systemd(worl
     assert store.envApiKey not in done.both
     # The agent itself: the marketplace's release, its signature checked over HTTPS with the key the line pinned.
     assert "(source: the marketplace's signed release)" in done.out, done.both
+    assert "dockerd's CDI feature is off" in done.both  # Docker 26: install.sh says how to turn it on (issue 46)
     assert (await _sh(world, "cat /etc/gpuhost-agent/api-key")).out == store.envApiKey + "\n"  # through real sudo
     await _connected(world)
     shown = await asyncio.to_thread(world.host.show, UNIT, "ActiveState", "Type", "WatchdogUSec", "NotifyAccess")
@@ -483,6 +484,47 @@ async def test_gpus_reach_containers_through_cdi_without_the_runtime_hook(world:
     assert [line for line in inside if line.startswith(modern_host.CDI_ENV)] == [f"{modern_host.CDI_ENV}{index}={uuid}"]
     assert f"NVIDIA_VISIBLE_DEVICES={uuid}" in inside
     print(f"CDI test: {time.monotonic() - began:.1f} s")
+
+
+async def test_without_a_spec_naming_the_gpus_the_agent_writes_its_own_from_the_driver(world: World) -> None:
+    """Issue 46, section 1: the same CDI-only host without the toolkit's spec. The agent writes one
+    itself from what the driver has (NVML's UUIDs and minor numbers, the device nodes, the driver's
+    libraries of its version, nvidia-smi), no hook in it; a 1-GPU stack gets its GPU's node, the
+    shared one and the driver's files, and no other GPU's node."""
+    await _sh(world, f"rm -f {modern_host.CDI_SPEC}")
+    version = modern_host.DRIVER_VERSION
+    await _sh(
+        world,
+        "cd /usr/lib/x86_64-linux-gnu && for lib in libcuda libnvidia-ptxjitcompiler; do "
+        f"echo stand-in $lib >$lib.so.{version} && ln -sf $lib.so.{version} $lib.so.1; done",
+    )
+    await _sh(world, f"systemctl restart {UNIT}")
+    await _connected(world)
+    deadline = time.monotonic() + 60
+    while (_find(world.renter.store.host, "cdiSpec") or {}).get("path") != "/etc/cdi/gpuhost-nvidia.yaml":
+        assert time.monotonic() < deadline, _find(world.renter.store.host, "cdiSpec")
+        await asyncio.sleep(0.2)
+    assert _find(world.renter.store.host, "gpuDelivery")["method"] == "cdi"
+    spec = (await _sh(world, "cat /etc/cdi/gpuhost-nvidia.yaml")).out
+    assert "hooks" not in spec and f"libcuda.so.{version}" in spec, spec
+
+    rental_id = await world.renter.rental(gpu_count=1)
+    content = (
+        SLEEPER
+        + "    deploy: {resources: {reservations: {devices: [{driver: nvidia, count: 1, capabilities: [gpu]}]}}}\n"
+    )
+    container, box = await _deployed(world, rental_id, content, "through the agent's CDI spec")
+    (uuid,) = box["Config"]["Labels"]["io.gpuhost.gpus"].split(",")
+    index = modern_host.gpu_index(uuid)
+    said = await _sh(world, f"docker exec {container} sh -c 'ls /dev; cat /usr/lib/x86_64-linux-gnu/libcuda.so.1'")
+    inside = said.out.split()
+    assert sorted(name for name in inside if name.startswith("nvidia")) == sorted([f"nvidia{index}", "nvidiactl"]), (
+        said.out
+    )
+    assert "libcuda" in said.out  # the driver's file, as the host has it
+    # The driver's tool where the host has it (the stand-in's: /usr/local/bin), mounted from the host.
+    assert (await _sh(world, f"docker exec {container} test -f /usr/local/bin/nvidia-smi", check=False)).code == 0
+    assert "/usr/local/bin/nvidia-smi" in spec
 
 
 async def test_after_a_reboot_dockerd_starts_behind_the_egress_rules(world: World) -> None:

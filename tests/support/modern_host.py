@@ -93,6 +93,7 @@ exec /lib/systemd/systemd SYSTEMD_CGROUP_ENABLE_LEGACY_FORCE=1
 HOOK = "#!/bin/sh\n# stand-in: dockerd registers its nvidia device driver when this is on its PATH\nexit 0\n"
 HOOK_PATH = "/usr/local/bin/nvidia-container-runtime-hook"
 CDI_SPEC = "/etc/cdi/nvidia.yaml"
+DRIVER_VERSION = "550.54.15"  # the stand-in NVML's (tests/support/fake_nvml.py's default)
 CDI_ENV = "GPUHOST_TEST_CDI_GPU"  # each stand-in GPU's CDI edits set CDI_ENV<index>=<its UUID>
 # The host made CDI-only (issue 33): the stand-in device nodes, dockerd's CDI
 # feature on, the runtime hook taken away (dockerd then has no nvidia device
