@@ -349,9 +349,9 @@ async def test_a_failed_read_of_the_leaders_keeps_the_last_ones_known(door_tls) 
         await proxy.stop()
 
 
-async def _machine_through(port: int, context: ssl.SSLContext, node: str) -> str:
+async def _machine_through(port: int, context: ssl.SSLContext, node: str | None, crl: str | None = None) -> str:
     """What the leader's door client gets asking `node`'s door: "served", or the refusal."""
-    door = DoorClient("127.0.0.1", port, KEY, context, node)
+    door = DoorClient("127.0.0.1", port, KEY, context, node, crl)
     try:
         await door.machine(live=True)
         return "served"
@@ -436,3 +436,43 @@ def test_a_bundle_written_to_a_shared_folder_goes_through_no_file_a_local_user_p
         assert b"PRIVATE KEY" in written.read_bytes()
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+async def test_a_certificate_the_leader_had_before_opens_no_door_once_the_leader_has_spoken(door_tls, other) -> None:
+    """Issue 45, item 4 (left last session): a leader's certificate replaced by a new install (the
+    machine lost, its key copied) still opened every door until the CA was replaced. The install
+    revokes it in the CA's list, the leader sends the list with its requests, and a worker takes a
+    newer one signed by its CA (never another CA's, never an older one)."""
+    from functools import partial
+
+    from gpuhost_agent.service.swarm_worker import _newer_crl
+
+    stolen = door_tls.leader.parent / "stolen"
+    await asyncio.to_thread(shutil.copytree, door_tls.leader, stolen)
+    old_leader = await asyncio.to_thread(swarm_tls.client_context, stolen, node_checked=False)
+    before = await asyncio.to_thread(swarm_tls.crl_header, door_tls.leader)
+    await asyncio.to_thread(swarm_tls.install_leader, door_tls.leader)  # the leader installed again
+    new_leader = await asyncio.to_thread(swarm_tls.client_context, door_tls.leader, node_checked=False)
+    listed = await asyncio.to_thread(swarm_tls.crl_header, door_tls.leader)
+    foreign = await asyncio.to_thread(swarm_tls.crl_header, other.leader)
+    worker = await asyncio.to_thread(swarm_tls.server_context, door_tls.worker)
+    take = partial(_newer_crl, door_tls.worker)
+    door = WorkerDoor(KEY, _Engine(), "/nonexistent", tls=worker, crl=take)  # type: ignore[arg-type]
+    port = await door.start("127.0.0.1", 0)
+    try:
+        assert (await _ask(port, old_leader)).startswith(b"HTTP/1.1 404")  # the worker has not heard yet
+        for ignored in (foreign, before, "not base64!"):  # another CA's, an older one, garbage
+            asked = ASK.replace(b"\r\n\r\n", f"\r\nX-Gpuhost-Crl: {ignored}\r\n\r\n".encode())
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=new_leader)
+            writer.write(asked)
+            await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+        assert (await _ask(port, old_leader)).startswith(b"HTTP/1.1 404")
+        assert await _machine_through(port, new_leader, None, listed) == "served"
+        assert await _ask(port, old_leader) == b""  # refused at the handshake: revoked
+        assert (await _ask(port, new_leader)).startswith(b"HTTP/1.1 404")
+    finally:
+        await door.stop()
+    # A worker installed from a bundle made after the leader's new install holds the list from the start.
+    made = await asyncio.to_thread(swarm_tls.bundle, door_tls.leader, NODE)
+    assert made.count(b"-----BEGIN X509 CRL-----") == 1

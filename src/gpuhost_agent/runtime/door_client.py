@@ -48,6 +48,9 @@ FRAME_LIMIT = 64 * 1024
 ANSWER_BYTES = 8 * 1024 * 1024
 
 
+# The leader's revocation list (base64 of its DER), with each of its requests: a worker takes one newer
+# than its own, so that a certificate the leader had before opens no door (service/swarm_tls.accept_crl).
+CRL_HEADER = "X-Gpuhost-Crl"
 NODE_DOMAIN = "node.gpuhost.invalid"
 
 
@@ -93,8 +96,12 @@ class DoorClient(EngineStreams):
     to the door of `node`: its certificate must name it (checked by OpenSSL when
     the context checks names; a door of another machine is refused)."""
 
-    def __init__(self, host: str, port: int, key: str, tls: ssl.SSLContext, node: str | None = None):
-        super().__init__(f"tcp://{host}:{port}", timeout=TIMEOUT, headers={"Authorization": f"Bearer {key}"})
+    def __init__(
+        self, host: str, port: int, key: str, tls: ssl.SSLContext, node: str | None = None, crl: str | None = None
+    ):
+        """`crl`: the leader's revocation list, as swarm_tls.crl_header gives it."""
+        headers = {"Authorization": f"Bearer {key}", **({CRL_HEADER: crl} if crl else {})}
+        super().__init__(f"tcp://{host}:{port}", timeout=TIMEOUT, headers=headers)
         self._host, self._port, self._tls = host, port, tls
         self._server_name = node_name(node) if node else None
 

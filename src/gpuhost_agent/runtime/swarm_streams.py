@@ -55,8 +55,11 @@ class SwarmStreams(EngineStreams):
         workers: dict[str, tuple[str, int]] | None = None,
         worker_port: int = 7072,
         tls: ssl.SSLContext | None = None,
+        crl: str | None = None,
     ):
+        """`crl`: the leader's revocation list, which each door is given (runtime/door_client.py)."""
         super().__init__(docker_host, timeout=timeout)
+        self._crl = crl
         self._tasks: dict[str, str] = {}  # container id -> task id, for containers on other machines
         self._key, self._workers, self._worker_port = key, dict(workers or {}), worker_port
         self._tls = tls  # the leader's certificate for the doors (service/swarm_tls.py)
@@ -206,7 +209,7 @@ class SwarmStreams(EngineStreams):
                 if not addr or addr == "0.0.0.0":
                     return None
                 address = (addr, self._worker_port)
-            self._remotes[node] = DoorClient(*address, self._key, self._tls, node)
+            self._remotes[node] = DoorClient(*address, self._key, self._tls, node, self._crl)
         return self._remotes[node]
 
     async def open_logs(

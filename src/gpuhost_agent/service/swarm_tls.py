@@ -20,6 +20,7 @@ Run by install.sh: `python -m gpuhost_agent.service.swarm_tls leader DIR`,
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import datetime
 import json
@@ -45,6 +46,8 @@ NODE_ID = re.compile(r"^[a-z0-9]{10,64}$")  # Swarm's node ids: 25 lowercase let
 
 CA_CERT, CA_KEY, CERT, KEY = "ca.crt", "ca.key", "cert.pem", "key.pem"
 CRL, ISSUED, REVOKED = "revoked.crl", "issued.json", "revoked.json"  # the leader's: its CA's records
+LEADER_RECORD = "@leader"  # whom ISSUED names for a leader's certificate (a node id never starts with @)
+CRL_HEADER_BYTES = 8192  # the list's base64 in a request head (the door reads 16 KiB of it)
 USAGE = {"leader": ExtendedKeyUsageOID.CLIENT_AUTH, "worker": ExtendedKeyUsageOID.SERVER_AUTH}
 CA_YEARS = 10  # the CA's; a new one needs new bundles on every worker
 MACHINE_DAYS = 365  # each machine's certificate: renewed by a new bundle (a worker) or a re-install (the leader)
@@ -90,26 +93,35 @@ def issue(directory: Path, role: str, node: str | None = None) -> tuple[bytes, b
     if node:
         builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(node_name(node))]), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())
-    if node:
-        issued = _records(directory / ISSUED)
-        _write(directory / ISSUED, json.dumps({**issued, format(cert.serial_number, "x"): node}, indent=1).encode())
+    issued = _records(directory / ISSUED)
+    named = node or LEADER_RECORD  # the leader's too: a certificate it had before is revoked at its next install
+    _write(directory / ISSUED, json.dumps({**issued, format(cert.serial_number, "x"): named}, indent=1).encode())
     return _key_pem(key), cert.public_bytes(serialization.Encoding.PEM)
 
 
 def install_leader(directory: Path) -> None:
     """The leader's own: the CA (kept), its client certificate (new at every
-    install: the leader's rotation), and the CA's revocation list."""
+    install: the leader's rotation), and the CA's revocation list, which now
+    names every certificate the leader had before (a copy of an old one, key
+    and all, opens no door once a worker has the list: crl_header)."""
     make_ca(directory)
+    try:  # the one this install replaces, whether or not ISSUED recorded it (installs before it did)
+        replaced = [format(x509.load_pem_x509_certificate((directory / CERT).read_bytes()).serial_number, "x")]
+    except (OSError, ValueError):
+        replaced = []
     key, cert = issue(directory, "leader")
     _write(directory / KEY, key, secret=True)
     _write(directory / CERT, cert)
-    write_crl(directory)
+    current = format(x509.load_pem_x509_certificate(cert).serial_number, "x")
+    earlier = [s for s, named in _records(directory / ISSUED).items() if named == LEADER_RECORD and s != current]
+    earlier += [serial for serial in replaced if serial != current and serial not in earlier]
+    _revoked(directory, earlier, LEADER_RECORD)
 
 
 def bundle(directory: Path, node: str) -> bytes:
-    """A new worker's key, certificate (naming `node`) and the CA's certificate, in one PEM."""
+    """A new worker's key, certificate (naming `node`), the CA's certificate and its revocation list, in one PEM."""
     key, cert = issue(directory, "worker", node)
-    return key + cert + (directory / CA_CERT).read_bytes()
+    return key + cert + (directory / CA_CERT).read_bytes() + (directory / CRL).read_bytes()
 
 
 def revoke(directory: Path, node: str) -> list[str]:
@@ -119,9 +131,14 @@ def revoke(directory: Path, node: str) -> list[str]:
     serials = sorted(serial for serial, named in issued.items() if named == node)
     if not serials:
         raise ConfigError(f"no certificate of this CA names node {node!r} ({directory / ISSUED})")
-    _write(directory / REVOKED, json.dumps({**_records(directory / REVOKED), **dict.fromkeys(serials, node)}).encode())
-    write_crl(directory)
+    _revoked(directory, serials, node)
     return serials
+
+
+def _revoked(directory: Path, serials: list[str], named: str) -> None:
+    """`serials` added to the CA's revoked records, and its list written again."""
+    _write(directory / REVOKED, json.dumps({**_records(directory / REVOKED), **dict.fromkeys(serials, named)}).encode())
+    write_crl(directory)
 
 
 def write_crl(directory: Path) -> None:
@@ -134,7 +151,10 @@ def write_crl(directory: Path) -> None:
         .last_update(now - datetime.timedelta(hours=1))
         .next_update(ca_cert.not_valid_after_utc)
     )
-    for serial in _records(directory / REVOKED):
+    serials = _records(directory / REVOKED)
+    # Its number: how many it revokes. Revocations are only ever added, so a list with more is newer.
+    builder = builder.add_extension(x509.CRLNumber(len(serials)), critical=False)
+    for serial in serials:
         revoked = x509.RevokedCertificateBuilder().serial_number(int(serial, 16)).revocation_date(now).build()
         builder = builder.add_revoked_certificate(revoked)
     _write(directory / CRL, builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
@@ -184,6 +204,52 @@ def install_worker(source: Path, directory: Path, node: str | None = None) -> No
     _write(directory / KEY, _key_pem(key), secret=True)
     _write(directory / CERT, leaf.public_bytes(serialization.Encoding.PEM))
     _write(directory / CA_CERT, ca.public_bytes(serialization.Encoding.PEM))
+    if b"-----BEGIN X509 CRL-----" in data:
+        accept_crl(directory, b"-----BEGIN X509 CRL-----" + data.split(b"-----BEGIN X509 CRL-----", 1)[1])
+
+
+def _number(crl: x509.CertificateRevocationList) -> int:
+    """A list's CRL number (how many it revokes); 0 for one without (made before lists had one)."""
+    try:
+        return crl.extensions.get_extension_for_class(x509.CRLNumber).value.crl_number
+    except x509.ExtensionNotFound:
+        return 0
+
+
+def crl_header(directory: Path) -> str | None:
+    """The leader's revocation list as one header value (base64 of its DER),
+    sent with the leader's requests so that every worker holds it; None when
+    there is none, or it is too long for a request head (CRL_HEADER_BYTES)."""
+    try:
+        crl = x509.load_pem_x509_crl((directory / CRL).read_bytes())
+    except (OSError, ValueError):
+        return None
+    value = base64.b64encode(crl.public_bytes(serialization.Encoding.DER)).decode()
+    return value if len(value) <= CRL_HEADER_BYTES else None
+
+
+def accept_crl(directory: Path, data: bytes) -> bool:
+    """A worker takes a revocation list (PEM, or DER in base64 as the leader's
+    header carries it) signed by its CA and newer than the one it has; whether
+    it took it. Anything else is ignored: only the CA's key makes a list."""
+    try:
+        if data.startswith(b"-----BEGIN"):
+            crl = x509.load_pem_x509_crl(data)
+        else:
+            crl = x509.load_der_x509_crl(base64.b64decode(data, validate=True))
+        ca = x509.load_pem_x509_certificate((directory / CA_CERT).read_bytes())
+        if crl.issuer != ca.subject or not crl.is_signature_valid(ca.public_key()):  # type: ignore[arg-type]
+            return False
+    except (OSError, ValueError, TypeError):
+        return False
+    try:
+        held = _number(x509.load_pem_x509_crl((directory / CRL).read_bytes()))
+    except (OSError, ValueError):
+        held = -1
+    if _number(crl) <= held:
+        return False
+    _write(directory / CRL, crl.public_bytes(serialization.Encoding.PEM))
+    return True
 
 
 def server_context(directory: Path) -> ssl.SSLContext:
@@ -191,6 +257,9 @@ def server_context(directory: Path) -> ssl.SSLContext:
     _role(directory, "worker")
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(directory / CA_CERT))
     context.verify_mode = ssl.CERT_REQUIRED  # OpenSSL checks the client's clientAuth usage
+    if (directory / CRL).is_file():  # the leader's list: a certificate the leader had before opens nothing
+        context.load_verify_locations(cafile=str(directory / CRL))
+        context.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
     context.load_cert_chain(directory / CERT, directory / KEY)
     return context
 

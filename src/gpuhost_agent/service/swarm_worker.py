@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
+from functools import partial
+from pathlib import Path
 
 from gpuhost_agent.common.logs import SECRETS, get_logger
 from gpuhost_agent.core.egress_keeper import EgressKeeper
@@ -80,6 +83,7 @@ async def serve_worker(config: AgentConfig, stop: asyncio.Event) -> None:
         networks=networks,
         tls=tls,
         leaders=leaders,
+        crl=partial(_newer_crl, config.swarm_tls_dir),
     )
     host, port = config.swarm_listen
     if not host:  # this machine's Swarm address: where the leader finds it, never a bridge of containers
@@ -111,6 +115,11 @@ async def serve_worker(config: AgentConfig, stop: asyncio.Event) -> None:
         await probe.close()
         await watchdog.stop()
         log.info("swarm_worker_stopped", served=proxy.served, refused=proxy.refused)
+
+
+def _newer_crl(directory: Path, listed: str) -> ssl.SSLContext | None:
+    """The door's context anew when the leader's list is newer than the one held. Blocking."""
+    return swarm_tls.server_context(directory) if swarm_tls.accept_crl(directory, listed.encode()) else None
 
 
 async def _keep(egress: EgressKeeper) -> None:

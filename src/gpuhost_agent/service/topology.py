@@ -87,7 +87,11 @@ class SwarmLeaderTopology(Topology):
 
         tls = swarm_tls.context_or_exit("leader", config.swarm_tls_dir) if config.swarm_key else None
         self.door = SwarmStreams(
-            key=config.swarm_key, workers=config.swarm_workers, worker_port=config.swarm_listen[1], tls=tls
+            key=config.swarm_key,
+            workers=config.swarm_workers,
+            worker_port=config.swarm_listen[1],
+            tls=tls,
+            crl=swarm_tls.crl_header(config.swarm_tls_dir) if tls else None,
         )
         self.stream_engine = self.door
         self.engine = engine = SwarmEngine(elsewhere=self.door.inspect)

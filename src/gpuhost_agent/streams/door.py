@@ -62,7 +62,7 @@ from functools import partial
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.container_files import end_helper, start_helper
-from gpuhost_agent.runtime.door_client import FRAME_HEADER, FRAME_LIMIT, SERVICE_NO_TLS, SERVICE_REFUSED
+from gpuhost_agent.runtime.door_client import CRL_HEADER, FRAME_HEADER, FRAME_LIMIT, SERVICE_NO_TLS, SERVICE_REFUSED
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.runtime.netns_dial import dial_in_namespace
@@ -114,9 +114,12 @@ class WorkerDoor:
         *,
         tls: ssl.SSLContext,
         leaders: Callable[[], Awaitable[frozenset[str]]] | None = None,
+        crl: Callable[[str], ssl.SSLContext | None] | None = None,
     ):
         """`leaders`: the addresses the leader's connections come from (the
-        Swarm's managers, read from this machine's engine)."""
+        Swarm's managers, read from this machine's engine). `crl`: takes the
+        revocation list a leader's request carries, and gives the context to
+        hand out from then on when it was newer (service/swarm_tls.py)."""
         if len(key) < 16:
             raise ValueError("the environment's key must have at least 16 characters")
         self._expected = f"Bearer {key}".encode()
@@ -129,6 +132,7 @@ class WorkerDoor:
         self._open_by: dict[str, int] = {}  # connections open, by source address
         self._handshaking: dict[str, int] = {}  # TLS handshakes in flight, by source address
         self._leaders_of = leaders
+        self._take_crl, self._crl_seen = crl, ""
         self._leaders: tuple[float, frozenset[str]] = (float("-inf"), frozenset())  # (read at, addresses)
         self._reading: asyncio.Task | None = None  # the one read of the leaders' addresses in flight
         self._own = ""  # the address the door listens on: on one machine, the leader's own
@@ -339,6 +343,12 @@ class WorkerDoor:
         method, target, headers = parse_head(raw)
         if not hmac.compare_digest(headers.get("authorization", "").encode(), self._expected):
             raise Refused(401, "the environment's key is missing or wrong")
+        listed = headers.get(CRL_HEADER.lower(), "")
+        if listed and listed != self._crl_seen and self._take_crl is not None:
+            self._crl_seen = listed  # judged once: a leader sends the same list with every request
+            if (context := await asyncio.to_thread(self._take_crl, listed)) is not None:
+                self._tls = context  # every handshake from now on checks the leader's list
+                log.info("swarm_door_revocations_taken")
         allowed = route(method, target)
         if allowed is None:
             raise Refused(403, f"{method} {target.split('?', 1)[0][:100]} is not served to the leader")
