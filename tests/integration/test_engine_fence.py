@@ -57,6 +57,13 @@ served = subprocess.Popen(["setpriv", f"--groups={gid}", "--", sys.executable, "
 import time; time.sleep(0.5)
 answered = reaches("127.0.0.1", 6001, member=False)
 served.wait(timeout=20)
+SQUATTER = ("import socket; s = socket.create_server(('127.0.0.1', 47129)); s.settimeout(8)\n"
+            "try:\n c, _ = s.accept(); c.sendall(b'hello'); c.close()\nexcept OSError: pass")
+squatter = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", sys.executable,
+                             "-c", SQUATTER])
+time.sleep(0.5)
+squatted = reaches("127.0.0.1", 47129, True)
+squatter.kill()
 TARGETS = [(a, p) for a in ("127.0.0.1", "10.9.9.9", "169.254.169.254") for p in (47128, 5999)]
 print(json.dumps({
     "member": {f"{a}:{p}": reaches(a, p, True) for a, p in TARGETS},
@@ -64,13 +71,16 @@ print(json.dumps({
     "answered": answered,
     # The guard's door: another user of the host reaches no guard, and another port still.
     "nobody": {f"127.0.0.1:{p}": reaches("127.0.0.1", p, False, user=65534) for p in (47128, 5999)},
+    # Another user who took a guard's port (the agent restarting): root's clients get no connection to it.
+    "squatted": squatted,
 }))
 """
 APPLY = (
     "from gpuhost_agent.runtime.egress_rules import Opening\n"
     "from gpuhost_agent.runtime.host_firewall import HostFirewall\n"
     f"firewall = HostFirewall(group={GROUP!r})\n"
-    "print(firewall.ensure(firewall.wanted((), (Opening('127.0.0.1', 47128, guard=True),))).said())\n"
+    "guards = (Opening('127.0.0.1', 47128, guard=True), Opening('127.0.0.1', 47129, guard=True))\n"
+    "print(firewall.ensure(firewall.wanted((), guards)).said())\n"
 )
 
 
@@ -118,6 +128,7 @@ def test_a_member_of_the_fences_group_reaches_the_guard_and_nothing_else_of_the_
     assert all(seen["other"].values()), seen  # a process outside the group: untouched
     assert seen["answered"], seen  # a member's replies go out
     assert seen["nobody"] == {"127.0.0.1:47128": False, "127.0.0.1:5999": True}, seen  # red team 3: the kernel
+    assert seen["squatted"] is False, seen  # red team 4: a squatter's answer never reaches root's client
     remove = f"from gpuhost_agent.runtime.host_firewall import HostFirewall; print(HostFirewall({GROUP=}).remove())"
     removed = subprocess.run(
         ["ip", "netns", "exec", namespace, sys.executable, "-c", remove.replace("GROUP=", "group=")],
@@ -125,3 +136,32 @@ def test_a_member_of_the_fences_group_reaches_the_guard_and_nothing_else_of_the_
     )  # fmt: skip
     assert "GPUHOST-ENGINE" in removed.stdout and "GPUHOST-GUARD" in removed.stdout, removed.stderr
     assert "GPUHOST-" not in _ns(namespace, "iptables", "-S").stdout
+
+
+PARTLY = (
+    "from gpuhost_agent.runtime.egress_rules import Opening\n"
+    "from gpuhost_agent.runtime.host_firewall import FirewallError, HostFirewall\n"
+    "class NoOwnerMatch(HostFirewall):\n"
+    "    def _restore(self, tool, chain, rules):\n"
+    "        if chain == 'GPUHOST-GUARD':\n"
+    "            raise FirewallError('iptables-restore failed: Couldn\\'t load match `owner\\'')\n"
+    "        super()._restore(tool, chain, rules)\n"
+    f"firewall = NoOwnerMatch(group={GROUP!r})\n"
+    "try:\n"
+    "    firewall.ensure(firewall.wanted((), (Opening('127.0.0.1', 47128, guard=True),)))\n"
+    "except FirewallError as exc:\n"
+    "    print('raised:', exc)\n"
+)
+
+
+def test_a_chain_that_cannot_be_written_leaves_the_rentals_rules_and_jumps_written(namespace: str) -> None:
+    """Red team 4: a kernel without the owner match failed the guard's chain, and ensure stopped before any
+    jump: the rentals were left unconfined. Each chain and each parent's jumps are written on their own."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run(
+        ["ip", "netns", "exec", namespace, sys.executable, "-c", PARTLY], capture_output=True, text=True, env=env
+    )
+    assert "raised: iptables-restore failed" in done.stdout, done.stdout + done.stderr
+    assert "-A INPUT -i gpuh+ -j GPUHOST-HOST" in _ns(namespace, "iptables", "-S", "INPUT").stdout
+    assert "-j GPUHOST-EGRESS" in _ns(namespace, "iptables", "-S", "FORWARD").stdout
+    assert "-A GPUHOST-ENGINE -o lo -j REJECT" in _ns(namespace, "iptables", "-S", "GPUHOST-ENGINE").stdout

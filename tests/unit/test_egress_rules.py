@@ -164,6 +164,29 @@ def test_the_engine_fences_openings_name_a_port_each_and_names_are_resolved_when
     assert not any("10.0.0.5 -j RETURN" in args for _, args in fence)  # never every port of an address
     assert ("iptables", "-d 168.63.129.16/32 -j REJECT") in fence  # a metadata service off link-local
     guard = [(tool, args) for tool, chain, args in rules if chain == "GPUHOST-GUARD"]
-    assert guard == [
-        ("iptables", "-d 127.0.0.1 -p tcp --dport 47128 -m owner ! --uid-owner 0 -j REJECT --reject-with tcp-reset")
+    not_root = "-m owner ! --uid-owner 0 -j REJECT --reject-with tcp-reset"
+    assert guard == [  # red team 4: new connections alone (root's closed sockets have no owner); no squatter answers
+        ("iptables", f"-d 127.0.0.1 -p tcp --dport 47128 --syn {not_root}"),
+        ("iptables", f"-s 127.0.0.1 -p tcp --sport 47128 --tcp-flags SYN,ACK SYN,ACK {not_root}"),
     ]
+
+
+def test_the_fence_lets_dns_reach_the_hosts_nameservers_and_never_opens_a_metadata_address(tmp_path) -> None:
+    """Red team 4: a cloud's resolver may be link-local (GCE's 169.254.169.254, Azure's 168.63.129.16):
+    the fence refused dockerd's and the agent's DNS there. And no setting or name's answer opens
+    link-local or a metadata service's address."""
+    from gpuhost_agent.runtime.egress_rules import engine_openings
+    from gpuhost_agent.runtime.host_firewall import HostFirewall
+
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text("nameserver 169.254.169.254\nnameserver 168.63.129.16\n")
+    openings = engine_openings(None, ("169.254.169.254:80",), None, None, ("100.100.100.200:80", "127.0.0.1:24224"))
+    rules = HostFirewall(group="daemon", resolv_confs=(resolv,)).wanted((), openings)
+    fence = [" ".join(rule.args) for rule in rules if rule.chain == "GPUHOST-ENGINE" and rule.tool == "iptables"]
+    for server in ("169.254.169.254", "168.63.129.16"):
+        for protocol in ("udp", "tcp"):
+            dns = f"-d {server} -p {protocol} --dport 53 -j RETURN"
+            assert fence.index(dns) < fence.index("-d 169.254.0.0/16 -j REJECT"), fence
+    assert "-d 127.0.0.1 -p tcp --dport 24224 -j RETURN" in fence
+    opened = [rule for rule in fence if "--dport 53" not in rule and rule.endswith("RETURN")]
+    assert not any("169.254.169.254" in rule or "100.100.100.200" in rule for rule in opened), opened

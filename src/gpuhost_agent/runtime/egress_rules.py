@@ -169,22 +169,28 @@ def engine_openings(
     return tuple(unique)
 
 
-def engine_rules(openings: tuple[tuple[str, int], ...]) -> list[Rule]:
+def engine_rules(openings: tuple[tuple[str, int], ...], nameservers: tuple[str, ...] = ()) -> list[Rule]:
     """The fence, for IPv4 and IPv6: replies to what came in (a published
     port's proxy, the agent's listeners); the openings (addresses, ports);
-    DNS to a loopback resolver and the Swarm's own ports on the host; then
-    nothing else of the host, nor link-local and the metadata services."""
+    DNS to a loopback resolver and to the host's nameservers (a cloud's
+    resolver may be link-local: 169.254.169.254 on GCE, 168.63.129.16 on
+    Azure) and the Swarm's own ports on the host; then nothing else of the
+    host, nor link-local and the metadata services. An opening that is itself
+    one of those refused addresses is left out (fence_opening)."""
     rules = []
     for tool, version, loopback in (("iptables", 4, "127.0.0.0/8"), ("ip6tables", 6, "::1/128")):
         rules.append(Rule(tool, ENGINE_CHAIN, REPLIES))
         for address, port in openings:
-            if ipaddress.ip_address(address).version == version:
+            if ipaddress.ip_address(address).version == version and fence_opening(address):
                 rules.append(
                     Rule(tool, ENGINE_CHAIN, ("-d", address, "-p", "tcp", "--dport", str(port), "-j", "RETURN"))
                 )
-        for protocol in ("udp", "tcp"):
-            dns = ("-d", loopback, "-o", "lo", "-p", protocol, "--dport", "53", "-j", "RETURN")
-            rules.append(Rule(tool, ENGINE_CHAIN, dns))
+        resolvers = [("-d", loopback, "-o", "lo")] + [
+            ("-d", server) for server in nameservers if ipaddress.ip_address(server).version == version
+        ]
+        for where in resolvers:
+            for protocol in ("udp", "tcp"):
+                rules.append(Rule(tool, ENGINE_CHAIN, (*where, "-p", protocol, "--dport", "53", "-j", "RETURN")))
         for protocol, ports in SWARM_LOCAL:
             swarm = ("-o", "lo", "-p", protocol, "-m", "multiport", "--dports", ports, "-j", "RETURN")
             rules.append(Rule(tool, ENGINE_CHAIN, swarm))
@@ -193,15 +199,28 @@ def engine_rules(openings: tuple[tuple[str, int], ...]) -> list[Rule]:
     return rules
 
 
+def fence_opening(address: str) -> bool:
+    """Whether an opening's address may be opened: never link-local or a
+    metadata service's, whatever a setting or a name's answer says."""
+    ip = ipaddress.ip_address(address)
+    refused = FENCE_REFUSED[ip.version]
+    return not any(ip in ipaddress.ip_network(net) for net in refused)
+
+
 def guard_rules(guards: tuple[tuple[str, int], ...]) -> list[Rule]:
     """The pull guard's door: only root's processes (dockerd, the agent) may
-    open a connection to it; another user of the host is refused by the
-    kernel, before the guard holds a descriptor for it (red team 3)."""
+    open a connection to it (a new one: a closed socket of root's has no
+    owner left, and its last packets must pass), and only root's may answer
+    from its port (another user who took the port while the agent restarted
+    gets no connection: red team 4); the kernel refuses the rest before the
+    guard holds a descriptor for it (red team 3)."""
     rules = []
+    not_root = ("-m", "owner", "!", "--uid-owner", "0", "-j", "REJECT", "--reject-with", "tcp-reset")
     for address, port in guards:
         tool = "iptables" if ipaddress.ip_address(address).version == 4 else "ip6tables"
-        match = ("-d", address, "-p", "tcp", "--dport", str(port), "-m", "owner", "!", "--uid-owner", "0")
-        rules.append(Rule(tool, GUARD_CHAIN, (*match, "-j", "REJECT", "--reject-with", "tcp-reset")))
+        rules.append(Rule(tool, GUARD_CHAIN, ("-d", address, "-p", "tcp", "--dport", str(port), "--syn", *not_root)))
+        answer = ("-s", address, "-p", "tcp", "--sport", str(port), "--tcp-flags", "SYN,ACK", "SYN,ACK")
+        rules.append(Rule(tool, GUARD_CHAIN, (*answer, *not_root)))
     return rules
 
 

@@ -21,6 +21,7 @@ import shlex
 import shutil
 import socket
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,7 +103,8 @@ class HostFirewall:
         guards = tuple((address, o.port) for o in openings if o.guard for address in resolved[o])
         fence = []
         if self.engine_gid() is not None:
-            fence = engine_rules(tuple(dict.fromkeys((a, o.port) for o in openings for a in resolved[o])))
+            opened = tuple(dict.fromkeys((a, o.port) for o in openings for a in resolved[o]))
+            fence = engine_rules(opened, tuple(servers))
         return forward_rules(allowed, tuple(servers)) + host_rules() + fence + guard_rules(guards)
 
     def facts(self, allowed: tuple[str, ...], openings: tuple[Opening, ...] = ()) -> dict:
@@ -172,20 +174,30 @@ class HostFirewall:
         if before_engine and not self._chain_exists("iptables", DOCKER_USER):
             self._run("iptables", "-N", DOCKER_USER)
         found = self.difference(rules, before_engine=before_engine)
+        # Each chain and each parent's jumps on their own, the rentals' first, OUTPUT's (the fence, the
+        # guard's door) last, always in one order: one that cannot be written (a kernel without the owner
+        # match) leaves the others written, and is raised at the end (red team 4).
+        failed: list[FirewallError] = []
         for (tool, chain), wanted in _by_chain(rules).items():
             if f"{tool} {chain}" in found.chains:
-                self._restore(tool, chain, wanted)
+                try:
+                    self._restore(tool, chain, wanted)
+                except FirewallError as exc:
+                    failed.append(exc)
         all_jumps = self._jumps(before_engine, self.working(rules))
-        # The rentals' parents first, OUTPUT (the fence, the guard's door) last, always in one order:
-        # a jump that cannot be written (an old kernel's owner match) leaves the others in place.
         differing = {_parent(jump) for jump in all_jumps if jump.label in found.jumps}
         for parent in sorted(differing, key=lambda pair: (pair[1] == "OUTPUT", pair)):
             ours = [jump for jump in all_jumps if _parent(jump) == parent]
-            for jump in ours:  # every one of the parent's, present or not, moved to the head together
-                while self._has(jump.tool, jump.parent, jump.args):
-                    self._run(jump.tool, "-D", jump.parent, *jump.args)
-            for position, jump in enumerate(ours, start=1):
-                self._run(jump.tool, "-I", jump.parent, str(position), *jump.args)
+            try:
+                for jump in ours:  # every one of the parent's, present or not, moved to the head together
+                    while self._has(jump.tool, jump.parent, jump.args):
+                        self._run(jump.tool, "-D", jump.parent, *jump.args)
+                for position, jump in enumerate(ours, start=1):
+                    self._run(jump.tool, "-I", jump.parent, str(position), *jump.args)
+            except FirewallError as exc:
+                failed.append(exc)
+        if failed:
+            raise failed[0]
         return found
 
     def remove(self) -> list[str]:
@@ -275,19 +287,28 @@ class HostFirewall:
         return done
 
 
+RESOLVED_SECONDS = 600.0  # a name's answer kept this long: a round-robin name rewrites no chain each minute
+_resolved: dict[str, tuple[float, tuple[str, ...]]] = {}
+
+
 def _addresses(host: str) -> tuple[str, ...]:
     """An opening's addresses: itself when it is one, else what the resolver
-    answers now (the operator's own names: a registry, a proxy), none when
-    it answers nothing."""
+    answered (the operator's own names: a registry, a proxy), sorted and kept
+    RESOLVED_SECONDS, none when it answers nothing."""
     try:
         return (str(ipaddress.ip_address(host.strip("[]"))),)
     except ValueError:
         pass
+    kept = _resolved.get(host)
+    if kept and time.monotonic() - kept[0] < RESOLVED_SECONDS:
+        return kept[1]
     try:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        found = tuple(sorted({str(info[4][0]).split("%")[0] for info in infos}))
     except (OSError, UnicodeError):
-        return ()
-    return tuple(dict.fromkeys(str(info[4][0]).split("%")[0] for info in infos))
+        found = ()
+    _resolved[host] = (time.monotonic(), found)
+    return found
 
 
 def _parent(jump: Jump) -> tuple[str, str]:
