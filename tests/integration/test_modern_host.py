@@ -465,6 +465,7 @@ async def test_gpus_reach_containers_through_cdi_without_the_runtime_hook(world:
         await asyncio.sleep(0.2)
     probed = (await _sh(world, "gpuhost-agent probe")).out
     assert re.search(r"^GPU delivery +cdi: dockerd's CDI feature on; /etc/cdi/nvidia.yaml names 64 GPU", probed, re.M)
+    assert re.search(r"^Agent's CDI spec +/etc/cdi/nvidia.yaml names the GPUs by UUID: used as it is$", probed, re.M)
 
     rental_id = await renter.rental(gpu_count=1)
     content = (
@@ -507,6 +508,13 @@ async def test_without_a_spec_naming_the_gpus_the_agent_writes_its_own_from_the_
     assert _find(world.renter.store.host, "gpuDelivery")["method"] == "cdi"
     spec = (await _sh(world, "cat /etc/cdi/gpuhost-nvidia.yaml")).out
     assert "hooks" not in spec and f"libcuda.so.{version}" in spec, spec
+    # probe and doctor say which spec is in use and why, and write nothing of it.
+    probed = (await _sh(world, "gpuhost-agent probe")).out
+    own = f"/etc/cdi/gpuhost-nvidia.yaml, in place for {modern_host.GPUS} GPU(s), driver {version}"
+    assert re.search(rf"^Agent's CDI spec +{re.escape(own)}$", probed, re.M), probed
+    doctor = json.loads((await _sh(world, "gpuhost-agent doctor --json", check=False)).out)
+    (gpus,) = [check for check in doctor["checks"] if check["id"] == "gpu-containers"]
+    assert gpus["ok"] and "/etc/cdi/gpuhost-nvidia.yaml names" in gpus["summary"], gpus
 
     rental_id = await world.renter.rental(gpu_count=1)
     content = (

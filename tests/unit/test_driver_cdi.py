@@ -158,3 +158,27 @@ def test_a_driver_missing_a_piece_gets_no_spec_and_says_which(root: Path, breaka
 def test_without_dockerds_cdi_feature_nothing_is_written(root: Path) -> None:
     assert driver_cdi.keep(_nvml(), {"cdiSpecDirs": []}, root)["path"] is None
     assert not (root / "etc/cdi").exists()
+
+
+def test_probe_and_doctor_look_at_the_agents_spec_and_write_nothing(root: Path) -> None:
+    """`probe` and `doctor` say which spec is in use and why (driver_cdi.look): the running agent's
+    file is theirs to read, never to write or remove."""
+    ours = root / "etc/cdi" / cdi_spec.SPEC_FILE
+    looked = driver_cdi.look(_nvml(), DOCKER, root)
+    assert looked == {
+        "path": None,
+        "detail": f"{ours} not written yet: the running agent writes it for 2 GPU(s), driver {VERSION}",
+    }
+    assert not ours.exists()
+    driver_cdi.keep(_nvml(), DOCKER, root)
+    assert driver_cdi.look(_nvml(), DOCKER, root) == {
+        "path": str(ours),
+        "detail": f"in place for 2 GPU(s), driver {VERSION}",
+    }
+    _driver_root(root, version="570.86.10")
+    looked = driver_cdi.look({**_nvml(), "driverVersion": "570.86.10"}, DOCKER, root)
+    assert looked["path"] is None and "out of date" in looked["detail"] and "570.86.10" in looked["detail"]
+    assert f"libcuda.so.{VERSION}" in ours.read_text()  # left as the agent wrote it
+    (root / "dev/nvidiactl").unlink()
+    looked = driver_cdi.look({**_nvml(), "driverVersion": "570.86.10"}, DOCKER, root)
+    assert looked["path"] is None and "no /dev/nvidiactl" in looked["detail"] and ours.exists()

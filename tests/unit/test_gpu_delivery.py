@@ -128,7 +128,7 @@ def test_probe_and_doctor_say_the_way() -> None:
     docker = data["host"]["docker"]
     docker["gpuDelivery"] = {"method": "cdi", "detail": "dockerd's CDI feature on; ..."}
     (check,) = [c for c in evaluate(data, Requirements()) if c.id == "gpu-containers"]
-    assert check.ok and check.summary.endswith("; GPUs reach them through cdi")
+    assert check.ok and check.summary.endswith("; GPUs reach them through cdi: dockerd's CDI feature on; ...")
     # A CDI spec is a sign for gpuContainers, but one dockerd does not read gives no way in.
     docker["gpuContainers"] = {"ok": True, "method": "engine-info", "detail": "NVIDIA CDI spec in /etc/cdi"}
     docker["gpuDelivery"] = {"method": "none", "detail": "no ...; CDI: dockerd's CDI feature is off (...)"}
@@ -136,9 +136,40 @@ def test_probe_and_doctor_say_the_way() -> None:
     assert not check.ok and "dockerd's CDI feature is off" in check.summary
 
 
+def test_a_host_without_the_toolkit_whose_gpus_reach_containers_by_cdi_is_compliant() -> None:
+    """Issue 46: the agent's own spec needs no toolkit, and no hook is better. doctor passes the toolkit
+    as not needed and GPU containers by the spec it names; without CDI the missing toolkit still fails."""
+    data = good_host()
+    data["host"]["nvidiaContainerToolkit"] = {"installed": False, "version": None, "binaries": []}
+    docker = data["host"]["docker"]
+    docker["gpuContainers"] = {"ok": False, "method": "engine-info", "detail": "no nvidia runtime, CDI spec or hook"}
+    spec = "/etc/cdi/gpuhost-nvidia.yaml"
+    docker["gpuDelivery"] = {"method": "cdi", "detail": f"dockerd's CDI feature on; {spec} names 2 GPU(s) by UUID"}
+    checks = {c.id: c for c in evaluate(data, Requirements())}
+    assert checks["container-toolkit"].ok and "not needed" in checks["container-toolkit"].summary
+    assert spec in checks["container-toolkit"].summary
+    assert checks["gpu-containers"].ok and not checks["gpu-containers"].skipped
+    assert spec in checks["gpu-containers"].summary
+    assert checks["toolkit-visible-devices"].skipped
+    # A check container that failed rules over the spec's promise.
+    docker["gpuContainers"] = {"ok": False, "method": "container", "detail": "could not select device driver"}
+    checks = {c.id: c for c in evaluate(data, Requirements())}
+    assert not checks["gpu-containers"].ok and "could not select device driver" in checks["gpu-containers"].summary
+    # Without CDI, no toolkit is still a failure, and the GPU check waits for it.
+    docker["gpuDelivery"] = {"method": "none", "detail": "no hook; CDI: dockerd's CDI feature is off"}
+    docker["gpuContainers"] = {"ok": False, "method": "engine-info", "detail": "nothing"}
+    checks = {c.id: c for c in evaluate(data, Requirements())}
+    assert not checks["container-toolkit"].ok and checks["gpu-containers"].skipped
+
+
 def test_the_probe_table_has_a_row_for_it() -> None:
     assert render._delivery({"method": "cdi", "detail": "x"}) == "cdi: x"
     assert render._delivery({}) == "unknown"
+    spec = {"path": "/etc/cdi/gpuhost-nvidia.yaml", "detail": "in place for 1 GPU(s), driver 570.86.10"}
+    assert render._agent_spec(spec) == "/etc/cdi/gpuhost-nvidia.yaml, in place for 1 GPU(s), driver 570.86.10"
+    assert render._agent_spec({"path": None, "detail": "no spec written: no /dev/nvidiactl"}) == (
+        "no spec written: no /dev/nvidiactl"
+    )
 
 
 # ---- the sandbox: the rental's GPUs through CDI, whatever the renter spelled ----------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from gpuhost_agent.inventory import gpu_delivery
 from gpuhost_agent.protocol.requirements import TOOLKIT_SAFE_VERSION, Requirements, older_than, version_tuple
 
 TOOLKIT_CVES = "CVE-2024-0132, CVE-2025-23359, CVE-2025-23266"
@@ -69,7 +70,7 @@ def evaluate(system_data: dict, req: Requirements, clock_skew_seconds: float | N
         ),
         *_driver_checks(nvml, req),
         *_gpu_checks(gpus),
-        *_toolkit_checks(host["nvidiaContainerToolkit"], req),
+        *_toolkit_checks(host["nvidiaContainerToolkit"], req, host["docker"].get("gpuDelivery") or {}),
         *_docker_checks(host["docker"], host["compose"], host["nvidiaContainerToolkit"], req),
         _disk_check(host["storage"], req),
         *_clock_checks(host["clock"], clock_skew_seconds, req),
@@ -229,7 +230,21 @@ def _gpu_checks(gpus: list[dict]) -> list[Check]:
     ]
 
 
-def _toolkit_checks(kit: dict, req: Requirements) -> list[Check]:
+def _toolkit_checks(kit: dict, req: Requirements, delivery: dict) -> list[Check]:
+    """The toolkit where it is installed. Where dockerd gives GPUs by a CDI spec
+    (the agent's own, inventory/driver_cdi.py) no toolkit is needed, and none is
+    better: no root hook reads what a renter's image sets (issue 46)."""
+    if not kit["installed"] and delivery.get("method") == gpu_delivery.CDI:
+        return [
+            Check(
+                "container-toolkit",
+                True,
+                f"NVIDIA Container Toolkit not installed, and not needed: GPUs reach containers by CDI, "
+                f"no hook ({delivery.get('detail')})",
+                "",
+            ),
+            _skip("toolkit-visible-devices", "no NVIDIA Container Toolkit, so no setting of it to read"),
+        ]
     if not kit["installed"]:
         return [
             Check(
@@ -344,15 +359,19 @@ def _gpu_containers_check(gpu_containers: dict, delivery: dict, docker_up: bool,
     missing piece fails once), and the fix starts there."""
     if not gpu_containers.get("ok") and not docker_up:
         return _skip("gpu-containers", "Docker Engine unreachable, so no GPU container to start")
-    if not gpu_containers.get("ok") and not toolkit_installed:
+    by_cdi = delivery.get("method") == gpu_delivery.CDI
+    if by_cdi and gpu_containers.get("method") == "engine-info":
+        # The spec dockerd reads is the way in, whoever wrote it (the signs look for the toolkit's files).
+        return Check("gpu-containers", True, f"Docker can give GPUs to containers by CDI: {delivery.get('detail')}", "")
+    if not gpu_containers.get("ok") and not toolkit_installed and not by_cdi:
         return _skip("gpu-containers", "no NVIDIA Container Toolkit yet to give containers GPUs")
     # The signs alone (no check container) may be a CDI spec dockerd does not read: no way in.
     no_way = gpu_containers.get("method") == "engine-info" and delivery.get("method") == "none"
+    way = f"; GPUs reach them through {delivery['method']}: {delivery.get('detail')}" if delivery.get("method") else ""
     return _check(
         "gpu-containers",
         bool(gpu_containers.get("ok")) and not no_way,
-        f"Docker can give GPUs to containers ({gpu_containers.get('detail') or gpu_containers.get('method')})"
-        + (f"; GPUs reach them through {delivery['method']}" if delivery.get("method") else ""),
+        f"Docker can give GPUs to containers ({gpu_containers.get('detail') or gpu_containers.get('method')}){way}",
         f"Docker cannot start GPU containers: {delivery.get('detail') if no_way else gpu_containers.get('detail')}",
         "configure Docker for the toolkit: nvidia-ctk runtime configure --runtime=docker && systemctl restart docker",
     )

@@ -71,10 +71,44 @@ def _is_char_device(path: Path) -> bool:
 
 def keep(nvml: dict, docker: dict, root: Path = Path("/")) -> dict:
     """The agent's spec made true for this host now: {"path": where it is, or
-    None; "detail": what was done or why not}."""
+    None; "detail": what was done or why not}. The running agent's."""
+    ours, text, detail = _plan(nvml, docker, root)
+    if ours is None:
+        return {"path": None, "detail": detail}
+    if text is None:
+        _remove(ours)
+        return {"path": None, "detail": detail}
+    try:
+        if not ours.is_file() or ours.read_text() != text:
+            _write(ours, text)
+            return {"path": str(ours), "detail": f"written {detail}"}
+    except OSError as exc:
+        return {"path": None, "detail": f"cannot write {ours}: {exc.strerror or exc}"}
+    return {"path": str(ours), "detail": f"in place {detail}"}
+
+
+def look(nvml: dict, docker: dict, root: Path = Path("/")) -> dict:
+    """What `keep` would do, written nowhere: `probe` and `doctor` say which
+    spec is in use and why without touching the running agent's files."""
+    ours, text, detail = _plan(nvml, docker, root)
+    if ours is None or text is None:
+        return {"path": None, "detail": detail}
+    try:
+        current = ours.read_text() if ours.is_file() else None
+    except OSError as exc:
+        return {"path": None, "detail": f"cannot read {ours}: {exc.strerror or exc}"}
+    if current == text:
+        return {"path": str(ours), "detail": f"in place {detail}"}
+    how = "out of date" if current is not None else "not written yet"
+    return {"path": None, "detail": f"{ours} {how}: the running agent writes it {detail}"}
+
+
+def _plan(nvml: dict, docker: dict, root: Path) -> tuple[Path | None, str | None, str]:
+    """(the agent's spec file or None where dockerd reads no spec, the text it
+    must hold or None where it must not be, what that means)."""
     directories = tuple(str(d) for d in docker.get("cdiSpecDirs") or ())
     if not directories:
-        return {"path": None, "detail": "dockerd's CDI feature is off: no spec written"}
+        return None, None, "dockerd's CDI feature is off: no spec written"
     folder = PREFERRED_DIR if PREFERRED_DIR in directories else directories[0]
     ours = root / folder.lstrip("/") / cdi_spec.SPEC_FILE
     gpus = [
@@ -89,25 +123,15 @@ def keep(nvml: dict, docker: dict, root: Path = Path("/")) -> dict:
     ]
     named = {name for spec in others for name in spec.names}
     if gpus and all(uuid in named for uuid, _ in gpus):
-        _remove(ours)
         owner = next(spec.path for spec in others if set(spec.names) & {uuid for uuid, _ in gpus})
-        return {"path": None, "detail": f"{owner} names the GPUs by UUID: used as it is"}
+        return ours, None, f"{owner} names the GPUs by UUID: used as it is"
     version = str(nvml.get("driverVersion") or "")
     files = find_driver_files(root, version)
     why = "no NVIDIA driver version" if not version else cdi_spec.problem(gpus, files)
     if why:
-        _remove(ours)
-        return {"path": None, "detail": f"no spec written: {why}"}
+        return ours, None, f"no spec written: {why}"
     text = yaml.safe_dump(cdi_spec.build(gpus, files), sort_keys=False)
-    try:
-        if not ours.is_file() or ours.read_text() != text:
-            _write(ours, text)
-            done = f"written for {len(gpus)} GPU(s), driver {version}"
-        else:
-            done = f"in place for {len(gpus)} GPU(s), driver {version}"
-    except OSError as exc:
-        return {"path": None, "detail": f"cannot write {ours}: {exc.strerror or exc}"}
-    return {"path": str(ours), "detail": done}
+    return ours, text, f"for {len(gpus)} GPU(s), driver {version}"
 
 
 def _write(path: Path, text: str) -> None:

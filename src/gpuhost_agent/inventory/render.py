@@ -51,6 +51,7 @@ def probe_table(report: dict) -> str:
             f"{_show(docker['gpuContainers'].get('detail'))} ({docker['gpuContainers'].get('method')})",
         ),
         ("GPU delivery", _delivery(docker.get("gpuDelivery") or {})),
+        ("Agent's CDI spec", _agent_spec(docker.get("cdiSpec"))),
         ("Swarm", _swarm(docker)),
         ("Disk quota", _quota(docker.get("storageQuota") or {})),
         ("Rental limits", _rental_limits(docker.get("rentalLimits") or {})),
@@ -134,6 +135,13 @@ def _delivery(delivery: dict) -> str:
     if not delivery:
         return "unknown"
     return f"{delivery.get('method')}: {delivery.get('detail')}"
+
+
+def _agent_spec(spec: dict | None) -> str:
+    """The agent's own CDI spec (inventory/driver_cdi.py): where it is, or why there is none."""
+    if not spec:
+        return "not looked at (Docker Engine unreachable)"
+    return f"{spec['path']}, {spec['detail']}" if spec.get("path") else str(spec.get("detail"))
 
 
 def _rental_limits(limits: dict) -> str:

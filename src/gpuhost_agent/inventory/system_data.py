@@ -46,7 +46,8 @@ class Prober:
     # GPUHOST_PULL_GUARD, and what asks it whether it answers (streams/pull_guard.answers).
     pull_guard: tuple[str, int] | None = None
     guard_answers: Callable[[str, int], Awaitable[str | None]] | None = None
-    # The agent's own CDI spec kept at each probe (inventory/driver_cdi.keep): the daemon's, not doctor's.
+    # The agent's own CDI spec: kept at each probe by the daemon (inventory/driver_cdi.keep), looked at by
+    # `probe` and `doctor` (driver_cdi.look).
     cdi: Callable[[dict, dict], dict] | None = None
 
     async def system_data(self) -> dict:

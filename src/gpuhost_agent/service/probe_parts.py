@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from gpuhost_agent.inventory import driver_cdi
 from gpuhost_agent.inventory.machines import Machines
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 from gpuhost_agent.inventory.system_data import Prober
@@ -38,7 +39,9 @@ def guard_key_file(config: AgentConfig) -> Path:
 
 def build_probe(config: AgentConfig, compose_command: list[str] | None) -> ProbeParts:
     engine, nvml = DockerEngine(timeout=10), NvmlProbe(config.nvml_library)
-    return ProbeParts(engine, nvml, build_prober(config, engine, nvml, compose_command, probe_machines(config, engine)))
+    machines = probe_machines(config, engine)
+    # The agent's CDI spec looked at, never written: that is the running agent's (driver_cdi.keep).
+    return ProbeParts(engine, nvml, build_prober(config, engine, nvml, compose_command, machines, cdi=driver_cdi.look))
 
 
 def build_prober(
