@@ -182,3 +182,30 @@ def test_probe_and_doctor_look_at_the_agents_spec_and_write_nothing(root: Path) 
     (root / "dev/nvidiactl").unlink()
     looked = driver_cdi.look({**_nvml(), "driverVersion": "570.86.10"}, DOCKER, root)
     assert looked["path"] is None and "no /dev/nvidiactl" in looked["detail"] and ours.exists()
+
+
+def test_a_driver_beside_the_systems_is_mounted_where_a_containers_loader_looks(tmp_path: Path) -> None:
+    """The GPU test machine's layout (docs/hardware/facts-NVIDIA-H200.txt): the driver's libraries in
+    /usr/local/nvidia/lib64 and its tools in /usr/local/nvidia/bin, which no image's loader or PATH
+    searches by itself: they are mounted into the C library's multiarch folder and /usr/bin."""
+    if os.geteuid() != 0:
+        pytest.skip("mknod needs root")
+    _driver_root(tmp_path, gpus=1)
+    for name in ("libcuda", "libnvidia-ml", "libnvidia-ptxjitcompiler"):
+        for file in (tmp_path / LIBDIR).glob(f"{name}.so*"):
+            file.unlink()
+    (tmp_path / "usr/bin/nvidia-smi").unlink()
+    nvidia = tmp_path / "usr/local/nvidia"
+    (nvidia / "lib64").mkdir(parents=True)
+    (nvidia / "bin").mkdir()
+    (nvidia / "lib64" / f"libcuda.so.{VERSION}").write_bytes(b"\x7fELF stand-in")
+    (nvidia / "lib64/libcuda.so.1").symlink_to(f"libcuda.so.{VERSION}")
+    (nvidia / "bin/nvidia-smi").write_text("#!/bin/sh\n")
+    files = driver_cdi.find_driver_files(tmp_path, VERSION)
+    multiarch = f"/usr/lib/{os.uname().machine}-linux-gnu"
+    assert [(m.host, m.container) for m in files.libraries] == [
+        (str(nvidia / "lib64" / f"libcuda.so.{VERSION}"), f"{multiarch}/libcuda.so.{VERSION}"),
+        (str(nvidia / "lib64" / f"libcuda.so.{VERSION}"), f"{multiarch}/libcuda.so.1"),
+    ]
+    assert [(m.host, m.container) for m in files.binaries] == [(str(nvidia / "bin/nvidia-smi"), "/usr/bin/nvidia-smi")]
+    assert driver_cdi.keep(_nvml(gpus=1), DOCKER, tmp_path)["path"]

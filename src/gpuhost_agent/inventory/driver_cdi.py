@@ -20,9 +20,22 @@ import yaml
 from gpuhost_agent.inventory import cdi_spec, gpu_delivery
 from gpuhost_agent.inventory.cdi_spec import DriverFiles, Mount
 
-# Where the driver's installers put its libraries (Debian and Ubuntu's multiarch folder first) and tools.
-LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib64")
-BINARY_DIRS = ("/usr/bin", "/usr/local/bin")
+# Where the driver's installers put its libraries (Debian and Ubuntu's multiarch folder first) and tools;
+# /usr/local/nvidia is the layout of hosts whose driver is installed beside the system's (GKE's, and the
+# GPU test machine's: docs/hardware/facts-NVIDIA-H200.txt).
+LIBRARY_DIRS = (
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/lib64",
+    "/usr/local/nvidia/lib64",
+)
+BINARY_DIRS = ("/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin")
+# Folders a container's loader and shell do not search by themselves: their files are mounted into
+# ones they do (the C library's multiarch folder, /usr/bin), since the spec sets no LD_LIBRARY_PATH
+# or PATH of its own over the image's.
+ELSEWHERE = {"/usr/local/nvidia/lib64": f"/usr/lib/{os.uname().machine}-linux-gnu", "/usr/local/nvidia/bin": "/usr/bin"}
 PREFERRED_DIR = "/etc/cdi"  # where the agent writes, when dockerd reads it (the unit may write there)
 _GPU_NODE = re.compile(r"nvidia(\d+)")
 
@@ -48,16 +61,17 @@ def find_driver_files(root: Path, version: str) -> DriverFiles:
             real = root / folder.lstrip("/") / f"{name}.so.{version}"
             if not real.is_file() or any(mount.container.endswith(f"/{real.name}") for mount in libraries):
                 continue
-            libraries.append(Mount(str(real), f"{folder}/{real.name}"))
+            inside = ELSEWHERE.get(folder, folder)
+            libraries.append(Mount(str(real), f"{inside}/{real.name}"))
             soname = real.with_name(f"{name}.so.1")
             if soname.is_symlink() and soname.resolve() == real.resolve():  # the loader's name for it
-                libraries.append(Mount(str(real), f"{folder}/{soname.name}"))
+                libraries.append(Mount(str(real), f"{inside}/{soname.name}"))
     binaries = []
     for name in cdi_spec.BINARIES:
         for folder in BINARY_DIRS:
             path = root / folder.lstrip("/") / name
             if path.is_file():
-                binaries.append(Mount(str(path), f"{folder}/{name}"))
+                binaries.append(Mount(str(path), f"{ELSEWHERE.get(folder, folder)}/{name}"))
                 break
     return DriverFiles(version, nodes, shared, tuple(libraries), tuple(binaries))
 
