@@ -6,6 +6,10 @@
 #   gpuhost-test/tls:1                      busybox + this machine's openssl and its
 #                                           libraries: a real TLS origin (s_server) with
 #                                           a self-signed certificate made at start
+#   gpuhost-test/cuda-check:1               busybox + the GPU machine's CUDA program
+#                                           (scripts/gpu-machine/cuda-check.c) and the C
+#                                           library a driver's libcuda.so.1 loads; rebuilt
+#                                           when the program's source changes
 # Usage: build-test-images.sh [--force]   (--force rebuilds and re-pushes)
 set -euo pipefail
 
@@ -69,6 +73,37 @@ else
         exit 1
     fi
     rm -rf "$tls_ctx"
+fi
+
+# --- CUDA check image ------------------------------------------------------------
+# Nothing of CUDA inside: the driver's libraries come with the GPU (the agent's CDI
+# spec mounts them into the C library's default folders).
+cuda_image=gpuhost-test/cuda-check:1
+cuda_src=$(cd "$(dirname "$0")/.." && pwd)/scripts/gpu-machine/cuda-check.c
+cuda_sum=$(sha256sum "$cuda_src" | cut -d' ' -f1)
+if [ "$force" = 0 ] && [ "$(docker image inspect -f '{{index .Config.Labels "io.gpuhost.test.source"}}' \
+        "$cuda_image" 2>/dev/null)" = "$cuda_sum" ]; then
+    echo "build-test-images: $cuda_image already exists, skipping build"
+else
+    command -v gcc >/dev/null || { echo "build-test-images: need gcc (apt-get install gcc)" >&2; exit 1; }
+    cuda_ctx=$(mktemp -d)
+    mkdir -p "$cuda_ctx/root/usr/local/bin"
+    gcc -Wall -Wextra -Werror -O2 -std=gnu11 -o "$cuda_ctx/root/usr/local/bin/cuda-check" "$cuda_src" -ldl
+    multiarch=/lib/$(gcc -print-multiarch)
+    # The program's own libraries (ldd's list), and those libcuda.so.1 links besides.
+    for lib in $(ldd "$cuda_ctx/root/usr/local/bin/cuda-check" | grep -o '/[^ ]*') \
+        "$multiarch"/libm.so.6 "$multiarch"/libdl.so.2 "$multiarch"/libpthread.so.0 "$multiarch"/librt.so.1; do
+        mkdir -p "$cuda_ctx/root$(dirname "$lib")"
+        cp -L "$lib" "$cuda_ctx/root$lib"
+    done
+    printf 'FROM %s\nCOPY root/ /\nLABEL io.gpuhost.test.source=%s\n' "$image" "$cuda_sum" >"$cuda_ctx/Dockerfile"
+    echo "build-test-images: building $cuda_image"
+    if ! out=$(DOCKER_BUILDKIT=0 docker build -q -t "$cuda_image" "$cuda_ctx" 2>&1); then
+        echo "$out" >&2
+        rm -rf "$cuda_ctx"
+        exit 1
+    fi
+    rm -rf "$cuda_ctx"
 fi
 
 # --- local registry ----------------------------------------------------------

@@ -17,16 +17,18 @@ import asyncio
 import json
 import re
 import shlex
+import subprocess
 import time
 from pathlib import Path
 
 import aiohttp
 import pytest
 import pytest_asyncio
-from support import agent_release, locks, modern_host
+from support import agent_release, fake_cuda, locks, modern_host
 from support.install_chroot import needs_root
 from support.market_tls import make_market_tls
 from support.renter import Renter
+from support.renter_streams import create_terminal, terminal_until
 from support.stacks import TEST_IMAGE
 
 from gpuhost_agent.core.containers.seed_list import RENTAL_MEMORY_REACHED
@@ -42,6 +44,7 @@ from gpuhost_agent.runtime.rental_slices import slice_name
 pytestmark = [needs_root, pytest.mark.modern_host, pytest.mark.asyncio(loop_scope="module")]
 
 UNIT = "gpuhost-agent.service"
+CUDA_IMAGE = "gpuhost-test/cuda-check:1"  # scripts/build-test-images.sh: section 2's CUDA program, nothing of CUDA
 SLEEPER = f"services:\n  probe:\n    image: {TEST_IMAGE}\n    command: ['sleep', '3600']\n"
 
 
@@ -90,6 +93,10 @@ async def world(booted_host, agent_wheels, tmp_path_factory):
     finally:
         await http.close()
         await market.stop()
+
+
+# The stand-in NVML answers a process given its configuration (the unit has it from systemd's environment).
+WITH_NVML = "FAKE_NVML_CONFIG=/etc/fake-nvml.conf"
 
 
 async def _sh(world: World, script: str, **kwargs) -> modern_host.Run:
@@ -463,7 +470,7 @@ async def test_gpus_reach_containers_through_cdi_without_the_runtime_hook(world:
     while (_find(renter.store.host, "gpuDelivery") or {}).get("method") != "cdi":
         assert time.monotonic() < deadline, _find(renter.store.host, "gpuDelivery")
         await asyncio.sleep(0.2)
-    probed = (await _sh(world, "gpuhost-agent probe")).out
+    probed = (await _sh(world, f"{WITH_NVML} gpuhost-agent probe")).out
     assert re.search(r"^GPU delivery +cdi: dockerd's CDI feature on; /etc/cdi/nvidia.yaml names 64 GPU", probed, re.M)
     assert re.search(r"^Agent's CDI spec +/etc/cdi/nvidia.yaml names the GPUs by UUID: used as it is$", probed, re.M)
 
@@ -487,18 +494,32 @@ async def test_gpus_reach_containers_through_cdi_without_the_runtime_hook(world:
     print(f"CDI test: {time.monotonic() - began:.1f} s")
 
 
-async def test_without_a_spec_naming_the_gpus_the_agent_writes_its_own_from_the_driver(world: World) -> None:
+async def test_without_a_spec_naming_the_gpus_the_agent_writes_its_own_from_the_driver(
+    world: World, tmp_path: Path
+) -> None:
     """Issue 46, section 1: the same CDI-only host without the toolkit's spec. The agent writes one
     itself from what the driver has (NVML's UUIDs and minor numbers, the device nodes, the driver's
     libraries of its version, nvidia-smi), no hook in it; a 1-GPU stack gets its GPU's node, the
-    shared one and the driver's files, and no other GPU's node."""
+    shared one and the driver's files, and no other GPU's node. Section 2's CUDA program
+    (scripts/gpu-machine/cuda-check.c), run in that container through the renter's terminal,
+    finds the stand-in driver's libcuda by the spec's mounts and sees the rental's GPU alone."""
     await _sh(world, f"rm -f {modern_host.CDI_SPEC}")
     version = modern_host.DRIVER_VERSION
+    libcuda = await asyncio.to_thread(fake_cuda.build_stand_in, tmp_path, modern_host.gpu_uuids())
+    libdir = "/usr/lib/x86_64-linux-gnu"
+    built = await asyncio.to_thread(libcuda.read_bytes)
+    put = await asyncio.to_thread(world.host.run, "sh", "-c", f"cat >{libdir}/libcuda.so.{version}", input=built)
+    assert put.code == 0, put.both
     await _sh(
         world,
-        "cd /usr/lib/x86_64-linux-gnu && for lib in libcuda libnvidia-ptxjitcompiler; do "
-        f"echo stand-in $lib >$lib.so.{version} && ln -sf $lib.so.{version} $lib.so.1; done",
+        f"cd {libdir} && echo stand-in >libnvidia-ptxjitcompiler.so.{version} && "
+        f"for lib in libcuda libnvidia-ptxjitcompiler; do ln -sf $lib.so.{version} $lib.so.1; done",
     )
+    saved = await asyncio.to_thread(
+        subprocess.run, ["docker", "save", CUDA_IMAGE], capture_output=True, check=True, timeout=120
+    )
+    loaded = await asyncio.to_thread(world.host.run, "docker", "load", input=saved.stdout)
+    assert loaded.code == 0, loaded.both
     await _sh(world, f"systemctl restart {UNIT}")
     await _connected(world)
     deadline = time.monotonic() + 60
@@ -509,30 +530,46 @@ async def test_without_a_spec_naming_the_gpus_the_agent_writes_its_own_from_the_
     spec = (await _sh(world, "cat /etc/cdi/gpuhost-nvidia.yaml")).out
     assert "hooks" not in spec and f"libcuda.so.{version}" in spec, spec
     # probe and doctor say which spec is in use and why, and write nothing of it.
-    probed = (await _sh(world, "gpuhost-agent probe")).out
+    probed = (await _sh(world, f"{WITH_NVML} gpuhost-agent probe")).out
     own = f"/etc/cdi/gpuhost-nvidia.yaml, in place for {modern_host.GPUS} GPU(s), driver {version}"
     assert re.search(rf"^Agent's CDI spec +{re.escape(own)}$", probed, re.M), probed
-    doctor = json.loads((await _sh(world, "gpuhost-agent doctor --json", check=False)).out)
+    doctor = json.loads((await _sh(world, f"{WITH_NVML} gpuhost-agent doctor --json", check=False)).out)
     (gpus,) = [check for check in doctor["checks"] if check["id"] == "gpu-containers"]
     assert gpus["ok"] and "/etc/cdi/gpuhost-nvidia.yaml names" in gpus["summary"], gpus
 
     rental_id = await world.renter.rental(gpu_count=1)
     content = (
-        SLEEPER
-        + "    deploy: {resources: {reservations: {devices: [{driver: nvidia, count: 1, capabilities: [gpu]}]}}}\n"
+        f"services:\n  cuda:\n    image: {CUDA_IMAGE}\n    command: ['sleep', '3600']\n"
+        "    deploy: {resources: {reservations: {devices: [{driver: nvidia, count: 1, capabilities: [gpu]}]}}}\n"
     )
     container, box = await _deployed(world, rental_id, content, "through the agent's CDI spec")
     (uuid,) = box["Config"]["Labels"]["io.gpuhost.gpus"].split(",")
     index = modern_host.gpu_index(uuid)
-    said = await _sh(world, f"docker exec {container} sh -c 'ls /dev; cat /usr/lib/x86_64-linux-gnu/libcuda.so.1'")
-    inside = said.out.split()
-    assert sorted(name for name in inside if name.startswith("nvidia")) == sorted([f"nvidia{index}", "nvidiactl"]), (
-        said.out
-    )
-    assert "libcuda" in said.out  # the driver's file, as the host has it
+    said = await _sh(world, f"docker exec {container} ls /dev")
+    assert sorted(name for name in said.out.split() if name.startswith("nvidia")) == sorted(
+        [f"nvidia{index}", "nvidiactl"]
+    ), said.out
     # The driver's tool where the host has it (the stand-in's: /usr/local/bin), mounted from the host.
     assert (await _sh(world, f"docker exec {container} test -f /usr/local/bin/nvidia-smi", check=False)).code == 0
     assert "/usr/local/bin/nvidia-smi" in spec
+
+    status, terminal = await create_terminal(
+        world.renter.http,
+        world.renter.base_url,
+        world.renter.store.renterApiKey,
+        rental_id,
+        box["Config"]["Labels"][wire.LABEL_STACK],
+        box["Id"],
+    )
+    assert status == 201, terminal
+    async with world.renter.http.ws_connect(terminal["url"]) as ws:
+        # The quotes keep the terminal's echo of the line from reading as the end of its output.
+        await ws.send_bytes(b'cuda-check 16; echo cuda-check-ex""it=$?\n')
+        seen = await terminal_until(ws, "cuda-check-exit=", timeout=60)
+    lines = [line.strip() for line in seen.splitlines()]
+    assert "cuda-check: devices 1" in lines, seen
+    assert any(line.startswith(f"cuda-check: device 0 {uuid} ") for line in lines), seen
+    assert "cuda-check: PASS" in lines and "cuda-check-exit=0" in lines, seen
 
 
 async def test_after_a_reboot_dockerd_starts_behind_the_egress_rules(world: World) -> None:

@@ -130,9 +130,14 @@ def cdi_spec() -> str:
     return json.dumps({"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": devices, "containerEdits": common})
 
 
+def gpu_uuids() -> list[str]:
+    """The stand-in GPUs' UUIDs by index (NVML's, its minor number's and its CDI spec's)."""
+    return [gpu.uuid for gpu in h100_sxm(GPUS)]
+
+
 def gpu_index(uuid: str) -> int:
     """A stand-in GPU's index (NVML's, and its CDI spec's) from its UUID."""
-    return [gpu.uuid for gpu in h100_sxm(GPUS)].index(uuid)
+    return gpu_uuids().index(uuid)
 
 
 Run = install_chroot.Run  # a command's exit code and output, as the install tests read them
