@@ -209,3 +209,28 @@ def test_a_driver_beside_the_systems_is_mounted_where_a_containers_loader_looks(
     ]
     assert [(m.host, m.container) for m in files.binaries] == [(str(nvidia / "bin/nvidia-smi"), "/usr/bin/nvidia-smi")]
     assert driver_cdi.keep(_nvml(gpus=1), DOCKER, tmp_path)["path"]
+
+
+def test_a_driver_root_of_its_own_gives_host_paths_under_it_and_the_spec_stays_where_dockerd_reads(
+    tmp_path: Path,
+) -> None:
+    """GPUHOST_DRIVER_ROOT (as nvidia-ctk's --driver-root): the nodes, libraries and tools are found
+    and mounted from under it, at the container's usual paths; the spec is still written in dockerd's
+    folder, not under the driver's root."""
+    if os.geteuid() != 0:
+        pytest.skip("mknod needs root")
+    system, driver = tmp_path / "system", tmp_path / "driver"
+    system.mkdir()
+    driver.mkdir()
+    _driver_root(driver)
+    kept = driver_cdi.keep(_nvml(), DOCKER, system, driver_root=driver)
+    assert kept["path"] == str(system / "etc/cdi" / cdi_spec.SPEC_FILE), kept
+    assert not (driver / "etc").exists()
+    spec = yaml.safe_load(Path(kept["path"]).read_text())
+    (first, _) = spec["devices"]
+    assert first["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia0", "hostPath": str(driver / "dev/nvidia0")}]
+    mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
+    assert mounts[f"/{LIBDIR}/libcuda.so.1"] == str(driver / LIBDIR / f"libcuda.so.{VERSION}")
+    assert driver_cdi.look(_nvml(), DOCKER, system, driver_root=driver)["path"] == kept["path"]
+    # Without the driver root, the same system root has no driver: no spec.
+    assert driver_cdi.keep(_nvml(), DOCKER, system)["path"] is None

@@ -83,10 +83,11 @@ def _is_char_device(path: Path) -> bool:
         return False
 
 
-def keep(nvml: dict, docker: dict, root: Path = Path("/")) -> dict:
+def keep(nvml: dict, docker: dict, root: Path = Path("/"), driver_root: Path | None = None) -> dict:
     """The agent's spec made true for this host now: {"path": where it is, or
-    None; "detail": what was done or why not}. The running agent's."""
-    ours, text, detail = _plan(nvml, docker, root)
+    None; "detail": what was done or why not}. The running agent's.
+    `driver_root`: where the driver's files are (GPUHOST_DRIVER_ROOT), `root` by default."""
+    ours, text, detail = _plan(nvml, docker, root, driver_root or root)
     if ours is None:
         return {"path": None, "detail": detail}
     if text is None:
@@ -101,10 +102,10 @@ def keep(nvml: dict, docker: dict, root: Path = Path("/")) -> dict:
     return {"path": str(ours), "detail": f"in place {detail}"}
 
 
-def look(nvml: dict, docker: dict, root: Path = Path("/")) -> dict:
+def look(nvml: dict, docker: dict, root: Path = Path("/"), driver_root: Path | None = None) -> dict:
     """What `keep` would do, written nowhere: `probe` and `doctor` say which
     spec is in use and why without touching the running agent's files."""
-    ours, text, detail = _plan(nvml, docker, root)
+    ours, text, detail = _plan(nvml, docker, root, driver_root or root)
     if ours is None or text is None:
         return {"path": None, "detail": detail}
     try:
@@ -117,7 +118,7 @@ def look(nvml: dict, docker: dict, root: Path = Path("/")) -> dict:
     return {"path": None, "detail": f"{ours} {how}: the running agent writes it {detail}"}
 
 
-def _plan(nvml: dict, docker: dict, root: Path) -> tuple[Path | None, str | None, str]:
+def _plan(nvml: dict, docker: dict, root: Path, driver_root: Path) -> tuple[Path | None, str | None, str]:
     """(the agent's spec file or None where dockerd reads no spec, the text it
     must hold or None where it must not be, what that means)."""
     directories = tuple(str(d) for d in docker.get("cdiSpecDirs") or ())
@@ -140,7 +141,7 @@ def _plan(nvml: dict, docker: dict, root: Path) -> tuple[Path | None, str | None
         owner = next(spec.path for spec in others if set(spec.names) & {uuid for uuid, _ in gpus})
         return ours, None, f"{owner} names the GPUs by UUID: used as it is"
     version = str(nvml.get("driverVersion") or "")
-    files = find_driver_files(root, version)
+    files = find_driver_files(driver_root, version)
     why = "no NVIDIA driver version" if not version else cdi_spec.problem(gpus, files)
     if why:
         return ours, None, f"no spec written: {why}"

@@ -77,6 +77,7 @@ class AgentConfig:
     settle_seconds: float
     stop_timeout: int
     nvml_library: str | None = default_of("nvml_library")
+    driver_root: Path = default_of("driver_root")
     location: str | None = default_of("location")
     gpu_check_image: str | None = default_of("gpu_check_image")
     toolkit_config: Path | None = default_of("toolkit_config")

@@ -41,7 +41,8 @@ def build_probe(config: AgentConfig, compose_command: list[str] | None) -> Probe
     engine, nvml = DockerEngine(timeout=10), NvmlProbe(config.nvml_library)
     machines = probe_machines(config, engine)
     # The agent's CDI spec looked at, never written: that is the running agent's (driver_cdi.keep).
-    return ProbeParts(engine, nvml, build_prober(config, engine, nvml, compose_command, machines, cdi=driver_cdi.look))
+    looked = partial(driver_cdi.look, driver_root=config.driver_root)
+    return ProbeParts(engine, nvml, build_prober(config, engine, nvml, compose_command, machines, cdi=looked))
 
 
 def build_prober(

@@ -88,6 +88,10 @@ SETTINGS: tuple[Setting, ...] = (
             "a third party)", group="machine"),
     Setting("nvml_library", "GPUHOST_NVML_LIBRARY", kind.text,
             "full path of libnvidia-ml.so.1, when it is not on the loader's path", unit="path", group="machine"),
+    Setting("driver_root", "GPUHOST_DRIVER_ROOT", kind.absolute_path,
+            "where the NVIDIA driver's device nodes, libraries and tools are for the agent's CDI spec (as "
+            "nvidia-ctk's --driver-root: a driver installed under a folder of its own)", default="/",
+            unit="path", group="machine"),
     Setting("gpu_check_image", "GPUHOST_GPU_CHECK_IMAGE", kind.text,
             "a local image started with --gpus all and `true` as the live GPU container check (never pulled)",
             unit="image", group="machine"),

@@ -121,7 +121,9 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str, release_key: s
     host = HostReporter(
         client,
         outbox,
-        build_prober(config, engine, nvml, None, topology.machines, cdi=driver_cdi.keep),
+        build_prober(
+            config, engine, nvml, None, topology.machines, cdi=partial(driver_cdi.keep, driver_root=config.driver_root)
+        ),
         schedule,
         find_compose,
         compose.use,
