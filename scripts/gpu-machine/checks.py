@@ -5,20 +5,29 @@ markdown summary.
 
 - the README's stack deploys, serves "hello from a rental" on its published
   port and through its tunnel (the agent's own connection);
-- a one-GPU rental's stack gets the machine's real GPU: the UUID the agent
-  read from NVML is what dockerd hands the container in
-  NVIDIA_VISIBLE_DEVICES, and it is the one `nvidia-smi -L` names;
+- a one-GPU rental's stack gets the machine's real GPU by the CDI spec the
+  agent wrote from the driver (issue 46, section 2), no runtime hook: through
+  the renter's terminal (the marketplace's WebSocket, as a renter's browser),
+  `nvidia-smi -L` in the container names the rental's GPU alone, and a CUDA
+  driver-API program (cuda-check.c) sees it by its UUID, allocates and copies
+  there and back; while it holds its memory the heartbeat's telemetry shows
+  it on that GPU; a second rental asking for the machine's GPU is refused;
+  once the rental ended no process holds the GPU;
 - each rental's containers sit in the rental's own cgroup, whose memory,
   process and CPU limits the kernel holds (cgroup v2: memory.max, pids.max,
   cpu.max; v1: the same three in their controllers' trees).
 
-Run by the agent's own virtual environment (docker-py and nothing else beyond
-the standard library). Exit status 1 when a check failed.
+Run by the agent's own virtual environment (docker-py, aiohttp for the
+terminal). Exit status 1 when a check failed. With --stand-in (the test here:
+a stand-in NVML and driver) the checks that only real hardware can answer
+(the memory NVML sees, the GPU's processes) are skipped, saying so.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import datetime
 import json
 import subprocess
 import sys
@@ -28,9 +37,12 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiohttp
 import docker  # type: ignore[import-untyped]
 
 IMAGE = "gpuhost-test/busybox:1"
+CUDA_IMAGE = "gpuhost-test/cuda-check:1"  # busybox, cuda-check and the C library: nothing of CUDA
+CUDA_MIB = 256
 GREETING = "hello from a rental"
 README_STACK = (
     "services:\n  web:\n    image: gpuhost-test/busybox:1\n"
@@ -40,16 +52,15 @@ README_STACK = (
     '    ports: ["127.0.0.1::8080"]\n'
 )
 GPU_STACK = (
-    f"services:\n  infer:\n    image: {IMAGE}\n    command: ['sleep', '3600']\n"
+    f"services:\n  infer:\n    image: {CUDA_IMAGE}\n    command: ['sleep', '3600']\n"
     "    deploy:\n      resources:\n        reservations:\n"
     "          devices: [{driver: nvidia, count: 1, capabilities: [gpu]}]\n"
 )
-TOOLKIT_NOTE = (
-    "A GPU inside a container needs the NVIDIA Container Toolkit (its OCI hook or CDI), which no "
-    "registry reachable here serves. dockerd's `nvidia` device driver is registered by the project's "
-    "stand-in hook (`scripts/fake-nvidia/`), which does nothing: the container is given the real GPU's "
-    "UUID in NVIDIA_VISIBLE_DEVICES, as the toolkit would act on, but no /dev/nvidia* device and no "
-    "driver library."
+CDI_NOTE = (
+    "No NVIDIA Container Toolkit and no runtime hook: dockerd's CDI feature is on and the agent wrote "
+    "the CDI spec itself from the driver (inventory/driver_cdi.py): the GPU's device node, the shared "
+    "nodes, the driver's libraries of its version and nvidia-smi, mounted read-only. The GPU checks run "
+    "in the rental's container through the renter's terminal, as a renter would."
 )
 SYSFS = Path("/sys/fs/cgroup")
 
@@ -75,6 +86,11 @@ class Renter:
         with urllib.request.urlopen(request, timeout=30) as response:
             text = response.read().decode()
         return json.loads(text) if text else None
+
+    def environment(self, env_id: str) -> dict:
+        found = self.call("GET", f"/environments/{env_id}")
+        assert isinstance(found, dict), found
+        return found
 
     def rental(self, env_id: str, name: str, gpus: int) -> str:
         body = self.call("POST", "/rentals", {"envId": env_id, "name": name, "gpuCount": gpus})
@@ -246,36 +262,154 @@ def readme_checks(renter: Renter, env_id: str, client: docker.DockerClient) -> t
 
 
 def gpu_checks(
-    renter: Renter, env_id: str, client: docker.DockerClient, uuid: str, source: str
+    renter: Renter, env_id: str, client: docker.DockerClient, uuid: str, source: str, stand_in: bool, hold: int
 ) -> tuple[list[Check], str | None]:
+    name = "one-GPU stack gets the GPU by the agent's CDI spec"
     if not uuid:
-        return [
-            Check("one-GPU stack gets the real GPU's UUID", "SKIP", ["no GPU here: `nvidia-smi -L` names none"])
-        ], None
+        return [Check(name, "SKIP", ["no GPU here: `nvidia-smi -L` names none"])], None
+    check = Check(name, "FAIL", [f"{source}: {uuid}"])
+    delivery = wait_for_cdi(renter, env_id, timeout=60)
+    check.evidence.append(f"the agent's probe: GPU delivery {delivery}")
     rental = renter.rental(env_id, "one-gpu", 1)
     stack = renter.stack(rental, GPU_STACK, {})
     info = renter.settled(rental, stack, timeout=90)
-    check = Check("one-GPU stack gets the real GPU's UUID", "FAIL")
     check.evidence.append(f"rental {rental} (gpuCount 1), stack {stack}: {info['status']} {info.get('errorMsg') or ''}")
     if info["status"] != "APPLIED":
         return [check], rental
     [container] = client.containers.list(filters={"label": f"io.gpuhost.rental-id={rental}"})
-    pid = int(container.attrs["State"]["Pid"])
-    environ = dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in item)
-    visible = environ.get("NVIDIA_VISIBLE_DEVICES", "(unset)")
     requests = container.attrs["HostConfig"].get("DeviceRequests")
-    check.verdict = "PASS" if visible == uuid else "FAIL"
-    check.evidence.append(f"{source}: {uuid}")
-    check.evidence.append(f"the container's NVIDIA_VISIBLE_DEVICES: {visible}")
     check.evidence.append(f"HostConfig.DeviceRequests: {json.dumps(requests)}")
-    device = Check("a GPU device inside the container", "INFO", ["needs the NVIDIA Container Toolkit (below)"])
-    device.evidence.append("ls /dev/nvidia* in the container: " + run_in(container, "ls /dev/nvidia* 2>&1 || true"))
-    return [check, cgroup_check(client, rental, "one-GPU stack"), device], rental
+    wanted = [{"Driver": "cdi", "DeviceIDs": [f"nvidia.com/gpu={uuid}"]}]
+    asked = [{"Driver": r.get("Driver"), "DeviceIDs": r.get("DeviceIDs")} for r in requests or []]
+    check.verdict = "PASS" if asked == wanted else "FAIL"
+    checks = [check, cgroup_check(client, rental, "one-GPU stack")]
+    checks += asyncio.run(gpu_in_container(renter, env_id, rental, stack, container.id, uuid, stand_in, hold))
+    checks.append(second_rental_refused(renter, env_id))
+    return checks, rental
 
 
-def run_in(container: object, shell: str) -> str:
-    result = container.exec_run(["sh", "-c", shell])  # type: ignore[attr-defined]
-    return result.output.decode(errors="replace").strip().replace("\n", " ")
+def wait_for_cdi(renter: Renter, env_id: str, timeout: float) -> str:
+    """The agent's probe once it says CDI (its spec written at its first probe), or what it said last."""
+    deadline = time.monotonic() + timeout
+    said = "(no system data yet)"
+    while time.monotonic() < deadline:
+        docker_facts = ((renter.environment(env_id).get("systemData") or {}).get("host") or {}).get("docker") or {}
+        delivery, spec = docker_facts.get("gpuDelivery") or {}, docker_facts.get("cdiSpec") or {}
+        said = f"{delivery.get('method')}: {delivery.get('detail')}; the agent's spec: {spec.get('detail')}"
+        if delivery.get("method") == "cdi":
+            return said
+        time.sleep(0.5)
+    return said
+
+
+async def gpu_in_container(
+    renter: Renter, env_id: str, rental: str, stack: str, container: str, uuid: str, stand_in: bool, hold: int
+) -> list[Check]:
+    """What the renter's terminal shows in the rental's container: nvidia-smi, then the CUDA program
+    holding its memory while the heartbeat's telemetry is read."""
+    listed = Check("the container sees exactly its GPU (nvidia-smi -L)", "FAIL")
+    said = await in_terminal(renter, rental, stack, container, "nvidia-smi -L", timeout=60)
+    named = [line.strip() for line in said.splitlines() if line.strip().startswith("GPU ")]
+    listed.verdict = "PASS" if len(named) == 1 and f"(UUID: {uuid})" in named[0] else "FAIL"
+    listed.evidence.append(f"nvidia-smi -L in the container: {' / '.join(named) or said.strip()[-300:]}")
+    program = Check("a CUDA program passes in the rental's container", "FAIL")
+    telemetry = Check("the heartbeat's telemetry shows the memory it took on that GPU", "FAIL")
+    before = await asyncio.to_thread(gpu_memory, renter, env_id, uuid, None)
+    watcher: list[asyncio.Task] = []
+
+    def on_output(text: str) -> None:
+        if "cuda-check: holding" in text and not watcher:
+            since = datetime.datetime.now(datetime.timezone.utc)
+            watcher.append(asyncio.create_task(asyncio.to_thread(gpu_memory, renter, env_id, uuid, since, hold)))
+
+    said = await in_terminal(
+        renter, rental, stack, container, f"cuda-check {CUDA_MIB} {hold}", timeout=hold + 120, on_output=on_output
+    )
+    lines = [line.strip() for line in said.splitlines() if line.strip().startswith("cuda-check: ")]
+    devices = [line.split()[3] for line in lines if line.startswith("cuda-check: device ")]
+    program.verdict = "PASS" if lines[-1:] == ["cuda-check: PASS"] and devices == [uuid] else "FAIL"
+    program.evidence += lines
+    during = await watcher[0] if watcher else None
+    if stand_in:
+        telemetry.verdict = "SKIP"
+        telemetry.evidence.append("a stand-in NVML: its memory figures do not move")
+    elif before is None or during is None:
+        telemetry.evidence.append(f"no heartbeat figure for {uuid} (before {before}, during {during})")
+    else:
+        telemetry.verdict = "PASS" if during - before >= CUDA_MIB << 20 else "FAIL"
+    telemetry.evidence.append(f"memoryUsedBytes of {uuid}: {before} before, {during} while it held {CUDA_MIB} MiB")
+    return [listed, program, telemetry]
+
+
+async def in_terminal(
+    renter: Renter, rental: str, stack: str, container: str, command: str, timeout: float, on_output=None
+) -> str:
+    """`command`'s output in the container, through the renter's terminal: the marketplace's terminal
+    instance and its WebSocket (TTY output), until the shell says the command ended."""
+    path = f"/rentals/{rental}/stacks/{stack}/containers/{container}/terminal"
+    created = await asyncio.to_thread(renter.call, "POST", path, {"cols": 200, "rows": 50})
+    assert isinstance(created, dict) and "url" in created, created
+    seen = ""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    async with aiohttp.ClientSession() as http, http.ws_connect(created["url"]) as ws:
+        # The quotes keep the terminal's echo of the line from reading as the command's end.
+        await ws.send_bytes(f'{command}; echo "gpuhost-"end=$?\n'.encode())
+        while "gpuhost-end=" not in seen:
+            message = await ws.receive(timeout=max(0.1, deadline - loop.time()))
+            if message.type != aiohttp.WSMsgType.BINARY:
+                seen += f"\n(terminal: {message.type.name} {message.data})\n"
+                break
+            seen += message.data.decode(errors="replace")
+            if on_output is not None:
+                on_output(seen)
+        await ws.send_bytes(b"exit\n")
+    return seen.replace("\r", "")
+
+
+def gpu_memory(
+    renter: Renter, env_id: str, uuid: str, since: datetime.datetime | None, timeout: float = 0
+) -> int | None:
+    """The GPU's memoryUsedBytes in the heartbeat: the last one, or the first beat after `since`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        beat = renter.environment(env_id).get("heartbeat") or {}
+        at = beat.get("lastBeatAt")
+        fresh = since is None or (at and datetime.datetime.fromisoformat(at.replace("Z", "+00:00")) > since)
+        figures = [g for g in beat.get("gpus") or [] if isinstance(g, dict) and g.get("uuid") == uuid]
+        if fresh and figures:
+            return figures[0].get("memoryUsedBytes")
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(1)
+
+
+def second_rental_refused(renter: Renter, env_id: str) -> Check:
+    """The machine's GPU is the first rental's: the marketplace refuses another one GPU."""
+    check = Check("a second rental asking for the machine's GPU is refused", "FAIL")
+    try:
+        rental = renter.rental(env_id, "second", 1)
+    except urllib.error.HTTPError as error:
+        check.verdict = "PASS" if error.code == 409 else "FAIL"
+        check.evidence.append(f"POST /rentals gpuCount 1: {error.code} {error.read().decode(errors='replace')[:200]}")
+        return check
+    check.evidence.append(f"POST /rentals gpuCount 1 made rental {rental}")
+    renter.call("DELETE", f"/rentals/{rental}")
+    return check
+
+
+def gpu_left_alone(renter: Renter, env_id: str, uuid: str, stand_in: bool) -> Check:
+    """After the rental ended, nothing of it holds the GPU: no compute process (nvidia-smi on the host)."""
+    check = Check("after the rental ended nothing holds the GPU", "FAIL")
+    if stand_in or not uuid:
+        check.verdict = "SKIP"
+        check.evidence.append("a stand-in GPU: no process can hold it" if uuid else "no GPU here")
+        return check
+    apps = run("nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader", "-i", uuid)
+    check.verdict = "PASS" if not apps else "FAIL"
+    check.evidence.append(f"nvidia-smi --query-compute-apps on the host: {apps or '(none)'}")
+    check.evidence.append(f"memoryUsedBytes in the last heartbeat: {gpu_memory(renter, env_id, uuid, None)}")
+    return check
 
 
 def end_rentals(renter: Renter, rentals: list[str], client: docker.DockerClient) -> Check:
@@ -316,7 +450,7 @@ def summary(facts: list[str], engine: list[str], checks: list[Check], seconds: f
         lines.append(f"| {check.name} | {check.verdict} | {evidence} |")
     failed = sum(c.verdict == "FAIL" for c in checks)
     lines += ["", f"{len(checks)} checks, {failed} failed, in {seconds:.0f} s.", "", "## GPUs in containers", ""]
-    lines += [TOOLKIT_NOTE, ""]
+    lines += [CDI_NOTE, ""]
     return "\n".join(lines)
 
 
@@ -328,6 +462,10 @@ def main() -> int:
     parser.add_argument("--gpu-uuid", default="", help="the real GPU's UUID (nvidia-smi -L); empty: no GPU")
     parser.add_argument("--gpu-uuid-source", default="nvidia-smi -L", help="where --gpu-uuid came from")
     parser.add_argument("--fact", action="append", default=[], help="a line for the Machine section")
+    parser.add_argument(
+        "--stand-in", action="store_true", help="a stand-in NVML and driver: skip what they cannot show"
+    )
+    parser.add_argument("--hold", type=int, default=35, help="seconds the CUDA program holds its memory (a heartbeat)")
     args = parser.parse_args()
     start = time.monotonic()
     client = docker.from_env(timeout=120)
@@ -338,7 +476,7 @@ def main() -> int:
     checks, rentals = [], []
     for step in (
         lambda: readme_checks(renter, env_id, client),
-        lambda: gpu_checks(renter, env_id, client, args.gpu_uuid, args.gpu_uuid_source),
+        lambda: gpu_checks(renter, env_id, client, args.gpu_uuid, args.gpu_uuid_source, args.stand_in, args.hold),
     ):
         try:
             found, rental = step()
@@ -349,7 +487,9 @@ def main() -> int:
         for check in found:
             print(f"{check.verdict:4}  {check.name}: {' / '.join(check.evidence)}", flush=True)
     checks.append(end_rentals(renter, rentals, client))
-    print(f"{checks[-1].verdict:4}  {checks[-1].name}: {' / '.join(checks[-1].evidence)}", flush=True)
+    checks.append(gpu_left_alone(renter, env_id, args.gpu_uuid, args.stand_in))
+    for check in checks[-2:]:
+        print(f"{check.verdict:4}  {check.name}: {' / '.join(check.evidence)}", flush=True)
     text = summary(args.fact, docker_facts(client), checks, time.monotonic() - start)
     args.summary.write_text(text)
     print(f"summary: {args.summary}")

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Run, on the GPU test machine, the bundle scripts/gpu-machine/build-bundle.sh
-# made here (issue 33, section 2): a Docker Engine of its own (Debian 12's
-# dockerd, containerd, runc; no systemd, no iptables, cgroup v2 there), the
-# agent in a virtual environment with its local marketplace (as `make run`),
-# then scripts/gpu-machine/checks.py as a renter: the README's stack through
-# its tunnel, a one-GPU stack whose NVIDIA_VISIBLE_DEVICES must be the real
-# GPU's UUID, the rental's cgroup limits. Writes OUT/gpu-machine-<GPU>.md (the
-# summary) and OUT/gpu-machine-<GPU>.log (everything printed, the engine's and
-# the agent's logs at the end). As root, from the checkout's root:
+# made here (issue 33, section 2; issue 46, section 2): a Docker Engine of its
+# own (Debian 13's dockerd 26 with CDI on, no runtime hook; no systemd, no
+# iptables, cgroup v2 there), the agent in a virtual environment with its local
+# marketplace (as `make run`), which writes its own CDI spec of the GPU from
+# the driver, then scripts/gpu-machine/checks.py as a renter: the README's
+# stack through its tunnel, a one-GPU rental whose container runs a CUDA
+# program through the renter's terminal, the rental's cgroup limits. Writes
+# OUT/gpu-machine-<GPU>.md (the summary) and OUT/gpu-machine-<GPU>.log
+# (everything printed, the engine's and the agent's logs at the end). As root,
+# from the checkout's root:
 #
 #   bash scripts/gpu-machine/run.sh BUNDLE_DIR OUT_DIR
 #
@@ -15,10 +17,13 @@
 # under GPU_RUN_DIR (default /tmp/gpuhost-gpu-run, removed first and at the
 # end); the engine listens on its own socket, so it never meets another dockerd
 # or containerd. GPU_RUN_DOCKERD_ARGS adds dockerd options (the test here:
-# --bridge=none), GPU_RUN_LISTEN moves the local marketplace; the agent takes
+# --bridge=none), GPU_RUN_LISTEN moves the local marketplace, GPU_RUN_HOLD sets
+# how long the CUDA program holds its memory (default 35 s: a heartbeat sees
+# it); the agent takes
 # its settings' variables from the environment too (the test here points it at
-# the stand-in NVML with GPUHOST_NVML_LIBRARY and FAKE_NVML_CONFIG, and names
-# the stand-in's UUID in GPU_RUN_GPU_UUID).
+# the stand-in NVML with GPUHOST_NVML_LIBRARY and FAKE_NVML_CONFIG, at a
+# stand-in driver root with GPUHOST_DRIVER_ROOT, and names the stand-in's UUID
+# in GPU_RUN_GPU_UUID).
 set -uo pipefail
 
 bundle=$(cd "${1:?usage: run.sh BUNDLE_DIR OUT_DIR}" && pwd)
@@ -34,7 +39,8 @@ model=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1
 # GPU_RUN_GPU_UUID: the UUID a stand-in NVML answers with, where no nvidia-smi is (the test here).
 uuid=${GPU_RUN_GPU_UUID:-$(nvidia-smi -L 2>/dev/null | sed -n '1s/.*(UUID: \(GPU-[^)]*\)).*/\1/p')}
 uuid_source="nvidia-smi -L"
-[ -z "${GPU_RUN_GPU_UUID:-}" ] || uuid_source="GPU_RUN_GPU_UUID (a stand-in NVML's)"
+stand_in=()
+[ -z "${GPU_RUN_GPU_UUID:-}" ] || { uuid_source="GPU_RUN_GPU_UUID (a stand-in NVML's)"; stand_in=(--stand-in); }
 tag=$(echo "${model:-no-GPU}" | tr -c 'A-Za-z0-9\n' '-' | tr -s '-' | sed 's/-$//')
 log="$out/gpu-machine-$tag.log"
 summary="$out/gpu-machine-$tag.md"
@@ -99,23 +105,25 @@ fi
 wait "$unpack_pid" || fail "engine.tar.xz did not unpack"
 cat "$work/engine/VERSIONS"
 ln -s "$work/engine/cli-plugins/docker-compose" "$work/docker-config/cli-plugins/docker-compose"
-# The stand-in NVIDIA hook on dockerd's PATH registers its `nvidia` device driver
-# (checks.py's summary says what that does and does not give a container).
-export PATH="$work/engine/bin:$repo/scripts/fake-nvidia:$PATH"
+missing=$(ldd "$work/engine/bin/dockerd" "$work/engine/bin/containerd" 2>&1 | grep 'not found' || true)
+[ -z "$missing" ] || fail "the bundle's engine needs libraries this machine lacks: $missing"
+# No runtime hook: GPUs reach containers by the CDI spec the agent writes from the driver.
+export PATH="$work/engine/bin:$PATH"
 export DOCKER_HOST="unix://$work/docker.sock" DOCKER_CONFIG="$work/docker-config"
 
-say "starting containerd and dockerd (--iptables=false --ip-masq=false ${GPU_RUN_DOCKERD_ARGS:-})"
+say "starting containerd and dockerd (CDI on, --iptables=false --ip-masq=false ${GPU_RUN_DOCKERD_ARGS:-})"
 # Configuration files of their own: a machine's /etc/containerd/config.toml or
 # /etc/docker/daemon.json (the test machine here has both) must not apply.
 printf 'version = 2\ndisabled_plugins = ["io.containerd.grpc.v1.cri"]\n' >"$work/containerd.toml"
-echo '{}' >"$work/daemon.json"
+echo '{"features": {"cdi": true}}' >"$work/daemon.json"
+mkdir -p "$work/cdi"
 : >"$work/agent.conf"
 setsid containerd --config "$work/containerd.toml" --root "$work/containerd" --state "$work/containerd-state" \
     --address "$work/containerd.sock" >"$work/containerd.log" 2>&1 </dev/null &
 containerd_pid=$!
-# libdevmapper.so.1.02.1 from the bundle, for a machine without it.
+# CDI specs in a folder of this run's: the agent writes its own there (it is dockerd's first).
 # shellcheck disable=SC2086  # GPU_RUN_DOCKERD_ARGS is a list of options
-setsid env LD_LIBRARY_PATH="$work/engine/lib" dockerd --config-file "$work/daemon.json" --containerd "$work/containerd.sock" \
+setsid dockerd --config-file "$work/daemon.json" --containerd "$work/containerd.sock" --cdi-spec-dir "$work/cdi" \
     --data-root "$work/data" --exec-root "$work/exec" --pidfile "$work/dockerd.pid" \
     --host "$DOCKER_HOST" --iptables=false --ip-masq=false ${GPU_RUN_DOCKERD_ARGS:-} \
     >"$work/dockerd.log" 2>&1 </dev/null &
@@ -130,7 +138,7 @@ done
 "$work/engine/bin/dockerd" --version
 "$work/docker-config/cli-plugins/docker-compose" version
 
-say "loading the test image from the bundle (no registry here)"
+say "loading the test images from the bundle (no registry here)"
 "$py" - "$bundle/images.tar.xz" <<'EOF' || fail "docker load failed"
 import lzma, sys, docker
 with lzma.open(sys.argv[1]) as images:
@@ -162,7 +170,7 @@ u.urlopen(u.Request(sys.argv[1], headers={"X-API-Key": sys.argv[2]}), timeout=5)
 
 say "the checks (scripts/gpu-machine/checks.py)"
 "$py" "$repo/scripts/gpu-machine/checks.py" --base "$base" --key "$key" --summary "$summary" \
-    --gpu-uuid "${uuid:-}" --gpu-uuid-source "$uuid_source" \
+    --gpu-uuid "${uuid:-}" --gpu-uuid-source "$uuid_source" "${stand_in[@]}" --hold "${GPU_RUN_HOLD:-35}" \
     --fact "GPU: ${model:-none}${model:+ ($(nvidia-smi --query-gpu=uuid,driver_version,memory.total --format=csv,noheader | head -n1))}" \
     --fact "kernel: $(uname -r) ($(. /etc/os-release 2>/dev/null; echo "${PRETTY_NAME:-?}"))" \
     --fact "cgroup: $cgroup; PID 1: $(cat /proc/1/comm)" \

@@ -1,14 +1,17 @@
-"""The GPU test machine's script (scripts/gpu-machine/, issue 33 section 2),
-here without a GPU: the bundle builds from Debian's packages and its binaries
-run, and run.sh itself, in a network namespace made for it, starts its own
-containerd and dockerd (`--iptables=false --ip-masq=false --bridge=none`, own
-socket, data root, exec root, pid file), the agent from the bundle's wheels
-with its local marketplace, and passes every check: with the stand-in NVML
-(one H100) and the stand-in hook, the one-GPU stack's NVIDIA_VISIBLE_DEVICES
-is the stand-in's UUID, so the GPU check's own code has run before a device
-call spends the machine's minutes on it; and without a GPU, that check is
-skipped with the reason. The real GPU needs the machine: docs/hosts.md
-("The GPU test machine") has the device call.
+"""The GPU test machine's script (scripts/gpu-machine/, issue 33 section 2;
+issue 46 section 2), here without a GPU: the bundle builds from Debian's
+packages (Debian 13's dockerd 26 with CDI) and its binaries run, and run.sh
+itself, in a network namespace made for it, starts its own containerd and
+dockerd (CDI on, `--iptables=false --ip-masq=false --bridge=none`, own
+socket, data root, exec root, pid file, CDI folder), the agent from the
+bundle's wheels with its local marketplace, and passes every check: with the
+stand-in NVML (one H100) and a stand-in driver root (GPUHOST_DRIVER_ROOT: its
+device nodes, the stand-in libcuda, an nvidia-smi), the agent writes its CDI
+spec, the one-GPU stack's container gets the GPU's node and the driver's
+files, and through the renter's terminal nvidia-smi names the stand-in's UUID
+alone and the CUDA program passes on it, so the GPU checks' own code has run
+before a device call spends the machine's minutes on it. The real GPU needs
+the machine: docs/hosts.md ("The GPU test machine") has the device call.
 
 The bundle is built for this machine's python3 and with xz's fastest level
 (a real one is CPython 3.12 at -9e: minutes), once, into
@@ -26,12 +29,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import fake_cuda
 from support.fake_nvml import build_lib, h100_sxm, write_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts" / "gpu-machine"
 BUNDLE = ROOT / "tests" / ".rootfs" / "gpu-bundle-test"
 NETNS = f"gpuhost-gpurun-{os.getpid()}"
+DRIVER = "550.54.15"  # the stand-in driver's version: NVML's and its libraries' names
 
 
 def _python3_version() -> str:
@@ -69,21 +74,21 @@ def test_the_scripts_parse() -> None:
 def test_the_bundles_binaries_run_and_its_wheels_are_the_agents(bundle: Path, tmp_path: Path) -> None:
     subprocess.run(["tar", "-C", str(tmp_path), "-xJf", str(bundle / "engine.tar.xz")], check=True)
     versions = (tmp_path / "VERSIONS").read_text()
-    env = {**os.environ, "LD_LIBRARY_PATH": str(tmp_path / "lib")}
 
     def output(*command: str) -> str:
-        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=30)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30)
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout + done.stderr
 
     bin_ = tmp_path / "bin"
-    docker_version = versions.split("docker.io=")[1].split("+")[0]  # 20.10.24
+    docker_version = versions.split("docker.io=")[1].split("+")[0]  # 26.1.5: Debian 13's, with CDI
+    assert docker_version.split(".")[0] == "26"
     assert docker_version in output(str(bin_ / "dockerd"), "--version")
+    assert "--cdi-spec-dir" in output(str(bin_ / "dockerd"), "--help")
     assert versions.split("containerd=")[1].split("~")[0] in output(str(bin_ / "containerd"), "--version")
     assert versions.split("runc=")[1].split("+")[0] in output(str(bin_ / "runc"), "--version")
     assert "tini version" in output(str(bin_ / "docker-init"), "--version")
     assert "Docker Compose version v2." in output(str(tmp_path / "cli-plugins" / "docker-compose"), "version")
-    assert (tmp_path / "lib" / "libdevmapper.so.1.02.1").is_file()
 
     wheels = sorted(p.name for p in (bundle / "wheels").glob("*.whl"))
     assert any(name.startswith("gpuhost_agent-") for name in wheels), wheels
@@ -93,20 +98,24 @@ def test_the_bundles_binaries_run_and_its_wheels_are_the_agents(bundle: Path, tm
     assert binary and all(f"-{tag}-" in name for name in binary), binary
     manifest = (bundle / "MANIFEST").read_text()
     assert "file engine.tar.xz " in manifest and "image gpuhost-test/busybox:1 sha256:" in manifest
+    assert "image gpuhost-test/cuda-check:1 sha256:" in manifest
 
 
 def test_run_sh_passes_every_check_with_a_stand_in_gpu(bundle: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     [gpu] = h100_sxm(1)
-    nvml_config = write_config(tmp_path / "nvml.conf", [gpu])
+    nvml_config = write_config(tmp_path / "nvml.conf", [gpu], driver=DRIVER)
+    driver_root = fake_cuda.driver_root(tmp_path / "driver", [gpu.uuid], DRIVER)
     env = {
         # Nothing of the tests' own engine or agent settings reaches run.sh; the stand-ins are named.
         **{k: v for k, v in os.environ.items() if not k.startswith(("GPUHOST_", "DOCKER_", "LD_", "FAKE_NVML"))},
         "GPU_RUN_DIR": str(tmp_path / "run"),
         "GPU_RUN_DOCKERD_ARGS": "--bridge=none",
         "GPU_RUN_GPU_UUID": gpu.uuid,
+        "GPU_RUN_HOLD": "1",  # the stand-in NVML's memory does not move: no heartbeat to wait for
         "GPUHOST_NVML_LIBRARY": str(build_lib()),
         "FAKE_NVML_CONFIG": str(nvml_config),
+        "GPUHOST_DRIVER_ROOT": str(driver_root),
     }
     subprocess.run(["ip", "netns", "add", NETNS], check=True)
     try:
@@ -135,15 +144,21 @@ def test_run_sh_passes_every_check_with_a_stand_in_gpu(bundle: Path, tmp_path: P
         "| README stack: its published port serves it | PASS |",
         "| README stack: served through its tunnel | PASS |",
         "| README stack: the rental's cgroup limits (container and parent) | PASS |",
-        "| one-GPU stack gets the real GPU's UUID | PASS |",
+        "| one-GPU stack gets the GPU by the agent's CDI spec | PASS |",
         "| one-GPU stack: the rental's cgroup limits (container and parent) | PASS |",
-        "| a GPU device inside the container | INFO |",
+        "| the container sees exactly its GPU (nvidia-smi -L) | PASS |",
+        "| a CUDA program passes in the rental's container | PASS |",
+        "| the heartbeat's telemetry shows the memory it took on that GPU | SKIP |",
+        "| a second rental asking for the machine's GPU is refused | PASS |",
         "| rentals ended: containers and cgroups gone | PASS |",
+        "| after the rental ended nothing holds the GPU | SKIP |",
     ):
         assert check in summary, summary
     assert f"GPU_RUN_GPU_UUID (a stand-in NVML's): {gpu.uuid}" in summary
-    assert f"the container's NVIDIA_VISIBLE_DEVICES: {gpu.uuid}" in summary
-    assert "hello from a rental" in summary and "NVIDIA Container Toolkit" in summary
+    assert '"Driver": "cdi"' in summary and f'"DeviceIDs": ["nvidia.com/gpu={gpu.uuid}"]' in summary
+    assert f"(UUID: {gpu.uuid})" in summary and f"cuda-check: device 0 {gpu.uuid} " in summary
+    assert "cuda-check: holding 256 MiB for 1 s" in summary and "cuda-check: PASS" in summary
+    assert "hello from a rental" in summary and "No NVIDIA Container Toolkit and no runtime hook" in summary
     assert "cgroup driver cgroupfs" in summary
     assert "API listen on " + str(tmp_path / "run" / "docker.sock") in log, "its own engine, on its own socket"
     assert not (tmp_path / "run").exists(), "run.sh removes its folder"
