@@ -12,7 +12,8 @@ markdown summary.
   driver-API program (cuda-check.c) sees it by its UUID, allocates and copies
   there and back; while it holds its memory the heartbeat's telemetry shows
   it on that GPU; a second rental asking for the machine's GPU is refused;
-  once the rental ended no process holds the GPU;
+  once the rental ended no process holds the GPU, and the environment's
+  usage counts the rental's time on it;
 - the disk share, where run.sh could mount dockerd's data root on XFS with
   project quotas: the agent's probe says the size holds, and a container
   writing past its rental's share gets "No space left on device";
@@ -431,6 +432,27 @@ def second_rental_refused(renter: Renter, env_id: str) -> Check:
     return check
 
 
+def usage_counted(renter: Renter, env_id: str, rental: str | None) -> Check:
+    """The ended GPU rental's time on its GPU reached the marketplace's usage (the host's bill)."""
+    check = Check("the rental's usage counts its time on the GPU", "FAIL")
+    if rental is None:
+        check.verdict = "SKIP"
+        check.evidence.append("no GPU rental here")
+        return check
+    deadline = time.monotonic() + 30
+    hours = 0.0
+    while time.monotonic() < deadline:
+        listed = renter.call("GET", f"/environments/{env_id}/usage")
+        rows = [r for r in (listed or {}).get("total", {}).get("rentals", []) if r.get("rentalId") == rental]  # type: ignore[union-attr]
+        hours = float(rows[0]["hours"]) if rows else 0.0
+        if hours > 0:
+            break
+        time.sleep(1)
+    check.verdict = "PASS" if hours > 0 else "FAIL"
+    check.evidence.append(f"GET /environments/{{env}}/usage: rental {rental}: {hours * 3600:.0f} GPU-seconds")
+    return check
+
+
 def gpu_left_alone(renter: Renter, env_id: str, uuid: str, stand_in: bool) -> Check:
     """After the rental ended, nothing of it holds the GPU: no compute process (nvidia-smi on the host)."""
     check = Check("after the rental ended nothing holds the GPU", "FAIL")
@@ -509,9 +531,17 @@ def main() -> int:
     assert isinstance(environments, list) and environments, environments
     env_id = environments[0]["envId"]
     checks, rentals = [], []
+    gpu_rental: list[str | None] = [None]
+
+    def gpus() -> tuple[list[Check], str | None]:
+        found, gpu_rental[0] = gpu_checks(
+            renter, env_id, client, args.gpu_uuid, args.gpu_uuid_source, args.stand_in, args.hold
+        )
+        return found, gpu_rental[0]
+
     for step in (
         lambda: readme_checks(renter, env_id, client),
-        lambda: gpu_checks(renter, env_id, client, args.gpu_uuid, args.gpu_uuid_source, args.stand_in, args.hold),
+        gpus,
         lambda: disk_checks(renter, env_id, client, args.xfs, args.rental_disk),
     ):
         try:
@@ -524,7 +554,8 @@ def main() -> int:
             print(f"{check.verdict:4}  {check.name}: {' / '.join(check.evidence)}", flush=True)
     checks.append(end_rentals(renter, rentals, client))
     checks.append(gpu_left_alone(renter, env_id, args.gpu_uuid, args.stand_in))
-    for check in checks[-2:]:
+    checks.append(usage_counted(renter, env_id, gpu_rental[0]))
+    for check in checks[-3:]:
         print(f"{check.verdict:4}  {check.name}: {' / '.join(check.evidence)}", flush=True)
     text = summary(args.fact, docker_facts(client), checks, time.monotonic() - start)
     args.summary.write_text(text)

@@ -152,6 +152,7 @@ def test_run_sh_passes_every_check_with_a_stand_in_gpu(bundle: Path, tmp_path: P
         "| a second rental asking for the machine's GPU is refused | PASS |",
         "| rentals ended: containers and cgroups gone | PASS |",
         "| after the rental ended nothing holds the GPU | SKIP |",
+        "| the rental's usage counts its time on the GPU | PASS |",
     ):
         assert check in summary, summary
     # The disk share: this kernel has XFS but no XFS quotas, so run.sh's prjquota mount is refused and
