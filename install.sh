@@ -184,7 +184,8 @@ What it writes:
   $UNIT_PATH   the unit (Type=notify, watchdog, Restart=always)
   $DROPIN_DIR/  restart back-off (systemd >= 254 only)
   $DOCKER_DROPIN  the agent's egress rules
-                                    written before dockerd starts, so at boot too
+                                    written, and its CDI spec of the GPUs made
+                                    true, before dockerd starts, so at boot too
   $FENCE_DROPIN  dockerd in the group $ENGINE_GROUP (made here), whose
                                     new connections to the host itself the kernel refuses
   $GUARD_DROPIN  dockerd's pulls through the agent's pull guard
@@ -369,13 +370,15 @@ EOF
 
 # Docker's unit writes the agent's egress rules before dockerd starts, so the
 # containers it starts again at boot are confined from their first packet (the
-# agent, which keeps the rules from then on, starts after Docker). "-": never
-# stops Docker from starting.
+# agent, which keeps the rules from then on, starts after Docker), and makes the
+# agent's CDI spec true for the GPUs the driver sees now, or removes it: after a
+# reboot a GPU's node number may be another's. "-": never stops Docker from starting.
 docker_dropin_text() {
     cat <<EOF
 # Written by install.sh (gpuhost-agent); install.sh --uninstall removes it.
 [Service]
 ExecStartPre=-$VENV/bin/gpuhost-agent egress apply
+ExecStartPre=-$VENV/bin/gpuhost-agent cdi refresh
 EOF
 }
 
@@ -1388,7 +1391,7 @@ install_unit() {
         step "removing $DROPIN (systemd ${version:-absent} predates RestartSteps=)"
         run rm -f "$DROPIN"
     fi
-    step "installing $DOCKER_DROPIN (the egress rules before dockerd starts)"
+    step "installing $DOCKER_DROPIN (the egress rules and the CDI spec before dockerd starts)"
     if [ "$DRY_RUN" = 0 ]; then
         install -d -m 0755 "$(dirname "$DOCKER_DROPIN")"
         docker_dropin_text >"$DOCKER_DROPIN"
@@ -1500,6 +1503,9 @@ do_uninstall() {
             fi
         fi
         [ -d /run/systemd/system ] && run systemctl daemon-reload </dev/null
+        for spec in /etc/cdi/gpuhost-nvidia.yaml /var/run/cdi/gpuhost-nvidia.yaml; do
+            if [ -e "$spec" ]; then step "removing $spec (the agent's CDI spec of the GPUs)"; run rm -f "$spec"; fi
+        done
         # The agent's firewall rules outlive it by design (rentals' containers stay
         # confined while it restarts); with the agent gone they go too.
         if [ -x "$VENV/bin/gpuhost-agent" ]; then

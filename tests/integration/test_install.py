@@ -102,6 +102,14 @@ def test_install_upgrade_and_uninstall_on_a_booted_host(scenario: Scenario) -> N
     # Docker's unit writes the egress rules before dockerd starts: at boot too (issue 45, item 2).
     docker_dropin = scenario.read("/etc/systemd/system/docker.service.d/10-gpuhost-egress.conf")
     assert "\nExecStartPre=-/opt/gpuhost-agent/venv/bin/gpuhost-agent egress apply\n" in docker_dropin
+    # ... and makes the agent's CDI spec true for the GPUs now, or removes it (issue 46: after a reboot a
+    # GPU's node number may be another's). Here no driver answers: a spec left behind goes.
+    assert "\nExecStartPre=-/opt/gpuhost-agent/venv/bin/gpuhost-agent cdi refresh\n" in docker_dropin
+    scenario.sh("mkdir -p /etc/cdi && echo 'kind: nvidia.com/gpu' >/etc/cdi/gpuhost-nvidia.yaml")
+    refreshed = scenario.run("gpuhost-agent", "cdi", "refresh")
+    assert refreshed.code == 0, refreshed.both
+    assert refreshed.out.strip() == "/etc/cdi/gpuhost-nvidia.yaml: no spec written: no NVIDIA driver version (removed)"
+    assert scenario.files("/etc/cdi/gpuhost-nvidia.yaml")["/etc/cdi/gpuhost-nvidia.yaml"] is None
     assert scenario.run("gpuhost-agent", "version").out.strip() == __version__
     # Every dependency at the version requirements/agent.lock names for Debian 12's Python (issue 44)
     assert locks.differences(scenario.run("/opt/gpuhost-agent/venv/bin/python", "-c", locks.DUMP).out) == []
@@ -159,8 +167,9 @@ def test_install_upgrade_and_uninstall_on_a_booted_host(scenario: Scenario) -> N
     assert "envkey_rotated_2" not in third.both
     assert conf_values(scenario.read("/etc/gpuhost-agent/agent.conf"))["GPUHOST_ENV_ID"] == ENV_ID
 
-    # Uninstall: the agent goes, configuration, state, containers and Docker stay.
-    scenario.sh(": >/var/log/fake-calls.log")
+    # Uninstall: the agent goes (its CDI spec of the GPUs with it), configuration, state, containers and
+    # Docker stay.
+    scenario.sh(": >/var/log/fake-calls.log; echo 'kind: nvidia.com/gpu' >/etc/cdi/gpuhost-nvidia.yaml")
     removed = scenario.install("--uninstall")
     assert removed.code == 0, removed.both
     assert f"install.sh: {msg('Renters')}\n" in removed.out
@@ -173,6 +182,7 @@ def test_install_upgrade_and_uninstall_on_a_booted_host(scenario: Scenario) -> N
         "/usr/local/bin/gpuhost-agent",
         "/etc/systemd/system/gpuhost-agent.service",
         "/etc/systemd/system/docker.service.d/10-gpuhost-egress.conf",
+        "/etc/cdi/gpuhost-nvidia.yaml",
         INSTALLED[-1],
     )
     assert all(files[path] is None for path in gone), files

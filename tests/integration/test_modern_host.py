@@ -571,6 +571,22 @@ async def test_without_a_spec_naming_the_gpus_the_agent_writes_its_own_from_the_
     assert any(line.startswith(f"cuda-check: device 0 {uuid} ") for line in lines), seen
     assert "cuda-check: PASS" in lines and "cuda-check-exit=0" in lines, seen
 
+    # Red team 46, F1: dockerd starts renters' containers again at boot, before the agent, and a GPU's
+    # node number follows the order the driver found the GPUs in. Docker's unit makes the agent's spec
+    # true first (install.sh's drop-in: `gpuhost-agent cdi refresh`): one from before (here the first
+    # two GPUs' nodes swapped, with the agent stopped) is rewritten before dockerd reads it.
+    good = (await _sh(world, "cat /etc/cdi/gpuhost-nvidia.yaml")).out
+    await _sh(world, f"systemctl stop {UNIT}")
+    swap = "s#/dev/nvidia0$#/dev/nvidiaX#; s#/dev/nvidia1$#/dev/nvidia0#; s#/dev/nvidiaX$#/dev/nvidia1#"
+    await _sh(world, f"sed -i '{swap}' /etc/cdi/gpuhost-nvidia.yaml")
+    assert (await _sh(world, "cat /etc/cdi/gpuhost-nvidia.yaml")).out != good
+    await _sh(world, "systemctl restart docker", timeout=120)
+    assert (await _sh(world, "cat /etc/cdi/gpuhost-nvidia.yaml")).out == good
+    said = (await _sh(world, "journalctl --no-pager -u docker -n 60")).out
+    assert "/etc/cdi/gpuhost-nvidia.yaml: written for" in said, said
+    await _sh(world, f"systemctl start --no-block {UNIT}")
+    await _connected(world)
+
 
 async def test_after_a_reboot_dockerd_starts_behind_the_egress_rules(world: World) -> None:
     """A reboot empties the kernel's rules, and dockerd, which starts renters' containers again, starts

@@ -234,3 +234,22 @@ def test_a_driver_root_of_its_own_gives_host_paths_under_it_and_the_spec_stays_w
     assert driver_cdi.look(_nvml(), DOCKER, system, driver_root=driver)["path"] == kept["path"]
     # Without the driver root, the same system root has no driver: no spec.
     assert driver_cdi.keep(_nvml(), DOCKER, system)["path"] is None
+
+
+def test_before_dockerd_starts_a_spec_from_before_a_reboot_is_made_true_or_removed(root: Path) -> None:
+    """Red team 46, F1: a GPU's minor number follows the order the driver found the GPUs in, so after a
+    reboot with a GPU missing /dev/nvidia1 may be another GPU. Docker's unit runs `gpuhost-agent cdi
+    refresh` first: the agent's spec is rewritten for the GPUs NVML sees now, or removed where NVML
+    sees none (the driver not loaded yet: no spec beats a wrong one); no spec of its own, nothing."""
+    ours = Path(driver_cdi.keep(_nvml(), DOCKER, root)["path"])
+    assert driver_cdi.refresh(_nvml(), root) == [f"{ours}: in place for 2 GPU(s), driver {VERSION}"]
+    # After the reboot the first GPU is gone and the second one is /dev/nvidia0.
+    (root / "dev/nvidia1").unlink()
+    after = {"driverVersion": VERSION, "gpus": [{"index": 0, "minorNumber": 0, "uuid": UUIDS[1]}]}
+    assert driver_cdi.refresh(after, root) == [f"{ours}: written for 1 GPU(s), driver {VERSION}"]
+    (device,) = yaml.safe_load(ours.read_text())["devices"]
+    assert device["name"] == UUIDS[1] and device["containerEdits"]["deviceNodes"][0]["path"] == "/dev/nvidia0"
+    # NVML answers nothing yet: the spec goes.
+    said = driver_cdi.refresh({"available": False, "gpus": []}, root)
+    assert said == [f"{ours}: no spec written: no NVIDIA driver version (removed)"] and not ours.exists()
+    assert driver_cdi.refresh(_nvml(), root) == [] and not ours.exists()  # never written where there was none

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from gpuhost_agent import __version__
 from gpuhost_agent.runtime.egress_rules import Opening
@@ -98,6 +99,15 @@ def _parser() -> argparse.ArgumentParser:
         "install.sh writes runs it at boot); remove: take them away",
     )
     _add_settings(egress, ("config", "egress_allow"))
+    cdi = commands.add_parser(
+        "cdi",
+        help="the agent's CDI spec of the host's GPUs, made true before dockerd starts",
+        description="The running agent writes /etc/cdi/gpuhost-nvidia.yaml and keeps it (docs/hosts.md). `refresh` "
+        "rewrites it for the GPUs NVML sees now, or removes it where it cannot: Docker's unit runs it before dockerd "
+        "starts renters' containers again at boot (install.sh's drop-in).",
+    )
+    cdi.add_argument("action", choices=["refresh"], help="refresh: rewrite or remove the agent's spec now")
+    _add_settings(cdi, ("config", "nvml_library", "driver_root"))
     return parser
 
 
@@ -126,6 +136,24 @@ def _settings_shown(config: config_module.AgentConfig, chosen: dict) -> tuple[li
 
     settings, whose = _running_agents_settings(config)
     return (settings_view.effective(chosen, config) if settings is None else settings), whose
+
+
+def _refresh_cdi_spec(nvml_library: str | None, driver_root: Path) -> int:
+    """The agent's CDI spec made true for the GPUs now, or removed (inventory/driver_cdi.refresh)."""
+    from gpuhost_agent.inventory import driver_cdi
+    from gpuhost_agent.inventory.nvml_probe import NvmlProbe
+
+    nvml = NvmlProbe(nvml_library)
+    try:
+        inventory = nvml.inventory()
+    except Exception as exc:  # no GPU facts: the spec goes rather than stay possibly wrong
+        print(f"gpuhost-agent: NVML failed: {exc}", file=sys.stderr)
+        inventory = {}
+    finally:
+        nvml.close()
+    said = driver_cdi.refresh(inventory, driver_root=driver_root)
+    print("\n".join(said) if said else f"no CDI spec of the agent's in {' or '.join(driver_cdi.CDI_DIRS)}")
+    return 0
 
 
 def _remove_egress_rules() -> int:
@@ -167,6 +195,12 @@ def main(argv: list[str] | None = None) -> int:
         except (config_module.ConfigError, ValueError) as exc:
             return _configuration_error(exc)
         return _apply_egress_rules(egress.egress_allow, egress.engine_openings)
+    if args.command == "cdi":
+        try:  # the GPU settings alone matter: no key needed, none read
+            cdi = config_module.build(config_module.choose({**flags, "api_key": "unused-by-cdi"}))
+        except (config_module.ConfigError, ValueError) as exc:
+            return _configuration_error(exc)
+        return _refresh_cdi_spec(cdi.nvml_library, cdi.driver_root)
     if args.command == "status":
         try:  # a dummy api_key: status never needs the key, and a non-root user cannot read its file
             chosen = config_module.choose({**flags, "api_key": "unused-by-status"})
