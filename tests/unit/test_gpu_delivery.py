@@ -155,6 +155,13 @@ def test_a_host_without_the_toolkit_whose_gpus_reach_containers_by_cdi_is_compli
     docker["gpuContainers"] = {"ok": False, "method": "container", "detail": "could not select device driver"}
     checks = {c.id: c for c in evaluate(data, Requirements())}
     assert not checks["gpu-containers"].ok and "could not select device driver" in checks["gpu-containers"].summary
+    # An nvidia runtime registered in Docker is a toolkit the agent did not find (red team 46, F2: the GPU
+    # Operator's /usr/local/nvidia/toolkit): its version cannot be checked, so it fails whatever CDI does.
+    docker["runtimes"] = ["io.containerd.runc.v2", "nvidia", "runc"]
+    checks = {c.id: c for c in evaluate(data, Requirements())}
+    toolkit = checks["container-toolkit"]
+    assert not toolkit.ok and "an nvidia runtime is registered" in toolkit.summary
+    docker["runtimes"] = ["io.containerd.runc.v2", "runc"]
     # Without CDI, no toolkit is still a failure, and the GPU check waits for it.
     docker["gpuDelivery"] = {"method": "none", "detail": "no hook; CDI: dockerd's CDI feature is off"}
     docker["gpuContainers"] = {"ok": False, "method": "engine-info", "detail": "nothing"}

@@ -70,7 +70,7 @@ def evaluate(system_data: dict, req: Requirements, clock_skew_seconds: float | N
         ),
         *_driver_checks(nvml, req),
         *_gpu_checks(gpus),
-        *_toolkit_checks(host["nvidiaContainerToolkit"], req, host["docker"].get("gpuDelivery") or {}),
+        *_toolkit_checks(host["nvidiaContainerToolkit"], req, host["docker"]),
         *_docker_checks(host["docker"], host["compose"], host["nvidiaContainerToolkit"], req),
         _disk_check(host["storage"], req),
         *_clock_checks(host["clock"], clock_skew_seconds, req),
@@ -230,10 +230,26 @@ def _gpu_checks(gpus: list[dict]) -> list[Check]:
     ]
 
 
-def _toolkit_checks(kit: dict, req: Requirements, delivery: dict) -> list[Check]:
+def _toolkit_checks(kit: dict, req: Requirements, docker: dict) -> list[Check]:
     """The toolkit where it is installed. Where dockerd gives GPUs by a CDI spec
     (the agent's own, inventory/driver_cdi.py) no toolkit is needed, and none is
-    better: no root hook reads what a renter's image sets (issue 46)."""
+    better: no root hook reads what a renter's image sets (issue 46); but an
+    nvidia runtime registered in Docker is a toolkit the agent did not find,
+    whose version it cannot check."""
+    delivery = docker.get("gpuDelivery") or {}
+    runtime = "nvidia" in (docker.get("runtimes") or ()) or docker.get("defaultRuntime") == "nvidia"
+    if not kit["installed"] and runtime:
+        return [
+            Check(
+                "container-toolkit",
+                False,
+                "an nvidia runtime is registered in Docker, but no NVIDIA Container Toolkit is where the agent "
+                "looks (PATH, /usr/bin, /usr/local/bin, /usr/sbin): its version cannot be checked",
+                "remove the nvidia runtime from /etc/docker/daemon.json where GPUs reach containers by CDI, "
+                "or put the toolkit's binaries on PATH",
+            ),
+            _skip("toolkit-visible-devices", "no NVIDIA Container Toolkit found, so no setting of it to read"),
+        ]
     if not kit["installed"] and delivery.get("method") == gpu_delivery.CDI:
         return [
             Check(
