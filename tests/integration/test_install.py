@@ -175,7 +175,7 @@ def test_install_upgrade_and_uninstall_on_a_booted_host(scenario: Scenario) -> N
     assert f"install.sh: {msg('Renters')}\n" in removed.out
     # The agent takes its own firewall rules away first (none here: the chroot has no iptables).
     assert "removing the agent's egress rules" in removed.out and "no egress rule" in removed.out, removed.both
-    files = scenario.files(*INSTALLED, "/opt/gpuhost-agent")
+    files = scenario.files(*INSTALLED, "/opt/gpuhost-agent", "/etc/cdi/gpuhost-nvidia.yaml")
     gone = (
         "/opt/gpuhost-agent",
         "/opt/gpuhost-agent/venv/bin/gpuhost-agent",
