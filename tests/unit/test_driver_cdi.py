@@ -253,3 +253,35 @@ def test_before_dockerd_starts_a_spec_from_before_a_reboot_is_made_true_or_remov
     said = driver_cdi.refresh({"available": False, "gpus": []}, root)
     assert said == [f"{ours}: no spec written: no NVIDIA driver version (removed)"] and not ours.exists()
     assert driver_cdi.refresh(_nvml(), root) == [] and not ours.exists()  # never written where there was none
+
+
+def test_the_agents_own_file_is_never_taken_for_another_spec_and_a_stale_copy_goes(root: Path) -> None:
+    """Red team 46, F3: the agent's spec seen through a linked folder (here /var/run/cdi linked to /etc/cdi)
+    is not "a toolkit spec naming the GPUs" (it stays, no flapping), and a copy of it left in another of
+    dockerd's folders is removed (two specs naming one device make it unusable)."""
+    (root / "var/run").mkdir(parents=True)
+    (root / "var/run/cdi").symlink_to(root / "etc/cdi")
+    ours = Path(driver_cdi.keep(_nvml(), DOCKER, root)["path"])
+    assert driver_cdi.keep(_nvml(), DOCKER, root) == {
+        "path": str(ours),
+        "detail": f"in place for 2 GPU(s), driver {VERSION}",
+    }
+    (root / "var/run/cdi").unlink()
+    (root / "var/run/cdi").mkdir()
+    copy = root / "var/run/cdi" / cdi_spec.SPEC_FILE
+    copy.write_text(ours.read_text())
+    assert driver_cdi.keep(_nvml(), DOCKER, root)["detail"].startswith("in place")
+    assert ours.is_file() and not copy.exists()
+
+
+def test_a_gpu_another_spec_names_stays_out_of_the_agents(root: Path) -> None:
+    """Red team 46, F4: a toolkit spec naming some of the GPUs by UUID; the agent's names the others only,
+    so no device is named twice."""
+    toolkit = root / "etc/cdi/nvidia.yaml"
+    toolkit.parent.mkdir(parents=True)
+    toolkit.write_text(
+        yaml.safe_dump({"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": [{"name": UUIDS[0]}]})
+    )
+    kept = driver_cdi.keep(_nvml(), DOCKER, root)
+    assert kept["detail"] == f"written for 1 GPU(s), driver {VERSION} (1 more named by another spec)", kept
+    assert [device["name"] for device in yaml.safe_load(Path(kept["path"]).read_text())["devices"]] == [UUIDS[1]]

@@ -91,6 +91,10 @@ def keep(nvml: dict, docker: dict, root: Path = Path("/"), driver_root: Path | N
     ours, text, detail = _plan(nvml, docker, root, driver_root or root)
     if ours is None:
         return {"path": None, "detail": detail}
+    for folder in docker.get("cdiSpecDirs") or ():  # a copy of ours in another of dockerd's folders
+        copy = root / str(folder).lstrip("/") / cdi_spec.SPEC_FILE
+        if copy.is_file() and copy.resolve() != ours.resolve():
+            _remove(copy)
     if text is None:
         _remove(ours)
         return {"path": None, "detail": detail}
@@ -154,22 +158,26 @@ def _plan(nvml: dict, docker: dict, root: Path, driver_root: Path) -> tuple[Path
         for gpu in nvml.get("gpus") or []
         if not gpu.get("error") and gpu.get("uuid") and isinstance(gpu.get("minorNumber"), int)
     ]
+    # Another spec's names, never a file of the agent's own name (a copy, or ours through a linked folder).
     others = [
         spec
         for spec in gpu_delivery.read_specs(tuple(str(root / d.lstrip("/")) for d in directories))
-        if Path(spec.path) != ours and spec.kind == cdi_spec.KIND
+        if Path(spec.path).name != cdi_spec.SPEC_FILE and spec.kind == cdi_spec.KIND
     ]
     named = {name for spec in others for name in spec.names}
     if gpus and all(uuid in named for uuid, _ in gpus):
         owner = next(spec.path for spec in others if set(spec.names) & {uuid for uuid, _ in gpus})
         return ours, None, f"{owner} names the GPUs by UUID: used as it is"
+    # A GPU another spec names stays out of ours: two specs naming one device make it unusable.
+    mine = [(uuid, minor) for uuid, minor in gpus if uuid not in named]
     version = str(nvml.get("driverVersion") or "")
     files = find_driver_files(driver_root, version)
-    why = "no NVIDIA driver version" if not version else cdi_spec.problem(gpus, files)
+    why = "no NVIDIA driver version" if not version else cdi_spec.problem(mine, files)
     if why:
         return ours, None, f"no spec written: {why}"
-    text = yaml.safe_dump(cdi_spec.build(gpus, files), sort_keys=False)
-    return ours, text, f"for {len(gpus)} GPU(s), driver {version}"
+    text = yaml.safe_dump(cdi_spec.build(mine, files), sort_keys=False)
+    elsewhere = f" ({len(gpus) - len(mine)} more named by another spec)" if len(mine) < len(gpus) else ""
+    return ours, text, f"for {len(mine)} GPU(s), driver {version}{elsewhere}"
 
 
 def _write(path: Path, text: str) -> None:
