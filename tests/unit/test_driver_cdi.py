@@ -285,3 +285,16 @@ def test_a_gpu_another_spec_names_stays_out_of_the_agents(root: Path) -> None:
     kept = driver_cdi.keep(_nvml(), DOCKER, root)
     assert kept["detail"] == f"written for 1 GPU(s), driver {VERSION} (1 more named by another spec)", kept
     assert [device["name"] for device in yaml.safe_load(Path(kept["path"]).read_text())["devices"]] == [UUIDS[1]]
+
+
+def test_a_fifo_of_a_specs_name_and_a_linked_node_are_not_read_as_the_real_thing(root: Path) -> None:
+    """Red team 46, F6: a FIFO named like a spec would hold the probe forever, and a GPU node that is a
+    link passes a check that follows it but fails at the container's start (the CDI library does not)."""
+    fifo = root / "etc/cdi/stray.yaml"
+    fifo.parent.mkdir(parents=True)
+    os.mkfifo(fifo)
+    assert driver_cdi.keep(_nvml(), DOCKER, root)["path"]  # returns: the FIFO was not opened
+    (root / "dev/nvidia1").unlink()
+    (root / "dev/nvidia1").symlink_to(root / "dev/nvidia0")
+    kept = driver_cdi.keep(_nvml(), DOCKER, root)
+    assert kept["path"] is None and "no device node /dev/nvidia1" in kept["detail"], kept

@@ -78,8 +78,9 @@ def find_driver_files(root: Path, version: str) -> DriverFiles:
 
 
 def _is_char_device(path: Path) -> bool:
+    """The node itself, never through a link: dockerd's CDI library reads the path without following it."""
     try:
-        return stat.S_ISCHR(path.stat().st_mode)
+        return stat.S_ISCHR(path.lstat().st_mode)
     except OSError:
         return False
 

@@ -75,7 +75,8 @@ def read_specs(directories: tuple[str, ...]) -> tuple[CdiSpec, ...]:
     found: list[CdiSpec] = []
     for directory in directories:
         try:
-            paths = sorted(p for p in Path(directory).iterdir() if p.suffix in SPEC_SUFFIXES)
+            # Regular files only: a FIFO of a spec's name would hold the probe forever.
+            paths = sorted(p for p in Path(directory).iterdir() if p.suffix in SPEC_SUFFIXES and p.is_file())
         except OSError:
             continue
         for path in paths:
