@@ -28,7 +28,7 @@ from support.stacks import TEST_IMAGE
 from support.waiting import until
 
 from gpuhost_agent.core.sandbox.harden import GPU_LABEL
-from gpuhost_agent.core.stacks.backend import StackFailed
+from gpuhost_agent.core.stack_errors import StackFailed
 from gpuhost_agent.core.stacks.compose_backend import ComposeBackend
 from gpuhost_agent.core.stacks.deployer import AGENT_FILE
 from gpuhost_agent.local_marketplace.channel_hub import StreamRefused

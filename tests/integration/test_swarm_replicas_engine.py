@@ -14,7 +14,7 @@ from support.swarm import container_of, deploy, docker
 
 from gpuhost_agent.core.sandbox.context import GIB
 from gpuhost_agent.core.sandbox.harden import harden
-from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
+from gpuhost_agent.core.stack_errors import StackRejected
 from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
 
 pytestmark = pytest.mark.swarm

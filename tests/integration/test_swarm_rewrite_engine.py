@@ -19,7 +19,7 @@ from support.swarm import PREFIX, container_of, deploy, docker, remove_stack
 
 from gpuhost_agent.core.sandbox.context import GIB
 from gpuhost_agent.core.sandbox.harden import ALWAYS_DROP, harden
-from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
+from gpuhost_agent.core.stack_errors import StackRejected
 from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
 from gpuhost_agent.inventory import compliance
 from gpuhost_agent.inventory.host_probe import docker_facts

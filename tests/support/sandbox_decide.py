@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gpuhost_agent.core.sandbox.apply import decide, refuse_with_compose_error, review_raw
 from gpuhost_agent.core.sandbox.context import GIB, Registries
-from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
+from gpuhost_agent.core.stack_errors import StackRejected
 from gpuhost_agent.runtime.compose import ComposeError, ComposeRunner
 from gpuhost_agent.runtime.egress_rules import BRIDGE_OPTION, bridge_name
 from gpuhost_agent.streams.tunnel import read_host_networks

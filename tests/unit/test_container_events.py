@@ -12,7 +12,9 @@ from support.waiting import until
 
 from gpuhost_agent.core.containers.coalesce import Coalescer
 from gpuhost_agent.core.containers.events import decode_event, error_to_report, list_behind
-from gpuhost_agent.core.containers.seed_list import (
+from gpuhost_agent.core.containers.states import ContainerStates
+from gpuhost_agent.core.containers.watch import ContainerWatch
+from gpuhost_agent.core.stacks.seed_list import (
     ExitFacts,
     exit_facts,
     failed_containers,
@@ -21,8 +23,6 @@ from gpuhost_agent.core.containers.seed_list import (
     stack_error,
     stop_reason,
 )
-from gpuhost_agent.core.containers.states import ContainerStates
-from gpuhost_agent.core.containers.watch import ContainerWatch
 from gpuhost_agent.inventory.machines import OneMachine
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.storage.agent_db import AgentDB

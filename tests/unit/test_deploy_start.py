@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpuhost_agent.core.sandbox.apply import review_raw
-from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
+from gpuhost_agent.core.stack_errors import StackRejected
 from gpuhost_agent.core.stacks.deploy_start import start_compose
 from gpuhost_agent.runtime.compose import ComposeRunner, PendingUp, find_compose_command
 from gpuhost_agent.runtime.engine import EngineError

@@ -5,7 +5,8 @@ tests/integration/test_disk_watch_engine.py.)"""
 
 from __future__ import annotations
 
-from gpuhost_agent.core.disk_watch import GIB, disk_share, over_share_message, usage_by_rental
+from gpuhost_agent.core.disk_watch import GIB, over_share_message, usage_by_rental
+from gpuhost_agent.core.rentals.disk_share import disk_share
 from gpuhost_agent.protocol import wire
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from gpuhost_agent.core.containers.events import error_to_report
 from gpuhost_agent.core.gpus.allocation import GpuSlot
-from gpuhost_agent.core.gpus.faults import fault_note, with_fault
 from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.sandbox.apply import notices_message
+from gpuhost_agent.core.stacks.gpu_faults import fault_note, with_fault
 from gpuhost_agent.inventory.gpu_events import DOUBLE_BIT_ECC, UNAVAILABLE, XID, GpuFault, fault_of
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.storage.agent_db import AgentDB

@@ -18,7 +18,8 @@ from gpuhost_agent.core.sandbox.gpu_forms import DEVICE_VARIABLES
 from gpuhost_agent.core.sandbox.harden import GPU_LABEL
 from gpuhost_agent.core.sandbox.image_config import service_image_problem
 from gpuhost_agent.core.sandbox.raw import RawReview
-from gpuhost_agent.core.stacks.compose_rewrite import StackRejected, label_services
+from gpuhost_agent.core.stack_errors import StackRejected
+from gpuhost_agent.core.stacks.compose_rewrite import label_services
 from gpuhost_agent.core.stacks.naming import stack_labels
 from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
 from gpuhost_agent.inventory import toolkit

@@ -12,7 +12,7 @@ import pytest
 
 from gpuhost_agent.core.images.pull_slots import GRACE_SECONDS, deadline_seconds, startable
 from gpuhost_agent.core.images.pulls import ImagePulls, timed_out_message
-from gpuhost_agent.core.stacks.backend import StackFailed
+from gpuhost_agent.core.stack_errors import StackFailed
 
 
 def test_slots_go_in_order_within_the_host_and_rental_caps():

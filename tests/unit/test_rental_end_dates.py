@@ -14,7 +14,7 @@ from support.wiring import dispatcher_for
 
 from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.reconcile import desired_state
-from gpuhost_agent.core.rentals.clock import ENDINGS_AT_ONCE, RentalClock
+from gpuhost_agent.core.rental_clock import ENDINGS_AT_ONCE, RentalClock
 from gpuhost_agent.core.rentals.end_dates import RentalEndDates, dates_of_this_host
 from gpuhost_agent.protocol import wire_jobs, wire_time
 from gpuhost_agent.storage.agent_db import AgentDB

@@ -255,9 +255,10 @@ def test_labels_count_as_the_engines_json_writes_them_and_networks_and_volumes_s
 def test_a_refusal_names_a_dozen_problems_then_how_many_more() -> None:
     """A file of a thousand forbidden volumes must not make an errorMsg (and a log
     line) of megabytes (red team, 2026-11-29: 35 problems, 14 KB)."""
+    from gpuhost_agent.core.compose_values import MAX_PROBLEMS_SAID, problems_said
     from gpuhost_agent.core.sandbox.apply import POLICY_PREFIX
     from gpuhost_agent.core.sandbox.raw import review
-    from gpuhost_agent.core.stacks.compose_rewrite import MAX_PROBLEMS_SAID, StackRejected, problems_said
+    from gpuhost_agent.core.stack_errors import StackRejected
 
     assert problems_said(["a", "b"]) == "a; b"
     assert problems_said(["x" * 10_000]) == "x" * 397 + "..."
@@ -400,7 +401,8 @@ def test_what_a_file_or_template_multiplies_is_bounded() -> None:
     log line), a variable name of 200 KB and an APPLIED notice of 705 KB in an errorMsg."""
     from gpuhost_agent.core.sandbox.apply import CHANGES_PREFIX, notices_message
     from gpuhost_agent.core.sandbox.policy import MAX_SERVICES_PER_STACK
-    from gpuhost_agent.core.stacks.compose_rewrite import MAX_VARIABLES, StackRejected, check_variables
+    from gpuhost_agent.core.stack_errors import StackRejected
+    from gpuhost_agent.core.stacks.compose_rewrite import MAX_VARIABLES, check_variables
 
     def services(count: int) -> dict:
         return {"services": {f"s{i}": {"image": "x", "deploy": {"replicas": 0}} for i in range(count)}}

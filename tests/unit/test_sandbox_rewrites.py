@@ -13,7 +13,7 @@ from support.settings import sandbox_settings
 from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.sandbox.apply import Sandbox, review_raw
 from gpuhost_agent.core.sandbox.context import StackSite
-from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
+from gpuhost_agent.core.stack_errors import StackRejected
 from gpuhost_agent.core.swarm.placement import SwarmPlacer
 from gpuhost_agent.protocol import wire, wire_jobs
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command

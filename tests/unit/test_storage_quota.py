@@ -11,8 +11,8 @@ import pytest
 from support.machine_samples import good_host
 from support.settings import sandbox_settings
 
-from gpuhost_agent.core.disk_watch import disk_share
 from gpuhost_agent.core.gpus.ledger import GpuLedger
+from gpuhost_agent.core.rentals.disk_share import disk_share
 from gpuhost_agent.core.sandbox.apply import Sandbox, review_raw
 from gpuhost_agent.core.sandbox.context import StackSite
 from gpuhost_agent.inventory.storage_quota import mount_of, storage_quota

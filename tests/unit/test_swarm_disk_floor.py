@@ -16,7 +16,7 @@ from support.settings import sandbox_settings
 from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.sandbox.apply import Sandbox, review_raw
 from gpuhost_agent.core.sandbox.context import GIB, StackSite
-from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
+from gpuhost_agent.core.stack_errors import StackRejected
 from gpuhost_agent.core.swarm.placement import SwarmPlacer
 from gpuhost_agent.core.swarm.rewrite import stack_nodes
 from gpuhost_agent.protocol import wire, wire_jobs

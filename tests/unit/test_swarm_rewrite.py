@@ -11,7 +11,8 @@ from support.settings import stack_context
 
 from gpuhost_agent.core.sandbox.context import GIB, machine_shares
 from gpuhost_agent.core.sandbox.harden import ALWAYS_DROP, harden
-from gpuhost_agent.core.stacks.compose_rewrite import StackRejected, label_services
+from gpuhost_agent.core.stack_errors import StackRejected
+from gpuhost_agent.core.stacks.compose_rewrite import label_services
 from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.declared_ports import LABEL as EXPOSED_LABEL

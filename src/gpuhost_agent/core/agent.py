@@ -24,7 +24,7 @@ from gpuhost_agent.core.disk_watch import DiskWatch
 from gpuhost_agent.core.egress_keeper import EgressKeeper
 from gpuhost_agent.core.host_reporter import HostReporter
 from gpuhost_agent.core.reconcile.reconciler import Reconciler
-from gpuhost_agent.core.rentals.clock import RentalClock
+from gpuhost_agent.core.rental_clock import RentalClock
 from gpuhost_agent.core.rentals.usage_meter import UsageMeter
 from gpuhost_agent.core.schedule import Schedule
 from gpuhost_agent.core.stacks.dispatcher import JobDispatcher

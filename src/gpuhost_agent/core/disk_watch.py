@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.gpus.ledger import GpuLedger
+from gpuhost_agent.core.rentals.disk_share import disk_share
 from gpuhost_agent.core.stacks.backend import StackBackend
 from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.inventory.environment import node_host
@@ -42,7 +43,6 @@ from gpuhost_agent.storage.agent_db import AgentDB
 log = get_logger(__name__)
 
 GIB = 1024**3
-GPU_LESS_FRACTION = 0.1
 PROJECT_LABEL = "com.docker.compose.project"
 OTHER_MACHINE_SECONDS = 45.0  # how long the leader waits for another machine's figures (its door: 40 s)
 
@@ -97,16 +97,6 @@ def usage_by_rental(df: Mapping, project_rentals: Mapping[str, str]) -> dict[str
         if rental and size > 0:  # -1: not measured
             used[rental] = used.get(rental, 0) + size
     return used
-
-
-def disk_share(total: int, floor: int, rental_gpus: int, machine_gpus: int, fixed: int | None) -> int:
-    """Bytes of Docker's disk one rental may use."""
-    if fixed:
-        return fixed
-    usable = max(0, total - floor)
-    if rental_gpus <= 0 or machine_gpus <= 0:
-        return int(usable * GPU_LESS_FRACTION)
-    return int(usable * min(1.0, rental_gpus / machine_gpus))
 
 
 def over_share_message(used: int, share: int, disk: str = "the host's disk") -> str:

@@ -5,7 +5,7 @@ a thread of its own (nvmlEventSetWait blocks).
 The periodic probe (every systemDataSeconds, 5 minutes by default) would see
 a broken GPU late, and meanwhile hand it to the next rental. Each fault is
 passed on as it comes (`GpuFault`), on the agent's event loop; what it means
-for the rentals is core/gpus/faults.py's. No driver, no GPU, or a driver
+for the rentals is core/stacks/gpu_faults.py's. No driver, no GPU, or a driver
 without events are ordinary: the watch says so once and stops.
 """
 

@@ -6,7 +6,7 @@ A task is one container of a service on one machine. The
 manager knows every task, including those on other machines, so the
 container list is built from tasks (the newest of each service's slot) in
 the shape of Docker's container list, and then goes through the same
-seed shaping as on one machine (core/containers/seed_list.py).
+seed shaping as on one machine (core/stacks/seed_list.py).
 """
 
 from __future__ import annotations

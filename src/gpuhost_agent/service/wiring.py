@@ -23,7 +23,6 @@ from gpuhost_agent.core.agent import Agent
 from gpuhost_agent.core.containers.watch import ContainerWatch
 from gpuhost_agent.core.disk_watch import DiskWatch
 from gpuhost_agent.core.egress_keeper import EgressKeeper
-from gpuhost_agent.core.gpus.faults import GpuFaults
 from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.host_reporter import HostReporter
 from gpuhost_agent.core.images.cache import ImageCache
@@ -31,7 +30,7 @@ from gpuhost_agent.core.images.pulls import ImagePulls
 from gpuhost_agent.core.images.room import DiskRoom
 from gpuhost_agent.core.reconcile.engine_recovery import EngineRecovery
 from gpuhost_agent.core.reconcile.reconciler import Reconciler
-from gpuhost_agent.core.rentals.clock import RentalClock
+from gpuhost_agent.core.rental_clock import RentalClock
 from gpuhost_agent.core.rentals.end_dates import RentalEndDates
 from gpuhost_agent.core.rentals.usage_meter import UsageMeter
 from gpuhost_agent.core.sandbox.apply import Sandbox
@@ -39,6 +38,7 @@ from gpuhost_agent.core.sandbox.host_network import allows
 from gpuhost_agent.core.schedule import Schedule
 from gpuhost_agent.core.stacks.deployer import StackDeployer
 from gpuhost_agent.core.stacks.dispatcher import JobDispatcher
+from gpuhost_agent.core.stacks.gpu_faults import GpuFaults
 from gpuhost_agent.core.stacks.status_reporter import StatusReporter
 from gpuhost_agent.inventory import driver_cdi, telemetry
 from gpuhost_agent.inventory.gpu_events import GpuEventWatch

@@ -48,8 +48,7 @@ from gpuhost_agent.core.images.pull_progress import PullProgress, progress_messa
 from gpuhost_agent.core.images.pull_slots import PER_HOST, PER_RENTAL, deadline_seconds, startable
 from gpuhost_agent.core.images.room import Room, room_problem, roomy
 from gpuhost_agent.core.sandbox.host_network import registry_of
-from gpuhost_agent.core.stacks.backend import StackFailed
-from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
+from gpuhost_agent.core.stack_errors import StackFailed, StackRejected
 from gpuhost_agent.runtime.image_pull import PullError, PullStalled
 
 log = get_logger(__name__)

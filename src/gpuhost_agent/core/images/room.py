@@ -19,9 +19,9 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-from gpuhost_agent.core.disk_watch import disk_share
 from gpuhost_agent.core.gpus.allocation import slots_from_inventory
 from gpuhost_agent.core.gpus.ledger import GpuLedger
+from gpuhost_agent.core.rentals.disk_share import disk_share
 from gpuhost_agent.inventory.host_probe import storage
 
 GB = 1000**3  # as registries and `docker images` count

@@ -15,7 +15,7 @@ import asyncio
 from typing import Protocol
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
+from gpuhost_agent.core.stack_errors import StackRejected
 from gpuhost_agent.runtime.rental_cgroups import CgroupError, RentalCgroups, RentalLimits
 
 log = get_logger(__name__)

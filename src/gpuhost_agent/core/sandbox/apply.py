@@ -19,9 +19,10 @@ import ipaddress
 from collections.abc import Awaitable, Callable
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.core.disk_watch import disk_share
+from gpuhost_agent.core.compose_values import problems_said
 from gpuhost_agent.core.gpus.allocation import GpuSlot, NotEnoughGpus, slots_from_facts, slots_from_inventory
 from gpuhost_agent.core.gpus.ledger import GpuLedger
+from gpuhost_agent.core.rentals.disk_share import disk_share
 from gpuhost_agent.core.rentals.shares import RentalShares
 from gpuhost_agent.core.sandbox.context import (
     HOOK_DELIVERY,
@@ -38,14 +39,14 @@ from gpuhost_agent.core.sandbox.placement import Placement
 from gpuhost_agent.core.sandbox.policy import policy_violations
 from gpuhost_agent.core.sandbox.raw import RawReview, review
 from gpuhost_agent.core.sandbox.rewrite import rewrite
-from gpuhost_agent.core.stacks.compose_rewrite import StackRejected, problems_said
+from gpuhost_agent.core.stack_errors import StackRejected
 from gpuhost_agent.inventory.host_probe import storage
 from gpuhost_agent.protocol import wire_jobs
 from gpuhost_agent.runtime.rental_cgroups import CgroupError, RentalLimits
 from gpuhost_agent.streams.tunnel import read_host_networks
 
 log = get_logger(__name__)
-GPU_FAULT_PREFIX = "out of service: GPU "  # core/gpus/faults.py writes it; kept like the sandbox's changes
+GPU_FAULT_PREFIX = "out of service: GPU "  # core/stacks/gpu_faults.py writes it; kept like the sandbox's changes
 RELEASE_WAIT_SECONDS = 120.0  # how long a deploy waits for GPUs an ending rental still holds
 
 POLICY_PREFIX = "refused by the sandbox policy: "
@@ -85,7 +86,7 @@ def notices_message(notices: list[str]) -> str:
 def kept_notes(error_msg: str) -> str:
     """The part of an APPLIED stack's errorMsg that stays when a later report
     names stopped containers or clears them: a GPU taken out of service
-    (core/gpus/faults.py) and what the sandbox changed."""
+    (core/stacks/gpu_faults.py) and what the sandbox changed."""
     prefixes = (GPU_FAULT_PREFIX, CHANGES_PREFIX, WARNINGS_PREFIX)
     starts = [at for at in (error_msg.find(prefix) for prefix in prefixes) if at >= 0]
     return error_msg[min(starts) :] if starts else ""

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import copy
 
+from gpuhost_agent.core.compose_values import as_mapping
 from gpuhost_agent.core.sandbox.context import CDI_DELIVERY, SandboxContext
 from gpuhost_agent.core.sandbox.gpu_forms import NVIDIA_CAPABILITIES
 from gpuhost_agent.core.sandbox.policy import flat_capabilities, gpu_requests, to_bytes
-from gpuhost_agent.core.stacks.compose_rewrite import as_mapping
 from gpuhost_agent.runtime.egress_rules import BRIDGE_OPTION, bridge_name
 
 NO_NEW_PRIVILEGES = "no-new-privileges:true"

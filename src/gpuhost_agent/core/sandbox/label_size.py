@@ -3,7 +3,7 @@
 Labels are not only the renter's business: the engine puts every label of a
 container into each of its events and every container list, and the agent
 reads those for all renters (core/containers/watch.py), keeps the last list
-of each stack and sends it to the marketplace (core/containers/seed_list.py:
+of each stack and sends it to the marketplace (core/stacks/seed_list.py:
 the seed's Container has its Labels). A renter's megabytes of labels, from
 the Compose file or baked into the image, so cost every renter's events and
 the agent's memory; a stack's event line over 1 MiB is even skipped
@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpuhost_agent.core.stacks.compose_rewrite import as_mapping
+from gpuhost_agent.core.compose_values import as_mapping
 
 MAX_LABEL_BYTES = 64 * 1024
 MAX_LISTED_PORTS = 512  # a container's Ports entries (an image's EXPOSE too; a published port is listed twice)

@@ -13,13 +13,13 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
+from gpuhost_agent.core.compose_values import as_mapping
 from gpuhost_agent.core.sandbox.context import SandboxContext, shown_path
 from gpuhost_agent.core.sandbox.gpu_forms import NVIDIA_CAPABILITIES, PASSED_VARIABLES, is_toolkit_variable
 from gpuhost_agent.core.sandbox.healthcheck import healthcheck_problems
 from gpuhost_agent.core.sandbox.host_network import exposed_ports_problem, image_problems, published_ports_problem
 from gpuhost_agent.core.sandbox.label_size import file_labels_problem, stack_resources_problem
 from gpuhost_agent.core.sandbox.networks import attachment_problems, device_list_mounts, network_problems
-from gpuhost_agent.core.stacks.compose_rewrite import as_mapping
 
 AGENT_LABEL_PREFIXES = ("io.gpuhost.", "com.docker.compose.")
 DRIVER_CAPABILITY_VALUES = {"all", "compute", "compat32", "graphics", "utility", "video", "display"}

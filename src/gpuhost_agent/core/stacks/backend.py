@@ -22,11 +22,6 @@ from gpuhost_agent.core.sandbox.raw import RawReview
 ListContainers = Callable[[], Awaitable[list[dict]]]
 
 
-class StackFailed(RuntimeError):
-    """Containers started but did not keep running (or the engine could not
-    start them); the message names which and why."""
-
-
 class StackStart(Protocol):
     """A stack on its way up: Compose's model of the renter's file and the
     engine's names that are not the project's (what the sandbox judges), and

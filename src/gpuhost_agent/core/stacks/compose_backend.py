@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuhost_agent.core.sandbox.raw import RawReview
-from gpuhost_agent.core.stacks.backend import ListContainers, StackFailed
+from gpuhost_agent.core.stack_errors import StackFailed
+from gpuhost_agent.core.stacks.backend import ListContainers
 from gpuhost_agent.core.stacks.deploy_failures import LimitReached, describe_up_failure
 from gpuhost_agent.core.stacks.deploy_start import start_compose
 from gpuhost_agent.core.stacks.image_checks import started_problem

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Iterable
 
+from gpuhost_agent.core.compose_values import as_mapping
+from gpuhost_agent.core.stack_errors import StackRejected
 from gpuhost_agent.core.stacks.naming import stack_labels
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.protocol.wire_values import clipped
@@ -30,26 +31,6 @@ _RESERVED_PREFIXES = ("COMPOSE_", "DOCKER_", "BUILDKIT_")
 # Compose settings a renter may choose: which profiles' services start.
 _ALLOWED_COMPOSE = {"COMPOSE_PROFILES"}
 _VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-class StackRejected(ValueError):
-    """The stack cannot run as submitted; the message is meant for the renter."""
-
-
-# A refusal names at most this many problems, each cut at PROBLEM_CHARS, then
-# how many more: a file of a thousand forbidden volumes (or one with a name of
-# a megabyte) must not make an errorMsg, and a log line, of megabytes (red
-# team, 2026-11-29: 35 label problems made one of 14 KB).
-MAX_PROBLEMS_SAID = 20
-PROBLEM_CHARS = 400
-
-
-def problems_said(problems: list[str]) -> str:
-    """`problems` joined for an errorMsg, the first MAX_PROBLEMS_SAID of them."""
-    shown = [clipped(problem, PROBLEM_CHARS - 3) for problem in problems[:MAX_PROBLEMS_SAID]]
-    if len(problems) > len(shown):
-        shown.append(f"and {len(problems) - len(shown)} more")
-    return "; ".join(shown)
 
 
 # Every value is registered with the log redactor, which looks for each one in
@@ -72,19 +53,6 @@ def check_variables(variables: dict[str, str]) -> None:
             continue
         if name in _RESERVED_EXACT or name.startswith(_RESERVED_PREFIXES):
             raise StackRejected(f"environment variable {name!r} is reserved for the host agent; rename it")
-
-
-def as_mapping(value: dict | Iterable[object] | None, missing: str | None = "") -> dict:
-    """Compose's environment and labels come as a mapping or as a list of
-    "KEY=value" items; the list form becomes a mapping (a bare KEY gets
-    `missing`)."""
-    if isinstance(value, dict):
-        return dict(value)
-    pairs: list[tuple[str, str | None]] = []
-    for item in value or []:
-        key, sep, rest = str(item).partition("=")
-        pairs.append((key, rest) if sep else (key, missing))
-    return dict(pairs)
 
 
 def label_services(

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from gpuhost_agent.core.sandbox.apply import refuse_with_compose_error
 from gpuhost_agent.core.sandbox.raw import RawReview
-from gpuhost_agent.core.stacks.backend import StackFailed
+from gpuhost_agent.core.stack_errors import StackFailed
 from gpuhost_agent.runtime.compose import ComposeError, ComposeRunner, PendingUp
 from gpuhost_agent.runtime.engine import DockerEngine
 

@@ -23,7 +23,7 @@ import contextlib
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from gpuhost_agent.core.stacks.backend import StackFailed
+from gpuhost_agent.core.stack_errors import StackFailed
 from gpuhost_agent.protocol import wire, wire_jobs
 
 T = TypeVar("T")

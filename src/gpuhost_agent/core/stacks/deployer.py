@@ -19,21 +19,16 @@ from pathlib import Path
 
 from gpuhost_agent.common import crash_points
 from gpuhost_agent.common.logs import SECRETS, get_logger, might_be_secret
-from gpuhost_agent.core.containers.seed_list import failed_containers, seed_containers
+from gpuhost_agent.core.compose_values import problems_said
 from gpuhost_agent.core.images.pulls import FRESH_POLICIES, ImagePulls, pullable_images
 from gpuhost_agent.core.sandbox.apply import POLICY_PREFIX, Sandbox, notices_message, review_raw
 from gpuhost_agent.core.sandbox.context import StackSite, crowded_rental_problem
 from gpuhost_agent.core.sandbox.label_size import oversized_container
 from gpuhost_agent.core.sandbox.raw import RawReview
+from gpuhost_agent.core.stack_errors import StackFailed, StackRejected
 from gpuhost_agent.core.stacks import naming
-from gpuhost_agent.core.stacks.backend import StackBackend, StackFailed
-from gpuhost_agent.core.stacks.compose_rewrite import (
-    MAX_VARIABLES,
-    StackRejected,
-    check_variables,
-    label_services,
-    problems_said,
-)
+from gpuhost_agent.core.stacks.backend import StackBackend
+from gpuhost_agent.core.stacks.compose_rewrite import MAX_VARIABLES, check_variables, label_services
 from gpuhost_agent.core.stacks.deploy_failures import (
     LimitReached,
     describe_container,
@@ -43,6 +38,7 @@ from gpuhost_agent.core.stacks.deploy_failures import (
 )
 from gpuhost_agent.core.stacks.deploy_stops import DeployStops
 from gpuhost_agent.core.stacks.image_checks import image_problems
+from gpuhost_agent.core.stacks.seed_list import failed_containers, seed_containers
 from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.protocol import wire, wire_jobs
 from gpuhost_agent.runtime.compose import COMPOSE_PROJECT_LABEL, ComposeError

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.core.containers.seed_list import SERVICE_LABEL, failed_containers
 from gpuhost_agent.core.sandbox.apply import refuse_with_compose_error
 from gpuhost_agent.core.sandbox.raw import RawReview
-from gpuhost_agent.core.stacks.backend import ListContainers, StackFailed
+from gpuhost_agent.core.stack_errors import StackFailed
+from gpuhost_agent.core.stacks.backend import ListContainers
+from gpuhost_agent.core.stacks.seed_list import SERVICE_LABEL, failed_containers
 from gpuhost_agent.runtime.compose import ComposeError, ComposeRunner
 from gpuhost_agent.runtime.engine import DockerEngine, EngineError
 from gpuhost_agent.runtime.swarm_stacks import NAMESPACE_LABEL, SwarmStacks

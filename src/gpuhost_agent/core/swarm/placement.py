@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from gpuhost_agent.core.sandbox.context import SandboxContext, machine_shares, machines_floor_problem
 from gpuhost_agent.core.sandbox.placement import Share
-from gpuhost_agent.core.stacks.compose_rewrite import StackRejected
+from gpuhost_agent.core.stack_errors import StackRejected
 from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, stack_nodes, swarm_stack
 
 RentalPeers = Callable[[str, str], Awaitable[dict[str, int]]]  # (rental, project) -> its other containers per node
