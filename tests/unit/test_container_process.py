@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhost_agent.runtime.container_process import ContainerGone, PinnedProcess, ids_in, names_container
+from gpuhost_agent.runtime.container_process import PinnedProcess, ProcessGone, ids_in, names_container
 
 HIERARCHY = Path("/sys/fs/cgroup/pids")
 
@@ -73,7 +73,7 @@ def test_the_containers_process_is_confirmed(container) -> None:
 def test_a_process_of_another_container_or_of_the_host_is_refused(container) -> None:
     process, _container_id = container
     for pid, asked in ((process.pid, uuid.uuid4().hex * 2), (os.getpid(), uuid.uuid4().hex * 2), (1, "")):
-        with PinnedProcess(pid, asked) as pinned, pytest.raises(ContainerGone, match="not the container's"):
+        with PinnedProcess(pid, asked) as pinned, pytest.raises(ProcessGone, match="not the container's"):
             pinned.confirm()
 
 
@@ -83,16 +83,16 @@ def test_a_pid_that_ended_or_was_recycled_after_the_pidfd_is_refused(container) 
     pinned = PinnedProcess(process.pid, container_id)
     process.kill()
     process.wait()  # reaped: the pid is free for the next process
-    with pytest.raises(ContainerGone, match="gone|ended"):
+    with pytest.raises(ProcessGone, match="gone|ended"):
         pinned.confirm()
     # The pid handed to another process of the same cgroup between the pidfd and
     # the checks: /proc/PID reads say "the container's", the pidfd says it ended.
     for later, later_id in in_container_cgroup(["sleep", "60"]):
         pinned.pid, pinned.container_id = later.pid, later_id
-        with pytest.raises(ContainerGone, match="ended"):
+        with pytest.raises(ProcessGone, match="ended"):
             pinned.confirm()
     pinned.close()
-    with pytest.raises(ContainerGone, match="gone"):
+    with pytest.raises(ProcessGone, match="gone"):
         PinnedProcess(process.pid, container_id)  # no such process any more (unless recycled: then refused above)
-    with pytest.raises(ContainerGone, match="not running"):
+    with pytest.raises(ProcessGone, match="not running"):
         PinnedProcess(0, container_id)

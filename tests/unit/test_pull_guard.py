@@ -25,7 +25,7 @@ import pytest
 
 from gpuhost_agent.core.sandbox.host_network import allows
 from gpuhost_agent.streams import pull_guard
-from gpuhost_agent.streams.pull_guard import PullGuard, Refused, Target
+from gpuhost_agent.streams.pull_guard import GuardRefused, PullGuard, Target
 from gpuhost_agent.streams.tunnel import read_host_networks
 
 BODY = os.urandom(3 * 1024 * 1024 + 17)
@@ -126,7 +126,7 @@ async def test_link_local_and_mixed_answers_are_refused_by_the_address_judged() 
         ("168.63.129.16", 32526, "private"),  # Azure's WireServer
         ("fd00:ec2::254", 80, "private"),  # AWS's metadata service over IPv6
     ):
-        with pytest.raises(Refused) as refused:
+        with pytest.raises(GuardRefused) as refused:
             await guard.address_for(Target(host, port))
         assert refused.value.status == 403 and why in refused.value.reason, refused.value.reason
 
@@ -136,7 +136,7 @@ async def test_a_private_network_the_operator_opened_is_judged_open() -> None:
 
     guard = PullGuard(allows(()), _host_networks, opened=(ipaddress.ip_network("10.0.8.0/24"),))
     assert await guard.address_for(Target("10.0.8.5", 5000)) == "10.0.8.5"
-    with pytest.raises(Refused):
+    with pytest.raises(GuardRefused):
         await guard.address_for(Target("10.0.9.5", 5000))
 
 

@@ -41,6 +41,7 @@ import aiohttp
 import psutil
 from yarl import URL
 
+from gpuhost_agent.errors import OutsideFailure
 from gpuhost_agent.protocol import wire_time
 
 CHUNK_BYTES = 256 * 1024
@@ -59,7 +60,7 @@ class SpeedResult:
     same_machine: str | None = None  # the marketplace's address when it is this machine
 
 
-class _HttpStatus(Exception):
+class _HttpStatus(OutsideFailure):
     def __init__(self, status: int):
         super().__init__(f"HTTP {status}")
         self.status = status

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from aiohttp import WSCloseCode, web
 
 from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.errors import Refusal
 
 log = get_logger(__name__)
 
@@ -29,7 +30,7 @@ CLOSE_TIMEOUT = 5.0  # seconds a closing WebSocket may wait for the other side's
 REFUSAL_STATUSES = range(400, 600)
 
 
-class StreamRefused(Exception):
+class StreamRefused(Refusal):
     """A stream that will not be opened: the HTTP status to answer and why."""
 
     def __init__(self, status: int, message: str):

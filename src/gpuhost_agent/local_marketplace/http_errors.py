@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gpuhost_agent.errors import Refusal
 from gpuhost_agent.protocol import wire_time
 
 MAX_BODY_BYTES = 1024 * 1024
@@ -18,7 +19,7 @@ MAX_BODY_BYTES = 1024 * 1024
 MAX_AHEAD_SECONDS = 300
 
 
-class BadRequest(Exception):
+class BadRequest(Refusal):
     pass
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import asyncssh
 
+from gpuhost_agent.errors import Refusal
 from gpuhost_agent.protocol import wire_time
 
 MAX_KEYS = 100
@@ -22,11 +23,11 @@ MAX_NAME = 100
 MAX_KEY_TEXT = 16 * 1024  # an RSA-16384 public key is about 2.8 KiB
 
 
-class KeyRefused(ValueError):
+class KeyRefused(Refusal, ValueError):
     """The body cannot be taken; the message says what to change."""
 
 
-class KeyConflict(ValueError):
+class KeyConflict(Refusal, ValueError):
     """The key, or its name, is registered already."""
 
 

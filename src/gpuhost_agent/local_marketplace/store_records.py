@@ -13,16 +13,17 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
+from gpuhost_agent.errors import Refusal
 from gpuhost_agent.protocol import wire, wire_time
 
 QUEUED, DELIVERED, COMPLETED = "queued", "delivered", "completed"
 
 
-class NotFound(LookupError):
+class NotFound(Refusal, LookupError):
     pass
 
 
-class Conflict(ValueError):
+class Conflict(Refusal, ValueError):
     pass
 
 

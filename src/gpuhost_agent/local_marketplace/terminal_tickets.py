@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuhost_agent.common.logs import SECRETS
+from gpuhost_agent.errors import Refusal
 from gpuhost_agent.local_marketplace.http_errors import BadRequest, same_secret
 from gpuhost_agent.protocol import wire_time, wire_values
 
@@ -28,7 +29,7 @@ MAX_ARGUMENT_CHARS = 4096
 MAX_DIMENSION = 1000
 
 
-class TicketRejected(Exception):
+class TicketRejected(Refusal):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = status

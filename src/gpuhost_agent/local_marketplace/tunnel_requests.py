@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from gpuhost_agent.errors import Refusal
 from gpuhost_agent.local_marketplace.tunnel_auth import (
     TOKEN_PARAM,
     Decision,
@@ -64,7 +65,7 @@ Send = Callable[[bytes], Awaitable[None]]
 Forwardable = Callable[[Head], Awaitable[Head | None]]  # the head to send on, or None: end the connection
 
 
-class Unframed(Exception):
+class Unframed(Refusal):
     """A request whose body cannot be told apart from the next request."""
 
 

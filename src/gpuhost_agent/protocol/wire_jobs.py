@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gpuhost_agent.errors import Refusal
 from gpuhost_agent.protocol.wire import JOB_DEPLOY, JOB_RENTAL_END, JOB_TYPES
 from gpuhost_agent.protocol.wire_time import is_moment, iso, parse_iso
 from gpuhost_agent.protocol.wire_values import SAFE_ID, clipped, is_text, is_whole
@@ -25,7 +26,7 @@ MAX_GPU_COUNT = 1024
 MAX_NAME_CHARS = 128
 
 
-class InvalidBody(ValueError):
+class InvalidBody(Refusal, ValueError):
     """A request body that does not have the shape the spec requires."""
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.common.visible import visible
+from gpuhost_agent.errors import OutsideFailure
 from gpuhost_agent.runtime.compose_command import ComposeNotFound, find_compose_command
 from gpuhost_agent.runtime.host_process import HostProcesses, host_environment, kill
 
@@ -88,7 +89,7 @@ def write_variables(path: Path, variables: dict[str, str]) -> None:
         handle.write("".join(env_file_line(name, value) for name, value in sorted(variables.items())))
 
 
-class ComposeError(RuntimeError):
+class ComposeError(OutsideFailure, RuntimeError):
     """Compose exited non-zero; the message is Compose's own, cleaned for a renter."""
 
 

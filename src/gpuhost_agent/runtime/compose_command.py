@@ -22,6 +22,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from gpuhost_agent.errors import OutsideFailure
+
 # Where the docker CLI looks for its plugins, after $DOCKER_CONFIG/cli-plugins
 # (docker/cli, cli-plugins/manager/manager_unix.go).
 PLUGIN_DIRS = (
@@ -32,7 +34,7 @@ PLUGIN_DIRS = (
 )
 
 
-class ComposeNotFound(RuntimeError):
+class ComposeNotFound(OutsideFailure, RuntimeError):
     pass
 
 

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
+from gpuhost_agent.errors import OutsideFailure
 from gpuhost_agent.runtime.files_ops import FRAME, MAX_ANSWER, MAX_DATA, MAX_JSON
 
 CALL_TIMEOUT = 30.0
@@ -34,7 +35,7 @@ START_TIMEOUT = 10.0
 HELPER = (sys.executable, "-I", "-m", "gpuhost_agent.runtime.files_jail")
 
 
-class FilesUnavailable(OSError):
+class FilesUnavailable(OutsideFailure, OSError):
     """The helper could not start or confine itself; the message says why."""
 
 

@@ -12,7 +12,7 @@ tunnel: its network namespace) pins the pid first:
 4. the pidfd must still name a live process, so the pid was not recycled
    between 1 and 3 (and what 2 opened belongs to the process 3 checked).
 
-Any failure refuses: ContainerGone (an OSError, ESRCH) says why.
+Any failure refuses: ProcessGone (an OSError, ESRCH) says why.
 """
 
 from __future__ import annotations
@@ -22,11 +22,13 @@ import os
 import re
 import signal
 
+from gpuhost_agent.errors import OutsideFailure
+
 CONTAINER_ID = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
 MAX_PROC_FILE = 64 * 1024
 
 
-class ContainerGone(OSError):
+class ProcessGone(OutsideFailure, OSError):
     """The pid is not (or no longer) the container's process."""
 
     def __init__(self, message: str):
@@ -58,12 +60,12 @@ class PinnedProcess:
 
     def __init__(self, pid: int, container_id: str = ""):
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-            raise ContainerGone("the container has no process (not running)")
+            raise ProcessGone("the container has no process (not running)")
         self.pid, self.container_id = pid, container_id
         try:
             self.pidfd = os.pidfd_open(pid)
         except ProcessLookupError:
-            raise ContainerGone(f"the container's process {pid} is gone") from None
+            raise ProcessGone(f"the container's process {pid} is gone") from None
 
     def open(self, name: str, flags: int = os.O_RDONLY) -> int:
         """An fd of /proc/PID/`name` (ns/net, root, ...)."""
@@ -81,13 +83,13 @@ class PinnedProcess:
         try:
             cgroup = self.read("cgroup")
         except (FileNotFoundError, ProcessLookupError):
-            raise ContainerGone(f"the container's process {self.pid} is gone") from None
+            raise ProcessGone(f"the container's process {self.pid} is gone") from None
         if not names_container(cgroup, self.container_id):
-            raise ContainerGone(f"process {self.pid} is not the container's (its cgroups name another)")
+            raise ProcessGone(f"process {self.pid} is not the container's (its cgroups name another)")
         try:
             signal.pidfd_send_signal(self.pidfd, 0)
         except ProcessLookupError:
-            raise ContainerGone(f"the container's process {self.pid} ended while it was opened") from None
+            raise ProcessGone(f"the container's process {self.pid} ended while it was opened") from None
         return cgroup
 
     def close(self) -> None:

@@ -11,8 +11,10 @@ import re
 
 import aiohttp
 
+from gpuhost_agent.errors import OutsideFailure
 
-class EngineError(RuntimeError):
+
+class EngineError(OutsideFailure, RuntimeError):
     """The Docker Engine refused or did not answer."""
 
 

@@ -29,6 +29,7 @@ import errno
 import os
 import sys
 
+from gpuhost_agent.errors import Refusal
 from gpuhost_agent.runtime.container_process import PinnedProcess
 from gpuhost_agent.runtime.files_ops import Files, serve, write_frame
 from gpuhost_agent.runtime.files_paths import Root, reopen
@@ -42,14 +43,14 @@ MAX_TABLE = 1024 * 1024
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-class Refused(Exception):
+class JailRefused(Refusal):
     """The helper cannot confine itself; it serves nothing."""
 
 
 def _check(result: int, what: str) -> None:
     if result != 0:
         code = ctypes.get_errno()
-        raise Refused(f"{what}: {os.strerror(code)}")
+        raise JailRefused(f"{what}: {os.strerror(code)}")
 
 
 def _status_caps(status: str) -> tuple[int, int]:
@@ -63,7 +64,7 @@ def _join_cgroups(cgroup: str) -> None:
     for line in cgroup.splitlines():
         _, controllers, path = line.split(":", 2)
         if ".." in path.split("/"):
-            raise Refused(f"an odd cgroup path {path!r}")
+            raise JailRefused(f"an odd cgroup path {path!r}")
         if controllers:
             base = f"/sys/fs/cgroup/{controllers.replace('name=', '')}"
         else:
@@ -72,7 +73,7 @@ def _join_cgroups(cgroup: str) -> None:
         if not os.path.exists(target):
             if controllers.startswith("name=") or not controllers and base.endswith("unified"):
                 continue  # a bookkeeping hierarchy the host does not mount
-            raise Refused(f"the container's cgroup {target} is not there")
+            raise JailRefused(f"the container's cgroup {target} is not there")
         with open(target, "w") as procs:
             procs.write(str(os.getpid()))
 
@@ -105,7 +106,7 @@ def _user_entry(root: Root, spec: str) -> tuple[int, int, list[int], str]:
     user = user or "0"
     entry = next((row for row in _table(root, "/etc/passwd") if user in (row[0], row[2])), None)
     if entry is None and not user.isdigit():
-        raise Refused(f"user {user!r} is not in the container's /etc/passwd")
+        raise JailRefused(f"user {user!r} is not in the container's /etc/passwd")
     uid = int(entry[2]) if entry else int(user)
     gid = int(entry[3]) if entry and entry[3].isdigit() else uid
     home = entry[5] if entry and len(entry) > 5 else "/"
@@ -113,12 +114,12 @@ def _user_entry(root: Root, spec: str) -> tuple[int, int, list[int], str]:
     if group:
         found = next((row for row in groups_table if group in (row[0], row[2])), None)
         if found is None and not group.isdigit():
-            raise Refused(f"group {group!r} is not in the container's /etc/group")
+            raise JailRefused(f"group {group!r} is not in the container's /etc/group")
         gid = int(found[2]) if found else int(group)
     name = entry[0] if entry else ""
     extra = [int(row[2]) for row in groups_table if len(row) > 3 and name and name in row[3].split(",")]
     if max(uid, gid, *extra) >= 2**32 - 1:
-        raise Refused("a user or group id out of range")
+        raise JailRefused("a user or group id out of range")
     return uid, gid, sorted({gid, *extra}), home or "/"
 
 
@@ -153,14 +154,14 @@ def confine(pid: int, user: str, container_id: str) -> Files:
     """Pin the container, bind this process to it; its files under its root."""
     with PinnedProcess(pid, container_id) as process:
         if os.stat(f"/proc/{pid}/ns/user").st_ino != os.stat("/proc/self/ns/user").st_ino:
-            raise Refused("the container runs in a user namespace of its own (userns-remap): not supported")
+            raise JailRefused("the container runs in a user namespace of its own (userns-remap): not supported")
         effective, bounding = _status_caps(process.read("status"))
         root = Root(process.open("root", os.O_PATH | os.O_DIRECTORY))
         cgroup = process.confirm()
     try:
         os.close(root.open("/"))
     except OSError as exc:
-        raise Refused(f"resolving paths in the container needs openat2 (Linux 5.6 or later): {exc}") from None
+        raise JailRefused(f"resolving paths in the container needs openat2 (Linux 5.6 or later): {exc}") from None
     _join_cgroups(cgroup)
     uid, gid, groups, home = _user_entry(root, user)
     os.setgroups(groups)

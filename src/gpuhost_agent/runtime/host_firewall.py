@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuhost_agent.errors import OutsideFailure
 from gpuhost_agent.runtime.egress_rules import (
     DOCKER_USER,
     ENGINE_CHAIN,
@@ -53,7 +54,7 @@ RESOLV_CONFS = (Path("/etc/resolv.conf"), Path("/run/systemd/resolve/resolv.conf
 IPV6_ADDRESSES = Path("/proc/net/if_inet6")  # there when the kernel has IPv6
 
 
-class FirewallError(Exception):
+class FirewallError(OutsideFailure):
     """iptables is missing, or refused a command (its own words)."""
 
 

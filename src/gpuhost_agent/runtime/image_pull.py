@@ -28,6 +28,7 @@ import urllib.parse
 from collections.abc import Callable
 
 from gpuhost_agent.common.unix_http import UnixHTTPConnection
+from gpuhost_agent.errors import OutsideFailure
 from gpuhost_agent.runtime.docker_host import Endpoint, parse_docker_host
 from gpuhost_agent.runtime.engine_errors import EngineError, error_message
 
@@ -36,11 +37,11 @@ NO_CREDENTIAL = base64.urlsafe_b64encode(b"{}").decode()  # X-Registry-Auth of a
 EVENT_LINE_LIMIT = 1024 * 1024
 
 
-class PullStalled(RuntimeError):
+class PullStalled(OutsideFailure, RuntimeError):
     """No byte moved for the stall bound."""
 
 
-class PullError(RuntimeError):
+class PullError(OutsideFailure, RuntimeError):
     """The engine refused the pull or the registry failed it; the message is the engine's."""
 
 

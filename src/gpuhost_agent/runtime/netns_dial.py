@@ -36,14 +36,15 @@ import socket
 import ssl
 import threading
 
-from gpuhost_agent.runtime.container_process import ContainerGone, PinnedProcess
+from gpuhost_agent.errors import OutsideFailure
+from gpuhost_agent.runtime.container_process import PinnedProcess, ProcessGone
 from gpuhost_agent.runtime.engine_streams import SERVICE_READ_LIMIT
 
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-class NetnsError(OSError):
+class NetnsError(OutsideFailure, OSError):
     pass
 
 
@@ -135,7 +136,7 @@ async def dial_in_namespace(
     try:
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
         sock = await asyncio.to_thread(_on_own_thread, pid, container_id, family)
-    except ContainerGone as exc:
+    except ProcessGone as exc:
         raise NetnsError(exc.errno or 0, exc.strerror or str(exc)) from None
     except PermissionError as exc:
         raise NetnsError(exc.errno or 0, "entering the container's network needs root (CAP_SYS_ADMIN)") from None

@@ -22,6 +22,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from gpuhost_agent.errors import OutsideFailure
 from gpuhost_agent.runtime.host_process import kill
 
 STEP_SECONDS = 300.0  # one step (venv, pip, version check) of an install
@@ -29,7 +30,7 @@ OUTPUT_KEPT = 2000  # characters of a failed step's output in its message
 LOCK_CHECK = "gpuhost_agent.common.lock_check"  # run by the release's Python: its own copy
 
 
-class InstallFailed(Exception):
+class InstallFailed(OutsideFailure):
     pass
 
 

@@ -25,6 +25,7 @@ import subprocess
 from pathlib import Path
 
 from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.errors import OutsideFailure
 from gpuhost_agent.runtime.rental_slices import RentalLimits, RentalSlices, SliceError, cgroup_path, slice_name
 
 __all__ = ["CgroupError", "RentalCgroups", "RentalLimits"]
@@ -39,7 +40,7 @@ LIMIT_SLACK_BYTES = 1 << 20  # a high-water mark this close to the limit met it
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 
-class CgroupError(RuntimeError):
+class CgroupError(OutsideFailure, RuntimeError):
     """The rental's cgroup could not be made or limited; the message says where."""
 
 

@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuhost_agent.errors import OutsideFailure
+
 TOP_SLICE = "gpuhost.slice"
 SYSTEMD_RUNNING = Path("/run/systemd/system")  # sd_booted(3): systemd is PID 1
 COMMAND_SECONDS = 30
@@ -41,7 +43,7 @@ Runner = Callable[[list[str]], subprocess.CompletedProcess]
 Which = Callable[[str], "str | None"]
 
 
-class SliceError(RuntimeError):
+class SliceError(OutsideFailure, RuntimeError):
     """systemd refused the rental's slice; the message has systemd's words."""
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from gpuhost_agent.errors import Refusal
 from gpuhost_agent.runtime.egress_rules import SETTING as EGRESS_SETTING
 from gpuhost_agent.runtime.egress_rules import allowed_networks
 
@@ -33,7 +34,7 @@ SWARM_PORT = 7072  # a Swarm worker agent's port for the leader (docs/swarm.md)
 DEFAULT_PULL_GUARD = "127.0.0.1:47128"  # dockerd's HTTP(S) proxy (streams/pull_guard.py); install.sh names it
 
 
-class ConfigError(ValueError):
+class ConfigError(Refusal, ValueError):
     """A setting is missing or malformed; the message says which and how to fix it."""
 
 

@@ -15,10 +15,12 @@ import fcntl
 import os
 from pathlib import Path
 
+from gpuhost_agent.errors import OutsideFailure
+
 LOCK_FILE = "agent.lock"
 
 
-class StateInUse(OSError):
+class StateInUse(OutsideFailure, OSError):
     pass
 
 

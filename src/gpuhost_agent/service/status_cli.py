@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gpuhost_agent.common.unix_http import UnixHTTPConnection
+from gpuhost_agent.errors import OutsideFailure
 from gpuhost_agent.service.config import ROOT_STATE_DIR
 from gpuhost_agent.service.status_render import render
 
@@ -31,7 +32,7 @@ EXIT_OK, EXIT_ERROR, EXIT_NOT_RUNNING, EXIT_DENIED = 0, 1, 3, 4
 SYSTEM_SOCKET = ROOT_STATE_DIR / "agent.sock"
 
 
-class StatusUnavailable(Exception):
+class StatusUnavailable(OutsideFailure):
     def __init__(self, message: str, exit_code: int):
         super().__init__(message)
         self.exit_code = exit_code

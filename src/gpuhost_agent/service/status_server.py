@@ -28,6 +28,7 @@ from aiohttp import web
 
 from gpuhost_agent import __version__
 from gpuhost_agent.common.logs import LAST_ERROR, SECRETS, get_logger
+from gpuhost_agent.errors import OutsideFailure
 from gpuhost_agent.protocol import wire_time
 from gpuhost_agent.service import metrics
 from gpuhost_agent.service.agent_parts import AgentParts
@@ -38,7 +39,7 @@ SOCKET_NAME = "agent.sock"
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with the terminating NUL
 
 
-class StatusSocketError(OSError):
+class StatusSocketError(OutsideFailure, OSError):
     """The status socket cannot be set up; the message says why."""
 
 

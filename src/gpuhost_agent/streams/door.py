@@ -71,7 +71,7 @@ from gpuhost_agent.streams.door_request import body_length, engine_body, engine_
 from gpuhost_agent.streams.door_routes import (
     EXEC_IDS,
     Approved,
-    Refused,
+    DoorRefused,
     dial_target,
     events_head,
     from_container,
@@ -264,7 +264,7 @@ class WorkerDoor:
                 writer.close()
                 return
             upstream_reader, upstream, done = await self._open(approved)
-        except Refused as exc:
+        except DoorRefused as exc:
             self.refused += 1
             _answer(writer, exc.status, "Refused", {"message": str(exc)})
             with contextlib.suppress(ConnectionError):
@@ -314,24 +314,24 @@ class WorkerDoor:
             try:
                 helper = await start_helper(int(state.get("Pid") or 0), str(config.get("User") or ""), approved.ident)
             except OSError as exc:
-                raise Refused(503, f"no file session: {exc}"[:300]) from None
+                raise DoorRefused(503, f"no file session: {exc}"[:300]) from None
             assert helper.stdout is not None and helper.stdin is not None
             return helper.stdout, helper.stdin, partial(end_helper, helper)
         if approved.what == "connect":
             pid, address, port, tls = dial_target(approved)
             problem = (await address_judge(approved.info, self.engine.network))(address)
             if problem:  # the leader judged it too: this machine's engine and addresses say the same
-                raise Refused(403, problem)
+                raise DoorRefused(403, problem)
             try:
                 upstream_reader, upstream = await dial_in_namespace(
                     pid, address, port, CONNECT_TIMEOUT, tls, container_id=approved.ident
                 )
             except ConnectionRefusedError as exc:
-                raise Refused(503, f"{SERVICE_REFUSED}: {exc}"[:300]) from None
+                raise DoorRefused(503, f"{SERVICE_REFUSED}: {exc}"[:300]) from None
             except ssl.SSLError as exc:
-                raise Refused(502, f"{SERVICE_NO_TLS}: {exc}"[:300]) from None
+                raise DoorRefused(502, f"{SERVICE_NO_TLS}: {exc}"[:300]) from None
             except (OSError, asyncio.TimeoutError) as exc:
-                raise Refused(503, f"cannot reach the service: {type(exc).__name__}: {exc}"[:300]) from None
+                raise DoorRefused(503, f"cannot reach the service: {type(exc).__name__}: {exc}"[:300]) from None
         else:
             upstream_reader, upstream = await asyncio.open_unix_connection(self.engine_path, limit=CHUNK)
         return upstream_reader, upstream, _nothing
@@ -342,7 +342,7 @@ class WorkerDoor:
         raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_SECONDS)
         method, target, headers = parse_head(raw)
         if not hmac.compare_digest(headers.get("authorization", "").encode(), self._expected):
-            raise Refused(401, "the environment's key is missing or wrong")
+            raise DoorRefused(401, "the environment's key is missing or wrong")
         listed = headers.get(CRL_HEADER.lower(), "")
         if listed and listed != self._crl_seen and self._take_crl is not None:
             self._crl_seen = listed  # judged once: a leader sends the same list with every request
@@ -351,7 +351,7 @@ class WorkerDoor:
                 log.info("swarm_door_revocations_taken")
         allowed = route(method, target)
         if allowed is None:
-            raise Refused(403, f"{method} {target.split('?', 1)[0][:100]} is not served to the leader")
+            raise DoorRefused(403, f"{method} {target.split('?', 1)[0][:100]} is not served to the leader")
         length = body_length(headers, BODY_LIMIT)
         body = await asyncio.wait_for(reader.readexactly(length), READ_SECONDS) if length else b""
         what, ident = allowed
@@ -362,7 +362,7 @@ class WorkerDoor:
         info = await self._check(what, ident)
         if what in ("connect", "files", "hangup", "signal"):
             if what == "files" and not (info.get("State") or {}).get("Running"):
-                raise Refused(503, "the container is not running")
+                raise DoorRefused(503, "the container is not running")
             return Approved(what, ident, target, info, upgrade=what != "hangup" and what != "signal")
         path = target.split("?", 1)[0]
         upgrade = what == "exec" and path.endswith("/start")
@@ -379,10 +379,10 @@ class WorkerDoor:
                 ident = str((await self.engine.exec_inspect(ident)).get("ContainerID") or "")
             info = await self.engine.inspect(ident)
         except EngineError as exc:
-            raise Refused(404, f"not found: {exc}"[:300]) from None
+            raise DoorRefused(404, f"not found: {exc}"[:300]) from None
         labels = (info.get("Config") or {}).get("Labels") or {}
         if labels.get(wire.LABEL_MANAGED) != "true":
-            raise Refused(403, "not a container of the agent")
+            raise DoorRefused(403, "not a container of the agent")
         return info
 
 

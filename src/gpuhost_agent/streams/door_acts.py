@@ -11,7 +11,7 @@ from typing import Protocol
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import EngineStreams
-from gpuhost_agent.streams.door_routes import SIGNALS, Approved, Refused
+from gpuhost_agent.streams.door_routes import SIGNALS, Approved, DoorRefused
 
 log = get_logger(__name__)
 
@@ -33,25 +33,25 @@ async def act(
     """What the engine's API has no call for, done here, where the exec's pids are."""
     if approved.what == "machine":
         if machine is None:
-            raise Refused(404, "this agent does not report its machine")
+            raise DoorRefused(404, "this agent does not report its machine")
         try:
             live = urllib.parse.parse_qs(approved.target.partition("?")[2]).get("live") == ["1"]
             return await (machine.live() if live else machine.current())
         except Exception as exc:  # a probe that failed is said to the leader, whatever broke in it
             log.warning("machine_report_failed", error=f"{type(exc).__name__}: {exc}"[:300])
-            raise Refused(503, f"this machine's report failed: {type(exc).__name__}: {exc}"[:300]) from None
+            raise DoorRefused(503, f"this machine's report failed: {type(exc).__name__}: {exc}"[:300]) from None
     if approved.what == "disk":
         if disk is None:
-            raise Refused(404, "this agent does not measure its disk")
+            raise DoorRefused(404, "this agent does not measure its disk")
         try:
             return await disk()
         except EngineError as exc:
-            raise Refused(503, f"this machine's engine did not say its disk use: {exc}"[:300]) from None
+            raise DoorRefused(503, f"this machine's engine did not say its disk use: {exc}"[:300]) from None
     container_id = str(approved.info.get("Id") or "")
     if approved.what == "hangup":
         await engine.hang_up(approved.ident, container_id)
         return {}
     number = (urllib.parse.parse_qs(approved.target.partition("?")[2]).get("number") or [""])[0]
     if not number.isdigit() or int(number) not in SIGNALS:
-        raise Refused(400, f"not a signal an SSH client may send: {number[:10]!r}")
+        raise DoorRefused(400, f"not a signal an SSH client may send: {number[:10]!r}")
     return {"sent": await engine.signal(approved.ident, container_id, int(number))}

@@ -20,7 +20,7 @@ import json
 import re
 import urllib.parse
 
-from gpuhost_agent.streams.door_routes import Refused
+from gpuhost_agent.streams.door_routes import DoorRefused
 
 _REQUEST_LINE = re.compile(r"(GET|POST) (/[\x21-\x7e]*) HTTP/1\.[01]")
 _HEADER = re.compile(r"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([\x20-\x7e\t]*?)[ \t]*")
@@ -44,36 +44,36 @@ START_FIELDS = {"Detach": bool, "Tty": bool}  # an exec's start
 
 def parse_head(raw: bytes) -> tuple[str, str, dict[str, str]]:
     """(method, target, headers by lower-case name) of a head read up to its
-    blank line; Refused(400) for anything but plain CRLF-ended lines."""
+    blank line; DoorRefused(400) for anything but plain CRLF-ended lines."""
     text = raw.decode("latin-1")
     if not text.endswith("\r\n\r\n"):
-        raise Refused(400, "the request's head does not end in a blank line")
+        raise DoorRefused(400, "the request's head does not end in a blank line")
     lines = text[:-4].split("\r\n")
     if any("\r" in line or "\n" in line for line in lines):
-        raise Refused(400, "a bare CR or LF in the request's head")
+        raise DoorRefused(400, "a bare CR or LF in the request's head")
     request = _REQUEST_LINE.fullmatch(lines[0])
     if request is None:
-        raise Refused(400, "not a request line this door reads")
+        raise DoorRefused(400, "not a request line this door reads")
     headers: dict[str, str] = {}
     for line in lines[1:]:
         header = _HEADER.fullmatch(line)
         if header is None:
-            raise Refused(400, "a header line that is not a plain name and value")
+            raise DoorRefused(400, "a header line that is not a plain name and value")
         name = header.group(1).lower()
         if name in headers and name in _ONCE:
-            raise Refused(400, f"the {name} header twice")
+            raise DoorRefused(400, f"the {name} header twice")
         headers[name] = header.group(2)
     return request.group(1), request.group(2), headers
 
 
 def body_length(headers: dict[str, str], limit: int) -> int:
     if "transfer-encoding" in headers:
-        raise Refused(411, "a body needs a Content-Length")
+        raise DoorRefused(411, "a body needs a Content-Length")
     text = headers.get("content-length", "0")
     if not text.isascii() or not text.isdigit():
-        raise Refused(400, "a Content-Length that is not a number")
+        raise DoorRefused(400, "a Content-Length that is not a number")
     if int(text) > limit:
-        raise Refused(413, f"a body of at most {limit} bytes")
+        raise DoorRefused(413, f"a body of at most {limit} bytes")
     return int(text)
 
 
@@ -84,13 +84,13 @@ def engine_target(kind: str, target: str) -> str:
     try:
         pairs = urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
     except ValueError:
-        raise Refused(400, "a query this door does not read") from None
+        raise DoorRefused(400, "a query this door does not read") from None
     names = [name for name, _ in pairs]
     if len(set(names)) != len(names):
-        raise Refused(400, "a query parameter given twice")
+        raise DoorRefused(400, "a query parameter given twice")
     kept = [(name, value) for name, value in pairs if name in QUERIES.get(kind, ())]
     if any(not _VALUE.fullmatch(value) for _, value in kept):
-        raise Refused(400, "a query value this door does not pass on")
+        raise DoorRefused(400, "a query value this door does not pass on")
     return path + (f"?{urllib.parse.urlencode(kept)}" if kept else "")
 
 
@@ -103,21 +103,21 @@ def engine_body(kind: str, body: bytes) -> bytes:
     try:
         asked = json.loads(body or b"{}", object_pairs_hook=_pairs)
     except ValueError as exc:
-        raise Refused(400, f"the body is not JSON the engine reads alike: {exc}"[:300]) from None
+        raise DoorRefused(400, f"the body is not JSON the engine reads alike: {exc}"[:300]) from None
     if not isinstance(asked, _Pairs):
-        raise Refused(400, "the body is not a JSON object")
+        raise DoorRefused(400, "the body is not a JSON object")
     by_fold = {name.lower(): name for name in fields}
     kept: dict[str, object] = {}
     for key, value in asked.items:
         if kind == "create" and key.lower() == "privileged":
             if value is not False:
-                raise Refused(403, "an exec is never privileged")
+                raise DoorRefused(403, "an exec is never privileged")
             continue
         name = by_fold.get(key.lower()) if key.isascii() else None
         if name is None:
-            raise Refused(400, f"{key[:40]!r} is not a field this door passes on")
+            raise DoorRefused(400, f"{key[:40]!r} is not a field this door passes on")
         if not _typed(value, fields[name]):
-            raise Refused(400, f"{name} of the wrong type")
+            raise DoorRefused(400, f"{name} of the wrong type")
         kept[name] = value
     return json.dumps(kept).encode()
 

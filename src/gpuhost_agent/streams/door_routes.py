@@ -12,6 +12,7 @@ import ssl
 import urllib.parse
 from dataclasses import dataclass
 
+from gpuhost_agent.errors import Refusal
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.streams.tunnel import container_addresses, declared_ports, unverified_tls
 
@@ -65,7 +66,7 @@ class Approved:
     body: bytes = b""
 
 
-class Refused(Exception):
+class DoorRefused(Refusal):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = status
@@ -79,12 +80,12 @@ def dial_target(approved: Approved) -> Dial:
     query = urllib.parse.parse_qs(approved.target.partition("?")[2])
     address, port = (query.get("address") or [""])[0], (query.get("port") or [""])[0]
     if not port.isdigit() or int(port) not in declared_ports(info):
-        raise Refused(403, f"port {port[:10]!r} is not a TCP port this container declares")
+        raise DoorRefused(403, f"port {port[:10]!r} is not a TCP port this container declares")
     if address not in container_addresses(info):
-        raise Refused(403, "not one of the container's own addresses")
+        raise DoorRefused(403, "not one of the container's own addresses")
     pid = int((info.get("State") or {}).get("Pid") or 0)
     if not (info.get("State") or {}).get("Running") or pid <= 0:
-        raise Refused(503, "the container is not running")
+        raise DoorRefused(503, "the container is not running")
     return pid, address, int(port), unverified_tls() if query.get("tls") == ["1"] else None
 
 

@@ -21,6 +21,8 @@ import struct
 import time
 from dataclasses import dataclass
 
+from gpuhost_agent.errors import Refusal
+
 STDOUT, STDERR, AGENT = 1, 2, 3
 HEADER_BYTES = 8
 _HEADER = struct.Struct(">LL")  # stream in the top byte of the first word, then the length
@@ -37,7 +39,7 @@ MAX_RAW_LINE = 1024 * 1024
 MAX_FRAME = 8 * 1024 * 1024
 
 
-class LogFormatError(ValueError):
+class LogFormatError(Refusal, ValueError):
     """The engine's stream is not what it should be (or carries an engine error)."""
 
 

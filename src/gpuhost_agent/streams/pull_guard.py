@@ -41,6 +41,7 @@ from functools import partial
 from pathlib import Path
 
 from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.errors import Refusal
 from gpuhost_agent.streams.sandbox_addresses import IPNetwork, registry_address_problem
 
 log = get_logger(__name__)
@@ -66,7 +67,7 @@ Allowed = Callable[[str, int], bool]  # host, port -> whether the host allowed t
 HostNetworks = Callable[[], Awaitable[list[IPNetwork]]]
 
 
-class Refused(Exception):
+class GuardRefused(Refusal):
     """A request the guard does not carry: the status and the reason it answers."""
 
     def __init__(self, status: int, reason: str):
@@ -100,17 +101,17 @@ def parse_authority(text: str, default_port: int | None = None) -> Target:
         try:
             ipaddress.IPv6Address(host.split("%")[0])
         except ValueError:
-            raise Refused(400, "the target's IPv6 address cannot be read") from None
+            raise GuardRefused(400, "the target's IPv6 address cannot be read") from None
     else:
         host, sep, port_text = text.rpartition(":")
         if not sep:
             host, port_text = text, ""
         if not _NAME.fullmatch(host):
-            raise Refused(400, "the target is not a host name or address")
+            raise GuardRefused(400, "the target is not a host name or address")
     if not port_text and default_port is not None:
         return Target(host.lower().rstrip("."), default_port)
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise Refused(400, "the target's port is missing or out of range")
+        raise GuardRefused(400, "the target's port is missing or out of range")
     return Target(host.lower().rstrip("."), int(port_text))
 
 
@@ -119,12 +120,12 @@ def parse_head(head: bytes) -> Request:
     lines = head.split(b"\r\n")
     parts = lines[0].split(b" ")
     if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
-        raise Refused(400, "not an HTTP/1 request")
+        raise GuardRefused(400, "not an HTTP/1 request")
     method, target, version = (part.decode("ascii", "replace") for part in parts)
     if method == "CONNECT":
         return Request(parse_authority(target), True, b"")
     if not target.startswith("http://"):
-        raise Refused(400, "a proxy request names an absolute http:// URL, or is a CONNECT")
+        raise GuardRefused(400, "a proxy request names an absolute http:// URL, or is a CONNECT")
     authority, slash, path = target[len("http://") :].partition("/")
     kept = [line for line in lines[1:] if line and line.split(b":", 1)[0].strip().lower() not in _HOP_HEADERS]
     forwarded = b"\r\n".join([f"{method} /{path if slash else ''} {version}".encode(), *kept, b"Connection: close"])
@@ -176,7 +177,7 @@ class PullGuard:
         return await asyncio.start_server(self._connection, host, port, limit=HEAD_LIMIT)
 
     async def address_for(self, target: Target) -> str:
-        """The one address the guard dials for `target`, judged; Refused says why not."""
+        """The one address the guard dials for `target`, judged; GuardRefused says why not."""
         if self.allowed(target.host, target.port):
             return target.host  # the host's own choice of registry: dialled by its name
         try:
@@ -185,14 +186,16 @@ class PullGuard:
             try:
                 addresses = await asyncio.wait_for(self.lookup(target.host, target.port), LOOKUP_SECONDS)
             except (OSError, asyncio.TimeoutError) as exc:
-                raise Refused(502, f"{target.host} does not resolve ({type(exc).__name__})") from None
+                raise GuardRefused(502, f"{target.host} does not resolve ({type(exc).__name__})") from None
         if not addresses:
-            raise Refused(502, f"{target.host} does not resolve")
+            raise GuardRefused(502, f"{target.host} does not resolve")
         networks = await self.host_networks()
         for address in addresses:
             why = registry_address_problem(ipaddress.ip_address(address.split("%")[0]), networks, self.opened)
             if why:
-                raise Refused(403, f"{target.host} resolves to {address}, {why}: the host's engine does not go there")
+                raise GuardRefused(
+                    403, f"{target.host} resolves to {address}, {why}: the host's engine does not go there"
+                )
         return addresses[0]
 
     async def _dial(self, target: Target, address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -202,18 +205,18 @@ class PullGuard:
             reader, writer = await asyncio.wait_for(asyncio.open_connection(*self.upstream, limit=CHUNK), DIAL_SECONDS)
         except (OSError, asyncio.TimeoutError) as exc:
             host, port = self.upstream
-            raise Refused(502, f"the upstream proxy {host}:{port} did not answer ({type(exc).__name__})") from None
+            raise GuardRefused(502, f"the upstream proxy {host}:{port} did not answer ({type(exc).__name__})") from None
         authority = target.authority(address)
         writer.write(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), DIAL_SECONDS)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError) as exc:
             writer.close()
-            raise Refused(502, f"the upstream proxy did not answer ({type(exc).__name__})") from None
+            raise GuardRefused(502, f"the upstream proxy did not answer ({type(exc).__name__})") from None
         status = head.split(b"\r\n", 1)[0].decode("ascii", "replace")
         if status.split(" ")[1:2] != ["200"]:
             writer.close()
-            raise Refused(502, f"the upstream proxy answered {status[:80]!r}")
+            raise GuardRefused(502, f"the upstream proxy answered {status[:80]!r}")
         return reader, writer
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -246,8 +249,8 @@ class PullGuard:
             try:
                 far_reader, far_writer = await self._dial(request.target, address)
             except (OSError, asyncio.TimeoutError) as exc:
-                raise Refused(502, f"{request.target.authority()} did not answer ({type(exc).__name__})") from None
-        except Refused as refused:
+                raise GuardRefused(502, f"{request.target.authority()} did not answer ({type(exc).__name__})") from None
+        except GuardRefused as refused:
             self.refused += refused.status == 403
             log.warning("pull_refused", target=_shown(head), status=refused.status, reason=refused.reason)
             await _answer(writer, refused.status, refused.reason)

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuhost_agent import errors
 from gpuhost_agent.protocol import wire_values
 
 DEFAULT_COMMAND = ("/bin/sh",)
@@ -108,7 +109,7 @@ StreamRequest = LogsRequest | TerminalRequest | TunnelRequest | SshRequest  # wh
 ContainerRequest = LogsRequest | TerminalRequest | TunnelRequest  # those that name their container
 
 
-class _Bad(ValueError):
+class _Bad(errors.Refusal, ValueError):
     pass
 
 

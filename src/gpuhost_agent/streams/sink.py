@@ -14,10 +14,12 @@ from typing import Protocol
 
 import aiohttp
 
+from gpuhost_agent.errors import OutsideFailure
+
 END_TIMEOUT = 3.0  # for the last message and the close, to a peer that may have stopped reading
 
 
-class SinkClosed(ConnectionError):
+class SinkClosed(OutsideFailure, ConnectionError):
     """The peer is gone; nothing more can be sent."""
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpuhost_agent.errors import Refusal
+
 SESSION, FORWARD = "session", "forward"
 _NAMES = {SESSION: "sessions (shells, commands, SFTP or SCP)", FORWARD: "ssh -L connections"}
 
@@ -35,7 +37,7 @@ class ChannelCaps:
         return self.sessions_per_rental if kind == SESSION else self.forwards_per_rental
 
 
-class ChannelRefused(Exception):
+class ChannelRefused(Refusal):
     """A channel past a cap; the message is what the client is told."""
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.errors import OutsideFailure
 
 if TYPE_CHECKING:
     import asyncssh
@@ -52,7 +53,7 @@ with os.fdopen(descriptor, "wb") as handle:
 _ARMOR = "OPENSSH PRIVATE KEY"
 
 
-class HostKeyUnreadable(ValueError):
+class HostKeyUnreadable(OutsideFailure, ValueError):
     """The key file is not an OpenSSH private key."""
 
 

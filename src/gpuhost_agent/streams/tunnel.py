@@ -39,6 +39,7 @@ import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from gpuhost_agent.errors import Refusal
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.declared_ports import declared_ports as runtime_declared_ports
 from gpuhost_agent.runtime.engine import EngineError
@@ -125,7 +126,7 @@ def read_host_networks() -> list[sandbox_addresses.IPNetwork]:
     return sandbox_addresses.host_networks(*texts)
 
 
-class NoService(Exception):
+class NoService(Refusal):
     """No address of the container took the connection; the message says why, as the refusal does."""
 
 

@@ -16,13 +16,14 @@ from typing import Any
 import aiohttp
 
 from gpuhost_agent.common.capped_body import read_up_to
+from gpuhost_agent.errors import OutsideFailure
 
 # Error replies are only read for their message.
 _MAX_ERROR_BODY_BYTES = 64 * 1024
 _MAX_ERROR_MESSAGE_CHARS = 500
 
 
-class MarketplaceUnavailable(RuntimeError):
+class MarketplaceUnavailable(OutsideFailure, RuntimeError):
     def __init__(self, message: str, retry_after: float | None = None):
         super().__init__(message)
         self.retry_after = retry_after
@@ -33,7 +34,7 @@ class MarketplaceAuthFailed(MarketplaceUnavailable):
     that no report is lost while an operator fixes the configuration."""
 
 
-class MarketplaceRejected(RuntimeError):
+class MarketplaceRejected(OutsideFailure, RuntimeError):
     def __init__(self, status: int, message: str):
         super().__init__(f"{status}: {message}")
         self.status = status
@@ -83,7 +84,7 @@ def decode_json(raw: bytes, status: int, what: str) -> Any:
         raise MarketplaceRejected(status, f"malformed JSON in the reply to {what} ({_json_problem(exc)})") from None
 
 
-class _NotJSON(ValueError):
+class _NotJSON(OutsideFailure, ValueError):
     """NaN, Infinity and -Infinity: Python's json reads them, JSON has none."""
 
 

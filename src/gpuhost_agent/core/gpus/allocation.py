@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuhost_agent.errors import Refusal
 
-class NotEnoughGpus(ValueError):
+
+class NotEnoughGpus(Refusal, ValueError):
     """The message is meant for the renter."""
 
 

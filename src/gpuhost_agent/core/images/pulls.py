@@ -49,6 +49,7 @@ from gpuhost_agent.core.images.pull_slots import PER_HOST, PER_RENTAL, deadline_
 from gpuhost_agent.core.images.room import Room, room_problem, roomy
 from gpuhost_agent.core.sandbox.host_network import registry_of
 from gpuhost_agent.core.stack_errors import StackFailed, StackRejected
+from gpuhost_agent.errors import Stopped
 from gpuhost_agent.runtime.image_pull import PullError, PullStalled
 
 log = get_logger(__name__)
@@ -61,11 +62,11 @@ SETTING = "GPUHOST_PULL_STALL_SECONDS"
 MAX_SETTING = "GPUHOST_PULL_MAX_SECONDS"
 
 
-class PullCancelled(RuntimeError):
+class PullCancelled(Stopped, RuntimeError):
     """No deploy waits on the pull any more."""
 
 
-class PullTimedOut(RuntimeError):
+class PullTimedOut(Stopped, RuntimeError):
     """The pull outlasted its deadline."""
 
 

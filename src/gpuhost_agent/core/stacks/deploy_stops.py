@@ -24,12 +24,13 @@ from collections.abc import Awaitable
 from typing import TypeVar
 
 from gpuhost_agent.core.stack_errors import StackFailed
+from gpuhost_agent.errors import Stopped
 from gpuhost_agent.protocol import wire, wire_jobs
 
 T = TypeVar("T")
 
 
-class DeployStopped(StackFailed):
+class DeployStopped(Stopped, StackFailed):
     """The deploy was overtaken; the message says by what."""
 
 
