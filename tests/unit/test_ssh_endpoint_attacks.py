@@ -1,8 +1,6 @@
-"""Red team 2 (2026-11-27), ssh34b and seed35: proofs of concept.
-
-Each test pins down an attack that holds: those named test_held_rt2_N
-showed a hole (RT2-1 to RT2-4) until its fix, and failed against the code
-before it. Pure: no Docker, no network but loopback."""
+"""Attacks on a rental's SSH endpoint and the container list it serves,
+each pinned down as held (the tests named test_held_rt2_N failed against
+the code before their fix). Pure: no Docker, no network but loopback."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Red team 4 (2026-11-28) against 1c1a42b, "an http tunnel reads every
-request of a kept-alive connection". Each test marked xfail(strict) proves a
-hole that is still open, and passes once it is fixed.
+"""Request smuggling through a kept-alive http tunnel connection: every
+request must pass the gate and the cookie strip. Each test marked
+xfail(strict) proves a hole that is still open, and passes once it is fixed.
 
 1. An `Upgrade` header (any value, even empty), a CONNECT, or an HTTP/1.0
    request with keep-alive hands the rest of the connection to the byte

@@ -1,5 +1,5 @@
-"""Red team 3 (2026-11-28), held: with GPUs delivered through CDI, no Compose
-form reaches a GPU outside the rental or another vendor's CDI device."""
+"""With GPUs delivered through CDI, no Compose form reaches a GPU outside the
+rental or another vendor's CDI device."""
 
 from __future__ import annotations
 

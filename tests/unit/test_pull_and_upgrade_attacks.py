@@ -1,6 +1,6 @@
-"""Red team 3 (2026-11-28): proofs of concept against the big-images pulls
-(issue 34) and the marketplace upgrades (issue 33). Each xfail is a hole
-found; it passes once the hole is closed (strict: an unexpected pass says so)."""
+"""Attacks on the big images' pulls and on the marketplace's upgrades. Each
+xfail is a hole found; it passes once the hole is closed (strict: an
+unexpected pass says so)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Red team 2 (2026-11-27), ssh34b on the real engine: a client with no
-valid key, on the rental's one SSH endpoint, tells a login name of a running
-service from an unknown one by timing alone (RT2-1: the agent lists the
-stack's containers before it looked at the key), and every attempt cost a
-Docker call. Held since RT2-1's fix: the key is checked first, and a
+"""A stranger on a rental's SSH endpoint, on the real engine: without a valid
+key no login name of a running service can be told from an unknown one by
+timing, and no attempt costs a Docker call (the key is checked first); a
 connection is closed after 6 refused keys."""
 
 from __future__ import annotations
