@@ -5,7 +5,7 @@ MANAGED_LABEL := io.gpuhost.managed=true
 
 # The tests' Python keeps its bytecode caches (__pycache__, ignored by git), even
 # where the environment turns them off (PYTHONDONTWRITEBYTECODE): pytest rewrites
-# the asserts of ~380 test files on every start otherwise, and each agent process a
+# the asserts of ~210 test modules on every start otherwise, and each agent process a
 # test starts recompiles the agent; with the caches, `make test-fast` takes 15 s less.
 PYTEST := env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest
 # The unit tests' workers: one more than the cores, since a few of them wait on

@@ -40,8 +40,8 @@ class ConfigError(Refusal, ValueError):
 
 class SwarmRole(str, Enum):
     """GPUHOST_SWARM, read once here: the mode the rest of the agent is told.
-    The members are strings ("", "leader", "worker") so the code that still
-    compares with the raw text keeps working, and the one machine's is falsy."""
+    The members are the setting's own strings ("", "leader", "worker"); the
+    one machine's is falsy."""
 
     ONE_MACHINE = ""
     LEADER = "leader"
