@@ -4,7 +4,7 @@
 stream and SSH server (asyncssh), and the file helper in the container. How
 fast does asyncssh serve SFTP at all on this machine, doing nothing else? A
 bare asyncssh server in its own process, with the agent's ciphers
-(streams/ssh_connection.py CIPHERS), serving a local copy of the same file
+(streams/ssh/connection.py CIPHERS), serving a local copy of the same file
 from its own folder (chroot) to the same OpenSSH scp on loopback: no relay,
 no WebSocket, no helper. Whatever scp through the agent loses beyond this
 row is ours; what this row loses against `docker cp` is asyncssh's (its
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import asyncssh
 
-from gpuhost_agent.streams.ssh_connection import CIPHERS
+from gpuhost_agent.streams.ssh.connection import CIPHERS
 
 
 class _Files(asyncssh.SFTPServer):

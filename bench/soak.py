@@ -39,7 +39,7 @@ from pickup_latency import local_config  # noqa: E402
 
 from gpuhost_agent.common import logs
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.service import status_cli
+from gpuhost_agent.service.status import cli as status_cli
 from gpuhost_agent.service.wiring import start_local_marketplace
 from gpuhost_agent.storage.agent_db import DB_FILE, REMEMBERED_JOBS
 

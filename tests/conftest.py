@@ -92,7 +92,7 @@ ACCEPTED_BLOCKING = [
     ("gpuhost_agent/runtime/compose.py", {"__init__"}, None, "creates Compose's config directory, once at start-up"),
     ("gpuhost_agent/core/gpus/ledger.py", {"import_legacy"}, None, "reads the pre-database GPU file, once at start-up"),
     (
-        "gpuhost_agent/service/status_server.py",
+        "gpuhost_agent/service/status/server.py",
         {"_prepare_socket_path", "stop"},
         None,
         "the status socket's directory and a stale socket's removal, at start and stop only",

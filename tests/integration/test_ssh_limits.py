@@ -24,7 +24,7 @@ from support.waiting import until
 
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.streams.exec_rate import ExecRate
-from gpuhost_agent.streams.ssh_channels import ChannelCaps
+from gpuhost_agent.streams.ssh.channels import ChannelCaps
 
 CAPS = ChannelCaps()
 STACK = f"""

@@ -17,8 +17,8 @@ from support.stacks import SLEEPER, TEST_IMAGE
 from support.waiting import until
 
 from gpuhost_agent.protocol import ssh_login, wire
-from gpuhost_agent.service import status_cli
-from gpuhost_agent.service.status_server import StatusSource
+from gpuhost_agent.service.status import cli as status_cli
+from gpuhost_agent.service.status.server import StatusSource
 from gpuhost_agent.service.wiring import start_status_server
 
 WEB_AND_ECHO = f"""

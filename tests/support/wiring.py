@@ -19,9 +19,9 @@ from gpuhost_agent.core.stacks.status_reporter import StatusReporter
 from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.service import metrics
 from gpuhost_agent.storage.agent_db import AgentDB
-from gpuhost_agent.streams import ssh_host_key
 from gpuhost_agent.streams.channel import StreamChannel
-from gpuhost_agent.streams.ssh_access import RentalKeys, SshServices
+from gpuhost_agent.streams.ssh import host_key as ssh_host_key
+from gpuhost_agent.streams.ssh.access import RentalKeys, SshServices
 from gpuhost_agent.uplink.session import SessionState
 from support.fakes import FakeContainerWatch, FakeHostReporter, FakeReleases, FakeSchedule, FakeStreamChannel
 from support.settings import defaults

@@ -13,7 +13,7 @@ from support.waiting import until
 from support.wiring import dispatcher_for
 
 from gpuhost_agent.protocol import wire, wire_jobs
-from gpuhost_agent.service.status_render import render
+from gpuhost_agent.service.status.render import render
 
 
 class HeldDeployer:

@@ -56,8 +56,8 @@ async def test_a_loop_of_sftp_opens_and_of_sessions_pays_the_rentals_bucket_befo
     from types import SimpleNamespace
 
     from gpuhost_agent.runtime.engine_streams import ContainerAt
-    from gpuhost_agent.streams import ssh_connection
-    from gpuhost_agent.streams.ssh_connection import SshConnection
+    from gpuhost_agent.streams.ssh import connection as ssh_connection
+    from gpuhost_agent.streams.ssh.connection import SshConnection
 
     class Engine:
         locates = helpers = 0

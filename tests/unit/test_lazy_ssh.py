@@ -13,7 +13,7 @@ import sys
 
 import asyncssh
 
-from gpuhost_agent.streams import ssh_host_key
+from gpuhost_agent.streams.ssh import host_key as ssh_host_key
 
 BUILD = """
 import sys

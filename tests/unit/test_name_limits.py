@@ -12,8 +12,8 @@ import json
 from support.stacks import TEMPLATE
 
 from gpuhost_agent.protocol import wire, wire_jobs
-from gpuhost_agent.service import status_render
-from gpuhost_agent.service.status_stacks import stack_entries
+from gpuhost_agent.service.status import render as status_render
+from gpuhost_agent.service.status.stacks import stack_entries
 
 HUGE = "n" * 10_000
 

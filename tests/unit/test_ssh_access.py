@@ -9,10 +9,10 @@ import asyncio
 import pytest
 
 from gpuhost_agent.protocol import ssh_login, wire
-from gpuhost_agent.streams import ssh_access
 from gpuhost_agent.streams.requests import Refusal, SshRequest, parse_request
-from gpuhost_agent.streams.ssh_access import RentalKeys, parse_login, pick_any, pick_container
-from gpuhost_agent.streams.ssh_session import exec_command, exec_env
+from gpuhost_agent.streams.ssh import access as ssh_access
+from gpuhost_agent.streams.ssh.access import RentalKeys, parse_login, pick_any, pick_container
+from gpuhost_agent.streams.ssh.session import exec_command, exec_env
 
 STACK = "3f2a9c1d-0000-4000-8000-000000000001"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA7xkey renter@laptop"

@@ -1,11 +1,11 @@
-"""The SSH channel caps, without a network (streams/ssh_channels.py). End to
+"""The SSH channel caps, without a network (streams/ssh/channels.py). End to
 end with OpenSSH and asyncssh: tests/integration/test_ssh_limits.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpuhost_agent.streams.ssh_channels import FORWARD, SESSION, ChannelCaps, ChannelLedger, ChannelRefused
+from gpuhost_agent.streams.ssh.channels import FORWARD, SESSION, ChannelCaps, ChannelLedger, ChannelRefused
 
 CAPS = ChannelCaps(sessions_per_connection=2, forwards_per_connection=3, sessions_per_rental=3, forwards_per_rental=5)
 

@@ -8,12 +8,12 @@ import asyncssh
 from asyncssh.saslprep import saslprep
 
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.streams import ssh_access
 from gpuhost_agent.streams.admission import over_caps
 from gpuhost_agent.streams.limits import StreamLimits
 from gpuhost_agent.streams.requests import SshRequest, TunnelRequest
-from gpuhost_agent.streams.ssh_access import RentalKeys, SshServices, parse_login
-from gpuhost_agent.streams.ssh_server import Login
+from gpuhost_agent.streams.ssh import access as ssh_access
+from gpuhost_agent.streams.ssh.access import RentalKeys, SshServices, parse_login
+from gpuhost_agent.streams.ssh.server import Login
 
 A_STACK = "3f2a9c1d-0000-4000-8000-00000000000a"
 B_STACK = "9b1e44c0-0000-4000-8000-00000000000b"

@@ -18,7 +18,7 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from gpuhost_agent.streams.ssh_files import ContainerSFTP
+from gpuhost_agent.streams.ssh.files import ContainerSFTP
 
 METHODS = sorted(
     name for name, value in inspect.getmembers(asyncssh.SFTPServer) if callable(value) and not name.startswith("_")

@@ -26,7 +26,9 @@ from gpuhost_agent.common import logs
 from gpuhost_agent.common.unix_http import UnixHTTPConnection
 from gpuhost_agent.core.reconcile.plan import Action
 from gpuhost_agent.protocol import wire_time
-from gpuhost_agent.service import metrics, status_cli, status_server
+from gpuhost_agent.service import metrics
+from gpuhost_agent.service.status import cli as status_cli
+from gpuhost_agent.service.status import server as status_server
 from gpuhost_agent.service.wiring import build_agent, start_status_server
 
 
@@ -329,8 +331,8 @@ async def test_other_users_cannot_open_the_socket(parts, short_dir):
     sock = short_dir / "agent.sock"
     server = await start_status_server(parts, sock)
     try:
-        code = f"import sys; from gpuhost_agent.service import status_cli; sys.exit(status_cli.run({str(sock)!r}))"
-        src = str(Path(status_cli.__file__).parents[2])
+        code = f"import sys; from gpuhost_agent.service.status import cli; sys.exit(cli.run({str(sock)!r}))"
+        src = str(Path(status_cli.__file__).parents[3])
         # the client needs only the stdlib
         python = await asyncio.to_thread(shutil.which, "python3", path="/usr/bin:/bin") or sys.executable
         try:

@@ -18,8 +18,8 @@ from support.machine_samples import broken_system_data, healthy_system_data
 from gpuhost_agent.core.stacks import naming
 from gpuhost_agent.core.stacks.status_reporter import StackRef
 from gpuhost_agent.protocol import ssh_login, wire
-from gpuhost_agent.service import status_cli
-from gpuhost_agent.service.status_stacks import stack_entries
+from gpuhost_agent.service.status import cli as status_cli
+from gpuhost_agent.service.status.stacks import stack_entries
 from gpuhost_agent.service.wiring import build_agent, start_status_server
 from gpuhost_agent.streams.channel import _Stream
 from gpuhost_agent.streams.requests import LogsRequest, SshRequest, TunnelRequest

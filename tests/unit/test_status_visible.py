@@ -9,7 +9,7 @@ import io
 
 from gpuhost_agent.common import logs
 from gpuhost_agent.common.visible import visible, visible_tree
-from gpuhost_agent.service import status_cli
+from gpuhost_agent.service.status import cli as status_cli
 
 ACTING = [chr(c) for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))]
 ACTING += ["\u2028", "\u2029", "\u061c", "\u200e", "\u200f", *map(chr, range(0x202A, 0x202F))]

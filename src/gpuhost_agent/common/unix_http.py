@@ -1,7 +1,7 @@
 """HTTP/1.1 over a unix socket with the standard library alone, for the two
 blocking callers that need no more: an image pull's thread, which reads the
 engine's `POST /images/create` (runtime/image_pull.py), and `gpuhost-agent
-status`, which asks the running agent's status socket (service/status_cli.py).
+status`, which asks the running agent's status socket (service/status/cli.py).
 Neither wants aiohttp's loop or docker-py's requests for one request."""
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ LABEL_RENTAL = "io.gpuhost.rental-id"
 LABEL_ENV = "io.gpuhost.env-id"
 LABEL_GPUS = "io.gpuhost.rental-gpus"  # the rental's GPU UUIDs, comma-separated
 # On the containers of a stack whose template has isSSHEnabled: the agent's SSH
-# server opens only containers that carry it (streams/ssh_access.py).
+# server opens only containers that carry it (streams/ssh/access.py).
 LABEL_SSH = "io.gpuhost.ssh"
 # The TCP ports of a container's `expose:` that the engine's record cannot hold
 # (a Swarm service has no ExposedPorts): its tunnels' ports too

@@ -1,6 +1,6 @@
 """The parts of a running agent that the daemon starts and stops and the
 status socket asks for figures: one record, built by the composition root
-(service/wiring.py) and read by the status server (service/status_server.py),
+(service/wiring.py) and read by the status server (service/status/server.py),
 so that neither imports the other to name it."""
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ from pathlib import Path
 from gpuhost_agent import __version__
 from gpuhost_agent.runtime.egress_rules import Opening
 from gpuhost_agent.service import config as config_module
-from gpuhost_agent.service import status_cli
 from gpuhost_agent.service.settings_doc import GROUPS, flag_help
 from gpuhost_agent.service.settings_table import SETTINGS
+from gpuhost_agent.service.status import cli as status_cli
 
 SOCKET_SETTINGS = ("state_dir", "status_socket")  # status's: where the agent's socket is
 

@@ -44,10 +44,11 @@ from gpuhost_agent.inventory import render
 from gpuhost_agent.inventory.system_data import as_sent
 from gpuhost_agent.runtime.engine import DockerEngine
 from gpuhost_agent.runtime.engine_errors import EngineError
-from gpuhost_agent.service import settings_view, status_cli
+from gpuhost_agent.service import settings_view
 from gpuhost_agent.service.config import AgentConfig, Chosen, ConfigError, read_config_file
 from gpuhost_agent.service.host_check import machine_report
 from gpuhost_agent.service.settings_table import SETTINGS
+from gpuhost_agent.service.status import cli as status_cli
 
 UNIT_NAME = "gpuhost-agent"
 JOURNAL_LINES = 50_000  # the newest lines kept when the period holds more

@@ -53,14 +53,14 @@ from gpuhost_agent.service import metrics
 from gpuhost_agent.service.agent_parts import AgentParts
 from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.service.probe_parts import build_prober, guard_key_file
-from gpuhost_agent.service.status_server import StatusServer, StatusSource
+from gpuhost_agent.service.status.server import StatusServer, StatusSource
 from gpuhost_agent.service.topology import for_config
 from gpuhost_agent.service.upgrades import Upgrades, supervised
 from gpuhost_agent.storage.agent_db import DB_FILE, AgentDB
-from gpuhost_agent.streams import ssh_host_key
 from gpuhost_agent.streams.channel import StreamChannel
 from gpuhost_agent.streams.pull_guard import PullGuard, new_key
-from gpuhost_agent.streams.ssh_access import RentalKeys, SshServices
+from gpuhost_agent.streams.ssh import host_key as ssh_host_key
+from gpuhost_agent.streams.ssh.access import RentalKeys, SshServices
 from gpuhost_agent.streams.tunnel import read_host_networks
 from gpuhost_agent.uplink.client import MarketplaceClient
 from gpuhost_agent.uplink.outbox import Outbox

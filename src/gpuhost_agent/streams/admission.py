@@ -10,10 +10,10 @@ login needs a running container open to it, a tunnel's service must accept
 a connection), and last for a stream still being opened when its rental or
 the agent ends. The refusal is sent from here too, quietly when the channel
 closed meanwhile. Inside an SSH connection, a `-L` to another container
-keeps the same access and tunnel rules (streams/ssh_server.py asks them
+keeps the same access and tunnel rules (streams/ssh/server.py asks them
 here), a `-L localhost:PORT` reaches the login's container's own loopback
 (connect_own_loopback), and each session reads the same answer of where its
-container runs (streams/ssh_connection.py).
+container runs (streams/ssh/connection.py).
 
 Kept apart from channel.py, which keeps the WebSocket open and runs the
 streams, so that what a renter can reach reads in one place, not between the
@@ -46,7 +46,7 @@ from gpuhost_agent.streams.requests import (
     TerminalRequest,
     TunnelRequest,
 )
-from gpuhost_agent.streams.ssh_access import pick_any
+from gpuhost_agent.streams.ssh.access import pick_any
 from gpuhost_agent.uplink.session import SessionState
 
 log = get_logger(__name__)

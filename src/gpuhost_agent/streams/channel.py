@@ -43,14 +43,14 @@ from gpuhost_agent.streams.requests import (
     parse_request,
 )
 from gpuhost_agent.streams.sink import END_TIMEOUT, WebSocketSink
-from gpuhost_agent.streams.ssh_access import SshServices
+from gpuhost_agent.streams.ssh.access import SshServices
 from gpuhost_agent.streams.terminal import Terminal
 from gpuhost_agent.streams.tunnel import TunnelRelay
 from gpuhost_agent.uplink.client import MarketplaceClient, retry_delay
 from gpuhost_agent.uplink.session import SessionState
 
 if TYPE_CHECKING:
-    from gpuhost_agent.streams.ssh_connection import SshConnection
+    from gpuhost_agent.streams.ssh.connection import SshConnection
 
 log = get_logger(__name__)
 
@@ -305,8 +305,8 @@ def _now() -> float:
 def _load_ssh(services: SshServices) -> type[SshConnection]:
     """asyncssh and the host key, on the first SSH stream, in a worker thread
     (imports and the key file are disk reads): the agent loads them only once
-    a renter uses SSH (streams/ssh_host_key.py says why)."""
-    from gpuhost_agent.streams.ssh_connection import SshConnection
+    a renter uses SSH (streams/ssh/host_key.py says why)."""
+    from gpuhost_agent.streams.ssh.connection import SshConnection
 
     services.host_key.key  # noqa: B018 - loads the key and keeps it
     return SshConnection

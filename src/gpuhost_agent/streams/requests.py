@@ -76,7 +76,7 @@ class SshLoginMark:
 
 @dataclass(frozen=True)
 class SshRequest:
-    """One renter's SSH connection to the rental's SSH endpoint (streams/ssh_server.py).
+    """One renter's SSH connection to the rental's SSH endpoint (streams/ssh/server.py).
     No stack and no container: the login name picks both, after the
     handshake, among `stack_ids`, the rental's stacks the marketplace says are
     open to SSH (the marketplace relays ciphertext and never sees the name)."""

@@ -24,7 +24,7 @@ from typing import Any, TextIO
 from gpuhost_agent.common.unix_http import UnixHTTPConnection
 from gpuhost_agent.errors import OutsideFailure
 from gpuhost_agent.service.config import ROOT_STATE_DIR
-from gpuhost_agent.service.status_render import render
+from gpuhost_agent.service.status.render import render
 
 EXIT_OK, EXIT_ERROR, EXIT_NOT_RUNNING, EXIT_DENIED = 0, 1, 3, 4
 # Where the system service's socket is: a non-root user's default state directory is
@@ -90,7 +90,7 @@ def _system_socket_is_roots(asked: Path, system: Path | None = None) -> bool:
 
 
 DEVELOPMENT_STATE = "state"  # `make run`'s --state-dir, in the checkout
-CHECKOUT = Path(__file__).resolve().parents[3]  # src/gpuhost_agent/service/ -> the checkout, when run from one
+CHECKOUT = Path(__file__).resolve().parents[4]  # src/gpuhost_agent/service/status/ -> the checkout, when run from one
 
 
 def development_sockets(cwd: Path | None = None, checkout: Path = CHECKOUT) -> list[Path]:

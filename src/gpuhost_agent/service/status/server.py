@@ -32,7 +32,7 @@ from gpuhost_agent.errors import OutsideFailure
 from gpuhost_agent.protocol import wire_time
 from gpuhost_agent.service import metrics
 from gpuhost_agent.service.agent_parts import AgentParts
-from gpuhost_agent.service.status_stacks import stack_entries
+from gpuhost_agent.service.status.stacks import stack_entries
 
 log = get_logger(__name__)
 SOCKET_NAME = "agent.sock"

@@ -1,6 +1,6 @@
 """One `ssh` stream: an SSH server on one end of a socket pair, the stream on the other.
 
-streams/ssh_server.py decides who logs in and where `-L` goes; this runs the
+streams/ssh/server.py decides who logs in and where `-L` goes; this runs the
 connection: asyncssh's server on its end of the pair (handshake, login, then
 until either side closes), TunnelRelay between the other end and the stream,
 sessions as Docker execs and SFTP/SCP through the container's file helper.
@@ -22,11 +22,11 @@ from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.runtime.engine_streams import ContainerAt, ContainerGone
 from gpuhost_agent.streams.requests import SshRequest
 from gpuhost_agent.streams.sink import Sink
-from gpuhost_agent.streams.ssh_access import SshServices
-from gpuhost_agent.streams.ssh_channels import Slot
-from gpuhost_agent.streams.ssh_files import ContainerSFTP
-from gpuhost_agent.streams.ssh_server import Login
-from gpuhost_agent.streams.ssh_session import ExecSession
+from gpuhost_agent.streams.ssh.access import SshServices
+from gpuhost_agent.streams.ssh.channels import Slot
+from gpuhost_agent.streams.ssh.files import ContainerSFTP
+from gpuhost_agent.streams.ssh.server import Login
+from gpuhost_agent.streams.ssh.session import ExecSession
 from gpuhost_agent.streams.tunnel import CHUNK, TunnelRelay
 
 log = get_logger(__name__)

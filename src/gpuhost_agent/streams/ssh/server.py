@@ -7,9 +7,9 @@ and relays the other end to the stream (streams/tunnel.TunnelRelay), so the
 SSH connection gets the same backpressure and half-close as any tunnel.
 
 What a connection may do: log in with a key the marketplace lists for the
-rental, to the container the login name picks (streams/ssh_access.py); run
-sessions there (streams/ssh_session.py); move files with SFTP or SCP
-(streams/ssh_files.py); `ssh -L` (and `-D`, whose SOCKS connections are the
+rental, to the container the login name picks (streams/ssh/access.py); run
+sessions there (streams/ssh/session.py); move files with SFTP or SCP
+(streams/ssh/files.py); `ssh -L` (and `-D`, whose SOCKS connections are the
 same direct-tcpip channels) to `localhost`, 127.0.0.1 or ::1 on any port,
 which is the login's container's own loopback, dialled inside its network
 namespace (Jupyter, TensorBoard, VS Code Remote-SSH's server listen there),
@@ -32,8 +32,8 @@ from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.engine import EngineError
 from gpuhost_agent.streams.admission import check_access, connect_own_loopback, connect_tunnel
 from gpuhost_agent.streams.requests import Refusal, SshRequest, TunnelRequest
-from gpuhost_agent.streams.ssh_access import SERVICE_LABEL, SshServices, parse_login, pick_container
-from gpuhost_agent.streams.ssh_channels import FORWARD, SESSION, ChannelRefused, Slot
+from gpuhost_agent.streams.ssh.access import SERVICE_LABEL, SshServices, parse_login, pick_container
+from gpuhost_agent.streams.ssh.channels import FORWARD, SESSION, ChannelRefused, Slot
 from gpuhost_agent.streams.tunnel import own_loopback
 from gpuhost_agent.uplink.replies import MarketplaceRejected, MarketplaceUnavailable
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from gpuhost_agent.protocol import ssh_login, wire
 from gpuhost_agent.runtime.engine_streams import EngineStreams
 from gpuhost_agent.streams.exec_rate import ExecRate
-from gpuhost_agent.streams.ssh_channels import ChannelLedger
-from gpuhost_agent.streams.ssh_host_key import HostKey
+from gpuhost_agent.streams.ssh.channels import ChannelLedger
+from gpuhost_agent.streams.ssh.host_key import HostKey
 
 SERVICE_LABEL = "com.docker.compose.service"
 NUMBER_LABEL = "com.docker.compose.container-number"
@@ -136,7 +136,7 @@ class RentalKeys:
 class SshServices:
     """What every SSH connection of the agent shares. Here, not beside the
     asyncssh server (ssh_server.py), so that building the agent does not
-    import asyncssh (streams/ssh_host_key.py says why).
+    import asyncssh (streams/ssh/host_key.py says why).
 
     `list_stack` lists a stack's containers, wherever they run: this
     machine's engine on one machine, the manager's tasks on a Swarm leader
