@@ -26,7 +26,7 @@ from pathlib import Path
 
 from gpuhost_agent.core.disk_watch import usage_by_rental
 from gpuhost_agent.runtime.compose import find_compose_command
-from gpuhost_agent.runtime.engine import DockerEngine
+from gpuhost_agent.runtime.engine.client import DockerEngine
 from gpuhost_agent.runtime.rental_cgroups import RentalCgroups, RentalLimits
 
 IMAGE = "gpuhost-test/busybox:1"

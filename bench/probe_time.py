@@ -37,7 +37,7 @@ from gpuhost_agent.inventory.nvml_probe import NvmlProbe  # noqa: E402
 from gpuhost_agent.inventory.system_data import Prober, build_report  # noqa: E402
 from gpuhost_agent.protocol.requirements import Requirements  # noqa: E402
 from gpuhost_agent.runtime.compose import find_compose_command  # noqa: E402
-from gpuhost_agent.runtime.engine import DockerEngine  # noqa: E402
+from gpuhost_agent.runtime.engine.client import DockerEngine  # noqa: E402
 
 
 async def one_probe(prober: Prober) -> tuple[float, dict]:

@@ -226,7 +226,7 @@ async def test_the_engine_sends_the_agent_only_the_actions_it_follows(docker_cli
     events, each with its command and every label, dozens a second: the agent asks
     the engine for the actions it follows alone (wire.CONTAINER_EVENTS), so none
     of those reach its loop (red team, 2026-11-29)."""
-    from gpuhost_agent.runtime.engine import DockerEngine
+    from gpuhost_agent.runtime.engine.client import DockerEngine
 
     env_id = f"events-{time.monotonic_ns()}"
     engine, seen = DockerEngine(), []

@@ -22,8 +22,8 @@ from support.stacks import TEST_IMAGE, TLS_IMAGE
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.docker_host import parse_docker_host
 from gpuhost_agent.runtime.door_client import DoorClient
-from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.engine_streams import ContainerAt, EngineStreams
+from gpuhost_agent.runtime.engine.client import EngineError
+from gpuhost_agent.runtime.engine.streams import ContainerAt, EngineStreams
 from gpuhost_agent.streams.door import WorkerDoor
 
 KEY = "k" * 24
@@ -376,7 +376,7 @@ async def test_no_container_reaches_the_door_on_any_address_of_its_host(docker_c
     every one), and never to a peer inside one of the engine's networks.
     A container on a stack's network tries its gateway, the default
     bridge's and each address of the host, with the key: nothing answers."""
-    from gpuhost_agent.runtime.engine import DockerEngine
+    from gpuhost_agent.runtime.engine.client import DockerEngine
 
     engine, local = DockerEngine(), EngineStreams()
     engine_path = parse_docker_host(os.environ.get("DOCKER_HOST")).unix_path

@@ -182,7 +182,7 @@ async def test_a_network_of_a_stack_deployed_before_the_rules_is_named_and_fails
     """A stack deployed by an agent older than the rules kept its br- bridge, outside
     them, until deployed again: the probe names its network, and compliance says so."""
     from gpuhost_agent.inventory import compliance, host_probe
-    from gpuhost_agent.runtime.engine import DockerEngine
+    from gpuhost_agent.runtime.engine.client import DockerEngine
 
     name = f"gpuhost-legacy-{os.getpid()}"
     labels = {wire.LABEL_MANAGED: "true"}

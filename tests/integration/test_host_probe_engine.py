@@ -10,7 +10,7 @@ from support.stacks import TEST_IMAGE
 
 from gpuhost_agent.inventory.host_probe import probe_host
 from gpuhost_agent.runtime.compose import find_compose_command
-from gpuhost_agent.runtime.engine import DockerEngine
+from gpuhost_agent.runtime.engine.client import DockerEngine
 
 
 async def test_probe_of_this_host_against_the_real_engine(docker_client) -> None:

@@ -34,7 +34,7 @@ from gpuhost_agent.core.stacks.deployer import AGENT_FILE
 from gpuhost_agent.local_marketplace.channel_hub import StreamRefused
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
-from gpuhost_agent.runtime.engine import DockerEngine
+from gpuhost_agent.runtime.engine.client import DockerEngine
 from gpuhost_agent.service.daemon import stop_agent
 from gpuhost_agent.storage.agent_db import DB_FILE
 

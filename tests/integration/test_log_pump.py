@@ -14,7 +14,7 @@ from support.engine import Containers
 from support.fakes import MemorySink
 from support.renter_streams import STDERR, STDOUT, SYSTEM
 
-from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.runtime.engine.streams import EngineStreams
 from gpuhost_agent.streams.log_pump import LogPump
 from gpuhost_agent.streams.requests import LogsRequest
 

@@ -25,7 +25,7 @@ from gpuhost_agent.inventory import compliance
 from gpuhost_agent.inventory.host_probe import docker_facts
 from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
-from gpuhost_agent.runtime.engine import DockerEngine
+from gpuhost_agent.runtime.engine.client import DockerEngine
 
 pytestmark = pytest.mark.swarm
 CTX = stack_context(project="p", gpu_uuids=RENTAL_GPUS, cpus=1.0, memory_bytes=GIB // 2, pids_limit=512)

@@ -24,7 +24,7 @@ from gpuhost_agent.core.stacks.seed_list import seed_containers
 from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
 from gpuhost_agent.inventory.swarm_nodes import environment_facts
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.runtime.engine import DockerEngine
+from gpuhost_agent.runtime.engine.client import DockerEngine
 from gpuhost_agent.runtime.swarm_stacks import SwarmStacks
 from gpuhost_agent.runtime.swarm_tasks import NODE_LABEL, stack_containers
 

@@ -9,7 +9,7 @@ import pytest
 from support.engine import Containers
 from support.fakes import MemorySink
 
-from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.runtime.engine.streams import EngineStreams
 from gpuhost_agent.streams.requests import TerminalRequest
 from gpuhost_agent.streams.terminal import Terminal
 

@@ -34,7 +34,7 @@ from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 from gpuhost_agent.inventory.system_data import Prober
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.protocol import wire, wire_jobs
-from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
 from gpuhost_agent.service.upgrades import Upgrades
 from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.streams.channel import StreamChannel

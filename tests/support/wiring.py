@@ -16,7 +16,7 @@ from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.rentals.end_dates import RentalEndDates
 from gpuhost_agent.core.stacks.dispatcher import JobDispatcher
 from gpuhost_agent.core.stacks.status_reporter import StatusReporter
-from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.runtime.engine.streams import EngineStreams
 from gpuhost_agent.service import metrics
 from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.streams.channel import StreamChannel

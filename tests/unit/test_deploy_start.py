@@ -13,7 +13,7 @@ from gpuhost_agent.core.sandbox.apply import review_raw
 from gpuhost_agent.core.stack_errors import StackRejected
 from gpuhost_agent.core.stacks.deploy_start import start_compose
 from gpuhost_agent.runtime.compose import ComposeRunner, PendingUp, find_compose_command
-from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.engine.client import EngineError
 
 GOOD = "services:\n  app:\n    image: gpuhost-test/busybox:1\n"
 # Valid YAML the raw review lets through, which Compose's own schema refuses.

@@ -10,8 +10,8 @@ import pytest
 from support.door_tls import DoorTls, make_door_tls
 
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.runtime.engine.client import EngineError
+from gpuhost_agent.runtime.engine.streams import EngineStreams
 from gpuhost_agent.runtime.swarm_stacks import rental_disk_figures
 from gpuhost_agent.streams.door import WorkerDoor
 from gpuhost_agent.streams.door_routes import route

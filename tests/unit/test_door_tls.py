@@ -19,8 +19,8 @@ from support.door_tls import NODE, DoorTls, make_door_tls
 
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.door_client import ANSWER_BYTES, DoorClient
-from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.engine_errors import AnswerTooLarge
+from gpuhost_agent.runtime.engine.client import EngineError
+from gpuhost_agent.runtime.engine.errors import AnswerTooLarge
 from gpuhost_agent.service import swarm_tls
 from gpuhost_agent.service.config import ConfigError
 from gpuhost_agent.streams.door import WorkerDoor

@@ -1,5 +1,5 @@
 """What reaches the Engine API's paths and queries from the engine's short
-calls (runtime/engine.py) and its pull (runtime/image_pull.py): an image
+calls (runtime/engine/client.py) and its pull (runtime/image_pull.py): an image
 reference comes from a renter's Compose file, so it reaches a path only when
 it parses as one, and never as another endpoint's path."""
 
@@ -10,7 +10,13 @@ import asyncio
 import aiohttp
 import pytest
 
-from gpuhost_agent.runtime.engine import EVENT_LINE_LIMIT, EngineError, checked_reference, demultiplexed, read_events
+from gpuhost_agent.runtime.engine.client import (
+    EVENT_LINE_LIMIT,
+    EngineError,
+    checked_reference,
+    demultiplexed,
+    read_events,
+)
 from gpuhost_agent.runtime.image_pull import repository_and_tag
 
 DIGEST = "sha256:" + "ab" * 32

@@ -1,11 +1,11 @@
 """Execs started per rental (streams/exec_rate.py) and the exit-code poll
-(runtime/engine_streams.py): what a loop of sessions costs the host's engine."""
+(runtime/engine/streams.py): what a loop of sessions costs the host's engine."""
 
 from __future__ import annotations
 
 import asyncio
 
-from gpuhost_agent.runtime import engine_streams
+from gpuhost_agent.runtime.engine import streams as engine_streams
 from gpuhost_agent.streams.exec_rate import ExecRate
 
 
@@ -55,7 +55,7 @@ async def test_a_loop_of_sftp_opens_and_of_sessions_pays_the_rentals_bucket_befo
     counts what it is asked (its stand-in is the lowest layer: the calls themselves)."""
     from types import SimpleNamespace
 
-    from gpuhost_agent.runtime.engine_streams import ContainerAt
+    from gpuhost_agent.runtime.engine.streams import ContainerAt
     from gpuhost_agent.streams.ssh import connection as ssh_connection
     from gpuhost_agent.streams.ssh.connection import SshConnection
 

@@ -11,7 +11,7 @@ import pytest
 
 from gpuhost_agent.inventory import toolkit
 from gpuhost_agent.inventory.host_probe import probe_host
-from gpuhost_agent.runtime.engine import DockerEngine
+from gpuhost_agent.runtime.engine.client import DockerEngine
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ import asyncio
 import json
 
 from gpuhost_agent.core.images.cache import ImageCache, Kept, evictions
-from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.engine.client import EngineError
 
 GB = 1000**3
 

@@ -5,7 +5,7 @@ image is absent (None). The real engine: tests/integration/test_image_labels_eng
 from __future__ import annotations
 
 from gpuhost_agent.core.stacks.image_checks import image_problems
-from gpuhost_agent.runtime.engine_errors import AnswerTooLarge
+from gpuhost_agent.runtime.engine.errors import AnswerTooLarge
 
 
 class Engine:

@@ -1,7 +1,7 @@
 """asyncssh (about 15 MB of the agent's resting memory, bench/idle_cost.py),
 `cryptography` (about 8 MB, for a Swarm's TLS) and the embedded marketplace
 are loaded only when used, and docker-py with requests (7.5 MB) not at all
-(the engine is spoken to over aiohttp: runtime/engine_calls.py): an agent built for a real marketplace has imported
+(the engine is spoken to over aiohttp: runtime/engine/calls.py): an agent built for a real marketplace has imported
 none of them, on its first start (when it makes its host
 key) as on later ones; the host key's public line and fingerprint, read
 without asyncssh, are asyncssh's own."""

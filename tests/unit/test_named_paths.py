@@ -40,9 +40,9 @@ def _files() -> list[Path]:
 
 
 def test_named_paths_are_found_in_prose_and_code():
-    assert named_paths("see core/sandbox/raw.py and `src/gpuhost_agent/runtime/engine.py`.") == {
+    assert named_paths("see core/sandbox/raw.py and `src/gpuhost_agent/runtime/engine/client.py`.") == {
         "core/sandbox/raw.py",
-        "src/gpuhost_agent/runtime/engine.py",
+        "src/gpuhost_agent/runtime/engine/client.py",
     }
     assert named_paths("tests/unit/core/x.py, other/core/x.py") == set()
 

@@ -16,7 +16,7 @@ import pytest
 from support.settings import stack_context
 
 from gpuhost_agent.core.sandbox.policy import policy_violations
-from gpuhost_agent.runtime.engine_streams import ContainerAt
+from gpuhost_agent.runtime.engine.streams import ContainerAt
 from gpuhost_agent.streams import sandbox_addresses
 from gpuhost_agent.streams.admission import connect_tunnel
 from gpuhost_agent.streams.requests import Refusal, TunnelRequest
@@ -242,7 +242,7 @@ async def test_the_tunnel_refuses_before_it_dials() -> None:
 
 async def test_a_network_the_engine_cannot_describe_is_none_of_the_stacks() -> None:
     async def gone(_network_id: str) -> dict:
-        from gpuhost_agent.runtime.engine import EngineError
+        from gpuhost_agent.runtime.engine.client import EngineError
 
         raise EngineError("no such network")
 

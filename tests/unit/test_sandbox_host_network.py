@@ -21,7 +21,7 @@ from gpuhost_agent.core.sandbox.host_network import (
     registry_of,
     resolve_registries,
 )
-from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.engine.client import EngineError
 from gpuhost_agent.service import config
 
 HOST = (ipaddress.ip_network("192.0.2.10/32"), ipaddress.ip_network("2001:db8::10/128"))

@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.runtime.engine_streams import ContainerAt
+from gpuhost_agent.runtime.engine.streams import ContainerAt
 from gpuhost_agent.runtime.netns_dial import NetnsError
 from gpuhost_agent.streams.admission import ELSEWHERE, NOT_IN_STACK, connect_own_loopback
 from gpuhost_agent.streams.requests import Refusal, TunnelRequest

@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.runtime.engine_streams import ContainerAt, ContainerGone, EngineStreams, EngineUnreachable
+from gpuhost_agent.runtime.engine.streams import ContainerAt, ContainerGone, EngineStreams, EngineUnreachable
 from gpuhost_agent.streams import admission
 from gpuhost_agent.streams.admission import admit, check_access
 from gpuhost_agent.streams.requests import LogsRequest, Refusal, TerminalRequest, TunnelRequest, parse_request

@@ -201,8 +201,8 @@ def test_a_large_frame_in_many_chunks():
 def test_docker_host_addresses():
     import pytest
 
-    from gpuhost_agent.runtime.engine import EngineError
-    from gpuhost_agent.runtime.engine_streams import parse_docker_host
+    from gpuhost_agent.runtime.engine.client import EngineError
+    from gpuhost_agent.runtime.engine.streams import parse_docker_host
 
     assert parse_docker_host(None).unix_path == "/var/run/docker.sock"
     assert parse_docker_host("unix:///run/user/1000/docker.sock").unix_path == "/run/user/1000/docker.sock"

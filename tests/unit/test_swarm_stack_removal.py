@@ -13,7 +13,7 @@ import asyncio
 import pytest
 
 from gpuhost_agent.runtime import swarm_stacks
-from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.engine.client import EngineError
 from gpuhost_agent.runtime.swarm_stacks import SwarmStacks
 
 IN_USE_ANSWER = (

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gpuhost_agent.runtime import container_files
-from gpuhost_agent.runtime.engine_streams import ContainerAt, ContainerGone, EngineStreams, EngineUnreachable
+from gpuhost_agent.runtime.engine.streams import ContainerAt, ContainerGone, EngineStreams, EngineUnreachable
 from gpuhost_agent.runtime.swarm_streams import SILENT_AGENT, SwarmStreams
 
 CONTAINER = "c" * 64

@@ -11,8 +11,8 @@ import ipaddress
 
 from aiohttp import web
 
-from gpuhost_agent.runtime import engine_streams
-from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.runtime.engine import streams as engine_streams
+from gpuhost_agent.runtime.engine.streams import EngineStreams
 from gpuhost_agent.streams import tunnel
 
 NET = "a" * 64

@@ -15,7 +15,7 @@ from gpuhost_agent.local_marketplace.store import Store
 from gpuhost_agent.local_marketplace.tunnels import wanted
 from gpuhost_agent.protocol import wire, wire_time
 from gpuhost_agent.runtime.declared_ports import LABEL as EXPOSED_LABEL
-from gpuhost_agent.runtime.engine_streams import ContainerAt, EngineStreams
+from gpuhost_agent.runtime.engine.streams import ContainerAt, EngineStreams
 from gpuhost_agent.streams.admission import connect_tunnel
 from gpuhost_agent.streams.requests import Refusal, TunnelRequest, parse_request
 from gpuhost_agent.streams.tunnel import NOT_LISTENING, TunnelRelay, container_addresses, declared_ports

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from gpuhost_agent.core.swarm.worker_events import WorkerEvents
-from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.engine.client import EngineError
 from gpuhost_agent.streams.door_routes import events_head, route
 
 

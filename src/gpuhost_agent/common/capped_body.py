@@ -1,7 +1,7 @@
 """An HTTP reply's body read up to a cap and no further, for the two
 adapters whose peers may send more than the agent should hold: the
 marketplace (uplink/replies.py) and the Docker Engine, whose inspect
-answers carry what a renter's image configured (runtime/engine_calls.py).
+answers carry what a renter's image configured (runtime/engine/calls.py).
 Each says "too large" with its own error.
 """
 

@@ -31,7 +31,7 @@ from gpuhost_agent.core.stacks.dispatcher import JobDispatcher
 from gpuhost_agent.inventory.gpu_events import GpuEventWatch
 from gpuhost_agent.protocol import intervals as wire_intervals
 from gpuhost_agent.protocol import wire, wire_time, wire_values
-from gpuhost_agent.runtime.engine_watch import EngineWatch
+from gpuhost_agent.runtime.engine.watch import EngineWatch
 from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.streams.channel import StreamChannel
 from gpuhost_agent.uplink.client import MarketplaceClient, retry_delay

@@ -37,7 +37,7 @@ from gpuhost_agent.inventory.environment import node_host
 from gpuhost_agent.inventory.machines import Machines
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.compose import STACK_NAMESPACE_LABEL as NAMESPACE_LABEL
-from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
 from gpuhost_agent.storage.agent_db import AgentDB
 
 log = get_logger(__name__)

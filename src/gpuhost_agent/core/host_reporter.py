@@ -27,7 +27,7 @@ from gpuhost_agent.protocol import intervals as wire_intervals
 from gpuhost_agent.protocol import wire_time
 from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.runtime.compose import ComposeNotFound
-from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.engine.client import EngineError
 from gpuhost_agent.uplink.client import MarketplaceClient, retry_delay
 from gpuhost_agent.uplink.outbox import INIT_STATE, SYSTEM_DATA, Outbox
 from gpuhost_agent.uplink.replies import MarketplaceRejected, MarketplaceUnavailable

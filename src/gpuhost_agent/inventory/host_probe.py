@@ -20,7 +20,7 @@ from gpuhost_agent.inventory import clock, gpu_delivery, toolkit
 from gpuhost_agent.inventory.storage_quota import read_mountinfo, storage_quota
 from gpuhost_agent.runtime import dockerd_settings, egress_rules
 from gpuhost_agent.runtime.egress_rules import Opening
-from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
 from gpuhost_agent.runtime.host_firewall import HostFirewall
 from gpuhost_agent.runtime.rental_cgroups import RentalCgroups
 

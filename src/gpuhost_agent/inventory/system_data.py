@@ -25,7 +25,7 @@ from gpuhost_agent.inventory.machines import Machines, OneMachine
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 from gpuhost_agent.protocol import wire_time
 from gpuhost_agent.runtime.egress_rules import Opening
-from gpuhost_agent.runtime.engine import DockerEngine
+from gpuhost_agent.runtime.engine.client import DockerEngine
 
 
 @dataclass

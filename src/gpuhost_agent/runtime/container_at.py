@@ -2,7 +2,7 @@
 
 A terminal, an SSH session, SFTP and a tunnel need the machine that runs the
 container: its engine, its pids, its network namespaces. On one machine every
-container is here, always reachable (runtime/engine_streams.py). In an
+container is here, always reachable (runtime/engine/streams.py). In an
 environment of several machines the engine may find a container on another
 one and reach it through that machine's agent (runtime/swarm_streams.py);
 when that agent is silent the container is still known (its log comes

@@ -1,5 +1,5 @@
 """Where the Docker Engine listens, from DOCKER_HOST, for the agent's own
-HTTP client of the engine (runtime/engine_streams.py): unix:// and plain
+HTTP client of the engine (runtime/engine/streams.py): unix:// and plain
 tcp://, the others refused by name."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import urllib.parse
 from dataclasses import dataclass
 
-from gpuhost_agent.runtime.engine_errors import EngineError
+from gpuhost_agent.runtime.engine.errors import EngineError
 
 DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 

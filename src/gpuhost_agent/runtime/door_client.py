@@ -26,9 +26,9 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 
 from gpuhost_agent.runtime.container_at import ContainerAt
 from gpuhost_agent.runtime.container_files import ContainerFiles
-from gpuhost_agent.runtime.engine import EngineError, read_events
-from gpuhost_agent.runtime.engine_errors import upgrade_answer, upgrade_request
-from gpuhost_agent.runtime.engine_streams import EngineStreams, EngineUnreachable, checked_id
+from gpuhost_agent.runtime.engine.client import EngineError, read_events
+from gpuhost_agent.runtime.engine.errors import upgrade_answer, upgrade_request
+from gpuhost_agent.runtime.engine.streams import EngineStreams, EngineUnreachable, checked_id
 
 TIMEOUT = 10.0
 DISK_SECONDS = 40.0  # `GET /system/df` there may take its engine's 35 s on a big host
@@ -220,7 +220,7 @@ class DoorClient(EngineStreams):
             ) as response:
                 if response.status >= 400:
                     raise EngineError(f"the agent refused its events: HTTP {response.status}")
-                # Split as the engine's own stream is (runtime/engine.py): the lines
+                # Split as the engine's own stream is (runtime/engine/client.py): the lines
                 # carry renters' labels, and a readline's cap would end the events
                 # of every renter on that machine at one renter's long line.
                 await read_events(response.content, on_event)

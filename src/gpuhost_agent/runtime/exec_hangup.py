@@ -7,7 +7,7 @@ whatever it ran) in the renter's container for good. The Engine API has no
 process of the exec's session, then SIGKILL to those still there.
 
 This module knows processes, not the engine: EngineStreams.hang_up and
-.signal (runtime/engine_streams.py) ask their engine for the exec's and the
+.signal (runtime/engine/streams.py) ask their engine for the exec's and the
 container's pids and hand them here. The exec's Pid is a host pid: of the
 machine whose engine answered. So this runs there, and a container on
 another machine of the environment is hung up by that machine's agent

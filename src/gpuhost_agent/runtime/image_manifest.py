@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
 from gpuhost_agent.runtime.host_process import DIE_WITH_AGENT, host_environment, kill
 
 log = get_logger(__name__)

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from gpuhost_agent.common.unix_http import UnixHTTPConnection
 from gpuhost_agent.errors import OutsideFailure
 from gpuhost_agent.runtime.docker_host import Endpoint, parse_docker_host
-from gpuhost_agent.runtime.engine_errors import EngineError, error_message
+from gpuhost_agent.runtime.engine.errors import EngineError, error_message
 
 CONNECT_SECONDS = 10.0
 NO_CREDENTIAL = base64.urlsafe_b64encode(b"{}").decode()  # X-Registry-Auth of an empty auth config

@@ -38,7 +38,7 @@ import threading
 
 from gpuhost_agent.errors import OutsideFailure
 from gpuhost_agent.runtime.container_process import PinnedProcess, ProcessGone
-from gpuhost_agent.runtime.engine_streams import SERVICE_READ_LIMIT
+from gpuhost_agent.runtime.engine.streams import SERVICE_READ_LIMIT
 
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)

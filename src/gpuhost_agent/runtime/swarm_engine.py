@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
 from gpuhost_agent.runtime.swarm_stacks import NAMESPACE_LABEL
 from gpuhost_agent.runtime.swarm_tasks import NODE_LABEL, stack_containers
 

@@ -8,7 +8,7 @@ of a Compose file into services, networks and volumes is the reference
 (`-c -`), with `--resolve-image never` (nodes run the images they have;
 no registry is asked for a digest) and `--prune` (a service the new file
 no longer has goes). Everything else (nodes, services, tasks) is the Engine
-API, like the rest of the agent (runtime/engine.py).
+API, like the rest of the agent (runtime/engine/client.py).
 
 A Swarm refuses its first deploys for a few seconds after it forms or a
 node joins ("node is missing network attachments"); that answer is tried
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.compose import STACK_NAMESPACE_LABEL
-from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
 from gpuhost_agent.runtime.host_process import HostProcesses
 
 NAMESPACE_LABEL = STACK_NAMESPACE_LABEL

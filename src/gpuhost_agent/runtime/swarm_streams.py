@@ -31,8 +31,8 @@ from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.container_at import ContainerAt
 from gpuhost_agent.runtime.container_files import ContainerFiles
 from gpuhost_agent.runtime.door_client import DoorClient
-from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.engine_streams import CHUNK_BYTES, ContainerGone, EngineStreams, EngineUnreachable, LogReader
+from gpuhost_agent.runtime.engine.client import EngineError
+from gpuhost_agent.runtime.engine.streams import CHUNK_BYTES, ContainerGone, EngineStreams, EngineUnreachable, LogReader
 from gpuhost_agent.runtime.netns_dial import dial_in_namespace
 
 log = get_logger(__name__)

@@ -19,8 +19,8 @@ from gpuhost_agent.core.stacks.deployer import StackDeployer
 from gpuhost_agent.core.stacks.dispatcher import JobDispatcher
 from gpuhost_agent.core.stacks.status_reporter import StatusReporter
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
-from gpuhost_agent.runtime.engine import DockerEngine
-from gpuhost_agent.runtime.engine_watch import EngineWatch
+from gpuhost_agent.runtime.engine.client import DockerEngine
+from gpuhost_agent.runtime.engine.watch import EngineWatch
 from gpuhost_agent.service.upgrades import Upgrades
 from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.streams.channel import StreamChannel

@@ -13,7 +13,7 @@ from gpuhost_agent.inventory import driver_cdi
 from gpuhost_agent.inventory.machines import Machines
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 from gpuhost_agent.inventory.system_data import Prober
-from gpuhost_agent.runtime.engine import DockerEngine
+from gpuhost_agent.runtime.engine.client import DockerEngine
 from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.service.topology import probe_machines
 from gpuhost_agent.streams import pull_guard

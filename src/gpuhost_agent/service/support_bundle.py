@@ -42,8 +42,8 @@ from gpuhost_agent.common.logs import MASK, SecretRegistry
 from gpuhost_agent.common.visible import visible_tree
 from gpuhost_agent.inventory import render
 from gpuhost_agent.inventory.system_data import as_sent
-from gpuhost_agent.runtime.engine import DockerEngine
-from gpuhost_agent.runtime.engine_errors import EngineError
+from gpuhost_agent.runtime.engine.client import DockerEngine
+from gpuhost_agent.runtime.engine.errors import EngineError
 from gpuhost_agent.service import settings_view
 from gpuhost_agent.service.config import AgentConfig, Chosen, ConfigError, read_config_file
 from gpuhost_agent.service.host_check import machine_report

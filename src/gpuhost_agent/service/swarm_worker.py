@@ -28,8 +28,8 @@ from gpuhost_agent.core.egress_keeper import EgressKeeper
 from gpuhost_agent.inventory.machine_report import MachineReport
 from gpuhost_agent.runtime.compose import ComposeNotFound, find_compose_command
 from gpuhost_agent.runtime.docker_host import parse_docker_host
-from gpuhost_agent.runtime.engine import DockerEngine
-from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.runtime.engine.client import DockerEngine
+from gpuhost_agent.runtime.engine.streams import EngineStreams
 from gpuhost_agent.runtime.host_firewall import HostFirewall
 from gpuhost_agent.runtime.swarm_stacks import rental_disk_figures
 from gpuhost_agent.service import sd_notify, swarm_tls

@@ -27,8 +27,8 @@ from gpuhost_agent.core.swarm.watch import SwarmMachines, SwarmWatch
 from gpuhost_agent.core.swarm.worker_events import WorkerEvents
 from gpuhost_agent.inventory.machines import Machines, OneMachine
 from gpuhost_agent.runtime.compose import ComposeRunner
-from gpuhost_agent.runtime.engine import DockerEngine
-from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.runtime.engine.client import DockerEngine
+from gpuhost_agent.runtime.engine.streams import EngineStreams
 from gpuhost_agent.runtime.rental_cgroups import RentalCgroups
 from gpuhost_agent.runtime.swarm_engine import SwarmEngine
 from gpuhost_agent.runtime.swarm_stacks import SwarmStacks

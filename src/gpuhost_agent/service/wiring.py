@@ -44,8 +44,8 @@ from gpuhost_agent.inventory import driver_cdi, telemetry
 from gpuhost_agent.inventory.gpu_events import GpuEventWatch
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
-from gpuhost_agent.runtime.engine import DockerEngine
-from gpuhost_agent.runtime.engine_watch import EngineWatch
+from gpuhost_agent.runtime.engine.client import DockerEngine
+from gpuhost_agent.runtime.engine.watch import EngineWatch
 from gpuhost_agent.runtime.host_firewall import HostFirewall
 from gpuhost_agent.runtime.image_manifest import ManifestSizes
 from gpuhost_agent.runtime.image_pull import pull_image

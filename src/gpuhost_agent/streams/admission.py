@@ -31,8 +31,8 @@ import aiohttp
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.engine_streams import ContainerAt, ContainerGone, EngineStreams
+from gpuhost_agent.runtime.engine.client import EngineError
+from gpuhost_agent.runtime.engine.streams import ContainerAt, ContainerGone, EngineStreams
 from gpuhost_agent.runtime.netns_dial import dial_in_namespace
 from gpuhost_agent.streams import tunnel
 from gpuhost_agent.streams.exec_rate import ExecRate
@@ -206,7 +206,7 @@ async def connect_tunnel(
     """Open the service's connection, or say why not (before any stream opens):
     only a TCP port the container declares, only on its own addresses that
     the stack's networks hold (streams/tunnel.py says why). `dial` and
-    `network` are the engine's (runtime/engine_streams.py): on one machine a
+    `network` are the engine's (runtime/engine/streams.py): on one machine a
     plain connection, in an environment of several one made where the
     container's networks are reachable; without `network` nothing is dialled."""
     info = container.info

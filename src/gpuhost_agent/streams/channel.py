@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.runtime.engine.streams import EngineStreams
 from gpuhost_agent.streams.admission import (
     admit,
     over_exec_rate,

@@ -63,8 +63,8 @@ from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.container_files import end_helper, start_helper
 from gpuhost_agent.runtime.door_client import CRL_HEADER, FRAME_HEADER, FRAME_LIMIT, SERVICE_NO_TLS, SERVICE_REFUSED
-from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.runtime.engine.client import EngineError
+from gpuhost_agent.runtime.engine.streams import EngineStreams
 from gpuhost_agent.runtime.netns_dial import dial_in_namespace
 from gpuhost_agent.streams.door_acts import MachineSource, act
 from gpuhost_agent.streams.door_request import body_length, engine_body, engine_target, parse_head

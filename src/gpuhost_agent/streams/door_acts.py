@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.runtime.engine.client import EngineError
+from gpuhost_agent.runtime.engine.streams import EngineStreams
 from gpuhost_agent.streams.door_routes import SIGNALS, Approved, DoorRefused
 
 log = get_logger(__name__)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.engine_streams import EngineStreams, LogReader
+from gpuhost_agent.runtime.engine.client import EngineError
+from gpuhost_agent.runtime.engine.streams import EngineStreams, LogReader
 from gpuhost_agent.streams import frames
 
 log = get_logger(__name__)

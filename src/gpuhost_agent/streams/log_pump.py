@@ -19,8 +19,8 @@ import asyncio
 import collections
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.engine_streams import ContainerGone, EngineStreams, EngineUnreachable, LogReader
+from gpuhost_agent.runtime.engine.client import EngineError
+from gpuhost_agent.runtime.engine.streams import ContainerGone, EngineStreams, EngineUnreachable, LogReader
 from gpuhost_agent.streams import frames
 from gpuhost_agent.streams.follow_check import FOLLOW_CHECK_SECONDS, FollowCheck
 from gpuhost_agent.streams.requests import LogsRequest

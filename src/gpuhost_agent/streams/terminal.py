@@ -14,8 +14,8 @@ import asyncio
 import json
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.runtime.engine.client import EngineError
+from gpuhost_agent.runtime.engine.streams import EngineStreams
 from gpuhost_agent.streams.requests import TerminalRequest, parse_resize
 from gpuhost_agent.streams.sink import Sink, finish
 

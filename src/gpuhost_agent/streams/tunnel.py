@@ -42,8 +42,8 @@ from typing import Any
 from gpuhost_agent.errors import Refusal
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.declared_ports import declared_ports as runtime_declared_ports
-from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.engine_streams import ContainerAt
+from gpuhost_agent.runtime.engine.client import EngineError
+from gpuhost_agent.runtime.engine.streams import ContainerAt
 from gpuhost_agent.streams import sandbox_addresses
 from gpuhost_agent.streams.sink import Sink, SinkClosed, finish
 

@@ -19,7 +19,7 @@ from typing import Any
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.stacks.seed_list import ExitFacts, exit_facts, needs_facts, status_exit_code
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
 
 log = get_logger(__name__)
 MAX_KEPT = 4096

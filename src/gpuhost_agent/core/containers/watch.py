@@ -33,7 +33,7 @@ from gpuhost_agent.core.stacks.seed_list import seed_containers, stack_error, st
 from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.inventory.machines import Machines
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
 from gpuhost_agent.storage.agent_db import AgentDB
 
 log = get_logger(__name__)

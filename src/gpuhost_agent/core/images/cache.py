@@ -35,7 +35,7 @@ from pathlib import Path
 
 from gpuhost_agent.common.json_files import write_json_atomically
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
 
 log = get_logger(__name__)
 

@@ -1,6 +1,6 @@
 """What the agent redoes when the Docker Engine answers again after an outage.
 
-The engine watch (runtime/engine_watch.py) only notices; this decides what
+The engine watch (runtime/engine/watch.py) only notices; this decides what
 follows, in order: reconcile learns the outage's window (so it restarts the
 stacks the outage stopped, and only those), every container list is pushed
 again (what the marketplace has may be stale) once the event stream that

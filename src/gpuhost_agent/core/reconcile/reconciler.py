@@ -24,7 +24,7 @@ from gpuhost_agent.core.stacks.deployer import COMPOSE_PROJECT_LABEL
 from gpuhost_agent.core.stacks.dispatcher import JobDispatcher
 from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.protocol import wire, wire_jobs, wire_time
-from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
 from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.uplink.client import MarketplaceClient
 from gpuhost_agent.uplink.outbox import STATUS, Outbox

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from gpuhost_agent.core.sandbox.context import Registries
 from gpuhost_agent.core.sandbox.rewrite import replicas_of
-from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.engine.client import EngineError
 from gpuhost_agent.streams.sandbox_addresses import IPAddress, registry_address_problem
 
 MAX_PUBLISHED_PORTS = 64  # per stack; a rental has at most GPUHOST_STACKS_PER_RENTAL stacks

@@ -7,7 +7,7 @@ of each stack and sends it to the marketplace (core/stacks/seed_list.py:
 the seed's Container has its Labels). A renter's megabytes of labels, from
 the Compose file or baked into the image, so cost every renter's events and
 the agent's memory; a stack's event line over 1 MiB is even skipped
-(runtime/engine.py). 64 KiB is far above what published files and images
+(runtime/engine/client.py). 64 KiB is far above what published files and images
 carry (Traefik's routing labels, OCI annotations: a few KiB) and far below
 what hurts.
 

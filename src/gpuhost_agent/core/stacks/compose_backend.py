@@ -19,7 +19,7 @@ from gpuhost_agent.core.stacks.deploy_failures import LimitReached, describe_up_
 from gpuhost_agent.core.stacks.deploy_start import start_compose
 from gpuhost_agent.core.stacks.image_checks import started_problem
 from gpuhost_agent.runtime.compose import COMPOSE_PROJECT_LABEL, ComposeError, ComposeRunner, PendingUp
-from gpuhost_agent.runtime.engine import DockerEngine
+from gpuhost_agent.runtime.engine.client import DockerEngine
 
 
 @dataclass

@@ -24,7 +24,7 @@ from gpuhost_agent.core.stacks.seed_list import (
     unhealthy,
 )
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
 
 LAST_OUTPUT = 500  # characters of a failing container's log in errorMsg
 PULL_MESSAGE = 300  # characters of Compose's message on a failed pull

@@ -23,7 +23,7 @@ from gpuhost_agent.core.sandbox.apply import refuse_with_compose_error
 from gpuhost_agent.core.sandbox.raw import RawReview
 from gpuhost_agent.core.stack_errors import StackFailed
 from gpuhost_agent.runtime.compose import ComposeError, ComposeRunner, PendingUp
-from gpuhost_agent.runtime.engine import DockerEngine
+from gpuhost_agent.runtime.engine.client import DockerEngine
 
 
 async def start_compose(

@@ -42,7 +42,7 @@ from gpuhost_agent.core.stacks.seed_list import failed_containers, seed_containe
 from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.protocol import wire, wire_jobs
 from gpuhost_agent.runtime.compose import COMPOSE_PROJECT_LABEL, ComposeError
-from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
 from gpuhost_agent.storage.agent_db import AgentDB
 
 log = get_logger(__name__)

@@ -18,8 +18,8 @@ from gpuhost_agent.core.sandbox.image_config import (
     started_container_problem,
     too_large_problem,
 )
-from gpuhost_agent.runtime.engine import DockerEngine
-from gpuhost_agent.runtime.engine_errors import AnswerTooLarge, ContainerGone
+from gpuhost_agent.runtime.engine.client import DockerEngine
+from gpuhost_agent.runtime.engine.errors import AnswerTooLarge, ContainerGone
 
 
 async def image_problems(engine: DockerEngine, stack: dict, *, local: bool) -> list[str]:

@@ -28,7 +28,7 @@ from gpuhost_agent.core.stack_errors import StackFailed
 from gpuhost_agent.core.stacks.backend import ListContainers
 from gpuhost_agent.core.stacks.seed_list import SERVICE_LABEL, failed_containers
 from gpuhost_agent.runtime.compose import ComposeError, ComposeRunner
-from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
 from gpuhost_agent.runtime.swarm_stacks import NAMESPACE_LABEL, SwarmStacks
 
 log = get_logger(__name__)

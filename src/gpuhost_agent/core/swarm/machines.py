@@ -11,7 +11,7 @@ from typing import Any
 
 from gpuhost_agent.core.swarm.watch import SwarmMachines
 from gpuhost_agent.inventory import swarm_nodes
-from gpuhost_agent.runtime.engine import DockerEngine
+from gpuhost_agent.runtime.engine.client import DockerEngine
 
 MACHINE_PROBE_SECONDS = 60.0  # another machine's first report may start a GPU container there
 # The leader's question to the other machines' agents: their reports by node id, waiting at

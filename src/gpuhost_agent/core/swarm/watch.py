@@ -35,7 +35,7 @@ from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.containers.watch import ContainerWatch
 from gpuhost_agent.core.stacks.seed_list import service_name, stack_id_of
 from gpuhost_agent.core.swarm.worker_events import WorkerEvents
-from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
 from gpuhost_agent.runtime.swarm_tasks import NODE_LABEL
 
 log = get_logger(__name__)

@@ -23,7 +23,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.engine.client import EngineError
 
 log = get_logger(__name__)
 

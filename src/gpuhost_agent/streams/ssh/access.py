@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from gpuhost_agent.protocol import ssh_login, wire
-from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.runtime.engine.streams import EngineStreams
 from gpuhost_agent.streams.exec_rate import ExecRate
 from gpuhost_agent.streams.ssh.channels import ChannelLedger
 from gpuhost_agent.streams.ssh.host_key import HostKey

@@ -18,8 +18,8 @@ from asyncssh.public_key import get_default_public_key_algs
 from asyncssh.sftp import MIN_SFTP_VERSION
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.engine_streams import ContainerAt, ContainerGone
+from gpuhost_agent.runtime.engine.client import EngineError
+from gpuhost_agent.runtime.engine.streams import ContainerAt, ContainerGone
 from gpuhost_agent.streams.requests import SshRequest
 from gpuhost_agent.streams.sink import Sink
 from gpuhost_agent.streams.ssh.access import SshServices

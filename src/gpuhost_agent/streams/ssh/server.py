@@ -29,7 +29,7 @@ import asyncssh
 from asyncssh.stream import SSHTCPStreamSession
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.runtime.engine import EngineError
+from gpuhost_agent.runtime.engine.client import EngineError
 from gpuhost_agent.streams.admission import check_access, connect_own_loopback, connect_tunnel
 from gpuhost_agent.streams.requests import Refusal, SshRequest, TunnelRequest
 from gpuhost_agent.streams.ssh.access import SERVICE_LABEL, SshServices, parse_login, pick_container

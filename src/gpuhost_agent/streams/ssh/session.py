@@ -24,8 +24,8 @@ import struct
 import asyncssh
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.engine_streams import EngineStreams
+from gpuhost_agent.runtime.engine.client import EngineError
+from gpuhost_agent.runtime.engine.streams import EngineStreams
 from gpuhost_agent.streams.frames import STDERR
 
 log = get_logger(__name__)

@@ -1,7 +1,7 @@
 """How the Docker Engine's failures leave the runtime: every one an
 EngineError, ContainerGone for a container (or exec) the engine does not
 know, EngineUnreachable when it did not answer at all. Shared by the engine's
-streams (runtime/engine_streams.py) and the Swarm door's client."""
+streams (runtime/engine/streams.py) and the Swarm door's client."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class EngineUnreachable(EngineError):
 
 class AnswerTooLarge(EngineError):
     """The engine's answer was over the bytes the call reads: what a renter's
-    image or container made of it (runtime/engine_calls.py, `max_bytes`)."""
+    image or container made of it (runtime/engine/calls.py, `max_bytes`)."""
 
 
 def error_message(raw: bytes) -> str:

@@ -31,10 +31,10 @@ from gpuhost_agent.runtime import exec_hangup
 from gpuhost_agent.runtime.container_at import ContainerAt
 from gpuhost_agent.runtime.container_files import ContainerFiles
 from gpuhost_agent.runtime.docker_host import parse_docker_host
-from gpuhost_agent.runtime.engine import EngineError
-from gpuhost_agent.runtime.engine_calls import EngineCalls, checked_id
-from gpuhost_agent.runtime.engine_errors import ContainerGone, EngineUnreachable, upgrade_answer, upgrade_request
-from gpuhost_agent.runtime.engine_errors import response_error as _error
+from gpuhost_agent.runtime.engine.calls import EngineCalls, checked_id
+from gpuhost_agent.runtime.engine.client import EngineError
+from gpuhost_agent.runtime.engine.errors import ContainerGone, EngineUnreachable, upgrade_answer, upgrade_request
+from gpuhost_agent.runtime.engine.errors import response_error as _error
 
 __all__ = [
     "ContainerAt",
@@ -71,7 +71,7 @@ class LogReader:
 
 class EngineStreams(EngineCalls):
     """The engine's streams, on the agent's HTTP client of the engine
-    (runtime/engine_calls.py); DOCKER_HOST is read on first use, and a bad
+    (runtime/engine/calls.py); DOCKER_HOST is read on first use, and a bad
     one fails each call."""
 
     def __init__(self, docker_host: str | None = None, *, timeout: float = 30, headers: dict[str, str] | None = None):

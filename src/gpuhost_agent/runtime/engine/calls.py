@@ -1,14 +1,14 @@
 """The agent's one HTTP client of the Docker Engine's API: an aiohttp session
 on the engine's socket (DOCKER_HOST), made on first use in the running loop.
 
-The engine's short calls (runtime/engine.py) and its long streams
-(runtime/engine_streams.py) both go through it. It replaced docker-py for
+The engine's short calls (runtime/engine/client.py) and its long streams
+(runtime/engine/streams.py) both go through it. It replaced docker-py for
 the short calls (issue 36): docker-py blocks, so each call took a worker
 thread, and it brought requests, urllib3 and their tables into every agent,
 about 7 MB of a 62 MB idle agent; this session is the same aiohttp the
 agent speaks to its marketplace with, and a call costs no thread.
 
-Every failure leaves as an EngineError (runtime/engine_errors.py):
+Every failure leaves as an EngineError (runtime/engine/errors.py):
 EngineUnreachable when the engine did not answer, ContainerGone for a 404,
 plain EngineError when it answered with another error.
 """
@@ -25,8 +25,8 @@ import aiohttp
 
 from gpuhost_agent.common.capped_body import read_up_to
 from gpuhost_agent.runtime.docker_host import Endpoint, parse_docker_host
-from gpuhost_agent.runtime.engine_errors import AnswerTooLarge, EngineError, EngineUnreachable
-from gpuhost_agent.runtime.engine_errors import response_error as _error
+from gpuhost_agent.runtime.engine.errors import AnswerTooLarge, EngineError, EngineUnreachable
+from gpuhost_agent.runtime.engine.errors import response_error as _error
 
 # Container ids and names, exec ids: no '/', '?', '%' or spaces can reach a path.
 _ID = re.compile(r"^/?[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")

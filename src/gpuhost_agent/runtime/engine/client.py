@@ -2,7 +2,7 @@
 host probe's facts, and the two event streams the agent follows.
 
 Each is one request of the Engine API through the agent's HTTP client of the
-engine (runtime/engine_calls.py), bounded by the engine's timeout; every
+engine (runtime/engine/calls.py), bounded by the engine's timeout; every
 failure leaves this module as EngineError, so the rest of the agent never
 sees an HTTP client's exception types. Ids, names and image references reach
 a URL's path only once checked (checked_id, checked_reference): a renter's
@@ -21,8 +21,8 @@ from datetime import datetime
 import aiohttp
 
 from gpuhost_agent.protocol import wire, wire_time
-from gpuhost_agent.runtime.engine_calls import EngineCalls, checked_id, filters_param
-from gpuhost_agent.runtime.engine_errors import ContainerGone, EngineError
+from gpuhost_agent.runtime.engine.calls import EngineCalls, checked_id, filters_param
+from gpuhost_agent.runtime.engine.errors import ContainerGone, EngineError
 
 __all__ = ["DockerEngine", "EngineError", "checked_id", "checked_reference"]
 

@@ -15,7 +15,7 @@ from datetime import datetime
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.protocol import wire_time
-from gpuhost_agent.runtime.engine import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
 
 log = get_logger(__name__)
 
