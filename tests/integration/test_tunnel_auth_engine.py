@@ -17,7 +17,7 @@ from support.browser_names import BrowserNames, browser_session
 from support.loop_lag import LoopLag
 from support.stacks import TEST_IMAGE
 
-from gpuhost_agent.local_marketplace import tunnel_auth
+from gpuhost_agent.local_marketplace.tunnels import auth as tunnel_auth
 
 WEB = f"""
 services:

@@ -9,7 +9,7 @@ import subprocess
 
 from support.stacks import TEST_IMAGE
 
-from gpuhost_agent.local_marketplace import tunnel_probes
+from gpuhost_agent.local_marketplace.tunnels import probes as tunnel_probes
 from gpuhost_agent.protocol import wire
 
 # One service listens four seconds after it starts, the other never does.

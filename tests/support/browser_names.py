@@ -3,7 +3,7 @@
 Browsers (and curl) take every `<name>.localhost` for the loopback without
 asking DNS; glibc does not here. A basic-auth tunnel of the local marketplace
 is reached under a name of its own, `<tunnel id>.localhost`
-(local_marketplace/tunnel_auth.py host_name), so a test's browser resolves
+(local_marketplace/tunnels/auth.py host_name), so a test's browser resolves
 those names as a browser does, and every other name as usual.
 """
 

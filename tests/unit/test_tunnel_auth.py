@@ -11,8 +11,8 @@ import time
 
 from support.loop_lag import LoopLag
 
-from gpuhost_agent.local_marketplace import tunnel_auth
-from gpuhost_agent.local_marketplace.tunnel_auth import Gate, Head, cookie_name, parse_head
+from gpuhost_agent.local_marketplace.tunnels import auth as tunnel_auth
+from gpuhost_agent.local_marketplace.tunnels.auth import Gate, Head, cookie_name, parse_head
 
 COOKIE = cookie_name("t1")
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from gpuhost_agent.local_marketplace import tunnels
 from gpuhost_agent.local_marketplace.channel_hub import ChannelHub
 from gpuhost_agent.local_marketplace.store import Store
-from gpuhost_agent.local_marketplace.tunnels import TunnelBook
+from gpuhost_agent.local_marketplace.tunnels import book as tunnels
+from gpuhost_agent.local_marketplace.tunnels.book import TunnelBook
 from gpuhost_agent.protocol import wire, wire_time
 
 TEMPLATE = {"name": "n", "description": "d", "content": "services: {}\n", "environmentVariables": {}}

@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 import aiohttp
 from aiohttp import web
 
-from gpuhost_agent.local_marketplace import tunnel_relay
+from gpuhost_agent.local_marketplace.tunnels import relay as tunnel_relay
 
 IDLE = 0.4
 Tunnel = tuple[asyncio.StreamReader, asyncio.StreamWriter, aiohttp.ClientWebSocketResponse]

@@ -10,9 +10,9 @@ import json
 import pytest
 from support.fakes import MemorySink
 
-from gpuhost_agent.local_marketplace import tunnel_relay
 from gpuhost_agent.local_marketplace.store import Store
-from gpuhost_agent.local_marketplace.tunnels import wanted
+from gpuhost_agent.local_marketplace.tunnels import relay as tunnel_relay
+from gpuhost_agent.local_marketplace.tunnels.book import wanted
 from gpuhost_agent.protocol import wire, wire_time
 from gpuhost_agent.runtime.declared_ports import LABEL as EXPOSED_LABEL
 from gpuhost_agent.runtime.engine.streams import ContainerAt, EngineStreams

@@ -15,7 +15,7 @@ import socket
 import pytest
 from support.fakes import MemorySink
 
-from gpuhost_agent.local_marketplace import tunnel_relay
+from gpuhost_agent.local_marketplace.tunnels import relay as tunnel_relay
 from gpuhost_agent.streams import tunnel
 from gpuhost_agent.streams.tunnel import TunnelRelay
 

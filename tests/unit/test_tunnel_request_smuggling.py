@@ -30,8 +30,8 @@ import base64
 
 import pytest
 
-from gpuhost_agent.local_marketplace.tunnel_auth import Head, parse_head, stripped
-from gpuhost_agent.local_marketplace.tunnel_requests import Unframed, forward_requests, framing
+from gpuhost_agent.local_marketplace.tunnels.auth import Head, parse_head, stripped
+from gpuhost_agent.local_marketplace.tunnels.requests import Unframed, forward_requests, framing
 from tests.unit.test_tunnel_sessions import _entry, _pipelined, book  # noqa: F401  (book: the fixture)
 
 OURS = "gpuhost_tunnel_0123456789abcdef=s1"

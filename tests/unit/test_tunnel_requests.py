@@ -1,5 +1,5 @@
 """An http tunnel's requests on a kept-alive connection
-(local_marketplace/tunnel_requests.py): each is framed as HTTP/1.1 frames
+(local_marketplace/tunnels/requests.py): each is framed as HTTP/1.1 frames
 it, judged and stripped; whatever two parsers could frame two ways is never
 forwarded (request smuggling past the gate and the cookie strip)."""
 
@@ -9,8 +9,8 @@ import asyncio
 
 import pytest
 
-from gpuhost_agent.local_marketplace.tunnel_auth import Head, parse_head, stripped
-from gpuhost_agent.local_marketplace.tunnel_requests import Framing, Unframed, forward_requests, framing
+from gpuhost_agent.local_marketplace.tunnels.auth import Head, parse_head, stripped
+from gpuhost_agent.local_marketplace.tunnels.requests import Framing, Unframed, forward_requests, framing
 
 OURS = "gpuhost_tunnel_0123=session"
 

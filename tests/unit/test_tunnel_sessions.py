@@ -31,10 +31,11 @@ from aiohttp import WSMessage, WSMsgType
 from support.browser_names import browser_session
 from yarl import URL
 
-from gpuhost_agent.local_marketplace import tunnel_auth, tunnel_relay
 from gpuhost_agent.local_marketplace.channel_hub import ChannelHub
 from gpuhost_agent.local_marketplace.store import Store
-from gpuhost_agent.local_marketplace.tunnels import TunnelBook
+from gpuhost_agent.local_marketplace.tunnels import auth as tunnel_auth
+from gpuhost_agent.local_marketplace.tunnels import relay as tunnel_relay
+from gpuhost_agent.local_marketplace.tunnels.book import TunnelBook
 from gpuhost_agent.protocol import wire, wire_time
 
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"

@@ -29,13 +29,13 @@ from gpuhost_agent.local_marketplace import (
     script_api,
     speedtest_api,
     terminal_api,
-    tunnel_password_api,
     users_api,
 )
 from gpuhost_agent.local_marketplace.http_errors import BadRequest, json_error, same_secret
 from gpuhost_agent.local_marketplace.parse_errors import JsonErrorsRunner
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.store import Conflict, NotFound
+from gpuhost_agent.local_marketplace.tunnels import password_api as tunnel_password_api
 from gpuhost_agent.protocol import wire
 
 log = get_logger(__name__)

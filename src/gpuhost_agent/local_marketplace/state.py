@@ -17,7 +17,7 @@ from gpuhost_agent.local_marketplace.install_release import InstallRelease
 from gpuhost_agent.local_marketplace.releases import Release
 from gpuhost_agent.local_marketplace.store import Job, Store
 from gpuhost_agent.local_marketplace.terminal_tickets import TicketBook
-from gpuhost_agent.local_marketplace.tunnels import TunnelBook
+from gpuhost_agent.local_marketplace.tunnels.book import TunnelBook
 from gpuhost_agent.protocol import release_signature, wire_time
 from gpuhost_agent.protocol.intervals import DEFAULT_INTERVALS
 from gpuhost_agent.protocol.requirements import Requirements

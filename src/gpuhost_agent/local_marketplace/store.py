@@ -16,7 +16,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from gpuhost_agent.common.json_files import write_json_atomically
-from gpuhost_agent.local_marketplace import tunnel_auth
 from gpuhost_agent.local_marketplace.store_records import (  # Job and the errors: handlers import them from here
     COMPLETED,
     DELIVERED,
@@ -27,6 +26,7 @@ from gpuhost_agent.local_marketplace.store_records import (  # Job and the error
     new_rental,
     new_stack,
 )
+from gpuhost_agent.local_marketplace.tunnels import auth as tunnel_auth
 from gpuhost_agent.protocol import release_signature, wire, wire_time, wire_values
 
 LEASE = timedelta(minutes=10)

@@ -10,10 +10,10 @@ import asyncio
 
 from aiohttp import web
 
-from gpuhost_agent.local_marketplace import tunnel_auth
 from gpuhost_agent.local_marketplace.http_errors import json_error
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.store_records import Conflict
+from gpuhost_agent.local_marketplace.tunnels import auth as tunnel_auth
 
 
 def routes(state: MarketplaceState) -> list[web.RouteDef]:

@@ -28,7 +28,7 @@ from html import escape
 
 from aiohttp import WSMsgType, web
 
-from gpuhost_agent.local_marketplace import tunnel_requests
+from gpuhost_agent.local_marketplace.tunnels import requests as tunnel_requests
 from gpuhost_agent.protocol import wire
 
 CHUNK = 64 * 1024

@@ -18,8 +18,8 @@ from functools import partial
 from typing import Generic, Protocol, TypeVar
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.local_marketplace import tunnel_relay
 from gpuhost_agent.local_marketplace.channel_hub import ChannelHub, StreamRefused
+from gpuhost_agent.local_marketplace.tunnels import relay as tunnel_relay
 
 log = get_logger(__name__)
 

@@ -2,7 +2,7 @@
 
 Every request a client sends through an `http` tunnel is read before it is
 passed on, so that the gate (basic auth) judges each and our cookies are
-stripped from each (local_marketplace/tunnel_auth.py). Until 2026-11-28 only
+stripped from each (local_marketplace/tunnels/auth.py). Until 2026-11-28 only
 a connection's first request was read and the others were forced onto new
 connections with `Connection: close`; each new connection is a new stream
 through the agent (about 8 ms on this project's 2-core machine), so 50
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from gpuhost_agent.errors import Refusal
-from gpuhost_agent.local_marketplace.tunnel_auth import (
+from gpuhost_agent.local_marketplace.tunnels.auth import (
     TOKEN_PARAM,
     Decision,
     Gate,

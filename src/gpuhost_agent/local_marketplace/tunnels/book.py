@@ -41,10 +41,13 @@ from datetime import timedelta
 from functools import partial
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.local_marketplace import ssh_endpoint, tunnel_auth, tunnel_relay, tunnel_requests
+from gpuhost_agent.local_marketplace import ssh_endpoint
 from gpuhost_agent.local_marketplace.channel_hub import ChannelHub, StreamRefused
 from gpuhost_agent.local_marketplace.store import Store
-from gpuhost_agent.local_marketplace.tunnel_probes import TunnelProbes
+from gpuhost_agent.local_marketplace.tunnels import auth as tunnel_auth
+from gpuhost_agent.local_marketplace.tunnels import relay as tunnel_relay
+from gpuhost_agent.local_marketplace.tunnels import requests as tunnel_requests
+from gpuhost_agent.local_marketplace.tunnels.probes import TunnelProbes
 from gpuhost_agent.protocol import wire, wire_time
 
 log = get_logger(__name__)
