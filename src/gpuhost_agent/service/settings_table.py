@@ -107,7 +107,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("deploy_concurrency", "GPUHOST_DEPLOY_CONCURRENCY", kind.at_least_one,
             "deploys run at once, one fewer for any one rental; the others wait, APPLYING, with a reason saying so "
             "(removals never wait; "
-            "README, Performance)",
+            "docs/performance.md)",
             default="8", unit="deploys", modes=DEPLOYING, group="deploys"),
     Setting("stacks_per_rental", "GPUHOST_STACKS_PER_RENTAL", kind.at_least_one,
             "stacks one rental may have on this host (each makes networks: see Docker's address pools)",
