@@ -3,7 +3,7 @@ benchmark): how long scripts/swarm-cluster.sh takes to bring N engines up as
 a Swarm and to take them down, and how long `docker stack deploy` takes from
 the command to every task running, for a published-style file as it stands
 and for the same file after the agent's sandbox and Swarm rewrite
-(core/swarm/rewrite.py: limits, placement by node id, dnsrr, restart policy).
+(core/swarm/stack_file.py: limits, placement by node id, dnsrr, restart policy).
 The ratio is what the rewrite costs Swarm. Then the issue's comparison: the
 agent as the environment's leader (GPUHOST_SWARM=leader, a separate process
 on the manager, as in production), a stack created through the local

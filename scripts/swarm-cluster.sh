@@ -31,7 +31,7 @@
 # asking a registry for their digest.
 #
 # Each engine runs with --no-new-privileges, as a node of a Swarm environment
-# must (Swarm services cannot ask for it; core/swarm/rewrite.py), and has the
+# must (Swarm services cannot ask for it; core/swarm/stack_file.py), and has the
 # stand-in NVIDIA hook on its PATH (scripts/fake-nvidia),
 # as the test engine has, so it registers the `nvidia` device driver.
 #

@@ -28,7 +28,7 @@ from support.renter import Renter
 from support.stacks import TEST_IMAGE
 from support.waiting import until
 
-from gpuhost_agent.core.stacks.seed_list import seed_containers
+from gpuhost_agent.core.stacks.container_list import seed_containers
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.host_firewall import HostFirewall
 from gpuhost_agent.service.daemon import stop_agent

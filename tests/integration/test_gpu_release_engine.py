@@ -99,7 +99,7 @@ async def test_a_rental_no_release_can_serve_is_refused_at_once(gpu_agent):
 
 async def test_a_stack_removed_while_it_waits_for_released_gpus_goes_at_once(gpu_agent):
     """The renter deletes a stack that waits for GPUs an ended rental's stubborn
-    container holds for 10 s: the removal does not wait for them (core/stacks/deploy_stops.py)."""
+    container holds for 10 s: the removal does not wait for them (core/stacks/deploy_cancels.py)."""
     renter, parts, _local, _ = await gpu_agent(gpus=2, stop_timeout=10)
     ending = await renter.rental(gpu_count=2)
     stubborn = await renter.stack(ending, STUBBORN)

@@ -198,7 +198,7 @@ async def test_a_stack_removed_while_its_image_pulls_goes_at_once_and_its_pull_s
     """The renter deletes a stack whose pull is under way and slowed to 0.5 MB/s (the 55 MB would take
     about 100 s): the removal does not wait for the pull, the engine's pull stops (the registry passes
     nothing more), nothing of the stack is left, and the marketplace hears why the deploy stopped
-    (core/stacks/deploy_stops.py)."""
+    (core/stacks/deploy_cancels.py)."""
     renter, parts, relay, image = await relayed()
     rental_id = await renter.rental()
     stack_id = await renter.stack(rental_id, sleeper(image))

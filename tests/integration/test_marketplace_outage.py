@@ -19,7 +19,7 @@ from support.renter import Renter
 from support.stacks import SLEEPER
 from support.waiting import until
 
-from gpuhost_agent.core.stacks.seed_list import seed_containers
+from gpuhost_agent.core.stacks.container_list import seed_containers
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.service.daemon import stop_agent
 from gpuhost_agent.uplink.outbox import CONTAINERS
@@ -174,7 +174,7 @@ class ReportsRejected(AssertionError):
 async def test_outage_while_a_stack_is_deployed_and_removed_at_once(world, docker_client):
     """The renter creates a stack and deletes it right away; both jobs are
     delivered, then the marketplace goes away. The removal stops the deploy
-    where it can (core/stacks/deploy_stops.py) or waits for it, one job at a
+    where it can (core/stacks/deploy_cancels.py) or waits for it, one job at a
     time per stack, so every report of the stack, the removal's included, is
     still in the outbox when the marketplace comes back."""
     renter, market, parts = world

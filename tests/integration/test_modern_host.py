@@ -31,7 +31,7 @@ from support.renter import Renter
 from support.renter_streams import create_terminal, terminal_until
 from support.stacks import TEST_IMAGE
 
-from gpuhost_agent.core.stacks.seed_list import RENTAL_MEMORY_REACHED
+from gpuhost_agent.core.stacks.container_list import RENTAL_MEMORY_REACHED
 from gpuhost_agent.local_marketplace import server as local_server
 from gpuhost_agent.local_marketplace.install_release import InstallRelease
 from gpuhost_agent.local_marketplace.releases import Release

@@ -55,7 +55,7 @@ def check(now: dict[str, dict], before: dict[str, dict], live_stacks: set[str], 
             assert container_id in now and now[container_id]["machine"] == seen["machine"], (step, "moved", seen)
 
 
-SPLIT = "its GPUs are on 2 machines and a container runs on one"  # the sandbox's refusal (core/swarm/rewrite.py)
+SPLIT = "its GPUs are on 2 machines and a container runs on one"  # the sandbox's refusal (core/swarm/stack_file.py)
 
 
 async def test_twenty_random_deploys_removals_and_ends_never_share_a_gpu_or_move_a_task(swarm_leader) -> None:

@@ -15,7 +15,7 @@ from support.swarm import container_of, deploy, docker
 from gpuhost_agent.core.sandbox.context import GIB
 from gpuhost_agent.core.sandbox.harden import harden
 from gpuhost_agent.core.stack_errors import StackRejected
-from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
+from gpuhost_agent.core.swarm.stack_file import SwarmPlacement, swarm_stack
 
 pytestmark = pytest.mark.swarm
 CTX = stack_context(project="p", gpu_uuids=RENTAL_GPUS, cpus=1.0, memory_bytes=GIB // 2, pids_limit=512)

@@ -1,4 +1,4 @@
-"""The Swarm rewrite (core/swarm/rewrite.py) against a real two-node Swarm
+"""The Swarm rewrite (core/swarm/stack_file.py) against a real two-node Swarm
 (scripts/swarm-cluster.sh): what it writes, `docker stack deploy` applies in
 full, and the containers it starts on either machine are sandboxed, judged by
 `docker inspect` on the node that runs them and by the kernel inside them.
@@ -20,7 +20,7 @@ from support.swarm import PREFIX, container_of, deploy, docker, remove_stack
 from gpuhost_agent.core.sandbox.context import GIB
 from gpuhost_agent.core.sandbox.harden import ALWAYS_DROP, harden
 from gpuhost_agent.core.stack_errors import StackRejected
-from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
+from gpuhost_agent.core.swarm.stack_file import SwarmPlacement, swarm_stack
 from gpuhost_agent.inventory import compliance
 from gpuhost_agent.inventory.host_probe import docker_facts
 from gpuhost_agent.protocol.requirements import Requirements

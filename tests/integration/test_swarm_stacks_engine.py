@@ -19,9 +19,9 @@ from support.swarm import PREFIX, docker, set_availability
 from gpuhost_agent.core.gpus.allocation import environment_slots
 from gpuhost_agent.core.sandbox.context import GIB
 from gpuhost_agent.core.sandbox.harden import harden
-from gpuhost_agent.core.stacks.compose_rewrite import label_services
-from gpuhost_agent.core.stacks.seed_list import seed_containers
-from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
+from gpuhost_agent.core.stacks.container_list import seed_containers
+from gpuhost_agent.core.stacks.project_input import label_services
+from gpuhost_agent.core.swarm.stack_file import SwarmPlacement, swarm_stack
 from gpuhost_agent.inventory.swarm_nodes import environment_facts
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine.client import DockerEngine

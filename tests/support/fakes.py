@@ -25,7 +25,7 @@ from gpuhost_agent.core.containers.watch import ContainerWatch
 from gpuhost_agent.core.host_reporter import HostReporter
 from gpuhost_agent.core.init_state import InitState
 from gpuhost_agent.core.schedule import Schedule
-from gpuhost_agent.core.stacks.deploy_stops import DeployStops
+from gpuhost_agent.core.stacks.deploy_cancels import DeployCancels
 from gpuhost_agent.core.stacks.deployer import StackDeployer
 from gpuhost_agent.core.stacks.dispatcher import JobDispatcher
 from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
@@ -116,7 +116,7 @@ class FakeDeployer:
         self.ran: list[str] = []
         self.removed = asyncio.Event()
 
-    async def deploy(self, job: wire_jobs.StackJob, stops: DeployStops | None = None) -> str:
+    async def deploy(self, job: wire_jobs.StackJob, stops: DeployCancels | None = None) -> str:
         self.ran.append(job.job_id)
         return ""
 

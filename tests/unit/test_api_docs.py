@@ -46,8 +46,8 @@ from support.wiring import agent_for, dispatcher_for
 from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.sandbox.apply import Sandbox
 from gpuhost_agent.core.stacks import naming
+from gpuhost_agent.core.stacks.container_list import to_seed_container
 from gpuhost_agent.core.stacks.deployer import StackDeployer
-from gpuhost_agent.core.stacks.seed_list import to_seed_container
 from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.local_marketplace.server import build_app
 from gpuhost_agent.local_marketplace.state import DEFAULT_INTERVALS, MarketplaceState

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from gpuhost_agent.core.stack_errors import StackRejected
-from gpuhost_agent.core.stacks.compose_rewrite import check_variables
+from gpuhost_agent.core.stacks.project_input import check_variables
 from gpuhost_agent.runtime.compose import VARIABLES_FILE, ComposeRunner, find_compose_command, host_environment
 from gpuhost_agent.runtime.host_process import HostProcesses
 

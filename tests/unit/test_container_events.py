@@ -14,7 +14,7 @@ from gpuhost_agent.core.containers.coalesce import Coalescer
 from gpuhost_agent.core.containers.events import decode_event, error_to_report, list_behind
 from gpuhost_agent.core.containers.states import ContainerStates
 from gpuhost_agent.core.containers.watch import ContainerWatch
-from gpuhost_agent.core.stacks.seed_list import (
+from gpuhost_agent.core.stacks.container_list import (
     ExitFacts,
     exit_facts,
     failed_containers,

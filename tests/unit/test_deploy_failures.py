@@ -4,6 +4,8 @@ own failures: tests/integration/test_deploy_errors.py.)"""
 
 from __future__ import annotations
 
+from gpuhost_agent.core.stacks.container_list import RENTAL_MEMORY_REACHED
+from gpuhost_agent.core.stacks.container_list import SERVICE_LABEL as SERVICE
 from gpuhost_agent.core.stacks.deploy_failures import (
     describe_container,
     failure_reason,
@@ -12,8 +14,6 @@ from gpuhost_agent.core.stacks.deploy_failures import (
     with_output,
     without_registry_reply,
 )
-from gpuhost_agent.core.stacks.seed_list import RENTAL_MEMORY_REACHED
-from gpuhost_agent.core.stacks.seed_list import SERVICE_LABEL as SERVICE
 from gpuhost_agent.protocol import wire
 
 

@@ -1,5 +1,5 @@
 """A deploy that its stack's removal or its rental's end overtook stops early
-(core/stacks/deploy_stops.py): while it waits for a deploy slot or pulls its
+(core/stacks/deploy_cancels.py): while it waits for a deploy slot or pulls its
 images, never once its `up` runs, and never a deploy that arrived after the
 removal. The real dispatcher, around a deployer whose pull is held until
 released."""
@@ -13,7 +13,7 @@ from support.stacks import job_payload
 from support.waiting import until
 from support.wiring import dispatcher_for
 
-from gpuhost_agent.core.stacks.deploy_stops import DeployStopped, DeployStops
+from gpuhost_agent.core.stacks.deploy_cancels import DeployCancelled, DeployCancels
 from gpuhost_agent.core.stacks.dispatcher import JobDispatcher
 from gpuhost_agent.protocol import wire, wire_jobs
 
@@ -39,12 +39,12 @@ class PullingDeployer:
             self.pull_cancelled.append(job.job_id)
             raise
 
-    async def deploy(self, job: wire_jobs.StackJob, stops: DeployStops | None = None) -> str:
+    async def deploy(self, job: wire_jobs.StackJob, stops: DeployCancels | None = None) -> str:
         assert stops is not None
         try:
             await stops.unless_stopped(job, self._pull(job))
             stops.check(job)
-        except DeployStopped as exc:  # the real deployer reports ERROR and takes down what it made
+        except DeployCancelled as exc:  # the real deployer reports ERROR and takes down what it made
             return str(exc)
         self.up.append(job.job_id)
         await self.up_done.wait()

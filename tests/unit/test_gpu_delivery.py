@@ -17,7 +17,7 @@ from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.sandbox.apply import Sandbox, decide, review_raw
 from gpuhost_agent.core.sandbox.context import GIB, StackSite
 from gpuhost_agent.core.sandbox.raw import RawReview
-from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
+from gpuhost_agent.core.swarm.stack_file import SwarmPlacement, swarm_stack
 from gpuhost_agent.inventory import gpu_delivery, host_probe, render
 from gpuhost_agent.inventory.compliance import evaluate
 from gpuhost_agent.inventory.gpu_delivery import DeliveryFacts

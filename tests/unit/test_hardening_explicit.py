@@ -19,9 +19,9 @@ from gpuhost_agent.core.sandbox.harden import GPU_LABEL
 from gpuhost_agent.core.sandbox.image_config import service_image_problem
 from gpuhost_agent.core.sandbox.raw import RawReview
 from gpuhost_agent.core.stack_errors import StackRejected
-from gpuhost_agent.core.stacks.compose_rewrite import label_services
 from gpuhost_agent.core.stacks.naming import stack_labels
-from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
+from gpuhost_agent.core.stacks.project_input import label_services
+from gpuhost_agent.core.swarm.stack_file import SwarmPlacement, swarm_stack
 from gpuhost_agent.inventory import toolkit
 from gpuhost_agent.inventory.compliance import evaluate
 from gpuhost_agent.protocol import wire

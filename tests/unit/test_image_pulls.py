@@ -9,9 +9,9 @@ import threading
 
 import pytest
 
+from gpuhost_agent.core.images.disk_fit import GB, Room, room_problem, roomy
 from gpuhost_agent.core.images.pull_progress import MAX_MESSAGE, PullProgress, progress_message
 from gpuhost_agent.core.images.pulls import ImagePulls, pullable_images, stalled_message
-from gpuhost_agent.core.images.room import GB, Room, room_problem, roomy
 from gpuhost_agent.core.stack_errors import StackFailed, StackRejected
 from gpuhost_agent.runtime.image_manifest import insecure_registry, manifest_size
 from gpuhost_agent.runtime.image_pull import PullError, PullStalled

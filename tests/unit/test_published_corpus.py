@@ -6,7 +6,7 @@ normalisation, the rewrites and the policy (issue 15).
 Each file deploys or is refused as tests/sandbox_corpus/published/outcomes.yaml
 says; a refusal names every problem listed there in one message; a deployed
 file's hardened model holds the sandbox's invariants, and is written for a Swarm
-(core/swarm/rewrite.py): every service pinned and capped, every network the
+(core/swarm/stack_file.py): every service pinned and capped, every network the
 stack's own overlay. End to end on the real engine:
 tests/integration/test_published_corpus_engine.py.
 """
@@ -23,7 +23,7 @@ from support.sandbox_decide import RENTAL_GPUS, assert_sandboxed, decide_file
 from support.settings import stack_context
 
 from gpuhost_agent.core.sandbox.context import GIB
-from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
+from gpuhost_agent.core.swarm.stack_file import SwarmPlacement, swarm_stack
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
 
 PUBLISHED = sorted((CORPUS / "published").glob("[0-9]*.yaml"))

@@ -12,10 +12,10 @@ from support.settings import stack_context
 from gpuhost_agent.core.sandbox.apply import decide
 from gpuhost_agent.core.sandbox.context import GIB
 from gpuhost_agent.core.sandbox.harden import harden
+from gpuhost_agent.core.sandbox.make_safe import rewrite
 from gpuhost_agent.core.sandbox.raw import RawReview
-from gpuhost_agent.core.sandbox.rewrite import rewrite
 from gpuhost_agent.core.stack_errors import StackRejected
-from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
+from gpuhost_agent.core.swarm.stack_file import SwarmPlacement, swarm_stack
 
 CTX = stack_context(project="p", gpu_uuids=("GPU-a", "GPU-b"), cpus=8.0, memory_bytes=8 * GIB, pids_limit=4096)
 PLACED = SwarmPlacement(gpu_nodes={"GPU-a": "n1", "GPU-b": "n1"}, home_node="n1")

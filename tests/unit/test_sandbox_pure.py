@@ -402,7 +402,7 @@ def test_what_a_file_or_template_multiplies_is_bounded() -> None:
     from gpuhost_agent.core.sandbox.apply import CHANGES_PREFIX, notices_message
     from gpuhost_agent.core.sandbox.policy import MAX_SERVICES_PER_STACK
     from gpuhost_agent.core.stack_errors import StackRejected
-    from gpuhost_agent.core.stacks.compose_rewrite import MAX_VARIABLES, check_variables
+    from gpuhost_agent.core.stacks.project_input import MAX_VARIABLES, check_variables
 
     def services(count: int) -> dict:
         return {"services": {f"s{i}": {"image": "x", "deploy": {"replicas": 0}} for i in range(count)}}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuhost_agent.core.stacks.seed_list import failed_containers, seed_containers, to_seed_container
+from gpuhost_agent.core.stacks.container_list import failed_containers, seed_containers, to_seed_container
 
 
 def test_seed_container_shape():

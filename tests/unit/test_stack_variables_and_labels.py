@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuhost_agent.core.stack_errors import StackRejected
-from gpuhost_agent.core.stacks.compose_rewrite import check_variables, label_services
+from gpuhost_agent.core.stacks.project_input import check_variables, label_services
 from gpuhost_agent.protocol import wire
 
 

@@ -18,7 +18,7 @@ from gpuhost_agent.core.sandbox.apply import Sandbox, review_raw
 from gpuhost_agent.core.sandbox.context import GIB, StackSite
 from gpuhost_agent.core.stack_errors import StackRejected
 from gpuhost_agent.core.swarm.placement import SwarmPlacer
-from gpuhost_agent.core.swarm.rewrite import stack_nodes
+from gpuhost_agent.core.swarm.stack_file import stack_nodes
 from gpuhost_agent.protocol import wire, wire_jobs
 from gpuhost_agent.storage.agent_db import AgentDB
 

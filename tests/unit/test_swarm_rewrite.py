@@ -1,4 +1,4 @@
-"""The Swarm rewrite of a hardened stack (core/swarm/rewrite.py), as pure
+"""The Swarm rewrite of a hardened stack (core/swarm/stack_file.py), as pure
 functions, on small stacks that show one rule each. Every published Compose
 file the sandbox deploys is written for Swarm in test_published_corpus.py
 (with its one run of the real Compose CLI). On a real Swarm:
@@ -12,8 +12,8 @@ from support.settings import stack_context
 from gpuhost_agent.core.sandbox.context import GIB, machine_shares
 from gpuhost_agent.core.sandbox.harden import ALWAYS_DROP, harden
 from gpuhost_agent.core.stack_errors import StackRejected
-from gpuhost_agent.core.stacks.compose_rewrite import label_services
-from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, swarm_stack
+from gpuhost_agent.core.stacks.project_input import label_services
+from gpuhost_agent.core.swarm.stack_file import SwarmPlacement, swarm_stack
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.declared_ports import LABEL as EXPOSED_LABEL
 from gpuhost_agent.runtime.declared_ports import labelled_ports

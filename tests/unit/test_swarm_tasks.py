@@ -7,7 +7,7 @@ test_swarm_stacks_engine.py runs the same code against it)."""
 from __future__ import annotations
 
 from gpuhost_agent.core.gpus.allocation import GpuSlot, allocate, environment_slots
-from gpuhost_agent.core.stacks.seed_list import seed_containers
+from gpuhost_agent.core.stacks.container_list import seed_containers
 from gpuhost_agent.inventory.swarm_nodes import nodes_facts
 from gpuhost_agent.runtime.declared_ports import LABEL as EXPOSED_LABEL
 from gpuhost_agent.runtime.swarm_tasks import NODE_LABEL, stack_containers

@@ -327,7 +327,7 @@ def _docker_checks(docker: dict, compose: dict, kit: dict, req: Requirements) ->
 
 
 def _swarm_node_checks(docker: dict) -> list[Check]:
-    """What a Swarm service cannot ask for (core/swarm/rewrite.py), the engine
+    """What a Swarm service cannot ask for (core/swarm/stack_file.py), the engine
     of a Swarm node must give every container itself: no-new-privileges, and a
     cgroup namespace of its own (on cgroup v1 the default is the host's). On a
     machine of its own the agent sets both on each container: nothing to check."""

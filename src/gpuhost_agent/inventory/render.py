@@ -153,7 +153,7 @@ def _rental_limits(limits: dict) -> str:
 
 def _swarm(docker: dict) -> str:
     """This engine's Swarm membership, and whether it holds no-new-privileges for
-    every container (what a Swarm node must do: core/swarm/rewrite.py)."""
+    every container (what a Swarm node must do: core/swarm/stack_file.py)."""
     swarm = docker.get("swarm") or {"state": "unknown"}
     held = (docker.get("noNewPrivileges") or {}).get("default")
     role = (

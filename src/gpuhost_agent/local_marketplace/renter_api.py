@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gpuhost_agent.local_marketplace import listing_api, shapes
+from gpuhost_agent.local_marketplace import host_listing_api, shapes
 from gpuhost_agent.local_marketplace.http_errors import json_body, json_error
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.local_marketplace.stream_targets import find_container
@@ -82,7 +82,7 @@ def routes(state: MarketplaceState) -> list[web.RouteDef]:
             if end_date is None:
                 return json_error(400, "endDate must be an ISO 8601 date-time")
         ends = wire_time.parse_iso(end_date) if end_date is not None else None
-        if problem := listing_api.rental_refusal(store.listingSettings, wire_time.utcnow(), ends):
+        if problem := host_listing_api.rental_refusal(store.listingSettings, wire_time.utcnow(), ends):
             return json_error(409, problem)
         rental = store.create_rental(name=name, gpu_count=gpu_count, end_date=end_date)
         rental["listing"] = shapes.renters_listing(shapes.listing(store, selected_gpus=gpu_count))  # as rented: frozen

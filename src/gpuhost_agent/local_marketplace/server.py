@@ -20,7 +20,7 @@ from gpuhost_agent.local_marketplace import (
     agent_api,
     channel_api,
     host_api,
-    listing_api,
+    host_listing_api,
     listings_api,
     logs_api,
     marketplace_only_api,
@@ -95,7 +95,7 @@ def build_app(state: MarketplaceState) -> web.Application:
     app.add_routes(logs_api.routes(state))
     app.add_routes(terminal_api.routes(state))
     app.add_routes(host_api.routes(state))
-    app.add_routes(listing_api.routes(state))
+    app.add_routes(host_listing_api.routes(state))
     app.add_routes(speedtest_api.routes())
     app.add_routes(script_api.routes(state))
     app.add_routes(users_api.routes(state))

@@ -57,7 +57,7 @@ def renters_listing(shaped: dict) -> dict:
 
 
 def listing_settings(settings: dict) -> dict:
-    """What the host set (listing_api.py), in the response's object shapes."""
+    """What the host set (host_listing_api.py), in the response's object shapes."""
     return {
         "isListed": settings.get("isListed", LISTED_BY_DEFAULT),
         "availabilityWindows": {"windows": settings.get("availabilityWindows", [])},

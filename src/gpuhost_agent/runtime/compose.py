@@ -76,7 +76,7 @@ def env_file_line(name: str, value: str) -> str:
     `value`: inside double quotes it expands `$` and reads backslash escapes,
     so backslash, quote and `$` are escaped and line breaks written as
     escapes (a raw one would end the line, and the value could then add a
-    variable of its own). Names are checked before (core/stacks/compose_rewrite.py)."""
+    variable of its own). Names are checked before (core/stacks/project_input.py)."""
     return f'{name}="{value.translate(_ENV_FILE_ESCAPES)}"\n'
 
 

@@ -6,7 +6,7 @@ Compose records every `ports:` and `expose:` port in the container's
 Config.ExposedPorts. `docker stack deploy` cannot: a Swarm service's spec
 has no field for `expose`, so a container of it has ExposedPorts null and
 only its published ports in the task's PortStatus. The agent's Swarm rewrite
-(core/swarm/rewrite.py) therefore writes the `expose:` ports into a label of
+(core/swarm/stack_file.py) therefore writes the `expose:` ports into a label of
 the container, LABEL, which Swarm keeps as it is; the ports a container
 declares are those of both records. Neither the renter's file nor the image
 sets it: every `io.gpuhost.` label is the agent's (core/sandbox/policy.py), and

@@ -5,7 +5,7 @@ of its own, by default.
 On one machine the agent writes `no-new-privileges` and `cgroup: private`
 into every container it starts. A Swarm service can ask for neither
 (`docker stack deploy` ignores `security_opt` and has no cgroup namespace
-field: core/swarm/rewrite.py), so on a Swarm node the engine must hold them
+field: core/swarm/stack_file.py), so on a Swarm node the engine must hold them
 itself, and doctor must be able to tell. The engine is found by its
 socket: the kernel names the process at the other end of a unix socket
 (SO_PEERCRED), and that process's command line and daemon.json say the rest.

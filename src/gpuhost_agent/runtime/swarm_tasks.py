@@ -6,7 +6,7 @@ A task is one container of a service on one machine. The
 manager knows every task, including those on other machines, so the
 container list is built from tasks (the newest of each service's slot) in
 the shape of Docker's container list, and then goes through the same
-seed shaping as on one machine (core/stacks/seed_list.py).
+seed shaping as on one machine (core/stacks/container_list.py).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def _ports(published: list[Mapping[str, Any]], exposed: set[int]) -> list[dict[s
 
 
 def _pinned_node(task: Mapping[str, Any]) -> str:
-    """The node the agent pinned the task's service to (core/swarm/rewrite.py):
+    """The node the agent pinned the task's service to (core/swarm/stack_file.py):
     where a task waits to run while that machine is away (it has no NodeID)."""
     constraints = (((task.get("Spec") or {}).get("Placement") or {}).get("Constraints")) or []
     for constraint in constraints:

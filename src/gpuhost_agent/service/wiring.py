@@ -26,8 +26,8 @@ from gpuhost_agent.core.egress_keeper import EgressKeeper
 from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.host_reporter import HostReporter
 from gpuhost_agent.core.images.cache import ImageCache
+from gpuhost_agent.core.images.disk_fit import DiskRoom
 from gpuhost_agent.core.images.pulls import ImagePulls
-from gpuhost_agent.core.images.room import DiskRoom
 from gpuhost_agent.core.reconcile.engine_recovery import EngineRecovery
 from gpuhost_agent.core.reconcile.reconciler import Reconciler
 from gpuhost_agent.core.rental_clock import RentalClock

@@ -66,7 +66,7 @@ from gpuhost_agent.runtime.door_client import CRL_HEADER, FRAME_HEADER, FRAME_LI
 from gpuhost_agent.runtime.engine.client import EngineError
 from gpuhost_agent.runtime.engine.streams import EngineStreams
 from gpuhost_agent.runtime.netns_dial import dial_in_namespace
-from gpuhost_agent.streams.door_acts import MachineSource, act
+from gpuhost_agent.streams.door_own_calls import MachineSource, act
 from gpuhost_agent.streams.door_request import body_length, engine_body, engine_target, parse_head
 from gpuhost_agent.streams.door_routes import (
     EXEC_IDS,

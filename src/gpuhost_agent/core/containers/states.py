@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuhost_agent.common.logs import get_logger
-from gpuhost_agent.core.stacks.seed_list import ExitFacts, exit_facts, needs_facts, status_exit_code
+from gpuhost_agent.core.stacks.container_list import ExitFacts, exit_facts, needs_facts, status_exit_code
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
 

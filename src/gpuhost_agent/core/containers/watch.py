@@ -28,8 +28,8 @@ from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.containers.coalesce import Coalescer
 from gpuhost_agent.core.containers.events import WATCHED, decode_event, error_to_report, list_behind
 from gpuhost_agent.core.containers.states import ContainerStates
+from gpuhost_agent.core.stacks.container_list import seed_containers, stack_error, stack_id_of
 from gpuhost_agent.core.stacks.dispatcher import JobDispatcher
-from gpuhost_agent.core.stacks.seed_list import seed_containers, stack_error, stack_id_of
 from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.inventory.machines import Machines
 from gpuhost_agent.protocol import wire

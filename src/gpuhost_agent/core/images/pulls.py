@@ -30,7 +30,7 @@ what starts is what the agent judged (core/stacks/image_checks.py); images
 with `pull_policy: always` (or daily, weekly) are pulled at each deploy.
 
 Before a pull the images' size is checked against the rental's share and
-the disk floor (core/images/room.py), after evicting kept images the floor
+the disk floor (core/images/disk_fit.py), after evicting kept images the floor
 needs room from (core/images/cache.py).
 """
 
@@ -44,9 +44,9 @@ from dataclasses import dataclass, field, replace
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.images.cache import ImageCache
+from gpuhost_agent.core.images.disk_fit import Room, room_problem, roomy
 from gpuhost_agent.core.images.pull_progress import PullProgress, progress_message
 from gpuhost_agent.core.images.pull_slots import PER_HOST, PER_RENTAL, deadline_seconds, startable
-from gpuhost_agent.core.images.room import Room, room_problem, roomy
 from gpuhost_agent.core.sandbox.host_network import registry_of
 from gpuhost_agent.core.stack_errors import StackFailed, StackRejected
 from gpuhost_agent.errors import Stopped
@@ -156,7 +156,7 @@ class ImagePulls:
         cache: ImageCache | None = None,
     ):
         """`sizes` and `room` check that the images fit before they are
-        pulled (core/images/room.py); `cache` records what was pulled and
+        pulled (core/images/disk_fit.py); `cache` records what was pulled and
         evicts the least recently used when the floor needs room
         (core/images/cache.py)."""
         self.pull, self.stall_seconds, self.report_seconds = pull, stall_seconds, report_seconds

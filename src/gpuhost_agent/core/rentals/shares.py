@@ -4,7 +4,7 @@ On one machine each rental's containers run under a cgroup of the rental's
 own (runtime/rental_cgroups.py), so its containers together stay within
 the rental's share. A Swarm environment's leader has none: Swarm has no
 `cgroup_parent`, and the Swarm rewrite divides the share among the
-services instead (core/swarm/rewrite.py). Both are a `RentalShares`: the
+services instead (core/swarm/stack_file.py). Both are a `RentalShares`: the
 sandbox, the deployer and the container watch use whichever the
 composition root gave them, without asking which.
 """

@@ -35,10 +35,10 @@ from gpuhost_agent.core.sandbox.context import (
 )
 from gpuhost_agent.core.sandbox.harden import harden
 from gpuhost_agent.core.sandbox.host_network import Absent, resolve_registries
+from gpuhost_agent.core.sandbox.make_safe import rewrite
 from gpuhost_agent.core.sandbox.placement import Placement
 from gpuhost_agent.core.sandbox.policy import policy_violations
 from gpuhost_agent.core.sandbox.raw import RawReview, review
-from gpuhost_agent.core.sandbox.rewrite import rewrite
 from gpuhost_agent.core.stack_errors import StackRejected
 from gpuhost_agent.inventory.host_probe import storage
 from gpuhost_agent.protocol import wire_jobs

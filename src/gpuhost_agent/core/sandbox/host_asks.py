@@ -1,7 +1,7 @@
 """What a published file asks of the host that the stack can have on its
 own instead: a host directory for data, the host's network, a host port, a
 memory reservation sized for a bigger machine. Pure: part of
-core/sandbox/rewrite.py, each change a notice the renter reads on the
+core/sandbox/make_safe.py, each change a notice the renter reads on the
 APPLIED stack (issue 34, items 3 and 10).
 
 Nothing here ever gives a host path, the host's network or a chosen host

@@ -31,7 +31,7 @@ import socket
 from collections.abc import Awaitable, Callable, Iterable
 
 from gpuhost_agent.core.sandbox.context import Registries
-from gpuhost_agent.core.sandbox.rewrite import replicas_of
+from gpuhost_agent.core.sandbox.make_safe import replicas_of
 from gpuhost_agent.runtime.engine.client import EngineError
 from gpuhost_agent.streams.sandbox_addresses import IPAddress, registry_address_problem
 

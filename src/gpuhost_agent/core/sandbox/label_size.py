@@ -3,7 +3,7 @@
 Labels are not only the renter's business: the engine puts every label of a
 container into each of its events and every container list, and the agent
 reads those for all renters (core/containers/watch.py), keeps the last list
-of each stack and sends it to the marketplace (core/stacks/seed_list.py:
+of each stack and sends it to the marketplace (core/stacks/container_list.py:
 the seed's Container has its Labels). A renter's megabytes of labels, from
 the Compose file or baked into the image, so cost every renter's events and
 the agent's memory; a stack's event line over 1 MiB is even skipped

@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpuhost_agent.core.stacks.seed_list import (
+from gpuhost_agent.core.stacks.container_list import (
     RENTAL_MEMORY_REACHED,
     exit_facts,
     failed_containers,

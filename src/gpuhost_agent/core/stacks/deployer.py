@@ -28,7 +28,8 @@ from gpuhost_agent.core.sandbox.raw import RawReview
 from gpuhost_agent.core.stack_errors import StackFailed, StackRejected
 from gpuhost_agent.core.stacks import naming
 from gpuhost_agent.core.stacks.backend import StackBackend
-from gpuhost_agent.core.stacks.compose_rewrite import MAX_VARIABLES, check_variables, label_services
+from gpuhost_agent.core.stacks.container_list import failed_containers, seed_containers
+from gpuhost_agent.core.stacks.deploy_cancels import DeployCancels
 from gpuhost_agent.core.stacks.deploy_failures import (
     LimitReached,
     describe_container,
@@ -36,9 +37,8 @@ from gpuhost_agent.core.stacks.deploy_failures import (
     service_images,
     without_registry_reply,
 )
-from gpuhost_agent.core.stacks.deploy_stops import DeployStops
 from gpuhost_agent.core.stacks.image_checks import image_problems
-from gpuhost_agent.core.stacks.seed_list import failed_containers, seed_containers
+from gpuhost_agent.core.stacks.project_input import MAX_VARIABLES, check_variables, label_services
 from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.protocol import wire, wire_jobs
 from gpuhost_agent.runtime.compose import COMPOSE_PROJECT_LABEL, ComposeError
@@ -130,12 +130,12 @@ class StackDeployer:
         log.warning("stack_failed", stack_id=job.stack_id, job_id=job.job_id, error=message)
         return message
 
-    async def deploy(self, job: wire_jobs.StackJob, stops: DeployStops | None = None) -> str:
+    async def deploy(self, job: wire_jobs.StackJob, stops: DeployCancels | None = None) -> str:
         """Run the job's stack; returns "" on success, else the errorMsg reported.
         `stops` ends the wait for GPUs, the image pull, or the deploy before its
         `up`, when a removal of the stack or its rental's end overtook the job
         (deploy_stops.py)."""
-        stops = stops or DeployStops()
+        stops = stops or DeployCancels()
         # A redelivered job's, or the last deploy's: kept only when that deploy was seen through (APPLIED);
         # containers of one that crashed between up and its checks were never judged running well.
         applied = (self.db.stacks().get(job.stack_id) or {}).get("status") == wire.APPLIED
@@ -210,7 +210,7 @@ class StackDeployer:
         return message
 
     async def _pull(self, job: wire_jobs.StackJob, stack: dict) -> None:
-        """The stack's missing images, checked to fit (core/images/room.py), then
+        """The stack's missing images, checked to fit (core/images/disk_fit.py), then
         pulled with progress in APPLYING's errorMsg (core/images/pulls.py)."""
         if self.images is None:
             return

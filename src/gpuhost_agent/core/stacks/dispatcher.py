@@ -36,8 +36,8 @@ from prometheus_client import Histogram
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.rentals.end_dates import RentalEndDates
-from gpuhost_agent.core.stacks.deploy_stops import DeployStopped, DeployStops
-from gpuhost_agent.core.stacks.deploy_turns import DeployTurns
+from gpuhost_agent.core.stacks.deploy_cancels import DeployCancelled, DeployCancels
+from gpuhost_agent.core.stacks.deploy_limits import DeployLimits
 from gpuhost_agent.core.stacks.deployer import StackDeployer
 from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.protocol import wire, wire_jobs, wire_time, wire_values
@@ -78,8 +78,8 @@ class JobDispatcher:
         self.outcomes: Counter[str] = Counter()  # marketplace jobs finished since start, for the metrics
         self.deploy_durations = deploy_durations
         self.deploy_concurrency = deploy_concurrency
-        self._turns = DeployTurns(deploy_concurrency)
-        self._stops = DeployStops()  # a deploy that a later removal or rental end overtook stops early
+        self._turns = DeployLimits(deploy_concurrency)
+        self._stops = DeployCancels()  # a deploy that a later removal or rental end overtook stops early
 
     def submit(self, raw: object) -> None:
         raw_id = raw.get("jobId") if isinstance(raw, dict) else None
@@ -206,7 +206,7 @@ class JobDispatcher:
                     async with self._deploy_turn(job):
                         started = time.monotonic()
                         error = await self._execute(job)
-                except DeployStopped as exc:  # overtaken before it started: nothing of it to take down
+                except DeployCancelled as exc:  # overtaken before it started: nothing of it to take down
                     error = str(exc)
                     log.info("deploy_stopped", job_id=job.job_id, stack_id=job.stack_id, reason=error)
                 else:
@@ -225,7 +225,7 @@ class JobDispatcher:
     @contextlib.asynccontextmanager
     async def _deploy_turn(self, job: wire_jobs.StackJob) -> AsyncIterator[None]:
         """A deploy turn for the block (deploy_turns.py); when none is free the
-        stack says why it waits. DeployStopped when a removal or rental end
+        stack says why it waits. DeployCancelled when a removal or rental end
         overtook it first."""
         self._stops.check(job)
 

@@ -66,7 +66,7 @@ def stack_labels(
         wire.LABEL_ENV: env_id,
         wire.LABEL_GPUS: ",".join(gpus),
         wire.LABEL_SSH: "true" if ssh else "",
-        wire.LABEL_EXPOSED_PORTS: "",  # the Swarm rewrite writes the expose: ports (core/swarm/rewrite.py)
+        wire.LABEL_EXPOSED_PORTS: "",  # the Swarm rewrite writes the expose: ports (core/swarm/stack_file.py)
     }
 
 

@@ -79,7 +79,7 @@ class StatusReporter:
         )
 
     def containers(self, stack_id: str, containers: list[dict]) -> None:
-        """The stack's containers in the seed's shape (core/stacks/seed_list.py)."""
+        """The stack's containers in the seed's shape (core/stacks/container_list.py)."""
         self._containers[stack_id] = containers
         self.outbox.put(CONTAINERS, stack_id, {"containers": containers, "observedAt": wire_time.iso()})
 

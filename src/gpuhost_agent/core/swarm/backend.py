@@ -4,7 +4,7 @@
 The same deploy as on one machine (core/stacks/deployer.py): the renter's file is
 read by Compose (`config`), judged and hardened by the same sandbox, given
 the rental's GPUs from the environment's ledger, and written for Swarm
-(core/swarm/rewrite.py, inside the sandbox); this backend hands it to
+(core/swarm/stack_file.py, inside the sandbox); this backend hands it to
 `docker stack deploy` (runtime/swarm_stacks.py), as Portainer does for
 Swarm environments. A stack counts as started once every task of it runs on
 its machine; one that fails, or is still not running after `start_seconds`,
@@ -26,7 +26,7 @@ from gpuhost_agent.core.sandbox.apply import refuse_with_compose_error
 from gpuhost_agent.core.sandbox.raw import RawReview
 from gpuhost_agent.core.stack_errors import StackFailed
 from gpuhost_agent.core.stacks.backend import ListContainers
-from gpuhost_agent.core.stacks.seed_list import SERVICE_LABEL, failed_containers
+from gpuhost_agent.core.stacks.container_list import SERVICE_LABEL, failed_containers
 from gpuhost_agent.runtime.compose import ComposeError, ComposeRunner
 from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
 from gpuhost_agent.runtime.swarm_stacks import NAMESPACE_LABEL, SwarmStacks

@@ -1,6 +1,6 @@
 """The placement of a Swarm environment's stack (core/sandbox/placement.py): each
 GPU service pinned to the machine of its GPUs, every other service to the
-leader's, with the rental's share of each machine (core/swarm/rewrite.py).
+leader's, with the rental's share of each machine (core/swarm/stack_file.py).
 The rental's services already running per machine (other stacks) share
 that share, so they are counted before the sandbox decides."""
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from gpuhost_agent.core.sandbox.context import SandboxContext, machine_shares, machines_floor_problem
 from gpuhost_agent.core.sandbox.placement import Share
 from gpuhost_agent.core.stack_errors import StackRejected
-from gpuhost_agent.core.swarm.rewrite import SwarmPlacement, stack_nodes, swarm_stack
+from gpuhost_agent.core.swarm.stack_file import SwarmPlacement, stack_nodes, swarm_stack
 
 RentalPeers = Callable[[str, str], Awaitable[dict[str, int]]]  # (rental, project) -> its other containers per node
 

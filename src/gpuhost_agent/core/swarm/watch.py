@@ -33,7 +33,7 @@ from typing import Any
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.containers.watch import ContainerWatch
-from gpuhost_agent.core.stacks.seed_list import service_name, stack_id_of
+from gpuhost_agent.core.stacks.container_list import service_name, stack_id_of
 from gpuhost_agent.core.swarm.worker_events import WorkerEvents
 from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
 from gpuhost_agent.runtime.swarm_tasks import NODE_LABEL

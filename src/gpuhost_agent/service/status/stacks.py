@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from gpuhost_agent.core.stacks import naming
-from gpuhost_agent.core.stacks.seed_list import SERVICE_LABEL
+from gpuhost_agent.core.stacks.container_list import SERVICE_LABEL
 from gpuhost_agent.protocol import ssh_login, wire, wire_jobs
 from gpuhost_agent.streams.requests import SshRequest, StreamRequest, TunnelRequest
 

@@ -29,7 +29,7 @@ def per_rental(concurrency: int) -> int:
     return max(1, concurrency - 1)
 
 
-class DeployTurns:
+class DeployLimits:
     def __init__(self, concurrency: int):
         self.concurrency = concurrency
         self.per_rental = per_rental(concurrency)

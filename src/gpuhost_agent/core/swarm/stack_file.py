@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from gpuhost_agent.core.compose_values import as_mapping, problems_said
 from gpuhost_agent.core.sandbox.context import SandboxContext
 from gpuhost_agent.core.sandbox.harden import GPU_LABEL
+from gpuhost_agent.core.sandbox.make_safe import replicas_of
 from gpuhost_agent.core.sandbox.policy import to_bytes
-from gpuhost_agent.core.sandbox.rewrite import replicas_of
 from gpuhost_agent.core.stack_errors import StackRejected
 from gpuhost_agent.runtime.declared_ports import LABEL as EXPOSED_LABEL
 from gpuhost_agent.runtime.declared_ports import label_value

@@ -30,11 +30,11 @@ from gpuhost_agent.protocol import wire, wire_jobs
 T = TypeVar("T")
 
 
-class DeployStopped(Stopped, StackFailed):
+class DeployCancelled(Stopped, StackFailed):
     """The deploy was overtaken; the message says by what."""
 
 
-class DeployStops:
+class DeployCancels:
     """One stop signal per deploy job that has arrived and not finished."""
 
     def __init__(self) -> None:
@@ -71,12 +71,12 @@ class DeployStops:
         return f"deploy stopped: {entry[2][0]}"
 
     def check(self, job: wire_jobs.StackJob) -> None:
-        """DeployStopped when the job was overtaken."""
+        """DeployCancelled when the job was overtaken."""
         if reason := self.reason(job):
-            raise DeployStopped(reason)
+            raise DeployCancelled(reason)
 
     async def unless_stopped(self, job: wire_jobs.StackJob, work: Awaitable[T]) -> T:
-        """`work`'s result, or DeployStopped (with `work` cancelled, and
+        """`work`'s result, or DeployCancelled (with `work` cancelled, and
         awaited to its end) when the job is overtaken first."""
         self.check(job)
         task = asyncio.ensure_future(work)

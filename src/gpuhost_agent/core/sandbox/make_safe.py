@@ -17,7 +17,7 @@ from gpuhost_agent.core.sandbox.context import SandboxContext
 
 # Containers one stack may make, replicas counted: each is a process tree, a
 # shim and network endpoints on the host (outside the rental's cgroup), and on
-# Swarm a share of the machine (core/swarm/rewrite.py divides it among them).
+# Swarm a share of the machine (core/swarm/stack_file.py divides it among them).
 MAX_CONTAINERS = 32
 
 

@@ -62,7 +62,7 @@ def label_services(
 
     The project name comes from the agent (`-p`), so a `name:` in the file is
     dropped rather than left to disagree with it. The `expose:` ports the
-    Swarm rewrite wrote (core/swarm/rewrite.py) stay: the sandbox ran first,
+    Swarm rewrite wrote (core/swarm/stack_file.py) stay: the sandbox ran first,
     and no renter's file names a label of the agent's (core/sandbox/policy.py).
     """
     services = model.get("services")
