@@ -41,7 +41,7 @@ MIN_SECRET_LEN = 4
 # a digest. There it is a coincidence, not the secret (CI saw a renter's
 # PORT=8000 turn a container id 64eb88000af1... into 64eb8***af1... in the status
 # answer). Anywhere else, glued to letters or after an escape (`\nHx72q`,
-# `%3AHx72q`), it is masked (red team, 2026-11-29). Longer values are masked
+# `%3AHx72q`), it is masked. Longer values are masked
 # wherever they appear: 8 given characters sit in a 64-digit id by chance
 # with odds below 10^-8.
 SHORT_BELOW = 8

@@ -1,5 +1,5 @@
 """Text from outside shown to a person: every character that would act on a
-terminal instead of being read is written out visibly (issue 31).
+terminal instead of being read is written out visibly.
 
 What the agent prints for a person (`gpuhost-agent status`, `doctor`,
 `probe`, its log lines on a console) carries text that renters and their

@@ -1,5 +1,5 @@
-"""A CDI spec of this host's NVIDIA GPUs, made from what the driver has
-(issue 46, section 1). Pure: the driver's files as found, the GPUs' UUIDs and
+"""A CDI spec of this host's NVIDIA GPUs, made from what the driver has.
+Pure: the driver's files as found, the GPUs' UUIDs and
 minor numbers in; the spec out.
 
 One device per GPU, named by its UUID (`nvidia.com/gpu=GPU-…`, the name the

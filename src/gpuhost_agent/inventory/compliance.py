@@ -233,7 +233,7 @@ def _gpu_checks(gpus: list[dict]) -> list[Check]:
 def _toolkit_checks(kit: dict, req: Requirements, docker: dict) -> list[Check]:
     """The toolkit where it is installed. Where dockerd gives GPUs by a CDI spec
     (the agent's own, inventory/driver_cdi.py) no toolkit is needed, and none is
-    better: no root hook reads what a renter's image sets (issue 46); but an
+    better: no root hook reads what a renter's image sets; but an
     nvidia runtime registered in Docker is a toolkit the agent did not find,
     whose version it cannot check."""
     delivery = docker.get("gpuDelivery") or {}

@@ -1,5 +1,5 @@
 """The agent's own CDI spec of the host's GPUs, kept where dockerd reads
-specs (issue 46, section 1): written when no spec there names the GPUs by
+specs: written when no spec there names the GPUs by
 UUID (a spec of the toolkit's own that does is used as it is, and the
 agent's is then removed), and again when the driver's version or the GPUs
 change. The driver's files are found as the driver installs them

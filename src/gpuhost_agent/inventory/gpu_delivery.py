@@ -1,5 +1,5 @@
 """Which way GPUs reach a renter's containers on this machine: CDI, the NVIDIA
-runtime hook, or none (issue 33). The sandbox writes each GPU service's
+runtime hook, or none. The sandbox writes each GPU service's
 request for that way (core/sandbox/harden.py), so it must be the way the
 engine will honour.
 

@@ -1,4 +1,4 @@
-"""The release the installation line installs (issue 45): install.sh asks for
+"""The release the installation line installs: install.sh asks for
 it at `GET /v1/agent/release`, checks its signature with the key the line
 pinned, and installs that wheel and the locks inside it, never a name on the
 package index. It is the release offered for upgrades when there is one

@@ -1,4 +1,4 @@
-"""The agent release the local marketplace offers (issue 33, upgrades): a
+"""The agent release the local marketplace offers: a
 wheel of the agent, its version read from the wheel's own metadata and its
 sha256 computed here, offered in every session reply as `agentRelease` and
 served at `GET /v1/agent/releases/{file}` to agents with the environment's

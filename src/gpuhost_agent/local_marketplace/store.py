@@ -292,7 +292,7 @@ class Store:
             self.containers.pop(stack_id, None)
             return True
         # ERROR says what failed; APPLIED may name a container that stopped since (cleared by one without);
-        # APPLYING may say why it waits or how far its images are pulled (issue 34).
+        # APPLYING may say why it waits or how far its images are pulled.
         self._set_status(stack, status, (report.get("errorMsg") or "") if status != wire.REMOVING else "")
         return True
 

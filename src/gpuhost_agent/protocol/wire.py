@@ -58,7 +58,7 @@ AGENT_LABELS = (LABEL_MANAGED, LABEL_STACK, LABEL_RENTAL, LABEL_ENV)
 # shows. They are asked of the engine by name, so that the others never reach
 # the agent: a renter's healthcheck at a 1 ms interval makes exec_create,
 # exec_start and exec_die events, each with the command and every label, dozens
-# a second per container (red team, 2026-11-29). The engine matches
+# a second per container. The engine matches
 # `health_status` as a prefix of `health_status: healthy`.
 CONTAINER_EVENTS = (
     *("create", "start", "restart", "stop", "die", "kill", "oom", "pause", "unpause", "destroy"),

@@ -27,7 +27,7 @@ agent's tunnels, SSH sessions) pass; so do DNS queries to the host's own
 nameservers, which the engine forwards from the container's namespace; and
 whatever the operator opens (GPUHOST_EGRESS_ALLOW: a registry mirror, a proxy).
 
-The engine fence (issue 45, item 5) holds dockerd's and the agent's own
+The engine fence holds dockerd's and the agent's own
 connections, both in the group ENGINE_GROUP (install.sh): a pull follows a
 renter's registry's redirects and token realm, and Go's proxy choice never
 sends localhost or a loopback literal to the pull guard. So the kernel
@@ -213,7 +213,7 @@ def guard_rules(guards: tuple[tuple[str, int], ...]) -> list[Rule]:
     owner left, and its last packets must pass), and only root's may answer
     from its port (another user who took the port while the agent restarted
     gets no connection: red team 4); the kernel refuses the rest before the
-    guard holds a descriptor for it (red team 3)."""
+    guard holds a descriptor for it."""
     rules = []
     not_root = ("-m", "owner", "!", "--uid-owner", "0", "-j", "REJECT", "--reject-with", "tcp-reset")
     for address, port in guards:

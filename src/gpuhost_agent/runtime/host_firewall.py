@@ -177,7 +177,7 @@ class HostFirewall:
         found = self.difference(rules, before_engine=before_engine)
         # Each chain and each parent's jumps on their own, the rentals' first, OUTPUT's (the fence, the
         # guard's door) last, always in one order: one that cannot be written (a kernel without the owner
-        # match) leaves the others written, and is raised at the end (red team 4).
+        # match) leaves the others written, and is raised at the end.
         failed: list[FirewallError] = []
         for (tool, chain), wanted in _by_chain(rules).items():
             if f"{tool} {chain}" in found.chains:

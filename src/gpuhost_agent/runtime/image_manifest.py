@@ -19,7 +19,7 @@ The registry is the renter's to choose, so what the CLI prints is read
 through a cap (MAX_OUTPUT: a manifest list the registry made huge kills the
 CLI, size unknown), only the tail of its errors is kept, at most
 CONCURRENT_CHECKS run at once whatever the stacks ask, and the reference
-comes after `--` (red team 3, RT3-1).
+comes after `--`.
 """
 
 from __future__ import annotations

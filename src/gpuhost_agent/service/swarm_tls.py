@@ -376,7 +376,7 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
 def _write(path: Path, data: bytes, *, secret: bool = False) -> None:
     """Written whole then renamed; 0600 for a key, 0644 for a certificate. The
     temporary file is a new one of a random name (mkstemp: O_EXCL), never one a
-    local user could have planted in a shared folder (red team, 2026-12-07)."""
+    local user could have planted in a shared folder."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:

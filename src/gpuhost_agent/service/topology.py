@@ -82,7 +82,7 @@ class SwarmLeaderTopology(Topology):
 
     def __init__(self, config: AgentConfig, docker_config_dir: Path) -> None:
         # Imported here: `cryptography` (its own OpenSSL) is about 8 MB of resting
-        # memory that an agent alone on its machine never uses (issue 36).
+        # memory that an agent alone on its machine never uses.
         from gpuhost_agent.service import swarm_tls
 
         tls = swarm_tls.context_or_exit("leader", config.swarm_tls_dir) if config.swarm_key else None

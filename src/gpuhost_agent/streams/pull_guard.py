@@ -1,4 +1,4 @@
-"""The pull guard: the HTTP proxy dockerd's pulls go through (issue 45, item 5).
+"""The pull guard: the HTTP proxy dockerd's pulls go through.
 
 dockerd, a root process on the host's network, fetches a renter's image. It
 resolves the registry's name itself, after the agent judged it, and follows

@@ -1,4 +1,4 @@
-"""Which address of a container a tunnel may dial (issue 31). Pure: the
+"""Which address of a container a tunnel may dial. Pure: the
 engine's records and the host's own addresses in, a reason to refuse out.
 
 The policy already refuses every address a renter could choose

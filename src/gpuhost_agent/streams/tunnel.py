@@ -50,7 +50,7 @@ from gpuhost_agent.streams.sink import Sink, SinkClosed, finish
 # Per read, and the service connection's buffer limit: at most about three
 # times this is held per direction of a tunnel connection while bytes flow.
 # 256 KiB (was 64): a 200 MiB download through a tunnel went from 567 to 666
-# MB/s here, a quarter of the reads, frames and wakeups per MiB (issue 36).
+# MB/s here, a quarter of the reads, frames and wakeups per MiB.
 CHUNK = 256 * 1024
 CONNECT_TIMEOUT = 5.0
 QUICK_ACK = getattr(socket, "TCP_QUICKACK", None)  # Linux's
@@ -241,7 +241,7 @@ def _acknowledge_at_once(service: Any) -> Any:
     in two pieces with Nagle on (Python's http.server: the head, then the
     body) holds the second until the first is acknowledged, which Linux's
     delayed ACK puts off by up to 40 ms: 44 ms an answer against 0.2 ms with
-    it, on loopback here (issue 36)."""
+    it, on loopback here."""
     try:
         service.setsockopt(socket.IPPROTO_TCP, QUICK_ACK, 1)
     except (OSError, AttributeError):  # closed, not TCP (TLS wraps the same socket): nothing to hurry

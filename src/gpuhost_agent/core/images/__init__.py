@@ -1,1 +1,1 @@
-"""Renters' images on this machine: pulled by the agent with progress, one pull per reference (issue 34)."""
+"""Renters' images on this machine: pulled by the agent with progress, one pull per reference."""

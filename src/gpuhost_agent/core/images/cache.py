@@ -1,5 +1,5 @@
 """Renters' images kept between rentals, and evicted least recently used
-when Docker's disk needs room (issue 34).
+when Docker's disk needs room.
 
 A stack's removal and a rental's end take down containers, networks and
 volumes, never images (`compose down` without `--rmi`): the next rental of
@@ -14,7 +14,7 @@ Each reference is recorded with the id of the image it pulled (asked of the
 engine right after the pull) and evicted by that id: the renter's spelling
 (`busybox`, `docker.io/library/python:3.12`, a digest) is never the engine's
 tag (`busybox:latest`, `python:3.12`), so looking the reference up among the
-tags took such images as gone and kept them for ever (red team 3, RT3-5).
+tags took such images as gone and kept them for ever.
 The removal is never forced: an image that has since got another tag (the
 host's own, say) stays.
 

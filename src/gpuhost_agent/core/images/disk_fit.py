@@ -1,4 +1,4 @@
-"""Whether a stack's images fit before they are pulled (issue 34): their
+"""Whether a stack's images fit before they are pulled: their
 size from the registry's manifest (runtime/image_manifest.py) against the
 host's disk floor and the rental's disk share, with a refusal naming the
 numbers, instead of a pull that fails half-way or fills the disk the host's

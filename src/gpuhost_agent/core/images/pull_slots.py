@@ -1,4 +1,4 @@
-"""How many pulls run at once, and for how long (red team 3, RT3-2).
+"""How many pulls run at once, and for how long.
 
 dockerd downloads at most `max-concurrent-downloads` layers at once (3 by
 default) for the whole daemon: pulls beyond that wait in the engine, their

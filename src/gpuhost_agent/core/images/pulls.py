@@ -1,5 +1,5 @@
 """The stack's missing images, pulled by the agent before `compose up`, so a
-renter reads the pull's progress while the stack is APPLYING (issue 34).
+renter reads the pull's progress while the stack is APPLYING.
 
 Compose pulls with `--progress quiet`: for the minutes a 10 GB image takes
 the renter saw `APPLYING` and nothing else. Here each missing image is
@@ -16,7 +16,7 @@ cancelled deploy stops waiting without stopping the pull another deploy
 waits on (the image is then kept, as every image is between rentals); a
 pull no deploy waits on any more is cancelled (its engine request closed at
 its next event, or by the stall bound: dockerd then stops it), so it holds
-none of dockerd's download slots for nobody (red team 3, RT3-2). How many
+none of dockerd's download slots for nobody. How many
 pulls run at once (per host, per rental) and for how long is pull_slots.py.
 
 A pull whose registry sends no byte for `stall_seconds`

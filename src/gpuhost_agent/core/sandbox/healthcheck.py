@@ -5,7 +5,7 @@ it up on the host's CPU, outside the rental's cgroup, and the engine tells
 every follower of its events (exec_create, exec_start, exec_die, each with
 the command and every label). Docker accepts an interval of 1 ms, which runs
 probes back to back: one renter's file could keep the host's engine busy for
-every renter (red team, 2026-11-29). So the interval, and the start interval
+every renter. So the interval, and the start interval
 used during the start period, are at least a second, and the command at most
 4 KiB. Compose's normalised model writes durations as Go does ("1m30s",
 "1.5s", "500ms").
@@ -96,7 +96,7 @@ def started_healthcheck_problem(who: str, check: Mapping[str, Any] | None) -> st
     None when it has none or is within. Zero is the engine's default (30 s);
     an image may carry a negative
     interval, which the engine's API refuses in a file but takes from an
-    image, and which runs probes back to back (red team, 2026-11-29)."""
+    image, and which runs probes back to back."""
     test = (check or {}).get("Test") or []
     if not isinstance(check, Mapping) or not isinstance(test, list) or not test or test == ["NONE"]:
         return None

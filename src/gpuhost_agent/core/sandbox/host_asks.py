@@ -2,7 +2,7 @@
 own instead: a host directory for data, the host's network, a host port, a
 memory reservation sized for a bigger machine. Pure: part of
 core/sandbox/make_safe.py, each change a notice the renter reads on the
-APPLIED stack (issue 34, items 3 and 10).
+APPLIED stack.
 
 Nothing here ever gives a host path, the host's network or a chosen host
 port: a host directory becomes an empty named volume of the stack (the host

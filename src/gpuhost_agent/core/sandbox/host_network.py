@@ -1,5 +1,5 @@
 """What the host's engine does on its own network for a renter: fetch images
-from registries, publish ports (issue 31). Pure judgement, plus the one name
+from registries, publish ports. Pure judgement, plus the one name
 lookup it needs (resolve_registries).
 
 An image is pulled by dockerd, a root process in the host's network
@@ -39,7 +39,7 @@ MAX_PUBLISHED_PORTS = 64  # per stack; a rental has at most GPUHOST_STACKS_PER_R
 # Declared (exposed) ports a stack may have, ranges counted port by port: each is
 # an entry of its container's Ports in every container list the agent reads and
 # sends, and a tunnel; `expose: ["1-65535"]` made one container's entry 7.7 MB
-# and 2.7 s of the agent's CPU to shape (red team, 2026-11-29).
+# and 2.7 s of the agent's CPU to shape.
 MAX_EXPOSED_PORTS = 256
 _EXPOSE = re.compile(r"^(\d+)(?:-(\d+))?(?:/\w+)?$")
 RESOLVE_SECONDS = 3.0

@@ -7,7 +7,7 @@ registry serves whatever configuration was pushed: `docker build` refuses a
 20 MB STOPSIGNAL or a negative healthcheck interval, a hand-written image
 config does not. Copied into containers, 20 MB of it made every container
 list of the engine take seconds, for every renter, and the agent's calls
-time out (red team, 2026-11-29). So an image's configuration is at most
+time out. So an image's configuration is at most
 256 KiB as the engine's JSON counts it (labels, 64 KiB at most, among it:
 core/sandbox/label_size.py), with at most 32 VOLUME paths and 256 EXPOSE
 ports, and its healthcheck, merged with the file's as

@@ -6,7 +6,7 @@ service's healthcheck before starting the services that depend on it (a
 model server loading its weights), up to the agent's bound on `up`. A renter
 can also hold it on purpose: a service that never becomes healthy, a
 dependent waiting on it, on as many stacks as there are turns. Another
-renter's deploy then waited up to that bound (red team, 2026-11-29). So no
+renter's deploy then waited up to that bound. So no
 one rental takes every turn: one is always left for the others, and a
 rental's deploys beyond its share wait for its own to finish, saying so,
 without holding a host's turn meanwhile. With a concurrency of 1 there is

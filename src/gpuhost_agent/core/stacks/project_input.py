@@ -34,8 +34,7 @@ _VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 # Every value is registered with the log redactor, which looks for each one in
-# every log line (common/logs.py): 100,000 of them cost 232 ms a line (red team,
-# 2026-11-29). Published templates set a few dozen.
+# every log line (common/logs.py): 100,000 of them cost 232 ms a line. Published templates set a few dozen.
 MAX_VARIABLES = 256
 
 

@@ -9,7 +9,7 @@ is a salted PBKDF2 hash, and a login is checked against that hash, in
 constant time.
 
 A sign-in link (`?gpuhost_token=`) lets a browser and its WebSockets in
-without a password prompt. The link is not a standing credential (issue 34):
+without a password prompt. The link is not a standing credential:
 each tunnel-info read mints a new one, good for one use within LINK_SECONDS,
 signed with a key this gate holds in memory only (a token from before a
 marketplace restart or from another tunnel means nothing). Its first use

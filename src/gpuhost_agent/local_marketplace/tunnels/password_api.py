@@ -1,7 +1,7 @@
-"""How a renter revokes access to a stack's basic-auth tunnels: a new password
-(issue 34). Every session cookie a sign-in link set, every link not yet used
+"""How a renter revokes access to a stack's basic-auth tunnels: a new password.
+Every session cookie a sign-in link set, every link not yet used
 and the old password stop working at the tunnels' next look at the store
-(tunnels.py, within half a second); the new password is in the answer and in
+(tunnels/book.py, within half a second); the new password is in the answer and in
 the tunnel info from then on."""
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ class _Activity:
     exchange and its login, holds the second (Nagle) until the first is
     acknowledged, and Linux delays that by up to 40 ms: `ssh host true`
     through the local marketplace took 182 ms with delayed ACKs, 103 ms
-    without (issue 36)."""
+    without."""
 
     def __init__(self, client_socket: object | None = None) -> None:
         self.last = time.monotonic()

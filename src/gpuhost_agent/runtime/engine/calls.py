@@ -3,7 +3,7 @@ on the engine's socket (DOCKER_HOST), made on first use in the running loop.
 
 The engine's short calls (runtime/engine/client.py) and its long streams
 (runtime/engine/streams.py) both go through it. It replaced docker-py for
-the short calls (issue 36): docker-py blocks, so each call took a worker
+the short calls: docker-py blocks, so each call took a worker
 thread, and it brought requests, urllib3 and their tables into every agent,
 about 7 MB of a 62 MB idle agent; this session is the same aiohttp the
 agent speaks to its marketplace with, and a call costs no thread.

@@ -92,7 +92,7 @@ class EngineStreams(EngineCalls):
         when a network is made and an id is never given twice, so an
         inspect is kept by full id (the last NETWORKS_KEPT): each new tunnel
         connection then costs one engine call, the container's inspect,
-        which says whether it is still on that network (issue 36)."""
+        which says whether it is still on that network."""
         kept = self._networks.get(network_id)
         if kept is not None:
             self._networks.move_to_end(network_id)

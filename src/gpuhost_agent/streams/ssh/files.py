@@ -10,7 +10,7 @@ Every method of asyncssh's SFTPServer is defined here, never inherited: its
 defaults act on the agent's own file system, as root (`link` is os.link,
 `lsetstat` chmod and chown, `scandir` os.scandir, `format_user` the host's
 passwd), and a renter's `ln` or `chmod -h` in sftp reached host files that
-way (issue 31). What the helper does not do is refused (SFTPOpUnsupported);
+way. What the helper does not do is refused (SFTPOpUnsupported);
 tests/unit/test_ssh_files_methods.py fails when asyncssh grows a method this
 class does not define.
 
