@@ -97,6 +97,10 @@ class Renter:
         assert isinstance(found, dict), found
         return found
 
+    def engine_probe(self, env_id: str) -> dict:
+        """What the agent's last probe said of the Docker Engine (systemData.host.docker)."""
+        return ((self.environment(env_id).get("systemData") or {}).get("host") or {}).get("docker") or {}
+
     def rental(self, env_id: str, name: str, gpus: int) -> str:
         body = self.call("POST", "/rentals", {"envId": env_id, "name": name, "gpuCount": gpus})
         assert isinstance(body, dict), body
@@ -298,8 +302,8 @@ def wait_for_cdi(renter: Renter, env_id: str, timeout: float) -> str:
     deadline = time.monotonic() + timeout
     said = "(no system data yet)"
     while time.monotonic() < deadline:
-        docker_facts = ((renter.environment(env_id).get("systemData") or {}).get("host") or {}).get("docker") or {}
-        delivery, spec = docker_facts.get("gpuDelivery") or {}, docker_facts.get("cdiSpec") or {}
+        engine = renter.engine_probe(env_id)
+        delivery, spec = engine.get("gpuDelivery") or {}, engine.get("cdiSpec") or {}
         said = f"{delivery.get('method')}: {delivery.get('detail')}; the agent's spec: {spec.get('detail')}"
         if delivery.get("method") == "cdi":
             return said
@@ -397,8 +401,7 @@ def disk_checks(
     if not xfs.startswith("mounted"):
         return [Check(name, "SKIP", [f"XFS with project quotas: {xfs}"])], None
     check = Check(name, "FAIL", [f"XFS with project quotas: {xfs}"])
-    docker_facts = ((renter.environment(env_id).get("systemData") or {}).get("host") or {}).get("docker") or {}
-    quota = docker_facts.get("storageQuota") or {}
+    quota = renter.engine_probe(env_id).get("storageQuota") or {}
     check.evidence.append(f"the agent's probe: storageQuota {quota}")
     rental = renter.rental(env_id, "disk", 0)
     stack = renter.stack(rental, DISK_STACK, {})

@@ -37,7 +37,6 @@ BINARY_DIRS = ("/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin")
 # or PATH of its own over the image's.
 ELSEWHERE = {"/usr/local/nvidia/lib64": f"/usr/lib/{os.uname().machine}-linux-gnu", "/usr/local/nvidia/bin": "/usr/bin"}
 PREFERRED_DIR = "/etc/cdi"  # where the agent writes, when dockerd reads it (the unit may write there)
-CDI_DIRS = ("/etc/cdi", "/var/run/cdi")  # dockerd's default folders, where a spec of the agent's may lie
 _GPU_NODE = re.compile(r"nvidia(\d+)")
 
 
@@ -131,17 +130,16 @@ def refresh(nvml: dict, root: Path = Path("/"), driver_root: Path | None = None)
     reboot may name another GPU's node (minor numbers follow the order the driver found the GPUs
     in), and dockerd starts renters' containers again at boot, before the agent. What was done."""
     said = []
-    for folder in CDI_DIRS:
+    for folder in gpu_delivery.DEFAULT_SPEC_DIRS:
         ours = root / folder.lstrip("/") / cdi_spec.SPEC_FILE
         if not ours.is_file():
             continue
         try:
             kept = keep(nvml, {"cdiSpecDirs": [folder]}, root, driver_root)
-        except Exception as exc:  # whatever failed, no spec is better than one that may be wrong
+        except Exception as exc:
+            kept = {"path": None, "detail": f"not made true: {exc}"}
+        if kept["path"] is None:  # whatever failed (a write too), no spec is better than one that may be wrong
             _remove(ours)
-            kept = {"path": None, "detail": f"removed: {exc}"}
-        if kept["path"] is None:
-            _remove(ours)  # keep() leaves it where CDI is off or a toolkit spec wins; here it goes
         said.append(f"{ours}: {kept['detail']}" + ("" if kept["path"] else " (removed)"))
     return said
 

@@ -42,6 +42,7 @@ CDI = "cdi"
 RUNTIME_HOOK = "runtime-hook"
 NONE = "none"
 GPU_KIND = "nvidia.com/gpu"
+DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")  # where dockerd reads specs unless told otherwise
 SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 MAX_SPEC_FILES = 16  # with MAX_SPEC_BYTES: at most 64 MiB read in one probe, whatever lies there
 MAX_SPEC_BYTES = 4 << 20

@@ -24,8 +24,6 @@ from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
 from gpuhost_agent.runtime.host_firewall import HostFirewall
 from gpuhost_agent.runtime.rental_cgroups import RentalCgroups
 
-CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
-
 
 def cpu_model() -> str | None:
     try:
@@ -157,7 +155,7 @@ async def _gpu_containers(engine: DockerEngine, facts: dict, image: str | None) 
     signs = []
     if "nvidia" in facts["runtimes"]:
         signs.append("nvidia runtime registered")
-    for directory in facts["cdiSpecDirs"] or CDI_SPEC_DIRS:
+    for directory in facts["cdiSpecDirs"] or gpu_delivery.DEFAULT_SPEC_DIRS:
         if any(p.name.startswith("nvidia") for p in await asyncio.to_thread(_listdir, directory)):
             signs.append(f"NVIDIA CDI spec in {directory}")
     if (await asyncio.to_thread(toolkit.find_binaries)).get("nvidia-container-runtime-hook"):

@@ -140,7 +140,7 @@ def _settings_shown(config: config_module.AgentConfig, chosen: dict) -> tuple[li
 
 def _refresh_cdi_spec(nvml_library: str | None, driver_root: Path) -> int:
     """The agent's CDI spec made true for the GPUs now, or removed (inventory/driver_cdi.refresh)."""
-    from gpuhost_agent.inventory import driver_cdi
+    from gpuhost_agent.inventory import driver_cdi, gpu_delivery
     from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 
     nvml = NvmlProbe(nvml_library)
@@ -152,7 +152,7 @@ def _refresh_cdi_spec(nvml_library: str | None, driver_root: Path) -> int:
     finally:
         nvml.close()
     said = driver_cdi.refresh(inventory, driver_root=driver_root)
-    print("\n".join(said) if said else f"no CDI spec of the agent's in {' or '.join(driver_cdi.CDI_DIRS)}")
+    print("\n".join(said) if said else f"no CDI spec of the agent's in {' or '.join(gpu_delivery.DEFAULT_SPEC_DIRS)}")
     return 0
 
 
