@@ -9,10 +9,11 @@ from __future__ import annotations
 import pytest
 from support.settings import stack_context
 
-from gpuhost_agent.core.sandbox.context import GIB, machine_shares
+from gpuhost_agent.core.sandbox.context import GIB
 from gpuhost_agent.core.sandbox.harden import ALWAYS_DROP, harden
 from gpuhost_agent.core.stack_errors import StackRejected
 from gpuhost_agent.core.stacks.project_input import label_services
+from gpuhost_agent.core.swarm.machine_shares import machine_shares
 from gpuhost_agent.core.swarm.stack_file import SwarmPlacement, swarm_stack
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.declared_ports import LABEL as EXPOSED_LABEL

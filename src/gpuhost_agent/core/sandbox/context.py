@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from gpuhost_agent.inventory.environment import node_host
 from gpuhost_agent.streams.sandbox_addresses import IPNetwork
 
 GIB = 1024**3
@@ -120,20 +119,6 @@ def machine_of(host: dict, gpus: int) -> Machine:
     )
 
 
-def machine_shares(facts: dict, gpu_nodes: Mapping[str, str], uuids: list[str]) -> dict[str, tuple[float, int]]:
-    """A Swarm environment's rental: its share of each machine it has GPUs on,
-    sized from that machine's own report (inventory/machine_report.py). A
-    machine whose agent did not report is left out: the leader's own machine
-    stands in for it, as for the rental's services that use no GPU."""
-    shares = {}
-    for node in (facts.get("environment") or {}).get("nodes") or []:
-        held = sum(1 for uuid in uuids if gpu_nodes.get(uuid) == node.get("nodeId"))
-        host = node_host(facts, node)
-        if held and host is not None and host.get("cpu"):
-            shares[str(node["nodeId"])] = rental_share(machine_of(host, len(node.get("gpus") or [])), held)
-    return shares
-
-
 def rental_share(machine: Machine, rental_gpus: int) -> tuple[float, int]:
     """(cpus, memory bytes) a rental's containers may each use at most."""
     usable_cpus = max(1.0, machine.cpus - HOST_RESERVED_CPUS)
@@ -172,20 +157,3 @@ def disk_floor_problem(storage: dict, floor_bytes: int) -> str | None:
         f"the host's disk is nearly full: {free / GIB:.1f} GiB free on {storage.get('path')}, below the host's "
         f"floor of {floor_bytes / GIB:.1f} GiB (GPUHOST_DISK_FLOOR); no stack starts until the host frees space"
     )
-
-
-def machines_floor_problem(facts: dict, nodes: set[str], floor_bytes: int) -> str | None:
-    """Why a Swarm stack may not start: a machine it would run on, other than
-    the leader's own (measured at the deploy), has less free disk than the
-    host's floor as its agent reported it at the leader's last probe
-    (inventory/machine_report.py; every systemDataSeconds). A machine that
-    did not report is not judged."""
-    for node in (facts.get("environment") or {}).get("nodes") or []:
-        if node.get("nodeId") not in nodes or (node.get("machine") or {}).get("this"):
-            continue
-        storage = (node_host(facts, node) or {}).get("storage") or {}
-        full = disk_floor_problem(storage, floor_bytes)
-        if full:
-            name = node.get("hostname") or str(node.get("nodeId"))[:12]
-            return full.replace("the host's disk", f"machine {name}'s disk", 1)
-    return None

@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-from gpuhost_agent.core.sandbox.context import SandboxContext, machine_shares, machines_floor_problem
+from gpuhost_agent.core.sandbox.context import SandboxContext
 from gpuhost_agent.core.sandbox.placement import Share
 from gpuhost_agent.core.stack_errors import StackRejected
+from gpuhost_agent.core.swarm.machine_shares import machine_shares, machines_floor_problem
 from gpuhost_agent.core.swarm.stack_file import SwarmPlacement, stack_nodes, swarm_stack
 
 RentalPeers = Callable[[str, str], Awaitable[dict[str, int]]]  # (rental, project) -> its other containers per node

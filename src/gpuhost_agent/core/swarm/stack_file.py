@@ -84,7 +84,7 @@ class SwarmPlacement:
     peers: Mapping[str, int] = field(default_factory=dict)
     encrypted: bool = False  # the host asks for encrypted overlays
     # The rental's (cpus, memory) share of each machine it has GPUs on, where that machine
-    # reported its size (core/sandbox/context.py: machine_shares); elsewhere `base_share` (the
+    # reported its size (core/swarm/machine_shares.py); elsewhere `base_share` (the
     # leader's machine standing in), or the context's when there is none.
     shares: Mapping[str, tuple[float, int]] = field(default_factory=dict)
     base_share: tuple[float, int] | None = None
