@@ -16,17 +16,13 @@ ROOT = Path(__file__).resolve().parents[2] / "src" / "gpuhost_agent"
 SWARM_SIDE = (
     "runtime/swarm_",  # the engine adapters of a Swarm manager
     "core/swarm/",  # the Swarm backend, the core side
-    "inventory/swarm_nodes.py",  # the manager's nodes in systemData
-    "streams/door",  # a worker's door: streams/door.py and its door_* modules
     "service/swarm_tls.py",
     "service/swarm_worker.py",  # the agent on another machine
-    "service/wiring.py",  # the composition root
     "service/topology.py",  # where the topology is decided
     "service/config.py",  # the settings: GPUHOST_SWARM declared, read and shown
     "service/settings.py",
     "service/settings_view.py",
     "service/daemon.py",  # which program a machine runs: the agent, or a worker's door
-    "local_marketplace/",  # the marketplace's side of the protocol, not the agent
 )
 
 SWARM_MODULES = (
