@@ -212,7 +212,7 @@ def guard_rules(guards: tuple[tuple[str, int], ...]) -> list[Rule]:
     open a connection to it (a new one: a closed socket of root's has no
     owner left, and its last packets must pass), and only root's may answer
     from its port (another user who took the port while the agent restarted
-    gets no connection: red team 4); the kernel refuses the rest before the
+    gets no connection); the kernel refuses the rest before the
     guard holds a descriptor for it."""
     rules = []
     not_root = ("-m", "owner", "!", "--uid-owner", "0", "-j", "REJECT", "--reject-with", "tcp-reset")

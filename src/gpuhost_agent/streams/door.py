@@ -211,8 +211,7 @@ class WorkerDoor:
         the engine, kept LEADERS_SECONDS), or the door's own when it listens there.
         Judged on what is known now, never awaited: a stale set is read again by
         one task in the background, however many connections come meanwhile (a
-        flood that waited on the engine, one call each, was neither counted nor
-        capped: red team, 2026-12-07)."""
+        flood must not wait on the engine, one call each)."""
         if source and source == self._own:
             return True
         read_at, addresses = self._leaders

@@ -133,7 +133,7 @@ def parse_head(head: bytes) -> Request:
 
 
 # Lookups of the guard's own: a resolver that hangs holds one of these threads, never one of the
-# event loop's shared pool (red team 2, L6: 20 slow lookups delayed every to_thread of the agent).
+# event loop's shared pool (slow lookups there would delay every to_thread of the agent).
 LOOKUP_THREADS = 8
 LOOKUPS = ThreadPoolExecutor(max_workers=LOOKUP_THREADS, thread_name_prefix="pull-guard-lookup")
 _lookups_pending = [0]

@@ -117,8 +117,7 @@ def _check_tags(text: str) -> None:
 # for nothing. Real Compose files are a few thousand nodes at most.
 MAX_EXPANDED_NODES = 50_000
 # And bytes: one scalar of 400 KiB behind 2,000 aliases is 2,000 nodes but
-# 800 MB once Compose writes its model out, which the agent reads (red team,
-# 2026-11-29: a 492 KB file of 2,000 services).
+# 800 MB once Compose writes its model out, which the agent reads.
 MAX_EXPANDED_BYTES = 4 * 1024 * 1024
 
 

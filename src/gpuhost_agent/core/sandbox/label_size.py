@@ -14,8 +14,8 @@ what hurts.
 The same holds for a stack's networks and volumes, whose labels every
 `GET /networks`, `GET /volumes` and `GET /system/df` carries, and every
 deploy of every renter reads those lists (the policy's names check): their
-labels together are held to the same 64 KiB a stack (red team, 2026-11-29:
-300 volumes sharing one 400 KiB anchor made `GET /volumes` 123 MB). A
+labels together are held to the same 64 KiB a stack (300 volumes sharing
+one 400 KiB anchor would make `GET /volumes` over 100 MB). A
 container's command is in every container list too.
 
 Sizes are counted as the engine's JSON writes them: `<`, `>`, `&` and

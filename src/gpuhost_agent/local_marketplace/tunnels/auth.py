@@ -36,9 +36,9 @@ credential never tried is always checked, so nobody behind the same address,
 with any other user name or password, can lock the renter out; guessing is
 held back by the hash threads alone, against a password of 144 bits.
 
-A session is a bearer credential scoped to ONE tunnel (issue 34, red team
-2026-11-27): its cookie is named after the tunnel (`gpuhost_tunnel_<tunnelId>`,
-so two tunnels' sessions never overwrite each other in a browser), the gate
+A session is a bearer credential scoped to ONE tunnel: its cookie is named
+after the tunnel (`gpuhost_tunnel_<tunnelId>`, so two tunnels' sessions never
+overwrite each other in a browser), the gate
 knows it by a digest of the tunnel id and the value (a session of tunnel A is
 never accepted by tunnel B, even under B's name), and every `http` tunnel,
 with or without basic auth, strips every `gpuhost_tunnel*` cookie from what

@@ -63,8 +63,8 @@ async def read_events(content: aiohttp.StreamReader, on_event: Callable[[dict], 
     """Each event line to `on_event` until the stream ends. A line over the
     limit is skipped, never the end of the stream: every event carries its
     container's labels, which a renter writes, so one renter's huge labels
-    must not stop the events of every other (red team, 2026-11-28: the
-    stream broke at each of a healthchecked container's probes). What a
+    must not stop the events of every other (a healthchecked container's
+    probes land in its events). What a
     skipped line said, the periodic resync reads from the engine's lists."""
     partial, skipping = b"", False
     while chunk := await content.readany():

@@ -35,8 +35,7 @@ LOGIN_TIMEOUT = 10.0  # a connection holds one of its rental's few pre-login pla
 # The ciphers offered, AES first: OpenSSH's client asks for
 # chacha20-poly1305 first, which asyncssh computes with a new cipher object
 # per packet; with AES (the CPU's AES instructions through `cryptography`),
-# scp out of a container went from about 75 to 100-107 MB/s here (issue 36,
-# `scp -c` against the same stack). Every OpenSSH and PuTTY client speaks these.
+# scp out of a container is about a third faster (docs/performance.md). Every OpenSSH and PuTTY client speaks these.
 CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr", "aes192-ctr", "aes256-ctr")
 # The signature algorithms the server accepts for a login and names in server-sig-algs:
 # asyncssh's defaults without DSA (ssh-dss, and its certificates), which OpenSSH
