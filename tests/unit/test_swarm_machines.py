@@ -11,7 +11,9 @@ import copy
 
 from support.machine_samples import good_host
 
+from gpuhost_agent.core.swarm.machines import SwarmEnvironment, no_disks
 from gpuhost_agent.inventory.machine_report import FRESH_SECONDS, MachineReport
+from gpuhost_agent.inventory.machines import OneMachine
 from gpuhost_agent.inventory.swarm_nodes import attach_machines
 from gpuhost_agent.inventory.system_data import build_report
 from gpuhost_agent.protocol.requirements import Requirements
@@ -145,3 +147,21 @@ def test_a_machine_that_could_not_measure_a_figure_leaves_the_total_unknown() ->
     unmeasured["host"]["storage"]["totalBytes"] = None
     listing = build_report(_environment({"n2": {"systemData": unmeasured}}), Requirements(), None)["listing"]
     assert listing["totalStorage"] is None and listing["totalCPUs"] == 256
+
+
+async def test_the_heartbeat_asks_the_other_machines_only_where_there_are_some() -> None:
+    """The heartbeat's `machines` come from the seam: a leader asks the other
+    machines' agents for their live figures alone, and names none before any
+    machine is known; one machine is never asked."""
+    asked: list[tuple[list[str], bool]] = []
+
+    async def reports(nodes: list[str], timeout: float, live: bool) -> dict[str, dict]:
+        asked.append((nodes, live))
+        return {"n2": {"telemetry": {"gpus": [{"uuid": "GPU-2"}]}}, "n3": {"error": "did not answer"}}
+
+    leader = SwarmEnvironment(None, reports, no_disks, None)  # type: ignore[arg-type]
+    figures = await leader.beat_figures(_environment({}), 5.0)
+    assert asked == [(["n2", "n3"], True)]
+    assert figures == {"n2": {"gpus": [{"uuid": "GPU-2"}]}, "n3": {"error": "did not answer"}}
+    assert await leader.beat_figures(_machine("leader"), 5.0) is None and len(asked) == 1
+    assert await OneMachine().beat_figures(_environment({}), 5.0) is None

@@ -21,7 +21,6 @@ from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.init_state import InitState
 from gpuhost_agent.core.schedule import Schedule
 from gpuhost_agent.inventory import netspeed, telemetry
-from gpuhost_agent.inventory.environment import other_nodes
 from gpuhost_agent.inventory.system_data import Prober, as_sent, build_report
 from gpuhost_agent.protocol import intervals as wire_intervals
 from gpuhost_agent.protocol import wire_time
@@ -245,9 +244,10 @@ class HostReporter:
         }
         for facts in self.beat_facts:
             body.update(facts())
-        others = other_nodes((self.last_report or {}).get("systemData") or {})
-        if others:  # an environment of several machines: the other machines' GPUs too
-            body["machines"] = await self.prober.machines.live_figures(others, BEAT_MACHINE_SECONDS)
+        system_data = (self.last_report or {}).get("systemData") or {}
+        machines = await self.prober.machines.beat_figures(system_data, BEAT_MACHINE_SECONDS)
+        if machines is not None:  # an environment of several machines: the other machines' GPUs too
+            body["machines"] = machines
         if self.ledger is not None and self.last_report is not None:  # once the machine's GPUs are known
             body["gpuAssignments"] = self.ledger.states(slots_from_facts(self.last_report.get("systemData") or {}))
         sent_at = time.time()

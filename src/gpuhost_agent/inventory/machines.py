@@ -19,8 +19,9 @@ class Machines(Protocol):
         report (`host` is this machine's probe); None on one machine."""
         ...
 
-    async def live_figures(self, nodes: list[str], timeout: float) -> dict[str, dict]:
-        """A heartbeat's `machines`: each of those other machines' live GPU figures, or why none."""
+    async def beat_figures(self, system_data: Mapping[str, Any], timeout: float) -> dict[str, dict] | None:
+        """A heartbeat's `machines`: each other machine's live GPU figures, or
+        why none (`system_data` is the last report's); None on one machine."""
         ...
 
     async def disk_figures(self, nodes: list[str], timeout: float) -> dict[str, dict]:
@@ -40,8 +41,8 @@ class OneMachine:
     async def environment(self, host: dict) -> dict | None:
         return None
 
-    async def live_figures(self, nodes: list[str], timeout: float) -> dict[str, dict]:
-        return {}
+    async def beat_figures(self, system_data: Mapping[str, Any], timeout: float) -> dict[str, dict] | None:
+        return None
 
     async def disk_figures(self, nodes: list[str], timeout: float) -> dict[str, dict]:
         return {}

@@ -11,6 +11,7 @@ from typing import Any
 
 from gpuhost_agent.core.swarm.watch import SwarmMachines
 from gpuhost_agent.inventory import swarm_nodes
+from gpuhost_agent.inventory.environment import other_nodes
 from gpuhost_agent.runtime.engine.client import DockerEngine
 
 MACHINE_PROBE_SECONDS = 60.0  # another machine's first report may start a GPU container there
@@ -41,8 +42,11 @@ class SwarmEnvironment:
         swarm_nodes.attach_machines(environment, own, reports)
         return environment
 
-    async def live_figures(self, nodes: list[str], timeout: float) -> dict[str, dict]:
-        return swarm_nodes.live_figures(await self.reports(nodes, timeout, True))
+    async def beat_figures(self, system_data: Mapping[str, Any], timeout: float) -> dict[str, dict] | None:
+        others = other_nodes(system_data)
+        if not others:  # no other machine reported yet: the heartbeat names none
+            return None
+        return swarm_nodes.live_figures(await self.reports(others, timeout, True))
 
     async def disk_figures(self, nodes: list[str], timeout: float) -> dict[str, dict]:
         return await self.disks(nodes, timeout)
