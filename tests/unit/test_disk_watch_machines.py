@@ -8,11 +8,15 @@ tests/integration/test_swarm_disk_engine.py."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from support.fakes import FakeEngine, FakeReporter
 
-from gpuhost_agent.core.disk_watch import GIB, DiskWatch, machine_disks
+from gpuhost_agent.core.disk_watch import GIB, DiskWatch
 from gpuhost_agent.core.gpus.ledger import GpuLedger
-from gpuhost_agent.inventory.machines import OneMachine
+from gpuhost_agent.inventory.environment import environment_disks
+from gpuhost_agent.inventory.machines import MachineDisk, OneMachine
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.swarm_stacks import NAMESPACE_LABEL
 from gpuhost_agent.service.config import default_of
@@ -59,6 +63,9 @@ def _watch(tmp_path, worker_answer: dict, asked: list, stopped: list) -> tuple[D
             asked.append(nodes)
             return {"n2": worker_answer}
 
+        def disks(self, facts: Mapping[str, Any]) -> list[MachineDisk]:
+            return environment_disks(facts)
+
     class Stacks:  # the Swarm backend's stop: each stack scaled to no task
         async def stop(self, projects: list[str], running: list[dict]) -> None:
             stopped.extend(projects)
@@ -80,10 +87,13 @@ def _watch(tmp_path, worker_answer: dict, asked: list, stopped: list) -> tuple[D
 
 
 def test_each_machine_of_the_environment_is_its_own_disk() -> None:
-    leader, worker = machine_disks(_facts())
+    leader, worker = environment_disks(_facts())
     assert (leader.node, leader.this, leader.total_bytes, leader.gpus) == ("n1", True, 1000 * GIB, {"G1", "G2"})
     assert (worker.node, worker.this, worker.total_bytes, worker.name) == ("n2", False, 100 * GIB, "gpu-2's disk")
-    (alone,) = machine_disks({"host": {"storage": {"totalBytes": GIB}}, "nvml": {"gpus": [{"uuid": "G1"}]}})
+    alone_facts = {"host": {"storage": {"totalBytes": GIB}}, "nvml": {"gpus": [{"uuid": "G1"}]}}
+    assert environment_disks(alone_facts) == OneMachine().disks(alone_facts)
+    (alone,) = OneMachine().disks(alone_facts)
+    assert OneMachine().disks(_facts()) != environment_disks(_facts())  # one machine never reads the environment
     assert (alone.node, alone.name, alone.gpus) == ("", "the host's disk", {"G1"})
 
 

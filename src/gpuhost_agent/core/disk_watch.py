@@ -26,15 +26,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.rentals.disk_share import disk_share
 from gpuhost_agent.core.stacks.backend import StackBackend
 from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
-from gpuhost_agent.inventory.environment import node_host
-from gpuhost_agent.inventory.machines import Machines
+from gpuhost_agent.inventory.machines import MachineDisk, Machines
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.compose import STACK_NAMESPACE_LABEL as NAMESPACE_LABEL
 from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
@@ -45,40 +43,6 @@ log = get_logger(__name__)
 GIB = 1024**3
 PROJECT_LABEL = "com.docker.compose.project"
 OTHER_MACHINE_SECONDS = 45.0  # how long the leader waits for another machine's figures (its door: 40 s)
-
-
-@dataclass(frozen=True)
-class MachineDisk:
-    """One machine's Docker disk, as the watch judges it."""
-
-    node: str  # its Swarm node id; "" on a machine of its own
-    name: str  # for the renter: "the host's disk", "gpu-2's disk"
-    total_bytes: int  # 0: not known (its agent did not report): judged only against GPUHOST_RENTAL_DISK
-    gpus: frozenset[str]  # its GPUs' UUIDs
-    this: bool = True  # the agent's own machine, measured through its own engine
-
-
-def machine_disks(facts: Mapping) -> list[MachineDisk]:
-    """The machines whose disks are judged: this one, or every machine of a
-    Swarm environment (the leader's facts carry each one's own report)."""
-    nodes = (facts.get("environment") or {}).get("nodes") or []
-    if not nodes:
-        gpus = (facts.get("nvml") or {}).get("gpus") or []
-        ids = frozenset(str(gpu.get("uuid") or f"#{index}") for index, gpu in enumerate(gpus))
-        return [MachineDisk("", "the host's disk", _storage_total(facts.get("host")), ids)]
-    disks = []
-    for node in nodes:
-        this = bool((node.get("machine") or {}).get("this"))
-        host = node_host(facts, node)
-        name = f"{node.get('hostname') or str(node.get('nodeId'))[:12]}'s disk"
-        gpus = frozenset(str(uuid) for uuid in node.get("gpus") or [])
-        disks.append(MachineDisk(str(node.get("nodeId")), name, _storage_total(host), gpus, this))
-    return disks
-
-
-def _storage_total(host: object) -> int:
-    storage = (host.get("storage") if isinstance(host, dict) else None) or {}
-    return int(storage.get("totalBytes") or 0)
 
 
 def usage_by_rental(df: Mapping, project_rentals: Mapping[str, str]) -> dict[str, int]:
@@ -132,7 +96,7 @@ class DiskWatch:
         self.last_over: set[str] = set()  # rentals over their share at the last pass (metrics: an alert)
 
     async def run_once(self) -> None:
-        machines = machine_disks(await self.machine_facts())
+        machines = self.machines.disks(await self.machine_facts())
         figures = await self._figures(machines)
         projects = {row["project"]: row["rental_id"] for row in self.db.stacks().values()}
         busy = self.busy_rentals()

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuhost_agent.inventory import compliance
+from gpuhost_agent.inventory.machines import MachineDisk, storage_total, this_machine_disks
 from gpuhost_agent.protocol.requirements import Requirements
 
 
@@ -60,6 +61,22 @@ def node_host(facts: Mapping[str, Any], node: Mapping[str, Any]) -> dict | None:
     machine = node.get("machine") or {}
     host = facts.get("host") if machine.get("this") else (machine.get("systemData") or {}).get("host")
     return host if isinstance(host, dict) else None
+
+
+def environment_disks(facts: Mapping[str, Any]) -> list[MachineDisk]:
+    """Every machine's disk of the environment (the leader's facts carry each
+    one's own report); this machine's alone while no node is known."""
+    nodes = (facts.get("environment") or {}).get("nodes") or []
+    if not nodes:
+        return this_machine_disks(facts)
+    disks = []
+    for node in nodes:
+        this = bool((node.get("machine") or {}).get("this"))
+        host = node_host(facts, node)
+        name = f"{node.get('hostname') or str(node.get('nodeId'))[:12]}'s disk"
+        gpus = frozenset(str(uuid) for uuid in node.get("gpus") or [])
+        disks.append(MachineDisk(str(node.get("nodeId")), name, storage_total(host), gpus, this))
+    return disks
 
 
 def _leaders(node: Mapping[str, Any]) -> bool:

@@ -10,7 +10,32 @@ machine's own engine, so every answer is empty.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class MachineDisk:
+    """One machine's Docker disk, as the disk watch judges it."""
+
+    node: str  # its Swarm node id; "" on a machine of its own
+    name: str  # for the renter: "the host's disk", "gpu-2's disk"
+    total_bytes: int  # 0: not known (its agent did not report): judged only against GPUHOST_RENTAL_DISK
+    gpus: frozenset[str]  # its GPUs' UUIDs
+    this: bool = True  # the agent's own machine, measured through its own engine
+
+
+def this_machine_disks(facts: Mapping[str, Any]) -> list[MachineDisk]:
+    """This machine's disk alone, with every GPU of its probe."""
+    gpus = (facts.get("nvml") or {}).get("gpus") or []
+    ids = frozenset(str(gpu.get("uuid") or f"#{index}") for index, gpu in enumerate(gpus))
+    return [MachineDisk("", "the host's disk", storage_total(facts.get("host")), ids)]
+
+
+def storage_total(host: object) -> int:
+    """A `host` part's Docker disk size in bytes (0: not known)."""
+    storage = (host.get("storage") if isinstance(host, dict) else None) or {}
+    return int(storage.get("totalBytes") or 0)
 
 
 class Machines(Protocol):
@@ -27,6 +52,11 @@ class Machines(Protocol):
     async def disk_figures(self, nodes: list[str], timeout: float) -> dict[str, dict]:
         """Each of those other machines' use of its disk by the rentals, by node
         (`{"error": ...}` for one that did not answer)."""
+        ...
+
+    def disks(self, facts: Mapping[str, Any]) -> list[MachineDisk]:
+        """The machines whose disks the disk watch judges (`facts` is this
+        machine's probe, with the environment on a leader)."""
         ...
 
     def stack_error(self, containers: Sequence[Mapping[str, Any]]) -> str:
@@ -46,6 +76,9 @@ class OneMachine:
 
     async def disk_figures(self, nodes: list[str], timeout: float) -> dict[str, dict]:
         return {}
+
+    def disks(self, facts: Mapping[str, Any]) -> list[MachineDisk]:
+        return this_machine_disks(facts)
 
     def stack_error(self, containers: Sequence[Mapping[str, Any]]) -> str:
         return ""

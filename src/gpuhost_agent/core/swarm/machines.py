@@ -11,7 +11,8 @@ from typing import Any
 
 from gpuhost_agent.core.swarm.watch import SwarmMachines
 from gpuhost_agent.inventory import swarm_nodes
-from gpuhost_agent.inventory.environment import other_nodes
+from gpuhost_agent.inventory.environment import environment_disks, other_nodes
+from gpuhost_agent.inventory.machines import MachineDisk
 from gpuhost_agent.runtime.engine.client import DockerEngine
 
 MACHINE_PROBE_SECONDS = 60.0  # another machine's first report may start a GPU container there
@@ -32,7 +33,7 @@ async def no_disks(nodes: list[str], timeout: float) -> dict[str, dict]:
 
 class SwarmEnvironment:
     def __init__(self, engine: DockerEngine, reports: Reports, disks: Disks, health: SwarmMachines):
-        self.engine, self.reports, self.disks, self.health = engine, reports, disks, health
+        self.engine, self.reports, self.ask_disks, self.health = engine, reports, disks, health
 
     async def environment(self, host: dict) -> dict | None:
         environment = await swarm_nodes.environment_facts(self.engine)
@@ -49,7 +50,10 @@ class SwarmEnvironment:
         return swarm_nodes.live_figures(await self.reports(others, timeout, True))
 
     async def disk_figures(self, nodes: list[str], timeout: float) -> dict[str, dict]:
-        return await self.disks(nodes, timeout)
+        return await self.ask_disks(nodes, timeout)
+
+    def disks(self, facts: Mapping[str, Any]) -> list[MachineDisk]:
+        return environment_disks(facts)
 
     def stack_error(self, containers: Sequence[Mapping[str, Any]]) -> str:
         return self.health.stack_error(containers)
