@@ -44,6 +44,7 @@ from support.settings import defaults, sandbox_settings
 from support.wiring import agent_for, dispatcher_for
 
 from gpuhost_agent.core.gpus.ledger import GpuLedger
+from gpuhost_agent.core.images.pulls_elsewhere import PullsElsewhere
 from gpuhost_agent.core.sandbox.apply import Sandbox
 from gpuhost_agent.core.stacks import naming
 from gpuhost_agent.core.stacks.container_list import to_seed_container
@@ -234,6 +235,7 @@ async def test_reports_the_deployer_sends_are_documented(agent_doc: dict, tmp_pa
         tmp_path / "stacks",
         tmp_path,
         rental_limit_reached=lambda _rental: False,
+        images=PullsElsewhere(),
         **deployer_settings,
     )  # type: ignore[arg-type]
     job = wire_jobs.StackJob.from_wire(_raw_job(wire.JOB_DEPLOY, stackId="3f2504e0-4f89-11d3-9a0c-0305e82c3301"))

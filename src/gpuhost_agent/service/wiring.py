@@ -28,6 +28,7 @@ from gpuhost_agent.core.host_reporter import HostReporter
 from gpuhost_agent.core.images.cache import ImageCache
 from gpuhost_agent.core.images.disk_fit import DiskRoom
 from gpuhost_agent.core.images.pulls import ImagePulls
+from gpuhost_agent.core.images.pulls_elsewhere import PullsElsewhere
 from gpuhost_agent.core.reconcile.engine_recovery import EngineRecovery
 from gpuhost_agent.core.reconcile.reconciler import Reconciler
 from gpuhost_agent.core.rental_clock import RentalClock
@@ -164,7 +165,7 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str, release_key: s
         rental_limit_reached=limit_reached,
         images=image_pulls(config, engine, compose.docker_config_dir, host.machine_facts, ledger)
         if topology.pulls_here
-        else None,
+        else PullsElsewhere(),
     )
     ssh = SshServices(
         stream_engine,

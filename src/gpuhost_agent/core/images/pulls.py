@@ -142,6 +142,8 @@ Roomer = Callable[[str], Awaitable[Room]]  # rental id -> its room on Docker's d
 
 
 class ImagePulls:
+    pulls_locally = True  # a stack's images are pulled by, and kept on, this machine's engine
+
     def __init__(
         self,
         pull: PullFn,

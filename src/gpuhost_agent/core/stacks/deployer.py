@@ -15,12 +15,14 @@ import asyncio
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from gpuhost_agent.common import crash_points
 from gpuhost_agent.common.logs import SECRETS, get_logger, might_be_secret
 from gpuhost_agent.core.compose_values import problems_said
-from gpuhost_agent.core.images.pulls import FRESH_POLICIES, ImagePulls, pullable_images
+from gpuhost_agent.core.images.pulls import FRESH_POLICIES, pullable_images
 from gpuhost_agent.core.sandbox.apply import POLICY_PREFIX, Sandbox, notices_message, review_raw
 from gpuhost_agent.core.sandbox.context import StackSite, crowded_rental_problem
 from gpuhost_agent.core.sandbox.label_size import oversized_container
@@ -51,6 +53,27 @@ ORIGINAL_FILE = "compose.yaml"
 AGENT_FILE = "compose.agent.json"
 
 
+class StackPulls(Protocol):
+    """What the deployer asks of image pulls: ImagePulls on one machine
+    (core/images/pulls.py), PullsElsewhere where each machine's engine pulls
+    its own (core/images/pulls_elsewhere.py)."""
+
+    @property
+    def pulls_locally(self) -> bool:
+        """Whether a stack's images are pulled by, and kept on, this machine's engine."""
+        ...
+
+    async def make_room(self) -> None: ...
+
+    async def check_room(self, rental_id: str, images: list[str]) -> None: ...
+
+    async def fetch(
+        self, images: list[str], progress: Callable[[str], None], rental_id: str = ""
+    ) -> dict[str, str]: ...
+
+    async def used(self, images: list[str]) -> None: ...
+
+
 class StackDeployer:
     def __init__(
         self,
@@ -66,15 +89,15 @@ class StackDeployer:
         stop_timeout: int,
         stacks_per_rental: int,
         rental_limit_reached: LimitReached,
-        images: ImagePulls | None = None,
+        images: StackPulls,
     ):
         """`backend` starts, watches and takes down stacks (Compose, or
         `docker stack`); `home_dir` is the HOME it resolves a file's `~` in.
         `rental_limit_reached` (RentalCgroups.memory_limit_reached) tells a
         container OOM-killed at the rental's shared limit from one killed at
         its own, for the failed deploy's errorMsg. `images` pulls a stack's
-        missing images before it starts, with progress (one machine; on a
-        Swarm each machine's engine pulls its own)."""
+        missing images before it starts, with progress (ImagePulls, one machine),
+        or pulls none (PullsElsewhere: each machine's engine pulls its own)."""
         self.backend, self.engine, self.reporter, self.sandbox = backend, engine, reporter, sandbox
         self.db, self.stacks_dir, self.home_dir = db, stacks_dir, home_dir
         self.settle_seconds, self.stop_timeout = settle_seconds, stop_timeout
@@ -144,8 +167,7 @@ class StackDeployer:
         changed = False  # has this deploy touched the engine's containers yet (Compose's `up`)?
         try:
             raw = await self._renter_file(job, template, variables, workdir)
-            if self.images is not None:  # kept images the floor needs room from go first (core/images/cache.py)
-                await self.images.make_room()
+            await self.images.make_room()  # kept images the floor needs room from go first (core/images/cache.py)
             start = await self.backend.prepare(project, workdir / ORIGINAL_FILE, variables, raw)
             try:
                 site = StackSite(
@@ -166,7 +188,7 @@ class StackDeployer:
                 )
                 rewritten = self.backend.stack_file(labelled)  # one machine: every image as the agent pulled it
                 await stops.unless_stopped(job, self._pull(job, labelled))  # by the pull policies asked
-                if problems := await image_problems(self.engine, rewritten, local=self.images is not None):
+                if problems := await image_problems(self.engine, rewritten, local=self.images.pulls_locally):
                     raise StackRejected(POLICY_PREFIX + problems_said(problems))
                 text = json.dumps(rewritten, indent=1)
                 await asyncio.to_thread(_write_private, workdir / AGENT_FILE, text)  # the record of what ran
@@ -212,7 +234,7 @@ class StackDeployer:
     async def _pull(self, job: wire_jobs.StackJob, stack: dict) -> None:
         """The stack's missing images, checked to fit (core/images/disk_fit.py), then
         pulled with progress in APPLYING's errorMsg (core/images/pulls.py)."""
-        if self.images is None:
+        if not self.images.pulls_locally:  # each machine's engine pulls its own: nothing to ask this one
             return
         images, fresh = pullable_images(stack), pullable_images(stack, FRESH_POLICIES)
         try:
