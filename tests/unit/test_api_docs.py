@@ -48,7 +48,7 @@ from gpuhost_agent.core.images.pulls_elsewhere import PullsElsewhere
 from gpuhost_agent.core.sandbox.apply import Sandbox
 from gpuhost_agent.core.stacks import naming
 from gpuhost_agent.core.stacks.container_list import to_seed_container
-from gpuhost_agent.core.stacks.deployer import StackDeployer
+from gpuhost_agent.core.stacks.deployer import DeployParts, DeploySettings, StackDeployer
 from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.local_marketplace.server import build_app
 from gpuhost_agent.local_marketplace.state import DEFAULT_INTERVALS, MarketplaceState
@@ -226,18 +226,17 @@ async def test_reports_the_deployer_sends_are_documented(agent_doc: dict, tmp_pa
     deployer_settings = defaults("settle_seconds", "stop_timeout", "stacks_per_rental")
     sandbox = Sandbox(ledger, None, **sandbox_settings())  # type: ignore[arg-type]
     reporter = StatusReporter(outbox, ledger.db, ledger)  # type: ignore[arg-type]
-    deployer = StackDeployer(
-        None,
-        None,
-        reporter,
-        sandbox,
-        ledger.db,
-        tmp_path / "stacks",
-        tmp_path,
-        rental_limit_reached=lambda _rental: False,
+    parts = DeployParts(
+        backend=None,
+        engine=None,
+        reporter=reporter,
+        sandbox=sandbox,
+        db=ledger.db,
         images=PullsElsewhere(),
-        **deployer_settings,
+        rental_limit_reached=lambda _rental: False,
     )  # type: ignore[arg-type]
+    settings = DeploySettings(stacks_dir=tmp_path / "stacks", home_dir=tmp_path, **deployer_settings)
+    deployer = StackDeployer(parts=parts, settings=settings)
     job = wire_jobs.StackJob.from_wire(_raw_job(wire.JOB_DEPLOY, stackId="3f2504e0-4f89-11d3-9a0c-0305e82c3301"))
     ledger.commit(job.rental_id, ["GPU-aacd9ec3-13e4-58c1-ada1-81eabee5fdaa"])  # as a deploy records it
     reporter.status(StackRef.of_job(job), wire.APPLIED, job_id=job.job_id)

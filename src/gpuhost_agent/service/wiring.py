@@ -37,7 +37,7 @@ from gpuhost_agent.core.rentals.usage_meter import UsageMeter
 from gpuhost_agent.core.sandbox.apply import Sandbox
 from gpuhost_agent.core.sandbox.host_network import allows
 from gpuhost_agent.core.schedule import Schedule
-from gpuhost_agent.core.stacks.deployer import StackDeployer
+from gpuhost_agent.core.stacks.deployer import DeployParts, DeploySettings, StackDeployer
 from gpuhost_agent.core.stacks.dispatcher import JobDispatcher
 from gpuhost_agent.core.stacks.gpu_faults import GpuFaults
 from gpuhost_agent.core.stacks.status_reporter import StatusReporter
@@ -152,20 +152,24 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str, release_key: s
     )
     stacks = topology.stack_backend(compose, config.stop_timeout)
     deployer = StackDeployer(
-        stacks,
-        engine,
-        reporter,
-        sandbox,
-        db,
-        config.state_dir / "stacks",
-        compose.home_dir,
-        settle_seconds=config.settle_seconds,
-        stop_timeout=config.stop_timeout,
-        stacks_per_rental=config.stacks_per_rental,
-        rental_limit_reached=limit_reached,
-        images=image_pulls(config, engine, compose.docker_config_dir, host.machine_facts, ledger)
-        if topology.pulls_here
-        else PullsElsewhere(),
+        parts=DeployParts(
+            backend=stacks,
+            engine=engine,
+            reporter=reporter,
+            sandbox=sandbox,
+            db=db,
+            images=image_pulls(config, engine, compose.docker_config_dir, host.machine_facts, ledger)
+            if topology.pulls_here
+            else PullsElsewhere(),
+            rental_limit_reached=limit_reached,
+        ),
+        settings=DeploySettings(
+            stacks_dir=config.state_dir / "stacks",
+            home_dir=compose.home_dir,
+            settle_seconds=config.settle_seconds,
+            stop_timeout=config.stop_timeout,
+            stacks_per_rental=config.stacks_per_rental,
+        ),
     )
     ssh = SshServices(
         stream_engine,

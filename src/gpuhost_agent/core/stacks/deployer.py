@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -74,37 +75,49 @@ class StackPulls(Protocol):
     async def used(self, images: list[str]) -> None: ...
 
 
+@dataclass(frozen=True, kw_only=True)
+class DeployParts:
+    """What a deploy calls: `backend` starts, watches and takes down stacks
+    (Compose, or `docker stack`); `images` pulls a stack's missing images
+    before it starts, with progress (ImagePulls, one machine), or pulls none
+    (PullsElsewhere: each machine's engine pulls its own).
+    `rental_limit_reached` (RentalCgroups.memory_limit_reached) tells a
+    container OOM-killed at the rental's shared limit from one killed at its
+    own, for the failed deploy's errorMsg."""
+
+    backend: StackBackend
+    engine: DockerEngine
+    reporter: StatusReporter
+    sandbox: Sandbox
+    db: AgentDB
+    images: StackPulls
+    rental_limit_reached: LimitReached
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeploySettings:
+    """Where stacks are kept and how long a deploy watches them, from the host's
+    settings: `home_dir` is the HOME the backend resolves a file's `~` in."""
+
+    stacks_dir: Path
+    home_dir: Path
+    settle_seconds: float
+    stop_timeout: int
+    stacks_per_rental: int
+
+
 class StackDeployer:
-    def __init__(
-        self,
-        backend: StackBackend,
-        engine: DockerEngine,
-        reporter: StatusReporter,
-        sandbox: Sandbox,
-        db: AgentDB,
-        stacks_dir: Path,
-        home_dir: Path,
-        *,
-        settle_seconds: float,
-        stop_timeout: int,
-        stacks_per_rental: int,
-        rental_limit_reached: LimitReached,
-        images: StackPulls,
-    ):
-        """`backend` starts, watches and takes down stacks (Compose, or
-        `docker stack`); `home_dir` is the HOME it resolves a file's `~` in.
-        `rental_limit_reached` (RentalCgroups.memory_limit_reached) tells a
-        container OOM-killed at the rental's shared limit from one killed at
-        its own, for the failed deploy's errorMsg. `images` pulls a stack's
-        missing images before it starts, with progress (ImagePulls, one machine),
-        or pulls none (PullsElsewhere: each machine's engine pulls its own)."""
-        self.backend, self.engine, self.reporter, self.sandbox = backend, engine, reporter, sandbox
-        self.db, self.stacks_dir, self.home_dir = db, stacks_dir, home_dir
-        self.settle_seconds, self.stop_timeout = settle_seconds, stop_timeout
-        self.stacks_per_rental, self.rental_limit_reached = stacks_per_rental, rental_limit_reached
-        self.images = images
+    def __init__(self, *, parts: DeployParts, settings: DeploySettings):
+        """Its collaborators, and the settings it holds deploys to: two parts,
+        given by keyword, so the composition root says what each one is."""
+        self.backend, self.engine, self.reporter = parts.backend, parts.engine, parts.reporter
+        self.sandbox, self.db, self.images = parts.sandbox, parts.db, parts.images
+        self.rental_limit_reached = parts.rental_limit_reached
+        self.stacks_dir, self.home_dir = settings.stacks_dir, settings.home_dir
+        self.settle_seconds, self.stop_timeout = settings.settle_seconds, settings.stop_timeout
+        self.stacks_per_rental = settings.stacks_per_rental
         self._stack_secrets: dict[str, tuple[str, list[str]]] = {}  # what each stack added to the redactor, by rental
-        stacks_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.stacks_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     # ---- reports -------------------------------------------------------------
     def _report(self, job: wire_jobs.StackJob, status: str, error_msg: str = "") -> None:
