@@ -40,12 +40,11 @@ from support.openapi_check import (
     schema,
     served_operations,
 )
-from support.settings import defaults, sandbox_settings
+from support.settings import defaults, sandbox_for
 from support.wiring import agent_for, dispatcher_for
 
 from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.images.pulls_elsewhere import PullsElsewhere
-from gpuhost_agent.core.sandbox.apply import Sandbox
 from gpuhost_agent.core.stacks import naming
 from gpuhost_agent.core.stacks.container_list import to_seed_container
 from gpuhost_agent.core.stacks.deployer import DeployParts, DeploySettings, StackDeployer
@@ -224,7 +223,7 @@ async def test_reports_the_deployer_sends_are_documented(agent_doc: dict, tmp_pa
     outbox = FakeOutbox()
     ledger = GpuLedger(AgentDB(tmp_path / "agent.db"))
     deployer_settings = defaults("settle_seconds", "stop_timeout", "stacks_per_rental")
-    sandbox = Sandbox(ledger, None, **sandbox_settings())  # type: ignore[arg-type]
+    sandbox = sandbox_for(ledger, None)  # type: ignore[arg-type]
     reporter = StatusReporter(outbox, ledger.db, ledger)  # type: ignore[arg-type]
     parts = DeployParts(
         backend=None,

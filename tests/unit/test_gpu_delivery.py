@@ -11,10 +11,10 @@ import asyncio
 
 import pytest
 from support.machine_samples import good_host
-from support.settings import sandbox_settings, stack_context
+from support.settings import sandbox_for, stack_context
 
 from gpuhost_agent.core.gpus.ledger import GpuLedger
-from gpuhost_agent.core.sandbox.apply import Sandbox, decide, review_raw
+from gpuhost_agent.core.sandbox.apply import decide, review_raw
 from gpuhost_agent.core.sandbox.context import GIB, StackSite
 from gpuhost_agent.core.sandbox.raw import RawReview
 from gpuhost_agent.core.swarm.stack_file import SwarmPlacement, swarm_stack
@@ -248,7 +248,7 @@ async def test_the_sandbox_takes_the_way_from_the_probe(tmp_path, method, driver
         return facts
 
     ledger = GpuLedger(await asyncio.to_thread(AgentDB, tmp_path / "agent.db"))
-    sandbox = Sandbox(ledger, machine, **sandbox_settings())
+    sandbox = sandbox_for(ledger, machine)
     text = "services:\n  a:\n    image: busybox\n    gpus: all\n"
     job = wire_jobs.StackJob("job-1", wire.JOB_DEPLOY, "stack-1", "rental-1", "env-1", "s", {"content": text}, 1)
     model = {"name": "p", "services": {"a": {"image": "busybox", "gpus": [{"count": -1, "capabilities": ["gpu"]}]}}}

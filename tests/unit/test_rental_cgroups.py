@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support.settings import sandbox_settings, stack_context
+from support.settings import sandbox_for, stack_context
 
 from gpuhost_agent.core.sandbox.harden import harden
 from gpuhost_agent.runtime.rental_cgroups import CgroupError, RentalCgroups, RentalLimits
@@ -99,7 +99,6 @@ async def test_deploys_at_the_same_moment_all_get_their_rentals_cgroup(tmp_path)
 
     from gpuhost_agent.core.gpus.ledger import GpuLedger
     from gpuhost_agent.core.rentals.shares import CgroupShares
-    from gpuhost_agent.core.sandbox.apply import Sandbox
     from gpuhost_agent.storage.agent_db import AgentDB
 
     async def no_facts() -> dict:
@@ -107,7 +106,7 @@ async def test_deploys_at_the_same_moment_all_get_their_rentals_cgroup(tmp_path)
 
     ledger = await asyncio.to_thread(lambda: GpuLedger(AgentDB(tmp_path / "a.db")))
     shares = CgroupShares(RentalCgroups(await asyncio.to_thread(v1_tree, tmp_path / "cg")))
-    sandbox = Sandbox(ledger, no_facts, **sandbox_settings(shares=shares))
+    sandbox = sandbox_for(ledger, no_facts, shares=shares)
     docker = {"cgroupDriver": "cgroupfs", "cgroupVersion": "1"}
     parents = await asyncio.gather(*(sandbox.shares.parent(docker, f"r{n}") for n in range(5)))
     assert parents == [f"/gpuhost-agent/r-r{n}" for n in range(5)]

@@ -8,10 +8,10 @@ import asyncio
 import pytest
 from support.machine_samples import good_host
 from support.sandbox_decide import RENTAL_GPUS, decide_file
-from support.settings import sandbox_settings
+from support.settings import sandbox_for
 
 from gpuhost_agent.core.gpus.ledger import GpuLedger
-from gpuhost_agent.core.sandbox.apply import Sandbox, review_raw
+from gpuhost_agent.core.sandbox.apply import review_raw
 from gpuhost_agent.core.sandbox.context import StackSite
 from gpuhost_agent.core.stack_errors import StackRejected
 from gpuhost_agent.core.swarm.placement import SwarmPlacer
@@ -129,7 +129,7 @@ async def test_services_all_behind_profiles_are_refused_before_any_gpu_is_taken(
     async def facts() -> dict:
         return good_host()
 
-    sandbox = Sandbox(ledger, facts, **sandbox_settings())
+    sandbox = sandbox_for(ledger, facts)
     raw = review_raw(text)
     job = wire_jobs.StackJob(
         "job-1", wire.JOB_DEPLOY, "stack-1", "rental-1", "env-1", "s", {"content": text}, gpu_count=2
@@ -209,7 +209,7 @@ async def test_a_swarm_stack_s_overlays_are_encrypted_when_the_host_asks(tmp_pat
     async def peers(rental_id: str, project: str) -> dict[str, int]:
         return {}
 
-    sandbox = Sandbox(ledger, facts, **sandbox_settings(placement=SwarmPlacer(peers, encrypted=encrypted)))
+    sandbox = sandbox_for(ledger, facts, placement=SwarmPlacer(peers, encrypted=encrypted))
     text = "services:\n  app:\n    image: busybox\n"
     model = {
         "name": "p",

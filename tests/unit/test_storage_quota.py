@@ -9,11 +9,11 @@ import asyncio
 
 import pytest
 from support.machine_samples import good_host
-from support.settings import sandbox_settings
+from support.settings import sandbox_for
 
 from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.rentals.disk_share import disk_share
-from gpuhost_agent.core.sandbox.apply import Sandbox, review_raw
+from gpuhost_agent.core.sandbox.apply import review_raw
 from gpuhost_agent.core.sandbox.context import StackSite
 from gpuhost_agent.inventory.storage_quota import mount_of, storage_quota
 from gpuhost_agent.protocol import wire, wire_jobs
@@ -71,7 +71,7 @@ async def test_each_container_gets_the_rentals_disk_share_as_its_size_only_with_
         return facts
 
     ledger = GpuLedger(await asyncio.to_thread(AgentDB, tmp_path / "agent.db"))
-    sandbox = Sandbox(ledger, machine, **sandbox_settings(disk_floor_bytes=20 * 1024**3))
+    sandbox = sandbox_for(ledger, machine, disk_floor_bytes=20 * 1024**3)
     text = "services:\n  a:\n    image: busybox\n  b:\n    image: busybox\n"
     job = wire_jobs.StackJob(
         "job-1", wire.JOB_DEPLOY, "stack-1", "rental-1", "env-1", "s", {"content": text}, gpu_count=1

@@ -11,10 +11,10 @@ import asyncio
 
 import pytest
 from support.machine_samples import good_host
-from support.settings import sandbox_settings
+from support.settings import sandbox_for
 
 from gpuhost_agent.core.gpus.ledger import GpuLedger
-from gpuhost_agent.core.sandbox.apply import Sandbox, review_raw
+from gpuhost_agent.core.sandbox.apply import review_raw
 from gpuhost_agent.core.sandbox.context import GIB, StackSite
 from gpuhost_agent.core.stack_errors import StackRejected
 from gpuhost_agent.core.swarm.placement import SwarmPlacer
@@ -59,9 +59,7 @@ async def _apply(ledger: GpuLedger, worker_free: int, service: dict, gpus: int) 
     async def peers(rental_id: str, project: str) -> dict[str, int]:
         return {}
 
-    sandbox = Sandbox(
-        ledger, facts, **sandbox_settings(placement=SwarmPlacer(peers, disk_floor_bytes=GIB), disk_floor_bytes=GIB)
-    )
+    sandbox = sandbox_for(ledger, facts, placement=SwarmPlacer(peers, disk_floor_bytes=GIB), disk_floor_bytes=GIB)
     text = "services:\n  app:\n    image: busybox\n"
     model = {"name": "p", "services": {"app": service}, "networks": {"default": {"name": "p_default"}}}
     job = wire_jobs.StackJob("job-1", wire.JOB_DEPLOY, "stack-1", "rental-1", "env-1", "s", {"content": text}, gpus)

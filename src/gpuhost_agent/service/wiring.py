@@ -34,7 +34,7 @@ from gpuhost_agent.core.reconcile.reconciler import Reconciler
 from gpuhost_agent.core.rental_clock import RentalClock
 from gpuhost_agent.core.rentals.end_dates import RentalEndDates
 from gpuhost_agent.core.rentals.usage_meter import UsageMeter
-from gpuhost_agent.core.sandbox.apply import Sandbox
+from gpuhost_agent.core.sandbox.apply import Sandbox, SandboxParts, SandboxRules
 from gpuhost_agent.core.sandbox.host_network import allows
 from gpuhost_agent.core.schedule import Schedule
 from gpuhost_agent.core.stacks.deployer import DeployParts, DeploySettings, StackDeployer
@@ -136,19 +136,23 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str, release_key: s
     reporter = StatusReporter(outbox, db, ledger)
     limit_reached = topology.shares.memory_limit_reached
     sandbox = Sandbox(
-        ledger,
-        host.machine_facts,
-        publish_address=publish,
-        pids_limit=config.pids_limit,
-        log_max_size=config.log_max_size,
-        log_max_files=config.log_max_files,
-        shares=topology.shares,
-        placement=topology.placement,
-        disk_floor_bytes=config.disk_floor_bytes,
-        rental_disk_bytes=config.rental_disk_bytes,
-        allowed_registries=config.allowed_registries,
-        images_absent=engine.missing_images,
-        opened_networks=config.egress_allow,
+        parts=SandboxParts(
+            ledger=ledger,
+            machine_facts=host.machine_facts,
+            shares=topology.shares,
+            placement=topology.placement,
+            images_absent=engine.missing_images,
+        ),
+        rules=SandboxRules(
+            publish_address=publish,
+            pids_limit=config.pids_limit,
+            log_max_size=config.log_max_size,
+            log_max_files=config.log_max_files,
+            disk_floor_bytes=config.disk_floor_bytes,
+            rental_disk_bytes=config.rental_disk_bytes,
+            allowed_registries=config.allowed_registries,
+            opened_networks=config.egress_allow,
+        ),
     )
     stacks = topology.stack_backend(compose, config.stop_timeout)
     deployer = StackDeployer(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.compose_values import problems_said
@@ -104,43 +105,59 @@ def decide(model: dict, raw: RawReview, ctx: SandboxContext) -> tuple[dict, list
     return harden(rewritten, ctx), [*raw.notices, *notices, *said]
 
 
+@dataclass(frozen=True, kw_only=True)
+class SandboxParts:
+    """What the sandbox asks and acts on: `ledger` records the rentals' GPUs;
+    `machine_facts` reads the machine (a systemData dict); `shares` holds each
+    rental's share in a cgroup of its own (core/rentals/shares.py), or none (a
+    Swarm leader: each container has the rental's limits only); `placement`
+    decides where the stack's services run (core/sandbox/placement.py);
+    `images_absent` says which images the engine lacks: only for those is a
+    registry contacted."""
+
+    ledger: GpuLedger
+    machine_facts: MachineFacts
+    shares: RentalShares
+    placement: Placement
+    images_absent: Absent
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxRules:
+    """The host's settings every stack is held to: where ports are published,
+    each container's limits and logs, the disk floor and a rental's fixed disk
+    share (disk_watch.py), the registries local on purpose and the private
+    networks the operator opened (GPUHOST_EGRESS_ALLOW), and how long a deploy
+    waits for GPUs an ending rental still holds."""
+
+    publish_address: str
+    pids_limit: int
+    log_max_size: str
+    log_max_files: int
+    release_wait_seconds: float = RELEASE_WAIT_SECONDS
+    disk_floor_bytes: int
+    rental_disk_bytes: int | None
+    allowed_registries: tuple[str, ...]
+    opened_networks: tuple[str, ...] = ()
+
+
 class Sandbox:
-    def __init__(
-        self,
-        ledger: GpuLedger,
-        machine_facts: MachineFacts,
-        *,
-        publish_address: str,
-        pids_limit: int,
-        log_max_size: str,
-        log_max_files: int,
-        shares: RentalShares,
-        placement: Placement,
-        release_wait_seconds: float = RELEASE_WAIT_SECONDS,
-        disk_floor_bytes: int,
-        rental_disk_bytes: int | None,
-        allowed_registries: tuple[str, ...],
-        images_absent: Absent,
-        opened_networks: tuple[str, ...] = (),
-    ):
-        """`shares` holds each rental's share in a cgroup of its own
-        (core/rentals/shares.py), or none (a Swarm leader: each container has
-        the rental's limits only). `placement` decides where the stack's
-        services run (core/sandbox/placement.py). `images_absent` says which
-        images the engine lacks: only for those is a registry contacted."""
-        self.log_max_size, self.log_max_files = log_max_size, log_max_files
-        self.shares, self.placement = shares, placement
-        self.release_wait_seconds = release_wait_seconds
-        self.disk_floor_bytes = disk_floor_bytes
-        self.rental_disk_bytes = rental_disk_bytes  # the host's fixed disk share per rental (disk_watch.py)
+    def __init__(self, *, parts: SandboxParts, rules: SandboxRules):
+        """Its collaborators, and the rules it holds each stack to: two parts,
+        given by keyword, so the composition root says what each one is."""
+        self.log_max_size, self.log_max_files = rules.log_max_size, rules.log_max_files
+        self.shares, self.placement = parts.shares, parts.placement
+        self.release_wait_seconds = rules.release_wait_seconds
+        self.disk_floor_bytes = rules.disk_floor_bytes
+        self.rental_disk_bytes = rules.rental_disk_bytes  # the host's fixed disk share per rental (disk_watch.py)
         # Registries local on purpose, and which images the engine lacks (whose registry it would contact).
-        self.allowed_registries, self.images_absent = allowed_registries, images_absent
+        self.allowed_registries, self.images_absent = rules.allowed_registries, parts.images_absent
         # Private networks the operator opened (GPUHOST_EGRESS_ALLOW): a registry there is theirs to allow.
-        self.opened = tuple(ipaddress.ip_network(net, strict=False) for net in opened_networks)
-        self.ledger = ledger
-        self.machine_facts = machine_facts
-        self.publish_address = publish_address
-        self.pids_limit = pids_limit
+        self.opened = tuple(ipaddress.ip_network(net, strict=False) for net in rules.opened_networks)
+        self.ledger = parts.ledger
+        self.machine_facts = parts.machine_facts
+        self.publish_address = rules.publish_address
+        self.pids_limit = rules.pids_limit
 
     async def apply(
         self,
