@@ -11,7 +11,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from gpuhost_agent.core.agent import Agent
+from gpuhost_agent.core.agent import Agent, AgentDuties, AgentWatchers, MarketplaceSide
 from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.rentals.end_dates import RentalEndDates
 from gpuhost_agent.core.stacks.dispatcher import JobDispatcher
@@ -70,24 +70,25 @@ def agent_for(client: Any, *, outbox: Any = None, dispatcher: JobDispatcher | No
     """A real Agent for its session and poll loop alone (`_open_session`,
     `_poll_forever`): the parts those never reach are None, or NotScheduled."""
     idle: Any = NotScheduled()
-    return Agent(
-        client,
-        SessionState(),
-        AgentDB(None),
-        dispatcher,
-        outbox,
-        FakeSchedule(),  # type: ignore[arg-type]
-        FakeHostReporter(),
-        None,
-        None,
-        None,
-        FakeContainerWatch(),
-        FakeStreamChannel(),  # type: ignore[arg-type]
+    marketplace = MarketplaceSide(
+        client=client, session=SessionState(), outbox=outbox, streams=FakeStreamChannel(), releases=FakeReleases()
+    )
+    duties = AgentDuties(
+        db=AgentDB(None),
+        dispatcher=dispatcher,
+        schedule=FakeSchedule(),
+        host=FakeHostReporter(),
+        reconciler=None,
+        rental_clock=None,
+    )
+    watchers = AgentWatchers(
+        engine_watch=None,
+        container_watch=FakeContainerWatch(),
         disk_watch=idle,
         gpu_events=idle,
         usage=idle,
-        releases=FakeReleases(),
-    )  # type: ignore[arg-type]
+    )
+    return Agent(marketplace=marketplace, duties=duties, watchers=watchers)
 
 
 async def stream_channel(client: Any, env_id: str, state_dir: Path, **options: Any) -> StreamChannel:

@@ -15,6 +15,7 @@ import asyncio
 import socket
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from gpuhost_agent import __version__
@@ -64,52 +65,74 @@ class ReleaseOffers(Protocol):
     def offered(self, reply: dict) -> None: ...
 
 
+@dataclass(frozen=True, kw_only=True)
+class MarketplaceSide:
+    """What the agent talks with the marketplace through: the client (the
+    session, the long poll), the session's state, the reports' outbox, the
+    stream channel (logs, terminals, SSH), and the upgrades a session offers."""
+
+    client: MarketplaceClient
+    session: SessionState
+    outbox: Outbox
+    streams: StreamChannel
+    releases: ReleaseOffers
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentDuties:
+    """What the agent runs: the jobs (dispatcher), the reconcile, the rentals'
+    ends on time (rental_clock), the heartbeats and start-up steps (host), on
+    its schedule, over the state database."""
+
+    db: AgentDB
+    dispatcher: JobDispatcher
+    schedule: Schedule
+    host: HostReporter
+    reconciler: Reconciler
+    rental_clock: RentalClock
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentWatchers:
+    """What watches the machine, on events or the schedule: the engine,
+    the containers, the disk, the GPUs' faults, their use (usage), the
+    containers' egress (none: not confined), and `watches`, the environment's
+    own (a Swarm leader's look at the other machines; none on one machine)."""
+
+    engine_watch: EngineWatch
+    container_watch: ContainerWatch
+    disk_watch: DiskWatch
+    gpu_events: GpuEventWatch
+    usage: UsageMeter
+    egress: EgressKeeper | None = None
+    watches: Sequence[PeriodicWatch] = ()
+
+
 class Agent:
-    def __init__(
-        self,
-        client: MarketplaceClient,
-        session: SessionState,
-        db: AgentDB,
-        dispatcher: JobDispatcher,
-        outbox: Outbox,
-        schedule: Schedule,
-        host: HostReporter,
-        reconciler: Reconciler,
-        rental_clock: RentalClock,
-        engine_watch: EngineWatch,
-        container_watch: ContainerWatch,
-        streams: StreamChannel,
-        *,
-        disk_watch: DiskWatch,
-        gpu_events: GpuEventWatch,
-        usage: UsageMeter,
-        releases: ReleaseOffers,
-        egress: EgressKeeper | None = None,
-        watches: Sequence[PeriodicWatch] = (),
-    ):
-        """`watches` are the environment's own, scheduled as they say (a
-        Swarm leader's look at the other machines; none on one machine)."""
-        self.client = client
-        self.session = session
-        self.db = db
-        self.dispatcher = dispatcher
-        self.outbox = outbox
-        self.schedule = schedule
-        self.host = host
-        self.reconciler = reconciler
-        self.rental_clock = rental_clock
-        self.engine_watch = engine_watch
-        self.container_watch = container_watch
-        self.streams = streams
-        self.disk_watch = disk_watch
-        self.gpu_events = gpu_events
-        self.usage = usage
-        self.releases = releases
-        self.egress = egress
-        self.watches = list(watches)
+    def __init__(self, *, marketplace: MarketplaceSide, duties: AgentDuties, watchers: AgentWatchers):
+        """Its collaborators in three parts, given by keyword, so the
+        composition root says what each one is; the agent starts and stops them."""
+        self.client = marketplace.client
+        self.session = marketplace.session
+        self.db = duties.db
+        self.dispatcher = duties.dispatcher
+        self.outbox = marketplace.outbox
+        self.schedule = duties.schedule
+        self.host = duties.host
+        self.reconciler = duties.reconciler
+        self.rental_clock = duties.rental_clock
+        self.engine_watch = watchers.engine_watch
+        self.container_watch = watchers.container_watch
+        self.streams = marketplace.streams
+        self.disk_watch = watchers.disk_watch
+        self.gpu_events = watchers.gpu_events
+        self.usage = watchers.usage
+        self.releases = marketplace.releases
+        self.egress = watchers.egress
+        self.watches = list(watchers.watches)
         self._superseded_at: list[float] = []  # loop times our session was superseded, within the window
         self.intervals = wire_intervals.from_reply(None)
-        for job in db.interrupted:
+        for job in self.db.interrupted:
             log.warning(
                 "job_interrupted_by_restart",
                 job_id=job["job_id"],

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from gpuhost_agent import __version__
 from gpuhost_agent.common.logs import SECRETS, get_logger
 from gpuhost_agent.core import upgrade_offers
-from gpuhost_agent.core.agent import Agent
+from gpuhost_agent.core.agent import Agent, AgentDuties, AgentWatchers, MarketplaceSide
 from gpuhost_agent.core.containers.watch import ContainerWatch
 from gpuhost_agent.core.disk_watch import DiskWatch
 from gpuhost_agent.core.egress_keeper import EgressKeeper
@@ -253,24 +253,24 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str, release_key: s
     host.heartbeat_replies.append(upgrades.offered)  # a release offered at a beat, not only at a session
     host.beat_facts.append(upgrades.session_info)  # and a confirmed upgrade told at once
     agent = Agent(
-        client,
-        session,
-        db,
-        dispatcher,
-        outbox,
-        schedule,
-        host,
-        reconciler,
-        rental_clock,
-        engine_watch,
-        container_watch,
-        streams,
-        disk_watch=disk_watch,
-        gpu_events=gpu_events,
-        usage=usage,
-        releases=upgrades,
-        egress=EgressKeeper(HostFirewall(), config.egress_allow, openings=config.engine_openings),
-        watches=topology.watches(container_watch, lambda: session.env_id, host.environment_changed),
+        marketplace=MarketplaceSide(client=client, session=session, outbox=outbox, streams=streams, releases=upgrades),
+        duties=AgentDuties(
+            db=db,
+            dispatcher=dispatcher,
+            schedule=schedule,
+            host=host,
+            reconciler=reconciler,
+            rental_clock=rental_clock,
+        ),
+        watchers=AgentWatchers(
+            engine_watch=engine_watch,
+            container_watch=container_watch,
+            disk_watch=disk_watch,
+            gpu_events=gpu_events,
+            usage=usage,
+            egress=EgressKeeper(HostFirewall(), config.egress_allow, openings=config.engine_openings),
+            watches=topology.watches(container_watch, lambda: session.env_id, host.environment_changed),
+        ),
     )
     return AgentParts(
         agent,
