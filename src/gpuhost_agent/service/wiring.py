@@ -30,7 +30,7 @@ from gpuhost_agent.core.images.disk_fit import DiskRoom
 from gpuhost_agent.core.images.pulls import ImagePulls
 from gpuhost_agent.core.images.pulls_elsewhere import PullsElsewhere
 from gpuhost_agent.core.reconcile.engine_recovery import EngineRecovery
-from gpuhost_agent.core.reconcile.reconciler import Reconciler
+from gpuhost_agent.core.reconcile.reconciler import Reconciler, ReconcileSources, ReconcileTools
 from gpuhost_agent.core.rental_clock import RentalClock
 from gpuhost_agent.core.rentals.end_dates import RentalEndDates
 from gpuhost_agent.core.rentals.usage_meter import UsageMeter
@@ -195,17 +195,11 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str, release_key: s
     )
     rental_clock = RentalClock(end_dates, dispatcher, ledger, session)
     reconciler = Reconciler(
-        client,
-        engine,
-        dispatcher,
-        reporter,
-        db,
-        ledger,
-        outbox,
-        session,
-        end_dates,
+        sources=ReconcileSources(client=client, session=session, engine=engine, db=db, ledger=ledger, outbox=outbox),
+        tools=ReconcileTools(
+            dispatcher=dispatcher, reporter=reporter, end_dates=end_dates, keep_limits=sandbox.keep_limits
+        ),
         grace_seconds=config.reconcile_grace_seconds,
-        keep_limits=sandbox.keep_limits,
     )
     container_watch = ContainerWatch(
         engine,

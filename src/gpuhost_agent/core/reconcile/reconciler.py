@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from gpuhost_agent.common.logs import get_logger
@@ -35,28 +36,43 @@ log = get_logger(__name__)
 RESTART_SLACK = timedelta(seconds=30)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ReconcileSources:
+    """Where a run's picture comes from: what the marketplace wants (client,
+    for the session's environment), what runs (engine), the agent's own record
+    (db, the GPU ledger, which adopts GPUs found in use), and the reports still
+    waiting in the outbox."""
+
+    client: MarketplaceClient
+    session: SessionState
+    engine: DockerEngine
+    db: AgentDB
+    ledger: GpuLedger
+    outbox: Outbox
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReconcileTools:
+    """What a run acts through: the dispatcher (the jobs it plans), the
+    reporter (statuses), the rental clock's end dates (so that it wakes), and
+    `keep_limits`, which writes the cgroup limits of the rentals whose
+    containers a run sees (Sandbox.keep_limits; none: no limits kept)."""
+
+    dispatcher: JobDispatcher
+    reporter: StatusReporter
+    end_dates: RentalEndDates
+    keep_limits: Callable[[set[str]], Awaitable[None]] | None = None
+
+
 class Reconciler:
-    def __init__(
-        self,
-        client: MarketplaceClient,
-        engine: DockerEngine,
-        dispatcher: JobDispatcher,
-        reporter: StatusReporter,
-        db: AgentDB,
-        ledger: GpuLedger,
-        outbox: Outbox,
-        session: SessionState,
-        end_dates: RentalEndDates,
-        *,
-        grace_seconds: float,
-        keep_limits: Callable[[set[str]], Awaitable[None]] | None = None,
-    ):
-        """`keep_limits` writes the cgroup limits of the rentals whose
-        containers a run sees (Sandbox.keep_limits)."""
-        self.keep_limits = keep_limits
-        self.client, self.engine, self.dispatcher, self.reporter = client, engine, dispatcher, reporter
-        self.db, self.ledger, self.outbox, self.session = db, ledger, outbox, session
-        self.end_dates = end_dates  # the rental clock's, so that it wakes
+    def __init__(self, *, sources: ReconcileSources, tools: ReconcileTools, grace_seconds: float):
+        """What a run compares, what it acts through (two parts, by keyword),
+        and how long a stack the marketplace does not list may stay."""
+        self.client, self.session, self.engine = sources.client, sources.session, sources.engine
+        self.db, self.ledger, self.outbox = sources.db, sources.ledger, sources.outbox
+        self.dispatcher, self.reporter = tools.dispatcher, tools.reporter
+        self.end_dates = tools.end_dates  # the rental clock's, so that it wakes
+        self.keep_limits = tools.keep_limits
         self.grace_seconds = grace_seconds
         self._unlisted_since: dict[str, datetime] = {}
         self._skipped: tuple[str, ...] = ()  # the desired state's entries left out, as last said
