@@ -13,7 +13,7 @@ from typing import Any
 
 from support.fakes import FakeEngine, FakeReporter
 
-from gpuhost_agent.core.disk_watch import GIB, DiskWatch
+from gpuhost_agent.core.disk_watch import GIB, DiskWatch, DiskWatchParts, DiskWatchSettings
 from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.inventory.environment import environment_disks
 from gpuhost_agent.inventory.machines import MachineDisk, OneMachine
@@ -70,19 +70,22 @@ def _watch(tmp_path, worker_answer: dict, asked: list, stopped: list) -> tuple[D
         async def stop(self, projects: list[str], running: list[dict]) -> None:
             stopped.extend(projects)
 
-    watch = DiskWatch(
-        engine,
-        db,
-        ledger,
-        reporter,
-        facts,
-        set,
-        interval=default_of("disk_watch_seconds"),
-        floor_bytes=0,  # the other machines' share is the point, not a floor
-        rental_disk_bytes=default_of("rental_disk_bytes"),
+    parts = DiskWatchParts(
+        engine=engine,
+        db=db,
+        ledger=ledger,
+        reporter=reporter,
+        machine_facts=facts,
+        busy_rentals=set,
         machines=Environment(),
         stacks=Stacks(),  # type: ignore[arg-type]
     )
+    settings = DiskWatchSettings(
+        interval=default_of("disk_watch_seconds"),
+        floor_bytes=0,  # the other machines' share is the point, not a floor
+        rental_disk_bytes=default_of("rental_disk_bytes"),
+    )
+    watch = DiskWatch(parts=parts, settings=settings)
     return watch, reporter, engine
 
 

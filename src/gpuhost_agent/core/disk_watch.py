@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.gpus.ledger import GpuLedger
@@ -70,28 +71,44 @@ def over_share_message(used: int, share: int, disk: str = "the host's disk") -> 
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class DiskWatchParts:
+    """What a pass asks and acts through: the engine (what each container and
+    volume holds), the record and the GPU ledger (each rental's stacks and
+    GPUs), the reporter (a stopped stack's ERROR), the machine's facts (its
+    disk), the rentals a job is running for (not stopped in its midst),
+    `machines`, which names the disks to judge and answers for the
+    environment's other machines (none on one machine), and `stacks`, which
+    stops a rental's stacks, as they run."""
+
+    engine: DockerEngine
+    db: AgentDB
+    ledger: GpuLedger
+    reporter: StatusReporter
+    machine_facts: Callable[[], Awaitable[dict]]
+    busy_rentals: Callable[[], set[str]]
+    machines: Machines
+    stacks: StackBackend
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiskWatchSettings:
+    """The host's settings: how often a pass runs, the disk floor, and a
+    rental's fixed share (GPUHOST_RENTAL_DISK; None: by its GPUs)."""
+
+    interval: float
+    floor_bytes: int
+    rental_disk_bytes: int | None
+
+
 class DiskWatch:
-    def __init__(
-        self,
-        engine: DockerEngine,
-        db: AgentDB,
-        ledger: GpuLedger,
-        reporter: StatusReporter,
-        machine_facts: Callable[[], Awaitable[dict]],
-        busy_rentals: Callable[[], set[str]],
-        *,
-        interval: float,
-        floor_bytes: int,
-        rental_disk_bytes: int | None,
-        machines: Machines,
-        stacks: StackBackend,
-    ):
-        """`machines` answers for the environment's other machines (none on
-        one machine); `stacks` stops a rental's stacks, as they run."""
-        self.engine, self.db, self.ledger, self.reporter = engine, db, ledger, reporter
-        self.machine_facts, self.busy_rentals = machine_facts, busy_rentals
-        self.interval, self.floor_bytes, self.fixed = interval, floor_bytes, rental_disk_bytes
-        self.machines, self.stacks = machines, stacks
+    def __init__(self, *, parts: DiskWatchParts, settings: DiskWatchSettings):
+        """Its collaborators, and the settings it measures by: two parts, by keyword."""
+        self.engine, self.db, self.ledger, self.reporter = parts.engine, parts.db, parts.ledger, parts.reporter
+        self.machine_facts, self.busy_rentals = parts.machine_facts, parts.busy_rentals
+        self.interval, self.floor_bytes = settings.interval, settings.floor_bytes
+        self.fixed = settings.rental_disk_bytes
+        self.machines, self.stacks = parts.machines, parts.stacks
         self.last_usage: dict[str, int] = {}  # for `status` and tests: bytes per rental, all machines
         self.last_over: set[str] = set()  # rentals over their share at the last pass (metrics: an alert)
 

@@ -21,7 +21,7 @@ from gpuhost_agent.common.logs import SECRETS, get_logger
 from gpuhost_agent.core import upgrade_offers
 from gpuhost_agent.core.agent import Agent, AgentDuties, AgentWatchers, MarketplaceSide
 from gpuhost_agent.core.containers.watch import ContainerWatch
-from gpuhost_agent.core.disk_watch import DiskWatch
+from gpuhost_agent.core.disk_watch import DiskWatch, DiskWatchParts, DiskWatchSettings
 from gpuhost_agent.core.egress_keeper import EgressKeeper
 from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.host_reporter import HostReporter
@@ -210,17 +210,21 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str, release_key: s
         machines=topology.machines,
     )
     disk_watch = DiskWatch(
-        engine,
-        db,
-        ledger,
-        reporter,
-        host.machine_facts,
-        dispatcher.busy_rentals,
-        interval=config.disk_watch_seconds,
-        floor_bytes=config.disk_floor_bytes,
-        rental_disk_bytes=config.rental_disk_bytes,
-        machines=topology.machines,
-        stacks=stacks,
+        parts=DiskWatchParts(
+            engine=engine,
+            db=db,
+            ledger=ledger,
+            reporter=reporter,
+            machine_facts=host.machine_facts,
+            busy_rentals=dispatcher.busy_rentals,
+            machines=topology.machines,
+            stacks=stacks,
+        ),
+        settings=DiskWatchSettings(
+            interval=config.disk_watch_seconds,
+            floor_bytes=config.disk_floor_bytes,
+            rental_disk_bytes=config.rental_disk_bytes,
+        ),
     )
     gpu_events = GpuEventWatch(nvml, GpuFaults(ledger, db, reporter).fault)
     usage = UsageMeter(
