@@ -8,7 +8,7 @@ import json
 import time
 
 from gpuhost_agent.core.gpus.ledger import GpuLedger
-from gpuhost_agent.core.host_reporter import HostReporter
+from gpuhost_agent.core.host_reporter import HostReporter, HostReporterParts, HostReportSettings
 from gpuhost_agent.local_marketplace.state import MarketplaceState
 from gpuhost_agent.protocol import intervals as wire_intervals
 from gpuhost_agent.protocol import wire_time
@@ -21,16 +21,17 @@ def session_reporter(
 ) -> tuple[HostReporter, FakeOutbox, FakeClient]:
     """A HostReporter after its session: requirements, intervals and clock from the local marketplace."""
     outbox, client = FakeOutbox(), FakeClient(state)
-    reporter = HostReporter(
-        client,
-        outbox,
-        FakeProber(data),
-        FakeSchedule(),  # type: ignore[arg-type]
-        lambda: ["docker", "compose"],
-        lambda _command: None,
+    parts = HostReporterParts(
+        client=client,
+        outbox=outbox,
+        prober=FakeProber(data),
+        schedule=FakeSchedule(),  # type: ignore[arg-type]
+        find_compose=lambda: ["docker", "compose"],
+        compose_found=lambda _command: None,
         ledger=ledger,
-        **defaults("speed_max_bytes", "speed_max_seconds"),
     )
+    settings = HostReportSettings(**defaults("speed_max_bytes", "speed_max_seconds"))
+    reporter = HostReporter(parts=parts, settings=settings)
     reply = {
         "sessionId": "s",
         "envId": state.store.envId,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from gpuhost_agent import __version__
 from gpuhost_agent.common.logs import get_logger
@@ -36,25 +37,39 @@ MIN_HEARTBEAT = 0.1
 BEAT_MACHINE_SECONDS = 3.0  # a silent machine's agent delays a heartbeat no longer than this
 
 
+@dataclass(frozen=True, kw_only=True)
+class HostReporterParts:
+    """What it reports through and with: the client (heartbeats, the speed
+    test), the outbox (systemData, initState), the prober (the machine), the
+    schedule (beats, probes, speed tests), `find_compose`, which looks for the Compose command, and
+    `compose_found`, which hears the one start-up settled on (the deployer's
+    Compose runner uses it from then on). Every heartbeat says which GPUs the
+    `ledger` has free, assigned and being released, and a change sends a beat
+    at once (the marketplace's availableGPUs); none: no GPUs said."""
+
+    client: MarketplaceClient
+    outbox: Outbox
+    prober: Prober
+    schedule: Schedule
+    find_compose: Callable[[], list[str]]
+    compose_found: Callable[[list[str]], None]
+    ledger: GpuLedger | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostReportSettings:
+    """The speed test's bounds (GPUHOST_SPEED_MAX_BYTES, _SECONDS), and the
+    outbox target the reports go to."""
+
+    speed_max_bytes: int
+    speed_max_seconds: float
+    env_target: str = "env"
+
+
 class HostReporter:
-    def __init__(
-        self,
-        client: MarketplaceClient,
-        outbox: Outbox,
-        prober: Prober,
-        schedule: Schedule,
-        find_compose: Callable[[], list[str]],
-        compose_found: Callable[[list[str]], None],
-        *,
-        env_target: str = "env",
-        speed_max_bytes: int,
-        speed_max_seconds: float,
-        ledger: GpuLedger | None = None,
-    ):
-        """`compose_found` hears the Compose command start-up settled on (the
-        deployer's Compose runner uses it from then on). Every heartbeat says
-        which GPUs the `ledger` has free, assigned and being released, and a
-        change sends a beat at once (the marketplace's availableGPUs)."""
+    def __init__(self, *, parts: HostReporterParts, settings: HostReportSettings):
+        """Its collaborators, and the settings it reports by: two parts, by keyword."""
+        ledger = parts.ledger
         self.ledger = ledger
         self._beat_soon: asyncio.Task | None = None
         # Said in every beat, and hear every reply: the upgrades (AgentInfo.upgrade, and a
@@ -63,20 +78,20 @@ class HostReporter:
         self.heartbeat_replies: list[Callable[[dict], None]] = []
         if ledger is not None:
             ledger.on_change.append(self.beat_soon)
-        self.client = client
-        self.outbox = outbox
-        self.prober = prober
-        self.schedule = schedule
-        self.find_compose = find_compose
-        self.target = env_target
-        self.speed_limits = (speed_max_bytes, speed_max_seconds)
+        self.client = parts.client
+        self.outbox = parts.outbox
+        self.prober = parts.prober
+        self.schedule = parts.schedule
+        self.find_compose = parts.find_compose
+        self.target = settings.env_target
+        self.speed_limits = (settings.speed_max_bytes, settings.speed_max_seconds)
         self.requirements = Requirements()
         self.intervals = wire_intervals.from_reply(None)
         self.clock_skew: float | None = None
         self.last_report: dict | None = None
         self.sent_fingerprint: str | None = None
         self.init = InitState(lambda body: self.outbox.put(INIT_STATE, self.target, body))
-        self.compose_found = compose_found
+        self.compose_found = parts.compose_found
         self._started = time.monotonic()
         self._beat_failures = 0
         self._speed_task: asyncio.Task | None = None

@@ -24,7 +24,7 @@ from gpuhost_agent.core.containers.watch import ContainerWatch
 from gpuhost_agent.core.disk_watch import DiskWatch, DiskWatchParts, DiskWatchSettings
 from gpuhost_agent.core.egress_keeper import EgressKeeper
 from gpuhost_agent.core.gpus.ledger import GpuLedger
-from gpuhost_agent.core.host_reporter import HostReporter
+from gpuhost_agent.core.host_reporter import HostReporter, HostReporterParts, HostReportSettings
 from gpuhost_agent.core.images.cache import ImageCache
 from gpuhost_agent.core.images.disk_fit import DiskRoom
 from gpuhost_agent.core.images.pulls import ImagePulls
@@ -119,18 +119,19 @@ def build_agent(config: AgentConfig, base_url: str, api_key: str, release_key: s
     ledger.import_legacy(config.state_dir / "gpu-assignments.json")
     topology = for_config(config, compose.docker_config_dir)
     engine, stream_engine = topology.engine, topology.stream_engine
+    cdi = partial(driver_cdi.keep, driver_root=config.driver_root)
+    prober = build_prober(config, engine, nvml, None, topology.machines, cdi=cdi)
     host = HostReporter(
-        client,
-        outbox,
-        build_prober(
-            config, engine, nvml, None, topology.machines, cdi=partial(driver_cdi.keep, driver_root=config.driver_root)
+        parts=HostReporterParts(
+            client=client,
+            outbox=outbox,
+            prober=prober,
+            schedule=schedule,
+            find_compose=find_compose,
+            compose_found=compose.use,
+            ledger=ledger,
         ),
-        schedule,
-        find_compose,
-        compose.use,
-        speed_max_bytes=config.speed_max_bytes,
-        speed_max_seconds=config.speed_max_seconds,
-        ledger=ledger,
+        settings=HostReportSettings(speed_max_bytes=config.speed_max_bytes, speed_max_seconds=config.speed_max_seconds),
     )
     publish = config.publish_address or ("127.0.0.1" if config.uses_local_marketplace else "0.0.0.0")
     reporter = StatusReporter(outbox, db, ledger)
