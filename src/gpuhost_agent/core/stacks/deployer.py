@@ -43,6 +43,7 @@ from gpuhost_agent.core.stacks.deploy_failures import (
 from gpuhost_agent.core.stacks.image_checks import image_problems
 from gpuhost_agent.core.stacks.project_input import MAX_VARIABLES, check_variables, label_services
 from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
+from gpuhost_agent.errors import OutsideFailure, Refusal
 from gpuhost_agent.protocol import wire, wire_jobs
 from gpuhost_agent.runtime.compose import COMPOSE_PROJECT_LABEL, ComposeError
 from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
@@ -219,7 +220,7 @@ class StackDeployer:
             log.info("stack_applied", stack_id=job.stack_id, job_id=job.job_id, changes=len(notices))
             await self._settle(job.stack_id)
             return ""
-        except (StackRejected, StackFailed, EngineError) as exc:
+        except (Refusal, OutsideFailure) as exc:  # by family: a bug goes on to the dispatcher
             if running_before and not changed:
                 return await self._failed_beside(job, exc, running_before)
             return await self._failed(job, project, workdir, exc)
