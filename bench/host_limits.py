@@ -1,4 +1,4 @@
-"""What the host's limits per rental cost (issue 16): the rental's cgroup on a
+"""What the host's limits per rental cost: the rental's cgroup on a
 deploy, and the disk watch at rest.
 
 Deploy: the same one-service Compose file brought up with `docker compose up

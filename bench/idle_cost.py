@@ -1,4 +1,4 @@
-"""What the agent costs a host while nothing happens (issue 20, item 4).
+"""What the agent costs a host while nothing happens.
 
 A host runs the agent all day, and most of the day no renter asks anything:
 its memory, its CPU and its traffic to the marketplace at rest are a cost
@@ -18,7 +18,7 @@ are its own defaults (protocol/intervals.py) unless `--intervals` sets some,
 as a marketplace may in its session reply. Two floors of the memory row are
 measured after the window, each in a bare interpreter of the same Python:
 the libraries the agent runs on, imported, and the agent's code loaded on
-top of them, never run (issue 36: what of the RSS is the agent's own).
+top of them, never run (what of the RSS is the agent's own).
 
     .venv/bin/python bench/idle_cost.py [--minutes 5] [--warmup 60] [--quick]
         [--intervals jobPollWaitSeconds=60,heartbeatSeconds=60]

@@ -41,7 +41,7 @@ from gpuhost_agent.runtime.compose import find_compose_command
 from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.service.wiring import start_local_marketplace
 
-RATIO_GOAL = 1.1  # all APPLIED over all raw `up -d` exited, ratio of medians (issue 20)
+RATIO_GOAL = 1.1  # all APPLIED over all raw `up -d` exited, ratio of medians
 
 
 async def raw_round(

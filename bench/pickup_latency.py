@@ -7,7 +7,7 @@ wraps `docker compose up` with `compose config`, a container check and reports,
 so its create-to-APPLIED time is compared with a raw `docker compose up -d` of
 the same file by the same Compose binary, interleaved so machine noise hits both
 (which of the two goes first alternates from pair to pair). The figure of merit
-is the ratio of the medians (issue 20: at most 1.05). A third run of each pair
+is the ratio of the medians (at most 1.05). A third run of each pair
 is the design's floor: Compose's `config` and `up` started together without
 the agent, `up` reading config's model on its stdin, as the agent runs them
 (docs/design.md, "Two Compose starts, overlapped"): what any agent that
@@ -61,7 +61,7 @@ COMPOSE = f"""services:
     init: true
 """
 PROJECT_LABEL = "com.docker.compose.project"
-RATIO_GOAL = 1.05  # create -> APPLIED over raw `up -d`, ratio of medians (issue 20)
+RATIO_GOAL = 1.05  # create -> APPLIED over raw `up -d`, ratio of medians
 PICKUP_GOAL_MS = 50.0
 
 

@@ -45,7 +45,7 @@ from gpuhost_agent.storage.agent_db import DB_FILE, REMEMBERED_JOBS
 
 IMAGE = "gpuhost-test/busybox:1"
 SERVE = "trap exit TERM; echo up; sleep 86400 & wait"  # stops at once on SIGTERM
-# Targets of the issue ("Endurance and overhead"): growth after warm-up.
+# Targets for endurance and overhead: growth after warm-up.
 RSS_GROWTH_MIB = 5.0
 # The database is bounded by what it keeps: the newest REMEMBERED_JOBS job
 # records (about 380 bytes each with their index) and rentals ended in the
@@ -196,7 +196,7 @@ def baseline(samples: list[dict], warm_up: int) -> dict:
 
 
 def verdicts(samples: list[dict], warm_up: int) -> dict[str, bool]:
-    """The issue's targets, judged from the end of warm-up to the last sample."""
+    """The targets, judged from the end of warm-up to the last sample."""
     base, last = baseline(samples, warm_up), samples[-1]
     return {
         f"RSS growth < {RSS_GROWTH_MIB} MiB": last["rssMiB"] - base["rssMiB"] < RSS_GROWTH_MIB,

@@ -1,10 +1,9 @@
-"""The test Swarm's own costs (issue "One environment, many machines",
-benchmark): how long scripts/swarm-cluster.sh takes to bring N engines up as
+"""The test Swarm's own costs: how long scripts/swarm-cluster.sh takes to bring N engines up as
 a Swarm and to take them down, and how long `docker stack deploy` takes from
 the command to every task running, for a published-style file as it stands
 and for the same file after the agent's sandbox and Swarm rewrite
 (core/swarm/stack_file.py: limits, placement by node id, dnsrr, restart policy).
-The ratio is what the rewrite costs Swarm. Then the issue's comparison: the
+The ratio is what the rewrite costs Swarm. Then the comparison that matters: the
 agent as the environment's leader (GPUHOST_SWARM=leader, a separate process
 on the manager, as in production), a stack created through the local
 marketplace's renter API until the marketplace hears APPLIED, against

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A Docker Swarm of N engines on this one machine, for tests and benchmarks of
-# environments that span machines (issue "One environment, many machines").
+# environments that span machines.
 #
 #   scripts/swarm-cluster.sh up [N]     start N engines (default 2) and form a Swarm
 #   scripts/swarm-cluster.sh down       stop them; no namespace, process or mount is left

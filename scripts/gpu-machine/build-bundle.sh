@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build, here, what the GPU test machine needs to run a Docker Engine and the
-# agent (issue 33, section 2; issue 46, section 2: an engine with CDI): that
+# agent (an engine with CDI): that
 # machine (cgroup v2, no systemd, no iptables) reaches no registry, and one
 # device call carries at most 64 MiB beside the checkout.
 # scripts/gpu-machine/run.sh unpacks and runs it there.

@@ -6,7 +6,7 @@ markdown summary.
 - the README's stack deploys, serves "hello from a rental" on its published
   port and through its tunnel (the agent's own connection);
 - a one-GPU rental's stack gets the machine's real GPU by the CDI spec the
-  agent wrote from the driver (issue 46, section 2), no runtime hook: through
+  agent wrote from the driver, no runtime hook: through
   the renter's terminal (the marketplace's WebSocket, as a renter's browser),
   `nvidia-smi -L` in the container names the rental's GPU alone, and a CUDA
   driver-API program (cuda-check.c) sees it by its UUID, allocates and copies
@@ -485,7 +485,7 @@ def end_rentals(renter: Renter, rentals: list[str], client: docker.DockerClient)
             time.sleep(0.5)
     homes = [SYSFS, SYSFS / "memory", SYSFS / "pids", SYSFS / "cpu", SYSFS / "cpu,cpuacct"]  # v2, then v1
     # The agent removes a rental's cgroup once its stacks are down, a moment after
-    # the last container went (a run of 2026-11-28 looked in between and failed).
+    # the last container went (a run that looked in between failed).
     while left := [str(p) for home in homes for r in rentals if (p := home / "gpuhost-agent" / f"r-{r}").exists()]:
         if time.monotonic() > deadline:
             break

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run, on the GPU test machine, the bundle scripts/gpu-machine/build-bundle.sh
-# made here (issue 33, section 2; issue 46, section 2): a Docker Engine of its
+# made here: a Docker Engine of its
 # own (Debian 13's dockerd 26 with CDI on, no runtime hook; no systemd, no
 # iptables, cgroup v2 there), the agent in a virtual environment with its local
 # marketplace (as `make run`), which writes its own CDI spec of the GPU from
@@ -111,7 +111,7 @@ missing=$(ldd "$work/engine/bin/dockerd" "$work/engine/bin/containerd" 2>&1 | gr
 export PATH="$work/engine/bin:$PATH"
 export DOCKER_HOST="unix://$work/docker.sock" DOCKER_CONFIG="$work/docker-config"
 
-# The disk share (issue 46): dockerd's data root on XFS with project quotas, a sparse
+# The disk share: dockerd's data root on XFS with project quotas, a sparse
 # loop file, where the kernel has them; else on this machine's disk, and the check says why.
 xfs_size=${GPU_RUN_XFS_SIZE:-16G}
 rental_disk=${GPU_RUN_RENTAL_DISK:-256M}

@@ -1,5 +1,5 @@
 """Compose reads the agent's serialisation of a renter's file as it reads the
-file itself (issue 31, finding 3: tests/unit/test_compose_one_reading.py says
+file itself (tests/unit/test_compose_one_reading.py says
 why the agent hands Compose its own serialisation of the checked nodes). The
 real Compose, no engine; here rather than in the fast suite for its two
 Compose runs per corpus file."""

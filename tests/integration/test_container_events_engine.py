@@ -225,7 +225,7 @@ async def test_the_engine_sends_the_agent_only_the_actions_it_follows(docker_cli
     """A renter's healthcheck every 10 ms makes exec_create, exec_start and exec_die
     events, each with its command and every label, dozens a second: the agent asks
     the engine for the actions it follows alone (wire.CONTAINER_EVENTS), so none
-    of those reach its loop (red team, 2026-11-29)."""
+    of those reach its loop."""
     from gpuhost_agent.runtime.engine.client import DockerEngine
 
     env_id = f"events-{time.monotonic_ns()}"

@@ -91,7 +91,7 @@ def test_daemon_runs_local_marketplace_and_stops_cleanly(tmp_path, docker_client
 
 def test_killing_make_run_stops_its_agent(tmp_path):
     """`kill <pid of make run>` (SIGTERM, as timeout or a supervisor sends it) stopped make and
-    left the agent running, reparented to PID 1, holding the port and the state (issue 47)."""
+    left the agent running, reparented to PID 1, holding the port and the state."""
     import psutil
 
     root = Path(__file__).resolve().parents[2]

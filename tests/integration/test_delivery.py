@@ -83,7 +83,7 @@ async def test_waiting_long_poll_is_woken_by_a_new_job(local_market):
 async def test_a_redelivered_deploy_that_fails_before_up_leaves_the_running_stack_and_says_so(
     local_market, docker_client
 ):
-    """Issue 45, item 5: a deploy job delivered again after a crash that fails for any reason
+    """A deploy job delivered again after a crash that fails for any reason
     before Compose's `up` (here: the host lowered GPUHOST_STACKS_PER_RENTAL since) used to tear
     down the stack that job had started. Its containers keep running, and the report says so."""
     renter, parts, local = local_market

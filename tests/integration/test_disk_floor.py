@@ -1,5 +1,5 @@
-"""Free disk below the host's floor stops new deploys with a clear ERROR
-(issue 16), before any pull, container or GPU is taken; measured on this
+"""Free disk below the host's floor stops new deploys with a clear ERROR,
+before any pull, container or GPU is taken; measured on this
 machine's real Docker disk, with a floor set above what it has free."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A rental's share of Docker's disk (issue 16), measured on the real engine:
+"""A rental's share of Docker's disk, measured on the real engine:
 a rental whose container writes past its share is stopped and its stack
 reported ERROR naming the use and the limit; another rental's stack runs on.
 (The sums and shares alone: tests/unit/test_disk_watch.py.)"""

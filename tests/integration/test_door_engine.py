@@ -430,7 +430,7 @@ async def test_the_door_dials_no_address_outside_the_containers_stack_networks(d
     """The door judges the address as the leader does (streams/sandbox_addresses.py):
     an agent's container on no network of its stack (here the engine's default
     bridge, which every container may be put on) is not dialled, whatever port
-    it declares (issue 31, finding 5)."""
+    it declares."""
     outside = await asyncio.to_thread(
         docker_client.containers.run,
         TEST_IMAGE,

@@ -1,5 +1,5 @@
-"""A rental's container reaches the internet and its own stack, nothing else
-(issue 45, item 2), on the real engine with its iptables rules on.
+"""A rental's container reaches the internet and its own stack, nothing else,
+on the real engine with its iptables rules on.
 
 A network namespace of the test's own stands for the world beyond the host:
 on one veth it holds 203.0.113.2 (TEST-NET-3, standing for the internet),
@@ -203,8 +203,8 @@ async def test_a_network_of_a_stack_deployed_before_the_rules_is_named_and_fails
 
 
 def test_a_host_without_ip6tables_still_gets_its_ipv4_rules_and_is_said_not_confined(tmp_path) -> None:
-    """ip6tables missing used to stop every rule, IPv4's too (issue 45, a low finding of
-    the red team): now IPv4's are written and the IPv6 gap is what compliance says.
+    """ip6tables missing used to stop every rule, IPv4's too: now IPv4's are written and the
+    IPv6 gap is what compliance says.
     In a network namespace of the test's own, with a PATH that lacks ip6tables."""
     tools = tmp_path / "tools"
     tools.mkdir()

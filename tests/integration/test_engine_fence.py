@@ -1,4 +1,4 @@
-"""The engine fence (runtime/egress_rules.py; red team 2, H2) on this machine's
+"""The engine fence (runtime/egress_rules.py) on this machine's
 real kernel, in a network namespace of the test's own: Go's proxy choice never
 sends a loopback target to the pull guard, so a registry's redirect or token
 realm naming 127.0.0.1 reached the host's services from dockerd. The agent's
@@ -127,8 +127,8 @@ def test_a_member_of_the_fences_group_reaches_the_guard_and_nothing_else_of_the_
     }, seen
     assert all(seen["other"].values()), seen  # a process outside the group: untouched
     assert seen["answered"], seen  # a member's replies go out
-    assert seen["nobody"] == {"127.0.0.1:47128": False, "127.0.0.1:5999": True}, seen  # red team 3: the kernel
-    assert seen["squatted"] is False, seen  # red team 4: a squatter's answer never reaches root's client
+    assert seen["nobody"] == {"127.0.0.1:47128": False, "127.0.0.1:5999": True}, seen  # the kernel
+    assert seen["squatted"] is False, seen  # a squatter's answer never reaches root's client
     remove = f"from gpuhost_agent.runtime.host_firewall import HostFirewall; print(HostFirewall({GROUP=}).remove())"
     removed = subprocess.run(
         ["ip", "netns", "exec", namespace, sys.executable, "-c", remove.replace("GROUP=", "group=")],
@@ -155,7 +155,7 @@ PARTLY = (
 
 
 def test_a_chain_that_cannot_be_written_leaves_the_rentals_rules_and_jumps_written(namespace: str) -> None:
-    """Red team 4: a kernel without the owner match failed the guard's chain, and ensure stopped before any
+    """A kernel without the owner match failed the guard's chain, and ensure stopped before any
     jump: the rentals were left unconfined. Each chain and each parent's jumps are written on their own."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     done = subprocess.run(

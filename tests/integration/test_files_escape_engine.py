@@ -13,7 +13,7 @@ as an error while the helper goes on serving.
 
 The helper is also given a process that is not the container's (a pid whose
 cgroup names another container, a host process, a pid that is gone): it
-refuses to start (finding 8 of issue 31).
+refuses to start.
 
 Through the agent's own SSH, a real SFTP client (asyncssh's) reads at an
 offset of 2**64-1 in a container whose files plant the same sentinels:

@@ -1,4 +1,4 @@
-"""A GPU fault (issue 16): an Xid event from NVML (the stand-in library's
+"""A GPU fault: an Xid event from NVML (the stand-in library's
 event file) takes the GPU out of service at once: the rental using it hears
 it in its stack's errorMsg, the heartbeat says it, and no rental gets it
 again. A workload's own Xid (13) changes nothing."""

@@ -124,7 +124,7 @@ async def test_asking_for_more_gpus_than_rented_is_refused(gpu_agent, docker_cli
     "trick", ["    environment: {NVIDIA_VISIBLE_DEVICES: all}\n", "    environment: [NVIDIA_VISIBLE_DEVICES=all]\n"]
 )
 async def test_all_gpus_by_variable_means_the_rentals_gpus_only(gpu_agent, docker_client, trick) -> None:
-    """Issue 15: NVIDIA_VISIBLE_DEVICES=all, as published files write it, is a reservation of the rental's GPUs."""
+    """NVIDIA_VISIBLE_DEVICES=all, as published files write it, is a reservation of the rental's GPUs."""
     renter, parts, _local, _ = await gpu_agent(gpus=4)
     rental = await renter.rental(gpu_count=2)
     content = f"services:\n  greedy:\n    image: {TEST_IMAGE}\n    command: ['sleep', '3600']\n{trick}"

@@ -1,5 +1,5 @@
-"""The GPU test machine's script (scripts/gpu-machine/, issue 33 section 2;
-issue 46 section 2), here without a GPU: the bundle builds from Debian's
+"""The GPU test machine's script (scripts/gpu-machine/),
+here without a GPU: the bundle builds from Debian's
 packages (Debian 13's dockerd 26 with CDI) and its binaries run, and run.sh
 itself, in a network namespace made for it, starts its own containerd and
 dockerd (CDI on, `--iptables=false --ip-masq=false --bridge=none`, own

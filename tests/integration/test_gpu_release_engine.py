@@ -1,4 +1,4 @@
-"""GPUs free when the listing says so (issue 16), as a new user meets it: end a
+"""GPUs free when the listing says so, as a new user meets it: end a
 rental, create another at once and deploy. The ended rental's containers take
 their stop timeout to go; the new deploy waits for its GPUs (APPLYING, with
 the reason) instead of failing with "0 of 4 GPUs are free", and the listing
@@ -80,7 +80,7 @@ async def test_a_rental_created_as_another_ends_gets_its_gpus(gpu_agent):
 
 
 async def test_a_rental_no_release_can_serve_is_refused_at_once(gpu_agent):
-    """Issue 17: the marketplace refuses a gpuCount the environment cannot serve."""
+    """The marketplace refuses a gpuCount the environment cannot serve."""
     renter, _parts, _local, _ = await gpu_agent(gpus=2)
     await until(lambda: (renter.store.host.get("report") or {}).get("listing"), timeout=20)
     holder = await renter.rental(gpu_count=2)

@@ -42,7 +42,7 @@ async def test_listing_shows_every_hardware_field_from_the_probe(gpu_agent) -> N
     env = await _ready(renter)
     listing = await _get(renter, f"/environments/{renter.store.envId}/listing")
     assert listing == env["listing"]
-    # The marketplace is on this machine: its speed test measured loopback, not published (issue 18, item 4).
+    # The marketplace is on this machine: its speed test measured loopback, not published.
     missing = [key for key in HARDWARE_FIELDS if listing[key] is None]
     assert missing == ["networkUploadSpeed", "networkDownloadSpeed"]
     assert listing["totalGPUs"] == 8 and listing["availableGPUs"] == 8

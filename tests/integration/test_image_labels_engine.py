@@ -1,4 +1,4 @@
-"""Issue 31, findings 9, 10 and 13 on the real engine: an image is untrusted.
+"""An image is untrusted, on the real engine.
 
 A local image built FROM the test image carries the agent's own labels
 (`io.gpuhost.ssh=true`, the rental's GPUs) and the NVIDIA toolkit's device
@@ -137,7 +137,7 @@ async def world(tmp_path, monkeypatch, docker_client):
 
 
 def _as_before_this_change(docker_client, env_id: str) -> str:
-    """A container labelled as the agent labelled them before issue 31: no
+    """A container labelled as the agent once labelled them: no
     rental-GPU label where the rental had none, so the image's shows through."""
     rental_id = f"old-{uuid.uuid4().hex[:8]}"
     labels = {
@@ -269,7 +269,7 @@ def _stop_signal(size: int) -> Callable[[dict], None]:
 
 
 async def test_a_hand_made_image_configuration_is_refused_before_its_start(local_market, docker_client) -> None:
-    """What `docker build` refuses, a registry serves (red team, 2026-11-29): a
+    """What `docker build` refuses, a registry serves: a
     negative healthcheck interval, which the engine takes from an image and
     probes back to back; a 300 KiB STOPSIGNAL, copied into every container
     (20 MB of it made every container list of the engine take seconds); a 2 MB
@@ -301,7 +301,7 @@ async def test_an_image_the_renter_asks_pulled_always_is_pulled_and_judged_by_th
 ) -> None:
     """`pull_policy: always` once let Compose pull the image at `up`, after the
     agent's check of the local images: a container probing back to back ran
-    while `up` waited on a dependent's healthcheck (red team, 2026-11-29). The
+    while `up` waited on a dependent's healthcheck. The
     agent pulls it itself, at each deploy, judges it before `up`, and Compose
     pulls nothing (`pull_policy: never` in the file it reads)."""
     renter, _parts, _local = local_market

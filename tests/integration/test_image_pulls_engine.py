@@ -1,4 +1,4 @@
-"""Big images (issue 34 item 4), on the real engine and Compose: the agent
+"""Big images, on the real engine and Compose: the agent
 pulls a stack's missing images itself, so the renter reads the pull's
 progress while the stack is APPLYING; two stacks needing one image share one
 pull; a pull that stalls fails the stack naming the image and its registry,
@@ -164,7 +164,7 @@ async def test_an_image_larger_than_the_rentals_disk_share_is_refused_before_its
 
 
 async def test_a_pull_no_deploy_waits_on_stops_and_a_slow_one_meets_its_deadline(relayed, docker_client):
-    """Red team 3, RT3-2, on the real engine: when the only deploy waiting on a pull is cancelled, the
+    """Pull slots on the real engine: when the only deploy waiting on a pull is cancelled, the
     engine's pull stops (the registry passes nothing more); a pull past GPUHOST_PULL_MAX_SECONDS fails
     the stack naming the image and its registry."""
     renter, parts, relay, image = await relayed()

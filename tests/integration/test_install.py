@@ -99,10 +99,10 @@ def test_install_upgrade_and_uninstall_on_a_booted_host(scenario: Scenario) -> N
     }
     assert scenario.read("/etc/systemd/system/gpuhost-agent.service") == UNIT.read_text()
     assert "RestartSteps=" in scenario.read(INSTALLED[-1])  # the stand-in says systemd 255
-    # Docker's unit writes the egress rules before dockerd starts: at boot too (issue 45, item 2).
+    # Docker's unit writes the egress rules before dockerd starts: at boot too.
     docker_dropin = scenario.read("/etc/systemd/system/docker.service.d/10-gpuhost-egress.conf")
     assert "\nExecStartPre=-/opt/gpuhost-agent/venv/bin/gpuhost-agent egress apply\n" in docker_dropin
-    # ... and makes the agent's CDI spec true for the GPUs now, or removes it (issue 46: after a reboot a
+    # ... and makes the agent's CDI spec true for the GPUs now, or removes it (after a reboot a
     # GPU's node number may be another's). Here no driver answers: a spec left behind goes.
     assert "\nExecStartPre=-/opt/gpuhost-agent/venv/bin/gpuhost-agent cdi refresh\n" in docker_dropin
     scenario.sh("mkdir -p /etc/cdi && echo 'kind: nvidia.com/gpu' >/etc/cdi/gpuhost-nvidia.yaml")
@@ -111,7 +111,7 @@ def test_install_upgrade_and_uninstall_on_a_booted_host(scenario: Scenario) -> N
     assert refreshed.out.strip() == "/etc/cdi/gpuhost-nvidia.yaml: no spec written: no NVIDIA driver version (removed)"
     assert scenario.files("/etc/cdi/gpuhost-nvidia.yaml")["/etc/cdi/gpuhost-nvidia.yaml"] is None
     assert scenario.run("gpuhost-agent", "version").out.strip() == __version__
-    # Every dependency at the version requirements/agent.lock names for Debian 12's Python (issue 44)
+    # Every dependency at the version requirements/agent.lock names for Debian 12's Python
     assert locks.differences(scenario.run("/opt/gpuhost-agent/venv/bin/python", "-c", locks.DUMP).out) == []
     # The agent's own config loader reads what was written, key file included.
     loaded = scenario.run(
@@ -220,7 +220,7 @@ def test_pinned_install_on_a_gpu_less_chroot_and_the_unit_verifies_as_installed(
     result = scenario.install(*args, "--version", __version__, "--no-upgrades")
     assert result.code == 0, result.both
     assert f"source: gpuhost-agent=={__version__}" in result.out
-    # The operator said no upgrades: the agent takes no offer, whatever its signature (issue 45)
+    # The operator said no upgrades: the agent takes no offer, whatever its signature
     assert conf_values(scenario.read("/etc/gpuhost-agent/agent.conf"))["GPUHOST_UPGRADES"] == "off"
     refused = scenario.install(*args, "--release-key", "ed25519:not-a-key")
     assert refused.code == 2 and "--release-key must be" in refused.err, refused.both

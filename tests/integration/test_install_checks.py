@@ -78,13 +78,13 @@ def test_allow_no_gpu_makes_the_gpu_pieces_warnings_and_old_versions_are_flagged
     scenario.sh("touch /etc/fake/docker-down")
     result = scenario.install("--url", URL, "--env-id", ENV_ID, "--api-key", KEY, "--allow-no-gpu")
     assert result.code == 3  # Docker is still required
-    # Warnings now, and none tells the host to pass the --allow-no-gpu it passed (issue 18, item 3).
+    # Warnings now, and none tells the host to pass the --allow-no-gpu it passed.
     assert f"install.sh: warning: {allowed(msg('NVIDIA driver not found'))}\n" in result.err
     assert f"install.sh: warning: {allowed(msg('NVIDIA Container Toolkit not found'))}\n" in result.err
     assert "--allow-no-gpu" not in result.err
     assert result.err.count("install.sh: error:") == 1 and msg("Docker Engine does not answer") in result.err
 
-    # Every version below doctor's minimum is a warning, worded as doctor words it (issue 18, item 3).
+    # Every version below doctor's minimum is a warning, worded as doctor words it.
     scenario.sh(
         "rm /etc/fake/docker-down; echo 1.16.2 >/etc/fake/toolkit-version\n"
         "echo 20.10.24+dfsg1 >/etc/fake/docker-version; echo 2.12.2 >/etc/fake/compose-version\n"

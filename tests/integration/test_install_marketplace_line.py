@@ -78,7 +78,7 @@ async def test_the_marketplace_line_installs_the_agent_and_reports_init_state(
         await asyncio.to_thread(add, scenario, "docker", "compose", "nvidia", "toolkit")
         done = await _run_async(scenario, line)
         assert done.code == 0, done.both
-        # No checkout: the marketplace's release, its signature checked before its wheel was fetched (issue 45)
+        # No checkout: the marketplace's release, its signature checked before its wheel was fetched
         assert "(source: the marketplace's signed release)" in done.out
         assert f"the marketplace's release {release.version} is signed with the pinned key" in done.out
         assert asked.index("/v1/agent/release") < asked.index(f"/v1/agent/releases/{release.wheel.name}")
@@ -95,7 +95,7 @@ async def test_the_marketplace_line_installs_the_agent_and_reports_init_state(
         )
         assert wire_time.is_iso(install_phase["finishedAt"]) and wire_time.is_iso(init["updatedAt"])
         assert await asyncio.to_thread(scenario.read, "/etc/gpuhost-agent/api-key") == store.envApiKey + "\n"
-        # The marketplace's release key, pinned: the agent installs only releases it signed (issue 45)
+        # The marketplace's release key, pinned: the agent installs only releases it signed
         pinned = await asyncio.to_thread(scenario.read, "/etc/gpuhost-agent/release-key.pub")
         assert pinned == state.release_public_key() + "\n"
         conf = conf_values(await asyncio.to_thread(scenario.read, "/etc/gpuhost-agent/agent.conf"))
@@ -103,7 +103,7 @@ async def test_the_marketplace_line_installs_the_agent_and_reports_init_state(
         curls = [call for call in await asyncio.to_thread(scenario.calls) if call.startswith("curl ")]
         assert any("/agent/init-state" in call for call in curls)
         assert not [call for call in curls if store.envApiKey in call], "the key was on curl's command line"
-        # Nor on sudo's, nor bash's: it reaches install.sh on its standard input (issue 45, item 5).
+        # Nor on sudo's, nor bash's: it reaches install.sh on its standard input.
         assert not [call for call in await asyncio.to_thread(scenario.calls) if store.envApiKey in call]
         assert store.envApiKey not in done.both and store.envApiKey not in failed.both
     finally:

@@ -1,4 +1,4 @@
-"""Every container's log is capped (issue 16): a container printing fast leaves
+"""Every container's log is capped: a container printing fast leaves
 at most the host's size x files on disk, and a renter following its log
 through the marketplace gets every line once, in order, across Docker's
 rotations. On the real engine, with a small cap so that it rotates often."""

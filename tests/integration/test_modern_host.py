@@ -1,4 +1,4 @@
-"""A modern host, real all the way down (issue 33): Debian 13 booted with
+"""A modern host, real all the way down: Debian 13 booted with
 systemd 257 as PID 1, Docker 26 with the systemd cgroup driver, the Compose
 plugin, /var/lib/docker on btrfs (tests/support/modern_host.py). On it, exactly
 what a host does: the marketplace's install line, the agent under systemd,
@@ -79,7 +79,7 @@ async def world(booted_host, agent_wheels, tmp_path_factory):
         booted_host.sh,
         f"cat > /usr/local/share/ca-certificates/gpuhost-test.crt <<'EOF'\n{ca}EOF\nupdate-ca-certificates",
     )
-    # The release the install line installs: the agent's wheel, signed by this marketplace (issue 45).
+    # The release the install line installs: the agent's wheel, signed by this marketplace.
     installed = await asyncio.to_thread(lambda: Release.of_wheel(agent_release.agent_wheel(agent_wheels)))
     state.install_release = InstallRelease(lambda: installed, None, tmp_path_factory.mktemp("built"))
     market = await local_server.start(state, booted_host.gateway, 0, tls=tls.server())
@@ -142,12 +142,12 @@ async def test_the_install_line_installs_and_starts_the_agent_under_systemd(worl
     assert store.envApiKey not in done.both
     # The agent itself: the marketplace's release, its signature checked over HTTPS with the key the line pinned.
     assert "(source: the marketplace's signed release)" in done.out, done.both
-    assert "dockerd's CDI feature is off" in done.both  # Docker 26: install.sh says how to turn it on (issue 46)
+    assert "dockerd's CDI feature is off" in done.both  # Docker 26: install.sh says how to turn it on
     assert (await _sh(world, "cat /etc/gpuhost-agent/api-key")).out == store.envApiKey + "\n"  # through real sudo
     await _connected(world)
     shown = await asyncio.to_thread(world.host.show, UNIT, "ActiveState", "Type", "WatchdogUSec", "NotifyAccess")
     assert shown == {"ActiveState": "active", "Type": "notify", "WatchdogUSec": "30s", "NotifyAccess": "main"}
-    # Under the unit's confinement the agent wrote its egress rules (issue 45, item 2), and doctor judges them so.
+    # Under the unit's confinement the agent wrote its egress rules, and doctor judges them so.
     assert "-A GPUHOST-EGRESS -d 169.254.0.0/16 -j REJECT" in (await _sh(world, "iptables -S GPUHOST-EGRESS")).out
     assert "-A DOCKER-USER -i gpuh+ -j GPUHOST-EGRESS" in (await _sh(world, "iptables -S DOCKER-USER")).out
     doctor = json.loads((await _sh(world, "gpuhost-agent doctor --json", check=False)).out)
@@ -156,7 +156,7 @@ async def test_the_install_line_installs_and_starts_the_agent_under_systemd(worl
     info = json.loads((await _sh(world, "docker info --format '{{json .}}'")).out)
     assert (info["CgroupDriver"], info["ServerVersion"].split(".")[0]) == ("systemd", "26")
     assert (await _sh(world, "docker compose version --short")).out.strip().startswith("2.")
-    # Every dependency at the version requirements/agent.lock names for Debian 13's Python 3.13 (issue 44)
+    # Every dependency at the version requirements/agent.lock names for Debian 13's Python 3.13
     dumped = (await _sh(world, f"/opt/gpuhost-agent/venv/bin/python -c {shlex.quote(locks.DUMP)}")).out
     assert json.loads(dumped)["python"].startswith("3.13.")
     assert await asyncio.to_thread(locks.differences, dumped) == []
@@ -195,7 +195,7 @@ async def test_a_hung_agent_is_killed_by_the_watchdog_and_the_restarted_one_leav
     is finished, and the restarted one then gets the job again from the
     marketplace and applies it to the stack that runs. That redeploy failed
     at the rental's slice (systemd 257's words for a slice that exists) and
-    the failure took the container down: what this test once saw (issue 33)."""
+    the failure took the container down: what this test once saw."""
     before = await _main_pid(world)
     started = (await _sh(world, f"docker inspect -f '{{{{.State.StartedAt}}}}' {world.container_id}")).out
     await _sh(world, f"kill -STOP {before}")
@@ -344,7 +344,7 @@ async def test_the_journal_has_the_agents_json_lines_with_priorities_and_no_secr
     assert world.renter.store.renterApiKey not in whole
 
 
-# ---- upgrades the marketplace offers (issue 33, section 3) ---------------------------------------------------------
+# ---- upgrades the marketplace offers -------------------------------------------------------------------------------
 HEALTH_SECONDS = 20  # the trial's bound here (GPUHOST_UPGRADE_HEALTH_SECONDS; 300 by default)
 
 
@@ -497,7 +497,7 @@ async def test_gpus_reach_containers_through_cdi_without_the_runtime_hook(world:
 async def test_without_a_spec_naming_the_gpus_the_agent_writes_its_own_from_the_driver(
     world: World, tmp_path: Path
 ) -> None:
-    """Issue 46, section 1: the same CDI-only host without the toolkit's spec. The agent writes one
+    """The same CDI-only host without the toolkit's spec. The agent writes one
     itself from what the driver has (NVML's UUIDs and minor numbers, the device nodes, the driver's
     libraries of its version, nvidia-smi), no hook in it; a 1-GPU stack gets its GPU's node, the
     shared one and the driver's files, and no other GPU's node. Section 2's CUDA program
@@ -571,7 +571,7 @@ async def test_without_a_spec_naming_the_gpus_the_agent_writes_its_own_from_the_
     assert any(line.startswith(f"cuda-check: device 0 {uuid} ") for line in lines), seen
     assert "cuda-check: PASS" in lines and "cuda-check-exit=0" in lines, seen
 
-    # Red team 46, F1: dockerd starts renters' containers again at boot, before the agent, and a GPU's
+    # dockerd starts renters' containers again at boot, before the agent, and a GPU's
     # node number follows the order the driver found the GPUs in. Docker's unit makes the agent's spec
     # true first (install.sh's drop-in: `gpuhost-agent cdi refresh`): one from before (here the first
     # two GPUs' nodes swapped, with the agent stopped) is rewritten before dockerd reads it.
@@ -603,7 +603,7 @@ async def test_after_a_reboot_dockerd_starts_behind_the_egress_rules(world: Worl
 
 
 async def test_dockerd_pulls_through_the_pull_guard_and_a_name_of_the_host_reaches_nothing(world: World) -> None:
-    """Issue 45, item 5: dockerd resolves a renter's registry name again when it pulls. With Docker's drop-in
+    """dockerd resolves a renter's registry name again when it pulls. With Docker's drop-in
     in force, dockerd asks the agent's pull guard, which refuses a name that resolves to the host (here the
     machine's own host name) before any byte reaches the host's service, and asks the host's proxy (here the
     discard port, as before) for the address it judged of any other."""

@@ -1,7 +1,7 @@
 """The published Compose files that deploy (tests/sandbox_corpus/published/
 outcomes.yaml), pasted as they are, through the local marketplace and the
 agent on the real engine, every container then checked with `docker inspect`
-for the sandbox's invariants (issue 15). The decision alone:
+for the sandbox's invariants. The decision alone:
 tests/unit/test_published_corpus.py.
 
 Their images cannot be pulled here, so each image name is a local tag of one
@@ -40,7 +40,7 @@ OUTCOMES = yaml.safe_load((PUBLISHED / "outcomes.yaml").read_text())
 NOT_HERE = {
     "36-ollama-docker-gpu.yaml",  # pull_policy: always (its renter's choice) needs the real registry
     # ulimits nofile 65536 is above the test dockerd's own hard limit: runc fails "error setting rlimit
-    # type 7"; a dockerd under Docker's systemd unit has a higher one (issue 15 note)
+    # type 7"; a dockerd under Docker's systemd unit has a higher one
     "26-nvidia-ai-blueprints-rag-nims.yaml",
 }
 DEPLOYS = sorted(n for n, w in OUTCOMES.items() if w["outcome"] == "deploys" and n not in NOT_HERE)

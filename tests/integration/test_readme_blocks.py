@@ -117,7 +117,7 @@ def test_readme_shell_blocks_work_as_pasted(make_run, tmp_path, docker_client):
     assert "40 120" in out, report  # the terminal's `stty size`
     assert out.count("a notebook on the loopback") == 2 and "logged in to " in out, report  # ssh -L and -D to localhost
     # The shell's questions to its terminal stay out of the reader's (a stray `;5R` on their next prompt),
-    # and the terminal's end is a line of its own (issue 34, item 8).
+    # and the terminal's end is a line of its own.
     assert not re.search(r"\x1b\[[0-9;?>]*[cn]", out), report
     assert '{"type": "end", "reason": "exited", "exitCode": 0}\n' in out, report
     assert "gone\n" in out and "COMPLETE\n" in out and '"timezone": "Europe/Berlin"' in out, report

@@ -1,4 +1,4 @@
-"""A renter's image never makes the host's engine fetch from the host (issue 31).
+"""A renter's image never makes the host's engine fetch from the host.
 
 dockerd pulls in the host's network namespace and speaks plain HTTP to a
 loopback registry, and it quoted a reply it could not parse in the deploy's

@@ -1,4 +1,4 @@
-"""One cgroup per rental (issue 16), on the real engine and this machine's
+"""One cgroup per rental, on the real engine and this machine's
 cgroup v1 tree: every container of a rental sits in it, the rental's memory,
 CPU and process limits hold for all of its containers together, and the
 cgroup goes with the rental. (The layout alone, v1 and v2, on a folder:

@@ -122,7 +122,7 @@ async def test_two_rentals_deploy_the_same_container_names(local_market, docker_
         assert printed.strip() == mark  # its own stack's server, not the other rental's
 
 
-# What published GPU files ask of the host (issue 34, items 3 and 10), all in one service.
+# What published GPU files ask of the host, all in one service.
 HOST_ASKS = f"""
 services:
   server:

@@ -1,5 +1,5 @@
 """Hostile Compose files from a generator (support/hostile_compose.py), judged
-by the agent's sandbox (issue 31): a refusal is a pass; a file the sandbox lets
+by the agent's sandbox: a refusal is a pass; a file the sandbox lets
 through must give containers that keep every sandbox invariant.
 
 - The decision alone, on many files: the raw pass, the real Compose CLI's

@@ -1,4 +1,4 @@
-"""A second session on the environment's key (issue 17, finding 2): the
+"""A second session on the environment's key: the
 running agent is told its session was superseded (409), opens a new one and
 goes on; a second live agent on the same key is reported as an error, and
 the agent backs off instead of taking turns with it."""

@@ -1,4 +1,4 @@
-"""SFTP's copy-data within one file (issue 45, item 5).
+"""SFTP's copy-data within one file.
 
 asyncssh serves copy-data as a loop of the server's read and write until a
 read comes back short; a copy forward within one file, to its end

@@ -1,5 +1,5 @@
 """OpenSSH's sftp cannot reach a host file through an operation the agent does
-not serve (issue 31, the second red team's finding). `ln` (hardlink@openssh.com)
+not serve. `ln` (hardlink@openssh.com)
 and `chmod -h` (lsetstat@openssh.com) were asyncssh's own defaults, run by the
 agent as root on the host's paths: a renter linked root-only host files into
 its volume and made them setuid. Before the change this test's host file got a

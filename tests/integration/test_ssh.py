@@ -67,7 +67,7 @@ async def test_sessions_files_and_forwarding(local_market, local_doc, tmp_path):
     info = tunnels["shell"]["ssh"]
     assert info["user"] == f"shell.{stack_id[:8]}" and info["command"].startswith("ssh -i ")
     assert f" -p {info['port']} " in info["command"] and info["command"].endswith(f"{info['user']}@{info['host']}")
-    # The command as pasted (issue 34, item 2), the renter's key in place of ssh-keygen's default file: OpenSSH
+    # The command as pasted, the renter's key in place of ssh-keygen's default file: OpenSSH
     # accepts the host key it pins, with no known_hosts of the renter's to read.
     pasted = info["command"].replace("~/.ssh/id_ed25519", shlex.quote(str(key)), 1)
     pasted = pasted.replace("ssh ", "ssh -o BatchMode=yes -o UserKnownHostsFile=/dev/null ", 1) + " echo pinned"
@@ -84,11 +84,11 @@ async def test_sessions_files_and_forwarding(local_market, local_doc, tmp_path):
     assert done.returncode == 0 and done.stdout.split() == [b"100000"], done
     done = await asyncio.to_thread(end.ssh, key, user, "echo $GREETING", options=("-o", "SetEnv=GREETING=hello"))
     assert done.stdout == b"hello\n", done
-    # OpenSSH's default choice, chacha20-poly1305, is not offered: AES is faster in asyncssh (issue 36)
+    # OpenSSH's default choice, chacha20-poly1305, is not offered: AES is faster in asyncssh
     done = await asyncio.to_thread(end.ssh, key, user, "true", options=("-v",))
     chosen = [line for line in done.stderr.decode().splitlines() if "server->client cipher:" in line]
     assert chosen and "chacha20" not in chosen[0] and "aes" in chosen[0], chosen or done.stderr[-500:]
-    # No DSA (issue 44): neither as the host's key nor among the signatures a login may use (server-sig-algs)
+    # No DSA: neither as the host's key nor among the signatures a login may use (server-sig-algs)
     done = await asyncio.to_thread(end.ssh, key, user, "true", options=("-vv",))
     said = done.stderr.decode().splitlines()
     offered = [line for line in said if "host key algorithms:" in line or "server-sig-algs=" in line]
@@ -166,7 +166,7 @@ async def test_sessions_files_and_forwarding(local_market, local_doc, tmp_path):
     assert done.stdout == b"in\n", done
 
     # A login name of no service of this stack: the renter's key passes, then the agent says there is none;
-    # a key query alone (PK_OK, no signature) tells nothing of which services run (issue 45)
+    # a key query alone (PK_OK, no signature) tells nothing of which services run
     done = await asyncio.to_thread(end.ssh, key, f"nosuch.{stack_id[:8]}", "true")
     assert done.returncode == 255 and b"no running container of service 'nosuch'" in done.stderr, done.stderr
     public_only = tmp_path / "public-only"  # the renter's public key, and no private one: only a key query

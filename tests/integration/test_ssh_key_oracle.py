@@ -93,7 +93,7 @@ async def test_held_rt2_2_idle_connections_without_a_key_do_not_lock_the_renter_
     """1024 TCP connections to the rental's SSH endpoint that never send a
     byte (no key, no banner) were 1024 admitted `ssh` streams of the rental:
     its renter's own login was refused until they timed out (30 s,
-    renewable). Held since RT2-2's fix: they hold the rental's 32 pre-login
+    renewable). Now they hold the rental's 32 pre-login
     places, the oldest closed for each newer one, so the renter's logs in."""
     async with process_world(tmp_path, docker_client) as (renter, market, agent):
         await agent.start()

@@ -1,4 +1,4 @@
-"""SSH channels are capped per connection and per rental (issue 31, finding 6),
+"""SSH channels are capped per connection and per rental,
 end to end: OpenSSH's own client multiplexing sessions over one connection
 (ControlMaster) and holding many `ssh -L` connections through one login, and
 asyncssh as a client for the bulk of a rental's cap. A channel past a cap is
@@ -253,7 +253,7 @@ async def _reachable(conn: asyncssh.SSHClientConnection) -> bool:
 
 async def test_a_loop_of_sessions_starts_execs_at_the_rentals_rate(local_market, tmp_path):
     """Each session is a Docker exec (dockerd, containerd and runc work outside the
-    rental's share): a loop of open-and-close sessions was never refused (issue 45).
+    rental's share): a loop of open-and-close sessions was never refused.
     Counted on the engine's own events: the execs it started for the rental."""
     renter, _parts, _local = local_market
     key = tmp_path / "renter"

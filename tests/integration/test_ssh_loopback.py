@@ -1,4 +1,4 @@
-"""`ssh -L 8888:localhost:8888` and `ssh -D`, end to end with OpenSSH (issue 34, item 1).
+"""`ssh -L 8888:localhost:8888` and `ssh -D`, end to end with OpenSSH.
 
 In a login to a container, `localhost`, 127.0.0.1 and ::1 are that
 container's own loopback, on any port, dialled inside its network namespace:

@@ -1,4 +1,4 @@
-"""One SSH endpoint per rental that stays put (issue 34, item 2), with OpenSSH.
+"""One SSH endpoint per rental that stays put, with OpenSSH.
 
 A renter's rental runs two SSH-enabled stacks. Both are reached through one
 host:port, the login name picking the stack; the command the tunnel info

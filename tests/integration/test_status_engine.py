@@ -1,4 +1,4 @@
-"""`gpuhost-agent status` on a host with a real stack (issue 18, item 6): the
+"""`gpuhost-agent status` on a host with a real stack: the
 stack by its name and rental, the compliance verdict of the agent's own
 probe, and the stack's tunnels as the marketplace opens them, with the
 connection a renter holds through one of them."""

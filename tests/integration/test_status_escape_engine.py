@@ -1,5 +1,5 @@
 """`gpuhost-agent status`, the real command, on a host whose stacks carry a
-hostile renter's text (issue 31, finding 11): a stack name and a deploy error
+hostile renter's text: a stack name and a deploy error
 holding an OSC 52 clipboard write, a carriage return, line feeds that would
 forge a line, C1 controls and bidi overrides. None of them reaches the
 operator's terminal raw; each is shown as its escape."""

@@ -1,5 +1,5 @@
-"""docs/swarm.md's "Trying it on one machine", run as an operator pastes it
-(issue 34, item 9): its two bash blocks in one bash process, on the shared
+"""docs/swarm.md's "Trying it on one machine", run as an operator pastes it:
+its two bash blocks in one bash process, on the shared
 test Swarm, as test_readme_blocks.py runs the README's.
 
 Rewritten only where a test must: `swarm-cluster.sh up 2` and `down` are left

@@ -1,4 +1,4 @@
-"""A Swarm stack's container reaches only the internet (issue 45, item 2), as
+"""A Swarm stack's container reaches only the internet, as
 a one-machine stack's does: its overlays leave the machine through the
 engine's docker_gwbridge, and the worker agent on that machine keeps the
 same rules for traffic from it. On the test Swarm (scripts/swarm-cluster.sh),

@@ -1,5 +1,5 @@
 """Failures in a Swarm environment, end to end through the local marketplace
-and a leader agent process on the two-node test cluster (issue 19, item 5).
+and a leader agent process on the two-node test cluster.
 
 A machine that goes away (its dockerd stopped, its containers with it): the
 stack with a container there says so in errorMsg, naming the machine and the

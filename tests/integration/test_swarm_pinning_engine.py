@@ -1,5 +1,5 @@
-"""GPU pinning in a Swarm environment under a random sequence of operations
-(issue 19's test): 20 deploys, stack removals and rental ends, drawn with a
+"""GPU pinning in a Swarm environment under a random sequence of operations:
+20 deploys, stack removals and rental ends, drawn with a
 printed seed, through the local marketplace and a leader agent process on the
 two-node test cluster. After each operation, read from each node's own
 engine: no GPU is in the containers of two rentals, every GPU container runs

@@ -1,4 +1,4 @@
-"""Issue 31, finding 7, on a real two-node Swarm (scripts/swarm-cluster.sh):
+"""Replicas are bounded, on a real two-node Swarm (scripts/swarm-cluster.sh):
 replicas are tasks on the rental's machine, and each one gets its part of the
 rental's share there, so that replicas x limits fit the share; a stack whose
 tasks would not get a usable part is refused before Swarm sees it."""

@@ -9,7 +9,7 @@ holds none of the key. The environment's systemData holds machine 2's own
 report, made by its agent, and its compliance counts; the heartbeats carry
 its GPUs' live figures. A tunnel reaches a
 service on either machine, on a port of its `ports:` and one of its
-`expose:`, which `docker stack deploy` drops (issue 34, item 9)."""
+`expose:`, which `docker stack deploy` drops."""
 
 from __future__ import annotations
 

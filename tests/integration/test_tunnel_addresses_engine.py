@@ -1,4 +1,4 @@
-"""A tunnel never becomes a connection to the host (issue 31, finding 5), on
+"""A tunnel never becomes a connection to the host, on
 the real engine through the local marketplace.
 
 The host here owns an address on its loopback interface (10.231.3x.1/32, as

@@ -1,5 +1,5 @@
 """Basic auth at the local marketplace's tunnel relay under a burst of wrong
-logins (issue 31, finding 12), with a real HTTP client and a real stack.
+logins, with a real HTTP client and a real stack.
 
 The marketplace runs in this test's event loop, so the loop's lag during the
 burst is the relay's: the PBKDF2 checks must run off it. And everyone behind
@@ -74,7 +74,7 @@ def _curl(*args: str) -> tuple[int, str]:
 
 
 async def test_the_sign_in_link_works_once_and_a_new_password_revokes_its_session(local_market, tmp_path):
-    """Issue 34, item 7: the link was the cookie itself and worked again on
+    """The sign-in link was the cookie itself and worked again on
     reuse. With curl's cookie jar and with aiohttp's: the link signs in once
     (a session cookie of its own), a second use is refused with a page that
     says so, and a new password ends the session."""

@@ -1,5 +1,5 @@
 """A tunnel's status says `ready` once its service listens, though nobody
-connected (issue 34, item 6): the marketplace probes `starting` tunnels in
+connected: the marketplace probes `starting` tunnels in
 the background, through the agent's tunnel path, a bounded number of times."""
 
 from __future__ import annotations

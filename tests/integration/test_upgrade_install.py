@@ -121,7 +121,7 @@ async def test_a_wheel_that_is_not_the_offered_one_is_not_installed_and_the_mark
 
 async def test_a_release_locked_to_other_dependencies_is_not_put_on_trial(tmp_path, agent_wheels) -> None:
     """Its lock (gpuhost_agent/agent.lock in the wheel) names a version the installed agent's
-    environment does not have: the install fails before any trial, naming it (issue 44)."""
+    environment does not have: the install fails before any trial, naming it."""
     state_dir = tmp_path / "state"
     other = {"gpuhost_agent/agent.lock": "structlog==0.0.1 \\\n    --hash=sha256:" + "0" * 64 + "\n"}
     market, client, upgrades, restarted, reply, _state = await _offer(
@@ -169,7 +169,7 @@ async def test_a_release_the_host_did_not_decide_on_runs_nothing_and_the_marketp
     tmp_path, agent_wheels, case, version, said
 ) -> None:
     """Over real HTTP from the local marketplace: nothing of the wheel runs (its marker stays absent),
-    nothing is fetched or installed, and AgentInfo.upgrade says why (issue 45)."""
+    nothing is fetched or installed, and AgentInfo.upgrade says why."""
     state_dir, marker = tmp_path / "state", tmp_path / "marker"
     if case.startswith("a rebuilt"):
         await asyncio.to_thread(_failed_before, state_dir, version)

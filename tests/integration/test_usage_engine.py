@@ -1,4 +1,4 @@
-"""Usage the host can trust (issue 16, item 6): a real agent process on a
+"""Usage the host can trust: a real agent process on a
 stand-in machine of 2 GPUs, a rental using both, the agent killed with
 SIGKILL and the marketplace down for a while; the usage page must then count
 each GPU-second of the rental once: no second lost to the kill or the outage,

@@ -1,5 +1,5 @@
-"""A big image in the test registry, made without `docker build` (issue 34's
-pull tests): the test busybox's layers, then a layer of one file of zeros
+"""A big image in the test registry, made without `docker build`
+(for the pull tests): the test busybox's layers, then a layer of one file of zeros
 (GiBs unpacked, a few MB compressed: cheap to make, to store and to fetch)
 and a layer of random bytes (incompressible: what a throttled relay makes
 take seconds, so progress shows). Written straight to the registry through

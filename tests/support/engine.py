@@ -58,7 +58,7 @@ def remove_empty_rental_cgroups(rentals: set[str]) -> None:
     Only these: another test's agent, or the GPU-machine run beside this
     session, may have just made and limited its rental's cgroup, empty until
     Compose starts the first container in it; removed then, runc makes it
-    again without the rental's limits (the CI failure of 2026-11-29)."""
+    again without the rental's limits (a CI run once failed on this)."""
     for rental in sorted(rentals):
         for folder in Path("/sys/fs/cgroup").glob(f"*/gpuhost-agent/r-{rental}"):
             with contextlib.suppress(OSError):

@@ -1,7 +1,7 @@
 """An image whose configuration is written by hand, as a registry would serve
 one pushed with a hand-written config: `docker build` refuses a negative
 healthcheck interval or a 20 MB STOPSIGNAL, the engine loads and runs them
-from an image all the same (red team, 2026-11-29).
+from an image all the same.
 
 The test image is saved (`docker save`: its layers, its config JSON and a
 manifest naming both), its config edited, and the archive loaded back under

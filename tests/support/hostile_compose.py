@@ -1,4 +1,4 @@
-"""A generator of hostile Compose files (issue 31), for
+"""A generator of hostile Compose files, for
 tests/integration/test_sandbox_fuzz_engine.py and `make fuzz`.
 
 A file is a base (a minimal service, or a file of tests/sandbox_corpus/legit

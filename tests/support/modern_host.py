@@ -1,5 +1,5 @@
 """A modern GPU host, real all the way down, booted on the test engine for
-tests/integration/test_modern_host.py (issue 33).
+tests/integration/test_modern_host.py.
 
 The host is Debian 13 (scripts/rootfs-debian13.sh, cached in
 tests/.rootfs/debian13), imported once as an image and booted with systemd 257
@@ -95,7 +95,7 @@ HOOK_PATH = "/usr/local/bin/nvidia-container-runtime-hook"
 CDI_SPEC = "/etc/cdi/nvidia.yaml"
 DRIVER_VERSION = "550.54.15"  # the stand-in NVML's (tests/support/fake_nvml.py's default)
 CDI_ENV = "GPUHOST_TEST_CDI_GPU"  # each stand-in GPU's CDI edits set CDI_ENV<index>=<its UUID>
-# The host made CDI-only (issue 33): the stand-in device nodes, dockerd's CDI
+# The host made CDI-only: the stand-in device nodes, dockerd's CDI
 # feature on, the runtime hook taken away (dockerd then has no nvidia device
 # driver), dockerd restarted (its containers killed first: busybox's sleep as
 # PID 1 would hold the restart for its 10 s stop timeout), the agent restarted

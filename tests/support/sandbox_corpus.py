@@ -36,7 +36,7 @@ for _path in HOSTILE + LEGIT:  # read once here, not on a test's event loop
 
 def assert_container_sandboxed(attrs: dict, *, allowed_gpus: int) -> None:
     """`docker inspect` of a container the agent started: what holds whatever
-    its Compose file asked (issue 15's invariants)."""
+    its Compose file asked (the sandbox's invariants)."""
     host = attrs["HostConfig"]
     name = attrs["Name"]
     assert host["Privileged"] is False and "no-new-privileges:true" in (host.get("SecurityOpt") or []), name
@@ -66,7 +66,7 @@ def assert_container_sandboxed(attrs: dict, *, allowed_gpus: int) -> None:
     env = dict(item.partition("=")[::2] for item in attrs["Config"].get("Env") or [])
     visible = env.get("NVIDIA_VISIBLE_DEVICES", "void")
     assert visible == "void" or set(visible.split(",")) == set(gpus), (name, visible, gpus)
-    # Issue 31: nothing left to the engine's default or to the image's ENV and labels.
+    # Nothing left to the engine's default or to the image's ENV and labels.
     assert host.get("CgroupnsMode") == "private", (name, host.get("CgroupnsMode"))
     assert {key: env.get(key) for key in NO_EXTRA_DEVICES} == NO_EXTRA_DEVICES, name
     assert env.get("NVIDIA_DRIVER_CAPABILITIES"), name

@@ -165,7 +165,7 @@ def clear() -> None:
 def set_availability(node_ref: str, availability: str) -> None:
     """`docker node update --availability`, again on "update out of sequence":
     Swarm updates the node itself (its status, its description) between the
-    CLI's read of the node's version and its write (a CI failure, 2026-11-29)."""
+    CLI's read of the node's version and its write (a CI run once failed on this)."""
     for _ in range(20):
         out = docker(1, "node", "update", "--availability", availability, node_ref, check=False)
         if "out of sequence" not in out:

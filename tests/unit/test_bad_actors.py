@@ -1,5 +1,5 @@
-"""Issue 17's findings, one test each: no single bad input or bad actor stops
-the host. What a stray client can send before it is authenticated, and
+"""No single bad input or bad actor stops the host, one test for each.
+What a stray client can send before it is authenticated, and
 records a marketplace must not take."""
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def test_a_terminal_token_that_is_not_utf8_is_a_401() -> None:
 
 
 async def test_a_report_dated_in_the_future_is_refused_and_cannot_lock_out_real_ones(market) -> None:
-    """Issue 17 finding 4: an initState of year 3628 was taken, and every
+    """An initState of year 3628 was taken, and every
     later, real report then looked stale and was dropped."""
     from gpuhost_agent.protocol import wire_time
 
@@ -67,7 +67,7 @@ async def test_a_report_dated_in_the_future_is_refused_and_cannot_lock_out_real_
 
 
 async def test_a_405_says_which_methods_the_path_has(market) -> None:
-    """Issue 17 finding 6: the JSON 405 had lost aiohttp's Allow header."""
+    """The JSON 405 had lost aiohttp's Allow header."""
     async with market.http.delete(
         market.base_url + "/environments", headers={"X-API-Key": market.store.renterApiKey}
     ) as answer:
@@ -77,7 +77,7 @@ async def test_a_405_says_which_methods_the_path_has(market) -> None:
 
 
 async def test_a_rental_name_with_a_lone_surrogate_is_refused_like_a_template(market) -> None:
-    """Issue 17 finding 6."""
+    """A rental name with a lone surrogate is refused, as a template with one is."""
     status, body = await market.call(
         "POST", "/rentals", raw=b'{"envId": "%s", "name": "a\\ud800b"}' % market.store.envId.encode()
     )
@@ -87,7 +87,7 @@ async def test_a_rental_name_with_a_lone_surrogate_is_refused_like_a_template(ma
 
 
 async def test_an_end_date_with_an_offset_is_stored_and_served_in_utc(market) -> None:
-    """Issue 17 finding 6: endDate kept the renter's offset, the documents say UTC."""
+    """endDate kept the renter's offset, the documents say UTC."""
     status, rental = await market.call(
         "POST", "/rentals", {"envId": market.store.envId, "endDate": "2030-01-01T05:00:00+05:00"}
     )
@@ -95,7 +95,7 @@ async def test_an_end_date_with_an_offset_is_stored_and_served_in_utc(market) ->
 
 
 async def test_a_request_aiohttp_cannot_parse_leaves_no_traceback(market, log_stream) -> None:
-    """Issue 17 finding 6: a too-long header line got a 400 and an ERROR with a
+    """A too-long header line got a 400 and an ERROR with a
     traceback in the operator's log; a stray client's bad bytes are not a bug."""
     host = urlsplit(market.base_url).netloc.encode()
     head = b"GET /v1/environments HTTP/1.1\r\nHost: " + host + b"\r\nX-Long: " + b"a" * 10_000
@@ -109,7 +109,7 @@ async def test_a_request_aiohttp_cannot_parse_leaves_no_traceback(market, log_st
 
 
 async def test_a_whole_number_float_is_an_integer_as_json_schema_says(market) -> None:
-    """Issue 17 finding 6: 692.0 is an integer to JSON Schema; it was refused."""
+    """692.0 is an integer to JSON Schema; it was refused."""
     status, rental = await market.call("POST", "/rentals", {"envId": market.store.envId, "gpuCount": 2.0})
     assert status == 201
     assert market.store.rentals[rental["rentalId"]]["gpuCount"] == 2 and type(rental["listing"]["selectedGPUs"]) is int
@@ -118,7 +118,7 @@ async def test_a_whole_number_float_is_an_integer_as_json_schema_says(market) ->
 
 
 async def test_the_agent_paths_enforce_the_session_header_wait_and_capabilities_as_documented(market) -> None:
-    """Issue 17 finding 6: a session header that is no UUID, a wait over 60 s
+    """A session header that is no UUID, a wait over 60 s
     and any list of capabilities were all taken."""
     key = market.store.envApiKey
     status, session = await market.call(
@@ -138,7 +138,7 @@ async def test_the_agent_paths_enforce_the_session_header_wait_and_capabilities_
 
 
 async def test_one_rental_cannot_make_stacks_without_end(market) -> None:
-    """Issue 17 finding 5: stacks per rental were unlimited; each makes a
+    """Stacks per rental were unlimited; each makes a
     Docker network, and one rental used up the host's address pools."""
     from gpuhost_agent.local_marketplace.state import STACKS_PER_RENTAL as MAX_STACKS_PER_RENTAL
 
@@ -154,7 +154,7 @@ async def test_one_rental_cannot_make_stacks_without_end(market) -> None:
 
 
 async def test_a_chunked_body_over_the_limit_is_a_400_as_documented(market) -> None:
-    """Issue 17 finding 6: a chunked body past the cap got aiohttp's 413, the documents say 400."""
+    """A chunked body past the cap got aiohttp's 413, the documents say 400."""
 
     async def chunks():
         for _ in range(3):
@@ -168,7 +168,7 @@ async def test_a_chunked_body_over_the_limit_is_a_400_as_documented(market) -> N
 
 
 async def test_an_idle_or_stalled_connection_is_closed() -> None:
-    """Issue 17 finding 6: 1 000 idle sockets were held for 40 s (1 063 descriptors)."""
+    """1 000 idle sockets were held for 40 s (1 063 descriptors)."""
     import time
 
     from gpuhost_agent.local_marketplace import server
@@ -190,7 +190,7 @@ async def test_an_idle_or_stalled_connection_is_closed() -> None:
 
 
 async def test_what_aiohttp_answers_itself_is_json_like_every_other_error(market) -> None:
-    """Issue 17 finding 6: a URL or header over 8 KiB, bytes that are not HTTP,
+    """A URL or header over 8 KiB, bytes that are not HTTP,
     answered by aiohttp before any handler runs, came back as plain text
     quoting the client's bytes. curl, a client we did not write, sends them."""
     long_url = market.base_url + "/environments?" + "q" * 9000

@@ -1,4 +1,4 @@
-"""Bad input from the marketplace, end to end over real HTTP (issue 5, item 7).
+"""Bad input from the marketplace, end to end over real HTTP.
 
 A stand-in for a broken marketplace (aiohttp on 127.0.0.1) answers the agent's
 polls with malformed JSON, oversized bodies, replies that are not a job list,
@@ -245,7 +245,7 @@ async def test_the_poll_loop_survives_bad_replies_and_serves_the_good_jobs(polli
             "template.environmentVariables.A must be a string",
         ),
         "bad-stack": (job("bad-stack", stackId="../../etc"), "stackId must be an id"),
-        # Year 10000 once in UTC: it raised OverflowError, which ended the poll loop (issue 49)
+        # Year 10000 once in UTC: it raised OverflowError, which ended the poll loop
         "bad-end": (job("bad-end", rental={"endDate": "9999-12-31T23:00:00-05:00"}), "rental.endDate"),
     }
     market.replies += [

@@ -115,7 +115,7 @@ async def test_a_marketplace_asking_for_a_day_is_tried_again_within_the_cap(flak
         assert sleeps.delays == [MAX_RETRY_AFTER]  # the cap, not the outbox's back-off ceiling (30 s)
 
 
-# ---- replies the client cannot use (issue 5, item 7) -------------------------------------
+# ---- replies the client cannot use -------------------------------------------------------
 
 
 @pytest.fixture

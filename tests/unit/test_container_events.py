@@ -193,7 +193,7 @@ async def test_exit_facts_are_read_once_per_exit():
 
 
 async def test_a_kill_at_the_rentals_memory_limit_says_so():
-    """Issue 16, item 1: a container killed because its rental's cgroup, which
+    """A container killed because its rental's cgroup, which
     all the rental's containers share, ran out of memory. Docker says
     OOMKilled either way; whether the rental's limit stopped a charge tells
     the two apart."""

@@ -4,7 +4,7 @@ pidfd, taken first, is still alive after everything was opened).
 
 A "container" here is a child process moved into a cgroup whose name is a
 container id, as Docker names them (/docker/<id>); the host's own processes
-and a process in another container's cgroup are not it (finding 8 of issue 31)."""
+and a process in another container's cgroup are not it."""
 
 from __future__ import annotations
 

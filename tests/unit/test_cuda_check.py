@@ -1,5 +1,5 @@
-"""The GPU machine's CUDA program (scripts/gpu-machine/cuda-check.c; issue 46,
-section 2) against the stand-in libcuda, in a mount namespace of its own whose
+"""The GPU machine's CUDA program (scripts/gpu-machine/cuda-check.c)
+against the stand-in libcuda, in a mount namespace of its own whose
 /dev holds the nodes a CDI spec would give a container (made with mknod: the
 real kernel's character devices). It sees the GPUs whose nodes are there, by
 the UUIDs of their minor numbers, copies a pattern there and back, and fails

@@ -53,7 +53,7 @@ def test_a_state_directory_holds_one_agent(tmp_path):
 
 
 def test_a_second_agent_on_the_same_state_says_so_before_its_banner(tmp_path):
-    """Issue 18, item 2: it found out only at the status socket, after it had
+    """A second agent found out only at the status socket, after it had
     printed the local marketplace's banner and opened a session."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("GPUHOST_")}
     (tmp_path / "none.conf").write_text("# empty: no marketplace, the local one\n")
@@ -71,13 +71,13 @@ def test_a_second_agent_on_the_same_state_says_so_before_its_banner(tmp_path):
         first.wait(60)
     assert second.returncode == 1
     assert f"another gpuhost-agent (pid {first.pid}) runs on the state directory" in second.stderr
-    # How to stop it, as it was started: not systemctl for an agent outside systemd (issue 47)
+    # How to stop it, as it was started: not systemctl for an agent outside systemd
     assert f"stop it first (kill {first.pid}: it stops as systemd stops it)" in second.stderr, second.stderr
     assert "base URL" not in second.stdout
 
 
 def test_the_banner_prints_a_status_command_that_reads_this_agent(tmp_path):
-    """Issue 34, item 8: a plain `gpuhost-agent status` looks in the system
+    """A plain `gpuhost-agent status` looks in the system
     service's state directory and said "not running" while `make run` ran. The
     banner's command reads this agent; and `status` with nothing named, run in
     the checkout, finds `make run`'s state/ and says which socket it read."""
@@ -115,7 +115,7 @@ def test_the_banner_prints_a_status_command_that_reads_this_agent(tmp_path):
 
 def test_doctor_shows_the_running_agents_settings_and_says_whose(tmp_path):
     """doctor showed its own view of the settings (GPUHOST_LOG_LEVEL info, default) while
-    the agent it should diagnose ran with others (issue 47): it reads the running agent's
+    the agent it should diagnose ran with others: it reads the running agent's
     over the status socket, and says whose it shows."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("GPUHOST_")}
     (tmp_path / "none.conf").write_text("# empty: no marketplace, the local one\n")

@@ -324,7 +324,7 @@ def test_job_decoder_accepts_every_valid_job(raw):
 )
 def test_a_gpu_count_that_is_not_a_sane_whole_number_is_refused(raw, count):
     """...for a deploy, which hands GPUs out; a removal or a rental's end goes
-    through whatever the count (issue 17: a bad rental's stacks must still go)."""
+    through whatever the count (a bad rental's stacks must still go)."""
     raw["rental"]["gpuCount"] = count
     if raw["type"] != wire.JOB_DEPLOY:
         assert wire_jobs.StackJob.from_wire(raw).gpu_count == 0
@@ -572,7 +572,7 @@ def test_dispatcher_refuses_and_reports_bad_jobs_and_runs_the_others(raw):
 
 
 def test_dispatcher_refuses_each_kind_of_bad_job_with_a_reason():
-    """The cases issue 5 names, one by one, in one poll's reply with a good job."""
+    """Each kind of bad job, one by one, in one poll's reply with a good job."""
     good = _good_remove("job-good")
     deploy = {
         **good,

@@ -1,4 +1,4 @@
-"""At most GPUHOST_DEPLOY_CONCURRENCY deploys run at once (issue 20, item 2):
+"""At most GPUHOST_DEPLOY_CONCURRENCY deploys run at once:
 twenty stacks created in the same second must not start forty Compose
 processes together. The ones waiting say so (APPLYING with a reason), and a
 removal is never held behind them: it frees what they may wait for."""
@@ -92,7 +92,7 @@ async def test_one_rental_never_holds_every_turn() -> None:
     """A deploy may hold its turn for minutes (`up` waits for a healthcheck its
     dependents need), and a renter can hold one on purpose: five stacks of one
     rental whose services never become healthy held every turn, and another
-    renter's deploy waited for the bound on `up` (red team, 2026-11-29). One turn
+    renter's deploy waited for the bound on `up`. One turn
     is left for the other rentals; the rental's next deploy waits for its own."""
     deployer, outbox = HeldDeployer(), FakeOutbox()
     dispatcher = dispatcher_for(deployer, outbox, deploy_concurrency=3)

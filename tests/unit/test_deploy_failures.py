@@ -55,7 +55,7 @@ class _StoppedEngine:
 
 
 async def test_a_deploy_killed_at_the_rentals_memory_limit_says_so_like_the_container_list() -> None:
-    """Issue 16: a service OOM-killed right after `up` because the rental's
+    """A service OOM-killed right after `up` because the rental's
     containers together reached the rental's limit; Docker's OOMKilled does
     not tell that from the container's own limit, the rental's cgroup does."""
     container = {"Id": "c1", "State": "exited", "Labels": {wire.LABEL_RENTAL: "r-1", SERVICE: "train"}}
@@ -75,7 +75,7 @@ async def test_a_deploy_killed_at_the_rentals_memory_limit_says_so_like_the_cont
 
 
 def test_a_registry_reply_is_not_read_back_to_the_renter():
-    """Issue 31: whatever answered as a registry (a host service once, now a
+    """Whatever answered as a registry (a host service once, now a
     redirect's or a token realm's target) is not echoed in errorMsg."""
     engine_error = (
         "Error response from daemon: error parsing HTTP 404 response body: invalid character 'H' looking for "

@@ -1,4 +1,4 @@
-"""The start of a deploy (issue 20): `compose config` and an `up` that waits
+"""The start of a deploy: `compose config` and an `up` that waits
 on stdin start together, and a stack the sandbox or Compose refuses leaves no
 `up` behind. Real Compose, no engine: a waiting `up` asks the engine nothing."""
 

@@ -1,5 +1,5 @@
-"""A worker's normal stop ends the door's open connections quietly (issue 34,
-item 9): the leader always follows the worker's container events through the
+"""A worker's normal stop ends the door's open connections quietly:
+the leader always follows the worker's container events through the
 door (`GET /events`, core/swarm/worker_events.py), so a relay is open at every
 stop. On Python 3.11 a connection's task that ends cancelled made asyncio's
 start_server callback log "Exception in callback ... CancelledError" with a

@@ -197,7 +197,7 @@ async def test_the_end_of_an_execs_stdin_crosses_tls_as_a_half_close_to_the_engi
 
 
 async def test_an_answer_through_the_door_is_read_only_up_to_its_cap(door_tls) -> None:
-    """Issue 45, item 4: the leader read a door's answer whole (a 64 MiB machine report took
+    """The leader read a door's answer whole (a 64 MiB machine report took
     it from 47 to 300 MiB). A worker answering without end is read up to ANSWER_BYTES, then
     refused; what it managed to send shows the leader stopped reading."""
     sent = [0]
@@ -247,7 +247,7 @@ async def _closed_at_once(port: int, source: str) -> bool:
 
 
 async def test_connections_are_capped_per_source_and_handshakes_at_once_before_tls(door_tls) -> None:
-    """Issue 45, item 4: a handshake costs the worker CPU whoever asks, so the caps
+    """A handshake costs the worker CPU whoever asks, so the caps
     count the plain connection before TLS begins: one address stalling handshakes
     gets no more, nor do many together. The leader's address (a Swarm manager's)
     has a pool of its own, which no flood uses up, and takes its bursts (the red
@@ -299,7 +299,7 @@ async def test_connections_are_capped_per_source_and_handshakes_at_once_before_t
 
 
 async def test_a_flood_of_connections_waits_on_no_engine_call_and_is_counted_at_once(door_tls) -> None:
-    """Red team, 2026-12-07: each connection asked the engine for the Swarm's managers
+    """Each connection asked the engine for the Swarm's managers
     before any cap counted it (400 connections, 400 calls, none counted). Now the
     managers are read once at the start and again by one task in the background."""
     from gpuhost_agent.streams import door as door_module
@@ -332,7 +332,7 @@ async def test_a_flood_of_connections_waits_on_no_engine_call_and_is_counted_at_
 
 
 async def test_a_failed_read_of_the_leaders_keeps_the_last_ones_known(door_tls) -> None:
-    """Red team 2, L8: one engine timeout put the leader in the common pool for 30 s."""
+    """One engine timeout put the leader in the common pool for 30 s."""
     answers = [frozenset({"127.0.0.2"})]
 
     async def managers() -> frozenset[str]:
@@ -364,7 +364,7 @@ async def _machine_through(port: int, context: ssl.SSLContext, node: str | None,
 async def test_the_leader_talks_to_a_door_only_as_the_node_it_dials_and_never_to_a_revoked_one(
     door_tls, tmp_path
 ) -> None:
-    """Issue 45, item 4: a worker's certificate names its Swarm node, the leader asks the
+    """A worker's certificate names its Swarm node, the leader asks the
     door it dials for that node (one worker's certificate cannot stand in for another
     machine's door), and a retired worker is revoked without a new CA."""
     proxy = WorkerDoor(KEY, _Engine(), "/nonexistent", tls=door_tls.server())  # type: ignore[arg-type]
@@ -421,7 +421,7 @@ def test_the_leaders_address_is_read_from_the_managers_addr() -> None:
 
 
 def test_a_bundle_written_to_a_shared_folder_goes_through_no_file_a_local_user_planted(door_tls) -> None:
-    """Red team, 2026-12-07: `bundle` wrote through `.<name>.new`, opened without O_EXCL: a local user who
+    """`bundle` wrote through `.<name>.new`, opened without O_EXCL: a local user who
     made that name first (world-readable, theirs) got the worker's key. Now a new file of a random name."""
     shared = Path(tempfile.mkdtemp(dir="/tmp"))  # reachable by another user, as /tmp is
     try:
@@ -439,7 +439,7 @@ def test_a_bundle_written_to_a_shared_folder_goes_through_no_file_a_local_user_p
 
 
 async def test_a_certificate_the_leader_had_before_opens_no_door_once_the_leader_has_spoken(door_tls, other) -> None:
-    """Issue 45, item 4 (left last session): a leader's certificate replaced by a new install (the
+    """A leader's certificate replaced by a new install (the
     machine lost, its key copied) still opened every door until the CA was replaced. The install
     revokes it in the CA's list, the leader sends the list with its requests, and a worker takes a
     newer one signed by its CA (never another CA's, never an older one)."""

@@ -1,5 +1,5 @@
-"""The agent's own CDI spec (inventory/cdi_spec.py, inventory/driver_cdi.py;
-issue 46, section 1) from a stand-in driver root: device nodes made with
+"""The agent's own CDI spec (inventory/cdi_spec.py, inventory/driver_cdi.py)
+from a stand-in driver root: device nodes made with
 mknod in the test's folder (the real kernel's character devices, /dev/null's
 numbers), the driver's libraries as its installer lays them out (the versioned
 file and the loader's soname link) and its tools. The spec's devices, mounts
@@ -237,7 +237,7 @@ def test_a_driver_root_of_its_own_gives_host_paths_under_it_and_the_spec_stays_w
 
 
 def test_before_dockerd_starts_a_spec_from_before_a_reboot_is_made_true_or_removed(root: Path) -> None:
-    """Red team 46, F1: a GPU's minor number follows the order the driver found the GPUs in, so after a
+    """A GPU's minor number follows the order the driver found the GPUs in, so after a
     reboot with a GPU missing /dev/nvidia1 may be another GPU. Docker's unit runs `gpuhost-agent cdi
     refresh` first: the agent's spec is rewritten for the GPUs NVML sees now, or removed where NVML
     sees none (the driver not loaded yet: no spec beats a wrong one); no spec of its own, nothing."""
@@ -256,7 +256,7 @@ def test_before_dockerd_starts_a_spec_from_before_a_reboot_is_made_true_or_remov
 
 
 def test_the_agents_own_file_is_never_taken_for_another_spec_and_a_stale_copy_goes(root: Path) -> None:
-    """Red team 46, F3: the agent's spec seen through a linked folder (here /var/run/cdi linked to /etc/cdi)
+    """The agent's spec seen through a linked folder (here /var/run/cdi linked to /etc/cdi)
     is not "a toolkit spec naming the GPUs" (it stays, no flapping), and a copy of it left in another of
     dockerd's folders is removed (two specs naming one device make it unusable)."""
     (root / "var/run").mkdir(parents=True)
@@ -275,7 +275,7 @@ def test_the_agents_own_file_is_never_taken_for_another_spec_and_a_stale_copy_go
 
 
 def test_a_gpu_another_spec_names_stays_out_of_the_agents(root: Path) -> None:
-    """Red team 46, F4: a toolkit spec naming some of the GPUs by UUID; the agent's names the others only,
+    """A toolkit spec naming some of the GPUs by UUID; the agent's names the others only,
     so no device is named twice."""
     toolkit = root / "etc/cdi/nvidia.yaml"
     toolkit.parent.mkdir(parents=True)
@@ -288,7 +288,7 @@ def test_a_gpu_another_spec_names_stays_out_of_the_agents(root: Path) -> None:
 
 
 def test_a_fifo_of_a_specs_name_and_a_linked_node_are_not_read_as_the_real_thing(root: Path) -> None:
-    """Red team 46, F6: a FIFO named like a spec would hold the probe forever, and a GPU node that is a
+    """A FIFO named like a spec would hold the probe forever, and a GPU node that is a
     link passes a check that follows it but fails at the container's start (the CDI library does not)."""
     fifo = root / "etc/cdi/stray.yaml"
     fifo.parent.mkdir(parents=True)

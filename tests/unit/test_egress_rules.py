@@ -1,6 +1,6 @@
 """The egress rules as data (runtime/egress_rules.py) and the bridge names the
-sandbox gives every network of a stack, which those rules match (issue 45,
-item 2). On the real engine: tests/integration/test_egress_engine.py."""
+sandbox gives every network of a stack, which those rules match.
+On the real engine: tests/integration/test_egress_engine.py."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def test_the_setting_takes_ipv4_addresses_and_networks_and_names_what_is_not() -
     assert allowed_networks("10.0.0.5, 10.0.8.7/24 192.0.2.1") == (("10.0.0.5/32", "10.0.8.0/24", "192.0.2.1/32"), [])
     networks, problems = allowed_networks("proxy.lan,fd00::1")
     assert networks == () and len(problems) == 2 and "'proxy.lan'" in problems[0] and "IPv6" in problems[1]
-    # What would undo the confinement is refused whatever the operator wrote (a session red team finding).
+    # What would undo the confinement is refused whatever the operator wrote.
     networks, problems = allowed_networks("169.254.169.254, 169.254.0.0/15, 0.0.0.0/0, 10.0.0.0/7")
     assert networks == () and len(problems) == 4, problems
     assert all("metadata" in problem for problem in problems[:3]) and "/8 at most" in problems[3]
@@ -134,7 +134,7 @@ def test_the_agents_networks_the_rules_do_not_hold_are_named() -> None:
 
 
 def test_the_engine_fences_openings_name_a_port_each_and_names_are_resolved_when_written() -> None:
-    """Red team 3: the fence refused what a host legitimately needs on loopback (the marketplace on this
+    """The fence refused what a host legitimately needs on loopback (the marketplace on this
     machine, a proxy or registry given by name, a log collector), and a registry written without a port
     opened every port of its address. Each opening is now a TCP port, its name resolved when the rules
     are written; the guard's alone is also closed to every user but root."""
@@ -165,14 +165,14 @@ def test_the_engine_fences_openings_name_a_port_each_and_names_are_resolved_when
     assert ("iptables", "-d 168.63.129.16/32 -j REJECT") in fence  # a metadata service off link-local
     guard = [(tool, args) for tool, chain, args in rules if chain == "GPUHOST-GUARD"]
     not_root = "-m owner ! --uid-owner 0 -j REJECT --reject-with tcp-reset"
-    assert guard == [  # red team 4: new connections alone (root's closed sockets have no owner); no squatter answers
+    assert guard == [  # new connections alone (root's closed sockets have no owner); no squatter answers
         ("iptables", f"-d 127.0.0.1 -p tcp --dport 47128 --syn {not_root}"),
         ("iptables", f"-s 127.0.0.1 -p tcp --sport 47128 --tcp-flags SYN,ACK SYN,ACK {not_root}"),
     ]
 
 
 def test_the_fence_lets_dns_reach_the_hosts_nameservers_and_never_opens_a_metadata_address(tmp_path) -> None:
-    """Red team 4: a cloud's resolver may be link-local (GCE's 169.254.169.254, Azure's 168.63.129.16):
+    """A cloud's resolver may be link-local (GCE's 169.254.169.254, Azure's 168.63.129.16):
     the fence refused dockerd's and the agent's DNS there. And no setting or name's answer opens
     link-local or a metadata service's address."""
     from gpuhost_agent.runtime.egress_rules import engine_openings

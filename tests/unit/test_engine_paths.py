@@ -78,8 +78,8 @@ def test_a_pull_asks_for_the_repository_and_tag_the_reference_names(reference, e
 
 async def test_an_event_line_over_the_limit_is_skipped_and_the_stream_goes_on() -> None:
     """Every event carries its container's labels, which a renter writes: one
-    renter's huge labels must not end the events of every other (red team,
-    2026-11-28: the stream broke at each healthcheck probe of such a container)."""
+    renter's huge labels must not end the events of every other (the
+    stream broke at each healthcheck probe of such a container)."""
 
     class Transport:
         def pause_reading(self, **_kwargs: object) -> None: ...

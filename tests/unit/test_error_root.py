@@ -1,4 +1,4 @@
-"""One root for the agent's errors (issue 48, section 2): every exception class
+"""One root for the agent's errors: every exception class
 the package defines is an AgentError of one family at least (Refusal,
 OutsideFailure, Stopped: gpuhost_agent/errors.py), and no two share a name."""
 

@@ -3,7 +3,7 @@
 named like a container's) and an "exec" in it (a session leader). The
 session is hung up only when the container's pid is confirmed the
 container's: asked as another container (its pid recycled, as the agent
-would see it), nothing is signalled (finding 8 of issue 31)."""
+would see it), nothing is signalled."""
 
 from __future__ import annotations
 

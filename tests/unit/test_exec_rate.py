@@ -50,7 +50,7 @@ async def test_an_exec_that_runs_on_after_its_output_is_inspected_a_few_times_no
 
 
 async def test_a_loop_of_sftp_opens_and_of_sessions_pays_the_rentals_bucket_before_any_engine_call() -> None:
-    """Red team, 2026-12-07: each SFTP open started the root file helper with no token taken,
+    """Each SFTP open started the root file helper with no token taken,
     and a refused session still asked the engine to inspect the container. The engine here
     counts what it is asked (its stand-in is the lowest layer: the calls themselves)."""
     from types import SimpleNamespace

@@ -146,7 +146,7 @@ async def test_library_levels_follow_the_agent_and_sighup(agent_logs):
 
 def test_asyncssh_says_its_warnings_alone_unless_the_agent_runs_at_debug(agent_logs):
     """asyncssh's info lines were 69 % of a busy agent's journal, free text with
-    renters' command lines among them (issue 47): held back but at debug."""
+    renters' command lines among them: held back but at debug."""
     ssh = logging.getLogger("asyncssh")
     ssh.info("[conn=1, chan=0] Command: HF_TOKEN=x sh -c train")
     ssh.warning("[conn=1] a warning of asyncssh's")

@@ -1,4 +1,4 @@
-"""Which way GPUs reach containers (issue 33): the probe's gpuDelivery from
+"""Which way GPUs reach containers: the probe's gpuDelivery from
 recorded facts, and the sandbox's request for each way. Docker 26's `docker
 info` lists CDISpecDirs only with `"features": {"cdi": true}` (Docker 28: on
 by default); the spec is shaped as `nvidia-ctk cdi generate
@@ -137,7 +137,7 @@ def test_probe_and_doctor_say_the_way() -> None:
 
 
 def test_a_host_without_the_toolkit_whose_gpus_reach_containers_by_cdi_is_compliant() -> None:
-    """Issue 46: the agent's own spec needs no toolkit, and no hook is better. doctor passes the toolkit
+    """The agent's own spec needs no toolkit, and no hook is better. doctor passes the toolkit
     as not needed and GPU containers by the spec it names; without CDI the missing toolkit still fails."""
     data = good_host()
     data["host"]["nvidiaContainerToolkit"] = {"installed": False, "version": None, "binaries": []}
@@ -155,7 +155,7 @@ def test_a_host_without_the_toolkit_whose_gpus_reach_containers_by_cdi_is_compli
     docker["gpuContainers"] = {"ok": False, "method": "container", "detail": "could not select device driver"}
     checks = {c.id: c for c in evaluate(data, Requirements())}
     assert not checks["gpu-containers"].ok and "could not select device driver" in checks["gpu-containers"].summary
-    # An nvidia runtime registered in Docker is a toolkit the agent did not find (red team 46, F2: the GPU
+    # An nvidia runtime registered in Docker is a toolkit the agent did not find (the GPU
     # Operator's /usr/local/nvidia/toolkit): its version cannot be checked, so it fails whatever CDI does.
     docker["runtimes"] = ["io.containerd.runc.v2", "nvidia", "runc"]
     checks = {c.id: c for c in evaluate(data, Requirements())}

@@ -1,4 +1,4 @@
-"""GPUs being released by an ending rental (issue 16), the decisions: what the
+"""GPUs being released by an ending rental, the decisions: what the
 ledger says of each GPU, whether a release would make room, the listing's
 availableGPUs from the agent's account, and the heartbeat field's checks.
 (End to end: tests/integration/test_gpu_release_engine.py.)"""

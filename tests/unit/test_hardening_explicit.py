@@ -1,4 +1,4 @@
-"""Issue 31, findings 9, 10 and 13, in the pure parts: what the image carries
+"""An image is untrusted, in the pure parts: what the image carries
 (ENV, labels) never reaches the toolkit or the agent's own records, and every
 container gets its own cgroup namespace. The same on the real engine:
 tests/integration/test_image_labels_engine.py."""
@@ -46,7 +46,7 @@ def _decided(services: dict, ctx: SandboxContext = CTX) -> dict:
     return decide({"services": services}, RawReview(""), ctx)[0]
 
 
-# ---- finding 10: the agent's labels, every one, on every container ---------------------
+# ---- the agent's labels, every one, on every container ---------------------------------
 
 
 def test_every_label_of_the_agents_namespace_is_set_even_when_it_means_no() -> None:
@@ -71,7 +71,7 @@ def test_no_label_of_the_namespace_is_read_that_the_agent_does_not_write() -> No
     assert named <= written, sorted(named - written)
 
 
-# ---- finding 9: the toolkit's variables, every one, on every container ------------------
+# ---- the toolkit's variables, every one, on every container ----------------------------
 
 
 def test_every_toolkit_variable_is_set_on_every_container_whatever_the_image_says() -> None:
@@ -97,7 +97,7 @@ def test_every_toolkit_variable_is_set_on_every_container_whatever_the_image_say
 
 def test_the_toolkits_swarm_resource_variables_hold_the_rentals_gpus_alone() -> None:
     """A toolkit with `swarm-resource` set takes GPUs from DOCKER_RESOURCE_* before
-    NVIDIA_VISIBLE_DEVICES: a file's value of them never stands (issue 49)."""
+    NVIDIA_VISIBLE_DEVICES: a file's value of them never stands."""
     hardened = _decided(
         {
             "gpu": {"image": "x", "environment": {"DOCKER_RESOURCE_GPU": "all", "DOCKER_RESOURCE_MINE": "0,1"},
@@ -122,7 +122,7 @@ def test_an_image_that_sets_a_swarm_resource_variable_is_refused() -> None:
     assert problem and "DOCKER_RESOURCE_OTHER" in problem
 
 
-# ---- finding 13: a cgroup namespace of its own ------------------------------------------
+# ---- a cgroup namespace of its own ----------------------------------------------------
 
 
 def test_every_container_has_a_private_cgroup_namespace_and_swarm_takes_the_stack() -> None:
@@ -132,7 +132,7 @@ def test_every_container_has_a_private_cgroup_namespace_and_swarm_takes_the_stac
     assert all("cgroup" not in service for service in stack["services"].values())
 
 
-# ---- finding 9: the toolkit's own settings, judged by compliance -----------------------
+# ---- the toolkit's own settings, judged by compliance ---------------------------------
 
 
 def test_compliance_fails_a_toolkit_that_takes_gpus_from_mounts() -> None:
@@ -154,7 +154,7 @@ def test_compliance_fails_a_toolkit_that_takes_gpus_from_mounts() -> None:
 
 
 def test_a_gpu_index_is_ascii_digits_alone() -> None:
-    """'²' passed isdigit() and int() raised on it: the deploy crashed with a traceback (issue 49)."""
+    """'²' passed isdigit() and int() raised on it: the deploy crashed with a traceback."""
     for device in ("²", "٣", "0" * 6):
         services = {"app": {"image": "x", "environment": {"NVIDIA_VISIBLE_DEVICES": device}}}
         with pytest.raises(StackRejected, match="is not one of the rental's 2 GPU"):

@@ -1,4 +1,4 @@
-"""Red team (2026-11-27, sandbox34): attempts on the new host_asks rewrites
+"""Attempts on the host_asks rewrites
 that HELD, through the real Compose CLI and the real sandbox decision. Kept as
 regression guards: no host path reaches the engine by any of these."""
 

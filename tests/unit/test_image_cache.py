@@ -1,4 +1,4 @@
-"""Issue 34 item 4: images kept between rentals, evicted least recently used
+"""Images kept between rentals, evicted least recently used
 when the disk floor needs room, never while a container uses them (core/images/cache.py)."""
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ async def test_nothing_goes_while_the_floor_is_kept(tmp_path):
 
 
 async def test_images_are_recorded_by_id_and_evicted_by_it_after_a_restart(tmp_path):
-    """RT3-5: the renter's spelling is not the engine's tag; the id recorded at the pull is what goes."""
+    """The renter's spelling is not the engine's tag; the id recorded at the pull is what goes."""
     engine = FakeEngine({"busybox:latest": ("sha256:b", 3 * GB), "python:3.12": ("sha256:p", 3 * GB)}, set())
     spellings = {"busybox": "sha256:b", "docker.io/library/python:3.12": "sha256:p", "x@sha256:d": "sha256:b"}
     engine.image_id = lambda reference: _answer(spellings.get(reference))  # type: ignore[method-assign]

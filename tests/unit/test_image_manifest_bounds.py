@@ -1,4 +1,4 @@
-"""Red team 3, RT3-1: the size check reads the docker CLI through bounds
+"""The size check reads the docker CLI through bounds
 (runtime/image_manifest.py): its output capped, its errors' tail only, a
 bounded number at once, the reference after `--`, and a CLI that never
 answers is killed at the bound. The CLI here is a real process standing in
@@ -69,7 +69,7 @@ async def test_only_a_few_size_checks_run_at_once(tmp_path: Path, monkeypatch):
 
 
 def test_the_size_checks_cli_goes_through_the_pull_guard_and_reads_the_engines_own_spelling() -> None:
-    """Red team, 2026-12-07 (high): the Engine API's /info spells its proxies HttpProxy and
+    """The Engine API's /info spells its proxies HttpProxy and
     HttpsProxy; the CLI was given none (HTTPProxy was read), so it resolved the renter's
     registry itself, around the guard. With the guard on, the CLI goes through it."""
     from gpuhost_agent.runtime.image_manifest import proxy_environment

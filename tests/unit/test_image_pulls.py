@@ -1,4 +1,4 @@
-"""Issue 34 item 4: the pull's events folded into what a renter reads, and
+"""The pull's events folded into what a renter reads, and
 one pull per image reference whoever waits on it (core/images)."""
 
 from __future__ import annotations

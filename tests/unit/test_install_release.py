@@ -1,4 +1,4 @@
-"""The first install takes the marketplace's signed release (issue 45, item 1):
+"""The first install takes the marketplace's signed release:
 install.sh's fetch_release against the local marketplace over real HTTP (and
 against a hostile stand-in of it), its signature checked by the real openssl.
 A release the pinned key did not sign is refused before a byte of its wheel is
@@ -313,7 +313,7 @@ def _script_with(paths: dict[str, str]) -> str:
 
 
 def test_a_second_run_verifies_with_the_key_the_agent_moved_to_and_pins_it(tmp_path: Path) -> None:
-    """Red team of this session (high): install.sh cleared upgrade.json and took the pin
+    """install.sh cleared upgrade.json and took the pin
     it had, so a re-run (the documented upgrade) went back to a key the marketplace had
     left, leaked or not. It now asks the installed agent which key it follows."""
     from gpuhost_agent.core import release_keys
@@ -349,7 +349,7 @@ def test_the_line_never_takes_a_host_back(tmp_path: Path) -> None:
         ("9.10.0.0", "failed here before"),  # one version however spelled
         ("9.9.9", ""),
         ("9.10.1", ""),
-        # red team, 2026-12-07: sort -V put these after 9.9.9; the agent (PEP 440) does not take them
+        # sort -V put these after 9.9.9; the agent (PEP 440) does not take them
         ("9.9.9rc1", "version 9.9.9rc1 is not a release"),
         ("9.9.9.dev3", "version 9.9.9.dev3 is not a release"),
         ("9.9.9+local", "version 9.9.9+local is not a release"),
@@ -360,7 +360,7 @@ def test_the_line_never_takes_a_host_back(tmp_path: Path) -> None:
 
 
 async def test_what_a_marketplace_answers_never_reaches_the_operators_terminal_as_escapes() -> None:
-    """Red team, 2026-12-07: a refused answer was quoted raw; terminal escapes in it set the
+    """A refused answer was quoted raw; terminal escapes in it set the
     window's title, cleared the screen and printed a line of the marketplace's choosing."""
 
     async def get_offer(request: web.Request) -> web.StreamResponse:

@@ -80,10 +80,10 @@ async def test_script_route_answers_the_installation_line(tmp_path: Path) -> Non
         )
         words = shlex.split(line.split("| ", 1)[1])
         assert words[words.index("--url") + 1] == base and words[words.index("--env-id") + 1] == store.envId
-        # the key its releases are signed with, pinned on the host (issue 45)
+        # the key its releases are signed with, pinned on the host
         assert words[words.index("--release-key") + 1] == MarketplaceState(store).release_public_key()
         assert f"{base}/install.sh" in words and store.envApiKey not in line.split("|", 1)[1]
-        # Issue 17 finding 6: a Host header without the port lost it from the line.
+        # A Host header without the port lost it from the line.
         for host in (str(response.url.host), f"{response.url.host}:{response.url.port}"):
             portless = await http.get(f"/v1/environments/{store.envId}/script", headers={"Host": host})
             assert f"--url {base} " in await portless.json(), host
@@ -115,7 +115,7 @@ def test_the_line_gives_the_key_on_install_sh_stdin_and_on_no_command_line(tmp_p
     """The line run by bash, with curl and sudo stand-ins that log their argv: install.sh
     (a stand-in saying what it got) reads the key from its standard input, no program's
     arguments hold it, the downloaded script is removed, and the line stays out of a
-    history that ignores lines starting with a space (issue 45, item 5)."""
+    history that ignores lines starting with a space."""
     stand_ins = tmp_path / "bin"
     stand_ins.mkdir()
     log = tmp_path / "argv.log"
@@ -139,7 +139,7 @@ def test_the_line_gives_the_key_on_install_sh_stdin_and_on_no_command_line(tmp_p
     assert key not in log.read_text() and "install.sh" in log.read_text()
     assert "sudo bash -c" in log.read_text()
 
-    # A root shell on a host without sudo (issue 47: the line said sudo to root): it runs as is.
+    # A root shell on a host without sudo (the line once said sudo to root): it runs as is.
     bare = tmp_path / "bare"
     bare.mkdir()
     for tool in ("bash", "mktemp", "rm", "cat"):
@@ -162,7 +162,7 @@ async def test_in_the_app_the_line_needs_the_user_key_and_install_sh_needs_none(
         assert await script.text() == await asyncio.to_thread(INSTALL_SH.read_text)
         # Only that exact path is public.
         assert (await http.get("/v1/install.sh/x")).status == 401
-        # ...and the locks its --lock default reads, the checkout's requirements/ (issue 44)
+        # ...and the locks its --lock default reads, the checkout's requirements/
         for name in ("build.lock", "agent.lock"):
             lock = await http.get(f"/v1/install/{name}")
             assert lock.status == 200, name
@@ -170,7 +170,7 @@ async def test_in_the_app_the_line_needs_the_user_key_and_install_sh_needs_none(
         assert (await http.get("/v1/install/dev.lock")).status == 401
 
 
-# ---- one list of minimums, one wording (issue 18, item 3) ------------------------------------
+# ---- one list of minimums, one wording ------------------------------------------------------
 
 
 def test_install_sh_checks_the_minimums_doctor_judges_by() -> None:
@@ -231,7 +231,7 @@ def test_old_versions_warn_and_allow_no_gpu_drops_its_own_advice() -> None:
 
 def test_a_lock_with_anything_but_pinned_hashed_packages_is_refused(tmp_path: Path) -> None:
     """A lock is pins and hashes: a line pip would take as an option (another index, a
-    folder of wheels) is named, and install.sh stops before pip runs (issue 44, red team)."""
+    folder of wheels) is named, and install.sh stops before pip runs."""
     function = subprocess.run(
         ["sed", "-n", "/^lock_problem() {/,/^}/p", str(INSTALL_SH)], capture_output=True, text=True, check=True
     ).stdout
@@ -277,8 +277,8 @@ def test_a_machine_of_many_gpus_and_a_long_library_cache_is_read_whole(tmp_path:
 
 def test_a_checkout_in_a_folder_anyone_may_write_to_is_none(tmp_path: Path) -> None:
     """install.sh run from /tmp (the first form of the new install line downloaded it
-    there) took a `checkout` anyone could plant beside it and installed it, as root
-    (session red team). A folder writable by all, or sticky as /tmp, holds none."""
+    there) took a `checkout` anyone could plant beside it and installed it, as root.
+    A folder writable by all, or sticky as /tmp, holds none."""
     for mode, found in ((0o755, True), (0o775, True), (0o777, False), (0o1777, False)):
         folder = tmp_path / f"mode-{mode:o}"
         (folder / "src" / "gpuhost_agent").mkdir(parents=True)
@@ -291,13 +291,13 @@ def test_a_checkout_in_a_folder_anyone_may_write_to_is_none(tmp_path: Path) -> N
 
 
 def test_a_marketplace_url_in_clear_is_only_for_this_machine() -> None:
-    """Issue 45, item 1: the API key goes with every request, so --url is https:// unless
+    """The API key goes with every request, so --url is https:// unless
     the marketplace is this machine; as the agent's own setting says (service/settings.py)."""
     for url, refused in (
         ("http://market.example/v1", True),
         ("http://10.0.0.5:8787/v1", True),
         ("http://127.0.0.1.evil.example/v1", True),
-        # red team, 2026-12-07: curl sends these to evil.example, with the key in clear
+        # curl sends these to evil.example, with the key in clear
         ("http://evil.example?@127.0.0.1/v1", True),
         ("http://evil.example#@127.0.0.1/v1", True),
         ("http://user@127.0.0.1:8787/v1", False),
@@ -315,7 +315,7 @@ def test_a_marketplace_url_in_clear_is_only_for_this_machine() -> None:
 
 
 def test_dockerd_is_pointed_at_the_pull_guard_and_its_own_proxy_becomes_the_upstream(tmp_path: Path) -> None:
-    """Issue 45, item 5: install.sh writes Docker's drop-in for the pull guard at the address
+    """install.sh writes Docker's drop-in for the pull guard at the address
     the agent reads, keeps a proxy dockerd had as the guard's upstream, says that Docker must
     restart, and says that a proxy in daemon.json would win over the drop-in."""
     bin_dir = tmp_path / "bin"

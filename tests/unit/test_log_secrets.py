@@ -49,7 +49,7 @@ def test_a_short_value_is_masked_everywhere_but_inside_an_id() -> None:
     """A renter's PORT=8000 once turned a container id in the status answer into
     64eb8***af1...: a short value inside a run of 12 or more hex digits (an id, a
     digest) is left alone; anywhere else it is masked, glued to letters or after an
-    escape too (red team, 2026-11-29); a long one is masked wherever it appears."""
+    escape too; a long one is masked wherever it appears."""
     from gpuhost_agent.common.visible import visible
 
     registry = logs.SecretRegistry()
@@ -66,7 +66,7 @@ def test_a_short_value_is_masked_everywhere_but_inside_an_id() -> None:
     assert registry.scrub("deadbeef00 beef") == "dead***00 ***"
 
 
-# ---- a renter's values never rewrite the host's journal (issue 49, item 2) -----------------------
+# ---- a renter's values never rewrite the host's journal ------------------------------------------
 
 
 def test_only_values_that_can_be_secrets_are_registered() -> None:

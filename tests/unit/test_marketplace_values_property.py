@@ -1,5 +1,5 @@
-"""Hostile values in the marketplace's session and heartbeat replies (issue 49,
-item 1): whatever a reply holds, its decoders give values the agent's loops can
+"""Hostile values in the marketplace's session and heartbeat replies:
+whatever a reply holds, its decoders give values the agent's loops can
 use (intervals within their bounds, requirements, a release offer or a reason),
 never an exception; and a real scheduler takes the widest interval they allow.
 (Jobs and the desired state: test_decoders_property.py and test_bad_input.py.)

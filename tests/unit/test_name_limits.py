@@ -1,4 +1,4 @@
-"""Names are bounded (issue 34, item 5): the local marketplace refuses a
+"""Names are bounded: the local marketplace refuses a
 rental or stack name above 128 characters with 400 (curl, as a renter
 sends it), and the agent, which takes any name a marketplace sends, shows at
 most 128 characters of it in `gpuhost-agent status`. Before: a 10 KB name was

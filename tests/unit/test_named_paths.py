@@ -1,6 +1,6 @@
 """Every module a document, a docstring or a comment names by its path exists.
 
-Modules move (issue 32 put core/ in folders by subject); a reader who follows
+Modules move (core/ went into folders by subject); a reader who follows
 `core/sandbox/raw.py` from docs/sandbox-policy.md must find it there, not a
 file that went two commits ago."""
 

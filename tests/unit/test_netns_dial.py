@@ -4,7 +4,7 @@ where a server listens that this process's namespace cannot reach), and
 the errors a caller sees. The server is put in a cgroup named like a
 container's (/sys/fs/cgroup/pids/...-<id>) and dialled as that container;
 asked as another container, or not in a container at all, it is refused
-before the switch (finding 8 of issue 31). The same code dials Swarm
+before the switch. The same code dials Swarm
 containers in tests/integration/test_door_engine.py and
 test_swarm_worker_engine.py."""
 

@@ -93,7 +93,7 @@ def _own_address() -> str | None:
 
 
 async def test_the_hosts_own_address_is_the_same_machine_too(http):
-    """Issue 18, item 4: a local marketplace reached at the host's own address is not loopback
+    """A local marketplace reached at the host's own address is not loopback
     by name, but the bytes still never leave the machine."""
     own = _own_address()
     if own is None:

@@ -189,7 +189,7 @@ def test_cli_probe_finds_the_library_through_ld_library_path(tmp_path) -> None:
     assert report["listing"]["gpuName"] == "NVIDIA GeForce RTX 4090"
     assert report["listing"]["location"] == "US-TX"
     assert report["systemData"]["nvml"]["gpus"][0]["unsupported"]["migMode"] == "Not Supported"
-    # Exactly the body PUT /agent/system-data carries (issue 18, item 4): every field of it, no other.
+    # Exactly the body PUT /agent/system-data carries: every field of it, no other.
     agent_doc = load(AGENT_DOC)
     assert set(report) == properties(agent_doc, "SystemDataReport")
     check(agent_doc, report, request_schema(agent_doc, "/agent/system-data", "put"))

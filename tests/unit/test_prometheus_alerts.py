@@ -1,5 +1,5 @@
-"""The shipped alerting rules (prometheus/gpuhost-agent-alerts.yml, issue 47
-section 2), checked and tested by Debian's promtool (scripts/install-system-deps.sh
+"""The shipped alerting rules (prometheus/gpuhost-agent-alerts.yml),
+checked and tested by Debian's promtool (scripts/install-system-deps.sh
 installs it): every alert fires and resolves in its promtool test, has its runbook
 line in docs/operations.md, and judges only figures the agent exports."""
 

@@ -1,7 +1,7 @@
 """Compose files as GPU projects publish them (tests/sandbox_corpus/published/,
 each with its repository, path and commit in a header, byte for byte below
 it) through the agent's decision: the raw pass, the real Compose CLI's
-normalisation, the rewrites and the policy (issue 15).
+normalisation, the rewrites and the policy.
 
 Each file deploys or is refused as tests/sandbox_corpus/published/outcomes.yaml
 says; a refusal names every problem listed there in one message; a deployed

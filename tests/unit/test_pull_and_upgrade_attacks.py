@@ -23,7 +23,7 @@ from gpuhost_agent.uplink.client import MarketplaceClient
 from gpuhost_agent.uplink.replies import MarketplaceUnavailable
 
 # ---------------------------------------------------------------------------
-# RT3-1: `docker manifest inspect --verbose` output read whole into the agent.
+# `docker manifest inspect --verbose` output read whole into the agent.
 
 
 class _Engine:
@@ -52,7 +52,7 @@ def _fake_cli(tmp_path: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------
-# RT3-2: a pull nobody waits on any more runs on, unbounded in time and number.
+# A pull nobody waits on any more runs on, unbounded in time and number.
 
 
 def _drip(stop: threading.Event):
@@ -102,7 +102,7 @@ async def test_rt3_2b_one_rental_cannot_hold_every_pull_slot():
 
 
 # ---------------------------------------------------------------------------
-# RT3-3: the agent's API key follows a redirect to another origin.
+# The agent's API key follows a redirect to another origin.
 
 
 async def _serve(path: str, handler) -> tuple[web.AppRunner, int]:
@@ -147,7 +147,7 @@ async def test_rt3_3_a_redirect_never_carries_the_api_key_elsewhere():
 
 
 # ---------------------------------------------------------------------------
-# RT3-4: two alternating offers defeat the retry pause of a failed fetch.
+# Two alternating offers defeat the retry pause of a failed fetch.
 
 
 class _FailingClient:
@@ -183,7 +183,7 @@ async def test_rt3_4_alternating_offers_are_still_retried_once_per_pause(tmp_pat
 
 
 # ---------------------------------------------------------------------------
-# RT3-5: a kept image recorded under the renter's spelling is never evicted.
+# A kept image recorded under the renter's spelling is never evicted.
 
 
 class _TagsEngine:
@@ -197,7 +197,7 @@ class _TagsEngine:
         return dict(self.images), set()
 
     async def image_id(self, reference: str) -> str | None:
-        """What inspect answers: the engine resolves any spelling (added with the fix, RT3-5)."""
+        """What inspect answers: the engine resolves any spelling (added with the fix)."""
         spellings = {"busybox": "sha256:b", "docker.io/library/python:3.12": "sha256:p"}
         return spellings.get(reference)
 

@@ -1,4 +1,4 @@
-"""The pull guard (streams/pull_guard.py, issue 45 item 5): dockerd's pulls
+"""The pull guard (streams/pull_guard.py): dockerd's pulls
 go through it, so a registry name that resolves to the host when dockerd
 pulls (DNS rebinding), or a registry's redirect to the host, reaches nothing
 of the host's.
@@ -120,7 +120,7 @@ async def test_link_local_and_mixed_answers_are_refused_by_the_address_judged() 
         ("fe80::1", 443, "link-local"),
         ("rebinding.example", 443, "127.0.0.1, a loopback address"),
         ("metadata.example", 443, "169.254.169.254, link-local"),
-        # red team 2, M3: what a rental's containers may not reach either
+        # what a rental's containers may not reach either
         ("172.18.0.2", 5000, "private"),  # the host reaches its bridges: another rental's container
         ("100.100.100.200", 80, "private"),  # Alibaba Cloud's metadata service
         ("168.63.129.16", 32526, "private"),  # Azure's WireServer
@@ -251,7 +251,7 @@ async def test_reads_are_bounded_and_connections_capped(monkeypatch: pytest.Monk
         host, port = proxy.removeprefix("http://").split(":")
         held = [await asyncio.open_connection(host, int(port)) for _ in range(2)]
         await _until(lambda: guard.open == 2)
-        # Over the cap: closed at the accept, before a byte is read (red team 2, M4: 4000 idle connections
+        # Over the cap: closed at the accept, before a byte is read (4000 idle connections
         # were held at once with a cap of 256, each a descriptor of the agent's).
         reader, writer = await asyncio.open_connection(host, int(port))
         assert await asyncio.wait_for(reader.read(), 5) == b""
@@ -262,7 +262,7 @@ async def test_reads_are_bounded_and_connections_capped(monkeypatch: pytest.Monk
 
 
 async def test_the_probe_tells_the_agents_guard_from_a_program_that_took_its_port(tmp_path) -> None:
-    """Red team 2, M5: a program that took the guard's port (during a restart) answered the fixed
+    """A program that took the guard's port (during a restart) answered the fixed
     probe and passed compliance. The probe's challenge is answered with the agent's root-only key."""
     key_file = tmp_path / "pull-guard.key"
     key = await asyncio.to_thread(pull_guard.new_key, key_file)
@@ -287,7 +287,7 @@ async def test_the_probe_tells_the_agents_guard_from_a_program_that_took_its_por
 
 
 async def test_a_lookup_waits_on_no_thread_of_the_agents_shared_pool() -> None:
-    """Red team 2, L6: the guard's lookups ran in the event loop's shared pool, so slow
+    """The guard's lookups ran in the event loop's shared pool, so slow
     resolvers delayed every to_thread of the agent. With that pool all busy, a lookup answers."""
     from concurrent.futures import ThreadPoolExecutor
 

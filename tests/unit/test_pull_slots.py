@@ -1,4 +1,4 @@
-"""Red team 3, RT3-2: pulls per host and per rental, queued in order and
+"""Pulls per host and per rental, queued in order and
 said so; a pull no deploy waits on is cancelled; a drip-feeding registry
 meets the pull's deadline (core/images/pull_slots.py, core/images/pulls.py)."""
 

@@ -589,7 +589,7 @@ def test_decode_refuses_a_reply_that_is_not_a_desired_state(case):
 
 @pytest.mark.parametrize("case", [c for c in MALFORMED if not _whole(c)])
 def test_one_malformed_entry_is_left_out_named_and_the_rest_kept(case):
-    """Issue 17: one bad rental (gpuCount 39345733090013528) stopped reconcile
+    """One bad rental (gpuCount 39345733090013528) stopped reconcile
     for every renter of the host. The entry is left out and named; what it
     names is held (neither removed nor redeployed); an entry without an id of
     its own makes the list incomplete (nothing is removed as unlisted)."""

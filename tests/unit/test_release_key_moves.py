@@ -1,4 +1,4 @@
-"""The marketplace moves to a new release key (issue 45, item 1): a release the
+"""The marketplace moves to a new release key: a release the
 key in force signed names the next one, the agent follows it, keeps the step
 in its upgrade record across restarts, and from then on takes the new key's
 word alone; the old key, if it leaked, installs nothing more."""

@@ -80,7 +80,7 @@ def test_without_a_driver_the_agent_can_serve_the_reason_is_said(tmp_path, drive
 def test_a_rental_id_that_cannot_name_a_folder_is_refused(tmp_path) -> None:
     cgroups = RentalCgroups(v1_tree(tmp_path))
     cgroups.configure("cgroupfs", "1")
-    for bad in ("../../etc", "a/b", "", "x" * 200, "r1\n"):  # match took the trailing newline (issue 49)
+    for bad in ("../../etc", "a/b", "", "x" * 200, "r1\n"):  # match took the trailing newline
         with pytest.raises(CgroupError):
             cgroups.parent_of(bad)
 

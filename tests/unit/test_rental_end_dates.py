@@ -1,4 +1,4 @@
-"""What a desired state's rental list costs the host (issue 49, item 4): its end
+"""What a desired state's rental list costs the host: its end
 dates recorded only for the host's own rentals, in one transaction; lists longer
 than a host could hold refused; the rental clock's ends in flight bounded."""
 

@@ -1,4 +1,4 @@
-"""What the host publishes is honoured (issue 35, item 3): a rental of an
+"""What the host publishes is honoured: a rental of an
 environment that is not listed, or outside its availability windows, is a 409
 with the reason; a rental keeps the listing as it was when it was made."""
 

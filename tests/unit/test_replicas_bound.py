@@ -1,4 +1,4 @@
-"""Issue 31, finding 7: replicas are containers on the machine. One stack runs
+"""Replicas are containers on the machine. One stack runs
 at most MAX_CONTAINERS on any host, services run replicated only, and on Swarm
 each task gets its part of the rental's share of the machine (replicas x limits
 fit it), or the stack is refused naming the count. On a real Swarm:

@@ -1,5 +1,5 @@
 """The renter never chooses an address, and a tunnel never dials the host
-(issue 31, finding 5; and the NVIDIA device-list mounts of finding 9).
+(and the NVIDIA device-list mounts are refused).
 
 The policy on Compose's normalised model (core/sandbox/networks.py), the pure
 judgement of a container's address (streams/sandbox_addresses.py), and the

@@ -1,6 +1,6 @@
-"""Small sandbox points from the red team of 2026-11-27, through the real
+"""Small sandbox points an attacker found, through the real
 Compose CLI and the agent's whole decision (tests/support/sandbox_decide.py).
-Each failed on the previous commit: `${HOME}`, `${PATH}` and `${DOCKER_CONFIG}`
+Each failed before its fix: `${HOME}`, `${PATH}` and `${DOCKER_CONFIG}`
 were the agent's own (its docker config folder and PATH in the container's
 environment), `develop:` kept its host paths in the hardened model, and a
 volume's `subpath: ../../..` passed the policy."""

@@ -1,5 +1,5 @@
 """What published files ask of the host, given on the stack's own terms and
-said to the renter (issue 34, items 3 and 10), through the real Compose CLI.
+said to the renter, through the real Compose CLI.
 Each test failed on the agent before: the port and Compose's warnings were
 silent, the reservation stayed above the limit (the engine refused the
 container), and host networking and absolute data paths were refused."""

@@ -1,4 +1,4 @@
-"""What the host's engine does on its own network for a renter (issue 31):
+"""What the host's engine does on its own network for a renter:
 no image from a registry at an address of the host or a special address,
 unless the host allows that registry; a bounded number of published ports
 per stack. core/sandbox/host_network.py; the corpus files 160-169 and
@@ -79,7 +79,7 @@ def test_the_registry_is_split_as_the_engine_splits_it(image, registry):
         ("192.0.2.10:8080/x", "an address of this host"),
         ("192.0.2.10/x", "an address of this host"),
         ("[2001:db8::10]:443/x", "an address of this host"),
-        # Red team 2, M3: what a rental's containers may not reach either (runtime/egress_rules.py)
+        # What a rental's containers may not reach either (runtime/egress_rules.py)
         ("10.0.0.5:5000/x", "private"),  # a LAN, or the host's bridges: other rentals' containers
         ("172.18.0.2:5000/x", "private"),
         ("100.100.100.200/x", "private"),  # Alibaba Cloud's metadata service (carrier-grade NAT space)

@@ -175,7 +175,7 @@ def test_the_disk_floor_problem_names_the_disk_and_the_floor() -> None:
 
 
 def test_a_stack_may_not_take_more_than_its_share_of_the_address_pools() -> None:
-    """Issue 17 finding 5: one rental's stacks, each with networks, used up
+    """One rental's stacks, each with networks, used up
     Docker's address pools and every other renter's deploy failed."""
     from gpuhost_agent.core.sandbox.policy import MAX_NETWORKS_PER_STACK
 
@@ -224,7 +224,7 @@ def test_a_service_may_carry_so_many_bytes_of_labels() -> None:
 
 
 def test_labels_count_as_the_engines_json_writes_them_and_networks_and_volumes_share_a_stacks_limit() -> None:
-    """Red team, 2026-11-29: 300 volumes sharing one 400 KiB label by YAML alias made
+    """300 volumes sharing one 400 KiB label by YAML alias made
     `GET /volumes` 123 MB for every renter's deploy; `<` is six bytes in the engine's JSON;
     an image's command is in every container list."""
     from gpuhost_agent.core.sandbox.label_size import MAX_LABEL_BYTES, json_bytes, oversized_container
@@ -254,7 +254,7 @@ def test_labels_count_as_the_engines_json_writes_them_and_networks_and_volumes_s
 
 def test_a_refusal_names_a_dozen_problems_then_how_many_more() -> None:
     """A file of a thousand forbidden volumes must not make an errorMsg (and a log
-    line) of megabytes (red team, 2026-11-29: 35 problems, 14 KB)."""
+    line) of megabytes (35 problems were 14 KB)."""
     from gpuhost_agent.core.compose_values import MAX_PROBLEMS_SAID, problems_said
     from gpuhost_agent.core.sandbox.apply import POLICY_PREFIX
     from gpuhost_agent.core.sandbox.raw import review
@@ -281,7 +281,7 @@ def test_a_refusal_names_a_dozen_problems_then_how_many_more() -> None:
 
 def test_a_healthcheck_probes_at_most_once_a_second_with_a_short_command() -> None:
     """Each probe is an exec the host's engine runs outside the rental's share, and
-    its events carry the command (red team, 2026-11-29: 1 ms and 500 KiB were accepted)."""
+    its events carry the command (1 ms and 500 KiB were accepted)."""
     from gpuhost_agent.core.sandbox.healthcheck import duration_seconds
 
     assert [duration_seconds(v) for v in ("1m30s", "1.5s", "500ms", "0s", "1h", "10", "x", "1s2")] == [
@@ -350,7 +350,7 @@ def test_a_started_containers_healthcheck_is_judged_with_its_images() -> None:
 
 def test_an_images_configuration_is_judged_before_its_start() -> None:
     """Copied into every container: 20 MB of STOPSIGNAL made every container list of the
-    engine take seconds (red team, 2026-11-29)."""
+    engine take seconds."""
     from gpuhost_agent.core.sandbox.image_config import service_image_problem
 
     service = {"image": "x", "healthcheck": {"interval": "2s"}}
@@ -373,7 +373,7 @@ def test_an_images_configuration_is_judged_before_its_start() -> None:
 
 def test_a_stack_declares_so_many_ports_counted_port_by_port() -> None:
     """`expose: ["1-65535"]` made one container's list entry 7.7 MB and 2.7 s of the
-    agent's CPU to shape (red team, 2026-11-29); an image's EXPOSE is judged once the
+    agent's CPU to shape; an image's EXPOSE is judged once the
     container runs."""
     from gpuhost_agent.core.sandbox.host_network import MAX_EXPOSED_PORTS, exposed_count
     from gpuhost_agent.core.sandbox.label_size import MAX_LISTED_PORTS, oversized_container
@@ -396,7 +396,7 @@ def test_a_stack_declares_so_many_ports_counted_port_by_port() -> None:
 
 
 def test_what_a_file_or_template_multiplies_is_bounded() -> None:
-    """Red team, 2026-11-29: 2,000 services by one YAML alias (replicas: 0 runs none,
+    """2,000 services by one YAML alias (replicas: 0 runs none,
     the Swarm's lists carry them all), 100,000 variables (each looked for in every
     log line), a variable name of 200 KB and an APPLIED notice of 705 KB in an errorMsg."""
     from gpuhost_agent.core.sandbox.apply import CHANGES_PREFIX, notices_message
@@ -423,7 +423,7 @@ def test_what_a_file_or_template_multiplies_is_bounded() -> None:
 
 def test_an_applied_stack_tells_the_sandboxs_changes_from_composes_warnings() -> None:
     """A stack whose variable was undefined said 'deployed with changes by the sandbox:
-    Compose warns: ...' although the sandbox changed nothing (issue 47)."""
+    Compose warns: ...' although the sandbox changed nothing."""
     from gpuhost_agent.core.sandbox.apply import CHANGES_PREFIX, WARNINGS_PREFIX, kept_notes, notices_message
 
     warned = notices_message(['Compose warns: The "TOKEN" variable is not set. Defaulting to a blank string.'])

@@ -1,4 +1,4 @@
-"""The sandbox's changes for published files, one at a time (issue 15), through
+"""The sandbox's changes for published files, one at a time, through
 the real Compose CLI: each of these failed on the agent before the rewrites."""
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ async def test_services_all_behind_profiles_are_refused_before_any_gpu_is_taken(
 
 
 def test_env_file_named_from_the_file_is_dropped_and_host_files_refused() -> None:
-    """`../../.env` (a project's tree, issue 34) is dropped like `./.env`:
+    """`../../.env` (a project's tree) is dropped like `./.env`:
     Compose reads neither; a host path, `~` or a variable stays refused."""
     raw = review_raw(
         "services:\n  app:\n    image: busybox\n    env_file: [.env, /etc/shadow, ../../.env, '~/.env', '${X}/a.env']\n"

@@ -1,4 +1,4 @@
-"""The renter's catalogue and the queries issue 35 added (item 2), over real HTTP:
+"""The renter's catalogue and its queries, over real HTTP:
 GET /environments/listings with its filters and pagination, its filters
 endpoint, PATCH /environments/{envId} (name), GET /rentals?status=."""
 
@@ -171,7 +171,7 @@ async def test_rentals_are_listed_by_status(market) -> None:
 async def test_what_renters_read_counts_the_active_rentals_without_naming_them(market) -> None:
     """The catalogue and a rental's own listing say how many rentals are active,
     not their ids (other renters' rentals, and when each starts and ends); the
-    environment's own listing names them (red team RT2-4)."""
+    environment's own listing names them."""
     base_url, store, http = market
     async with http.post(base_url + "/rentals", json={"envId": store.envId}) as response:
         assert response.status == 201

@@ -1,5 +1,5 @@
 """Every operation of the seed's endpoint table gets its documented answer from
-the local marketplace (issue 35, item 5), over real HTTP against the server
+the local marketplace, over real HTTP against the server
 `gpuhost-agent run` starts.
 
 The table is parsed from the seed (`shared/spec/marketplace-api.md`, section
@@ -101,7 +101,7 @@ def find_spec() -> Path | None:
 
 
 SEED = operations(table_lines(COPY.read_text()))
-# Not answered as the seed says yet (issue 35): strict, so each fix must take its names out.
+# Not answered as the seed says yet: strict, so each fix must take its names out.
 NOT_YET: set[str] = set()
 CASES = [pytest.param(*op, id=op[0], marks=[pytest.mark.xfail(strict=True)] if op[0] in NOT_YET else []) for op in SEED]
 

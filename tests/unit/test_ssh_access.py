@@ -35,7 +35,7 @@ OTHER = "77e0b4aa-0000-4000-8000-000000000002"  # another stack of the same rent
 
 
 def test_login_names_pick_a_stack_of_the_endpoints_rental_and_its_service():
-    """One endpoint per rental (issue 34, item 2): the prefix picks the stack
+    """One endpoint per rental: the prefix picks the stack
     among those the ssh request lists; any other prefix, another rental's
     stack included, is refused as an unknown name is."""
     both = (STACK, OTHER)

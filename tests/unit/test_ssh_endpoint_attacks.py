@@ -67,7 +67,7 @@ async def test_held_another_rentals_stack_listed_by_the_marketplace_is_refused_o
     docker = _Docker([_container("rental-a", A_STACK), _container("rental-b", B_STACK)])
     keys = {"rental-a": [_line(a_key)], "rental-b": [_line(b_key)]}
     login = _login("rental-a", (A_STACK, B_STACK), docker, keys)
-    assert await login.validate_public_key("web." + B_STACK[:8], a_key)  # the key and the name alone (issue 45)
+    assert await login.validate_public_key("web." + B_STACK[:8], a_key)  # the key and the name alone
     login.auth_completed()  # the signature passed: now the container, on Docker's labels
     missing = await login.looked_up()
     assert missing and "no running container of service 'web'" in missing and login.container is None
@@ -105,7 +105,7 @@ def test_held_login_name_spellings():
 
 
 async def test_held_rt2_1_a_login_without_a_valid_key_costs_no_docker_call():
-    """Held since RT2-1's fix: anyone who reaches the endpoint (on the
+    """Anyone who reaches the endpoint (on the
     marketplace: the public host:port) and knows a login name (it is pasted
     in docs, shell history, screenshots) made the agent list the stack's
     containers on every USERAUTH_REQUEST before its key was looked at, and
@@ -138,7 +138,7 @@ async def test_held_rt2_1_a_connection_is_closed_after_six_refused_logins():
     login.connection_made(conn)  # type: ignore[arg-type]
     assert await login.validate_public_key("web." + A_STACK[:8], renter)
     assert await login.validate_public_key("web." + A_STACK[:8], renter)
-    assert docker.calls == 0  # the key query and its signature: no Docker call (issue 45, PK_OK)
+    assert docker.calls == 0  # the key query and its signature: no Docker call (PK_OK)
     for _ in range(5):
         assert not await login.validate_public_key("web." + A_STACK[:8], _key())
     assert conn.closed == []
@@ -149,7 +149,7 @@ async def test_held_rt2_1_a_connection_is_closed_after_six_refused_logins():
 
 
 def test_held_rt2_2_strangers_cannot_fill_a_rentals_connection_cap():
-    """Held since RT2-2's fix: each TCP connection to rental B's SSH endpoint
+    """Each TCP connection to rental B's SSH endpoint
     is an `ssh` stream, admitted before the handshake; 1024 of them (held
     30 s each by LOGIN_TIMEOUT, renewed) refused B's renter every tunnel and
     SSH login with 429. Connections not logged in count on the host's cap
@@ -161,7 +161,7 @@ def test_held_rt2_2_strangers_cannot_fill_a_rentals_connection_cap():
 
 
 def test_held_rt2_3_two_rentals_cannot_take_every_connection_of_the_host():
-    """Held since RT2-3's fix: a rental's cap is a quarter of the host's, and
+    """A rental's cap is a quarter of the host's, and
     never more than half of what the others leave free."""
     caps = StreamLimits()
     mine = [

@@ -1,5 +1,5 @@
-"""The SFTP server never falls back on asyncssh's defaults (issue 31, the
-second red team's finding): asyncssh's SFTPServer acts on the agent's own file
+"""The SFTP server never falls back on asyncssh's defaults:
+asyncssh's SFTPServer acts on the agent's own file
 system, as root, in every method a subclass does not define. ContainerSFTP
 sent most operations to the container's file helper but inherited `link`
 (os.link) and `lsetstat` (chmod/chown without following links), so a renter's

@@ -1,4 +1,4 @@
-"""An SSH `-L`/`-D` to localhost (issue 34, item 1): which destinations name
+"""An SSH `-L`/`-D` to localhost: which destinations name
 the login's container's own loopback (streams/tunnel.py, own_loopback), and
 what streams/admission.py's connect_own_loopback dials or refuses, with a
 dial of our own in place of runtime/netns_dial.py (which

@@ -1,4 +1,4 @@
-"""A stack belongs to the rental that made it (issue 49, item 4): a job that
+"""A stack belongs to the rental that made it: a job that
 names an existing stack under another rental redeployed or removed it under
 that rental (the same Compose project, the same volumes). It is refused and
 answered, and the stack and its status are left as they are."""

@@ -37,9 +37,9 @@ def test_label_services_adds_agent_labels_and_drops_project_name():
         wire.LABEL_STACK: "s1",
         wire.LABEL_RENTAL: "r1",
         wire.LABEL_ENV: "e1",
-        wire.LABEL_GPUS: "",  # every label of the agent's namespace is said, "no" too (issue 31, finding 10)
+        wire.LABEL_GPUS: "",  # every label of the agent's namespace is said, "no" too
         wire.LABEL_SSH: "",
-        wire.LABEL_EXPOSED_PORTS: "",  # filled by the Swarm rewrite alone (issue 34, item 9)
+        wire.LABEL_EXPOSED_PORTS: "",  # filled by the Swarm rewrite alone
     }
     assert out["services"]["b"]["labels"]["k"] == "v" and out["services"]["b"]["labels"]["flag"] == ""
     with pytest.raises(StackRejected, match="no services"):

@@ -128,7 +128,7 @@ def test_collect_from_figures():
 
 
 def test_the_figures_the_alerts_judge():
-    """What prometheus/gpuhost-agent-alerts.yml asks of the agent (issue 47, section 2)."""
+    """What prometheus/gpuhost-agent-alerts.yml asks of the agent."""
     figures = {
         "heartbeat_last_at": "2026-12-07T10:00:00.000000Z",
         "gpus_out_of_service": {"GPU-abc": "Xid 79 (the GPU has fallen off the bus)"},

@@ -1,5 +1,5 @@
 """`gpuhost-agent status` names the stacks, says whether the host is compliant
-and why not, and lists each stack's tunnels (issue 18, item 6): through the
+and why not, and lists each stack's tunnels: through the
 status socket of a built (not running) agent, and as the CLI prints it."""
 
 from __future__ import annotations

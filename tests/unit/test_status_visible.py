@@ -1,4 +1,4 @@
-"""Text from renters and containers shown to a person (issue 31, finding 11):
+"""Text from renters and containers shown to a person:
 every control character, C1 control, line or paragraph separator and bidi
 control is written as its escape, in `status` and in log lines on a console.
 The real command on a real stack: tests/integration/test_status_escape_engine.py."""

@@ -42,7 +42,7 @@ def test_connections_are_counted_apart_from_streams() -> None:
 
 
 def test_a_rental_that_holds_none_always_finds_room() -> None:
-    """RT2-3: rentals that each open all they may (one renter's or several)
+    """Rentals that each open all they may (one renter's or several)
     leave a newcomer half of what is free: with the default caps, ten greedy
     rentals never fill the host, and each got its first connection."""
     caps = StreamLimits()
@@ -59,7 +59,7 @@ def test_a_rental_that_holds_none_always_finds_room() -> None:
 
 
 def test_ssh_connections_not_logged_in_take_a_few_places_of_their_own() -> None:
-    """RT2-2: SSH connections that have not logged in count on the host's cap
+    """SSH connections that have not logged in count on the host's cap
     only; past `ssh_logins_per_rental` of them the oldest is closed for the
     newest, never a logged-in one; a logged-in one counts on the rental's cap."""
     caps = StreamLimits(connections=100, connections_per_rental=10, ssh_logins_per_rental=3)

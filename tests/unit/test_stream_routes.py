@@ -551,7 +551,7 @@ def test_documented_timings_are_the_code_s():
 
 
 async def test_a_terminal_on_a_container_that_is_not_running_is_refused_at_once(world):
-    """Issue 18, item 5: it was refused only after the WebSocket had opened."""
+    """It was refused only after the WebSocket had opened."""
     rental_id, stack_id = await world.stack_with_container()
     stopped = {**container("web-1", CONTAINER_ID), "State": "exited (1)"}
     status, _ = await world.call(

@@ -131,7 +131,7 @@ def test_depends_on_is_said_to_the_renter() -> None:
 def test_expose_ports_reach_the_container_as_the_agents_label_never_published() -> None:
     """`docker stack deploy` drops `expose` (a service's spec has no field for it):
     its tcp ports go into the label the tunnels read (runtime/declared_ports.py),
-    and nothing more is published (issue 34, item 9)."""
+    and nothing more is published."""
     hardened = _stack({"web": {"image": "x", "expose": ["8080", "9000/tcp", "7000-7002", "53/udp"]}})
     stack, _ = swarm_stack(hardened, CTX, PLACED)
     web = stack["services"]["web"]

@@ -102,7 +102,7 @@ def test_the_newest_task_of_each_slot_as_a_container_of_dockers_list() -> None:
 def test_a_tasks_expose_ports_are_listed_unpublished_as_on_one_machine() -> None:
     """`expose:` ports reach the container list from the agent's label, as
     Docker lists them on one machine (a PrivatePort alone), so each gets its
-    tunnel (issue 34, item 9); a published one is listed once."""
+    tunnel; a published one is listed once."""
     services = [{"ID": "svc-web", "Spec": {"Name": "p_web"}}]
     port = {"Protocol": "tcp", "TargetPort": 8080, "PublishedPort": 32768, "PublishMode": "host"}
     running = task("t", "svc-web", 1, "running", 20, ContainerStatus={"ContainerID": "c"}, PortStatus={"Ports": [port]})

@@ -1,4 +1,4 @@
-"""systemd/gpuhost-agent.service: the directives issue 7 asks for, the ones
+"""systemd/gpuhost-agent.service: the directives it must hold, the ones
 that must never be there (they would hide /dev/nvidia* from NVML), the copy
 embedded in install.sh, and `systemd-analyze verify`.
 
@@ -272,10 +272,10 @@ def test_restart_back_off_drop_in_only_where_systemd_knows_it(tmp_path: Path) ->
 
 
 def test_exposure_as_systemd_analyze_security_scores_it(tmp_path: Path) -> None:
-    """6.5 MEDIUM before issue 31's hardening, 4.0 OK after (systemd 252's scale:
+    """6.5 MEDIUM without the hardening, 4.0 OK with it (systemd 252's scale:
     0 is fully confined, 10 is a service with no hardening); 4.3 since the agent
     keeps the egress rules that confine every rental's containers (NET_ADMIN,
-    NET_RAW: issue 45, item 2), a cost in the agent's own confinement paid for
+    NET_RAW), a cost in the agent's own confinement paid for
     the renters' and the host's."""
     analyze = _systemd_analyze()
     unit_dir = _copy_with_runnable_exec_start(tmp_path, UNIT.read_text())

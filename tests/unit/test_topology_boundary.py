@@ -1,5 +1,5 @@
-"""One machine or many is decided once, in the composition root (issue 32,
-docs/design.md "One machine or many"): no module outside the Swarm backend
+"""One machine or many is decided once, in the composition root
+(docs/design.md "One machine or many"): no module outside the Swarm backend
 imports a Swarm module, compares with the mode's words ("leader",
 "worker") or names a Swarm class. Parsed with `ast`, so a comment or a
 docstring that mentions Swarm is fine; code that asks which mode it is in

@@ -1,4 +1,4 @@
-"""What a new tunnel connection costs the agent before it dials (issue 36):
+"""What a new tunnel connection costs the agent before it dials:
 one engine call, the container's inspect. A network's inspect is kept by its
 full id (its labels and subnets are fixed for its life, and an id is never
 given twice). The host's addresses are not kept: they are read for every

@@ -145,7 +145,7 @@ async def test_the_same_wrong_credential_is_limited_per_address_and_not_hashed_a
 
 
 async def test_a_correct_login_is_never_locked_out_by_others_at_the_same_address() -> None:
-    """The issue's case: everyone behind one NAT address shares it; a flood of
+    """The case that matters: everyone behind one NAT address shares it; a flood of
     wrong logins from there, with other user names and other passwords, and
     the renter's own password still goes through."""
     gate, right = _gate(), tunnel_auth.password(SECRET, "stack-1")
@@ -183,7 +183,7 @@ async def test_checks_past_the_waiting_bound_are_told_to_retry_and_count_as_no_f
 
 async def test_a_flood_of_wrong_passwords_at_one_tunnel_leaves_another_tunnels_login_its_check() -> None:
     """66 wrong passwords in flight at the attacker's own tunnel made another renter's first
-    correct login a 503 (issue 49): each gate has its fair share, and its first check is taken."""
+    correct login a 503: each gate has its fair share, and its first check is taken."""
     stored = tunnel_auth.hash_password("attackers-own")
     real = tunnel_auth.verify_password
     release = threading.Event()
@@ -244,7 +244,7 @@ def test_a_head_parses_and_renders_back() -> None:
 
 
 async def test_credentials_that_are_not_ascii_are_wrong_credentials_not_a_crash() -> None:
-    """Issue 17: hmac refuses to compare str with non-ASCII characters."""
+    """hmac refuses to compare str with non-ASCII characters."""
     gate = _gate()
     for head in (
         _head(target="/app?gpuhost_token=%FF%FE"),

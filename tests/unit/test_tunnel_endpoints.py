@@ -1,6 +1,6 @@
 """A tunnel keeps its port across restarts of the marketplace (and so of the
 agent, whose reports only reopen the listeners): the store keeps each
-endpoint's port (issue 34, item 2), one SSH endpoint per rental. A port
+endpoint's port, one SSH endpoint per rental. A port
 taken meanwhile is said, in the tunnel info, and another is used."""
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ async def test_one_ssh_endpoint_per_rental_the_login_name_picks_the_stack(tmp_pa
     """Two SSH-enabled stacks of one rental share one port; each stack's
     tunnel info names its own login, and the ssh request names both stacks
     for the agent to pick from. Another rental's stack has an endpoint of its
-    own, and is not among the first rental's (issue 34, item 2)."""
+    own, and is not among the first rental's."""
     store = Store.load_or_create(tmp_path / "market.json")
     first = _applied(store)
     rental_id = store.stacks[first]["rentalId"]

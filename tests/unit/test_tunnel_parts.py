@@ -67,8 +67,8 @@ def test_only_declared_tcp_ports_and_the_containers_own_addresses() -> None:
 
 
 def test_a_swarm_containers_expose_ports_are_declared_by_the_agents_label() -> None:
-    """A Swarm task's container has ExposedPorts null for `expose:` (issue 34,
-    item 9): the ports the Swarm rewrite labelled are declared too."""
+    """A Swarm task's container has ExposedPorts null for `expose:`:
+    the ports the Swarm rewrite labelled are declared too."""
     info = _info(["8080/tcp"], ["10.0.1.5"])
     info["Config"]["Labels"] = {EXPOSED_LABEL: "9000,7000-7001,junk,0,70000"}
     assert declared_ports(info) == {8080, 9000, 7000, 7001}

@@ -49,7 +49,7 @@ async def _seen(hub, stack_id: str, marker: bytes) -> bytes:
     return b"".join(hub.received.get(stack_id, []))
 
 
-# RT4-1 (fixed)
+# 1 above (fixed)
 @pytest.mark.parametrize(
     "first",
     [
@@ -98,7 +98,7 @@ async def _forward(client: bytes, first: str) -> list[bytes]:
     return sent
 
 
-# RT4-2 (fixed)
+# 2 above (fixed)
 async def test_rt4_many_tiny_chunks_are_not_one_agent_message_each() -> None:
     chunks = 10_000
     client = b"1\r\na\r\n" * chunks + b"0\r\n\r\n"
@@ -108,7 +108,7 @@ async def test_rt4_many_tiny_chunks_are_not_one_agent_message_each() -> None:
     assert len(sent) <= 64, f"{len(client)} bytes from the client became {len(sent)} messages to the agent"
 
 
-# RT4-3 (fixed)
+# 3 above (fixed)
 async def test_rt4_a_sign_in_link_on_a_kept_alive_connection_still_signs_in(book) -> None:  # noqa: F811
     book, hub, victim, _other = book
     entry = _entry(book, victim)
@@ -136,7 +136,7 @@ async def test_rt4_a_sign_in_link_on_a_kept_alive_connection_still_signs_in(book
     )
 
 
-# RT4-4 (fixed)
+# 4 above (fixed)
 async def test_rt4_a_target_urlsplit_refuses_gets_an_answer_not_an_exception(book) -> None:  # noqa: F811
     book, _hub, victim, _other = book
     entry = _entry(book, victim)
@@ -160,7 +160,7 @@ async def test_rt4_a_target_urlsplit_refuses_gets_an_answer_not_an_exception(boo
     assert answer.startswith(b"HTTP/1.1 4"), answer
 
 
-# RT4-5 (fixed)
+# 5 above (fixed)
 async def test_rt4_trailers_carry_neither_our_cookie_nor_our_basic_credentials() -> None:
     client = (
         b"3\r\nabc\r\n0\r\n" + f"Cookie: {OURS}\r\n".encode() + b"Authorization: Basic cmVudGVyOnNlY3JldA==\r\n\r\n"

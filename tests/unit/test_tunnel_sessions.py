@@ -1,8 +1,8 @@
-"""The tunnels' sign-in sessions (issue 34, after the red team of 2026-11-27),
+"""The tunnels' sign-in sessions,
 through the real TunnelBook listeners on 127.0.0.1, with a fake agent channel
 that records what each stack's "container" receives and answers 200.
 
-What the red team proved, each test failing before the fix:
+What an attacker could do, each test failing before the fix:
 
 1. The session cookie a sign-in link set (`gpuhost_tunnel`, Path=/, one name
    for every tunnel) is scoped by host only: cookies do not isolate ports
@@ -285,7 +285,7 @@ async def test_a_later_request_without_credentials_never_reaches_a_basic_auth_se
 
 
 async def test_every_port_of_a_basic_auth_stack_is_gated(tmp_path) -> None:
-    """Issue 49, item 3: a basic-auth stack's port outside the usual web ports (a second
+    """A basic-auth stack's port outside the usual web ports (a second
     Jupyter on 8889) was a `tcp` tunnel with no gate: it answered without credentials."""
     async with _serving(tmp_path, (8888, True, (8889,))) as (book, hub, (stack_id,)):
         entries = {entry["containerPort"]: entry for entry in book.for_stack(stack_id)}
@@ -297,7 +297,7 @@ async def test_every_port_of_a_basic_auth_stack_is_gated(tmp_path) -> None:
 
 
 async def test_a_request_naming_another_host_is_refused_dns_rebinding(book) -> None:
-    """Issue 49, item 3: a page of the attacker's name made to resolve to 127.0.0.1 is
+    """A page of the attacker's name made to resolve to 127.0.0.1 is
     same-origin with an ungated tunnel's service; its requests carry its Host."""
     book, hub, _victim, other = book
     port = _entry(book, other)["port"]
@@ -322,7 +322,7 @@ async def test_a_request_naming_another_host_is_refused_dns_rebinding(book) -> N
 
 
 async def test_a_page_of_another_rentals_tunnel_or_of_a_website_cannot_drive_a_service(book) -> None:
-    """Session red team: 127.0.0.1:P1 and 127.0.0.1:P2 are the same site to a browser, so a
+    """127.0.0.1:P1 and 127.0.0.1:P2 are the same site to a browser, so a
     hostile image's page on another rental's tunnel (or any website) could open a WebSocket
     to a terminal or post to a notebook of the renter's; its requests carry its Origin."""
     book, hub, victim, other = book
@@ -352,7 +352,7 @@ async def test_a_page_of_the_rentals_other_tunnel_may_call_it(tmp_path) -> None:
 
 
 async def test_a_browsers_session_never_goes_to_another_rentals_tcp_tunnel(tmp_path) -> None:
-    """Issue 49, item 3: a browser signed in to a basic-auth tunnel sent its session cookie
+    """A browser signed in to a basic-auth tunnel sent its session cookie
     to every port of 127.0.0.1, a `tcp` tunnel of another rental's too, which reads nothing
     to strip it from; the value replayed at the victim's tunnel let the thief in. The session
     now lives under the tunnel's own host name (`<tunnel id>.localhost`), host-only, Strict."""
@@ -376,7 +376,7 @@ async def test_a_browsers_session_never_goes_to_another_rentals_tcp_tunnel(tmp_p
 
 
 async def test_an_http_request_on_a_tcp_tunnel_meets_the_host_and_origin_checks(tmp_path) -> None:
-    """Issue 49, item 3: a `tcp` tunnel read nothing, so DNS rebinding reached an HTTP
+    """A `tcp` tunnel read nothing, so DNS rebinding reached an HTTP
     service on one (Ollama on 11434). A client whose first bytes start an HTTP request
     has its head judged as an `http` tunnel's is; other bytes, and a client that waits
     for the service to speak first, pass as before."""

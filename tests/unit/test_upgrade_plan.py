@@ -90,7 +90,7 @@ def _bound_came(lacking: str | None, before: dict | None = None) -> dict:
 
 
 def test_a_trial_that_met_a_marketplace_outage_is_rolled_back_but_not_marked_failed() -> None:
-    """Issue 45 (red team): an outage of the marketplace during the health window
+    """An outage of the marketplace during the health window
     marked a good version failed for ever. Rolled back all the same (nothing unproven
     runs), it may be offered again; a version that lacked anything else may not."""
     away = _bound_came(upgrade_plan.health_problem(False, True, True, unreachable="connection refused"))
@@ -99,7 +99,7 @@ def test_a_trial_that_met_a_marketplace_outage_is_rolled_back_but_not_marked_fai
     assert away["lastAttempt"]["outcome"] == wire_release.ROLLED_BACK
     assert "could not be reached (connection refused)" in away["lastAttempt"]["reason"]
     assert away["lastAttempt"]["reason"].endswith("the marketplace was away, so the version may be offered again")
-    # But not without end (red team): a second trial away too, and the version counts as failed.
+    # But not without end: a second trial away too, and the version counts as failed.
     again = _bound_came(upgrade_plan.health_problem(False, True, True, unreachable="refused"), away)
     assert upgrade_plan.failed_here(again["failed"], "0.2.0")
     assert again["lastAttempt"]["reason"].endswith("it is not tried again")

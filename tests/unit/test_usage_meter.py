@@ -1,4 +1,4 @@
-"""The usage meter counts each GPU-second once (issue 16, item 6): on a real
+"""The usage meter counts each GPU-second once: on a real
 ledger and state database, with the outbox that would carry the reports, and
 a clock the test moves. The crash cases reopen the database file as a
 restarted agent would."""

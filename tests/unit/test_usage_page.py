@@ -1,5 +1,5 @@
-"""The host's usage page and listing settings on the local marketplace (issue 16,
-item 6), over real HTTP, each answer checked against docs/local-marketplace-api.yaml
+"""The host's usage page and listing settings on the local marketplace,
+over real HTTP, each answer checked against docs/local-marketplace-api.yaml
 and each report against docs/agent-api.yaml."""
 
 from __future__ import annotations
