@@ -51,7 +51,7 @@ async def _ssh_endpoint(renter) -> dict:
     return tunnel
 
 
-async def test_held_rt2_1_a_stranger_cannot_tell_a_live_login_name_by_timing(tmp_path, docker_client):
+async def test_a_stranger_cannot_tell_a_live_login_name_by_timing(tmp_path, docker_client):
     async with process_world(tmp_path, docker_client) as (renter, market, agent):
         await agent.start()
         tunnel = await _ssh_endpoint(renter)
@@ -89,7 +89,7 @@ async def _login_works(port: int, user: str, key_path: str) -> bool:
         return False
 
 
-async def test_held_rt2_2_idle_connections_without_a_key_do_not_lock_the_renter_out(tmp_path, docker_client):
+async def test_idle_connections_without_a_key_do_not_lock_the_renter_out(tmp_path, docker_client):
     """1024 TCP connections to the rental's SSH endpoint that never send a
     byte (no key, no banner) were 1024 admitted `ssh` streams of the rental:
     its renter's own login was refused until they timed out (30 s,

@@ -36,7 +36,7 @@ def compose(tmp_path_factory) -> ComposeRunner:
 
 
 @pytest.mark.parametrize("form", sorted(FORMS))
-async def test_held_rt3_cdi_forms_reach_only_the_rentals_gpus(compose, tmp_path, monkeypatch, form) -> None:
+async def test_cdi_forms_reach_only_the_rentals_gpus(compose, tmp_path, monkeypatch, form) -> None:
     plain = sandbox_decide.stack_context
     monkeypatch.setattr(
         sandbox_decide, "stack_context", lambda **kw: dataclasses.replace(plain(**kw), gpu_delivery=CDI_DELIVERY)

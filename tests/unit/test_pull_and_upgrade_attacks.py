@@ -31,7 +31,7 @@ class _Engine:
         return {"RegistryConfig": {}}
 
 
-async def test_rt3_1_manifest_output_is_bounded(tmp_path: Path):
+async def test_manifest_output_is_bounded(tmp_path: Path):
     cli = await asyncio.to_thread(_fake_cli, tmp_path)
     sizes = ManifestSizes(_Engine(), tmp_path, docker_cli=str(cli))  # type: ignore[arg-type]
     size = await sizes.size("registry.example/team/huge:1", "registry.example")
@@ -68,7 +68,7 @@ def _drip(stop: threading.Event):
     return pull
 
 
-async def test_rt3_2_a_pull_no_deploy_waits_on_ends():
+async def test_a_pull_no_deploy_waits_on_ends():
     stop = threading.Event()
     pulls = ImagePulls(_drip(stop), stall_seconds=0.3, report_seconds=0.05)
     try:
@@ -83,7 +83,7 @@ async def test_rt3_2_a_pull_no_deploy_waits_on_ends():
         stop.set()
 
 
-async def test_rt3_2b_one_rental_cannot_hold_every_pull_slot():
+async def test_one_rental_cannot_hold_every_pull_slot():
     stop = threading.Event()
     pulls = ImagePulls(_drip(stop), stall_seconds=0.3, report_seconds=0.05)
     deploys = []
@@ -117,7 +117,7 @@ async def _serve(path: str, handler) -> tuple[web.AppRunner, int]:
 
 
 # Fixed in bcc23e4: the client follows no redirect.
-async def test_rt3_3_a_redirect_never_carries_the_api_key_elsewhere():
+async def test_a_redirect_never_carries_the_api_key_elsewhere():
     seen: list[dict] = []
     body = b"wheel"
 
@@ -171,7 +171,7 @@ def _offer(version: str) -> dict:
 
 
 # Fixed in bcc23e4: every failed offer waits out the pause.
-async def test_rt3_4_alternating_offers_are_still_retried_once_per_pause(tmp_path: Path):
+async def test_alternating_offers_are_still_retried_once_per_pause(tmp_path: Path):
     client = _FailingClient()
     policy = upgrade_offers.Policy(key=release_signature.public_text(RELEASE_KEY.public_key()))
     upgrades = Upgrades(tmp_path, client, "0.1.0", 60, asyncio.Event(), supervised=True, policy=policy)  # type: ignore[arg-type]
@@ -205,7 +205,7 @@ class _TagsEngine:
         self.removed.append(reference)
 
 
-async def test_rt3_5_images_recorded_in_any_spelling_can_be_evicted(tmp_path: Path):
+async def test_images_recorded_in_any_spelling_can_be_evicted(tmp_path: Path):
     from gpuhost_agent.core.images.cache import ImageCache
 
     engine = _TagsEngine()

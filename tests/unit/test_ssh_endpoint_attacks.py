@@ -1,6 +1,6 @@
 """Attacks on a rental's SSH endpoint and the container list it serves,
-each pinned down as held (the tests named test_held_rt2_N failed against
-the code before their fix). Pure: no Docker, no network but loopback."""
+each pinned down as held (each failed against the code before its
+fix). Pure: no Docker, no network but loopback."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def test_held_login_name_spellings():
         assert parse_login(saslprep(crafted), (A_STACK,)) is None, crafted  # B's stack is not listed here
 
 
-async def test_held_rt2_1_a_login_without_a_valid_key_costs_no_docker_call():
+async def test_a_login_without_a_valid_key_costs_no_docker_call():
     """Anyone who reaches the endpoint (on the
     marketplace: the public host:port) and knows a login name (it is pasted
     in docs, shell history, screenshots) made the agent list the stack's
@@ -120,7 +120,7 @@ async def test_held_rt2_1_a_login_without_a_valid_key_costs_no_docker_call():
     assert docker.calls == 0, f"{docker.calls} Docker list calls for 100 refused logins"
 
 
-async def test_held_rt2_1_a_connection_is_closed_after_six_refused_logins():
+async def test_a_connection_is_closed_after_six_refused_logins():
     """OpenSSH's MaxAuthTries: past 6 refused keys on one connection it is
     closed (asyncssh puts no cap on attempts in the login window); the
     renter's key, asked twice (the key, then its signature), lists the
@@ -148,7 +148,7 @@ async def test_held_rt2_1_a_connection_is_closed_after_six_refused_logins():
     assert await login.looked_up() is None and docker.calls == 1
 
 
-def test_held_rt2_2_strangers_cannot_fill_a_rentals_connection_cap():
+def test_strangers_cannot_fill_a_rentals_connection_cap():
     """Each TCP connection to rental B's SSH endpoint
     is an `ssh` stream, admitted before the handshake; 1024 of them (held
     30 s each by LOGIN_TIMEOUT, renewed) refused B's renter every tunnel and
@@ -160,7 +160,7 @@ def test_held_rt2_2_strangers_cannot_fill_a_rentals_connection_cap():
     assert over_caps(renters_tunnel, stranger_connections, caps) is None
 
 
-def test_held_rt2_3_two_rentals_cannot_take_every_connection_of_the_host():
+def test_two_rentals_cannot_take_every_connection_of_the_host():
     """A rental's cap is a quarter of the host's, and
     never more than half of what the others leave free."""
     caps = StreamLimits()
@@ -172,7 +172,7 @@ def test_held_rt2_3_two_rentals_cannot_take_every_connection_of_the_host():
     assert over_caps(TunnelRequest("victim", "victim", "s", "c", 80), mine, caps) is None
 
 
-async def test_held_rt2_4_the_catalogue_does_not_name_other_rentals():
+async def test_the_catalogue_does_not_name_other_rentals():
     """GET /environments/listings (seed35) is what any renter browses; each
     Listing carries activeRentalIds, so a renter learns the ids of other
     renters' rentals (and when they start and end) on a host."""

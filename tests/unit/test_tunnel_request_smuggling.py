@@ -60,7 +60,7 @@ async def _seen(hub, stack_id: str, marker: bytes) -> bytes:
         b"GET / HTTP/1.0\r\nHost: localhost\r\nConnection: keep-alive\r\nUpgrade: x\r\n",  # 1.0 keep-alive
     ],
 )
-async def test_rt4_a_request_after_an_upgrade_the_service_refused_passes_the_gate(book, first: bytes) -> None:  # noqa: F811
+async def test_a_request_after_an_upgrade_the_service_refused_passes_the_gate(book, first: bytes) -> None:  # noqa: F811
     """Basic-auth tunnel: the first request has the password (and an Upgrade
     header); the second has none, and carries a tunnel session cookie."""
     book, hub, victim, _other = book
@@ -99,7 +99,7 @@ async def _forward(client: bytes, first: str) -> list[bytes]:
 
 
 # 2 above (fixed)
-async def test_rt4_many_tiny_chunks_are_not_one_agent_message_each() -> None:
+async def test_many_tiny_chunks_are_not_one_agent_message_each() -> None:
     chunks = 10_000
     client = b"1\r\na\r\n" * chunks + b"0\r\n\r\n"
     sent = await _forward(client, "POST /upload HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
@@ -109,7 +109,7 @@ async def test_rt4_many_tiny_chunks_are_not_one_agent_message_each() -> None:
 
 
 # 3 above (fixed)
-async def test_rt4_a_sign_in_link_on_a_kept_alive_connection_still_signs_in(book) -> None:  # noqa: F811
+async def test_a_sign_in_link_on_a_kept_alive_connection_still_signs_in(book) -> None:  # noqa: F811
     book, hub, victim, _other = book
     entry = _entry(book, victim)
     link = entry["auth"]["link"]
@@ -137,7 +137,7 @@ async def test_rt4_a_sign_in_link_on_a_kept_alive_connection_still_signs_in(book
 
 
 # 4 above (fixed)
-async def test_rt4_a_target_urlsplit_refuses_gets_an_answer_not_an_exception(book) -> None:  # noqa: F811
+async def test_a_target_urlsplit_refuses_gets_an_answer_not_an_exception(book) -> None:  # noqa: F811
     book, _hub, victim, _other = book
     entry = _entry(book, victim)
     loop = asyncio.get_running_loop()
@@ -161,7 +161,7 @@ async def test_rt4_a_target_urlsplit_refuses_gets_an_answer_not_an_exception(boo
 
 
 # 5 above (fixed)
-async def test_rt4_trailers_carry_neither_our_cookie_nor_our_basic_credentials() -> None:
+async def test_trailers_carry_neither_our_cookie_nor_our_basic_credentials() -> None:
     client = (
         b"3\r\nabc\r\n0\r\n" + f"Cookie: {OURS}\r\n".encode() + b"Authorization: Basic cmVudGVyOnNlY3JldA==\r\n\r\n"
     )
