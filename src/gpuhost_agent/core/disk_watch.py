@@ -38,6 +38,7 @@ from gpuhost_agent.inventory.machines import Machines
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.compose import STACK_NAMESPACE_LABEL as NAMESPACE_LABEL
 from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.records import DiskUsage
 from gpuhost_agent.storage.agent_db import AgentDB
 
 log = get_logger(__name__)
@@ -81,7 +82,7 @@ def _storage_total(host: object) -> int:
     return int(storage.get("totalBytes") or 0)
 
 
-def usage_by_rental(df: Mapping, project_rentals: Mapping[str, str]) -> dict[str, int]:
+def usage_by_rental(df: DiskUsage, project_rentals: Mapping[str, str]) -> dict[str, int]:
     """Bytes per rental: its containers' writable layers (by the agent's
     label) and its stacks' volumes (by Compose's project label, or on a Swarm
     the stack's namespace)."""
@@ -152,9 +153,9 @@ class DiskWatch:
         for rental_id, (used, share, disk) in sorted(over.items()):
             await self._stop(rental_id, used, share, disk)
 
-    async def _figures(self, machines: list[MachineDisk]) -> dict[str, dict]:
+    async def _figures(self, machines: list[MachineDisk]) -> dict[str, DiskUsage]:
         """Each machine's `GET /system/df` (or the part of it its agent sends), by node."""
-        figures: dict[str, dict] = {}
+        figures: dict[str, DiskUsage] = {}
         own = next((machine for machine in machines if machine.this), None)
         if own is not None:
             try:

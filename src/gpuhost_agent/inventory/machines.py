@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from gpuhost_agent.runtime.engine.records import DiskFigures
+
 
 class Machines(Protocol):
     async def environment(self, host: dict) -> dict | None:
@@ -23,7 +25,7 @@ class Machines(Protocol):
         """A heartbeat's `machines`: each of those other machines' live GPU figures, or why none."""
         ...
 
-    async def disk_figures(self, nodes: list[str], timeout: float) -> dict[str, dict]:
+    async def disk_figures(self, nodes: list[str], timeout: float) -> dict[str, DiskFigures]:
         """Each of those other machines' use of its disk by the rentals, by node
         (`{"error": ...}` for one that did not answer)."""
         ...
@@ -43,7 +45,7 @@ class OneMachine:
     async def live_figures(self, nodes: list[str], timeout: float) -> dict[str, dict]:
         return {}
 
-    async def disk_figures(self, nodes: list[str], timeout: float) -> dict[str, dict]:
+    async def disk_figures(self, nodes: list[str], timeout: float) -> dict[str, DiskFigures]:
         return {}
 
     def stack_error(self, containers: Sequence[Mapping[str, Any]]) -> str:

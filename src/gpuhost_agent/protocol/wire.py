@@ -12,6 +12,8 @@ SSH login rule (ssh_login.py).
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 API_KEY_HEADER = "X-API-Key"
 # The agent's refusal of a tunnel whose service does not accept connections yet
 # (503): the marketplace tells an HTTP client the service is starting.
@@ -66,3 +68,25 @@ CONTAINER_EVENTS = (
 )
 
 MAX_POLL_WAIT_SECONDS = 60  # GET /agent/jobs holds a request at most this long (docs/agent-api.yaml)
+
+
+class ContainerPort(TypedDict, total=False):
+    """One of a Container's `Ports`: PrivatePort and Type always, IP and
+    PublicPort only where the engine published the port."""
+
+    PrivatePort: int
+    Type: str
+    IP: str
+    PublicPort: int
+
+
+class Container(TypedDict):
+    """The seed's Container, as the agent reports a stack's containers
+    (core/stacks/container_list.py builds it from the engine's list)."""
+
+    Name: str
+    Id: str
+    Created: int
+    Labels: list[str]  # "key=value"
+    Ports: list[ContainerPort]
+    State: str  # a free string: "running", "exited (137, OOM-killed)"

@@ -26,12 +26,14 @@ import asyncio
 import errno
 import ssl
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.container_at import ContainerAt
 from gpuhost_agent.runtime.container_files import ContainerFiles
 from gpuhost_agent.runtime.door_client import DoorClient
 from gpuhost_agent.runtime.engine.client import EngineError
+from gpuhost_agent.runtime.engine.records import DiskFigures, EngineEvent
 from gpuhost_agent.runtime.engine.streams import CHUNK_BYTES, ContainerGone, EngineStreams, EngineUnreachable, LogReader
 from gpuhost_agent.runtime.netns_dial import dial_in_namespace
 
@@ -145,11 +147,12 @@ class SwarmStreams(EngineStreams):
         or a probe may wait for one."""
         return await self._ask_each(node_ids, timeout, lambda remote: remote.machine(live))
 
-    async def disk_figures(self, node_ids: list[str], timeout: float) -> dict[str, dict]:
+    async def disk_figures(self, node_ids: list[str], timeout: float) -> dict[str, DiskFigures]:
         """Each node's rentals' use of its disk from its agent, or {"error": why not}."""
-        return await self._ask_each(node_ids, timeout, lambda remote: remote.disk())
+        answers = await self._ask_each(node_ids, timeout, lambda remote: remote.disk())
+        return cast("dict[str, DiskFigures]", answers)
 
-    async def follow_events(self, node: str, on_event: Callable[[dict], None]) -> None:
+    async def follow_events(self, node: str, on_event: Callable[[EngineEvent], None]) -> None:
         """That machine's container events, through its agent, until the stream ends."""
         remote = await self._remote(node)
         if remote is None:

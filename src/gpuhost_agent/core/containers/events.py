@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from gpuhost_agent.core.sandbox.apply import kept_notes
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.engine.records import ContainerSummary, EngineEvent
 
 # The actions that change what a stack's list shows; the others (exec, attach, ...)
 # are not followed, and not even asked of the engine (wire.CONTAINER_EVENTS).
@@ -37,14 +38,14 @@ def error_to_report(record: dict | None, error: str, *, may_set: bool = True) ->
     return error
 
 
-def list_behind(raw_list: list[dict], died: set[str]) -> set[str]:
+def list_behind(raw_list: list[ContainerSummary], died: set[str]) -> set[str]:
     """Containers the engine said died that its list still shows running: the
     engine sends `die` before it updates what it lists (after unmounting and
     releasing the network), so the list is read again a moment later."""
     return {raw["Id"] for raw in raw_list if raw.get("Id") in died and raw.get("State") == "running"}
 
 
-def decode_event(event: dict) -> tuple[str, str, dict]:
+def decode_event(event: EngineEvent) -> tuple[str, str, dict[str, str]]:
     """(action, container id, attributes) of an engine event; health_status
     actions carry the status after a colon."""
     actor = event.get("Actor") or {}

@@ -50,12 +50,13 @@ from gpuhost_agent.core.images.pull_slots import PER_HOST, PER_RENTAL, deadline_
 from gpuhost_agent.core.sandbox.host_network import registry_of
 from gpuhost_agent.core.stack_errors import StackFailed, StackRejected
 from gpuhost_agent.errors import Stopped
+from gpuhost_agent.runtime.engine.records import PullEvent
 from gpuhost_agent.runtime.image_pull import PullError, PullStalled
 
 log = get_logger(__name__)
 
 # reference, on_event, progress_mark, stall_seconds: blocks until pulled (runtime/image_pull.py, pull_image)
-PullFn = Callable[[str, Callable[[dict], object], Callable[[], object], float], None]
+PullFn = Callable[[str, Callable[[PullEvent], object], Callable[[], object], float], None]
 NO_CONTACT_POLICIES = (None, "missing", "if_not_present")  # the policies under which Compose pulls only what is missing
 FRESH_POLICIES = ("always", "daily", "weekly")  # pulled by the agent at each deploy (a day or a week: at each one too)
 SETTING = "GPUHOST_PULL_STALL_SECONDS"
@@ -85,7 +86,7 @@ class Flight:
     deadline_s: float = 0.0  # the deadline, in seconds from the start
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, event: dict) -> None:
+    def add(self, event: PullEvent) -> None:
         """Fold one event in; raised into the pull (which then closes its
         engine request) once cancelled or past its deadline."""
         with self.lock:

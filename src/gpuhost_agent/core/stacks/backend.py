@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Protocol
 
 from gpuhost_agent.core.sandbox.raw import RawReview
+from gpuhost_agent.runtime.engine.records import ContainerSummary
 
-ListContainers = Callable[[], Awaitable[list[dict]]]
+ListContainers = Callable[[], Awaitable[list[ContainerSummary]]]
 
 
 class StackStart(Protocol):
@@ -50,7 +51,7 @@ class StackBackend(Protocol):
         """The hardened, labelled stack in the form this backend starts."""
         ...
 
-    async def until_running(self, stack_id: str) -> list[dict]:
+    async def until_running(self, stack_id: str) -> list[ContainerSummary]:
         """The stack's containers once the engine says they were started
         (StackFailed naming one that did not start)."""
         ...
@@ -64,7 +65,7 @@ class StackBackend(Protocol):
         fallback ones when none is left, taken down; returns those projects."""
         ...
 
-    async def stop(self, projects: list[str], running: list[dict]) -> None:
+    async def stop(self, projects: list[str], running: list[ContainerSummary]) -> None:
         """A rental's stacks `projects`, whose `running` containers these
         are, stopped and kept stopped, their definitions, networks and
         volumes kept (the disk watch stops a rental over its share)."""

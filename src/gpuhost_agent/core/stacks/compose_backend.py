@@ -20,6 +20,7 @@ from gpuhost_agent.core.stacks.deploy_start import start_compose
 from gpuhost_agent.core.stacks.image_checks import started_problem
 from gpuhost_agent.runtime.compose import COMPOSE_PROJECT_LABEL, ComposeError, ComposeRunner, PendingUp
 from gpuhost_agent.runtime.engine.client import DockerEngine
+from gpuhost_agent.runtime.engine.records import ContainerSummary
 
 
 @dataclass
@@ -72,7 +73,7 @@ class ComposeBackend:
         }
         return {**labelled, "services": services}
 
-    async def until_running(self, stack_id: str) -> list[dict]:
+    async def until_running(self, stack_id: str) -> list[ContainerSummary]:
         """The stack's containers (`up --detach` returned: they were started),
         each one's configuration judged as the engine merged its image's in."""
         containers = await self.engine.stack_containers(stack_id)
@@ -91,7 +92,9 @@ class ComposeBackend:
         fallback projects when none is left), then force-remove whatever is
         still listed."""
         existing = await list_containers()
-        projects = {c["Labels"].get(COMPOSE_PROJECT_LABEL) for c in existing if c.get("Labels")} - {None}
+        projects = {
+            p for c in existing if c.get("Labels") and (p := c["Labels"].get(COMPOSE_PROJECT_LABEL)) is not None
+        }
         projects = projects or fallback
         await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True, mode=0o700)
         for project in sorted(projects):
@@ -100,6 +103,6 @@ class ComposeBackend:
             await self.engine.remove_container(leftover["Id"])
         return projects
 
-    async def stop(self, projects: list[str], running: list[dict]) -> None:
+    async def stop(self, projects: list[str], running: list[ContainerSummary]) -> None:
         for container in running:  # a stopped container stays stopped: the restart policy does not apply
             await self.engine.stop_container(container["Id"], self.stop_timeout)

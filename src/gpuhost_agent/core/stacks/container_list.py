@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.engine.records import ContainerSummary, PortSummary
 
 SERVICE_LABEL = "com.docker.compose.service"
 WITH_REASON = ("exited", "restarting")  # the states whose exit code says something
@@ -121,7 +122,7 @@ def stack_error(raw_list: Sequence[Mapping[str, Any]], facts: Mapping[str, ExitF
     return f"{named}; and {more} more stopped" if more > 0 else named
 
 
-def to_seed_container(raw: dict[str, Any], facts: ExitFacts | None = None) -> dict[str, Any]:
+def to_seed_container(raw: ContainerSummary, facts: ExitFacts | None = None) -> wire.Container:
     names = raw.get("Names") or []
     name = (names[0] if names else raw.get("Name", "")).lstrip("/")
     labels = raw.get("Labels") or {}
@@ -135,15 +136,15 @@ def to_seed_container(raw: dict[str, Any], facts: ExitFacts | None = None) -> di
     }
 
 
-def _sorted_ports(ports: list[dict]) -> list[dict]:
+def _sorted_ports(ports: list[PortSummary]) -> list[PortSummary]:
     return sorted(
         ports, key=lambda p: (p.get("PrivatePort", 0), p.get("Type", ""), p.get("IP", ""), p.get("PublicPort", 0))
     )
 
 
-def _seed_port(port: dict[str, Any]) -> dict[str, Any]:
+def _seed_port(port: PortSummary) -> wire.ContainerPort:
     """PrivatePort and Type always; IP and PublicPort only where Docker published it."""
-    shaped: dict[str, Any] = {"PrivatePort": int(port.get("PrivatePort", 0)), "Type": port.get("Type", "tcp")}
+    shaped: wire.ContainerPort = {"PrivatePort": int(port.get("PrivatePort", 0)), "Type": port.get("Type", "tcp")}
     if port.get("PublicPort"):
         shaped["IP"] = port.get("IP", "")
         shaped["PublicPort"] = int(port["PublicPort"])
@@ -151,15 +152,15 @@ def _seed_port(port: dict[str, Any]) -> dict[str, Any]:
 
 
 def seed_containers(
-    raw_list: list[dict[str, Any]], facts: Mapping[str, ExitFacts] | None = None
-) -> list[dict[str, Any]]:
+    raw_list: list[ContainerSummary], facts: Mapping[str, ExitFacts] | None = None
+) -> list[wire.Container]:
     """The seed shape for a stack's containers, in a stable order (by name);
     `facts` by container id, for those an inspect was made for."""
     facts = facts or {}
     return sorted((to_seed_container(raw, facts.get(raw.get("Id", ""))) for raw in raw_list), key=lambda c: c["Name"])
 
 
-def failed_containers(raw_list: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def failed_containers(raw_list: list[ContainerSummary]) -> list[ContainerSummary]:
     """Containers that are not running, except those that completed (exited
     0): Compose itself counts a one-shot service that exits 0 as done
     (`service_completed_successfully`). (Docker's list entries carry State;
@@ -172,5 +173,5 @@ def failed_containers(raw_list: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def stack_id_of(raw: dict[str, Any]) -> str | None:
+def stack_id_of(raw: ContainerSummary) -> str | None:
     return (raw.get("Labels") or {}).get(wire.LABEL_STACK)

@@ -43,6 +43,7 @@ from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.protocol import wire, wire_jobs
 from gpuhost_agent.runtime.compose import COMPOSE_PROJECT_LABEL, ComposeError
 from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.records import ContainerSummary
 from gpuhost_agent.storage.agent_db import AgentDB
 
 log = get_logger(__name__)
@@ -87,7 +88,7 @@ class StackDeployer:
     def _report(self, job: wire_jobs.StackJob, status: str, error_msg: str = "") -> None:
         self.reporter.status(StackRef.of_job(job), status, error_msg, job_id=job.job_id)
 
-    async def push_containers(self, stack_id: str, raw: list[dict] | None = None) -> list[dict]:
+    async def push_containers(self, stack_id: str, raw: list[ContainerSummary] | None = None) -> list[wire.Container]:
         raw = await self.engine.stack_containers(stack_id) if raw is None else raw
         containers = seed_containers(raw)
         self.reporter.containers(stack_id, containers)
@@ -189,13 +190,13 @@ class StackDeployer:
                 return await self._failed_beside(job, exc, running_before)
             return await self._failed(job, project, workdir, exc)
 
-    async def _running(self, stack_id: str) -> list[dict]:
+    async def _running(self, stack_id: str) -> list[ContainerSummary]:
         try:
             return [c for c in await self.engine.stack_containers(stack_id) if c.get("State") == "running"]
         except EngineError:
             return []
 
-    async def _failed_beside(self, job: wire_jobs.StackJob, exc: Exception, running: list[dict]) -> str:
+    async def _failed_beside(self, job: wire_jobs.StackJob, exc: Exception, running: list[ContainerSummary]) -> str:
         """A deploy that failed before it changed anything, beside containers of
         the stack that were running when it began (the same job's, delivered
         again after a crash; or the deploy before it): they are left running,
@@ -226,7 +227,7 @@ class StackDeployer:
             raise StackFailed(pull_failure(service_images(stack), sorted(failed), said) or said)
         await self.images.used(sorted({*images, *fresh}))
 
-    async def _check_running(self, stack_id: str, raw: list[dict] | None = None) -> None:
+    async def _check_running(self, stack_id: str, raw: list[ContainerSummary] | None = None) -> None:
         raw = await self.engine.stack_containers(stack_id) if raw is None else raw
         if not raw:
             raise StackFailed("deploy failed: Compose reported success but no container of the stack exists")

@@ -20,6 +20,7 @@ from gpuhost_agent.core.sandbox.image_config import (
 )
 from gpuhost_agent.runtime.engine.client import DockerEngine
 from gpuhost_agent.runtime.engine.errors import AnswerTooLarge, ContainerGone
+from gpuhost_agent.runtime.engine.records import ContainerConfig, ContainerSummary
 
 
 async def image_problems(engine: DockerEngine, stack: dict, *, local: bool) -> list[str]:
@@ -28,7 +29,7 @@ async def image_problems(engine: DockerEngine, stack: dict, *, local: bool) -> l
     image still absent is one its pull did not bring; else (a Swarm's
     machines pull their own) an absent image is not judged here."""
     problems: list[str] = []
-    configs: dict[str, dict | None] = {}  # an image several services share is asked once
+    configs: dict[str, ContainerConfig | None] = {}  # an image several services share is asked once
     too_large: set[str] = set()
     for name, service in sorted((stack.get("services") or {}).items()):
         image = service.get("image") if isinstance(service, dict) else None
@@ -50,7 +51,7 @@ async def image_problems(engine: DockerEngine, stack: dict, *, local: bool) -> l
     return problems
 
 
-async def started_problem(engine: DockerEngine, containers: list[dict]) -> str | None:
+async def started_problem(engine: DockerEngine, containers: list[ContainerSummary]) -> str | None:
     """The first started container whose configuration is over the bounds."""
     for container in containers:
         name = str((container.get("Names") or [container["Id"][:12]])[0]).lstrip("/")

@@ -29,6 +29,7 @@ from gpuhost_agent.core.stacks.backend import ListContainers
 from gpuhost_agent.core.stacks.container_list import SERVICE_LABEL, failed_containers
 from gpuhost_agent.runtime.compose import ComposeError, ComposeRunner
 from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.records import ContainerSummary
 from gpuhost_agent.runtime.swarm_stacks import NAMESPACE_LABEL, SwarmStacks
 
 log = get_logger(__name__)
@@ -72,7 +73,7 @@ class SwarmBackend:
     def stack_file(self, labelled: dict) -> dict:
         return with_service_labels(labelled)
 
-    async def until_running(self, stack_id: str) -> list[dict]:
+    async def until_running(self, stack_id: str) -> list[ContainerSummary]:
         """Every task of the stack running on its machine, or StackFailed
         naming the first that failed."""
         loop = asyncio.get_running_loop()
@@ -96,13 +97,13 @@ class SwarmBackend:
         """`docker stack rm` of every stack the listed containers belong to (or
         the fallback ones when none is left)."""
         existing = await list_containers()
-        projects = {c["Labels"].get(NAMESPACE_LABEL) for c in existing if c.get("Labels")} - {None}
+        projects = {p for c in existing if c.get("Labels") and (p := c["Labels"].get(NAMESPACE_LABEL)) is not None}
         projects = projects or fallback
         for project in sorted(projects):
             await self.swarm.remove(project)
         return projects
 
-    async def stop(self, projects: list[str], running: list[dict]) -> None:
+    async def stop(self, projects: list[str], running: list[ContainerSummary]) -> None:
         """Each stack's services scaled to no task (runtime/swarm_stacks.py):
         Swarm would start a new task for a container merely stopped."""
         for project in projects:

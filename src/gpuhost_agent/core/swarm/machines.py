@@ -12,12 +12,13 @@ from typing import Any
 from gpuhost_agent.core.swarm.watch import SwarmMachines
 from gpuhost_agent.inventory import swarm_nodes
 from gpuhost_agent.runtime.engine.client import DockerEngine
+from gpuhost_agent.runtime.engine.records import DiskFigures
 
 MACHINE_PROBE_SECONDS = 60.0  # another machine's first report may start a GPU container there
 # The leader's question to the other machines' agents: their reports by node id, waiting at
 # most the seconds given; True: the live figures alone (runtime/swarm_streams.py).
 Reports = Callable[[list[str], float, bool], Awaitable[dict[str, dict]]]
-Disks = Callable[[list[str], float], Awaitable[dict[str, dict]]]
+Disks = Callable[[list[str], float], Awaitable[dict[str, DiskFigures]]]
 
 
 async def no_reports(nodes: list[str], timeout: float, live: bool) -> dict[str, dict]:
@@ -25,7 +26,7 @@ async def no_reports(nodes: list[str], timeout: float, live: bool) -> dict[str, 
     return {}
 
 
-async def no_disks(nodes: list[str], timeout: float) -> dict[str, dict]:
+async def no_disks(nodes: list[str], timeout: float) -> dict[str, DiskFigures]:
     return {}
 
 
@@ -44,7 +45,7 @@ class SwarmEnvironment:
     async def live_figures(self, nodes: list[str], timeout: float) -> dict[str, dict]:
         return swarm_nodes.live_figures(await self.reports(nodes, timeout, True))
 
-    async def disk_figures(self, nodes: list[str], timeout: float) -> dict[str, dict]:
+    async def disk_figures(self, nodes: list[str], timeout: float) -> dict[str, DiskFigures]:
         return await self.disks(nodes, timeout)
 
     def stack_error(self, containers: Sequence[Mapping[str, Any]]) -> str:

@@ -36,6 +36,7 @@ from gpuhost_agent.core.containers.watch import ContainerWatch
 from gpuhost_agent.core.stacks.container_list import service_name, stack_id_of
 from gpuhost_agent.core.swarm.worker_events import WorkerEvents
 from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.records import ContainerSummary, NodeSummary
 from gpuhost_agent.runtime.swarm_tasks import NODE_LABEL
 
 log = get_logger(__name__)
@@ -45,7 +46,7 @@ RESTORE_SECONDS = 120.0  # after a machine is back, how long its stranded servic
 ENDED = ("exited", "dead")
 
 
-def machine_problems(nodes: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+def machine_problems(nodes: Sequence[NodeSummary]) -> dict[str, str]:
     """Node id -> why its machine runs nothing now, for each node that is not
     ready and active."""
     problems = {}
@@ -119,7 +120,7 @@ class SwarmWatch:
         except EngineError as exc:
             log.warning("swarm_watch_failed", error=str(exc))
 
-    async def _follow(self, nodes: list[dict]) -> None:
+    async def _follow(self, nodes: list[NodeSummary]) -> None:
         """The other ready machines' container events, followed through their agents."""
         if self.worker_events is None:
             return
@@ -132,7 +133,7 @@ class SwarmWatch:
         if self.worker_events is not None:
             await self.worker_events.stop()
 
-    async def _nodes(self, nodes: list[dict]) -> None:
+    async def _nodes(self, nodes: list[NodeSummary]) -> None:
         problems = machine_problems(nodes)
         if problems == self.machines.problems:
             return
@@ -150,7 +151,7 @@ class SwarmWatch:
         if not env_id:
             return
         seen_at = asyncio.get_running_loop().time()
-        by_stack: dict[str, list[dict]] = {}
+        by_stack: dict[str, list[ContainerSummary]] = {}
         containers = await self.engine.environment_containers(env_id)
         for container in containers:
             if stack_id := stack_id_of(container):
@@ -165,7 +166,7 @@ class SwarmWatch:
         for gone in self._seen.keys() - by_stack.keys():
             del self._seen[gone]
 
-    async def _restore(self, containers: list[dict]) -> None:
+    async def _restore(self, containers: list[ContainerSummary]) -> None:
         """Note what runs on an unwell machine; once it is back, start again
         what it ran (decided by restore_plan)."""
         now = asyncio.get_running_loop().time()

@@ -30,7 +30,7 @@ from gpuhost_agent.streams.requests import SshRequest, StreamRequest, TunnelRequ
 def stack_entries(
     rows: dict[str, dict],
     names: dict[str, str],
-    containers_of: Callable[[str], list[dict] | None],
+    containers_of: Callable[[str], list[wire.Container] | None],
     requests: Iterable[StreamRequest],
 ) -> list[dict]:
     """One entry per stack of the agent's record, sorted by id. `tunnels` is
@@ -62,7 +62,9 @@ def _name_of(project: str, stack_id: str) -> str:
     return "" if slug == "stack" else slug
 
 
-def tunnels(stack_id: str, containers: list[dict], applied: bool, requests: list[StreamRequest]) -> list[dict]:
+def tunnels(
+    stack_id: str, containers: list[wire.Container], applied: bool, requests: list[StreamRequest]
+) -> list[dict]:
     """The stack's tunnels from its containers in the seed's shape (Labels as
     "key=value" strings, Ports with PrivatePort and Type, State)."""
     found = []
