@@ -36,6 +36,7 @@ from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.inventory.environment import node_host
 from gpuhost_agent.inventory.machines import Machines
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol.wire_system import SystemData
 from gpuhost_agent.runtime.compose import STACK_NAMESPACE_LABEL as NAMESPACE_LABEL
 from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
 from gpuhost_agent.runtime.engine.records import DiskUsage
@@ -59,13 +60,13 @@ class MachineDisk:
     this: bool = True  # the agent's own machine, measured through its own engine
 
 
-def machine_disks(facts: Mapping) -> list[MachineDisk]:
+def machine_disks(facts: SystemData) -> list[MachineDisk]:
     """The machines whose disks are judged: this one, or every machine of a
     Swarm environment (the leader's facts carry each one's own report)."""
     nodes = (facts.get("environment") or {}).get("nodes") or []
     if not nodes:
-        gpus = (facts.get("nvml") or {}).get("gpus") or []
-        ids = frozenset(str(gpu.get("uuid") or f"#{index}") for index, gpu in enumerate(gpus))
+        listed = (facts.get("nvml") or {}).get("gpus") or []
+        ids = frozenset(str(gpu.get("uuid") or f"#{index}") for index, gpu in enumerate(listed))
         return [MachineDisk("", "the host's disk", _storage_total(facts.get("host")), ids)]
     disks = []
     for node in nodes:
@@ -114,7 +115,7 @@ class DiskWatch:
         db: AgentDB,
         ledger: GpuLedger,
         reporter: StatusReporter,
-        machine_facts: Callable[[], Awaitable[dict]],
+        machine_facts: Callable[[], Awaitable[SystemData]],
         busy_rentals: Callable[[], set[str]],
         *,
         interval: float,

@@ -15,10 +15,11 @@ containers still run, but terminals, SSH and tunnels there wait for it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from gpuhost_agent.inventory import compliance
 from gpuhost_agent.protocol.requirements import Requirements
+from gpuhost_agent.protocol.wire_system import HostFacts
 
 
 def machines_check(system_data: Mapping[str, Any], req: Requirements) -> compliance.Check | None:
@@ -54,12 +55,12 @@ def other_nodes(system_data: Mapping[str, Any]) -> list[str]:
     return [str(node["nodeId"]) for node in nodes if not _leaders(node)]
 
 
-def node_host(facts: Mapping[str, Any], node: Mapping[str, Any]) -> dict | None:
+def node_host(facts: Mapping[str, Any], node: Mapping[str, Any]) -> HostFacts | None:
     """A node's `host` facts: the leader's own for its node, else the one its
     agent reported (attach_machines), None when it did not report."""
     machine = node.get("machine") or {}
     host = facts.get("host") if machine.get("this") else (machine.get("systemData") or {}).get("host")
-    return host if isinstance(host, dict) else None
+    return cast(HostFacts, host) if isinstance(host, dict) else None
 
 
 def _leaders(node: Mapping[str, Any]) -> bool:

@@ -9,14 +9,15 @@ machine's own engine, so every answer is empty.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Protocol
 
-from gpuhost_agent.runtime.engine.records import DiskFigures
+from gpuhost_agent.protocol.wire_system import EnvironmentFacts, HostFacts
+from gpuhost_agent.runtime.engine.records import ContainerSummary, DiskFigures
 
 
 class Machines(Protocol):
-    async def environment(self, host: dict) -> dict | None:
+    async def environment(self, host: HostFacts) -> EnvironmentFacts | None:
         """systemData's `environment`: every machine, its GPUs and its own
         report (`host` is this machine's probe); None on one machine."""
         ...
@@ -30,7 +31,7 @@ class Machines(Protocol):
         (`{"error": ...}` for one that did not answer)."""
         ...
 
-    def stack_error(self, containers: Sequence[Mapping[str, Any]]) -> str:
+    def stack_error(self, containers: Sequence[ContainerSummary]) -> str:
         """Why a stack's containers cannot run: the machines they are on that
         are unwell ("" when none is)."""
         ...
@@ -39,7 +40,7 @@ class Machines(Protocol):
 class OneMachine:
     """This machine alone: no other machine to report, ask or watch."""
 
-    async def environment(self, host: dict) -> dict | None:
+    async def environment(self, host: HostFacts) -> EnvironmentFacts | None:
         return None
 
     async def live_figures(self, nodes: list[str], timeout: float) -> dict[str, dict]:
@@ -48,5 +49,5 @@ class OneMachine:
     async def disk_figures(self, nodes: list[str], timeout: float) -> dict[str, DiskFigures]:
         return {}
 
-    def stack_error(self, containers: Sequence[Mapping[str, Any]]) -> str:
+    def stack_error(self, containers: Sequence[ContainerSummary]) -> str:
         return ""

@@ -25,6 +25,7 @@ from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core import release_keys, upgrade_offers, upgrade_plan
 from gpuhost_agent.protocol import wire_release, wire_time
 from gpuhost_agent.protocol.wire_release import ReleaseOffer
+from gpuhost_agent.protocol.wire_replies import OfferingReply
 from gpuhost_agent.runtime import own_unit, release_install
 from gpuhost_agent.service.launcher import LAUNCHED
 from gpuhost_agent.storage import upgrade_state
@@ -81,7 +82,7 @@ class Upgrades:
         """AgentInfo.upgrade: the version that runs and how the last attempt ended."""
         return {"upgrade": {"running": self.running, "lastAttempt": self.record["lastAttempt"]}}
 
-    def offered(self, reply: dict) -> None:
+    def offered(self, reply: OfferingReply) -> None:
         """A session's or a heartbeat's reply: act on its agentRelease, in the background."""
         offer = wire_release.decode_offer(reply.get("agentRelease"))
         if offer is None:

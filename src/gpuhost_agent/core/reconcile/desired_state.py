@@ -35,7 +35,7 @@ class DesiredStack:
     desired: str  # PRESENT or ABSENT (the renter asked for its removal)
     status: str  # what the marketplace shows now
     open_jobs: int  # jobs for it not yet completed: those will bring it where it should be
-    template: dict | None  # None when unusable
+    template: wire_jobs.StackTemplate | None  # None when unusable
 
 
 @dataclass(frozen=True)

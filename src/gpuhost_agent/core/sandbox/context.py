@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from gpuhost_agent.inventory.environment import node_host
+from gpuhost_agent.protocol.wire_system import HostFacts, StorageFacts, SystemData
 from gpuhost_agent.streams.sandbox_addresses import IPNetwork
 
 GIB = 1024**3
@@ -111,7 +112,7 @@ class Machine:
     gpus: int
 
 
-def machine_of(host: dict, gpus: int) -> Machine:
+def machine_of(host: HostFacts, gpus: int) -> Machine:
     """A machine's size from its systemData `host` part."""
     return Machine(
         cpus=int((host.get("cpu") or {}).get("logicalCores") or 1),
@@ -120,7 +121,7 @@ def machine_of(host: dict, gpus: int) -> Machine:
     )
 
 
-def machine_shares(facts: dict, gpu_nodes: Mapping[str, str], uuids: list[str]) -> dict[str, tuple[float, int]]:
+def machine_shares(facts: SystemData, gpu_nodes: Mapping[str, str], uuids: list[str]) -> dict[str, tuple[float, int]]:
     """A Swarm environment's rental: its share of each machine it has GPUs on,
     sized from that machine's own report (inventory/machine_report.py). A
     machine whose agent did not report is left out: the leader's own machine
@@ -160,7 +161,7 @@ def crowded_rental_problem(stacks: dict[str, dict], rental_id: str, stack_id: st
     )
 
 
-def disk_floor_problem(storage: dict, floor_bytes: int) -> str | None:
+def disk_floor_problem(storage: StorageFacts, floor_bytes: int) -> str | None:
     """Why no stack may start now: Docker's disk has less free space than the
     host's floor. Said before a pull that would fail half-way (or fill the
     disk the host's own system needs); None when there is room or the
@@ -174,7 +175,7 @@ def disk_floor_problem(storage: dict, floor_bytes: int) -> str | None:
     )
 
 
-def machines_floor_problem(facts: dict, nodes: set[str], floor_bytes: int) -> str | None:
+def machines_floor_problem(facts: SystemData, nodes: set[str], floor_bytes: int) -> str | None:
     """Why a Swarm stack may not start: a machine it would run on, other than
     the leader's own (measured at the deploy), has less free disk than the
     host's floor as its agent reported it at the leader's last probe

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from gpuhost_agent.core.sandbox.context import SandboxContext
+from gpuhost_agent.protocol.wire_system import SystemData
 
 Share = tuple[float, int]  # (cpus, memory bytes)
 
@@ -22,7 +23,7 @@ class PlacementPlan(Protocol):
     """One deploy's placement, once what it looked up (before the sandbox's
     atomic decision) is known. Both steps run inside that decision: no await."""
 
-    def shares(self, facts: dict, gpu_nodes: Mapping[str, str], uuids: list[str]) -> dict[str, Share]:
+    def shares(self, facts: SystemData, gpu_nodes: Mapping[str, str], uuids: list[str]) -> dict[str, Share]:
         """The rental's share of each machine it has GPUs on, where machines
         differ (empty: the one share of this machine)."""
         ...
@@ -31,7 +32,7 @@ class PlacementPlan(Protocol):
         self,
         hardened: dict,
         ctx: SandboxContext,
-        facts: dict,
+        facts: SystemData,
         gpu_nodes: Mapping[str, str],
         base_share: Share,
         shares: Mapping[str, Share],
@@ -53,14 +54,14 @@ class OneMachinePlacement:
     async def plan(self, rental_id: str, project: str) -> OneMachinePlacement:
         return self
 
-    def shares(self, facts: dict, gpu_nodes: Mapping[str, str], uuids: list[str]) -> dict[str, Share]:
+    def shares(self, facts: SystemData, gpu_nodes: Mapping[str, str], uuids: list[str]) -> dict[str, Share]:
         return {}
 
     def place(
         self,
         hardened: dict,
         ctx: SandboxContext,
-        facts: dict,
+        facts: SystemData,
         gpu_nodes: Mapping[str, str],
         base_share: Share,
         shares: Mapping[str, Share],

@@ -48,24 +48,24 @@ def exit_facts(state: Mapping[str, Any]) -> ExitFacts:
     return ExitFacts(code if isinstance(code, int) else None, bool(state.get("OOMKilled")))
 
 
-def needs_facts(raw: Mapping[str, Any]) -> bool:
+def needs_facts(raw: ContainerSummary) -> bool:
     """Only a container that exited (or restarts after exiting) has facts worth an inspect."""
     return raw.get("State") in WITH_REASON
 
 
-def status_exit_code(raw: Mapping[str, Any]) -> int | None:
+def status_exit_code(raw: ContainerSummary) -> int | None:
     """The code in Docker's Status text ("Exited (3) 2 seconds ago"), if any."""
     match = _STATUS_CODE.match(raw.get("Status") or "")
     return int(match.group(1)) if match else None
 
 
-def unhealthy(raw: Mapping[str, Any]) -> bool:
+def unhealthy(raw: ContainerSummary) -> bool:
     """Running, but its image's or file's healthcheck fails: Docker says so only
     in the Status text of its list (and in the `health_status` event)."""
     return raw.get("State") == "running" and bool(_STATUS_UNHEALTHY.search(raw.get("Status") or ""))
 
 
-def shaped_state(raw: Mapping[str, Any], facts: ExitFacts | None = None) -> str:
+def shaped_state(raw: ContainerSummary, facts: ExitFacts | None = None) -> str:
     """ "running" stays exactly that unless its healthcheck fails ("running
     (unhealthy)"); "exited"/"restarting" get the code and OOM."""
     state = raw.get("State", "")
@@ -79,14 +79,14 @@ def shaped_state(raw: Mapping[str, Any], facts: ExitFacts | None = None) -> str:
     return f"{state} ({code}{', OOM-killed' if facts is not None and facts.oom_killed else ''})"
 
 
-def service_name(raw: Mapping[str, Any]) -> str:
+def service_name(raw: ContainerSummary) -> str:
     """The Compose service the renter named, else the container's name."""
     labels = raw.get("Labels") or {}
     names = raw.get("Names") or []
     return labels.get(SERVICE_LABEL) or (names[0] if names else raw.get("Name", "?")).lstrip("/")
 
 
-def stop_reason(raw: Mapping[str, Any], facts: ExitFacts | None = None) -> str | None:
+def stop_reason(raw: ContainerSummary, facts: ExitFacts | None = None) -> str | None:
     """Why the container is not running (or not healthy), in words for the
     renter; None when it runs, completed (exited 0), or waits in a state only
     the agent or the operator causes (created, paused)."""
@@ -108,7 +108,7 @@ def stop_reason(raw: Mapping[str, Any], facts: ExitFacts | None = None) -> str |
     return exited if state == "exited" else f"is restarting: it {exited}"
 
 
-def stack_error(raw_list: Sequence[Mapping[str, Any]], facts: Mapping[str, ExitFacts] | None = None) -> str:
+def stack_error(raw_list: Sequence[ContainerSummary], facts: Mapping[str, ExitFacts] | None = None) -> str:
     """The errorMsg of an APPLIED stack: its stopped containers by service name
     (the first few), or "" when every container runs."""
     facts = facts or {}

@@ -25,6 +25,7 @@ from gpuhost_agent.core.stacks.container_list import (
 )
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.records import ContainerSummary
 
 LAST_OUTPUT = 500  # characters of a failing container's log in errorMsg
 PULL_MESSAGE = 300  # characters of Compose's message on a failed pull
@@ -59,7 +60,7 @@ def pull_failure(images: Mapping[str, str], missing: list[str], compose_message:
 LimitReached = Callable[[str], bool]
 
 
-def failure_reason(container: Mapping[str, Any], code: int | None, oom: bool, rental_limit: bool = False) -> str:
+def failure_reason(container: ContainerSummary, code: int | None, oom: bool, rental_limit: bool = False) -> str:
     if oom:
         killed = "was killed for running out of memory"
         return f"{killed}: {RENTAL_MEMORY_REACHED}" if rental_limit else killed
@@ -73,7 +74,7 @@ def with_output(message: str, tail: str) -> str:
 
 
 async def describe_container(
-    engine: DockerEngine, container: Mapping[str, Any], when: str, rental_limit_reached: LimitReached | None = None
+    engine: DockerEngine, container: ContainerSummary, when: str, rental_limit_reached: LimitReached | None = None
 ) -> str:
     """ "service 'web' exited with code 3 <when>; its last output: ...". An
     OOM kill says whether the rental's limit, shared by all its containers,

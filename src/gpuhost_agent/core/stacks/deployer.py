@@ -95,7 +95,7 @@ class StackDeployer:
         return containers
 
     # ---- deploy --------------------------------------------------------------
-    def _begin(self, job: wire_jobs.StackJob) -> tuple[dict, dict[str, str], str, Path]:
+    def _begin(self, job: wire_jobs.StackJob) -> tuple[wire_jobs.StackTemplate, dict[str, str], str, Path]:
         """(template, variables, project, stack folder); the variables' values stay out of the logs."""
         template = job.template or {}
         variables = dict(template.get("environmentVariables") or {})
@@ -111,7 +111,7 @@ class StackDeployer:
         return template, variables, project, workdir
 
     async def _renter_file(
-        self, job: wire_jobs.StackJob, template: dict, variables: dict[str, str], workdir: Path
+        self, job: wire_jobs.StackJob, template: wire_jobs.StackTemplate, variables: dict[str, str], workdir: Path
     ) -> RawReview:
         """The renter's file as Compose may read it, checked (off the loop: 512 KiB of YAML takes seconds)."""
         if crowded := crowded_rental_problem(self.db.stacks(), job.rental_id, job.stack_id, self.stacks_per_rental):

@@ -6,13 +6,13 @@ look, core/swarm/watch.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
 
 from gpuhost_agent.core.swarm.watch import SwarmMachines
 from gpuhost_agent.inventory import swarm_nodes
+from gpuhost_agent.protocol.wire_system import EnvironmentFacts, HostFacts
 from gpuhost_agent.runtime.engine.client import DockerEngine
-from gpuhost_agent.runtime.engine.records import DiskFigures
+from gpuhost_agent.runtime.engine.records import ContainerSummary, DiskFigures
 
 MACHINE_PROBE_SECONDS = 60.0  # another machine's first report may start a GPU container there
 # The leader's question to the other machines' agents: their reports by node id, waiting at
@@ -34,7 +34,7 @@ class SwarmEnvironment:
     def __init__(self, engine: DockerEngine, reports: Reports, disks: Disks, health: SwarmMachines):
         self.engine, self.reports, self.disks, self.health = engine, reports, disks, health
 
-    async def environment(self, host: dict) -> dict | None:
+    async def environment(self, host: HostFacts) -> EnvironmentFacts | None:
         environment = await swarm_nodes.environment_facts(self.engine)
         own = ((host.get("docker") or {}).get("swarm") or {}).get("nodeId")
         others = [node["nodeId"] for node in environment["nodes"] if node["nodeId"] != own]
@@ -48,5 +48,5 @@ class SwarmEnvironment:
     async def disk_figures(self, nodes: list[str], timeout: float) -> dict[str, DiskFigures]:
         return await self.disks(nodes, timeout)
 
-    def stack_error(self, containers: Sequence[Mapping[str, Any]]) -> str:
+    def stack_error(self, containers: Sequence[ContainerSummary]) -> str:
         return self.health.stack_error(containers)

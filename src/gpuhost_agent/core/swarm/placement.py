@@ -13,6 +13,7 @@ from gpuhost_agent.core.sandbox.context import SandboxContext, machine_shares, m
 from gpuhost_agent.core.sandbox.placement import Share
 from gpuhost_agent.core.stack_errors import StackRejected
 from gpuhost_agent.core.swarm.stack_file import SwarmPlacement, stack_nodes, swarm_stack
+from gpuhost_agent.protocol.wire_system import SystemData
 
 RentalPeers = Callable[[str, str], Awaitable[dict[str, int]]]  # (rental, project) -> its other containers per node
 
@@ -35,14 +36,14 @@ class SwarmPlan:
     encrypted: bool
     disk_floor_bytes: int
 
-    def shares(self, facts: dict, gpu_nodes: Mapping[str, str], uuids: list[str]) -> dict[str, Share]:
+    def shares(self, facts: SystemData, gpu_nodes: Mapping[str, str], uuids: list[str]) -> dict[str, Share]:
         return machine_shares(facts, gpu_nodes, uuids)
 
     def place(
         self,
         hardened: dict,
         ctx: SandboxContext,
-        facts: dict,
+        facts: SystemData,
         gpu_nodes: Mapping[str, str],
         base_share: Share,
         shares: Mapping[str, Share],

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.containers.watch import ContainerWatch
@@ -62,7 +61,7 @@ def machine_problems(nodes: Sequence[NodeSummary]) -> dict[str, str]:
     return problems
 
 
-def stack_machine_error(raw_list: Sequence[Mapping[str, Any]], problems: Mapping[str, str]) -> str:
+def stack_machine_error(raw_list: Sequence[ContainerSummary], problems: Mapping[str, str]) -> str:
     """The errorMsg part that names the stack's containers on unwell machines."""
     by_node: dict[str, list[str]] = {}
     for raw in raw_list:
@@ -82,7 +81,7 @@ class SwarmMachines:
     def __init__(self) -> None:
         self.problems: dict[str, str] = {}
 
-    def stack_error(self, raw_list: Sequence[Mapping[str, Any]]) -> str:
+    def stack_error(self, raw_list: Sequence[ContainerSummary]) -> str:
         return stack_machine_error(raw_list, self.problems)
 
 
@@ -193,13 +192,13 @@ class SwarmWatch:
                 self._back_at.pop(node_id, None)
 
 
-def swarm_service(container: Mapping[str, Any]) -> str:
+def swarm_service(container: ContainerSummary) -> str:
     """The Swarm service of a container of runtime/swarm_tasks.py (named <service>.<slot>.<task>)."""
     names = container.get("Names") or [""]
     return str(names[0]).lstrip("/").split(".")[0]
 
 
-def restore_plan(stranded: Mapping[str, str], containers: Sequence[Mapping[str, Any]]) -> tuple[set[str], set[str]]:
+def restore_plan(stranded: Mapping[str, str], containers: Sequence[ContainerSummary]) -> tuple[set[str], set[str]]:
     """For a machine back: (services to restart, services that need nothing
     more). A service whose newest container ended needs a new task; one
     running in a new container was restarted by Swarm; one still shown with
