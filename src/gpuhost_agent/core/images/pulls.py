@@ -43,6 +43,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.core.compose_values import ComposeModel
 from gpuhost_agent.core.images.cache import ImageCache
 from gpuhost_agent.core.images.disk_fit import Room, room_problem, roomy
 from gpuhost_agent.core.images.pull_progress import PullProgress, progress_message
@@ -106,7 +107,7 @@ class Flight:
             return PullProgress(self.progress.image, layers, waiting=not self.running and not self.done.done())
 
 
-def pullable_images(model: dict, policies: tuple = NO_CONTACT_POLICIES) -> list[str]:
+def pullable_images(model: ComposeModel, policies: tuple = NO_CONTACT_POLICIES) -> list[str]:
     """The images of the stack whose `pull_policy` is one of `policies`: by
     default those Compose would pull only when missing, which the agent pulls
     when missing; with FRESH_POLICIES, those it pulls at every deploy."""

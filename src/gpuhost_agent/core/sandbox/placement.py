@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+from gpuhost_agent.core.compose_values import ComposeModel
 from gpuhost_agent.core.sandbox.context import SandboxContext
 from gpuhost_agent.protocol.wire_system import SystemData
 
@@ -30,13 +31,13 @@ class PlacementPlan(Protocol):
 
     def place(
         self,
-        hardened: dict,
+        hardened: ComposeModel,
         ctx: SandboxContext,
         facts: SystemData,
         gpu_nodes: Mapping[str, str],
         base_share: Share,
         shares: Mapping[str, Share],
-    ) -> tuple[dict, list[str]]:
+    ) -> tuple[ComposeModel, list[str]]:
         """The hardened model as the stack runs, and notices; StackRejected
         when it cannot run where its GPUs are."""
         ...
@@ -59,11 +60,11 @@ class OneMachinePlacement:
 
     def place(
         self,
-        hardened: dict,
+        hardened: ComposeModel,
         ctx: SandboxContext,
         facts: SystemData,
         gpu_nodes: Mapping[str, str],
         base_share: Share,
         shares: Mapping[str, Share],
-    ) -> tuple[dict, list[str]]:
+    ) -> tuple[ComposeModel, list[str]]:
         return hardened, []

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
 
+from gpuhost_agent.core.compose_values import ComposeModel
 from gpuhost_agent.core.sandbox.raw import RawReview
 from gpuhost_agent.runtime.engine.records import ContainerSummary
 
@@ -28,10 +29,10 @@ class StackStart(Protocol):
     engine's names that are not the project's (what the sandbox judges), and
     the start of the hardened file once it is written."""
 
-    model: dict
+    model: ComposeModel
     foreign_names: frozenset[str]
 
-    async def run(self, stack_id: str, text: str, stack: dict) -> None:
+    async def run(self, stack_id: str, text: str, stack: ComposeModel) -> None:
         """Start `text` (the hardened `stack`, as written down); StackFailed
         or EngineError when it does not start."""
 
@@ -47,7 +48,7 @@ class StackBackend(Protocol):
         The sandbox's refusal when Compose cannot read the file."""
         ...
 
-    def stack_file(self, labelled: dict) -> dict:
+    def stack_file(self, labelled: ComposeModel) -> ComposeModel:
         """The hardened, labelled stack in the form this backend starts."""
         ...
 

@@ -12,6 +12,7 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuhost_agent.core.compose_values import ComposeModel
 from gpuhost_agent.core.sandbox.raw import RawReview
 from gpuhost_agent.core.stack_errors import StackFailed
 from gpuhost_agent.core.stacks.backend import ListContainers
@@ -27,12 +28,12 @@ from gpuhost_agent.runtime.engine.records import ContainerSummary
 class ComposeStart:
     """`compose up` waiting for the hardened file (runtime/compose.py, PendingUp)."""
 
-    model: dict
+    model: ComposeModel
     foreign_names: frozenset[str]
     up: PendingUp
     backend: ComposeBackend
 
-    async def run(self, stack_id: str, text: str, stack: dict) -> None:
+    async def run(self, stack_id: str, text: str, stack: ComposeModel) -> None:
         try:
             await self.up.run(text)
         except ComposeError as exc:
@@ -62,7 +63,7 @@ class ComposeBackend:
         model, foreign_names, up = await start_compose(self.compose, self.engine, project, original, variables, raw)
         return ComposeStart(model, foreign_names, up, self)
 
-    def stack_file(self, labelled: dict) -> dict:
+    def stack_file(self, labelled: ComposeModel) -> ComposeModel:
         """The hardened model as Compose reads it, every image as the agent
         pulled and judged it: Compose pulls none itself (a `pull_policy:
         always` image pulled at `up` was never judged before its start, and a

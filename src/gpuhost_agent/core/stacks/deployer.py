@@ -19,7 +19,7 @@ from pathlib import Path
 
 from gpuhost_agent.common import crash_points
 from gpuhost_agent.common.logs import SECRETS, get_logger, might_be_secret
-from gpuhost_agent.core.compose_values import problems_said
+from gpuhost_agent.core.compose_values import ComposeModel, problems_said
 from gpuhost_agent.core.images.pulls import FRESH_POLICIES, ImagePulls, pullable_images
 from gpuhost_agent.core.sandbox.apply import POLICY_PREFIX, Sandbox, notices_message, review_raw
 from gpuhost_agent.core.sandbox.context import StackSite, crowded_rental_problem
@@ -210,7 +210,7 @@ class StackDeployer:
         log.warning("stack_failed", stack_id=job.stack_id, job_id=job.job_id, error=message, kept_running=len(running))
         return message
 
-    async def _pull(self, job: wire_jobs.StackJob, stack: dict) -> None:
+    async def _pull(self, job: wire_jobs.StackJob, stack: ComposeModel) -> None:
         """The stack's missing images, checked to fit (core/images/disk_fit.py), then
         pulled with progress in APPLYING's errorMsg (core/images/pulls.py)."""
         if self.images is None:

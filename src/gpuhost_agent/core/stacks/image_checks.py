@@ -12,6 +12,7 @@ read to 1 MiB at most: a renter's image made them.
 
 from __future__ import annotations
 
+from gpuhost_agent.core.compose_values import ComposeModel
 from gpuhost_agent.core.sandbox.image_config import (
     MAX_INSPECT_BYTES,
     service_image_problem,
@@ -23,7 +24,7 @@ from gpuhost_agent.runtime.engine.errors import AnswerTooLarge, ContainerGone
 from gpuhost_agent.runtime.engine.records import ContainerConfig, ContainerSummary
 
 
-async def image_problems(engine: DockerEngine, stack: dict, *, local: bool) -> list[str]:
+async def image_problems(engine: DockerEngine, stack: ComposeModel, *, local: bool) -> list[str]:
     """What is wrong with the images of the (hardened) stack, one line per
     service. `local`: the agent pulled every image here (one machine), so an
     image still absent is one its pull did not bring; else (a Swarm's

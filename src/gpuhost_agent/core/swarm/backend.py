@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.core.compose_values import ComposeModel
 from gpuhost_agent.core.sandbox.apply import refuse_with_compose_error
 from gpuhost_agent.core.sandbox.raw import RawReview
 from gpuhost_agent.core.stack_errors import StackFailed
@@ -41,12 +42,12 @@ START_SECONDS = 120.0  # every task running within this, or the deploy fails (im
 class SwarmStart:
     """Nothing waits: `docker stack deploy` starts once the file is written."""
 
-    model: dict
+    model: ComposeModel
     foreign_names: frozenset[str]
     project: str
     swarm: SwarmStacks
 
-    async def run(self, stack_id: str, text: str, stack: dict) -> None:
+    async def run(self, stack_id: str, text: str, stack: ComposeModel) -> None:
         await self.swarm.deploy(self.project, text)  # EngineError with the CLI's words
 
     async def discard(self) -> None:
@@ -70,7 +71,7 @@ class SwarmBackend:
             raise refuse_with_compose_error(raw, str(exc)) from None
         return SwarmStart(model, await self.engine.foreign_names(project), project, self.swarm)
 
-    def stack_file(self, labelled: dict) -> dict:
+    def stack_file(self, labelled: ComposeModel) -> ComposeModel:
         return with_service_labels(labelled)
 
     async def until_running(self, stack_id: str) -> list[ContainerSummary]:
@@ -113,7 +114,7 @@ class SwarmBackend:
                 log.warning("rental_over_disk_share_stop_failed", project=project, error=str(exc))
 
 
-def with_service_labels(stack: dict) -> dict:
+def with_service_labels(stack: ComposeModel) -> ComposeModel:
     """The agent's labels on each service too (not only its containers): the
     manager filters services and tasks by those."""
     for service in (stack.get("services") or {}).values():

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
+from gpuhost_agent.core.compose_values import ComposeModel
 from gpuhost_agent.core.sandbox.context import SandboxContext, machine_shares, machines_floor_problem
 from gpuhost_agent.core.sandbox.placement import Share
 from gpuhost_agent.core.stack_errors import StackRejected
@@ -41,13 +42,13 @@ class SwarmPlan:
 
     def place(
         self,
-        hardened: dict,
+        hardened: ComposeModel,
         ctx: SandboxContext,
         facts: SystemData,
         gpu_nodes: Mapping[str, str],
         base_share: Share,
         shares: Mapping[str, Share],
-    ) -> tuple[dict, list[str]]:
+    ) -> tuple[ComposeModel, list[str]]:
         """Written for `docker stack deploy`, placed by the ledger."""
         host = facts.get("host") or {}
         home = str((((host.get("docker") or {}).get("swarm")) or {}).get("nodeId") or "")
