@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import TypedDict
 
 from gpuhost_agent import __version__
 from gpuhost_agent.common.logs import get_logger
@@ -27,7 +28,7 @@ from gpuhost_agent.protocol import intervals as wire_intervals
 from gpuhost_agent.protocol import wire_time
 from gpuhost_agent.protocol.requirements import Requirements
 from gpuhost_agent.protocol.wire_replies import HeartbeatReply, SessionReply
-from gpuhost_agent.protocol.wire_system import SystemData, SystemDataReport
+from gpuhost_agent.protocol.wire_system import Compliance, SystemData, SystemDataReport
 from gpuhost_agent.runtime.compose import ComposeNotFound
 from gpuhost_agent.runtime.engine.client import EngineError
 from gpuhost_agent.uplink.client import MarketplaceClient, retry_delay
@@ -37,6 +38,26 @@ from gpuhost_agent.uplink.replies import MarketplaceRejected, MarketplaceUnavail
 log = get_logger(__name__)
 MIN_HEARTBEAT = 0.1
 BEAT_MACHINE_SECONDS = 3.0  # a silent machine's agent delays a heartbeat no longer than this
+
+
+class ComplianceView(Compliance, total=False):
+    """The last probe's compliance and when that probe ran (the status socket's)."""
+
+    probedAt: str | None
+
+
+class HeartbeatStats(TypedDict):
+    lastAt: str | None
+    failures: int
+    intervalSeconds: float | None
+    clockSkewSeconds: float | None
+
+
+class HostStats(TypedDict):
+    """What the status socket shows of the reporter."""
+
+    initState: dict[str, object]
+    heartbeat: HeartbeatStats
 
 
 class HostReporter:
@@ -90,7 +111,7 @@ class HostReporter:
     def beat_failures(self) -> int:
         return self._beat_failures
 
-    def stats(self) -> dict:
+    def stats(self) -> HostStats:
         return {
             "initState": self.init.as_wire(),
             "heartbeat": {
@@ -101,12 +122,16 @@ class HostReporter:
             },
         }
 
-    def compliance(self) -> dict | None:
+    def compliance(self) -> ComplianceView | None:
         """The last probe's verdict with every check (as systemData carries it)
         and when that probe ran, for the status socket; None before the first."""
         if self.last_report is None:
             return None
-        return {**self.last_report["compliance"], "probedAt": self.last_report["systemData"].get("probedAt")}
+        view: ComplianceView = {
+            **self.last_report["compliance"],
+            "probedAt": self.last_report["systemData"].get("probedAt"),
+        }
+        return view
 
     # ---- session --------------------------------------------------------------
     def session_opened(

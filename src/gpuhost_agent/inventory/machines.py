@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from gpuhost_agent.protocol.wire_system import EnvironmentFacts, HostFacts
+from gpuhost_agent.protocol.wire_system import EnvironmentFacts, HostFacts, MachineFigures
 from gpuhost_agent.runtime.engine.records import ContainerSummary, DiskFigures
 
 
@@ -22,7 +22,7 @@ class Machines(Protocol):
         report (`host` is this machine's probe); None on one machine."""
         ...
 
-    async def live_figures(self, nodes: list[str], timeout: float) -> dict[str, dict]:
+    async def live_figures(self, nodes: list[str], timeout: float) -> dict[str, MachineFigures]:
         """A heartbeat's `machines`: each of those other machines' live GPU figures, or why none."""
         ...
 
@@ -43,7 +43,7 @@ class OneMachine:
     async def environment(self, host: HostFacts) -> EnvironmentFacts | None:
         return None
 
-    async def live_figures(self, nodes: list[str], timeout: float) -> dict[str, dict]:
+    async def live_figures(self, nodes: list[str], timeout: float) -> dict[str, MachineFigures]:
         return {}
 
     async def disk_figures(self, nodes: list[str], timeout: float) -> dict[str, DiskFigures]:

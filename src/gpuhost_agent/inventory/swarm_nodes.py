@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuhost_agent.protocol.wire_system import EnvironmentFacts, EnvironmentNode
+from gpuhost_agent.protocol.wire_system import EnvironmentFacts, EnvironmentNode, MachineFigures
 from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
 
 GPU_KIND = "NVIDIA-GPU"
@@ -79,9 +79,9 @@ def attach_machines(
         )
 
 
-def live_figures(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, dict]:
+def live_figures(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, MachineFigures]:
     """A heartbeat's `machines`: each other machine's GPU figures, or why none."""
-    shaped: dict[str, dict] = {}
+    shaped: dict[str, MachineFigures] = {}
     for node, report in reports.items():
         gpus = (report.get("telemetry") or {}).get("gpus")
         shaped[node] = {"gpus": gpus} if isinstance(gpus, list) else {"error": str(report.get("error") or "no figures")}

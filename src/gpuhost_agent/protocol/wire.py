@@ -90,3 +90,14 @@ class Container(TypedDict):
     Labels: list[str]  # "key=value"
     Ports: list[ContainerPort]
     State: str  # a free string: "running", "exited (137, OOM-killed)"
+
+
+class GpuStates(TypedDict):
+    """A heartbeat's `gpuAssignments`: which GPUs are free, assigned (by
+    rental), being released (by rental) and out of service
+    (core/gpus/ledger.py)."""
+
+    free: list[str]
+    assigned: dict[str, list[str]]
+    releasing: dict[str, list[str]]
+    outOfService: list[str]

@@ -105,12 +105,40 @@ class SystemData(TypedDict, total=False):
     environment: EnvironmentFacts
 
 
+class Compliance(TypedDict, total=False):
+    """The verdict on the machine against the marketplace's minimums, with
+    every check (inventory/compliance.py)."""
+
+    isCompliant: bool
+    failedComplianceReason: str | None
+    checks: list[dict[str, Any]]  # id, ok, and the words that quote live figures
+
+
 class SystemDataReport(TypedDict, total=False):
     """The body of `PUT /agent/system-data` (inventory/system_data.py's
     build_report; `reportedAt` is added as it is sent)."""
 
     systemData: SystemData
     listing: dict[str, Any]
-    compliance: dict[str, Any]  # isCompliant, failedComplianceReason, checks
+    compliance: Compliance
     fingerprint: str
     reportedAt: str
+
+
+class MachineAnswer(TypedDict, total=False):
+    """Another machine's agent's answer to its leader (`GET /gpuhost/machine`,
+    inventory/machine_report.py): that machine's systemData and its GPUs'
+    live figures (`telemetry`), or `error`: why none
+    (runtime/swarm_streams.py). Untrusted: its readers check each part."""
+
+    systemData: SystemData
+    telemetry: dict[str, Any]
+    error: str
+
+
+class MachineFigures(TypedDict, total=False):
+    """One entry of a heartbeat's `machines`: another machine's GPUs' live
+    figures, or `error`: why none."""
+
+    gpus: list[dict[str, Any]]
+    error: str

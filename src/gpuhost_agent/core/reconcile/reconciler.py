@@ -68,7 +68,7 @@ class Reconciler:
         # them: the agent's record keeps only the Compose project (a slug).
         self.stack_names: dict[str, str] = {}
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, object]:
         return {
             "runs": self.runs,
             "lastActions": [{"kind": a.kind, "target": a.target, "why": a.why} for a in self.last_actions],

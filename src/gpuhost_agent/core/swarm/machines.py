@@ -10,18 +10,18 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from gpuhost_agent.core.swarm.watch import SwarmMachines
 from gpuhost_agent.inventory import swarm_nodes
-from gpuhost_agent.protocol.wire_system import EnvironmentFacts, HostFacts
+from gpuhost_agent.protocol.wire_system import EnvironmentFacts, HostFacts, MachineAnswer, MachineFigures
 from gpuhost_agent.runtime.engine.client import DockerEngine
 from gpuhost_agent.runtime.engine.records import ContainerSummary, DiskFigures
 
 MACHINE_PROBE_SECONDS = 60.0  # another machine's first report may start a GPU container there
 # The leader's question to the other machines' agents: their reports by node id, waiting at
 # most the seconds given; True: the live figures alone (runtime/swarm_streams.py).
-Reports = Callable[[list[str], float, bool], Awaitable[dict[str, dict]]]
+Reports = Callable[[list[str], float, bool], Awaitable[dict[str, MachineAnswer]]]
 Disks = Callable[[list[str], float], Awaitable[dict[str, DiskFigures]]]
 
 
-async def no_reports(nodes: list[str], timeout: float, live: bool) -> dict[str, dict]:
+async def no_reports(nodes: list[str], timeout: float, live: bool) -> dict[str, MachineAnswer]:
     """No agent asked (the `probe` command): the other machines' reports are left out."""
     return {}
 
@@ -42,7 +42,7 @@ class SwarmEnvironment:
         swarm_nodes.attach_machines(environment, own, reports)
         return environment
 
-    async def live_figures(self, nodes: list[str], timeout: float) -> dict[str, dict]:
+    async def live_figures(self, nodes: list[str], timeout: float) -> dict[str, MachineFigures]:
         return swarm_nodes.live_figures(await self.reports(nodes, timeout, True))
 
     async def disk_figures(self, nodes: list[str], timeout: float) -> dict[str, DiskFigures]:
