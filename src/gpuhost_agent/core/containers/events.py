@@ -18,13 +18,14 @@ from __future__ import annotations
 from gpuhost_agent.core.sandbox.apply import kept_notes
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine.records import ContainerSummary, EngineEvent
+from gpuhost_agent.storage.agent_db import StackRow
 
 # The actions that change what a stack's list shows; the others (exec, attach, ...)
 # are not followed, and not even asked of the engine (wire.CONTAINER_EVENTS).
 WATCHED = frozenset(wire.CONTAINER_EVENTS)
 
 
-def error_to_report(record: dict | None, error: str, *, may_set: bool = True) -> str | None:
+def error_to_report(record: StackRow | None, error: str, *, may_set: bool = True) -> str | None:
     """The errorMsg to send with APPLIED ("" clears it), or None to send nothing:
     only for a stack recorded APPLIED, only when it differs from the recorded one."""
     if not record or record.get("status") != wire.APPLIED:

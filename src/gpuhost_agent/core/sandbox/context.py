@@ -14,6 +14,7 @@ from pathlib import PurePosixPath
 
 from gpuhost_agent.inventory.environment import node_host
 from gpuhost_agent.protocol.wire_system import HostFacts, StorageFacts, SystemData
+from gpuhost_agent.storage.agent_db import StackRow
 from gpuhost_agent.streams.sandbox_addresses import IPNetwork
 
 GIB = 1024**3
@@ -147,7 +148,7 @@ def rental_share(machine: Machine, rental_gpus: int) -> tuple[float, int]:
     return cpus, max(GIB // 2, memory)
 
 
-def crowded_rental_problem(stacks: dict[str, dict], rental_id: str, stack_id: str, limit: int) -> str | None:
+def crowded_rental_problem(stacks: dict[str, StackRow], rental_id: str, stack_id: str, limit: int) -> str | None:
     """Why a rental may not have one more stack on this host: it already has
     `limit` (each makes networks from the address pools all rentals share,
     and containers the host runs for it). `stacks` is the agent's record;

@@ -24,11 +24,12 @@ from collections.abc import Callable, Iterable
 from gpuhost_agent.core.stacks import naming
 from gpuhost_agent.core.stacks.container_list import SERVICE_LABEL
 from gpuhost_agent.protocol import ssh_login, wire, wire_jobs
+from gpuhost_agent.storage.agent_db import StackRow
 from gpuhost_agent.streams.requests import SshRequest, StreamRequest, TunnelRequest
 
 
 def stack_entries(
-    rows: dict[str, dict],
+    rows: dict[str, StackRow],
     names: dict[str, str],
     containers_of: Callable[[str], list[wire.Container] | None],
     requests: Iterable[StreamRequest],
