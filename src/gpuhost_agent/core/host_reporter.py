@@ -83,7 +83,7 @@ class HostReporter:
         self._beat_soon: asyncio.Task | None = None
         # Said in every beat, and hear every reply: the upgrades (AgentInfo.upgrade, and a
         # reply's agentRelease), added by the composition root.
-        self.beat_facts: list[Callable[[], dict]] = []
+        self.beat_facts: list[Callable[[], dict[str, object]]] = []
         self.heartbeat_replies: list[Callable[[HeartbeatReply], None]] = []
         if ledger is not None:
             ledger.on_change.append(self.beat_soon)

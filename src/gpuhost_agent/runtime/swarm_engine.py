@@ -19,10 +19,11 @@ machine's agent (runtime/swarm_streams.py).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
-from gpuhost_agent.runtime.engine.records import ContainerSummary
+from gpuhost_agent.runtime.engine.records import ContainerState, ContainerSummary
 from gpuhost_agent.runtime.swarm_stacks import NAMESPACE_LABEL
 from gpuhost_agent.runtime.swarm_tasks import NODE_LABEL, stack_containers
 
@@ -32,13 +33,13 @@ class SwarmEngine(DockerEngine):
         super().__init__(timeout=timeout)
         self.elsewhere = elsewhere
 
-    async def container_state(self, container_id: str) -> dict:
+    async def container_state(self, container_id: str) -> ContainerState:
         try:
             return await super().container_state(container_id)
         except EngineError:
             if self.elsewhere is None:
                 raise
-        return (await self.elsewhere(container_id)).get("State") or {}
+        return cast(ContainerState, (await self.elsewhere(container_id)).get("State") or {})
 
     async def _containers(self, labels: list[str]) -> list[ContainerSummary]:
         tasks = await self.swarm_list("tasks", labels)

@@ -16,10 +16,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from gpuhost_agent.protocol import wire
-from gpuhost_agent.runtime.engine.records import ContainerSummary, PortSummary
+from gpuhost_agent.runtime.engine.records import ContainerState, ContainerSummary, PortSummary
 
 SERVICE_LABEL = "com.docker.compose.service"
 WITH_REASON = ("exited", "restarting")  # the states whose exit code says something
@@ -42,7 +41,7 @@ class ExitFacts:
     rental_limit: bool = False  # killed for the rental's memory, which all its containers share
 
 
-def exit_facts(state: Mapping[str, Any]) -> ExitFacts:
+def exit_facts(state: ContainerState) -> ExitFacts:
     """From the `State` object of Docker's inspect."""
     code = state.get("ExitCode")
     return ExitFacts(code if isinstance(code, int) else None, bool(state.get("OOMKilled")))

@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
 
+from gpuhost_agent.core.compose_values import ComposeModel
 from gpuhost_agent.core.stacks.container_list import (
     RENTAL_MEMORY_REACHED,
     exit_facts,
@@ -38,7 +38,7 @@ def without_registry_reply(message: str) -> str:
     return REGISTRY_REPLY.sub("response body (the registry's reply is not shown)", message, count=1)
 
 
-def service_images(model: Mapping[str, Any]) -> dict[str, str]:
+def service_images(model: ComposeModel) -> dict[str, str]:
     """service -> image reference, from the Compose model the agent deploys."""
     services = model.get("services") or {}
     return {name: str(spec["image"]) for name, spec in sorted(services.items()) if (spec or {}).get("image")}
@@ -98,7 +98,7 @@ async def describe_container(
 async def describe_up_failure(
     engine: DockerEngine,
     stack_id: str,
-    model: Mapping[str, Any],
+    model: ComposeModel,
     compose_message: str,
     rental_limit_reached: LimitReached | None = None,
 ) -> str:

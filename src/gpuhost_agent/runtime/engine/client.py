@@ -24,7 +24,14 @@ import aiohttp
 from gpuhost_agent.protocol import wire, wire_time
 from gpuhost_agent.runtime.engine.calls import EngineCalls, checked_id, filters_param
 from gpuhost_agent.runtime.engine.errors import ContainerGone, EngineError
-from gpuhost_agent.runtime.engine.records import ContainerConfig, ContainerSummary, DiskUsage, EngineEvent, NodeSummary
+from gpuhost_agent.runtime.engine.records import (
+    ContainerConfig,
+    ContainerState,
+    ContainerSummary,
+    DiskUsage,
+    EngineEvent,
+    NodeSummary,
+)
 
 __all__ = ["DockerEngine", "EngineError", "checked_id", "checked_reference"]
 
@@ -315,6 +322,6 @@ class DockerEngine(EngineCalls):
         except ContainerGone:  # the engine's 404
             return None
 
-    async def container_state(self, container_id: str) -> dict:
+    async def container_state(self, container_id: str) -> ContainerState:
         """The `State` object of Docker's inspect (ExitCode, OOMKilled, FinishedAt...)."""
-        return (await self._inspect_here(container_id)).get("State") or {}
+        return cast(ContainerState, (await self._inspect_here(container_id)).get("State") or {})

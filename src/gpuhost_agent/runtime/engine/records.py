@@ -131,3 +131,17 @@ class NodeSummary(TypedDict, total=False):
     Spec: dict[str, Any]
     Description: dict[str, Any]
     ManagerStatus: dict[str, Any]
+
+
+class ContainerState(TypedDict, total=False):
+    """The `State` of a container's inspect: how its last run ended."""
+
+    Status: str
+    Running: bool
+    Restarting: bool
+    OOMKilled: bool
+    Dead: bool
+    ExitCode: int
+    Error: str
+    StartedAt: str
+    FinishedAt: str
