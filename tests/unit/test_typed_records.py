@@ -2,7 +2,8 @@
 data enters"). The engine's JSON is named where it enters
 (runtime/engine/records.py), the marketplace's and the machine facts' in
 protocol/ (wire.py, wire_jobs.py, wire_replies.py, wire_system.py), the
-agent's own tables in storage/agent_db.py; core annotates those records.
+agent's own tables and upgrade record in storage/ (agent_db.py,
+upgrade_state.py); core annotates those records.
 
 Parsed with `ast`: in core, no annotation (a parameter, a return, an
 annotated name or field, a type alias) may be a bare `dict` or `Mapping`,
@@ -13,8 +14,7 @@ what it holds.
 
 The exceptions are the modules that work on a renter's Compose model, a
 free-form YAML document that is neither the engine's data nor the
-marketplace's (core/compose_values.py names it ComposeModel), and the
-agent's own upgrade record (storage/upgrade_state.py's file)."""
+marketplace's (core/compose_values.py names it ComposeModel)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,6 @@ ALLOWED = (
     "sandbox/",  # the Compose model hardened: its services, volumes, networks
     "swarm/stack_file.py",  # the Compose model rewritten for `docker stack deploy`
     "compose_values.py",  # ComposeModel itself, and a Compose value as a mapping
-    "upgrade_plan.py",  # the agent's own upgrade record (storage/upgrade_state.py), not a wire shape
-    "upgrade_offers.py",  # decides on an offer against that record
 )
 MAPPINGS = {"dict", "Dict", "Mapping", "MutableMapping"}
 
@@ -105,7 +103,7 @@ def test_core_annotates_records_not_bare_dicts() -> None:
     listed = "\n".join(f"  core/{module}: {'; '.join(found)}" for module, found in offenders.items())
     assert not offenders, (
         "core annotates untyped mappings; name the record (runtime/engine/records.py, "
-        f"protocol/wire*.py, storage/agent_db.py) or type the values:\n{listed}"
+        f"protocol/wire*.py, storage/) or type the values:\n{listed}"
     )
 
 

@@ -161,10 +161,12 @@ class Upgrades:
         attempt = upgrade_plan.attempt_of(version, outcome, reason, wire_time.iso(), self.running)
         await self._update(lambda record: {**record, "lastAttempt": attempt})
 
-    async def _update(self, change: Callable[[dict], dict | None]) -> dict | None:
+    async def _update(
+        self, change: Callable[[upgrade_state.UpgradeRecord], upgrade_state.UpgradeRecord | None]
+    ) -> upgrade_state.UpgradeRecord | None:
         """The record read, changed and written under its lock (None: unchanged)."""
 
-        def locked() -> dict | None:
+        def locked() -> upgrade_state.UpgradeRecord | None:
             with upgrade_state.locked(self.state_dir):
                 changed = change(upgrade_state.load(self.state_dir))
                 if changed is not None:
