@@ -4,10 +4,12 @@ Both sides import these names so that a field renamed on one side breaks the
 tests instead of the protocol.  The shapes follow the marketplace's public spec
 (`shared/spec/marketplace-api.md`) and `docs/agent-api.yaml`.
 
-This module holds the protocol's words: headers, statuses, job types, labels.
-Beside it: the time format (wire_time.py), the guards of received values
-(wire_values.py), the decoding of jobs and templates (wire_jobs.py) and the
-SSH login rule (ssh_login.py).
+This module holds the protocol's words: headers, statuses, job types, labels,
+and the shapes the agent builds for the seed (Container, GpuStates, at the
+end). Beside it: the time format (wire_time.py), the guards of received
+values (wire_values.py), the decoding of jobs and templates (wire_jobs.py),
+the marketplace's replies (wire_replies.py), systemData (wire_system.py) and
+the SSH login rule (ssh_login.py).
 """
 
 from __future__ import annotations
