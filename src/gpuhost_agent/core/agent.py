@@ -32,6 +32,7 @@ from gpuhost_agent.core.stacks.dispatcher import JobDispatcher
 from gpuhost_agent.inventory.gpu_events import GpuEventWatch
 from gpuhost_agent.protocol import intervals as wire_intervals
 from gpuhost_agent.protocol import wire, wire_time, wire_values
+from gpuhost_agent.protocol.wire_replies import OfferingReply
 from gpuhost_agent.runtime.engine.watch import EngineWatch
 from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.streams.channel import StreamChannel
@@ -60,9 +61,9 @@ class ReleaseOffers(Protocol):
     """The agent's upgrades (service/upgrades.py): what a session opening
     says of them, and a session reply's offer, acted on in the background."""
 
-    def session_info(self) -> dict: ...
+    def session_info(self) -> dict[str, object]: ...
 
-    def offered(self, reply: dict) -> None: ...
+    def offered(self, reply: OfferingReply) -> None: ...
 
 
 @dataclass(frozen=True, kw_only=True)

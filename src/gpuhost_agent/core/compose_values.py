@@ -6,8 +6,15 @@ must not make an errorMsg or a log line of megabytes)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from gpuhost_agent.protocol.wire_values import clipped
+
+# A renter's Compose model: the file as parsed, then normalised and hardened. It
+# is a free-form YAML document the renter wrote, neither the engine's nor the
+# marketplace's data, so it stays a plain mapping, under this one name; its
+# readers check each value they use.
+ComposeModel = dict[str, Any]
 
 MAX_PROBLEMS_SAID = 20  # a refusal names at most this many problems, then how many more
 PROBLEM_CHARS = 400  # each cut here

@@ -35,8 +35,10 @@ from gpuhost_agent.core.stacks.backend import StackBackend
 from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.inventory.machines import MachineDisk, Machines
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol.wire_system import SystemData
 from gpuhost_agent.runtime.compose import STACK_NAMESPACE_LABEL as NAMESPACE_LABEL
 from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.records import DiskUsage
 from gpuhost_agent.storage.agent_db import AgentDB
 
 log = get_logger(__name__)
@@ -46,7 +48,7 @@ PROJECT_LABEL = "com.docker.compose.project"
 OTHER_MACHINE_SECONDS = 45.0  # how long the leader waits for another machine's figures (its door: 40 s)
 
 
-def usage_by_rental(df: Mapping, project_rentals: Mapping[str, str]) -> dict[str, int]:
+def usage_by_rental(df: DiskUsage, project_rentals: Mapping[str, str]) -> dict[str, int]:
     """Bytes per rental: its containers' writable layers (by the agent's
     label) and its stacks' volumes (by Compose's project label, or on a Swarm
     the stack's namespace)."""
@@ -85,7 +87,7 @@ class DiskWatchParts:
     db: AgentDB
     ledger: GpuLedger
     reporter: StatusReporter
-    machine_facts: Callable[[], Awaitable[dict]]
+    machine_facts: Callable[[], Awaitable[SystemData]]
     busy_rentals: Callable[[], set[str]]
     machines: Machines
     stacks: StackBackend
@@ -133,9 +135,9 @@ class DiskWatch:
         for rental_id, (used, share, disk) in sorted(over.items()):
             await self._stop(rental_id, used, share, disk)
 
-    async def _figures(self, machines: list[MachineDisk]) -> dict[str, dict]:
+    async def _figures(self, machines: list[MachineDisk]) -> dict[str, DiskUsage]:
         """Each machine's `GET /system/df` (or the part of it its agent sends), by node."""
-        figures: dict[str, dict] = {}
+        figures: dict[str, DiskUsage] = {}
         own = next((machine for machine in machines if machine.this), None)
         if own is not None:
             try:

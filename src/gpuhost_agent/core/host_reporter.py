@@ -14,6 +14,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypedDict
 
 from gpuhost_agent import __version__
 from gpuhost_agent.common.logs import get_logger
@@ -26,6 +27,8 @@ from gpuhost_agent.inventory.system_data import Prober, as_sent, build_report
 from gpuhost_agent.protocol import intervals as wire_intervals
 from gpuhost_agent.protocol import wire_time
 from gpuhost_agent.protocol.requirements import Requirements
+from gpuhost_agent.protocol.wire_replies import HeartbeatReply, SessionReply
+from gpuhost_agent.protocol.wire_system import Compliance, SystemData, SystemDataReport
 from gpuhost_agent.runtime.compose import ComposeNotFound
 from gpuhost_agent.runtime.engine.client import EngineError
 from gpuhost_agent.uplink.client import MarketplaceClient, retry_delay
@@ -66,6 +69,26 @@ class HostReportSettings:
     env_target: str = "env"
 
 
+class ComplianceView(Compliance, total=False):
+    """The last probe's compliance and when that probe ran (the status socket's)."""
+
+    probedAt: str | None
+
+
+class HeartbeatStats(TypedDict):
+    lastAt: str | None
+    failures: int
+    intervalSeconds: float | None
+    clockSkewSeconds: float | None
+
+
+class HostStats(TypedDict):
+    """What the status socket shows of the reporter."""
+
+    initState: dict[str, object]
+    heartbeat: HeartbeatStats
+
+
 class HostReporter:
     def __init__(self, *, parts: HostReporterParts, settings: HostReportSettings):
         """Its collaborators, and the settings it reports by: two parts, by keyword."""
@@ -74,8 +97,8 @@ class HostReporter:
         self._beat_soon: asyncio.Task | None = None
         # Said in every beat, and hear every reply: the upgrades (AgentInfo.upgrade, and a
         # reply's agentRelease), added by the composition root.
-        self.beat_facts: list[Callable[[], dict]] = []
-        self.heartbeat_replies: list[Callable[[dict], None]] = []
+        self.beat_facts: list[Callable[[], dict[str, object]]] = []
+        self.heartbeat_replies: list[Callable[[HeartbeatReply], None]] = []
         if ledger is not None:
             ledger.on_change.append(self.beat_soon)
         self.client = parts.client
@@ -88,7 +111,7 @@ class HostReporter:
         self.requirements = Requirements()
         self.intervals = wire_intervals.from_reply(None)
         self.clock_skew: float | None = None
-        self.last_report: dict | None = None
+        self.last_report: SystemDataReport | None = None
         self.sent_fingerprint: str | None = None
         self.init = InitState(lambda body: self.outbox.put(INIT_STATE, self.target, body))
         self.compose_found = parts.compose_found
@@ -102,7 +125,7 @@ class HostReporter:
     def beat_failures(self) -> int:
         return self._beat_failures
 
-    def stats(self) -> dict:
+    def stats(self) -> HostStats:
         return {
             "initState": self.init.as_wire(),
             "heartbeat": {
@@ -113,15 +136,21 @@ class HostReporter:
             },
         }
 
-    def compliance(self) -> dict | None:
+    def compliance(self) -> ComplianceView | None:
         """The last probe's verdict with every check (as systemData carries it)
         and when that probe ran, for the status socket; None before the first."""
         if self.last_report is None:
             return None
-        return {**self.last_report["compliance"], "probedAt": self.last_report["systemData"].get("probedAt")}
+        view: ComplianceView = {
+            **self.last_report["compliance"],
+            "probedAt": self.last_report["systemData"].get("probedAt"),
+        }
+        return view
 
     # ---- session --------------------------------------------------------------
-    def session_opened(self, reply: dict, intervals: dict[str, float], sent_at: float, received_at: float) -> None:
+    def session_opened(
+        self, reply: SessionReply, intervals: dict[str, float], sent_at: float, received_at: float
+    ) -> None:
         """Take the marketplace's minimums, intervals (read from the reply once,
         by the session) and clock from its reply."""
         self.requirements = Requirements.from_wire(reply.get("requirements"))
@@ -185,14 +214,14 @@ class HostReporter:
         self.compose_found(command)
         return " ".join(command)
 
-    async def machine_facts(self) -> dict:
+    async def machine_facts(self) -> SystemData:
         """The latest probe's systemData (GPUs and their health, CPUs, memory),
         for the sandbox's GPU assignment and shares."""
         report = self.last_report if self.last_report is not None else await self.refresh()
         return report["systemData"]
 
     # ---- periodic work -------------------------------------------------------
-    async def refresh(self, force: bool = False) -> dict:
+    async def refresh(self, force: bool = False) -> SystemDataReport:
         """Probe again; send systemData if anything a marketplace shows changed."""
         data = await self.prober.system_data()
         report = build_report(data, self.requirements, self.clock_skew)
@@ -207,7 +236,7 @@ class HostReporter:
         await self.refresh()
         self.beat_soon()
 
-    def _send(self, report: dict) -> None:
+    def _send(self, report: SystemDataReport) -> None:
         self.sent_fingerprint = report["fingerprint"]
         self.outbox.put(SYSTEM_DATA, self.target, as_sent(report))
         log.info(

@@ -18,7 +18,7 @@ STARTING, READY = "starting", "ready"
 
 
 class InitState:
-    def __init__(self, on_change: Callable[[dict], None] | None = None):
+    def __init__(self, on_change: Callable[[dict[str, object]], None] | None = None):
         self._on_change = on_change or (lambda body: None)
         self.phases = {
             name: {"name": name, "state": PENDING, "startedAt": None, "finishedAt": None, "detail": None}
@@ -56,7 +56,7 @@ class InitState:
         self.state, self.current, self.error = READY, None, None
         self._emit()
 
-    def as_wire(self) -> dict:
+    def as_wire(self) -> dict[str, object]:
         failed = any(entry["state"] == FAILED for entry in self.phases.values())
         return {
             "state": "failed" if failed and self.state != READY else self.state,

@@ -30,7 +30,7 @@ def followed(pinned: str, keys: object) -> str:
     return key
 
 
-def with_step(keys: object, pinned: str, offer: ReleaseOffer) -> dict:
+def with_step(keys: object, pinned: str, offer: ReleaseOffer) -> dict[str, object]:
     """`keys` with the move `offer` signed (upgrade_offers.next_key said it is one);
     unchanged once MAX_STEPS are kept (the operator pins the key then)."""
     steps = keys["steps"] if isinstance(keys, dict) and keys.get("pinned") == pinned else []

@@ -18,6 +18,7 @@ from gpuhost_agent.core import upgrade_plan
 from gpuhost_agent.core.upgrade_plan import restarts_since
 from gpuhost_agent.protocol import release_signature, wire_time
 from gpuhost_agent.protocol.wire_release import ReleaseOffer
+from gpuhost_agent.storage.upgrade_state import Failure, UpgradeRecord
 
 MAX_RESTARTS_A_DAY = 3  # upgrade restarts in any 24 hours: a marketplace cannot keep the agent restarting
 OFF, OFFERED = "off", "offered"  # GPUHOST_UPGRADES
@@ -36,7 +37,7 @@ class Policy:
 
 
 def offer_decision(
-    offer: ReleaseOffer, running: str, record: dict, supervised: bool, policy: Policy, now: str
+    offer: ReleaseOffer, running: str, record: UpgradeRecord, supervised: bool, policy: Policy, now: str
 ) -> tuple[str, str]:
     """("none" | "skip" | "refuse" | "install", why) for an offer at a session's opening or a beat."""
     if offer.version == running:
@@ -49,7 +50,7 @@ def offer_decision(
     backwards = _not_forward(offer.version, running, policy.allow_version)
     if backwards:
         return "refuse", backwards
-    same = [
+    same: list[Failure] = [
         {**failed, "version": offer.version}
         for failed in record["failed"]
         if _same_version(failed.get("version"), offer.version)
@@ -114,14 +115,14 @@ def _not_forward(version: str, running: str, allowed: str | None, hint: bool = T
     return f"version {version} is not newer than {running}{allows}"
 
 
-def backwards(offered: str, running: str, failed: list[dict]) -> str | None:
+def backwards(offered: str, running: str, failed: list[Failure]) -> str | None:
     """Why the install line may not put `offered` in place of `running` unless
     its --version names it: the agent's own rules (not forward, or failed here
     before, however spelled), which install.sh asks of the installed agent."""
     why = _not_forward(offered, running, None, hint=False)
     if why:
         return why
-    same = [
+    same: list[Failure] = [
         {**failure, "version": offered}
         for failure in failed
         if isinstance(failure, dict) and _same_version(failure.get("version"), offered)

@@ -14,8 +14,9 @@ never by the new one. Renters' containers belong to dockerd, not to the
 agent's unit: neither an upgrade nor a rollback touches them.
 
 Which offers are taken at all is core/upgrade_offers.py's. This module loads
-only the standard library and the wire's clock: the launcher decides with it
-before anything else of the agent is loaded.
+only the standard library, the wire's clock and the record's shape
+(storage/upgrade_state.py, which the launcher reads it with): the launcher
+decides with it before anything else of the agent is loaded.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from datetime import timedelta
 
 from gpuhost_agent.protocol import wire_time
 from gpuhost_agent.protocol.wire_release import ROLLED_BACK, UPGRADED, ReleaseOffer
+from gpuhost_agent.storage.upgrade_state import Attempt, Failure, InstalledVersion, UpgradeRecord
 
 FAILED_KEPT = 10  # versions that failed here, remembered so that one is not tried again and again
 # What a version on trial lacks when the marketplace itself did not answer: an
@@ -46,18 +48,18 @@ class Start:
     itself), save `record`, and guard a trial for `guard_seconds`."""
 
     prefix: str | None
-    record: dict
+    record: UpgradeRecord
     guard_seconds: float | None = None
     said: str | None = None
 
 
-def restarts_since(record: dict, now: str) -> list[str]:
+def restarts_since(record: UpgradeRecord, now: str) -> list[str]:
     """The upgrade restarts of the last 24 hours before `now`."""
     since = wire_time.parse_iso(now) - timedelta(days=1)
     return [at for at in record.get("restarts") or [] if wire_time.is_moment(at) and wire_time.parse_iso(at) > since]
 
 
-def trial(record: dict, offer: ReleaseOffer, prefix: str, health_seconds: float, now: str) -> dict:
+def trial(record: UpgradeRecord, offer: ReleaseOffer, prefix: str, health_seconds: float, now: str) -> UpgradeRecord:
     """The record once `offer` is installed at `prefix`: on trial at the next
     start, which counts as an upgrade restart at `now`."""
     return {
@@ -75,7 +77,7 @@ def trial(record: dict, offer: ReleaseOffer, prefix: str, health_seconds: float,
     }
 
 
-def start_choice(record: dict, now: str) -> Start:
+def start_choice(record: UpgradeRecord, now: str) -> Start:
     """The launcher's choice at a start of the unit."""
     on_trial = record["trial"]
     if on_trial is None:
@@ -83,7 +85,7 @@ def start_choice(record: dict, now: str) -> Start:
         return Start(current["prefix"] if current else None, record)
     if on_trial["starts"] >= 1:  # started before and never confirmed itself: roll back
         reason = on_trial.get("failure") or NOT_HEALTHY
-        failure = {"version": on_trial["version"], "sha256": on_trial["sha256"], "reason": reason, "at": now}
+        failure: Failure = {"version": on_trial["version"], "sha256": on_trial["sha256"], "reason": reason, "at": now}
         outage = on_trial.get("failure") is not None and only_unreachable(on_trial.get("waiting"))
         if outage:  # the bound came while the marketplace was away, and nothing else was missing
             failure["outage"] = True
@@ -95,27 +97,27 @@ def start_choice(record: dict, now: str) -> Start:
             )
         failed = [*record["failed"], failure]
         attempt = attempt_of(on_trial["version"], ROLLED_BACK, reason, now, on_trial["from"])
-        back = {**record, "trial": None, "failed": failed[-FAILED_KEPT:], "lastAttempt": attempt}
+        back: UpgradeRecord = {**record, "trial": None, "failed": failed[-FAILED_KEPT:], "lastAttempt": attempt}
         current = record["current"]
         said = f"version {on_trial['version']} rolled back to {on_trial['from'] or 'the installed version'}: {reason}"
         return Start(current["prefix"] if current else None, back, said=said)
-    started = {**record, "trial": {**on_trial, "starts": on_trial["starts"] + 1}}
+    started: UpgradeRecord = {**record, "trial": {**on_trial, "starts": on_trial["starts"] + 1}}
     said = f"version {on_trial['version']} on trial"
     return Start(on_trial["prefix"], started, float(on_trial["healthSeconds"]), said)
 
 
-def confirmed(record: dict, prefix: str, now: str) -> dict | None:
+def confirmed(record: UpgradeRecord, prefix: str, now: str) -> UpgradeRecord | None:
     """The record once the version on trial at `prefix` passed its health
     check; None when `prefix` is not on trial (nothing to confirm)."""
     on_trial = record["trial"]
     if on_trial is None or on_trial["prefix"] != prefix:
         return None
     attempt = attempt_of(on_trial["version"], UPGRADED, "", now, on_trial["from"])
-    current = {"version": on_trial["version"], "prefix": prefix}
+    current: InstalledVersion = {"version": on_trial["version"], "prefix": prefix}
     return {**record, "current": current, "trial": None, "lastAttempt": attempt}
 
 
-def expired(record: dict, prefix: str, why: str) -> dict | None:
+def expired(record: UpgradeRecord, prefix: str, why: str) -> UpgradeRecord | None:
     """The record once the guardian found the trial at `prefix` still
     unconfirmed at its bound (`why`: what was missing); None when it is not."""
     on_trial = record["trial"]
@@ -125,7 +127,7 @@ def expired(record: dict, prefix: str, why: str) -> dict | None:
     return {**record, "trial": {**on_trial, "failure": f"{why}: {lacked}" if lacked else why}}
 
 
-def attempt_of(version: str, outcome: str, reason: str, now: str, previous: str | None) -> dict:
+def attempt_of(version: str, outcome: str, reason: str, now: str, previous: str | None) -> Attempt:
     return {"version": version, "outcome": outcome, "reason": reason, "at": now, "from": previous}
 
 
@@ -139,12 +141,12 @@ def health_problem(connected: bool, engine_ready: bool, reconciled: bool, unreac
     return ", ".join(missing) or None
 
 
-def outage_trials(failed: list[dict], version: str) -> int:
+def outage_trials(failed: list[Failure], version: str) -> int:
     """The trials of `version` that ended while the marketplace was away."""
     return sum(1 for failure in failed if failure.get("version") == version and failure.get("outage"))
 
 
-def failed_here(failed: list[dict], version: str) -> bool:
+def failed_here(failed: list[Failure], version: str) -> bool:
     """Whether `version` counts as failed on this host: a trial of it failed, or
     OUTAGE_TRIALS of them met a marketplace away (core/upgrade_offers.py)."""
     mine = [failure for failure in failed if failure.get("version") == version]
@@ -156,7 +158,7 @@ def only_unreachable(missing: object) -> bool:
     return isinstance(missing, str) and missing.startswith(UNREACHABLE) and not missing.endswith(LACKS)
 
 
-def waiting(record: dict, prefix: str, missing: str) -> dict | None:
+def waiting(record: UpgradeRecord, prefix: str, missing: str) -> UpgradeRecord | None:
     """The record with what the version on trial at `prefix` lacks now (the guardian
     says it if the bound comes first); None when it is not on trial or said so already."""
     on_trial = record["trial"]
@@ -165,6 +167,6 @@ def waiting(record: dict, prefix: str, missing: str) -> dict | None:
     return {**record, "trial": {**on_trial, "waiting": missing}}
 
 
-def kept_prefixes(record: dict) -> set[str]:
+def kept_prefixes(record: UpgradeRecord) -> set[str]:
     """The installed versions' folders still needed: the one that runs and the one on trial."""
     return {part["prefix"] for part in (record["current"], record["trial"]) if part}

@@ -17,7 +17,9 @@ a skipped check never counts against compliance (`ok` stays true).
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gpuhost_agent.inventory import gpu_delivery
 from gpuhost_agent.protocol.requirements import TOOLKIT_SAFE_VERSION, Requirements, older_than, version_tuple
@@ -57,7 +59,7 @@ def _version_check(id_: str, what: str, found: str | None, minimum: str, remedy:
     return _check(id_, at_least(found, minimum), f"{what} {found}", older_than(what, str(found), minimum), remedy)
 
 
-def evaluate(system_data: dict, req: Requirements, clock_skew_seconds: float | None = None) -> list[Check]:
+def evaluate(system_data: Mapping[str, Any], req: Requirements, clock_skew_seconds: float | None = None) -> list[Check]:
     nvml, host = system_data["nvml"], system_data["host"]
     gpus = [gpu for gpu in nvml["gpus"] if not gpu.get("error")]
     checks = [

@@ -15,11 +15,12 @@ containers still run, but terminals, SSH and tunnels there wait for it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from gpuhost_agent.inventory import compliance
 from gpuhost_agent.inventory.machines import MachineDisk, storage_total, this_machine_disks
 from gpuhost_agent.protocol.requirements import Requirements
+from gpuhost_agent.protocol.wire_system import HostFacts, SystemData
 
 
 def machines_check(system_data: Mapping[str, Any], req: Requirements) -> compliance.Check | None:
@@ -55,15 +56,15 @@ def other_nodes(system_data: Mapping[str, Any]) -> list[str]:
     return [str(node["nodeId"]) for node in nodes if not _leaders(node)]
 
 
-def node_host(facts: Mapping[str, Any], node: Mapping[str, Any]) -> dict | None:
+def node_host(facts: Mapping[str, Any], node: Mapping[str, Any]) -> HostFacts | None:
     """A node's `host` facts: the leader's own for its node, else the one its
     agent reported (attach_machines), None when it did not report."""
     machine = node.get("machine") or {}
     host = facts.get("host") if machine.get("this") else (machine.get("systemData") or {}).get("host")
-    return host if isinstance(host, dict) else None
+    return cast(HostFacts, host) if isinstance(host, dict) else None
 
 
-def environment_disks(facts: Mapping[str, Any]) -> list[MachineDisk]:
+def environment_disks(facts: SystemData) -> list[MachineDisk]:
     """Every machine's disk of the environment (the leader's facts carry each
     one's own report); this machine's alone while no node is known."""
     nodes = (facts.get("environment") or {}).get("nodes") or []

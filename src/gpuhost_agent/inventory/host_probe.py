@@ -18,6 +18,7 @@ import psutil
 
 from gpuhost_agent.inventory import clock, gpu_delivery, toolkit
 from gpuhost_agent.inventory.storage_quota import read_mountinfo, storage_quota
+from gpuhost_agent.protocol.wire_system import StorageFacts
 from gpuhost_agent.runtime import dockerd_settings, egress_rules
 from gpuhost_agent.runtime.egress_rules import Opening
 from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
@@ -45,7 +46,7 @@ def os_release() -> str | None:
     return None
 
 
-def storage(path: str) -> dict:
+def storage(path: str) -> StorageFacts:
     """The filesystem holding `path` (Docker's data root): stacks' images,
     layers and volumes all land there."""
     probe_path = path

@@ -28,6 +28,7 @@ leader's, the machine that talks to the marketplace.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 GIB = 1024**3
@@ -59,7 +60,7 @@ def _smallest(gpus: list[dict], key: str) -> Any:
     return min(values) if len(values) == len(gpus) and values else None
 
 
-def reported_machines(system_data: dict) -> list[dict]:
+def reported_machines(system_data: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """This machine's systemData and, on a Swarm leader, each other machine's
     that reported (a silent machine's hardware is not known)."""
     nodes = (system_data.get("environment") or {}).get("nodes") or []
@@ -77,7 +78,7 @@ def _oldest_cuda(versions: list[Any]) -> str | None:
     return min(numeric, key=lambda version: tuple(int(part) for part in version.split(".")), default=None)
 
 
-def listing_fields(system_data: dict, speed: dict | None, location: str | None) -> dict:
+def listing_fields(system_data: Mapping[str, Any], speed: dict | None, location: str | None) -> dict:
     machines = reported_machines(system_data)
     nvmls = [machine.get("nvml") or {} for machine in machines]
     per_machine = [[gpu for gpu in nvml.get("gpus") or [] if not gpu.get("error")] for nvml in nvmls]

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 
 from gpuhost_agent.inventory.system_data import Prober
+from gpuhost_agent.protocol.wire_system import SystemData
 
 FRESH_SECONDS = 60.0  # a probe younger than this answers again
 
@@ -29,12 +30,12 @@ FRESH_SECONDS = 60.0  # a probe younger than this answers again
 class MachineReport:
     def __init__(self, prober: Prober, clock: Callable[[], float] = time.monotonic):
         self._prober, self._clock = prober, clock
-        self._data: dict | None = None
+        self._data: SystemData | None = None
         self._probed_at = 0.0
         self._lock = asyncio.Lock()
         self._refresh: asyncio.Task | None = None
 
-    async def probe(self) -> dict:
+    async def probe(self) -> SystemData:
         """A fresh probe of this machine, kept; one at a time however many ask."""
         async with self._lock:
             if self._data is None or self._clock() - self._probed_at >= FRESH_SECONDS:

@@ -9,9 +9,12 @@ machine's own engine, so every answer is empty.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
+
+from gpuhost_agent.protocol.wire_system import EnvironmentFacts, HostFacts, MachineFigures, SystemData
+from gpuhost_agent.runtime.engine.records import ContainerSummary, DiskFigures
 
 
 @dataclass(frozen=True)
@@ -25,7 +28,7 @@ class MachineDisk:
     this: bool = True  # the agent's own machine, measured through its own engine
 
 
-def this_machine_disks(facts: Mapping[str, Any]) -> list[MachineDisk]:
+def this_machine_disks(facts: SystemData) -> list[MachineDisk]:
     """This machine's disk alone, with every GPU of its probe."""
     gpus = (facts.get("nvml") or {}).get("gpus") or []
     ids = frozenset(str(gpu.get("uuid") or f"#{index}") for index, gpu in enumerate(gpus))
@@ -39,27 +42,27 @@ def storage_total(host: object) -> int:
 
 
 class Machines(Protocol):
-    async def environment(self, host: dict) -> dict | None:
+    async def environment(self, host: HostFacts) -> EnvironmentFacts | None:
         """systemData's `environment`: every machine, its GPUs and its own
         report (`host` is this machine's probe); None on one machine."""
         ...
 
-    async def beat_figures(self, system_data: Mapping[str, Any], timeout: float) -> dict[str, dict] | None:
+    async def beat_figures(self, system_data: SystemData, timeout: float) -> dict[str, MachineFigures] | None:
         """A heartbeat's `machines`: each other machine's live GPU figures, or
         why none (`system_data` is the last report's); None on one machine."""
         ...
 
-    async def disk_figures(self, nodes: list[str], timeout: float) -> dict[str, dict]:
+    async def disk_figures(self, nodes: list[str], timeout: float) -> dict[str, DiskFigures]:
         """Each of those other machines' use of its disk by the rentals, by node
         (`{"error": ...}` for one that did not answer)."""
         ...
 
-    def disks(self, facts: Mapping[str, Any]) -> list[MachineDisk]:
+    def disks(self, facts: SystemData) -> list[MachineDisk]:
         """The machines whose disks the disk watch judges (`facts` is this
         machine's probe, with the environment on a leader)."""
         ...
 
-    def stack_error(self, containers: Sequence[Mapping[str, Any]]) -> str:
+    def stack_error(self, containers: Sequence[ContainerSummary]) -> str:
         """Why a stack's containers cannot run: the machines they are on that
         are unwell ("" when none is)."""
         ...
@@ -68,17 +71,17 @@ class Machines(Protocol):
 class OneMachine:
     """This machine alone: no other machine to report, ask or watch."""
 
-    async def environment(self, host: dict) -> dict | None:
+    async def environment(self, host: HostFacts) -> EnvironmentFacts | None:
         return None
 
-    async def beat_figures(self, system_data: Mapping[str, Any], timeout: float) -> dict[str, dict] | None:
+    async def beat_figures(self, system_data: SystemData, timeout: float) -> dict[str, MachineFigures] | None:
         return None
 
-    async def disk_figures(self, nodes: list[str], timeout: float) -> dict[str, dict]:
+    async def disk_figures(self, nodes: list[str], timeout: float) -> dict[str, DiskFigures]:
         return {}
 
-    def disks(self, facts: Mapping[str, Any]) -> list[MachineDisk]:
+    def disks(self, facts: SystemData) -> list[MachineDisk]:
         return this_machine_disks(facts)
 
-    def stack_error(self, containers: Sequence[Mapping[str, Any]]) -> str:
+    def stack_error(self, containers: Sequence[ContainerSummary]) -> str:
         return ""

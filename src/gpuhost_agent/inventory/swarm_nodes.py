@@ -22,12 +22,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuhost_agent.protocol.wire_system import EnvironmentFacts, EnvironmentNode, MachineFigures
 from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
 
 GPU_KIND = "NVIDIA-GPU"
 
 
-async def environment_facts(engine: DockerEngine) -> dict:
+async def environment_facts(engine: DockerEngine) -> EnvironmentFacts:
     """{"nodes": [...], "gpus": N, "error": None}, or the reason the manager could not be asked."""
     try:
         nodes = await engine.swarm_list("nodes")
@@ -37,10 +38,10 @@ async def environment_facts(engine: DockerEngine) -> dict:
     return {"nodes": shaped, "gpus": sum(len(node["gpus"]) for node in shaped), "error": None}
 
 
-def nodes_facts(nodes: Sequence[Mapping[str, Any]]) -> list[dict]:
+def nodes_facts(nodes: Sequence[Mapping[str, Any]]) -> list[EnvironmentNode]:
     """Each node once, by id; each GPU UUID on the first node (by id) that names it."""
     seen: set[str] = set()
-    shaped = []
+    shaped: list[EnvironmentNode] = []
     for node in sorted(nodes, key=lambda n: str(n.get("ID"))):
         description = node.get("Description") or {}
         gpus = []
@@ -63,7 +64,9 @@ def nodes_facts(nodes: Sequence[Mapping[str, Any]]) -> list[dict]:
     return shaped
 
 
-def attach_machines(environment: dict, own_node: str | None, reports: Mapping[str, Mapping[str, Any]]) -> None:
+def attach_machines(
+    environment: EnvironmentFacts, own_node: str | None, reports: Mapping[str, Mapping[str, Any]]
+) -> None:
     """Each node's `machine`, from the agents' reports by node id."""
     for node in environment["nodes"]:
         if node["nodeId"] == own_node:
@@ -76,9 +79,9 @@ def attach_machines(environment: dict, own_node: str | None, reports: Mapping[st
         )
 
 
-def live_figures(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, dict]:
+def live_figures(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, MachineFigures]:
     """A heartbeat's `machines`: each other machine's GPU figures, or why none."""
-    shaped: dict[str, dict] = {}
+    shaped: dict[str, MachineFigures] = {}
     for node, report in reports.items():
         gpus = (report.get("telemetry") or {}).get("gpus")
         shaped[node] = {"gpus": gpus} if isinstance(gpus, list) else {"error": str(report.get("error") or "no figures")}

@@ -15,7 +15,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from gpuhost_agent import __version__
 from gpuhost_agent.inventory import compliance, gpu_delivery, listing
@@ -24,6 +24,7 @@ from gpuhost_agent.inventory.host_probe import delivery, probe_host
 from gpuhost_agent.inventory.machines import Machines, OneMachine
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
 from gpuhost_agent.protocol import wire_time
+from gpuhost_agent.protocol.wire_system import HostFacts, NvmlInventory, SystemData, SystemDataReport
 from gpuhost_agent.runtime.egress_rules import Opening
 from gpuhost_agent.runtime.engine.client import DockerEngine
 
@@ -50,7 +51,7 @@ class Prober:
     # `probe` and `doctor` (driver_cdi.look).
     cdi: Callable[[dict, dict], dict] | None = None
 
-    async def system_data(self) -> dict:
+    async def system_data(self) -> SystemData:
         nvml, host = await asyncio.gather(
             asyncio.to_thread(self.nvml.inventory),
             probe_host(
@@ -68,16 +69,16 @@ class Prober:
             docker["cdiSpec"] = await asyncio.to_thread(self.cdi, nvml, docker)
             if docker["cdiSpec"]["path"] or docker["gpuDelivery"]["method"] == gpu_delivery.CDI:
                 docker["gpuDelivery"] = await asyncio.to_thread(delivery, docker)  # as the spec is now
-        data = {
+        data: SystemData = {
             "probedAt": wire_time.iso(),
             "agentVersion": __version__,
             "hostname": socket.gethostname(),
-            "nvml": nvml,
-            "host": host,
+            "nvml": cast(NvmlInventory, nvml),
+            "host": cast(HostFacts, host),
             "networkSpeed": self.speed,
             "location": self.location,
         }
-        environment = await self.machines.environment(host)
+        environment = await self.machines.environment(data["host"])
         if environment is not None:
             data["environment"] = environment
         return data
@@ -90,18 +91,22 @@ class Prober:
         error = await self.guard_answers(host, port) if self.guard_answers else "not asked"
         return {"listen": f"{host}:{port}", "error": error}
 
-    async def report(self, requirements: compliance.Requirements, clock_skew_seconds: float | None = None) -> dict:
+    async def report(
+        self, requirements: compliance.Requirements, clock_skew_seconds: float | None = None
+    ) -> SystemDataReport:
         data = await self.system_data()
         return build_report(data, requirements, clock_skew_seconds)
 
 
-def build_report(data: dict, requirements: compliance.Requirements, clock_skew_seconds: float | None) -> dict:
+def build_report(
+    data: SystemData, requirements: compliance.Requirements, clock_skew_seconds: float | None
+) -> SystemDataReport:
     checks = compliance.evaluate(data, requirements, clock_skew_seconds)
     machines = machines_check(data, requirements)
     if machines is not None:
         checks.append(machines)
     ok, reason = compliance.summary(checks)
-    report: dict[str, Any] = {
+    report: SystemDataReport = {
         "systemData": data,
         "listing": listing.listing_fields(data, data.get("networkSpeed"), data.get("location")),
         "compliance": {
@@ -114,13 +119,13 @@ def build_report(data: dict, requirements: compliance.Requirements, clock_skew_s
     return report
 
 
-def as_sent(report: dict) -> dict:
+def as_sent(report: SystemDataReport) -> dict[str, Any]:
     """The body of PUT /agent/system-data: the report and when it went out.
     `gpuhost-agent probe --json` prints this too, so a host sees what is sent."""
     return {**report, "reportedAt": wire_time.iso()}
 
 
-def fingerprint(report: dict) -> str:
+def fingerprint(report: SystemDataReport) -> str:
     """Changes when something a marketplace would show changes, not at every
     probe: the probe time and the clock's error estimate are left out, free
     disk counts only in whole GiB (so too in the other machines' reports of a

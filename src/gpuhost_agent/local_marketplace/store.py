@@ -27,7 +27,7 @@ from gpuhost_agent.local_marketplace.store_records import (  # Job and the error
     new_stack,
 )
 from gpuhost_agent.local_marketplace.tunnels import auth as tunnel_auth
-from gpuhost_agent.protocol import release_signature, wire, wire_time, wire_values
+from gpuhost_agent.protocol import release_signature, wire, wire_jobs, wire_time, wire_values
 
 LEASE = timedelta(minutes=10)
 DESIRED_ENDED_FOR = timedelta(hours=24)  # how long an ended rental stays in the desired state
@@ -159,7 +159,7 @@ class Store:
         return {"envId": self.envId, "generatedAt": wire_time.iso(), "stacks": stacks, "rentals": rentals}
 
     # ---- stacks ------------------------------------------------------------
-    def create_stack(self, rental_id: str, template: dict) -> dict:
+    def create_stack(self, rental_id: str, template: wire_jobs.StackTemplate) -> dict:
         rental = self.rental(rental_id)
         if rental["status"] != wire.RENTAL_ACTIVE:
             raise Conflict(f"rental {rental_id} has ended; no new stacks can be created in it")

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from gpuhost_agent.errors import Refusal
-from gpuhost_agent.protocol import wire, wire_time
+from gpuhost_agent.protocol import wire, wire_jobs, wire_time
 
 QUEUED, DELIVERED, COMPLETED = "queued", "delivered", "completed"
 
@@ -60,7 +60,7 @@ def new_rental(user_id: str, *, name: str | None, gpu_count: int, end_date: str 
     }
 
 
-def new_stack(env_id: str, rental_id: str, user_id: str, template: dict) -> dict:
+def new_stack(env_id: str, rental_id: str, user_id: str, template: wire_jobs.StackTemplate) -> dict:
     """A stack the renter just asked for: APPLYING until the agent reports.
     `desired`, `lastReportAt` and `history` are the store's own bookkeeping
     (shapes.py leaves them out of what the renter sees)."""

@@ -4,13 +4,17 @@ Both sides import these names so that a field renamed on one side breaks the
 tests instead of the protocol.  The shapes follow the marketplace's public spec
 (`shared/spec/marketplace-api.md`) and `docs/agent-api.yaml`.
 
-This module holds the protocol's words: headers, statuses, job types, labels.
-Beside it: the time format (wire_time.py), the guards of received values
-(wire_values.py), the decoding of jobs and templates (wire_jobs.py) and the
-SSH login rule (ssh_login.py).
+This module holds the protocol's words: headers, statuses, job types, labels,
+and the shapes the agent builds for the seed (Container, GpuStates, at the
+end). Beside it: the time format (wire_time.py), the guards of received
+values (wire_values.py), the decoding of jobs and templates (wire_jobs.py),
+the marketplace's replies (wire_replies.py), systemData (wire_system.py) and
+the SSH login rule (ssh_login.py).
 """
 
 from __future__ import annotations
+
+from typing import TypedDict
 
 API_KEY_HEADER = "X-API-Key"
 # The agent's refusal of a tunnel whose service does not accept connections yet
@@ -66,3 +70,36 @@ CONTAINER_EVENTS = (
 )
 
 MAX_POLL_WAIT_SECONDS = 60  # GET /agent/jobs holds a request at most this long (docs/agent-api.yaml)
+
+
+class ContainerPort(TypedDict, total=False):
+    """One of a Container's `Ports`: PrivatePort and Type always, IP and
+    PublicPort only where the engine published the port."""
+
+    PrivatePort: int
+    Type: str
+    IP: str
+    PublicPort: int
+
+
+class Container(TypedDict):
+    """The seed's Container, as the agent reports a stack's containers
+    (core/stacks/container_list.py builds it from the engine's list)."""
+
+    Name: str
+    Id: str
+    Created: int
+    Labels: list[str]  # "key=value"
+    Ports: list[ContainerPort]
+    State: str  # a free string: "running", "exited (137, OOM-killed)"
+
+
+class GpuStates(TypedDict):
+    """A heartbeat's `gpuAssignments`: which GPUs are free, assigned (by
+    rental), being released (by rental) and out of service
+    (core/gpus/ledger.py)."""
+
+    free: list[str]
+    assigned: dict[str, list[str]]
+    releasing: dict[str, list[str]]
+    outOfService: list[str]

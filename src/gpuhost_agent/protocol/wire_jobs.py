@@ -4,7 +4,7 @@ relies on, and anything else is an InvalidBody naming the field, never another e
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from gpuhost_agent.errors import Refusal
 from gpuhost_agent.protocol.wire import JOB_DEPLOY, JOB_RENTAL_END, JOB_TYPES
@@ -13,6 +13,21 @@ from gpuhost_agent.protocol.wire_values import SAFE_ID, clipped, is_text, is_who
 
 _TEMPLATE_STRINGS = ("name", "description", "content")
 _TEMPLATE_FLAGS = ("insecure", "isBasicAuthEnabled", "isSSHEnabled")
+
+
+class StackTemplate(TypedDict, total=False):
+    """The seed's Create-stack template as validate_template leaves it: every
+    key filled in (total=False only so that "no template" can be an empty one)."""
+
+    name: str
+    description: str
+    content: str  # the renter's Compose file, as text
+    environmentVariables: dict[str, str]
+    insecure: bool
+    isBasicAuthEnabled: bool
+    isSSHEnabled: bool
+
+
 MAX_CONTENT_BYTES = 512 * 1024
 # rental.gpuCount above this is a marketplace bug, not a rental (no host has that many).
 MAX_GPU_COUNT = 1024
@@ -30,7 +45,7 @@ class InvalidBody(Refusal, ValueError):
     """A request body that does not have the shape the spec requires."""
 
 
-def validate_template(template: Any) -> dict:
+def validate_template(template: Any) -> StackTemplate:
     """The seed's Create-stack template, checked and with defaults filled in.
 
     Both the renter API and the agent decode templates here, so whatever passes
@@ -63,7 +78,7 @@ def validate_template(template: Any) -> dict:
     cleaned = {key: template[key] for key in _TEMPLATE_STRINGS}
     cleaned["environmentVariables"] = dict(variables)
     cleaned.update({flag: bool(template.get(flag, False)) for flag in _TEMPLATE_FLAGS})
-    return cleaned
+    return cast(StackTemplate, cleaned)
 
 
 def name_problem(name: str, what: str) -> str | None:
@@ -109,7 +124,7 @@ class StackJob:
     rental_id: str
     env_id: str
     stack_name: str
-    template: dict | None
+    template: StackTemplate | None
     gpu_count: int = 0
     rental_end: str | None = None  # rental.endDate: the host ends the rental then, by its own clock
 

@@ -28,6 +28,7 @@ from gpuhost_agent.runtime.container_at import ContainerAt
 from gpuhost_agent.runtime.container_files import ContainerFiles
 from gpuhost_agent.runtime.engine.client import EngineError, read_events
 from gpuhost_agent.runtime.engine.errors import upgrade_answer, upgrade_request
+from gpuhost_agent.runtime.engine.records import EngineEvent
 from gpuhost_agent.runtime.engine.streams import EngineStreams, EngineUnreachable, checked_id
 
 TIMEOUT = 10.0
@@ -210,7 +211,7 @@ class DoorClient(EngineStreams):
             raise EngineError("the agent's disk figures are not a JSON object")
         return reply
 
-    async def follow_events(self, on_event: Callable[[dict], None]) -> None:
+    async def follow_events(self, on_event: Callable[[EngineEvent], None]) -> None:
         """That machine's engine's events for the agent's containers (the door
         cuts them so), each handed to `on_event`, until the stream ends. No
         overall timeout: a machine may be quiet for days."""

@@ -31,6 +31,7 @@ from gpuhost_agent.common.unix_http import UnixHTTPConnection
 from gpuhost_agent.errors import OutsideFailure
 from gpuhost_agent.runtime.docker_host import Endpoint, parse_docker_host
 from gpuhost_agent.runtime.engine.errors import EngineError, error_message
+from gpuhost_agent.runtime.engine.records import PullEvent
 
 CONNECT_SECONDS = 10.0
 NO_CREDENTIAL = base64.urlsafe_b64encode(b"{}").decode()  # X-Registry-Auth of an empty auth config
@@ -65,12 +66,13 @@ def _connection(endpoint: Endpoint, stall_seconds: float) -> http.client.HTTPCon
 
 def pull_image(
     reference: str,
-    on_event: Callable[[dict], object],
+    on_event: Callable[[PullEvent], object],
     progress_mark: Callable[[], object],
     stall_seconds: float,
 ) -> None:
     """Blocks until the image is here; PullStalled or PullError otherwise.
-    `on_event` gets each decoded event; `progress_mark` (read after each)
+    `on_event` gets each decoded event (as decoded: a line that is not
+    a JSON object is handed on too, for the reader to skip); `progress_mark` (read after each)
     changes whenever the pull moved."""
     try:
         endpoint = parse_docker_host(os.environ.get("DOCKER_HOST"), tls=bool(os.environ.get("DOCKER_TLS_VERIFY")))

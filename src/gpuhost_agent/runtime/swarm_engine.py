@@ -19,9 +19,11 @@ machine's agent (runtime/swarm_streams.py).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.records import ContainerState, ContainerSummary
 from gpuhost_agent.runtime.swarm_stacks import NAMESPACE_LABEL
 from gpuhost_agent.runtime.swarm_tasks import NODE_LABEL, stack_containers
 
@@ -31,27 +33,27 @@ class SwarmEngine(DockerEngine):
         super().__init__(timeout=timeout)
         self.elsewhere = elsewhere
 
-    async def container_state(self, container_id: str) -> dict:
+    async def container_state(self, container_id: str) -> ContainerState:
         try:
             return await super().container_state(container_id)
         except EngineError:
             if self.elsewhere is None:
                 raise
-        return (await self.elsewhere(container_id)).get("State") or {}
+        return cast(ContainerState, (await self.elsewhere(container_id)).get("State") or {})
 
-    async def _containers(self, labels: list[str]) -> list[dict]:
+    async def _containers(self, labels: list[str]) -> list[ContainerSummary]:
         tasks = await self.swarm_list("tasks", labels)
         if not tasks:
             return []
         return stack_containers(await self.swarm_list("services"), tasks)
 
-    async def stack_containers(self, stack_id: str) -> list[dict]:
+    async def stack_containers(self, stack_id: str) -> list[ContainerSummary]:
         return await self._containers([f"{wire.LABEL_STACK}={stack_id}"])
 
-    async def environment_containers(self, env_id: str) -> list[dict]:
+    async def environment_containers(self, env_id: str) -> list[ContainerSummary]:
         return await self._containers([f"{wire.LABEL_MANAGED}=true", f"{wire.LABEL_ENV}={env_id}"])
 
-    async def rental_containers(self, rental_id: str) -> list[dict]:
+    async def rental_containers(self, rental_id: str) -> list[ContainerSummary]:
         return await self._containers([f"{wire.LABEL_MANAGED}=true", f"{wire.LABEL_RENTAL}={rental_id}"])
 
     async def rental_peers(self, rental_id: str, project: str) -> dict[str, int]:

@@ -23,6 +23,7 @@ from pathlib import Path
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.compose import STACK_NAMESPACE_LABEL
 from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.records import DiskUsage
 from gpuhost_agent.runtime.host_process import HostProcesses
 
 NAMESPACE_LABEL = STACK_NAMESPACE_LABEL
@@ -129,7 +130,7 @@ class SwarmStacks:
         return code, printed
 
 
-def rental_disk_figures(df: dict) -> dict:
+def rental_disk_figures(df: DiskUsage) -> DiskUsage:
     """What of `GET /system/df` tells each rental's use of this machine's disk
     (core/disk_watch.py): the agent's containers' writable layers by rental,
     and the stacks' volumes by stack. A Swarm machine's agent answers the

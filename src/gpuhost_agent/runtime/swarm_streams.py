@@ -26,12 +26,15 @@ import asyncio
 import errno
 import ssl
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.protocol.wire_system import MachineAnswer
 from gpuhost_agent.runtime.container_at import ContainerAt
 from gpuhost_agent.runtime.container_files import ContainerFiles
 from gpuhost_agent.runtime.door_client import DoorClient
 from gpuhost_agent.runtime.engine.client import EngineError
+from gpuhost_agent.runtime.engine.records import DiskFigures, EngineEvent
 from gpuhost_agent.runtime.engine.streams import CHUNK_BYTES, ContainerGone, EngineStreams, EngineUnreachable, LogReader
 from gpuhost_agent.runtime.netns_dial import dial_in_namespace
 
@@ -139,17 +142,19 @@ class SwarmStreams(EngineStreams):
         remote = self._on.get(exec_id)
         return await (remote.signal if remote else super().signal)(exec_id, container_id, signum)
 
-    async def machine_reports(self, node_ids: list[str], timeout: float, live: bool) -> dict[str, dict]:
+    async def machine_reports(self, node_ids: list[str], timeout: float, live: bool) -> dict[str, MachineAnswer]:
         """Each node's report from its agent (`live`: its GPUs' figures alone),
         or {"error": why not}, asked at once; `timeout`: how long a heartbeat
         or a probe may wait for one."""
-        return await self._ask_each(node_ids, timeout, lambda remote: remote.machine(live))
+        answers = await self._ask_each(node_ids, timeout, lambda remote: remote.machine(live))
+        return cast("dict[str, MachineAnswer]", answers)
 
-    async def disk_figures(self, node_ids: list[str], timeout: float) -> dict[str, dict]:
+    async def disk_figures(self, node_ids: list[str], timeout: float) -> dict[str, DiskFigures]:
         """Each node's rentals' use of its disk from its agent, or {"error": why not}."""
-        return await self._ask_each(node_ids, timeout, lambda remote: remote.disk())
+        answers = await self._ask_each(node_ids, timeout, lambda remote: remote.disk())
+        return cast("dict[str, DiskFigures]", answers)
 
-    async def follow_events(self, node: str, on_event: Callable[[dict], None]) -> None:
+    async def follow_events(self, node: str, on_event: Callable[[EngineEvent], None]) -> None:
         """That machine's container events, through its agent, until the stream ends."""
         remote = await self._remote(node)
         if remote is None:

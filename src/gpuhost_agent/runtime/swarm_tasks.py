@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, cast
 
 from gpuhost_agent.runtime.compose import COMPOSE_SERVICE_LABEL as SERVICE_LABEL
 from gpuhost_agent.runtime.declared_ports import labelled_ports
+from gpuhost_agent.runtime.engine.records import ContainerSummary, PortSummary
 from gpuhost_agent.runtime.swarm_stacks import NAMESPACE_LABEL
 
 NODE_LABEL = "com.docker.swarm.node.id"
@@ -24,7 +25,9 @@ NODE_LABEL = "com.docker.swarm.node.id"
 ENDED = {"complete": "exited", "failed": "exited", "shutdown": "exited", "rejected": "dead", "orphaned": "dead"}
 
 
-def stack_containers(services: Sequence[Mapping[str, Any]], tasks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def stack_containers(
+    services: Sequence[Mapping[str, Any]], tasks: Sequence[Mapping[str, Any]]
+) -> list[ContainerSummary]:
     """The stack's containers on every machine, as Docker's container list
     gives them on one: the newest task of each service's slot."""
     names = {str(s.get("ID")): str((s.get("Spec") or {}).get("Name") or "") for s in services}
@@ -40,7 +43,7 @@ def stack_containers(services: Sequence[Mapping[str, Any]], tasks: Sequence[Mapp
     ]
 
 
-def _container(task: Mapping[str, Any], service: str) -> dict[str, Any]:
+def _container(task: Mapping[str, Any], service: str) -> ContainerSummary:
     status = task.get("Status") or {}
     spec = (task.get("Spec") or {}).get("ContainerSpec") or {}
     prefix = f"{(spec.get('Labels') or {}).get(NAMESPACE_LABEL, '')}_"  # Swarm names services <stack>_<service>
@@ -51,7 +54,7 @@ def _container(task: Mapping[str, Any], service: str) -> dict[str, Any]:
         SERVICE_LABEL: service.removeprefix(prefix),
         NODE_LABEL: str(task.get("NodeID") or _pinned_node(task)),
     }
-    raw: dict[str, Any] = {
+    raw: ContainerSummary = {
         "Id": container.get("ContainerID") or "",
         "Names": [f"/{service}.{task.get('Slot') or task.get('NodeID')}.{task.get('ID')}"],
         "Image": spec.get("Image", ""),
@@ -70,7 +73,7 @@ def _container(task: Mapping[str, Any], service: str) -> dict[str, Any]:
     return raw
 
 
-def _ports(published: list[Mapping[str, Any]], exposed: set[int]) -> list[dict[str, Any]]:
+def _ports(published: list[Mapping[str, Any]], exposed: set[int]) -> list[PortSummary]:
     """Each published port once: Swarm lists a host-mode port once per address
     family it bound (seen on Engine 20.10: the same entry twice). Then each
     `expose:` port the agent's label names (runtime/declared_ports.py) that
@@ -79,10 +82,13 @@ def _ports(published: list[Mapping[str, Any]], exposed: set[int]) -> list[dict[s
     seen = {
         (port.get("TargetPort"), port.get("Protocol") or "tcp", port.get("PublishedPort")): None for port in published
     }
-    listed: list[dict[str, Any]] = [
-        {"PrivatePort": target, "PublicPort": public, "Type": protocol, "IP": "0.0.0.0"}
-        for target, protocol, public in seen
-    ]
+    listed = cast(
+        "list[PortSummary]",
+        [
+            {"PrivatePort": target, "PublicPort": public, "Type": protocol, "IP": "0.0.0.0"}
+            for target, protocol, public in seen
+        ],
+    )
     tcp = {target for target, protocol, _ in seen if protocol == "tcp"}
     return listed + [{"PrivatePort": port, "Type": "tcp"} for port in sorted(exposed - tcp)]
 

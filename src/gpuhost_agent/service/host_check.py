@@ -21,13 +21,14 @@ from gpuhost_agent.common.visible import visible_tree
 from gpuhost_agent.inventory import render
 from gpuhost_agent.inventory.system_data import as_sent, build_report
 from gpuhost_agent.protocol.requirements import Requirements
+from gpuhost_agent.protocol.wire_system import SystemDataReport
 from gpuhost_agent.runtime.compose import ComposeNotFound, find_compose_command
 from gpuhost_agent.service import settings_view, topology
 from gpuhost_agent.service.config import AgentConfig
 from gpuhost_agent.service.probe_parts import build_probe
 
 
-async def machine_report(config: AgentConfig) -> dict:
+async def machine_report(config: AgentConfig) -> SystemDataReport:
     """One probe and its compliance, as the daemon makes them (probe, doctor, support-bundle)."""
     try:
         compose = await asyncio.to_thread(find_compose_command, config.compose_command)

@@ -42,6 +42,7 @@ from gpuhost_agent.common.logs import MASK, SecretRegistry
 from gpuhost_agent.common.visible import visible_tree
 from gpuhost_agent.inventory import render
 from gpuhost_agent.inventory.system_data import as_sent
+from gpuhost_agent.protocol.wire_system import SystemDataReport
 from gpuhost_agent.runtime.engine.client import DockerEngine
 from gpuhost_agent.runtime.engine.errors import EngineError
 from gpuhost_agent.service import settings_view
@@ -209,7 +210,7 @@ def engine_shown(info: dict) -> dict:
     return shown
 
 
-def versions_text(report: dict | None, lock: tuple[Path, str] | None, lock_verdict: list[str]) -> str:
+def versions_text(report: SystemDataReport | None, lock: tuple[Path, str] | None, lock_verdict: list[str]) -> str:
     """One line each: the agent, Python, the lock, the driver, Docker, Compose, the kernel."""
     data = (report or {}).get("systemData") or {}
     host, nvml = data.get("host") or {}, data.get("nvml") or {}
@@ -243,10 +244,10 @@ def parse_since(text: str) -> timedelta:
 
 
 # ---- gathering (I/O) -------------------------------------------------------------
-async def _probe_and_engine(config: AgentConfig) -> tuple[dict | str, dict | str]:
+async def _probe_and_engine(config: AgentConfig) -> tuple[SystemDataReport | str, dict | str]:
     """The probe's report and the engine's info, each or why not."""
     try:
-        report: dict | str = await machine_report(config)
+        report: SystemDataReport | str = await machine_report(config)
     except Exception as exc:  # a bundle is made on broken hosts: say why, go on
         report = f"{type(exc).__name__}: {exc}"
     engine = DockerEngine(timeout=10)

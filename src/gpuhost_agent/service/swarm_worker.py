@@ -29,6 +29,7 @@ from gpuhost_agent.inventory.machine_report import MachineReport
 from gpuhost_agent.runtime.compose import ComposeNotFound, find_compose_command
 from gpuhost_agent.runtime.docker_host import parse_docker_host
 from gpuhost_agent.runtime.engine.client import DockerEngine
+from gpuhost_agent.runtime.engine.records import DiskUsage
 from gpuhost_agent.runtime.engine.streams import EngineStreams
 from gpuhost_agent.runtime.host_firewall import HostFirewall
 from gpuhost_agent.runtime.swarm_stacks import rental_disk_figures
@@ -56,7 +57,7 @@ async def serve_worker(config: AgentConfig, stop: asyncio.Event) -> None:
     report = MachineReport(probe.prober)
     disk_engine = DockerEngine()  # `GET /system/df` may take longer than a probe's calls
 
-    async def disk_figures() -> dict:
+    async def disk_figures() -> DiskUsage:
         return rental_disk_figures(await disk_engine.disk_usage())
 
     async def networks() -> list[dict]:

@@ -28,6 +28,7 @@ from gpuhost_agent.core.swarm.worker_events import WorkerEvents
 from gpuhost_agent.inventory.machines import Machines, OneMachine
 from gpuhost_agent.runtime.compose import ComposeRunner
 from gpuhost_agent.runtime.engine.client import DockerEngine
+from gpuhost_agent.runtime.engine.records import ContainerSummary
 from gpuhost_agent.runtime.engine.streams import EngineStreams
 from gpuhost_agent.runtime.rental_cgroups import RentalCgroups
 from gpuhost_agent.runtime.swarm_engine import SwarmEngine
@@ -35,7 +36,7 @@ from gpuhost_agent.runtime.swarm_stacks import SwarmStacks
 from gpuhost_agent.runtime.swarm_streams import SwarmStreams
 from gpuhost_agent.service.config import AgentConfig, SwarmRole
 
-ListStack = Callable[[str], Awaitable[list[dict]]]
+ListStack = Callable[[str], Awaitable[list[ContainerSummary]]]
 
 
 class Topology:

@@ -25,6 +25,7 @@ from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core import release_keys, upgrade_offers, upgrade_plan
 from gpuhost_agent.protocol import wire_release, wire_time
 from gpuhost_agent.protocol.wire_release import ReleaseOffer
+from gpuhost_agent.protocol.wire_replies import OfferingReply
 from gpuhost_agent.runtime import own_unit, release_install
 from gpuhost_agent.service.launcher import LAUNCHED
 from gpuhost_agent.storage import upgrade_state
@@ -81,7 +82,7 @@ class Upgrades:
         """AgentInfo.upgrade: the version that runs and how the last attempt ended."""
         return {"upgrade": {"running": self.running, "lastAttempt": self.record["lastAttempt"]}}
 
-    def offered(self, reply: dict) -> None:
+    def offered(self, reply: OfferingReply) -> None:
         """A session's or a heartbeat's reply: act on its agentRelease, in the background."""
         offer = wire_release.decode_offer(reply.get("agentRelease"))
         if offer is None:
@@ -160,10 +161,12 @@ class Upgrades:
         attempt = upgrade_plan.attempt_of(version, outcome, reason, wire_time.iso(), self.running)
         await self._update(lambda record: {**record, "lastAttempt": attempt})
 
-    async def _update(self, change: Callable[[dict], dict | None]) -> dict | None:
+    async def _update(
+        self, change: Callable[[upgrade_state.UpgradeRecord], upgrade_state.UpgradeRecord | None]
+    ) -> upgrade_state.UpgradeRecord | None:
         """The record read, changed and written under its lock (None: unchanged)."""
 
-        def locked() -> dict | None:
+        def locked() -> upgrade_state.UpgradeRecord | None:
             with upgrade_state.locked(self.state_dir):
                 changed = change(upgrade_state.load(self.state_dir))
                 if changed is not None:

@@ -44,6 +44,7 @@ from gpuhost_agent.core.stacks.status_reporter import StatusReporter
 from gpuhost_agent.inventory import driver_cdi, telemetry
 from gpuhost_agent.inventory.gpu_events import GpuEventWatch
 from gpuhost_agent.inventory.nvml_probe import NvmlProbe
+from gpuhost_agent.protocol.wire_system import SystemData
 from gpuhost_agent.runtime.compose import ComposeRunner, find_compose_command
 from gpuhost_agent.runtime.engine.client import DockerEngine
 from gpuhost_agent.runtime.engine.watch import EngineWatch
@@ -297,7 +298,7 @@ def image_pulls(
     config: AgentConfig,
     engine: DockerEngine,
     docker_config_dir: Path,
-    machine_facts: Callable[[], Awaitable[dict]],
+    machine_facts: Callable[[], Awaitable[SystemData]],
     ledger: GpuLedger,
 ) -> ImagePulls:
     """Renters' images pulled by the agent, with progress, checked to fit first (one machine)."""

@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.protocol import wire_jobs, wire_time
@@ -49,6 +49,30 @@ CREATE TABLE IF NOT EXISTS usage (
     offline REAL NOT NULL DEFAULT 0, PRIMARY KEY (rental_id, gpu_uuid, slot_start));
 """
 JOB_RUNNING, JOB_FINISHED, JOB_INTERRUPTED = "running", "finished", "interrupted"
+
+
+class StackRow(TypedDict, total=False):
+    """A row of the stacks table: the agent's record of a stack it runs.
+    Every column is there (total=False lets a reader's `.get(id) or {}` read
+    a stack the table lacks as an empty row)."""
+
+    stack_id: str
+    rental_id: str
+    env_id: str
+    project: str  # its Compose project (a Swarm stack's namespace)
+    status: str  # as last reported: APPLYING, APPLIED, ERROR, REMOVING
+    error_msg: str
+    updated_at: str
+
+
+class RentalRow(TypedDict, total=False):
+    """A row of the rentals table, its GPUs decoded (every column is there,
+    as in StackRow)."""
+
+    rental_id: str
+    end_date: str | None
+    gpus: list[str]
+    ended_at: str | None
 
 
 class AgentDB:
@@ -191,8 +215,8 @@ class AgentDB:
         rows = self._rows("SELECT rental_id FROM stacks WHERE stack_id = ?", stack_id)
         return str(rows[0]["rental_id"]) if rows else None
 
-    def stacks(self) -> dict[str, dict]:
-        return {row["stack_id"]: row for row in self._rows("SELECT * FROM stacks")}
+    def stacks(self) -> dict[str, StackRow]:
+        return {row["stack_id"]: cast(StackRow, row) for row in self._rows("SELECT * FROM stacks")}
 
     # ---- rentals ---------------------------------------------------------------
     def rental_end_date(self, rental_id: str, end_date: str | None) -> bool:
@@ -231,9 +255,9 @@ class AgentDB:
         self._write("DELETE FROM rentals WHERE ended_at IS NOT NULL AND ended_at < ?", moment)
         return [row["rental_id"] for row in rows]
 
-    def rentals(self) -> dict[str, dict]:
+    def rentals(self) -> dict[str, RentalRow]:
         rows = self._rows("SELECT * FROM rentals")
-        return {row["rental_id"]: {**row, "gpus": json.loads(row["gpus"])} for row in rows}
+        return {row["rental_id"]: cast(RentalRow, {**row, "gpus": json.loads(row["gpus"])}) for row in rows}
 
     # ---- outbox ----------------------------------------------------------------
     def outbox_put(self, kind: str, target: str, seq: int, body: dict) -> None:

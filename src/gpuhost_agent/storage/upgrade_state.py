@@ -20,6 +20,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypedDict, cast
 
 from gpuhost_agent.common.json_files import write_json_atomically
 
@@ -27,12 +28,65 @@ FILE, LOCK = "upgrade.json", "upgrade.lock"
 VERSIONS = "versions"  # <state dir>/versions/<version>-<sha256[:12]>/: a virtual environment each
 
 
-def empty() -> dict:
+class InstalledVersion(TypedDict):
+    """An installed version: its number and its folder (`prefix`)."""
+
+    version: str
+    prefix: str
+
+
+# The version on trial: where it is installed, what it replaces (`from`, a
+# Python keyword: hence the functional form), how often it was started,
+# its health bound, and what it still lacked (`waiting`) or why it failed.
+Trial = TypedDict(
+    "Trial",
+    {
+        "version": str,
+        "sha256": str,
+        "prefix": str,
+        "from": str | None,
+        "starts": int,
+        "healthSeconds": float,
+        "failure": str | None,
+        "waiting": str,
+    },
+    total=False,
+)
+
+
+class Failure(TypedDict, total=False):
+    """A version that failed here: kept so that it is not tried again and again."""
+
+    version: str
+    sha256: str
+    reason: str
+    at: str
+    outage: bool  # the marketplace was away during its trial: it may be offered again
+
+
+# The last attempt, for the marketplace (AgentInfo.upgrade.lastAttempt).
+Attempt = TypedDict(
+    "Attempt", {"version": str, "outcome": str, "reason": str, "at": str, "from": str | None}, total=False
+)
+
+
+class UpgradeRecord(TypedDict):
+    """The record: every key there (load fills in what the file lacks)."""
+
+    current: InstalledVersion | None
+    trial: Trial | None
+    failed: list[Failure]
+    lastAttempt: Attempt | None
+    restarts: list[str]
+    keys: object  # core/release_keys.py's record, checked where it is read
+
+
+def empty() -> UpgradeRecord:
     """`keys`: the release keys the host moved to since its pin (core/release_keys.py)."""
     return {"current": None, "trial": None, "failed": [], "lastAttempt": None, "restarts": [], "keys": None}
 
 
-def load(state_dir: Path) -> dict:
+def load(state_dir: Path) -> UpgradeRecord:
     """The record; an empty one when there is none or it cannot be read (the
     installed version then runs: the safe choice)."""
     try:
@@ -41,10 +95,10 @@ def load(state_dir: Path) -> dict:
         return empty()
     if not isinstance(record, dict):
         return empty()
-    return {**empty(), **{key: record[key] for key in empty() if key in record}}
+    return cast(UpgradeRecord, {**empty(), **{key: record[key] for key in empty() if key in record}})
 
 
-def save(state_dir: Path, record: dict) -> None:
+def save(state_dir: Path, record: UpgradeRecord) -> None:
     write_json_atomically(state_dir / FILE, record)
     # The rename itself made durable: a power loss right after a trial was
     # written must not bring back the record without it.

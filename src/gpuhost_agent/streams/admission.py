@@ -32,6 +32,7 @@ import aiohttp
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine.client import EngineError
+from gpuhost_agent.runtime.engine.records import ContainerSummary
 from gpuhost_agent.runtime.engine.streams import ContainerAt, ContainerGone, EngineStreams
 from gpuhost_agent.runtime.netns_dial import dial_in_namespace
 from gpuhost_agent.streams import tunnel
@@ -52,7 +53,7 @@ from gpuhost_agent.uplink.session import SessionState
 log = get_logger(__name__)
 
 Service = tuple[asyncio.StreamReader, asyncio.StreamWriter]  # a tunnel's open connection to its service
-ListStack = Callable[[str], Awaitable[list[dict]]]  # a stack's containers, on every machine
+ListStack = Callable[[str], Awaitable[list[ContainerSummary]]]  # a stack's containers, on every machine
 NOT_IN_STACK = "no such container in this stack"
 
 

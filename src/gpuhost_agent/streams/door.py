@@ -56,14 +56,16 @@ import contextlib
 import hmac
 import json
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
+from typing import Any
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.container_files import end_helper, start_helper
 from gpuhost_agent.runtime.door_client import CRL_HEADER, FRAME_HEADER, FRAME_LIMIT, SERVICE_NO_TLS, SERVICE_REFUSED
 from gpuhost_agent.runtime.engine.client import EngineError
+from gpuhost_agent.runtime.engine.records import DiskUsage
 from gpuhost_agent.runtime.engine.streams import EngineStreams
 from gpuhost_agent.runtime.netns_dial import dial_in_namespace
 from gpuhost_agent.streams.door_own_calls import MachineSource, act
@@ -109,7 +111,7 @@ class WorkerDoor:
         engine: EngineStreams,
         engine_path: str,
         machine: MachineSource | None = None,
-        disk: Callable[[], Awaitable[dict]] | None = None,
+        disk: Callable[[], Awaitable[DiskUsage]] | None = None,
         networks: Callable[[], Awaitable[list[dict]]] | None = None,
         *,
         tls: ssl.SSLContext,
@@ -385,7 +387,7 @@ class WorkerDoor:
         return info
 
 
-def _answer(writer: asyncio.StreamWriter, status: int, reason: str, payload: dict) -> None:
+def _answer(writer: asyncio.StreamWriter, status: int, reason: str, payload: Mapping[str, Any]) -> None:
     body = json.dumps(payload).encode()
     writer.write(
         f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"

@@ -5,11 +5,12 @@ exec's hang-up and an SSH client's signal, where the exec's pids are."""
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Awaitable, Callable
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.engine.client import EngineError
+from gpuhost_agent.runtime.engine.records import DiskUsage
 from gpuhost_agent.runtime.engine.streams import EngineStreams
 from gpuhost_agent.streams.door_routes import SIGNALS, Approved, DoorRefused
 
@@ -28,8 +29,8 @@ async def act(
     approved: Approved,
     engine: EngineStreams,
     machine: MachineSource | None,
-    disk: Callable[[], Awaitable[dict]] | None,
-) -> dict:
+    disk: Callable[[], Awaitable[DiskUsage]] | None,
+) -> Mapping[str, Any]:
     """What the engine's API has no call for, done here, where the exec's pids are."""
     if approved.what == "machine":
         if machine is None:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.protocol.wire_replies import HeartbeatReply, SessionReply
 from gpuhost_agent.uplink.replies import (
     MarketplaceAuthFailed,
     MarketplaceRejected,
@@ -118,12 +119,12 @@ class MarketplaceClient:
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise MarketplaceUnavailable(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
 
-    async def open_session(self, info: dict) -> dict:
+    async def open_session(self, info: dict) -> SessionReply:
         reply = await self._request("POST", "/agent/sessions", body=info)
         if not isinstance(reply, dict):
             raise MarketplaceRejected(200, "POST /agent/sessions answered without a JSON object")
         self.session_id = reply.get("sessionId")
-        return reply
+        return cast(SessionReply, reply)
 
     async def download(self, path: str, size: int, timeout: float = 300) -> bytes:
         """A file the marketplace serves under its own base URL (an agent
@@ -191,9 +192,9 @@ class MarketplaceClient:
             raise MarketplaceRejected(200, "GET /agent/rentals/{id}/ssh-keys answered without a keys array")
         return [key for key in keys if isinstance(key, str)]
 
-    async def heartbeat(self, body: dict) -> dict:
+    async def heartbeat(self, body: dict) -> HeartbeatReply:
         reply = await self._request("POST", "/agent/heartbeat", body=body)
-        return reply if isinstance(reply, dict) else {}
+        return cast(HeartbeatReply, reply if isinstance(reply, dict) else {})
 
     def stats(self) -> dict:
         return {"marketplace": self.base_url, "sessionId": self.session_id}

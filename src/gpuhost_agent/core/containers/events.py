@@ -17,13 +17,15 @@ from __future__ import annotations
 
 from gpuhost_agent.core.sandbox.apply import kept_notes
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.engine.records import ContainerSummary, EngineEvent
+from gpuhost_agent.storage.agent_db import StackRow
 
 # The actions that change what a stack's list shows; the others (exec, attach, ...)
 # are not followed, and not even asked of the engine (wire.CONTAINER_EVENTS).
 WATCHED = frozenset(wire.CONTAINER_EVENTS)
 
 
-def error_to_report(record: dict | None, error: str, *, may_set: bool = True) -> str | None:
+def error_to_report(record: StackRow | None, error: str, *, may_set: bool = True) -> str | None:
     """The errorMsg to send with APPLIED ("" clears it), or None to send nothing:
     only for a stack recorded APPLIED, only when it differs from the recorded one."""
     if not record or record.get("status") != wire.APPLIED:
@@ -37,14 +39,14 @@ def error_to_report(record: dict | None, error: str, *, may_set: bool = True) ->
     return error
 
 
-def list_behind(raw_list: list[dict], died: set[str]) -> set[str]:
+def list_behind(raw_list: list[ContainerSummary], died: set[str]) -> set[str]:
     """Containers the engine said died that its list still shows running: the
     engine sends `die` before it updates what it lists (after unmounting and
     releasing the network), so the list is read again a moment later."""
     return {raw["Id"] for raw in raw_list if raw.get("Id") in died and raw.get("State") == "running"}
 
 
-def decode_event(event: dict) -> tuple[str, str, dict]:
+def decode_event(event: EngineEvent) -> tuple[str, str, dict[str, str]]:
     """(action, container id, attributes) of an engine event; health_status
     actions carry the status after a colon."""
     actor = event.get("Actor") or {}

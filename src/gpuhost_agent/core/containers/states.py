@@ -14,12 +14,12 @@ import asyncio
 import dataclasses
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.stacks.container_list import ExitFacts, exit_facts, needs_facts, status_exit_code
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.records import ContainerSummary
 
 log = get_logger(__name__)
 MAX_KEPT = 4096
@@ -44,7 +44,7 @@ class ContainerStates:
         self.inspections = 0
         self._facts: OrderedDict[str, tuple[tuple, ExitFacts]] = OrderedDict()  # id -> (what the list showed, facts)
 
-    async def facts(self, raw_list: list[dict[str, Any]]) -> dict[str, ExitFacts]:
+    async def facts(self, raw_list: list[ContainerSummary]) -> dict[str, ExitFacts]:
         """Facts by container id for the stopped containers of the list. A
         container gone meanwhile (or an engine that does not answer) just has
         none: its state is then shaped from the list entry alone."""

@@ -34,6 +34,7 @@ from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.inventory.machines import Machines
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.records import ContainerSummary, EngineEvent
 from gpuhost_agent.storage.agent_db import AgentDB
 
 log = get_logger(__name__)
@@ -59,7 +60,8 @@ class ContainerWatch:
         # The environment's machines: their words for containers on unwell ones (none on one machine).
         self.machines = machines
         self.engine, self.reporter, self.db, self.dispatcher, self.window = engine, reporter, db, dispatcher, window
-        self.pushed: dict[str, list] = {}  # the last list pushed per stack, shared by events and the resync
+        # The last list pushed per stack, shared by events and the resync.
+        self.pushed: dict[str, list[wire.Container]] = {}
         self.states = ContainerStates(self.engine, rental_limit_reached=rental_limit_reached)
         self.events = self.flushes = self.pushes = self.errors_reported = 0  # for tests and the benchmark
         self._windows = Coalescer()
@@ -150,11 +152,11 @@ class ContainerWatch:
             self._open()
 
     # ---- events, coalesced per stack -------------------------------------------
-    def other_machine_event(self, event: dict) -> None:
+    def other_machine_event(self, event: EngineEvent) -> None:
         """An event of another machine's engine (a Swarm leader: core/swarm/worker_events.py)."""
         self._on_event(self._generation, event)
 
-    def _on_event(self, generation: int, event: dict) -> None:
+    def _on_event(self, generation: int, event: EngineEvent) -> None:
         if generation != self._generation or self._stopped:
             return
         action, container_id, attributes = decode_event(event)
@@ -208,7 +210,7 @@ class ContainerWatch:
             if self._windows.end(stack_id, again=again is not None) and not self._stopped:
                 self._schedule(stack_id, again or self.window)
 
-    def _still_behind(self, stack_id: str, raw: list[dict]) -> bool:
+    def _still_behind(self, stack_id: str, raw: list[ContainerSummary]) -> bool:
         died = self._died.get(stack_id, set()) & {container.get("Id") for container in raw}
         behind = list_behind(raw, died)
         self._behind[stack_id] = self._behind.get(stack_id, 0) + 1 if behind else 0
@@ -231,7 +233,7 @@ class ContainerWatch:
         except EngineError as exc:
             log.warning("container_resync_failed", error=str(exc))
             return
-        by_stack: dict[str, list] = {}
+        by_stack: dict[str, list[ContainerSummary]] = {}
         for raw in managed:
             if stack_id := stack_id_of(raw):
                 by_stack.setdefault(stack_id, []).append(raw)
@@ -240,7 +242,7 @@ class ContainerWatch:
         for gone in set(self.pushed) - set(by_stack):
             self.pushed.pop(gone, None)
 
-    async def push(self, stack_id: str, raw: list[dict], seen_at: float, *, may_set_error: bool) -> bool:
+    async def push(self, stack_id: str, raw: list[ContainerSummary], seen_at: float, *, may_set_error: bool) -> bool:
         """Push the stack's list (read at `seen_at`) if it changed; False when the
         stack has a job under way (that job reports, and it is looked at after)."""
         if self._busy(stack_id, raw):
@@ -262,7 +264,7 @@ class ContainerWatch:
         self._report_error(stack_id, "; ".join(error for error in errors if error), may_set_error)
         return True
 
-    def _busy(self, stack_id: str, raw: list[dict]) -> bool:
+    def _busy(self, stack_id: str, raw: list[ContainerSummary]) -> bool:
         if stack_id in self.dispatcher.busy_stacks():
             return True
         rentals = {(container.get("Labels") or {}).get(wire.LABEL_RENTAL) for container in raw}

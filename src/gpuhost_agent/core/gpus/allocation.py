@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuhost_agent.errors import Refusal
+from gpuhost_agent.protocol.wire_system import EnvironmentFacts, NvmlInventory, SystemData
 
 
 class NotEnoughGpus(Refusal, ValueError):
@@ -30,7 +31,7 @@ class GpuSlot:
     machine: str = ""  # the Swarm node id, in an environment of several machines
 
 
-def slots_from_facts(facts: dict) -> list[GpuSlot]:
+def slots_from_facts(facts: SystemData) -> list[GpuSlot]:
     """The GPUs the agent hands out: the environment's when it spans machines,
     else this machine's."""
     environment = facts.get("environment")
@@ -39,7 +40,7 @@ def slots_from_facts(facts: dict) -> list[GpuSlot]:
     return slots_from_inventory(facts.get("nvml") or {})
 
 
-def environment_slots(environment: dict) -> list[GpuSlot]:
+def environment_slots(environment: EnvironmentFacts) -> list[GpuSlot]:
     """Every machine's GPUs; those of a machine that cannot take tasks now
     (down, drained, paused) are out of service, with the reason."""
     slots: list[GpuSlot] = []
@@ -52,7 +53,7 @@ def environment_slots(environment: dict) -> list[GpuSlot]:
     return slots
 
 
-def slots_from_inventory(nvml: dict) -> list[GpuSlot]:
+def slots_from_inventory(nvml: NvmlInventory) -> list[GpuSlot]:
     """GPUs as the probe saw them; one that cannot be read or has uncorrected
     memory errors is not handed out."""
     slots: list[GpuSlot] = []

@@ -20,7 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from gpuhost_agent.core.gpus.allocation import GpuSlot, NotEnoughGpus, allocate
-from gpuhost_agent.protocol import wire_time
+from gpuhost_agent.protocol import wire, wire_time
 from gpuhost_agent.storage.agent_db import AgentDB
 
 ENDED_KEPT = timedelta(days=7)  # how long an ended rental is remembered
@@ -83,7 +83,7 @@ class GpuLedger:
             return False
         return True
 
-    def states(self, slots: list[GpuSlot]) -> dict:
+    def states(self, slots: list[GpuSlot]) -> wire.GpuStates:
         """Which GPUs are free, assigned (by rental), being released (by rental)
         and out of service: what the heartbeat tells the marketplace."""
         held = {uuid for uuids in self.assignments.values() for uuid in uuids}

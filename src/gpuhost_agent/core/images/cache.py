@@ -104,7 +104,7 @@ class ImageCache:
                     ids[str(key)] = image_id
         return used, ids
 
-    def _record(self) -> dict:
+    def _record(self) -> dict[str, float | dict[str, float | str]]:
         return {
             reference: {"used": at, "id": self._ids[reference]} if reference in self._ids else at
             for reference, at in self._used.items()

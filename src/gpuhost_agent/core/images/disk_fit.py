@@ -23,6 +23,7 @@ from gpuhost_agent.core.gpus.allocation import slots_from_inventory
 from gpuhost_agent.core.gpus.ledger import GpuLedger
 from gpuhost_agent.core.rentals.disk_share import disk_share
 from gpuhost_agent.inventory.host_probe import storage
+from gpuhost_agent.protocol.wire_system import StorageFacts, SystemData
 
 GB = 1000**3  # as registries and `docker images` count
 
@@ -77,7 +78,7 @@ class DiskRoom:
 
     def __init__(
         self,
-        machine_facts: Callable[[], Awaitable[dict]],
+        machine_facts: Callable[[], Awaitable[SystemData]],
         ledger: GpuLedger,
         *,
         floor_bytes: int,
@@ -86,7 +87,7 @@ class DiskRoom:
         self.machine_facts, self.ledger = machine_facts, ledger
         self.floor_bytes, self.rental_disk_bytes = floor_bytes, rental_disk_bytes
 
-    async def _disk(self) -> tuple[dict, dict]:
+    async def _disk(self) -> tuple[SystemData, StorageFacts]:
         facts = await self.machine_facts()
         root = (((facts.get("host") or {}).get("docker") or {}).get("rootDir")) or "/var/lib/docker"
         return facts, await asyncio.to_thread(storage, root)

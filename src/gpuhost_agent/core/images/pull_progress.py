@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpuhost_agent.runtime.engine.records import PullEvent
+
 MB = 1000 * 1000  # as `docker pull` counts
 MAX_LAYERS = 1000  # the engine refuses more than 128; ids past this are not recorded
 
@@ -37,9 +39,9 @@ class PullProgress:
     error: str = ""  # the engine's own message, when it sent one
     waiting: bool = False  # queued: not started, for want of a pull slot (pull_slots.py)
 
-    def add(self, event: dict) -> None:
+    def add(self, event: PullEvent) -> None:
         """Fold one event of the engine's stream in."""
-        if not isinstance(event, dict):
+        if not isinstance(event, dict):  # the stream's lines are untrusted: not every one is an object
             return
         if event.get("error"):
             self.error = str(event["error"])[:500]

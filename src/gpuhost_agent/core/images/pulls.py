@@ -43,6 +43,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.core.compose_values import ComposeModel
 from gpuhost_agent.core.images.cache import ImageCache
 from gpuhost_agent.core.images.disk_fit import Room, room_problem, roomy
 from gpuhost_agent.core.images.pull_progress import PullProgress, progress_message
@@ -50,12 +51,13 @@ from gpuhost_agent.core.images.pull_slots import PER_HOST, PER_RENTAL, deadline_
 from gpuhost_agent.core.sandbox.host_network import registry_of
 from gpuhost_agent.core.stack_errors import StackFailed, StackRejected
 from gpuhost_agent.errors import Stopped
+from gpuhost_agent.runtime.engine.records import PullEvent
 from gpuhost_agent.runtime.image_pull import PullError, PullStalled
 
 log = get_logger(__name__)
 
 # reference, on_event, progress_mark, stall_seconds: blocks until pulled (runtime/image_pull.py, pull_image)
-PullFn = Callable[[str, Callable[[dict], object], Callable[[], object], float], None]
+PullFn = Callable[[str, Callable[[PullEvent], object], Callable[[], object], float], None]
 NO_CONTACT_POLICIES = (None, "missing", "if_not_present")  # the policies under which Compose pulls only what is missing
 FRESH_POLICIES = ("always", "daily", "weekly")  # pulled by the agent at each deploy (a day or a week: at each one too)
 SETTING = "GPUHOST_PULL_STALL_SECONDS"
@@ -85,7 +87,7 @@ class Flight:
     deadline_s: float = 0.0  # the deadline, in seconds from the start
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, event: dict) -> None:
+    def add(self, event: PullEvent) -> None:
         """Fold one event in; raised into the pull (which then closes its
         engine request) once cancelled or past its deadline."""
         with self.lock:
@@ -105,7 +107,7 @@ class Flight:
             return PullProgress(self.progress.image, layers, waiting=not self.running and not self.done.done())
 
 
-def pullable_images(model: dict, policies: tuple = NO_CONTACT_POLICIES) -> list[str]:
+def pullable_images(model: ComposeModel, policies: tuple = NO_CONTACT_POLICIES) -> list[str]:
     """The images of the stack whose `pull_policy` is one of `policies`: by
     default those Compose would pull only when missing, which the agent pulls
     when missing; with FRESH_POLICIES, those it pulls at every deploy."""

@@ -35,7 +35,7 @@ class DesiredStack:
     desired: str  # PRESENT or ABSENT (the renter asked for its removal)
     status: str  # what the marketplace shows now
     open_jobs: int  # jobs for it not yet completed: those will bring it where it should be
-    template: dict | None  # None when unusable
+    template: wire_jobs.StackTemplate | None  # None when unusable
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ def _rental(entry: Any, index: int) -> DesiredRental:
     return DesiredRental(_id(entry, "rentalId", where), status, wire_time.parse_iso(end) if end else None, gpus)
 
 
-def _id(entry: dict, key: str, where: str) -> str:
+def _id(entry: dict[str, object], key: str, where: str) -> str:
     value = entry.get(key)
     if not isinstance(value, str) or not wire_values.is_safe_id(value):
         raise wire_jobs.InvalidBody(f"{where}.{key} must be an id of letters, digits, '_', '.' and '-'")

@@ -24,6 +24,7 @@ from datetime import datetime
 
 from gpuhost_agent.core.reconcile.desired_state import ABSENT, DesiredStack, DesiredState
 from gpuhost_agent.protocol import wire, wire_time
+from gpuhost_agent.storage.agent_db import RentalRow, StackRow
 
 DEPLOY, REMOVE, END_RENTAL, REPORT = "deploy", "remove", "end_rental", "report"
 
@@ -53,8 +54,8 @@ class Action:
 class Picture:
     desired: DesiredState | None  # None: the marketplace could not be asked
     seen: dict[str, SeenStack]
-    record: dict[str, dict]  # the agent's stacks table
-    rentals: dict[str, dict]  # the agent's rentals table (end_date, gpus, ended_at)
+    record: dict[str, StackRow]  # the agent's stacks table
+    rentals: dict[str, RentalRow]  # the agent's rentals table (end_date, gpus, ended_at)
     busy_stacks: set[str] = field(default_factory=set)
     busy_rentals: set[str] = field(default_factory=set)
     reports_pending: set[str] = field(default_factory=set)  # stacks with a status report in the outbox
@@ -67,7 +68,7 @@ def ended_rentals(picture: Picture, now: datetime) -> set[str]:
     ended = {
         rental_id
         for rental_id, row in picture.rentals.items()
-        if row.get("end_date") and wire_time.parse_iso(row["end_date"]) <= now
+        if (end := row.get("end_date")) and wire_time.parse_iso(end) <= now
     }
     if picture.desired is not None:
         ended |= {

@@ -26,6 +26,7 @@ from gpuhost_agent.core.stacks.dispatcher import JobDispatcher
 from gpuhost_agent.core.stacks.status_reporter import StackRef, StatusReporter
 from gpuhost_agent.protocol import wire, wire_jobs, wire_time
 from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.records import ContainerSummary
 from gpuhost_agent.storage.agent_db import AgentDB
 from gpuhost_agent.uplink.client import MarketplaceClient
 from gpuhost_agent.uplink.outbox import STATUS, Outbox
@@ -83,7 +84,7 @@ class Reconciler:
         # them: the agent's record keeps only the Compose project (a slug).
         self.stack_names: dict[str, str] = {}
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, object]:
         return {
             "runs": self.runs,
             "lastActions": [{"kind": a.kind, "target": a.target, "why": a.why} for a in self.last_actions],
@@ -158,7 +159,7 @@ class Reconciler:
             return desired
         return None
 
-    async def _adopt(self, seen: dict[str, SeenStack], containers: list[dict], env_id: str) -> None:
+    async def _adopt(self, seen: dict[str, SeenStack], containers: list[ContainerSummary], env_id: str) -> None:
         """After a fresh state file: take GPU assignments and stacks back from the labels."""
         records = self.db.stacks()
         for stack_id, stack in seen.items():
@@ -170,7 +171,7 @@ class Reconciler:
                 status = wire.APPLIED if all(state == "running" for state in stack.states) else wire.APPLYING
                 self.db.stack_status(stack_id, stack.rental_id, env_id, stack.project, status)
 
-    async def _recorded_gpus(self, members: list[dict]) -> list[str]:
+    async def _recorded_gpus(self, members: list[ContainerSummary]) -> list[str]:
         """The GPUs the agent itself wrote on a rental's containers. A
         container's labels are its image's with the agent's laid over them, so
         the rental's GPU label counts only where the image does not carry the
@@ -244,8 +245,8 @@ class Reconciler:
         self.dispatcher.submit_internal(job)
 
 
-def _seen_stacks(containers: list[dict]) -> dict[str, SeenStack]:
-    grouped: dict[str, list[dict]] = {}
+def _seen_stacks(containers: list[ContainerSummary]) -> dict[str, SeenStack]:
+    grouped: dict[str, list[ContainerSummary]] = {}
     for container in containers:
         labels = container.get("Labels") or {}
         if labels.get(wire.LABEL_MANAGED) == "true" and labels.get(wire.LABEL_STACK) and labels.get(wire.LABEL_RENTAL):

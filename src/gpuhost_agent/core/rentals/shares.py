@@ -16,13 +16,14 @@ from typing import Protocol
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.stack_errors import StackRejected
+from gpuhost_agent.protocol.wire_system import DockerFacts
 from gpuhost_agent.runtime.rental_cgroups import CgroupError, RentalCgroups, RentalLimits
 
 log = get_logger(__name__)
 
 
 class RentalShares(Protocol):
-    async def parent(self, docker: dict, rental_id: str) -> str | None:
+    async def parent(self, docker: DockerFacts, rental_id: str) -> str | None:
         """The rental's cgroup parent (None: none is used), with the cgroups
         configured for the engine's driver and version (`docker`, the probe's
         facts) first; StackRejected when it cannot be made."""
@@ -49,7 +50,7 @@ class CgroupShares:
         self._layout: tuple | None = None  # (driver, version) the cgroups were configured for
         self._configuring = asyncio.Lock()
 
-    async def parent(self, docker: dict, rental_id: str) -> str | None:
+    async def parent(self, docker: DockerFacts, rental_id: str) -> str | None:
         layout = (docker.get("cgroupDriver") or "", str(docker.get("cgroupVersion") or ""))
         async with self._configuring:  # concurrent deploys wait for the one that configures
             if layout != self._layout:
@@ -79,7 +80,7 @@ class NoRentalCgroups:
     """No rental cgroup (a Swarm leader): each container has the limits the
     sandbox wrote into the stack, nothing more."""
 
-    async def parent(self, docker: dict, rental_id: str) -> str | None:
+    async def parent(self, docker: DockerFacts, rental_id: str) -> str | None:
         return None
 
     async def apply(self, rental_id: str, limits: RentalLimits) -> None:

@@ -32,7 +32,7 @@ from gpuhost_agent.uplink.reports import USAGE
 
 log = get_logger(__name__)
 
-PutReport = Callable[[str, str, dict], None]
+PutReport = Callable[[str, str, dict[str, object]], None]
 ReadBusy = Callable[[], Awaitable[dict[str, float]]]
 
 

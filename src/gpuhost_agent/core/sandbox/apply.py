@@ -43,6 +43,7 @@ from gpuhost_agent.core.sandbox.raw import RawReview, review
 from gpuhost_agent.core.stack_errors import StackRejected
 from gpuhost_agent.inventory.host_probe import storage
 from gpuhost_agent.protocol import wire_jobs
+from gpuhost_agent.protocol.wire_system import SystemData
 from gpuhost_agent.runtime.rental_cgroups import CgroupError, RentalLimits
 from gpuhost_agent.streams.tunnel import read_host_networks
 
@@ -51,7 +52,7 @@ GPU_FAULT_PREFIX = "out of service: GPU "  # core/stacks/gpu_faults.py writes it
 RELEASE_WAIT_SECONDS = 120.0  # how long a deploy waits for GPUs an ending rental still holds
 
 POLICY_PREFIX = "refused by the sandbox policy: "
-MachineFacts = Callable[[], Awaitable[dict]]  # a systemData dict: {"nvml": ..., "host": ...}
+MachineFacts = Callable[[], Awaitable[SystemData]]
 
 
 def review_raw(content: str, profiles: str = "") -> RawReview:

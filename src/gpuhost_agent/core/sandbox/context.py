@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from gpuhost_agent.protocol.wire_system import HostFacts, StorageFacts
+from gpuhost_agent.storage.agent_db import StackRow
 from gpuhost_agent.streams.sandbox_addresses import IPNetwork
 
 GIB = 1024**3
@@ -110,7 +112,7 @@ class Machine:
     gpus: int
 
 
-def machine_of(host: dict, gpus: int) -> Machine:
+def machine_of(host: HostFacts, gpus: int) -> Machine:
     """A machine's size from its systemData `host` part."""
     return Machine(
         cpus=int((host.get("cpu") or {}).get("logicalCores") or 1),
@@ -131,7 +133,7 @@ def rental_share(machine: Machine, rental_gpus: int) -> tuple[float, int]:
     return cpus, max(GIB // 2, memory)
 
 
-def crowded_rental_problem(stacks: dict[str, dict], rental_id: str, stack_id: str, limit: int) -> str | None:
+def crowded_rental_problem(stacks: dict[str, StackRow], rental_id: str, stack_id: str, limit: int) -> str | None:
     """Why a rental may not have one more stack on this host: it already has
     `limit` (each makes networks from the address pools all rentals share,
     and containers the host runs for it). `stacks` is the agent's record;
@@ -145,7 +147,7 @@ def crowded_rental_problem(stacks: dict[str, dict], rental_id: str, stack_id: st
     )
 
 
-def disk_floor_problem(storage: dict, floor_bytes: int) -> str | None:
+def disk_floor_problem(storage: StorageFacts, floor_bytes: int) -> str | None:
     """Why no stack may start now: Docker's disk has less free space than the
     host's floor. Said before a pull that would fail half-way (or fill the
     disk the host's own system needs); None when there is room or the

@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+from gpuhost_agent.core.compose_values import ComposeModel
 from gpuhost_agent.core.sandbox.context import SandboxContext
+from gpuhost_agent.protocol.wire_system import SystemData
 
 Share = tuple[float, int]  # (cpus, memory bytes)
 
@@ -22,20 +24,20 @@ class PlacementPlan(Protocol):
     """One deploy's placement, once what it looked up (before the sandbox's
     atomic decision) is known. Both steps run inside that decision: no await."""
 
-    def shares(self, facts: dict, gpu_nodes: Mapping[str, str], uuids: list[str]) -> dict[str, Share]:
+    def shares(self, facts: SystemData, gpu_nodes: Mapping[str, str], uuids: list[str]) -> dict[str, Share]:
         """The rental's share of each machine it has GPUs on, where machines
         differ (empty: the one share of this machine)."""
         ...
 
     def place(
         self,
-        hardened: dict,
+        hardened: ComposeModel,
         ctx: SandboxContext,
-        facts: dict,
+        facts: SystemData,
         gpu_nodes: Mapping[str, str],
         base_share: Share,
         shares: Mapping[str, Share],
-    ) -> tuple[dict, list[str]]:
+    ) -> tuple[ComposeModel, list[str]]:
         """The hardened model as the stack runs, and notices; StackRejected
         when it cannot run where its GPUs are."""
         ...
@@ -53,16 +55,16 @@ class OneMachinePlacement:
     async def plan(self, rental_id: str, project: str) -> OneMachinePlacement:
         return self
 
-    def shares(self, facts: dict, gpu_nodes: Mapping[str, str], uuids: list[str]) -> dict[str, Share]:
+    def shares(self, facts: SystemData, gpu_nodes: Mapping[str, str], uuids: list[str]) -> dict[str, Share]:
         return {}
 
     def place(
         self,
-        hardened: dict,
+        hardened: ComposeModel,
         ctx: SandboxContext,
-        facts: dict,
+        facts: SystemData,
         gpu_nodes: Mapping[str, str],
         base_share: Share,
         shares: Mapping[str, Share],
-    ) -> tuple[dict, list[str]]:
+    ) -> tuple[ComposeModel, list[str]]:
         return hardened, []

@@ -17,9 +17,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
 
+from gpuhost_agent.core.compose_values import ComposeModel
 from gpuhost_agent.core.sandbox.raw import RawReview
+from gpuhost_agent.runtime.engine.records import ContainerSummary
 
-ListContainers = Callable[[], Awaitable[list[dict]]]
+ListContainers = Callable[[], Awaitable[list[ContainerSummary]]]
 
 
 class StackStart(Protocol):
@@ -27,10 +29,10 @@ class StackStart(Protocol):
     engine's names that are not the project's (what the sandbox judges), and
     the start of the hardened file once it is written."""
 
-    model: dict
+    model: ComposeModel
     foreign_names: frozenset[str]
 
-    async def run(self, stack_id: str, text: str, stack: dict) -> None:
+    async def run(self, stack_id: str, text: str, stack: ComposeModel) -> None:
         """Start `text` (the hardened `stack`, as written down); StackFailed
         or EngineError when it does not start."""
 
@@ -46,11 +48,11 @@ class StackBackend(Protocol):
         The sandbox's refusal when Compose cannot read the file."""
         ...
 
-    def stack_file(self, labelled: dict) -> dict:
+    def stack_file(self, labelled: ComposeModel) -> ComposeModel:
         """The hardened, labelled stack in the form this backend starts."""
         ...
 
-    async def until_running(self, stack_id: str) -> list[dict]:
+    async def until_running(self, stack_id: str) -> list[ContainerSummary]:
         """The stack's containers once the engine says they were started
         (StackFailed naming one that did not start)."""
         ...
@@ -64,7 +66,7 @@ class StackBackend(Protocol):
         fallback ones when none is left, taken down; returns those projects."""
         ...
 
-    async def stop(self, projects: list[str], running: list[dict]) -> None:
+    async def stop(self, projects: list[str], running: list[ContainerSummary]) -> None:
         """A rental's stacks `projects`, whose `running` containers these
         are, stopped and kept stopped, their definitions, networks and
         volumes kept (the disk watch stops a rental over its share)."""

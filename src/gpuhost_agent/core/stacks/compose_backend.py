@@ -12,6 +12,7 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuhost_agent.core.compose_values import ComposeModel
 from gpuhost_agent.core.sandbox.raw import RawReview
 from gpuhost_agent.core.stack_errors import StackFailed
 from gpuhost_agent.core.stacks.backend import ListContainers
@@ -20,18 +21,19 @@ from gpuhost_agent.core.stacks.deploy_start import start_compose
 from gpuhost_agent.core.stacks.image_checks import started_problem
 from gpuhost_agent.runtime.compose import COMPOSE_PROJECT_LABEL, ComposeError, ComposeRunner, PendingUp
 from gpuhost_agent.runtime.engine.client import DockerEngine
+from gpuhost_agent.runtime.engine.records import ContainerSummary
 
 
 @dataclass
 class ComposeStart:
     """`compose up` waiting for the hardened file (runtime/compose.py, PendingUp)."""
 
-    model: dict
+    model: ComposeModel
     foreign_names: frozenset[str]
     up: PendingUp
     backend: ComposeBackend
 
-    async def run(self, stack_id: str, text: str, stack: dict) -> None:
+    async def run(self, stack_id: str, text: str, stack: ComposeModel) -> None:
         try:
             await self.up.run(text)
         except ComposeError as exc:
@@ -61,7 +63,7 @@ class ComposeBackend:
         model, foreign_names, up = await start_compose(self.compose, self.engine, project, original, variables, raw)
         return ComposeStart(model, foreign_names, up, self)
 
-    def stack_file(self, labelled: dict) -> dict:
+    def stack_file(self, labelled: ComposeModel) -> ComposeModel:
         """The hardened model as Compose reads it, every image as the agent
         pulled and judged it: Compose pulls none itself (a `pull_policy:
         always` image pulled at `up` was never judged before its start, and a
@@ -72,7 +74,7 @@ class ComposeBackend:
         }
         return {**labelled, "services": services}
 
-    async def until_running(self, stack_id: str) -> list[dict]:
+    async def until_running(self, stack_id: str) -> list[ContainerSummary]:
         """The stack's containers (`up --detach` returned: they were started),
         each one's configuration judged as the engine merged its image's in."""
         containers = await self.engine.stack_containers(stack_id)
@@ -91,7 +93,9 @@ class ComposeBackend:
         fallback projects when none is left), then force-remove whatever is
         still listed."""
         existing = await list_containers()
-        projects = {c["Labels"].get(COMPOSE_PROJECT_LABEL) for c in existing if c.get("Labels")} - {None}
+        projects = {
+            p for c in existing if c.get("Labels") and (p := c["Labels"].get(COMPOSE_PROJECT_LABEL)) is not None
+        }
         projects = projects or fallback
         await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True, mode=0o700)
         for project in sorted(projects):
@@ -100,6 +104,6 @@ class ComposeBackend:
             await self.engine.remove_container(leftover["Id"])
         return projects
 
-    async def stop(self, projects: list[str], running: list[dict]) -> None:
+    async def stop(self, projects: list[str], running: list[ContainerSummary]) -> None:
         for container in running:  # a stopped container stays stopped: the restart policy does not apply
             await self.engine.stop_container(container["Id"], self.stop_timeout)

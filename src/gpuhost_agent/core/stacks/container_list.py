@@ -16,9 +16,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from gpuhost_agent.protocol import wire
+from gpuhost_agent.runtime.engine.records import ContainerState, ContainerSummary, PortSummary
 
 SERVICE_LABEL = "com.docker.compose.service"
 WITH_REASON = ("exited", "restarting")  # the states whose exit code says something
@@ -41,30 +41,30 @@ class ExitFacts:
     rental_limit: bool = False  # killed for the rental's memory, which all its containers share
 
 
-def exit_facts(state: Mapping[str, Any]) -> ExitFacts:
+def exit_facts(state: ContainerState) -> ExitFacts:
     """From the `State` object of Docker's inspect."""
     code = state.get("ExitCode")
     return ExitFacts(code if isinstance(code, int) else None, bool(state.get("OOMKilled")))
 
 
-def needs_facts(raw: Mapping[str, Any]) -> bool:
+def needs_facts(raw: ContainerSummary) -> bool:
     """Only a container that exited (or restarts after exiting) has facts worth an inspect."""
     return raw.get("State") in WITH_REASON
 
 
-def status_exit_code(raw: Mapping[str, Any]) -> int | None:
+def status_exit_code(raw: ContainerSummary) -> int | None:
     """The code in Docker's Status text ("Exited (3) 2 seconds ago"), if any."""
     match = _STATUS_CODE.match(raw.get("Status") or "")
     return int(match.group(1)) if match else None
 
 
-def unhealthy(raw: Mapping[str, Any]) -> bool:
+def unhealthy(raw: ContainerSummary) -> bool:
     """Running, but its image's or file's healthcheck fails: Docker says so only
     in the Status text of its list (and in the `health_status` event)."""
     return raw.get("State") == "running" and bool(_STATUS_UNHEALTHY.search(raw.get("Status") or ""))
 
 
-def shaped_state(raw: Mapping[str, Any], facts: ExitFacts | None = None) -> str:
+def shaped_state(raw: ContainerSummary, facts: ExitFacts | None = None) -> str:
     """ "running" stays exactly that unless its healthcheck fails ("running
     (unhealthy)"); "exited"/"restarting" get the code and OOM."""
     state = raw.get("State", "")
@@ -78,14 +78,14 @@ def shaped_state(raw: Mapping[str, Any], facts: ExitFacts | None = None) -> str:
     return f"{state} ({code}{', OOM-killed' if facts is not None and facts.oom_killed else ''})"
 
 
-def service_name(raw: Mapping[str, Any]) -> str:
+def service_name(raw: ContainerSummary) -> str:
     """The Compose service the renter named, else the container's name."""
     labels = raw.get("Labels") or {}
     names = raw.get("Names") or []
     return labels.get(SERVICE_LABEL) or (names[0] if names else raw.get("Name", "?")).lstrip("/")
 
 
-def stop_reason(raw: Mapping[str, Any], facts: ExitFacts | None = None) -> str | None:
+def stop_reason(raw: ContainerSummary, facts: ExitFacts | None = None) -> str | None:
     """Why the container is not running (or not healthy), in words for the
     renter; None when it runs, completed (exited 0), or waits in a state only
     the agent or the operator causes (created, paused)."""
@@ -107,7 +107,7 @@ def stop_reason(raw: Mapping[str, Any], facts: ExitFacts | None = None) -> str |
     return exited if state == "exited" else f"is restarting: it {exited}"
 
 
-def stack_error(raw_list: Sequence[Mapping[str, Any]], facts: Mapping[str, ExitFacts] | None = None) -> str:
+def stack_error(raw_list: Sequence[ContainerSummary], facts: Mapping[str, ExitFacts] | None = None) -> str:
     """The errorMsg of an APPLIED stack: its stopped containers by service name
     (the first few), or "" when every container runs."""
     facts = facts or {}
@@ -121,7 +121,7 @@ def stack_error(raw_list: Sequence[Mapping[str, Any]], facts: Mapping[str, ExitF
     return f"{named}; and {more} more stopped" if more > 0 else named
 
 
-def to_seed_container(raw: dict[str, Any], facts: ExitFacts | None = None) -> dict[str, Any]:
+def to_seed_container(raw: ContainerSummary, facts: ExitFacts | None = None) -> wire.Container:
     names = raw.get("Names") or []
     name = (names[0] if names else raw.get("Name", "")).lstrip("/")
     labels = raw.get("Labels") or {}
@@ -135,15 +135,15 @@ def to_seed_container(raw: dict[str, Any], facts: ExitFacts | None = None) -> di
     }
 
 
-def _sorted_ports(ports: list[dict]) -> list[dict]:
+def _sorted_ports(ports: list[PortSummary]) -> list[PortSummary]:
     return sorted(
         ports, key=lambda p: (p.get("PrivatePort", 0), p.get("Type", ""), p.get("IP", ""), p.get("PublicPort", 0))
     )
 
 
-def _seed_port(port: dict[str, Any]) -> dict[str, Any]:
+def _seed_port(port: PortSummary) -> wire.ContainerPort:
     """PrivatePort and Type always; IP and PublicPort only where Docker published it."""
-    shaped: dict[str, Any] = {"PrivatePort": int(port.get("PrivatePort", 0)), "Type": port.get("Type", "tcp")}
+    shaped: wire.ContainerPort = {"PrivatePort": int(port.get("PrivatePort", 0)), "Type": port.get("Type", "tcp")}
     if port.get("PublicPort"):
         shaped["IP"] = port.get("IP", "")
         shaped["PublicPort"] = int(port["PublicPort"])
@@ -151,15 +151,15 @@ def _seed_port(port: dict[str, Any]) -> dict[str, Any]:
 
 
 def seed_containers(
-    raw_list: list[dict[str, Any]], facts: Mapping[str, ExitFacts] | None = None
-) -> list[dict[str, Any]]:
+    raw_list: list[ContainerSummary], facts: Mapping[str, ExitFacts] | None = None
+) -> list[wire.Container]:
     """The seed shape for a stack's containers, in a stable order (by name);
     `facts` by container id, for those an inspect was made for."""
     facts = facts or {}
     return sorted((to_seed_container(raw, facts.get(raw.get("Id", ""))) for raw in raw_list), key=lambda c: c["Name"])
 
 
-def failed_containers(raw_list: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def failed_containers(raw_list: list[ContainerSummary]) -> list[ContainerSummary]:
     """Containers that are not running, except those that completed (exited
     0): Compose itself counts a one-shot service that exits 0 as done
     (`service_completed_successfully`). (Docker's list entries carry State;
@@ -172,5 +172,5 @@ def failed_containers(raw_list: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def stack_id_of(raw: dict[str, Any]) -> str | None:
+def stack_id_of(raw: ContainerSummary) -> str | None:
     return (raw.get("Labels") or {}).get(wire.LABEL_STACK)

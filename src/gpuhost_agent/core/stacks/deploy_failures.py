@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
 
+from gpuhost_agent.core.compose_values import ComposeModel
 from gpuhost_agent.core.stacks.container_list import (
     RENTAL_MEMORY_REACHED,
     exit_facts,
@@ -25,6 +25,7 @@ from gpuhost_agent.core.stacks.container_list import (
 )
 from gpuhost_agent.protocol import wire
 from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.records import ContainerSummary
 
 LAST_OUTPUT = 500  # characters of a failing container's log in errorMsg
 PULL_MESSAGE = 300  # characters of Compose's message on a failed pull
@@ -37,7 +38,7 @@ def without_registry_reply(message: str) -> str:
     return REGISTRY_REPLY.sub("response body (the registry's reply is not shown)", message, count=1)
 
 
-def service_images(model: Mapping[str, Any]) -> dict[str, str]:
+def service_images(model: ComposeModel) -> dict[str, str]:
     """service -> image reference, from the Compose model the agent deploys."""
     services = model.get("services") or {}
     return {name: str(spec["image"]) for name, spec in sorted(services.items()) if (spec or {}).get("image")}
@@ -59,7 +60,7 @@ def pull_failure(images: Mapping[str, str], missing: list[str], compose_message:
 LimitReached = Callable[[str], bool]
 
 
-def failure_reason(container: Mapping[str, Any], code: int | None, oom: bool, rental_limit: bool = False) -> str:
+def failure_reason(container: ContainerSummary, code: int | None, oom: bool, rental_limit: bool = False) -> str:
     if oom:
         killed = "was killed for running out of memory"
         return f"{killed}: {RENTAL_MEMORY_REACHED}" if rental_limit else killed
@@ -73,7 +74,7 @@ def with_output(message: str, tail: str) -> str:
 
 
 async def describe_container(
-    engine: DockerEngine, container: Mapping[str, Any], when: str, rental_limit_reached: LimitReached | None = None
+    engine: DockerEngine, container: ContainerSummary, when: str, rental_limit_reached: LimitReached | None = None
 ) -> str:
     """ "service 'web' exited with code 3 <when>; its last output: ...". An
     OOM kill says whether the rental's limit, shared by all its containers,
@@ -97,7 +98,7 @@ async def describe_container(
 async def describe_up_failure(
     engine: DockerEngine,
     stack_id: str,
-    model: Mapping[str, Any],
+    model: ComposeModel,
     compose_message: str,
     rental_limit_reached: LimitReached | None = None,
 ) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from gpuhost_agent.core.compose_values import ComposeModel
 from gpuhost_agent.core.sandbox.apply import refuse_with_compose_error
 from gpuhost_agent.core.sandbox.raw import RawReview
 from gpuhost_agent.core.stack_errors import StackFailed
@@ -33,7 +34,7 @@ async def start_compose(
     original: Path,
     variables: dict[str, str],
     raw: RawReview,
-) -> tuple[dict, frozenset[str], PendingUp]:
+) -> tuple[ComposeModel, frozenset[str], PendingUp]:
     """(Compose's model of `original`, the foreign names, a waiting `up` in
     `original`'s folder); what Compose warned of goes to `raw.compose_warnings`
     for the renter's notices. If any of the three fails, the waiting `up` is
@@ -42,7 +43,7 @@ async def start_compose(
     `up` as StackFailed, an engine error as it is."""
     workdir = original.parent
 
-    async def normalised() -> dict:
+    async def normalised() -> ComposeModel:
         try:
             model, raw.compose_warnings = await compose.config_and_warnings(project, workdir, original.name, variables)
         except ComposeError as exc:

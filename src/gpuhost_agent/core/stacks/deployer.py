@@ -22,7 +22,7 @@ from typing import Protocol
 
 from gpuhost_agent.common import crash_points
 from gpuhost_agent.common.logs import SECRETS, get_logger, might_be_secret
-from gpuhost_agent.core.compose_values import problems_said
+from gpuhost_agent.core.compose_values import ComposeModel, problems_said
 from gpuhost_agent.core.images.pulls import FRESH_POLICIES, pullable_images
 from gpuhost_agent.core.sandbox.apply import POLICY_PREFIX, Sandbox, notices_message, review_raw
 from gpuhost_agent.core.sandbox.context import StackSite, crowded_rental_problem
@@ -47,6 +47,7 @@ from gpuhost_agent.errors import OutsideFailure, Refusal
 from gpuhost_agent.protocol import wire, wire_jobs
 from gpuhost_agent.runtime.compose import COMPOSE_PROJECT_LABEL, ComposeError
 from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.records import ContainerSummary
 from gpuhost_agent.storage.agent_db import AgentDB
 
 log = get_logger(__name__)
@@ -124,14 +125,14 @@ class StackDeployer:
     def _report(self, job: wire_jobs.StackJob, status: str, error_msg: str = "") -> None:
         self.reporter.status(StackRef.of_job(job), status, error_msg, job_id=job.job_id)
 
-    async def push_containers(self, stack_id: str, raw: list[dict] | None = None) -> list[dict]:
+    async def push_containers(self, stack_id: str, raw: list[ContainerSummary] | None = None) -> list[wire.Container]:
         raw = await self.engine.stack_containers(stack_id) if raw is None else raw
         containers = seed_containers(raw)
         self.reporter.containers(stack_id, containers)
         return containers
 
     # ---- deploy --------------------------------------------------------------
-    def _begin(self, job: wire_jobs.StackJob) -> tuple[dict, dict[str, str], str, Path]:
+    def _begin(self, job: wire_jobs.StackJob) -> tuple[wire_jobs.StackTemplate, dict[str, str], str, Path]:
         """(template, variables, project, stack folder); the variables' values stay out of the logs."""
         template = job.template or {}
         variables = dict(template.get("environmentVariables") or {})
@@ -147,7 +148,7 @@ class StackDeployer:
         return template, variables, project, workdir
 
     async def _renter_file(
-        self, job: wire_jobs.StackJob, template: dict, variables: dict[str, str], workdir: Path
+        self, job: wire_jobs.StackJob, template: wire_jobs.StackTemplate, variables: dict[str, str], workdir: Path
     ) -> RawReview:
         """The renter's file as Compose may read it, checked (off the loop: 512 KiB of YAML takes seconds)."""
         if crowded := crowded_rental_problem(self.db.stacks(), job.rental_id, job.stack_id, self.stacks_per_rental):
@@ -225,13 +226,13 @@ class StackDeployer:
                 return await self._failed_beside(job, exc, running_before)
             return await self._failed(job, project, workdir, exc)
 
-    async def _running(self, stack_id: str) -> list[dict]:
+    async def _running(self, stack_id: str) -> list[ContainerSummary]:
         try:
             return [c for c in await self.engine.stack_containers(stack_id) if c.get("State") == "running"]
         except EngineError:
             return []
 
-    async def _failed_beside(self, job: wire_jobs.StackJob, exc: Exception, running: list[dict]) -> str:
+    async def _failed_beside(self, job: wire_jobs.StackJob, exc: Exception, running: list[ContainerSummary]) -> str:
         """A deploy that failed before it changed anything, beside containers of
         the stack that were running when it began (the same job's, delivered
         again after a crash; or the deploy before it): they are left running,
@@ -245,7 +246,7 @@ class StackDeployer:
         log.warning("stack_failed", stack_id=job.stack_id, job_id=job.job_id, error=message, kept_running=len(running))
         return message
 
-    async def _pull(self, job: wire_jobs.StackJob, stack: dict) -> None:
+    async def _pull(self, job: wire_jobs.StackJob, stack: ComposeModel) -> None:
         """The stack's missing images, checked to fit (core/images/disk_fit.py), then
         pulled with progress in APPLYING's errorMsg (core/images/pulls.py)."""
         if not self.images.pulls_locally:  # each machine's engine pulls its own: nothing to ask this one
@@ -262,7 +263,7 @@ class StackDeployer:
             raise StackFailed(pull_failure(service_images(stack), sorted(failed), said) or said)
         await self.images.used(sorted({*images, *fresh}))
 
-    async def _check_running(self, stack_id: str, raw: list[dict] | None = None) -> None:
+    async def _check_running(self, stack_id: str, raw: list[ContainerSummary] | None = None) -> None:
         raw = await self.engine.stack_containers(stack_id) if raw is None else raw
         if not raw:
             raise StackFailed("deploy failed: Compose reported success but no container of the stack exists")

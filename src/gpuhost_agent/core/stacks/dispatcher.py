@@ -132,7 +132,7 @@ class JobDispatcher:
         """Rentals whose end job runs: it stops their stacks without a job per stack."""
         return {rental_id for rental_id, count in self._rentals_ending.items() if count}
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, object]:
         """Marketplace jobs finished since the agent started, by outcome, and
         those running now (deploys waiting for a slot among them)."""
         return {

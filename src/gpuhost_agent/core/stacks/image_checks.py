@@ -12,6 +12,7 @@ read to 1 MiB at most: a renter's image made them.
 
 from __future__ import annotations
 
+from gpuhost_agent.core.compose_values import ComposeModel
 from gpuhost_agent.core.sandbox.image_config import (
     MAX_INSPECT_BYTES,
     service_image_problem,
@@ -20,15 +21,16 @@ from gpuhost_agent.core.sandbox.image_config import (
 )
 from gpuhost_agent.runtime.engine.client import DockerEngine
 from gpuhost_agent.runtime.engine.errors import AnswerTooLarge, ContainerGone
+from gpuhost_agent.runtime.engine.records import ContainerConfig, ContainerSummary
 
 
-async def image_problems(engine: DockerEngine, stack: dict, *, local: bool) -> list[str]:
+async def image_problems(engine: DockerEngine, stack: ComposeModel, *, local: bool) -> list[str]:
     """What is wrong with the images of the (hardened) stack, one line per
     service. `local`: the agent pulled every image here (one machine), so an
     image still absent is one its pull did not bring; else (a Swarm's
     machines pull their own) an absent image is not judged here."""
     problems: list[str] = []
-    configs: dict[str, dict | None] = {}  # an image several services share is asked once
+    configs: dict[str, ContainerConfig | None] = {}  # an image several services share is asked once
     too_large: set[str] = set()
     for name, service in sorted((stack.get("services") or {}).items()):
         image = service.get("image") if isinstance(service, dict) else None
@@ -50,7 +52,7 @@ async def image_problems(engine: DockerEngine, stack: dict, *, local: bool) -> l
     return problems
 
 
-async def started_problem(engine: DockerEngine, containers: list[dict]) -> str | None:
+async def started_problem(engine: DockerEngine, containers: list[ContainerSummary]) -> str | None:
     """The first started container whose configuration is over the bounds."""
     for container in containers:
         name = str((container.get("Names") or [container["Id"][:12]])[0]).lstrip("/")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import re
 
-from gpuhost_agent.core.compose_values import as_mapping
+from gpuhost_agent.core.compose_values import ComposeModel, as_mapping
 from gpuhost_agent.core.stack_errors import StackRejected
 from gpuhost_agent.core.stacks.naming import stack_labels
 from gpuhost_agent.protocol import wire
@@ -55,8 +55,8 @@ def check_variables(variables: dict[str, str]) -> None:
 
 
 def label_services(
-    model: dict, stack_id: str, rental_id: str, env_id: str, gpus: list[str] | None = None, *, ssh: bool = False
-) -> dict:
+    model: ComposeModel, stack_id: str, rental_id: str, env_id: str, gpus: list[str] | None = None, *, ssh: bool = False
+) -> ComposeModel:
     """A copy of the model with the agent's labels on every service.
 
     The project name comes from the agent (`-p`), so a `name:` in the file is

@@ -41,7 +41,7 @@ class StatusReporter:
         # For the status socket, dropped with the stack: the last list sent per
         # stack (what the marketplace opens tunnels from), and the names jobs
         # gave (the record keeps only the Compose project, a slug of it).
-        self._containers: dict[str, list[dict]] = {}
+        self._containers: dict[str, list[wire.Container]] = {}
         self._names: dict[str, str] = {}
 
     def status(self, stack: StackRef, status: str, error_msg: str = "", *, job_id: str) -> None:
@@ -78,7 +78,7 @@ class StatusReporter:
             {"status": wire.ERROR, "errorMsg": error_msg, "jobId": job_id, "reportedAt": wire_time.iso()},
         )
 
-    def containers(self, stack_id: str, containers: list[dict]) -> None:
+    def containers(self, stack_id: str, containers: list[wire.Container]) -> None:
         """The stack's containers in the seed's shape (core/stacks/container_list.py)."""
         self._containers[stack_id] = containers
         self.outbox.put(CONTAINERS, stack_id, {"containers": containers, "observedAt": wire_time.iso()})
@@ -87,7 +87,7 @@ class StatusReporter:
         """The stacks' names as their jobs gave them since the agent started (read-only)."""
         return dict(self._names)
 
-    def last_containers(self, stack_id: str) -> list[dict] | None:
+    def last_containers(self, stack_id: str) -> list[wire.Container] | None:
         """The stack's containers as last reported since the agent started, None
         when none was yet (the status socket's tunnels; read-only)."""
         return self._containers.get(stack_id)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuhost_agent.common.logs import get_logger
+from gpuhost_agent.core.compose_values import ComposeModel
 from gpuhost_agent.core.sandbox.apply import refuse_with_compose_error
 from gpuhost_agent.core.sandbox.raw import RawReview
 from gpuhost_agent.core.stack_errors import StackFailed
@@ -29,6 +30,7 @@ from gpuhost_agent.core.stacks.backend import ListContainers
 from gpuhost_agent.core.stacks.container_list import SERVICE_LABEL, failed_containers
 from gpuhost_agent.runtime.compose import ComposeError, ComposeRunner
 from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.records import ContainerSummary
 from gpuhost_agent.runtime.swarm_stacks import NAMESPACE_LABEL, SwarmStacks
 
 log = get_logger(__name__)
@@ -40,12 +42,12 @@ START_SECONDS = 120.0  # every task running within this, or the deploy fails (im
 class SwarmStart:
     """Nothing waits: `docker stack deploy` starts once the file is written."""
 
-    model: dict
+    model: ComposeModel
     foreign_names: frozenset[str]
     project: str
     swarm: SwarmStacks
 
-    async def run(self, stack_id: str, text: str, stack: dict) -> None:
+    async def run(self, stack_id: str, text: str, stack: ComposeModel) -> None:
         await self.swarm.deploy(self.project, text)  # EngineError with the CLI's words
 
     async def discard(self) -> None:
@@ -69,10 +71,10 @@ class SwarmBackend:
             raise refuse_with_compose_error(raw, str(exc)) from None
         return SwarmStart(model, await self.engine.foreign_names(project), project, self.swarm)
 
-    def stack_file(self, labelled: dict) -> dict:
+    def stack_file(self, labelled: ComposeModel) -> ComposeModel:
         return with_service_labels(labelled)
 
-    async def until_running(self, stack_id: str) -> list[dict]:
+    async def until_running(self, stack_id: str) -> list[ContainerSummary]:
         """Every task of the stack running on its machine, or StackFailed
         naming the first that failed."""
         loop = asyncio.get_running_loop()
@@ -96,13 +98,13 @@ class SwarmBackend:
         """`docker stack rm` of every stack the listed containers belong to (or
         the fallback ones when none is left)."""
         existing = await list_containers()
-        projects = {c["Labels"].get(NAMESPACE_LABEL) for c in existing if c.get("Labels")} - {None}
+        projects = {p for c in existing if c.get("Labels") and (p := c["Labels"].get(NAMESPACE_LABEL)) is not None}
         projects = projects or fallback
         for project in sorted(projects):
             await self.swarm.remove(project)
         return projects
 
-    async def stop(self, projects: list[str], running: list[dict]) -> None:
+    async def stop(self, projects: list[str], running: list[ContainerSummary]) -> None:
         """Each stack's services scaled to no task (runtime/swarm_stacks.py):
         Swarm would start a new task for a container merely stopped."""
         for project in projects:
@@ -112,7 +114,7 @@ class SwarmBackend:
                 log.warning("rental_over_disk_share_stop_failed", project=project, error=str(exc))
 
 
-def with_service_labels(stack: dict) -> dict:
+def with_service_labels(stack: ComposeModel) -> ComposeModel:
     """The agent's labels on each service too (not only its containers): the
     manager filters services and tasks by those."""
     for service in (stack.get("services") or {}).values():

@@ -9,9 +9,10 @@ from collections.abc import Mapping
 
 from gpuhost_agent.core.sandbox.context import disk_floor_problem, machine_of, rental_share
 from gpuhost_agent.inventory.environment import node_host
+from gpuhost_agent.protocol.wire_system import SystemData
 
 
-def machine_shares(facts: dict, gpu_nodes: Mapping[str, str], uuids: list[str]) -> dict[str, tuple[float, int]]:
+def machine_shares(facts: SystemData, gpu_nodes: Mapping[str, str], uuids: list[str]) -> dict[str, tuple[float, int]]:
     """A Swarm environment's rental: its share of each machine it has GPUs on,
     sized from that machine's own report (inventory/machine_report.py). A
     machine whose agent did not report is left out: the leader's own machine
@@ -25,7 +26,7 @@ def machine_shares(facts: dict, gpu_nodes: Mapping[str, str], uuids: list[str]) 
     return shares
 
 
-def machines_floor_problem(facts: dict, nodes: set[str], floor_bytes: int) -> str | None:
+def machines_floor_problem(facts: SystemData, nodes: set[str], floor_bytes: int) -> str | None:
     """Why a Swarm stack may not start: a machine it would run on, other than
     the leader's own (measured at the deploy), has less free disk than the
     host's floor as its agent reported it at the leader's last probe

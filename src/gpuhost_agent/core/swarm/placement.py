@@ -9,11 +9,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
+from gpuhost_agent.core.compose_values import ComposeModel
 from gpuhost_agent.core.sandbox.context import SandboxContext
 from gpuhost_agent.core.sandbox.placement import Share
 from gpuhost_agent.core.stack_errors import StackRejected
 from gpuhost_agent.core.swarm.machine_shares import machine_shares, machines_floor_problem
 from gpuhost_agent.core.swarm.stack_file import SwarmPlacement, stack_nodes, swarm_stack
+from gpuhost_agent.protocol.wire_system import SystemData
 
 RentalPeers = Callable[[str, str], Awaitable[dict[str, int]]]  # (rental, project) -> its other containers per node
 
@@ -36,18 +38,18 @@ class SwarmPlan:
     encrypted: bool
     disk_floor_bytes: int
 
-    def shares(self, facts: dict, gpu_nodes: Mapping[str, str], uuids: list[str]) -> dict[str, Share]:
+    def shares(self, facts: SystemData, gpu_nodes: Mapping[str, str], uuids: list[str]) -> dict[str, Share]:
         return machine_shares(facts, gpu_nodes, uuids)
 
     def place(
         self,
-        hardened: dict,
+        hardened: ComposeModel,
         ctx: SandboxContext,
-        facts: dict,
+        facts: SystemData,
         gpu_nodes: Mapping[str, str],
         base_share: Share,
         shares: Mapping[str, Share],
-    ) -> tuple[dict, list[str]]:
+    ) -> tuple[ComposeModel, list[str]]:
         """Written for `docker stack deploy`, placed by the ledger."""
         host = facts.get("host") or {}
         home = str((((host.get("docker") or {}).get("swarm")) or {}).get("nodeId") or "")

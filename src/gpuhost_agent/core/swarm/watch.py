@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.core.containers.watch import ContainerWatch
 from gpuhost_agent.core.stacks.container_list import service_name, stack_id_of
 from gpuhost_agent.core.swarm.worker_events import WorkerEvents
 from gpuhost_agent.runtime.engine.client import DockerEngine, EngineError
+from gpuhost_agent.runtime.engine.records import ContainerSummary, NodeSummary
 from gpuhost_agent.runtime.swarm_tasks import NODE_LABEL
 
 log = get_logger(__name__)
@@ -45,7 +45,7 @@ RESTORE_SECONDS = 120.0  # after a machine is back, how long its stranded servic
 ENDED = ("exited", "dead")
 
 
-def machine_problems(nodes: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+def machine_problems(nodes: Sequence[NodeSummary]) -> dict[str, str]:
     """Node id -> why its machine runs nothing now, for each node that is not
     ready and active."""
     problems = {}
@@ -61,7 +61,7 @@ def machine_problems(nodes: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     return problems
 
 
-def stack_machine_error(raw_list: Sequence[Mapping[str, Any]], problems: Mapping[str, str]) -> str:
+def stack_machine_error(raw_list: Sequence[ContainerSummary], problems: Mapping[str, str]) -> str:
     """The errorMsg part that names the stack's containers on unwell machines."""
     by_node: dict[str, list[str]] = {}
     for raw in raw_list:
@@ -81,7 +81,7 @@ class SwarmMachines:
     def __init__(self) -> None:
         self.problems: dict[str, str] = {}
 
-    def stack_error(self, raw_list: Sequence[Mapping[str, Any]]) -> str:
+    def stack_error(self, raw_list: Sequence[ContainerSummary]) -> str:
         return stack_machine_error(raw_list, self.problems)
 
 
@@ -119,7 +119,7 @@ class SwarmWatch:
         except EngineError as exc:
             log.warning("swarm_watch_failed", error=str(exc))
 
-    async def _follow(self, nodes: list[dict]) -> None:
+    async def _follow(self, nodes: list[NodeSummary]) -> None:
         """The other ready machines' container events, followed through their agents."""
         if self.worker_events is None:
             return
@@ -132,7 +132,7 @@ class SwarmWatch:
         if self.worker_events is not None:
             await self.worker_events.stop()
 
-    async def _nodes(self, nodes: list[dict]) -> None:
+    async def _nodes(self, nodes: list[NodeSummary]) -> None:
         problems = machine_problems(nodes)
         if problems == self.machines.problems:
             return
@@ -150,7 +150,7 @@ class SwarmWatch:
         if not env_id:
             return
         seen_at = asyncio.get_running_loop().time()
-        by_stack: dict[str, list[dict]] = {}
+        by_stack: dict[str, list[ContainerSummary]] = {}
         containers = await self.engine.environment_containers(env_id)
         for container in containers:
             if stack_id := stack_id_of(container):
@@ -165,7 +165,7 @@ class SwarmWatch:
         for gone in self._seen.keys() - by_stack.keys():
             del self._seen[gone]
 
-    async def _restore(self, containers: list[dict]) -> None:
+    async def _restore(self, containers: list[ContainerSummary]) -> None:
         """Note what runs on an unwell machine; once it is back, start again
         what it ran (decided by restore_plan)."""
         now = asyncio.get_running_loop().time()
@@ -192,13 +192,13 @@ class SwarmWatch:
                 self._back_at.pop(node_id, None)
 
 
-def swarm_service(container: Mapping[str, Any]) -> str:
+def swarm_service(container: ContainerSummary) -> str:
     """The Swarm service of a container of runtime/swarm_tasks.py (named <service>.<slot>.<task>)."""
     names = container.get("Names") or [""]
     return str(names[0]).lstrip("/").split(".")[0]
 
 
-def restore_plan(stranded: Mapping[str, str], containers: Sequence[Mapping[str, Any]]) -> tuple[set[str], set[str]]:
+def restore_plan(stranded: Mapping[str, str], containers: Sequence[ContainerSummary]) -> tuple[set[str], set[str]]:
     """For a machine back: (services to restart, services that need nothing
     more). A service whose newest container ended needs a new task; one
     running in a new container was restarted by Swarm; one still shown with

@@ -24,15 +24,16 @@ from collections.abc import Awaitable, Callable
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.engine.client import EngineError
+from gpuhost_agent.runtime.engine.records import EngineEvent
 
 log = get_logger(__name__)
 
 # Follow one machine's events, handing each to the callable, until the stream ends.
-FollowEvents = Callable[[str, Callable[[dict], None]], Awaitable[None]]
+FollowEvents = Callable[[str, Callable[[EngineEvent], None]], Awaitable[None]]
 
 
 class WorkerEvents:
-    def __init__(self, follow: FollowEvents, on_event: Callable[[dict], None]):
+    def __init__(self, follow: FollowEvents, on_event: Callable[[EngineEvent], None]):
         self.follow, self.on_event = follow, on_event
         self._follows: dict[str, asyncio.Task] = {}  # node id -> its follow
         self._silent: set[str] = set()  # nodes whose last follow failed (said once until it works again)
@@ -59,7 +60,7 @@ class WorkerEvents:
                 self._silent.add(node)
                 log.warning("worker_events_unavailable", node_id=node, error=str(exc)[:300])
 
-    def _event(self, node: str, event: dict) -> None:
+    def _event(self, node: str, event: EngineEvent) -> None:
         self._silent.discard(node)  # it works again: a later failure is said again
         self.events += 1
         self.on_event(event)

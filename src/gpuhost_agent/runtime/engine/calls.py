@@ -19,7 +19,7 @@ import asyncio
 import json
 import os
 import re
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 
@@ -27,6 +27,7 @@ from gpuhost_agent.common.capped_body import read_up_to
 from gpuhost_agent.runtime.docker_host import Endpoint, parse_docker_host
 from gpuhost_agent.runtime.engine.errors import AnswerTooLarge, EngineError, EngineUnreachable
 from gpuhost_agent.runtime.engine.errors import response_error as _error
+from gpuhost_agent.runtime.engine.records import ContainerSummary
 
 # Container ids and names, exec ids: no '/', '?', '%' or spaces can reach a path.
 _ID = re.compile(r"^/?[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -132,7 +133,8 @@ class EngineCalls:
             raise EngineError("Docker Engine answered a container inspect without an object")
         return reply
 
-    async def _containers_here(self, labels: list[str]) -> list[dict]:
+    async def _containers_here(self, labels: list[str]) -> list[ContainerSummary]:
         """`docker ps -a` on this engine of the containers carrying every one of `labels`."""
         reply = await self._call("GET", "/containers/json", params={"all": "1", **filters_param(label=labels)})
-        return [item for item in reply if isinstance(item, dict)] if isinstance(reply, list) else []
+        listed = [item for item in reply if isinstance(item, dict)] if isinstance(reply, list) else []
+        return cast("list[ContainerSummary]", listed)

@@ -17,12 +17,21 @@ import re
 import urllib.parse
 from collections.abc import Callable
 from datetime import datetime
+from typing import Literal, cast, overload
 
 import aiohttp
 
 from gpuhost_agent.protocol import wire, wire_time
 from gpuhost_agent.runtime.engine.calls import EngineCalls, checked_id, filters_param
 from gpuhost_agent.runtime.engine.errors import ContainerGone, EngineError
+from gpuhost_agent.runtime.engine.records import (
+    ContainerConfig,
+    ContainerState,
+    ContainerSummary,
+    DiskUsage,
+    EngineEvent,
+    NodeSummary,
+)
 
 __all__ = ["DockerEngine", "EngineError", "checked_id", "checked_reference"]
 
@@ -59,7 +68,7 @@ def demultiplexed(raw: bytes) -> bytes:
     return b"".join(out) if at >= len(raw) and out else raw
 
 
-async def read_events(content: aiohttp.StreamReader, on_event: Callable[[dict], object]) -> None:
+async def read_events(content: aiohttp.StreamReader, on_event: Callable[[EngineEvent], object]) -> None:
     """Each event line to `on_event` until the stream ends. A line over the
     limit is skipped, never the end of the stream: every event carries its
     container's labels, which a renter writes, so one renter's huge labels
@@ -78,7 +87,7 @@ async def read_events(content: aiohttp.StreamReader, on_event: Callable[[dict], 
             except ValueError:
                 continue
             if isinstance(event, dict):
-                on_event(event)
+                on_event(cast(EngineEvent, event))
         partial = rest
         if len(partial) > EVENT_LINE_LIMIT:
             partial, skipping = b"", True
@@ -91,7 +100,7 @@ class DockerEngine(EngineCalls):
         super().__init__(timeout=timeout)
         self._closed = False
 
-    async def _follow(self, kinds: dict[str, list[str]], on_event: Callable[[dict], object]) -> bool:
+    async def _follow(self, kinds: dict[str, list[str]], on_event: Callable[[EngineEvent], object]) -> bool:
         """Read `GET /events` with these filters until it ends: True when it
         broke by itself (the engine stopped or restarted), False when the
         engine was closed. No overall timeout: an idle stream is not a hung one."""
@@ -117,7 +126,7 @@ class DockerEngine(EngineCalls):
         return await self._follow({"type": ["daemon"]}, lambda _event: None)
 
     def watch_container_events(
-        self, env_id: str, on_event: Callable[[dict], object], on_break: Callable[[], object]
+        self, env_id: str, on_event: Callable[[EngineEvent], object], on_break: Callable[[], object]
     ) -> Callable[[], None]:
         """Follow the engine's container events for this environment's
         containers in a task of the running loop: on_event for each event,
@@ -141,16 +150,24 @@ class DockerEngine(EngineCalls):
         """EngineError unless the engine answers now."""
         await self._call_raw("GET", "/_ping")
 
-    async def stack_containers(self, stack_id: str) -> list[dict]:
+    async def stack_containers(self, stack_id: str) -> list[ContainerSummary]:
         """Docker's list entries for every container (running or not) of the stack."""
         return await self._containers_here([f"{wire.LABEL_STACK}={stack_id}"])
 
-    async def environment_containers(self, env_id: str) -> list[dict]:
+    async def environment_containers(self, env_id: str) -> list[ContainerSummary]:
         """Containers this environment's agent owns: another agent on the same
         engine (another environment) owns its own."""
         return await self._containers_here([f"{wire.LABEL_MANAGED}=true", f"{wire.LABEL_ENV}={env_id}"])
 
-    async def swarm_list(self, kind: str, labels: str | list[str] | None = None) -> list[dict]:
+    @overload
+    async def swarm_list(self, kind: Literal["nodes"], labels: str | list[str] | None = None) -> list[NodeSummary]: ...
+
+    @overload
+    async def swarm_list(
+        self, kind: Literal["services", "tasks", "networks"], labels: str | list[str] | None = None
+    ) -> list[dict]: ...
+
+    async def swarm_list(self, kind: str, labels: str | list[str] | None = None) -> list[dict] | list[NodeSummary]:
         """The manager's view of a Swarm: its `nodes`, or the `services`,
         `tasks` or `networks` that carry every one of `labels`."""
         if kind not in ("nodes", "services", "tasks", "networks"):
@@ -163,7 +180,7 @@ class DockerEngine(EngineCalls):
         reply = await self._call("GET", "/networks", params=filters_param(label=f"{wire.LABEL_MANAGED}=true"))
         return [item for item in reply if isinstance(item, dict)] if isinstance(reply, list) else []
 
-    async def rental_containers(self, rental_id: str) -> list[dict]:
+    async def rental_containers(self, rental_id: str) -> list[ContainerSummary]:
         return await self._containers_here([f"{wire.LABEL_MANAGED}=true", f"{wire.LABEL_RENTAL}={rental_id}"])
 
     async def foreign_names(self, project: str) -> frozenset[str]:
@@ -245,10 +262,10 @@ class DockerEngine(EngineCalls):
         never forced: the engine refuses while a container uses it."""
         await self._call("DELETE", f"/images/{checked_reference(reference)}", params={"force": "0", "noprune": "0"})
 
-    async def disk_usage(self) -> dict:
+    async def disk_usage(self) -> DiskUsage:
         """`GET /system/df`: each container's writable layer (SizeRw) and each
         volume's size, as `docker system df -v` shows them."""
-        return (await self._call("GET", "/system/df")) or {}
+        return cast(DiskUsage, (await self._call("GET", "/system/df")) or {})
 
     async def stop_container(self, container_id: str, timeout: int) -> None:
         path = f"/containers/{checked_id(container_id)}/stop"
@@ -292,19 +309,19 @@ class DockerEngine(EngineCalls):
         self._closed = True
         await super().close()
 
-    async def container_config(self, container_id: str, max_bytes: int) -> dict:
+    async def container_config(self, container_id: str, max_bytes: int) -> ContainerConfig:
         """`Config` of Docker's inspect (the file's merged over the image's);
         AnswerTooLarge when the inspect is over `max_bytes`."""
-        return (await self._inspect_here(container_id, max_bytes)).get("Config") or {}
+        return cast(ContainerConfig, (await self._inspect_here(container_id, max_bytes)).get("Config") or {})
 
-    async def image_config(self, reference: str, max_bytes: int) -> dict | None:
+    async def image_config(self, reference: str, max_bytes: int) -> ContainerConfig | None:
         """`Config` of a local image (what its containers start from); None
         when there is no such image; AnswerTooLarge over `max_bytes`."""
         try:
-            return (await self._inspect_image(reference, max_bytes)).get("Config") or {}
+            return cast(ContainerConfig, (await self._inspect_image(reference, max_bytes)).get("Config") or {})
         except ContainerGone:  # the engine's 404
             return None
 
-    async def container_state(self, container_id: str) -> dict:
+    async def container_state(self, container_id: str) -> ContainerState:
         """The `State` object of Docker's inspect (ExitCode, OOMKilled, FinishedAt...)."""
-        return (await self._inspect_here(container_id)).get("State") or {}
+        return cast(ContainerState, (await self._inspect_here(container_id)).get("State") or {})

@@ -35,6 +35,7 @@ from gpuhost_agent.runtime.engine.calls import EngineCalls, checked_id
 from gpuhost_agent.runtime.engine.client import EngineError
 from gpuhost_agent.runtime.engine.errors import ContainerGone, EngineUnreachable, upgrade_answer, upgrade_request
 from gpuhost_agent.runtime.engine.errors import response_error as _error
+from gpuhost_agent.runtime.engine.records import ContainerSummary
 
 __all__ = [
     "ContainerAt",
@@ -142,11 +143,11 @@ class EngineStreams(EngineCalls):
                 response.close()
         return LogReader(response, chunk_bytes)
 
-    async def containers(self, labels: dict[str, str]) -> list[dict]:
+    async def containers(self, labels: dict[str, str]) -> list[ContainerSummary]:
         """`docker ps -a` of the containers carrying every one of `labels`."""
         return await self._containers_here([f"{key}={value}" for key, value in labels.items()])
 
-    async def stack_containers(self, stack_id: str) -> list[dict]:
+    async def stack_containers(self, stack_id: str) -> list[ContainerSummary]:
         """The stack's containers on this machine's engine, by the agent's label."""
         return await self.containers({wire.LABEL_STACK: stack_id})
 

@@ -24,13 +24,14 @@ from collections.abc import Callable, Iterable
 from gpuhost_agent.core.stacks import naming
 from gpuhost_agent.core.stacks.container_list import SERVICE_LABEL
 from gpuhost_agent.protocol import ssh_login, wire, wire_jobs
+from gpuhost_agent.storage.agent_db import StackRow
 from gpuhost_agent.streams.requests import SshRequest, StreamRequest, TunnelRequest
 
 
 def stack_entries(
-    rows: dict[str, dict],
+    rows: dict[str, StackRow],
     names: dict[str, str],
-    containers_of: Callable[[str], list[dict] | None],
+    containers_of: Callable[[str], list[wire.Container] | None],
     requests: Iterable[StreamRequest],
 ) -> list[dict]:
     """One entry per stack of the agent's record, sorted by id. `tunnels` is
@@ -62,7 +63,9 @@ def _name_of(project: str, stack_id: str) -> str:
     return "" if slug == "stack" else slug
 
 
-def tunnels(stack_id: str, containers: list[dict], applied: bool, requests: list[StreamRequest]) -> list[dict]:
+def tunnels(
+    stack_id: str, containers: list[wire.Container], applied: bool, requests: list[StreamRequest]
+) -> list[dict]:
     """The stack's tunnels from its containers in the seed's shape (Labels as
     "key=value" strings, Ports with PrivatePort and Type, State)."""
     found = []

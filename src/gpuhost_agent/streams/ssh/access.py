@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from gpuhost_agent.protocol import ssh_login, wire
+from gpuhost_agent.runtime.engine.records import ContainerSummary
 from gpuhost_agent.runtime.engine.streams import EngineStreams
 from gpuhost_agent.streams.exec_rate import ExecRate
 from gpuhost_agent.streams.ssh.channels import ChannelLedger
@@ -50,7 +51,9 @@ def parse_login(name: str, stack_ids: tuple[str, ...]) -> tuple[str, str] | None
     return (service, stack_id) if stack_id else None
 
 
-def _open_to_ssh(containers: list[dict], env_id: str | None, rental_id: str, stack_id: str) -> list[dict]:
+def _open_to_ssh(
+    containers: list[ContainerSummary], env_id: str | None, rental_id: str, stack_id: str
+) -> list[ContainerSummary]:
     """The running containers of the stack, with the agent's labels for this
     environment and rental and the SSH label, from `docker ps` entries."""
     if not env_id:
@@ -69,7 +72,9 @@ def _open_to_ssh(containers: list[dict], env_id: str | None, rental_id: str, sta
     ]
 
 
-def pick_any(containers: list[dict], env_id: str | None, rental_id: str, stack_id: str) -> dict | None:
+def pick_any(
+    containers: list[ContainerSummary], env_id: str | None, rental_id: str, stack_id: str
+) -> ContainerSummary | None:
     """Any running container of the stack that a login name can reach (is there an endpoint at all?)."""
     reachable = (
         c for c in _open_to_ssh(containers, env_id, rental_id, stack_id) if (c.get("Labels") or {}).get(SERVICE_LABEL)
@@ -78,8 +83,8 @@ def pick_any(containers: list[dict], env_id: str | None, rental_id: str, stack_i
 
 
 def pick_container(
-    containers: list[dict], service: str, env_id: str | None, rental_id: str, stack_id: str
-) -> dict | None:
+    containers: list[ContainerSummary], service: str, env_id: str | None, rental_id: str, stack_id: str
+) -> ContainerSummary | None:
     """The running container of `service` (its first replica) that SSH may
     open; None when there is none."""
     found = [
@@ -145,9 +150,9 @@ class SshServices:
     engine: EngineStreams
     keys: RentalKeys
     host_key: HostKey
-    list_stack: Callable[[str], Awaitable[list[dict]]]
+    list_stack: Callable[[str], Awaitable[list[ContainerSummary]]]
     channels: ChannelLedger = field(default_factory=ChannelLedger)  # open channels per rental (ssh_channels.py)
     execs: ExecRate = field(default_factory=ExecRate)  # execs started per rental, SSH's and terminals' (exec_rate.py)
 
-    async def stack_containers(self, stack_id: str) -> list[dict]:
+    async def stack_containers(self, stack_id: str) -> list[ContainerSummary]:
         return await self.list_stack(stack_id)

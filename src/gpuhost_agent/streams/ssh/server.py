@@ -30,6 +30,7 @@ from asyncssh.stream import SSHTCPStreamSession
 
 from gpuhost_agent.common.logs import get_logger
 from gpuhost_agent.runtime.engine.client import EngineError
+from gpuhost_agent.runtime.engine.records import ContainerSummary
 from gpuhost_agent.streams.admission import check_access, connect_own_loopback, connect_tunnel
 from gpuhost_agent.streams.requests import Refusal, SshRequest, TunnelRequest
 from gpuhost_agent.streams.ssh.access import SERVICE_LABEL, SshServices, parse_login, pick_container
@@ -54,7 +55,7 @@ class Login(asyncssh.SSHServer):
     ):
         self._services, self._request, self._env_id = services, request, env_id
         self._sessions = sessions  # a session channel's handler, given its slot
-        self.container: dict | None = None  # the `docker ps` entry the login picked, once looked up
+        self.container: ContainerSummary | None = None  # the `docker ps` entry the login picked, once looked up
         self.stack_id = ""  # the stack of the rental the login name picked
         self._service = ""  # the service it picked
         self._looked_up: asyncio.Future[str | None] | None = None  # after the signature: why none, or None
@@ -203,7 +204,7 @@ class Login(asyncssh.SSHServer):
         return service
 
 
-def _named(containers: list[dict], name: str) -> dict | None:
+def _named(containers: list[ContainerSummary], name: str) -> ContainerSummary | None:
     for container in containers:
         labels = container.get("Labels") or {}
         names = {n.lstrip("/") for n in container.get("Names") or []}
