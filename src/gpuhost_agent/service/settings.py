@@ -39,9 +39,9 @@ class ConfigError(Refusal, ValueError):
 
 
 class SwarmRole(str, Enum):
-    """GPUHOST_SWARM, read once here: the mode the rest of the agent is told.
-    The members are the setting's own strings ("", "leader", "worker"); the
-    one machine's is falsy."""
+    """GPUHOST_SWARM's value (read by swarm_role): the topology the
+    composition root builds (service/topology.py); no other part asks it.
+    The members are the setting's own strings; the one machine's is falsy."""
 
     ONE_MACHINE = ""
     LEADER = "leader"
