@@ -1,5 +1,5 @@
-"""Core works on typed records, not bare dicts (issue 48, "Typed records where
-data enters"). The engine's JSON is named where it enters
+"""Core works on typed records, not bare dicts: each kind of data is
+described where it enters. The engine's JSON is named where it enters
 (runtime/engine/records.py), the marketplace's and the machine facts' in
 protocol/ (wire.py, wire_jobs.py, wire_replies.py, wire_system.py), the
 agent's own tables and upgrade record in storage/ (agent_db.py,
