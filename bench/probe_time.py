@@ -75,7 +75,7 @@ async def main() -> None:
     _, peak_alloc = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     prober.nvml.close()
-    engine.close()
+    await engine.close()
 
     warm.sort()
     rows = [
