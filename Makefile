@@ -5,7 +5,7 @@ MANAGED_LABEL := io.gpuhost.managed=true
 
 # The tests' Python keeps its bytecode caches (__pycache__, ignored by git), even
 # where the environment turns them off (PYTHONDONTWRITEBYTECODE): pytest rewrites
-# the asserts of the 212 test modules on every start otherwise, and each agent process a
+# the asserts of every test module on every start otherwise, and each agent process a
 # test starts recompiles the agent; with the caches, `make test-fast` takes 15 s less.
 PYTEST := env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest
 # The unit tests' workers: one more than the cores, since a few of them wait on
@@ -47,8 +47,8 @@ test: setup check
 	$(UNIT_TESTS) $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	bash scripts/integration-tests.sh $(PYTEST_ARGS)
 
-# tests/unit alone (137 modules), on every core: no Docker Engine, about a minute on 2 cores
-# (61 s in a fresh clone on 2026-12-06, docs/testing.md). Needs .venv: `make setup` once
+# tests/unit alone, on every core: no Docker Engine, about a minute on 2 cores
+# (docs/performance.md has the figure). Needs .venv: `make setup` once
 # (and again after pyproject.toml changes).
 test-fast:
 	@test -x .venv/bin/python || { echo "test-fast: no .venv yet; run 'make setup' once" >&2; exit 2; }
@@ -100,7 +100,7 @@ bench: setup
 	.venv/bin/python bench/swarm_cluster.py
 	.venv/bin/python bench/soak.py --cycles 2000 --every 100
 
-# Months of churn compressed (issue 20): 2000 deploy/remove cycles, about an hour on
+# Months of churn compressed: 2000 deploy/remove cycles, about an hour on
 # 2 cores; `make soak ARGS="--cycles 200"` for a shorter one.
 soak: setup
 	.venv/bin/python bench/soak.py --cycles 2000 --every 100 $(ARGS)
