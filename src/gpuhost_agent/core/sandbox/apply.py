@@ -198,12 +198,12 @@ class Sandbox:
             uuids = self.ledger.plan(slots, job.rental_id, job.gpu_count)
         except NotEnoughGpus as exc:
             raise StackRejected(str(exc)) from None
-        cpus, memory = base_share = rental_share(machine, len(uuids))
+        base_share = rental_share(machine, len(uuids))
         gpu_nodes = {slot.uuid: slot.machine for slot in slots}
-        shares = plan.shares(facts, gpu_nodes, uuids)
-        if shares:  # machines differ: the hardening caps at the largest share, the rewrite gives each its own
-            cpus = max(cpus, *(share[0] for share in shares.values()))
-            memory = max(memory, *(share[1] for share in shares.values()))
+        shares = plan.shares(facts, gpu_nodes, uuids)  # none on one machine: this machine's share is the rental's
+        # The hardening caps at the largest share; where machines differ, the placement gives each its own.
+        cpus = max([base_share[0], *(share[0] for share in shares.values())])
+        memory = max([base_share[1], *(share[1] for share in shares.values())])
         storage_bytes = 0
         if ((host.get("docker") or {}).get("storageQuota") or {}).get("available"):
             total = int((host.get("storage") or {}).get("totalBytes") or 0)
