@@ -42,6 +42,7 @@ from gpuhost_agent.core.sandbox.policy import policy_violations
 from gpuhost_agent.core.sandbox.raw import RawReview, review
 from gpuhost_agent.core.stack_errors import StackRejected
 from gpuhost_agent.inventory.host_probe import storage
+from gpuhost_agent.inventory.machines import storage_total
 from gpuhost_agent.protocol import wire_jobs
 from gpuhost_agent.protocol.wire_system import SystemData
 from gpuhost_agent.runtime.rental_cgroups import CgroupError, RentalLimits
@@ -206,8 +207,9 @@ class Sandbox:
         memory = max([base_share[1], *(share[1] for share in shares.values())])
         storage_bytes = 0
         if ((host.get("docker") or {}).get("storageQuota") or {}).get("available"):
-            total = int((host.get("storage") or {}).get("totalBytes") or 0)
-            storage_bytes = disk_share(total, self.disk_floor_bytes, len(uuids), machine_gpus, self.rental_disk_bytes)
+            storage_bytes = disk_share(
+                storage_total(host), self.disk_floor_bytes, len(uuids), machine_gpus, self.rental_disk_bytes
+            )
         delivery = ((host.get("docker") or {}).get("gpuDelivery") or {}).get("method") or HOOK_DELIVERY
         ctx = SandboxContext(
             project=site.project,
