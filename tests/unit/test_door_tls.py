@@ -363,6 +363,22 @@ async def _machine_through(port: int, context: ssl.SSLContext, node: str | None,
         await door.close()
 
 
+async def test_a_door_client_closed_leaves_no_connection_open(door_tls) -> None:
+    """The leader closes each door's client at its stop: its HTTP session (and the
+    TLS connections it pooled) goes with it."""
+    proxy = WorkerDoor(KEY, _Engine(), "/nonexistent", tls=door_tls.server())  # type: ignore[arg-type]
+    port = await proxy.start("127.0.0.1", 0)
+    try:
+        door = DoorClient("127.0.0.1", port, KEY, door_tls.checked_client(), NODE)
+        with pytest.raises(ContainerGone):
+            await door.machine(live=True)
+        session = door._session()
+        await door.close()
+        assert session.closed
+    finally:
+        await proxy.stop()
+
+
 async def test_the_leader_talks_to_a_door_only_as_the_node_it_dials_and_never_to_a_revoked_one(
     door_tls, tmp_path
 ) -> None:

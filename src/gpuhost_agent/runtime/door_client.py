@@ -122,7 +122,8 @@ class DoorClient(EngineStreams):
 
     def _session(self) -> aiohttp.ClientSession:
         """Requests name the node (the name TLS checks), resolved to the door's address here alone."""
-        if self._http is None or self._http.closed:
+        loop = asyncio.get_running_loop()
+        if self._http is None or self._http.closed or self._http_loop is not loop:
             netloc = f"[{self._host}]" if ":" in self._host else self._host
             resolver = None
             if self._server_name:
@@ -133,6 +134,7 @@ class DoorClient(EngineStreams):
                 auto_decompress=False,
                 headers=self._headers,
             )
+            self._http_loop = loop  # close() closes only a session of its own loop
         return self._http
 
     async def _upgrade(self, path: str, body: bytes, what: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
