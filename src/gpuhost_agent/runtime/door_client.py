@@ -27,9 +27,9 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from gpuhost_agent.runtime.container_at import ContainerAt
 from gpuhost_agent.runtime.container_files import ContainerFiles
 from gpuhost_agent.runtime.engine.client import EngineError, read_events
-from gpuhost_agent.runtime.engine.errors import upgrade_answer, upgrade_request
 from gpuhost_agent.runtime.engine.records import EngineEvent
 from gpuhost_agent.runtime.engine.streams import EngineStreams, EngineUnreachable, checked_id
+from gpuhost_agent.runtime.engine.upgrade import upgrade_request, upgraded
 
 TIMEOUT = 10.0
 DISK_SECONDS = 40.0  # `GET /system/df` there may take its engine's 35 s on a big host
@@ -141,37 +141,25 @@ class DoorClient(EngineStreams):
         """POST with `Upgrade: tcp` over TLS; on 101 or 200, the connection both
         ways, the leader's side framed (a writer whose write_eof is a frame)."""
         loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=FRAME_LIMIT, loop=loop)
-        writer: _FramedWriter | None = None
-        try:
-            transport, protocol = await asyncio.wait_for(
-                loop.create_connection(
-                    lambda: asyncio.StreamReaderProtocol(reader, loop=loop),
-                    self._host,
-                    self._port,
-                    ssl=self._tls,
-                    server_hostname=self._server_name,
-                ),
-                self._timeout,
+        head = upgrade_request(path, "gpuhost", self._headers, body)
+
+        async def connect() -> tuple[asyncio.StreamReader, _FramedWriter]:
+            reader = asyncio.StreamReader(limit=FRAME_LIMIT, loop=loop)
+            transport, protocol = await loop.create_connection(
+                lambda: asyncio.StreamReaderProtocol(reader, loop=loop),
+                self._host,
+                self._port,
+                ssl=self._tls,
+                server_hostname=self._server_name,
             )
-            writer = _FramedWriter(transport, protocol, reader, loop)
-            writer.write_head(upgrade_request(path, "gpuhost", self._headers, body))
-            await upgrade_answer(reader, self._timeout)
-            return reader, writer
-        except (
-            OSError,
-            asyncio.TimeoutError,
-            asyncio.IncompleteReadError,
-            asyncio.LimitOverrunError,
-            ValueError,
-        ) as exc:
-            if writer is not None:
-                writer.close()
-            raise EngineUnreachable(f"the agent's door: {what} failed: {type(exc).__name__}: {exc}") from exc
-        except EngineError:
-            if writer is not None:
-                writer.close()
-            raise
+            return reader, _FramedWriter(transport, protocol, reader, loop)
+
+        return await upgraded(
+            connect,
+            lambda writer: writer.write_head(head),
+            timeout=self._timeout,
+            failed=f"the agent's door: {what} failed",
+        )
 
     async def connect_through(
         self, container_id: str, address: str, port: int, *, tls: bool = False

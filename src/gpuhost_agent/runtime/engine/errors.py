@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 
 import aiohttp
 
@@ -49,26 +48,3 @@ async def response_error(response: aiohttp.ClientResponse) -> EngineError:
         raw = b""
     message = f"Docker Engine: {response.status} {error_message(raw) or response.reason}"
     return ContainerGone(message) if response.status == 404 else EngineError(message)
-
-
-def upgrade_request(path: str, host: str, headers: dict[str, str], body: bytes) -> bytes:
-    """A POST asking the engine (or a door to one) to upgrade to the raw stream."""
-    extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-    return (
-        f"POST {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Content-Type: application/json\r\n"
-        f"Connection: Upgrade\r\nUpgrade: tcp\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-        + body
-    )
-
-
-async def upgrade_answer(reader: asyncio.StreamReader, timeout: float) -> None:
-    """Returns on 101 or 200 (the stream is then the caller's); any other
-    answer raises ContainerGone (404) or EngineError with the engine's message."""
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
-    status_line = head.split(b"\r\n", 1)[0].decode("latin-1")
-    status = int(status_line.split(" ", 2)[1])
-    if status in (101, 200):
-        return
-    length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
-    detail = await asyncio.wait_for(reader.read(min(int(length.group(1)), 4096) if length else 4096), 5)
-    raise (ContainerGone if status == 404 else EngineError)(f"Docker Engine: {error_message(detail) or status_line}")

@@ -23,6 +23,7 @@ import asyncio
 import json
 import ssl
 from collections import OrderedDict
+from collections.abc import Awaitable
 
 import aiohttp
 
@@ -33,9 +34,10 @@ from gpuhost_agent.runtime.container_files import ContainerFiles
 from gpuhost_agent.runtime.docker_host import parse_docker_host
 from gpuhost_agent.runtime.engine.calls import EngineCalls, checked_id
 from gpuhost_agent.runtime.engine.client import EngineError
-from gpuhost_agent.runtime.engine.errors import ContainerGone, EngineUnreachable, upgrade_answer, upgrade_request
+from gpuhost_agent.runtime.engine.errors import ContainerGone, EngineUnreachable
 from gpuhost_agent.runtime.engine.errors import response_error as _error
 from gpuhost_agent.runtime.engine.records import ContainerSummary
+from gpuhost_agent.runtime.engine.upgrade import upgrade_request, upgraded
 
 __all__ = [
     "ContainerAt",
@@ -179,33 +181,16 @@ class EngineStreams(EngineCalls):
         self._session()  # reads DOCKER_HOST
         endpoint = self._endpoint
         assert endpoint is not None
-        writer = None
-        try:
+        head = upgrade_request(path, "docker", self._headers, body)
+
+        def connect() -> Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
             if endpoint.unix_path:
-                reader, opened = await asyncio.wait_for(asyncio.open_unix_connection(endpoint.unix_path), self._timeout)
-            else:
-                reader, opened = await asyncio.wait_for(
-                    asyncio.open_connection(endpoint.host, endpoint.port), self._timeout
-                )
-            writer = opened  # closed below unless handed to the caller
-            opened.write(upgrade_request(path, "docker", self._headers, body))
-            await upgrade_answer(reader, self._timeout)
-            return reader, opened
-        except (
-            OSError,
-            asyncio.TimeoutError,
-            asyncio.IncompleteReadError,
-            asyncio.LimitOverrunError,
-            ValueError,
-            IndexError,
-        ) as exc:
-            if writer is not None:
-                writer.close()
-            raise EngineUnreachable(f"Docker Engine: {what} failed: {type(exc).__name__}: {exc}") from exc
-        except EngineError:
-            if writer is not None:
-                writer.close()
-            raise
+                return asyncio.open_unix_connection(endpoint.unix_path)
+            return asyncio.open_connection(endpoint.host, endpoint.port)
+
+        return await upgraded(
+            connect, lambda writer: writer.write(head), timeout=self._timeout, failed=f"Docker Engine: {what} failed"
+        )
 
     async def dial(
         self, container: ContainerAt, address: str, port: int, *, tls: ssl.SSLContext | None, timeout: float
