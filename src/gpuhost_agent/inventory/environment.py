@@ -26,14 +26,14 @@ from gpuhost_agent.protocol.wire_system import HostFacts, SystemData
 def machines_check(system_data: Mapping[str, Any], req: Requirements) -> compliance.Check | None:
     """The other machines' own checks, as one (None on a machine of its own)."""
     environment = system_data.get("environment") or {}
-    others = [node for node in environment.get("nodes") or [] if not _leaders(node)]
+    others = [node for node in environment.get("nodes") or [] if not runs_the_leader(node)]
     if not environment or not others:
         return None
     failed: list[str] = []
     silent: list[str] = []
     fine: list[str] = []
     for node in others:
-        name = node.get("hostname") or str(node.get("nodeId"))[:12]
+        name = node_label(node)
         data = (node.get("machine") or {}).get("systemData")
         if not isinstance(data, dict):
             silent.append(name)
@@ -53,7 +53,7 @@ def machines_check(system_data: Mapping[str, Any], req: Requirements) -> complia
 def other_nodes(system_data: Mapping[str, Any]) -> list[str]:
     """The ids of the environment's machines but the leader's own."""
     nodes = (system_data.get("environment") or {}).get("nodes") or []
-    return [str(node["nodeId"]) for node in nodes if not _leaders(node)]
+    return [str(node["nodeId"]) for node in nodes if not runs_the_leader(node)]
 
 
 def node_host(facts: Mapping[str, Any], node: Mapping[str, Any]) -> HostFacts | None:
@@ -72,14 +72,19 @@ def environment_disks(facts: SystemData) -> list[MachineDisk]:
         return this_machine_disks(facts)
     disks = []
     for node in nodes:
-        this = bool((node.get("machine") or {}).get("this"))
+        this = runs_the_leader(node)
         host = node_host(facts, node)
-        name = f"{node.get('hostname') or str(node.get('nodeId'))[:12]}'s disk"
+        name = f"{node_label(node)}'s disk"
         gpus = frozenset(str(uuid) for uuid in node.get("gpus") or [])
         disks.append(MachineDisk(str(node.get("nodeId")), name, storage_total(host), gpus, this))
     return disks
 
 
-def _leaders(node: Mapping[str, Any]) -> bool:
+def node_label(node: Mapping[str, Any]) -> str:
+    """How a machine is named to the host and the renter: its hostname, or its node id's start."""
+    return node.get("hostname") or str(node.get("nodeId"))[:12]
+
+
+def runs_the_leader(node: Mapping[str, Any]) -> bool:
     """The node the leader runs on (attach_machines marks it)."""
     return bool((node.get("machine") or {}).get("this"))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpuhost_agent.core.sandbox.context import disk_floor_problem, machine_of, rental_share
-from gpuhost_agent.inventory.environment import node_host
+from gpuhost_agent.inventory.environment import node_host, node_label, runs_the_leader
 from gpuhost_agent.protocol.wire_system import SystemData
 
 
@@ -33,11 +33,10 @@ def machines_floor_problem(facts: SystemData, nodes: set[str], floor_bytes: int)
     (inventory/machine_report.py; every systemDataSeconds). A machine that
     did not report is not judged."""
     for node in (facts.get("environment") or {}).get("nodes") or []:
-        if node.get("nodeId") not in nodes or (node.get("machine") or {}).get("this"):
+        if node.get("nodeId") not in nodes or runs_the_leader(node):
             continue
         storage = (node_host(facts, node) or {}).get("storage") or {}
         full = disk_floor_problem(storage, floor_bytes)
         if full:
-            name = node.get("hostname") or str(node.get("nodeId"))[:12]
-            return full.replace("the host's disk", f"machine {name}'s disk", 1)
+            return full.replace("the host's disk", f"machine {node_label(node)}'s disk", 1)
     return None
